@@ -1,0 +1,17 @@
+{
+  "targets": [
+    {
+      "target_name": "cuda_ipc",
+      "sources": [
+        "native/addon.cc",
+        "native/cuda.cc",
+        "native/posix.cc"
+      ],
+      "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
+      "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED", "NAPI_CPP_EXCEPTIONS"],
+      "cflags_cc": ["-std=c++17", "-fexceptions", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
+      "cflags_cc!": ["-fno-exceptions"],
+      "libraries": ["-ldl", "-lpthread"]
+    }
+  ]
+}

@@ -1,0 +1,15 @@
+// Module entry: each native file registers its own functions on the exports object.
+#include <napi.h>
+
+namespace cuda_ipc {
+void InitCuda(Napi::Env env, Napi::Object exports);
+void InitPosix(Napi::Env env, Napi::Object exports);
+}  // namespace cuda_ipc
+
+static Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  cuda_ipc::InitCuda(env, exports);
+  cuda_ipc::InitPosix(env, exports);
+  return exports;
+}
+
+NODE_API_MODULE(cuda_ipc, Init)

@@ -1,0 +1,2 @@
+// Types of the addon's CUDA driver functions (native/cuda.cc).
+export interface CudaAddon {}
