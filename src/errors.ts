@@ -1,0 +1,57 @@
+// Typed errors. CudaError mirrors a failed driver call; IpcError carries a stable `code` that
+// programs can switch on, and a message that says what went wrong and what to do instead.
+
+/** A CUDA driver call failed. `code` is the driver's name for the status. */
+export class CudaError extends Error {
+  override name = 'CudaError';
+  /** The driver's code name, e.g. `CUDA_ERROR_INVALID_VALUE` (or `CUDA_DRIVER_NOT_FOUND`). */
+  readonly code: string;
+  /** The CUresult number (-1 when the driver library itself could not be loaded). */
+  readonly status: number;
+  /** The driver function that failed, e.g. `cuIpcOpenMemHandle`. */
+  readonly call: string;
+  /** The driver's own description of the status. */
+  readonly description: string;
+
+  constructor(status: number, code: string, description: string, call: string, hint?: string) {
+    super(`${call} failed: ${code} (${status}): ${description}${hint ? `. ${hint}` : ''}`);
+    this.status = status;
+    this.code = code;
+    this.description = description;
+    this.call = call;
+  }
+}
+
+export type IpcErrorCode =
+  // descriptors and wire formats
+  | 'ERR_DESCRIPTOR_INVALID'
+  | 'ERR_DESCRIPTOR_VERSION'
+  | 'ERR_DESCRIPTOR_KIND'
+  // sharing
+  | 'ERR_NOT_EXPORTABLE'
+  | 'ERR_HANDLE_STALE'
+  | 'ERR_UNKNOWN_DEVICE'
+  | 'ERR_OUT_OF_RANGE'
+  | 'ERR_CLOSED'
+  | 'ERR_IMPORTED_POOL'
+  | 'ERR_UNSUPPORTED'
+  | 'ERR_INVALID_ARG'
+  | 'ERR_TIMEOUT'
+  // links
+  | 'ERR_PEER_GONE'
+  | 'ERR_PEER_REFUSED'
+  | 'ERR_LINK_CLOSED'
+  | 'ERR_FRAME_INVALID'
+  | 'ERR_MESSAGE_TOO_LARGE'
+  | 'ERR_FDS_TRUNCATED'
+  | 'ERR_NOT_TRANSFERABLE';
+
+/** A cuda-ipc usage or protocol error with a stable `code`. */
+export class IpcError extends Error {
+  override name = 'IpcError';
+  readonly code: IpcErrorCode;
+  constructor(code: IpcErrorCode, message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.code = code;
+  }
+}
