@@ -1,4 +1,865 @@
+// CUDA driver bindings: near 1:1 wrappers over the driver API, resolved at run time.
+//
+// libcuda.so.1 is opened on the first CUDA call (never at import), and every entry point is found
+// with cuGetProcAddress for the ABI version in cuda_abi.h. A failed call throws the CudaError class
+// that TypeScript registers with setErrorClass, carrying the driver's name and description.
+//
+// The only state kept here is what must be shared by every thread of the process (the legacy IPC
+// import cache and the table of local exports) or what must live on the native side (the
+// thread-safe function that reports stream completions).
+#include <dlfcn.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+
 #include "common.h"
+#include "cuda_abi.h"
+
 namespace cuda_ipc {
-void InitCuda(Napi::Env env, Napi::Object exports) {}
+using namespace cuabi;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Driver loading (process-wide, once).
+
+struct Driver {
+#define CUABI_MEMBER(name, params) PFN_##name name = nullptr;
+  CUABI_FUNCTIONS(CUABI_MEMBER)
+#undef CUABI_MEMBER
+};
+
+Driver g_driver;
+std::once_flag g_loadOnce;
+std::string g_loadError;  // empty when the driver loaded
+std::mutex g_initMutex;
+bool g_initialized = false;
+
+void LoadDriver() {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    const char* e = dlerror();
+    g_loadError = std::string("the NVIDIA driver library libcuda.so.1 could not be loaded (") +
+                  (e ? e : "unknown reason") +
+                  "). Install the NVIDIA driver, or run where a GPU is visible";
+    return;
+  }
+  auto getProc = reinterpret_cast<PFN_cuGetProcAddress_v2>(dlsym(lib, "cuGetProcAddress_v2"));
+  if (!getProc) {
+    g_loadError = "libcuda.so.1 has no cuGetProcAddress_v2: the NVIDIA driver is older than CUDA 12.0; update the driver";
+    return;
+  }
+  // A symbol the driver lacks stays null and fails at its first call with a clear error.
+#define CUABI_RESOLVE(name, params)                                                              \
+  {                                                                                              \
+    void* fn = nullptr;                                                                          \
+    int status = 0;                                                                              \
+    if (getProc(#name, &fn, kCudaAbiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status) == CUDA_SUCCESS && fn) \
+      g_driver.name = reinterpret_cast<PFN_##name>(fn);                                          \
+  }
+  CUABI_FUNCTIONS(CUABI_RESOLVE)
+#undef CUABI_RESOLVE
+  // The library stays loaded for the life of the process, as the CUDA runtime does.
 }
+
+// ---------------------------------------------------------------------------------------------
+// Per-environment state (one per main thread or worker thread).
+
+struct EnvState {
+  Napi::FunctionReference errorClass;
+  napi_threadsafe_function completions = nullptr;
+  uint32_t pendingCompletions = 0;
+};
+thread_local EnvState* t_state = nullptr;
+
+Napi::Value MakeCudaError(Napi::Env env, int status, const std::string& name, const std::string& description,
+                          const std::string& call) {
+  if (t_state && !t_state->errorClass.IsEmpty()) {
+    return t_state->errorClass.New({Napi::Number::New(env, status), Napi::String::New(env, name),
+                                    Napi::String::New(env, description), Napi::String::New(env, call)});
+  }
+  Napi::Error e = Napi::Error::New(env, call + " failed: " + name + ": " + description);
+  e.Set("code", Napi::String::New(env, name));
+  e.Set("status", Napi::Number::New(env, status));
+  e.Set("call", Napi::String::New(env, call));
+  e.Set("description", Napi::String::New(env, description));
+  return e.Value();
+}
+
+[[noreturn]] void ThrowCuda(Napi::Env env, CUresult r, const char* call) {
+  const char* name = nullptr;
+  const char* desc = nullptr;
+  if (!g_driver.cuGetErrorName || g_driver.cuGetErrorName(r, &name) != CUDA_SUCCESS) name = nullptr;
+  if (!g_driver.cuGetErrorString || g_driver.cuGetErrorString(r, &desc) != CUDA_SUCCESS) desc = nullptr;
+  throw Napi::Error(env, MakeCudaError(env, r, name ? name : "CUDA_ERROR_UNKNOWN_STATUS",
+                                       desc ? desc : "unrecognized error code", call));
+}
+
+// Ensures the driver is loaded and initialised; throws CudaError otherwise.
+void EnsureDriver(Napi::Env env) {
+  std::call_once(g_loadOnce, LoadDriver);
+  if (!g_loadError.empty())
+    throw Napi::Error(env, MakeCudaError(env, -1, "CUDA_DRIVER_NOT_FOUND", g_loadError, "dlopen(libcuda.so.1)"));
+  std::lock_guard<std::mutex> lock(g_initMutex);
+  if (g_initialized) return;
+  if (!g_driver.cuInit)
+    throw Napi::Error(env, MakeCudaError(env, -2, "CUDA_SYMBOL_NOT_FOUND", "the driver does not export cuInit", "cuGetProcAddress(cuInit)"));
+  CUresult r = g_driver.cuInit(0);
+  if (r != CUDA_SUCCESS) ThrowCuda(env, r, "cuInit");
+  g_initialized = true;
+}
+
+// Calls a driver entry point after making sure it exists; throws CudaError on failure.
+#define CU_CALL(env, name, ...)                                                                     \
+  do {                                                                                              \
+    EnsureDriver(env);                                                                              \
+    if (!g_driver.name)                                                                             \
+      throw Napi::Error(env, MakeCudaError(env, -2, "CUDA_SYMBOL_NOT_FOUND",                        \
+                                           "the installed driver does not provide " #name ": update the NVIDIA driver", \
+                                           "cuGetProcAddress(" #name ")"));                         \
+    CUresult r_ = g_driver.name(__VA_ARGS__);                                                       \
+    if (r_ != CUDA_SUCCESS) ThrowCuda(env, r_, #name);                                              \
+  } while (0)
+
+// Same, but returns the status for the caller to interpret (queries that answer NOT_READY).
+#define CU_CALL_STATUS(env, out, name, ...)                                                         \
+  do {                                                                                              \
+    EnsureDriver(env);                                                                              \
+    if (!g_driver.name)                                                                             \
+      throw Napi::Error(env, MakeCudaError(env, -2, "CUDA_SYMBOL_NOT_FOUND",                        \
+                                           "the installed driver does not provide " #name ": update the NVIDIA driver", \
+                                           "cuGetProcAddress(" #name ")"));                         \
+    out = g_driver.name(__VA_ARGS__);                                                               \
+  } while (0)
+
+template <class T> T ArgHandle(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  return reinterpret_cast<T>(static_cast<uintptr_t>(ArgU64(info, i, what)));
+}
+template <class T> Napi::BigInt HandleValue(Napi::Env env, T h) {
+  return U64(env, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(h)));
+}
+
+Napi::Uint8Array CopyBytes(Napi::Env env, const void* p, size_t n) {
+  auto a = Napi::Uint8Array::New(env, n);
+  std::memcpy(a.Data(), p, n);
+  return a;
+}
+
+template <size_t N> void ArgFixedBytes(const Napi::CallbackInfo& info, size_t i, const char* what, void* out) {
+  Bytes b = ArgBytes(info, i, what);
+  if (b.length != N) ThrowType(info.Env(), std::string(what) + " must be exactly " + std::to_string(N) + " bytes");
+  std::memcpy(out, b.data, N);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Driver, devices, contexts.
+
+Napi::Value SetErrorClass(const Napi::CallbackInfo& info) {
+  if (!info[0].IsFunction()) ThrowType(info.Env(), "setErrorClass expects a constructor");
+  t_state->errorClass = Napi::Persistent(info[0].As<Napi::Function>());
+  return info.Env().Undefined();
+}
+
+Napi::Value DriverGetVersion(const Napi::CallbackInfo& info) {
+  int v = 0;
+  CU_CALL(info.Env(), cuDriverGetVersion, &v);
+  return Napi::Number::New(info.Env(), v);
+}
+
+Napi::Value DeviceGetCount(const Napi::CallbackInfo& info) {
+  int n = 0;
+  CU_CALL(info.Env(), cuDeviceGetCount, &n);
+  return Napi::Number::New(info.Env(), n);
+}
+
+Napi::Value DeviceGet(const Napi::CallbackInfo& info) {
+  CUdevice d = 0;
+  CU_CALL(info.Env(), cuDeviceGet, &d, ArgI32(info, 0, "ordinal"));
+  return Napi::Number::New(info.Env(), d);
+}
+
+Napi::Value DeviceGetName(const Napi::CallbackInfo& info) {
+  char name[256] = {0};
+  CU_CALL(info.Env(), cuDeviceGetName, name, sizeof(name) - 1, ArgI32(info, 0, "device"));
+  return Napi::String::New(info.Env(), name);
+}
+
+Napi::Value DeviceGetUuid(const Napi::CallbackInfo& info) {
+  CUuuid u;
+  CU_CALL(info.Env(), cuDeviceGetUuid, &u, ArgI32(info, 0, "device"));
+  return CopyBytes(info.Env(), u.bytes, sizeof(u.bytes));
+}
+
+Napi::Value DeviceGetAttribute(const Napi::CallbackInfo& info) {
+  int v = 0;
+  CU_CALL(info.Env(), cuDeviceGetAttribute, &v, ArgI32(info, 0, "attribute"), ArgI32(info, 1, "device"));
+  return Napi::Number::New(info.Env(), v);
+}
+
+Napi::Value DeviceTotalMem(const Napi::CallbackInfo& info) {
+  size_t bytes = 0;
+  CU_CALL(info.Env(), cuDeviceTotalMem, &bytes, ArgI32(info, 0, "device"));
+  return Napi::Number::New(info.Env(), static_cast<double>(bytes));
+}
+
+Napi::Value DeviceGetPCIBusId(const Napi::CallbackInfo& info) {
+  char id[64] = {0};
+  CU_CALL(info.Env(), cuDeviceGetPCIBusId, id, sizeof(id) - 1, ArgI32(info, 0, "device"));
+  return Napi::String::New(info.Env(), id);
+}
+
+Napi::Value DeviceCanAccessPeer(const Napi::CallbackInfo& info) {
+  int can = 0;
+  CU_CALL(info.Env(), cuDeviceCanAccessPeer, &can, ArgI32(info, 0, "device"), ArgI32(info, 1, "peer"));
+  return Napi::Boolean::New(info.Env(), can != 0);
+}
+
+Napi::Value DevicePrimaryCtxRetain(const Napi::CallbackInfo& info) {
+  CUcontext ctx = nullptr;
+  CU_CALL(info.Env(), cuDevicePrimaryCtxRetain, &ctx, ArgI32(info, 0, "device"));
+  return HandleValue(info.Env(), ctx);
+}
+
+Napi::Value DevicePrimaryCtxRelease(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuDevicePrimaryCtxRelease, ArgI32(info, 0, "device"));
+  return info.Env().Undefined();
+}
+
+Napi::Value CtxSetCurrent(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuCtxSetCurrent, ArgHandle<CUcontext>(info, 0, "context"));
+  return info.Env().Undefined();
+}
+
+Napi::Value CtxGetCurrent(const Napi::CallbackInfo& info) {
+  CUcontext ctx = nullptr;
+  CU_CALL(info.Env(), cuCtxGetCurrent, &ctx);
+  return HandleValue(info.Env(), ctx);
+}
+
+Napi::Value CtxSynchronize(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuCtxSynchronize);
+  return info.Env().Undefined();
+}
+
+Napi::Value MemGetInfo(const Napi::CallbackInfo& info) {
+  size_t freeBytes = 0, total = 0;
+  CU_CALL(info.Env(), cuMemGetInfo, &freeBytes, &total);
+  auto out = Napi::Array::New(info.Env(), 2);
+  out.Set(0u, Napi::Number::New(info.Env(), static_cast<double>(freeBytes)));
+  out.Set(1u, Napi::Number::New(info.Env(), static_cast<double>(total)));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory.
+
+Napi::Value MemAlloc(const Napi::CallbackInfo& info) {
+  CUdeviceptr p = 0;
+  CU_CALL(info.Env(), cuMemAlloc, &p, ArgSize(info, 0, "bytes"));
+  return U64(info.Env(), p);
+}
+
+Napi::Value MemFree(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemFree, ArgU64(info, 0, "pointer"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemAllocManaged(const Napi::CallbackInfo& info) {
+  CUdeviceptr p = 0;
+  CU_CALL(info.Env(), cuMemAllocManaged, &p, ArgSize(info, 0, "bytes"), CU_MEM_ATTACH_GLOBAL);
+  return U64(info.Env(), p);
+}
+
+Napi::Value MemAllocHost(const Napi::CallbackInfo& info) {
+  void* p = nullptr;
+  CU_CALL(info.Env(), cuMemAllocHost, &p, ArgSize(info, 0, "bytes"));
+  return HandleValue(info.Env(), p);
+}
+
+Napi::Value MemFreeHost(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemFreeHost, ArgHandle<void*>(info, 0, "pointer"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemGetAddressRange(const Napi::CallbackInfo& info) {
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  CU_CALL(info.Env(), cuMemGetAddressRange, &base, &size, ArgU64(info, 0, "pointer"));
+  auto out = Napi::Array::New(info.Env(), 2);
+  out.Set(0u, U64(info.Env(), base));
+  out.Set(1u, Napi::Number::New(info.Env(), static_cast<double>(size)));
+  return out;
+}
+
+// Integer-valued pointer attributes (memory type, is-managed, device ordinal, mapped).
+Napi::Value PointerGetAttributeInt(const Napi::CallbackInfo& info) {
+  unsigned int v = 0;
+  CU_CALL(info.Env(), cuPointerGetAttribute, &v, ArgI32(info, 0, "attribute"), ArgU64(info, 1, "pointer"));
+  return Napi::Number::New(info.Env(), v);
+}
+
+// Pointer-valued attributes (range start, context, mempool handle).
+Napi::Value PointerGetAttributeU64(const Napi::CallbackInfo& info) {
+  uint64_t v = 0;
+  CU_CALL(info.Env(), cuPointerGetAttribute, &v, ArgI32(info, 0, "attribute"), ArgU64(info, 1, "pointer"));
+  return U64(info.Env(), v);
+}
+
+Napi::Value MemcpyHtoD(const Napi::CallbackInfo& info) {
+  Bytes src = ArgBytes(info, 1, "source");
+  CU_CALL(info.Env(), cuMemcpyHtoD, ArgU64(info, 0, "destination"), src.data, src.length);
+  return info.Env().Undefined();
+}
+
+Napi::Value MemcpyDtoH(const Napi::CallbackInfo& info) {
+  Bytes dst = ArgBytes(info, 0, "destination");
+  CU_CALL(info.Env(), cuMemcpyDtoH, dst.data, ArgU64(info, 1, "source"), dst.length);
+  return info.Env().Undefined();
+}
+
+Napi::Value MemcpyDtoD(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemcpyDtoD, ArgU64(info, 0, "destination"), ArgU64(info, 1, "source"), ArgSize(info, 2, "bytes"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemcpyHtoDAsync(const Napi::CallbackInfo& info) {
+  Bytes src = ArgBytes(info, 1, "source");
+  CU_CALL(info.Env(), cuMemcpyHtoDAsync, ArgU64(info, 0, "destination"), src.data, src.length,
+          ArgHandle<CUstream>(info, 2, "stream"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemcpyDtoHAsync(const Napi::CallbackInfo& info) {
+  Bytes dst = ArgBytes(info, 0, "destination");
+  CU_CALL(info.Env(), cuMemcpyDtoHAsync, dst.data, ArgU64(info, 1, "source"), dst.length,
+          ArgHandle<CUstream>(info, 2, "stream"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemcpyDtoDAsync(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemcpyDtoDAsync, ArgU64(info, 0, "destination"), ArgU64(info, 1, "source"),
+          ArgSize(info, 2, "bytes"), ArgHandle<CUstream>(info, 3, "stream"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemsetD8(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemsetD8, ArgU64(info, 0, "pointer"), static_cast<unsigned char>(ArgU32(info, 1, "value")),
+          ArgSize(info, 2, "count"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemsetD32(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemsetD32, ArgU64(info, 0, "pointer"), ArgU32(info, 1, "value"), ArgSize(info, 2, "count"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemsetD8Async(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemsetD8Async, ArgU64(info, 0, "pointer"), static_cast<unsigned char>(ArgU32(info, 1, "value")),
+          ArgSize(info, 2, "count"), ArgHandle<CUstream>(info, 3, "stream"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemsetD32Async(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemsetD32Async, ArgU64(info, 0, "pointer"), ArgU32(info, 1, "value"), ArgSize(info, 2, "count"),
+          ArgHandle<CUstream>(info, 3, "stream"));
+  return info.Env().Undefined();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Legacy IPC handles, with the process-wide import cache and table of local exports.
+//
+// The driver refuses to open a handle in the process that exported it, and every thread of a
+// process shares one address space, so both tables are process-wide, keyed by the handle bytes.
+
+struct LegacyImport {
+  CUdeviceptr ptr;
+  uint32_t refs;
+};
+std::mutex g_legacyMutex;
+std::map<std::string, LegacyImport> g_legacyImports;
+std::map<std::string, CUdeviceptr> g_legacyExports;
+
+std::string HandleKey(const Napi::CallbackInfo& info, size_t i) {
+  char h[kIpcHandleSize];
+  ArgFixedBytes<kIpcHandleSize>(info, i, "handle", h);
+  return std::string(h, sizeof(h));
+}
+
+Napi::Value IpcGetMemHandle(const Napi::CallbackInfo& info) {
+  CUipcMemHandle h;
+  CU_CALL(info.Env(), cuIpcGetMemHandle, &h, ArgU64(info, 0, "pointer"));
+  return CopyBytes(info.Env(), h.reserved, sizeof(h.reserved));
+}
+
+Napi::Value IpcOpenMemHandle(const Napi::CallbackInfo& info) {
+  CUipcMemHandle h;
+  ArgFixedBytes<kIpcHandleSize>(info, 0, "handle", h.reserved);
+  CUdeviceptr p = 0;
+  CU_CALL(info.Env(), cuIpcOpenMemHandle, &p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  return U64(info.Env(), p);
+}
+
+Napi::Value IpcCloseMemHandle(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuIpcCloseMemHandle, ArgU64(info, 0, "pointer"));
+  return info.Env().Undefined();
+}
+
+// Records that this process exported `handle` for the allocation at `base`.
+Napi::Value LegacyExportRegister(const Napi::CallbackInfo& info) {
+  std::string key = HandleKey(info, 0);
+  CUdeviceptr base = ArgU64(info, 1, "base");
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  g_legacyExports[key] = base;
+  return info.Env().Undefined();
+}
+
+Napi::Value LegacyExportUnregister(const Napi::CallbackInfo& info) {
+  std::string key = HandleKey(info, 0);
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  g_legacyExports.erase(key);
+  return info.Env().Undefined();
+}
+
+// Maps the allocation behind `handle` once per process: returns [base, local] where local is true
+// when this process exported it (no mapping made). The caller's thread must have the target
+// device's context current.
+Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string key = HandleKey(info, 0);
+  auto out = Napi::Array::New(env, 2);
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  auto ex = g_legacyExports.find(key);
+  if (ex != g_legacyExports.end()) {
+    out.Set(0u, U64(env, ex->second));
+    out.Set(1u, Napi::Boolean::New(env, true));
+    return out;
+  }
+  auto it = g_legacyImports.find(key);
+  if (it != g_legacyImports.end()) {
+    it->second.refs++;
+    out.Set(0u, U64(env, it->second.ptr));
+    out.Set(1u, Napi::Boolean::New(env, false));
+    return out;
+  }
+  CUipcMemHandle h;
+  std::memcpy(h.reserved, key.data(), sizeof(h.reserved));
+  CUdeviceptr p = 0;
+  CU_CALL(env, cuIpcOpenMemHandle, &p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  g_legacyImports[key] = LegacyImport{p, 1};
+  out.Set(0u, U64(env, p));
+  out.Set(1u, Napi::Boolean::New(env, false));
+  return out;
+}
+
+// Drops one reference; unmaps at the last. Returns true when the mapping was closed.
+Napi::Value LegacyImportRelease(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string key = HandleKey(info, 0);
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  auto it = g_legacyImports.find(key);
+  if (it == g_legacyImports.end()) return Napi::Boolean::New(env, false);
+  if (--it->second.refs > 0) return Napi::Boolean::New(env, false);
+  CUdeviceptr p = it->second.ptr;
+  g_legacyImports.erase(it);
+  CU_CALL(env, cuIpcCloseMemHandle, p);
+  return Napi::Boolean::New(env, true);
+}
+
+Napi::Value LegacyCacheStats(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  uint64_t refs = 0;
+  for (auto& kv : g_legacyImports) refs += kv.second.refs;
+  auto out = Napi::Object::New(env);
+  out.Set("mappings", Napi::Number::New(env, static_cast<double>(g_legacyImports.size())));
+  out.Set("references", Napi::Number::New(env, static_cast<double>(refs)));
+  out.Set("exports", Napi::Number::New(env, static_cast<double>(g_legacyExports.size())));
+  return out;
+}
+
+Napi::Value IpcGetEventHandle(const Napi::CallbackInfo& info) {
+  CUipcEventHandle h;
+  CU_CALL(info.Env(), cuIpcGetEventHandle, &h, ArgHandle<CUevent>(info, 0, "event"));
+  return CopyBytes(info.Env(), h.reserved, sizeof(h.reserved));
+}
+
+Napi::Value IpcOpenEventHandle(const Napi::CallbackInfo& info) {
+  CUipcEventHandle h;
+  ArgFixedBytes<kIpcHandleSize>(info, 0, "handle", h.reserved);
+  CUevent ev = nullptr;
+  CU_CALL(info.Env(), cuIpcOpenEventHandle, &ev, h);
+  return HandleValue(info.Env(), ev);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streams and events.
+
+Napi::Value StreamCreate(const Napi::CallbackInfo& info) {
+  CUstream s = nullptr;
+  CU_CALL(info.Env(), cuStreamCreate, &s, ArgU32(info, 0, "flags"));
+  return HandleValue(info.Env(), s);
+}
+
+Napi::Value StreamDestroy(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuStreamDestroy, ArgHandle<CUstream>(info, 0, "stream"));
+  return info.Env().Undefined();
+}
+
+// true when all work is done, false while some is pending.
+Napi::Value StreamQuery(const Napi::CallbackInfo& info) {
+  CUresult r;
+  CU_CALL_STATUS(info.Env(), r, cuStreamQuery, ArgHandle<CUstream>(info, 0, "stream"));
+  if (r == CUDA_ERROR_NOT_READY) return Napi::Boolean::New(info.Env(), false);
+  if (r != CUDA_SUCCESS) ThrowCuda(info.Env(), r, "cuStreamQuery");
+  return Napi::Boolean::New(info.Env(), true);
+}
+
+// Blocks the calling thread: for the CLI's synchronous paths only; libraries use onComplete.
+Napi::Value StreamSynchronize(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuStreamSynchronize, ArgHandle<CUstream>(info, 0, "stream"));
+  return info.Env().Undefined();
+}
+
+Napi::Value StreamWaitEvent(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuStreamWaitEvent, ArgHandle<CUstream>(info, 0, "stream"), ArgHandle<CUevent>(info, 1, "event"), 0);
+  return info.Env().Undefined();
+}
+
+Napi::Value StreamWaitValue32(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuStreamWaitValue32, ArgHandle<CUstream>(info, 0, "stream"), ArgU64(info, 1, "address"),
+          ArgU32(info, 2, "value"), ArgU32(info, 3, "flags"));
+  return info.Env().Undefined();
+}
+
+Napi::Value StreamWaitValue64(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuStreamWaitValue64, ArgHandle<CUstream>(info, 0, "stream"), ArgU64(info, 1, "address"),
+          ArgU64(info, 2, "value"), ArgU32(info, 3, "flags"));
+  return info.Env().Undefined();
+}
+
+Napi::Value StreamWriteValue32(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuStreamWriteValue32, ArgHandle<CUstream>(info, 0, "stream"), ArgU64(info, 1, "address"),
+          ArgU32(info, 2, "value"), ArgU32(info, 3, "flags"));
+  return info.Env().Undefined();
+}
+
+Napi::Value StreamWriteValue64(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuStreamWriteValue64, ArgHandle<CUstream>(info, 0, "stream"), ArgU64(info, 1, "address"),
+          ArgU64(info, 2, "value"), ArgU32(info, 3, "flags"));
+  return info.Env().Undefined();
+}
+
+Napi::Value EventCreate(const Napi::CallbackInfo& info) {
+  CUevent ev = nullptr;
+  CU_CALL(info.Env(), cuEventCreate, &ev, ArgU32(info, 0, "flags"));
+  return HandleValue(info.Env(), ev);
+}
+
+Napi::Value EventDestroy(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuEventDestroy, ArgHandle<CUevent>(info, 0, "event"));
+  return info.Env().Undefined();
+}
+
+Napi::Value EventRecord(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuEventRecord, ArgHandle<CUevent>(info, 0, "event"), ArgHandle<CUstream>(info, 1, "stream"));
+  return info.Env().Undefined();
+}
+
+Napi::Value EventQuery(const Napi::CallbackInfo& info) {
+  CUresult r;
+  CU_CALL_STATUS(info.Env(), r, cuEventQuery, ArgHandle<CUevent>(info, 0, "event"));
+  if (r == CUDA_ERROR_NOT_READY) return Napi::Boolean::New(info.Env(), false);
+  if (r != CUDA_SUCCESS) ThrowCuda(info.Env(), r, "cuEventQuery");
+  return Napi::Boolean::New(info.Env(), true);
+}
+
+// Stream completions: cuLaunchHostFunc runs HostFn on a driver thread when the stream reaches
+// it; HostFn posts the id to the JS thread through a thread-safe function, and JS resolves the
+// matching promise. No thread of ours or libuv's is ever parked waiting.
+struct Completion {
+  napi_threadsafe_function tsfn;
+  double id;
+};
+
+void CompletionHostFn(void* data) {
+  auto* c = static_cast<Completion*>(data);
+  napi_threadsafe_function tsfn = c->tsfn;
+  if (napi_call_threadsafe_function(tsfn, c, napi_tsfn_nonblocking) != napi_ok) delete c;
+  // Each pending completion acquired the function, so it stays valid until this release.
+  napi_release_threadsafe_function(tsfn, napi_tsfn_release);
+}
+
+void CompletionCallJs(napi_env env, napi_value callback, void* context, void* data) {
+  auto* c = static_cast<Completion*>(data);
+  double id = c->id;
+  delete c;
+  if (env == nullptr || t_state == nullptr) return;  // torn down: nothing to report to
+  if (--t_state->pendingCompletions == 0) napi_unref_threadsafe_function(env, t_state->completions);
+  napi_value arg;
+  napi_create_double(env, id, &arg);
+  napi_value global;
+  napi_get_global(env, &global);
+  napi_call_function(env, global, callback, 1, &arg, nullptr);
+}
+
+Napi::Value SetCompletionHandler(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  if (!info[0].IsFunction()) ThrowType(env, "setCompletionHandler expects a function");
+  if (t_state->completions) ThrowType(env, "the completion handler is already set");
+  napi_value name = Napi::String::New(env, "cuda-ipc stream completion");
+  napi_status s = napi_create_threadsafe_function(env, info[0], nullptr, name, 0, 1, nullptr, nullptr, nullptr,
+                                                  CompletionCallJs, &t_state->completions);
+  if (s != napi_ok) throw Napi::Error::New(env, "napi_create_threadsafe_function failed");
+  napi_unref_threadsafe_function(env, t_state->completions);  // only pending work keeps the loop alive
+  return env.Undefined();
+}
+
+// Calls the completion handler with `id` once all work queued on `stream` so far is done.
+Napi::Value StreamOnComplete(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  CUstream stream = ArgHandle<CUstream>(info, 0, "stream");
+  if (!info[1].IsNumber()) ThrowType(env, "id must be a number");
+  if (!t_state->completions) ThrowType(env, "setCompletionHandler must be called first");
+  auto* c = new Completion{t_state->completions, info[1].As<Napi::Number>().DoubleValue()};
+  if (napi_acquire_threadsafe_function(c->tsfn) != napi_ok) {
+    delete c;
+    throw Napi::Error::New(env, "the completion channel is closing");
+  }
+  CUresult r;
+  try {
+    CU_CALL_STATUS(env, r, cuLaunchHostFunc, stream, CompletionHostFn, c);
+  } catch (...) {
+    napi_release_threadsafe_function(c->tsfn, napi_tsfn_release);
+    delete c;
+    throw;
+  }
+  if (r != CUDA_SUCCESS) {
+    napi_release_threadsafe_function(c->tsfn, napi_tsfn_release);
+    delete c;
+    ThrowCuda(env, r, "cuLaunchHostFunc");
+  }
+  if (t_state->pendingCompletions++ == 0) napi_ref_threadsafe_function(env, t_state->completions);
+  return env.Undefined();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory pools.
+
+Napi::Value MemPoolCreate(const Napi::CallbackInfo& info) {
+  CUmemPoolProps props;
+  std::memset(&props, 0, sizeof(props));
+  props.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+  props.handleTypes = static_cast<int>(ArgU32(info, 1, "handleTypes"));
+  props.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  props.location.id = ArgI32(info, 0, "device");
+  props.maxSize = ArgSize(info, 2, "maxSize");
+  CUmemoryPool pool = nullptr;
+  CU_CALL(info.Env(), cuMemPoolCreate, &pool, &props);
+  return HandleValue(info.Env(), pool);
+}
+
+Napi::Value MemPoolDestroy(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemPoolDestroy, ArgHandle<CUmemoryPool>(info, 0, "pool"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemPoolSetReleaseThreshold(const Napi::CallbackInfo& info) {
+  cuuint64_t v = ArgU64(info, 1, "bytes");
+  CU_CALL(info.Env(), cuMemPoolSetAttribute, ArgHandle<CUmemoryPool>(info, 0, "pool"), CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &v);
+  return info.Env().Undefined();
+}
+
+Napi::Value MemPoolSetAccess(const Napi::CallbackInfo& info) {
+  CUmemAccessDesc d;
+  d.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  d.location.id = ArgI32(info, 1, "device");
+  d.flags = static_cast<int>(ArgU32(info, 2, "flags"));
+  CU_CALL(info.Env(), cuMemPoolSetAccess, ArgHandle<CUmemoryPool>(info, 0, "pool"), &d, 1);
+  return info.Env().Undefined();
+}
+
+Napi::Value MemPoolTrimTo(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemPoolTrimTo, ArgHandle<CUmemoryPool>(info, 0, "pool"), ArgSize(info, 1, "bytes"));
+  return info.Env().Undefined();
+}
+
+// Returns a new file descriptor owned by the caller.
+Napi::Value MemPoolExportToFd(const Napi::CallbackInfo& info) {
+  int fd = -1;
+  CU_CALL(info.Env(), cuMemPoolExportToShareableHandle, &fd, ArgHandle<CUmemoryPool>(info, 0, "pool"),
+          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  return Napi::Number::New(info.Env(), fd);
+}
+
+// Does not take ownership of the fd: the caller closes it.
+Napi::Value MemPoolImportFromFd(const Napi::CallbackInfo& info) {
+  int fd = ArgI32(info, 0, "fd");
+  CUmemoryPool pool = nullptr;
+  CU_CALL(info.Env(), cuMemPoolImportFromShareableHandle, &pool, reinterpret_cast<void*>(static_cast<intptr_t>(fd)),
+          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  return HandleValue(info.Env(), pool);
+}
+
+Napi::Value MemPoolExportPointer(const Napi::CallbackInfo& info) {
+  CUmemPoolPtrExportData d;
+  CU_CALL(info.Env(), cuMemPoolExportPointer, &d, ArgU64(info, 0, "pointer"));
+  return CopyBytes(info.Env(), d.reserved, sizeof(d.reserved));
+}
+
+Napi::Value MemPoolImportPointer(const Napi::CallbackInfo& info) {
+  CUmemPoolPtrExportData d;
+  ArgFixedBytes<sizeof(d.reserved)>(info, 1, "exportData", d.reserved);
+  CUdeviceptr p = 0;
+  CU_CALL(info.Env(), cuMemPoolImportPointer, &p, ArgHandle<CUmemoryPool>(info, 0, "pool"), &d);
+  return U64(info.Env(), p);
+}
+
+Napi::Value MemAllocFromPoolAsync(const Napi::CallbackInfo& info) {
+  CUdeviceptr p = 0;
+  CU_CALL(info.Env(), cuMemAllocFromPoolAsync, &p, ArgSize(info, 0, "bytes"), ArgHandle<CUmemoryPool>(info, 1, "pool"),
+          ArgHandle<CUstream>(info, 2, "stream"));
+  return U64(info.Env(), p);
+}
+
+Napi::Value MemFreeAsync(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemFreeAsync, ArgU64(info, 0, "pointer"), ArgHandle<CUstream>(info, 1, "stream"));
+  return info.Env().Undefined();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules and kernels.
+
+Napi::Value ModuleLoadData(const Napi::CallbackInfo& info) {
+  Bytes image = ArgBytes(info, 0, "image");
+  // PTX must be NUL-terminated; cubin/fatbin images are passed as they are.
+  std::string copy(reinterpret_cast<const char*>(image.data), image.length);
+  CUmodule m = nullptr;
+  CU_CALL(info.Env(), cuModuleLoadData, &m, copy.c_str());
+  return HandleValue(info.Env(), m);
+}
+
+Napi::Value ModuleUnload(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuModuleUnload, ArgHandle<CUmodule>(info, 0, "module"));
+  return info.Env().Undefined();
+}
+
+Napi::Value ModuleGetFunction(const Napi::CallbackInfo& info) {
+  if (!info[1].IsString()) ThrowType(info.Env(), "name must be a string");
+  std::string name = info[1].As<Napi::String>().Utf8Value();
+  CUfunction f = nullptr;
+  CU_CALL(info.Env(), cuModuleGetFunction, &f, ArgHandle<CUmodule>(info, 0, "module"), name.c_str());
+  return HandleValue(info.Env(), f);
+}
+
+// launchKernel(fn, grid[3], block[3], sharedMemBytes, stream, packedArgs)
+Napi::Value LaunchKernel(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  CUfunction f = ArgHandle<CUfunction>(info, 0, "function");
+  unsigned dims[6];
+  for (int i = 0; i < 6; i++) dims[i] = ArgU32(info, 1 + i, "dimension");
+  unsigned shared = ArgU32(info, 7, "sharedMemBytes");
+  CUstream stream = ArgHandle<CUstream>(info, 8, "stream");
+  Bytes args = ArgBytes(info, 9, "packedArgs");
+  size_t size = args.length;
+  void* extra[] = {reinterpret_cast<void*>(kLaunchParamBufferPointer), args.data,
+                   reinterpret_cast<void*>(kLaunchParamBufferSize), &size,
+                   reinterpret_cast<void*>(kLaunchParamEnd)};
+  CU_CALL(env, cuLaunchKernel, f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], shared, stream, nullptr,
+          size ? extra : nullptr);
+  return env.Undefined();
+}
+
+// ---------------------------------------------------------------------------------------------
+
+void CleanupEnv(void* arg) {
+  auto* state = static_cast<EnvState*>(arg);
+  if (state->completions) napi_release_threadsafe_function(state->completions, napi_tsfn_abort);
+  if (t_state == state) t_state = nullptr;
+  delete state;
+}
+
+}  // namespace
+
+void InitCuda(Napi::Env env, Napi::Object exports) {
+  t_state = new EnvState();
+  napi_add_env_cleanup_hook(env, CleanupEnv, t_state);
+#define FN(jsName, fn) exports.Set(jsName, Napi::Function::New(env, fn, jsName));
+  FN("setErrorClass", SetErrorClass)
+  FN("setCompletionHandler", SetCompletionHandler)
+  FN("driverGetVersion", DriverGetVersion)
+  FN("deviceGetCount", DeviceGetCount)
+  FN("deviceGet", DeviceGet)
+  FN("deviceGetName", DeviceGetName)
+  FN("deviceGetUuid", DeviceGetUuid)
+  FN("deviceGetAttribute", DeviceGetAttribute)
+  FN("deviceTotalMem", DeviceTotalMem)
+  FN("deviceGetPCIBusId", DeviceGetPCIBusId)
+  FN("deviceCanAccessPeer", DeviceCanAccessPeer)
+  FN("devicePrimaryCtxRetain", DevicePrimaryCtxRetain)
+  FN("devicePrimaryCtxRelease", DevicePrimaryCtxRelease)
+  FN("ctxSetCurrent", CtxSetCurrent)
+  FN("ctxGetCurrent", CtxGetCurrent)
+  FN("ctxSynchronize", CtxSynchronize)
+  FN("memGetInfo", MemGetInfo)
+  FN("memAlloc", MemAlloc)
+  FN("memFree", MemFree)
+  FN("memAllocManaged", MemAllocManaged)
+  FN("memAllocHost", MemAllocHost)
+  FN("memFreeHost", MemFreeHost)
+  FN("memGetAddressRange", MemGetAddressRange)
+  FN("pointerGetAttributeInt", PointerGetAttributeInt)
+  FN("pointerGetAttributeU64", PointerGetAttributeU64)
+  FN("memcpyHtoD", MemcpyHtoD)
+  FN("memcpyDtoH", MemcpyDtoH)
+  FN("memcpyDtoD", MemcpyDtoD)
+  FN("memcpyHtoDAsync", MemcpyHtoDAsync)
+  FN("memcpyDtoHAsync", MemcpyDtoHAsync)
+  FN("memcpyDtoDAsync", MemcpyDtoDAsync)
+  FN("memsetD8", MemsetD8)
+  FN("memsetD32", MemsetD32)
+  FN("memsetD8Async", MemsetD8Async)
+  FN("memsetD32Async", MemsetD32Async)
+  FN("ipcGetMemHandle", IpcGetMemHandle)
+  FN("ipcOpenMemHandle", IpcOpenMemHandle)
+  FN("ipcCloseMemHandle", IpcCloseMemHandle)
+  FN("legacyExportRegister", LegacyExportRegister)
+  FN("legacyExportUnregister", LegacyExportUnregister)
+  FN("legacyImportAcquire", LegacyImportAcquire)
+  FN("legacyImportRelease", LegacyImportRelease)
+  FN("legacyCacheStats", LegacyCacheStats)
+  FN("ipcGetEventHandle", IpcGetEventHandle)
+  FN("ipcOpenEventHandle", IpcOpenEventHandle)
+  FN("streamCreate", StreamCreate)
+  FN("streamDestroy", StreamDestroy)
+  FN("streamQuery", StreamQuery)
+  FN("streamSynchronize", StreamSynchronize)
+  FN("streamWaitEvent", StreamWaitEvent)
+  FN("streamOnComplete", StreamOnComplete)
+  FN("streamWaitValue32", StreamWaitValue32)
+  FN("streamWaitValue64", StreamWaitValue64)
+  FN("streamWriteValue32", StreamWriteValue32)
+  FN("streamWriteValue64", StreamWriteValue64)
+  FN("eventCreate", EventCreate)
+  FN("eventDestroy", EventDestroy)
+  FN("eventRecord", EventRecord)
+  FN("eventQuery", EventQuery)
+  FN("memPoolCreate", MemPoolCreate)
+  FN("memPoolDestroy", MemPoolDestroy)
+  FN("memPoolSetReleaseThreshold", MemPoolSetReleaseThreshold)
+  FN("memPoolSetAccess", MemPoolSetAccess)
+  FN("memPoolTrimTo", MemPoolTrimTo)
+  FN("memPoolExportToFd", MemPoolExportToFd)
+  FN("memPoolImportFromFd", MemPoolImportFromFd)
+  FN("memPoolExportPointer", MemPoolExportPointer)
+  FN("memPoolImportPointer", MemPoolImportPointer)
+  FN("memAllocFromPoolAsync", MemAllocFromPoolAsync)
+  FN("memFreeAsync", MemFreeAsync)
+  FN("moduleLoadData", ModuleLoadData)
+  FN("moduleUnload", ModuleUnload)
+  FN("moduleGetFunction", ModuleGetFunction)
+  FN("launchKernel", LaunchKernel)
+#undef FN
+}
+
+}  // namespace cuda_ipc

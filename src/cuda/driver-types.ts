@@ -1,2 +1,88 @@
-// Types of the addon's CUDA driver functions (native/cuda.cc).
-export interface CudaAddon {}
+// Types of the addon's CUDA driver functions (native/cuda.cc): near 1:1 with the driver API.
+// Pointers and handles are bigint; every function throws CudaError on a failed driver call.
+
+export type Bytes = ArrayBufferView | ArrayBuffer;
+
+export interface CudaAddon {
+  setErrorClass(ctor: new (status: number, code: string, description: string, call: string) => Error): void;
+  setCompletionHandler(handler: (id: number) => void): void;
+
+  driverGetVersion(): number;
+  deviceGetCount(): number;
+  deviceGet(ordinal: number): number;
+  deviceGetName(device: number): string;
+  deviceGetUuid(device: number): Uint8Array;
+  deviceGetAttribute(attribute: number, device: number): number;
+  deviceTotalMem(device: number): number;
+  deviceGetPCIBusId(device: number): string;
+  deviceCanAccessPeer(device: number, peer: number): boolean;
+  devicePrimaryCtxRetain(device: number): bigint;
+  devicePrimaryCtxRelease(device: number): void;
+  ctxSetCurrent(context: bigint): void;
+  ctxGetCurrent(): bigint;
+  ctxSynchronize(): void;
+  memGetInfo(): [free: number, total: number];
+
+  memAlloc(bytes: number): bigint;
+  memFree(pointer: bigint): void;
+  memAllocManaged(bytes: number): bigint;
+  memAllocHost(bytes: number): bigint;
+  memFreeHost(pointer: bigint): void;
+  memGetAddressRange(pointer: bigint): [base: bigint, size: number];
+  pointerGetAttributeInt(attribute: number, pointer: bigint): number;
+  pointerGetAttributeU64(attribute: number, pointer: bigint): bigint;
+  memcpyHtoD(destination: bigint, source: Bytes): void;
+  memcpyDtoH(destination: Bytes, source: bigint): void;
+  memcpyDtoD(destination: bigint, source: bigint, bytes: number): void;
+  memcpyHtoDAsync(destination: bigint, source: Bytes, stream: bigint): void;
+  memcpyDtoHAsync(destination: Bytes, source: bigint, stream: bigint): void;
+  memcpyDtoDAsync(destination: bigint, source: bigint, bytes: number, stream: bigint): void;
+  memsetD8(pointer: bigint, value: number, count: number): void;
+  memsetD32(pointer: bigint, value: number, count: number): void;
+  memsetD8Async(pointer: bigint, value: number, count: number, stream: bigint): void;
+  memsetD32Async(pointer: bigint, value: number, count: number, stream: bigint): void;
+
+  ipcGetMemHandle(pointer: bigint): Uint8Array;
+  ipcOpenMemHandle(handle: Uint8Array): bigint;
+  ipcCloseMemHandle(pointer: bigint): void;
+  legacyExportRegister(handle: Uint8Array, base: bigint): void;
+  legacyExportUnregister(handle: Uint8Array): void;
+  legacyImportAcquire(handle: Uint8Array): [base: bigint, local: boolean];
+  legacyImportRelease(handle: Uint8Array): boolean;
+  legacyCacheStats(): { mappings: number; references: number; exports: number };
+  ipcGetEventHandle(event: bigint): Uint8Array;
+  ipcOpenEventHandle(handle: Uint8Array): bigint;
+
+  streamCreate(flags: number): bigint;
+  streamDestroy(stream: bigint): void;
+  streamQuery(stream: bigint): boolean;
+  streamSynchronize(stream: bigint): void;
+  streamWaitEvent(stream: bigint, event: bigint): void;
+  streamOnComplete(stream: bigint, id: number): void;
+  streamWaitValue32(stream: bigint, address: bigint, value: number, flags: number): void;
+  streamWaitValue64(stream: bigint, address: bigint, value: bigint, flags: number): void;
+  streamWriteValue32(stream: bigint, address: bigint, value: number, flags: number): void;
+  streamWriteValue64(stream: bigint, address: bigint, value: bigint, flags: number): void;
+  eventCreate(flags: number): bigint;
+  eventDestroy(event: bigint): void;
+  eventRecord(event: bigint, stream: bigint): void;
+  eventQuery(event: bigint): boolean;
+
+  memPoolCreate(device: number, handleTypes: number, maxSize: number): bigint;
+  memPoolDestroy(pool: bigint): void;
+  memPoolSetReleaseThreshold(pool: bigint, bytes: bigint): void;
+  memPoolSetAccess(pool: bigint, device: number, flags: number): void;
+  memPoolTrimTo(pool: bigint, bytes: number): void;
+  memPoolExportToFd(pool: bigint): number;
+  memPoolImportFromFd(fd: number): bigint;
+  memPoolExportPointer(pointer: bigint): Uint8Array;
+  memPoolImportPointer(pool: bigint, exportData: Uint8Array): bigint;
+  memAllocFromPoolAsync(bytes: number, pool: bigint, stream: bigint): bigint;
+  memFreeAsync(pointer: bigint, stream: bigint): void;
+
+  moduleLoadData(image: Bytes): bigint;
+  moduleUnload(module: bigint): void;
+  moduleGetFunction(module: bigint, name: string): bigint;
+  launchKernel(fn: bigint, gx: number, gy: number, gz: number, bx: number, by: number, bz: number,
+    sharedMemBytes: number, stream: bigint, packedArgs: Bytes): void;
+}

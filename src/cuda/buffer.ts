@@ -1,0 +1,209 @@
+// Device buffers: a range of device memory with host copies, fills, device copies and sub-views.
+// Several DeviceBuffer objects (a buffer and its views) can share one MemoryOwner, which is
+// released when the last of them closes.
+import { driver, whenStreamDone } from './driver.js';
+import { Device } from './device.js';
+import { Stream, streamHandle } from './stream.js';
+import { IpcError } from '../errors.js';
+import { trackLeak, untrackLeak } from '../leak.js';
+
+export type MemoryKind = 'device' | 'legacy-import' | 'pool' | 'pool-import';
+
+/** What owns a range of device memory: allocated here, or mapped from another process. */
+export interface MemoryOwner {
+  readonly kind: MemoryKind;
+  readonly device: Device;
+  readonly base: bigint;
+  readonly byteLength: number;
+  /** Frees or unmaps the memory; called once, when the last buffer over it closes. */
+  release(): void;
+}
+
+/** Reference count over a MemoryOwner, with hooks that must run before the memory goes. */
+export class SharedMemory {
+  refs = 0;
+  released = false;
+  readonly beforeRelease: Array<() => void> = [];
+  constructor(readonly owner: MemoryOwner) {}
+
+  acquire(): void { this.refs++; }
+
+  drop(): void {
+    if (--this.refs > 0 || this.released) return;
+    this.released = true;
+    for (const hook of this.beforeRelease.splice(0)) hook();
+    this.owner.device.activate();
+    this.owner.release();
+  }
+}
+
+export type HostView = ArrayBufferView | ArrayBuffer;
+
+export interface CopyOptions {
+  /** Byte offset inside this buffer. */
+  offset?: number;
+}
+
+export interface AsyncCopyOptions extends CopyOptions {
+  /** Stream to queue the copy on (the legacy default stream when omitted). */
+  stream?: Stream;
+}
+
+function byteLengthOf(v: HostView): number {
+  return v instanceof ArrayBuffer ? v.byteLength : v.byteLength;
+}
+
+function checkCount(n: number, what: string): void {
+  if (!Number.isSafeInteger(n) || n < 0) throw new IpcError('ERR_INVALID_ARG', `${what} must be a non-negative integer, got ${n}`);
+}
+
+export class DeviceBuffer {
+  readonly device: Device;
+  readonly byteLength: number;
+  /** Offset of this buffer inside its owner's memory. */
+  readonly ownerOffset: number;
+  readonly #memory: SharedMemory;
+  readonly #parent: DeviceBuffer | undefined;
+  #pointer: bigint;
+
+  /** @internal Use DeviceBuffer.allocate, buffer.view, or the IPC open functions. */
+  constructor(memory: SharedMemory, offset: number, byteLength: number, parent?: DeviceBuffer) {
+    this.#memory = memory;
+    this.device = memory.owner.device;
+    this.ownerOffset = offset;
+    this.byteLength = byteLength;
+    this.#pointer = memory.owner.base + BigInt(offset);
+    this.#parent = parent;
+    memory.acquire();
+    trackLeak(this, `DeviceBuffer of ${byteLength} bytes`, () => memory.drop());
+  }
+
+  /** Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context. */
+  static allocate(bytes: number, options: { device?: Device } = {}): DeviceBuffer {
+    checkCount(bytes, 'bytes');
+    if (bytes === 0) throw new IpcError('ERR_INVALID_ARG', 'cannot allocate 0 bytes; ask for at least 1');
+    const device = options.device ?? Device.get(0);
+    device.activate();
+    const base = driver.memAlloc(bytes);
+    const owner: MemoryOwner = { kind: 'device', device, base, byteLength: bytes, release: () => driver.memFree(base) };
+    return new DeviceBuffer(new SharedMemory(owner), 0, bytes);
+  }
+
+  /** How the memory came to be here: allocated, imported through a legacy handle, or a pool. */
+  get kind(): MemoryKind { return this.#memory.owner.kind; }
+
+  /** @internal The shared owner, for the IPC modules. */
+  get memory(): SharedMemory {
+    this.#assertOpen();
+    return this.#memory;
+  }
+
+  /** The parent buffer of a view (kept alive by the view). */
+  get parent(): DeviceBuffer | undefined { return this.#parent; }
+
+  /** The device address of the first byte. Throws once closed. */
+  get devicePointer(): bigint {
+    this.#assertOpen();
+    return this.#pointer;
+  }
+
+  get closed(): boolean { return this.#pointer === 0n; }
+
+  #assertOpen(): void {
+    if (this.#pointer === 0n) {
+      throw new IpcError('ERR_CLOSED', `this ${this.kind} buffer of ${this.byteLength} bytes was closed; keep it open while you use it`);
+    }
+  }
+
+  #range(offset: number, length: number, what: string): bigint {
+    this.#assertOpen();
+    checkCount(offset, 'offset');
+    if (offset + length > this.byteLength) {
+      throw new IpcError('ERR_OUT_OF_RANGE',
+        `${what} of ${length} bytes at offset ${offset} does not fit in a buffer of ${this.byteLength} bytes`);
+    }
+    this.device.activate();
+    return this.#pointer + BigInt(offset);
+  }
+
+  /** Copies host bytes into the buffer at `offset` (blocking). */
+  write(source: HostView, offset = 0): void {
+    driver.memcpyHtoD(this.#range(offset, byteLengthOf(source), 'a write'), source);
+  }
+
+  /** Copies from the buffer at `offset` into `destination` (blocking); with no argument, returns a copy of all bytes. */
+  read(): Uint8Array;
+  read(destination: HostView, offset?: number): void;
+  read(destination?: HostView, offset = 0): Uint8Array | void {
+    const dst = destination ?? new Uint8Array(this.byteLength);
+    driver.memcpyDtoH(dst, this.#range(offset, byteLengthOf(dst), 'a read'));
+    if (!destination) return dst as Uint8Array;
+  }
+
+  /** Queues a host-to-device copy; resolves once it has finished. `source` must not change until then. */
+  writeAsync(source: HostView, options: AsyncCopyOptions = {}): Promise<void> {
+    const ptr = this.#range(options.offset ?? 0, byteLengthOf(source), 'a write');
+    const s = streamHandle(options.stream);
+    driver.memcpyHtoDAsync(ptr, source, s);
+    return whenStreamDone(s, source);
+  }
+
+  /** Queues a device-to-host copy; resolves once `destination` holds the bytes. */
+  readAsync(destination: HostView, options: AsyncCopyOptions = {}): Promise<void> {
+    const ptr = this.#range(options.offset ?? 0, byteLengthOf(destination), 'a read');
+    const s = streamHandle(options.stream);
+    driver.memcpyDtoHAsync(destination, ptr, s);
+    return whenStreamDone(s, destination);
+  }
+
+  /** Sets every byte to `value` (0..255). With a stream, queues it there instead of blocking. */
+  fill(value: number, options: { stream?: Stream } = {}): void {
+    if (!Number.isInteger(value) || value < 0 || value > 255) {
+      throw new IpcError('ERR_INVALID_ARG', `fill value must be a byte (0..255), got ${value}; use fillUint32 for 32-bit words`);
+    }
+    const ptr = this.#range(0, this.byteLength, 'a fill');
+    if (options.stream) driver.memsetD8Async(ptr, value, this.byteLength, options.stream.handle);
+    else driver.memsetD8(ptr, value, this.byteLength);
+  }
+
+  /** Sets every 32-bit word to `value`; the length and address must be multiples of 4. */
+  fillUint32(value: number, options: { stream?: Stream } = {}): void {
+    if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) {
+      throw new IpcError('ERR_INVALID_ARG', `fillUint32 value must be in 0..2^32-1, got ${value}`);
+    }
+    if (this.byteLength % 4 !== 0 || this.ownerOffset % 4 !== 0) {
+      throw new IpcError('ERR_INVALID_ARG', `fillUint32 needs a 4-byte aligned buffer whose length is a multiple of 4 (length ${this.byteLength}, offset ${this.ownerOffset})`);
+    }
+    const ptr = this.#range(0, this.byteLength, 'a fill');
+    if (options.stream) driver.memsetD32Async(ptr, value, this.byteLength / 4, options.stream.handle);
+    else driver.memsetD32(ptr, value, this.byteLength / 4);
+  }
+
+  /** Device-to-device copy from `source` into this buffer. With a stream, queued there; else blocking. */
+  copyFrom(source: DeviceBuffer, options: { sourceOffset?: number; offset?: number; byteLength?: number; stream?: Stream } = {}): void {
+    const srcOffset = options.sourceOffset ?? 0;
+    const length = options.byteLength ?? Math.min(source.byteLength - srcOffset, this.byteLength - (options.offset ?? 0));
+    checkCount(length, 'byteLength');
+    const src = source.#range(srcOffset, length, 'a copy source');
+    const dst = this.#range(options.offset ?? 0, length, 'a copy destination');
+    if (options.stream) driver.memcpyDtoDAsync(dst, src, length, options.stream.handle);
+    else driver.memcpyDtoD(dst, src, length);
+  }
+
+  /** A buffer over `length` bytes at `offset` of this one; it keeps this buffer's memory alive. */
+  view(offset: number, length = this.byteLength - offset): DeviceBuffer {
+    checkCount(length, 'length');
+    this.#range(offset, length, 'a view');
+    return new DeviceBuffer(this.#memory, this.ownerOffset + offset, length, this);
+  }
+
+  /** Releases this buffer; the memory goes when its last buffer or view is closed. Idempotent. */
+  close(): void {
+    if (this.#pointer === 0n) return;
+    this.#pointer = 0n;
+    untrackLeak(this);
+    this.#memory.drop();
+  }
+
+  [Symbol.dispose](): void { this.close(); }
+}
