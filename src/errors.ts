@@ -37,6 +37,7 @@ export type IpcErrorCode =
   | 'ERR_UNSUPPORTED'
   | 'ERR_INVALID_ARG'
   | 'ERR_TIMEOUT'
+  | 'ERR_COMPILE'
   // links
   | 'ERR_PEER_GONE'
   | 'ERR_PEER_REFUSED'

@@ -83,6 +83,10 @@ export interface CudaAddon {
   moduleLoadData(image: Bytes): bigint;
   moduleUnload(module: bigint): void;
   moduleGetFunction(module: bigint, name: string): bigint;
+  nvrtcLoad(paths: string[]): string;
+  nvrtcVersion(): [major: number, minor: number];
+  nvrtcCompile(source: string, name: string, options: string[]): { ok: boolean; ptx?: string; log: string; error?: string };
+
   launchKernel(fn: bigint, gx: number, gy: number, gz: number, bx: number, by: number, bz: number,
     sharedMemBytes: number, stream: bigint, packedArgs: Bytes): void;
 }

@@ -4,6 +4,7 @@ import { driver, Flags, whenStreamDone } from './driver.js';
 import { Device } from './device.js';
 import { IpcError } from '../errors.js';
 import { trackLeak, untrackLeak } from '../leak.js';
+import type { Event } from './event.js';
 
 export class Stream {
   readonly device: Device;
@@ -37,6 +38,53 @@ export class Stream {
     return whenStreamDone(this.handle);
   }
 
+  /** Work queued on this stream after this call waits for `event` (on the GPU, not the CPU). */
+  waitEvent(event: Event): void {
+    this.device.activate();
+    driver.streamWaitEvent(this.handle, event.handle);
+  }
+
+  /** GPU-side signal: when the stream reaches this point, it writes `value` at `offset` of `target`. */
+  writeValue32(target: MemoryTarget, offset: number, value: number): void {
+    checkU32(value);
+    driver.streamWriteValue32(this.handle, this.#memOpAddress(target, offset, 4), value >>> 0, 0);
+  }
+
+  writeValue64(target: MemoryTarget, offset: number, value: bigint): void {
+    driver.streamWriteValue64(this.handle, this.#memOpAddress(target, offset, 8), BigInt.asUintN(64, value), 0);
+  }
+
+  /**
+   * GPU-side wait: work queued after this waits until the 32-bit word at `offset` of `target`
+   * satisfies `condition` against `value` ('geq' compares as a wrapping counter, like the driver).
+   */
+  waitValue32(target: MemoryTarget, offset: number, value: number, condition: WaitCondition = 'geq'): void {
+    checkU32(value);
+    driver.streamWaitValue32(this.handle, this.#memOpAddress(target, offset, 4), value >>> 0, waitFlag(condition));
+  }
+
+  waitValue64(target: MemoryTarget, offset: number, value: bigint, condition: WaitCondition = 'geq'): void {
+    driver.streamWaitValue64(this.handle, this.#memOpAddress(target, offset, 8), BigInt.asUintN(64, value), waitFlag(condition));
+  }
+
+  #memOpAddress(target: MemoryTarget, offset: number, size: 4 | 8): bigint {
+    const caps = this.device.capabilities;
+    if (!caps.streamMemOps || (size === 8 && !caps.streamMemOps64)) {
+      throw new IpcError('ERR_UNSUPPORTED',
+        `device ${this.device.ordinal} (${this.device.name}) does not support ${size * 8}-bit stream memory operations; ` +
+        'order the work with events (Event, stream.waitEvent) instead');
+    }
+    if (!Number.isSafeInteger(offset) || offset < 0 || offset + size > target.byteLength) {
+      throw new IpcError('ERR_OUT_OF_RANGE', `a ${size}-byte word at offset ${offset} does not fit in ${target.byteLength} bytes`);
+    }
+    const address = target.devicePointer + BigInt(offset);
+    if (address % BigInt(size) !== 0n) {
+      throw new IpcError('ERR_INVALID_ARG', `stream memory operations need a ${size}-byte aligned address; offset ${offset} is not`);
+    }
+    this.device.activate();
+    return address;
+  }
+
   /** true when all queued work is done. */
   query(): boolean {
     this.device.activate();
@@ -53,6 +101,30 @@ export class Stream {
   }
 
   [Symbol.dispose](): void { this.close(); }
+}
+
+/** Memory that stream memory operations can target: a DeviceBuffer, or anything with a device address. */
+export interface MemoryTarget {
+  readonly devicePointer: bigint;
+  readonly byteLength: number;
+}
+
+export type WaitCondition = 'geq' | 'eq' | 'and' | 'nor';
+
+function waitFlag(condition: WaitCondition): number {
+  switch (condition) {
+    case 'geq': return Flags.WAIT_VALUE_GEQ;
+    case 'eq': return Flags.WAIT_VALUE_EQ;
+    case 'and': return Flags.WAIT_VALUE_AND;
+    case 'nor': return Flags.WAIT_VALUE_NOR;
+    default: throw new IpcError('ERR_INVALID_ARG', `unknown wait condition '${condition as string}'; use 'geq', 'eq', 'and' or 'nor'`);
+  }
+}
+
+function checkU32(value: number): void {
+  if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) {
+    throw new IpcError('ERR_INVALID_ARG', `a 32-bit stream value must be an integer in 0..2^32-1, got ${value}`);
+  }
 }
 
 /** The raw handle of an optional stream: the legacy default stream (0) when none is given. */

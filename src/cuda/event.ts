@@ -1,0 +1,99 @@
+// Events: points in a stream's work. Interprocess events (created here or opened from another
+// process) let one process's GPU work wait for another's without the CPU.
+import { driver, Flags, whenStreamDone } from './driver.js';
+import { Device } from './device.js';
+import { Stream, streamHandle } from './stream.js';
+import { IpcError } from '../errors.js';
+import { trackLeak, untrackLeak } from '../leak.js';
+
+export interface EventOptions {
+  /** Shareable with other processes. Implies no timing (the driver refuses both at once). */
+  interprocess?: boolean;
+}
+
+export class Event {
+  readonly device: Device;
+  readonly interprocess: boolean;
+  /** True for an event opened from another process's handle. */
+  readonly imported: boolean;
+  #handle: bigint;
+
+  /** @internal */
+  constructor(device: Device, handle: bigint, interprocess: boolean, imported: boolean) {
+    this.device = device;
+    this.#handle = handle;
+    this.interprocess = interprocess;
+    this.imported = imported;
+    trackLeak(this, imported ? 'imported Event' : 'Event', () => {
+      device.activate();
+      driver.eventDestroy(handle);
+    });
+  }
+
+  static create(device: Device = Device.get(0), options: EventOptions = {}): Event {
+    const interprocess = options.interprocess ?? false;
+    if (interprocess && !device.capabilities.ipcEvents) {
+      throw new IpcError('ERR_UNSUPPORTED', `device ${device.ordinal} (${device.name}) does not support interprocess events`);
+    }
+    device.activate();
+    // Timing is always off: it costs a little on every record and nothing here measures with it.
+    const flags = Flags.EVENT_DISABLE_TIMING | (interprocess ? Flags.EVENT_INTERPROCESS : 0);
+    return new Event(device, driver.eventCreate(flags), interprocess, false);
+  }
+
+  get handle(): bigint {
+    if (this.#handle === 0n) throw new IpcError('ERR_CLOSED', 'this event was closed');
+    return this.#handle;
+  }
+
+  get closed(): boolean { return this.#handle === 0n; }
+
+  /** Captures the work queued on `stream` so far (the legacy default stream when omitted). */
+  record(stream?: Stream): void {
+    this.device.activate();
+    driver.eventRecord(this.handle, streamHandle(stream));
+  }
+
+  /** true once the captured work is done (or the event was never recorded). */
+  query(): boolean {
+    this.device.activate();
+    return driver.eventQuery(this.handle);
+  }
+
+  /** Resolves once the captured work is done, without blocking any thread. */
+  async synchronize(): Promise<void> {
+    const waiter = takeWaiter(this.device);
+    try {
+      driver.streamWaitEvent(waiter.handle, this.handle);
+      await whenStreamDone(waiter.handle, this);
+    } finally {
+      returnWaiter(waiter);
+    }
+  }
+
+  close(): void {
+    if (this.#handle === 0n) return;
+    const h = this.#handle;
+    this.#handle = 0n;
+    untrackLeak(this);
+    this.device.activate();
+    driver.eventDestroy(h);
+  }
+
+  [Symbol.dispose](): void { this.close(); }
+}
+
+// Idle streams used to wait for events: a waiter stream is busy until its event fires, so each
+// concurrent wait takes its own and returns it afterwards.
+const idleWaiters = new Map<Device, Stream[]>();
+
+function takeWaiter(device: Device): Stream {
+  return idleWaiters.get(device)?.pop() ?? Stream.create(device);
+}
+
+function returnWaiter(stream: Stream): void {
+  let list = idleWaiters.get(stream.device);
+  if (!list) idleWaiters.set(stream.device, (list = []));
+  if (list.length < 8) list.push(stream);
+  else stream.close();
+}
