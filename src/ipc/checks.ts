@@ -58,7 +58,8 @@ export function checkPlainObject(value: unknown, field: Field): Record<string, u
   return value as Record<string, unknown>;
 }
 
-/** Rejects keys outside `allowed` and reports the first missing key of `required`. */
+/** Rejects keys outside `required` and `optional`, then reports the first missing (or
+ *  undefined) key of `required`. */
 export function checkKeys(
   obj: Record<string, unknown>,
   required: readonly string[],
@@ -67,11 +68,12 @@ export function checkKeys(
 ): void {
   for (const key of Object.keys(obj)) {
     if (!required.includes(key) && !optional.includes(key)) {
-      fail(at(field, key), `is not a known field; this version accepts only: ${[...required, ...optional].join(', ')}`);
+      // describe() bounds and escapes the key: it is untrusted text.
+      fail(field, `has an unknown field ${describe(key)}; this version accepts only: ${[...required, ...optional].join(', ')}`);
     }
   }
   for (const key of required) {
-    if (!Object.prototype.hasOwnProperty.call(obj, key)) fail(at(field, key), 'is missing');
+    if (obj[key] === undefined) fail(at(field, key), 'is missing');
   }
 }
 
