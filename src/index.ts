@@ -1,1 +1,21 @@
-export {};
+// cuda-ipc: share CUDA GPU memory and events between Node.js processes with zero copies.
+export { CudaError, IpcError, type IpcErrorCode } from './errors.js';
+export { Device, driverVersion, peerAccessMatrix, type DeviceCapabilities, type ComputeCapability, type MemoryInfo } from './cuda/device.js';
+export { DeviceBuffer, type MemoryKind, type HostView, type AsyncCopyOptions } from './cuda/buffer.js';
+export { Stream, type WaitCondition, type MemoryTarget } from './cuda/stream.js';
+export { Event, type EventOptions } from './cuda/event.js';
+export { Module, Kernel, compileCuda, type LaunchConfig, type Dim3, type CompileOptions } from './cuda/module.js';
+export { arg, packKernelArgs, type KernelArg, type KernelArgType } from './cuda/kernel-args.js';
+export { BuiltinKernels, type PatternCheck, type PatternElementType } from './cuda/builtins.js';
+export { openIpcHandle, exportPointer, legacyCacheStats, type IpcHandleOptions } from './ipc/legacy.js';
+export { DeviceArray, openIpcArray } from './ipc/array.js';
+export { IpcPool, type IpcPoolOptions } from './ipc/pool.js';
+export {
+  descriptorToJson, parseDescriptorJson, encodeDescriptor, decodeDescriptor, validateDescriptor,
+  type Descriptor, type LegacyHandleDescriptor, type IpcEventDescriptor, type DescriptorJson,
+} from './ipc/descriptor.js';
+export { dtypeInfo, type DType } from './ipc/dtype.js';
+export { arrayMeta, type ArrayMeta, type ArrayMetaInit } from './ipc/array-meta.js';
+export {
+  float16BitsFromNumber, numberFromFloat16Bits, bfloat16BitsFromNumber, numberFromBfloat16Bits,
+} from './half-float.js';

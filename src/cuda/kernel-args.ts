@@ -3,6 +3,7 @@
 // offset aligned to its natural alignment, the total padded to the largest alignment, padding
 // zeroed, values little-endian.
 
+import { float16BitsFromNumber, bfloat16BitsFromNumber } from '../half-float.js';
 import { IpcError } from '../errors.js';
 
 /** Integer argument types carried as JavaScript numbers. */
@@ -249,10 +250,10 @@ function writeValue(view: DataView, offset: number, type: KernelArgType, value: 
       view.setUint32(offset, value as number, littleEndian);
       return;
     case 'f16':
-      view.setUint16(offset, float16Bits(value as number), littleEndian);
+      view.setUint16(offset, float16BitsFromNumber(value as number), littleEndian);
       return;
     case 'bf16':
-      view.setUint16(offset, bfloat16Bits(value as number), littleEndian);
+      view.setUint16(offset, bfloat16BitsFromNumber(value as number), littleEndian);
       return;
     case 'f32':
       view.setFloat32(offset, value as number, littleEndian);
@@ -261,60 +262,6 @@ function writeValue(view: DataView, offset: number, type: KernelArgType, value: 
       view.setFloat64(offset, value as number, littleEndian);
       return;
   }
-}
-
-// ---- 16-bit floats ---------------------------------------------------------------------------
-// Private to this module on purpose: src/ipc/dtype.ts is getting float16 helpers of its own in
-// parallel work, and the two are to be merged later. Tests reach these through packKernelArgs.
-
-function roundHalfToEven(x: number): number {
-  const floor = Math.floor(x);
-  const fraction = x - floor;
-  if (fraction > 0.5) return floor + 1;
-  if (fraction < 0.5) return floor;
-  return floor % 2 === 0 ? floor : floor + 1;
-}
-
-/** floor(log2(x)) for a finite x > 0, exact (Math.log2 alone can be off by one near powers of 2). */
-function floorLog2(x: number): number {
-  let exponent = Math.floor(Math.log2(x));
-  if (2 ** exponent > x) exponent -= 1;
-  else if (2 ** (exponent + 1) <= x) exponent += 1;
-  return exponent;
-}
-
-/**
- * Rounds a double directly (no detour through float32, which would round twice) to an IEEE-style
- * binary format with the given exponent and fraction widths, to nearest, ties to even, and
- * returns its bit pattern. NaN becomes the canonical quiet NaN.
- */
-function roundToSmallFloatBits(value: number, exponentBits: number, fractionBits: number): number {
-  const bias = 2 ** (exponentBits - 1) - 1;
-  const infinityBits = (2 ** exponentBits - 1) * 2 ** fractionBits;
-  const signBit = 2 ** (exponentBits + fractionBits);
-  if (Number.isNaN(value)) return infinityBits + 2 ** (fractionBits - 1);
-  const sign = value < 0 || Object.is(value, -0) ? signBit : 0;
-  const magnitude = Math.abs(value);
-  if (magnitude === Infinity) return sign + infinityBits;
-  if (magnitude === 0) return sign;
-  // Subnormals share the smallest normal exponent; their significand just has no leading 1.
-  const exponent = Math.max(floorLog2(magnitude), 1 - bias);
-  // Exact: scaling by a power of two, and the result lies in [0, 2^(fractionBits+1)).
-  const significand = roundHalfToEven(magnitude * 2 ** (fractionBits - exponent));
-  // One formula for normals and subnormals; a significand that rounded up to 2^(fractionBits+1)
-  // carries into the exponent field, as the encoding wants.
-  const bits = (exponent + bias - 1) * 2 ** fractionBits + significand;
-  return sign + Math.min(bits, infinityBits);
-}
-
-/** IEEE 754 binary16 bits of a number, rounded to nearest, ties to even. */
-function float16Bits(value: number): number {
-  return roundToSmallFloatBits(value, 5, 10);
-}
-
-/** bfloat16 bits of a number, rounded to nearest, ties to even. */
-function bfloat16Bits(value: number): number {
-  return roundToSmallFloatBits(value, 8, 7);
 }
 
 /** A kernel parameter as declared: its name (for messages) and type. */

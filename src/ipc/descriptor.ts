@@ -166,7 +166,7 @@ export function validateDescriptor(value: unknown, expectedKind?: DescriptorKind
 
 /** The JSON form: a plain object for JSON.stringify that Python can use directly (see the
  *  module comment). Validates first. */
-export function toJSON<D extends Descriptor>(desc: D): DescriptorJsonOf<D['kind']> {
+export function descriptorToJson<D extends Descriptor>(desc: D): DescriptorJsonOf<D['kind']> {
   const checked = validateDescriptor(desc);
   return (CODECS[checked.kind] as KindCodec<DescriptorKind>).toJson(checked) as DescriptorJsonOf<D['kind']>;
 }

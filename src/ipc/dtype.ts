@@ -22,7 +22,7 @@ export type DType =
 
 /** The typed array that holds one dtype's values on the host. float16 and bfloat16 have no
  *  native typed array on Node 20, so their raw bit patterns live in a Uint16Array; convert with
- *  the helpers in half-float.ts. */
+ *  the helpers in src/half-float.ts. */
 export interface HostArrayTypes {
   int8: Int8Array;
   int16: Int16Array;

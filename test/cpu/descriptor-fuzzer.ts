@@ -14,7 +14,7 @@ import type { Descriptor } from '../../src/ipc/descriptor.js';
 /** The functions under test; injectable so the fuzzer's own failure detection can be tested. */
 export type DescriptorApi = Pick<
   typeof realApi,
-  'decodeDescriptor' | 'encodeDescriptor' | 'parseDescriptorJson' | 'toJSON' | 'validateDescriptor'
+  'decodeDescriptor' | 'encodeDescriptor' | 'parseDescriptorJson' | 'descriptorToJson' | 'validateDescriptor'
 >;
 
 export interface FuzzOptions {
@@ -421,7 +421,7 @@ function mutateJsonText(rng: Rng, text: string): string {
 }
 
 function mutateJson(rng: Rng, valid: Descriptor): { input: unknown; strategy: string } {
-  const tree = JSON.parse(JSON.stringify(realApi.toJSON(valid))) as { [key: string]: Json };
+  const tree = JSON.parse(JSON.stringify(realApi.descriptorToJson(valid))) as { [key: string]: Json };
   const roll = rng.below(10);
   if (roll === 0) return { input: rng.chance(0.5) ? tree : JSON.stringify(tree), strategy: 'json/none' };
   if (roll === 1) return { input: mutateJsonText(rng, JSON.stringify(tree)), strategy: 'json/text' };
@@ -451,7 +451,7 @@ function checkAccepted(api: DescriptorApi, desc: Descriptor, input: unknown): vo
   if (input instanceof Uint8Array && !isDeepStrictEqual(new Uint8Array(bytes), new Uint8Array(input))) {
     throw new Error('accepted bytes are not canonical: re-encoding gives different bytes');
   }
-  const text = JSON.stringify(api.toJSON(desc));
+  const text = JSON.stringify(api.descriptorToJson(desc));
   if (!isDeepStrictEqual(api.parseDescriptorJson(text), desc)) throw new Error('JSON round trip changed the descriptor');
 }
 

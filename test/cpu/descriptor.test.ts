@@ -8,7 +8,7 @@ import {
   ipcEventDescriptor,
   legacyHandleDescriptor,
   parseDescriptorJson,
-  toJSON,
+  descriptorToJson,
   validateDescriptor,
   type Descriptor,
   type LegacyHandleDescriptorInit,
@@ -42,7 +42,7 @@ function rejects(fn: () => unknown, code: string, fragment = ''): void {
 }
 
 function roundTrips(desc: Descriptor): void {
-  const viaText = parseDescriptorJson(JSON.stringify(toJSON(desc)));
+  const viaText = parseDescriptorJson(JSON.stringify(descriptorToJson(desc)));
   assert.deepEqual(viaText, desc);
   const bytes = encodeDescriptor(desc);
   assert.deepEqual(decodeDescriptor(bytes), desc);
@@ -50,7 +50,7 @@ function roundTrips(desc: Descriptor): void {
 }
 
 test('the JSON form of a float32 2x3 array is what Python reads', () => {
-  const json = toJSON(legacy());
+  const json = descriptorToJson(legacy());
   assert.equal(
     JSON.stringify(json),
     '{"kind":"cuda-legacy-handle","version":1,' +
@@ -132,7 +132,7 @@ test('JSON and binary round-trip every dtype over many shapes and strides', () =
 });
 
 test('a JSON descriptor from Python may leave out strides (C order) and typestr', () => {
-  const json = { ...toJSON(legacy()), array: { dtype: 'float32', shape: [2, 3] } };
+  const json = { ...descriptorToJson(legacy()), array: { dtype: 'float32', shape: [2, 3] } };
   assert.deepEqual(parseDescriptorJson(json), legacy());
   rejects(
     () => parseDescriptorJson({ ...json, array: { dtype: 'float32', typestr: '<f8', shape: [2, 3] } }),
@@ -154,15 +154,15 @@ test('descriptors share no memory with the bytes or handle they came from', () =
 });
 
 test('expectedKind narrows the type and rejects other kinds with ERR_DESCRIPTOR_KIND', () => {
-  const desc = parseDescriptorJson(toJSON(event()), 'cuda-ipc-event');
+  const desc = parseDescriptorJson(descriptorToJson(event()), 'cuda-ipc-event');
   assert.equal(desc.pid, 77);
-  rejects(() => parseDescriptorJson(toJSON(event()), 'cuda-legacy-handle'), 'ERR_DESCRIPTOR_KIND', 'expected a cuda-legacy-handle');
+  rejects(() => parseDescriptorJson(descriptorToJson(event()), 'cuda-legacy-handle'), 'ERR_DESCRIPTOR_KIND', 'expected a cuda-legacy-handle');
   rejects(() => decodeDescriptor(encodeDescriptor(legacy()), 'cuda-ipc-event'), 'ERR_DESCRIPTOR_KIND');
   rejects(() => validateDescriptor(legacy(), 'cuda-ipc-event'), 'ERR_DESCRIPTOR_KIND');
 });
 
 test('JSON: wrong kind, version and envelope are rejected with their own codes', () => {
-  const good = toJSON(legacy()) as unknown as Record<string, unknown>;
+  const good = descriptorToJson(legacy()) as unknown as Record<string, unknown>;
   rejects(() => parseDescriptorJson({ ...good, kind: 'cuda-pool-pointer' }), 'ERR_DESCRIPTOR_KIND', 'cuda-pool-pointer');
   rejects(() => parseDescriptorJson({ ...good, kind: 'toString' }), 'ERR_DESCRIPTOR_KIND');
   rejects(() => parseDescriptorJson({ ...good, kind: 1 }), 'ERR_DESCRIPTOR_INVALID', 'descriptor.kind');
@@ -179,7 +179,7 @@ test('JSON: wrong kind, version and envelope are rejected with their own codes',
 });
 
 test('JSON: each bad field is rejected with ERR_DESCRIPTOR_INVALID naming it', () => {
-  const good = toJSON(legacy()) as unknown as Record<string, unknown>;
+  const good = descriptorToJson(legacy()) as unknown as Record<string, unknown>;
   const goodArray = good.array as Record<string, unknown>;
   const cases: Array<[Record<string, unknown>, string]> = [
     [{ ...good, extra: 1 }, 'descriptor has an unknown field "extra"'],
@@ -223,7 +223,7 @@ test('JSON: each bad field is rejected with ERR_DESCRIPTOR_INVALID naming it', (
   }
   rejects(() => parseDescriptorJson(JSON.stringify({ ...good, offset: -1 })), 'ERR_DESCRIPTOR_INVALID', 'descriptor.offset');
   rejects(() => parseDescriptorJson(JSON.stringify(good).replace('"pid":4242', '"pid":1e400')), 'ERR_DESCRIPTOR_INVALID', 'descriptor.pid');
-  const ev = toJSON(event()) as unknown as Record<string, unknown>;
+  const ev = descriptorToJson(event()) as unknown as Record<string, unknown>;
   rejects(() => parseDescriptorJson({ ...ev, offset: 0 }), 'ERR_DESCRIPTOR_INVALID', 'descriptor has an unknown field "offset"');
   rejects(() => parseDescriptorJson({ ...ev, pid: undefined }), 'ERR_DESCRIPTOR_INVALID', 'descriptor.pid is missing');
 });
@@ -232,8 +232,8 @@ test('in-memory descriptors are checked before encoding or converting to JSON', 
   const good = legacy();
   rejects(() => encodeDescriptor({ ...good, handle: new Uint8Array(63) }), 'ERR_DESCRIPTOR_INVALID', 'exactly 64 bytes');
   rejects(() => encodeDescriptor({ ...good, offset: -1 }), 'ERR_DESCRIPTOR_INVALID', 'descriptor.offset');
-  rejects(() => toJSON({ ...good, array: { dtype: 'float32', shape: [2, 4], strides: [16, 4] } }), 'ERR_DESCRIPTOR_INVALID', 'needs 32 bytes');
-  rejects(() => toJSON({ ...event(), version: 2 as 1 }), 'ERR_DESCRIPTOR_VERSION');
+  rejects(() => descriptorToJson({ ...good, array: { dtype: 'float32', shape: [2, 4], strides: [16, 4] } }), 'ERR_DESCRIPTOR_INVALID', 'needs 32 bytes');
+  rejects(() => descriptorToJson({ ...event(), version: 2 as 1 }), 'ERR_DESCRIPTOR_VERSION');
   rejects(() => legacy({ deviceUuid: 'GPU-0' }), 'ERR_DESCRIPTOR_INVALID', 'descriptor.deviceUuid');
   rejects(() => validateDescriptor('cuda-legacy-handle'), 'ERR_DESCRIPTOR_INVALID');
 });

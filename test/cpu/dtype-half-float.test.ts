@@ -5,7 +5,7 @@ import {
   float16BitsFromNumber,
   numberFromBfloat16Bits,
   numberFromFloat16Bits,
-} from '../../src/ipc/half-float.js';
+} from '../../src/half-float.js';
 
 const hex = (n: number) => '0x' + n.toString(16).padStart(4, '0');
 

@@ -3,7 +3,7 @@
 // first would round twice and get some ties wrong. Subnormals, infinities and NaN are kept;
 // NaN becomes the canonical quiet NaN of the format.
 
-import { IpcError } from '../errors.js';
+import { IpcError } from './errors.js';
 
 interface SmallFloatFormat {
   readonly mantissaBits: number;

@@ -1,0 +1,83 @@
+// `cuda-ipc info`: what this machine offers for GPU sharing, as a table or JSON.
+import { probeDriver } from '../cuda/driver.js';
+import { Device, peerAccessMatrix } from '../cuda/device.js';
+
+const GiB = 1024 ** 3;
+
+export interface InfoReport {
+  driverVersion: string | null;
+  error: { code: string; message: string } | null;
+  devices: Array<ReturnType<Device['toJSON']> & { freeMemory: number }>;
+  peerAccess: boolean[][];
+}
+
+function versionString(v: number): string {
+  return `${Math.floor(v / 1000)}.${Math.floor((v % 1000) / 10)}`;
+}
+
+export function collectInfo(): InfoReport {
+  const probe = probeDriver();
+  if (!probe.ok) {
+    const e = probe.error as Error & { code?: string };
+    return { driverVersion: null, error: { code: e.code ?? 'ERROR', message: e.message }, devices: [], peerAccess: [] };
+  }
+  try {
+    const devices = Device.all();
+    return {
+      driverVersion: versionString(probe.version),
+      error: null,
+      devices: devices.map((d) => ({ ...d.toJSON(), freeMemory: d.memoryInfo().free })),
+      peerAccess: peerAccessMatrix(devices),
+    };
+  } catch (err) {
+    const e = err as Error & { code?: string };
+    return { driverVersion: versionString(probe.version), error: { code: e.code ?? 'ERROR', message: e.message }, devices: [], peerAccess: [] };
+  }
+}
+
+const yesNo = (b: boolean) => (b ? 'yes' : 'no');
+
+export function formatInfo(r: InfoReport): string {
+  const lines: string[] = [];
+  if (r.error) {
+    lines.push(`CUDA: not available (${r.error.code})`);
+    lines.push(`  ${r.error.message}`);
+    lines.push('');
+    lines.push('Host shared memory (HostBuffer), links and host-memory channels work without a GPU;');
+    lines.push('sharing device memory needs an NVIDIA GPU and its driver on this machine.');
+    return lines.join('\n');
+  }
+  lines.push(`CUDA driver: ${r.driverVersion}`);
+  lines.push(`Devices: ${r.devices.length}`);
+  for (const d of r.devices) {
+    const c = d.capabilities;
+    lines.push('');
+    lines.push(`Device ${d.ordinal}: ${d.name}`);
+    const rows: Array<[string, string]> = [
+      ['UUID', d.uuid],
+      ['compute capability', `${d.computeCapability.major}.${d.computeCapability.minor}`],
+      ['memory', `${(d.totalMemory / GiB).toFixed(1)} GiB total, ${(d.freeMemory / GiB).toFixed(1)} GiB free`],
+      ['PCI bus id', d.pciBusId],
+      ['multiprocessors', String(d.multiprocessors)],
+      ['legacy IPC handles', yesNo(c.legacyIpc)],
+      ['memory pools', yesNo(c.memoryPools)],
+      ['POSIX-fd pool handles', yesNo(c.posixFdPoolHandles)],
+      ['fabric pool handles', yesNo(c.fabricPoolHandles)],
+      ['IPC events', yesNo(c.ipcEvents)],
+      ['stream memory operations', `${yesNo(c.streamMemOps)}${c.streamMemOps64 ? ' (64-bit too)' : ''}`],
+      ['unified addressing', yesNo(c.unifiedAddressing)],
+      ['managed memory', yesNo(c.managedMemory)],
+    ];
+    const w = Math.max(...rows.map(([k]) => k.length));
+    for (const [k, v] of rows) lines.push(`  ${k.padEnd(w)}  ${v}`);
+  }
+  if (r.devices.length > 1) {
+    lines.push('');
+    lines.push('Peer access (row can access column):');
+    lines.push('      ' + r.devices.map((d) => String(d.ordinal).padStart(4)).join(''));
+    r.peerAccess.forEach((row, i) => {
+      lines.push(String(i).padStart(4) + '  ' + row.map((v, j) => (i === j ? '   -' : v ? ' yes' : '  no')).join(''));
+    });
+  }
+  return lines.join('\n');
+}

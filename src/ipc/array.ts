@@ -1,0 +1,129 @@
+// Typed views over shared device memory (parity with Numba's open_ipc_array): dtype, shape and
+// byte strides over a DeviceBuffer, with host reads and writes in C order.
+import { DeviceBuffer } from '../cuda/buffer.js';
+import { Device } from '../cuda/device.js';
+import { IpcError } from '../errors.js';
+import { dtypeInfo, type DType, type HostArrayTypes } from './dtype.js';
+import { arrayMeta, isCContiguous, extentBytes, elementCount, type ArrayMeta, type ArrayMetaInit } from './array-meta.js';
+import { openIpcHandle, toLegacyDescriptor } from './legacy.js';
+import type { LegacyHandleDescriptor } from './descriptor.js';
+
+export class DeviceArray<T extends DType = DType> {
+  readonly buffer: DeviceBuffer;
+  readonly dtype: T;
+  readonly shape: readonly number[];
+  /** Byte strides. */
+  readonly strides: readonly number[];
+  /** Number of elements. */
+  readonly size: number;
+  readonly #contiguous: boolean;
+  readonly #extent: number;
+
+  /** A typed view over `buffer` (which the array then owns: closing the array closes it). */
+  constructor(buffer: DeviceBuffer, meta: ArrayMetaInit & { dtype: T }) {
+    const m = arrayMeta(meta);
+    const extent = extentBytes(m);
+    if (extent > buffer.byteLength) {
+      throw new IpcError('ERR_OUT_OF_RANGE',
+        `an array of shape [${m.shape}] ${m.dtype} with strides [${m.strides}] needs ${extent} bytes, but the buffer has ${buffer.byteLength}`);
+    }
+    this.buffer = buffer;
+    this.dtype = meta.dtype;
+    this.shape = m.shape;
+    this.strides = m.strides;
+    this.size = elementCount(m.shape);
+    this.#contiguous = isCContiguous(m);
+    this.#extent = extent;
+  }
+
+  /** A new C-contiguous array on the device (default device 0). */
+  static allocate<T extends DType>(dtype: T, shape: readonly number[], options: { device?: Device } = {}): DeviceArray<T> {
+    const bytes = elementCount(shape) * dtypeInfo(dtype).itemsize;
+    return new DeviceArray(DeviceBuffer.allocate(Math.max(bytes, 1), options), { dtype, shape });
+  }
+
+  get meta(): ArrayMeta { return { dtype: this.dtype, shape: this.shape, strides: this.strides }; }
+
+  get contiguous(): boolean { return this.#contiguous; }
+
+  /** All elements in C (row-major) order, copied to the host. float16/bfloat16 come as raw bits. */
+  read(): HostArrayTypes[T] {
+    const info = dtypeInfo(this.dtype);
+    const out = new info.hostArray(this.size) as HostArrayTypes[T];
+    if (this.size === 0) return out;
+    if (this.#contiguous) {
+      this.buffer.read(out as ArrayBufferView, 0);
+      return out;
+    }
+    const span = new Uint8Array(this.#extent);
+    this.buffer.read(span, 0);
+    const dst = new Uint8Array((out as ArrayBufferView).buffer);
+    this.#forEachOffset((src, i) => dst.set(span.subarray(src, src + info.itemsize), i * info.itemsize));
+    return out;
+  }
+
+  /**
+   * Writes all elements from `values` in C order. For a strided array the bytes between elements
+   * are read and written back unchanged (so do not write them concurrently from elsewhere).
+   */
+  write(values: HostArrayTypes[T]): void {
+    const info = dtypeInfo(this.dtype);
+    const src = values as ArrayBufferView;
+    if (!(src instanceof info.hostArray) || (src as unknown as { length: number }).length !== this.size) {
+      throw new IpcError('ERR_INVALID_ARG',
+        `write expects a ${info.hostArray.name} of ${this.size} elements for a ${this.dtype} array of shape [${this.shape}]`);
+    }
+    if (this.size === 0) return;
+    if (this.#contiguous) {
+      this.buffer.write(src, 0);
+      return;
+    }
+    const span = new Uint8Array(this.#extent);
+    this.buffer.read(span, 0);
+    const bytes = new Uint8Array(src.buffer, src.byteOffset, src.byteLength);
+    this.#forEachOffset((dst, i) => span.set(bytes.subarray(i * info.itemsize, (i + 1) * info.itemsize), dst));
+    this.buffer.write(span, 0);
+  }
+
+  // Calls fn(byteOffset, cIndex) for every element, in C order.
+  #forEachOffset(fn: (byteOffset: number, index: number) => void): void {
+    const nd = this.shape.length;
+    const idx = new Array<number>(nd).fill(0);
+    let offset = 0;
+    for (let i = 0; i < this.size; i++) {
+      fn(offset, i);
+      for (let d = nd - 1; d >= 0; d--) {
+        idx[d]!++;
+        offset += this.strides[d]!;
+        if (idx[d]! < this.shape[d]!) break;
+        offset -= this.strides[d]! * this.shape[d]!;
+        idx[d] = 0;
+      }
+    }
+  }
+
+  /** A descriptor carrying this array's dtype, shape and strides. */
+  ipcHandle(): LegacyHandleDescriptor {
+    return this.buffer.ipcHandle({ array: this.meta });
+  }
+
+  close(): void { this.buffer.close(); }
+
+  [Symbol.dispose](): void { this.close(); }
+}
+
+/** Opens a descriptor that carries array metadata as a typed array (Numba's open_ipc_array). */
+export function openIpcArray(input: LegacyHandleDescriptor | string | Uint8Array): DeviceArray {
+  const desc = toLegacyDescriptor(input);
+  if (!desc.array) {
+    throw new IpcError('ERR_DESCRIPTOR_INVALID',
+      'this descriptor has no array metadata (dtype, shape); open it with openIpcHandle, or export it with { array: { dtype, shape } }');
+  }
+  const buffer = openIpcHandle(desc);
+  try {
+    return new DeviceArray(buffer, desc.array);
+  } catch (e) {
+    buffer.close();
+    throw e;
+  }
+}

@@ -1,0 +1,177 @@
+// Legacy CUDA IPC handles (cuIpcGetMemHandle): 64-byte bearer tokens for a whole allocation, the
+// path that CuPy, Numba and PyTorch also speak. A descriptor carries the handle of the allocation
+// plus the offset and length of the exported range, because the handle of an interior pointer is
+// the handle of its allocation's base.
+import { driver, PointerAttr, MemoryType } from '../cuda/driver.js';
+import { Device } from '../cuda/device.js';
+import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
+import { CudaError, IpcError } from '../errors.js';
+import {
+  legacyHandleDescriptor, validateDescriptor, parseDescriptorJson, decodeDescriptor, type LegacyHandleDescriptor,
+} from './descriptor.js';
+import type { ArrayMetaInit } from './array-meta.js';
+
+export interface IpcHandleOptions {
+  /** dtype/shape/strides to describe the bytes as an array (for openIpcArray and Python). */
+  array?: ArrayMetaInit;
+}
+
+declare module '../cuda/buffer.js' {
+  interface DeviceBuffer {
+    /** A descriptor that another process opens with openIpcHandle (or Python, from its JSON). */
+    ipcHandle(options?: IpcHandleOptions): LegacyHandleDescriptor;
+  }
+}
+
+const handleKey = (h: Uint8Array) => Buffer.from(h.buffer, h.byteOffset, h.byteLength).toString('latin1');
+
+// Allocations this thread exported, by handle: an open in this thread becomes a view of them.
+const localExports = new Map<string, WeakRef<SharedMemory>>();
+// The handle of each exported allocation, computed once.
+const handleOfMemory = new WeakMap<SharedMemory, Uint8Array>();
+// What an imported allocation was opened from, so that it can be shared onward unchanged.
+const importOrigin = new WeakMap<MemoryOwner, { handle: Uint8Array; pid: number }>();
+
+function notExportable(why: string, cause?: unknown): IpcError {
+  return new IpcError('ERR_NOT_EXPORTABLE', why, { cause });
+}
+
+/** Checks that `pointer` is plain device memory that cuIpcGetMemHandle accepts. */
+function assertDeviceMemory(pointer: bigint): void {
+  let type: number;
+  try {
+    type = driver.pointerGetAttributeInt(PointerAttr.MEMORY_TYPE, pointer);
+  } catch (e) {
+    throw notExportable(`0x${pointer.toString(16)} is not memory that CUDA knows: allocate it with DeviceBuffer.allocate`, e);
+  }
+  if (driver.pointerGetAttributeInt(PointerAttr.IS_MANAGED, pointer) !== 0) {
+    throw notExportable('managed memory (cuMemAllocManaged) cannot be shared through CUDA IPC handles; ' +
+      'allocate with DeviceBuffer.allocate or from an IPC pool instead');
+  }
+  if (type === MemoryType.HOST) {
+    throw notExportable('pinned host memory (cuMemAllocHost) cannot be shared through CUDA IPC handles; ' +
+      'share host memory with HostBuffer (memfd) instead');
+  }
+  if (driver.pointerGetAttributeU64(PointerAttr.MEMPOOL_HANDLE, pointer) !== 0n) {
+    throw notExportable('memory from a memory pool has no legacy IPC handle; send the pool buffer over a link instead');
+  }
+}
+
+function describe(handle: Uint8Array, offset: number, byteLength: number, device: Device, pid: number,
+  array: ArrayMetaInit | undefined): LegacyHandleDescriptor {
+  return legacyHandleDescriptor({ handle, offset, byteLength, deviceUuid: device.uuid, pid, ...(array ? { array } : {}) });
+}
+
+/**
+ * A descriptor for `byteLength` bytes of device memory at `pointer`, which may come from any
+ * library (PyTorch, CuPy, …) as long as it is plain cuMemAlloc-style device memory.
+ */
+export function exportPointer(pointer: bigint, byteLength: number, options: IpcHandleOptions & { device?: Device } = {}): LegacyHandleDescriptor {
+  const device = options.device ?? Device.get(0);
+  device.activate();
+  assertDeviceMemory(pointer);
+  const [base, size] = driver.memGetAddressRange(pointer);
+  const offset = Number(pointer - base);
+  if (offset + byteLength > size) {
+    throw new IpcError('ERR_OUT_OF_RANGE', `${byteLength} bytes at 0x${pointer.toString(16)} run past the end of its allocation (${size - offset} bytes left)`);
+  }
+  const handle = driver.ipcGetMemHandle(base);
+  driver.legacyExportRegister(handle, base);
+  return describe(handle, offset, byteLength, device, process.pid, options.array);
+}
+
+DeviceBuffer.prototype.ipcHandle = function ipcHandle(this: DeviceBuffer, options: IpcHandleOptions = {}): LegacyHandleDescriptor {
+  const memory = this.memory;
+  const owner = memory.owner;
+  if (owner.kind === 'legacy-import') {
+    // Re-sharing an import: the same handle works in any other process.
+    const origin = importOrigin.get(owner)!;
+    return describe(origin.handle, this.ownerOffset, this.byteLength, this.device, origin.pid, options.array);
+  }
+  if (owner.kind !== 'device') {
+    throw notExportable(`a ${owner.kind} buffer has no legacy IPC handle; send it over a link (link.send) instead`);
+  }
+  let handle = handleOfMemory.get(memory);
+  if (!handle) {
+    this.device.activate();
+    const h = driver.ipcGetMemHandle(owner.base);
+    const key = handleKey(h);
+    driver.legacyExportRegister(h, owner.base);
+    localExports.set(key, new WeakRef(memory));
+    memory.beforeRelease.push(() => {
+      localExports.delete(key);
+      driver.legacyExportUnregister(h);
+    });
+    handleOfMemory.set(memory, h);
+    handle = h;
+  }
+  return describe(handle, this.ownerOffset, this.byteLength, this.device, process.pid, options.array);
+};
+
+function isAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** Accepts a descriptor object, its JSON text, or its binary encoding, and validates it. */
+export function toLegacyDescriptor(input: LegacyHandleDescriptor | string | Uint8Array): LegacyHandleDescriptor {
+  return typeof input === 'string' ? parseDescriptorJson(input, 'cuda-legacy-handle')
+    : input instanceof Uint8Array ? decodeDescriptor(input, 'cuda-legacy-handle')
+    : validateDescriptor(input, 'cuda-legacy-handle');
+}
+
+/**
+ * Maps the memory a descriptor describes and returns a buffer over exactly that range. Each
+ * allocation is mapped once per process however often it is opened; close() releases it.
+ */
+export function openIpcHandle(input: LegacyHandleDescriptor | string | Uint8Array): DeviceBuffer {
+  const desc = toLegacyDescriptor(input);
+  const device = Device.byUuid(desc.deviceUuid);
+  device.activate();
+
+  const local = localExports.get(handleKey(desc.handle))?.deref();
+  if (local && !local.released) return new DeviceBuffer(local, rangeIn(desc, local.owner.byteLength), desc.byteLength);
+
+  let base: bigint;
+  let inProcess: boolean;
+  try {
+    [base, inProcess] = driver.legacyImportAcquire(desc.handle);
+  } catch (e) {
+    if (e instanceof CudaError && e.code === 'CUDA_ERROR_INVALID_VALUE') {
+      const why = desc.pid === process.pid ? 'this process exported it but has since freed the memory'
+        : !isAlive(desc.pid) ? `the exporting process ${desc.pid} has exited, and its memory with it`
+        : `the exporting process ${desc.pid} is alive, but the handle is not valid: the memory was freed, or the bytes are not a CUDA IPC handle`;
+      throw new IpcError('ERR_HANDLE_STALE', `cannot open the IPC handle: ${why}. Ask the exporter for a fresh descriptor`, { cause: e });
+    }
+    throw e;
+  }
+  const release = inProcess ? () => {} : () => { driver.legacyImportRelease(desc.handle); };
+  let size: number;
+  try {
+    size = driver.memGetAddressRange(base)[1];
+    rangeIn(desc, size);
+  } catch (e) {
+    release();
+    throw e;
+  }
+  const owner: MemoryOwner = { kind: 'legacy-import', device, base, byteLength: size, release };
+  importOrigin.set(owner, { handle: new Uint8Array(desc.handle), pid: desc.pid });
+  return new DeviceBuffer(new SharedMemory(owner), desc.offset, desc.byteLength);
+}
+
+function rangeIn(desc: LegacyHandleDescriptor, allocationSize: number): number {
+  if (desc.offset + desc.byteLength > allocationSize) {
+    throw new IpcError('ERR_OUT_OF_RANGE',
+      `the descriptor names ${desc.byteLength} bytes at offset ${desc.offset}, but the allocation holds only ${allocationSize} bytes; the descriptor does not match this handle`);
+  }
+  return desc.offset;
+}
+
+/** Mappings in this process's import cache (shared by all its threads). */
+export function legacyCacheStats(): { mappings: number; references: number; exports: number } {
+  return driver.legacyCacheStats();
+}

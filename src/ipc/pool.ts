@@ -1,0 +1,253 @@
+// IPC memory pools (cuMemPoolCreate with POSIX file descriptors). The pool's fd is the capability:
+// only a process given it can map the pool's memory. After that, each buffer travels as 64 bytes
+// of export data, and importing it costs well under a microsecond.
+import { randomBytes } from 'node:crypto';
+import { closeSync } from 'node:fs';
+import { driver, Flags, HandleType } from '../cuda/driver.js';
+import { Device } from '../cuda/device.js';
+import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
+import { Stream, streamHandle } from '../cuda/stream.js';
+import { CudaError, IpcError } from '../errors.js';
+import { trackLeak, untrackLeak } from '../leak.js';
+import { dupFd } from '../host/fd.js';
+
+export interface IpcPoolOptions {
+  /** Upper bound of the pool's reserved memory in bytes (0: the driver's default). */
+  maxSize?: number;
+  /** Bytes the pool keeps reserved after frees instead of returning them (default: all of them). */
+  releaseThreshold?: bigint;
+}
+
+declare module '../cuda/device.js' {
+  interface Device {
+    /** A memory pool whose buffers can be sent to other processes over links. */
+    createIpcPool(options?: IpcPoolOptions): IpcPool;
+  }
+}
+
+const byExport = (data: Uint8Array) => Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString('latin1');
+
+/** Memory that a pool buffer lives in: an allocation here, or a pointer imported from a peer. */
+interface PoolMemoryOwner extends MemoryOwner {
+  readonly kind: 'pool' | 'pool-import';
+  readonly pool: IpcPool;
+  /** For imports: the export data it was imported from, so that it can be sent on unchanged. */
+  readonly exportData?: Uint8Array;
+}
+
+export class IpcPool {
+  readonly device: Device;
+  /** Random id naming this pool across processes (the same on both sides of an import). */
+  readonly id: string;
+  /** True for a pool imported from another process: it maps memory, it cannot allocate. */
+  readonly imported: boolean;
+  readonly maxSize: number;
+  #handle: bigint;
+  // The pool's shareable fd: exported at creation, or the one an import came from (so that its
+  // buffers can be sent on). Links send duplicates.
+  #fd: number;
+  #closeRequested = false;
+  #users = 0;
+  // Imported pointers by export bytes: a second import of one buffer must share the first mapping,
+  // or freeing either would unmap both.
+  readonly #imports = new Map<string, SharedMemory>();
+
+  private constructor(device: Device, handle: bigint, id: string, imported: boolean, maxSize: number, fd = -1) {
+    this.device = device;
+    this.#handle = handle;
+    this.#fd = fd;
+    this.id = id;
+    this.imported = imported;
+    this.maxSize = maxSize;
+    trackLeak(this, `${imported ? 'imported ' : ''}IpcPool`, () => {
+      device.activate();
+      driver.memPoolDestroy(handle);
+      if (fd >= 0) closeSync(fd);
+    });
+  }
+
+  static create(device: Device, options: IpcPoolOptions = {}): IpcPool {
+    const maxSize = options.maxSize ?? 0;
+    if (!Number.isSafeInteger(maxSize) || maxSize < 0) {
+      throw new IpcError('ERR_INVALID_ARG', `maxSize must be a non-negative integer number of bytes, got ${maxSize}`);
+    }
+    const caps = device.capabilities;
+    if (!caps.memoryPools || !caps.posixFdPoolHandles) {
+      throw new IpcError('ERR_UNSUPPORTED',
+        `device ${device.ordinal} (${device.name}) has no ${caps.memoryPools ? 'POSIX-fd pool handles' : 'memory pools'}; ` +
+        'share memory with legacy handles (buffer.ipcHandle()) instead');
+    }
+    device.activate();
+    const handle = driver.memPoolCreate(device.ordinal, HandleType.POSIX_FD, maxSize);
+    let fd = -1;
+    try {
+      // Keep freed memory reserved: returning it to the driver on every sync costs far more than
+      // the handoff itself.
+      driver.memPoolSetReleaseThreshold(handle, options.releaseThreshold ?? 0xffffffffffffffffn);
+      // The driver refuses to export pointers of a pool that has not been exported (measured on
+      // driver 580: CUDA_ERROR_INVALID_VALUE), so export once now and hand out duplicates.
+      fd = driver.memPoolExportToFd(handle);
+    } catch (e) {
+      driver.memPoolDestroy(handle);
+      throw e;
+    }
+    return new IpcPool(device, handle, randomBytes(16).toString('hex'), false, maxSize, fd);
+  }
+
+  /** Imports a pool from the fd a peer sent; takes ownership of the fd (closed with the pool). */
+  static importFromFd(fd: number, device: Device, id: string, maxSize: number): IpcPool {
+    device.activate();
+    let handle: bigint;
+    try {
+      handle = driver.memPoolImportFromFd(fd);
+    } catch (e) {
+      closeSync(fd);
+      if (e instanceof CudaError && e.code === 'CUDA_ERROR_INVALID_VALUE') {
+        throw new IpcError('ERR_HANDLE_STALE', `fd ${fd} is not a CUDA memory pool handle, or its pool was destroyed`, { cause: e });
+      }
+      throw e;
+    }
+    try {
+      driver.memPoolSetAccess(handle, device.ordinal, Flags.ACCESS_READWRITE);
+    } catch (e) {
+      driver.memPoolDestroy(handle);
+      closeSync(fd);
+      throw e;
+    }
+    return new IpcPool(device, handle, id, true, maxSize, fd);
+  }
+
+  get handle(): bigint {
+    if (this.#handle === 0n || this.#closeRequested) {
+      throw new IpcError('ERR_CLOSED', `this ${this.imported ? 'imported ' : ''}pool was closed`);
+    }
+    return this.#handle;
+  }
+
+  get closed(): boolean { return this.#closeRequested; }
+
+  /**
+   * A buffer of `bytes` from the pool, allocated in stream order (the legacy default stream when
+   * none is given): work queued on that stream may use it at once.
+   */
+  allocate(bytes: number, options: { stream?: Stream } = {}): DeviceBuffer {
+    if (this.imported) {
+      throw new IpcError('ERR_IMPORTED_POOL',
+        'an imported pool cannot allocate: only the process that created it can. Allocate from a pool of your own (device.createIpcPool())');
+    }
+    if (!Number.isSafeInteger(bytes) || bytes <= 0) {
+      throw new IpcError('ERR_INVALID_ARG', `bytes must be a positive integer, got ${bytes}`);
+    }
+    const pool = this.handle;
+    this.device.activate();
+    const s = streamHandle(options.stream);
+    const base = driver.memAllocFromPoolAsync(bytes, pool, s);
+    this.#users++;
+    const owner: PoolMemoryOwner = {
+      kind: 'pool', device: this.device, base, byteLength: bytes, pool: this,
+      release: () => {
+        driver.memFreeAsync(base, 0n);
+        this.#dropUser();
+      },
+    };
+    return new DeviceBuffer(new SharedMemory(owner), 0, bytes);
+  }
+
+  /** A new fd for this pool, owned by the caller (links send it and close it). */
+  exportFd(): number {
+    this.handle; // throws once closed
+    return dupFd(this.#fd);
+  }
+
+  /** Maps a buffer a peer exported from this (imported) pool; repeated imports share one mapping. */
+  importBuffer(exportData: Uint8Array, byteLength: number, offset = 0, length = byteLength - offset): DeviceBuffer {
+    const pool = this.handle;
+    if (exportData.byteLength !== 64) throw new IpcError('ERR_INVALID_ARG', `pool export data is 64 bytes, got ${exportData.byteLength}`);
+    if (!Number.isSafeInteger(byteLength) || byteLength <= 0 || offset < 0 || length < 0 || offset + length > byteLength) {
+      throw new IpcError('ERR_OUT_OF_RANGE', `a range of ${length} bytes at ${offset} does not fit a pool buffer of ${byteLength} bytes`);
+    }
+    const key = byExport(exportData);
+    let memory = this.#imports.get(key);
+    if (!memory || memory.released) {
+      this.device.activate();
+      let base: bigint;
+      try {
+        base = driver.memPoolImportPointer(pool, exportData);
+      } catch (e) {
+        if (e instanceof CudaError && e.code === 'CUDA_ERROR_INVALID_VALUE') {
+          throw new IpcError('ERR_HANDLE_STALE',
+            'the pool buffer could not be imported: the export data is not from this pool, or the owner freed the buffer', { cause: e });
+        }
+        throw e;
+      }
+      this.#users++;
+      const owner: PoolMemoryOwner = {
+        kind: 'pool-import', device: this.device, base, byteLength, pool: this, exportData: new Uint8Array(exportData),
+        release: () => {
+          this.#imports.delete(key);
+          driver.memFree(base);
+          this.#dropUser();
+        },
+      };
+      memory = new SharedMemory(owner);
+      this.#imports.set(key, memory);
+    }
+    return new DeviceBuffer(memory, offset, length);
+  }
+
+  /** Number of live buffers allocated from or imported through this pool. */
+  get liveBuffers(): number { return this.#users; }
+
+  #dropUser(): void {
+    if (--this.#users === 0 && this.#closeRequested) this.#destroy();
+  }
+
+  #destroy(): void {
+    const h = this.#handle;
+    if (h === 0n) return;
+    this.#handle = 0n;
+    this.device.activate();
+    driver.memPoolDestroy(h);
+    if (this.#fd >= 0) closeSync(this.#fd);
+    this.#fd = -1;
+  }
+
+  /** Closes the pool; it is destroyed once its last buffer is closed. Idempotent. */
+  close(): void {
+    if (this.#closeRequested) return;
+    this.#closeRequested = true;
+    untrackLeak(this);
+    if (this.#users === 0) this.#destroy();
+  }
+
+  [Symbol.dispose](): void { this.close(); }
+}
+
+Device.prototype.createIpcPool = function createIpcPool(this: Device, options?: IpcPoolOptions): IpcPool {
+  return IpcPool.create(this, options);
+};
+
+/** The pool a buffer's memory belongs to, if it came from one. */
+export function poolOf(buffer: DeviceBuffer): IpcPool | undefined {
+  const owner = buffer.memory.owner as Partial<PoolMemoryOwner>;
+  return owner.kind === 'pool' || owner.kind === 'pool-import' ? owner.pool : undefined;
+}
+
+/**
+ * The 64-byte export data of a pool buffer's allocation. A buffer imported from a peer's pool
+ * is sent on with the export data it came with (the receiver imports the same pool).
+ */
+export function exportPoolBuffer(buffer: DeviceBuffer): { pool: IpcPool; exportData: Uint8Array; allocationSize: number } {
+  const owner = buffer.memory.owner as PoolMemoryOwner;
+  if (owner.kind === 'pool-import') return { pool: owner.pool, exportData: owner.exportData!, allocationSize: owner.byteLength };
+  if (owner.kind !== 'pool') throw new IpcError('ERR_NOT_TRANSFERABLE', `a ${owner.kind} buffer is not from an IPC pool`);
+  let exportData = exportCache.get(owner);
+  if (!exportData) {
+    buffer.device.activate();
+    exportData = driver.memPoolExportPointer(owner.base);
+    exportCache.set(owner, exportData);
+  }
+  return { pool: owner.pool, exportData, allocationSize: owner.byteLength };
+}
+
+const exportCache = new WeakMap<MemoryOwner, Uint8Array>();
