@@ -1,0 +1,143 @@
+// How device memory, pools and events travel over links.
+//  - Pool buffers: the pool's fd goes once per link (in the first message that needs it); after
+//    that each buffer is 64 bytes of export data plus its size and range.
+//  - Other device buffers: their legacy-handle descriptor (binary form).
+//  - IPC pools: the fd once per link, then the pool's id.
+//  - Interprocess events: their event-handle descriptor.
+import { closeSync } from 'node:fs';
+import { DeviceBuffer } from '../cuda/buffer.js';
+import { Device } from '../cuda/device.js';
+import { Event } from '../cuda/event.js';
+import { IpcPool, exportPoolBuffer } from '../ipc/pool.js';
+import { openIpcEvent } from '../ipc/event.js';
+import { openIpcHandle } from '../ipc/legacy.js';
+import { encodeDescriptor, decodeDescriptor } from '../ipc/descriptor.js';
+import { deviceUuidFromBytes, deviceUuidToBytes } from '../ipc/device-uuid.js';
+import { IpcError } from '../errors.js';
+import { registerTransferHandler } from './transfer.js';
+import type { Link } from './link.js';
+
+// Pool reference, shared by pool and pool-buffer messages (little-endian, zero padding):
+//   0  16  pool id
+//  16  16  device UUID
+//  32   8  pool maxSize
+//  40   4  flags (bit 0: the pool's fd is attached)
+//  44   4  reserved
+const POOL_REF_BYTES = 48;
+// Pool buffer: a pool reference, then
+//  48  64  export data of the allocation
+// 112   8  allocation size
+// 120   8  offset of the range in the allocation
+// 128   8  length of the range
+const POOL_BUFFER_BYTES = 136;
+const FD_ATTACHED = 1;
+
+const poolsSent = new WeakMap<Link, Set<string>>();
+const poolsReceived = new WeakMap<Link, Map<string, IpcPool>>();
+
+function writePoolRef(view: DataView, bytes: Uint8Array, pool: IpcPool, link: Link): number[] {
+  bytes.set(Buffer.from(pool.id, 'hex'), 0);
+  bytes.set(deviceUuidToBytes(pool.device.uuid, { code: 'ERR_INVALID_ARG', path: 'device' }), 16);
+  view.setBigUint64(32, BigInt(pool.maxSize), true);
+  let sent = poolsSent.get(link);
+  if (!sent) poolsSent.set(link, (sent = new Set()));
+  if (sent.has(pool.id)) return [];
+  sent.add(pool.id);
+  view.setUint32(40, FD_ATTACHED, true);
+  return [pool.exportFd()];
+}
+
+function frameError(what: string): IpcError {
+  return new IpcError('ERR_FRAME_INVALID', `a received ${what} is malformed`);
+}
+
+/** The pool a reference names: imported from the attached fd, or one this link brought before. */
+function readPoolRef(data: Uint8Array, fds: number[], link: Link): IpcPool {
+  const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
+  const id = Buffer.from(data.subarray(0, 16)).toString('hex');
+  const flags = view.getUint32(40, true);
+  if ((flags & ~FD_ATTACHED) !== 0 || view.getUint32(44, true) !== 0) throw frameError('pool reference');
+  let received = poolsReceived.get(link);
+  if (!received) {
+    const map = new Map<string, IpcPool>();
+    poolsReceived.set(link, (received = map));
+    // The link going away ends only the bookkeeping: buffers already imported stay mapped, and
+    // each pool is destroyed after its last buffer closes.
+    link.onClose(() => { for (const p of map.values()) p.close(); map.clear(); });
+  }
+  const known = received.get(id);
+  if (flags & FD_ATTACHED) {
+    if (fds.length !== 1) throw frameError('pool reference (fd count)');
+    const fd = fds.shift()!;
+    if (known) {
+      // A peer may send the fd again (e.g. it re-sent a pool it received); keep the first import.
+      closeSync(fd);
+      return known;
+    }
+    const device = Device.byUuid(deviceUuidFromBytes(data.subarray(16, 32)));
+    const maxSize = Number(view.getBigUint64(32, true));
+    const pool = IpcPool.importFromFd(fd, device, id, maxSize);
+    received.set(id, pool);
+    return pool;
+  }
+  if (fds.length !== 0) throw frameError('pool reference (unexpected fd)');
+  if (!known) throw new IpcError('ERR_FRAME_INVALID', 'a pool buffer names a pool this link never received; messages arrived out of order or from another link');
+  return known;
+}
+
+function isPoolBuffer(value: unknown): value is DeviceBuffer {
+  return value instanceof DeviceBuffer && (value.kind === 'pool' || value.kind === 'pool-import');
+}
+
+registerTransferHandler<DeviceBuffer>({
+  kind: 'pool-buffer',
+  canTransfer: isPoolBuffer,
+  encode(buffer, link) {
+    const { pool, exportData, allocationSize } = exportPoolBuffer(buffer);
+    const bytes = new Uint8Array(POOL_BUFFER_BYTES);
+    const view = new DataView(bytes.buffer);
+    const fds = writePoolRef(view, bytes, pool, link);
+    bytes.set(exportData, 48);
+    view.setBigUint64(112, BigInt(allocationSize), true);
+    view.setBigUint64(120, BigInt(buffer.ownerOffset), true);
+    view.setBigUint64(128, BigInt(buffer.byteLength), true);
+    return { data: bytes, fds, closeFdsAfterSend: true };
+  },
+  decode(data, fds, link) {
+    if (data.byteLength !== POOL_BUFFER_BYTES) throw frameError('pool buffer');
+    const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
+    const pool = readPoolRef(data, fds, link);
+    const size = Number(view.getBigUint64(112, true));
+    const offset = Number(view.getBigUint64(120, true));
+    const length = Number(view.getBigUint64(128, true));
+    return pool.importBuffer(data.slice(48, 112), size, offset, length);
+  },
+});
+
+registerTransferHandler<IpcPool>({
+  kind: 'ipc-pool',
+  canTransfer: (v): v is IpcPool => v instanceof IpcPool,
+  encode(pool, link) {
+    const bytes = new Uint8Array(POOL_REF_BYTES);
+    const fds = writePoolRef(new DataView(bytes.buffer), bytes, pool, link);
+    return { data: bytes, fds, closeFdsAfterSend: true };
+  },
+  decode(data, fds, link) {
+    if (data.byteLength !== POOL_REF_BYTES) throw frameError('pool');
+    return readPoolRef(data, fds, link);
+  },
+});
+
+registerTransferHandler<DeviceBuffer>({
+  kind: 'legacy-buffer',
+  canTransfer: (v): v is DeviceBuffer => v instanceof DeviceBuffer && (v.kind === 'device' || v.kind === 'legacy-import'),
+  encode: (buffer) => ({ data: encodeDescriptor(buffer.ipcHandle()) }),
+  decode: (data) => openIpcHandle(decodeDescriptor(data, 'cuda-legacy-handle')),
+});
+
+registerTransferHandler<Event>({
+  kind: 'ipc-event',
+  canTransfer: (v): v is Event => v instanceof Event,
+  encode: (event) => ({ data: encodeDescriptor(event.ipcHandle()) }),
+  decode: (data) => openIpcEvent(decodeDescriptor(data, 'cuda-ipc-event')),
+});
