@@ -1,6 +1,846 @@
 // POSIX primitives: memfd + mmap, Unix sockets with fd passing, uv_poll readiness.
+//
+// Thin on purpose: every function is close to one system call, checked, and throws a Node-style
+// system error (code/errno/syscall) on failure. Framing, handshakes and message types live in
+// TypeScript (src/link/). The three classes exist because their resources need native lifetime
+// handling: SharedMemory (a mapping that JS views point into), Socket and Acceptor (fds watched
+// by uv_poll that must be stopped before the fd is closed).
 #include "common.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include <memory>
+#include <unordered_set>
+#include <vector>
+
 namespace cuda_ipc {
-void InitPosix(Napi::Env env, Napi::Object exports) {}
+namespace {
+
+// Upper bound on fds in one message; the link protocol enforces the same number.
+constexpr int kMaxFds = 64;
+// Messages drained per readiness callback before yielding back to the loop.
+constexpr int kDrainBudget = 64;
+
+int CheckFd(Napi::Env env, const Napi::CallbackInfo& info, size_t i) {
+  int fd = ArgI32(info, i, "fd");
+  if (fd < 0) ThrowType(env, "fd must be a non-negative integer");
+  return fd;
+}
+
+bool ArgBool(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsBoolean()) ThrowType(info.Env(), std::string(what) + " must be a boolean");
+  return info[i].As<Napi::Boolean>().Value();
+}
+
+std::string ArgString(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsString()) ThrowType(info.Env(), std::string(what) + " must be a string");
+  return info[i].As<Napi::String>().Utf8Value();
+}
+
+sockaddr_un UnixAddress(Napi::Env env, const std::string& path, socklen_t* len) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (path.empty() || path.size() >= sizeof(addr.sun_path) || path.find('\0') != std::string::npos)
+    ThrowErrno(env, "sockaddr_un", ENAMETOOLONG);
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + path.size() + 1);
+  return addr;
+}
+
+// Reads an array of fds (numbers) for SCM_RIGHTS; fills `out`, returns the count.
+int ArgFdList(Napi::Env env, Napi::Value v, int* out) {
+  if (v.IsUndefined() || v.IsNull()) return 0;
+  if (!v.IsArray()) ThrowType(env, "fds must be an array of fds");
+  auto arr = v.As<Napi::Array>();
+  uint32_t n = arr.Length();
+  if (n > static_cast<uint32_t>(kMaxFds)) ThrowErrno(env, "sendmsg", ETOOMANYREFS);
+  for (uint32_t i = 0; i < n; i++) {
+    Napi::Value e = arr.Get(i);
+    if (!e.IsNumber()) ThrowType(env, "fds must be an array of fds");
+    int fd = e.As<Napi::Number>().Int32Value();
+    if (fd < 0) ThrowType(env, "fds must be non-negative");
+    out[i] = fd;
+  }
+  return static_cast<int>(n);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Free functions: near 1:1 system calls.
+
+Napi::Value MemfdCreate(const Napi::CallbackInfo& info) {
+  std::string name = ArgString(info, 0, "name");
+  int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd < 0) ThrowErrno(info.Env(), "memfd_create", errno);
+  return Napi::Number::New(info.Env(), fd);
+}
+
+Napi::Value Ftruncate(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  size_t size = ArgSize(info, 1, "size");
+  int r;
+  do r = ftruncate(fd, static_cast<off_t>(size)); while (r < 0 && errno == EINTR);
+  if (r < 0) ThrowErrno(info.Env(), "ftruncate", errno);
+  return info.Env().Undefined();
+}
+
+Napi::Value FstatSize(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  struct stat st;
+  if (fstat(fd, &st) < 0) ThrowErrno(info.Env(), "fstat", errno);
+  return Napi::Number::New(info.Env(), static_cast<double>(st.st_size));
+}
+
+Napi::Value GetSeals(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  int r = fcntl(fd, F_GET_SEALS);
+  if (r < 0) ThrowErrno(info.Env(), "fcntl(F_GET_SEALS)", errno);
+  return Napi::Number::New(info.Env(), r);
+}
+
+Napi::Value AddSeals(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  int seals = ArgI32(info, 1, "seals");
+  if (fcntl(fd, F_ADD_SEALS, seals) < 0) ThrowErrno(info.Env(), "fcntl(F_ADD_SEALS)", errno);
+  return info.Env().Undefined();
+}
+
+Napi::Value Dup(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  int r = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (r < 0) ThrowErrno(info.Env(), "fcntl(F_DUPFD_CLOEXEC)", errno);
+  return Napi::Number::New(info.Env(), r);
+}
+
+Napi::Value Close(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  // Linux releases the fd even when close reports EINTR; retrying could close a reused number.
+  if (close(fd) < 0 && errno != EINTR) ThrowErrno(info.Env(), "close", errno);
+  return info.Env().Undefined();
+}
+
+Napi::Value SetCloexec(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  bool on = ArgBool(info, 1, "on");
+  int flags = fcntl(fd, F_GETFD);
+  if (flags < 0) ThrowErrno(info.Env(), "fcntl(F_GETFD)", errno);
+  flags = on ? (flags | FD_CLOEXEC) : (flags & ~FD_CLOEXEC);
+  if (fcntl(fd, F_SETFD, flags) < 0) ThrowErrno(info.Env(), "fcntl(F_SETFD)", errno);
+  return info.Env().Undefined();
+}
+
+Napi::Value SetNonblocking(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  bool on = ArgBool(info, 1, "on");
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0) ThrowErrno(info.Env(), "fcntl(F_GETFL)", errno);
+  flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
+  if (fcntl(fd, F_SETFL, flags) < 0) ThrowErrno(info.Env(), "fcntl(F_SETFL)", errno);
+  return info.Env().Undefined();
+}
+
+Napi::Value Socketpair(const Napi::CallbackInfo& info) {
+  int sv[2];
+  if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0, sv) < 0)
+    ThrowErrno(info.Env(), "socketpair", errno);
+  auto arr = Napi::Array::New(info.Env(), 2);
+  arr.Set(0u, Napi::Number::New(info.Env(), sv[0]));
+  arr.Set(1u, Napi::Number::New(info.Env(), sv[1]));
+  return arr;
+}
+
+Napi::Value SocketCreate(const Napi::CallbackInfo& info) {
+  int fd = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) ThrowErrno(info.Env(), "socket", errno);
+  return Napi::Number::New(info.Env(), fd);
+}
+
+Napi::Value Bind(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  socklen_t len;
+  sockaddr_un addr = UnixAddress(info.Env(), ArgString(info, 1, "path"), &len);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), len) < 0) ThrowErrno(info.Env(), "bind", errno);
+  return info.Env().Undefined();
+}
+
+Napi::Value Listen(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  int backlog = ArgI32(info, 1, "backlog");
+  if (listen(fd, backlog) < 0) ThrowErrno(info.Env(), "listen", errno);
+  return info.Env().Undefined();
+}
+
+// Non-blocking connect. A Unix socket connects at once or fails at once (EAGAIN when the
+// listener's backlog is full), so there is nothing to wait for here; JS retries EAGAIN.
+Napi::Value Connect(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  socklen_t len;
+  sockaddr_un addr = UnixAddress(info.Env(), ArgString(info, 1, "path"), &len);
+  int r;
+  do r = connect(fd, reinterpret_cast<sockaddr*>(&addr), len); while (r < 0 && errno == EINTR);
+  if (r < 0) ThrowErrno(info.Env(), "connect", errno);
+  return info.Env().Undefined();
+}
+
+Napi::Value PeerCred(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  struct ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) ThrowErrno(info.Env(), "getsockopt(SO_PEERCRED)", errno);
+  auto o = Napi::Object::New(info.Env());
+  o.Set("pid", Napi::Number::New(info.Env(), cred.pid));
+  o.Set("uid", Napi::Number::New(info.Env(), cred.uid));
+  o.Set("gid", Napi::Number::New(info.Env(), cred.gid));
+  return o;
+}
+
+Napi::Value SetPassCred(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  int on = ArgBool(info, 1, "on") ? 1 : 0;
+  if (setsockopt(fd, SOL_SOCKET, SO_PASSCRED, &on, sizeof(on)) < 0) ThrowErrno(info.Env(), "setsockopt(SO_PASSCRED)", errno);
+  return info.Env().Undefined();
+}
+
+Napi::Value SocketType(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  int type = 0;
+  socklen_t len = sizeof(type);
+  if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0) ThrowErrno(info.Env(), "getsockopt(SO_TYPE)", errno);
+  return Napi::Number::New(info.Env(), type);
+}
+
+Napi::Value DetachArrayBuffer(const Napi::CallbackInfo& info) {
+  if (info.Length() < 1 || !info[0].IsArrayBuffer()) ThrowType(info.Env(), "argument must be an ArrayBuffer");
+  napi_status s = napi_detach_arraybuffer(info.Env(), info[0]);
+  if (s != napi_ok) throw Napi::Error::New(info.Env(), "napi_detach_arraybuffer failed");
+  return info.Env().Undefined();
+}
+
+// ---------------------------------------------------------------------------------------------
+// SharedMemory: an mmap(MAP_SHARED) of an fd that it owns, and the external ArrayBuffers over it.
+//
+// Lifetime: the Region (address range) is counted: one count for the open SharedMemory and one
+// per live ArrayBuffer. close() detaches every ArrayBuffer it made (JS views then read as empty)
+// and unmaps at once. Without close() (GC backstop, worker teardown) the fd is closed but the
+// memory stays mapped until the last ArrayBuffer over it is garbage-collected, so no JS view can
+// ever point at unmapped memory.
+struct Region;
+struct BufferRecord {
+  Region* region;
+  napi_ref weak;  // to the ArrayBuffer, for detaching on close()
+};
+struct Region {
+  Region(uint8_t* a, size_t n) : addr(a), length(n) {}
+  uint8_t* addr;
+  size_t length;
+  size_t counts = 1;
+  bool unmapped = false;
+  std::unordered_set<BufferRecord*> buffers;
+
+  void Unmap() {
+    if (!unmapped) munmap(addr, length);
+    unmapped = true;
+  }
+  void Release() {
+    if (--counts == 0) {
+      Unmap();
+      delete this;
+    }
+  }
+};
+
+class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "SharedMemory",
+                       {InstanceMethod<&SharedMemory::ArrayBuffer>("arrayBuffer"),
+                        InstanceMethod<&SharedMemory::Close>("close"),
+                        InstanceAccessor<&SharedMemory::Address>("address"),
+                        InstanceAccessor<&SharedMemory::Fd>("fd"),
+                        InstanceAccessor<&SharedMemory::ByteLength>("byteLength")});
+  }
+
+  // new SharedMemory(fd, length): maps `length` bytes of fd. Takes ownership of fd only on success.
+  explicit SharedMemory(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SharedMemory>(info) {
+    Napi::Env env = info.Env();
+    int fd = CheckFd(env, info, 0);
+    size_t length = ArgSize(info, 1, "length");
+    if (length == 0) ThrowErrno(env, "mmap", EINVAL);
+    void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) ThrowErrno(env, "mmap", errno);
+    region_ = new Region(static_cast<uint8_t*>(p), length);
+    fd_ = fd;
+    env_ = env;
+    napi_add_env_cleanup_hook(env, OnEnvCleanup, this);
+  }
+
+  ~SharedMemory() override { Release(/*from_cleanup=*/false); }
+
+ private:
+  // Drops the fd and this object's count on the region (the backstop path: no detaching).
+  void Release(bool from_cleanup) {
+    if (fd_ >= 0) {
+      close(fd_);
+      fd_ = -1;
+    }
+    if (region_) {
+      Region* r = region_;
+      region_ = nullptr;
+      r->Release();
+    }
+    if (!from_cleanup && env_) napi_remove_env_cleanup_hook(env_, OnEnvCleanup, this);
+    env_ = nullptr;
+  }
+
+  static void OnEnvCleanup(void* arg) { static_cast<SharedMemory*>(arg)->Release(/*from_cleanup=*/true); }
+
+  Region* Open(Napi::Env env) {
+    if (!region_) ThrowErrno(env, "SharedMemory", EBADF);
+    return region_;
+  }
+
+  static void OnBufferFinalize(napi_env env, void* data, void* hint) {
+    auto* rec = static_cast<BufferRecord*>(hint);
+    rec->region->buffers.erase(rec);
+    napi_delete_reference(env, rec->weak);
+    Region* r = rec->region;
+    delete rec;
+    r->Release();
+  }
+
+  // arrayBuffer(offset, length): an external ArrayBuffer over [offset, offset + length).
+  Napi::Value ArrayBuffer(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    Region* r = Open(env);
+    size_t offset = ArgSize(info, 0, "offset");
+    size_t length = ArgSize(info, 1, "length");
+    if (offset > r->length || length > r->length - offset || length == 0)
+      throw Napi::RangeError::New(env, "arrayBuffer: range outside the mapping");
+    auto* rec = new BufferRecord{r, nullptr};
+    napi_value ab;
+    if (napi_create_external_arraybuffer(env, r->addr + offset, length, OnBufferFinalize, rec, &ab) != napi_ok) {
+      delete rec;
+      throw Napi::Error::New(env, "napi_create_external_arraybuffer failed");
+    }
+    // From here the finalizer owns rec; count it before anything else can fail.
+    r->counts++;
+    r->buffers.insert(rec);
+    if (napi_create_reference(env, ab, 0, &rec->weak) != napi_ok) {
+      rec->weak = nullptr;
+      throw Napi::Error::New(env, "napi_create_reference failed");
+    }
+    return Napi::Value(env, ab);
+  }
+
+  // close(): detach every ArrayBuffer over the mapping, unmap, close the fd.
+  Napi::Value Close(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (!region_) return env.Undefined();
+    for (BufferRecord* rec : region_->buffers) {
+      napi_value ab;
+      if (rec->weak && napi_get_reference_value(env, rec->weak, &ab) == napi_ok && ab != nullptr) {
+        if (napi_detach_arraybuffer(env, ab) != napi_ok) {
+          // Never unmap under a view that could not be detached: leave the memory mapped.
+          Release(false);
+          throw Napi::Error::New(env, "napi_detach_arraybuffer failed; the mapping is left in place");
+        }
+      }
+    }
+    region_->Unmap();
+    Release(false);
+    return env.Undefined();
+  }
+
+  Napi::Value Address(const Napi::CallbackInfo& info) {
+    return U64(info.Env(), reinterpret_cast<uint64_t>(Open(info.Env())->addr));
+  }
+  Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
+  Napi::Value ByteLength(const Napi::CallbackInfo& info) {
+    return Napi::Number::New(info.Env(), static_cast<double>(region_ ? region_->length : 0));
+  }
+
+  napi_env env_ = nullptr;
+  Region* region_ = nullptr;
+  int fd_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Polled: the uv_poll part shared by Socket and Acceptor.
+//
+// The uv_poll_t lives in a separate box because it must outlive the JS object until libuv's
+// close callback. Explicit close removes the async cleanup hook; on environment teardown the hook
+// closes the handle and reports back once libuv is done with it.
+class Polled;
+struct PollBox {
+  uv_poll_t handle;
+  napi_async_cleanup_hook_handle hook = nullptr;
+  Polled* owner = nullptr;
+};
+
+class Polled {
+ public:
+  virtual ~Polled() = default;
+
+ protected:
+  void StartPolling(Napi::Env env, int fd) {
+    uv_loop_t* loop = nullptr;
+    if (napi_get_uv_event_loop(env, &loop) != napi_ok) throw Napi::Error::New(env, "napi_get_uv_event_loop failed");
+    auto* box = new PollBox;
+    int r = uv_poll_init(loop, &box->handle, fd);
+    if (r < 0) {
+      delete box;
+      ThrowErrno(env, "uv_poll_init", -r);
+    }
+    box->handle.data = box;
+    box->owner = this;
+    if (napi_add_async_cleanup_hook(env, OnEnvCleanup, box, &box->hook) != napi_ok) {
+      box->owner = nullptr;
+      uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
+      throw Napi::Error::New(env, "napi_add_async_cleanup_hook failed");
+    }
+    box_ = box;
+  }
+
+  // Sets the uv_poll interest; 0 stops polling.
+  void SetEvents(int events) {
+    if (!box_) return;
+    events_ = events;
+    if (events == 0) uv_poll_stop(&box_->handle);
+    else uv_poll_start(&box_->handle, events, OnPoll);
+  }
+
+  void SetRef(bool on) {
+    if (!box_) return;
+    if (on) uv_ref(reinterpret_cast<uv_handle_t*>(&box_->handle));
+    else uv_unref(reinterpret_cast<uv_handle_t*>(&box_->handle));
+  }
+
+  // Stops and closes the poll handle (before the fd is closed, so epoll never sees a reused fd).
+  void StopPolling() {
+    PollBox* box = box_;
+    if (!box) return;
+    box_ = nullptr;
+    box->owner = nullptr;
+    napi_remove_async_cleanup_hook(box->hook);
+    box->hook = nullptr;
+    uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
+  }
+
+  virtual void OnReady(int status, int events) = 0;
+  // Environment teardown: close resources without calling into JS.
+  virtual void OnTeardown() = 0;
+
+  PollBox* box_ = nullptr;
+  int events_ = 0;
+
+ private:
+  static void FreeBox(uv_handle_t* h) { delete static_cast<PollBox*>(h->data); }
+
+  static void OnPoll(uv_poll_t* h, int status, int events) {
+    auto* box = static_cast<PollBox*>(h->data);
+    if (box->owner) box->owner->OnReady(status, events);
+  }
+
+  static void OnEnvCleanup(napi_async_cleanup_hook_handle hook, void* arg) {
+    auto* box = static_cast<PollBox*>(arg);
+    Polled* owner = box->owner;
+    box->owner = nullptr;
+    if (owner) {
+      owner->box_ = nullptr;
+      owner->OnTeardown();
+    }
+    uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), [](uv_handle_t* h) {
+      auto* b = static_cast<PollBox*>(h->data);
+      napi_remove_async_cleanup_hook(b->hook);
+      delete b;
+    });
+  }
+};
+
+// Calls a JS callback from a libuv callback: MakeCallback so that nextTicks and microtasks run
+// after it; an exception becomes an uncaught exception instead of being lost.
+bool CallBack(Napi::Env env, Napi::FunctionReference& fn, Napi::Object recv, Napi::AsyncContext& ctx,
+              const std::initializer_list<napi_value>& args) {
+  try {
+    fn.MakeCallback(recv, args, ctx);
+    return true;
+  } catch (const Napi::Error& e) {
+    napi_fatal_exception(env, e.Value());
+    return false;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Socket: a connected SOCK_SEQPACKET socket. Owns its fd.
+//
+// new Socket(fd, bufferSize, onMessage, onState)
+//   onMessage(status, length, fds | undefined, cred | undefined): one call per received record;
+//     the bytes are in `recvBuffer` [0, length) and are only valid during the call.
+//     status bit 1: the record was truncated (MSG_TRUNC); bit 2: fds were dropped (MSG_CTRUNC).
+//     When status != 0 every fd that arrived has already been closed and fds is undefined.
+//     cred is [pid, uid, gid] when the kernel attached SCM_CREDENTIALS (see setPassCred).
+//   onState('writable' | 'eof' | 'error', errno?)
+class Socket : public Napi::ObjectWrap<Socket>, public Polled {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "Socket",
+                       {InstanceMethod<&Socket::Send>("send"),
+                        InstanceMethod<&Socket::SetInterest>("setInterest"),
+                        InstanceMethod<&Socket::Ref>("ref"),
+                        InstanceMethod<&Socket::Unref>("unref"),
+                        InstanceMethod<&Socket::Close>("close"),
+                        InstanceAccessor<&Socket::Fd>("fd"),
+                        InstanceAccessor<&Socket::RecvBuffer>("recvBuffer")});
+  }
+
+  explicit Socket(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Socket>(info) {
+    Napi::Env env = info.Env();
+    int fd = CheckFd(env, info, 0);
+    size_t size = ArgSize(info, 1, "bufferSize");
+    if (size == 0 || size > (64u << 20)) ThrowType(env, "bufferSize out of range");
+    if (info.Length() < 4 || !info[2].IsFunction() || !info[3].IsFunction()) ThrowType(env, "callbacks must be functions");
+    auto buf = Napi::ArrayBuffer::New(env, size);
+    StartPolling(env, fd);  // the last step that can fail: from here this object owns fd
+    fd_ = fd;
+    recv_ = Napi::Persistent(buf);
+    recv_data_ = static_cast<uint8_t*>(buf.Data());
+    recv_size_ = size;
+    on_message_ = Napi::Persistent(info[2].As<Napi::Function>());
+    on_state_ = Napi::Persistent(info[3].As<Napi::Function>());
+    ctx_ = std::make_unique<Napi::AsyncContext>(env, "cuda-ipc:link");
+    Napi::ObjectWrap<Socket>::Ref();  // an open socket stays alive while it is being polled
+    SetEvents(UV_READABLE);
+  }
+
+  ~Socket() override {
+    if (fd_ >= 0) {
+      StopPolling();
+      close(fd_);
+      fd_ = -1;
+    }
+  }
+
+ private:
+  void OnTeardown() override {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+  void CloseNow() {
+    if (fd_ < 0) return;
+    StopPolling();
+    close(fd_);
+    fd_ = -1;
+    on_message_.Reset();
+    on_state_.Reset();
+    ctx_.reset();
+    Napi::ObjectWrap<Socket>::Unref();
+  }
+
+  Napi::Value Close(const Napi::CallbackInfo& info) {
+    CloseNow();
+    return info.Env().Undefined();
+  }
+
+  void EmitState(const char* what, int err) {
+    Napi::Env env = Env();
+    Napi::HandleScope scope(env);
+    CallBack(env, on_state_, Value(), *ctx_,
+             {Napi::String::New(env, what), err ? Napi::Number::New(env, err) : env.Undefined()});
+  }
+
+  void OnReady(int status, int events) override {
+    if (status < 0) {
+      SetEvents(0);
+      EmitState("error", -status);
+      return;
+    }
+    if (events & UV_WRITABLE) {
+      SetEvents(events_ & ~UV_WRITABLE);
+      EmitState("writable", 0);
+      if (fd_ < 0) return;
+    }
+    if (events & (UV_READABLE | UV_DISCONNECT)) Drain();
+  }
+
+  void Drain() {
+    Napi::Env env = Env();
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds) + CMSG_SPACE(sizeof(ucred))];
+    for (int n = 0; n < kDrainBudget && fd_ >= 0 && (events_ & UV_READABLE); n++) {
+      iovec iov{recv_data_, recv_size_};
+      msghdr msg{};
+      msg.msg_iov = &iov;
+      msg.msg_iovlen = 1;
+      msg.msg_control = control;
+      msg.msg_controllen = sizeof(control);
+      ssize_t r = recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        int err = errno;
+        SetEvents(0);
+        EmitState("error", err);
+        return;
+      }
+      int fds[kMaxFds + 8];
+      int nfds = 0;
+      bool have_cred = false;
+      ucred cred{};
+      for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET) continue;
+        if (c->cmsg_type == SCM_RIGHTS) {
+          size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+          for (size_t i = 0; i < count; i++) {
+            int fd;
+            std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (nfds < static_cast<int>(sizeof(fds) / sizeof(fds[0]))) fds[nfds++] = fd;
+            else close(fd);
+          }
+        } else if (c->cmsg_type == SCM_CREDENTIALS && c->cmsg_len >= CMSG_LEN(sizeof(ucred))) {
+          std::memcpy(&cred, CMSG_DATA(c), sizeof(ucred));
+          have_cred = true;
+        }
+      }
+      int status = 0;
+      if (msg.msg_flags & MSG_TRUNC) status |= 1;
+      if (msg.msg_flags & MSG_CTRUNC) status |= 2;
+      if (r == 0 && nfds == 0 && status == 0) {
+        // SEQPACKET reports the peer's close as a zero-length read; frames are never empty.
+        SetEvents(0);
+        EmitState("eof", 0);
+        return;
+      }
+      if (status != 0) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        nfds = 0;
+      }
+      Napi::HandleScope scope(env);
+      Napi::Value fd_list = env.Undefined();
+      if (nfds > 0) {
+        auto arr = Napi::Array::New(env, nfds);
+        for (int i = 0; i < nfds; i++) arr.Set(static_cast<uint32_t>(i), Napi::Number::New(env, fds[i]));
+        fd_list = arr;
+      }
+      Napi::Value cred_list = env.Undefined();
+      if (have_cred) {
+        auto arr = Napi::Array::New(env, 3);
+        arr.Set(0u, Napi::Number::New(env, cred.pid));
+        arr.Set(1u, Napi::Number::New(env, cred.uid));
+        arr.Set(2u, Napi::Number::New(env, cred.gid));
+        cred_list = arr;
+      }
+      // From here the fds belong to JS.
+      if (!CallBack(env, on_message_, Value(), *ctx_,
+                    {Napi::Number::New(env, status), Napi::Number::New(env, static_cast<double>(r)), fd_list, cred_list}))
+        return;
+    }
+  }
+
+  // send(head, headLength, body | null, fds | null) -> true when sent, false when the socket is
+  // full (EAGAIN: nothing was sent; wait for 'writable'). A SEQPACKET record is all or nothing.
+  Napi::Value Send(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (fd_ < 0) ThrowErrno(env, "sendmsg", EBADF);
+    Bytes head = ArgBytes(info, 0, "head");
+    size_t head_len = ArgSize(info, 1, "headLength");
+    if (head_len > head.length) ThrowType(env, "headLength exceeds head");
+    iovec iov[2];
+    iov[0] = {head.data, head_len};
+    int niov = 1;
+    if (info.Length() > 2 && !info[2].IsNull() && !info[2].IsUndefined()) {
+      Bytes body = ArgBytes(info, 2, "body");
+      iov[1] = {body.data, body.length};
+      niov = 2;
+    }
+    int fds[kMaxFds];
+    int nfds = info.Length() > 3 ? ArgFdList(env, info[3], fds) : 0;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+    msghdr msg{};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = niov;
+    if (nfds > 0) {
+      msg.msg_control = control;
+      msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      c->cmsg_level = SOL_SOCKET;
+      c->cmsg_type = SCM_RIGHTS;
+      c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+      std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
+    }
+    ssize_t r;
+    do r = sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL); while (r < 0 && errno == EINTR);
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Napi::Boolean::New(env, false);
+      ThrowErrno(env, "sendmsg", errno);
+    }
+    return Napi::Boolean::New(env, true);
+  }
+
+  // setInterest(readable, writable)
+  Napi::Value SetInterest(const Napi::CallbackInfo& info) {
+    bool readable = ArgBool(info, 0, "readable");
+    bool writable = ArgBool(info, 1, "writable");
+    if (fd_ >= 0) SetEvents((readable ? UV_READABLE : 0) | (writable ? UV_WRITABLE : 0));
+    return info.Env().Undefined();
+  }
+
+  Napi::Value Ref(const Napi::CallbackInfo& info) {
+    SetRef(true);
+    return info.Env().Undefined();
+  }
+  Napi::Value Unref(const Napi::CallbackInfo& info) {
+    SetRef(false);
+    return info.Env().Undefined();
+  }
+
+  Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
+  Napi::Value RecvBuffer(const Napi::CallbackInfo& info) { return recv_.Value(); }
+
+  int fd_ = -1;
+  Napi::Reference<Napi::ArrayBuffer> recv_;
+  uint8_t* recv_data_ = nullptr;
+  size_t recv_size_ = 0;
+  Napi::FunctionReference on_message_;
+  Napi::FunctionReference on_state_;
+  std::unique_ptr<Napi::AsyncContext> ctx_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Acceptor: a listening socket. Owns its fd. new Acceptor(fd, onAccept) where onAccept(fd) gets
+// each accepted connection (non-blocking, close-on-exec) and onAccept(-errno) reports an error
+// (polling pauses after an error; resume with setInterest(true)).
+class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "Acceptor",
+                       {InstanceMethod<&Acceptor::Close>("close"),
+                        InstanceMethod<&Acceptor::SetInterest>("setInterest"),
+                        InstanceMethod<&Acceptor::Ref>("ref"),
+                        InstanceMethod<&Acceptor::Unref>("unref"),
+                        InstanceAccessor<&Acceptor::Fd>("fd")});
+  }
+
+  explicit Acceptor(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Acceptor>(info) {
+    Napi::Env env = info.Env();
+    int fd = CheckFd(env, info, 0);
+    if (info.Length() < 2 || !info[1].IsFunction()) ThrowType(env, "onAccept must be a function");
+    StartPolling(env, fd);
+    fd_ = fd;
+    on_accept_ = Napi::Persistent(info[1].As<Napi::Function>());
+    ctx_ = std::make_unique<Napi::AsyncContext>(env, "cuda-ipc:listener");
+    Napi::ObjectWrap<Acceptor>::Ref();
+    SetEvents(UV_READABLE);
+  }
+
+  ~Acceptor() override {
+    if (fd_ >= 0) {
+      StopPolling();
+      close(fd_);
+      fd_ = -1;
+    }
+  }
+
+ private:
+  void OnTeardown() override {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+  Napi::Value Close(const Napi::CallbackInfo& info) {
+    if (fd_ >= 0) {
+      StopPolling();
+      close(fd_);
+      fd_ = -1;
+      on_accept_.Reset();
+      ctx_.reset();
+      Napi::ObjectWrap<Acceptor>::Unref();
+    }
+    return info.Env().Undefined();
+  }
+
+  void OnReady(int status, int events) override {
+    Napi::Env env = Env();
+    if (status < 0) {
+      SetEvents(0);
+      Napi::HandleScope scope(env);
+      CallBack(env, on_accept_, Value(), *ctx_, {Napi::Number::New(env, status)});
+      return;
+    }
+    for (int n = 0; n < kDrainBudget && fd_ >= 0 && events_; n++) {
+      int c = accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (c < 0) {
+        if (errno == EINTR || errno == ECONNABORTED) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+        int err = errno;
+        SetEvents(0);  // e.g. EMFILE: stop the level-triggered poll from spinning
+        Napi::HandleScope scope(env);
+        CallBack(env, on_accept_, Value(), *ctx_, {Napi::Number::New(env, -err)});
+        return;
+      }
+      Napi::HandleScope scope(env);
+      if (!CallBack(env, on_accept_, Value(), *ctx_, {Napi::Number::New(env, c)})) return;
+    }
+  }
+
+  Napi::Value SetInterest(const Napi::CallbackInfo& info) {
+    bool readable = ArgBool(info, 0, "readable");
+    if (fd_ >= 0) SetEvents(readable ? UV_READABLE : 0);
+    return info.Env().Undefined();
+  }
+  Napi::Value Ref(const Napi::CallbackInfo& info) {
+    SetRef(true);
+    return info.Env().Undefined();
+  }
+  Napi::Value Unref(const Napi::CallbackInfo& info) {
+    SetRef(false);
+    return info.Env().Undefined();
+  }
+  Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
+
+  int fd_ = -1;
+  Napi::FunctionReference on_accept_;
+  std::unique_ptr<Napi::AsyncContext> ctx_;
+};
+
+}  // namespace
+
+void InitPosix(Napi::Env env, Napi::Object exports) {
+  exports.Set("memfdCreate", Napi::Function::New(env, MemfdCreate, "memfdCreate"));
+  exports.Set("ftruncate", Napi::Function::New(env, Ftruncate, "ftruncate"));
+  exports.Set("fstatSize", Napi::Function::New(env, FstatSize, "fstatSize"));
+  exports.Set("getSeals", Napi::Function::New(env, GetSeals, "getSeals"));
+  exports.Set("addSeals", Napi::Function::New(env, AddSeals, "addSeals"));
+  exports.Set("dup", Napi::Function::New(env, Dup, "dup"));
+  exports.Set("close", Napi::Function::New(env, Close, "close"));
+  exports.Set("setCloexec", Napi::Function::New(env, SetCloexec, "setCloexec"));
+  exports.Set("setNonblocking", Napi::Function::New(env, SetNonblocking, "setNonblocking"));
+  exports.Set("socketpair", Napi::Function::New(env, Socketpair, "socketpair"));
+  exports.Set("socket", Napi::Function::New(env, SocketCreate, "socket"));
+  exports.Set("bind", Napi::Function::New(env, Bind, "bind"));
+  exports.Set("listen", Napi::Function::New(env, Listen, "listen"));
+  exports.Set("connect", Napi::Function::New(env, Connect, "connect"));
+  exports.Set("peerCred", Napi::Function::New(env, PeerCred, "peerCred"));
+  exports.Set("setPassCred", Napi::Function::New(env, SetPassCred, "setPassCred"));
+  exports.Set("socketType", Napi::Function::New(env, SocketType, "socketType"));
+  exports.Set("detachArrayBuffer", Napi::Function::New(env, DetachArrayBuffer, "detachArrayBuffer"));
+  exports.Set("SharedMemory", SharedMemory::Define(env));
+  exports.Set("Socket", Socket::Define(env));
+  exports.Set("Acceptor", Acceptor::Define(env));
+
+  auto c = Napi::Object::New(env);
+  c.Set("F_SEAL_SEAL", Napi::Number::New(env, F_SEAL_SEAL));
+  c.Set("F_SEAL_SHRINK", Napi::Number::New(env, F_SEAL_SHRINK));
+  c.Set("F_SEAL_GROW", Napi::Number::New(env, F_SEAL_GROW));
+  c.Set("F_SEAL_WRITE", Napi::Number::New(env, F_SEAL_WRITE));
+  c.Set("SOCK_SEQPACKET", Napi::Number::New(env, SOCK_SEQPACKET));
+  c.Set("MAX_FDS", Napi::Number::New(env, kMaxFds));
+  c.Set("PAGE_SIZE", Napi::Number::New(env, static_cast<double>(sysconf(_SC_PAGESIZE))));
+  exports.Set("posixConstants", c);
+}
+
 }  // namespace cuda_ipc

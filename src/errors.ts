@@ -45,7 +45,11 @@ export type IpcErrorCode =
   | 'ERR_FRAME_INVALID'
   | 'ERR_MESSAGE_TOO_LARGE'
   | 'ERR_FDS_TRUNCATED'
-  | 'ERR_NOT_TRANSFERABLE';
+  | 'ERR_NOT_TRANSFERABLE'
+  | 'ERR_NO_LISTENER'
+  | 'ERR_ADDRESS_IN_USE'
+  | 'ERR_SOCKET_DIR_UNSAFE'
+  | 'ERR_NOT_SPAWNED';
 
 /** A cuda-ipc usage or protocol error with a stable `code`. */
 export class IpcError extends Error {

@@ -1,0 +1,225 @@
+// HostBuffer: shared host memory (memfd + mmap MAP_SHARED) with the same method names as a device
+// buffer: write / read / fill / view / close / byteLength. Another process maps the same bytes
+// when it is given the fd (send the HostBuffer over a link).
+import { addon } from '../native.js';
+import type { NativeSharedMemory } from '../posix-types.js';
+import { IpcError } from '../errors.js';
+import { leakRegistry } from './leak-warning.js';
+
+const { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL } = addon.posixConstants;
+
+/** For the transfer handler (not exported by the package): the whole mapping's length, and
+ * whether the file is sealed against shrinking. */
+export let describeHostBuffer: (buffer: HostBuffer) => { mappingLength: number; sealed: boolean };
+
+/** The mapping shared by a HostBuffer and its views: unmapped when the last of them closes. */
+class Mapping {
+  users = 1;
+  constructor(
+    readonly native: NativeSharedMemory,
+    /** Sealed against shrinking: no one can truncate the file under a mapping (SIGBUS). */
+    readonly sealed: boolean,
+  ) {}
+  release(): void {
+    if (--this.users === 0) this.native.close();
+  }
+}
+
+const leaks = leakRegistry('A HostBuffer');
+
+function toSize(bytes: number | bigint, what: string): number {
+  const n = typeof bytes === 'bigint' ? Number(bytes) : bytes;
+  if (!Number.isSafeInteger(n) || n <= 0) {
+    throw new IpcError('ERR_INVALID_ARG', `${what} must be a positive integer number of bytes; got ${String(bytes)}`);
+  }
+  return n;
+}
+
+function asBytes(v: ArrayBufferView | ArrayBuffer, what: string): Uint8Array {
+  if (v instanceof Uint8Array) return v;
+  if (ArrayBuffer.isView(v)) return new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
+  if (v instanceof ArrayBuffer) return new Uint8Array(v);
+  throw new IpcError('ERR_INVALID_ARG', `${what} must be an ArrayBuffer or a typed array / DataView / Buffer`);
+}
+
+function checkOffset(offset: number, what: string): void {
+  if (!Number.isSafeInteger(offset) || offset < 0) {
+    throw new IpcError('ERR_INVALID_ARG', `${what} must be a non-negative integer; got ${String(offset)}`);
+  }
+}
+
+/**
+ * Shared host memory. `bytes` is a zero-copy Uint8Array over the mapping.
+ *
+ * Lifetime: `close()` detaches this buffer's `bytes` (every typed array over it then has length 0,
+ * so stale views can never touch unmapped memory). Views made with `view()` share the mapping: it
+ * stays mapped, and the fd open, until the buffer and all its views are closed; closing the parent
+ * only makes the parent unusable.
+ */
+export class HostBuffer implements Disposable {
+  #mapping: Mapping | undefined;
+  #bytes: Uint8Array;
+  readonly #offset: number;
+  readonly #length: number;
+
+  private constructor(mapping: Mapping, offset: number, length: number) {
+    this.#mapping = mapping;
+    this.#offset = offset;
+    this.#length = length;
+    this.#bytes = new Uint8Array(mapping.native.arrayBuffer(offset, length));
+    leaks.register(this, `${length} bytes`, this);
+  }
+
+  /** Allocates `bytes` of zeroed shared memory in a new memfd, sealed against resizing. */
+  static allocate(bytes: number | bigint): HostBuffer {
+    const size = toSize(bytes, 'HostBuffer.allocate(bytes)');
+    const fd = addon.memfdCreate('cuda-ipc-host');
+    try {
+      addon.ftruncate(fd, size);
+      addon.addSeals(fd, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+      return new HostBuffer(new Mapping(new addon.SharedMemory(fd, size), true), 0, size);
+    } catch (e) {
+      addon.close(fd);
+      throw e;
+    }
+  }
+
+  /**
+   * Maps `bytes` (default: the whole file) of a shared-memory fd, e.g. one received from another
+   * process. Takes ownership of `fd` when it returns; if it throws, the fd is still the caller's.
+   */
+  static fromFd(fd: number, bytes?: number | bigint): HostBuffer {
+    if (!Number.isInteger(fd) || fd < 0) throw new IpcError('ERR_INVALID_ARG', `fd must be a non-negative integer; got ${String(fd)}`);
+    const fileSize = addon.fstatSize(fd);
+    const size = bytes === undefined ? fileSize : toSize(bytes, 'HostBuffer.fromFd(fd, bytes)');
+    if (size === 0) throw new IpcError('ERR_INVALID_ARG', `fd ${fd} refers to an empty file; there is nothing to map`);
+    if (size > fileSize) {
+      // Touching a mapping past the end of the file raises SIGBUS: refuse up front.
+      throw new IpcError('ERR_OUT_OF_RANGE', `HostBuffer.fromFd: fd ${fd} holds ${fileSize} bytes, fewer than the ${size} asked for`);
+    }
+    let seals = 0;
+    try {
+      seals = addon.getSeals(fd);
+    } catch {
+      // Not a sealable file (EINVAL): it has no seals.
+    }
+    return new HostBuffer(new Mapping(new addon.SharedMemory(fd, size), (seals & F_SEAL_SHRINK) !== 0), 0, size);
+  }
+
+  #open(what: string): Mapping {
+    const m = this.#mapping;
+    if (!m) throw new IpcError('ERR_CLOSED', `HostBuffer.${what}: the buffer is closed; keep it open while you use it`);
+    return m;
+  }
+
+  #range(offset: number, length: number, what: string): void {
+    checkOffset(offset, `${what}: offset`);
+    if (offset + length > this.#length) {
+      throw new IpcError(
+        'ERR_OUT_OF_RANGE',
+        `HostBuffer.${what}: ${length} bytes at offset ${offset} do not fit in a buffer of ${this.#length} bytes`,
+      );
+    }
+  }
+
+  /** The memfd (shared by this buffer and its views). Borrowed: do not close it. */
+  get fd(): number {
+    return this.#open('fd').native.fd;
+  }
+  get byteLength(): number {
+    return this.#length;
+  }
+  /** Where this buffer starts in the shared memory file (0 unless it is a view). */
+  get byteOffset(): number {
+    return this.#offset;
+  }
+  /** Virtual address of the first byte in this process. */
+  get address(): bigint {
+    return this.#open('address').native.address + BigInt(this.#offset);
+  }
+  /** A zero-copy Uint8Array over the buffer (the same object every time); empty once closed. */
+  get bytes(): Uint8Array {
+    this.#open('bytes');
+    return this.#bytes;
+  }
+  get closed(): boolean {
+    return this.#mapping === undefined;
+  }
+
+  /** Copies `src` into the buffer at `offset`. */
+  write(src: ArrayBufferView | ArrayBuffer, offset = 0): void {
+    this.#open('write');
+    const b = asBytes(src, 'HostBuffer.write(src)');
+    this.#range(offset, b.byteLength, 'write');
+    this.#bytes.set(b, offset);
+  }
+
+  /** Copies bytes from `offset` into `dst` (as many as `dst` holds) and returns `dst`. */
+  read<T extends ArrayBufferView>(dst: T, offset?: number): T;
+  /** Returns a new Uint8Array holding a copy of `length` bytes at `offset` (default: to the end). */
+  read(offset?: number, length?: number): Uint8Array;
+  read(a?: ArrayBufferView | number, b?: number): ArrayBufferView {
+    this.#open('read');
+    if (a === undefined || typeof a === 'number') {
+      const offset = a ?? 0;
+      checkOffset(offset, 'read: offset');
+      const length = b ?? this.#length - offset;
+      checkOffset(length, 'read: length');
+      this.#range(offset, length, 'read');
+      return this.#bytes.slice(offset, offset + length);
+    }
+    const dst = asBytes(a, 'HostBuffer.read(dst)');
+    const offset = b ?? 0;
+    this.#range(offset, dst.byteLength, 'read');
+    dst.set(this.#bytes.subarray(offset, offset + dst.byteLength));
+    return a;
+  }
+
+  /** Sets every byte to `byte` (0..255). */
+  fill(byte: number): void {
+    this.#open('fill');
+    if (!Number.isInteger(byte) || byte < 0 || byte > 255) {
+      throw new IpcError('ERR_INVALID_ARG', `HostBuffer.fill(byte): byte must be an integer 0..255; got ${String(byte)}`);
+    }
+    this.#bytes.fill(byte);
+  }
+
+  /** A HostBuffer over `length` bytes at `offset` (default: to the end) of this one. Close it too. */
+  view(offset: number, length?: number): HostBuffer {
+    const m = this.#open('view');
+    checkOffset(offset, 'view: offset');
+    const len = length ?? this.#length - offset;
+    if (!Number.isSafeInteger(len) || len <= 0) {
+      throw new IpcError('ERR_INVALID_ARG', `HostBuffer.view: length must be a positive integer; got ${String(len)}`);
+    }
+    this.#range(offset, len, 'view');
+    m.users++;
+    try {
+      return new HostBuffer(m, this.#offset + offset, len);
+    } catch (e) {
+      m.release();
+      throw e;
+    }
+  }
+
+  close(): void {
+    const m = this.#mapping;
+    if (!m) return;
+    this.#mapping = undefined;
+    leaks.unregister(this);
+    // Views may keep the mapping; this buffer's own typed arrays must go dark now regardless.
+    addon.detachArrayBuffer(this.#bytes.buffer as ArrayBuffer);
+    m.release();
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+
+  static {
+    describeHostBuffer = (buffer) => {
+      const m = buffer.#open('describe');
+      return { mappingLength: m.native.byteLength, sealed: m.sealed };
+    };
+  }
+}

@@ -1,0 +1,475 @@
+// Message payloads: what link.send(value) puts in a MESSAGE frame and how the receiver rebuilds it.
+//
+// Encodings (the frame's flags):
+//   Raw:  `value` was a Uint8Array; the payload is its bytes (sent straight from the caller's
+//         memory) and it arrives as a new Uint8Array.
+//   Json: UTF-8 JSON of `value`; empty payload = undefined. The common, fast case.
+//   JsonWithRecords: JSON in which every bigint, typed array and transferable object was replaced
+//         by null, followed by one record per replaced value saying where it goes:
+//           u32 jsonLength | json | u16 recordCount | record*
+//           record = u8 kindLength | kind (ASCII) | u8 pathLength | segment* | u8 fdCount
+//                    | u32 dataLength | data
+//           segment = u8 0, u32 array index | u8 1, u16 keyLength, key (UTF-8)
+//         The record's fds are the next fdCount of the frame's fds, in record order.
+// Built-in record kinds: '@bigint' (ASCII decimal) and '@typed-array' (u8 type tag, then bytes).
+import { IpcError } from '../errors.js';
+import { addon } from '../native.js';
+import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES } from './frame.js';
+import { handlerForKind, handlerForValue, type TransferHandler } from './transfer.js';
+import type { Link } from './link.js';
+
+const MAX_DEPTH = 255;
+type Segment = string | number;
+
+/** Typed arrays the built-in '@typed-array' record carries, by wire tag. */
+const TYPED_ARRAYS = [
+  undefined,
+  Uint8Array,
+  Int8Array,
+  Uint8ClampedArray,
+  Int16Array,
+  Uint16Array,
+  Int32Array,
+  Uint32Array,
+  Float32Array,
+  Float64Array,
+  BigInt64Array,
+  BigUint64Array,
+] as const;
+const DATA_VIEW_TAG = TYPED_ARRAYS.length;
+
+function typedArrayTag(v: ArrayBufferView): number {
+  if (v instanceof DataView) return DATA_VIEW_TAG;
+  for (let i = 1; i < TYPED_ARRAYS.length; i++) if (v instanceof TYPED_ARRAYS[i]!) return i;
+  return 0;
+}
+
+/** A value found by the scan that travels as a record. */
+interface Found {
+  path: Segment[];
+  bigint?: bigint;
+  view?: ArrayBufferView;
+  handler?: TransferHandler;
+  value?: object;
+}
+
+function notTransferable(what: string, path: readonly Segment[]): IpcError {
+  const where = path.length ? ` at ${path.map((s) => (typeof s === 'number' ? `[${s}]` : `.${s}`)).join('')}` : '';
+  return new IpcError(
+    'ERR_NOT_TRANSFERABLE',
+    `link.send: cannot send ${what}${where}. Messages hold JSON data (plain objects, arrays, strings, numbers, ` +
+      'booleans, null), bigints, typed arrays and objects with a registered transfer handler ' +
+      '(HostBuffer, or buffers/pools/events once their module is imported); convert other values first',
+  );
+}
+
+/**
+ * Walks `v` looking for values JSON cannot carry. Returns `v` itself when its subtree has none,
+ * otherwise a copy (made only along the paths that changed) with those values replaced by null.
+ */
+function scan(v: unknown, path: Segment[], found: Found[]): unknown {
+  switch (typeof v) {
+    case 'string':
+    case 'number':
+    case 'boolean':
+    case 'undefined':
+      return v;
+    case 'bigint':
+      found.push({ path: path.slice(), bigint: v });
+      return null;
+    case 'object':
+      break;
+    default:
+      throw notTransferable(`a ${typeof v}`, path);
+  }
+  if (v === null) return v;
+  if (path.length >= MAX_DEPTH) {
+    throw new IpcError('ERR_INVALID_ARG', `link.send: the message is nested deeper than ${MAX_DEPTH} levels (or contains a cycle)`);
+  }
+  if (Array.isArray(v)) {
+    let copy: unknown[] | undefined;
+    for (let i = 0; i < v.length; i++) {
+      const e: unknown = v[i];
+      if (e === null || (typeof e !== 'object' && typeof e !== 'bigint' && typeof e !== 'function' && typeof e !== 'symbol')) continue;
+      path.push(i);
+      const s = scan(e, path, found);
+      path.pop();
+      if (s !== e) (copy ??= v.slice())[i] = s;
+    }
+    return copy ?? v;
+  }
+  const proto: unknown = Object.getPrototypeOf(v);
+  if (proto === Object.prototype || proto === null) {
+    let copy: Record<string, unknown> | undefined;
+    const obj = v as Record<string, unknown>;
+    for (const key of Object.keys(obj)) {
+      const e = obj[key];
+      if (e === null || (typeof e !== 'object' && typeof e !== 'bigint' && typeof e !== 'function' && typeof e !== 'symbol')) continue;
+      path.push(key);
+      const s = scan(e, path, found);
+      path.pop();
+      if (s !== e) (copy ??= { ...obj })[key] = s;
+    }
+    return copy ?? v;
+  }
+  if (ArrayBuffer.isView(v)) {
+    if (typedArrayTag(v) === 0) throw notTransferable(`a ${v.constructor.name}`, path);
+    found.push({ path: path.slice(), view: v });
+    return null;
+  }
+  const handler = handlerForValue(v);
+  if (!handler) throw notTransferable(`an object of class ${(v as object).constructor?.name ?? 'unknown'} (no transfer handler is registered for it)`, path);
+  found.push({ path: path.slice(), handler, value: v });
+  return null;
+}
+
+function tooLarge(bytes: number | string): IpcError {
+  return new IpcError(
+    'ERR_MESSAGE_TOO_LARGE',
+    `link.send: the encoded message needs ${bytes} bytes, more than a link frame holds (${MAX_FRAME_BYTES - HEADER_BYTES}); ` +
+      'send bulk data in a HostBuffer (or a device buffer) and put the buffer in the message instead',
+  );
+}
+
+/** The result of encoding one message into the encoder's scratch buffer. */
+export interface EncodedMessage {
+  encoding: Encoding;
+  /** Frame bytes are scratch[0, headLength), followed by `body` when it is set (Raw). */
+  headLength: number;
+  body: Uint8Array | null;
+  fds: number[];
+  /** fds the link must close after sending (handlers' closeFdsAfterSend). */
+  ownedFds: number[];
+}
+
+/** Encodes messages into a scratch buffer that holds a whole frame (header left to the caller). */
+export class MessageEncoder {
+  readonly scratch = Buffer.allocUnsafeSlow(MAX_FRAME_BYTES);
+  readonly view = new DataView(this.scratch.buffer, this.scratch.byteOffset, MAX_FRAME_BYTES);
+  /** Set while encoding, so that a re-entrant send (from a handler) takes another encoder. */
+  busy = false;
+  readonly #out: EncodedMessage = { encoding: Encoding.Json, headLength: 0, body: null, fds: [], ownedFds: [] };
+
+  /**
+   * Encodes `value`. The result (and scratch) are valid until the next encode. If this throws,
+   * every fd a handler handed over with closeFdsAfterSend has already been closed.
+   */
+  encode(value: unknown, link: Link): EncodedMessage {
+    const out = this.#out;
+    out.body = null;
+    out.fds.length = 0;
+    out.ownedFds.length = 0;
+    if (value instanceof Uint8Array) {
+      if (value.byteLength > MAX_FRAME_BYTES - HEADER_BYTES) throw tooLarge(value.byteLength);
+      out.encoding = Encoding.Raw;
+      out.headLength = HEADER_BYTES;
+      out.body = value;
+      return out;
+    }
+    const found: Found[] = [];
+    const substitute = scan(value, [], found);
+    if (found.length === 0) {
+      out.encoding = Encoding.Json;
+      out.headLength = value === undefined ? HEADER_BYTES : this.#writeString(JSON.stringify(value), HEADER_BYTES);
+      return out;
+    }
+    try {
+      out.encoding = Encoding.JsonWithRecords;
+      const jsonEnd = this.#writeString(JSON.stringify(substitute) ?? 'null', HEADER_BYTES + 4);
+      this.view.setUint32(HEADER_BYTES, jsonEnd - HEADER_BYTES - 4, true);
+      this.#room(jsonEnd, 2);
+      this.view.setUint16(jsonEnd, found.length, true);
+      let at = jsonEnd + 2;
+      for (const f of found) at = this.#writeRecord(f, at, link, out);
+      out.headLength = at;
+      return out;
+    } catch (e) {
+      for (const fd of out.ownedFds) closeQuietly(fd);
+      out.ownedFds.length = 0;
+      throw e;
+    }
+  }
+
+  /** Checks that `n` more bytes fit at `at`; returns `at`. */
+  #room(at: number, n: number): number {
+    if (at + n > MAX_FRAME_BYTES) throw tooLarge('more than ' + (MAX_FRAME_BYTES - HEADER_BYTES));
+    return at;
+  }
+
+  #writeString(s: string, at: number): number {
+    // Worst case 3 bytes per UTF-16 unit; only count exactly when that might not fit.
+    if (s.length * 3 > MAX_FRAME_BYTES - at) {
+      const n = Buffer.byteLength(s);
+      if (at + n > MAX_FRAME_BYTES) throw tooLarge(n + at - HEADER_BYTES);
+    }
+    return at + this.scratch.write(s, at, 'utf8');
+  }
+
+  #writeAscii(s: string, at: number): number {
+    this.#room(at, 1 + s.length);
+    this.scratch[at] = s.length;
+    return at + 1 + this.scratch.write(s, at + 1, 'latin1');
+  }
+
+  #writeRecord(f: Found, at: number, link: Link, out: EncodedMessage): number {
+    const v = this.view;
+    let data: Uint8Array | undefined;
+    let fds: readonly number[] | undefined;
+    let kind: string;
+    let tag = 0;
+    if (f.bigint !== undefined) {
+      kind = '@bigint';
+      data = Buffer.from(f.bigint.toString(), 'latin1');
+    } else if (f.view) {
+      kind = '@typed-array';
+      tag = typedArrayTag(f.view);
+      data = new Uint8Array(f.view.buffer, f.view.byteOffset, f.view.byteLength);
+    } else {
+      const h = f.handler!;
+      kind = h.kind;
+      const enc = h.encode(f.value!, link);
+      fds = enc.fds;
+      if (fds && enc.closeFdsAfterSend) out.ownedFds.push(...fds);
+      data = enc.data;
+      if (!(data instanceof Uint8Array)) throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned data that is not a Uint8Array`);
+    }
+    at = this.#writeAscii(kind, at);
+    this.#room(at, 1);
+    v.setUint8(at++, f.path.length);
+    for (const seg of f.path) {
+      if (typeof seg === 'number') {
+        this.#room(at, 5);
+        v.setUint8(at, 0);
+        v.setUint32(at + 1, seg, true);
+        at += 5;
+      } else {
+        this.#room(at, 3);
+        v.setUint8(at, 1);
+        const end = this.#writeString(seg, at + 3);
+        if (end - at - 3 > 0xffff) throw new IpcError('ERR_INVALID_ARG', 'link.send: an object key is longer than 65535 bytes');
+        v.setUint16(at + 1, end - at - 3, true);
+        at = end;
+      }
+    }
+    const nfds = fds?.length ?? 0;
+    if (out.fds.length + nfds > MAX_FDS) {
+      throw new IpcError('ERR_MESSAGE_TOO_LARGE', `link.send: the message would carry more than ${MAX_FDS} fds; split it into several messages`);
+    }
+    if (fds) out.fds.push(...fds);
+    const dataLength = data.byteLength + (tag ? 1 : 0);
+    this.#room(at, 5 + dataLength);
+    v.setUint8(at, nfds);
+    v.setUint32(at + 1, dataLength, true);
+    at += 5;
+    if (tag) v.setUint8(at++, tag);
+    this.scratch.set(data, at);
+    return at + data.byteLength;
+  }
+}
+
+function closeQuietly(fd: number): void {
+  try {
+    addon.close(fd);
+  } catch {
+    // Already closed by someone else: nothing left to release.
+  }
+}
+
+const sharedEncoder = new MessageEncoder();
+/** The process's encoder, or a fresh one when it is in use (a handler sending from encode()). */
+export function acquireEncoder(): MessageEncoder {
+  return sharedEncoder.busy ? new MessageEncoder() : sharedEncoder;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+export type Decoded =
+  | { ok: true; value: unknown; owned: object[] | undefined }
+  /** fatal: the payload is malformed (the link must close); otherwise only this message failed. */
+  | { ok: false; error: IpcError; fatal: boolean };
+
+function malformed(why: string): Decoded {
+  return { ok: false, fatal: true, error: new IpcError('ERR_FRAME_INVALID', `received a malformed message payload: ${why}`) };
+}
+
+interface ParsedRecord {
+  kind: string;
+  path: Segment[];
+  fdCount: number;
+  dataStart: number;
+  dataEnd: number;
+}
+
+/** Disposes decoded values that will never reach the user. */
+export function disposeValues(values: readonly object[] | undefined): void {
+  if (!values) return;
+  for (const v of values) {
+    try {
+      const d = v as { close?: () => void; [Symbol.dispose]?: () => void };
+      if (typeof d[Symbol.dispose] === 'function') d[Symbol.dispose]!();
+      else if (typeof d.close === 'function') d.close();
+    } catch {
+      // Best effort: the value is being discarded anyway.
+    }
+  }
+}
+
+/**
+ * Decodes the payload buf[start, end) of a MESSAGE frame that arrived with `fds` (owned by this
+ * function from the call on: every fd ends up in a decoded value or closed).
+ */
+export function decodeMessage(encoding: Encoding, buf: Buffer, start: number, end: number, fds: number[] | undefined, link: Link): Decoded {
+  if (encoding === Encoding.Raw) return { ok: true, value: copyBytes(buf, start, end), owned: undefined };
+  if (encoding === Encoding.Json) {
+    if (start === end) return { ok: true, value: undefined, owned: undefined };
+    try {
+      return { ok: true, value: JSON.parse(buf.toString('utf8', start, end)), owned: undefined };
+    } catch {
+      return malformed('the JSON does not parse');
+    }
+  }
+  const all = fds ?? [];
+  const r = decodeWithRecords(buf, start, end, all, link);
+  // On failure every fd not taken by a handler (marked -1) is closed here.
+  if (!r.ok) for (const fd of all) if (fd >= 0) closeQuietly(fd);
+  return r;
+}
+
+function decodeWithRecords(buf: Buffer, start: number, end: number, fds: number[], link: Link): Decoded {
+  const v = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+  let at = start;
+  const need = (n: number): boolean => at + n <= end;
+  if (!need(4)) return malformed('truncated JSON length');
+  const jsonLength = v.getUint32(at, true);
+  at += 4;
+  if (!need(jsonLength)) return malformed('JSON length past the end');
+  let root: unknown;
+  try {
+    root = JSON.parse(buf.toString('utf8', at, at + jsonLength));
+  } catch {
+    return malformed('the JSON does not parse');
+  }
+  at += jsonLength;
+  if (!need(2)) return malformed('truncated record count');
+  const count = v.getUint16(at, true);
+  at += 2;
+  if (count === 0) return malformed('no records in a message that announces records');
+  const records: ParsedRecord[] = [];
+  let fdTotal = 0;
+  for (let i = 0; i < count; i++) {
+    if (!need(1)) return malformed('truncated record');
+    const kindLength = v.getUint8(at++);
+    if (kindLength === 0 || !need(kindLength + 1)) return malformed('bad record kind');
+    const kind = buf.toString('latin1', at, at + kindLength);
+    at += kindLength;
+    const pathLength = v.getUint8(at++);
+    const path: Segment[] = [];
+    for (let s = 0; s < pathLength; s++) {
+      if (!need(1)) return malformed('truncated path');
+      const tag = v.getUint8(at++);
+      if (tag === 0) {
+        if (!need(4)) return malformed('truncated path index');
+        path.push(v.getUint32(at, true));
+        at += 4;
+      } else if (tag === 1) {
+        if (!need(2)) return malformed('truncated path key');
+        const n = v.getUint16(at, true);
+        at += 2;
+        if (!need(n)) return malformed('path key past the end');
+        path.push(buf.toString('utf8', at, at + n));
+        at += n;
+      } else {
+        return malformed(`unknown path segment tag ${tag}`);
+      }
+    }
+    if (!need(5)) return malformed('truncated record data');
+    const fdCount = v.getUint8(at);
+    const dataLength = v.getUint32(at + 1, true);
+    at += 5;
+    if (!need(dataLength)) return malformed('record data past the end');
+    records.push({ kind, path, fdCount, dataStart: at, dataEnd: at + dataLength });
+    at += dataLength;
+    fdTotal += fdCount;
+  }
+  if (at !== end) return malformed(`${end - at} stray bytes after the records`);
+  if (fdTotal !== fds.length) return malformed(`records claim ${fdTotal} fds but ${fds.length} arrived`);
+
+  // Check every placement before decoding anything, so a bad path never strands a decoded value.
+  const holder: unknown[] = [root];
+  const slots: Array<{ parent: Record<string | number, unknown>; key: Segment }> = [];
+  for (const rec of records) {
+    let parent: unknown = holder;
+    let key: Segment = 0;
+    for (const seg of rec.path) {
+      const next = (parent as Record<string | number, unknown>)[key];
+      if (typeof next !== 'object' || next === null) return malformed('a record path leads through a non-container');
+      if (Array.isArray(next) !== (typeof seg === 'number')) return malformed('a record path does not match the JSON');
+      parent = next;
+      key = seg;
+    }
+    const p = parent as Record<string | number, unknown>;
+    if (!Object.hasOwn(p, key) || p[key] !== null) return malformed('a record path does not point at a null placeholder');
+    slots.push({ parent: p, key });
+  }
+
+  const owned: object[] = [];
+  let fdAt = 0;
+  for (let i = 0; i < records.length; i++) {
+    const rec = records[i]!;
+    const mine = fds.slice(fdAt, fdAt + rec.fdCount);
+    let value: unknown;
+    try {
+      value = decodeRecord(rec, buf, mine, link);
+    } catch (e) {
+      // A handler marks the fds it already took or closed with -1; the rest are closed for it.
+      for (let k = 0; k < rec.fdCount; k++) fds[fdAt + k] = mine[k]!;
+      disposeValues(owned);
+      const error =
+        e instanceof IpcError
+          ? e
+          : new IpcError('ERR_DESCRIPTOR_INVALID', `the '${rec.kind}' transfer handler could not rebuild a received value: ${String((e as Error)?.message ?? e)}`, { cause: e });
+      if ((e as { fatal?: boolean })?.fatal) return { ok: false, error, fatal: true };
+      return { ok: false, error, fatal: false };
+    }
+    for (let k = fdAt; k < fdAt + rec.fdCount; k++) fds[k] = -1;  // handed over
+    fdAt += rec.fdCount;
+    if (rec.kind !== '@bigint' && rec.kind !== '@typed-array' && typeof value === 'object' && value !== null) owned.push(value);
+    slots[i]!.parent[slots[i]!.key] = value;
+  }
+  return { ok: true, value: holder[0], owned: owned.length ? owned : undefined };
+}
+
+/** A plain Uint8Array (own, unpooled ArrayBuffer) holding buf[start, end). */
+function copyBytes(buf: Uint8Array, start: number, end: number): Uint8Array {
+  const out = new Uint8Array(Math.max(0, end - start));
+  out.set(buf.subarray(start, end));
+  return out;
+}
+
+function decodeRecord(rec: ParsedRecord, buf: Buffer, fds: number[], link: Link): unknown {
+  if (rec.kind === '@bigint') {
+    const text = buf.toString('latin1', rec.dataStart, rec.dataEnd);
+    if (rec.fdCount !== 0 || !/^-?[0-9]{1,10000}$/.test(text)) throw Object.assign(new IpcError('ERR_FRAME_INVALID', 'received a malformed bigint record'), { fatal: true });
+    return BigInt(text);
+  }
+  if (rec.kind === '@typed-array') {
+    const tag = rec.dataEnd > rec.dataStart ? buf[rec.dataStart]! : 0;
+    const bytes = copyBytes(buf, rec.dataStart + 1, rec.dataEnd);
+    if (tag === DATA_VIEW_TAG) return new DataView(bytes.buffer);
+    const Ctor = TYPED_ARRAYS[tag];
+    if (rec.fdCount !== 0 || !Ctor || bytes.byteLength % Ctor.BYTES_PER_ELEMENT !== 0) {
+      throw Object.assign(new IpcError('ERR_FRAME_INVALID', 'received a malformed typed-array record'), { fatal: true });
+    }
+    return new Ctor(bytes.buffer as ArrayBuffer);
+  }
+  const handler = handlerForKind(rec.kind);
+  if (!handler) {
+    throw new IpcError(
+      'ERR_NOT_TRANSFERABLE',
+      `received a '${rec.kind}' but no transfer handler for it is registered in this process; import the module that ` +
+        'provides it (the whole cuda-ipc package registers all of them) before receiving',
+    );
+  }
+  return handler.decode(new Uint8Array(buf.buffer, buf.byteOffset + rec.dataStart, rec.dataEnd - rec.dataStart), fds, link);
+}

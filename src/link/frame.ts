@@ -1,0 +1,108 @@
+// The link's wire format. Every SOCK_SEQPACKET record is one frame: a 16-byte header and a
+// payload. All integers little-endian; reserved bytes are zero on send and checked on receive.
+//
+//   offset size  field
+//   0      4     magic 0x4C504943 ("CIPL")
+//   4      1     version (1)
+//   5      1     type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE
+//   6      2     flags: MESSAGE only, the payload encoding (Encoding); 0 for other types
+//   8      4     payload length: exactly the record length minus 16
+//   12     2     fd count: exactly the number of fds that arrived with the record
+//   14     2     reserved, 0
+//
+// Payloads: HELLO 8 bytes (u32 features, u32 reserved = 0); GOODBYE empty; REFUSE u16 reason
+// then UTF-8 text; MESSAGE see codec.ts. Only MESSAGE frames carry fds.
+import { IpcError } from '../errors.js';
+import { addon } from '../native.js';
+
+export const FRAME_MAGIC = 0x4c504943;
+export const FRAME_VERSION = 1;
+export const HEADER_BYTES = 16;
+/** Largest record (header included) a link sends or accepts. */
+export const MAX_FRAME_BYTES = 128 * 1024;
+export const MAX_PAYLOAD_BYTES = MAX_FRAME_BYTES - HEADER_BYTES;
+/** Most fds in one message. */
+export const MAX_FDS: number = addon.posixConstants.MAX_FDS;
+
+export const enum FrameType {
+  Hello = 1,
+  Message = 2,
+  Goodbye = 3,
+  Refuse = 4,
+}
+
+export const enum Encoding {
+  /** UTF-8 JSON; an empty payload is `undefined`. */
+  Json = 0,
+  /** The payload is the message: a Uint8Array. */
+  Raw = 1,
+  /** JSON followed by transfer records (codec.ts). */
+  JsonWithRecords = 2,
+}
+
+export const HELLO_PAYLOAD_BYTES = 8;
+export const enum RefuseReason {
+  Uid = 1,
+  Protocol = 2,
+}
+
+export interface FrameHeader {
+  type: FrameType;
+  flags: number;
+  payloadLength: number;
+  fdCount: number;
+}
+
+/** Writes a header at `view[0, 16)`. */
+export function writeHeader(view: DataView, type: FrameType, flags: number, payloadLength: number, fdCount: number): void {
+  view.setUint32(0, FRAME_MAGIC, true);
+  view.setUint8(4, FRAME_VERSION);
+  view.setUint8(5, type);
+  view.setUint16(6, flags, true);
+  view.setUint32(8, payloadLength, true);
+  view.setUint16(12, fdCount, true);
+  view.setUint16(14, 0, true);
+}
+
+function invalid(why: string): IpcError {
+  return new IpcError('ERR_FRAME_INVALID', `received an invalid link frame: ${why}; the peer is not speaking the cuda-ipc link protocol (or is a different version)`);
+}
+
+/**
+ * Validates the header of a `length`-byte record that arrived with `fdCount` fds. Throws
+ * ERR_FRAME_INVALID for anything out of spec. `out` is reused to avoid allocating per frame.
+ */
+export function parseHeader(view: DataView, length: number, fdCount: number, out: FrameHeader): FrameHeader {
+  if (length < HEADER_BYTES) throw invalid(`${length} bytes is shorter than the ${HEADER_BYTES}-byte header`);
+  const magic = view.getUint32(0, true);
+  if (magic !== FRAME_MAGIC) throw invalid(`bad magic 0x${magic.toString(16)}`);
+  const version = view.getUint8(4);
+  if (version !== FRAME_VERSION) throw invalid(`protocol version ${version}, this build speaks ${FRAME_VERSION}`);
+  const type = view.getUint8(5);
+  const flags = view.getUint16(6, true);
+  const payloadLength = view.getUint32(8, true);
+  const declaredFds = view.getUint16(12, true);
+  if (view.getUint16(14, true) !== 0) throw invalid('reserved header bytes are not zero');
+  if (payloadLength !== length - HEADER_BYTES) throw invalid(`payload length ${payloadLength} does not match the ${length - HEADER_BYTES} bytes received`);
+  if (declaredFds !== fdCount) throw invalid(`header announces ${declaredFds} fds but ${fdCount} arrived`);
+  if (type === FrameType.Message) {
+    if (flags > Encoding.JsonWithRecords) throw invalid(`unknown message encoding ${flags}`);
+    if (fdCount > 0 && flags !== Encoding.JsonWithRecords) throw invalid('fds arrived with a message that has no transfer records');
+  } else if (type === FrameType.Hello || type === FrameType.Goodbye || type === FrameType.Refuse) {
+    if (flags !== 0) throw invalid(`flags 0x${flags.toString(16)} on a control frame`);
+    if (fdCount !== 0) throw invalid('fds arrived with a control frame');
+    if (type === FrameType.Hello) {
+      if (payloadLength !== HELLO_PAYLOAD_BYTES) throw invalid(`HELLO payload of ${payloadLength} bytes`);
+      if (view.getUint32(HEADER_BYTES + 4, true) !== 0) throw invalid('HELLO reserved bytes are not zero');
+    }
+    if (type === FrameType.Goodbye && payloadLength !== 0) throw invalid('GOODBYE with a payload');
+    if (type === FrameType.Refuse && payloadLength < 2) throw invalid('REFUSE without a reason');
+  } else {
+    throw invalid(`unknown frame type ${type}`);
+  }
+  out.type = type;
+  out.flags = flags;
+  out.payloadLength = payloadLength;
+  out.fdCount = fdCount;
+  return out;
+}

@@ -1,0 +1,668 @@
+// Link: one connection between two processes over a Unix SOCK_SEQPACKET socket, carrying
+// structured messages with file descriptors. Made by spawn()/parentLink(), listen()/connect().
+import { EventEmitter } from 'node:events';
+import { IpcError } from '../errors.js';
+import { addon } from '../native.js';
+import type { NativeSocket } from '../posix-types.js';
+import { acquireEncoder, decodeMessage, disposeValues } from './codec.js';
+import {
+  FrameType,
+  HEADER_BYTES,
+  HELLO_PAYLOAD_BYTES,
+  MAX_FRAME_BYTES,
+  RefuseReason,
+  parseHeader,
+  writeHeader,
+  type FrameHeader,
+} from './frame.js';
+import { Queue } from './queue.js';
+
+/** Who is on the other end, as the kernel reports it. */
+export interface PeerCredentials {
+  readonly pid: number;
+  readonly uid: number;
+  readonly gid: number;
+}
+
+export type LinkState = 'handshaking' | 'open' | 'closed';
+
+export interface ReceiveOptions {
+  /** Abort the wait (e.g. `AbortSignal.timeout(1000)`); the promise rejects with ERR_TIMEOUT. */
+  signal?: AbortSignal;
+}
+
+/** @internal How the opener configures a link. */
+export interface LinkSetup {
+  /** The connected socket; the link owns it from the constructor call on, even if that throws. */
+  fd: number;
+  /**
+   * Where the peer's credentials come from: 'socket' = SO_PEERCRED (accept/connect, and a child's
+   * view of its parent); 'hello' = credentials the kernel attaches to the peer's HELLO (the
+   * parent's end of a socketpair, where SO_PEERCRED would name the parent itself).
+   */
+  peerFrom: 'socket' | 'hello';
+  /** Refuse a peer whose uid is neither ours nor in allowUids. */
+  verifyPeer: boolean;
+  allowUids: readonly number[];
+  /** Send HELLO at once (otherwise after the peer's HELLO was accepted). */
+  helloFirst: boolean;
+  handshakeTimeoutMs?: number;
+  /** For messages: who the peer is, e.g. "child process 1234". */
+  peerName: string;
+}
+
+/** @internal */
+export const kCreate: unique symbol = Symbol('cuda-ipc.link.create');
+/** @internal Resolves when the handshake completed, rejects with the reason if it failed. */
+export const kOpened: unique symbol = Symbol('cuda-ipc.link.opened');
+
+interface Outgoing {
+  frame: Uint8Array;
+  body: Uint8Array | null;
+  /** Owned by the link: closed once sent or dropped. */
+  fds: number[] | null;
+}
+type InboxEntry = { ok: true; value: unknown; owned: object[] | undefined } | { ok: false; error: IpcError };
+interface Waiter {
+  resolve(value: unknown): void;
+  reject(error: unknown): void;
+}
+
+const INBOX_PAUSE = 1024;
+const INBOX_RESUME = 256;
+const myUid = process.getuid?.() ?? -1;
+let nextLinkId = 1;
+
+function closeFds(fds: readonly number[] | null | undefined): void {
+  if (!fds) return;
+  for (const fd of fds) {
+    if (fd < 0) continue;
+    try {
+      addon.close(fd);
+    } catch {
+      // Already gone; nothing to release.
+    }
+  }
+}
+
+function errnoCode(e: unknown): string | undefined {
+  return (e as { code?: unknown })?.code as string | undefined;
+}
+
+export interface Link {
+  on(event: 'message', listener: (value: unknown) => void): this;
+  on(event: 'messageerror', listener: (error: IpcError) => void): this;
+  on(event: 'error', listener: (error: IpcError) => void): this;
+  on(event: 'close', listener: (reason: IpcError | undefined) => void): this;
+  once(event: 'message', listener: (value: unknown) => void): this;
+  once(event: 'messageerror', listener: (error: IpcError) => void): this;
+  once(event: 'error', listener: (error: IpcError) => void): this;
+  once(event: 'close', listener: (reason: IpcError | undefined) => void): this;
+  on(event: string | symbol, listener: (...args: any[]) => void): this;
+  once(event: string | symbol, listener: (...args: any[]) => void): this;
+}
+
+/**
+ * A connection to another process.
+ *
+ * Sending: `send(value)` is synchronous; when the peer is slow the frame waits in an outbox
+ * (`flush()` resolves once it is empty). Receiving: each message goes to exactly one consumer: a
+ * pending `receive()` first, else the 'message' listeners, else an inbox that `receive()` and
+ * `for await (const m of link)` read. A message that could not be decoded (e.g. no transfer handler
+ * for it here) rejects that receive() or fires 'messageerror'; the link stays open.
+ *
+ * Ending: `close()` is immediate (unsent and unread messages are dropped, their fds and decoded
+ * buffers released); `end()` first flushes. The peer sees a clean close ('close' without a
+ * reason, receive() rejecting with ERR_LINK_CLOSED) or, if this process died, ERR_PEER_GONE. Messages
+ * that arrived before the close stay readable. 'error' is emitted only when someone listens for
+ * it; 'close' always fires, with the reason.
+ */
+export class Link extends EventEmitter implements Disposable, AsyncDisposable, AsyncIterable<unknown> {
+  /** Unique in this process; stable for the link's life. */
+  readonly id = nextLinkId++;
+  readonly #setup: LinkSetup;
+  readonly #sock: NativeSocket;
+  readonly #recvBuf: Buffer;
+  readonly #recvView: DataView;
+  readonly #header: FrameHeader = { type: FrameType.Hello, flags: 0, payloadLength: 0, fdCount: 0 };
+  #state: LinkState = 'handshaking';
+  #peer: PeerCredentials | undefined;
+  /** Why the link closed; undefined for a clean close. */
+  #reason: IpcError | undefined;
+  #closedBy: 'local' | 'peer' | undefined;
+  #helloSent = false;
+  #goodbyeSent = false;
+  #readingPaused = false;
+  #wantWritable = false;
+  readonly #outbox = new Queue<Outgoing>();
+  readonly #inbox = new Queue<InboxEntry>();
+  #waiters: Waiter[] = [];
+  #flushWaiters: Waiter[] = [];
+  #openWaiters: Waiter[] = [];
+  readonly #closeHooks = new Set<(link: Link, reason: IpcError | undefined) => void>();
+  #handshakeTimer: NodeJS.Timeout | undefined;
+
+  /** @internal Use spawn(), parentLink(), listen() or connect(). */
+  constructor(token: typeof kCreate, setup: LinkSetup) {
+    super();
+    if (token !== kCreate) {
+      throw new IpcError('ERR_INVALID_ARG', 'Link cannot be constructed directly; use spawn(), parentLink(), listen() or connect()');
+    }
+    this.#setup = setup;
+    try {
+      this.#sock = new addon.Socket(setup.fd, MAX_FRAME_BYTES, this.#onRecord, this.#onState);
+    } catch (e) {
+      closeFds([setup.fd]);
+      throw e;
+    }
+    this.#recvBuf = Buffer.from(this.#sock.recvBuffer);
+    this.#recvView = new DataView(this.#sock.recvBuffer);
+    try {
+      if (setup.peerFrom === 'hello') addon.setPassCred(setup.fd, true);
+      else this.#peer = addon.peerCred(setup.fd);
+    } catch (e) {
+      this.#sock.close();
+      throw e;
+    }
+    if (setup.handshakeTimeoutMs !== undefined) {
+      this.#handshakeTimer = setTimeout(() => {
+        this.#shutdown(
+          new IpcError('ERR_TIMEOUT', `the ${setup.peerName} did not complete the link handshake within ${setup.handshakeTimeoutMs} ms`),
+          'local',
+        );
+      }, setup.handshakeTimeoutMs).unref();
+    }
+    this.on('newListener', (event: string | symbol) => {
+      if (event === 'message' && this.#inbox.length > 0) process.nextTick(() => this.#drainInboxToListeners());
+    });
+    if (this.#peer && setup.verifyPeer && !this.#allowed(this.#peer.uid)) {
+      this.#refuse();
+      return;
+    }
+    if (setup.helloFirst) this.#sendHello();
+  }
+
+  /** The peer's pid/uid/gid (SO_PEERCRED, or for a spawned child the credentials of its HELLO). */
+  get peer(): PeerCredentials {
+    if (!this.#peer) throw new IpcError('ERR_INVALID_ARG', 'link.peer is not known before the handshake completes');
+    return this.#peer;
+  }
+  get state(): LinkState {
+    return this.#state;
+  }
+  get closed(): boolean {
+    return this.#state === 'closed';
+  }
+  /** Frames waiting in the outbox for socket space. */
+  get pendingSends(): number {
+    return this.#outbox.length;
+  }
+  /** Messages received and not yet consumed. */
+  get pendingReceives(): number {
+    return this.#inbox.length;
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Sending
+
+  /**
+   * Sends `value`: JSON data, bigints, typed arrays (a Uint8Array alone is sent as raw bytes and
+   * arrives as a Uint8Array) and objects with a transfer handler (HostBuffer, ...), in one frame
+   * with all their fds. Throws ERR_NOT_TRANSFERABLE / ERR_MESSAGE_TOO_LARGE without sending, and
+   * ERR_LINK_CLOSED / ERR_PEER_GONE once the link is closed.
+   */
+  send(value: unknown): void {
+    if (this.#state === 'closed') throw this.#closedError('send');
+    const enc = acquireEncoder();
+    enc.busy = true;
+    try {
+      const m = enc.encode(value, this);
+      writeHeader(enc.view, FrameType.Message, m.encoding, m.headLength - HEADER_BYTES + (m.body?.byteLength ?? 0), m.fds.length);
+      this.#sendFrame(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
+    } finally {
+      enc.busy = false;
+    }
+  }
+
+  /** Resolves once every sent frame is in the kernel; rejects if the link closes first. */
+  flush(): Promise<void> {
+    if (this.#outbox.length === 0) return Promise.resolve();
+    if (this.#state === 'closed') return Promise.reject(this.#closedError('flush'));
+    return new Promise<void>((resolve, reject) => this.#flushWaiters.push({ resolve: () => resolve(), reject }));
+  }
+
+  #sendFrame(head: Uint8Array, headLength: number, body: Uint8Array | null, fds: readonly number[], ownedFds: readonly number[]): void {
+    if (this.#outbox.length === 0) {
+      let sent: boolean;
+      try {
+        sent = this.#sock.send(head, headLength, body, fds.length ? fds : null);
+      } catch (e) {
+        closeFds(ownedFds);
+        throw this.#sendFailed(e);
+      }
+      if (sent) {
+        if (ownedFds.length) closeFds(ownedFds);
+        return;
+      }
+    }
+    // The socket is full: keep a copy, and our own dup of every borrowed fd, until it drains.
+    const queued: number[] = [];
+    try {
+      for (const fd of fds) queued.push(ownedFds.includes(fd) ? fd : addon.dup(fd));
+    } catch (e) {
+      closeFds(queued.filter((fd) => !ownedFds.includes(fd)));
+      closeFds(ownedFds);
+      throw e;
+    }
+    this.#outbox.push({
+      frame: Uint8Array.prototype.slice.call(head, 0, headLength),
+      body: body ? body.slice() : null,
+      fds: queued.length ? queued : null,
+    });
+    this.#setWritableInterest(true);
+  }
+
+  #flushOutbox(): void {
+    while (this.#outbox.length > 0 && this.#state !== 'closed') {
+      const o = this.#outbox.peek()!;
+      let sent: boolean;
+      try {
+        sent = this.#sock.send(o.frame, o.frame.byteLength, o.body, o.fds);
+      } catch (e) {
+        this.#dropOutbox(this.#sendFailed(e));
+        return;
+      }
+      if (!sent) {
+        this.#setWritableInterest(true);
+        return;
+      }
+      this.#outbox.shift();
+      closeFds(o.fds);
+    }
+    const waiters = this.#flushWaiters;
+    this.#flushWaiters = [];
+    for (const w of waiters) w.resolve(undefined);
+  }
+
+  #dropOutbox(error: IpcError): void {
+    for (const o of this.#outbox.drain()) closeFds(o.fds);
+    const waiters = this.#flushWaiters;
+    this.#flushWaiters = [];
+    for (const w of waiters) w.reject(error);
+  }
+
+  #setWritableInterest(on: boolean): void {
+    if (this.#wantWritable === on || this.#state === 'closed') return;
+    this.#wantWritable = on;
+    this.#sock.setInterest(!this.#readingPaused, on);
+  }
+
+  /** Maps a sendmsg failure to the error the caller sees. */
+  #sendFailed(e: unknown): IpcError {
+    const code = errnoCode(e);
+    if (code === 'EPIPE' || code === 'ECONNRESET' || code === 'ENOTCONN' || code === 'ECONNREFUSED') {
+      // The peer's end is gone; its GOODBYE (or the EOF) is still in our receive queue and will
+      // close the link with the right reason on the next poll.
+      return new IpcError('ERR_LINK_CLOSED', `cannot send: the ${this.#setup.peerName} has closed the link (or exited)`, { cause: e });
+    }
+    if (code === 'EMSGSIZE') {
+      return new IpcError('ERR_MESSAGE_TOO_LARGE', 'cannot send: the frame is larger than the socket buffer allows', { cause: e });
+    }
+    if (e instanceof IpcError) return e;
+    return new IpcError('ERR_LINK_CLOSED', `cannot send on the link: ${String((e as Error)?.message ?? e)}`, { cause: e });
+  }
+
+  #sendControl(type: FrameType, payload?: Uint8Array): void {
+    const frame = new Uint8Array(HEADER_BYTES + (payload?.byteLength ?? 0));
+    writeHeader(new DataView(frame.buffer), type, 0, payload?.byteLength ?? 0, 0);
+    if (payload) frame.set(payload, HEADER_BYTES);
+    this.#sendFrame(frame, frame.byteLength, null, [], []);
+  }
+
+  #sendHello(): void {
+    this.#helloSent = true;
+    try {
+      this.#sendControl(FrameType.Hello, new Uint8Array(HELLO_PAYLOAD_BYTES));
+    } catch (e) {
+      // The peer is already gone; the receive side reports it.
+    }
+  }
+
+  #allowed(uid: number): boolean {
+    return uid === myUid || this.#setup.allowUids.includes(uid);
+  }
+
+  #refuse(): void {
+    const p = this.#peer!;
+    const error = new IpcError(
+      'ERR_PEER_REFUSED',
+      `refused a link with the ${this.#setup.peerName} (pid ${p.pid}): it runs as uid ${p.uid}, this process as uid ${myUid}; ` +
+        `pass { allowUids: [${p.uid}] } to accept links from that user`,
+    );
+    const text = Buffer.from(`uid ${p.uid} is not allowed by the process at the other end (pid ${process.pid}, uid ${myUid})`);
+    const payload = new Uint8Array(2 + text.byteLength);
+    new DataView(payload.buffer).setUint16(0, RefuseReason.Uid, true);
+    payload.set(text, 2);
+    try {
+      this.#sendControl(FrameType.Refuse, payload);
+    } catch {
+      // Best effort: the peer learns from the close either way.
+    }
+    this.#shutdown(error, 'local');
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Receiving
+
+  /** The next message (see the class notes for who gets which message). */
+  receive(options?: ReceiveOptions): Promise<unknown> {
+    const entry = this.#inbox.shift();
+    if (entry) {
+      this.#maybeResumeReading();
+      return entry.ok ? Promise.resolve(entry.value) : Promise.reject(entry.error);
+    }
+    if (this.#state === 'closed') return Promise.reject(this.#closedError('receive'));
+    const signal = options?.signal;
+    if (signal?.aborted) return Promise.reject(abortError(signal));
+    return new Promise<unknown>((resolve, reject) => {
+      const waiter: Waiter = { resolve, reject };
+      if (signal) {
+        const onAbort = (): void => {
+          this.#waiters = this.#waiters.filter((w) => w !== waiter);
+          reject(abortError(signal));
+        };
+        signal.addEventListener('abort', onAbort, { once: true });
+        waiter.resolve = (v) => {
+          signal.removeEventListener('abort', onAbort);
+          resolve(v);
+        };
+        waiter.reject = (e) => {
+          signal.removeEventListener('abort', onAbort);
+          reject(e);
+        };
+      }
+      this.#waiters.push(waiter);
+    });
+  }
+
+  /** Yields messages until the link closes cleanly; throws if it closed with an error. */
+  async *[Symbol.asyncIterator](): AsyncIterator<unknown> {
+    for (;;) {
+      let value: unknown;
+      try {
+        value = await this.receive();
+      } catch (e) {
+        if (e instanceof IpcError && e.code === 'ERR_LINK_CLOSED') return;
+        throw e;
+      }
+      yield value;
+    }
+  }
+
+  #deliver(entry: InboxEntry): void {
+    const w = this.#waiters.shift();
+    if (w) {
+      if (entry.ok) w.resolve(entry.value);
+      else w.reject(entry.error);
+      return;
+    }
+    if (this.#inbox.length === 0) {
+      if (entry.ok && this.listenerCount('message') > 0) {
+        this.emit('message', entry.value);
+        return;
+      }
+      if (!entry.ok && this.listenerCount('messageerror') > 0) {
+        this.emit('messageerror', entry.error);
+        return;
+      }
+      if (!entry.ok && this.listenerCount('message') > 0) {
+        process.emitWarning(`a received message was dropped: ${entry.error.message}`, { code: entry.error.code });
+        return;
+      }
+    }
+    this.#inbox.push(entry);
+    if (this.#inbox.length >= INBOX_PAUSE && !this.#readingPaused && this.#state !== 'closed') {
+      // Let the kernel queue (and then the sender) hold the backlog instead of our heap.
+      this.#readingPaused = true;
+      this.#sock.setInterest(false, this.#wantWritable);
+    }
+  }
+
+  #drainInboxToListeners(): void {
+    while (this.#inbox.length > 0 && this.#waiters.length === 0 && this.listenerCount('message') > 0) {
+      const entry = this.#inbox.shift()!;
+      if (entry.ok) this.emit('message', entry.value);
+      else if (this.listenerCount('messageerror') > 0) this.emit('messageerror', entry.error);
+      else process.emitWarning(`a received message was dropped: ${entry.error.message}`, { code: entry.error.code });
+    }
+    this.#maybeResumeReading();
+  }
+
+  #maybeResumeReading(): void {
+    if (this.#readingPaused && this.#inbox.length <= INBOX_RESUME && this.#state !== 'closed') {
+      this.#readingPaused = false;
+      this.#sock.setInterest(true, this.#wantWritable);
+    }
+  }
+
+  // Called by the native socket for every record, with the bytes in #recvBuf[0, length).
+  #onRecord = (status: number, length: number, fds: number[] | undefined, cred: [number, number, number] | undefined): void => {
+    if (this.#state === 'closed') {
+      closeFds(fds);
+      return;
+    }
+    if (status !== 0) {
+      this.#shutdown(
+        (status & 2) !== 0
+          ? new IpcError('ERR_FDS_TRUNCATED', `the ${this.#setup.peerName} sent a message with more fds than a link accepts; they were closed`)
+          : new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a record larger than ${MAX_FRAME_BYTES} bytes`),
+        'local',
+      );
+      return;
+    }
+    let h: FrameHeader;
+    try {
+      h = parseHeader(this.#recvView, length, fds?.length ?? 0, this.#header);
+    } catch (e) {
+      closeFds(fds);
+      this.#shutdown(e as IpcError, 'local');
+      return;
+    }
+    switch (h.type) {
+      case FrameType.Message: {
+        if (this.#state !== 'open') {
+          closeFds(fds);
+          this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a message before the link handshake`), 'local');
+          return;
+        }
+        const d = decodeMessage(h.flags, this.#recvBuf, HEADER_BYTES, length, fds, this);
+        if (d.ok) this.#deliver(d);
+        else if (d.fatal) this.#shutdown(d.error, 'local');
+        else this.#deliver(d);
+        return;
+      }
+      case FrameType.Hello:
+        this.#onHello(cred);
+        return;
+      case FrameType.Goodbye:
+        this.#shutdown(undefined, 'peer');
+        return;
+      case FrameType.Refuse: {
+        const text = this.#recvBuf.toString('utf8', HEADER_BYTES + 2, Math.min(length, HEADER_BYTES + 2 + 1024));
+        this.#shutdown(new IpcError('ERR_PEER_REFUSED', `the ${this.#setup.peerName} refused the link: ${text}`), 'peer');
+        return;
+      }
+    }
+  };
+
+  #onHello(cred: [number, number, number] | undefined): void {
+    if (this.#state !== 'handshaking') {
+      this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a second HELLO`), 'local');
+      return;
+    }
+    if (this.#setup.peerFrom === 'hello') {
+      if (!cred) {
+        this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName}'s HELLO carried no credentials`), 'local');
+        return;
+      }
+      this.#peer = { pid: cred[0], uid: cred[1], gid: cred[2] };
+      try {
+        addon.setPassCred(this.#sock.fd, false);
+      } catch {
+        // Credentials on later records are ignored anyway.
+      }
+      if (this.#setup.verifyPeer && !this.#allowed(this.#peer.uid)) {
+        this.#refuse();
+        return;
+      }
+    }
+    if (!this.#helloSent) this.#sendHello();
+    if ((this.#state as LinkState) === 'closed') return;
+    this.#state = 'open';
+    clearTimeout(this.#handshakeTimer);
+    const waiters = this.#openWaiters;
+    this.#openWaiters = [];
+    for (const w of waiters) w.resolve(undefined);
+  }
+
+  #onState = (what: 'writable' | 'eof' | 'error', errno: number | undefined): void => {
+    if (this.#state === 'closed') return;
+    if (what === 'writable') {
+      this.#wantWritable = false;
+      this.#flushOutbox();
+      return;
+    }
+    const detail = what === 'eof' ? '' : ` (socket error ${errno})`;
+    const pid = this.#peer ? ` (pid ${this.#peer.pid})` : '';
+    this.#shutdown(
+      new IpcError(
+        'ERR_PEER_GONE',
+        `the ${this.#setup.peerName}${pid} went away without closing the link${detail}: it exited, crashed or was killed`,
+      ),
+      'peer',
+    );
+  };
+
+  // ------------------------------------------------------------------------------------------
+  // Closing
+
+  /**
+   * Registers `hook` to run once when the link closes, before the 'close' event (transfer
+   * handlers use it to drop per-link state). Runs at once if the link is already closed.
+   * Returns a function that unregisters it.
+   */
+  onClose(hook: (link: Link, reason: IpcError | undefined) => void): () => void {
+    if (this.#state === 'closed') {
+      hook(this, this.#reason);
+      return () => {};
+    }
+    this.#closeHooks.add(hook);
+    return () => this.#closeHooks.delete(hook);
+  }
+
+  /** Keep the process alive while this link is open (the default). */
+  ref(): this {
+    if (this.#state !== 'closed') this.#sock.ref();
+    return this;
+  }
+  /** Let the process exit even though this link is open. */
+  unref(): this {
+    if (this.#state !== 'closed') this.#sock.unref();
+    return this;
+  }
+
+  /**
+   * Closes now: tells the peer (if the socket has room), drops frames still in the outbox and
+   * messages never received (releasing their fds and buffers). Idempotent.
+   */
+  close(): void {
+    if (this.#state !== 'closed') {
+      if (!this.#goodbyeSent && this.#outbox.length === 0 && this.#helloSent) {
+        this.#goodbyeSent = true;
+        const frame = new Uint8Array(HEADER_BYTES);
+        writeHeader(new DataView(frame.buffer), FrameType.Goodbye, 0, 0, 0);
+        try {
+          this.#sock.send(frame, HEADER_BYTES, null, null);
+        } catch {
+          // The peer is gone already.
+        }
+      }
+      this.#shutdown(undefined, 'local');
+    }
+    for (const entry of this.#inbox.drain()) if (entry.ok) disposeValues(entry.owned);
+  }
+
+  /** Sends everything still queued, says goodbye, then closes. */
+  async end(): Promise<void> {
+    if (this.#state !== 'closed') {
+      try {
+        await this.flush();
+        if ((this.#state as LinkState) !== 'closed' && !this.#goodbyeSent && this.#helloSent) {
+          this.#goodbyeSent = true;
+          this.#sendControl(FrameType.Goodbye);
+          await this.flush();
+        }
+      } catch {
+        // The link closed meanwhile; close() below releases what is left.
+      }
+    }
+    this.close();
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.end();
+  }
+
+  /** @internal */
+  [kOpened](): Promise<void> {
+    if (this.#state === 'open') return Promise.resolve();
+    if (this.#state === 'closed') return Promise.reject(this.#reason ?? this.#closedError('handshake'));
+    return new Promise<void>((resolve, reject) => this.#openWaiters.push({ resolve: () => resolve(), reject }));
+  }
+
+  #closedError(what: string): IpcError {
+    const r = this.#reason;
+    if (r) return new IpcError(r.code, r.message, { cause: r });
+    return this.#closedBy === 'peer'
+      ? new IpcError('ERR_LINK_CLOSED', `cannot ${what}: the ${this.#setup.peerName} closed the link`)
+      : new IpcError('ERR_LINK_CLOSED', `cannot ${what}: the link is closed; open a new one (spawn/connect) to talk again`);
+  }
+
+  #shutdown(reason: IpcError | undefined, by: 'local' | 'peer'): void {
+    if (this.#state === 'closed') return;
+    const wasOpen = this.#state === 'open';
+    this.#state = 'closed';
+    this.#reason = reason;
+    this.#closedBy = by;
+    clearTimeout(this.#handshakeTimer);
+    this.#sock.close();
+    this.#dropOutbox(this.#closedError('flush'));
+    const receiveError = this.#closedError('receive');
+    const waiters = this.#waiters;
+    this.#waiters = [];
+    for (const w of waiters) w.reject(receiveError);
+    const openWaiters = this.#openWaiters;
+    this.#openWaiters = [];
+    for (const w of openWaiters) w.reject(reason ?? this.#closedError('complete the handshake'));
+    if (by === 'local') for (const entry of this.#inbox.drain()) if (entry.ok) disposeValues(entry.owned);
+    for (const hook of this.#closeHooks) {
+      try {
+        hook(this, reason);
+      } catch (e) {
+        process.emitWarning(`a link close hook threw: ${String((e as Error)?.message ?? e)}`, { code: 'CUDA_IPC_CLOSE_HOOK' });
+      }
+    }
+    this.#closeHooks.clear();
+    if (!wasOpen && openWaiters.length > 0) return;  // the opener reports it; the user never saw this link
+    if (reason && this.listenerCount('error') > 0) this.emit('error', reason);
+    this.emit('close', reason);
+  }
+}
+
+function abortError(signal: AbortSignal): IpcError {
+  const r = signal.reason as { name?: string; message?: string } | undefined;
+  return new IpcError('ERR_TIMEOUT', `link.receive was aborted: ${r?.message ?? 'the signal fired'}`, { cause: signal.reason });
+}

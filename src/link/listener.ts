@@ -1,0 +1,281 @@
+// listen() and connect(): links between unrelated processes through a named Unix socket.
+import { EventEmitter } from 'node:events';
+import { chmodSync, statSync, unlinkSync } from 'node:fs';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { IpcError } from '../errors.js';
+import { addon } from '../native.js';
+import type { NativeAcceptor } from '../posix-types.js';
+import { Link, kCreate, kOpened } from './link.js';
+import { Queue } from './queue.js';
+import { ensurePrivateDirectory, socketPath } from './socket-path.js';
+
+export interface ListenOptions {
+  /** Other uids whose processes may connect (yours always may). The socket file is then 0666;
+   * the directory's permissions still apply, so pass `directory` as well. */
+  allowUids?: readonly number[];
+  /** Directory for the socket instead of the private per-user default (must exist). */
+  directory?: string;
+  backlog?: number;
+  /** A connection must finish its handshake in this time (default 10 s). */
+  handshakeTimeoutMs?: number;
+}
+
+export interface ConnectOptions {
+  /** Other uids the listening process may run as (yours always may). */
+  allowUids?: readonly number[];
+  directory?: string;
+  /** Give up after this long, handshake included (default 10 s). */
+  timeoutMs?: number;
+}
+
+function closeQuietly(fd: number): void {
+  try {
+    addon.close(fd);
+  } catch {
+    // Nothing left to release.
+  }
+}
+
+function codeOf(e: unknown): string | undefined {
+  return (e as { code?: string })?.code;
+}
+
+/** True when something accepts connections at `path` (a live listener, not a stale file). */
+function someoneListens(path: string): boolean {
+  const fd = addon.socket();
+  try {
+    addon.connect(fd, path);
+    return true;
+  } catch (e) {
+    return codeOf(e) === 'EAGAIN';  // backlog full: alive
+  } finally {
+    closeQuietly(fd);
+  }
+}
+
+export interface Listener {
+  on(event: 'connection', listener: (link: Link) => void): this;
+  on(event: 'refused', listener: (error: IpcError) => void): this;
+  on(event: 'error', listener: (error: Error) => void): this;
+  on(event: 'close', listener: () => void): this;
+  on(event: string | symbol, listener: (...args: any[]) => void): this;
+}
+
+/**
+ * A named socket accepting links. Each connection is handed over once its handshake succeeded:
+ * to a pending accept() first, else to 'connection' listeners, else it waits for accept() /
+ * `for await`. Connections from a refused uid, or that fail the handshake, are closed and
+ * reported as 'refused' (a connection that hangs up before its handshake is dropped silently).
+ */
+export class Listener extends EventEmitter implements Disposable, AsyncIterable<Link> {
+  readonly name: string;
+  readonly path: string;
+  #acceptor: NativeAcceptor | undefined;
+  readonly #ino: number;
+  readonly #options: ListenOptions;
+  readonly #handshaking = new Set<Link>();
+  readonly #ready = new Queue<Link>();
+  #waiters: Array<{ resolve(l: Link): void; reject(e: unknown): void }> = [];
+  #retryTimer: NodeJS.Timeout | undefined;
+
+  /** @internal Use listen(). */
+  constructor(token: typeof kCreate, name: string, path: string, fd: number, options: ListenOptions) {
+    super();
+    if (token !== kCreate) throw new IpcError('ERR_INVALID_ARG', 'use listen() to create a Listener');
+    this.name = name;
+    this.path = path;
+    this.#options = options;
+    this.#ino = statSync(path).ino;
+    this.#acceptor = new addon.Acceptor(fd, this.#onAccept);
+  }
+
+  get closed(): boolean {
+    return this.#acceptor === undefined;
+  }
+
+  #onAccept = (fdOrError: number): void => {
+    if (fdOrError < 0) {
+      // Out of fds or similar: report and retry shortly instead of spinning.
+      const err = new IpcError('ERR_UNSUPPORTED', `accept on ${this.path} failed (errno ${-fdOrError}); retrying in 100 ms`);
+      if (this.listenerCount('error') > 0) this.emit('error', err);
+      this.#retryTimer = setTimeout(() => this.#acceptor?.setInterest(true), 100).unref();
+      return;
+    }
+    let link: Link;
+    try {
+      link = new Link(kCreate, {
+        fd: fdOrError,
+        peerFrom: 'socket',
+        verifyPeer: true,
+        allowUids: this.#options.allowUids ?? [],
+        helloFirst: true,
+        handshakeTimeoutMs: this.#options.handshakeTimeoutMs ?? 10_000,
+        peerName: `process connected to '${this.name}'`,
+      });
+    } catch (e) {
+      this.#refused(e);
+      return;
+    }
+    this.#handshaking.add(link);
+    link[kOpened]().then(
+      () => {
+        this.#handshaking.delete(link);
+        if (this.closed) link.close();
+        else this.#hand(link);
+      },
+      (e: unknown) => {
+        this.#handshaking.delete(link);
+        // A peer that hangs up before its handshake (such as a liveness probe) is no news.
+        if (!(e instanceof IpcError && e.code === 'ERR_PEER_GONE') && !this.closed) this.#refused(e);
+      },
+    );
+  };
+
+  #refused(e: unknown): void {
+    const err = e instanceof IpcError ? e : new IpcError('ERR_PEER_REFUSED', String((e as Error)?.message ?? e), { cause: e });
+    if (this.listenerCount('refused') > 0) this.emit('refused', err);
+  }
+
+  #hand(link: Link): void {
+    const w = this.#waiters.shift();
+    if (w) w.resolve(link);
+    else if (this.#ready.length === 0 && this.listenerCount('connection') > 0) this.emit('connection', link);
+    else this.#ready.push(link);
+  }
+
+  /** The next connection. */
+  accept(): Promise<Link> {
+    const link = this.#ready.shift();
+    if (link) return Promise.resolve(link);
+    if (this.closed) return Promise.reject(new IpcError('ERR_LINK_CLOSED', `the listener '${this.name}' is closed`));
+    return new Promise<Link>((resolve, reject) => this.#waiters.push({ resolve, reject }));
+  }
+
+  /** Yields connections until the listener is closed. */
+  async *[Symbol.asyncIterator](): AsyncIterator<Link> {
+    for (;;) {
+      let link: Link;
+      try {
+        link = await this.accept();
+      } catch (e) {
+        if (e instanceof IpcError && e.code === 'ERR_LINK_CLOSED') return;
+        throw e;
+      }
+      yield link;
+    }
+  }
+
+  ref(): this {
+    this.#acceptor?.ref();
+    return this;
+  }
+  unref(): this {
+    this.#acceptor?.unref();
+    return this;
+  }
+
+  /** Stops listening and removes the socket file. Links already handed out stay open; links
+   * still in their handshake or never accepted are closed. */
+  close(): void {
+    const acceptor = this.#acceptor;
+    if (!acceptor) return;
+    this.#acceptor = undefined;
+    clearTimeout(this.#retryTimer);
+    acceptor.close();
+    try {
+      // Only our own socket file: a newer listener may have replaced it.
+      if (statSync(this.path).ino === this.#ino) unlinkSync(this.path);
+    } catch {
+      // Already removed.
+    }
+    for (const l of this.#handshaking) l.close();
+    this.#handshaking.clear();
+    for (const l of this.#ready.drain()) l.close();
+    const err = new IpcError('ERR_LINK_CLOSED', `the listener '${this.name}' is closed`);
+    for (const w of this.#waiters.splice(0)) w.reject(err);
+    this.emit('close');
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+}
+
+/**
+ * Listens for links on `name` (a socket file in a private per-user directory, or in
+ * `options.directory`). A stale socket file left by a dead listener is replaced; a live one
+ * makes this throw ERR_ADDRESS_IN_USE.
+ */
+export function listen(name: string, options: ListenOptions = {}): Listener {
+  const path = socketPath(name, options.directory);
+  if (options.directory === undefined) ensurePrivateDirectory(path.slice(0, path.lastIndexOf('/')));
+  const fd = addon.socket();
+  try {
+    try {
+      addon.bind(fd, path);
+    } catch (e) {
+      if (codeOf(e) !== 'EADDRINUSE') throw e;
+      if (someoneListens(path)) {
+        throw new IpcError('ERR_ADDRESS_IN_USE', `another process is already listening on '${name}' (${path}); pick another name or close that listener`);
+      }
+      try {
+        unlinkSync(path);
+      } catch (u) {
+        if (codeOf(u) !== 'ENOENT') throw u;
+      }
+      try {
+        addon.bind(fd, path);
+      } catch (e2) {
+        if (codeOf(e2) === 'EADDRINUSE') throw new IpcError('ERR_ADDRESS_IN_USE', `another process took '${name}' (${path}) at the same time`);
+        throw e2;
+      }
+    }
+    chmodSync(path, options.allowUids?.length ? 0o666 : 0o600);
+    addon.listen(fd, options.backlog ?? 128);
+    return new Listener(kCreate, name, path, fd, options);
+  } catch (e) {
+    closeQuietly(fd);
+    throw e;
+  }
+}
+
+/** Connects to the listener named `name`; resolves once the handshake succeeded. */
+export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {
+  const path = socketPath(name, options.directory);
+  const timeoutMs = options.timeoutMs ?? 10_000;
+  const deadline = Date.now() + timeoutMs;
+  let fd = -1;
+  for (;;) {
+    fd = addon.socket();
+    try {
+      addon.connect(fd, path);
+      break;
+    } catch (e) {
+      closeQuietly(fd);
+      const code = codeOf(e);
+      if (code === 'ENOENT') throw new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} does not exist; start the listening process first`, { cause: e });
+      if (code === 'ECONNREFUSED') {
+        throw new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} is a stale socket left by a process that is gone`, { cause: e });
+      }
+      if (code === 'EACCES' || code === 'EPERM') {
+        throw new IpcError('ERR_PEER_REFUSED', `permission denied connecting to '${name}' (${path}): it belongs to another user`, { cause: e });
+      }
+      if (code !== 'EAGAIN' || Date.now() >= deadline) {
+        if (code === 'EAGAIN') throw new IpcError('ERR_TIMEOUT', `the listener '${name}' stayed too busy to accept a connection for ${timeoutMs} ms`);
+        throw e;
+      }
+      await sleep(5);  // backlog full: the listener is alive but behind
+    }
+  }
+  const link = new Link(kCreate, {
+    fd,
+    peerFrom: 'socket',
+    verifyPeer: true,
+    allowUids: options.allowUids ?? [],
+    helloFirst: true,
+    handshakeTimeoutMs: Math.max(1, deadline - Date.now()),
+    peerName: `listener '${name}'`,
+  });
+  await link[kOpened]();
+  return link;
+}

@@ -1,0 +1,164 @@
+// spawn(): start a Node child running an ES module, connected to this process by a link over a
+// socketpair; parentLink(): the child's end of it.
+import { spawn as spawnProcess, type ChildProcess, type StdioOptions } from 'node:child_process';
+import { resolve as resolvePath } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { IpcError } from '../errors.js';
+import { addon } from '../native.js';
+import { Link, kCreate, kOpened } from './link.js';
+
+/** The environment variable telling a spawned child which fd is its link. */
+export const LINK_FD_ENV = 'CUDA_IPC_LINK_FD';
+
+export interface SpawnOptions {
+  /** Arguments for node itself; default: this process's execArgv without inspector, test-runner,
+   * watch and eval flags. */
+  execArgv?: readonly string[];
+  /** Environment of the child (default process.env); the link variable is added. */
+  env?: NodeJS.ProcessEnv;
+  cwd?: string;
+  /** stdin/stdout/stderr of the child, as for child_process.spawn (default 'inherit'). */
+  stdio?: 'inherit' | 'pipe' | 'ignore' | readonly ('inherit' | 'pipe' | 'ignore' | number | null | undefined)[];
+  /** Run the child as this user / group (needs privileges). A child with another uid is refused
+   * unless that uid is in allowUids. */
+  uid?: number;
+  gid?: number;
+  /** uids other than ours that the child may run as. */
+  allowUids?: readonly number[];
+  /** How long the child has to call parentLink() (default 30 s). */
+  handshakeTimeoutMs?: number;
+}
+
+export interface SpawnedChild {
+  child: ChildProcess;
+  link: Link;
+}
+
+const DROP_FLAGS = /^(--inspect|--debug|--test|--experimental-test|--watch|--eval|-e$|--print|-p$|-pe$|--input-type|--check|-c$|--interactive|-i$)/;
+const FLAGS_WITH_VALUE = new Set([
+  '--inspect-port', '--debug-port', '--test-reporter', '--test-reporter-destination', '--test-name-pattern',
+  '--test-skip-pattern', '--test-concurrency', '--test-timeout', '--test-shard', '--watch-path', '--eval', '-e',
+  '--print', '-p', '-pe', '--input-type',
+]);
+
+/** This process's node flags that make sense for a child. */
+function inheritableExecArgv(): string[] {
+  const out: string[] = [];
+  const argv = process.execArgv;
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    if (DROP_FLAGS.test(a)) {
+      if (FLAGS_WITH_VALUE.has(a)) i++;
+      continue;
+    }
+    out.push(a);
+  }
+  return out;
+}
+
+function modulePath(module: string | URL): string {
+  if (module instanceof URL) return fileURLToPath(module);
+  if (module.startsWith('file:')) return fileURLToPath(module);
+  return resolvePath(module);
+}
+
+/**
+ * Starts `node <module> ...args` with a link to this process, and resolves once the child has
+ * called parentLink(). If the child exits first, is refused (another uid), or does not connect in
+ * time, the child is killed and the promise rejects (ERR_PEER_GONE / ERR_PEER_REFUSED / ERR_TIMEOUT).
+ */
+export async function spawn(module: string | URL, args: readonly string[] = [], options: SpawnOptions = {}): Promise<SpawnedChild> {
+  const path = modulePath(module);
+  const [parentFd, childFd] = addon.socketpair();
+  let link: Link;
+  try {
+    // Created before the child exists, so that SO_PASSCRED is set before its HELLO is sent.
+    link = new Link(kCreate, {
+      fd: parentFd,
+      peerFrom: 'hello',
+      verifyPeer: true,
+      allowUids: options.allowUids ?? [],
+      helloFirst: false,
+      handshakeTimeoutMs: options.handshakeTimeoutMs ?? 30_000,
+      peerName: 'child process',
+    });
+  } catch (e) {
+    addon.close(childFd);
+    throw e;
+  }
+  const std = options.stdio ?? 'inherit';
+  const stdio: unknown[] = typeof std === 'string' ? [std, std, std] : [...std];
+  while (stdio.length < 3) stdio.push('inherit');
+  const childIndex = stdio.length;
+  stdio.push(childFd);
+  let child: ChildProcess;
+  try {
+    child = spawnProcess(process.execPath, [...(options.execArgv ?? inheritableExecArgv()), path, ...args], {
+      stdio: stdio as StdioOptions,
+      env: { ...(options.env ?? process.env), [LINK_FD_ENV]: String(childIndex) },
+      ...(options.cwd !== undefined ? { cwd: options.cwd } : {}),
+      ...(options.uid !== undefined ? { uid: options.uid } : {}),
+      ...(options.gid !== undefined ? { gid: options.gid } : {}),
+    });
+  } catch (e) {
+    link.close();
+    throw e;
+  } finally {
+    // The child has its copy now; ours must go, or the child's death would never read as EOF.
+    addon.close(childFd);
+  }
+  const spawnError = new Promise<never>((_, reject) => {
+    child.once('error', (e) => reject(new IpcError('ERR_PEER_GONE', `could not start the child process for ${path}: ${e.message}`, { cause: e })));
+  });
+  try {
+    await Promise.race([link[kOpened](), spawnError]);
+  } catch (e) {
+    link.close();
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+    if (e instanceof IpcError && e.code === 'ERR_PEER_GONE' && !e.message.startsWith('could not start')) {
+      throw new IpcError('ERR_PEER_GONE', `the child process (pid ${child.pid}) running ${path} exited or closed its link before calling parentLink()`, { cause: e });
+    }
+    throw e;
+  }
+  spawnError.catch(() => {});
+  return { child, link };
+}
+
+let parent: Link | undefined;
+
+/**
+ * The link to the process that started this one with spawn(). The same Link every call. The
+ * parent is trusted as such (it chose how to start us), so its uid is not checked.
+ */
+export function parentLink(): Link {
+  if (parent) return parent;
+  const value = process.env[LINK_FD_ENV];
+  if (value === undefined) {
+    throw new IpcError('ERR_NOT_SPAWNED', `parentLink(): this process was not started by cuda-ipc's spawn() (${LINK_FD_ENV} is not set); start it with spawn(moduleUrl)`);
+  }
+  const fd = Number(value);
+  let type = -1;
+  if (Number.isInteger(fd) && fd >= 0) {
+    try {
+      type = addon.socketType(fd);
+    } catch {
+      // Not a socket: reported below.
+    }
+  }
+  if (type !== addon.posixConstants.SOCK_SEQPACKET) {
+    throw new IpcError('ERR_NOT_SPAWNED', `parentLink(): ${LINK_FD_ENV}=${value} does not name a link socket in this process`);
+  }
+  // Keep it away from our own children and from anyone reading the environment later.
+  delete process.env[LINK_FD_ENV];
+  addon.setCloexec(fd, true);
+  addon.setNonblocking(fd, true);
+  parent = new Link(kCreate, {
+    fd,
+    peerFrom: 'socket',
+    verifyPeer: false,
+    allowUids: [],
+    helloFirst: true,
+    peerName: 'parent process',
+  });
+  return parent;
+}
