@@ -92,6 +92,12 @@ export class DeviceBuffer {
   /** How the memory came to be here: allocated, imported through a legacy handle, or a pool. */
   get kind(): MemoryKind { return this.#memory.owner.kind; }
 
+  /** True when the memory was mapped from another process (imported), not allocated here. */
+  get isMapped(): boolean {
+    const k = this.#memory.owner.kind;
+    return k === 'legacy-import' || k === 'pool-import';
+  }
+
   /** @internal The shared owner, for the IPC modules. */
   get memory(): SharedMemory {
     this.#assertOpen();

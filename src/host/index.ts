@@ -1,3 +1,2 @@
-// Public surface of host memory. Importing it registers the HostBuffer transfer handler.
+// Public surface of host memory.
 export { HostBuffer } from './host-buffer.js';
-import './host-transfer.js';

@@ -9,7 +9,7 @@ import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js'
 import { Stream, streamHandle } from '../cuda/stream.js';
 import { CudaError, IpcError } from '../errors.js';
 import { trackLeak, untrackLeak } from '../leak.js';
-import { dupFd } from '../host/fd.js';
+import { addon } from '../native.js';
 
 export interface IpcPoolOptions {
   /** Upper bound of the pool's reserved memory in bytes (0: the driver's default). */
@@ -156,7 +156,7 @@ export class IpcPool {
   /** A new fd for this pool, owned by the caller (links send it and close it). */
   exportFd(): number {
     this.handle; // throws once closed
-    return dupFd(this.#fd);
+    return addon.dup(this.#fd);
   }
 
   /** Maps a buffer a peer exported from this (imported) pool; repeated imports share one mapping. */

@@ -9,3 +9,8 @@ export {
   type TransferHandler,
   type TransferEncoding,
 } from './transfer.js';
+
+// Host buffers, device buffers, pools and events travel over every link once the link layer is
+// loaded: the handlers register here, so no receiving process can miss one.
+import './host-transfer.js';
+import './device-transfers.js';

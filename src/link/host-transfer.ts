@@ -2,8 +2,8 @@
 // lies in it; the receiver maps the same memory. Data: u64 file length, u64 offset, u64 length.
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
-import { registerTransferHandler, type TransferHandler } from '../link/transfer.js';
-import { HostBuffer, describeHostBuffer } from './host-buffer.js';
+import { registerTransferHandler, type TransferHandler } from './transfer.js';
+import { HostBuffer, describeHostBuffer } from '../host/host-buffer.js';
 
 const DATA_BYTES = 24;
 const { F_SEAL_SHRINK } = addon.posixConstants;

@@ -1,0 +1,83 @@
+// `cuda-ipc roundtrip`: hand a buffer from an IPC pool to a spawned child and back. The parent
+// fills 100, 101, ...; the child verifies and writes 0, -1, -2, ...; the parent verifies.
+// Where CUDA IPC is not available it says why and runs the same round trip on host shared memory.
+import { parseArgs } from 'node:util';
+import { probeDriver } from '../cuda/driver.js';
+import { Device } from '../cuda/device.js';
+import { Stream } from '../cuda/stream.js';
+import { IpcPool } from '../ipc/pool.js';
+import { HostBuffer } from '../host/index.js';
+import { spawn } from '../link/index.js';
+import { parseCount, parseOrdinal } from './files.js';
+import { devicePatternMemory, hostPatternMemory, type PatternMemory } from './roundtrip-memory.js';
+
+/** Why CUDA IPC memory pools cannot be used here, or undefined when they can. */
+function whyNoCudaIpc(ordinal: number): string | undefined {
+  if (process.platform !== 'linux') return `this is ${process.platform}, and CUDA IPC with POSIX file descriptors needs Linux`;
+  const probe = probeDriver();
+  if (!probe.ok) return probe.error.message;
+  let devices: readonly Device[];
+  try {
+    devices = Device.all();
+  } catch (e) {
+    return (e as Error).message;
+  }
+  if (devices.length === 0) return 'the CUDA driver sees no GPU';
+  const d = devices[ordinal];
+  if (!d) return `there is no device ${ordinal} (${devices.length} visible)`;
+  if (!d.capabilities.memoryPools) return `device ${ordinal} (${d.name}) has no memory pools`;
+  if (!d.capabilities.posixFdPoolHandles) return `device ${ordinal} (${d.name}) cannot share pools through POSIX file descriptors`;
+  return undefined;
+}
+
+interface ChildReport { ok: boolean; mismatches?: number; message?: string }
+
+async function exchange(transfer: unknown, elements: number, mine: PatternMemory, label: string): Promise<number> {
+  await mine.fill(100, 1);
+  console.log(`parent ${process.pid}: filled ${elements} int32 (${label}): ${mine.firstFive().join(', ')}, ...`);
+  const { child, link } = await spawn(new URL('./roundtrip-child.js', import.meta.url), [], { stdio: 'inherit' });
+  try {
+    link.send({ buffer: transfer, elements });
+    const report = (await link.receive()) as ChildReport;
+    if (!report.ok) {
+      console.error(`child reported: ${report.message}`);
+      return 1;
+    }
+    const bad = await mine.mismatches(0, -1);
+    console.log(`parent ${process.pid}: after the child: ${mine.firstFive().join(', ')}, ...`);
+    if (bad !== 0) {
+      console.error(`IPC round-trip: FAILED (${bad} of ${elements} elements are not 0, -1, -2, ...)`);
+      return 1;
+    }
+    return 0;
+  } finally {
+    link.close();
+    await new Promise((resolve) => (child.exitCode !== null ? resolve(null) : child.once('exit', resolve)));
+  }
+}
+
+export async function roundtrip(argv: string[]): Promise<number> {
+  const { values } = parseArgs({ args: argv, options: { elements: { type: 'string' }, device: { type: 'string' } } });
+  const elements = parseCount(values.elements, 1024, '--elements');
+  const ordinal = parseOrdinal(values.device, '--device');
+  const bytes = elements * 4;
+
+  const why = whyNoCudaIpc(ordinal);
+  if (why !== undefined) {
+    console.log(`CUDA IPC is not available here: ${why}`);
+    console.log('Running the same round trip on host shared memory (memfd) instead.');
+    using host = HostBuffer.allocate(bytes);
+    const code = await exchange(host, elements, hostPatternMemory(host), 'host shared memory');
+    if (code === 0) console.log('IPC round-trip: OK (host shared memory; no GPU memory was shared)');
+    return code;
+  }
+
+  const device = Device.get(ordinal);
+  console.log(`device ${device.ordinal}: ${device.name}, compute capability ${device.computeCapability.major}.${device.computeCapability.minor}`);
+  using pool = device.createIpcPool();
+  using stream = Stream.create(device);
+  using buffer = pool.allocate(bytes, { stream });
+  const code = await exchange(buffer, elements, devicePatternMemory(buffer, stream), `IPC pool on device ${device.ordinal}`);
+  if (code === 0) console.log('IPC round-trip: OK');
+  return code;
+}
