@@ -1,0 +1,25 @@
+// `cuda-ipc roundtrip` on a machine without a GPU: the host-memory round trip, and it says so.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { hasGpu } from '../helpers/gpu.js';
+
+const cli = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
+
+test('roundtrip without a GPU runs on host shared memory, says why, and exits 0', { skip: hasGpu ? 'a GPU is present: the GPU suite covers roundtrip' : undefined }, () => {
+  for (const elements of ['1', '65536']) {
+    const r = spawnSync(process.execPath, [cli, 'roundtrip', '--elements', elements], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /CUDA IPC is not available here: .*libcuda/);
+    assert.match(r.stdout, /host shared memory/);
+    assert.match(r.stdout, /child \d+: verified, wrote 0(, -1)?/);
+    assert.match(r.stdout, /IPC round-trip: OK \(host shared memory; no GPU memory was shared\)/);
+  }
+});
+
+test('roundtrip rejects a bad element count with a clear message', () => {
+  const r = spawnSync(process.execPath, [cli, 'roundtrip', '--elements', 'many'], { encoding: 'utf8' });
+  assert.equal(r.status, 1);
+  assert.match(r.stderr, /--elements must be a positive integer, got 'many'/);
+});
