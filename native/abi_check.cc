@@ -82,9 +82,6 @@ CHECK_EQ(CU_MEM_ACCESS_FLAGS_PROT_READ)
 CHECK_EQ(CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
 CHECK_EQ(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
 CHECK_EQ(CU_GET_PROC_ADDRESS_DEFAULT)
-static_assert(cuabi::kLaunchParamEnd == CU_LAUNCH_PARAM_END_AS_INT, "CU_LAUNCH_PARAM_END");
-static_assert(cuabi::kLaunchParamBufferPointer == CU_LAUNCH_PARAM_BUFFER_POINTER_AS_INT, "CU_LAUNCH_PARAM_BUFFER_POINTER");
-static_assert(cuabi::kLaunchParamBufferSize == CU_LAUNCH_PARAM_BUFFER_SIZE_AS_INT, "CU_LAUNCH_PARAM_BUFFER_SIZE");
 static_assert(cuabi::kIpcHandleSize == CU_IPC_HANDLE_SIZE, "IPC handle size");
 
 #define CHECK_LAYOUT(ours, theirs)                                                      \

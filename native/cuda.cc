@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "common.h"
 #include "cuda_abi.h"
@@ -752,7 +753,10 @@ Napi::Value ModuleGetFunction(const Napi::CallbackInfo& info) {
   return HandleValue(info.Env(), f);
 }
 
-// launchKernel(fn, grid[3], block[3], sharedMemBytes, stream, packedArgs)
+// launchKernel(fn, grid[3], block[3], sharedMemBytes, stream, packedArgs, offsets)
+// Each parameter is passed by pointer into the packed buffer (kernelParams), so the driver copies
+// exactly the size it declares; a whole-buffer `extra` launch would have to match the function's
+// parameter size to the byte.
 Napi::Value LaunchKernel(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   CUfunction f = ArgHandle<CUfunction>(info, 0, "function");
@@ -761,12 +765,16 @@ Napi::Value LaunchKernel(const Napi::CallbackInfo& info) {
   unsigned shared = ArgU32(info, 7, "sharedMemBytes");
   CUstream stream = ArgHandle<CUstream>(info, 8, "stream");
   Bytes args = ArgBytes(info, 9, "packedArgs");
-  size_t size = args.length;
-  void* extra[] = {reinterpret_cast<void*>(kLaunchParamBufferPointer), args.data,
-                   reinterpret_cast<void*>(kLaunchParamBufferSize), &size,
-                   reinterpret_cast<void*>(kLaunchParamEnd)};
-  CU_CALL(env, cuLaunchKernel, f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], shared, stream, nullptr,
-          size ? extra : nullptr);
+  if (info.Length() <= 10 || !info[10].IsTypedArray() || info[10].As<Napi::TypedArray>().TypedArrayType() != napi_uint32_array)
+    ThrowType(env, "offsets must be a Uint32Array");
+  auto offsets = info[10].As<Napi::Uint32Array>();
+  std::vector<void*> params(offsets.ElementLength());
+  for (size_t i = 0; i < params.size(); i++) {
+    if (offsets[i] >= args.length) ThrowType(env, "argument offset " + std::to_string(offsets[i]) + " is outside the packed arguments");
+    params[i] = args.data + offsets[i];
+  }
+  CU_CALL(env, cuLaunchKernel, f, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], shared, stream,
+          params.empty() ? nullptr : params.data(), nullptr);
   return env.Undefined();
 }
 

@@ -116,11 +116,6 @@ enum : unsigned {
   CU_GET_PROC_ADDRESS_DEFAULT = 0,
 };
 
-// cuLaunchKernel `extra` keys: pointer-sized sentinels, given here as their integer values.
-constexpr uintptr_t kLaunchParamEnd = 0x00;
-constexpr uintptr_t kLaunchParamBufferPointer = 0x01;
-constexpr uintptr_t kLaunchParamBufferSize = 0x02;
-
 // Entry points: X(name, return, parameter list). The names are the unversioned ones given to
 // cuGetProcAddress; the signature is that of the version selected by kCudaAbiVersion.
 #define CUABI_FUNCTIONS(X)                                                                          \

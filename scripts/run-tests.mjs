@@ -15,7 +15,10 @@ function walk(dir) {
     else if (name.endsWith('.test.js')) files.push(p);
   }
 }
-for (const r of roots.length ? roots : ['dist/test']) walk(r);
+for (const r of roots.length ? roots : ['dist/test']) {
+  if (statSync(r).isDirectory()) walk(r);
+  else files.push(r);
+}
 if (files.length === 0) {
   console.error('run-tests: no test files found; did the build (tsc) run?');
   process.exit(1);

@@ -132,9 +132,12 @@ export class DeviceBuffer {
     return this.#pointer + BigInt(offset);
   }
 
-  /** Copies host bytes into the buffer at `offset` (blocking). */
+  /** Copies host bytes into the buffer at `offset`; returns once they are in device memory. */
   write(source: HostView, offset = 0): void {
     driver.memcpyHtoD(this.#range(offset, byteLengthOf(source), 'a write'), source);
+    // cuMemcpyHtoD from pageable memory returns once the bytes are staged, before the DMA lands:
+    // another process reading right after would see old data (seen on the GPU machine).
+    driver.streamSynchronize(0n);
   }
 
   /** Copies from the buffer at `offset` into `destination` (blocking); with no argument, returns a copy of all bytes. */
@@ -162,14 +165,17 @@ export class DeviceBuffer {
     return whenStreamDone(s, destination);
   }
 
-  /** Sets every byte to `value` (0..255). With a stream, queues it there instead of blocking. */
+  /** Sets every byte to `value` (0..255) and returns once done; with a stream, only queues it there. */
   fill(value: number, options: { stream?: Stream } = {}): void {
     if (!Number.isInteger(value) || value < 0 || value > 255) {
       throw new IpcError('ERR_INVALID_ARG', `fill value must be a byte (0..255), got ${value}; use fillUint32 for 32-bit words`);
     }
     const ptr = this.#range(0, this.byteLength, 'a fill');
     if (options.stream) driver.memsetD8Async(ptr, value, this.byteLength, options.stream.handle);
-    else driver.memsetD8(ptr, value, this.byteLength);
+    else {
+      driver.memsetD8(ptr, value, this.byteLength);
+      driver.streamSynchronize(0n); // cuMemset* returns before the memory is set
+    }
   }
 
   /** Sets every 32-bit word to `value`; the length and address must be multiples of 4. */
@@ -182,10 +188,13 @@ export class DeviceBuffer {
     }
     const ptr = this.#range(0, this.byteLength, 'a fill');
     if (options.stream) driver.memsetD32Async(ptr, value, this.byteLength / 4, options.stream.handle);
-    else driver.memsetD32(ptr, value, this.byteLength / 4);
+    else {
+      driver.memsetD32(ptr, value, this.byteLength / 4);
+      driver.streamSynchronize(0n);
+    }
   }
 
-  /** Device-to-device copy from `source` into this buffer. With a stream, queued there; else blocking. */
+  /** Device-to-device copy from `source` into this buffer; returns once done, or with a stream only queues it. */
   copyFrom(source: DeviceBuffer, options: { sourceOffset?: number; offset?: number; byteLength?: number; stream?: Stream } = {}): void {
     const srcOffset = options.sourceOffset ?? 0;
     const length = options.byteLength ?? Math.min(source.byteLength - srcOffset, this.byteLength - (options.offset ?? 0));
@@ -193,7 +202,10 @@ export class DeviceBuffer {
     const src = source.#range(srcOffset, length, 'a copy source');
     const dst = this.#range(options.offset ?? 0, length, 'a copy destination');
     if (options.stream) driver.memcpyDtoDAsync(dst, src, length, options.stream.handle);
-    else driver.memcpyDtoD(dst, src, length);
+    else {
+      driver.memcpyDtoD(dst, src, length);
+      driver.streamSynchronize(0n); // device-to-device copies are asynchronous to the host
+    }
   }
 
   /** A buffer over `length` bytes at `offset` of this one; it keeps this buffer's memory alive. */

@@ -34,6 +34,8 @@ export class Device {
   readonly ordinal: number;
   readonly name: string;
   readonly uuid: string;
+  /** The UUID's 16 raw bytes (CUuuid), as wire formats carry it. */
+  readonly uuidBytes: Uint8Array;
   readonly computeCapability: ComputeCapability;
   readonly totalMemory: number;
   readonly pciBusId: string;
@@ -46,7 +48,8 @@ export class Device {
     const attr = (a: number) => driver.deviceGetAttribute(a, d);
     this.ordinal = ordinal;
     this.name = driver.deviceGetName(d);
-    this.uuid = formatUuid(driver.deviceGetUuid(d));
+    this.uuidBytes = driver.deviceGetUuid(d);
+    this.uuid = formatUuid(this.uuidBytes);
     this.computeCapability = { major: attr(Attr.COMPUTE_CAPABILITY_MAJOR), minor: attr(Attr.COMPUTE_CAPABILITY_MINOR) };
     this.totalMemory = driver.deviceTotalMem(d);
     this.pciBusId = driver.deviceGetPCIBusId(d);

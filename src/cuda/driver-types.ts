@@ -88,5 +88,5 @@ export interface CudaAddon {
   nvrtcCompile(source: string, name: string, options: string[]): { ok: boolean; ptx?: string; log: string; error?: string };
 
   launchKernel(fn: bigint, gx: number, gy: number, gz: number, bx: number, by: number, bz: number,
-    sharedMemBytes: number, stream: bigint, packedArgs: Bytes): void;
+    sharedMemBytes: number, stream: bigint, packedArgs: Bytes, offsets: Uint32Array): void;
 }

@@ -188,8 +188,8 @@ export function kernelArgLayout(types: readonly KernelArgType[]): KernelArgLayou
 }
 
 /**
- * Packs arguments into the byte buffer for cuLaunchKernel's `extra`
- * (CU_LAUNCH_PARAM_BUFFER_POINTER / CU_LAUNCH_PARAM_BUFFER_SIZE). Throws ERR_INVALID_ARG,
+ * Packs arguments into one byte buffer in the CUDA ABI layout; a launch passes a pointer to each
+ * argument inside it (the offsets of kernelArgLayout). Throws ERR_INVALID_ARG,
  * naming the argument's index, type and value, for any value that its type cannot hold exactly
  * (floats excepted: they round, and NaN and infinities are legal).
  */

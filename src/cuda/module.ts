@@ -7,7 +7,7 @@ import { Device } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
 import { trackLeak, untrackLeak } from '../leak.js';
-import { packKernelArgs, checkKernelArgs, type KernelArg, type KernelParam } from './kernel-args.js';
+import { packKernelArgs, kernelArgLayout, checkKernelArgs, type KernelArg, type KernelParam } from './kernel-args.js';
 
 export type Dim3 = number | readonly [number, number?, number?];
 
@@ -46,9 +46,10 @@ export class Kernel {
     const shared = config.sharedMemBytes ?? 0;
     if (!Number.isInteger(shared) || shared < 0) throw new IpcError('ERR_INVALID_ARG', `sharedMemBytes must be a non-negative integer, got ${shared}`);
     const packed = packKernelArgs(args);
+    const offsets = Uint32Array.from(kernelArgLayout(args.map((a) => a.type)).offsets);
     this.module.device.activate();
     this.module.handle; // throws if the module was unloaded
-    driver.launchKernel(this.handle, gx, gy, gz, bx, by, bz, shared, streamHandle(config.stream), packed);
+    driver.launchKernel(this.handle, gx, gy, gz, bx, by, bz, shared, streamHandle(config.stream), packed, offsets);
   }
 }
 

@@ -3,7 +3,7 @@
 // ordinals change with CUDA_VISIBLE_DEVICES.
 
 import { describe, fail, type Field } from './checks.js';
-import { bytesToHex, hexToBytes } from './hex.js';
+import { hexToBytes } from './hex.js';
 
 export const DEVICE_UUID_BYTES = 16;
 
@@ -25,7 +25,4 @@ export function deviceUuidToBytes(uuid: string, field: Field): Uint8Array {
 }
 
 /** The text form of 16 raw UUID bytes. */
-export function deviceUuidFromBytes(bytes: Uint8Array): string {
-  const hex = bytesToHex(bytes);
-  return `GPU-${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20, 32)}`;
-}
+export { formatUuid as deviceUuidFromBytes } from '../cuda/device.js';

@@ -141,7 +141,7 @@ export function openIpcHandle(input: LegacyHandleDescriptor | string | Uint8Arra
   try {
     [base, inProcess] = driver.legacyImportAcquire(desc.handle);
   } catch (e) {
-    if (e instanceof CudaError && e.code === 'CUDA_ERROR_INVALID_VALUE') {
+    if (e instanceof CudaError && (e.code === 'CUDA_ERROR_INVALID_VALUE' || e.code === 'CUDA_ERROR_INVALID_HANDLE')) {
       const why = desc.pid === process.pid ? 'this process exported it but has since freed the memory'
         : !isAlive(desc.pid) ? `the exporting process ${desc.pid} has exited, and its memory with it`
         : `the exporting process ${desc.pid} is alive, but the handle is not valid: the memory was freed, or the bytes are not a CUDA IPC handle`;

@@ -2,7 +2,7 @@
 // only a process given it can map the pool's memory. After that, each buffer travels as 64 bytes
 // of export data, and importing it costs well under a microsecond.
 import { randomBytes } from 'node:crypto';
-import { closeSync } from 'node:fs';
+import { closeSync, fstatSync } from 'node:fs';
 import { driver, Flags, HandleType } from '../cuda/driver.js';
 import { Device } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
@@ -25,6 +25,25 @@ declare module '../cuda/device.js' {
   }
 }
 
+// Exported pool handles are fds of the NVIDIA control device (/dev/nvidiactl, character device
+// major 195, as seen on driver 580). Anything else is refused before it reaches the driver, which
+// answers CUDA_ERROR_UNKNOWN for, say, /dev/null.
+const NVIDIA_CHAR_MAJOR = 195;
+
+function assertPoolFd(fd: number): void {
+  let st;
+  try {
+    st = fstatSync(fd);
+  } catch (e) {
+    throw new IpcError('ERR_INVALID_ARG', `fd ${fd} is not an open file descriptor`, { cause: e });
+  }
+  const major = Math.floor(st.rdev / 256) & 0xfff;
+  if (!st.isCharacterDevice() || major !== NVIDIA_CHAR_MAJOR) {
+    const what = st.isFile() ? 'a regular file' : st.isCharacterDevice() ? `character device ${major}:${st.rdev & 0xff}` : st.isSocket() ? 'a socket' : st.isFIFO() ? 'a pipe' : 'not a device';
+    throw new IpcError('ERR_INVALID_ARG', `fd ${fd} is not a CUDA memory pool handle (it is ${what}); pass the fd a pool's owner exported`);
+  }
+}
+
 const byExport = (data: Uint8Array) => Buffer.from(data.buffer, data.byteOffset, data.byteLength).toString('latin1');
 
 /** Memory that a pool buffer lives in: an allocation here, or a pointer imported from a peer. */
@@ -39,6 +58,8 @@ export class IpcPool {
   readonly device: Device;
   /** Random id naming this pool across processes (the same on both sides of an import). */
   readonly id: string;
+  /** The id as 16 bytes, as links send it. */
+  readonly idBytes: Uint8Array;
   /** True for a pool imported from another process: it maps memory, it cannot allocate. */
   readonly imported: boolean;
   readonly maxSize: number;
@@ -57,6 +78,7 @@ export class IpcPool {
     this.#handle = handle;
     this.#fd = fd;
     this.id = id;
+    this.idBytes = Uint8Array.from(Buffer.from(id, 'hex'));
     this.imported = imported;
     this.maxSize = maxSize;
     trackLeak(this, `${imported ? 'imported ' : ''}IpcPool`, () => {
@@ -96,14 +118,20 @@ export class IpcPool {
 
   /** Imports a pool from the fd a peer sent; takes ownership of the fd (closed with the pool). */
   static importFromFd(fd: number, device: Device, id: string, maxSize: number): IpcPool {
+    try {
+      assertPoolFd(fd);
+    } catch (e) {
+      closeSync(fd);
+      throw e;
+    }
     device.activate();
     let handle: bigint;
     try {
       handle = driver.memPoolImportFromFd(fd);
     } catch (e) {
       closeSync(fd);
-      if (e instanceof CudaError && e.code === 'CUDA_ERROR_INVALID_VALUE') {
-        throw new IpcError('ERR_HANDLE_STALE', `fd ${fd} is not a CUDA memory pool handle, or its pool was destroyed`, { cause: e });
+      if (e instanceof CudaError) {
+        throw new IpcError('ERR_HANDLE_STALE', `the driver refused fd ${fd} as a memory pool handle (${e.code}): its pool was destroyed, or it belongs to another driver instance`, { cause: e });
       }
       throw e;
     }

@@ -12,7 +12,7 @@ import { IpcPool, exportPoolBuffer } from '../ipc/pool.js';
 import { openIpcEvent } from '../ipc/event.js';
 import { openIpcHandle } from '../ipc/legacy.js';
 import { encodeDescriptor, decodeDescriptor } from '../ipc/descriptor.js';
-import { deviceUuidFromBytes, deviceUuidToBytes } from '../ipc/device-uuid.js';
+import { deviceUuidFromBytes } from '../ipc/device-uuid.js';
 import { IpcError } from '../errors.js';
 import { registerTransferHandler } from './transfer.js';
 import type { Link } from './link.js';
@@ -36,8 +36,8 @@ const poolsSent = new WeakMap<Link, Set<string>>();
 const poolsReceived = new WeakMap<Link, Map<string, IpcPool>>();
 
 function writePoolRef(view: DataView, bytes: Uint8Array, pool: IpcPool, link: Link): number[] {
-  bytes.set(Buffer.from(pool.id, 'hex'), 0);
-  bytes.set(deviceUuidToBytes(pool.device.uuid, { code: 'ERR_INVALID_ARG', path: 'device' }), 16);
+  bytes.set(pool.idBytes, 0);
+  bytes.set(pool.device.uuidBytes, 16);
   view.setBigUint64(32, BigInt(pool.maxSize), true);
   let sent = poolsSent.get(link);
   if (!sent) poolsSent.set(link, (sent = new Set()));
