@@ -3,7 +3,7 @@
 interface Tracked { what: string; site: { stack?: string }; release: () => void }
 
 const registry = new FinalizationRegistry<Tracked>((t) => {
-  const where = (t.site.stack ?? '').split('\n').slice(2, 6).join('\n');
+  const where = (t.site.stack ?? '').split('\n').slice(1).join('\n');
   process.emitWarning(`a ${t.what} was garbage-collected without close(); it was created at:\n${where}`,
     { code: 'CUDA_IPC_LEAK' });
   try {
@@ -19,7 +19,11 @@ const registry = new FinalizationRegistry<Tracked>((t) => {
  */
 export function trackLeak(owner: object, what: string, release: () => void): void {
   const site: { stack?: string } = {};
+  // A few frames name the caller; a full stack walk costs microseconds on every allocation.
+  const limit = Error.stackTraceLimit;
+  Error.stackTraceLimit = 6;
   Error.captureStackTrace(site, trackLeak);
+  Error.stackTraceLimit = limit;
   registry.register(owner, { what, site, release }, owner);
 }
 

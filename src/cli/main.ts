@@ -10,6 +10,8 @@ commands:
   produce --out FILE [options]          allocate, fill a pattern, write a descriptor, wait
   consume FILE [options]                open a descriptor, verify, double in place, signal
   roundtrip [--elements N] [--device D] hand a buffer to a child process and back
+  demo events [--ms T]                  a child waits on the parent's kernel through an IPC event
+  demo transform [--elements N]         a child doubles shared values with a kernel
   help                                  this text`;
 
 type Command = (argv: string[]) => Promise<number> | number;
@@ -29,6 +31,9 @@ const commands: Record<string, Command> = {
   },
   async roundtrip(argv) {
     return (await import('./roundtrip.js')).roundtrip(argv);
+  },
+  async demo(argv) {
+    return (await import('./demo.js')).demo(argv);
   },
   help() {
     console.log(USAGE);

@@ -1,0 +1,91 @@
+// `cuda-ipc demo events|transform`: the examples of the CUDA IPC tutorial this project grew from.
+//  events:    the parent launches a slow kernel and records an IPC event; the child waits on the
+//             imported event and reports how long it waited.
+//  transform: the parent writes 100 + i with a kernel; a child doubles the values in place with a
+//             kernel on the shared memory; the parent verifies 200 + 2i.
+import { parseArgs } from 'node:util';
+import { Device } from '../cuda/device.js';
+import { Stream } from '../cuda/stream.js';
+import { Event } from '../cuda/event.js';
+import { BuiltinKernels } from '../cuda/builtins.js';
+import { spawn } from '../link/index.js';
+import { parseCount, parseOrdinal } from './files.js';
+
+const FORK_NOTE = 'The original example used fork(); CUDA does not survive fork() once initialised, so the child is spawned and gets the memory over a link.';
+
+async function withChild<T>(mode: string, fn: (link: import('../link/index.js').Link) => Promise<T>): Promise<T> {
+  const { child, link } = await spawn(new URL('./demo-child.js', import.meta.url), [mode], { stdio: 'inherit' });
+  try {
+    return await fn(link);
+  } finally {
+    await link.end();
+    await new Promise((r) => (child.exitCode !== null ? r(null) : child.once('exit', r)));
+  }
+}
+
+async function events(device: Device, ms: number): Promise<number> {
+  console.log(FORK_NOTE);
+  using stream = Stream.create(device);
+  using event = Event.create(device, { interprocess: true });
+  const kernels = BuiltinKernels.for(device);
+  const t0 = performance.now();
+  kernels.spin(BigInt(ms) * 1_000_000n, stream);
+  event.record(stream);
+  console.log(`parent ${process.pid}: launched a ${ms} ms kernel and recorded an interprocess event after it`);
+  const report = await withChild('events', async (link) => {
+    link.send({ event });
+    return (await link.receive()) as { waitedMs: number; pendingAtStart: boolean };
+  });
+  await stream.synchronize();
+  const total = performance.now() - t0;
+  console.log(`parent ${process.pid}: kernel done after ${total.toFixed(0)} ms; the child waited ${report.waitedMs.toFixed(0)} ms (event pending when it started: ${report.pendingAtStart})`);
+  if (!report.pendingAtStart || report.waitedMs < ms / 4) {
+    console.error('demo events: the child did not wait for the kernel');
+    return 1;
+  }
+  console.log('demo events: OK');
+  return 0;
+}
+
+async function transform(device: Device, elements: number): Promise<number> {
+  console.log(FORK_NOTE);
+  using pool = device.createIpcPool();
+  using stream = Stream.create(device);
+  using buffer = pool.allocate(elements * 4, { stream });
+  const kernels = BuiltinKernels.for(device);
+  kernels.fillPattern(buffer, 'f32', 100, 1, stream);
+  await stream.synchronize();
+  const head = () => { const a = new Float32Array(Math.min(5, elements)); buffer.read(a); return Array.from(a).join(', '); };
+  console.log(`parent ${process.pid}: initialised ${elements} float32 with a kernel: ${head()}, ...`);
+  const report = await withChild('transform', async (link) => {
+    link.send({ buffer });
+    return (await link.receive()) as { ok: boolean; message?: string };
+  });
+  if (!report.ok) {
+    console.error(`demo transform: the child failed: ${report.message}`);
+    return 1;
+  }
+  const check = await kernels.verifyPattern(buffer, 'f32', 200, 2, stream);
+  console.log(`parent ${process.pid}: after the child: ${head()}, ...`);
+  if (check.mismatches !== 0n) {
+    console.error(`demo transform: ${check.mismatches} elements are not 200 + 2i (first at ${check.firstMismatch})`);
+    return 1;
+  }
+  console.log('demo transform: OK (every element is 200 + 2i)');
+  return 0;
+}
+
+export async function demo(argv: string[]): Promise<number> {
+  const { values, positionals } = parseArgs({
+    args: argv, allowPositionals: true,
+    options: { device: { type: 'string' }, elements: { type: 'string' }, ms: { type: 'string' } },
+  });
+  const device = Device.get(parseOrdinal(values.device, '--device'));
+  switch (positionals[0]) {
+    case 'events': return events(device, parseCount(values.ms, 500, '--ms'));
+    case 'transform': return transform(device, parseCount(values.elements, 1 << 20, '--elements'));
+    default:
+      console.error(`cuda-ipc demo: choose 'events' or 'transform' (got ${positionals[0] ?? 'nothing'})`);
+      return 2;
+  }
+}

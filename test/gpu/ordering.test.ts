@@ -1,0 +1,99 @@
+// Ordering GPU work across processes: interprocess events, stream memory operations, and the
+// two demos.
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { noGpu } from '../helpers/gpu.js';
+import { Device } from '../../src/cuda/device.js';
+import { Stream } from '../../src/cuda/stream.js';
+import { Event } from '../../src/cuda/event.js';
+import { BuiltinKernels } from '../../src/cuda/builtins.js';
+import { spawn, type Link } from '../../src/link/index.js';
+
+const fixture = new URL('../fixtures/order-child.js', import.meta.url);
+const cli = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
+
+async function withChild<T>(fn: (link: Link) => Promise<T>): Promise<T> {
+  const { child, link } = await spawn(fixture, [], { stdio: 'inherit' });
+  try {
+    return await fn(link);
+  } finally {
+    link.send({ op: 'exit' });
+    await new Promise((r) => (child.exitCode !== null ? r(null) : child.once('exit', r)));
+  }
+}
+
+describe('ordering across processes', { skip: noGpu }, () => {
+  const n = 1 << 22;
+
+  // The producer's stream: a slow kernel, then the kernel that writes the pattern, then the event.
+  function produce(seed: number) {
+    const device = Device.get(0);
+    const pool = device.createIpcPool();
+    const stream = Stream.create(device);
+    const buffer = pool.allocate(n * 4);
+    buffer.fill(0);
+    const event = Event.create(device, { interprocess: true });
+    const k = BuiltinKernels.for(device);
+    k.spin(300_000_000n, stream);
+    k.fillPattern(buffer, 'u32', seed, 1, stream);
+    event.record(stream);
+    return { pool, stream, buffer, event, done: async () => { await stream.synchronize(); buffer.close(); event.close(); stream.close(); pool.close(); } };
+  }
+
+  test('the consumer waits on the producer\'s IPC event and its kernel sees every element', async () => {
+    const p = produce(1000);
+    const r = await withChild(async (link) => { link.send({ op: 'verify', buffer: p.buffer, event: p.event, wait: true, a: 1000, b: 1 }); return link.receive() as any; });
+    await p.done();
+    assert.equal(r.pendingAtStart, true, 'the event was still pending when the consumer queued its wait');
+    assert.equal(r.mismatches, 0);
+  });
+
+  test('without the wait, the consumer races: it sees stale data or finds the event pending', async () => {
+    const p = produce(2000);
+    const r = await withChild(async (link) => { link.send({ op: 'verify', buffer: p.buffer, event: p.event, wait: false, a: 2000, b: 1 }); return link.receive() as any; });
+    await p.done();
+    assert.ok(r.mismatches > 0 || r.pendingAtStart, `no race observed: ${JSON.stringify(r)}`);
+    // What a user relies on: without the wait, the data is not guaranteed to be there.
+    assert.ok(r.mismatches > 0, `the consumer's kernel ran after the producer's by chance (${JSON.stringify(r)})`);
+  });
+
+  test('waitValue/writeValue ping-pong between two processes for 10,000 rounds', async () => {
+    const device = Device.get(0);
+    using pool = device.createIpcPool();
+    using flags = pool.allocate(16);
+    flags.fill(0);
+    using stream = Stream.create(device);
+    const rounds = 10_000;
+    const r = await withChild(async (link) => {
+      link.send({ op: 'pingpong', flags, rounds });
+      for (let i = 1; i <= rounds; i++) {
+        stream.writeValue32(flags, 0, i);
+        stream.waitValue32(flags, 8, i, 'geq');
+      }
+      await stream.synchronize();
+      return link.receive() as any;
+    });
+    assert.equal(r.pong, rounds);
+    const both = new Uint32Array(3);
+    flags.read(both);
+    assert.deepEqual(Array.from(both), [rounds, 0, rounds]);
+  });
+
+  test('cuda-ipc demo events', () => {
+    const r = spawnSync(process.execPath, [cli, 'demo', 'events', '--ms', '400'], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /fork\(\)/);
+    assert.match(r.stdout, /child \d+: waited \d+ ms/);
+    assert.match(r.stdout, /demo events: OK/);
+  });
+
+  test('cuda-ipc demo transform', () => {
+    const r = spawnSync(process.execPath, [cli, 'demo', 'transform', '--elements', '1000000'], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, /initialised 1000000 float32 with a kernel: 100, 101, 102, 103, 104/);
+    assert.match(r.stdout, /after the child: 200, 202, 204, 206, 208/);
+    assert.match(r.stdout, /demo transform: OK/);
+  });
+});
