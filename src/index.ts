@@ -19,3 +19,10 @@ export { arrayMeta, type ArrayMeta, type ArrayMetaInit } from './ipc/array-meta.
 export {
   float16BitsFromNumber, numberFromFloat16Bits, bfloat16BitsFromNumber, numberFromBfloat16Bits,
 } from './half-float.js';
+export { openIpcEvent } from './ipc/event.js';
+export { HostBuffer } from './host/index.js';
+export {
+  Link, spawn, parentLink, listen, connect, Listener, registerTransferHandler, unregisterTransferHandler,
+  type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
+  type TransferHandler, type TransferEncoding,
+} from './link/index.js';
