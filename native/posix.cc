@@ -556,8 +556,17 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
 
   void OnReady(int status, int events) override {
     if (status < 0) {
-      SetEvents(0);
-      EmitState("error", -status);
+      // libuv turns POLLERR into UV_EBADF and stops the poll. On a Unix socket POLLERR usually
+      // means a pending ECONNRESET with records still queued behind it: restart the poll and let
+      // recvmsg tell what really happened (it reports a truly bad fd as an error).
+      if (!(events_ & UV_READABLE)) {
+        // Reading is paused (JS has a backlog), so nothing would clear the error: report it.
+        SetEvents(0);
+        EmitState("error", -status);
+        return;
+      }
+      SetEvents(events_);
+      Drain();
       return;
     }
     if (events & UV_WRITABLE) {
@@ -580,7 +589,10 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
       msg.msg_controllen = sizeof(control);
       ssize_t r = recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
       if (r < 0) {
-        if (errno == EINTR) continue;
+        // ECONNRESET: the peer closed with records of ours unread. The kernel reports that before
+        // the records the peer sent us (a GOODBYE or REFUSE among them); reading on returns them,
+        // then EOF.
+        if (errno == EINTR || errno == ECONNRESET) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         int err = errno;
         SetEvents(0);
