@@ -462,17 +462,25 @@ class Polled {
   }
 };
 
-// Calls a JS callback from a libuv callback: MakeCallback so that nextTicks and microtasks run
-// after it; an exception becomes an uncaught exception instead of being lost.
-bool CallBack(Napi::Env env, Napi::FunctionReference& fn, Napi::Object recv, Napi::AsyncContext& ctx,
-              const std::initializer_list<napi_value>& args) {
-  try {
-    fn.MakeCallback(recv, args, ctx);
-    return true;
-  } catch (const Napi::Error& e) {
-    napi_fatal_exception(env, e.Value());
-    return false;
+// Calls a JS callback from a libuv callback: make_callback so that nextTicks and microtasks run
+// after it; a JS exception becomes an uncaught exception instead of being lost. Raw N-API calls:
+// in a worker being terminated every call may fail, and that must not turn into a C++ throw.
+enum class Called { kOk, kThrew, kCannotRun };
+Called CallBack(Napi::Env env, Napi::FunctionReference& fn, Napi::Object recv, Napi::AsyncContext& ctx,
+                const std::initializer_list<napi_value>& args) {
+  napi_value func = nullptr;
+  if (fn.IsEmpty() || napi_get_reference_value(env, fn, &func) != napi_ok || func == nullptr) return Called::kCannotRun;
+  napi_value result;
+  napi_status s = napi_make_callback(env, ctx, recv, func, args.size(), args.begin(), &result);
+  if (s == napi_ok) return Called::kOk;
+  bool pending = false;
+  if (napi_is_exception_pending(env, &pending) == napi_ok && pending) {
+    napi_value error;
+    if (napi_get_and_clear_last_exception(env, &error) == napi_ok) napi_fatal_exception(env, error);
+    return Called::kThrew;
   }
+  // The environment is shutting down and runs no more JS.
+  return Called::kCannotRun;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -646,10 +654,16 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
         arr.Set(2u, Napi::Number::New(env, cred.gid));
         cred_list = arr;
       }
-      // From here the fds belong to JS.
-      if (!CallBack(env, on_message_, Value(), *ctx_,
-                    {Napi::Number::New(env, status), Napi::Number::New(env, static_cast<double>(r)), fd_list, cred_list}))
-        return;
+      // From here the fds belong to JS, unless JS can no longer run at all. (If a worker is
+      // terminated while the callback runs, fds it had not yet placed are lost to the process:
+      // closing them here could close a number that a HostBuffer already owns.)
+      Called c = CallBack(env, on_message_, Value(), *ctx_,
+                          {Napi::Number::New(env, status), Napi::Number::New(env, static_cast<double>(r)), fd_list, cred_list});
+      if (c == Called::kCannotRun) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        SetEvents(0);
+      }
+      if (c != Called::kOk) return;
     }
   }
 
@@ -795,7 +809,12 @@ class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
         return;
       }
       Napi::HandleScope scope(env);
-      if (!CallBack(env, on_accept_, Value(), *ctx_, {Napi::Number::New(env, c)})) return;
+      Called called = CallBack(env, on_accept_, Value(), *ctx_, {Napi::Number::New(env, c)});
+      if (called == Called::kCannotRun) {
+        close(c);
+        SetEvents(0);
+      }
+      if (called != Called::kOk) return;
     }
   }
 
