@@ -140,6 +140,8 @@ export interface EncodedMessage {
   fds: number[];
   /** fds the link must close after sending (handlers' closeFdsAfterSend). */
   ownedFds: number[];
+  /** Handlers' onCommit callbacks, to run once the frame is sent or queued. */
+  commits: Array<() => void>;
 }
 
 /** Encodes messages into a scratch buffer that holds a whole frame (header left to the caller). */
@@ -148,7 +150,7 @@ export class MessageEncoder {
   readonly view = new DataView(this.scratch.buffer, this.scratch.byteOffset, MAX_FRAME_BYTES);
   /** Set while encoding, so that a re-entrant send (from a handler) takes another encoder. */
   busy = false;
-  readonly #out: EncodedMessage = { encoding: Encoding.Json, headLength: 0, body: null, fds: [], ownedFds: [] };
+  readonly #out: EncodedMessage = { encoding: Encoding.Json, headLength: 0, body: null, fds: [], ownedFds: [], commits: [] };
 
   /**
    * Encodes `value`. The result (and scratch) are valid until the next encode. If this throws,
@@ -159,6 +161,7 @@ export class MessageEncoder {
     out.body = null;
     out.fds.length = 0;
     out.ownedFds.length = 0;
+    out.commits.length = 0;
     if (value instanceof Uint8Array) {
       if (value.byteLength > MAX_FRAME_BYTES - HEADER_BYTES) throw tooLarge(value.byteLength);
       out.encoding = Encoding.Raw;
@@ -230,6 +233,7 @@ export class MessageEncoder {
       const enc = h.encode(f.value!, link);
       fds = enc.fds;
       if (fds && enc.closeFdsAfterSend) out.ownedFds.push(...fds);
+      if (enc.onCommit) out.commits.push(enc.onCommit);
       data = enc.data;
       if (!(data instanceof Uint8Array)) throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned data that is not a Uint8Array`);
     }

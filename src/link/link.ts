@@ -219,6 +219,14 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       const m = enc.encode(value, this);
       writeHeader(enc.view, FrameType.Message, m.encoding, m.headLength - HEADER_BYTES + (m.body?.byteLength ?? 0), m.fds.length);
       this.#sendFrame(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
+      for (const commit of m.commits) {
+        try {
+          commit();
+        } catch (e) {
+          // The message is on its way; a handler's bookkeeping error must not read as a failed send.
+          process.emitWarning(`a transfer handler's onCommit threw: ${String((e as Error)?.message ?? e)}`, { code: 'CUDA_IPC_TRANSFER_HANDLER' });
+        }
+      }
     } finally {
       enc.busy = false;
     }

@@ -266,3 +266,67 @@ test('message listeners get what arrives, including what waited in the inbox', a
   a.close();
   b.close();
 });
+
+test('per-link handler state: an fd sent once per link, recorded on commit, dropped on close', async () => {
+  // A miniature of what IPC pools do: the pool fd travels once per link, later only its id.
+  class Pool {
+    constructor(readonly id: number, readonly fd: number) {}
+  }
+  const sentOn = new WeakMap<Link, Set<number>>();
+  const imported = new WeakMap<Link, Map<number, number>>();
+  registerTransferHandler<Pool>({
+    kind: 'test-pool',
+    canTransfer: (v): v is Pool => v instanceof Pool,
+    encode(pool, link) {
+      const sent = sentOn.get(link);
+      if (sent?.has(pool.id)) return { data: new Uint8Array([pool.id, 0]) };
+      return {
+        data: new Uint8Array([pool.id, 1]),
+        fds: [pool.fd],
+        onCommit: () => {
+          if (!sentOn.has(link)) link.onClose(() => sentOn.delete(link));
+          sentOn.set(link, (sentOn.get(link) ?? new Set()).add(pool.id));
+        },
+      };
+    },
+    decode(data, fds, link) {
+      let pools = imported.get(link);
+      if (!pools) {
+        const map = new Map<number, number>();
+        imported.set(link, (pools = map));
+        link.onClose(() => {
+          for (const fd of map.values()) addon.close(fd);
+          map.clear();
+        });
+      }
+      if (data[1] === 1) pools.set(data[0]!, fds[0]!);
+      const fd = pools.get(data[0]!);
+      if (fd === undefined) throw new IpcError('ERR_DESCRIPTOR_INVALID', `unknown pool ${data[0]}`);
+      return { poolId: data[0], fd };
+    },
+  });
+  const [a, b] = await linkPair();
+  const poolFd = addon.memfdCreate('pool');
+  try {
+    const pool = new Pool(7, poolFd);
+    const base = fdCount();
+    const closed = HostBuffer.allocate(16);
+    closed.close();
+    // The pool is encoded first, then the closed buffer fails the whole message.
+    assert.throws(() => a.send({ pool, later: closed }), code('ERR_CLOSED'));
+    a.send({ pool });  // the failed send did not count: this one carries the fd
+    a.send({ pool });
+    const first = (await b.receive()) as { pool: { fd: number } };
+    const second = (await b.receive()) as { pool: { fd: number } };
+    assert.equal(first.pool.fd, second.pool.fd);
+    assert.equal(fdCount(), base + 1, 'one imported fd for two messages');
+    b.close();
+    assert.equal(fdCount(), base - 1, 'the close hook released the import (and the socket went)');
+    assert.equal(imported.get(b)?.size, 0);
+  } finally {
+    unregisterTransferHandler('test-pool');
+    addon.close(poolFd);
+    a.close();
+    b.close();
+  }
+});
