@@ -342,9 +342,10 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
     Napi::Env env = info.Env();
     if (!region_) return env.Undefined();
     for (BufferRecord* rec : region_->buffers) {
-      napi_value ab;
-      if (rec->weak && napi_get_reference_value(env, rec->weak, &ab) == napi_ok && ab != nullptr) {
-        if (napi_detach_arraybuffer(env, ab) != napi_ok) {
+      napi_value ab = nullptr;
+      bool reachable = rec->weak && napi_get_reference_value(env, rec->weak, &ab) == napi_ok;
+      if (!reachable || ab != nullptr) {
+        if (!reachable || napi_detach_arraybuffer(env, ab) != napi_ok) {
           // Never unmap under a view that could not be detached: leave the memory mapped.
           Release(false);
           throw Napi::Error::New(env, "napi_detach_arraybuffer failed; the mapping is left in place");

@@ -323,7 +323,15 @@ export function disposeValues(values: readonly object[] | undefined): void {
  * Decodes the payload buf[start, end) of a MESSAGE frame that arrived with `fds` (owned by this
  * function from the call on: every fd ends up in a decoded value or closed).
  */
-export function decodeMessage(encoding: Encoding, buf: Buffer, start: number, end: number, fds: number[] | undefined, link: Link): Decoded {
+export function decodeMessage(
+  encoding: Encoding,
+  buf: Buffer,
+  start: number,
+  end: number,
+  fds: number[] | undefined,
+  link: Link,
+  view: DataView = new DataView(buf.buffer, buf.byteOffset, buf.byteLength),
+): Decoded {
   if (encoding === Encoding.Raw) return { ok: true, value: copyBytes(buf, start, end), owned: undefined };
   if (encoding === Encoding.Json) {
     if (start === end) return { ok: true, value: undefined, owned: undefined };
@@ -334,14 +342,13 @@ export function decodeMessage(encoding: Encoding, buf: Buffer, start: number, en
     }
   }
   const all = fds ?? [];
-  const r = decodeWithRecords(buf, start, end, all, link);
+  const r = decodeWithRecords(buf, view, start, end, all, link);
   // On failure every fd not taken by a handler (marked -1) is closed here.
   if (!r.ok) for (const fd of all) if (fd >= 0) closeQuietly(fd);
   return r;
 }
 
-function decodeWithRecords(buf: Buffer, start: number, end: number, fds: number[], link: Link): Decoded {
-  const v = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+function decodeWithRecords(buf: Buffer, v: DataView, start: number, end: number, fds: number[], link: Link): Decoded {
   let at = start;
   const need = (n: number): boolean => at + n <= end;
   if (!need(4)) return malformed('truncated JSON length');

@@ -483,7 +483,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
           this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a message before the link handshake`), 'local');
           return;
         }
-        const d = decodeMessage(h.flags, this.#recvBuf, HEADER_BYTES, length, fds, this);
+        const d = decodeMessage(h.flags, this.#recvBuf, HEADER_BYTES, length, fds, this, this.#recvView);
         if (d.ok) this.#deliver(d);
         else if (d.fatal) this.#shutdown(d.error, 'local');
         else this.#deliver(d);

@@ -330,3 +330,17 @@ test('per-link handler state: an fd sent once per link, recorded on commit, drop
     b.close();
   }
 });
+
+test('messages up to the frame limit travel over a real link', async () => {
+  const [a, b] = await linkPair();
+  const big = new Uint8Array(128 * 1024 - 16).map((_, i) => i & 255);
+  a.send(big);
+  a.send({ text: 'é'.repeat(60_000) });
+  const got = (await b.receive()) as Uint8Array;
+  assert.equal(got.byteLength, big.byteLength);
+  assert.deepEqual(got, big);
+  assert.equal(((await b.receive()) as { text: string }).text.length, 60_000);
+  assert.throws(() => a.send(new Uint8Array(128 * 1024 - 15)), code('ERR_MESSAGE_TOO_LARGE'));
+  a.close();
+  b.close();
+});
