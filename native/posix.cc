@@ -342,9 +342,10 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
     Napi::Env env = info.Env();
     if (!region_) return env.Undefined();
     for (BufferRecord* rec : region_->buffers) {
-      napi_value ab;
-      if (rec->weak && napi_get_reference_value(env, rec->weak, &ab) == napi_ok && ab != nullptr) {
-        if (napi_detach_arraybuffer(env, ab) != napi_ok) {
+      napi_value ab = nullptr;
+      bool reachable = rec->weak && napi_get_reference_value(env, rec->weak, &ab) == napi_ok;
+      if (!reachable || ab != nullptr) {
+        if (!reachable || napi_detach_arraybuffer(env, ab) != napi_ok) {
           // Never unmap under a view that could not be detached: leave the memory mapped.
           Release(false);
           throw Napi::Error::New(env, "napi_detach_arraybuffer failed; the mapping is left in place");
@@ -462,17 +463,25 @@ class Polled {
   }
 };
 
-// Calls a JS callback from a libuv callback: MakeCallback so that nextTicks and microtasks run
-// after it; an exception becomes an uncaught exception instead of being lost.
-bool CallBack(Napi::Env env, Napi::FunctionReference& fn, Napi::Object recv, Napi::AsyncContext& ctx,
-              const std::initializer_list<napi_value>& args) {
-  try {
-    fn.MakeCallback(recv, args, ctx);
-    return true;
-  } catch (const Napi::Error& e) {
-    napi_fatal_exception(env, e.Value());
-    return false;
+// Calls a JS callback from a libuv callback: make_callback so that nextTicks and microtasks run
+// after it; a JS exception becomes an uncaught exception instead of being lost. Raw N-API calls:
+// in a worker being terminated every call may fail, and that must not turn into a C++ throw.
+enum class Called { kOk, kThrew, kCannotRun };
+Called CallBack(Napi::Env env, Napi::FunctionReference& fn, Napi::Object recv, Napi::AsyncContext& ctx,
+                const std::initializer_list<napi_value>& args) {
+  napi_value func = nullptr;
+  if (fn.IsEmpty() || napi_get_reference_value(env, fn, &func) != napi_ok || func == nullptr) return Called::kCannotRun;
+  napi_value result;
+  napi_status s = napi_make_callback(env, ctx, recv, func, args.size(), args.begin(), &result);
+  if (s == napi_ok) return Called::kOk;
+  bool pending = false;
+  if (napi_is_exception_pending(env, &pending) == napi_ok && pending) {
+    napi_value error;
+    if (napi_get_and_clear_last_exception(env, &error) == napi_ok) napi_fatal_exception(env, error);
+    return Called::kThrew;
   }
+  // The environment is shutting down and runs no more JS.
+  return Called::kCannotRun;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -556,8 +565,17 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
 
   void OnReady(int status, int events) override {
     if (status < 0) {
-      SetEvents(0);
-      EmitState("error", -status);
+      // libuv turns POLLERR into UV_EBADF and stops the poll. On a Unix socket POLLERR usually
+      // means a pending ECONNRESET with records still queued behind it: restart the poll and let
+      // recvmsg tell what really happened (it reports a truly bad fd as an error).
+      if (!(events_ & UV_READABLE)) {
+        // Reading is paused (JS has a backlog), so nothing would clear the error: report it.
+        SetEvents(0);
+        EmitState("error", -status);
+        return;
+      }
+      SetEvents(events_);
+      Drain();
       return;
     }
     if (events & UV_WRITABLE) {
@@ -580,7 +598,10 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
       msg.msg_controllen = sizeof(control);
       ssize_t r = recvmsg(fd_, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
       if (r < 0) {
-        if (errno == EINTR) continue;
+        // ECONNRESET: the peer closed with records of ours unread. The kernel reports that before
+        // the records the peer sent us (a GOODBYE or REFUSE among them); reading on returns them,
+        // then EOF.
+        if (errno == EINTR || errno == ECONNRESET) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) return;
         int err = errno;
         SetEvents(0);
@@ -634,10 +655,16 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
         arr.Set(2u, Napi::Number::New(env, cred.gid));
         cred_list = arr;
       }
-      // From here the fds belong to JS.
-      if (!CallBack(env, on_message_, Value(), *ctx_,
-                    {Napi::Number::New(env, status), Napi::Number::New(env, static_cast<double>(r)), fd_list, cred_list}))
-        return;
+      // From here the fds belong to JS, unless JS can no longer run at all. (If a worker is
+      // terminated while the callback runs, fds it had not yet placed are lost to the process:
+      // closing them here could close a number that a HostBuffer already owns.)
+      Called c = CallBack(env, on_message_, Value(), *ctx_,
+                          {Napi::Number::New(env, status), Napi::Number::New(env, static_cast<double>(r)), fd_list, cred_list});
+      if (c == Called::kCannotRun) {
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+        SetEvents(0);
+      }
+      if (c != Called::kOk) return;
     }
   }
 
@@ -783,7 +810,12 @@ class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
         return;
       }
       Napi::HandleScope scope(env);
-      if (!CallBack(env, on_accept_, Value(), *ctx_, {Napi::Number::New(env, c)})) return;
+      Called called = CallBack(env, on_accept_, Value(), *ctx_, {Napi::Number::New(env, c)});
+      if (called == Called::kCannotRun) {
+        close(c);
+        SetEvents(0);
+      }
+      if (called != Called::kOk) return;
     }
   }
 

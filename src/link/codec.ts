@@ -140,6 +140,8 @@ export interface EncodedMessage {
   fds: number[];
   /** fds the link must close after sending (handlers' closeFdsAfterSend). */
   ownedFds: number[];
+  /** Handlers' onCommit callbacks, to run once the frame is sent or queued. */
+  commits: Array<() => void>;
 }
 
 /** Encodes messages into a scratch buffer that holds a whole frame (header left to the caller). */
@@ -148,7 +150,7 @@ export class MessageEncoder {
   readonly view = new DataView(this.scratch.buffer, this.scratch.byteOffset, MAX_FRAME_BYTES);
   /** Set while encoding, so that a re-entrant send (from a handler) takes another encoder. */
   busy = false;
-  readonly #out: EncodedMessage = { encoding: Encoding.Json, headLength: 0, body: null, fds: [], ownedFds: [] };
+  readonly #out: EncodedMessage = { encoding: Encoding.Json, headLength: 0, body: null, fds: [], ownedFds: [], commits: [] };
 
   /**
    * Encodes `value`. The result (and scratch) are valid until the next encode. If this throws,
@@ -159,6 +161,7 @@ export class MessageEncoder {
     out.body = null;
     out.fds.length = 0;
     out.ownedFds.length = 0;
+    out.commits.length = 0;
     if (value instanceof Uint8Array) {
       if (value.byteLength > MAX_FRAME_BYTES - HEADER_BYTES) throw tooLarge(value.byteLength);
       out.encoding = Encoding.Raw;
@@ -230,6 +233,7 @@ export class MessageEncoder {
       const enc = h.encode(f.value!, link);
       fds = enc.fds;
       if (fds && enc.closeFdsAfterSend) out.ownedFds.push(...fds);
+      if (enc.onCommit) out.commits.push(enc.onCommit);
       data = enc.data;
       if (!(data instanceof Uint8Array)) throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned data that is not a Uint8Array`);
     }
@@ -319,7 +323,15 @@ export function disposeValues(values: readonly object[] | undefined): void {
  * Decodes the payload buf[start, end) of a MESSAGE frame that arrived with `fds` (owned by this
  * function from the call on: every fd ends up in a decoded value or closed).
  */
-export function decodeMessage(encoding: Encoding, buf: Buffer, start: number, end: number, fds: number[] | undefined, link: Link): Decoded {
+export function decodeMessage(
+  encoding: Encoding,
+  buf: Buffer,
+  start: number,
+  end: number,
+  fds: number[] | undefined,
+  link: Link,
+  view: DataView = new DataView(buf.buffer, buf.byteOffset, buf.byteLength),
+): Decoded {
   if (encoding === Encoding.Raw) return { ok: true, value: copyBytes(buf, start, end), owned: undefined };
   if (encoding === Encoding.Json) {
     if (start === end) return { ok: true, value: undefined, owned: undefined };
@@ -330,14 +342,13 @@ export function decodeMessage(encoding: Encoding, buf: Buffer, start: number, en
     }
   }
   const all = fds ?? [];
-  const r = decodeWithRecords(buf, start, end, all, link);
+  const r = decodeWithRecords(buf, view, start, end, all, link);
   // On failure every fd not taken by a handler (marked -1) is closed here.
   if (!r.ok) for (const fd of all) if (fd >= 0) closeQuietly(fd);
   return r;
 }
 
-function decodeWithRecords(buf: Buffer, start: number, end: number, fds: number[], link: Link): Decoded {
-  const v = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
+function decodeWithRecords(buf: Buffer, v: DataView, start: number, end: number, fds: number[], link: Link): Decoded {
   let at = start;
   const need = (n: number): boolean => at + n <= end;
   if (!need(4)) return malformed('truncated JSON length');

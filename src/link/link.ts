@@ -219,6 +219,14 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       const m = enc.encode(value, this);
       writeHeader(enc.view, FrameType.Message, m.encoding, m.headLength - HEADER_BYTES + (m.body?.byteLength ?? 0), m.fds.length);
       this.#sendFrame(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
+      for (const commit of m.commits) {
+        try {
+          commit();
+        } catch (e) {
+          // The message is on its way; a handler's bookkeeping error must not read as a failed send.
+          process.emitWarning(`a transfer handler's onCommit threw: ${String((e as Error)?.message ?? e)}`, { code: 'CUDA_IPC_TRANSFER_HANDLER' });
+        }
+      }
     } finally {
       enc.busy = false;
     }
@@ -475,7 +483,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
           this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a message before the link handshake`), 'local');
           return;
         }
-        const d = decodeMessage(h.flags, this.#recvBuf, HEADER_BYTES, length, fds, this);
+        const d = decodeMessage(h.flags, this.#recvBuf, HEADER_BYTES, length, fds, this, this.#recvView);
         if (d.ok) this.#deliver(d);
         else if (d.fatal) this.#shutdown(d.error, 'local');
         else this.#deliver(d);

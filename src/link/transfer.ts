@@ -16,6 +16,12 @@ export interface TransferEncoding {
   readonly fds?: readonly number[];
   /** The link owns `fds` and closes them once sent or once the send failed. */
   readonly closeFdsAfterSend?: boolean;
+  /**
+   * Called once the message is committed to the link (sent, or queued behind earlier messages),
+   * never if the send failed (e.g. a later value in the same message could not be encoded).
+   * Record per-link state here ("this pool's fd has been sent on this link"), not in encode().
+   */
+  readonly onCommit?: () => void;
 }
 
 export interface TransferHandler<T extends object = object> {
