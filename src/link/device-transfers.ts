@@ -14,7 +14,7 @@ import { openIpcHandle } from '../ipc/legacy.js';
 import { encodeDescriptor, decodeDescriptor } from '../ipc/descriptor.js';
 import { deviceUuidFromBytes } from '../ipc/device-uuid.js';
 import { IpcError } from '../errors.js';
-import { registerTransferHandler } from './transfer.js';
+import { registerTransferHandler, type TransferEncoding } from './transfer.js';
 import type { Link } from './link.js';
 
 // Pool reference, shared by pool and pool-buffer messages (little-endian, zero padding):
@@ -35,16 +35,22 @@ const FD_ATTACHED = 1;
 const poolsSent = new WeakMap<Link, Set<string>>();
 const poolsReceived = new WeakMap<Link, Map<string, IpcPool>>();
 
-function writePoolRef(view: DataView, bytes: Uint8Array, pool: IpcPool, link: Link): number[] {
+/** Writes a pool reference; attaches the pool's fd unless this link already carried it. */
+function writePoolRef(view: DataView, bytes: Uint8Array, pool: IpcPool, link: Link): TransferEncoding {
   bytes.set(pool.idBytes, 0);
   bytes.set(pool.device.uuidBytes, 16);
   view.setBigUint64(32, BigInt(pool.maxSize), true);
-  let sent = poolsSent.get(link);
-  if (!sent) poolsSent.set(link, (sent = new Set()));
-  if (sent.has(pool.id)) return [];
-  sent.add(pool.id);
+  if (poolsSent.get(link)?.has(pool.id)) return { data: bytes };
   view.setUint32(40, FD_ATTACHED, true);
-  return [pool.exportFd()];
+  return {
+    data: bytes, fds: [pool.exportFd()], closeFdsAfterSend: true,
+    // Only a message that really went out makes the peer know the pool.
+    onCommit: () => {
+      let sent = poolsSent.get(link);
+      if (!sent) poolsSent.set(link, (sent = new Set()));
+      sent.add(pool.id);
+    },
+  };
 }
 
 function frameError(what: string): IpcError {
@@ -68,7 +74,8 @@ function readPoolRef(data: Uint8Array, fds: number[], link: Link): IpcPool {
   const known = received.get(id);
   if (flags & FD_ATTACHED) {
     if (fds.length !== 1) throw frameError('pool reference (fd count)');
-    const fd = fds.shift()!;
+    const fd = fds[0]!;
+    fds[0] = -1; // ours from here on, whatever happens next
     if (known) {
       // A peer may send the fd again (e.g. it re-sent a pool it received); keep the first import.
       closeSync(fd);
@@ -96,12 +103,11 @@ registerTransferHandler<DeviceBuffer>({
     const { pool, exportData, allocationSize } = exportPoolBuffer(buffer);
     const bytes = new Uint8Array(POOL_BUFFER_BYTES);
     const view = new DataView(bytes.buffer);
-    const fds = writePoolRef(view, bytes, pool, link);
     bytes.set(exportData, 48);
     view.setBigUint64(112, BigInt(allocationSize), true);
     view.setBigUint64(120, BigInt(buffer.ownerOffset), true);
     view.setBigUint64(128, BigInt(buffer.byteLength), true);
-    return { data: bytes, fds, closeFdsAfterSend: true };
+    return writePoolRef(view, bytes, pool, link);
   },
   decode(data, fds, link) {
     if (data.byteLength !== POOL_BUFFER_BYTES) throw frameError('pool buffer');
@@ -119,8 +125,7 @@ registerTransferHandler<IpcPool>({
   canTransfer: (v): v is IpcPool => v instanceof IpcPool,
   encode(pool, link) {
     const bytes = new Uint8Array(POOL_REF_BYTES);
-    const fds = writePoolRef(new DataView(bytes.buffer), bytes, pool, link);
-    return { data: bytes, fds, closeFdsAfterSend: true };
+    return writePoolRef(new DataView(bytes.buffer), bytes, pool, link);
   },
   decode(data, fds, link) {
     if (data.byteLength !== POOL_REF_BYTES) throw frameError('pool');

@@ -2,6 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
+import '../../src/link/index.js'; // registers the transfer handlers
 import { MessageEncoder, decodeMessage } from '../../src/link/codec.js';
 import { FrameType, parseHeader, writeHeader, type FrameHeader } from '../../src/link/frame.js';
 import type { Link } from '../../src/link/link.js';
