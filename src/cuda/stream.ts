@@ -74,6 +74,13 @@ export class Stream {
         `device ${this.device.ordinal} (${this.device.name}) does not support ${size * 8}-bit stream memory operations; ` +
         'order the work with events (Event, stream.waitEvent) instead');
     }
+    const kind = (target as { kind?: string }).kind;
+    if (kind === 'pool' || kind === 'pool-import') {
+      // Measured on driver 580: cuStreamWriteValue32 answers CUDA_ERROR_INVALID_VALUE for pool memory.
+      throw new IpcError('ERR_UNSUPPORTED',
+        'stream memory operations cannot target memory-pool buffers (the driver refuses them); ' +
+        'use a DeviceBuffer.allocate buffer for flags, shared through its legacy handle or a link');
+    }
     if (!Number.isSafeInteger(offset) || offset < 0 || offset + size > target.byteLength) {
       throw new IpcError('ERR_OUT_OF_RANGE', `a ${size}-byte word at offset ${offset} does not fit in ${target.byteLength} bytes`);
     }

@@ -7,6 +7,8 @@ import { fileURLToPath } from 'node:url';
 import { noGpu } from '../helpers/gpu.js';
 import { Device } from '../../src/cuda/device.js';
 import { Stream } from '../../src/cuda/stream.js';
+import { DeviceBuffer } from '../../src/cuda/buffer.js';
+import { IpcError } from '../../src/errors.js';
 import { Event } from '../../src/cuda/event.js';
 import { BuiltinKernels } from '../../src/cuda/builtins.js';
 import { spawn, type Link } from '../../src/link/index.js';
@@ -61,8 +63,7 @@ describe('ordering across processes', { skip: noGpu }, () => {
 
   test('waitValue/writeValue ping-pong between two processes for 10,000 rounds', async () => {
     const device = Device.get(0);
-    using pool = device.createIpcPool();
-    using flags = pool.allocate(16);
+    using flags = DeviceBuffer.allocate(16, { device }); // sent by legacy handle: pools refuse memops
     flags.fill(0);
     using stream = Stream.create(device);
     const rounds = 10_000;
@@ -79,6 +80,14 @@ describe('ordering across processes', { skip: noGpu }, () => {
     const both = new Uint32Array(3);
     flags.read(both);
     assert.deepEqual(Array.from(both), [rounds, 0, rounds]);
+  });
+
+  test('stream memory operations on pool memory are refused with a clear error', () => {
+    const device = Device.get(0);
+    using pool = device.createIpcPool();
+    using b = pool.allocate(16);
+    using stream = Stream.create(device);
+    assert.throws(() => stream.writeValue32(b, 0, 1), (e: unknown) => e instanceof IpcError && e.code === 'ERR_UNSUPPORTED' && /DeviceBuffer\.allocate/.test(e.message));
   });
 
   test('cuda-ipc demo events', () => {
