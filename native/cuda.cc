@@ -376,15 +376,38 @@ Napi::Value MemsetD32Async(const Napi::CallbackInfo& info) {
 struct LegacyImport {
   CUdeviceptr ptr;
   uint32_t refs;
+  uint64_t lastUse;  // for evicting the least recently used idle mapping
 };
 std::mutex g_legacyMutex;
 std::map<std::string, LegacyImport> g_legacyImports;
 std::map<std::string, CUdeviceptr> g_legacyExports;
+uint64_t g_legacyClock = 0;
+uint32_t g_legacyIdleLimit = 16;  // mappings kept open with no user, so that reopening is free
 
 std::string HandleKey(const Napi::CallbackInfo& info, size_t i) {
   char h[kIpcHandleSize];
   ArgFixedBytes<kIpcHandleSize>(info, i, "handle", h);
   return std::string(h, sizeof(h));
+}
+
+// Closes idle mappings, least recently used first, until at most `keep` remain. Caller holds the
+// mutex. Returns the first failure, after trying them all.
+CUresult TrimIdleLocked(uint32_t keep) {
+  CUresult first = CUDA_SUCCESS;
+  for (;;) {
+    uint32_t idle = 0;
+    auto victim = g_legacyImports.end();
+    for (auto it = g_legacyImports.begin(); it != g_legacyImports.end(); ++it) {
+      if (it->second.refs != 0) continue;
+      idle++;
+      if (victim == g_legacyImports.end() || it->second.lastUse < victim->second.lastUse) victim = it;
+    }
+    if (idle <= keep || victim == g_legacyImports.end()) return first;
+    CUdeviceptr p = victim->second.ptr;
+    g_legacyImports.erase(victim);
+    CUresult r = g_driver.cuIpcCloseMemHandle ? g_driver.cuIpcCloseMemHandle(p) : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = r;
+  }
 }
 
 Napi::Value IpcGetMemHandle(const Napi::CallbackInfo& info) {
@@ -423,8 +446,9 @@ Napi::Value LegacyExportUnregister(const Napi::CallbackInfo& info) {
 }
 
 // Maps the allocation behind `handle` once per process: returns [base, local] where local is true
-// when this process exported it (no mapping made). The caller's thread must have the target
-// device's context current.
+// when this process exported it (no mapping made). The cache is keyed by the handle's 64 bytes,
+// so a handle the exporter made for a new allocation at a reused address never matches an old
+// entry. The caller's thread must have the target device's context current.
 Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::string key = HandleKey(info, 0);
@@ -439,6 +463,7 @@ Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
   auto it = g_legacyImports.find(key);
   if (it != g_legacyImports.end()) {
     it->second.refs++;
+    it->second.lastUse = ++g_legacyClock;
     out.Set(0u, U64(env, it->second.ptr));
     out.Set(1u, Napi::Boolean::New(env, false));
     return out;
@@ -447,33 +472,56 @@ Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
   std::memcpy(h.reserved, key.data(), sizeof(h.reserved));
   CUdeviceptr p = 0;
   CU_CALL(env, cuIpcOpenMemHandle, &p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-  g_legacyImports[key] = LegacyImport{p, 1};
+  // An idle entry at the same address belongs to an allocation the driver no longer maps here
+  // (its handle differs, or the lookup above would have found it): stale, drop it.
+  for (auto s = g_legacyImports.begin(); s != g_legacyImports.end();) {
+    if (s->second.ptr == p && s->second.refs == 0) s = g_legacyImports.erase(s);
+    else ++s;
+  }
+  g_legacyImports[key] = LegacyImport{p, 1, ++g_legacyClock};
   out.Set(0u, U64(env, p));
   out.Set(1u, Napi::Boolean::New(env, false));
   return out;
 }
 
-// Drops one reference; unmaps at the last. Returns true when the mapping was closed.
+// Drops one reference. A mapping with no users stays cached (idle) up to the idle limit, least
+// recently used closed first. Returns true when a mapping was closed.
 Napi::Value LegacyImportRelease(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::string key = HandleKey(info, 0);
   std::lock_guard<std::mutex> lock(g_legacyMutex);
   auto it = g_legacyImports.find(key);
-  if (it == g_legacyImports.end()) return Napi::Boolean::New(env, false);
+  if (it == g_legacyImports.end() || it->second.refs == 0) return Napi::Boolean::New(env, false);
   if (--it->second.refs > 0) return Napi::Boolean::New(env, false);
-  CUdeviceptr p = it->second.ptr;
-  g_legacyImports.erase(it);
-  CU_CALL(env, cuIpcCloseMemHandle, p);
-  return Napi::Boolean::New(env, true);
+  size_t before = g_legacyImports.size();
+  CUresult r = TrimIdleLocked(g_legacyIdleLimit);
+  if (r != CUDA_SUCCESS) ThrowCuda(env, r, "cuIpcCloseMemHandle");
+  return Napi::Boolean::New(env, g_legacyImports.size() < before);
+}
+
+// legacyCacheConfigure(idleLimit): sets the idle limit and trims to it.
+Napi::Value LegacyCacheConfigure(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  uint32_t limit = ArgU32(info, 0, "idleLimit");
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  g_legacyIdleLimit = limit;
+  CUresult r = TrimIdleLocked(limit);
+  if (r != CUDA_SUCCESS) ThrowCuda(env, r, "cuIpcCloseMemHandle");
+  return env.Undefined();
 }
 
 Napi::Value LegacyCacheStats(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::lock_guard<std::mutex> lock(g_legacyMutex);
-  uint64_t refs = 0;
-  for (auto& kv : g_legacyImports) refs += kv.second.refs;
+  uint64_t refs = 0, idle = 0;
+  for (auto& kv : g_legacyImports) {
+    refs += kv.second.refs;
+    if (kv.second.refs == 0) idle++;
+  }
   auto out = Napi::Object::New(env);
   out.Set("mappings", Napi::Number::New(env, static_cast<double>(g_legacyImports.size())));
+  out.Set("idle", Napi::Number::New(env, static_cast<double>(idle)));
+  out.Set("idleLimit", Napi::Number::New(env, g_legacyIdleLimit));
   out.Set("references", Napi::Number::New(env, static_cast<double>(refs)));
   out.Set("exports", Napi::Number::New(env, static_cast<double>(g_legacyExports.size())));
   return out;
@@ -836,6 +884,7 @@ void InitCuda(Napi::Env env, Napi::Object exports) {
   FN("legacyImportAcquire", LegacyImportAcquire)
   FN("legacyImportRelease", LegacyImportRelease)
   FN("legacyCacheStats", LegacyCacheStats)
+  FN("legacyCacheConfigure", LegacyCacheConfigure)
   FN("ipcGetEventHandle", IpcGetEventHandle)
   FN("ipcOpenEventHandle", IpcOpenEventHandle)
   FN("streamCreate", StreamCreate)

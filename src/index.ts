@@ -7,7 +7,7 @@ export { Event, type EventOptions } from './cuda/event.js';
 export { Module, Kernel, compileCuda, type LaunchConfig, type Dim3, type CompileOptions } from './cuda/module.js';
 export { arg, packKernelArgs, type KernelArg, type KernelArgType } from './cuda/kernel-args.js';
 export { BuiltinKernels, type PatternCheck, type PatternElementType } from './cuda/builtins.js';
-export { openIpcHandle, exportPointer, legacyCacheStats, type IpcHandleOptions } from './ipc/legacy.js';
+export { openIpcHandle, exportPointer, legacyCacheStats, configureImportCache, type IpcHandleOptions, type ImportCacheStats } from './ipc/legacy.js';
 export { DeviceArray, openIpcArray } from './ipc/array.js';
 export { IpcPool, type IpcPoolOptions } from './ipc/pool.js';
 export {

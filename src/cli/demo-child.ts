@@ -7,6 +7,30 @@ import { BuiltinKernels } from '../cuda/builtins.js';
 
 const link = parentLink();
 const mode = process.argv[2];
+
+if (mode === 'tensors') {
+  // Keep everything first, read later: the producer has dropped its references by then.
+  const received: Array<{ index: number; tensor: DeviceBuffer }> = [];
+  for (;;) {
+    const m = (await link.receive()) as { index?: number; tensor?: DeviceBuffer; done?: boolean };
+    if (m.done) break;
+    received.push({ index: m.index!, tensor: m.tensor! });
+  }
+  await new Promise((r) => setTimeout(r, 200));
+  const bad: number[] = [];
+  for (const { index, tensor } of received) {
+    const values = new Float32Array(tensor.byteLength / 4);
+    tensor.read(values);
+    const ok = values.every((v) => v === index + 1);
+    if (!ok) bad.push(index);
+    console.log(`consumer ${process.pid}: tensor ${index}: [${Array.from(values.subarray(0, 5)).join(', ')}, ...] ${ok ? 'OK' : 'WRONG'}`);
+    tensor.close();
+  }
+  link.send({ ok: bad.length === 0, bad });
+  await link.end();
+  process.exit(0);
+}
+
 const msg = (await link.receive()) as { event?: Event; buffer?: DeviceBuffer };
 
 if (mode === 'events') {

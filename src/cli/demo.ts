@@ -3,6 +3,7 @@
 //             imported event and reports how long it waited.
 //  transform: the parent writes 100 + i with a kernel; a child doubles the values in place with a
 //             kernel on the shared memory; the parent verifies 200 + 2i.
+//  tensors:   a producer sends nine buffers and drops each at once; the consumer reads them later.
 import { parseArgs } from 'node:util';
 import { Device } from '../cuda/device.js';
 import { Stream } from '../cuda/stream.js';
@@ -75,17 +76,50 @@ async function transform(device: Device, elements: number): Promise<number> {
   return 0;
 }
 
+// The LibTorch producer/consumer sample this project grew from: the producer sends tensors and
+// drops them at once; there the consumer read zeros or another tensor's bytes. Here each buffer
+// is leased to the consumer, so the producer's close() only gives up its own reference.
+async function tensors(device: Device, count: number): Promise<number> {
+  const elements = 1 << 16;
+  using pool = device.createIpcPool();
+  using stream = Stream.create(device);
+  const kernels = BuiltinKernels.for(device);
+  const released: Promise<void>[] = [];
+  const report = await withChild('tensors', async (link) => {
+    for (let i = 0; i < count; i++) {
+      const tensor = pool.allocate(elements * 4, { stream });
+      kernels.fillPattern(tensor, 'f32', i + 1, 0, stream); // every element i + 1
+      await stream.synchronize();
+      link.send({ index: i, tensor });
+      released.push(tensor.released());
+      tensor.close(); // the sample's tensor going out of scope
+      console.log(`producer ${process.pid}: sent tensor ${i} (all ${i + 1}) and dropped it; leased to ${tensor.leases} peer(s)`);
+    }
+    link.send({ done: true });
+    return (await link.receive()) as { ok: boolean; bad: number[] };
+  });
+  await Promise.all(released);
+  console.log(`producer ${process.pid}: all ${count} tensors freed after the consumer released them`);
+  if (!report.ok) {
+    console.error(`demo tensors: the consumer read wrong values from tensor(s) ${report.bad.join(', ')}`);
+    return 1;
+  }
+  console.log('demo tensors: OK (no zeros, no foreign bytes)');
+  return 0;
+}
+
 export async function demo(argv: string[]): Promise<number> {
   const { values, positionals } = parseArgs({
     args: argv, allowPositionals: true,
-    options: { device: { type: 'string' }, elements: { type: 'string' }, ms: { type: 'string' } },
+    options: { device: { type: 'string' }, elements: { type: 'string' }, ms: { type: 'string' }, count: { type: 'string' } },
   });
   const device = Device.get(parseOrdinal(values.device, '--device'));
   switch (positionals[0]) {
     case 'events': return events(device, parseCount(values.ms, 500, '--ms'));
     case 'transform': return transform(device, parseCount(values.elements, 1 << 20, '--elements'));
+    case 'tensors': return tensors(device, parseCount(values.count, 9, '--count'));
     default:
-      console.error(`cuda-ipc demo: choose 'events' or 'transform' (got ${positionals[0] ?? 'nothing'})`);
+      console.error(`cuda-ipc demo: choose 'events', 'transform' or 'tensors' (got ${positionals[0] ?? 'nothing'})`);
       return 2;
   }
 }

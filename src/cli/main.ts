@@ -12,6 +12,7 @@ commands:
   roundtrip [--elements N] [--device D] hand a buffer to a child process and back
   demo events [--ms T]                  a child waits on the parent's kernel through an IPC event
   demo transform [--elements N]         a child doubles shared values with a kernel
+  demo tensors [--count N]              a producer drops buffers it sent; the consumer still reads them
   help                                  this text`;
 
 type Command = (argv: string[]) => Promise<number> | number;

@@ -19,21 +19,107 @@ export interface MemoryOwner {
   release(): void;
 }
 
-/** Reference count over a MemoryOwner, with hooks that must run before the memory goes. */
+/** Every SharedMemory not yet released in this thread, for stats(). */
+const liveMemory = new Set<SharedMemory>();
+
+export interface DeviceMemoryStats {
+  /** Allocations of this process (plain or pool) that are alive. */
+  allocations: number;
+  /** Of those, how many peers hold through leases, and the bytes they keep alive. */
+  leased: number;
+  leasedBytes: number;
+  /** Bytes every buffer of which this process closed, kept only for peers' leases. */
+  heldBytes: number;
+  /** Memory mapped from other processes and still open here. */
+  imports: number;
+  importedBytes: number;
+}
+
+export function deviceMemoryStats(): DeviceMemoryStats {
+  const s: DeviceMemoryStats = { allocations: 0, leased: 0, leasedBytes: 0, heldBytes: 0, imports: 0, importedBytes: 0 };
+  for (const m of liveMemory) {
+    const bytes = m.owner.byteLength;
+    if (m.owner.kind === 'legacy-import' || m.owner.kind === 'pool-import') {
+      s.imports++;
+      s.importedBytes += bytes;
+      continue;
+    }
+    s.allocations++;
+    if (m.leases > 0) {
+      s.leased++;
+      s.leasedBytes += bytes;
+      if (m.refs === m.leases) s.heldBytes += bytes;
+    }
+  }
+  return s;
+}
+
+/**
+ * Reference count over a MemoryOwner. Open DeviceBuffers (a buffer and its views) and leases (a
+ * peer that was sent the memory and has not released it) each hold one reference; the memory is
+ * released when the last goes.
+ */
 export class SharedMemory {
   refs = 0;
+  /** Peers currently holding this memory through a link. */
+  leases = 0;
   released = false;
+  /** Run just before the memory is freed or unmapped (e.g. unregister a local export). */
   readonly beforeRelease: Array<() => void> = [];
-  constructor(readonly owner: MemoryOwner) {}
+  /** Run just after (e.g. tell the exporting peer that this process no longer maps it). */
+  readonly afterRelease: Array<() => void> = [];
+  #whenReleased: Promise<void> | undefined;
+  #resolveReleased: (() => void) | undefined;
+
+  constructor(readonly owner: MemoryOwner) {
+    liveMemory.add(this);
+  }
 
   acquire(): void { this.refs++; }
 
   drop(): void {
     if (--this.refs > 0 || this.released) return;
+    this.#release();
+  }
+
+  /** A reference held for a peer; the returned function ends it (idempotent). */
+  lease(): () => void {
+    this.refs++;
+    this.leases++;
+    let ended = false;
+    return () => {
+      if (ended) return;
+      ended = true;
+      this.leases--;
+      this.drop();
+    };
+  }
+
+  /** Frees the memory now, whatever still references it (see DeviceBuffer.close({ force })). */
+  forceRelease(): void {
+    if (this.released) return;
+    this.refs = 0;
+    this.#release();
+  }
+
+  /** Resolves once the memory has been freed or unmapped. */
+  whenReleased(): Promise<void> {
+    if (this.released) return Promise.resolve();
+    this.#whenReleased ??= new Promise<void>((resolve) => { this.#resolveReleased = resolve; });
+    return this.#whenReleased;
+  }
+
+  #release(): void {
     this.released = true;
-    for (const hook of this.beforeRelease.splice(0)) hook();
-    this.owner.device.activate();
-    this.owner.release();
+    liveMemory.delete(this);
+    try {
+      for (const hook of this.beforeRelease.splice(0)) hook();
+      this.owner.device.activate();
+      this.owner.release();
+    } finally {
+      for (const hook of this.afterRelease.splice(0)) hook();
+      this.#resolveReleased?.();
+    }
   }
 }
 
@@ -113,10 +199,11 @@ export class DeviceBuffer {
     return this.#pointer;
   }
 
-  get closed(): boolean { return this.#pointer === 0n; }
+  get closed(): boolean { return this.#pointer === 0n || this.#memory.released; }
 
   #assertOpen(): void {
-    if (this.#pointer === 0n) {
+    // A forced close elsewhere frees the memory under every view of it.
+    if (this.#pointer === 0n || this.#memory.released) {
       throw new IpcError('ERR_CLOSED', `this ${this.kind} buffer of ${this.byteLength} bytes was closed; keep it open while you use it`);
     }
   }
@@ -215,11 +302,29 @@ export class DeviceBuffer {
     return new DeviceBuffer(this.#memory, this.ownerOffset + offset, length, this);
   }
 
-  /** Releases this buffer; the memory goes when its last buffer or view is closed. Idempotent. */
-  close(): void {
+  /** Number of peers that were sent this memory and still map it. */
+  get leases(): number { return this.#memory.leases; }
+
+  /** Resolves once the memory itself is freed: after close() of every buffer over it and the end of every lease. */
+  released(): Promise<void> { return this.#memory.whenReleased(); }
+
+  /**
+   * Releases this buffer. The memory goes when its last buffer or view is closed and every peer
+   * it was sent to has released it. `force` frees it now instead: peers that still map it may
+   * then read freed memory, or memory reused for other data, without any error. Idempotent.
+   */
+  close(options: { force?: boolean } = {}): void {
     if (this.#pointer === 0n) return;
     this.#pointer = 0n;
     untrackLeak(this);
+    if (options.force && !this.#memory.released) {
+      if (this.#memory.leases > 0) {
+        process.emitWarning(`force-closing a ${this.kind} buffer of ${this.#memory.owner.byteLength} bytes that ${this.#memory.leases} peer(s) still map: ` +
+          'they may read freed or reused memory', { code: 'CUDA_IPC_FORCED_CLOSE' });
+      }
+      this.#memory.forceRelease();
+      return;
+    }
     this.#memory.drop();
   }
 

@@ -49,7 +49,8 @@ export interface CudaAddon {
   legacyExportUnregister(handle: Uint8Array): void;
   legacyImportAcquire(handle: Uint8Array): [base: bigint, local: boolean];
   legacyImportRelease(handle: Uint8Array): boolean;
-  legacyCacheStats(): { mappings: number; references: number; exports: number };
+  legacyCacheStats(): { mappings: number; idle: number; idleLimit: number; references: number; exports: number };
+  legacyCacheConfigure(idleLimit: number): void;
   ipcGetEventHandle(event: bigint): Uint8Array;
   ipcOpenEventHandle(handle: Uint8Array): bigint;
 

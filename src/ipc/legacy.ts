@@ -171,7 +171,31 @@ function rangeIn(desc: LegacyHandleDescriptor, allocationSize: number): number {
   return desc.offset;
 }
 
-/** Mappings in this process's import cache (shared by all its threads). */
-export function legacyCacheStats(): { mappings: number; references: number; exports: number } {
+export interface ImportCacheStats {
+  /** Allocations mapped from other processes through legacy handles. */
+  mappings: number;
+  /** Of those, mappings no buffer uses, kept so that reopening costs nothing. */
+  idle: number;
+  idleLimit: number;
+  /** Open buffers over the mappings. */
+  references: number;
+  /** Allocations this process exported. */
+  exports: number;
+}
+
+/** This process's legacy import cache (shared by all its threads). */
+export function legacyCacheStats(): ImportCacheStats {
   return driver.legacyCacheStats();
+}
+
+/**
+ * Sets how many unused legacy mappings stay cached (default 16; least recently used closed
+ * first). An idle mapping keeps its allocation's memory alive even after the exporter frees it,
+ * so 0 trades reopening cost for memory.
+ */
+export function configureImportCache(options: { idleLimit: number }): void {
+  if (!Number.isSafeInteger(options.idleLimit) || options.idleLimit < 0 || options.idleLimit > 0xffffffff) {
+    throw new IpcError('ERR_INVALID_ARG', `idleLimit must be a non-negative integer, got ${options.idleLimit}`);
+  }
+  driver.legacyCacheConfigure(options.idleLimit);
 }

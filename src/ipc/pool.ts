@@ -223,6 +223,14 @@ export class IpcPool {
     return new DeviceBuffer(memory, offset, length);
   }
 
+  /** Returns reserved but unused memory to the device until at most `bytes` stay reserved. */
+  trimTo(bytes = 0): void {
+    if (this.imported) throw new IpcError('ERR_IMPORTED_POOL', 'only the pool\'s owner can trim it');
+    const pool = this.handle;
+    this.device.activate();
+    driver.memPoolTrimTo(pool, bytes);
+  }
+
   /** Number of live buffers allocated from or imported through this pool. */
   get liveBuffers(): number { return this.#users; }
 

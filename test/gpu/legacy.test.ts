@@ -82,7 +82,24 @@ describe('legacy IPC handles', { skip: noGpu }, () => {
     assert.equal(r.both.references, 2);
     assert.equal(r.afterOne.mappings, 1);
     assert.equal(r.first, 5);
-    assert.equal(r.afterBoth.mappings, 0);
+    // Unused, the mapping stays cached for the next open, up to the idle limit.
+    assert.equal(r.afterBoth.mappings, 1);
+    assert.equal(r.afterBoth.idle, 1);
+    assert.equal(r.afterBoth.references, 0);
+    assert.equal(r.trimmed.mappings, 0, 'idleLimit 0 closes idle mappings');
+  });
+
+  test('the import cache is bounded: least recently used idle mappings are closed first', async () => {
+    const buffers = Array.from({ length: 5 }, (_, i) => { const b = DeviceBuffer.allocate(4096); b.write(u32Pattern(i, 1024)); return b; });
+    try {
+      const r = await child.request({ op: 'lru', descs: buffers.map((b) => json(b.ipcHandle())), limit: 3 });
+      assert.equal(r.ok, true, r.message);
+      assert.deepEqual(r.sizes, [1, 2, 3, 3, 3], 'at most 3 idle mappings');
+      assert.equal(r.reopenFirstHit, false, 'the oldest was evicted');
+      assert.equal(r.reopenLastHit, true, 'the newest stayed mapped');
+    } finally {
+      for (const b of buffers) b.close();
+    }
   });
 
   test('opening in the exporting process returns a view of the local allocation', () => {
