@@ -4,30 +4,23 @@ import { driver, Flags, whenStreamDone } from './driver.js';
 import { Device } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
-import { trackLeak, untrackLeak } from '../leak.js';
+import { DriverObject } from './driver-object.js';
 
 export interface EventOptions {
   /** Shareable with other processes. Implies no timing (the driver refuses both at once). */
   interprocess?: boolean;
 }
 
-export class Event {
-  readonly device: Device;
+export class Event extends DriverObject {
   readonly interprocess: boolean;
   /** True for an event opened from another process's handle. */
   readonly imported: boolean;
-  #handle: bigint;
 
   /** @internal */
   constructor(device: Device, handle: bigint, interprocess: boolean, imported: boolean) {
-    this.device = device;
-    this.#handle = handle;
+    super(device, handle, imported ? 'imported Event' : 'Event', (h) => driver.eventDestroy(h));
     this.interprocess = interprocess;
     this.imported = imported;
-    trackLeak(this, imported ? 'imported Event' : 'Event', () => {
-      device.activate();
-      driver.eventDestroy(handle);
-    });
   }
 
   static create(device: Device = Device.get(0), options: EventOptions = {}): Event {
@@ -40,13 +33,6 @@ export class Event {
     const flags = Flags.EVENT_DISABLE_TIMING | (interprocess ? Flags.EVENT_INTERPROCESS : 0);
     return new Event(device, driver.eventCreate(flags), interprocess, false);
   }
-
-  get handle(): bigint {
-    if (this.#handle === 0n) throw new IpcError('ERR_CLOSED', 'this event was closed');
-    return this.#handle;
-  }
-
-  get closed(): boolean { return this.#handle === 0n; }
 
   /** Captures the work queued on `stream` so far (the legacy default stream when omitted). */
   record(stream?: Stream): void {
@@ -70,17 +56,6 @@ export class Event {
       returnWaiter(waiter);
     }
   }
-
-  close(): void {
-    if (this.#handle === 0n) return;
-    const h = this.#handle;
-    this.#handle = 0n;
-    untrackLeak(this);
-    this.device.activate();
-    driver.eventDestroy(h);
-  }
-
-  [Symbol.dispose](): void { this.close(); }
 }
 
 // Idle streams used to wait for events: a waiter stream is busy until its event fires, so each

@@ -6,7 +6,7 @@ import { driver } from './driver.js';
 import { Device } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
-import { trackLeak, untrackLeak } from '../leak.js';
+import { DriverObject } from './driver-object.js';
 import { packKernelArgs, kernelArgLayout, checkKernelArgs, type KernelArg, type KernelParam } from './kernel-args.js';
 
 export type Dim3 = number | readonly [number, number?, number?];
@@ -53,18 +53,11 @@ export class Kernel {
   }
 }
 
-export class Module {
-  readonly device: Device;
-  #handle: bigint;
+export class Module extends DriverObject {
   readonly #kernels = new Map<string, Kernel>();
 
   private constructor(device: Device, handle: bigint) {
-    this.device = device;
-    this.#handle = handle;
-    trackLeak(this, 'Module', () => {
-      device.activate();
-      driver.moduleUnload(handle);
-    });
+    super(device, handle, 'Module', (h) => driver.moduleUnload(h));
   }
 
   /** Loads PTX (text) or a cubin/fatbin image; the driver JIT-compiles PTX for this GPU. */
@@ -79,11 +72,6 @@ export class Module {
     return Module.load(readFileSync(path), device);
   }
 
-  get handle(): bigint {
-    if (this.#handle === 0n) throw new IpcError('ERR_CLOSED', 'this module was unloaded');
-    return this.#handle;
-  }
-
   /** The kernel with this (unmangled, extern "C") name. */
   getFunction(name: string, params?: readonly KernelParam[]): Kernel {
     let k = this.#kernels.get(name);
@@ -94,17 +82,6 @@ export class Module {
     }
     return k;
   }
-
-  close(): void {
-    if (this.#handle === 0n) return;
-    const h = this.#handle;
-    this.#handle = 0n;
-    untrackLeak(this);
-    this.device.activate();
-    driver.moduleUnload(h);
-  }
-
-  [Symbol.dispose](): void { this.close(); }
 }
 
 // Where NVRTC may live: an explicit override, the toolkit, then the loader's search path.

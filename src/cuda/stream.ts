@@ -3,20 +3,12 @@
 import { driver, Flags, whenStreamDone } from './driver.js';
 import { Device } from './device.js';
 import { IpcError } from '../errors.js';
-import { trackLeak, untrackLeak } from '../leak.js';
+import { DriverObject } from './driver-object.js';
 import type { Event } from './event.js';
 
-export class Stream {
-  readonly device: Device;
-  #handle: bigint;
-
+export class Stream extends DriverObject {
   private constructor(device: Device, handle: bigint) {
-    this.device = device;
-    this.#handle = handle;
-    trackLeak(this, 'Stream', () => {
-      device.activate();
-      driver.streamDestroy(handle);
-    });
+    super(device, handle, 'Stream', (h) => driver.streamDestroy(h));
   }
 
   /** A new non-blocking stream (it does not synchronise with the legacy default stream). */
@@ -24,14 +16,6 @@ export class Stream {
     device.activate();
     return new Stream(device, driver.streamCreate(Flags.STREAM_NON_BLOCKING));
   }
-
-  /** The driver's handle; throws once the stream is closed. */
-  get handle(): bigint {
-    if (this.#handle === 0n) throw new IpcError('ERR_CLOSED', 'this stream was closed; create a new one with Stream.create()');
-    return this.#handle;
-  }
-
-  get closed(): boolean { return this.#handle === 0n; }
 
   /** Resolves when all work queued so far has finished. */
   synchronize(): Promise<void> {
@@ -97,17 +81,6 @@ export class Stream {
     this.device.activate();
     return driver.streamQuery(this.handle);
   }
-
-  close(): void {
-    if (this.#handle === 0n) return;
-    const h = this.#handle;
-    this.#handle = 0n;
-    untrackLeak(this);
-    this.device.activate();
-    driver.streamDestroy(h);
-  }
-
-  [Symbol.dispose](): void { this.close(); }
 }
 
 /** Memory that stream memory operations can target: a DeviceBuffer, or anything with a device address. */
