@@ -12,7 +12,7 @@ import { DeviceBuffer, deviceMemoryStats } from '../../src/cuda/buffer.js';
 import { spawn, type Link } from '../../src/link/index.js';
 import { IpcError } from '../../src/errors.js';
 
-const fixture = new URL('../fixtures/lease-child.js', import.meta.url);
+const fixture = new URL('../fixtures/gpu-lease-child.js', import.meta.url);
 const cli = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 const fdCount = () => readdirSync('/proc/self/fd').length;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
