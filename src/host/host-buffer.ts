@@ -11,17 +11,94 @@ const { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL } = addon.posixConstants;
 /** For the transfer handler (not exported by the package): the whole mapping's length, and
  * whether the file is sealed against shrinking. */
 export let describeHostBuffer: (buffer: HostBuffer) => { mappingLength: number; sealed: boolean };
+/**
+ * For the transfer handler: keeps the buffer's memory mapped (and its fd open) until the returned
+ * function runs (once; later calls do nothing), even if every HostBuffer over it is closed.
+ */
+export let leaseHostBuffer: (buffer: HostBuffer) => () => void;
+/**
+ * For the transfer handler: runs `done` once the buffer's memory is unmapped, or once the memory
+ * was garbage-collected without being closed (a leaked import must not pin its sender's memory
+ * for the life of the link). At once if it is unmapped already.
+ */
+export let whenHostBufferReleased: (buffer: HostBuffer, done: () => void) => void;
 
-/** The mapping shared by a HostBuffer and its views: unmapped when the last of them closes. */
+/** Runs the callbacks of a mapping that was garbage-collected without being unmapped. */
+const collected = new FinalizationRegistry<Array<() => void>>((callbacks) => runAll(callbacks));
+
+function runAll(callbacks: Array<() => void>): void {
+  for (const cb of callbacks.splice(0)) {
+    try {
+      cb();
+    } catch (e) {
+      process.emitWarning(`a HostBuffer release callback threw: ${String((e as Error)?.message ?? e)}`, { code: 'CUDA_IPC_RELEASE_CALLBACK' });
+    }
+  }
+}
+
+/**
+ * The mapping shared by a HostBuffer, its views and the leases on it (sends over links): unmapped
+ * when the last of them lets go, or at once by a forced close.
+ */
 class Mapping {
+  /** Open HostBuffers over the mapping, plus outstanding leases. */
   users = 1;
+  leases = 0;
+  unmapped = false;
+  /** Run once unmapped (or garbage-collected); not holding the mapping, so GC can see it. */
+  readonly #onRelease: Array<() => void> = [];
+  #released: Promise<void> | undefined;
+  #resolveReleased: (() => void) | undefined;
+
   constructor(
     readonly native: NativeSharedMemory,
     /** Sealed against shrinking: no one can truncate the file under a mapping (SIGBUS). */
     readonly sealed: boolean,
   ) {}
+
   release(): void {
-    if (--this.users === 0) this.native.close();
+    if (--this.users === 0) this.unmap();
+  }
+
+  /** Unmaps and closes the fd now, whoever still uses the mapping (their views go dark). */
+  unmap(): void {
+    if (this.unmapped) return;
+    this.unmapped = true;
+    try {
+      this.native.close();
+    } finally {
+      collected.unregister(this);
+      this.#resolveReleased?.();
+      runAll(this.#onRelease);
+    }
+  }
+
+  lease(): () => void {
+    if (this.unmapped) return () => {};
+    this.users++;
+    this.leases++;
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      this.leases--;
+      this.release();
+    };
+  }
+
+  whenReleased(done: () => void): void {
+    if (this.unmapped) {
+      runAll([done]);
+      return;
+    }
+    if (this.#onRelease.length === 0) collected.register(this, this.#onRelease, this);
+    this.#onRelease.push(done);
+  }
+
+  released(): Promise<void> {
+    if (this.unmapped) return Promise.resolve();
+    this.#released ??= new Promise<void>((resolve) => (this.#resolveReleased = resolve));
+    return this.#released;
   }
 }
 
@@ -55,15 +132,23 @@ function checkOffset(offset: number, what: string): void {
  * so stale views can never touch unmapped memory). Views made with `view()` share the mapping: it
  * stays mapped, and the fd open, until the buffer and all its views are closed; closing the parent
  * only makes the parent unusable.
+ *
+ * Leases: sending a HostBuffer over a link leases its memory to the peer, which keeps it mapped
+ * here (and the fd open) until the peer closes what it received, or the link closes, even after
+ * this buffer and its views were closed. `leases` counts them; `released()` resolves once the
+ * memory is finally unmapped. `close({ force: true })` unmaps it now regardless.
  */
 export class HostBuffer implements Disposable {
   #mapping: Mapping | undefined;
+  /** The same mapping, kept after close() for `leases` and `released()`. */
+  readonly #shared: Mapping;
   #bytes: Uint8Array;
   readonly #offset: number;
   readonly #length: number;
 
   private constructor(mapping: Mapping, offset: number, length: number) {
     this.#mapping = mapping;
+    this.#shared = mapping;
     this.#offset = offset;
     this.#length = length;
     this.#bytes = new Uint8Array(mapping.native.arrayBuffer(offset, length));
@@ -109,6 +194,9 @@ export class HostBuffer implements Disposable {
   #open(what: string): Mapping {
     const m = this.#mapping;
     if (!m) throw new IpcError('ERR_CLOSED', `HostBuffer.${what}: the buffer is closed; keep it open while you use it`);
+    if (m.unmapped) {
+      throw new IpcError('ERR_CLOSED', `HostBuffer.${what}: the buffer's memory was unmapped by close({ force: true }) on it or on a buffer sharing it`);
+    }
     return m;
   }
 
@@ -142,8 +230,24 @@ export class HostBuffer implements Disposable {
     this.#open('bytes');
     return this.#bytes;
   }
+  /** True once closed, or once its memory was unmapped by a forced close of a buffer sharing it. */
   get closed(): boolean {
-    return this.#mapping === undefined;
+    return this.#mapping === undefined || this.#mapping.unmapped;
+  }
+  /**
+   * Leases outstanding on this buffer's memory (shared with its views): sends over links whose
+   * receivers have not closed what they got. The memory stays mapped while there are any.
+   */
+  get leases(): number {
+    return this.#shared.leases;
+  }
+
+  /**
+   * Resolves once the memory is unmapped and its fd closed: after this buffer, its views and every
+   * lease on it (see `leases`) let go, or after a forced close. Never rejects.
+   */
+  released(): Promise<void> {
+    return this.#shared.released();
   }
 
   /** Copies `src` into the buffer at `offset`. */
@@ -202,14 +306,29 @@ export class HostBuffer implements Disposable {
     }
   }
 
-  close(): void {
+  /**
+   * Closes this buffer: its `bytes` go dark at once; the memory is unmapped (and the fd closed)
+   * once its views and leases let go too. Idempotent.
+   *
+   * `{ force: true }` unmaps the memory now even while views or leases are outstanding (also on a
+   * buffer that was already closed): the views read as closed and the links release their leases
+   * later without effect. Peers that received the buffer keep their own mapping of the same
+   * memory and can go on using it; what goes away is only this process's view of it.
+   */
+  close(options?: { force?: boolean }): void {
     const m = this.#mapping;
-    if (!m) return;
-    this.#mapping = undefined;
-    leaks.unregister(this);
-    // Views may keep the mapping; this buffer's own typed arrays must go dark now regardless.
-    addon.detachArrayBuffer(this.#bytes.buffer as ArrayBuffer);
-    m.release();
+    if (m) {
+      this.#mapping = undefined;
+      leaks.unregister(this);
+      // Views may keep the mapping; this buffer's own typed arrays must go dark now regardless.
+      addon.detachArrayBuffer(this.#bytes.buffer as ArrayBuffer);
+      if (!options?.force) {
+        m.release();
+        return;
+      }
+      m.users--;
+    }
+    if (options?.force) this.#shared.unmap();
   }
 
   [Symbol.dispose](): void {
@@ -221,5 +340,7 @@ export class HostBuffer implements Disposable {
       const m = buffer.#open('describe');
       return { mappingLength: m.native.byteLength, sealed: m.sealed };
     };
+    leaseHostBuffer = (buffer) => buffer.#open('lease').lease();
+    whenHostBufferReleased = (buffer, done) => buffer.#shared.whenReleased(done);
   }
 }

@@ -6,19 +6,27 @@
 //   Json: UTF-8 JSON of `value`; empty payload = undefined. The common, fast case.
 //   JsonWithRecords: JSON in which every bigint, typed array and transferable object was replaced
 //         by null, followed by one record per replaced value saying where it goes:
-//           u32 jsonLength | json | u16 recordCount | record*
-//           record = u8 kindLength | kind (ASCII) | u8 pathLength | segment* | u8 fdCount
-//                    | u32 dataLength | data
+//           u32 jsonLength | json | u16 recordCount (>= 1) | record*
+//           record = u8 kindLength (>= 1) | kind (ASCII) | u8 pathLength | segment* | u8 fdCount
+//                    | u64 leaseId | u32 dataLength | data
 //           segment = u8 0, u32 array index | u8 1, u16 keyLength, key (UTF-8)
-//         The record's fds are the next fdCount of the frame's fds, in record order.
-// Built-in record kinds: '@bigint' (ASCII decimal) and '@typed-array' (u8 type tag, then bytes).
+//         The record's fds are the next fdCount of the frame's fds, in record order; the fd
+//         counts add up to the frame's. leaseId (since frame version 2) is 0 when the value is
+//         not leased, else 1..2^53-1, unique among the leases the receiver holds from this link;
+//         the receiver returns it in a RELEASE frame once done with the value (lease.ts).
+//         Every placement must point at a null in the JSON; nothing may follow the last record.
+// Built-in record kinds: '@bigint' (ASCII decimal, no fds, no lease) and '@typed-array' (u8 type
+// tag, then bytes; no fds, no lease). Anything out of spec is ERR_FRAME_INVALID and closes the link.
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
-import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES } from './frame.js';
+import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, readLeaseId, writeLeaseId } from './frame.js';
+import { nextLeaseId, releaseHold, type IncomingLeases, type LeaseHold, type ReceivedLease } from './lease.js';
 import { handlerForKind, handlerForValue, type TransferHandler } from './transfer.js';
 import type { Link } from './link.js';
 
 const MAX_DEPTH = 255;
+/** u8 fdCount, u64 leaseId, u32 dataLength: between a record's path and its data. */
+const RECORD_TAIL_BYTES = 13;
 type Segment = string | number;
 
 /** Typed arrays the built-in '@typed-array' record carries, by wire tag. */
@@ -142,6 +150,11 @@ export interface EncodedMessage {
   ownedFds: number[];
   /** Handlers' onCommit callbacks, to run once the frame is sent or queued. */
   commits: Array<() => void>;
+  /**
+   * Handlers' holds with the lease ids written into their records: the link records them once
+   * the frame is sent or queued, and releases them if the send fails.
+   */
+  holds: Array<{ id: number; hold: LeaseHold }>;
 }
 
 /** Encodes messages into a scratch buffer that holds a whole frame (header left to the caller). */
@@ -150,11 +163,12 @@ export class MessageEncoder {
   readonly view = new DataView(this.scratch.buffer, this.scratch.byteOffset, MAX_FRAME_BYTES);
   /** Set while encoding, so that a re-entrant send (from a handler) takes another encoder. */
   busy = false;
-  readonly #out: EncodedMessage = { encoding: Encoding.Json, headLength: 0, body: null, fds: [], ownedFds: [], commits: [] };
+  readonly #out: EncodedMessage = { encoding: Encoding.Json, headLength: 0, body: null, fds: [], ownedFds: [], commits: [], holds: [] };
 
   /**
    * Encodes `value`. The result (and scratch) are valid until the next encode. If this throws,
-   * every fd a handler handed over with closeFdsAfterSend has already been closed.
+   * every fd a handler handed over with closeFdsAfterSend has already been closed and every hold
+   * a handler returned has been released.
    */
   encode(value: unknown, link: Link): EncodedMessage {
     const out = this.#out;
@@ -162,6 +176,7 @@ export class MessageEncoder {
     out.fds.length = 0;
     out.ownedFds.length = 0;
     out.commits.length = 0;
+    out.holds.length = 0;
     if (value instanceof Uint8Array) {
       if (value.byteLength > MAX_FRAME_BYTES - HEADER_BYTES) throw tooLarge(value.byteLength);
       out.encoding = Encoding.Raw;
@@ -189,6 +204,8 @@ export class MessageEncoder {
     } catch (e) {
       for (const fd of out.ownedFds) closeQuietly(fd);
       out.ownedFds.length = 0;
+      for (const { hold } of out.holds) releaseHold(hold);
+      out.holds.length = 0;
       throw e;
     }
   }
@@ -220,6 +237,7 @@ export class MessageEncoder {
     let fds: readonly number[] | undefined;
     let kind: string;
     let tag = 0;
+    let leaseId = 0;
     if (f.bigint !== undefined) {
       kind = '@bigint';
       data = Buffer.from(f.bigint.toString(), 'latin1');
@@ -232,7 +250,20 @@ export class MessageEncoder {
       kind = h.kind;
       const enc = h.encode(f.value!, link);
       fds = enc.fds;
+      // Taken over before anything else can fail, so that a failure releases them.
       if (fds && enc.closeFdsAfterSend) out.ownedFds.push(...fds);
+      if (enc.hold !== undefined) {
+        const hold = enc.hold;
+        if (typeof hold?.release !== 'function') {
+          throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned a hold without a release() function`);
+        }
+        leaseId = nextLeaseId();
+        out.holds.push({ id: leaseId, hold });
+        const bytes = hold.bytes;
+        if (bytes !== undefined && !(Number.isSafeInteger(bytes) && bytes >= 0)) {
+          throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned a hold whose bytes (${String(bytes)}) is not a non-negative integer`);
+        }
+      }
       if (enc.onCommit) out.commits.push(enc.onCommit);
       data = enc.data;
       if (!(data instanceof Uint8Array)) throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned data that is not a Uint8Array`);
@@ -261,10 +292,11 @@ export class MessageEncoder {
     }
     if (fds) out.fds.push(...fds);
     const dataLength = data.byteLength + (tag ? 1 : 0);
-    this.#room(at, 5 + dataLength);
+    this.#room(at, RECORD_TAIL_BYTES + dataLength);
     v.setUint8(at, nfds);
-    v.setUint32(at + 1, dataLength, true);
-    at += 5;
+    writeLeaseId(v, at + 1, leaseId);
+    v.setUint32(at + 9, dataLength, true);
+    at += RECORD_TAIL_BYTES;
     if (tag) v.setUint8(at++, tag);
     this.scratch.set(data, at);
     return at + data.byteLength;
@@ -301,6 +333,8 @@ interface ParsedRecord {
   kind: string;
   path: Segment[];
   fdCount: number;
+  /** 0 when the value is not leased. */
+  leaseId: number;
   dataStart: number;
   dataEnd: number;
 }
@@ -321,7 +355,9 @@ export function disposeValues(values: readonly object[] | undefined): void {
 
 /**
  * Decodes the payload buf[start, end) of a MESSAGE frame that arrived with `fds` (owned by this
- * function from the call on: every fd ends up in a decoded value or closed).
+ * function from the call on: every fd ends up in a decoded value or closed). `leases` is the
+ * link's table of leases received from its peer; without one (tests), a leased record is refused.
+ * Never throws: a failure is returned, fatal when the payload is out of spec.
  */
 export function decodeMessage(
   encoding: Encoding,
@@ -330,6 +366,7 @@ export function decodeMessage(
   end: number,
   fds: number[] | undefined,
   link: Link,
+  leases: IncomingLeases | undefined,
   view: DataView = new DataView(buf.buffer, buf.byteOffset, buf.byteLength),
 ): Decoded {
   if (encoding === Encoding.Raw) return { ok: true, value: copyBytes(buf, start, end), owned: undefined };
@@ -342,13 +379,13 @@ export function decodeMessage(
     }
   }
   const all = fds ?? [];
-  const r = decodeWithRecords(buf, view, start, end, all, link);
+  const r = decodeWithRecords(buf, view, start, end, all, link, leases);
   // On failure every fd not taken by a handler (marked -1) is closed here.
   if (!r.ok) for (const fd of all) if (fd >= 0) closeQuietly(fd);
   return r;
 }
 
-function decodeWithRecords(buf: Buffer, v: DataView, start: number, end: number, fds: number[], link: Link): Decoded {
+function parseRecords(buf: Buffer, v: DataView, start: number, end: number, records: ParsedRecord[]): { root: unknown; fdTotal: number } | Decoded {
   let at = start;
   const need = (n: number): boolean => at + n <= end;
   if (!need(4)) return malformed('truncated JSON length');
@@ -366,7 +403,6 @@ function decodeWithRecords(buf: Buffer, v: DataView, start: number, end: number,
   const count = v.getUint16(at, true);
   at += 2;
   if (count === 0) return malformed('no records in a message that announces records');
-  const records: ParsedRecord[] = [];
   let fdTotal = 0;
   for (let i = 0; i < count; i++) {
     if (!need(1)) return malformed('truncated record');
@@ -394,17 +430,53 @@ function decodeWithRecords(buf: Buffer, v: DataView, start: number, end: number,
         return malformed(`unknown path segment tag ${tag}`);
       }
     }
-    if (!need(5)) return malformed('truncated record data');
+    if (!need(RECORD_TAIL_BYTES)) return malformed('truncated record data');
     const fdCount = v.getUint8(at);
-    const dataLength = v.getUint32(at + 1, true);
-    at += 5;
+    const leaseId = readLeaseId(v, at + 1);
+    if (leaseId < 0) return malformed('a lease id above 2^53');
+    const dataLength = v.getUint32(at + 9, true);
+    at += RECORD_TAIL_BYTES;
     if (!need(dataLength)) return malformed('record data past the end');
-    records.push({ kind, path, fdCount, dataStart: at, dataEnd: at + dataLength });
+    records.push({ kind, path, fdCount, leaseId, dataStart: at, dataEnd: at + dataLength });
     at += dataLength;
     fdTotal += fdCount;
   }
   if (at !== end) return malformed(`${end - at} stray bytes after the records`);
+  return { root, fdTotal };
+}
+
+function decodeWithRecords(
+  buf: Buffer,
+  v: DataView,
+  start: number,
+  end: number,
+  fds: number[],
+  link: Link,
+  leases: IncomingLeases | undefined,
+): Decoded {
+  const records: ParsedRecord[] = [];
+  const parsed = parseRecords(buf, v, start, end, records);
+  if ('ok' in parsed) return parsed;
+  const { root, fdTotal } = parsed;
   if (fdTotal !== fds.length) return malformed(`records claim ${fdTotal} fds but ${fds.length} arrived`);
+
+  // Lease ids: only on handler records, each new to this link, before anything is decoded.
+  let leased = 0;
+  for (const rec of records) {
+    if (rec.leaseId === 0) continue;
+    if (rec.kind === '@bigint' || rec.kind === '@typed-array') return malformed(`a leased '${rec.kind}' record`);
+    if (!leases) return malformed('a leased value where no lease can be received');
+    if (leases.isLive(rec.leaseId)) return malformed(`lease id ${rec.leaseId} is already held`);
+    leased++;
+  }
+  if (leased > 1) {
+    const ids = new Set<number>();
+    for (const rec of records) {
+      if (rec.leaseId === 0) continue;
+      if (ids.has(rec.leaseId)) return malformed(`lease id ${rec.leaseId} appears twice`);
+      ids.add(rec.leaseId);
+    }
+  }
 
   // Check every placement before decoding anything, so a bad path never strands a decoded value.
   const holder: unknown[] = [root];
@@ -424,6 +496,9 @@ function decodeWithRecords(buf: Buffer, v: DataView, start: number, end: number,
     slots.push({ parent: p, key });
   }
 
+  // From here every lease is open: a failure must end them all (the values that were decoded
+  // end theirs when disposed; the rest never will), so that the sender gets its resources back.
+  const received: Array<ReceivedLease | undefined> = records.map((rec) => (rec.leaseId !== 0 ? leases!.open(rec.leaseId) : undefined));
   const owned: object[] = [];
   let fdAt = 0;
   for (let i = 0; i < records.length; i++) {
@@ -431,11 +506,12 @@ function decodeWithRecords(buf: Buffer, v: DataView, start: number, end: number,
     const mine = fds.slice(fdAt, fdAt + rec.fdCount);
     let value: unknown;
     try {
-      value = decodeRecord(rec, buf, mine, link);
+      value = decodeRecord(rec, buf, mine, link, received[i]);
     } catch (e) {
       // A handler marks the fds it already took or closed with -1; the rest are closed for it.
       for (let k = 0; k < rec.fdCount; k++) fds[fdAt + k] = mine[k]!;
       disposeValues(owned);
+      for (const lease of received) lease?.end();
       const error =
         e instanceof IpcError
           ? e
@@ -458,21 +534,26 @@ function copyBytes(buf: Uint8Array, start: number, end: number): Uint8Array {
   return out;
 }
 
-function decodeRecord(rec: ParsedRecord, buf: Buffer, fds: number[], link: Link): unknown {
+function fatal(why: string): IpcError {
+  return Object.assign(new IpcError('ERR_FRAME_INVALID', why), { fatal: true });
+}
+
+function decodeRecord(rec: ParsedRecord, buf: Buffer, fds: number[], link: Link, lease: ReceivedLease | undefined): unknown {
   if (rec.kind === '@bigint') {
     const text = buf.toString('latin1', rec.dataStart, rec.dataEnd);
-    if (rec.fdCount !== 0 || !/^-?[0-9]{1,10000}$/.test(text)) throw Object.assign(new IpcError('ERR_FRAME_INVALID', 'received a malformed bigint record'), { fatal: true });
+    if (rec.fdCount !== 0 || !/^-?[0-9]{1,10000}$/.test(text)) throw fatal('received a malformed bigint record');
     return BigInt(text);
   }
   if (rec.kind === '@typed-array') {
     const tag = rec.dataEnd > rec.dataStart ? buf[rec.dataStart]! : 0;
-    const bytes = copyBytes(buf, rec.dataStart + 1, rec.dataEnd);
-    if (tag === DATA_VIEW_TAG) return new DataView(bytes.buffer);
-    const Ctor = TYPED_ARRAYS[tag];
-    if (rec.fdCount !== 0 || !Ctor || bytes.byteLength % Ctor.BYTES_PER_ELEMENT !== 0) {
-      throw Object.assign(new IpcError('ERR_FRAME_INVALID', 'received a malformed typed-array record'), { fatal: true });
+    const Ctor = tag === DATA_VIEW_TAG ? DataView : TYPED_ARRAYS[tag];
+    const bytes = rec.dataEnd - rec.dataStart - 1;
+    if (rec.fdCount !== 0 || !Ctor || (Ctor !== DataView && bytes % (Ctor as { BYTES_PER_ELEMENT: number }).BYTES_PER_ELEMENT !== 0)) {
+      throw fatal('received a malformed typed-array record');
     }
-    return new Ctor(bytes.buffer as ArrayBuffer);
+    const copy = copyBytes(buf, rec.dataStart + 1, rec.dataEnd);
+    if (Ctor === DataView) return new DataView(copy.buffer);
+    return new (Ctor as Uint8ArrayConstructor)(copy.buffer as ArrayBuffer);
   }
   const handler = handlerForKind(rec.kind);
   if (!handler) {
@@ -482,5 +563,5 @@ function decodeRecord(rec: ParsedRecord, buf: Buffer, fds: number[], link: Link)
         'provides it (the whole cuda-ipc package registers all of them) before receiving',
     );
   }
-  return handler.decode(new Uint8Array(buf.buffer, buf.byteOffset + rec.dataStart, rec.dataEnd - rec.dataStart), fds, link);
+  return handler.decode(new Uint8Array(buf.buffer, buf.byteOffset + rec.dataStart, rec.dataEnd - rec.dataStart), fds, link, lease);
 }

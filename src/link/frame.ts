@@ -3,20 +3,22 @@
 //
 //   offset size  field
 //   0      4     magic 0x4C504943 ("CIPL")
-//   4      1     version (1)
-//   5      1     type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE
+//   4      1     version (2: transfer records carry lease ids, RELEASE exists)
+//   5      1     type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE
 //   6      2     flags: MESSAGE only, the payload encoding (Encoding); 0 for other types
 //   8      4     payload length: exactly the record length minus 16
 //   12     2     fd count: exactly the number of fds that arrived with the record
 //   14     2     reserved, 0
 //
 // Payloads: HELLO 8 bytes (u32 features, u32 reserved = 0); GOODBYE empty; REFUSE u16 reason
-// then UTF-8 text; MESSAGE see codec.ts. Only MESSAGE frames carry fds.
+// then UTF-8 text; MESSAGE see codec.ts; RELEASE (the receiver of leased values is done with
+// them, lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids, each
+// 1..2^53-1; exactly 8 + 8 * count bytes. Only MESSAGE frames carry fds.
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 
 export const FRAME_MAGIC = 0x4c504943;
-export const FRAME_VERSION = 1;
+export const FRAME_VERSION = 2;
 export const HEADER_BYTES = 16;
 /** Largest record (header included) a link sends or accepts. */
 export const MAX_FRAME_BYTES = 128 * 1024;
@@ -29,6 +31,7 @@ export const enum FrameType {
   Message = 2,
   Goodbye = 3,
   Refuse = 4,
+  Release = 5,
 }
 
 export const enum Encoding {
@@ -41,6 +44,10 @@ export const enum Encoding {
 }
 
 export const HELLO_PAYLOAD_BYTES = 8;
+/** RELEASE: u32 count and u32 reserved before the ids. */
+export const RELEASE_HEAD_BYTES = 8;
+/** Most ids in one RELEASE frame. */
+export const MAX_RELEASE_IDS = Math.floor((MAX_PAYLOAD_BYTES - RELEASE_HEAD_BYTES) / 8);
 export const enum RefuseReason {
   Uid = 1,
   Protocol = 2,
@@ -64,7 +71,7 @@ export function writeHeader(view: DataView, type: FrameType, flags: number, payl
   view.setUint16(14, 0, true);
 }
 
-function invalid(why: string): IpcError {
+export function invalid(why: string): IpcError {
   return new IpcError('ERR_FRAME_INVALID', `received an invalid link frame: ${why}; the peer is not speaking the cuda-ipc link protocol (or is a different version)`);
 }
 
@@ -88,7 +95,7 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
   if (type === FrameType.Message) {
     if (flags > Encoding.JsonWithRecords) throw invalid(`unknown message encoding ${flags}`);
     if (fdCount > 0 && flags !== Encoding.JsonWithRecords) throw invalid('fds arrived with a message that has no transfer records');
-  } else if (type === FrameType.Hello || type === FrameType.Goodbye || type === FrameType.Refuse) {
+  } else if (type === FrameType.Hello || type === FrameType.Goodbye || type === FrameType.Refuse || type === FrameType.Release) {
     if (flags !== 0) throw invalid(`flags 0x${flags.toString(16)} on a control frame`);
     if (fdCount !== 0) throw invalid('fds arrived with a control frame');
     if (type === FrameType.Hello) {
@@ -97,6 +104,13 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
     }
     if (type === FrameType.Goodbye && payloadLength !== 0) throw invalid('GOODBYE with a payload');
     if (type === FrameType.Refuse && payloadLength < 2) throw invalid('REFUSE without a reason');
+    if (type === FrameType.Release) {
+      const count = payloadLength >= RELEASE_HEAD_BYTES ? view.getUint32(HEADER_BYTES, true) : 0;
+      if (count === 0 || count > MAX_RELEASE_IDS || payloadLength !== RELEASE_HEAD_BYTES + 8 * count) {
+        throw invalid(`RELEASE of ${payloadLength} bytes announcing ${count} ids`);
+      }
+      if (view.getUint32(HEADER_BYTES + 4, true) !== 0) throw invalid('RELEASE reserved bytes are not zero');
+    }
   } else {
     throw invalid(`unknown frame type ${type}`);
   }
@@ -105,4 +119,40 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
   out.payloadLength = payloadLength;
   out.fdCount = fdCount;
   return out;
+}
+
+/** A lease id read as u64 at `at`: 0 (no lease), 1..2^53-1, or -1 when too large for a number. */
+export function readLeaseId(view: DataView, at: number): number {
+  const low = view.getUint32(at, true);
+  const high = view.getUint32(at + 4, true);
+  if (high >= 0x20_0000) return -1;
+  return high * 0x1_0000_0000 + low;
+}
+
+/** Writes a lease id (0 = none, or 1..2^53-1) as u64 at `at`. */
+export function writeLeaseId(view: DataView, at: number, id: number): void {
+  view.setUint32(at, id % 0x1_0000_0000, true);
+  view.setUint32(at + 4, Math.floor(id / 0x1_0000_0000), true);
+}
+
+/** A whole RELEASE frame for 1..MAX_RELEASE_IDS ids. */
+export function encodeRelease(ids: readonly number[]): Uint8Array {
+  const frame = new Uint8Array(HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * ids.length);
+  const view = new DataView(frame.buffer);
+  writeHeader(view, FrameType.Release, 0, frame.byteLength - HEADER_BYTES, 0);
+  view.setUint32(HEADER_BYTES, ids.length, true);
+  for (let i = 0; i < ids.length; i++) writeLeaseId(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i, ids[i]!);
+  return frame;
+}
+
+/** The ids of a RELEASE frame whose header parseHeader() accepted; ERR_FRAME_INVALID for bad ids. */
+export function readReleaseIds(view: DataView, payloadLength: number): number[] {
+  const count = (payloadLength - RELEASE_HEAD_BYTES) / 8;
+  const ids = new Array<number>(count);
+  for (let i = 0; i < count; i++) {
+    const id = readLeaseId(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i);
+    if (id <= 0) throw invalid('RELEASE of lease id 0 or of an id above 2^53');
+    ids[i] = id;
+  }
+  return ids;
 }

@@ -1,9 +1,11 @@
 // Sending a HostBuffer over a link passes its memfd (borrowed for the send) and where the buffer
 // lies in it; the receiver maps the same memory. Data: u64 file length, u64 offset, u64 length.
+// The send leases the sender's mapping to the peer: it stays mapped until the receiver's last
+// view of what it got is closed (the lease ends), or the link closes.
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
-import { HostBuffer, describeHostBuffer } from '../host/host-buffer.js';
+import { HostBuffer, describeHostBuffer, leaseHostBuffer, whenHostBufferReleased } from '../host/host-buffer.js';
 
 const DATA_BYTES = 24;
 const { F_SEAL_SHRINK } = addon.posixConstants;
@@ -26,9 +28,9 @@ export const hostBufferTransfer: TransferHandler<HostBuffer> = {
     v.setBigUint64(0, BigInt(mappingLength), true);
     v.setBigUint64(8, BigInt(buffer.byteOffset), true);
     v.setBigUint64(16, BigInt(buffer.byteLength), true);
-    return { data, fds: [buffer.fd] };
+    return { data, fds: [buffer.fd], hold: { release: leaseHostBuffer(buffer), bytes: buffer.byteLength } };
   },
-  decode(data, fds) {
+  decode(data, fds, _link, lease) {
     if (data.byteLength !== DATA_BYTES || fds.length !== 1) {
       throw new IpcError('ERR_DESCRIPTOR_INVALID', `received a malformed host-buffer (${data.byteLength} bytes, ${fds.length} fds)`);
     }
@@ -51,6 +53,8 @@ export const hostBufferTransfer: TransferHandler<HostBuffer> = {
     }
     const whole = HostBuffer.fromFd(fd, fileLength);  // checks the file really is that long
     fds[0] = -1;  // owned by `whole` now, even if view() below throws
+    // The mapping (whole, or kept by the view) ends the lease when it is finally unmapped.
+    if (lease) whenHostBufferReleased(whole, () => lease.end());
     if (offset === 0 && length === fileLength) return whole;
     try {
       return whole.view(offset, length);

@@ -9,6 +9,7 @@ export {
   type TransferHandler,
   type TransferEncoding,
 } from './transfer.js';
+export { leaseStats, type LeaseHold, type ReceivedLease, type LeaseCounts, type LeaseStats, type LinkLeaseStats } from './lease.js';
 
 // Host buffers, device buffers, pools and events travel over every link once the link layer is
 // loaded: the handlers register here, so no receiving process can miss one.

@@ -4,17 +4,20 @@ import { EventEmitter } from 'node:events';
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeSocket } from '../posix-types.js';
-import { acquireEncoder, decodeMessage, disposeValues } from './codec.js';
+import { acquireEncoder, disposeValues } from './codec.js';
 import {
   FrameType,
   HEADER_BYTES,
   HELLO_PAYLOAD_BYTES,
   MAX_FRAME_BYTES,
   RefuseReason,
+  encodeRelease,
   parseHeader,
   writeHeader,
   type FrameHeader,
 } from './frame.js';
+import { closeFds, readPayload, type InboundContext, type InboundFrame, type ReceivedMessage } from './inbound.js';
+import { IncomingLeases, OutgoingLeases, releaseHold, type LeaseCounts } from './lease.js';
 import { Queue } from './queue.js';
 
 /** Who is on the other end, as the kernel reports it. */
@@ -62,7 +65,7 @@ interface Outgoing {
   /** Owned by the link: closed once sent or dropped. */
   fds: number[] | null;
 }
-type InboxEntry = { ok: true; value: unknown; owned: object[] | undefined } | { ok: false; error: IpcError };
+type InboxEntry = ReceivedMessage;
 interface Waiter {
   resolve(value: unknown): void;
   reject(error: unknown): void;
@@ -72,18 +75,6 @@ const INBOX_PAUSE = 1024;
 const INBOX_RESUME = 256;
 const myUid = process.getuid?.() ?? -1;
 let nextLinkId = 1;
-
-function closeFds(fds: readonly number[] | null | undefined): void {
-  if (!fds) return;
-  for (const fd of fds) {
-    if (fd < 0) continue;
-    try {
-      addon.close(fd);
-    } catch {
-      // Already gone; nothing to release.
-    }
-  }
-}
 
 function errnoCode(e: unknown): string | undefined {
   return (e as { code?: unknown })?.code as string | undefined;
@@ -116,6 +107,11 @@ export interface Link {
  * reason, receive() rejecting with ERR_LINK_CLOSED) or, if this process died, ERR_PEER_GONE. Messages
  * that arrived before the close stay readable. 'error' is emitted only when someone listens for
  * it; 'close' always fires, with the reason.
+ *
+ * Leases: a sent value whose transfer handler holds a resource for it (a HostBuffer's mapping,
+ * device memory, ...) is leased to the peer until the peer releases it or the link closes for any
+ * reason; `leases` counts what this side holds for the peer. Received leased values tell the
+ * sender when they are released, batched in RELEASE frames.
  */
 export class Link extends EventEmitter implements Disposable, AsyncDisposable, AsyncIterable<unknown> {
   /** Unique in this process; stable for the link's life. */
@@ -141,6 +137,11 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   #openWaiters: Waiter[] = [];
   readonly #closeHooks = new Set<(link: Link, reason: IpcError | undefined) => void>();
   #handshakeTimer: NodeJS.Timeout | undefined;
+  /** Leases granted to the peer: what this process keeps alive for it. */
+  readonly #leasesOut = new OutgoingLeases(this);
+  /** Leases the peer granted: ended ones go back in RELEASE frames. */
+  readonly #leasesIn = new IncomingLeases((ids) => this.#sendRelease(ids));
+  readonly #inbound: InboundContext = { link: this, leases: this.#leasesIn };
 
   /** @internal Use spawn(), parentLink(), listen() or connect(). */
   constructor(token: typeof kCreate, setup: LinkSetup) {
@@ -201,6 +202,13 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   get pendingReceives(): number {
     return this.#inbox.length;
   }
+  /**
+   * Leases this process holds for the peer: values sent on this link that the peer has not
+   * released yet, and the bytes they keep alive. Both 0 once the link is closed.
+   */
+  get leases(): LeaseCounts {
+    return { count: this.#leasesOut.count, bytes: this.#leasesOut.bytes };
+  }
 
   // ------------------------------------------------------------------------------------------
   // Sending
@@ -218,7 +226,14 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     try {
       const m = enc.encode(value, this);
       writeHeader(enc.view, FrameType.Message, m.encoding, m.headLength - HEADER_BYTES + (m.body?.byteLength ?? 0), m.fds.length);
-      this.#sendFrame(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
+      try {
+        this.#sendFrame(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
+      } catch (e) {
+        // Nothing was leased: the peer will never see these ids.
+        for (const { hold } of m.holds) releaseHold(hold);
+        throw e;
+      }
+      for (const { id, hold } of m.holds) this.#leasesOut.add(id, hold);
       for (const commit of m.commits) {
         try {
           commit();
@@ -324,6 +339,13 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     const frame = new Uint8Array(HEADER_BYTES + (payload?.byteLength ?? 0));
     writeHeader(new DataView(frame.buffer), type, 0, payload?.byteLength ?? 0, 0);
     if (payload) frame.set(payload, HEADER_BYTES);
+    this.#sendFrame(frame, frame.byteLength, null, [], []);
+  }
+
+  /** Tells the peer that this process is done with the values it leased under `ids`. */
+  #sendRelease(ids: readonly number[]): void {
+    if (this.#state !== 'open') return;
+    const frame = encodeRelease(ids);
     this.#sendFrame(frame, frame.byteLength, null, [], []);
   }
 
@@ -476,17 +498,35 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       this.#shutdown(e as IpcError, 'local');
       return;
     }
-    switch (h.type) {
-      case FrameType.Message: {
-        if (this.#state !== 'open') {
-          closeFds(fds);
-          this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a message before the link handshake`), 'local');
-          return;
+    if ((h.type === FrameType.Message || h.type === FrameType.Release) && this.#state !== 'open') {
+      closeFds(fds);
+      this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a ${h.type === FrameType.Message ? 'message' : 'RELEASE'} before the link handshake`), 'local');
+      return;
+    }
+    let f: InboundFrame;
+    try {
+      f = readPayload(h, this.#recvBuf, this.#recvView, length, fds, this.#inbound);
+    } catch (e) {
+      // readPayload closed the fds. Anything but an IpcError would be a bug in the decoder; the
+      // link still closes with a typed reason rather than throw out of the socket callback.
+      const reason = e instanceof IpcError ? e : new IpcError('ERR_FRAME_INVALID', `could not decode a frame from the ${this.#setup.peerName}: ${String((e as Error)?.message ?? e)}`, { cause: e });
+      this.#shutdown(reason, 'local');
+      return;
+    }
+    switch (f.type) {
+      case FrameType.Message:
+        this.#deliver(f.message);
+        return;
+      case FrameType.Release: {
+        const unknown = this.#leasesOut.release(f.ids);
+        if (unknown !== undefined) {
+          // A correct peer releases each lease it was given exactly once, so this is a broken or
+          // hostile peer; closing (which ends every lease it holds) is the one safe answer.
+          this.#shutdown(
+            new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} released lease ${unknown}, which this link never granted or had already ended`),
+            'local',
+          );
         }
-        const d = decodeMessage(h.flags, this.#recvBuf, HEADER_BYTES, length, fds, this, this.#recvView);
-        if (d.ok) this.#deliver(d);
-        else if (d.fatal) this.#shutdown(d.error, 'local');
-        else this.#deliver(d);
         return;
       }
       case FrameType.Hello:
@@ -495,11 +535,9 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       case FrameType.Goodbye:
         this.#shutdown(undefined, 'peer');
         return;
-      case FrameType.Refuse: {
-        const text = this.#recvBuf.toString('utf8', HEADER_BYTES + 2, Math.min(length, HEADER_BYTES + 2 + 1024));
-        this.#shutdown(new IpcError('ERR_PEER_REFUSED', `the ${this.#setup.peerName} refused the link: ${text}`), 'peer');
+      case FrameType.Refuse:
+        this.#shutdown(new IpcError('ERR_PEER_REFUSED', `the ${this.#setup.peerName} refused the link: ${f.text}`), 'peer');
         return;
-      }
     }
   };
 
@@ -648,6 +686,9 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     clearTimeout(this.#handshakeTimer);
     this.#sock.close();
     this.#dropOutbox(this.#closedError('flush'));
+    // The peer can no longer use or release anything: every lease on this link ends, both ways.
+    this.#leasesIn.close();
+    this.#leasesOut.close();
     const receiveError = this.#closedError('receive');
     const waiters = this.#waiters;
     this.#waiters = [];

@@ -3,6 +3,7 @@
 // bytes plus fds on the sending side and rebuilds it on the receiving side.
 import { IpcError } from '../errors.js';
 import type { Link } from './link.js';
+import type { LeaseHold, ReceivedLease } from './lease.js';
 
 /** What encode() returns for one value. */
 export interface TransferEncoding {
@@ -22,6 +23,14 @@ export interface TransferEncoding {
    * Record per-link state here ("this pool's fd has been sent on this link"), not in encode().
    */
   readonly onCommit?: () => void;
+  /**
+   * The sender-side resource this value keeps alive while the peer uses it (e.g. a reference on
+   * the memory). Once the message is committed, the link leases it to the peer and runs
+   * `release()` exactly once: when the peer releases the value (its ReceivedLease.end()), or when
+   * the link closes for any reason, the peer's death included. If the send fails instead, the
+   * link runs `release()` at once. `bytes` counts towards link.leases and leaseStats().
+   */
+  readonly hold?: LeaseHold;
 }
 
 export interface TransferHandler<T extends object = object> {
@@ -41,8 +50,13 @@ export interface TransferHandler<T extends object = object> {
    * (or closed) some fd before throwing sets that entry to -1.
    * Values with close() or [Symbol.dispose]() are disposed by the link if the message can't be
    * delivered (decode of a later value failed, or the link closed with the message unread).
+   *
+   * `lease` is set when the sender leased the value (its encode() returned a hold). The decoded
+   * value must call `lease.end()` once it is finally released (closed, freed), which lets the
+   * sender release its resource; disposal by the link counts. If decode() throws, the link ends
+   * the lease itself.
    */
-  decode(data: Uint8Array, fds: number[], link: Link): unknown;
+  decode(data: Uint8Array, fds: number[], link: Link, lease: ReceivedLease | undefined): unknown;
 }
 
 const byKind = new Map<string, TransferHandler>();

@@ -28,7 +28,8 @@ test('malformed frame headers are rejected with ERR_FRAME_INVALID', () => {
   const cases: Array<[string, Uint8Array, number, number]> = [
     ['short', new Uint8Array(10), 10, 0],
     ['bad magic', header(2, 0, 0, 0, (v) => v.setUint32(0, 0xdeadbeef, true)), 16, 0],
-    ['bad version', header(2, 0, 0, 0, (v) => v.setUint8(4, 2)), 16, 0],
+    ['a version 1 peer', header(2, 0, 0, 0, (v) => v.setUint8(4, 1)), 16, 0],
+    ['bad version', header(2, 0, 0, 0, (v) => v.setUint8(4, 3)), 16, 0],
     ['unknown type', header(9, 0, 0, 0), 16, 0],
     ['length mismatch', header(2, 0, 4, 0, (v) => v.setUint32(8, 5, true)), 20, 0],
     ['fd count mismatch', header(2, 2, 0, 1), 16, 2],
@@ -50,7 +51,7 @@ function roundTrip(value: unknown): unknown {
   const m = enc.encode(value, undefined as unknown as Link);
   assert.equal(m.fds.length, 0);
   const bytes = Buffer.concat([enc.scratch.subarray(0, m.headLength), m.body ?? new Uint8Array(0)]);
-  const d = decodeMessage(m.encoding, bytes, 16, bytes.byteLength, undefined, undefined as unknown as Link);
+  const d = decodeMessage(m.encoding, bytes, 16, bytes.byteLength, undefined, undefined as unknown as Link, undefined);
   assert.ok(d.ok, d.ok ? '' : d.error.message);
   return d.value;
 }
@@ -101,11 +102,11 @@ test('values that cannot travel are refused with ERR_NOT_TRANSFERABLE before any
 test('malformed message payloads are fatal (ERR_FRAME_INVALID) and close the fds that came with them', () => {
   const fd = addon.memfdCreate('t');
   const payload = Buffer.from('\x05\x00\x00\x00{"a":null}');
-  const d = decodeMessage(2, payload, 0, payload.byteLength, [fd], undefined as unknown as Link);
+  const d = decodeMessage(2, payload, 0, payload.byteLength, [fd], undefined as unknown as Link, undefined);
   assert.ok(!d.ok && d.fatal && d.error.code === 'ERR_FRAME_INVALID');
   assert.equal(fdIsOpen(fd), false);
   const notJson = Buffer.from('{oops');
-  const d2 = decodeMessage(0, notJson, 0, notJson.byteLength, undefined, undefined as unknown as Link);
+  const d2 = decodeMessage(0, notJson, 0, notJson.byteLength, undefined, undefined as unknown as Link, undefined);
   assert.ok(!d2.ok && d2.fatal);
 });
 

@@ -1,0 +1,99 @@
+// One received record turned into what the link acts on, with no socket involved: the link runs
+// every record through here, and so does the frame fuzzer (test/fixtures/link-fuzzer.ts) with
+// hostile bytes. Contract: return a frame, or throw an IpcError (the link must then close); in
+// both cases every fd that came with the record is either inside a returned value or closed.
+import { IpcError } from '../errors.js';
+import { addon } from '../native.js';
+import { decodeMessage } from './codec.js';
+import { FrameType, HEADER_BYTES, parseHeader, readReleaseIds, type FrameHeader } from './frame.js';
+import type { IncomingLeases } from './lease.js';
+import type { Link } from './link.js';
+
+/** A received message: its value (and the decoded objects it owns), or why only it failed. */
+export type ReceivedMessage = { ok: true; value: unknown; owned: object[] | undefined } | { ok: false; error: IpcError };
+
+export type InboundFrame =
+  | { type: FrameType.Hello }
+  | { type: FrameType.Goodbye }
+  | { type: FrameType.Refuse; reason: number; text: string }
+  | { type: FrameType.Release; ids: number[] }
+  | { type: FrameType.Message; message: ReceivedMessage };
+
+/** What decoding needs from the link the record arrived on. */
+export interface InboundContext {
+  /** Given to transfer handlers. */
+  readonly link: Link;
+  /** Leases received from the peer; RELEASE frames for them go back through it. */
+  readonly leases: IncomingLeases;
+}
+
+/** Longest REFUSE text kept (the rest is dropped). */
+const REFUSE_TEXT_MAX = 1024;
+
+export function closeFds(fds: readonly number[] | null | undefined): void {
+  if (!fds) return;
+  for (const fd of fds) {
+    if (fd < 0) continue;
+    try {
+      addon.close(fd);
+    } catch {
+      // Already gone; nothing to release.
+    }
+  }
+}
+
+/**
+ * Reads the payload of a record whose header parseHeader() accepted: buf[0, length) is the whole
+ * record, `view` a DataView over buf. Owns `fds` from the call on.
+ */
+export function readPayload(
+  h: FrameHeader,
+  buf: Buffer,
+  view: DataView,
+  length: number,
+  fds: number[] | undefined,
+  ctx: InboundContext,
+): InboundFrame {
+  switch (h.type) {
+    case FrameType.Message: {
+      const d = decodeMessage(h.flags, buf, HEADER_BYTES, length, fds, ctx.link, ctx.leases, view);
+      if (d.ok) return { type: FrameType.Message, message: d };
+      if (d.fatal) throw d.error;
+      return { type: FrameType.Message, message: { ok: false, error: d.error } };
+    }
+    // parseHeader() allows fds only on messages, so none need closing below.
+    case FrameType.Release:
+      return { type: FrameType.Release, ids: readReleaseIds(view, h.payloadLength) };
+    case FrameType.Refuse:
+      return {
+        type: FrameType.Refuse,
+        reason: view.getUint16(HEADER_BYTES, true),
+        text: buf.toString('utf8', HEADER_BYTES + 2, Math.min(length, HEADER_BYTES + 2 + REFUSE_TEXT_MAX)),
+      };
+    case FrameType.Hello:
+      return { type: FrameType.Hello };
+    case FrameType.Goodbye:
+      return { type: FrameType.Goodbye };
+  }
+}
+
+/**
+ * parseHeader() and readPayload() in one: the whole path a record takes, minus the link's state
+ * checks. `buf` (and `view`) hold the record in [0, length).
+ */
+export function readFrame(
+  buf: Buffer,
+  view: DataView,
+  length: number,
+  fds: number[] | undefined,
+  ctx: InboundContext,
+  header: FrameHeader = { type: FrameType.Hello, flags: 0, payloadLength: 0, fdCount: 0 },
+): InboundFrame {
+  try {
+    parseHeader(view, length, fds?.length ?? 0, header);
+  } catch (e) {
+    closeFds(fds);
+    throw e;
+  }
+  return readPayload(header, buf, view, length, fds, ctx);
+}
