@@ -26,3 +26,6 @@ export {
   type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
 } from './link/index.js';
+export { stats, type Stats } from './stats.js';
+export { leaseStats, type LeaseStats, type LeaseCounts, type LinkLeaseStats } from './link/index.js';
+export { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';

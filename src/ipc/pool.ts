@@ -231,6 +231,21 @@ export class IpcPool {
     driver.memPoolTrimTo(pool, bytes);
   }
 
+  /** Keeps the pool alive past close() until the returned function runs (a peer's lease). */
+  hold(): () => void {
+    this.handle; // throws once closed
+    this.#users++;
+    let done = false;
+    return () => {
+      if (done) return;
+      done = true;
+      this.#dropUser();
+    };
+  }
+
+  /** Run once the pool is destroyed (e.g. tell the peer it came from that it is no longer used). */
+  readonly afterDestroy: Array<() => void> = [];
+
   /** Number of live buffers allocated from or imported through this pool. */
   get liveBuffers(): number { return this.#users; }
 
@@ -243,9 +258,13 @@ export class IpcPool {
     if (h === 0n) return;
     this.#handle = 0n;
     this.device.activate();
-    driver.memPoolDestroy(h);
-    if (this.#fd >= 0) closeSync(this.#fd);
-    this.#fd = -1;
+    try {
+      driver.memPoolDestroy(h);
+      if (this.#fd >= 0) closeSync(this.#fd);
+      this.#fd = -1;
+    } finally {
+      for (const hook of this.afterDestroy.splice(0)) hook();
+    }
   }
 
   /** Closes the pool; it is destroyed once its last buffer is closed. Idempotent. */

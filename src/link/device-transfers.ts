@@ -1,4 +1,5 @@
-// How device memory, pools and events travel over links.
+// How device memory, pools and events travel over links. Each is leased to the peer: the sender's
+// memory, pool or event stays alive past its close() until the peer releases it or dies.
 //  - Pool buffers: the pool's fd goes once per link (in the first message that needs it); after
 //    that each buffer is 64 bytes of export data plus its size and range.
 //  - Other device buffers: their legacy-handle descriptor (binary form).
@@ -16,6 +17,7 @@ import { deviceUuidFromBytes } from '../ipc/device-uuid.js';
 import { IpcError } from '../errors.js';
 import { registerTransferHandler, type TransferEncoding } from './transfer.js';
 import type { Link } from './link.js';
+import type { LeaseHold, ReceivedLease } from './lease.js';
 
 // Pool reference, shared by pool and pool-buffer messages (little-endian, zero padding):
 //   0  16  pool id
@@ -51,6 +53,17 @@ function writePoolRef(view: DataView, bytes: Uint8Array, pool: IpcPool, link: Li
       sent.add(pool.id);
     },
   };
+}
+
+/** A lease on a buffer's memory: the memory outlives the sender's close() until the peer lets go. */
+function leaseMemory(buffer: DeviceBuffer): LeaseHold {
+  return { release: buffer.memory.lease(), bytes: buffer.byteLength };
+}
+
+/** Ends the sender's lease once the received buffer's memory is unmapped here, never before. */
+function endLeaseOnRelease(buffer: DeviceBuffer, lease: ReceivedLease | undefined): DeviceBuffer {
+  if (lease) buffer.memory.afterRelease.push(() => lease.end());
+  return buffer;
 }
 
 function frameError(what: string): IpcError {
@@ -107,16 +120,16 @@ registerTransferHandler<DeviceBuffer>({
     view.setBigUint64(112, BigInt(allocationSize), true);
     view.setBigUint64(120, BigInt(buffer.ownerOffset), true);
     view.setBigUint64(128, BigInt(buffer.byteLength), true);
-    return writePoolRef(view, bytes, pool, link);
+    return { ...writePoolRef(view, bytes, pool, link), hold: leaseMemory(buffer) };
   },
-  decode(data, fds, link) {
+  decode(data, fds, link, lease) {
     if (data.byteLength !== POOL_BUFFER_BYTES) throw frameError('pool buffer');
     const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
     const pool = readPoolRef(data, fds, link);
     const size = Number(view.getBigUint64(112, true));
     const offset = Number(view.getBigUint64(120, true));
     const length = Number(view.getBigUint64(128, true));
-    return pool.importBuffer(data.slice(48, 112), size, offset, length);
+    return endLeaseOnRelease(pool.importBuffer(data.slice(48, 112), size, offset, length), lease);
   },
 });
 
@@ -125,24 +138,30 @@ registerTransferHandler<IpcPool>({
   canTransfer: (v): v is IpcPool => v instanceof IpcPool,
   encode(pool, link) {
     const bytes = new Uint8Array(POOL_REF_BYTES);
-    return writePoolRef(new DataView(bytes.buffer), bytes, pool, link);
+    return { ...writePoolRef(new DataView(bytes.buffer), bytes, pool, link), hold: { release: pool.hold() } };
   },
-  decode(data, fds, link) {
+  decode(data, fds, link, lease) {
     if (data.byteLength !== POOL_REF_BYTES) throw frameError('pool');
-    return readPoolRef(data, fds, link);
+    const pool = readPoolRef(data, fds, link);
+    if (lease) pool.afterDestroy.push(() => lease.end());
+    return pool;
   },
 });
 
 registerTransferHandler<DeviceBuffer>({
   kind: 'legacy-buffer',
   canTransfer: (v): v is DeviceBuffer => v instanceof DeviceBuffer && (v.kind === 'device' || v.kind === 'legacy-import'),
-  encode: (buffer) => ({ data: encodeDescriptor(buffer.ipcHandle()) }),
-  decode: (data) => openIpcHandle(decodeDescriptor(data, 'cuda-legacy-handle')),
+  encode: (buffer) => ({ data: encodeDescriptor(buffer.ipcHandle()), hold: leaseMemory(buffer) }),
+  decode: (data, _fds, _link, lease) => endLeaseOnRelease(openIpcHandle(decodeDescriptor(data, 'cuda-legacy-handle')), lease),
 });
 
 registerTransferHandler<Event>({
   kind: 'ipc-event',
   canTransfer: (v): v is Event => v instanceof Event,
-  encode: (event) => ({ data: encodeDescriptor(event.ipcHandle()) }),
-  decode: (data) => openIpcEvent(decodeDescriptor(data, 'cuda-ipc-event')),
+  encode: (event) => ({ data: encodeDescriptor(event.ipcHandle()), hold: { release: event.hold() } }),
+  decode: (data, _fds, _link, lease) => {
+    const event = openIpcEvent(decodeDescriptor(data, 'cuda-ipc-event'));
+    if (lease) event.afterDestroy.push(() => lease.end());
+    return event;
+  },
 });

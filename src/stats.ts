@@ -1,0 +1,25 @@
+// stats(): what this process shares and holds right now, for dashboards and leak hunting.
+import { readdirSync } from 'node:fs';
+import { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
+import { legacyCacheStats, type ImportCacheStats } from './ipc/legacy.js';
+import { leaseStats, type LeaseStats } from './link/lease.js';
+
+export interface Stats {
+  /** Device memory of this thread: allocations, what peers lease, what only leases keep (heldBytes), imports. */
+  device: DeviceMemoryStats;
+  /** Leases this process granted, per peer (link) and in total, device and host memory alike. */
+  leases: LeaseStats;
+  /** The process-wide legacy import cache: mappings, idle (cached) ones, exports. */
+  importCache: ImportCacheStats;
+  /** Open file descriptors of the process. */
+  openFds: number;
+}
+
+export function stats(): Stats {
+  return {
+    device: deviceMemoryStats(),
+    leases: leaseStats(),
+    importCache: legacyCacheStats(),
+    openFds: readdirSync('/proc/self/fd').length - 1, // less the one readdir itself opened
+  };
+}
