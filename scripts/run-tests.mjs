@@ -23,5 +23,7 @@ if (files.length === 0) {
   console.error('run-tests: no test files found; did the build (tsc) run?');
   process.exit(1);
 }
-const r = spawnSync(process.execPath, ['--test', '--test-concurrency=1', ...flags, ...files], { stdio: 'inherit' });
+// A test that hangs fails after 5 minutes, and a file whose tests are done exits even if it left a
+// handle open (the failure of that file's tests says which), so a run always ends.
+const r = spawnSync(process.execPath, ['--test', '--test-concurrency=1', '--test-timeout=300000', '--test-force-exit', ...flags, ...files], { stdio: 'inherit' });
 process.exit(r.status ?? 1);
