@@ -102,6 +102,24 @@ describe('legacy IPC handles', { skip: noGpu }, () => {
     }
   });
 
+  test('an address the exporter reuses for a new allocation reads the new data in the importer', async () => {
+    // The importer keeps idle mappings cached by handle bytes: a new allocation at the same
+    // address must never be read through a stale mapping of the old one.
+    const first = DeviceBuffer.allocate(1 << 20);
+    const address = first.devicePointer;
+    first.write(u32Pattern(111, 1 << 18));
+    const h1 = first.ipcHandle();
+    assert.deepEqual(await child.request({ op: 'check-and-write', desc: json(h1), expect: { seed: 111 } }), { ok: true });
+    first.close();
+    using second = DeviceBuffer.allocate(1 << 20);
+    second.write(u32Pattern(222, 1 << 18));
+    const h2 = second.ipcHandle();
+    const sameAddress = second.devicePointer === address;
+    const sameHandle = Buffer.from(h1.handle).equals(Buffer.from(h2.handle));
+    console.log(`# reused address: ${sameAddress}, identical handle bytes: ${sameHandle}`);
+    assert.deepEqual(await child.request({ op: 'check-and-write', desc: json(h2), expect: { seed: 222 } }), { ok: true });
+  });
+
   test('opening in the exporting process returns a view of the local allocation', () => {
     using b = DeviceBuffer.allocate(4096);
     const d = b.view(1024, 1024).ipcHandle();
