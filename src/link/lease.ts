@@ -45,7 +45,7 @@ export interface LeaseCounts {
 export interface LinkLeaseStats extends LeaseCounts {
   /** Link.id of the link the leases were granted on. */
   linkId: number;
-  /** The peer holding them. */
+  /** The peer holding them (0 while the link's handshake is still running). */
   peerPid: number;
 }
 
@@ -77,7 +77,6 @@ export class OutgoingLeases {
   readonly #holds = new Map<number, LeaseHold>();
   #bytes = 0;
   #closed = false;
-  #peerPid = 0;
 
   constructor(readonly link: Link) {}
 
@@ -94,10 +93,7 @@ export class OutgoingLeases {
       releaseHold(hold);
       return;
     }
-    if (this.#holds.size === 0) {
-      this.#peerPid = this.link.peer.pid;
-      withLeases.add(this);
-    }
+    if (this.#holds.size === 0) withLeases.add(this);
     this.#holds.set(id, hold);
     this.#bytes += hold.bytes ?? 0;
   }
@@ -132,7 +128,13 @@ export class OutgoingLeases {
   }
 
   stats(): LinkLeaseStats {
-    return { linkId: this.link.id, peerPid: this.#peerPid, count: this.#holds.size, bytes: this.#bytes };
+    let peerPid = 0;
+    try {
+      peerPid = this.link.peer.pid;
+    } catch {
+      // A child's parentLink() can send before its handshake completed: the pid is not known yet.
+    }
+    return { linkId: this.link.id, peerPid, count: this.#holds.size, bytes: this.#bytes };
   }
 }
 

@@ -113,3 +113,39 @@ test('the memfd is sealed against resizing', () => {
   assert.throws(() => addon.ftruncate(b.fd, 10), code('EPERM'));
   assert.throws(() => addon.ftruncate(b.fd, 1 << 20), code('EPERM'));
 });
+
+test('released() resolves once the buffer and all its views are closed', async () => {
+  const b = HostBuffer.allocate(4096);
+  const fd = b.fd;
+  const v = b.view(0, 16);
+  let released = false;
+  void b.released().then(() => (released = true));
+  assert.equal(b.leases, 0);
+  b.close();
+  await new Promise((r) => setImmediate(r));
+  assert.equal(released, false, 'the view still maps the memory');
+  assert.ok(fdIsOpen(fd));
+  v.close();
+  await b.released();
+  await v.released();
+  assert.equal(released, true);
+  assert.equal(fdIsOpen(fd), false);
+});
+
+test('close({ force: true }) unmaps at once: every view goes dark and reads as closed', async () => {
+  const b = HostBuffer.allocate(8192);
+  const fd = b.fd;
+  const v = b.view(4096);
+  const viewBytes = v.bytes;
+  v.fill(1);
+  b.close({ force: true });
+  await b.released();
+  assert.equal(fdIsOpen(fd), false);
+  assert.equal(b.closed, true);
+  assert.equal(v.closed, true);
+  assert.equal(viewBytes.byteLength, 0, 'no access to unmapped memory through an old view');
+  assert.throws(() => v.bytes, code('ERR_CLOSED'));
+  assert.throws(() => v.view(0), code('ERR_CLOSED'));
+  v.close();
+  v.close({ force: true });  // nothing left to do: no throw
+});
