@@ -120,11 +120,11 @@ export class IpcPool {
   static importFromFd(fd: number, device: Device, id: string, maxSize: number): IpcPool {
     try {
       assertPoolFd(fd);
+      device.activate();
     } catch (e) {
       closeSync(fd);
       throw e;
     }
-    device.activate();
     let handle: bigint;
     try {
       handle = driver.memPoolImportFromFd(fd);

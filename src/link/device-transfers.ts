@@ -88,14 +88,16 @@ function readPoolRef(data: Uint8Array, fds: number[], link: Link): IpcPool {
   if (flags & FD_ATTACHED) {
     if (fds.length !== 1) throw frameError('pool reference (fd count)');
     const fd = fds[0]!;
-    fds[0] = -1; // ours from here on, whatever happens next
     if (known) {
       // A peer may send the fd again (e.g. it re-sent a pool it received); keep the first import.
+      fds[0] = -1;
       closeSync(fd);
       return known;
     }
+    // Until importFromFd owns the fd, a throw leaves it in fds for the link to close.
     const device = Device.byUuid(deviceUuidFromBytes(data.subarray(16, 32)));
     const maxSize = Number(view.getBigUint64(32, true));
+    fds[0] = -1;
     const pool = IpcPool.importFromFd(fd, device, id, maxSize);
     received.set(id, pool);
     return pool;
