@@ -153,7 +153,7 @@ export class DeviceBuffer {
   #pointer: bigint;
 
   /** @internal Use DeviceBuffer.allocate, buffer.view, or the IPC open functions. */
-  constructor(memory: SharedMemory, offset: number, byteLength: number, parent?: DeviceBuffer) {
+  constructor(memory: SharedMemory, offset: number, byteLength: number, parent?: DeviceBuffer, origin?: string) {
     this.#memory = memory;
     this.device = memory.owner.device;
     this.ownerOffset = offset;
@@ -161,7 +161,7 @@ export class DeviceBuffer {
     this.#pointer = memory.owner.base + BigInt(offset);
     this.#parent = parent;
     memory.acquire();
-    trackLeak(this, `DeviceBuffer of ${byteLength} bytes`, () => memory.drop());
+    trackLeak(this, `A DeviceBuffer (${byteLength} bytes)`, () => memory.drop(), origin);
   }
 
   /** Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context. */

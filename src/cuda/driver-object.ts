@@ -20,7 +20,7 @@ export abstract class DriverObject {
     this.#handle = handle;
     this.#what = what;
     this.#destroy = destroy;
-    trackLeak(this, what, () => {
+    trackLeak(this, `A ${what}`, () => {
       device.activate();
       destroy(handle);
     });

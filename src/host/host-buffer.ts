@@ -4,7 +4,7 @@
 import { addon } from '../native.js';
 import type { NativeSharedMemory } from '../posix-types.js';
 import { IpcError } from '../errors.js';
-import { leakRegistry } from './leak-warning.js';
+import { trackLeak, untrackLeak } from '../leak.js';
 
 const { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL } = addon.posixConstants;
 
@@ -102,7 +102,6 @@ class Mapping {
   }
 }
 
-const leaks = leakRegistry('A HostBuffer');
 
 function toSize(bytes: number | bigint, what: string): number {
   const n = typeof bytes === 'bigint' ? Number(bytes) : bytes;
@@ -152,7 +151,8 @@ export class HostBuffer implements Disposable {
     this.#offset = offset;
     this.#length = length;
     this.#bytes = new Uint8Array(mapping.native.arrayBuffer(offset, length));
-    leaks.register(this, `${length} bytes`, this);
+    // Native finalizers close the fd and unmap once no ArrayBuffer needs the memory: only warn.
+    trackLeak(this, `A HostBuffer (${length} bytes)`, () => {});
   }
 
   /** Allocates `bytes` of zeroed shared memory in a new memfd, sealed against resizing. */
@@ -319,7 +319,7 @@ export class HostBuffer implements Disposable {
     const m = this.#mapping;
     if (m) {
       this.#mapping = undefined;
-      leaks.unregister(this);
+      untrackLeak(this);
       // Views may keep the mapping; this buffer's own typed arrays must go dark now regardless.
       addon.detachArrayBuffer(this.#bytes.buffer as ArrayBuffer);
       if (!options?.force) {

@@ -81,7 +81,7 @@ export class IpcPool {
     this.idBytes = Uint8Array.from(Buffer.from(id, 'hex'));
     this.imported = imported;
     this.maxSize = maxSize;
-    trackLeak(this, `${imported ? 'imported ' : ''}IpcPool`, () => {
+    trackLeak(this, `An ${imported ? 'imported ' : ''}IpcPool`, () => {
       device.activate();
       driver.memPoolDestroy(handle);
       if (fd >= 0) closeSync(fd);
@@ -220,7 +220,7 @@ export class IpcPool {
       memory = new SharedMemory(owner);
       this.#imports.set(key, memory);
     }
-    return new DeviceBuffer(memory, offset, length);
+    return new DeviceBuffer(memory, offset, length, undefined, `by importing from pool ${this.id}, e.g. out of a link message`);
   }
 
   /** Returns reserved but unused memory to the device until at most `bytes` stay reserved. */

@@ -29,10 +29,10 @@ test('a HostBuffer dropped without close: one leak warning, fd released, memory 
     const fds = fdCount();
     const maps = mappings();
     let bytes: Uint8Array | undefined = (() => {
-      const leaked = HostBuffer.allocate(1 << 20);
-      leaked.fill(9);
-      for (let i = 0; i < 3; i++) HostBuffer.allocate(4096);  // more leaks: still one warning
-      return leaked.bytes;
+      let leaked: HostBuffer | undefined;
+      for (let i = 0; i < 4; i++) leaked = HostBuffer.allocate(1 << 20); // four leaks, one place: one warning
+      leaked!.fill(9);
+      return leaked!.bytes;
     })();
     await collect();
     assert.equal(fdCount(), fds, 'the garbage-collected buffers closed their fds');
@@ -43,7 +43,8 @@ test('a HostBuffer dropped without close: one leak warning, fd released, memory 
     assert.equal(mappings(), maps, 'the last view gone, the memory is unmapped');
     const leakWarnings = warnings.filter((w) => (w as { code?: string }).code === 'CUDA_IPC_LEAK');
     assert.equal(leakWarnings.length, 1);
-    assert.match(leakWarnings[0]!.message, /HostBuffer was garbage-collected without close\(\)/);
+    assert.match(leakWarnings[0]!.message, /A HostBuffer \(1048576 bytes\) was garbage-collected without close\(\)/);
+    assert.match(leakWarnings[0]!.message, /Created at:\n.*host-gc\.test\.js:\d+/, 'the warning names where the buffer was created');
   } finally {
     process.off('warning', onWarning);
   }

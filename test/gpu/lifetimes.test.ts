@@ -4,6 +4,8 @@
 import { describe, test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { readdirSync } from 'node:fs';
+import { setFlagsFromString } from 'node:v8';
+import { runInNewContext } from 'node:vm';
 import { spawnSync, type ChildProcess } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { noGpu } from '../helpers/gpu.js';
@@ -121,6 +123,27 @@ describe('lifetimes', { skip: noGpu }, () => {
     } finally {
       child.kill('SIGKILL');
       await new Promise((r) => child.once('exit', r));
+    }
+  });
+
+  test('device buffers collected without close(): one warning naming where, memory freed', async () => {
+    setFlagsFromString('--expose-gc');
+    const gc = runInNewContext('gc') as () => void;
+    const device = Device.get(0);
+    const warnings: Array<Error & { code?: string }> = [];
+    const onWarning = (w: Error) => warnings.push(w);
+    process.on('warning', onWarning);
+    try {
+      const before = deviceMemoryStats().allocations;
+      (() => { for (let i = 0; i < 8; i++) DeviceBuffer.allocate(64 << 20, { device }); })();
+      assert.equal(deviceMemoryStats().allocations, before + 8);
+      for (let i = 0; i < 6; i++) { gc(); await sleep(5); }
+      assert.equal(deviceMemoryStats().allocations, before, 'the backstop freed them');
+      const leaks = warnings.filter((w) => w.code === 'CUDA_IPC_LEAK');
+      assert.equal(leaks.length, 1);
+      assert.match(leaks[0]!.message, /A DeviceBuffer \(67108864 bytes\) was garbage-collected without close\(\)[^]*lifetimes\.test\.js:\d+/);
+    } finally {
+      process.off('warning', onWarning);
     }
   });
 
