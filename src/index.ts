@@ -26,3 +26,9 @@ export {
   type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
 } from './link/index.js';
+export {
+  Channel, ChannelSlot, ChannelMessage, createChannel, acceptChannel, pipeline, pipelineStage,
+  type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type CreateOptions,
+  type AcquireOptions, type PublishOptions, type ReleaseOptions, type ReceiveOptions, type ChannelStats,
+  type Pipeline, type PipelineOptions, type PipelineStage,
+} from './channel/index.js';

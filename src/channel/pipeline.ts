@@ -1,0 +1,156 @@
+// pipeline(): stages in separate processes, chained by channels. This process spawns every stage
+// and is the hub of every channel (it owns the slots, watches the stages, and repairs the
+// channels when one dies); stage i produces into the channel that stage i + 1 consumes.
+import { IpcError } from '../errors.js';
+import { parentLink, spawn, type Link, type SpawnOptions, type SpawnedChild } from '../link/index.js';
+import { Channel, acceptChannel, type ChannelOptions, type ChannelWaitOptions } from './channel.js';
+
+const PROTOCOL = '@cuda-ipc/pipeline';
+
+export interface PipelineOptions extends Omit<ChannelOptions, 'producers' | 'consumers' | 'maxPeers'> {
+  /** Extra command-line arguments of each stage (by index). */
+  args?: ReadonlyArray<readonly string[]>;
+  /** How the stages are spawned (stdio, env, ...). */
+  spawn?: SpawnOptions;
+  /** This process feeds the first stage: `pipeline.input` is a producer end. */
+  input?: boolean;
+  /** This process reads what the last stage produces: `pipeline.output` is a consumer end. */
+  output?: boolean;
+}
+
+export interface Pipeline extends AsyncDisposable {
+  readonly stages: readonly SpawnedChild[];
+  /** This process's producer end into the first stage (with `input: true`). */
+  readonly input: Channel | undefined;
+  /** This process's consumer end of the last stage's output (with `output: true`). */
+  readonly output: Channel | undefined;
+  /** Resolves once every stage exited with status 0; rejects naming the first that did not. */
+  done(): Promise<void>;
+  /** Kills every stage still running and closes the channels. */
+  kill(): void;
+}
+
+interface StageMessage {
+  [PROTOCOL]: 'stage';
+  index: number;
+  count: number;
+  input: boolean;
+  output: boolean;
+}
+
+/**
+ * Spawns one process per module in `stages` and chains them: stage i's output channel is stage
+ * i + 1's input. Each stage calls pipelineStage() to get its ends. Every channel gets the same
+ * slots, slot size and memory (`memory: { pool }` gives each channel its own allocation there).
+ */
+export async function pipeline(stages: ReadonlyArray<string | URL>, options: PipelineOptions): Promise<Pipeline> {
+  if (!Array.isArray(stages) || stages.length === 0) throw new IpcError('ERR_INVALID_ARG', 'pipeline: give at least one stage module');
+  const n = stages.length;
+  const spawned: SpawnedChild[] = [];
+  const hubs: Channel[] = [];
+  const exits: Array<Promise<{ index: number; code: number | null; signal: NodeJS.Signals | null }>> = [];
+  const { args, spawn: spawnOptions, input: wantInput, output: wantOutput, ...channelOptions } = options;
+  let input: Channel | undefined;
+  let output: Channel | undefined;
+  const killAll = () => {
+    for (const s of spawned) if (s.child.exitCode === null && s.child.signalCode === null) s.child.kill('SIGKILL');
+  };
+  const closeAll = () => {
+    for (const h of hubs) h.close();
+  };
+  try {
+    for (let i = 0; i < n; i++) {
+      const s = await spawn(stages[i]!, [...(args?.[i] ?? [])], spawnOptions);
+      spawned.push(s);
+      exits.push(new Promise((resolve) => {
+        if (s.child.exitCode !== null || s.child.signalCode !== null) resolve({ index: i, code: s.child.exitCode, signal: s.child.signalCode });
+        else s.child.once('exit', (code, signal) => resolve({ index: i, code, signal }));
+      }));
+    }
+    // channels[i] feeds stage i (i = 0: from this process), channels[n] is the last stage's output.
+    const channels: Array<Channel | undefined> = [];
+    for (let i = 0; i <= n; i++) {
+      const first = i === 0;
+      const last = i === n;
+      if ((first && !wantInput) || (last && !wantOutput)) {
+        channels.push(undefined);
+        continue;
+      }
+      const role = first ? 'producer' : last ? 'consumer' : 'none';
+      const ch = Channel.create({ ...channelOptions, role, maxPeers: 2 });
+      hubs.push(ch);
+      channels.push(ch);
+      if (first) input = ch;
+      if (last) output = ch;
+    }
+    await Promise.all(spawned.map(async ({ link }, i) => {
+      const message: StageMessage = { [PROTOCOL]: 'stage', index: i, count: n, input: channels[i] !== undefined, output: channels[i + 1] !== undefined };
+      link.send(message);
+      if (channels[i]) await channels[i]!.attach(link, { role: 'consumer' });
+      if (channels[i + 1]) await channels[i + 1]!.attach(link, { role: 'producer' });
+    }));
+  } catch (e) {
+    killAll();
+    closeAll();
+    throw e;
+  }
+  let settled: Promise<void> | undefined;
+  const done = () => {
+    settled ??= (async () => {
+      try {
+        const results = await Promise.all(exits);
+        const bad = results.find((r) => r.code !== 0);
+        if (bad) {
+          const how = bad.signal ? `was killed by ${bad.signal}` : `exited with status ${bad.code}`;
+          throw new IpcError('ERR_PEER_GONE', `pipeline stage ${bad.index} (${String(stages[bad.index])}) ${how}`);
+        }
+      } finally {
+        for (const s of spawned) s.link.close();
+        for (const h of hubs) if (h !== input && h !== output) h.close();
+      }
+    })();
+    return settled;
+  };
+  return {
+    stages: spawned,
+    input,
+    output,
+    done,
+    kill: () => {
+      killAll();
+      closeAll();
+    },
+    [Symbol.asyncDispose]: async () => {
+      try {
+        await done();
+      } finally {
+        closeAll();
+      }
+    },
+  };
+}
+
+export interface PipelineStage {
+  /** This stage's position (0 = first). */
+  readonly index: number;
+  /** Number of stages. */
+  readonly count: number;
+  /** Consumer end of the channel into this stage (undefined for a first stage with no feeder). */
+  readonly input: Channel | undefined;
+  /** Producer end of the channel out of this stage (undefined for a last stage nobody reads). */
+  readonly output: Channel | undefined;
+  /** The link to the process that runs the pipeline (for results, logs, ...). */
+  readonly link: Link;
+}
+
+/** In a stage process started by pipeline(): its input and output channel ends. */
+export async function pipelineStage(options: ChannelWaitOptions & { signal?: AbortSignal } = {}): Promise<PipelineStage> {
+  const link = parentLink();
+  const m = (await link.receive({ signal: options.signal })) as Partial<StageMessage> | undefined;
+  if (typeof m !== 'object' || m === null || m[PROTOCOL] !== 'stage') {
+    throw new IpcError('ERR_FRAME_INVALID', 'pipelineStage: this process was not started as a pipeline stage (the first message was something else)');
+  }
+  const input = m.input ? await acceptChannel(link, options) : undefined;
+  const output = m.output ? await acceptChannel(link, options) : undefined;
+  return { index: Number(m.index), count: Number(m.count), input, output, link };
+}
