@@ -28,7 +28,7 @@ export {
 } from './link/index.js';
 export {
   Channel, ChannelSlot, ChannelMessage, createChannel, acceptChannel, pipeline, pipelineStage,
-  type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type CreateOptions,
+  type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type CreateOptions, type AcceptOptions, type SlotBuffer,
   type AcquireOptions, type PublishOptions, type ReleaseOptions, type ReceiveOptions, type ChannelStats,
   type Pipeline, type PipelineOptions, type PipelineStage,
 } from './channel/index.js';

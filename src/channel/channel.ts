@@ -25,6 +25,10 @@ export type ChannelTopology = 'queue' | 'broadcast';
 /** Where the slots live: host shared memory (memfd), or device memory from an IPC pool (yours,
  * or a new one on `device`). */
 export type ChannelMemory = 'host' | { pool: IpcPool } | { device: Device };
+/** What a slot is: shared host memory or device memory. */
+export type SlotBuffer = HostBuffer | DeviceBuffer;
+/** The slot type a `memory` option gives. */
+export type SlotBufferFor<M> = [M] extends ['host'] ? HostBuffer : [M] extends [undefined] ? HostBuffer : [M] extends [{ pool: IpcPool } | { device: Device }] ? DeviceBuffer : SlotBuffer;
 
 export interface ChannelWaitOptions {
   /**
@@ -87,6 +91,13 @@ export interface ReleaseOptions {
 }
 
 export interface ReceiveOptions {
+  signal?: AbortSignal;
+}
+
+export interface AcceptOptions extends ChannelWaitOptions {
+  /** Refuse the channel unless its slots are this kind of memory (pairs with the type
+   * parameter: `acceptChannel<DeviceBuffer>(link, { memory: 'device' })`). */
+  memory?: 'host' | 'device';
   signal?: AbortSignal;
 }
 
@@ -195,7 +206,7 @@ interface ChannelInit {
  * `ch.publish(slot, { meta })`; `await ch.end()` when done. Consumer: `for await (const msg of ch)`
  * with `msg.buffer`, `msg.meta`, and `msg.release()` once done with the slot.
  */
-export class Channel implements Disposable, AsyncDisposable, AsyncIterable<ChannelMessage> {
+export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, AsyncDisposable, AsyncIterable<ChannelMessage<B>> {
   readonly role: ChannelRole | 'none';
   readonly topology: ChannelTopology;
   readonly memory: 'host' | 'device';
@@ -234,15 +245,15 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
   /** Broadcast consumers: the next position to read. */
   #cursor = 0;
   /** Consumers: messages handed out and not yet released. */
-  readonly #held = new Map<number, ChannelMessage>();
+  readonly #held = new Map<number, ChannelMessage<B>>();
   /** Producers: slots acquired and not yet published. */
-  readonly #writing = new Map<number, ChannelSlot>();
+  readonly #writing = new Map<number, ChannelSlot<B>>();
   /** Producers: publishes waiting for the publish lock, in order. */
   readonly #deferred: number[] = [];
   #deferTimer: NodeJS.Timeout | undefined;
   #deferWaiters: Array<() => void> = [];
-  readonly #receivers: Array<Waiting<ChannelMessage | undefined>> = [];
-  readonly #acquirers: Array<Waiting<ChannelSlot>> = [];
+  readonly #receivers: Array<Waiting<ChannelMessage<B> | undefined>> = [];
+  readonly #acquirers: Array<Waiting<ChannelSlot<B>>> = [];
   #pumping = false;
   #ended = false;
   #endError: IpcError | undefined;
@@ -289,7 +300,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
   // Creating and attaching
 
   /** Creates a channel in this process, the hub: it allocates the slots and the control block. */
-  static create(options: CreateOptions): Channel {
+  static create<M extends ChannelMemory | undefined = undefined>(options: CreateOptions & { memory?: M }): Channel<SlotBufferFor<M>> {
     const role = options.role;
     if (role !== 'producer' && role !== 'consumer' && role !== 'none') {
       throw new IpcError('ERR_INVALID_ARG', `role must be 'producer', 'consumer' or 'none'; got ${String(role)}`);
@@ -390,7 +401,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
           }
         }
       }
-      return new Channel(kCreate, {
+      return new Channel<SlotBufferFor<M>>(kCreate, {
         hub: true, role, index: 0, layout: { ...layout, expectProducers, expectConsumers }, control, words,
         slotsHost, slotsDevice, ownPool, publishEvents, releaseEvents, wait,
       });
@@ -556,7 +567,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
    * A free slot to write into; waits while every slot is in flight (backpressure). Rejects with
    * ERR_PEER_GONE once every consumer died (ERR_CHANNEL_CLOSED once they all left).
    */
-  acquire(options: AcquireOptions = {}): Promise<ChannelSlot> {
+  acquire(options: AcquireOptions = {}): Promise<ChannelSlot<B>> {
     this.#assertRole('producer', 'acquire');
     if (this.#acquirers.length === 0 && !this.#pumping) {
       try {
@@ -571,12 +582,12 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
 
   /** A free slot now, or undefined when every slot is in flight. Device slots: you must order
    * your writes after the consumers' work yourself (slot.waitOn(stream) or await slot.ready()). */
-  tryAcquire(): ChannelSlot | undefined {
+  tryAcquire(): ChannelSlot<B> | undefined {
     this.#assertRole('producer', 'tryAcquire');
     return this.#tryAcquire();
   }
 
-  async #afterAcquire(slot: ChannelSlot, options: AcquireOptions): Promise<ChannelSlot> {
+  async #afterAcquire(slot: ChannelSlot<B>, options: AcquireOptions): Promise<ChannelSlot<B>> {
     if (this.memory === 'device') {
       if (options.stream) slot.waitOn(options.stream);
       else await slot.ready();
@@ -595,14 +606,14 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
       : new IpcError('ERR_CHANNEL_CLOSED', `${what}: every consumer has closed the channel`);
   }
 
-  #tryAcquire(): ChannelSlot | undefined {
+  #tryAcquire(): ChannelSlot<B> | undefined {
     if (this.#ending) throw closedError('acquire (end() was called)');
     if (!this.#alive()) throw this.#detachedError('acquire');
     if (this.#consumersGone()) throw this.#goneError('acquire');
     if (this.topology === 'broadcast' && this.#ring.counter(H.consumersAttached) < this.#layout.expectConsumers) return undefined;
     const s = this.#ring.claimSlot();
     if (s < 0) return undefined;
-    const slot = new ChannelSlot(this, s, this.#view(s));
+    const slot = new ChannelSlot<B>(this, s, this.#view(s) as B);
     this.#writing.set(s, slot);
     return slot;
   }
@@ -611,7 +622,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
    * Publishes `slot`: the consumers can take it at once. With device slots the publish event is
    * recorded on `stream` first, so consumers that waitOn() it see everything queued there.
    */
-  publish(slot: ChannelSlot, options: PublishOptions = {}): void {
+  publish(slot: ChannelSlot<B>, options: PublishOptions = {}): void {
     this.#assertRole('producer', 'publish');
     const s = slot?.index;
     if (!(slot instanceof ChannelSlot) || this.#writing.get(s) !== slot) {
@@ -662,13 +673,12 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
 
   /** Publishes s now or defers it while the publish lock is busy. */
   #commit(s: number): void {
-    // Nobody may have taken the slot back from us (our link to the hub closed: recovery freed it).
-    const so = this.#ring.slotOff(s);
-    if (this.#words.load32(so + S.state) !== (1 | (this.index << 8))) throw this.#detachedError('publish');
     const r = this.#ring.publish(s);
     if (r === 'busy') {
       this.#deferred.push(s);
       this.#scheduleDeferred();
+    } else if (r === 'detached') {
+      throw this.#detachedError('publish');
     }
   }
 
@@ -678,16 +688,11 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
       this.#deferTimer = undefined;
       while (this.#deferred.length > 0 && !this.#closed) {
         const s = this.#deferred[0]!;
-        const so = this.#ring.slotOff(s);
-        if (this.#words.load32(so + S.state) !== (1 | (this.index << 8))) {
-          this.#deferred.shift();  // taken back by recovery: this endpoint is detached
-          continue;
-        }
         if (this.#ring.publish(s) === 'busy') {
           this.#scheduleDeferred();
           return;
         }
-        this.#deferred.shift();
+        this.#deferred.shift();  // published ('detached': taken back by recovery, dropped)
       }
       const waiters = this.#deferWaiters;
       this.#deferWaiters = [];
@@ -696,7 +701,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
   }
 
   /** Gives back a slot acquired and not published. */
-  discard(slot: ChannelSlot): void {
+  discard(slot: ChannelSlot<B>): void {
     this.#assertRole('producer', 'discard');
     if (this.#writing.get(slot.index) !== slot) return;
     this.#writing.delete(slot.index);
@@ -743,7 +748,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
    * their messages were taken). Rejects with ERR_PEER_GONE, after the messages already published,
    * when a producer died.
    */
-  receive(options: ReceiveOptions = {}): Promise<ChannelMessage | undefined> {
+  receive(options: ReceiveOptions = {}): Promise<ChannelMessage<B> | undefined> {
     this.#assertRole('consumer', 'receive');
     if (this.#receivers.length === 0 && !this.#pumping) {
       try {
@@ -757,12 +762,12 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
   }
 
   /** A message now; undefined when none is there (or the channel ended: see receive()). */
-  tryReceive(): ChannelMessage | undefined {
+  tryReceive(): ChannelMessage<B> | undefined {
     this.#assertRole('consumer', 'tryReceive');
     return this.#poll() ?? undefined;
   }
 
-  [Symbol.asyncIterator](): AsyncIterator<ChannelMessage> {
+  [Symbol.asyncIterator](): AsyncIterator<ChannelMessage<B>> {
     this.#assertRole('consumer', 'iterate');
     return {
       next: async () => {
@@ -779,7 +784,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
   }
 
   /** A message, undefined at the end, null when there is none yet. Throws the end error. */
-  #poll(): ChannelMessage | undefined | null {
+  #poll(): ChannelMessage<B> | undefined | null {
     if (this.#endError) throw this.#endError;
     if (this.#ended || this.#closed) return undefined;
     let m = this.#takeOne();
@@ -797,7 +802,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
     return undefined;
   }
 
-  #takeOne(): ChannelMessage | undefined {
+  #takeOne(): ChannelMessage<B> | undefined {
     const ring = this.#ring;
     if (this.topology === 'queue') {
       const s = ring.take();
@@ -821,7 +826,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
     }
   }
 
-  #message(s: number): ChannelMessage {
+  #message(s: number): ChannelMessage<B> {
     const view = this.#ring.view;
     const so = this.#ring.slotOff(s);
     const length = Number(view.getBigUint64(so + S.length, true));
@@ -844,8 +849,8 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
         }
       }
     }
-    const word = this.#words.load32(so + S.state);
-    const m = new ChannelMessage(this, s, this.#view(s), {
+    const word = this.topology === 'queue' ? this.#ring.takenWords[s]! : 0;
+    const m = new ChannelMessage<B>(this, s, this.#view(s) as B, {
       position: this.#words.load64(so + S.position),
       length,
       meta,
@@ -863,7 +868,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
   }
 
   /** @internal */
-  [kRelease](m: ChannelMessage, options: ReleaseOptions): void {
+  [kRelease](m: ChannelMessage<B>, options: ReleaseOptions): void {
     if (this.#held.get(m.index) !== m) return;
     this.#held.delete(m.index);
     if (this.#closed) return;
@@ -919,7 +924,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
           }
           break;
         }
-        let got: ChannelSlot | ChannelMessage | undefined | null;
+        let got: ChannelSlot<B> | ChannelMessage<B> | undefined | null;
         try {
           got = producer ? this.#tryAcquire() ?? null : this.#poll();
         } catch (e) {
@@ -1078,7 +1083,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
   // Accepting (the peer side)
 
   /** @internal */
-  static async accept(link: Link, options: ChannelWaitOptions & { signal?: AbortSignal } = {}): Promise<Channel> {
+  static async accept<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions = {}): Promise<Channel<B>> {
     const wait = checkWait(options);
     const msg = await link.receive({ signal: options.signal });
     if (!isProtocol(msg, 'attach')) {
@@ -1111,6 +1116,9 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
       if ((role !== 'producer' && role !== 'consumer') || !Number.isInteger(k) || k < 1 || k >= layout.maxParticipants) {
         refuse(new IpcError('ERR_DESCRIPTOR_INVALID', `acceptChannel: bad role or index (${String(role)}, ${String(k)})`));
       }
+      if (options.memory !== undefined && options.memory !== (layout.device ? 'device' : 'host')) {
+        refuse(new IpcError('ERR_INVALID_ARG', `acceptChannel: the channel's slots are ${layout.device ? 'device' : 'host'} memory, not ${options.memory} as asked`));
+      }
       const total = layout.slotCount * layout.slotBytes;
       let slotsHost: HostBuffer | undefined;
       let slotsDevice: DeviceBuffer | undefined;
@@ -1138,7 +1146,7 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
         disposeQuietly(active);
         throw new IpcError('ERR_FRAME_INVALID', 'acceptChannel: the hub did not confirm the attach');
       }
-      return new Channel(kCreate, {
+      return new Channel<B>(kCreate, {
         hub: false, role, index: k, layout, control, words, slotsHost, slotsDevice,
         publishEvents: m.publishEvents, releaseEvents: m.releaseEvents, hubLink: link, wait,
       });
@@ -1151,12 +1159,12 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
   }
 
   /** @internal For tests: the control block's bytes, shared with every participant. */
-  static controlBytesForTesting(ch: Channel): Uint8Array {
+  static controlBytesForTesting(ch: Channel<SlotBuffer>): Uint8Array {
     return ch.#control.bytes;
   }
 
   /** @internal For ChannelSlot. */
-  static slotEvents(ch: Channel, s: number): Event[] {
+  static slotEvents(ch: Channel<SlotBuffer>, s: number): Event[] {
     return ch.#slotReleaseEvents(s);
   }
 
@@ -1174,21 +1182,21 @@ export class Channel implements Disposable, AsyncDisposable, AsyncIterable<Chann
   }
 
   /** @internal For ChannelMessage. */
-  static publishEvent(ch: Channel, s: number): Event | undefined {
+  static publishEvent(ch: Channel<SlotBuffer>, s: number): Event | undefined {
     return ch.#publishEvents?.[s];
   }
 }
 
 /** A slot a producer acquired: write into it, then publish it. */
-export class ChannelSlot {
+export class ChannelSlot<B extends SlotBuffer = SlotBuffer> {
   readonly index: number;
   /** The slot's memory: a HostBuffer (host channels) or a DeviceBuffer (device channels). */
-  readonly buffer: HostBuffer | DeviceBuffer;
-  readonly #channel: Channel;
+  readonly buffer: B;
+  readonly #channel: Channel<any>;
   #done = false;
 
   /** @internal */
-  constructor(channel: Channel, index: number, buffer: HostBuffer | DeviceBuffer) {
+  constructor(channel: Channel<any>, index: number, buffer: B) {
     this.#channel = channel;
     this.index = index;
     this.buffer = buffer;
@@ -1237,12 +1245,12 @@ interface MessageInit {
 }
 
 /** A message a consumer received. Release it once done with its slot (or use `using`). */
-export class ChannelMessage implements Disposable {
+export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Disposable {
   readonly index: number;
   /** The message's position in the channel's order (per channel, increasing). */
   readonly position: number;
   /** The slot's memory (valid until release()). */
-  readonly buffer: HostBuffer | DeviceBuffer;
+  readonly buffer: B;
   /** Bytes of the slot the producer said it used. */
   readonly length: number;
   readonly meta: unknown;
@@ -1250,11 +1258,11 @@ export class ChannelMessage implements Disposable {
   readonly producer: number;
   /** Work sharing: another consumer took this message before and left without releasing it. */
   readonly redelivered: boolean;
-  readonly #channel: Channel;
+  readonly #channel: Channel<any>;
   #released = false;
 
   /** @internal */
-  constructor(channel: Channel, index: number, buffer: HostBuffer | DeviceBuffer, init: MessageInit) {
+  constructor(channel: Channel<any>, index: number, buffer: B, init: MessageInit) {
     this.#channel = channel;
     this.index = index;
     this.buffer = buffer;
@@ -1328,8 +1336,10 @@ function processAlive(pid: number): boolean {
  * One to one: creates a channel here in `options.role` and attaches the process at the other end
  * of `link` in the other role. The peer calls acceptChannel(link).
  */
-export async function createChannel(link: Link, options: ChannelOptions & { role: ChannelRole }): Promise<Channel> {
-  const ch = Channel.create(options);
+export async function createChannel<M extends ChannelMemory | undefined = undefined>(
+  link: Link, options: ChannelOptions & { role: ChannelRole; memory?: M },
+): Promise<Channel<SlotBufferFor<M>>> {
+  const ch = Channel.create<M>(options);
   try {
     await ch.attach(link, { role: options.role === 'producer' ? 'consumer' : 'producer' });
   } catch (e) {
@@ -1341,8 +1351,8 @@ export async function createChannel(link: Link, options: ChannelOptions & { role
 
 /** The peer's side of attach()/createChannel(): receives the channel over `link`, checks it, and
  * returns this process's end in the role the hub gave it. */
-export function acceptChannel(link: Link, options: ChannelWaitOptions & { signal?: AbortSignal } = {}): Promise<Channel> {
-  return Channel.accept(link, options);
+export function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions = {}): Promise<Channel<B>> {
+  return Channel.accept<B>(link, options);
 }
 
 export { LIMITS as CHANNEL_LIMITS };

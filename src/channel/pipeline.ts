@@ -99,10 +99,13 @@ export async function pipeline(stages: ReadonlyArray<string | URL>, options: Pip
     settled ??= (async () => {
       try {
         const results = await Promise.all(exits);
-        const bad = results.find((r) => r.code !== 0);
-        if (bad) {
-          const how = bad.signal ? `was killed by ${bad.signal}` : `exited with status ${bad.code}`;
-          throw new IpcError('ERR_PEER_GONE', `pipeline stage ${bad.index} (${String(stages[bad.index])}) ${how}`);
+        // Name the stages that were killed first: the others usually failed because of them.
+        const bad = results.filter((r) => r.code !== 0).sort((a, b) => Number(!a.signal) - Number(!b.signal) || a.index - b.index);
+        if (bad.length > 0) {
+          const how = (r: (typeof bad)[number]) => (r.signal ? `was killed by ${r.signal}` : `exited with status ${r.code}`);
+          const [first, ...rest] = bad;
+          throw new IpcError('ERR_PEER_GONE', `pipeline stage ${first!.index} (${String(stages[first!.index])}) ${how(first!)}` +
+            rest.map((r) => `; stage ${r.index} ${how(r)}`).join(''));
         }
       } finally {
         for (const s of spawned) s.link.close();
@@ -139,7 +142,8 @@ export interface PipelineStage {
   readonly input: Channel | undefined;
   /** Producer end of the channel out of this stage (undefined for a last stage nobody reads). */
   readonly output: Channel | undefined;
-  /** The link to the process that runs the pipeline (for results, logs, ...). */
+  /** The link to the process that runs the pipeline (for results, logs, ...). It is unref'd, so
+   * that the stage exits once its work is done; link.ref() keeps the process alive for it. */
   readonly link: Link;
 }
 
@@ -152,5 +156,7 @@ export async function pipelineStage(options: ChannelWaitOptions & { signal?: Abo
   }
   const input = m.input ? await acceptChannel(link, options) : undefined;
   const output = m.output ? await acceptChannel(link, options) : undefined;
+  // Pending channel waits keep the process alive; the link need not.
+  link.unref();
   return { index: Number(m.index), count: Number(m.count), input, output, link };
 }

@@ -31,7 +31,7 @@ export function corrupt(what: string): IpcError {
   return new IpcError('ERR_CHANNEL_CORRUPT', `the channel's shared control block is inconsistent (${what}); a peer wrote garbage into it. Close the channel`);
 }
 
-export type PublishResult = 'ok' | 'busy' | 'dropped';
+export type PublishResult = 'ok' | 'busy' | 'dropped' | 'detached';
 
 export class Ring {
   readonly w: NativeSharedWords;
@@ -42,6 +42,8 @@ export class Ring {
   /** This participant's index. */
   me = 0;
   #hint = 0;
+  /** Work sharing: the state word this participant set on each slot it took (for its release). */
+  readonly takenWords: Uint32Array;
 
   constructor(words: NativeSharedWords, bytes: Uint8Array, layout: Layout) {
     this.w = words;
@@ -49,6 +51,7 @@ export class Ring {
     this.view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     this.l = layout;
     this.n = layout.slotCount;
+    this.takenWords = new Uint32Array(layout.slotCount);
   }
 
   slotOff(s: number): number { return this.l.slotRecordsOffset + s * this.l.slotRecordBytes; }
@@ -114,7 +117,8 @@ export class Ring {
   /**
    * Publishes slot `s` (claimed by this participant; its length and meta already written).
    * 'busy': the publish lock stayed taken, nothing changed, try again later. 'dropped': a
-   * broadcast channel with no consumer attached; the slot was freed.
+   * broadcast channel with no consumer attached; the slot was freed. 'detached': the slot is no
+   * longer this participant's (recovery took it back after its link to the hub closed).
    */
   publish(s: number): PublishResult {
     const w = this.w;
@@ -131,19 +135,23 @@ export class Ring {
         this.view.setUint32(so + S.lastHolders, mask, true);
         w.store32(so + S.holders, mask);
         if (mask === 0) {
-          w.store32(so + S.state, Kind.Free);
-          result = 'dropped';
+          result = w.cas32(so + S.state, slotWord(Kind.Writing, this.me), Kind.Free) === slotWord(Kind.Writing, this.me) ? 'dropped' : 'detached';
           return result;
         }
       }
-      w.store32(so + S.state, slotWord(Kind.Published, this.me));  // the commit point
+      // The commit point; a swap rather than a store, so that a slot recovery took back is never
+      // published over whoever holds it now.
+      if (w.cas32(so + S.state, slotWord(Kind.Writing, this.me), slotWord(Kind.Published, this.me)) !== slotWord(Kind.Writing, this.me)) {
+        result = 'detached';
+        return result;
+      }
       w.store32(this.ringOff(t), s);
       w.store64(H.tail, t + 1);
     } finally {
       w.store32(H.lock, 0);
     }
     if (result === 'ok') this.signalData();
-    else this.signalSpace();
+    else if (result === 'dropped') this.signalSpace();
     return result;
   }
 
@@ -172,7 +180,9 @@ export class Ring {
       const so = this.slotOff(s);
       const word = w.load32(so + S.state);
       if (kindOf(word) === Kind.Published && w.load64(so + S.position) === h) {
-        if (w.cas32(so + S.state, word, slotWord(Kind.Taken, this.me, flagsOf(word))) === word) {
+        const taken = slotWord(Kind.Taken, this.me, flagsOf(word));
+        if (w.cas32(so + S.state, word, taken) === word) {
+          this.takenWords[s] = taken;
           w.cas64(H.head, h, h + 1);
           this.view.setUint32(so + S.deliveries, this.view.getUint32(so + S.deliveries, true) + 1, true);
           return s;
@@ -200,10 +210,8 @@ export class Ring {
 
   /** Work sharing: frees a slot this participant took. False when it no longer held it. */
   releaseTaken(s: number): boolean {
-    const off = this.slotOff(s) + S.state;
-    const word = this.w.load32(off);
-    if (kindOf(word) !== Kind.Taken || ownerOf(word) !== this.me) return false;
-    if (this.w.cas32(off, word, Kind.Free) !== word) return false;
+    const word = this.takenWords[s]!;
+    if (this.w.cas32(this.slotOff(s) + S.state, word, Kind.Free) !== word) return false;
     this.signalSpace();
     return true;
   }
