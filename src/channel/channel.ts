@@ -237,6 +237,8 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
   readonly #sleeper = new Sleeper();
   readonly #hubLink: Link | undefined;
   #unhookHub: (() => void) | undefined;
+  /** Peers: the link to the hub closed. */
+  #hubLost = false;
   readonly #peers = new Map<number, { link: Link; unhook: () => void }>();
   #closed = false;
   /** Closed, but still finishing its leave or a recovery before releasing the memory. */
@@ -290,6 +292,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
     if (this.#hubLink) {
       this.#unhookHub = this.#hubLink.onClose(() => {
         this.#unhookHub = undefined;
+        this.#hubLost = true;
         // The hub went away: take its place in the control block if it left without a word.
         this.#recover(0, true);
       });
@@ -568,16 +571,17 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
    * ERR_PEER_GONE once every consumer died (ERR_CHANNEL_CLOSED once they all left).
    */
   acquire(options: AcquireOptions = {}): Promise<ChannelSlot<B>> {
-    this.#assertRole('producer', 'acquire');
-    if (this.#acquirers.length === 0 && !this.#pumping) {
-      try {
+    try {
+      this.#assertRole('producer', 'acquire');
+      if (this.#acquirers.length === 0 && !this.#pumping) {
         const slot = this.#tryAcquire();
-        if (slot) return this.#afterAcquire(slot, options);
-      } catch (e) {
-        return Promise.reject(e);
+        if (slot) return this.memory === 'host' ? Promise.resolve(slot) : this.#afterAcquire(slot, options);
       }
+    } catch (e) {
+      return Promise.reject(e);
     }
-    return this.#enqueue(this.#acquirers, options.signal, 'acquire', options.stream).then((slot) => this.#afterAcquire(slot, options));
+    const queued = this.#enqueue(this.#acquirers, options.signal, 'acquire', options.stream);
+    return this.memory === 'host' ? queued : queued.then((slot) => this.#afterAcquire(slot, options));
   }
 
   /** A free slot now, or undefined when every slot is in flight. Device slots: you must order
@@ -725,15 +729,14 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
     try {
       if (this.#deferred.length > 0) await new Promise<void>((resolve) => this.#deferWaiters.push(resolve));
       for (const slot of [...this.#writing.values()]) this.discard(slot);
+      // Leave first, so that consumers see the end even while they hold our last messages. The
+      // hub does not hand this entry to anyone else while our link to it is open, so counting
+      // "our" messages by index stays right.
       while (!this.#leaveSelf()) await delay(RETRY_MS);
-      while (!this.#closed && this.#ring.inFlightFrom(this.index) > 0) {
-        if (this.#consumersGone()) {
-          if (this.#ring.counter(H.consumersDied) > 0) {
-            throw new IpcError('ERR_PEER_GONE', `end: the consumers died with ${this.#ring.inFlightFrom(this.index)} message(s) unreleased`);
-          }
-          break;
-        }
-        await this.#park(H.spaceSeq, PRole.Producer, () => this.#ring.inFlightFrom(this.index) === 0 || this.#consumersGone());
+      const done = () => this.#closed || this.#hubLost || this.#ring.inFlightFrom(this.index) === 0 || this.#consumersGone();
+      while (!done()) await this.#park(H.spaceSeq, PRole.Producer, done);
+      if (!this.#closed && !this.#hubLost && this.#ring.inFlightFrom(this.index) > 0 && this.#ring.counter(H.consumersDied) > 0) {
+        throw new IpcError('ERR_PEER_GONE', `end: the consumers died with ${this.#ring.inFlightFrom(this.index)} message(s) unreleased`);
       }
     } finally {
       this.close();
@@ -749,14 +752,14 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
    * when a producer died.
    */
   receive(options: ReceiveOptions = {}): Promise<ChannelMessage<B> | undefined> {
-    this.#assertRole('consumer', 'receive');
-    if (this.#receivers.length === 0 && !this.#pumping) {
-      try {
+    try {
+      this.#assertRole('consumer', 'receive');
+      if (this.#receivers.length === 0 && !this.#pumping) {
         const m = this.#poll();
         if (m !== null) return Promise.resolve(m);
-      } catch (e) {
-        return Promise.reject(e);
       }
+    } catch (e) {
+      return Promise.reject(e);
     }
     return this.#enqueue(this.#receivers, options.signal, 'receive');
   }
@@ -954,7 +957,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
   #canAcquire(): boolean {
     if (this.#closed || this.#consumersGone()) return true;
     if (this.topology === 'broadcast' && this.#ring.counter(H.consumersAttached) < this.#layout.expectConsumers) return false;
-    return this.#ring.slotCounts().free > 0;
+    return this.#ring.hasFree();
   }
 
   #canReceive(): boolean {
@@ -1007,9 +1010,11 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
     this.#recoveries.delete(k);
   }
 
-  /** Hub: entries of peers that left, or died and whose process is gone, can be handed out again. */
+  /** Hub: entries of peers that left (and whose link closed), or died and whose process is gone,
+   * can be handed out again. */
   #recycle(): void {
     for (let k = 1; k < this.#layout.maxParticipants; k++) {
+      if (this.#peers.has(k)) continue;  // its link is open: it may still be finishing (end())
       const st = this.#ring.participantState(k);
       if (st === PState.Ended || (st === PState.Dead && !processAlive(this.#ring.view.getUint32(this.#ring.partOff(k) + P.pid, true)))) {
         this.#ring.recycleParticipant(k);

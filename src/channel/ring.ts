@@ -108,6 +108,11 @@ export class Ring {
     return s;
   }
 
+  /** True when some slot is free (a scan that changes nothing). */
+  hasFree(): boolean {
+    return this.w.claimFirst32(this.slotOff(0) + S.state, this.l.slotRecordBytes, this.n, this.#hint, 0xff, Kind.Free, Kind.Free) >= 0;
+  }
+
   /** Returns a claimed but unpublished slot. */
   discard(s: number): void {
     const off = this.slotOff(s) + S.state;

@@ -48,7 +48,7 @@ test('1,000,000 messages one way: order kept, no loss, no duplicate, every check
 });
 
 test('spin mode on both sides delivers the same stream', async () => {
-  const n = 50_000;
+  const n = 20_000;
   const c = await child(['consume'], 'spin');
   const ch = await createChannel(c.link, { role: 'producer', slots: 8, slotBytes: 64, wait: 'spin', spinMicros: 20 });
   await produce(ch, 0, n);
@@ -100,7 +100,7 @@ test('a consumer waits while the channel is empty; an abort signal ends the wait
 
 test('many producers to one consumer: every producer\'s order kept, the end comes after all ended', async () => {
   const producers = 3;
-  const per = 20_000;
+  const per = 10_000;
   const ch = Channel.create({ role: 'consumer', slots: 16, slotBytes: 64, producers });
   const kids: SpawnedChild[] = [];
   for (let i = 1; i <= producers; i++) {
@@ -158,7 +158,7 @@ test('work sharing: each message goes to exactly one of three consumers', async 
 });
 
 test('broadcast: every consumer gets every message; a slot is reused only after all released it', async () => {
-  const total = 1000;
+  const total = 600;
   const ch = Channel.create({ role: 'producer', slots: 4, slotBytes: 64, topology: 'broadcast', consumers: 3 });
   const kids: SpawnedChild[] = [];
   for (let i = 0; i < 3; i++) {
