@@ -121,13 +121,13 @@ async function workSharing(memory: ChannelMemory, consumers: number, ms: number)
 }
 
 async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: Summary; localUs: Summary; ratio: number }> {
-  const slotBytes = 64 << 20;
+  const slotBytes = 256 << 20;
   const { child, link } = await spawn(CHILD, ['kernel', '0', String(reps)], { stdio: 'inherit' });
   const ch = await createChannel(link, { role: 'producer', slots: 1, slotBytes, memory: { device } });
   const stream = Stream.create(device);
   try {
     const slot = await ch.acquire({ stream });
-    (slot.buffer as import('../src/cuda/buffer.js').DeviceBuffer).fill(7, { stream });
+    slot.buffer.fill(7, { stream });
     ch.publish(slot, { stream });
     const r = (await link.receive()) as { sharedUs: number[]; localUs: number[] };
     await ch.end();
@@ -154,7 +154,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   for (const [label, memory] of memories) {
     for (const size of sizes) {
       const name = `one way, ${fmtBytes(size)} slots (${label})`;
-      const r = await oneWay(memory, size, size >= 16 << 20 ? 4 : 8, 700);
+      const r = await oneWay(memory, size, 8, 700);
       res.oneWay[name] = { slotBytes: size, msgsPerSec: r.msgsPerSec, slowest1pct: r.slowest1pct, bytesPerSec: r.msgsPerSec.median * size };
     }
   }
@@ -192,7 +192,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
   const kernel: Row[] = [];
   if (r.kernel) {
     const k = r.kernel;
-    kernel.push({ name: 'checksum kernel on a 64 MiB shared slot', unit: 'us', median: k.sharedUs.median, p99: k.sharedUs.p99, n: k.sharedUs.n,
+    kernel.push({ name: 'checksum kernel on a 256 MiB shared slot', unit: 'us', median: k.sharedUs.median, p99: k.sharedUs.p99, n: k.sharedUs.n,
       notes: [`${(k.ratio * 100).toFixed(1)}% of local speed; target >= ${TARGETS.kernelRatio * 100}%: ${met(k.ratio >= TARGETS.kernelRatio)}`] });
     kernel.push({ name: 'same kernel on its own memory', unit: 'us', median: k.localUs.median, p99: k.localUs.p99, n: k.localUs.n });
   }

@@ -17,6 +17,7 @@
 // Per-object state only: no globals, no napi instance data, so worker threads each get their own.
 #include "common.h"
 
+#include <fcntl.h>
 #include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -111,7 +112,8 @@ Napi::Value U53(Napi::Env env, uint64_t v) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// SharedWords(fd, length): maps `length` bytes of fd (which stays the caller's).
+// SharedWords(fd, length): maps `length` bytes of fd (which stays the caller's). The fd must be a
+// regular file at least that long and sealed against shrinking (F_SEAL_SHRINK).
 class SharedWords : public Napi::ObjectWrap<SharedWords> {
  public:
   static Napi::Function Define(Napi::Env env) {
@@ -143,8 +145,12 @@ class SharedWords : public Napi::ObjectWrap<SharedWords> {
     if (length < 8 || length > (size_t{1} << 40)) throw Napi::RangeError::New(env, "length out of range");
     struct stat st;
     if (fstat(fd, &st) < 0) ThrowErrno(env, "fstat", errno);
-    // Touching a page past the end of the file raises SIGBUS: refuse a file shorter than asked.
+    // Touching a page past the end of the file raises SIGBUS: refuse a file shorter than asked,
+    // and one that another process could still shrink (not sealed against it, as memfds made by
+    // HostBuffer.allocate are).
     if (!S_ISREG(st.st_mode) || static_cast<uint64_t>(st.st_size) < length) ThrowErrno(env, "SharedWords", EINVAL);
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || !(seals & F_SEAL_SHRINK)) ThrowErrno(env, "SharedWords (file not sealed against shrinking)", EPERM);
     void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) ThrowErrno(env, "mmap", errno);
     map_ = std::make_shared<Mapping>(static_cast<uint8_t*>(p), length);

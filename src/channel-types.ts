@@ -51,7 +51,8 @@ export interface NativeFutexWaiter {
 }
 
 export interface ChannelAddon {
-  /** Maps `length` bytes of `fd` (borrowed: the caller still owns and closes it). */
+  /** Maps `length` bytes of `fd` (borrowed: the caller still owns and closes it). The fd must be a
+   * regular file at least that long, sealed against shrinking (EINVAL / EPERM otherwise). */
   SharedWords: new (fd: number, length: number) => NativeSharedWords;
   FutexWaiter: new (callback: (status: number) => void) => NativeFutexWaiter;
 }

@@ -89,6 +89,13 @@ test('native shared words: alignment, bounds, sizes and types are checked, never
   assert.throws(() => w.load32(0), (e: unknown) => (e as { code?: string }).code === 'EBADF');
   w.close();
   assert.throws(() => new addon.SharedWords(hb.fd, 8192), (e: unknown) => (e as { code?: string }).code === 'EINVAL', 'a file shorter than asked');
+  const unsealed = addon.memfdCreate('unsealed');
+  try {
+    addon.ftruncate(unsealed, 4096);
+    assert.throws(() => new addon.SharedWords(unsealed, 4096), (e: unknown) => (e as { code?: string }).code === 'EPERM', 'a file that could shrink under us');
+  } finally {
+    addon.close(unsealed);
+  }
   const [a, b] = addon.socketpair();
   try {
     assert.throws(() => new addon.SharedWords(a, 4096), (e: unknown) => (e as { code?: string }).code === 'EINVAL', 'not a regular file');
