@@ -115,6 +115,7 @@ const DEFAULT_SPIN_MICROS = 50;
 /** Sleeping endpoints re-check the control block at least this often. */
 const WAIT_TIMEOUT_MS = 1000;
 const RETRY_MS = 2;
+const RECOVERY_GIVE_UP_MS = 5000;
 
 const encoder = new TextEncoder();
 const decoder = new TextDecoder();
@@ -259,7 +260,8 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
   #pumping = false;
   #ended = false;
   #endError: IpcError | undefined;
-  readonly #recoveries = new Set<number>();
+  /** Participants whose repair waits for the publish lock, with when it started. */
+  readonly #recoveries = new Map<number, number>();
   #recoveryTimer: NodeJS.Timeout | undefined;
 
   /** @internal Use Channel.create, createChannel or acceptChannel. */
@@ -368,6 +370,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
         words.add32(H.producersLive, 1);
         words.add32(H.producersAttached, 1);
       } else if (role === 'consumer') {
+        words.or32(H.consumerMask, 1);  // broadcast: messages are held for participant 0 too
         words.add32(H.consumersLive, 1);
         words.add32(H.consumersAttached, 1);
       }
@@ -474,19 +477,19 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
         disposeQuietly(reply);
         throw new IpcError('ERR_FRAME_INVALID', 'attach: the peer answered with something other than the channel handshake; do not send other messages on a link while attach/acceptChannel run');
       }
-      this.#assertOpen('attach');
-      while (!this.#ring.activate(k, roleNumber(role))) await delay(RETRY_MS);
-      activated = true;
-      if (link.closed) {
-        this.#recover(k, true);
-        throw new IpcError('ERR_PEER_GONE', 'attach: the peer went away during the handshake');
+      for (;;) {
+        this.#assertOpen('attach');
+        if (link.closed) throw new IpcError('ERR_PEER_GONE', 'attach: the peer went away during the handshake');
+        if (this.#ring.activate(k, roleNumber(role))) break;
+        await delay(RETRY_MS);  // a publish holds the lock (broadcast): microseconds
       }
+      activated = true;
       this.#peers.set(k, { link, unhook });
       link.send({ [PROTOCOL]: 'active', index: k });
     } catch (e) {
       if (!activated) {
         unhook();
-        this.#ring.freeParticipant(k);
+        if (!this.#closed) this.#ring.freeParticipant(k);
       }
       throw e;
     }
@@ -658,7 +661,8 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
         metaLength = r.written;
       }
     }
-    view.setBigUint64(so + S.length, BigInt(length), true);
+    view.setUint32(so + S.length, length >>> 0, true);
+    view.setUint32(so + S.length + 4, Math.floor(length / 2 ** 32), true);
     view.setUint32(so + S.metaLength, metaLength, true);
     view.setUint32(so + S.metaKind, metaKind, true);
     if (this.#publishEvents) this.#publishEvents[s]!.record(options.stream);
@@ -732,7 +736,12 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       // Leave first, so that consumers see the end even while they hold our last messages. The
       // hub does not hand this entry to anyone else while our link to it is open, so counting
       // "our" messages by index stays right.
-      while (!this.#leaveSelf()) await delay(RETRY_MS);
+      while (!this.#leaveSelf()) {
+        if (performance.now() - (this.#recoveries.get(this.index) ?? 0) > RECOVERY_GIVE_UP_MS) {
+          throw new IpcError('ERR_TIMEOUT', `end: the channel's publish lock stayed held for ${RECOVERY_GIVE_UP_MS} ms (a process died inside it and was not repaired)`);
+        }
+        await delay(RETRY_MS);
+      }
       const done = () => this.#closed || this.#hubLost || this.#ring.inFlightFrom(this.index) === 0 || this.#consumersGone();
       while (!done()) await this.#park(H.spaceSeq, PRole.Producer, done);
       if (!this.#closed && !this.#hubLost && this.#ring.inFlightFrom(this.index) > 0 && this.#ring.counter(H.consumersDied) > 0) {
@@ -811,8 +820,10 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       const s = ring.take();
       if (s < 0) return undefined;
       if (!this.#alive()) {
-        // Detached while taking: hand it back (published again, flagged), then stop.
-        ring.leave(this.index, false, true);
+        // Detached while taking (recovery already ran for us): hand it back, then stop.
+        if (!ring.returnTaken(s)) {
+          process.emitWarning(`cuda-ipc channel: a message taken after this end was detached could not be handed back (slot ${s})`, { code: 'CUDA_IPC_CHANNEL' });
+        }
         throw this.#detachedError('receive');
       }
       return this.#message(s);
@@ -832,7 +843,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
   #message(s: number): ChannelMessage<B> {
     const view = this.#ring.view;
     const so = this.#ring.slotOff(s);
-    const length = Number(view.getBigUint64(so + S.length, true));
+    const length = view.getUint32(so + S.length, true) + view.getUint32(so + S.length + 4, true) * 2 ** 32;
     const metaLength = view.getUint32(so + S.metaLength, true);
     const metaKind = view.getUint32(so + S.metaKind, true);
     if (length > this.slotBytes || metaLength > this.metaBytes || metaKind > MetaKind.Bytes) {
@@ -939,10 +950,12 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
           if (!producer && got === undefined) while (queue.length > 0) this.#settle(queue, undefined);
           continue;
         }
-        if (producer) {
-          await this.#park(H.spaceSeq, PRole.Producer, () => this.#canAcquire());
-        } else {
-          await this.#park(H.dataSeq, PRole.Consumer, () => this.#canReceive());
+        try {
+          if (producer) await this.#park(H.spaceSeq, PRole.Producer, () => this.#canAcquire());
+          else await this.#park(H.dataSeq, PRole.Consumer, () => this.#canReceive());
+        } catch (e) {
+          while (queue.length > 0) this.#settle(queue, undefined, e);
+          break;
         }
         if (queue.length === 0 && !producer && this.#canReceive() && !this.#closed) {
           // Woken for a message nobody here wants any more: pass the wake-up on.
@@ -981,7 +994,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
         this.#recoveries.delete(this.index);
         return true;
       }
-      this.#recoveries.add(this.index);
+      if (!this.#recoveries.has(this.index)) this.#recoveries.set(this.index, performance.now());
       if (performance.now() > deadline) return false;
       spinBriefly();
     }
@@ -999,15 +1012,43 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       return;
     }
     if (r === 'busy') {
-      this.#recoveries.add(k);
-      this.#recoveryTimer ??= setTimeout(() => {
-        this.#recoveryTimer = undefined;
-        for (const j of [...this.#recoveries]) this.#recover(j, j !== this.index);
-        if (this.#closing && this.#recoveries.size === 0) this.#release();
-      }, RETRY_MS);
+      if (!this.#recoveries.has(k)) this.#recoveries.set(k, performance.now());
+      this.#scheduleRecovery();
       return;
     }
     this.#recoveries.delete(k);
+  }
+
+  /**
+   * Retries pending recoveries (and a closing end's own leave) every few milliseconds while the
+   * publish lock is busy. A lock held for seconds belongs to a process that died inside it and
+   * that nobody here can recover: give up then, with a warning, rather than retry forever.
+   */
+  #scheduleRecovery(): void {
+    if (this.#recoveryTimer) return;
+    this.#recoveryTimer = setTimeout(() => {
+      this.#recoveryTimer = undefined;
+      for (const [j, since] of [...this.#recoveries]) {
+        if (performance.now() - since > RECOVERY_GIVE_UP_MS) {
+          this.#recoveries.delete(j);
+          process.emitWarning(`cuda-ipc channel: gave up repairing participant ${j}: the publish lock stayed held for ${RECOVERY_GIVE_UP_MS} ms`, { code: 'CUDA_IPC_CHANNEL' });
+          continue;
+        }
+        if (j === this.index) {
+          try {
+            if (this.#ring.leave(j, false, true) !== 'busy') this.#recoveries.delete(j);
+          } catch (e) {
+            this.#recoveries.delete(j);
+            process.emitWarning(`cuda-ipc channel: leaving the control block failed: ${(e as Error).message}`, { code: 'CUDA_IPC_CHANNEL' });
+          }
+        } else {
+          this.#recover(j, true);
+        }
+      }
+      if (this.#recoveries.size > 0) this.#scheduleRecovery();
+      else if (this.#closing) this.#release();
+    }, RETRY_MS);
+    if (this.#closed) this.#recoveryTimer.unref();
   }
 
   /** Hub: entries of peers that left (and whose link closed), or died and whose process is gone,
@@ -1049,14 +1090,12 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       process.emitWarning(`cuda-ipc channel: leaving the control block failed: ${(e as Error).message}`, { code: 'CUDA_IPC_CHANNEL' });
     }
     void this.#pump();
-    if (left && this.#recoveries.size === 0) this.#release();
-    else {
+    if (left && this.#recoveries.size === 0) {
+      this.#release();
+    } else {
       // Finish leaving (and any recovery in progress) once the lock frees, then release.
-      this.#recoveryTimer ??= setTimeout(() => {
-        this.#recoveryTimer = undefined;
-        for (const j of [...this.#recoveries]) this.#recover(j, j !== this.index);
-        if (this.#recoveries.size === 0) this.#release();
-      }, RETRY_MS);
+      this.#recoveryTimer?.unref();
+      this.#scheduleRecovery();
     }
   }
 

@@ -397,6 +397,20 @@ export class Ring {
     return 'done';
   }
 
+  /** Work sharing: publishes slot `s`, which this participant took, again (flagged redelivered).
+   * False when the lock stayed busy for 50 ms. */
+  returnTaken(s: number): boolean {
+    const deadline = performance.now() + 50;
+    while (!this.w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) if (performance.now() > deadline) return false;
+    try {
+      this.#redeliverTaken(this.me, s);
+    } finally {
+      this.w.store32(H.lock, 0);
+    }
+    this.signalData();
+    return true;
+  }
+
   #holdsTaken(k: number): boolean {
     for (let s = 0; s < this.n; s++) {
       const word = this.w.load32(this.slotOff(s) + S.state);
@@ -405,10 +419,11 @@ export class Ring {
     return false;
   }
 
-  /** With the lock held: publishes every slot k had taken again, at the tail, flagged. */
-  #redeliverTaken(k: number): void {
+  /** With the lock held: publishes every slot k had taken (or just `only`) again, at the tail, flagged. */
+  #redeliverTaken(k: number, only = -1): void {
     const w = this.w;
     for (let s = 0; s < this.n; s++) {
+      if (only >= 0 && s !== only) continue;
       const so = this.slotOff(s);
       const word = w.load32(so + S.state);
       if (kindOf(word) !== Kind.Taken || ownerOf(word) !== k) continue;

@@ -250,3 +250,27 @@ test('a process that exits while parked in channel waits exits cleanly', () => {
   assert.equal(r.status, 0, r.stderr);
   assert.match(r.stdout, /parked/);
 });
+
+test('a publish lock held by someone else defers publishes in order; a closed end never hangs the process on it', async () => {
+  const ch = Channel.create({ role: 'producer', slots: 4, slotBytes: 64 });
+  const v = new DataView(Channel.controlBytesForTesting(ch).buffer, Channel.controlBytesForTesting(ch).byteOffset);
+  v.setUint32(H.lock, 9, true);  // "participant 8" holds the lock
+  for (let i = 0; i < 3; i++) {
+    const slot = await ch.acquire();
+    slot.bytes[0] = i;
+    ch.publish(slot, { length: 1 });
+  }
+  assert.equal(ch.stats().published, 0, 'nothing published while the lock is held');
+  await new Promise((r) => setTimeout(r, 20));
+  v.setUint32(H.lock, 0, true);
+  await new Promise((r) => setTimeout(r, 20));
+  assert.equal(ch.stats().published, 3, 'the deferred publishes went out, in order');
+  const l = computeLayout({ slotCount: 4, slotBytes: 64, metaBytes: 256, maxParticipants: 16, device: false, broadcast: false });
+  const order = [0, 1, 2].map((p) => v.getUint32(l.ringOffset + p * 4, true));
+  assert.deepEqual(order, [0, 1, 2]);
+  v.setUint32(H.lock, 9, true);
+  const t0 = performance.now();
+  ch.close();  // its leave cannot take the lock: it finishes (or gives up) in the background
+  assert.ok(performance.now() - t0 < 500);
+  assert.ok(ch.closed);
+});
