@@ -6,7 +6,8 @@
         "native/addon.cc",
         "native/cuda.cc",
         "native/posix.cc",
-        "native/nvrtc.cc"
+        "native/nvrtc.cc",
+        "native/channel.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED", "NAPI_CPP_EXCEPTIONS"],

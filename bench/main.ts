@@ -1,4 +1,4 @@
-// `npm run bench [-- --iterations N] [--json FILE] [--no-python]`: the project's benchmarks as a
+// `npm run bench [-- --iterations N] [--json FILE] [--no-python] [--no-handoff] [--no-channels]`: the project's benchmarks as a
 // table (median, p99, comparison with the reference measured in the same run), optionally JSON.
 import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
@@ -7,7 +7,8 @@ import { probeDriver } from '../src/cuda/driver.js';
 import { Device } from '../src/cuda/device.js';
 import { handoffBenchmarks } from './handoff.js';
 import { pythonHandoffRefs } from './python-refs.js';
-import { printTable, type Row } from './stats.js';
+import { printTable, type Row, type Summary } from './stats.js';
+import { channelBenchmarks, channelRows, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
 
 const { values } = parseArgs({
   options: {
@@ -15,6 +16,8 @@ const { values } = parseArgs({
     warmup: { type: 'string', default: '300' },
     json: { type: 'string' },
     'no-python': { type: 'boolean', default: false },
+    'no-handoff': { type: 'boolean', default: false },
+    'no-channels': { type: 'boolean', default: false },
   },
 });
 const iterations = Number(values.iterations);
@@ -28,10 +31,9 @@ const probe = probeDriver();
 const gpu = probe.ok && Device.all().length > 0;
 const device = gpu ? Device.get(0) : undefined;
 console.log(`cuda-ipc benchmarks on ${hostname()}: ${device ? `${device.name} (CUDA driver ${probe.ok ? probe.version : '?'})` : 'no GPU (host buffers only)'}; Node ${process.version}`);
-console.log(`handoff: a fresh 1 MiB buffer to a child that reads one value and acknowledges; ${iterations} timed after ${warmup} warm-up`);
-
-const ours = await handoffBenchmarks(iterations, warmup, gpu);
-const refs = gpu && !values['no-python'] ? pythonHandoffRefs(iterations, warmup) : [];
+if (!values['no-handoff']) console.log(`handoff: a fresh 1 MiB buffer to a child that reads one value and acknowledges; ${iterations} timed after ${warmup} warm-up`);
+const ours: Map<string, Summary> = values['no-handoff'] ? new Map() : await handoffBenchmarks(iterations, warmup, gpu);
+const refs = gpu && !values['no-python'] && !values['no-handoff'] ? pythonHandoffRefs(iterations, warmup) : [];
 
 const POOL = 'pool buffer (IPC pool)';
 const POOL_TARGET_US = 30;
@@ -48,12 +50,25 @@ for (const r of refs) {
   if (r.summary) rows.push({ name: `reference: ${r.name}`, unit: 'us', median: r.summary.median, p99: r.summary.p99, n: r.summary.n });
   else rows.push({ name: `reference: ${r.name}`, unit: 'us', median: NaN, notes: [`skipped: ${r.skipped}`] });
 }
-printTable('Handoff round trip (lower is better)', rows);
+if (!values['no-handoff']) printTable('Handoff round trip (lower is better)', rows);
+
+// Channels: after the handoff table.
+let channels: ChannelResults | undefined;
+if (!values['no-channels']) {
+  channels = await channelBenchmarks(iterations, warmup, device);
+  const t = channelRows(channels);
+  console.log(`\nchannels: ${device ? 'host and device slots' : 'host slots only (no GPU)'}; round trips ${iterations} timed after ${warmup} warm-up, ` +
+    'one way and work sharing about 0.7 s each');
+  printTable(`Channel round trip: a message to a child through one channel and back through another (targets: futex <= ${CHANNEL_TARGETS.rttFutexUs} us, spin <= ${CHANNEL_TARGETS.rttSpinUs} us)`, t.latency);
+  printTable('Channel throughput (higher is better; one way: median of 2000-message batches, "p99" column = slowest 1% of batches)', t.throughput);
+  if (t.kernel.length) printTable('Consumer kernel on shared slots (lower is better)', t.kernel);
+}
 
 if (values.json) {
   writeFileSync(values.json, JSON.stringify({
     host: hostname(), node: process.version, device: device?.toJSON() ?? null, iterations, warmup,
     handoff: Object.fromEntries(ours), references: refs,
+    channels: channels ? { targets: CHANNEL_TARGETS, ...channels } : null,
   }, null, 2) + '\n');
   console.log(`\nwrote ${values.json}`);
 }

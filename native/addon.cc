@@ -5,12 +5,14 @@ namespace cuda_ipc {
 void InitCuda(Napi::Env env, Napi::Object exports);
 void InitPosix(Napi::Env env, Napi::Object exports);
 void InitNvrtc(Napi::Env env, Napi::Object exports);
+void InitChannel(Napi::Env env, Napi::Object exports);
 }  // namespace cuda_ipc
 
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   cuda_ipc::InitCuda(env, exports);
   cuda_ipc::InitPosix(env, exports);
   cuda_ipc::InitNvrtc(env, exports);
+  cuda_ipc::InitChannel(env, exports);
   return exports;
 }
 

@@ -49,7 +49,10 @@ export type IpcErrorCode =
   | 'ERR_NO_LISTENER'
   | 'ERR_ADDRESS_IN_USE'
   | 'ERR_SOCKET_DIR_UNSAFE'
-  | 'ERR_NOT_SPAWNED';
+  | 'ERR_NOT_SPAWNED'
+  // channels
+  | 'ERR_CHANNEL_CLOSED'
+  | 'ERR_CHANNEL_CORRUPT';
 
 /** A cuda-ipc usage or protocol error with a stable `code`. */
 export class IpcError extends Error {

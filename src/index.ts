@@ -29,3 +29,9 @@ export {
 export { stats, type Stats } from './stats.js';
 export { leaseStats, type LeaseStats, type LeaseCounts, type LinkLeaseStats } from './link/index.js';
 export { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
+export {
+  Channel, ChannelSlot, ChannelMessage, createChannel, acceptChannel, pipeline, pipelineStage,
+  type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type CreateOptions, type AcceptOptions, type SlotBuffer,
+  type AcquireOptions, type PublishOptions, type ReleaseOptions, type ReceiveOptions, type ChannelStats,
+  type Pipeline, type PipelineOptions, type PipelineStage,
+} from './channel/index.js';

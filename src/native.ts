@@ -6,6 +6,7 @@ import { dirname, join } from 'node:path';
 import { existsSync } from 'node:fs';
 import type { CudaAddon } from './cuda/driver-types.js';
 import type { PosixAddon } from './posix-types.js';
+import type { ChannelAddon } from './channel-types.js';
 
 const require = createRequire(import.meta.url);
 
@@ -19,7 +20,7 @@ function packageRoot(): string {
   return dir;
 }
 
-export type Addon = CudaAddon & PosixAddon;
+export type Addon = CudaAddon & PosixAddon & ChannelAddon;
 
 const loadBinding = require('node-gyp-build') as (dir: string) => unknown;
 export const addon = loadBinding(packageRoot()) as Addon;

@@ -1,0 +1,58 @@
+// Types of the addon's channel primitives (native/channel.cc). Offsets are byte offsets into the
+// mapping, checked for alignment and bounds on every call (RangeError otherwise). 64-bit values
+// are JS numbers below 2^53; a stored value above that reads as -1.
+
+/** Its own mmap(MAP_SHARED) of a shared-memory fd, with sequentially consistent atomics. */
+export interface NativeSharedWords {
+  load32(offset: number): number;
+  store32(offset: number, value: number): void;
+  /** Returns the value seen: equal to `expected` when the swap happened. */
+  cas32(offset: number, expected: number, desired: number): number;
+  /** fetch-add (wrapping); returns the previous value. */
+  add32(offset: number, delta: number): number;
+  /** fetch-and; returns the previous value. */
+  and32(offset: number, mask: number): number;
+  /** fetch-or; returns the previous value. */
+  or32(offset: number, mask: number): number;
+  load64(offset: number): number;
+  store64(offset: number, value: number): void;
+  cas64(offset: number, expected: number, desired: number): number;
+  add64(offset: number, delta: number): number;
+  /**
+   * For i in 0..count-1, the word at offset + ((start + i) % count) * stride: swaps the first
+   * whose (value & mask) === expect for `desired` and returns its index; -1 when none.
+   */
+  claimFirst32(offset: number, stride: number, count: number, start: number, mask: number, expect: number, desired: number): number;
+  /** FUTEX_WAKE (shared) on the word: wakes up to `count` waiters (0: all); returns how many woke. */
+  wake(offset: number, count: number): number;
+  /** Spins on this thread while the word equals `expected`, for at most `micros` (capped at 100 ms).
+   * True when it changed. Blocks the event loop: spin mode only. */
+  spinWait32(offset: number, expected: number, micros: number): boolean;
+  /** Spins trying to swap expected -> desired for at most `micros`; true once swapped. */
+  spinCas32(offset: number, expected: number, desired: number, micros: number): boolean;
+  /** Drops this object's hold on the mapping (a pending FutexWaiter keeps it until it is done). */
+  close(): void;
+  readonly byteLength: number;
+  readonly address: bigint;
+}
+
+/**
+ * A native thread that waits on one shared word at a time and reports through `callback`:
+ * 0 the word changed or a wake came (re-check: wakes may be spurious), 1 timed out, 2 cancelled,
+ * negative: -errno.
+ */
+export interface NativeFutexWaiter {
+  /** Spin for up to spinMicros, then FUTEX_WAIT while the word equals `expected`, up to timeoutMs. */
+  wait(words: NativeSharedWords, offset: number, expected: number, timeoutMs: number, spinMicros?: number): void;
+  cancel(): void;
+  /** Cancels and joins the thread. Idempotent. */
+  close(): void;
+  readonly pending: boolean;
+}
+
+export interface ChannelAddon {
+  /** Maps `length` bytes of `fd` (borrowed: the caller still owns and closes it). The fd must be a
+   * regular file at least that long, sealed against shrinking (EINVAL / EPERM otherwise). */
+  SharedWords: new (fd: number, length: number) => NativeSharedWords;
+  FutexWaiter: new (callback: (status: number) => void) => NativeFutexWaiter;
+}

@@ -1,0 +1,247 @@
+// The channel control block: a shared-memory file (memfd) that every participant maps.
+//
+// Layout version 1. All integers little-endian; every byte not named here is zero when the
+// block is created, and the header's reserved bytes are checked to be zero by importers. Offsets
+// of the tables follow from (slotCount, metaBytes, maxParticipants) alone, and an importer
+// recomputes them and refuses a block that disagrees.
+//
+// Header, 256 bytes (four 64-byte lines, so that producers' and consumers' hot words do not
+// share a cache line):
+//   0   u32  magic 0x4c4e4843 ("CHNL")
+//   4   u16  version (1)
+//   6   u16  header bytes (256)
+//   8   u32  flags: bit 0 device slots, bit 1 broadcast; other bits zero
+//   12  u32  slot count
+//   16  u64  slot bytes
+//   24  u32  meta bytes per slot (multiple of 8)
+//   28  u32  max participants (2..32)
+//   32  u32  participants offset (256)
+//   36  u32  ring offset
+//   40  u32  slot records offset
+//   44  u32  slot record bytes
+//   48  u64  total bytes
+//   56  u32  expected producers (consumers end only after this many attached and all left)
+//   60  u32  expected consumers
+//   -- producer line
+//   64  u64  tail: the next ring position to publish
+//   72  u32  publish lock: 0 free, else participant index + 1
+//   76  u32  space sequence: bumped when a slot is freed or membership changes (futex word)
+//   80  u32  space sleepers: participants parked on the space sequence
+//   84  u32  consumer mask: bit i set while participant i is an attached consumer
+//   -- consumer line
+//   128 u64  head: the next ring position to take (work sharing; may lag, anyone advances it)
+//   136 u32  data sequence: bumped on every publish and membership change (futex word)
+//   140 u32  data sleepers
+//   -- counters
+//   192 u32  producers attached (ever)   196 u32 producers live   200 u32 producers died
+//   204 u32  consumers attached (ever)   208 u32 consumers live   212 u32 consumers died
+//   216 u32  hub role: 0 none, 1 producer, 2 consumer (the hub is participant 0)
+//
+// Participants, maxParticipants x 64 bytes at 256:
+//   0   u32  state: 0 empty, 1 alive, 2 ended, 3 dead, 4 being recovered
+//   4   u32  role: 1 producer, 2 consumer, 3 hub that neither produces nor consumes
+//   8   u32  pid
+//   12  u32  sleeping: 1 while counted in a sleepers word
+//   16  u64  cursor: broadcast consumers start at this ring position
+//   24  u32  attach generation (how many times this entry was handed out)
+//
+// Ring, slotCount x u32 (rounded up to 64 bytes): ring[p % slotCount] is the slot published at
+// position p, for head <= p < tail (broadcast: for each consumer's cursor <= p < tail).
+//
+// Slot records, slotCount x (64 + metaBytes rounded up to 64):
+//   0   u32  state word: kind (bits 0-7: 0 free, 1 writing, 2 published, 3 taken) | owner
+//            participant (bits 8-15: the writer, the publisher, or the taker) | flags (bits 16-31:
+//            bit 16 redelivered)
+//   4   u32  holders: broadcast consumers that still hold the message (bit per participant)
+//   8   u64  position of the current message
+//   16  u64  length: bytes of the slot the message uses
+//   24  u32  meta length     28  u32 meta kind: 0 none, 1 JSON (UTF-8), 2 raw bytes
+//   32  u32  publisher participant index
+//   36  u32  last holders: the holders mask when the message was published (broadcast; the
+//            producer's GPU work waits for their release events before reusing the slot)
+//   40  u32  deliveries: how many times the message was taken (work sharing)
+//   64  ...  meta bytes
+import { IpcError } from '../errors.js';
+
+export const MAGIC = 0x4c4e4843;
+export const VERSION = 1;
+export const HEADER_BYTES = 256;
+export const PARTICIPANT_BYTES = 64;
+export const SLOT_HEADER_BYTES = 64;
+
+export const FLAG_DEVICE = 1;
+export const FLAG_BROADCAST = 2;
+
+export const H = {
+  magic: 0,
+  version: 4,
+  headerBytes: 6,
+  flags: 8,
+  slotCount: 12,
+  slotBytes: 16,
+  metaBytes: 24,
+  maxParticipants: 28,
+  participantsOffset: 32,
+  ringOffset: 36,
+  slotRecordsOffset: 40,
+  slotRecordBytes: 44,
+  totalBytes: 48,
+  expectProducers: 56,
+  expectConsumers: 60,
+  tail: 64,
+  lock: 72,
+  spaceSeq: 76,
+  spaceSleepers: 80,
+  consumerMask: 84,
+  head: 128,
+  dataSeq: 136,
+  dataSleepers: 140,
+  producersAttached: 192,
+  producersLive: 196,
+  producersDied: 200,
+  consumersAttached: 204,
+  consumersLive: 208,
+  consumersDied: 212,
+  hubRole: 216,
+} as const;
+
+/** Header byte ranges that must stay zero (reserved). */
+const RESERVED: ReadonlyArray<readonly [number, number]> = [[88, 128], [144, 192], [220, 256]];
+
+export const P = { state: 0, role: 4, pid: 8, sleeping: 12, cursor: 16, generation: 24 } as const;
+export const PState = { Empty: 0, Alive: 1, Ended: 2, Dead: 3, Recovering: 4 } as const;
+export const PRole = { Producer: 1, Consumer: 2, Hub: 3 } as const;
+
+export const S = {
+  state: 0, holders: 4, position: 8, length: 16, metaLength: 24, metaKind: 28, publisher: 32, lastHolders: 36,
+  deliveries: 40, meta: 64,
+} as const;
+export const Kind = { Free: 0, Writing: 1, Published: 2, Taken: 3 } as const;
+export const FLAG_REDELIVERED = 1 << 16;
+export const MetaKind = { None: 0, Json: 1, Bytes: 2 } as const;
+
+export const slotWord = (kind: number, owner: number, flags = 0): number => (kind | (owner << 8) | flags) >>> 0;
+export const kindOf = (word: number): number => word & 0xff;
+export const ownerOf = (word: number): number => (word >>> 8) & 0xff;
+export const flagsOf = (word: number): number => word & 0xffff0000;
+
+export const LIMITS = {
+  maxSlots: 65536,
+  /** Device slots: two interprocess events per slot travel in one attach message. */
+  maxDeviceSlots: 256,
+  maxMetaBytes: 65536,
+  minParticipants: 2,
+  maxParticipants: 32,
+} as const;
+
+export interface LayoutParams {
+  slotCount: number;
+  slotBytes: number;
+  metaBytes: number;
+  maxParticipants: number;
+  device: boolean;
+  broadcast: boolean;
+}
+
+export interface Layout extends LayoutParams {
+  participantsOffset: number;
+  ringOffset: number;
+  slotRecordsOffset: number;
+  slotRecordBytes: number;
+  totalBytes: number;
+}
+
+const roundUp = (n: number, to: number) => Math.ceil(n / to) * to;
+
+/** Throws ERR_INVALID_ARG (or, for a received block, `code`) unless the parameters are in range. */
+export function checkParams(p: LayoutParams, code: 'ERR_INVALID_ARG' | 'ERR_DESCRIPTOR_INVALID' = 'ERR_INVALID_ARG'): void {
+  const fail = (what: string) => { throw new IpcError(code, what); };
+  const maxSlots = p.device ? LIMITS.maxDeviceSlots : LIMITS.maxSlots;
+  if (!Number.isSafeInteger(p.slotCount) || p.slotCount < 1 || p.slotCount > maxSlots) {
+    fail(`slots must be an integer in 1..${maxSlots}${p.device ? ' for device memory' : ''}; got ${String(p.slotCount)}`);
+  }
+  if (!Number.isSafeInteger(p.slotBytes) || p.slotBytes < 1 || p.slotCount * p.slotBytes > Number.MAX_SAFE_INTEGER) {
+    fail(`slotBytes must be a positive integer; got ${String(p.slotBytes)}`);
+  }
+  if (!Number.isSafeInteger(p.metaBytes) || p.metaBytes < 0 || p.metaBytes > LIMITS.maxMetaBytes || p.metaBytes % 8 !== 0) {
+    fail(`metaBytes must be a multiple of 8 in 0..${LIMITS.maxMetaBytes}; got ${String(p.metaBytes)}`);
+  }
+  if (!Number.isSafeInteger(p.maxParticipants) || p.maxParticipants < LIMITS.minParticipants || p.maxParticipants > LIMITS.maxParticipants) {
+    fail(`maxPeers + 1 must be in ${LIMITS.minParticipants}..${LIMITS.maxParticipants}; got ${String(p.maxParticipants)} participants`);
+  }
+}
+
+export function computeLayout(p: LayoutParams): Layout {
+  const participantsOffset = HEADER_BYTES;
+  const ringOffset = participantsOffset + p.maxParticipants * PARTICIPANT_BYTES;
+  const slotRecordsOffset = ringOffset + roundUp(p.slotCount * 4, 64);
+  const slotRecordBytes = SLOT_HEADER_BYTES + roundUp(p.metaBytes, 64);
+  const totalBytes = slotRecordsOffset + p.slotCount * slotRecordBytes;
+  return { ...p, participantsOffset, ringOffset, slotRecordsOffset, slotRecordBytes, totalBytes };
+}
+
+/** Writes the header of a fresh (zeroed) block. */
+export function writeHeader(view: DataView, l: Layout, expectProducers: number, expectConsumers: number, hubRole: number): void {
+  view.setUint32(H.magic, MAGIC, true);
+  view.setUint16(H.version, VERSION, true);
+  view.setUint16(H.headerBytes, HEADER_BYTES, true);
+  view.setUint32(H.flags, (l.device ? FLAG_DEVICE : 0) | (l.broadcast ? FLAG_BROADCAST : 0), true);
+  view.setUint32(H.slotCount, l.slotCount, true);
+  view.setBigUint64(H.slotBytes, BigInt(l.slotBytes), true);
+  view.setUint32(H.metaBytes, l.metaBytes, true);
+  view.setUint32(H.maxParticipants, l.maxParticipants, true);
+  view.setUint32(H.participantsOffset, l.participantsOffset, true);
+  view.setUint32(H.ringOffset, l.ringOffset, true);
+  view.setUint32(H.slotRecordsOffset, l.slotRecordsOffset, true);
+  view.setUint32(H.slotRecordBytes, l.slotRecordBytes, true);
+  view.setBigUint64(H.totalBytes, BigInt(l.totalBytes), true);
+  view.setUint32(H.expectProducers, expectProducers, true);
+  view.setUint32(H.expectConsumers, expectConsumers, true);
+  view.setUint32(H.hubRole, hubRole, true);
+}
+
+/**
+ * Reads and checks the header of a received block `byteLength` bytes long: every field must
+ * match what its own parameters imply. Throws ERR_DESCRIPTOR_INVALID / ERR_DESCRIPTOR_VERSION.
+ */
+export function readHeader(view: DataView, byteLength: number): Layout & { expectProducers: number; expectConsumers: number; hubRole: number } {
+  const bad = (what: string) => new IpcError('ERR_DESCRIPTOR_INVALID', `received a channel control block that is not valid: ${what}`);
+  if (byteLength < HEADER_BYTES) throw bad(`${byteLength} bytes, fewer than its ${HEADER_BYTES}-byte header`);
+  if (view.getUint32(H.magic, true) !== MAGIC) throw bad('wrong magic number');
+  const version = view.getUint16(H.version, true);
+  if (version !== VERSION) {
+    throw new IpcError('ERR_DESCRIPTOR_VERSION', `the peer's channel control block has layout version ${version}; this cuda-ipc reads version ${VERSION}: use the same cuda-ipc version on both sides`);
+  }
+  if (view.getUint16(H.headerBytes, true) !== HEADER_BYTES) throw bad('header size');
+  const flags = view.getUint32(H.flags, true);
+  if ((flags & ~(FLAG_DEVICE | FLAG_BROADCAST)) !== 0) throw bad(`unknown flags 0x${flags.toString(16)}`);
+  const slotBytes = view.getBigUint64(H.slotBytes, true);
+  if (slotBytes > BigInt(Number.MAX_SAFE_INTEGER)) throw bad('slot size');
+  const params: LayoutParams = {
+    slotCount: view.getUint32(H.slotCount, true),
+    slotBytes: Number(slotBytes),
+    metaBytes: view.getUint32(H.metaBytes, true),
+    maxParticipants: view.getUint32(H.maxParticipants, true),
+    device: (flags & FLAG_DEVICE) !== 0,
+    broadcast: (flags & FLAG_BROADCAST) !== 0,
+  };
+  checkParams(params, 'ERR_DESCRIPTOR_INVALID');
+  const l = computeLayout(params);
+  const expect: Array<[number, number, string]> = [
+    [view.getUint32(H.participantsOffset, true), l.participantsOffset, 'participants offset'],
+    [view.getUint32(H.ringOffset, true), l.ringOffset, 'ring offset'],
+    [view.getUint32(H.slotRecordsOffset, true), l.slotRecordsOffset, 'slot records offset'],
+    [view.getUint32(H.slotRecordBytes, true), l.slotRecordBytes, 'slot record size'],
+    [Number(view.getBigUint64(H.totalBytes, true)), l.totalBytes, 'total size'],
+  ];
+  for (const [got, want, what] of expect) if (got !== want) throw bad(`${what} ${got}, expected ${want}`);
+  if (l.totalBytes > byteLength) throw bad(`it needs ${l.totalBytes} bytes but the shared memory holds ${byteLength}`);
+  for (const [from, to] of RESERVED) {
+    for (let i = from; i < to; i += 4) if (view.getUint32(i, true) !== 0) throw bad(`reserved header bytes at ${i} are not zero`);
+  }
+  const expectProducers = view.getUint32(H.expectProducers, true);
+  const expectConsumers = view.getUint32(H.expectConsumers, true);
+  const hubRole = view.getUint32(H.hubRole, true);
+  if (expectProducers > l.maxParticipants || expectConsumers > l.maxParticipants || hubRole > 2) throw bad('membership fields');
+  return { ...l, expectProducers, expectConsumers, hubRole };
+}

@@ -1,0 +1,465 @@
+// The ring protocol over a control block (layout.ts): every operation a participant performs on
+// shared state, written so that a participant that dies at any point leaves state that the
+// recovery below can repair from the control block alone.
+//
+// Who changes what:
+//  - A slot's state word moves by compare-and-swap only: free -> writing (a producer claims it),
+//    writing -> published (inside the publish lock), published -> taken (a work-sharing consumer),
+//    taken -> free (its taker releases it), published -> free (the last broadcast holder). The
+//    owner byte names who may move it next, which is what recovery reads after a death.
+//  - Publishing holds the publish lock (value: publisher index + 1): fill in the slot record,
+//    mark it published at position `tail`, write the ring entry, advance `tail`. A publisher that
+//    dies inside finds its lock word still set; recovery completes the publish when the slot was
+//    already marked published (the commit point) and drops it otherwise.
+//  - `head` (work sharing) is only a hint that anyone advances past a taken position, so a taker
+//    that dies between taking and advancing blocks nobody.
+//  - Plain fields of a slot record (length, meta, ...) are written only by the participant that
+//    holds the slot, before the state word change (sequentially consistent) that hands it on.
+//
+// Values read from shared memory are never trusted: slot indices and positions are range-checked
+// and a bad one raises ERR_CHANNEL_CORRUPT, so a hostile or broken peer cannot crash this process.
+import { IpcError } from '../errors.js';
+import type { NativeSharedWords } from '../channel-types.js';
+import {
+  H, P, S, Kind, PState, PRole, FLAG_REDELIVERED, slotWord, kindOf, ownerOf, flagsOf, type Layout,
+} from './layout.js';
+
+/** How long a publisher spins for the publish lock before deferring (µs). */
+const LOCK_SPIN_MICROS = 200;
+
+export function corrupt(what: string): IpcError {
+  return new IpcError('ERR_CHANNEL_CORRUPT', `the channel's shared control block is inconsistent (${what}); a peer wrote garbage into it. Close the channel`);
+}
+
+export type PublishResult = 'ok' | 'busy' | 'dropped' | 'detached';
+
+export class Ring {
+  readonly w: NativeSharedWords;
+  readonly view: DataView;
+  readonly bytes: Uint8Array;
+  readonly l: Layout;
+  readonly n: number;
+  /** This participant's index. */
+  me = 0;
+  #hint = 0;
+  /** Work sharing: the state word this participant set on each slot it took (for its release). */
+  readonly takenWords: Uint32Array;
+
+  constructor(words: NativeSharedWords, bytes: Uint8Array, layout: Layout) {
+    this.w = words;
+    this.bytes = bytes;
+    this.view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    this.l = layout;
+    this.n = layout.slotCount;
+    this.takenWords = new Uint32Array(layout.slotCount);
+  }
+
+  slotOff(s: number): number { return this.l.slotRecordsOffset + s * this.l.slotRecordBytes; }
+  partOff(k: number): number { return this.l.participantsOffset + k * 64; }
+  ringOff(p: number): number { return this.l.ringOffset + (p % this.n) * 4; }
+
+  #pos(off: number, what: string): number {
+    const v = this.w.load64(off);
+    if (v < 0) throw corrupt(`${what} out of range`);
+    return v;
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Wake-ups. A sequence word changes on every event; sleepers re-check after each change.
+
+  signalData(all = false): void {
+    this.w.add32(H.dataSeq, 1);
+    if (this.w.load32(H.dataSleepers) !== 0) this.w.wake(H.dataSeq, all || this.l.broadcast ? 0 : 1);
+  }
+
+  signalSpace(): void {
+    this.w.add32(H.spaceSeq, 1);
+    if (this.w.load32(H.spaceSleepers) !== 0) this.w.wake(H.spaceSeq, 0);
+  }
+
+  signalAll(): void {
+    this.signalData(true);
+    this.signalSpace();
+  }
+
+  /** The sleepers word a participant of `role` parks on. */
+  static sleepersFor(role: number): number {
+    return role === PRole.Consumer ? H.dataSleepers : H.spaceSleepers;
+  }
+
+  /** Counts this participant as asleep (before it re-checks and parks). */
+  enterSleep(role: number): void {
+    this.w.store32(this.partOff(this.me) + P.sleeping, 1);
+    this.w.add32(Ring.sleepersFor(role), 1);
+  }
+
+  /** Undoes enterSleep; exactly once even if recovery also clears it. */
+  leaveSleep(role: number): void {
+    if (this.w.cas32(this.partOff(this.me) + P.sleeping, 1, 0) === 1) this.w.add32(Ring.sleepersFor(role), -1);
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Producers
+
+  /** Claims a free slot for writing; -1 when every slot is in flight. */
+  claimSlot(): number {
+    const s = this.w.claimFirst32(this.slotOff(0) + S.state, this.l.slotRecordBytes, this.n, this.#hint, 0xff, Kind.Free, slotWord(Kind.Writing, this.me));
+    if (s >= 0) this.#hint = s + 1 === this.n ? 0 : s + 1;
+    return s;
+  }
+
+  /** True when some slot is free (a scan that changes nothing). */
+  hasFree(): boolean {
+    return this.w.claimFirst32(this.slotOff(0) + S.state, this.l.slotRecordBytes, this.n, this.#hint, 0xff, Kind.Free, Kind.Free) >= 0;
+  }
+
+  /** Returns a claimed but unpublished slot. */
+  discard(s: number): void {
+    const off = this.slotOff(s) + S.state;
+    if (this.w.cas32(off, slotWord(Kind.Writing, this.me), Kind.Free) === slotWord(Kind.Writing, this.me)) this.signalSpace();
+  }
+
+  /**
+   * Publishes slot `s` (claimed by this participant; its length and meta already written).
+   * 'busy': the publish lock stayed taken, nothing changed, try again later. 'dropped': a
+   * broadcast channel with no consumer attached; the slot was freed. 'detached': the slot is no
+   * longer this participant's (recovery took it back after its link to the hub closed).
+   */
+  publish(s: number): PublishResult {
+    const w = this.w;
+    if (!w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) return 'busy';
+    let result: PublishResult = 'ok';
+    try {
+      const so = this.slotOff(s);
+      const t = this.#pos(H.tail, 'tail');
+      this.view.setUint32(so + S.publisher, this.me, true);
+      this.view.setUint32(so + S.deliveries, 0, true);
+      w.store64(so + S.position, t);
+      if (this.l.broadcast) {
+        const mask = w.load32(H.consumerMask);
+        this.view.setUint32(so + S.lastHolders, mask, true);
+        w.store32(so + S.holders, mask);
+        if (mask === 0) {
+          result = w.cas32(so + S.state, slotWord(Kind.Writing, this.me), Kind.Free) === slotWord(Kind.Writing, this.me) ? 'dropped' : 'detached';
+          return result;
+        }
+      }
+      // The commit point; a swap rather than a store, so that a slot recovery took back is never
+      // published over whoever holds it now.
+      if (w.cas32(so + S.state, slotWord(Kind.Writing, this.me), slotWord(Kind.Published, this.me)) !== slotWord(Kind.Writing, this.me)) {
+        result = 'detached';
+        return result;
+      }
+      w.store32(this.ringOff(t), s);
+      w.store64(H.tail, t + 1);
+    } finally {
+      w.store32(H.lock, 0);
+    }
+    if (result === 'ok') this.signalData();
+    else if (result === 'dropped') this.signalSpace();
+    return result;
+  }
+
+  /** The holders of slot `s`'s previous message (broadcast), for release-event waits. */
+  lastHolders(s: number): number {
+    return this.view.getUint32(this.slotOff(s) + S.lastHolders, true);
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Consumers
+
+  /** Work sharing: takes the oldest published message; -1 when there is none. */
+  take(): number {
+    const w = this.w;
+    // Bounded: each round either takes, or advances head past a taken position; a peer that
+    // keeps rewinding head cannot hold us here.
+    for (let round = 0; round < 4 * this.n + 64; round++) {
+      // Tail first: both only grow, so a head read after it is at least as fresh, and then
+      // t - h <= slots (every position in [head, tail) holds a slot of its own).
+      const t = this.#pos(H.tail, 'tail');
+      const h = this.#pos(H.head, 'head');
+      if (h >= t) return -1;
+      if (t - h > this.n) throw corrupt(`${t - h} messages in a ring of ${this.n} slots`);
+      const s = w.load32(this.ringOff(h));
+      if (s >= this.n) throw corrupt(`ring entry names slot ${s} of ${this.n}`);
+      const so = this.slotOff(s);
+      const word = w.load32(so + S.state);
+      if (kindOf(word) === Kind.Published && w.load64(so + S.position) === h) {
+        const taken = slotWord(Kind.Taken, this.me, flagsOf(word));
+        if (w.cas32(so + S.state, word, taken) === word) {
+          this.takenWords[s] = taken;
+          w.cas64(H.head, h, h + 1);
+          this.view.setUint32(so + S.deliveries, this.view.getUint32(so + S.deliveries, true) + 1, true);
+          return s;
+        }
+        continue;
+      }
+      // Position h was taken (its taker may not have advanced head yet): move on.
+      w.cas64(H.head, h, h + 1);
+    }
+    return -1;
+  }
+
+  /** Broadcast: the slot published at `cursor`; -1 when nothing is there yet, -2 when the message
+   * at cursor is not held for this participant (skip it). */
+  peekAt(cursor: number): number {
+    const t = this.#pos(H.tail, 'tail');
+    if (cursor >= t) return -1;
+    if (t - cursor > this.n) throw corrupt(`${t - cursor} messages ahead of a consumer in a ring of ${this.n} slots`);
+    const s = this.w.load32(this.ringOff(cursor));
+    if (s >= this.n) throw corrupt(`ring entry names slot ${s} of ${this.n}`);
+    const so = this.slotOff(s);
+    if (this.w.load64(so + S.position) !== cursor || (this.w.load32(so + S.holders) & (1 << this.me)) === 0) return -2;
+    return s;
+  }
+
+  /** Work sharing: frees a slot this participant took. False when it no longer held it. */
+  releaseTaken(s: number): boolean {
+    const word = this.takenWords[s]!;
+    if (this.w.cas32(this.slotOff(s) + S.state, word, Kind.Free) !== word) return false;
+    this.signalSpace();
+    return true;
+  }
+
+  /** Broadcast: drops this participant's hold on slot `s`; the last holder frees it. */
+  releaseHeld(s: number, k = this.me): boolean {
+    const bit = 1 << k;
+    const so = this.slotOff(s);
+    const old = this.w.and32(so + S.holders, ~bit >>> 0);
+    if ((old & bit) === 0) return false;
+    if ((old & ~bit) === 0) {
+      const word = this.w.load32(so + S.state);
+      if (kindOf(word) === Kind.Published) this.w.cas32(so + S.state, word, Kind.Free);
+      this.signalSpace();
+    }
+    return true;
+  }
+
+  /** Work sharing: nothing published and untaken. Broadcast: nothing at or after `cursor`. */
+  isEmpty(cursor: number): boolean {
+    const t = this.#pos(H.tail, 'tail');
+    return (this.l.broadcast ? cursor : this.#pos(H.head, 'head')) >= t;  // a stale "empty" is re-checked before parking
+  }
+
+  // ------------------------------------------------------------------------------------------
+  // Membership (the hub)
+
+  counter(off: number): number { return this.w.load32(off); }
+
+  /** A free participant entry for a new peer, or -1. */
+  allocateParticipant(role: number, pid: number): number {
+    for (let k = 1; k < this.l.maxParticipants; k++) {
+      const po = this.partOff(k);
+      if (this.w.cas32(po + P.state, PState.Empty, PState.Recovering) !== PState.Empty) continue;
+      this.view.setUint32(po + P.role, role, true);
+      this.view.setUint32(po + P.pid, pid, true);
+      this.w.store32(po + P.sleeping, 0);
+      this.w.store64(po + P.cursor, 0);
+      this.view.setUint32(po + P.generation, this.view.getUint32(po + P.generation, true) + 1, true);
+      return k;
+    }
+    return -1;
+  }
+
+  /**
+   * Makes participant k alive in its role. For a broadcast consumer this takes the publish lock
+   * (its cursor starts at tail and its bit joins the mask atomically with respect to publishes):
+   * false when the lock stayed busy (try again).
+   */
+  activate(k: number, role: number): boolean {
+    const w = this.w;
+    const po = this.partOff(k);
+    if (role === PRole.Consumer) {
+      if (this.l.broadcast) {
+        if (!w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) return false;
+        try {
+          w.store64(po + P.cursor, this.#pos(H.tail, 'tail'));
+          w.or32(H.consumerMask, 1 << k);
+        } finally {
+          w.store32(H.lock, 0);
+        }
+      } else {
+        w.or32(H.consumerMask, 1 << k);
+      }
+      // live before attached: a reader that sees attached >= expected then sees live too.
+      w.add32(H.consumersLive, 1);
+      w.add32(H.consumersAttached, 1);
+    } else if (role === PRole.Producer) {
+      w.add32(H.producersLive, 1);
+      w.add32(H.producersAttached, 1);
+    }
+    w.store32(po + P.state, PState.Alive);
+    this.signalAll();
+    return true;
+  }
+
+  /** Returns an entry that never became alive (the attach failed before activate). */
+  freeParticipant(k: number): void {
+    const po = this.partOff(k);
+    if (this.w.load32(po + P.state) === PState.Recovering) this.w.store32(po + P.state, PState.Empty);
+  }
+
+  /** After recovery, lets the hub hand the entry out again. */
+  recycleParticipant(k: number): void {
+    const po = this.partOff(k);
+    const st = this.w.load32(po + P.state);
+    if (st === PState.Dead || st === PState.Ended) this.w.cas32(po + P.state, st, PState.Empty);
+  }
+
+  participantState(k: number): number { return this.w.load32(this.partOff(k) + P.state); }
+  participantRole(k: number): number { return this.view.getUint32(this.partOff(k) + P.role, true); }
+
+  // ------------------------------------------------------------------------------------------
+  // Leaving and recovery
+
+  /**
+   * Takes participant k out of the channel: it left (`died` false: this process closing its own
+   * endpoint) or died (its link closed while it was alive). Idempotent and safe against a second
+   * process recovering the same participant (only the one that moves it from alive proceeds).
+   *
+   * Returns 'done', 'not-alive' (nothing to do), or 'busy' (the publish lock was held by a live
+   * publisher: call again later; the entry stays marked as being recovered by this process).
+   *
+   * What it repairs: the publish lock it died holding (completing a publish that had reached its
+   * commit point); slots it was writing (freed: never published); slots it had taken (work
+   * sharing: published again at the tail, flagged redelivered); its holds on broadcast messages
+   * (dropped; a slot whose last holder it was is freed); its bit in the consumer mask; its
+   * sleeper count; the live/died counters. Then it wakes everyone so that they re-check.
+   */
+  leave(k: number, died: boolean, resuming = false): 'done' | 'not-alive' | 'busy' {
+    const w = this.w;
+    const po = this.partOff(k);
+    if (!resuming && w.cas32(po + P.state, PState.Alive, PState.Recovering) !== PState.Alive) return 'not-alive';
+    const role = this.participantRole(k);
+    const bit = 1 << k;
+
+    // 1. The lock it died holding.
+    if (w.load32(H.lock) === k + 1) {
+      const t = this.#pos(H.tail, 'tail');
+      for (let s = 0; s < this.n; s++) {
+        const so = this.slotOff(s);
+        const word = w.load32(so + S.state);
+        // Only the lock holder marks a slot published at position == tail: this one was committed.
+        if (kindOf(word) === Kind.Published && w.load64(so + S.position) === t) {
+          w.store32(this.ringOff(t), s);
+          w.store64(H.tail, t + 1);
+          break;
+        }
+      }
+      w.cas32(H.lock, k + 1, 0);
+    }
+
+    // 2. Its slots. A broadcast consumer's bit leaves the mask under the lock (a publish in
+    //    progress must not copy a mask that still names it after the slots were scanned); taken
+    //    slots are published again under the lock.
+    if (this.l.broadcast) {
+      if (role === PRole.Consumer) {
+        if (!w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) return 'busy';
+        try {
+          w.and32(H.consumerMask, ~bit >>> 0);
+        } finally {
+          w.store32(H.lock, 0);
+        }
+      }
+    } else {
+      w.and32(H.consumerMask, ~bit >>> 0);
+      if (this.#holdsTaken(k)) {
+        if (!w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) return 'busy';
+        try {
+          this.#redeliverTaken(k);
+        } finally {
+          w.store32(H.lock, 0);
+        }
+      }
+    }
+    for (let s = 0; s < this.n; s++) {
+      const so = this.slotOff(s);
+      const word = w.load32(so + S.state);
+      const kind = kindOf(word);
+      if (kind === Kind.Writing && ownerOf(word) === k) w.cas32(so + S.state, word, Kind.Free);
+      else if (this.l.broadcast && kind === Kind.Published) {
+        if ((w.load32(so + S.holders) & bit) !== 0) this.releaseHeld(s, k);
+        else if (w.load32(so + S.holders) === 0) w.cas32(so + S.state, word, Kind.Free);  // its last holder died mid-release
+      }
+    }
+
+    // 3. Sleeper count and counters.
+    if (w.cas32(po + P.sleeping, 1, 0) === 1) w.add32(Ring.sleepersFor(role), -1);
+    if (role === PRole.Producer) {
+      w.add32(H.producersLive, -1);
+      if (died) w.add32(H.producersDied, 1);
+    } else if (role === PRole.Consumer) {
+      w.add32(H.consumersLive, -1);
+      if (died) w.add32(H.consumersDied, 1);
+    }
+    w.store32(po + P.state, died ? PState.Dead : PState.Ended);
+    this.signalAll();
+    return 'done';
+  }
+
+  /** Work sharing: publishes slot `s`, which this participant took, again (flagged redelivered).
+   * False when the lock stayed busy for 50 ms. */
+  returnTaken(s: number): boolean {
+    const deadline = performance.now() + 50;
+    while (!this.w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) if (performance.now() > deadline) return false;
+    try {
+      this.#redeliverTaken(this.me, s);
+    } finally {
+      this.w.store32(H.lock, 0);
+    }
+    this.signalData();
+    return true;
+  }
+
+  #holdsTaken(k: number): boolean {
+    for (let s = 0; s < this.n; s++) {
+      const word = this.w.load32(this.slotOff(s) + S.state);
+      if (kindOf(word) === Kind.Taken && ownerOf(word) === k) return true;
+    }
+    return false;
+  }
+
+  /** With the lock held: publishes every slot k had taken (or just `only`) again, at the tail, flagged. */
+  #redeliverTaken(k: number, only = -1): void {
+    const w = this.w;
+    for (let s = 0; s < this.n; s++) {
+      if (only >= 0 && s !== only) continue;
+      const so = this.slotOff(s);
+      const word = w.load32(so + S.state);
+      if (kindOf(word) !== Kind.Taken || ownerOf(word) !== k) continue;
+      const pos = w.load64(so + S.position);
+      if (pos >= 0) w.cas64(H.head, pos, pos + 1);  // it took it but had not advanced head
+      const t = this.#pos(H.tail, 'tail');
+      w.store64(so + S.position, t);
+      const publisher = this.view.getUint32(so + S.publisher, true) & 0xff;
+      if (w.cas32(so + S.state, word, slotWord(Kind.Published, publisher, FLAG_REDELIVERED)) !== word) continue;
+      w.store32(this.ringOff(t), s);
+      w.store64(H.tail, t + 1);
+    }
+  }
+
+  /** Counts of slot states, for stats and tests. */
+  slotCounts(): { free: number; writing: number; published: number; taken: number } {
+    const c = { free: 0, writing: 0, published: 0, taken: 0 };
+    for (let s = 0; s < this.n; s++) {
+      switch (kindOf(this.w.load32(this.slotOff(s) + S.state))) {
+        case Kind.Free: c.free++; break;
+        case Kind.Writing: c.writing++; break;
+        case Kind.Published: c.published++; break;
+        case Kind.Taken: c.taken++; break;
+      }
+    }
+    return c;
+  }
+
+  /** Slots published by `k` that are still published or taken. */
+  inFlightFrom(k: number): number {
+    let n = 0;
+    for (let s = 0; s < this.n; s++) {
+      const so = this.slotOff(s);
+      const kind = kindOf(this.w.load32(so + S.state));
+      if ((kind === Kind.Published || kind === Kind.Taken) && this.view.getUint32(so + S.publisher, true) === k) n++;
+    }
+    return n;
+  }
+}

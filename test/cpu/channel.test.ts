@@ -1,0 +1,216 @@
+// Channels on host memory: ordering, loss and duplicates, backpressure, topologies, wait modes.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
+import { Channel, createChannel, acceptChannel, type ChannelSlot } from '../../src/channel/index.js';
+import { writePayload, readPayload } from '../fixtures/channel-payload.js';
+
+const CHILD = new URL('../fixtures/channel-child.js', import.meta.url);
+const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
+
+async function child(args: string[], wait: 'futex' | 'spin' = 'futex'): Promise<SpawnedChild> {
+  return spawn(CHILD, args, { env: { ...process.env, CHANNEL_WAIT: wait } });
+}
+
+function reply(link: Link, ms = 60_000): Promise<any> {
+  return link.receive({ signal: AbortSignal.timeout(ms) });
+}
+
+async function produce(ch: Channel, from: number, to: number, id = 0, metaEvery = 1000): Promise<void> {
+  for (let i = from; i < to; i++) {
+    const slot = await ch.acquire();
+    const length = writePayload(slot.bytes, i, id);
+    ch.publish(slot, { length, ...(i % metaEvery === 0 ? { meta: { seq: i } } : {}) });
+  }
+}
+
+async function exited(s: SpawnedChild): Promise<void> {
+  if (s.child.exitCode === null && s.child.signalCode === null) await once(s.child, 'exit');
+}
+
+test('1,000,000 messages one way: order kept, no loss, no duplicate, every checksum right', async () => {
+  const n = 1_000_000;
+  const c = await child(['consume']);
+  const ch = await createChannel(c.link, { role: 'producer', slots: 64, slotBytes: 64 });
+  const t0 = performance.now();
+  await produce(ch, 0, n);
+  await ch.end();
+  const r = await reply(c.link);
+  const ms = performance.now() - t0;
+  assert.equal(r.done.error, undefined);
+  assert.equal(r.done.count, n);
+  assert.equal(r.done.next['0'], n, 'the last message seen is the last one sent');
+  assert.equal(r.done.metaSeen, n / 1000);
+  assert.equal(r.done.redelivered, 0);
+  await exited(c);
+  console.log(`1,000,000 messages in ${(ms / 1000).toFixed(1)} s (${Math.round(n / ms * 1000)} msg/s)`);
+});
+
+test('spin mode on both sides delivers the same stream', async () => {
+  const n = 20_000;
+  const c = await child(['consume'], 'spin');
+  const ch = await createChannel(c.link, { role: 'producer', slots: 8, slotBytes: 64, wait: 'spin', spinMicros: 20 });
+  await produce(ch, 0, n);
+  await ch.end();
+  const r = await reply(c.link);
+  assert.equal(r.done.error, undefined);
+  assert.equal(r.done.count, n);
+  await exited(c);
+});
+
+test('backpressure: acquire waits while every slot is in flight and resumes on release', async () => {
+  const slots = 4;
+  const c = await child(['hold-release', String(slots)]);
+  const ch = await createChannel(c.link, { role: 'producer', slots, slotBytes: 64 });
+  await produce(ch, 0, slots);
+  assert.deepEqual((await reply(c.link)).held, [0, 1, 2, 3]);
+  assert.equal(ch.tryAcquire(), undefined, 'no free slot while the consumer holds all four');
+  assert.deepEqual(ch.stats().slots, { free: 0, writing: 0, published: 0, taken: 4 });
+  let acquired: ChannelSlot | undefined;
+  const pending = ch.acquire().then((s) => (acquired = s));
+  await new Promise((r) => setTimeout(r, 150));
+  assert.equal(acquired, undefined, 'acquire is still waiting');
+  c.link.send({ release: true });
+  const slot = await pending;
+  ch.publish(slot, { length: writePayload(slot.bytes, slots, 0) });
+  await produce(ch, slots + 1, 200);
+  await ch.end();
+  const r = await reply(c.link);
+  assert.equal(r.done.error, undefined);
+  assert.equal(r.done.count, 200);
+  await exited(c);
+});
+
+test('a consumer waits while the channel is empty; an abort signal ends the wait', async () => {
+  const c = await child(['produce', '0']);
+  const ch = Channel.create({ role: 'consumer', slots: 4, slotBytes: 64 });
+  await ch.attach(c.link, { role: 'producer' });
+  // The child ends at once (0 messages): the iteration ends cleanly.
+  assert.equal(await ch.receive(), undefined);
+  ch.close();
+  await exited(c);
+
+  const lonely = Channel.create({ role: 'consumer', slots: 4, slotBytes: 64 });
+  await assert.rejects(lonely.receive({ signal: AbortSignal.timeout(50) }), code('ERR_TIMEOUT'));
+  const later = lonely.receive();
+  lonely.close();
+  assert.equal(await later, undefined, 'close() ends a pending receive');
+});
+
+test('many producers to one consumer: every producer\'s order kept, the end comes after all ended', async () => {
+  const producers = 3;
+  const per = 10_000;
+  const ch = Channel.create({ role: 'consumer', slots: 16, slotBytes: 64, producers });
+  const kids: SpawnedChild[] = [];
+  for (let i = 1; i <= producers; i++) {
+    const k = await child(['produce', String(per), String(i)]);
+    await ch.attach(k.link, { role: 'producer' });
+    kids.push(k);
+  }
+  const next = new Map<number, number>();
+  let count = 0;
+  for await (const msg of ch) {
+    const p = readPayload(msg.bytes);
+    assert.equal(p.seq, next.get(p.producer) ?? 0, `producer ${p.producer} in order`);
+    assert.equal(msg.producer, p.producer, 'msg.producer names the participant that published it');
+    next.set(p.producer, p.seq + 1);
+    count++;
+    msg.release();
+  }
+  assert.equal(count, producers * per);
+  for (let i = 1; i <= producers; i++) assert.equal(next.get(i), per);
+  ch.close();
+  for (const k of kids) {
+    assert.equal((await reply(k.link)).produced, per);
+    await exited(k);
+  }
+});
+
+test('work sharing: each message goes to exactly one of three consumers', async () => {
+  const total = 3000;
+  const ch = Channel.create({ role: 'producer', slots: 8, slotBytes: 64, consumers: 3 });
+  const kids: SpawnedChild[] = [];
+  for (let i = 0; i < 3; i++) {
+    const k = await child(['worker']);
+    await ch.attach(k.link, { role: 'consumer' });
+    kids.push(k);
+  }
+  await produce(ch, 0, total);
+  await ch.end();
+  const seen = new Array<number>(total).fill(0);
+  const shares: number[] = [];
+  for (const k of kids) {
+    const r = await reply(k.link);
+    assert.equal(r.error, undefined);
+    let last = -1;
+    for (const s of r.seqs as number[]) {
+      assert.ok(s >= 0, 'nothing is redelivered when nobody dies');
+      assert.ok(s > last, 'each consumer sees its share in order');
+      last = s;
+      seen[s]!++;
+    }
+    shares.push(r.seqs.length);
+    await exited(k);
+  }
+  assert.ok(seen.every((x) => x === 1), 'every message delivered exactly once');
+  assert.equal(shares.reduce((a, b) => a + b), total);
+});
+
+test('broadcast: every consumer gets every message; a slot is reused only after all released it', async () => {
+  const total = 600;
+  const ch = Channel.create({ role: 'producer', slots: 4, slotBytes: 64, topology: 'broadcast', consumers: 3 });
+  const kids: SpawnedChild[] = [];
+  for (let i = 0; i < 3; i++) {
+    // Different release delays: the fast consumers must not make the producer overwrite a slot
+    // the slow one still reads.
+    const k = await child(['consume', i === 0 ? '1' : '0']);
+    await ch.attach(k.link, { role: 'consumer' });
+    kids.push(k);
+  }
+  await produce(ch, 0, 200);
+  await produce(ch, 200, total);
+  await ch.end();
+  for (const k of kids) {
+    const r = await reply(k.link);
+    assert.equal(r.done.error, undefined);
+    assert.equal(r.done.count, total);
+    assert.equal(r.done.next['0'], total);
+    await exited(k);
+  }
+});
+
+test('usage errors are typed: wrong role, foreign slot, publish twice, meta too large, bad options', async () => {
+  const ch = Channel.create({ role: 'producer', slots: 2, slotBytes: 64, metaBytes: 16 });
+  assert.throws(() => ch.tryReceive(), code('ERR_INVALID_ARG'));
+  const slot = await ch.acquire();
+  assert.throws(() => ch.publish(slot, { meta: 'x'.repeat(40) }), code('ERR_MESSAGE_TOO_LARGE'));
+  assert.throws(() => ch.publish(slot, { length: 65 }), code('ERR_OUT_OF_RANGE'));
+  ch.publish(slot, { meta: { a: 1 } });
+  assert.throws(() => ch.publish(slot), code('ERR_INVALID_ARG'));
+  const other = await ch.acquire();
+  assert.equal(ch.tryAcquire(), undefined, 'two slots, both in flight (no consumer yet: messages wait)');
+  ch.discard(other);
+  assert.ok(ch.tryAcquire(), 'a discarded slot is free again');
+  ch.close();
+  assert.throws(() => ch.tryAcquire(), code('ERR_CHANNEL_CLOSED'));
+  ch.close();
+
+  for (const bad of [{ slots: 0 }, { slots: 1.5 }, { slotBytes: 0 }, { metaBytes: 7 }, { maxPeers: 0 }, { maxPeers: 40 }, { topology: 'ring' }, { wait: 'poll' }, { spinMicros: -1 }]) {
+    assert.throws(() => Channel.create({ role: 'producer', slots: 2, slotBytes: 8, ...(bad as object) }), code('ERR_INVALID_ARG'), JSON.stringify(bad));
+  }
+  assert.throws(() => Channel.create({ role: 'consumer', slots: 2, slotBytes: 8, memory: { pool: {} as never } }), code('ERR_INVALID_ARG'));
+});
+
+test('acceptChannel refuses a link whose first message is not a channel', async () => {
+  const c = await spawn(new URL('../fixtures/link-child.js', import.meta.url));
+  try {
+    const p = acceptChannel(c.link, { signal: AbortSignal.timeout(5000) });
+    c.link.send({ op: 'echo', value: { hello: 1 } });
+    // link-child answers the echo; that is the first message acceptChannel sees.
+    await assert.rejects(p, code('ERR_FRAME_INVALID'));
+  } finally {
+    await c.link.end();
+    await exited(c);
+  }
+});

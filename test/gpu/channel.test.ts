@@ -1,0 +1,159 @@
+// Channels on device memory (IPC pool slots, per-slot IPC events). Skipped without a GPU.
+import { describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { once } from 'node:events';
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import { noGpu } from '../helpers/gpu.js';
+import { Device } from '../../src/cuda/device.js';
+import { Stream } from '../../src/cuda/stream.js';
+import type { DeviceBuffer } from '../../src/cuda/buffer.js';
+import { BuiltinKernels } from '../../src/cuda/builtins.js';
+import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
+import { Channel, createChannel } from '../../src/channel/index.js';
+
+const CHILD = new URL('../fixtures/channel-gpu-child.js', import.meta.url);
+const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
+const reply = (link: Link, ms = 60_000): Promise<any> => link.receive({ signal: AbortSignal.timeout(ms) });
+const exited = async (s: SpawnedChild) => {
+  if (s.child.exitCode === null && s.child.signalCode === null) await once(s.child, 'exit');
+};
+const kill = async (s: SpawnedChild) => {
+  const e = once(s.child, 'exit');
+  s.child.kill('SIGKILL');
+  await e;
+};
+
+/** Fills each slot with its seq in every word (a memset on the stream) and publishes it. */
+async function produceSeq(ch: Channel, stream: Stream, from: number, to: number): Promise<void> {
+  for (let seq = from; seq < to; seq++) {
+    const slot = await ch.acquire({ stream });
+    (slot.buffer as DeviceBuffer).fillUint32(seq, { stream });
+    ch.publish(slot, { stream, meta: { seq } });
+  }
+}
+
+describe('channels on device memory', { skip: noGpu }, () => {
+  test('the consumer\'s kernel sees exactly what the producer\'s kernel wrote, both ways ordered by events, no CPU sync', async () => {
+    const device = Device.get(0);
+    const c = await spawn(CHILD, ['verify', '300000'], { stdio: 'inherit' });
+    using stream = Stream.create(device);
+    const kernels = BuiltinKernels.for(device);
+    const ch = await createChannel(c.link, { role: 'producer', slots: 2, slotBytes: 4 << 20, memory: { device } });
+    assert.equal(ch.memory, 'device');
+    const n = 300;
+    for (let seq = 0; seq < n; seq++) {
+      const slot = await ch.acquire({ stream });  // GPU-side wait for the consumer's release event
+      kernels.spin(300_000n, stream);              // slow producer: an unordered consumer would read stale data
+      kernels.fillPattern(slot.buffer as DeviceBuffer, 'u32', (seq * 1000) >>> 0, 1, stream);
+      ch.publish(slot, { stream, meta: { seq } });
+    }
+    await ch.end();
+    const r = await reply(c.link);
+    assert.deepEqual(r, { count: n, mismatches: 0 });
+    await stream.synchronize();
+    await exited(c);
+  });
+
+  test('20,000 messages on device slots: order kept, no loss, no duplicate', async () => {
+    const device = Device.get(0);
+    const c = await spawn(CHILD, ['seq'], { stdio: 'inherit' });
+    using stream = Stream.create(device);
+    using pool = device.createIpcPool();
+    const ch = await createChannel(c.link, { role: 'producer', slots: 16, slotBytes: 4096, memory: { pool } });
+    await produceSeq(ch, stream, 0, 20_000);
+    await ch.end();
+    assert.deepEqual(await reply(c.link), { count: 20_000, next: 20_000 });
+    await exited(c);
+  });
+
+  test('work sharing on device slots: a consumer SIGKILLed holding messages; redelivered, flagged, exactly once', async () => {
+    const device = Device.get(0);
+    using stream = Stream.create(device);
+    const total = 1000;
+    const ch = Channel.create({ role: 'producer', slots: 8, slotBytes: 4096, memory: { device }, consumers: 3 });
+    const victim = await spawn(CHILD, ['hold', '3'], { stdio: 'inherit' });
+    await ch.attach(victim.link, { role: 'consumer' });
+    await produceSeq(ch, stream, 0, 3);
+    const held = (await reply(victim.link)).held as number[];
+    assert.deepEqual(held, [0, 1, 2]);
+    const workers: SpawnedChild[] = [];
+    for (let i = 0; i < 2; i++) {
+      const w = await spawn(CHILD, ['worker'], { stdio: 'inherit' });
+      await ch.attach(w.link, { role: 'consumer' });
+      workers.push(w);
+    }
+    await produceSeq(ch, stream, 3, 300);
+    await kill(victim);
+    await produceSeq(ch, stream, 300, total);
+    await ch.end();
+    const seen = new Array<number>(total).fill(0);
+    const again: number[] = [];
+    for (const w of workers) {
+      const r = await reply(w.link);
+      assert.equal(r.error, undefined);
+      for (const mark of r.seqs as number[]) {
+        const seq = mark < 0 ? -mark - 1 : mark;
+        if (mark < 0) again.push(seq);
+        seen[seq]!++;
+      }
+      await exited(w);
+    }
+    assert.deepEqual(again.sort((a, b) => a - b), held);
+    assert.ok(seen.every((x) => x === 1));
+  });
+
+  test('a producer SIGKILLed on device slots: the consumer gets what it published, then ERR_PEER_GONE', async () => {
+    const device = Device.get(0);
+    using stream = Stream.create(device);
+    const ch = Channel.create({ role: 'consumer', slots: 16, slotBytes: 4096, memory: { device } });
+    const p = await spawn(CHILD, ['produce-and-hang', '10'], { stdio: 'inherit' });
+    await ch.attach(p.link, { role: 'producer' });
+    assert.equal((await reply(p.link)).produced, 10);
+    await kill(p);
+    const seqs: number[] = [];
+    const word = new Uint32Array(1);
+    await assert.rejects(async () => {
+      for await (const msg of ch) {
+        msg.waitOn(stream);
+        await (msg.buffer as DeviceBuffer).readAsync(word, { stream });
+        seqs.push(word[0]!);
+        msg.release({ stream });
+      }
+    }, code('ERR_PEER_GONE'));
+    assert.deepEqual(seqs, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
+    assert.equal(ch.stats().slots.free, 16);
+    ch.close();
+  });
+
+  test('broadcast on device slots: three consumers each get every message', async () => {
+    const device = Device.get(0);
+    using stream = Stream.create(device);
+    const ch = Channel.create({ role: 'producer', slots: 4, slotBytes: 4096, memory: { device }, topology: 'broadcast', consumers: 3 });
+    const kids: SpawnedChild[] = [];
+    for (let i = 0; i < 3; i++) {
+      const k = await spawn(CHILD, ['seq'], { stdio: 'inherit' });
+      await ch.attach(k.link, { role: 'consumer' });
+      kids.push(k);
+    }
+    await produceSeq(ch, stream, 0, 2000);
+    await ch.end();
+    for (const k of kids) {
+      assert.deepEqual(await reply(k.link), { count: 2000, next: 2000 });
+      await exited(k);
+    }
+  });
+
+  const examples = fileURLToPath(new URL('../../examples/', import.meta.url));
+  for (const [name, file, expect] of [
+    ['pipeline', 'pipeline/main.js', /pipeline: 64 messages checked, 0 wrong[\s\S]*pipeline: OK/],
+    ['inference server', 'inference/server.js', /inference: 300 answers[\s\S]*0 wrong\s+inference: OK/],
+  ] as const) {
+    test(`example: ${name} on the GPU`, () => {
+      const r = spawnSync(process.execPath, [examples + file], { encoding: 'utf8', timeout: 120_000 });
+      assert.equal(r.status, 0, r.stdout + r.stderr);
+      assert.doesNotMatch(r.stdout, /host shared memory/);
+      assert.match(r.stdout, expect);
+    });
+  }
+});
