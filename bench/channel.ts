@@ -147,6 +147,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   if (device) memories.push(['device slots', { device }]);
   for (const [label, memory] of memories) {
     for (const wait of ['futex', 'spin'] as const) {
+      progress(`round trip, ${wait} (${label})`);
       res.roundTrip[`round trip, ${wait} (${label})`] = await roundTrip(memory, wait, iterations, warmup);
     }
   }
@@ -154,15 +155,25 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   for (const [label, memory] of memories) {
     for (const size of sizes) {
       const name = `one way, ${fmtBytes(size)} slots (${label})`;
+      progress(name);
       const r = await oneWay(memory, size, 8, 700);
       res.oneWay[name] = { slotBytes: size, msgsPerSec: r.msgsPerSec, slowest1pct: r.slowest1pct, bytesPerSec: r.msgsPerSec.median * size };
     }
   }
   for (const consumers of [1, 2, 4, 8]) {
+    progress(`work sharing, ${consumers}`);
     res.workSharing[`work sharing, ${consumers} consumer${consumers > 1 ? 's' : ''} (host slots)`] = { consumers, msgsPerSec: await workSharing('host', consumers, 700) };
   }
-  if (device) res.kernel = await kernelOnSlots(device, 10);
+  if (device) {
+    progress('consumer kernel on slots vs local memory');
+    res.kernel = await kernelOnSlots(device, 10);
+  }
   return res;
+}
+
+/** Which measurement is running, on stderr: a slow or stuck one shows where it is. */
+function progress(what: string): void {
+  process.stderr.write(`  measuring ${what}\n`);
 }
 
 function fmtBytes(n: number): string {

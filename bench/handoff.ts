@@ -21,6 +21,7 @@ async function run(link: Link, make: () => { send: unknown; release: () => void 
 export async function handoffBenchmarks(iterations: number, warmup: number, gpu: boolean): Promise<Map<string, Summary>> {
   const { child, link } = await spawn(new URL('./handoff-child.js', import.meta.url), [], { stdio: 'inherit' });
   const results = new Map<string, Summary>();
+  let pool: import('../src/ipc/pool.js').IpcPool | undefined;
   try {
     const cases: Array<{ name: string; make: () => { send: unknown; release: () => void }; check: () => Promise<void> }> = [];
     // Correctness first: each kind hands over a marked buffer and the child must read the mark.
@@ -37,11 +38,11 @@ export async function handoffBenchmarks(iterations: number, warmup: number, gpu:
     });
     if (gpu) {
       const device = Device.get(0);
-      const pool = device.createIpcPool();
+      const p = (pool = device.createIpcPool());
       cases.unshift({
         name: 'pool buffer (IPC pool)',
-        make: () => { const b = pool.allocate(HANDOFF_BYTES); return { send: b, release: () => b.close() }; },
-        check: async () => { const b = pool.allocate(HANDOFF_BYTES); b.write(new Uint32Array([0xbeef])); await expectMark(b, () => b.close(), 0xbeef, 'pool'); },
+        make: () => { const b = p.allocate(HANDOFF_BYTES); return { send: b, release: () => b.close() }; },
+        check: async () => { const b = p.allocate(HANDOFF_BYTES); b.write(new Uint32Array([0xbeef])); await expectMark(b, () => b.close(), 0xbeef, 'pool'); },
       });
       cases.splice(1, 0, {
         name: 'legacy handle (cuIpcGetMemHandle)',
@@ -69,6 +70,7 @@ export async function handoffBenchmarks(iterations: number, warmup: number, gpu:
     }
     results.set('link round trip, no buffer (floor)', summarize(times));
   } finally {
+    pool?.close();
     link.send('end');
     await new Promise((r) => (child.exitCode !== null ? r(null) : child.once('exit', r)));
   }
