@@ -42,7 +42,9 @@ if (mode === 'echo') {
 } else if (mode === 'kernel') {
   const input = await acceptChannel(link);
   const reps = Number(process.argv[4] ?? 20);
+  const say = (what: string) => process.stderr.write(`  [kernel child] ${what}\n`);
   const msg = (await input.receive())!;
+  say('received the slot');
   const shared = msg.buffer as DeviceBuffer;
   const device = shared.device;
   const stream = Stream.create(device);
@@ -64,6 +66,7 @@ if (mode === 'echo') {
     return samples;
   };
   await time(local);  // warm-up
+  say('warmed up');
   // Alternate so that clock changes hit both alike.
   const sharedUs: number[] = [];
   const localUs: number[] = [];
@@ -71,10 +74,12 @@ if (mode === 'echo') {
     sharedUs.push(...await time(shared));
     localUs.push(...await time(local));
   }
+  say('timed; releasing');
   msg.release({ stream });
   await stream.synchronize();
   stream.close();
   input.close();
   link.send({ sharedUs, localUs });
+  say('sent the timings');
 }
 await link.end();

@@ -129,7 +129,9 @@ async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: 
     const slot = await ch.acquire({ stream });
     slot.buffer.fill(7, { stream });
     ch.publish(slot, { stream });
+    progress('  (published the 256 MiB slot; waiting for the consumer\'s timings)');
     const r = (await link.receive()) as { sharedUs: number[]; localUs: number[] };
+    progress('  (timings received; ending the channel)');
     await ch.end();
     const sharedUs = summarize(r.sharedUs);
     const localUs = summarize(r.localUs);
@@ -166,7 +168,18 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   }
   if (device) {
     progress('consumer kernel on slots vs local memory');
-    res.kernel = await kernelOnSlots(device, 10);
+    // Bounded: a stuck comparison must not cost the other figures.
+    let timer: NodeJS.Timeout | undefined;
+    try {
+      res.kernel = await Promise.race([
+        kernelOnSlots(device, 10),
+        new Promise<never>((_, reject) => { timer = setTimeout(() => reject(new Error('no result within 60 s')), 60_000); }),
+      ]);
+    } catch (e) {
+      process.stderr.write(`  the kernel comparison failed: ${(e as Error).message}\n`);
+    } finally {
+      clearTimeout(timer);
+    }
   }
   return res;
 }

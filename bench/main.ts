@@ -72,3 +72,6 @@ if (values.json) {
   }, null, 2) + '\n');
   console.log(`\nwrote ${values.json}`);
 }
+
+// A measurement that was abandoned (timed out) may leave its child behind: do not wait for it.
+process.exit(process.exitCode ?? 0);
