@@ -185,8 +185,9 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
 }
 
 /** Which measurement is running, on stderr: a slow or stuck one shows where it is. */
+const started = performance.now();
 function progress(what: string): void {
-  process.stderr.write(`  measuring ${what}\n`);
+  process.stderr.write(`  [+${((performance.now() - started) / 1000).toFixed(1)} s] measuring ${what}\n`);
 }
 
 function fmtBytes(n: number): string {
