@@ -283,6 +283,24 @@ Napi::Value MemFreeHost(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
+// Page-locks and maps host memory for the device (channel control blocks: stream memory
+// operations on their fence words). memHostRegister(address, bytes, flags).
+Napi::Value MemHostRegister(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemHostRegister, ArgHandle<void*>(info, 0, "address"), ArgSize(info, 1, "bytes"), ArgU32(info, 2, "flags"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemHostUnregister(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemHostUnregister, ArgHandle<void*>(info, 0, "address"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemHostGetDevicePointer(const Napi::CallbackInfo& info) {
+  CUdeviceptr p = 0;
+  CU_CALL(info.Env(), cuMemHostGetDevicePointer, &p, ArgHandle<void*>(info, 0, "address"), 0);
+  return U64(info.Env(), p);
+}
+
 Napi::Value MemGetAddressRange(const Napi::CallbackInfo& info) {
   CUdeviceptr base = 0;
   size_t size = 0;
@@ -863,6 +881,9 @@ void InitCuda(Napi::Env env, Napi::Object exports) {
   FN("memAllocManaged", MemAllocManaged)
   FN("memAllocHost", MemAllocHost)
   FN("memFreeHost", MemFreeHost)
+  FN("memHostRegister", MemHostRegister)
+  FN("memHostUnregister", MemHostUnregister)
+  FN("memHostGetDevicePointer", MemHostGetDevicePointer)
   FN("memGetAddressRange", MemGetAddressRange)
   FN("pointerGetAttributeInt", PointerGetAttributeInt)
   FN("pointerGetAttributeU64", PointerGetAttributeU64)

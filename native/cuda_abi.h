@@ -93,6 +93,8 @@ enum : unsigned {
   CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1,
   CU_MEM_ATTACH_GLOBAL = 1,
   CU_STREAM_NON_BLOCKING = 1,
+  CU_MEMHOSTREGISTER_PORTABLE = 1,
+  CU_MEMHOSTREGISTER_DEVICEMAP = 2,
   CU_EVENT_DEFAULT = 0,
   CU_EVENT_BLOCKING_SYNC = 1,
   CU_EVENT_DISABLE_TIMING = 2,
@@ -142,6 +144,9 @@ enum : unsigned {
   X(cuMemAllocManaged, (CUdeviceptr* dptr, size_t bytesize, unsigned int flags))                    \
   X(cuMemAllocHost, (void** pp, size_t bytesize))                                                   \
   X(cuMemFreeHost, (void* p))                                                                       \
+  X(cuMemHostRegister, (void* p, size_t bytesize, unsigned int Flags))                              \
+  X(cuMemHostUnregister, (void* p))                                                                 \
+  X(cuMemHostGetDevicePointer, (CUdeviceptr* pdptr, void* p, unsigned int Flags))                   \
   X(cuMemGetAddressRange, (CUdeviceptr* pbase, size_t* psize, CUdeviceptr dptr))                    \
   X(cuPointerGetAttribute, (void* data, int attribute, CUdeviceptr ptr))                            \
   X(cuMemcpyHtoD, (CUdeviceptr dstDevice, const void* srcHost, size_t ByteCount))                   \

@@ -1,6 +1,7 @@
 // Channels: rings of shared slots between processes. One process (the hub) creates the slots and
 // the control block and attaches each peer over a link; after that, messages move through shared
 // memory alone (futex wake-ups, or spinning in spin mode), and the links only tell who died.
+import { readFileSync } from 'node:fs';
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeSharedWords } from '../channel-types.js';
@@ -8,13 +9,13 @@ import { HostBuffer } from '../host/index.js';
 import { type Link } from '../link/index.js';
 import { DeviceBuffer } from '../cuda/buffer.js';
 import { Device } from '../cuda/device.js';
-import { Event } from '../cuda/event.js';
 import type { Stream } from '../cuda/stream.js';
 import { IpcPool } from '../ipc/pool.js';
 import {
-  H, P, S, PState, PRole, MetaKind, FLAG_REDELIVERED, LIMITS, checkParams, computeLayout, readHeader, writeHeader,
-  type Layout,
+  H, P, S, Kind, PState, PRole, MetaKind, FLAG_REDELIVERED, LIMITS, checkParams, computeLayout, readHeader, writeHeader,
+  publishFence, releaseFence, kindOf, type Layout,
 } from './layout.js';
+import { Fences, type FenceWait } from './fences.js';
 import { Ring, corrupt } from './ring.js';
 import { Sleeper, WaitStatus } from './sleeper.js';
 
@@ -68,14 +69,15 @@ export interface CreateOptions extends ChannelOptions {
 }
 
 export interface AcquireOptions {
-  /** Device slots: GPU work queued on this stream after acquire waits for the consumers'
-   * release events (no CPU wait). Without it, acquire waits on the CPU until they completed. */
+  /** Device slots: GPU work queued on this stream after acquire waits for the consumers' GPU
+   * work on the slot's previous message (no CPU wait). Without it, acquire waits on the CPU. */
   stream?: Stream;
   signal?: AbortSignal;
 }
 
 export interface PublishOptions {
-  /** Device slots: the publish event is recorded on this stream (default: the legacy stream). */
+  /** Device slots: the stream your GPU work on the slot ran on; consumers' GPU work waits for
+   * it (default: the legacy stream). */
   stream?: Stream;
   /** JSON-serialisable metadata, or a Uint8Array (at most the channel's metaBytes once encoded). */
   meta?: unknown;
@@ -84,9 +86,8 @@ export interface PublishOptions {
 }
 
 export interface ReleaseOptions {
-  /** Device slots: the stream that ran the consumer's GPU work on the message; the release event
-   * is recorded there (default: the legacy stream), and the producer's next use of the slot waits
-   * for it. */
+  /** Device slots: the stream that ran the consumer's GPU work on the message (default: the
+   * legacy stream); the producer's next use of the slot waits for that work. */
   stream?: Stream;
 }
 
@@ -122,6 +123,12 @@ const decoder = new TextDecoder();
 const kCreate = Symbol('cuda-ipc.channel.create');
 const kRelease = Symbol('cuda-ipc.channel.release');
 const kSlotWait = Symbol('cuda-ipc.channel.slot-wait');
+const kTicket = Symbol('cuda-ipc.channel.ticket');
+/** A dead peer's fences are raised once its process is gone; after this long, it is left alone. */
+const FENCE_REPAIR_GIVE_UP_MS = 60_000;
+
+/** Per-slot publish tickets: the previous one + 1, wrapping, never 0 (0: never published). */
+const nextTicket = (t: number): number => ((t + 1) >>> 0) || 1;
 
 function closedError(what: string): IpcError {
   return new IpcError('ERR_CHANNEL_CLOSED', `${what}: the channel is closed`);
@@ -147,13 +154,11 @@ const roleNumber = (r: ChannelRole | 'none'): number => (r === 'producer' ? PRol
 /** What a hub tells a peer it attaches. */
 interface AttachMessage {
   [PROTOCOL]: 'attach';
-  version: 1;
+  version: 2;
   index: number;
   role: ChannelRole;
   control: HostBuffer;
   slots: HostBuffer | DeviceBuffer;
-  publishEvents?: Event[];
-  releaseEvents?: Event[];
 }
 
 function isProtocol(m: unknown, op: string): boolean {
@@ -163,7 +168,7 @@ function isProtocol(m: unknown, op: string): boolean {
 function disposeQuietly(values: unknown): void {
   const visit = (v: unknown, depth: number): void => {
     if (depth > 4 || v === null || typeof v !== 'object') return;
-    if (v instanceof HostBuffer || v instanceof DeviceBuffer || v instanceof Event || v instanceof IpcPool) {
+    if (v instanceof HostBuffer || v instanceof DeviceBuffer || v instanceof IpcPool) {
       try { v.close(); } catch { /* already gone */ }
       return;
     }
@@ -191,8 +196,6 @@ interface ChannelInit {
   slotsHost?: HostBuffer;
   slotsDevice?: DeviceBuffer;
   ownPool?: IpcPool;
-  publishEvents?: Event[];
-  releaseEvents?: Event[];
   hubLink?: Link;
   wait: { spin: boolean; spinMicros: number };
 }
@@ -229,11 +232,8 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
   readonly #slotsDevice: DeviceBuffer | undefined;
   readonly #ownPool: IpcPool | undefined;
   readonly #views: Array<HostBuffer | DeviceBuffer | undefined>;
-  readonly #publishEvents: Event[] | undefined;
-  /** Queue: one per slot. Broadcast consumer: its own, one per slot. */
-  readonly #releaseEvents: Event[] | undefined;
-  /** Broadcast hub: release events per consumer index. */
-  readonly #releaseEventsBy = new Map<number, Event[]>();
+  /** Device slots: GPU-side ordering through fence words in the control block. */
+  readonly #fences: Fences | undefined;
   readonly #wait: { spin: boolean; spinMicros: number };
   readonly #sleeper = new Sleeper();
   readonly #hubLink: Link | undefined;
@@ -285,8 +285,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
     this.#slotsDevice = init.slotsDevice;
     this.device = init.slotsDevice?.device;
     this.#ownPool = init.ownPool;
-    this.#publishEvents = init.publishEvents;
-    this.#releaseEvents = init.releaseEvents;
+    this.#fences = init.slotsDevice ? new Fences(init.slotsDevice.device, init.words) : undefined;
     this.#hubLink = init.hubLink;
     this.#wait = init.wait;
     this.#views = new Array(l.slotCount).fill(undefined);
@@ -295,6 +294,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       this.#unhookHub = this.#hubLink.onClose(() => {
         this.#unhookHub = undefined;
         this.#hubLost = true;
+        this.#repairFencesWhenGone(0);
         // The hub went away: take its place in the control block if it left without a word.
         this.#recover(0, true);
       });
@@ -378,8 +378,6 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       let slotsHost: HostBuffer | undefined;
       let slotsDevice: DeviceBuffer | undefined;
       let ownPool: IpcPool | undefined;
-      let publishEvents: Event[] | undefined;
-      let releaseEvents: Event[] | undefined;
       const total = layout.slotCount * layout.slotBytes;
       if (!device) {
         slotsHost = HostBuffer.allocate(total);
@@ -392,24 +390,10 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
         }
         slotsDevice = pool.allocate(total);
         toClose.push(slotsDevice);
-        publishEvents = [];
-        for (let s = 0; s < layout.slotCount; s++) {
-          const e = Event.create(device, { interprocess: true });
-          toClose.push(e);
-          publishEvents.push(e);
-        }
-        if (!params.broadcast) {
-          releaseEvents = [];
-          for (let s = 0; s < layout.slotCount; s++) {
-            const e = Event.create(device, { interprocess: true });
-            toClose.push(e);
-            releaseEvents.push(e);
-          }
-        }
       }
       return new Channel<SlotBufferFor<M>>(kCreate, {
         hub: true, role, index: 0, layout: { ...layout, expectProducers, expectConsumers }, control, words,
-        slotsHost, slotsDevice, ownPool, publishEvents, releaseEvents, wait,
+        slotsHost, slotsDevice, ownPool, wait,
       });
     } catch (e) {
       for (const c of toClose.reverse()) {
@@ -443,30 +427,18 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
     const unhook = link.onClose(() => {
       const peer = this.#peers.get(k);
       if (peer?.link === link) this.#peers.delete(k);
-      if (!activated) this.#ring.freeParticipant(k);
-      else this.#recover(k, true);
+      if (!activated) {
+        this.#ring.freeParticipant(k);
+        return;
+      }
+      this.#recover(k, true);
+      // Whether it left cleanly or not: GPU writes it queued die with its process.
+      this.#repairFencesWhenGone(k);
     });
     try {
-      let releaseEvents = this.#releaseEvents;
-      if (this.memory === 'device' && this.topology === 'broadcast') {
-        let mine = this.#releaseEventsBy.get(k);
-        if (!mine) {
-          mine = [];
-          try {
-            for (let s = 0; s < this.slotCount; s++) mine.push(Event.create(this.device!, { interprocess: true }));
-          } catch (e) {
-            for (const ev of mine) ev.close();
-            throw e;
-          }
-          this.#releaseEventsBy.set(k, mine);
-        }
-        releaseEvents = mine;
-      }
       const message: AttachMessage = {
-        [PROTOCOL]: 'attach', version: 1, index: k, role,
+        [PROTOCOL]: 'attach', version: 2, index: k, role,
         control: this.#control, slots: (this.#slotsHost ?? this.#slotsDevice)!,
-        ...(this.#publishEvents ? { publishEvents: this.#publishEvents } : {}),
-        ...(releaseEvents ? { releaseEvents } : {}),
       };
       link.send(message);
       const reply = await link.receive({ signal: options.signal });
@@ -665,7 +637,12 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
     view.setUint32(so + S.length + 4, Math.floor(length / 2 ** 32), true);
     view.setUint32(so + S.metaLength, metaLength, true);
     view.setUint32(so + S.metaKind, metaKind, true);
-    if (this.#publishEvents) this.#publishEvents[s]!.record(options.stream);
+    if (this.#fences) {
+      // The slot is ours (writing) until the commit below: nobody else touches its ticket.
+      const ticket = nextTicket(view.getUint32(so + S.ticket, true));
+      view.setUint32(so + S.ticket, ticket, true);
+      this.#fences.signal(options.stream, publishFence(this.#layout, s), ticket);
+    }
     this.#writing.delete(s);
     slot[kSlotWait](true);
     if (this.#deferred.length > 0) {
@@ -870,6 +847,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       meta,
       producer: view.getUint32(so + S.publisher, true),
       redelivered: (word & FLAG_REDELIVERED) !== 0,
+      ticket: view.getUint32(so + S.ticket, true),
     });
     this.#held.set(s, m);
     return m;
@@ -886,9 +864,14 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
     if (this.#held.get(m.index) !== m) return;
     this.#held.delete(m.index);
     if (this.#closed) return;
-    if (this.memory === 'device') {
-      const ev = this.#releaseEvents?.[m.index];
-      ev?.record(options.stream);
+    if (this.#fences) {
+      if (this.topology === 'queue') {
+        // Read by the producer that claims the slot next (after the release below).
+        const so = this.#ring.slotOff(m.index);
+        this.#ring.view.setUint32(so + S.releasedBy, this.index, true);
+        this.#ring.view.setUint32(so + S.releaseTicket, m[kTicket], true);
+      }
+      this.#fences.signal(options.stream, releaseFence(this.#layout, m.index, this.index), m[kTicket]);
     }
     if (this.topology === 'broadcast') this.#ring.releaseHeld(m.index);
     else this.#ring.releaseTaken(m.index);
@@ -1071,7 +1054,14 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
    */
   close(): void {
     if (this.#closed) return;
-    if (this.role === 'consumer') this.#held.clear();
+    if (this.role === 'consumer') {
+      // Broadcast: the producer's next use of these slots waits for our release fences, and we
+      // never released them (queue: they go to another consumer, which releases them).
+      if (this.#fences && this.topology === 'broadcast') {
+        for (const m of this.#held.values()) this.#fences.raise(releaseFence(this.#layout, m.index, this.index), m[kTicket]);
+      }
+      this.#held.clear();
+    }
     for (const slot of this.#writing.values()) slot[kSlotWait](true);
     this.#writing.clear();
     this.#closed = true;
@@ -1105,9 +1095,11 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
     this.#closing = false;
     clearTimeout(this.#recoveryTimer);
     for (const v of this.#views) v?.close();
-    for (const ev of this.#publishEvents ?? []) ev.close();
-    for (const ev of this.#releaseEvents ?? []) ev.close();
-    for (const evs of this.#releaseEventsBy.values()) for (const ev of evs) ev.close();
+    try {
+      this.#fences?.close();  // before the mapping it registered goes away
+    } catch (e) {
+      process.emitWarning(`cuda-ipc channel: unregistering the control block from the GPU failed: ${(e as Error).message}`, { code: 'CUDA_IPC_CHANNEL' });
+    }
     this.#slotsHost?.close();
     this.#slotsDevice?.close();
     this.#ownPool?.close();
@@ -1141,10 +1133,10 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       throw error;
     };
     try {
-      for (const v of [m.control, m.slots, ...(m.publishEvents ?? []), ...(m.releaseEvents ?? [])]) {
+      for (const v of [m.control, m.slots]) {
         if (v && typeof (v as { close?: unknown }).close === 'function') toClose.push(v as { close(): void });
       }
-      if (m.version !== 1) refuse(new IpcError('ERR_DESCRIPTOR_VERSION', `acceptChannel: channel protocol version ${String(m.version)}; this side speaks 1`));
+      if (m.version !== 2) refuse(new IpcError('ERR_DESCRIPTOR_VERSION', `acceptChannel: channel protocol version ${String(m.version)}; this side speaks 2`));
       if (!(m.control instanceof HostBuffer)) refuse(new IpcError('ERR_DESCRIPTOR_INVALID', 'acceptChannel: the control block is not shared memory'));
       const control = m.control;
       const view = new DataView(control.bytes.buffer, control.bytes.byteOffset, control.bytes.byteLength);
@@ -1169,9 +1161,6 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       if (layout.device) {
         if (!(m.slots instanceof DeviceBuffer)) refuse(new IpcError('ERR_DESCRIPTOR_INVALID', 'acceptChannel: device slots expected'));
         slotsDevice = m.slots as DeviceBuffer;
-        const n = layout.slotCount;
-        const evOk = (a: unknown) => Array.isArray(a) && a.length === n && a.every((e) => e instanceof Event);
-        if (!evOk(m.publishEvents) || !evOk(m.releaseEvents)) refuse(new IpcError('ERR_DESCRIPTOR_INVALID', `acceptChannel: expected ${n} publish and ${n} release events`));
       } else {
         if (!(m.slots instanceof HostBuffer)) refuse(new IpcError('ERR_DESCRIPTOR_INVALID', 'acceptChannel: host slots expected'));
         slotsHost = m.slots as HostBuffer;
@@ -1191,8 +1180,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
         throw new IpcError('ERR_FRAME_INVALID', 'acceptChannel: the hub did not confirm the attach');
       }
       return new Channel<B>(kCreate, {
-        hub: false, role, index: k, layout, control, words, slotsHost, slotsDevice,
-        publishEvents: m.publishEvents, releaseEvents: m.releaseEvents, hubLink: link, wait,
+        hub: false, role, index: k, layout, control, words, slotsHost, slotsDevice, hubLink: link, wait,
       });
     } catch (e) {
       for (const c of toClose.reverse()) {
@@ -1207,27 +1195,87 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
     return ch.#control.bytes;
   }
 
-  /** @internal For ChannelSlot. */
-  static slotEvents(ch: Channel<SlotBuffer>, s: number): Event[] {
-    return ch.#slotReleaseEvents(s);
+  /** @internal For ChannelSlot and ChannelMessage. */
+  static fences(ch: Channel<SlotBuffer>): Fences | undefined {
+    return ch.#fences;
   }
 
-  #slotReleaseEvents(s: number): Event[] {
-    if (this.memory !== 'device') return [];
-    if (this.topology === 'queue') return [this.#releaseEvents![s]!];
-    const out: Event[] = [];
-    const holders = this.#ring.lastHolders(s);
-    for (let k = 0; k < 32; k++) {
-      if ((holders & (1 << k)) === 0) continue;
-      const ev = this.#releaseEventsBy.get(k)?.[s];
-      if (ev) out.push(ev);
-    }
-    return out;
+  /** @internal For ChannelSlot: the release fences slot s's previous message must reach (read
+   * while this producer holds the slot, before its publish changes the ticket). */
+  static slotWaits(ch: Channel<SlotBuffer>, s: number): FenceWait[] {
+    return ch.#slotWaits(s);
   }
 
   /** @internal For ChannelMessage. */
-  static publishEvent(ch: Channel<SlotBuffer>, s: number): Event | undefined {
-    return ch.#publishEvents?.[s];
+  static publishFenceOf(ch: Channel<SlotBuffer>, s: number): number {
+    return publishFence(ch.#layout, s);
+  }
+
+  #slotWaits(s: number): FenceWait[] {
+    if (!this.#fences) return [];
+    const view = this.#ring.view;
+    const so = this.#ring.slotOff(s);
+    if (this.topology === 'queue') {
+      const ticket = view.getUint32(so + S.releaseTicket, true);
+      if (ticket === 0) return [];
+      const k = view.getUint32(so + S.releasedBy, true);
+      if (k >= this.#layout.maxParticipants) throw corrupt(`slot ${s} was released by participant ${k}`);
+      return [[releaseFence(this.#layout, s, k), ticket]];
+    }
+    const ticket = view.getUint32(so + S.ticket, true);
+    if (ticket === 0) return [];
+    const out: FenceWait[] = [];
+    const holders = this.#ring.lastHolders(s);
+    for (let k = 0; k < this.#layout.maxParticipants; k++) if (holders & (1 << k)) out.push([releaseFence(this.#layout, s, k), ticket]);
+    return out;
+  }
+
+  /**
+   * Participant k's link closed. GPU writes it queued on its fences (publish, release) never run
+   * once its process is gone, and streams of others may already wait for them: once the process
+   * has exited, raise those fences from here. A process still running after its link closed
+   * keeps its GPU work, so its own writes land. Nothing to do for host slots.
+   */
+  #repairFencesWhenGone(k: number): void {
+    if (!this.#fences) return;
+    const po = this.#ring.partOff(k);
+    const pid = this.#ring.view.getUint32(po + P.pid, true);
+    const generation = this.#ring.view.getUint32(po + P.generation, true);
+    const started = performance.now();
+    let delayMs = 1;
+    const check = (): void => {
+      if (this.#closed && !this.#closing) return;  // unmapped: nothing left to repair here
+      if (this.#ring.view.getUint32(po + P.generation, true) !== generation) return;  // entry reused
+      if (processGone(pid)) {
+        this.#raiseFencesOf(k);
+        return;
+      }
+      if (performance.now() - started > FENCE_REPAIR_GIVE_UP_MS) return;
+      delayMs = Math.min(delayMs * 2, 100);
+      setTimeout(check, delayMs).unref();
+    };
+    check();
+  }
+
+  #raiseFencesOf(k: number): void {
+    const fences = this.#fences!;
+    const ring = this.#ring;
+    const w = this.#words;
+    for (let s = 0; s < this.slotCount; s++) {
+      const so = ring.slotOff(s);
+      const before = w.load32(so + S.state);
+      const ticket = ring.view.getUint32(so + S.ticket, true);
+      if (ticket === 0) continue;
+      // Its release fence can take the slot's newest ticket: a dead participant holds nothing.
+      fences.raise(releaseFence(this.#layout, s, k), ticket);
+      // Its publish fence only for a message that is its own, published (a slot another producer
+      // is writing has a ticket whose write is still coming).
+      const kind = kindOf(before);
+      if ((kind === Kind.Published || kind === Kind.Taken) && ring.view.getUint32(so + S.publisher, true) === k &&
+          w.load32(so + S.state) === before && ring.view.getUint32(so + S.ticket, true) === ticket) {
+        fences.raise(publishFence(this.#layout, s), ticket);
+      }
+    }
   }
 }
 
@@ -1261,12 +1309,15 @@ export class ChannelSlot<B extends SlotBuffer = SlotBuffer> {
   /** Device slots: GPU work queued on `stream` after this waits until the consumers' work on the
    * slot's previous message is done. acquire({ stream }) does this for you. No-op for host slots. */
   waitOn(stream: Stream): void {
-    for (const ev of Channel.slotEvents(this.#channel, this.index)) stream.waitEvent(ev);
+    const fences = Channel.fences(this.#channel);
+    if (!fences) return;
+    for (const [off, v] of Channel.slotWaits(this.#channel, this.index)) fences.waitOn(stream, off, v);
   }
 
   /** Resolves once the consumers' GPU work on the previous message in this slot is done. */
   async ready(): Promise<void> {
-    for (const ev of Channel.slotEvents(this.#channel, this.index)) if (!ev.query()) await ev.synchronize();
+    const fences = Channel.fences(this.#channel);
+    if (fences) await fences.synchronize(Channel.slotWaits(this.#channel, this.index));
   }
 
   /** @internal */
@@ -1286,6 +1337,8 @@ interface MessageInit {
   meta: unknown;
   producer: number;
   redelivered: boolean;
+  /** Device slots: the publish ticket (the value its fences reach). */
+  ticket: number;
 }
 
 /** A message a consumer received. Release it once done with its slot (or use `using`). */
@@ -1304,9 +1357,12 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
   readonly redelivered: boolean;
   readonly #channel: Channel<any>;
   #released = false;
+  /** @internal */
+  readonly [kTicket]: number;
 
   /** @internal */
   constructor(channel: Channel<any>, index: number, buffer: B, init: MessageInit) {
+    this[kTicket] = init.ticket;
     this.#channel = channel;
     this.index = index;
     this.buffer = buffer;
@@ -1333,14 +1389,13 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
   /** Device slots: GPU work queued on `stream` after this waits for the producer's work on the
    * message (its publish event). No-op for host slots. */
   waitOn(stream: Stream): void {
-    const ev = Channel.publishEvent(this.#channel, this.index);
-    if (ev) stream.waitEvent(ev);
+    Channel.fences(this.#channel)?.waitOn(stream, Channel.publishFenceOf(this.#channel, this.index), this[kTicket]);
   }
 
   /** Resolves once the producer's GPU work on the message is done (host reads of device slots). */
   async synchronize(): Promise<void> {
-    const ev = Channel.publishEvent(this.#channel, this.index);
-    if (ev && !ev.query()) await ev.synchronize();
+    const fences = Channel.fences(this.#channel);
+    if (fences) await fences.synchronize([[Channel.publishFenceOf(this.#channel, this.index), this[kTicket]]]);
   }
 
   /** Returns the slot to the producer. With device slots, pass the stream your GPU work on the
@@ -1364,6 +1419,20 @@ function delay(ms: number): Promise<void> {
 function spinBriefly(): void {
   const end = performance.now() + 0.05;
   while (performance.now() < end) { /* spin */ }
+}
+
+/** True once process `pid` has exited (a zombie counts: its files, GPU contexts included, are
+ * closed by then). Unknown (0) counts as gone. */
+function processGone(pid: number): boolean {
+  if (!pid) return true;
+  try {
+    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
+    const state = stat.charAt(stat.lastIndexOf(')') + 2);
+    return state === 'Z' || state === 'X';
+  } catch (e) {
+    if ((e as { code?: string }).code === 'ENOENT') return true;
+    return !processAlive(pid);
+  }
 }
 
 function processAlive(pid: number): boolean {

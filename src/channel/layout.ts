@@ -1,6 +1,6 @@
 // The channel control block: a shared-memory file (memfd) that every participant maps.
 //
-// Layout version 1. All integers little-endian; every byte not named here is zero when the
+// Layout version 2 (version 1 ordered device slots with interprocess events). All integers little-endian; every byte not named here is zero when the
 // block is created, and the header's reserved bytes are checked to be zero by importers. Offsets
 // of the tables follow from (slotCount, metaBytes, maxParticipants) alone, and an importer
 // recomputes them and refuses a block that disagrees.
@@ -36,6 +36,7 @@
 //   192 u32  producers attached (ever)   196 u32 producers live   200 u32 producers died
 //   204 u32  consumers attached (ever)   208 u32 consumers live   212 u32 consumers died
 //   216 u32  hub role: 0 none, 1 producer, 2 consumer (the hub is participant 0)
+//   220 u32  fences offset (device slots; 0 for host slots)
 //
 // Participants, maxParticipants x 64 bytes at 256:
 //   0   u32  state: 0 empty, 1 alive, 2 ended, 3 dead, 4 being recovered
@@ -60,11 +61,20 @@
 //   36  u32  last holders: the holders mask when the message was published (broadcast; the
 //            producer's GPU work waits for their release events before reusing the slot)
 //   40  u32  deliveries: how many times the message was taken (work sharing)
+//   44  u32  ticket: the message's publish ticket (the previous one + 1, per slot; wrapping)
+//   48  u32  released by: the consumer that released the slot last (work sharing)
+//   52  u32  release ticket: the ticket of the message it released
 //   64  ...  meta bytes
+//
+// Fences (device slots only; see fences.ts), 32-bit words the GPU writes and waits on:
+//   publish fences: slotCount x u32 (rounded up to 64 bytes): slot s reaches the ticket of its
+//     message once the producer's GPU work before publish is done
+//   release fences: maxParticipants rows of slotCount x u32 (each row rounded up to 64 bytes):
+//     row k, slot s reaches a message's ticket once consumer k's GPU work on it is done
 import { IpcError } from '../errors.js';
 
 export const MAGIC = 0x4c4e4843;
-export const VERSION = 1;
+export const VERSION = 2;
 export const HEADER_BYTES = 256;
 export const PARTICIPANT_BYTES = 64;
 export const SLOT_HEADER_BYTES = 64;
@@ -103,10 +113,11 @@ export const H = {
   consumersLive: 208,
   consumersDied: 212,
   hubRole: 216,
+  fencesOffset: 220,
 } as const;
 
 /** Header byte ranges that must stay zero (reserved). */
-const RESERVED: ReadonlyArray<readonly [number, number]> = [[88, 128], [144, 192], [220, 256]];
+const RESERVED: ReadonlyArray<readonly [number, number]> = [[88, 128], [144, 192], [224, 256]];
 
 export const P = { state: 0, role: 4, pid: 8, sleeping: 12, cursor: 16, generation: 24 } as const;
 export const PState = { Empty: 0, Alive: 1, Ended: 2, Dead: 3, Recovering: 4 } as const;
@@ -114,7 +125,7 @@ export const PRole = { Producer: 1, Consumer: 2, Hub: 3 } as const;
 
 export const S = {
   state: 0, holders: 4, position: 8, length: 16, metaLength: 24, metaKind: 28, publisher: 32, lastHolders: 36,
-  deliveries: 40, meta: 64,
+  deliveries: 40, ticket: 44, releasedBy: 48, releaseTicket: 52, meta: 64,
 } as const;
 export const Kind = { Free: 0, Writing: 1, Published: 2, Taken: 3 } as const;
 export const FLAG_REDELIVERED = 1 << 16;
@@ -127,8 +138,8 @@ export const flagsOf = (word: number): number => word & 0xffff0000;
 
 export const LIMITS = {
   maxSlots: 65536,
-  /** Device slots: two interprocess events per slot travel in one attach message. */
-  maxDeviceSlots: 256,
+  /** Device slots: the control block holds a release fence per slot and participant. */
+  maxDeviceSlots: 4096,
   maxMetaBytes: 65536,
   minParticipants: 2,
   maxParticipants: 32,
@@ -148,6 +159,11 @@ export interface Layout extends LayoutParams {
   ringOffset: number;
   slotRecordsOffset: number;
   slotRecordBytes: number;
+  /** Device slots: where the fences start (0: none). */
+  fencesOffset: number;
+  releaseFencesOffset: number;
+  /** Bytes per row of release fences (one row per participant). */
+  releaseFenceRowBytes: number;
   totalBytes: number;
 }
 
@@ -176,8 +192,15 @@ export function computeLayout(p: LayoutParams): Layout {
   const ringOffset = participantsOffset + p.maxParticipants * PARTICIPANT_BYTES;
   const slotRecordsOffset = ringOffset + roundUp(p.slotCount * 4, 64);
   const slotRecordBytes = SLOT_HEADER_BYTES + roundUp(p.metaBytes, 64);
-  const totalBytes = slotRecordsOffset + p.slotCount * slotRecordBytes;
-  return { ...p, participantsOffset, ringOffset, slotRecordsOffset, slotRecordBytes, totalBytes };
+  const recordsEnd = slotRecordsOffset + p.slotCount * slotRecordBytes;
+  const fenceRow = roundUp(p.slotCount * 4, 64);
+  const fencesOffset = p.device ? recordsEnd : 0;
+  const releaseFencesOffset = p.device ? recordsEnd + fenceRow : 0;
+  const totalBytes = p.device ? releaseFencesOffset + p.maxParticipants * fenceRow : recordsEnd;
+  return {
+    ...p, participantsOffset, ringOffset, slotRecordsOffset, slotRecordBytes, fencesOffset, releaseFencesOffset,
+    releaseFenceRowBytes: p.device ? fenceRow : 0, totalBytes,
+  };
 }
 
 /** Writes the header of a fresh (zeroed) block. */
@@ -198,7 +221,13 @@ export function writeHeader(view: DataView, l: Layout, expectProducers: number, 
   view.setUint32(H.expectProducers, expectProducers, true);
   view.setUint32(H.expectConsumers, expectConsumers, true);
   view.setUint32(H.hubRole, hubRole, true);
+  view.setUint32(H.fencesOffset, l.fencesOffset, true);
 }
+
+/** Offset of slot s's publish fence. */
+export const publishFence = (l: Layout, s: number): number => l.fencesOffset + s * 4;
+/** Offset of participant k's release fence for slot s. */
+export const releaseFence = (l: Layout, s: number, k: number): number => l.releaseFencesOffset + k * l.releaseFenceRowBytes + s * 4;
 
 /**
  * Reads and checks the header of a received block `byteLength` bytes long: every field must
@@ -233,6 +262,7 @@ export function readHeader(view: DataView, byteLength: number): Layout & { expec
     [view.getUint32(H.slotRecordsOffset, true), l.slotRecordsOffset, 'slot records offset'],
     [view.getUint32(H.slotRecordBytes, true), l.slotRecordBytes, 'slot record size'],
     [Number(view.getBigUint64(H.totalBytes, true)), l.totalBytes, 'total size'],
+    [view.getUint32(H.fencesOffset, true), l.fencesOffset, 'fences offset'],
   ];
   for (const [got, want, what] of expect) if (got !== want) throw bad(`${what} ${got}, expected ${want}`);
   if (l.totalBytes > byteLength) throw bad(`it needs ${l.totalBytes} bytes but the shared memory holds ${byteLength}`);

@@ -28,6 +28,11 @@ export interface CudaAddon {
   memAllocManaged(bytes: number): bigint;
   memAllocHost(bytes: number): bigint;
   memFreeHost(pointer: bigint): void;
+  /** cuMemHostRegister: page-locks [address, address + bytes) and maps it for the device. */
+  memHostRegister(address: bigint, bytes: number, flags: number): void;
+  memHostUnregister(address: bigint): void;
+  /** The device address of registered host memory. */
+  memHostGetDevicePointer(address: bigint): bigint;
   memGetAddressRange(pointer: bigint): [base: bigint, size: number];
   pointerGetAttributeInt(attribute: number, pointer: bigint): number;
   pointerGetAttributeU64(attribute: number, pointer: bigint): bigint;

@@ -50,6 +50,8 @@ export const Flags = {
   WAIT_VALUE_EQ: 1,
   WAIT_VALUE_AND: 2,
   WAIT_VALUE_NOR: 3,
+  HOST_REGISTER_PORTABLE: 1,
+  HOST_REGISTER_DEVICEMAP: 2,
 } as const;
 
 // Stream completions: the native side calls back with an id once the stream passes a point.

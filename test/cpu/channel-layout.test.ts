@@ -34,10 +34,10 @@ test('readHeader accepts what writeHeader wrote and refuses every single-field c
     f(new DataView(b.buffer));
     return () => readHeader(new DataView(b.buffer), b.byteLength);
   };
-  assert.throws(mutate(H.version, (v) => v.setUint16(H.version, 2, true)), code('ERR_DESCRIPTOR_VERSION'));
+  for (const version of [1, 3]) assert.throws(mutate(H.version, (v) => v.setUint16(H.version, version, true)), code('ERR_DESCRIPTOR_VERSION'));
   for (const [off, val] of [[H.magic, 1], [H.flags, 4], [H.slotCount, 0], [H.slotCount, 9], [H.metaBytes, 7], [H.maxParticipants, 1],
     [H.maxParticipants, 33], [H.ringOffset, 0], [H.slotRecordsOffset, 1], [H.slotRecordBytes, 64], [H.participantsOffset, 0],
-    [96, 1], [150, 1], [250, 1], [H.expectProducers, 99], [H.hubRole, 7]] as const) {
+    [96, 1], [150, 1], [250, 1], [H.expectProducers, 99], [H.hubRole, 7], [H.fencesOffset, 64]] as const) {
     assert.throws(mutate(off, (v) => v.setUint32(off, val, true)), code('ERR_DESCRIPTOR_INVALID'), `offset ${off} = ${val}`);
   }
   assert.throws(mutate(H.totalBytes, (v) => v.setBigUint64(H.totalBytes, 1n << 62n, true)), code('ERR_DESCRIPTOR_INVALID'));
@@ -198,7 +198,7 @@ test('a hostile control block: garbage in the ring, positions, lengths or meta i
 test('acceptChannel refuses forged attaches: bad header, wrong entry, short slots, wrong types', async () => {
   const c = await spawn(new URL('../fixtures/channel-child.js', import.meta.url), ['accept-report']);
   const attach = (control: unknown, slots: unknown, extra: object = {}) => ({
-    '@cuda-ipc/channel': 'attach', version: 1, index: 1, role: 'consumer', control, slots, ...extra,
+    '@cuda-ipc/channel': 'attach', version: 2, index: 1, role: 'consumer', control, slots, ...extra,
   });
   const ask = async (m: unknown) => {
     c.link.send(m);
@@ -219,7 +219,7 @@ test('acceptChannel refuses forged attaches: bad header, wrong entry, short slot
     assert.equal(await ask(attach(control, small)), 'ERR_DESCRIPTOR_INVALID', 'slots shorter than the header says');
     assert.equal(await ask(attach(control, slots, { role: 'observer' })), 'ERR_DESCRIPTOR_INVALID');
     assert.equal(await ask(attach(control, slots, { index: 99 })), 'ERR_DESCRIPTOR_INVALID');
-    assert.equal(await ask(attach(control, slots, { version: 2 })), 'ERR_DESCRIPTOR_VERSION');
+    assert.equal(await ask(attach(control, slots, { version: 1 })), 'ERR_DESCRIPTOR_VERSION');
     assert.equal(await ask(attach(new Uint8Array(8), slots)), 'ERR_DESCRIPTOR_INVALID', 'a control block that is not shared memory');
     using garbage = HostBuffer.allocate(l.totalBytes);
     garbage.fill(0xa5);

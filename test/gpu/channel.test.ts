@@ -1,4 +1,4 @@
-// Channels on device memory (IPC pool slots, per-slot IPC events). Skipped without a GPU.
+// Channels on device memory (IPC pool slots, fence words in the control block). Skipped without a GPU.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
@@ -34,7 +34,7 @@ async function produceSeq(ch: Channel, stream: Stream, from: number, to: number)
 }
 
 describe('channels on device memory', { skip: noGpu }, () => {
-  test('the consumer\'s kernel sees exactly what the producer\'s kernel wrote, both ways ordered by events, no CPU sync', async () => {
+  test('the consumer\'s kernel sees exactly what the producer\'s kernel wrote, both ways ordered by fences, no CPU sync', async () => {
     const device = Device.get(0);
     const c = await spawn(CHILD, ['verify', '300000'], { stdio: 'inherit' });
     using stream = Stream.create(device);
@@ -43,7 +43,7 @@ describe('channels on device memory', { skip: noGpu }, () => {
     assert.equal(ch.memory, 'device');
     const n = 300;
     for (let seq = 0; seq < n; seq++) {
-      const slot = await ch.acquire({ stream });  // GPU-side wait for the consumer's release event
+      const slot = await ch.acquire({ stream });  // GPU-side wait for the consumer's release fence
       kernels.spin(300_000n, stream);              // slow producer: an unordered consumer would read stale data
       kernels.fillPattern(slot.buffer as DeviceBuffer, 'u32', (seq * 1000) >>> 0, 1, stream);
       ch.publish(slot, { stream, meta: { seq } });
@@ -123,6 +123,49 @@ describe('channels on device memory', { skip: noGpu }, () => {
     }, code('ERR_PEER_GONE'));
     assert.deepEqual(seqs, [0, 1, 2, 3, 4, 5, 6, 7, 8, 9]);
     assert.equal(ch.stats().slots.free, 16);
+    ch.close();
+  });
+
+  for (const how of ['exit', 'hang'] as const) {
+    test(`a consumer ${how === 'exit' ? 'that exits' : 'SIGKILLed'} while its GPU work on a released message is still queued: the producer's stream does not wait forever`, async () => {
+      const device = Device.get(0);
+      using stream = Stream.create(device);
+      const ch = Channel.create({ role: 'producer', slots: 1, slotBytes: 4096, memory: { device }, consumers: 2 });
+      const victim = await spawn(CHILD, ['release-slow', how], { stdio: 'inherit' });
+      await ch.attach(victim.link, { role: 'consumer' });
+      await produceSeq(ch, stream, 0, 1);
+      assert.equal((await reply(victim.link)).released, 0);
+      if (how === 'hang') await kill(victim);
+      else await exited(victim);
+      const worker = await spawn(CHILD, ['worker'], { stdio: 'inherit' });
+      await ch.attach(worker.link, { role: 'consumer' });
+      // The slot is free in the control block; the GPU-side wait for the victim's release fence
+      // (whose write died with it) must end once its process is gone.
+      await produceSeq(ch, stream, 1, 50);
+      const synced = await Promise.race([stream.synchronize().then(() => true), new Promise((r) => setTimeout(() => r(false), 20_000))]);
+      assert.ok(synced, 'the producer\'s stream is stuck on the dead consumer\'s release');
+      await ch.end();
+      const r = await reply(worker.link);
+      assert.equal(r.error, undefined);
+      assert.deepEqual(r.seqs, Array.from({ length: 49 }, (_, i) => i + 1));
+      await exited(worker);
+    });
+  }
+
+  test('a producer SIGKILLed while its GPU work on a published message is still queued: the consumer\'s wait ends, then ERR_PEER_GONE', async () => {
+    const device = Device.get(0);
+    using stream = Stream.create(device);
+    const ch = Channel.create({ role: 'consumer', slots: 4, slotBytes: 4096, memory: { device } });
+    const p = await spawn(CHILD, ['produce-slow-and-hang'], { stdio: 'inherit' });
+    await ch.attach(p.link, { role: 'producer' });
+    assert.equal((await reply(p.link)).published, 1);
+    const msg = (await ch.receive())!;
+    msg.waitOn(stream);  // before the producer dies: its fence write is still queued behind 300 ms
+    await kill(p);
+    const synced = await Promise.race([stream.synchronize().then(() => true), new Promise((r) => setTimeout(() => r(false), 20_000))]);
+    assert.ok(synced, 'the consumer\'s stream is stuck on the dead producer\'s publish');
+    msg.release({ stream });
+    await assert.rejects(ch.receive(), code('ERR_PEER_GONE'));
     ch.close();
   });
 

@@ -1,0 +1,99 @@
+// GPU-side ordering between the processes of a device channel: 32-bit fence words in the shared
+// control block, raised by one process's stream (cuStreamWriteValue32, after its work on a slot)
+// and waited for by another's (cuStreamWaitValue32), with no CPU wait in between.
+//
+// Why not interprocess events: measured on an H200 (driver 580), an IPC event whose record was
+// still queued when the recording process exited (cleanly or killed) never completes, for every
+// waiter, even after its owner records it again. A fence word lives in memory the survivors can
+// write, so once a dead peer's process is gone they raise its fences themselves (raise()) and
+// nobody's stream waits forever.
+//
+// Values are tickets that grow by one per message in a slot and compare as wrapping counters,
+// like the driver's CU_STREAM_WAIT_VALUE_GEQ: value v has been reached when (word - v) as int32
+// is >= 0.
+import { driver, Flags, whenStreamDone } from '../cuda/driver.js';
+import type { Device } from '../cuda/device.js';
+import { Stream, streamHandle } from '../cuda/stream.js';
+import type { NativeSharedWords } from '../channel-types.js';
+
+export type FenceWait = readonly [offset: number, value: number];
+
+/** True when a fence holding `word` has reached `value` (wrapping comparison). */
+export const fenceReached = (word: number, value: number): boolean => ((word - value) | 0) >= 0;
+
+export class Fences {
+  readonly device: Device;
+  readonly #words: NativeSharedWords;
+  readonly #host: bigint;
+  readonly #base: bigint;
+  #registered = true;
+  /** Idle streams for CPU waits (a waiting stream is busy until its fences are reached). */
+  readonly #idle: Stream[] = [];
+
+  /** Maps the control block (the mapping `words` holds) for `device`. */
+  constructor(device: Device, words: NativeSharedWords) {
+    this.device = device;
+    this.#words = words;
+    device.activate();
+    this.#host = words.address;
+    driver.memHostRegister(this.#host, words.byteLength, Flags.HOST_REGISTER_PORTABLE | Flags.HOST_REGISTER_DEVICEMAP);
+    try {
+      this.#base = driver.memHostGetDevicePointer(this.#host);
+    } catch (e) {
+      driver.memHostUnregister(this.#host);
+      throw e;
+    }
+  }
+
+  /** Work queued on `stream` after its current work writes `value` into the fence at `offset`. */
+  signal(stream: Stream | undefined, offset: number, value: number): void {
+    this.device.activate();
+    // The default flags put a memory barrier before the write: the slot's bytes land first.
+    driver.streamWriteValue32(streamHandle(stream), this.#base + BigInt(offset), value >>> 0, 0);
+  }
+
+  /** Work queued on `stream` after this waits until the fence at `offset` reaches `value`. */
+  waitOn(stream: Stream | undefined, offset: number, value: number): void {
+    this.device.activate();
+    driver.streamWaitValue32(streamHandle(stream), this.#base + BigInt(offset), value >>> 0, Flags.WAIT_VALUE_GEQ);
+  }
+
+  reached(offset: number, value: number): boolean {
+    return fenceReached(this.#words.load32(offset), value);
+  }
+
+  /** Resolves once every fence reached its value, without blocking a thread. */
+  async synchronize(waits: readonly FenceWait[]): Promise<void> {
+    const pending = waits.filter(([off, v]) => !this.reached(off, v));
+    if (pending.length === 0) return;
+    const stream = this.#idle.pop() ?? Stream.create(this.device);
+    try {
+      for (const [off, v] of pending) this.waitOn(stream, off, v);
+      await whenStreamDone(stream.handle, this);
+    } finally {
+      if (this.#registered && this.#idle.length < 4) this.#idle.push(stream);
+      else stream.close();
+    }
+  }
+
+  /**
+   * From the CPU: raises the fence at `offset` to `value` unless it is already there or past it.
+   * For a participant whose process is gone: the writes it queued will never run.
+   */
+  raise(offset: number, value: number): void {
+    for (let i = 0; i < 64; i++) {
+      const cur = this.#words.load32(offset);
+      if (fenceReached(cur, value)) return;
+      if (this.#words.cas32(offset, cur, value >>> 0) === cur) return;
+    }
+  }
+
+  /** Unmaps the control block from the device. Call before the mapping goes away. */
+  close(): void {
+    if (!this.#registered) return;
+    this.#registered = false;
+    for (const s of this.#idle.splice(0)) s.close();
+    this.device.activate();
+    driver.memHostUnregister(this.#host);
+  }
+}
