@@ -1,6 +1,9 @@
 // Compiled (never linked) by test/cpu/abi-header.test against the toolkit's cuda.h: proves that
 // native/cuda_abi.h matches the real driver ABI. Not part of the addon.
 #include "cuda_abi.h"
+// Flags that cuda.h defines as macros: read ours before those macros exist.
+constexpr long long kHostRegisterPortable = cuabi::CU_MEMHOSTREGISTER_PORTABLE;
+constexpr long long kHostRegisterDeviceMap = cuabi::CU_MEMHOSTREGISTER_DEVICEMAP;
 #include <cuda.h>
 #include <cstddef>
 #include <tuple>
@@ -28,8 +31,6 @@ CUABI_FUNCTIONS(CHECK_FN)
 
 #define CHECK_EQ(name) static_assert(static_cast<long long>(cuabi::name) == static_cast<long long>(::name), #name " differs from cuda.h");
 CHECK_EQ(CUDA_SUCCESS)
-CHECK_EQ(CU_MEMHOSTREGISTER_PORTABLE)
-CHECK_EQ(CU_MEMHOSTREGISTER_DEVICEMAP)
 CHECK_EQ(CUDA_ERROR_NOT_READY)
 CHECK_EQ(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
 CHECK_EQ(CU_DEVICE_ATTRIBUTE_INTEGRATED)
@@ -113,3 +114,5 @@ static_assert(sizeof(cuabi::CUdeviceptr) == sizeof(::CUdeviceptr), "CUdeviceptr"
 static_assert(sizeof(cuabi::CUdevice) == sizeof(::CUdevice), "CUdevice");
 
 int main() { return 0; }
+static_assert(kHostRegisterPortable == CU_MEMHOSTREGISTER_PORTABLE, "CU_MEMHOSTREGISTER_PORTABLE differs from cuda.h");
+static_assert(kHostRegisterDeviceMap == CU_MEMHOSTREGISTER_DEVICEMAP, "CU_MEMHOSTREGISTER_DEVICEMAP differs from cuda.h");

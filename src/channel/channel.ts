@@ -16,6 +16,7 @@ import {
   publishFence, releaseFence, kindOf, type Layout,
 } from './layout.js';
 import { Fences, type FenceWait } from './fences.js';
+import { JsWords } from './js-words.js';
 import { Ring, corrupt } from './ring.js';
 import { Sleeper, WaitStatus } from './sleeper.js';
 
@@ -359,7 +360,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       toClose.push(control);
       const view = new DataView(control.bytes.buffer, control.bytes.byteOffset, control.bytes.byteLength);
       writeHeader(view, layout, expectProducers, expectConsumers, hubRole);
-      const words = new addon.SharedWords(control.fd, layout.totalBytes);
+      const words = new JsWords(new addon.SharedWords(control.fd, layout.totalBytes), control.bytes);
       toClose.push(words);
       // The hub is participant 0.
       const p0 = layout.participantsOffset;
@@ -1167,7 +1168,7 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
       }
       const slotsLength = (slotsHost ?? slotsDevice)!.byteLength;
       if (slotsLength < total) refuse(new IpcError('ERR_DESCRIPTOR_INVALID', `acceptChannel: the slots hold ${slotsLength} bytes, fewer than ${layout.slotCount} x ${layout.slotBytes}`));
-      const words = new addon.SharedWords(control.fd, layout.totalBytes);
+      const words = new JsWords(new addon.SharedWords(control.fd, layout.totalBytes), control.bytes);
       toClose.push(words);
       const po = layout.participantsOffset + k * 64;
       if (words.load32(po + P.state) !== PState.Recovering || view.getUint32(po + P.role, true) !== roleNumber(role)) {

@@ -1,6 +1,7 @@
 // A promise over the native waiter thread: one futex wait at a time, started lazily.
 import { addon } from '../native.js';
 import type { NativeFutexWaiter, NativeSharedWords } from '../channel-types.js';
+import { JsWords } from './js-words.js';
 
 export const WaitStatus = { Changed: 0, Timeout: 1, Cancelled: 2 } as const;
 
@@ -23,10 +24,12 @@ export class Sleeper {
       resolve?.(status);
     });
     const native = this.#native;
+    // The waiter thread takes only the addon's own object (it checks a type tag): unwrap JsWords.
+    const target = words instanceof JsWords ? words.native : words;
     return new Promise<number>((resolve) => {
       this.#resolve = resolve;
       try {
-        native.wait(words, offset, expected, timeoutMs, 0);
+        native.wait(target, offset, expected, timeoutMs, 0);
       } catch (e) {
         this.#resolve = undefined;
         throw e;
