@@ -3,8 +3,8 @@
 //   transform multiplies every value by 3 into its output slot (a copy and a kernel)
 //   checksum  sums the bytes of each message (a kernel) and compares with the expected sum
 // On a GPU the slots are device memory from IPC pools and nothing is copied between processes:
-// each stage's GPU work waits for the previous stage's through per-slot IPC events, with no CPU
-// synchronisation in between. Without a GPU (or with --host) the same runs on host shared memory.
+// each stage's GPU work waits for the previous stage's through per-slot fence words in the
+// channel's control block, with no CPU synchronisation in between. Without a GPU (or with --host) the same runs on host shared memory.
 //
 //   node dist/examples/pipeline/main.js [--messages 64] [--elements 262144] [--slots 4] [--host]
 import { pipeline } from '../../src/index.js';

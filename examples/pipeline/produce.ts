@@ -8,7 +8,7 @@ const ch = output!;
 const stream = ch.device ? Stream.create(ch.device) : undefined;
 const kernels = ch.device ? BuiltinKernels.for(ch.device) : undefined;
 for (let seq = 0; seq < messages; seq++) {
-  // With a stream, the wait for the consumers' release events is queued on it (no CPU wait).
+  // With a stream, the wait for the consumers' release fences is queued on it (no CPU wait).
   const slot = await ch.acquire({ stream });
   if (kernels) {
     kernels.fillPattern(slot.buffer as DeviceBuffer, 'u32', seq * 1000, 1, stream);
@@ -16,7 +16,7 @@ for (let seq = 0; seq < messages; seq++) {
     const a = u32(slot.bytes);
     for (let i = 0; i < elements; i++) a[i] = seq * 1000 + i;
   }
-  // Records the slot's publish event on the stream: the next stage's GPU work waits for it.
+  // Writes the slot's publish fence on the stream: the next stage's GPU work waits for it.
   ch.publish(slot, { stream, meta: { seq } });
 }
 await ch.end();

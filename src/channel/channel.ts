@@ -599,8 +599,8 @@ export class Channel<B extends SlotBuffer = SlotBuffer> implements Disposable, A
   }
 
   /**
-   * Publishes `slot`: the consumers can take it at once. With device slots the publish event is
-   * recorded on `stream` first, so consumers that waitOn() it see everything queued there.
+   * Publishes `slot`: the consumers can take it at once. With device slots the slot's publish
+   * fence is written on `stream` first, so consumers that waitOn() it see everything queued there.
    */
   publish(slot: ChannelSlot<B>, options: PublishOptions = {}): void {
     this.#assertRole('producer', 'publish');
@@ -1388,7 +1388,7 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
   }
 
   /** Device slots: GPU work queued on `stream` after this waits for the producer's work on the
-   * message (its publish event). No-op for host slots. */
+   * message (its publish fence). No-op for host slots. */
   waitOn(stream: Stream): void {
     Channel.fences(this.#channel)?.waitOn(stream, Channel.publishFenceOf(this.#channel, this.index), this[kTicket]);
   }

@@ -59,7 +59,7 @@
 //   24  u32  meta length     28  u32 meta kind: 0 none, 1 JSON (UTF-8), 2 raw bytes
 //   32  u32  publisher participant index
 //   36  u32  last holders: the holders mask when the message was published (broadcast; the
-//            producer's GPU work waits for their release events before reusing the slot)
+//            producer's GPU work waits for their release fences before reusing the slot)
 //   40  u32  deliveries: how many times the message was taken (work sharing)
 //   44  u32  ticket: the message's publish ticket (the previous one + 1, per slot; wrapping)
 //   48  u32  released by: the consumer that released the slot last (work sharing)
