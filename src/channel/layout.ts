@@ -52,7 +52,9 @@
 // Slot records, slotCount x (64 + metaBytes rounded up to 64):
 //   0   u32  state word: kind (bits 0-7: 0 free, 1 writing, 2 published, 3 taken) | owner
 //            participant (bits 8-15: the writer, the publisher, or the taker) | flags (bits 16-31:
-//            bit 16 redelivered)
+//            bit 16 redelivered; bits 17-31 published and taken: the low 15 bits of the position
+//            the message was published at, so that a taker whose slot was consumed and published
+//            again meanwhile fails its compare-and-swap instead of taking the newer message)
 //   4   u32  holders: broadcast consumers that still hold the message (bit per participant)
 //   8   u64  position of the current message
 //   16  u64  length: bytes of the slot the message uses
@@ -129,6 +131,10 @@ export const S = {
 } as const;
 export const Kind = { Free: 0, Writing: 1, Published: 2, Taken: 3 } as const;
 export const FLAG_REDELIVERED = 1 << 16;
+const GEN_SHIFT = 17;
+export const GEN_MASK = (0x7fff << GEN_SHIFT) >>> 0;
+/** The generation bits of a message published at `position`. */
+export const genOf = (position: number): number => ((position % 0x8000) << GEN_SHIFT) >>> 0;
 export const MetaKind = { None: 0, Json: 1, Bytes: 2 } as const;
 
 export const slotWord = (kind: number, owner: number, flags = 0): number => (kind | (owner << 8) | flags) >>> 0;

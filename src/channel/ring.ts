@@ -21,7 +21,7 @@
 import { IpcError } from '../errors.js';
 import type { NativeSharedWords } from '../channel-types.js';
 import {
-  H, P, S, Kind, PState, PRole, FLAG_REDELIVERED, slotWord, kindOf, ownerOf, flagsOf, type Layout,
+  H, P, S, Kind, PState, PRole, FLAG_REDELIVERED, GEN_MASK, genOf, slotWord, kindOf, ownerOf, flagsOf, type Layout,
 } from './layout.js';
 
 /** How long a publisher spins for the publish lock before deferring (µs). */
@@ -146,7 +146,7 @@ export class Ring {
       }
       // The commit point; a swap rather than a store, so that a slot recovery took back is never
       // published over whoever holds it now.
-      if (w.cas32(so + S.state, slotWord(Kind.Writing, this.me), slotWord(Kind.Published, this.me)) !== slotWord(Kind.Writing, this.me)) {
+      if (w.cas32(so + S.state, slotWord(Kind.Writing, this.me), slotWord(Kind.Published, this.me, genOf(t))) !== slotWord(Kind.Writing, this.me)) {
         result = 'detached';
         return result;
       }
@@ -184,7 +184,9 @@ export class Ring {
       if (s >= this.n) throw corrupt(`ring entry names slot ${s} of ${this.n}`);
       const so = this.slotOff(s);
       const word = w.load32(so + S.state);
-      if (kindOf(word) === Kind.Published && w.load64(so + S.position) === h) {
+      // The generation in the word ties it to position h: if the slot is consumed and published
+      // again before our swap, the word differs and the swap fails (no ABA).
+      if (kindOf(word) === Kind.Published && ((word & GEN_MASK) >>> 0) === genOf(h) && w.load64(so + S.position) === h) {
         const taken = slotWord(Kind.Taken, this.me, flagsOf(word));
         if (w.cas32(so + S.state, word, taken) === word) {
           this.takenWords[s] = taken;
@@ -432,7 +434,7 @@ export class Ring {
       const t = this.#pos(H.tail, 'tail');
       w.store64(so + S.position, t);
       const publisher = this.view.getUint32(so + S.publisher, true) & 0xff;
-      if (w.cas32(so + S.state, word, slotWord(Kind.Published, publisher, FLAG_REDELIVERED)) !== word) continue;
+      if (w.cas32(so + S.state, word, slotWord(Kind.Published, publisher, FLAG_REDELIVERED | genOf(t))) !== word) continue;
       w.store32(this.ringOff(t), s);
       w.store64(H.tail, t + 1);
     }
