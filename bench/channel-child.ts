@@ -4,12 +4,16 @@
 //   worker                work-sharing consumer: as sink
 //   kernel <elements> <n> GPU: times a reading kernel on a received device slot and on memory of
 //                         its own; replies { sharedUs, localUs }
+//   raw-echo              no channel: answers each change of word 0 of a received HostBuffer by
+//                         writing it to word 16, waiting the way 'futex' channels do (the floor)
 import { parentLink } from '../src/link/index.js';
 import { acceptChannel } from '../src/channel/index.js';
 import { Stream } from '../src/cuda/stream.js';
 import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { BuiltinKernels } from '../src/cuda/builtins.js';
 import { arg } from '../src/cuda/kernel-args.js';
+import { addon } from '../src/native.js';
+import type { HostBuffer } from '../src/host/index.js';
 
 const link = parentLink();
 const mode = process.argv[2];
@@ -39,6 +43,23 @@ if (mode === 'echo') {
   }
   input.close();
   link.send({ n });
+} else if (mode === 'raw-echo') {
+  const { control } = (await link.receive()) as { control: HostBuffer };
+  const words = new addon.SharedWords(control.fd, control.byteLength);
+  let wake: ((s: number) => void) | undefined;
+  const waiter = new addon.FutexWaiter((s) => wake?.(s));
+  link.send({ ready: true });
+  for (let last = 0; ;) {
+    let v: number;
+    while ((v = words.load32(0)) === last) await new Promise<number>((r) => { wake = r; waiter.wait(words, 0, last, 1000, 0); });
+    if (v === 0xffffffff) break;
+    last = v;
+    words.store32(64, v);
+    words.wake(64, 1);
+  }
+  waiter.close();
+  words.close();
+  control.close();
 } else if (mode === 'kernel') {
   const input = await acceptChannel(link);
   const reps = Number(process.argv[4] ?? 20);

@@ -5,6 +5,8 @@ import { spawn, type Link } from '../src/link/index.js';
 import { Channel, createChannel, type ChannelMemory } from '../src/channel/index.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
+import { HostBuffer } from '../src/host/index.js';
+import { addon } from '../src/native.js';
 import { summarize, type Row, type Summary } from './stats.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
@@ -50,6 +52,40 @@ async function roundTrip(memory: ChannelMemory, wait: 'futex' | 'spin', iteratio
     await out.end();
     back.close();
     stream?.close();
+    await waitExit(child);
+  }
+  return summarize(times);
+}
+
+/**
+ * The floor under 'futex' round trips: two processes bounce a word with the same native waiter
+ * thread and wake-ups, and no channel. Each direction is two thread wake-ups (the waiter thread,
+ * then the event loop), so the channel cannot go below this.
+ */
+async function futexFloor(iterations: number, warmup: number): Promise<Summary> {
+  const { child, link } = await spawn(CHILD, ['raw-echo'], { stdio: 'inherit' });
+  const control = HostBuffer.allocate(4096);
+  const words = new addon.SharedWords(control.fd, 4096);
+  let wake: ((s: number) => void) | undefined;
+  const waiter = new addon.FutexWaiter((s) => wake?.(s));
+  const times = new Float64Array(iterations);
+  try {
+    link.send({ control });
+    await link.receive();
+    for (let i = 1; i <= warmup + iterations; i++) {
+      const t0 = process.hrtime.bigint();
+      words.store32(0, i);
+      words.wake(0, 1);
+      let v: number;
+      while ((v = words.load32(64)) !== i) await new Promise<number>((r) => { wake = r; waiter.wait(words, 64, v, 1000, 0); });
+      if (i > warmup) times[i - warmup - 1] = Number(process.hrtime.bigint() - t0) / 1000;
+    }
+  } finally {
+    words.store32(0, 0xffffffff);
+    words.wake(0, 1);
+    waiter.close();
+    words.close();
+    control.close();
     await waitExit(child);
   }
   return summarize(times);
@@ -147,10 +183,13 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   const res: ChannelResults = { roundTrip: {}, oneWay: {}, workSharing: {} };
   const memories: Array<[string, ChannelMemory]> = [['host slots', 'host']];
   if (device) memories.push(['device slots', { device }]);
+  progress('futex wake-up floor (no channel)');
+  res.roundTrip['floor: futex wake-ups alone, no channel'] = await futexFloor(iterations, warmup);
   for (const [label, memory] of memories) {
     for (const wait of ['futex', 'spin'] as const) {
       progress(`round trip, ${wait} (${label})`);
-      res.roundTrip[`round trip, ${wait} (${label})`] = await roundTrip(memory, wait, iterations, warmup);
+      // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state).
+      res.roundTrip[`round trip, ${wait} (${label})`] = await roundTrip(memory, wait, iterations, Math.max(warmup, 2000));
     }
   }
   const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
@@ -201,6 +240,10 @@ const met = (ok: boolean) => (ok ? 'MET' : 'MISSED');
 export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Row[]; kernel: Row[] } {
   const latency: Row[] = [];
   for (const [name, s] of Object.entries(r.roundTrip)) {
+    if (name.startsWith('floor')) {
+      latency.push({ name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes: ['native waiter thread + event loop wake-up each way'] });
+      continue;
+    }
     const target = name.includes('spin') ? TARGETS.rttSpinUs : TARGETS.rttFutexUs;
     latency.push({ name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes: [`target median <= ${target} us: ${met(s.median <= target)}`] });
   }

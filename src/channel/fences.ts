@@ -54,6 +54,9 @@ export class Fences {
 
   /** Work queued on `stream` after this waits until the fence at `offset` reaches `value`. */
   waitOn(stream: Stream | undefined, offset: number, value: number): void {
+    // Already reached: the work before the write is done (the write follows a memory barrier),
+    // so there is nothing to wait for, and the driver call (about 2 us) is saved.
+    if (this.reached(offset, value)) return;
     this.device.activate();
     driver.streamWaitValue32(streamHandle(stream), this.#base + BigInt(offset), value >>> 0, Flags.WAIT_VALUE_GEQ);
   }
