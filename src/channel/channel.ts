@@ -18,7 +18,7 @@ import {
 import { Fences, type FenceWait } from './fences.js';
 import { JsWords } from './js-words.js';
 import { Ring, corrupt } from './ring.js';
-import { Sleeper, WaitStatus } from './sleeper.js';
+import { Sleeper } from './sleeper.js';
 
 export type ChannelRole = 'producer' | 'consumer';
 /** 'queue': each message goes to one consumer (work sharing; also one to one and many to one).
