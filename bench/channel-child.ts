@@ -13,6 +13,7 @@ import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { BuiltinKernels } from '../src/cuda/builtins.js';
 import { arg } from '../src/cuda/kernel-args.js';
 import { addon } from '../src/native.js';
+import { Sleeper } from '../src/channel/sleeper.js';
 import type { HostBuffer } from '../src/host/index.js';
 
 const link = parentLink();
@@ -46,18 +47,17 @@ if (mode === 'echo') {
 } else if (mode === 'raw-echo') {
   const { control } = (await link.receive()) as { control: HostBuffer };
   const words = new addon.SharedWords(control.fd, control.byteLength);
-  let wake: ((s: number) => void) | undefined;
-  const waiter = new addon.FutexWaiter((s) => wake?.(s));
+  const sleeper = new Sleeper();
   link.send({ ready: true });
   for (let last = 0; ;) {
     let v: number;
-    while ((v = words.load32(0)) === last) await new Promise<number>((r) => { wake = r; waiter.wait(words, 0, last, 1000, 0); });
+    while ((v = words.load32(0)) === last) await sleeper.wait(words, 0, last, 1000);
     if (v === 0xffffffff) break;
     last = v;
     words.store32(64, v);
     words.wake(64, 1);
   }
-  waiter.close();
+  sleeper.close();
   words.close();
   control.close();
 } else if (mode === 'kernel') {

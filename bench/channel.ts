@@ -7,6 +7,7 @@ import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
 import { HostBuffer } from '../src/host/index.js';
 import { addon } from '../src/native.js';
+import { Sleeper } from '../src/channel/sleeper.js';
 import { summarize, type Row, type Summary } from './stats.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
@@ -66,8 +67,7 @@ async function futexFloor(iterations: number, warmup: number): Promise<Summary> 
   const { child, link } = await spawn(CHILD, ['raw-echo'], { stdio: 'inherit' });
   const control = HostBuffer.allocate(4096);
   const words = new addon.SharedWords(control.fd, 4096);
-  let wake: ((s: number) => void) | undefined;
-  const waiter = new addon.FutexWaiter((s) => wake?.(s));
+  const sleeper = new Sleeper();
   const times = new Float64Array(iterations);
   try {
     link.send({ control });
@@ -77,13 +77,13 @@ async function futexFloor(iterations: number, warmup: number): Promise<Summary> 
       words.store32(0, i);
       words.wake(0, 1);
       let v: number;
-      while ((v = words.load32(64)) !== i) await new Promise<number>((r) => { wake = r; waiter.wait(words, 64, v, 1000, 0); });
+      while ((v = words.load32(64)) !== i) await sleeper.wait(words, 64, v, 1000);
       if (i > warmup) times[i - warmup - 1] = Number(process.hrtime.bigint() - t0) / 1000;
     }
   } finally {
     words.store32(0, 0xffffffff);
     words.wake(0, 1);
-    waiter.close();
+    sleeper.close();
     words.close();
     control.close();
     await waitExit(child);

@@ -13,7 +13,8 @@
 // is >= 0.
 import { driver, Flags, whenStreamDone } from '../cuda/driver.js';
 import type { Device } from '../cuda/device.js';
-import { Stream, streamHandle } from '../cuda/stream.js';
+import { streamHandle, type Stream } from '../cuda/stream.js';
+import { takeWaiterStream, returnWaiterStream } from '../cuda/waiter-streams.js';
 import type { NativeSharedWords } from '../channel-types.js';
 
 export type FenceWait = readonly [offset: number, value: number];
@@ -27,8 +28,6 @@ export class Fences {
   readonly #host: bigint;
   readonly #base: bigint;
   #registered = true;
-  /** Idle streams for CPU waits (a waiting stream is busy until its fences are reached). */
-  readonly #idle: Stream[] = [];
 
   /** Maps the control block (the mapping `words` holds) for `device`. */
   constructor(device: Device, words: NativeSharedWords) {
@@ -69,13 +68,12 @@ export class Fences {
   async synchronize(waits: readonly FenceWait[]): Promise<void> {
     const pending = waits.filter(([off, v]) => !this.reached(off, v));
     if (pending.length === 0) return;
-    const stream = this.#idle.pop() ?? Stream.create(this.device);
+    const stream = takeWaiterStream(this.device);
     try {
       for (const [off, v] of pending) this.waitOn(stream, off, v);
       await whenStreamDone(stream.handle, this);
     } finally {
-      if (this.#registered && this.#idle.length < 4) this.#idle.push(stream);
-      else stream.close();
+      returnWaiterStream(stream);
     }
   }
 
@@ -95,7 +93,6 @@ export class Fences {
   close(): void {
     if (!this.#registered) return;
     this.#registered = false;
-    for (const s of this.#idle.splice(0)) s.close();
     this.device.activate();
     driver.memHostUnregister(this.#host);
   }

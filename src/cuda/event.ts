@@ -5,6 +5,7 @@ import { Device } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
 import { DriverObject } from './driver-object.js';
+import { takeWaiterStream, returnWaiterStream } from './waiter-streams.js';
 
 export interface EventOptions {
   /** Shareable with other processes. Implies no timing (the driver refuses both at once). */
@@ -48,27 +49,12 @@ export class Event extends DriverObject {
 
   /** Resolves once the captured work is done, without blocking any thread. */
   async synchronize(): Promise<void> {
-    const waiter = takeWaiter(this.device);
+    const waiter = takeWaiterStream(this.device);
     try {
       driver.streamWaitEvent(waiter.handle, this.handle);
       await whenStreamDone(waiter.handle, this);
     } finally {
-      returnWaiter(waiter);
+      returnWaiterStream(waiter);
     }
   }
-}
-
-// Idle streams used to wait for events: a waiter stream is busy until its event fires, so each
-// concurrent wait takes its own and returns it afterwards.
-const idleWaiters = new Map<Device, Stream[]>();
-
-function takeWaiter(device: Device): Stream {
-  return idleWaiters.get(device)?.pop() ?? Stream.create(device);
-}
-
-function returnWaiter(stream: Stream): void {
-  let list = idleWaiters.get(stream.device);
-  if (!list) idleWaiters.set(stream.device, (list = []));
-  if (list.length < 8) list.push(stream);
-  else stream.close();
 }
