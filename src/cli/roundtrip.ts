@@ -2,33 +2,14 @@
 // fills 100, 101, ...; the child verifies and writes 0, -1, -2, ...; the parent verifies.
 // Where CUDA IPC is not available it says why and runs the same round trip on host shared memory.
 import { parseArgs } from 'node:util';
-import { probeDriver } from '../cuda/driver.js';
 import { Device } from '../cuda/device.js';
 import { Stream } from '../cuda/stream.js';
 import { IpcPool } from '../ipc/pool.js';
 import { HostBuffer } from '../host/index.js';
 import { spawn } from '../link/index.js';
 import { parseCount, parseOrdinal } from './files.js';
+import { whyNoGpu } from './availability.js';
 import { devicePatternMemory, hostPatternMemory, type PatternMemory } from './roundtrip-memory.js';
-
-/** Why CUDA IPC memory pools cannot be used here, or undefined when they can. */
-function whyNoCudaIpc(ordinal: number): string | undefined {
-  if (process.platform !== 'linux') return `this is ${process.platform}, and CUDA IPC with POSIX file descriptors needs Linux`;
-  const probe = probeDriver();
-  if (!probe.ok) return probe.error.message;
-  let devices: readonly Device[];
-  try {
-    devices = Device.all();
-  } catch (e) {
-    return (e as Error).message;
-  }
-  if (devices.length === 0) return 'the CUDA driver sees no GPU';
-  const d = devices[ordinal];
-  if (!d) return `there is no device ${ordinal} (${devices.length} visible)`;
-  if (!d.capabilities.memoryPools) return `device ${ordinal} (${d.name}) has no memory pools`;
-  if (!d.capabilities.posixFdPoolHandles) return `device ${ordinal} (${d.name}) cannot share pools through POSIX file descriptors`;
-  return undefined;
-}
 
 interface ChildReport { ok: boolean; mismatches?: number; message?: string }
 
@@ -62,7 +43,7 @@ export async function roundtrip(argv: string[]): Promise<number> {
   const ordinal = parseOrdinal(values.device, '--device');
   const bytes = elements * 4;
 
-  const why = whyNoCudaIpc(ordinal);
+  const why = whyNoGpu(ordinal, { pools: true });
   if (why !== undefined) {
     console.log(`CUDA IPC is not available here: ${why}`);
     console.log('Running the same round trip on host shared memory (memfd) instead.');

@@ -23,3 +23,17 @@ test('roundtrip rejects a bad element count with a clear message', () => {
   assert.equal(r.status, 1);
   assert.match(r.stderr, /--elements must be a positive integer, got 'many'/);
 });
+
+test('every demo without a GPU prints why and exits 0', { skip: hasGpu ? 'a GPU is present: the GPU suite runs the demos' : undefined }, () => {
+  for (const mode of ['events', 'transform', 'tensors']) {
+    const r = spawnSync(process.execPath, [cli, 'demo', mode], { encoding: 'utf8' });
+    assert.equal(r.status, 0, r.stdout + r.stderr);
+    assert.match(r.stdout, new RegExp(`demo ${mode}: skipped, no usable GPU here: .*libcuda`));
+  }
+});
+
+test('demo with no or an unknown mode is a usage error', () => {
+  const r = spawnSync(process.execPath, [cli, 'demo', 'fireworks'], { encoding: 'utf8' });
+  assert.equal(r.status, 2);
+  assert.match(r.stderr, /choose 'events', 'transform' or 'tensors' \(got fireworks\)/);
+});

@@ -29,36 +29,64 @@ async function withChild<T>(fn: (link: Link) => Promise<T>): Promise<T> {
 describe('ordering across processes', { skip: noGpu }, () => {
   const n = 1 << 22;
 
-  // The producer's stream: a slow kernel, then the kernel that writes the pattern, then the event.
+  // The producer's stream: a gate (a GPU-side wait on a flag only this test opens), then the kernel
+  // that writes the pattern, then the event. While the gate is shut the event is pending on any
+  // machine, however fast; the test opens it once the child's work is queued (or done).
   function produce(seed: number) {
     const device = Device.get(0);
     const pool = device.createIpcPool();
     const stream = Stream.create(device);
+    const gateStream = Stream.create(device);
+    const gate = DeviceBuffer.allocate(4, { device }); // memory operations need non-pool memory
+    gate.fill(0);
     const buffer = pool.allocate(n * 4);
     buffer.fill(0);
     const event = Event.create(device, { interprocess: true });
-    const k = BuiltinKernels.for(device);
-    k.spin(300_000_000n, stream);
-    k.fillPattern(buffer, 'u32', seed, 1, stream);
+    stream.waitValue32(gate, 0, 1, 'geq');
+    BuiltinKernels.for(device).fillPattern(buffer, 'u32', seed, 1, stream);
     event.record(stream);
-    return { pool, stream, buffer, event, done: async () => { await stream.synchronize(); buffer.close(); event.close(); stream.close(); pool.close(); } };
+    let opened = false;
+    const open = () => { if (!opened) { opened = true; gateStream.writeValue32(gate, 0, 1); } };
+    return {
+      buffer, event, open,
+      done: async () => {
+        open();
+        await stream.synchronize();
+        await gateStream.synchronize();
+        for (const r of [buffer, event, gate, stream, gateStream, pool]) r.close();
+      },
+    };
   }
 
   test('the consumer waits on the producer\'s IPC event and its kernel sees every element', async () => {
     const p = produce(1000);
-    const r = await withChild(async (link) => { link.send({ op: 'verify', buffer: p.buffer, event: p.event, wait: true, a: 1000, b: 1 }); return link.receive() as any; });
-    await p.done();
-    assert.equal(r.pendingAtStart, true, 'the event was still pending when the consumer queued its wait');
-    assert.equal(r.mismatches, 0);
+    try {
+      const r = await withChild(async (link) => {
+        link.send({ op: 'verify', buffer: p.buffer, event: p.event, wait: true, a: 1000, b: 1 });
+        const queued = (await link.receive()) as any;
+        assert.equal(queued.pendingAtStart, true, 'the gate holds the event pending');
+        p.open(); // only now can the producer's kernel write the pattern
+        return link.receive() as any;
+      });
+      assert.equal(r.mismatches, 0);
+    } finally {
+      await p.done();
+    }
   });
 
-  test('without the wait, the consumer races: it sees stale data or finds the event pending', async () => {
+  test('without the wait, the consumer races: its kernel runs before the producer writes', async () => {
     const p = produce(2000);
-    const r = await withChild(async (link) => { link.send({ op: 'verify', buffer: p.buffer, event: p.event, wait: false, a: 2000, b: 1 }); return link.receive() as any; });
-    await p.done();
-    // Either the consumer's kernel read before the producer's wrote, or (at the least) it started
-    // while the producer's work was provably unfinished: nothing ordered the two.
-    assert.ok(r.mismatches > 0 || r.pendingAtStart, `no race observed: ${JSON.stringify(r)}`);
+    try {
+      const r = await withChild(async (link) => {
+        link.send({ op: 'verify', buffer: p.buffer, event: p.event, wait: false, a: 2000, b: 1 });
+        await link.receive(); // queued
+        return link.receive() as any; // done, with the gate still shut
+      });
+      // Nothing ordered the consumer after the producer, so it read the zeros under the pattern.
+      assert.equal(r.mismatches, n);
+    } finally {
+      await p.done();
+    }
   });
 
   test('waitValue/writeValue ping-pong between two processes for 10,000 rounds', async () => {
