@@ -78,11 +78,15 @@ export class BuiltinKernels {
     const n = this.#count(buffer, type);
     using result = DeviceBuffer.allocate(16, { device: this.device });
     const init = new BigUint64Array([0n, NO_MISMATCH_INDEX]);
-    await result.writeAsync(init, { stream });
+    // Queue everything before awaiting anything: a stream that waits on another process's work
+    // must still receive the launch now (the caller may report "queued" before it completes).
+    const written = result.writeAsync(init, { stream });
     this.kernel(`verify_pattern_${type}`).launch({ grid: this.#grid(n), block: 256, stream },
       [arg.ptr(buffer), arg.u64(BigInt(n)), scalarArg(type, a), scalarArg(type, b), arg.ptr(result), arg.ptr(result.devicePointer + 8n)]);
     const out = new BigUint64Array(2);
-    await result.readAsync(out, { stream });
+    const read = result.readAsync(out, { stream });
+    await written;
+    await read;
     return { mismatches: out[0]!, firstMismatch: out[1] === NO_MISMATCH_INDEX ? null : out[1]! };
   }
 
@@ -95,11 +99,13 @@ export class BuiltinKernels {
   /** Sum of bytes and sum of byte*(i+1), both mod 2^64 (see kernels/builtin.cu). */
   async checksum(buffer: DeviceBuffer, stream?: Stream): Promise<{ byteSum: bigint; weightedSum: bigint }> {
     using sums = DeviceBuffer.allocate(16, { device: this.device });
-    await sums.writeAsync(new BigUint64Array(2), { stream });
+    const written = sums.writeAsync(new BigUint64Array(2), { stream });
     this.kernel('checksum_bytes').launch({ grid: this.#grid(buffer.byteLength / 16), block: 256, stream },
       [arg.ptr(buffer), arg.u64(BigInt(buffer.byteLength)), arg.ptr(sums)]);
     const out = new BigUint64Array(2);
-    await sums.readAsync(out, { stream });
+    const read = sums.readAsync(out, { stream });
+    await written;
+    await read;
     return { byteSum: out[0]!, weightedSum: out[1]! };
   }
 

@@ -40,10 +40,13 @@ describe('ordering across processes', { skip: noGpu }, () => {
     const gate = DeviceBuffer.allocate(4, { device }); // memory operations need non-pool memory
     gate.fill(0);
     const buffer = pool.allocate(n * 4);
-    buffer.fill(0);
     const event = Event.create(device, { interprocess: true });
+    const kernels = BuiltinKernels.for(device);
+    // Launched once before the gate shuts, so that loading the kernel (which may synchronise the
+    // context) never waits on the gated stream; it writes zeros, as the race test expects.
+    kernels.fillPattern(buffer, 'u32', 0, 0, stream);
     stream.waitValue32(gate, 0, 1, 'geq');
-    BuiltinKernels.for(device).fillPattern(buffer, 'u32', seed, 1, stream);
+    kernels.fillPattern(buffer, 'u32', seed, 1, stream);
     event.record(stream);
     let opened = false;
     const open = () => { if (!opened) { opened = true; gateStream.writeValue32(gate, 0, 1); } };
