@@ -62,10 +62,11 @@ export function processLines(p: ProcessStatus): string[] {
   if (cache.mappings > 0 || cache.exports > 0) {
     rows.push(['legacy IPC', [`${plural(cache.exports, 'export')}; import cache: ${plural(cache.mappings, 'mapping')} (${cache.idle} idle of at most ${cache.idleLimit})`]]);
   }
+  if (rows.length === 0) rows.push(['shares', ['nothing now']]);
   rows.push(['fds', [`${p.openFds} open`]]);
   const w = Math.max(...rows.map(([k]) => k.length));
   const age = p.ageMs < 1000 ? 'just now' : `${(p.ageMs / 1000).toFixed(p.ageMs < 10_000 ? 1 : 0)} s ago`;
-  const out = [`pid ${p.pid}  ${commandLine(p.argv)}   (updated ${age})`];
+  const out = [`pid ${p.pid}  ${commandLine(p.argv)}   (last change ${age})`];
   for (const [k, lines] of rows) {
     lines.forEach((line, i) => out.push(`  ${(i === 0 ? k : '').padEnd(w)}  ${line}`));
   }
@@ -80,7 +81,11 @@ export function formatStatus(s: StatusSnapshot): string[] {
     : `${plural(n, 'process', 'processes')} using cuda-ipc (records: ${s.directory})`);
   if (n === 0) out.push('Processes publish one while they have links or device memory, unless CUDA_IPC_STATUS=0.');
   for (const p of s.processes) out.push('', ...processLines(p));
-  if (s.stale.length) out.push('', `Removed the records of ${plural(s.stale.length, 'process', 'processes')} that are gone: ${s.stale.map((p) => `pid ${p}`).join(', ')}.`);
+  if (s.stale.length) {
+    const shown = s.stale.slice(0, 10).map((p) => `pid ${p}`).join(', ');
+    const more = s.stale.length > 10 ? ` and ${s.stale.length - 10} more` : '';
+    out.push('', `Removed the records of ${plural(s.stale.length, 'process', 'processes')} that are gone (killed or crashed): ${shown}${more}.`);
+  }
   for (const u of s.unreadable) out.push('', `Could not use the record ${u.file}: ${u.reason}.`);
   return out;
 }

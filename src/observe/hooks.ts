@@ -1,10 +1,12 @@
 // The cheap half of the status records (`cuda-ipc status` / `top`): what the other layers call
-// when what this process shares changes. A leaf module (no runtime imports), so links, leases,
-// device memory and channels can call it without import cycles. Calling it costs a flag test on
-// the hot path; the record itself is built and written later by publisher.ts, at most a few
-// times a second, off the paths that move messages.
+// when what this process shares changes. Calling it costs a flag test on the hot path; the record
+// itself is built and written later by publisher.ts, at most a few times a second, off the paths
+// that move messages. publisher.ts is imported statically (not on first use) so that no module
+// loading, with its asynchronous file reads, ever starts in the middle of a user's work; it
+// touches the modules that import this one only inside functions, so the import cycle is safe.
 import type { Link } from '../link/link.js';
 import { isMainThread } from 'node:worker_threads';
+import { startPublisher } from './publisher.js';
 
 /**
  * Publishing is on unless CUDA_IPC_STATUS is 0/off/false/no. Only the main thread publishes: a
@@ -20,7 +22,6 @@ export interface StatusPublisher {
 
 let dirty = false;
 let publisher: StatusPublisher | undefined;
-let loading = false;
 
 /**
  * Something this process shares changed (a link opened or closed, a lease was granted or ended,
@@ -29,21 +30,9 @@ let loading = false;
 export function noteChange(): void {
   if (dirty || !statusEnabled) return;
   dirty = true;
-  if (publisher) {
-    publisher.schedule();
-    return;
-  }
-  if (loading) return;
-  loading = true;
-  // Loaded on first use, so a process that never shares anything never writes a record, and so
-  // that this module stays a leaf. The import itself keeps no handle open.
-  import('./publisher.js').then(
-    (m) => {
-      publisher = m.startPublisher();
-      publisher.schedule();
-    },
-    (e: unknown) => process.emitWarning(`cuda-ipc status records are off: ${String((e as Error)?.message ?? e)}`, { code: 'CUDA_IPC_STATUS' }),
-  );
+  // Started on the first change: a process that never shares anything writes no record.
+  publisher ??= startPublisher();
+  publisher.schedule();
 }
 
 /** @internal For the publisher: clears the flag and says whether it was set. */

@@ -4,12 +4,15 @@
 // file is replaced atomically (write a temporary, rename), so a reader never sees half of it, and
 // removed when the process exits. A process that dies without exiting (SIGKILL, a crash) leaves
 // its record behind: readers see that its pid is gone and remove it (reader.ts).
-import { mkdirSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
+// Imports: only modules whose bindings it uses inside functions (buffer.ts imports hooks.ts,
+// which imports this), never legacy.ts or stats.ts, whose top-level code needs buffer.ts done.
+import { mkdirSync, readdirSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { stats } from '../stats.js';
+import { deviceMemoryStats } from '../cuda/buffer.js';
+import { driver } from '../cuda/driver.js';
 import { ensurePrivateDirectory } from '../link/socket-path.js';
 import { observedChannels, observedLinks, takeChange, type ChannelStatus, type StatusPublisher } from './hooks.js';
-import { RECORD_VERSION, defaultStatusDirectory, processStartTime, recordName, type LinkRecord, type StatusRecord } from './record.js';
+import { RECORD_VERSION, defaultStatusDirectory, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
 
 const FIRST_DELAY_MS = 20;
 const MIN_INTERVAL_MS = 250;
@@ -92,12 +95,16 @@ class Publisher implements StatusPublisher {
     if (!this.#removeOnExit) {
       this.#removeOnExit = true;
       process.on('exit', this.#remove);
+      // Records of killed processes wait for a reader; each new publisher sweeps them too, so
+      // they never pile up where no one runs `cuda-ipc status`. One readdir, once.
+      removeStaleRecords(this.#directory);
     }
   }
 
   #record(): StatusRecord {
-    const s = stats();
     const links: LinkRecord[] = [];
+    let leaseCount = 0;
+    let leaseBytes = 0;
     for (const { link, received } of observedLinks()) {
       let peerPid = 0;
       try {
@@ -105,7 +112,10 @@ class Publisher implements StatusPublisher {
       } catch {
         // Not known before the handshake (the parent's end of a spawn).
       }
-      links.push({ id: link.id, peerPid, state: link.state, leasedToPeer: link.leases, receivedFromPeer: received });
+      const leased = link.leases;
+      leaseCount += leased.count;
+      leaseBytes += leased.bytes;
+      links.push({ id: link.id, peerPid, state: link.state, leasedToPeer: leased, receivedFromPeer: received });
     }
     const channels: ChannelStatus[] = [];
     for (const source of observedChannels()) {
@@ -121,12 +131,12 @@ class Publisher implements StatusPublisher {
       startTime: this.#startTime,
       argv: this.#argv,
       updatedAt: Date.now(),
-      device: s.device,
-      leases: { count: s.leases.count, bytes: s.leases.bytes },
+      device: deviceMemoryStats(),
+      leases: { count: leaseCount, bytes: leaseBytes },
       links,
       channels,
-      importCache: s.importCache,
-      openFds: s.openFds,
+      importCache: driver.legacyCacheStats(),
+      openFds: readdirSync('/proc/self/fd').length - 1, // less the one readdir itself opened
     };
   }
 

@@ -2,12 +2,12 @@
 // `top`. Reading only reads: the publishers are never signalled or waited on. Records of
 // processes that are gone (killed, crashed: they could not remove their own) are recognised by
 // their pid and start time, and removed.
-import { readdirSync, readFileSync, unlinkSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { DeviceMemoryStats } from '../cuda/buffer.js';
 import type { ImportCacheStats } from '../ipc/legacy.js';
 import type { ChannelStatus } from './hooks.js';
-import { RECORD_NAME_RE, RECORD_VERSION, defaultStatusDirectory, processStartTime, type LinkRecord, type StatusRecord } from './record.js';
+import { RECORD_VERSION, defaultStatusDirectory, isStale, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
 
 /** What one process holds of another's, or lends to it. */
 export interface PeerShare {
@@ -87,24 +87,16 @@ export function collectStatus(options: CollectOptions = {}): StatusSnapshot {
     throw e;
   }
   const records: StatusRecord[] = [];
+  if (removeStale) snapshot.stale = removeStaleRecords(directory, names);
   for (const name of names) {
-    const m = RECORD_NAME_RE.exec(name);
-    if (!m) continue;
-    const pid = Number(m[1]);
-    const alive = processStartTime(pid) === m[2];
-    const path = join(directory, name);
-    if (!alive) {
-      if (!m[3]) snapshot.stale.push(pid);
-      if (removeStale) {
-        try {
-          unlinkSync(path);
-        } catch {
-          // Another reader removed it first.
-        }
-      }
+    const s = isStale(name);
+    if (!s) continue;
+    if (s.stale) {
+      if (!removeStale && !s.temporary) snapshot.stale.push(s.pid);
       continue;
     }
-    if (m[3]) continue; // a live writer's temporary file
+    if (s.temporary) continue; // a live writer's temporary file
+    const path = join(directory, name);
     let text: string;
     try {
       text = readFileSync(path, 'utf8');

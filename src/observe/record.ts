@@ -3,7 +3,7 @@
 // the private socket directory (see link/socket-path.ts). The start time is the process's
 // start in clock ticks since boot (/proc/<pid>/stat, field 22): with it in the name, a record of
 // a dead process is never mistaken for one of a new process that got the same pid.
-import { readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { defaultSocketDirectory } from '../link/socket-path.js';
 import type { DeviceMemoryStats } from '../cuda/buffer.js';
@@ -70,4 +70,28 @@ export function processStartTime(pid: number | 'self'): string | undefined {
   // fields[0] is field 3 (state); field 22 is fields[19]. A zombie has exited: it holds nothing.
   if (fields[0] === 'Z' || fields[0] === 'X') return undefined;
   return fields[19];
+}
+
+/** Whether the record (or temporary) file `name` belongs to a process that is gone. */
+export function isStale(name: string): { pid: number; stale: boolean; temporary: boolean } | undefined {
+  const m = RECORD_NAME_RE.exec(name);
+  if (!m) return undefined;
+  const pid = Number(m[1]);
+  return { pid, stale: processStartTime(pid) !== m[2], temporary: m[3] !== undefined };
+}
+
+/** Removes the records (and temporaries) of processes that are gone; returns their pids. */
+export function removeStaleRecords(directory: string, names: readonly string[] = readdirSync(directory)): number[] {
+  const gone: number[] = [];
+  for (const name of names) {
+    const s = isStale(name);
+    if (!s?.stale) continue;
+    if (!s.temporary) gone.push(s.pid);
+    try {
+      unlinkSync(join(directory, name));
+    } catch {
+      // Another reader removed it first.
+    }
+  }
+  return gone;
 }

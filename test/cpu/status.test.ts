@@ -5,7 +5,7 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
@@ -145,7 +145,11 @@ test('a process that exits normally removes its own record', async () => {
   }
 });
 
-test('publishing never keeps a process alive, even while it samples a channel', () => {
+test('publishing never keeps a process alive, even while it samples a channel; a new publisher sweeps dead records', () => {
+  // A record left by a killed process (no process started at tick 1 has this pid now).
+  const dead = spawnSync(process.execPath, ['-e', '']).pid;
+  const leftover = join(records, `${dead}-1.json`);
+  writeFileSync(leftover, '{}');
   const hooks = new URL('../../src/observe/hooks.js', import.meta.url).href;
   const script = `import { registerChannel } from ${JSON.stringify(hooks)};
     import { readdirSync } from 'node:fs';
@@ -158,6 +162,7 @@ test('publishing never keeps a process alive, even while it samples a channel', 
   assert.equal(r.stderr, '', 'no warning');
   assert.equal(r.stdout.trim(), 'true', 'it had published its record');
   assert.deepEqual(readdirSync(records).filter((f) => f.startsWith(`${r.pid}-`)), [], 'its record went with it');
+  assert.equal(existsSync(leftover), false, 'it removed the dead process\'s record when it started publishing');
 });
 
 test('CUDA_IPC_STATUS=0 turns publishing off', async () => {
