@@ -17,7 +17,7 @@ export interface CommandSpec extends ArgsSpec {
 const device = { type: 'string', value: 'D', help: 'device ordinal (default 0)' } as const;
 const json = { type: 'boolean', help: 'print JSON instead of text, for scripts' } as const;
 const dir = { type: 'string', value: 'DIR', help: 'read the records in DIR instead of this user\'s default (see ENVIRONMENT in cuda-ipc --help)' } as const;
-const NO_GPU = '0 also when there is no usable GPU here: the command prints why (the CUDA samples\' convention).';
+const NO_GPU = 'Without a usable GPU it prints why and exits 0 (the CUDA samples\' convention), so scripts can tell "not here" from "failed".';
 
 export const commands: readonly CommandSpec[] = [
   {
@@ -93,6 +93,7 @@ export const commands: readonly CommandSpec[] = [
     },
     positionals: [],
     examples: ['cuda-ipc produce --out handle.json', 'cuda-ipc produce --out /tmp/h.json --elements 1000 --timeout 60'],
+    exitNotes: NO_GPU,
     async run(args) {
       return (await import('./produce.js')).produce(args);
     },
@@ -106,6 +107,7 @@ export const commands: readonly CommandSpec[] = [
     options: { timeout: { type: 'string', value: 'SECONDS', help: 'how long to wait for FILE to appear (default 60)' } },
     positionals: [{ name: 'FILE', required: true, help: 'give the descriptor file the producer writes, e.g. cuda-ipc consume handle.json' }],
     examples: ['cuda-ipc consume handle.json', 'cuda-ipc consume /tmp/h.json --timeout 10'],
+    exitNotes: NO_GPU,
     async run(args) {
       return (await import('./consume.js')).consume(args);
     },
