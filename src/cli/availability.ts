@@ -3,12 +3,30 @@
 // here" from "failed".
 import { probeDriver } from '../cuda/driver.js';
 import { Device } from '../cuda/device.js';
+import { UsageError } from './args.js';
 
 export interface GpuNeeds {
   /** IPC memory pools shared through POSIX file descriptors. */
   pools?: boolean;
   /** Interprocess events. */
   ipcEvents?: boolean;
+}
+
+/**
+ * A --device ordinal beyond the devices this machine has is a usage error (2), where a machine
+ * with no GPU at all is not (the command explains and exits 0).
+ */
+export function checkDeviceOrdinal(ordinal: number, option = '--device'): void {
+  if (!probeDriver().ok) return;
+  let count: number;
+  try {
+    count = Device.all().length;
+  } catch {
+    return; // whyNoGpu() reports it
+  }
+  if (count > 0 && ordinal >= count) {
+    throw new UsageError(`${option} ${ordinal}: there is no device ${ordinal}; this machine has ${count} (${option} 0${count > 1 ? ` to ${count - 1}` : ''}; see cuda-ipc info)`);
+  }
 }
 
 /** Why device `ordinal` cannot serve `needs` here, or undefined when it can. */

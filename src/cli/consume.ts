@@ -1,18 +1,20 @@
 // `cuda-ipc consume FILE`: open the producer's descriptor, verify every element, double them in
 // place, close, and signal the producer.
-import { parseArgs } from 'node:util';
 import { openIpcArray } from '../ipc/array.js';
-import { writeFileAtomic, waitForFile, parseSeconds } from './files.js';
+import { writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
+import { secondsOption, type ParsedArgs } from './args.js';
+import { whyNoGpu } from './availability.js';
 import { findMismatch, firstFive } from './pattern.js';
 
-export async function consume(argv: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({ args: argv, allowPositionals: true, options: { timeout: { type: 'string' } } });
-  const file = positionals[0];
-  if (!file) {
-    console.error('cuda-ipc consume: give the descriptor file the producer writes, e.g. cuda-ipc consume handle.json');
-    return 2;
+export async function consume(args: ParsedArgs): Promise<number> {
+  const file = args.positionals[0]!; // required by the parser
+  const timeoutMs = secondsOption(args, 'timeout', 60);
+  checkFileArgument(file, 'FILE', `cuda-ipc consume ${file.replace(/\/+$/, '')}/handle.json`, { writes: true });
+  const why = whyNoGpu(0);
+  if (why !== undefined) {
+    console.log(`consume: skipped, no usable GPU here: ${why}`);
+    return 0;
   }
-  const timeoutMs = parseSeconds(values.timeout, 60, '--timeout');
   const ack = (ok: boolean, message?: string) => writeFileAtomic(`${file}.done`, JSON.stringify({ ok, pid: process.pid, message }) + '\n');
 
   const text = await waitForFile(file, timeoutMs, `start the producer first (cuda-ipc produce --out ${file}), or raise --timeout`);

@@ -4,14 +4,13 @@
 //  transform: the parent writes 100 + i with a kernel; a child doubles the values in place with a
 //             kernel on the shared memory; the parent verifies 200 + 2i.
 //  tensors:   a producer sends nine buffers and drops each at once; the consumer reads them later.
-import { parseArgs } from 'node:util';
 import { Device } from '../cuda/device.js';
 import { Stream } from '../cuda/stream.js';
 import { Event } from '../cuda/event.js';
 import { BuiltinKernels } from '../cuda/builtins.js';
 import { spawn } from '../link/index.js';
-import { parseCount, parseOrdinal } from './files.js';
-import { whyNoGpu } from './availability.js';
+import { countOption, ordinalOption, UsageError, type ParsedArgs } from './args.js';
+import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 
 const FORK_NOTE = 'The original example used fork(); CUDA does not survive fork() once initialised, so the child is spawned and gets the memory over a link.';
 
@@ -110,17 +109,22 @@ async function tensors(device: Device, count: number): Promise<number> {
   return 0;
 }
 
-export async function demo(argv: string[]): Promise<number> {
-  const { values, positionals } = parseArgs({
-    args: argv, allowPositionals: true,
-    options: { device: { type: 'string' }, elements: { type: 'string' }, ms: { type: 'string' }, count: { type: 'string' } },
-  });
-  const mode = positionals[0];
-  if (mode !== 'events' && mode !== 'transform' && mode !== 'tensors') {
-    console.error(`cuda-ipc demo: choose 'events', 'transform' or 'tensors' (got ${mode ?? 'nothing'})`);
-    return 2;
+/** Which option belongs to which mode. */
+const MODE_OPTIONS = { events: 'ms', transform: 'elements', tensors: 'count' } as const;
+
+export async function demo(args: ParsedArgs): Promise<number> {
+  const mode = args.positionals[0] as keyof typeof MODE_OPTIONS; // a choice checked by the parser
+  for (const [other, option] of Object.entries(MODE_OPTIONS)) {
+    if (other !== mode && args.values[option] !== undefined) {
+      throw new UsageError(`--${option} is for 'demo ${other}', not 'demo ${mode}'`);
+    }
   }
-  const ordinal = parseOrdinal(values.device, '--device');
+  // Checked before the GPU is looked for: a bad value is a usage error everywhere.
+  const ordinal = ordinalOption(args, 'device');
+  const ms = countOption(args, 'ms', 500);
+  const elements = countOption(args, 'elements', 1 << 20);
+  const count = countOption(args, 'count', 9);
+  checkDeviceOrdinal(ordinal);
   // Every demo shares device memory; without a usable GPU there is nothing to show, which is
   // not a failure (exit 0 with the reason, like `roundtrip` and `info`).
   const why = whyNoGpu(ordinal, mode === 'events' ? { ipcEvents: true } : { pools: true });
@@ -130,8 +134,8 @@ export async function demo(argv: string[]): Promise<number> {
   }
   const device = Device.get(ordinal);
   switch (mode) {
-    case 'events': return events(device, parseCount(values.ms, 500, '--ms'));
-    case 'transform': return transform(device, parseCount(values.elements, 1 << 20, '--elements'));
-    case 'tensors': return tensors(device, parseCount(values.count, 9, '--count'));
+    case 'events': return events(device, ms);
+    case 'transform': return transform(device, elements);
+    case 'tensors': return tensors(device, count);
   }
 }

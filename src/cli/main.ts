@@ -1,61 +1,69 @@
 #!/usr/bin/env node
-// The `cuda-ipc` command.
-import { parseArgs } from 'node:util';
-import { collectInfo, formatInfo } from './info.js';
+// The `cuda-ipc` command. Exit status: 0 success, 1 the command failed, 2 usage error.
+import { closest, parseArgv, UsageError, wantsHelp } from './args.js';
+import { commands, findCommand } from './commands.js';
+import { commandHelp, mainHelp, packageVersion } from './help.js';
 
-const USAGE = `usage: cuda-ipc <command> [options]
+const EXIT_OK = 0;
+const EXIT_FAILED = 1;
+const EXIT_USAGE = 2;
 
-commands:
-  info [--json]                         devices, capabilities and driver
-  produce --out FILE [options]          allocate, fill a pattern, write a descriptor, wait
-  consume FILE [options]                open a descriptor, verify, double in place, signal
-  roundtrip [--elements N] [--device D] hand a buffer to a child process and back
-  demo events [--ms T]                  a child waits on the parent's kernel through an IPC event
-  demo transform [--elements N]         a child doubles shared values with a kernel
-  demo tensors [--count N]              a producer drops buffers it sent; the consumer still reads them
-  help                                  this text`;
+function usageError(where: string, message: string, helpCommand: string, what = 'the options and an example'): number {
+  console.error(`${where}: ${message}`);
+  console.error(`Run '${helpCommand}' for ${what}.`);
+  return EXIT_USAGE;
+}
 
-type Command = (argv: string[]) => Promise<number> | number;
+function unknownCommand(name: string): number {
+  const guess = closest(name, commands.map((c) => c.name));
+  return usageError(
+    'cuda-ipc',
+    `unknown command '${name}'${guess ? `; did you mean '${guess}'?` : ''} (commands: ${commands.map((c) => c.name).join(', ')})`,
+    'cuda-ipc --help',
+    'the commands',
+  );
+}
 
-const commands: Record<string, Command> = {
-  info(argv) {
-    const { values } = parseArgs({ args: argv, options: { json: { type: 'boolean', default: false } } });
-    const report = collectInfo();
-    console.log(values.json ? JSON.stringify(report, null, 2) : formatInfo(report));
-    return 0;
-  },
-  async produce(argv) {
-    return (await import('./produce.js')).produce(argv);
-  },
-  async consume(argv) {
-    return (await import('./consume.js')).consume(argv);
-  },
-  async roundtrip(argv) {
-    return (await import('./roundtrip.js')).roundtrip(argv);
-  },
-  async demo(argv) {
-    return (await import('./demo.js')).demo(argv);
-  },
-  help() {
-    console.log(USAGE);
-    return 0;
-  },
-};
-
-async function main(): Promise<number> {
-  const [name, ...rest] = process.argv.slice(2);
-  const command = commands[name ?? 'help'];
-  if (!command) {
-    console.error(`cuda-ipc: unknown command '${name}'\n\n${USAGE}`);
-    return 2;
+async function main(argv: string[]): Promise<number> {
+  const [name, ...rest] = argv;
+  if (name === undefined || name === '--help' || name === '-h') {
+    console.log(mainHelp(commands));
+    return EXIT_OK;
+  }
+  if (name === '--version' || name === '-v' || name === 'version') {
+    console.log(packageVersion());
+    return EXIT_OK;
+  }
+  if (name === 'help') {
+    if (rest.length === 0) {
+      console.log(mainHelp(commands));
+      return EXIT_OK;
+    }
+    const c = findCommand(rest[0]!);
+    if (!c) return unknownCommand(rest[0]!);
+    if (rest.length > 1) return usageError('cuda-ipc help', `unexpected argument '${rest[1]}': help takes one COMMAND`, 'cuda-ipc --help', 'the commands');
+    console.log(commandHelp(c));
+    return EXIT_OK;
+  }
+  if (name.startsWith('-')) {
+    return usageError('cuda-ipc', `unknown option '${name}' before the command; global options are --help and --version`, 'cuda-ipc --help', 'the commands');
+  }
+  const command = findCommand(name);
+  if (!command) return unknownCommand(name);
+  if (wantsHelp(rest)) {
+    console.log(commandHelp(command));
+    return EXIT_OK;
   }
   try {
-    return await command(rest);
+    return await command.run(parseArgv(command.name, command, rest));
   } catch (e) {
+    if (e instanceof UsageError) return usageError(`cuda-ipc ${name}`, e.message, `cuda-ipc ${name} --help`);
     const err = e as Error & { code?: string };
-    console.error(`cuda-ipc ${name}: ${err.code ? `[${err.code}] ` : ''}${err.message}`);
-    return 1;
+    console.error(`cuda-ipc ${name}: ${err.code ? `[${err.code}] ` : ''}${err.message ?? String(e)}`);
+    return EXIT_FAILED;
   }
 }
 
-main().then((code) => { process.exitCode = code; });
+main(process.argv.slice(2)).then((code) => {
+  process.exitCode = code;
+});

@@ -1,27 +1,28 @@
 // `cuda-ipc produce --out FILE`: allocate, fill a known pattern, write the descriptor, wait for a
 // consumer to double the values, verify them.
-import { parseArgs } from 'node:util';
 import { rmSync } from 'node:fs';
 import { Device } from '../cuda/device.js';
 import { DeviceArray } from '../ipc/array.js';
 import { descriptorToJson } from '../ipc/descriptor.js';
-import { writeFileAtomic, waitForFile, parseSeconds, parseCount, parseOrdinal } from './files.js';
+import { writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
+import { countOption, ordinalOption, secondsOption, stringValue, type ParsedArgs } from './args.js';
+import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive } from './pattern.js';
 
-export async function produce(argv: string[]): Promise<number> {
-  const { values } = parseArgs({
-    args: argv,
-    options: { out: { type: 'string' }, elements: { type: 'string' }, device: { type: 'string' }, timeout: { type: 'string' } },
-  });
-  if (!values.out) {
-    console.error('cuda-ipc produce: --out FILE is required (where to write the descriptor)');
-    return 2;
-  }
-  const out = values.out;
+export async function produce(args: ParsedArgs): Promise<number> {
+  const out = stringValue(args, 'out')!; // required by the parser
   const doneFile = `${out}.done`;
-  const n = parseCount(values.elements, 1 << 20, '--elements');
-  const timeoutMs = parseSeconds(values.timeout, 600, '--timeout');
-  const device = Device.get(parseOrdinal(values.device, '--device'));
+  const n = countOption(args, 'elements', 1 << 20);
+  const timeoutMs = secondsOption(args, 'timeout', 600);
+  const ordinal = ordinalOption(args, 'device');
+  checkFileArgument(out, '--out', `--out ${out.replace(/\/+$/, '')}/handle.json`, { writes: true });
+  checkDeviceOrdinal(ordinal);
+  const why = whyNoGpu(ordinal);
+  if (why !== undefined) {
+    console.log(`produce: skipped, no usable GPU here: ${why}`);
+    return 0;
+  }
+  const device = Device.get(ordinal);
 
   rmSync(doneFile, { force: true });
   using array = DeviceArray.allocate('float32', [n], { device });

@@ -1,14 +1,13 @@
 // `cuda-ipc roundtrip`: hand a buffer from an IPC pool to a spawned child and back. The parent
 // fills 100, 101, ...; the child verifies and writes 0, -1, -2, ...; the parent verifies.
 // Where CUDA IPC is not available it says why and runs the same round trip on host shared memory.
-import { parseArgs } from 'node:util';
 import { Device } from '../cuda/device.js';
 import { Stream } from '../cuda/stream.js';
 import { IpcPool } from '../ipc/pool.js';
 import { HostBuffer } from '../host/index.js';
 import { spawn } from '../link/index.js';
-import { parseCount, parseOrdinal } from './files.js';
-import { whyNoGpu } from './availability.js';
+import { countOption, ordinalOption, type ParsedArgs } from './args.js';
+import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { devicePatternMemory, hostPatternMemory, type PatternMemory } from './roundtrip-memory.js';
 
 interface ChildReport { ok: boolean; mismatches?: number; message?: string }
@@ -37,11 +36,11 @@ async function exchange(transfer: unknown, elements: number, mine: PatternMemory
   }
 }
 
-export async function roundtrip(argv: string[]): Promise<number> {
-  const { values } = parseArgs({ args: argv, options: { elements: { type: 'string' }, device: { type: 'string' } } });
-  const elements = parseCount(values.elements, 1024, '--elements');
-  const ordinal = parseOrdinal(values.device, '--device');
+export async function roundtrip(args: ParsedArgs): Promise<number> {
+  const elements = countOption(args, 'elements', 1024);
+  const ordinal = ordinalOption(args, 'device');
   const bytes = elements * 4;
+  checkDeviceOrdinal(ordinal);
 
   const why = whyNoGpu(ordinal, { pools: true });
   if (why !== undefined) {

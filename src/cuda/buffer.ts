@@ -6,6 +6,7 @@ import { Device } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
 import { trackLeak, untrackLeak } from '../leak.js';
+import { noteChange } from '../observe/hooks.js';
 
 export type MemoryKind = 'device' | 'legacy-import' | 'pool' | 'pool-import';
 
@@ -25,6 +26,7 @@ const liveMemory = new Set<SharedMemory>();
 export interface DeviceMemoryStats {
   /** Allocations of this process (plain or pool) that are alive. */
   allocations: number;
+  allocatedBytes: number;
   /** Of those, how many peers hold through leases, and the bytes they keep alive. */
   leased: number;
   leasedBytes: number;
@@ -36,7 +38,7 @@ export interface DeviceMemoryStats {
 }
 
 export function deviceMemoryStats(): DeviceMemoryStats {
-  const s: DeviceMemoryStats = { allocations: 0, leased: 0, leasedBytes: 0, heldBytes: 0, imports: 0, importedBytes: 0 };
+  const s: DeviceMemoryStats = { allocations: 0, allocatedBytes: 0, leased: 0, leasedBytes: 0, heldBytes: 0, imports: 0, importedBytes: 0 };
   for (const m of liveMemory) {
     const bytes = m.owner.byteLength;
     if (m.owner.kind === 'legacy-import' || m.owner.kind === 'pool-import') {
@@ -45,6 +47,7 @@ export function deviceMemoryStats(): DeviceMemoryStats {
       continue;
     }
     s.allocations++;
+    s.allocatedBytes += bytes;
     if (m.leases > 0) {
       s.leased++;
       s.leasedBytes += bytes;
@@ -73,6 +76,7 @@ export class SharedMemory {
 
   constructor(readonly owner: MemoryOwner) {
     liveMemory.add(this);
+    noteChange(); // for `cuda-ipc status`
   }
 
   acquire(): void { this.refs++; }
@@ -112,6 +116,7 @@ export class SharedMemory {
   #release(): void {
     this.released = true;
     liveMemory.delete(this);
+    noteChange();
     try {
       for (const hook of this.beforeRelease.splice(0)) hook();
       this.owner.device.activate();

@@ -11,6 +11,7 @@
 // in one tick go back to the sender batched in RELEASE frames.
 import { MAX_RELEASE_IDS } from './frame.js';
 import type { Link } from './link.js';
+import { noteChange } from '../observe/hooks.js';
 
 /** The sender-side resource a lease keeps alive (TransferEncoding.hold). */
 export interface LeaseHold {
@@ -96,6 +97,7 @@ export class OutgoingLeases {
     if (this.#holds.size === 0) withLeases.add(this);
     this.#holds.set(id, hold);
     this.#bytes += hold.bytes ?? 0;
+    noteChange(); // for `cuda-ipc status`: a flag test
   }
 
   /**
@@ -114,6 +116,7 @@ export class OutgoingLeases {
       }
       releaseHold(hold);
     }
+    noteChange();
     return undefined;
   }
 
@@ -198,12 +201,14 @@ export class IncomingLeases {
   /** The receiving side of lease `id`, which the codec has checked is not live already. */
   open(id: number): ReceivedLease {
     this.#live.add(id);
+    noteChange();
     return new LeaseFromPeer(this, id);
   }
 
   /** @internal Called by ReceivedLease.end(). */
   end(id: number): void {
     if (!this.#live.delete(id) || this.#closed) return;
+    noteChange();
     this.#pending.push(id);
     if (!this.#scheduled) {
       this.#scheduled = true;

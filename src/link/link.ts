@@ -19,6 +19,7 @@ import {
 import { closeFds, readPayload, type InboundContext, type InboundFrame, type ReceivedMessage } from './inbound.js';
 import { IncomingLeases, OutgoingLeases, releaseHold, type LeaseCounts } from './lease.js';
 import { Queue } from './queue.js';
+import { observeLink } from '../observe/hooks.js';
 
 /** Who is on the other end, as the kernel reports it. */
 export interface PeerCredentials {
@@ -165,6 +166,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       this.#sock.close();
       throw e;
     }
+    observeLink(this, this.#leasesIn); // listed by `cuda-ipc status` until it closes
     if (setup.handshakeTimeoutMs !== undefined) {
       this.#handshakeTimer = setTimeout(() => {
         this.#shutdown(

@@ -18,9 +18,9 @@ test('roundtrip without a GPU runs on host shared memory, says why, and exits 0'
   }
 });
 
-test('roundtrip rejects a bad element count with a clear message', () => {
+test('roundtrip rejects a bad element count with a clear message (a usage error: 2)', () => {
   const r = spawnSync(process.execPath, [cli, 'roundtrip', '--elements', 'many'], { encoding: 'utf8' });
-  assert.equal(r.status, 1);
+  assert.equal(r.status, 2);
   assert.match(r.stderr, /--elements must be a positive integer, got 'many'/);
 });
 
@@ -35,5 +35,8 @@ test('every demo without a GPU prints why and exits 0', { skip: hasGpu ? 'a GPU 
 test('demo with no or an unknown mode is a usage error', () => {
   const r = spawnSync(process.execPath, [cli, 'demo', 'fireworks'], { encoding: 'utf8' });
   assert.equal(r.status, 2);
-  assert.match(r.stderr, /choose 'events', 'transform' or 'tensors' \(got fireworks\)/);
+  assert.match(r.stderr, /MODE must be one of 'events', 'transform', 'tensors'; got 'fireworks'/);
+  const none = spawnSync(process.execPath, [cli, 'demo'], { encoding: 'utf8' });
+  assert.equal(none.status, 2);
+  assert.match(none.stderr, /missing MODE: choose 'events', 'transform' or 'tensors'/);
 });

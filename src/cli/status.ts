@@ -1,0 +1,111 @@
+// `cuda-ipc status`: who holds what, across the processes of this user that use cuda-ipc.
+import { statSync } from 'node:fs';
+import { basename } from 'node:path';
+import { collectStatus, type PeerShare, type ProcessStatus, type StatusSnapshot } from '../observe/reader.js';
+import type { ChannelStatus } from '../observe/hooks.js';
+import { stringValue, UsageError, type ParsedArgs } from './args.js';
+
+export function formatBytes(n: number): string {
+  if (n < 1024) return `${n} B`;
+  const units = ['KiB', 'MiB', 'GiB', 'TiB'];
+  let v = n / 1024;
+  let u = 0;
+  while (v >= 1024 && u < units.length - 1) {
+    v /= 1024;
+    u++;
+  }
+  return `${v >= 100 ? v.toFixed(0) : v.toFixed(1)} ${units[u]}`;
+}
+
+const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? one : many}`;
+
+/** `node dist/app.js --x`: the executable's base name, then the arguments as given. */
+export function commandLine(argv: readonly string[]): string {
+  if (argv.length === 0) return '?';
+  return [basename(argv[0]!), ...argv.slice(1)].join(' ');
+}
+
+function share(s: PeerShare): string {
+  return `pid ${s.pid}: ${plural(s.count, 'lease')}${s.bytes === null ? ' (size unknown: that process publishes no record)' : `, ${formatBytes(s.bytes)}`}`;
+}
+
+function channelLines(c: ChannelStatus): string[] {
+  const s = c.slots;
+  const total = s.free + (s.writing ?? 0) + s.published + s.taken;
+  const states = [`${s.free} free`, ...(s.writing !== undefined ? [`${s.writing} writing`] : []), `${s.published} published`, `${s.taken} taken`];
+  const lines = [`${c.id}: ${c.role}${c.topology ? `, ${c.topology}` : ''}, ${c.memory} memory, ${total} x ${formatBytes(c.slotBytes)}: ${states.join(', ')}`];
+  if (c.peers.length) lines.push(`  peers: ${c.peers.map((p) => `pid ${p.pid} ${p.role} ${p.state}`).join(', ')}`);
+  return lines;
+}
+
+/** The lines of one process: a title, then labelled rows (empty ones left out). */
+export function processLines(p: ProcessStatus): string[] {
+  const rows: Array<[string, string[]]> = [];
+  const d = p.device;
+  const device: string[] = [];
+  if (d.allocations > 0) {
+    let line = `${plural(d.allocations, 'allocation')}, ${formatBytes(d.allocatedBytes ?? 0)}`;
+    if (d.leased > 0) line += `; peers lease ${d.leased} of them (${formatBytes(d.leasedBytes)})`;
+    if (d.heldBytes > 0) line += `, ${formatBytes(d.heldBytes)} kept only for peers`;
+    device.push(line);
+  }
+  if (d.imports > 0) device.push(`mapped from other processes: ${plural(d.imports, 'allocation')}, ${formatBytes(d.importedBytes)}`);
+  if (device.length) rows.push(['device', device]);
+  if (p.leasedTo.length) rows.push(['leased to', p.leasedTo.map(share)]);
+  if (p.importedFrom.length) rows.push(['holds from', p.importedFrom.map(share)]);
+  if (p.links.length) {
+    const links = p.links.map((l) => `#${l.id} ${l.peerPid ? `pid ${l.peerPid}` : 'peer not known yet'} ${l.state}`);
+    rows.push(['links', [`${p.links.length} open: ${links.join(', ')}`]]);
+  }
+  for (const c of p.channels) rows.push(['channel', channelLines(c)]);
+  const cache = p.importCache;
+  if (cache.mappings > 0 || cache.exports > 0) {
+    rows.push(['legacy IPC', [`${plural(cache.exports, 'export')}; import cache: ${plural(cache.mappings, 'mapping')} (${cache.idle} idle of at most ${cache.idleLimit})`]]);
+  }
+  if (rows.length === 0) rows.push(['shares', ['nothing now']]);
+  rows.push(['fds', [`${p.openFds} open`]]);
+  const w = Math.max(...rows.map(([k]) => k.length));
+  const age = p.ageMs < 1000 ? 'just now' : `${(p.ageMs / 1000).toFixed(p.ageMs < 10_000 ? 1 : 0)} s ago`;
+  const out = [`pid ${p.pid}  ${commandLine(p.argv)}   (last change ${age})`];
+  for (const [k, lines] of rows) {
+    lines.forEach((line, i) => out.push(`  ${(i === 0 ? k : '').padEnd(w)}  ${line}`));
+  }
+  return out;
+}
+
+export function formatStatus(s: StatusSnapshot): string[] {
+  const out: string[] = [];
+  const n = s.processes.length;
+  out.push(n === 0
+    ? `No process of this user publishes a cuda-ipc status record (records: ${s.directory}).`
+    : `${plural(n, 'process', 'processes')} using cuda-ipc (records: ${s.directory})`);
+  if (n === 0) out.push('Processes publish one while they have links or device memory, unless CUDA_IPC_STATUS=0.');
+  for (const p of s.processes) out.push('', ...processLines(p));
+  if (s.stale.length) {
+    const shown = s.stale.slice(0, 10).map((p) => `pid ${p}`).join(', ');
+    const more = s.stale.length > 10 ? ` and ${s.stale.length - 10} more` : '';
+    out.push('', `Removed the records of ${plural(s.stale.length, 'process', 'processes')} that are gone (killed or crashed): ${shown}${more}.`);
+  }
+  for (const u of s.unreadable) out.push('', `Could not use the record ${u.file}: ${u.reason}.`);
+  return out;
+}
+
+/** The `--dir` a user gave, checked; undefined for the default. */
+export function directoryOption(args: ParsedArgs): string | undefined {
+  const dir = stringValue(args, 'dir');
+  if (dir === undefined) return undefined;
+  let isDir = false;
+  try {
+    isDir = statSync(dir).isDirectory();
+  } catch {
+    // reported below
+  }
+  if (!isDir) throw new UsageError(`--dir ${dir} is not a directory; give the folder that holds the records (by default the status/ folder of the socket directory)`);
+  return dir;
+}
+
+export function status(args: ParsedArgs): number {
+  const snapshot = collectStatus({ directory: directoryOption(args) });
+  console.log(args.values.json ? JSON.stringify(snapshot, null, 2) : formatStatus(snapshot).join('\n'));
+  return 0;
+}

@@ -1,0 +1,195 @@
+// Writes this process's status record (record.ts) when what it shares changes: hooks.ts sets a
+// flag and asks for a write; a write happens 20 ms after the first change (so a burst is one
+// write) and at most every 250 ms, on an unref'd timer that never keeps the process alive. The
+// file is replaced atomically (write a temporary, rename), so a reader never sees half of it, and
+// removed when the process exits. A process that dies without exiting (SIGKILL, a crash) leaves
+// its record behind: readers see that its pid is gone and remove it (reader.ts).
+// Imports: only modules whose bindings it uses inside functions (buffer.ts imports hooks.ts,
+// which imports this), never legacy.ts or stats.ts, whose top-level code needs buffer.ts done.
+import { mkdirSync, readdirSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { deviceMemoryStats } from '../cuda/buffer.js';
+import { driver } from '../cuda/driver.js';
+import { ensurePrivateDirectory } from '../link/socket-path.js';
+import { observedChannels, observedLinks, takeChange, type ChannelStatus, type StatusPublisher } from './hooks.js';
+import { RECORD_VERSION, defaultStatusDirectory, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
+
+const FIRST_DELAY_MS = 20;
+const MIN_INTERVAL_MS = 250;
+/** While channels are registered, their slot states are sampled this often. */
+const CHANNEL_SAMPLE_MS = 500;
+const MAX_ARGS = 32;
+const MAX_ARG_CHARS = 200;
+
+class Publisher implements StatusPublisher {
+  readonly #directory: string;
+  readonly #path: string;
+  readonly #tmp: string;
+  readonly #pid = process.pid;
+  readonly #startTime: string;
+  readonly #argv = process.argv.slice(0, MAX_ARGS).map((a) => (a.length > MAX_ARG_CHARS ? `${a.slice(0, MAX_ARG_CHARS)}...` : a));
+  #timer: NodeJS.Timeout | undefined;
+  #sampler: NodeJS.Timeout | undefined;
+  #lastWrite = 0;
+  #lastBody = '';
+  #written = false;
+  #stopped = false;
+  #removeOnExit = false;
+
+  constructor(directory: string, startTime: string) {
+    this.#directory = directory;
+    this.#startTime = startTime;
+    this.#path = join(directory, recordName(this.#pid, startTime));
+    this.#tmp = `${this.#path}.tmp`;
+  }
+
+  schedule(): void {
+    if (this.#stopped || this.#timer) return;
+    const delay = Math.max(FIRST_DELAY_MS, this.#lastWrite + MIN_INTERVAL_MS - Date.now());
+    this.#timer = setTimeout(this.#write, delay).unref();
+  }
+
+  readonly #write = (): void => {
+    this.#timer = undefined;
+    if (this.#stopped) return;
+    takeChange();
+    const record = this.#record();
+    const { updatedAt: _, ...rest } = record;
+    const body = JSON.stringify(rest);
+    this.#manageSampler();
+    // A handshake completes without any other change: look again until the peer is known.
+    if (record.links.some((l) => l.state === 'handshaking')) this.schedule();
+    if (body === this.#lastBody && this.#written) return;
+    const text = JSON.stringify(record) + '\n';
+    try {
+      this.#writeFile(text);
+    } catch (e) {
+      if ((e as { code?: string }).code !== 'ENOENT') return this.#stop(e);
+      // The folder went away (a temp-directory cleaner): make it again, once. If even the
+      // directory above the socket directory is gone, no one can be reading records there.
+      try {
+        this.prepare();
+        this.#writeFile(text);
+      } catch (e2) {
+        return this.#stop(e2, (e2 as { code?: string }).code === 'ENOENT');
+      }
+    }
+    this.#lastBody = body;
+    this.#written = true;
+    this.#lastWrite = Date.now();
+  };
+
+  #writeFile(text: string): void {
+    writeFileSync(this.#tmp, text, { mode: 0o600 });
+    renameSync(this.#tmp, this.#path);
+  }
+
+  /** Creates the folder (and the private socket directory) if needed; throws if unsafe. */
+  prepare(): void {
+    ensurePrivateDirectory(dirname(this.#directory));
+    try {
+      mkdirSync(this.#directory, { mode: 0o700 });
+    } catch (e) {
+      if ((e as { code?: string }).code !== 'EEXIST') throw e;
+    }
+    if (!this.#removeOnExit) {
+      this.#removeOnExit = true;
+      process.on('exit', this.#remove);
+      // Records of killed processes wait for a reader; each new publisher sweeps them too, so
+      // they never pile up where no one runs `cuda-ipc status`. One readdir, once.
+      removeStaleRecords(this.#directory);
+    }
+  }
+
+  #record(): StatusRecord {
+    const links: LinkRecord[] = [];
+    let leaseCount = 0;
+    let leaseBytes = 0;
+    for (const { link, received } of observedLinks()) {
+      let peerPid = 0;
+      try {
+        peerPid = link.peer.pid;
+      } catch {
+        // Not known before the handshake (the parent's end of a spawn).
+      }
+      const leased = link.leases;
+      leaseCount += leased.count;
+      leaseBytes += leased.bytes;
+      links.push({ id: link.id, peerPid, state: link.state, leasedToPeer: leased, receivedFromPeer: received });
+    }
+    const channels: ChannelStatus[] = [];
+    for (const source of observedChannels()) {
+      try {
+        channels.push(source.snapshot());
+      } catch {
+        // A channel closing right now: the next write no longer lists it.
+      }
+    }
+    return {
+      version: RECORD_VERSION,
+      pid: this.#pid,
+      startTime: this.#startTime,
+      argv: this.#argv,
+      updatedAt: Date.now(),
+      device: deviceMemoryStats(),
+      leases: { count: leaseCount, bytes: leaseBytes },
+      links,
+      channels,
+      importCache: driver.legacyCacheStats(),
+      openFds: readdirSync('/proc/self/fd').length - 1, // less the one readdir itself opened
+    };
+  }
+
+  #manageSampler(): void {
+    const want = observedChannels().size > 0;
+    if (want && !this.#sampler) {
+      this.#sampler = setInterval(() => this.schedule(), CHANNEL_SAMPLE_MS).unref();
+    } else if (!want && this.#sampler) {
+      clearInterval(this.#sampler);
+      this.#sampler = undefined;
+    }
+  }
+
+  #stop(e: unknown, quietly = false): void {
+    this.#stopped = true;
+    clearInterval(this.#sampler);
+    this.#remove();
+    if (quietly) return;
+    process.emitWarning(
+      `cuda-ipc could not write this process's status record in ${this.#directory} (${String((e as Error)?.message ?? e)}); ` +
+        '`cuda-ipc status` will not list it. Set CUDA_IPC_STATUS=0 to turn the records off.',
+      { code: 'CUDA_IPC_STATUS' },
+    );
+  }
+
+  readonly #remove = (): void => {
+    for (const p of [this.#path, this.#tmp]) {
+      try {
+        unlinkSync(p);
+      } catch {
+        // Never written, or already gone.
+      }
+    }
+  };
+}
+
+/** A publisher that does nothing, for a process that cannot write records (it said why once). */
+const inert: StatusPublisher = { schedule() {} };
+
+function warnOff(why: string): StatusPublisher {
+  process.emitWarning(`cuda-ipc status records are off for this process: ${why}. Set CUDA_IPC_STATUS=0 to turn them off quietly.`, { code: 'CUDA_IPC_STATUS' });
+  return inert;
+}
+
+/** Called once, by hooks.ts on the first change. */
+export function startPublisher(): StatusPublisher {
+  const startTime = processStartTime('self');
+  if (startTime === undefined) return warnOff('/proc/self/stat is not readable');
+  const p = new Publisher(defaultStatusDirectory(), startTime);
+  try {
+    p.prepare();
+  } catch (e) {
+    return warnOff(String((e as Error)?.message ?? e));
+  }
+  return p;
+}

@@ -1,0 +1,179 @@
+// Reads every status record of this user (record.ts) into one snapshot for `cuda-ipc status` and
+// `top`. Reading only reads: the publishers are never signalled or waited on. Records of
+// processes that are gone (killed, crashed: they could not remove their own) are recognised by
+// their pid and start time, and removed.
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { DeviceMemoryStats } from '../cuda/buffer.js';
+import type { ImportCacheStats } from '../ipc/legacy.js';
+import type { ChannelStatus } from './hooks.js';
+import { RECORD_VERSION, defaultStatusDirectory, isStale, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
+
+/** What one process holds of another's, or lends to it. */
+export interface PeerShare {
+  pid: number;
+  /** Leases (values sent and not yet released). */
+  count: number;
+  /** Bytes they keep alive; null when the other process publishes no record to tell. */
+  bytes: number | null;
+}
+
+export interface ProcessStatus {
+  pid: number;
+  /** The command line, as the process started (argv, shortened). */
+  argv: string[];
+  /** When its record was last written (ISO 8601), and how long ago in ms. */
+  updatedAt: string;
+  ageMs: number;
+  /** Its device memory: allocations, what peers lease of them, imports. */
+  device: DeviceMemoryStats;
+  /** Leases it granted, all peers together. */
+  leases: { count: number; bytes: number };
+  /** What each peer still holds of this process's memory (device and host), by peer pid. */
+  leasedTo: PeerShare[];
+  /** What this process holds of each peer's memory, by peer pid. */
+  importedFrom: PeerShare[];
+  links: LinkRecord[];
+  channels: ChannelStatus[];
+  importCache: ImportCacheStats;
+  /** Open file descriptors: counted now in /proc where readable, else as recorded. */
+  openFds: number;
+}
+
+export interface StatusSnapshot {
+  version: typeof RECORD_VERSION;
+  takenAt: string;
+  /** The folder the records were read from. */
+  directory: string;
+  processes: ProcessStatus[];
+  /** Pids whose records were left by processes that are gone (removed unless told not to). */
+  stale: number[];
+  /** Records that could not be used, and why. */
+  unreadable: Array<{ file: string; reason: string }>;
+}
+
+export interface CollectOptions {
+  /** Where the records are; default: the `status` folder of this user's socket directory. */
+  directory?: string;
+  /** Remove records of processes that are gone (default true). */
+  removeStale?: boolean;
+}
+
+function countFds(pid: number): number | undefined {
+  try {
+    return readdirSync(`/proc/${pid}/fd`).length;
+  } catch {
+    return undefined;
+  }
+}
+
+function isRecord(v: unknown): v is StatusRecord {
+  const r = v as StatusRecord;
+  return typeof r === 'object' && r !== null && r.version === RECORD_VERSION && Number.isSafeInteger(r.pid) &&
+    Array.isArray(r.links) && Array.isArray(r.channels) && typeof r.device === 'object' && Array.isArray(r.argv);
+}
+
+/** Reads the records in `directory`; see CollectOptions. */
+export function collectStatus(options: CollectOptions = {}): StatusSnapshot {
+  const directory = options.directory ?? defaultStatusDirectory();
+  const removeStale = options.removeStale ?? true;
+  const now = Date.now();
+  const snapshot: StatusSnapshot = { version: RECORD_VERSION, takenAt: new Date(now).toISOString(), directory, processes: [], stale: [], unreadable: [] };
+  let names: string[];
+  try {
+    names = readdirSync(directory).sort();
+  } catch (e) {
+    if ((e as { code?: string }).code === 'ENOENT') return snapshot; // nothing ever published here
+    throw e;
+  }
+  const records: StatusRecord[] = [];
+  if (removeStale) snapshot.stale = removeStaleRecords(directory, names);
+  for (const name of names) {
+    const s = isStale(name);
+    if (!s) continue;
+    if (s.stale) {
+      if (!removeStale && !s.temporary) snapshot.stale.push(s.pid);
+      continue;
+    }
+    if (s.temporary) continue; // a live writer's temporary file
+    const path = join(directory, name);
+    let text: string;
+    try {
+      text = readFileSync(path, 'utf8');
+    } catch (e) {
+      if ((e as { code?: string }).code === 'ENOENT') continue; // the process exited just now
+      snapshot.unreadable.push({ file: name, reason: (e as Error).message });
+      continue;
+    }
+    let parsed: unknown;
+    try {
+      parsed = JSON.parse(text);
+    } catch (e) {
+      snapshot.unreadable.push({ file: name, reason: `not JSON: ${(e as Error).message}` });
+      continue;
+    }
+    if (!isRecord(parsed)) {
+      const v = (parsed as { version?: unknown })?.version;
+      snapshot.unreadable.push({
+        file: name,
+        reason: v !== RECORD_VERSION ? `written by another version of cuda-ipc (record version ${String(v)}, this one reads ${RECORD_VERSION})` : 'not a status record',
+      });
+      continue;
+    }
+    records.push(parsed);
+  }
+  const byPid = new Map(records.map((r) => [r.pid, r]));
+  for (const r of records) {
+    snapshot.processes.push({
+      pid: r.pid,
+      argv: r.argv,
+      updatedAt: new Date(r.updatedAt).toISOString(),
+      ageMs: Math.max(0, now - r.updatedAt),
+      device: r.device,
+      leases: r.leases,
+      leasedTo: leasedTo(r),
+      importedFrom: importedFrom(r, byPid),
+      links: r.links,
+      channels: r.channels,
+      importCache: r.importCache,
+      openFds: countFds(r.pid) ?? r.openFds,
+    });
+  }
+  snapshot.processes.sort((a, b) => a.pid - b.pid);
+  return snapshot;
+}
+
+/** Sums `f` over the links of `r` by peer pid (links whose peer is not known yet are left out). */
+function byPeer(r: StatusRecord, f: (l: LinkRecord) => { count: number; bytes: number }): Map<number, { count: number; bytes: number }> {
+  const out = new Map<number, { count: number; bytes: number }>();
+  for (const l of r.links) {
+    if (l.peerPid === 0) continue;
+    const v = f(l);
+    const sum = out.get(l.peerPid) ?? { count: 0, bytes: 0 };
+    sum.count += v.count;
+    sum.bytes += v.bytes;
+    out.set(l.peerPid, sum);
+  }
+  return out;
+}
+
+function leasedTo(r: StatusRecord): PeerShare[] {
+  const out: PeerShare[] = [];
+  for (const [pid, v] of byPeer(r, (l) => l.leasedToPeer)) if (v.count > 0) out.push({ pid, ...v });
+  return out.sort((a, b) => a.pid - b.pid);
+}
+
+/**
+ * What `r` holds of each peer: the count from its own links (leases received and not ended); the
+ * bytes from the peer's record (what the peer leases to `r`), since only the lender knows sizes.
+ */
+function importedFrom(r: StatusRecord, byPid: ReadonlyMap<number, StatusRecord>): PeerShare[] {
+  const out: PeerShare[] = [];
+  for (const [pid, v] of byPeer(r, (l) => ({ count: l.receivedFromPeer, bytes: 0 }))) {
+    if (v.count === 0) continue;
+    const lender = byPid.get(pid);
+    const lent = lender ? byPeer(lender, (l) => l.leasedToPeer).get(r.pid) : undefined;
+    out.push({ pid, count: v.count, bytes: lender ? (lent?.bytes ?? 0) : null });
+  }
+  return out.sort((a, b) => a.pid - b.pid);
+}

@@ -1,0 +1,97 @@
+// The per-process status record: its format, where it lives, and how to tell a live process from
+// a dead one. One JSON file per process, `<pid>-<start time>.json`, in the `status` folder of
+// the private socket directory (see link/socket-path.ts). The start time is the process's
+// start in clock ticks since boot (/proc/<pid>/stat, field 22): with it in the name, a record of
+// a dead process is never mistaken for one of a new process that got the same pid.
+import { readdirSync, readFileSync, unlinkSync } from 'node:fs';
+import { join } from 'node:path';
+import { defaultSocketDirectory } from '../link/socket-path.js';
+import type { DeviceMemoryStats } from '../cuda/buffer.js';
+import type { ImportCacheStats } from '../ipc/legacy.js';
+import type { ChannelStatus } from './hooks.js';
+
+export const RECORD_VERSION = 1;
+
+/** One link of a process, as its record lists it. */
+export interface LinkRecord {
+  /** Link.id (unique in its process). */
+  id: number;
+  /** The process at the other end; 0 while the handshake runs. */
+  peerPid: number;
+  state: 'handshaking' | 'open' | 'closed';
+  /** Leases this process holds for the peer: what the peer still maps or uses. */
+  leasedToPeer: { count: number; bytes: number };
+  /** Leases the peer granted this process that are not ended: what this process uses of the peer's. */
+  receivedFromPeer: number;
+}
+
+export interface StatusRecord {
+  version: typeof RECORD_VERSION;
+  pid: number;
+  /** Clock ticks since boot at the process's start (/proc/<pid>/stat field 22), as text. */
+  startTime: string;
+  argv: string[];
+  /** When the record was written (ms since the epoch). */
+  updatedAt: number;
+  /** Device memory of the process: allocations (and what peers lease of them), imports. */
+  device: DeviceMemoryStats;
+  /** Leases granted to peers, all links together (device memory, host memory, pools, events). */
+  leases: { count: number; bytes: number };
+  links: LinkRecord[];
+  channels: ChannelStatus[];
+  importCache: ImportCacheStats;
+  /** Open file descriptors when the record was written. */
+  openFds: number;
+}
+
+/** The folder of the records: `<socket directory>/status`. */
+export function defaultStatusDirectory(): string {
+  return join(defaultSocketDirectory(), 'status');
+}
+
+export const recordName = (pid: number, startTime: string): string => `${pid}-${startTime}.json`;
+
+/** Matches a record's name, and the temporary names a writer renames from. */
+export const RECORD_NAME_RE = /^(\d+)-(\d+)\.json(\.tmp)?$/;
+
+/**
+ * The start time of process `pid` (field 22 of /proc/<pid>/stat), or undefined when there is no
+ * such process. The command name in field 2 may hold spaces and parentheses, so the fields are
+ * counted after its closing parenthesis.
+ */
+export function processStartTime(pid: number | 'self'): string | undefined {
+  let text: string;
+  try {
+    text = readFileSync(`/proc/${pid}/stat`, 'latin1');
+  } catch {
+    return undefined;
+  }
+  const fields = text.slice(text.lastIndexOf(')') + 2).split(' ');
+  // fields[0] is field 3 (state); field 22 is fields[19]. A zombie has exited: it holds nothing.
+  if (fields[0] === 'Z' || fields[0] === 'X') return undefined;
+  return fields[19];
+}
+
+/** Whether the record (or temporary) file `name` belongs to a process that is gone. */
+export function isStale(name: string): { pid: number; stale: boolean; temporary: boolean } | undefined {
+  const m = RECORD_NAME_RE.exec(name);
+  if (!m) return undefined;
+  const pid = Number(m[1]);
+  return { pid, stale: processStartTime(pid) !== m[2], temporary: m[3] !== undefined };
+}
+
+/** Removes the records (and temporaries) of processes that are gone; returns their pids. */
+export function removeStaleRecords(directory: string, names: readonly string[] = readdirSync(directory)): number[] {
+  const gone: number[] = [];
+  for (const name of names) {
+    const s = isStale(name);
+    if (!s?.stale) continue;
+    if (!s.temporary) gone.push(s.pid);
+    try {
+      unlinkSync(join(directory, name));
+    } catch {
+      // Another reader removed it first.
+    }
+  }
+  return gone;
+}
