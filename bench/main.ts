@@ -1,4 +1,4 @@
-// `npm run bench [-- --iterations N] [--json FILE] [--no-python] [--no-handoff] [--no-channels]`: the project's benchmarks as a
+// `npm run bench [-- --iterations N] [--json FILE] [--no-python] [--no-handoff] [--no-channels] [--no-peer]`: the project's benchmarks as a
 // table (median, p99, comparison with the reference measured in the same run), optionally JSON.
 import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
@@ -9,6 +9,7 @@ import { handoffBenchmarks } from './handoff.js';
 import { pythonHandoffRefs } from './python-refs.js';
 import { printTable, type Row, type Summary } from './stats.js';
 import { channelBenchmarks, channelRows, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
+import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
 
 const { values } = parseArgs({
   options: {
@@ -18,6 +19,7 @@ const { values } = parseArgs({
     'no-python': { type: 'boolean', default: false },
     'no-handoff': { type: 'boolean', default: false },
     'no-channels': { type: 'boolean', default: false },
+    'no-peer': { type: 'boolean', default: false },
   },
 });
 const iterations = Number(values.iterations);
@@ -64,11 +66,19 @@ if (!values['no-channels']) {
   if (t.kernel.length) printTable('Consumer kernel on shared slots (lower is better)', t.kernel);
 }
 
+// Peer access across GPUs: prints why it is skipped where there are not two.
+let peer: PeerResults | undefined;
+if (!values['no-peer']) {
+  peer = await peerBenchmarks({ python: !values['no-python'] });
+  printPeer(peer);
+}
+
 if (values.json) {
   writeFileSync(values.json, JSON.stringify({
     host: hostname(), node: process.version, device: device?.toJSON() ?? null, iterations, warmup,
     handoff: Object.fromEntries(ours), references: refs,
     channels: channels ? { targets: CHANNEL_TARGETS, ...channels } : null,
+    peer: peer ?? null,
   }, null, 2) + '\n');
   console.log(`\nwrote ${values.json}`);
 }

@@ -216,6 +216,15 @@ Napi::Value DeviceCanAccessPeer(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(info.Env(), can != 0);
 }
 
+// deviceGetP2PAttribute(attribute, srcDevice, dstDevice): the link from src to dst. The driver
+// refuses src == dst (CUDA_ERROR_INVALID_DEVICE); TypeScript never asks that.
+Napi::Value DeviceGetP2PAttribute(const Napi::CallbackInfo& info) {
+  int v = 0;
+  CU_CALL(info.Env(), cuDeviceGetP2PAttribute, &v, ArgI32(info, 0, "attribute"), ArgI32(info, 1, "srcDevice"),
+          ArgI32(info, 2, "dstDevice"));
+  return Napi::Number::New(info.Env(), v);
+}
+
 Napi::Value DevicePrimaryCtxRetain(const Napi::CallbackInfo& info) {
   CUcontext ctx = nullptr;
   CU_CALL(info.Env(), cuDevicePrimaryCtxRetain, &ctx, ArgI32(info, 0, "device"));
@@ -236,6 +245,16 @@ Napi::Value CtxGetCurrent(const Napi::CallbackInfo& info) {
   CUcontext ctx = nullptr;
   CU_CALL(info.Env(), cuCtxGetCurrent, &ctx);
   return HandleValue(info.Env(), ctx);
+}
+
+// ctxEnablePeerAccess(peerContext): lets the current context use memory of peerContext. Returns
+// true when enabled now, false when it already was (CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED).
+Napi::Value CtxEnablePeerAccess(const Napi::CallbackInfo& info) {
+  CUresult r;
+  CU_CALL_STATUS(info.Env(), r, cuCtxEnablePeerAccess, ArgHandle<CUcontext>(info, 0, "peerContext"), 0);
+  if (r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED) return Napi::Boolean::New(info.Env(), false);
+  if (r != CUDA_SUCCESS) ThrowCuda(info.Env(), r, "cuCtxEnablePeerAccess");
+  return Napi::Boolean::New(info.Env(), true);
 }
 
 Napi::Value CtxSynchronize(const Napi::CallbackInfo& info) {
@@ -389,10 +408,14 @@ Napi::Value MemsetD32Async(const Napi::CallbackInfo& info) {
 // Legacy IPC handles, with the process-wide import cache and table of local exports.
 //
 // The driver refuses to open a handle in the process that exported it, and every thread of a
-// process shares one address space, so both tables are process-wide, keyed by the handle bytes.
+// process shares one address space, so both tables are process-wide. Exports are keyed by the
+// handle bytes; imports by the handle bytes and the context they were opened in, because
+// cuIpcOpenMemHandle maps into the current context: a process working on two GPUs may map one
+// allocation once for each.
 
 struct LegacyImport {
   CUdeviceptr ptr;
+  CUcontext ctx;     // the importing context: the mapping is closed there
   uint32_t refs;
   uint64_t lastUse;  // for evicting the least recently used idle mapping
 };
@@ -408,6 +431,27 @@ std::string HandleKey(const Napi::CallbackInfo& info, size_t i) {
   return std::string(h, sizeof(h));
 }
 
+// The import key: the handle bytes, then the context's address.
+std::string ImportKey(const std::string& handleKey, CUcontext ctx) {
+  uintptr_t c = reinterpret_cast<uintptr_t>(ctx);
+  return handleKey + std::string(reinterpret_cast<const char*>(&c), sizeof(c));
+}
+
+// Closes a mapping in the context it was opened in, restoring the caller's current context.
+CUresult CloseImport(const LegacyImport& m) {
+  if (!g_driver.cuIpcCloseMemHandle || !g_driver.cuCtxGetCurrent || !g_driver.cuCtxSetCurrent) return CUDA_SUCCESS;
+  CUcontext current = nullptr;
+  CUresult r = g_driver.cuCtxGetCurrent(&current);
+  if (r != CUDA_SUCCESS) return r;
+  if (current != m.ctx && (r = g_driver.cuCtxSetCurrent(m.ctx)) != CUDA_SUCCESS) return r;
+  r = g_driver.cuIpcCloseMemHandle(m.ptr);
+  if (current != m.ctx) {
+    CUresult back = g_driver.cuCtxSetCurrent(current);
+    if (r == CUDA_SUCCESS) r = back;
+  }
+  return r;
+}
+
 // Closes idle mappings, least recently used first, until at most `keep` remain. Caller holds the
 // mutex. Returns the first failure, after trying them all.
 CUresult TrimIdleLocked(uint32_t keep) {
@@ -421,9 +465,9 @@ CUresult TrimIdleLocked(uint32_t keep) {
       if (victim == g_legacyImports.end() || it->second.lastUse < victim->second.lastUse) victim = it;
     }
     if (idle <= keep || victim == g_legacyImports.end()) return first;
-    CUdeviceptr p = victim->second.ptr;
+    LegacyImport m = victim->second;
     g_legacyImports.erase(victim);
-    CUresult r = g_driver.cuIpcCloseMemHandle ? g_driver.cuIpcCloseMemHandle(p) : CUDA_SUCCESS;
+    CUresult r = CloseImport(m);
     if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = r;
   }
 }
@@ -463,16 +507,20 @@ Napi::Value LegacyExportUnregister(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// Maps the allocation behind `handle` once per process: returns [base, local] where local is true
-// when this process exported it (no mapping made). The cache is keyed by the handle's 64 bytes,
-// so a handle the exporter made for a new allocation at a reused address never matches an old
-// entry. The caller's thread must have the target device's context current.
+// legacyImportAcquire(handle, context): maps the allocation behind `handle` once per process and
+// context: returns [base, local] where local is true when this process exported it (no mapping
+// made). The cache is keyed by the handle's 64 bytes (and the context), so a handle the exporter
+// made for a new allocation at a reused address never matches an old entry. `context` must be
+// current on the caller's thread: the mapping is made there (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+// lets it be another device's memory).
 Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  std::string key = HandleKey(info, 0);
+  std::string handleKey = HandleKey(info, 0);
+  CUcontext ctx = ArgHandle<CUcontext>(info, 1, "context");
+  std::string key = ImportKey(handleKey, ctx);
   auto out = Napi::Array::New(env, 2);
   std::lock_guard<std::mutex> lock(g_legacyMutex);
-  auto ex = g_legacyExports.find(key);
+  auto ex = g_legacyExports.find(handleKey);
   if (ex != g_legacyExports.end()) {
     out.Set(0u, U64(env, ex->second));
     out.Set(1u, Napi::Boolean::New(env, true));
@@ -487,26 +535,27 @@ Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
     return out;
   }
   CUipcMemHandle h;
-  std::memcpy(h.reserved, key.data(), sizeof(h.reserved));
+  std::memcpy(h.reserved, handleKey.data(), sizeof(h.reserved));
   CUdeviceptr p = 0;
   CU_CALL(env, cuIpcOpenMemHandle, &p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
-  // An idle entry at the same address belongs to an allocation the driver no longer maps here
-  // (its handle differs, or the lookup above would have found it): stale, drop it.
+  // An idle entry of this context at the same address belongs to an allocation the driver no
+  // longer maps here (its handle differs, or the lookup above would have found it): stale, drop it.
   for (auto s = g_legacyImports.begin(); s != g_legacyImports.end();) {
-    if (s->second.ptr == p && s->second.refs == 0) s = g_legacyImports.erase(s);
+    if (s->second.ptr == p && s->second.ctx == ctx && s->second.refs == 0) s = g_legacyImports.erase(s);
     else ++s;
   }
-  g_legacyImports[key] = LegacyImport{p, 1, ++g_legacyClock};
+  g_legacyImports[key] = LegacyImport{p, ctx, 1, ++g_legacyClock};
   out.Set(0u, U64(env, p));
   out.Set(1u, Napi::Boolean::New(env, false));
   return out;
 }
 
-// Drops one reference. A mapping with no users stays cached (idle) up to the idle limit, least
-// recently used closed first. Returns true when a mapping was closed.
+// legacyImportRelease(handle, context): drops one reference. A mapping with no users stays cached
+// (idle) up to the idle limit, least recently used closed first. Returns true when a mapping was
+// closed.
 Napi::Value LegacyImportRelease(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  std::string key = HandleKey(info, 0);
+  std::string key = ImportKey(HandleKey(info, 0), ArgHandle<CUcontext>(info, 1, "context"));
   std::lock_guard<std::mutex> lock(g_legacyMutex);
   auto it = g_legacyImports.find(key);
   if (it == g_legacyImports.end() || it->second.refs == 0) return Napi::Boolean::New(env, false);
@@ -870,11 +919,13 @@ void InitCuda(Napi::Env env, Napi::Object exports) {
   FN("deviceTotalMem", DeviceTotalMem)
   FN("deviceGetPCIBusId", DeviceGetPCIBusId)
   FN("deviceCanAccessPeer", DeviceCanAccessPeer)
+  FN("deviceGetP2PAttribute", DeviceGetP2PAttribute)
   FN("devicePrimaryCtxRetain", DevicePrimaryCtxRetain)
   FN("devicePrimaryCtxRelease", DevicePrimaryCtxRelease)
   FN("ctxSetCurrent", CtxSetCurrent)
   FN("ctxGetCurrent", CtxGetCurrent)
   FN("ctxSynchronize", CtxSynchronize)
+  FN("ctxEnablePeerAccess", CtxEnablePeerAccess)
   FN("memGetInfo", MemGetInfo)
   FN("memAlloc", MemAlloc)
   FN("memFree", MemFree)

@@ -46,6 +46,7 @@ struct CUmemPoolProps {
 // CUresult values that the code names explicitly.
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_NOT_READY = 600;
+constexpr CUresult CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704;
 
 // CUdevice_attribute values.
 enum : int {
@@ -66,6 +67,13 @@ enum : int {
   CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_WAIT_VALUE_NOR = 123,
   CU_DEVICE_ATTRIBUTE_IPC_EVENT_SUPPORTED = 125,
   CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_FABRIC_SUPPORTED = 128,
+};
+
+// CUdevice_P2PAttribute values (cuDeviceGetP2PAttribute).
+enum : int {
+  CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK = 1,
+  CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED = 2,
+  CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED = 3,
 };
 
 // CUpointer_attribute values.
@@ -133,11 +141,13 @@ enum : unsigned {
   X(cuDeviceTotalMem, (size_t* bytes, CUdevice dev))                                                \
   X(cuDeviceGetPCIBusId, (char* pciBusId, int len, CUdevice dev))                                   \
   X(cuDeviceCanAccessPeer, (int* canAccessPeer, CUdevice dev, CUdevice peerDev))                    \
+  X(cuDeviceGetP2PAttribute, (int* value, int attrib, CUdevice srcDevice, CUdevice dstDevice))       \
   X(cuDevicePrimaryCtxRetain, (CUcontext* pctx, CUdevice dev))                                      \
   X(cuDevicePrimaryCtxRelease, (CUdevice dev))                                                      \
   X(cuCtxSetCurrent, (CUcontext ctx))                                                               \
   X(cuCtxGetCurrent, (CUcontext* pctx))                                                             \
   X(cuCtxSynchronize, ())                                                                           \
+  X(cuCtxEnablePeerAccess, (CUcontext peerContext, unsigned int Flags))                             \
   X(cuMemGetInfo, (size_t* free, size_t* total))                                                    \
   X(cuMemAlloc, (CUdeviceptr* dptr, size_t bytesize))                                               \
   X(cuMemFree, (CUdeviceptr dptr))                                                                  \

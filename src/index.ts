@@ -1,13 +1,18 @@
 // cuda-ipc: share CUDA GPU memory and events between Node.js processes with zero copies.
 export { CudaError, IpcError, type IpcErrorCode } from './errors.js';
-export { Device, driverVersion, peerAccessMatrix, type DeviceCapabilities, type ComputeCapability, type MemoryInfo } from './cuda/device.js';
+export {
+  Device, driverVersion, peerAccessMatrix, peerLinks, workingDevice, setWorkingDevice,
+  type DeviceCapabilities, type ComputeCapability, type MemoryInfo, type PeerAttributes, type PeerLink,
+} from './cuda/device.js';
 export { DeviceBuffer, type MemoryKind, type HostView, type AsyncCopyOptions } from './cuda/buffer.js';
 export { Stream, type WaitCondition, type MemoryTarget } from './cuda/stream.js';
 export { Event, type EventOptions } from './cuda/event.js';
 export { Module, Kernel, compileCuda, type LaunchConfig, type Dim3, type CompileOptions } from './cuda/module.js';
 export { arg, packKernelArgs, type KernelArg, type KernelArgType } from './cuda/kernel-args.js';
 export { BuiltinKernels, type PatternCheck, type PatternElementType } from './cuda/builtins.js';
-export { openIpcHandle, exportPointer, legacyCacheStats, configureImportCache, type IpcHandleOptions, type ImportCacheStats } from './ipc/legacy.js';
+export {
+  openIpcHandle, exportPointer, legacyCacheStats, configureImportCache, type IpcHandleOptions, type OpenIpcHandleOptions, type ImportCacheStats,
+} from './ipc/legacy.js';
 export { DeviceArray, openIpcArray } from './ipc/array.js';
 export { IpcPool, type IpcPoolOptions } from './ipc/pool.js';
 export {
@@ -22,7 +27,7 @@ export {
 export { openIpcEvent } from './ipc/event.js';
 export { HostBuffer } from './host/index.js';
 export {
-  Link, spawn, parentLink, listen, connect, Listener, registerTransferHandler, unregisterTransferHandler,
+  Link, spawn, parentLink, listen, connect, Listener, registerTransferHandler, unregisterTransferHandler, setLinkWorkingDevice, linkWorkingDevice,
   type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
 } from './link/index.js';

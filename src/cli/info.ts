@@ -1,6 +1,6 @@
 // `cuda-ipc info`: what this machine offers for GPU sharing, as a table or JSON.
 import { probeDriver } from '../cuda/driver.js';
-import { Device, peerAccessMatrix } from '../cuda/device.js';
+import { Device, peerAccessMatrix, peerLinks } from '../cuda/device.js';
 
 const GiB = 1024 ** 3;
 
@@ -9,6 +9,18 @@ export interface InfoReport {
   error: { code: string; message: string } | null;
   devices: Array<ReturnType<Device['toJSON']> & { freeMemory: number }>;
   peerAccess: boolean[][];
+  /** Every directed pair of distinct devices, as cuDeviceGetP2PAttribute reports it (none with one device). */
+  peers: PeerReport[];
+}
+
+export interface PeerReport {
+  from: number;
+  to: number;
+  fromUuid: string;
+  toUuid: string;
+  accessSupported: boolean;
+  nativeAtomics: boolean;
+  performanceRank: number;
 }
 
 function versionString(v: number): string {
@@ -19,7 +31,7 @@ export function collectInfo(): InfoReport {
   const probe = probeDriver();
   if (!probe.ok) {
     const e = probe.error as Error & { code?: string };
-    return { driverVersion: null, error: { code: e.code ?? 'ERROR', message: e.message }, devices: [], peerAccess: [] };
+    return { driverVersion: null, error: { code: e.code ?? 'ERROR', message: e.message }, devices: [], peerAccess: [], peers: [] };
   }
   try {
     const devices = Device.all();
@@ -28,10 +40,14 @@ export function collectInfo(): InfoReport {
       error: null,
       devices: devices.map((d) => ({ ...d.toJSON(), freeMemory: d.memoryInfo().free })),
       peerAccess: peerAccessMatrix(devices),
+      peers: peerLinks(devices).map((p) => ({
+        from: p.from.ordinal, to: p.to.ordinal, fromUuid: p.from.uuid, toUuid: p.to.uuid,
+        accessSupported: p.accessSupported, nativeAtomics: p.nativeAtomics, performanceRank: p.performanceRank,
+      })),
     };
   } catch (err) {
     const e = err as Error & { code?: string };
-    return { driverVersion: versionString(probe.version), error: { code: e.code ?? 'ERROR', message: e.message }, devices: [], peerAccess: [] };
+    return { driverVersion: versionString(probe.version), error: { code: e.code ?? 'ERROR', message: e.message }, devices: [], peerAccess: [], peers: [] };
   }
 }
 
@@ -71,13 +87,17 @@ export function formatInfo(r: InfoReport): string {
     const w = Math.max(...rows.map(([k]) => k.length));
     for (const [k, v] of rows) lines.push(`  ${k.padEnd(w)}  ${v}`);
   }
-  if (r.devices.length > 1) {
-    lines.push('');
-    lines.push('Peer access (row can access column):');
-    lines.push('      ' + r.devices.map((d) => String(d.ordinal).padStart(4)).join(''));
-    r.peerAccess.forEach((row, i) => {
-      lines.push(String(i).padStart(4) + '  ' + row.map((v, j) => (i === j ? '   -' : v ? ' yes' : '  no')).join(''));
-    });
-  }
+  lines.push('');
+  lines.push(...formatPeers(r));
   return lines.join('\n');
+}
+
+/** The peer table: one row per directed pair of devices (cuDeviceGetP2PAttribute). */
+export function formatPeers(r: Pick<InfoReport, 'devices' | 'peers'>): string[] {
+  if (r.devices.length < 2) return [`Peer links: none (${r.devices.length} device${r.devices.length === 1 ? '' : 's'}; peer IPC needs two GPUs)`];
+  const head = ['from', 'to', 'access', 'native atomics', 'performance rank'];
+  const rows = r.peers.map((p) => [String(p.from), String(p.to), yesNo(p.accessSupported), yesNo(p.nativeAtomics), String(p.performanceRank)]);
+  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((row) => row[i]!.length)));
+  const line = (cells: string[]) => '  ' + cells.map((c, i) => c.padEnd(widths[i]!)).join('  ').trimEnd();
+  return ['Peer links (kernels on "from" using memory of "to"):', line(head), ...rows.map(line)];
 }

@@ -2,7 +2,7 @@
 // Several DeviceBuffer objects (a buffer and its views) can share one MemoryOwner, which is
 // released when the last of them closes.
 import { driver, whenStreamDone } from './driver.js';
-import { Device } from './device.js';
+import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
 import { trackLeak, untrackLeak } from '../leak.js';
@@ -13,7 +13,10 @@ export type MemoryKind = 'device' | 'legacy-import' | 'pool' | 'pool-import';
 /** What owns a range of device memory: allocated here, or mapped from another process. */
 export interface MemoryOwner {
   readonly kind: MemoryKind;
+  /** The device whose context allocated or mapped the memory (released there). */
   readonly device: Device;
+  /** The device whose memory holds the bytes, when not `device` (memory imported for a peer GPU). */
+  readonly residentDevice?: Device;
   readonly base: bigint;
   readonly byteLength: number;
   /** Frees or unmaps the memory; called once, when the last buffer over it closes. */
@@ -149,6 +152,11 @@ function checkCount(n: number, what: string): void {
 }
 
 export class DeviceBuffer {
+  /**
+   * The device using this buffer: its pointer is valid in that device's context, and kernels on
+   * it run there. For memory imported from another process, the importing process's working
+   * device (see residentDevice for where the bytes are).
+   */
   readonly device: Device;
   readonly byteLength: number;
   /** Offset of this buffer inside its owner's memory. */
@@ -158,9 +166,9 @@ export class DeviceBuffer {
   #pointer: bigint;
 
   /** @internal Use DeviceBuffer.allocate, buffer.view, or the IPC open functions. */
-  constructor(memory: SharedMemory, offset: number, byteLength: number, parent?: DeviceBuffer, origin?: string) {
+  constructor(memory: SharedMemory, offset: number, byteLength: number, parent?: DeviceBuffer, origin?: string, device?: Device) {
     this.#memory = memory;
-    this.device = memory.owner.device;
+    this.device = device ?? parent?.device ?? memory.owner.device;
     this.ownerOffset = offset;
     this.byteLength = byteLength;
     this.#pointer = memory.owner.base + BigInt(offset);
@@ -169,16 +177,19 @@ export class DeviceBuffer {
     trackLeak(this, `A DeviceBuffer (${byteLength} bytes)`, () => memory.drop(), origin);
   }
 
-  /** Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context. */
+  /** Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context (default: the working device, else device 0). */
   static allocate(bytes: number, options: { device?: Device } = {}): DeviceBuffer {
     checkCount(bytes, 'bytes');
     if (bytes === 0) throw new IpcError('ERR_INVALID_ARG', 'cannot allocate 0 bytes; ask for at least 1');
-    const device = options.device ?? Device.get(0);
+    const device = options.device ?? defaultDevice();
     device.activate();
     const base = driver.memAlloc(bytes);
     const owner: MemoryOwner = { kind: 'device', device, base, byteLength: bytes, release: () => driver.memFree(base) };
     return new DeviceBuffer(new SharedMemory(owner), 0, bytes);
   }
+
+  /** The device whose memory holds the bytes: `device` itself, unless it was imported for a peer GPU. */
+  get residentDevice(): Device { return this.#memory.owner.residentDevice ?? this.#memory.owner.device; }
 
   /** How the memory came to be here: allocated, imported through a legacy handle, or a pool. */
   get kind(): MemoryKind { return this.#memory.owner.kind; }
@@ -304,7 +315,7 @@ export class DeviceBuffer {
   view(offset: number, length = this.byteLength - offset): DeviceBuffer {
     checkCount(length, 'length');
     this.#range(offset, length, 'a view');
-    return new DeviceBuffer(this.#memory, this.ownerOffset + offset, length, this);
+    return new DeviceBuffer(this.#memory, this.ownerOffset + offset, length, this, undefined, this.device);
   }
 
   /** Number of peers that were sent this memory and still map it. */

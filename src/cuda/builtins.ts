@@ -2,7 +2,7 @@
 // checksum bytes, and spin for a while. Loaded once per device per thread.
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { Device } from './device.js';
+import { Device, defaultDevice } from './device.js';
 import { DeviceBuffer } from './buffer.js';
 import { Stream } from './stream.js';
 import { Module, type Kernel } from './module.js';
@@ -44,7 +44,7 @@ export class BuiltinKernels {
   }
 
   /** The built-in kernels loaded on `device` (loaded on first use, kept for the thread's life). */
-  static for(device: Device = Device.get(0)): BuiltinKernels {
+  static for(device: Device = defaultDevice()): BuiltinKernels {
     let k = BuiltinKernels.#byDevice.get(device);
     if (!k) BuiltinKernels.#byDevice.set(device, (k = new BuiltinKernels(device)));
     return k;

@@ -1,6 +1,7 @@
 // Devices: enumeration, identity (UUID, not ordinal: CUDA_VISIBLE_DEVICES renumbers), capabilities,
-// and the primary context that every allocation of this project lives in.
-import { driver, Attr, HandleType } from './driver.js';
+// peer links between devices, the primary context that every allocation of this project lives in,
+// and the working device: the GPU this thread maps memory for when it imports another process's.
+import { driver, Attr, HandleType, P2PAttr } from './driver.js';
 import { IpcError } from '../errors.js';
 
 export interface ComputeCapability { major: number; minor: number }
@@ -20,6 +21,22 @@ export interface DeviceCapabilities {
 }
 
 export interface MemoryInfo { free: number; total: number }
+
+/** What cuDeviceGetP2PAttribute says about the link from one device to another. */
+export interface PeerAttributes {
+  /** Kernels on the first device can read and write the second's memory (ACCESS_SUPPORTED). */
+  accessSupported: boolean;
+  /** Atomic operations over the link are native (NATIVE_ATOMIC_SUPPORTED). */
+  nativeAtomics: boolean;
+  /** The driver's relative performance rank of the link (PERFORMANCE_RANK); compare ranks of one machine only. */
+  performanceRank: number;
+}
+
+/** One directed pair of distinct devices and its attributes. */
+export interface PeerLink extends PeerAttributes {
+  from: Device;
+  to: Device;
+}
 
 /** Formats 16 UUID bytes as nvidia-smi does: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx. */
 export function formatUuid(bytes: Uint8Array): string {
@@ -102,12 +119,18 @@ export class Device {
     return found;
   }
 
+  /** @internal The device's primary context (retained once, on first use; not made current). */
+  get primaryContext(): bigint {
+    if (this.#context === 0n) this.#context = driver.devicePrimaryCtxRetain(this.ordinal);
+    return this.#context;
+  }
+
   /** Makes this device's primary context current on the calling thread (retained once). */
   activate(): void {
-    if (this.#context === 0n) this.#context = driver.devicePrimaryCtxRetain(this.ordinal);
-    if (currentContext !== this.#context) {
-      driver.ctxSetCurrent(this.#context);
-      currentContext = this.#context;
+    const ctx = this.primaryContext;
+    if (currentContext !== ctx) {
+      driver.ctxSetCurrent(ctx);
+      currentContext = ctx;
     }
   }
 
@@ -120,6 +143,34 @@ export class Device {
 
   canAccessPeer(peer: Device): boolean {
     return peer.ordinal !== this.ordinal && driver.deviceCanAccessPeer(this.ordinal, peer.ordinal);
+  }
+
+  /**
+   * What the driver says about this device using `peer`'s memory (cuDeviceGetP2PAttribute, this
+   * device as the source of the link). For the device itself, which the driver refuses to ask
+   * about, its own memory: accessible, native atomics, rank 0.
+   */
+  peerAttributes(peer: Device): PeerAttributes {
+    if (peer === this) return { accessSupported: true, nativeAtomics: true, performanceRank: 0 };
+    const get = (attribute: number) => driver.deviceGetP2PAttribute(attribute, this.ordinal, peer.ordinal);
+    return {
+      accessSupported: get(P2PAttr.ACCESS_SUPPORTED) === 1,
+      nativeAtomics: get(P2PAttr.NATIVE_ATOMIC_SUPPORTED) === 1,
+      performanceRank: get(P2PAttr.PERFORMANCE_RANK),
+    };
+  }
+
+  /**
+   * Lets kernels and copies in this device's context use memory that `peer`'s context allocated
+   * (cuCtxEnablePeerAccess). Imports do this by themselves where needed; idempotent. Throws
+   * ERR_PEER_UNREACHABLE where the two devices cannot reach each other.
+   */
+  enablePeerAccess(peer: Device): void {
+    if (peer === this) return;
+    assertPeerReachable(this, peer);
+    const peerContext = peer.primaryContext;
+    this.activate();
+    driver.ctxEnablePeerAccess(peerContext);
   }
 
   /** Waits (blocking this thread) for all work on this device's context: for tests and the CLI. */
@@ -145,4 +196,90 @@ export function driverVersion(): number {
 /** Peer-access matrix: result[i][j] is whether device i can access memory of device j. */
 export function peerAccessMatrix(devices: readonly Device[] = Device.all()): boolean[][] {
   return devices.map((a) => devices.map((b) => a === b || a.canAccessPeer(b)));
+}
+
+/** Every directed pair of distinct devices with its peer attributes (none on a one-GPU machine). */
+export function peerLinks(devices: readonly Device[] = Device.all()): PeerLink[] {
+  return devices.flatMap((from) => devices.filter((to) => to !== from).map((to) => ({ from, to, ...from.peerAttributes(to) })));
+}
+
+/** The identity a peer-access refusal names (a Device, or a stand-in in tests). */
+export interface DeviceIdentity { readonly ordinal: number; readonly name: string; readonly uuid: string }
+
+const describeDevice = (d: DeviceIdentity) => `device ${d.ordinal} (${d.name}, ${d.uuid})`;
+
+/**
+ * Throws ERR_PEER_UNREACHABLE, naming both devices, unless kernels on `user` can use memory that
+ * lives on `resident`. `canAccess` is the driver's answer (cuDeviceCanAccessPeer) unless given.
+ */
+export function assertPeerReachable<D extends DeviceIdentity>(user: D, resident: D,
+  canAccess: (user: D, resident: D) => boolean = (u, r) => (u as unknown as Device).canAccessPeer(r as unknown as Device)): void {
+  if (user === resident || user.uuid === resident.uuid) return;
+  if (canAccess(user, resident)) return;
+  throw new IpcError('ERR_PEER_UNREACHABLE',
+    `${describeDevice(user)} cannot use memory that lives on ${describeDevice(resident)}: the driver reports no peer access ` +
+    'between them (cuDeviceCanAccessPeer; see `cuda-ipc info`). Work on the device the memory lives on for it ' +
+    '(spawn({ device }), setWorkingDevice(), setLinkWorkingDevice()), or copy it through host memory');
+}
+
+// ---------------------------------------------------------------------------------------------
+// The working device: which GPU this thread maps imported memory for. Unset, an import maps the
+// memory for the device it lives on; set, every import (through links, channels or descriptors)
+// maps it for the working device, with peer access where the memory lives elsewhere.
+
+/** The environment variable spawn({ device }) sets in the child: the UUID of its working device. */
+export const WORKING_DEVICE_ENV = 'CUDA_IPC_DEVICE';
+
+let working: Device | undefined;
+let workingFromEnv = true;  // until setWorkingDevice() is called, the environment decides
+
+/**
+ * The device this thread works on, if one was chosen: with setWorkingDevice(), or by the parent
+ * (spawn's `device` option, which sets CUDA_IPC_DEVICE to the device's UUID). undefined when none
+ * was: imports then use the device the memory lives on. Throws ERR_UNKNOWN_DEVICE when the parent
+ * named a GPU this process cannot see.
+ */
+export function workingDevice(): Device | undefined {
+  if (!workingFromEnv) return working;
+  const uuid = process.env[WORKING_DEVICE_ENV];
+  if (uuid === undefined || uuid === '') return undefined;
+  if (working?.uuid !== uuid.toLowerCase().replace(/^gpu-/, 'GPU-')) {
+    try {
+      working = Device.byUuid(uuid);
+    } catch (e) {
+      if (!(e instanceof IpcError)) throw e;
+      throw new IpcError('ERR_UNKNOWN_DEVICE',
+        `this process was told to work on GPU ${uuid} (${WORKING_DEVICE_ENV}, set by its parent's spawn({ device })), but ${e.message}`, { cause: e });
+    }
+  }
+  return working;
+}
+
+/**
+ * Chooses the device this thread works on (a Device or its UUID): memory imported from now on is
+ * mapped for it, wherever it lives. undefined goes back to mapping imports for the device the
+ * memory lives on (the environment is no longer consulted either way).
+ */
+export function setWorkingDevice(device: Device | string | undefined): void {
+  const d = typeof device === 'string' ? Device.byUuid(device) : device;
+  if (d !== undefined && !(d instanceof Device)) {
+    throw new IpcError('ERR_INVALID_ARG', 'setWorkingDevice expects a Device, a device UUID (\'GPU-…\') or undefined');
+  }
+  working = d;
+  workingFromEnv = false;
+}
+
+/** The device used where none is given (streams, events, modules, allocations): the working device, else device 0. */
+export function defaultDevice(): Device {
+  return workingDevice() ?? Device.get(0);
+}
+
+/**
+ * @internal The device an import maps memory living on `resident` for: `override` (e.g. a link's
+ * working device), else the working device, else `resident`; checked for peer access.
+ */
+export function importingDevice(resident: Device, override?: Device): Device {
+  const user = override ?? workingDevice() ?? resident;
+  assertPeerReachable(user, resident);
+  return user;
 }

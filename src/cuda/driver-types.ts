@@ -16,11 +16,15 @@ export interface CudaAddon {
   deviceTotalMem(device: number): number;
   deviceGetPCIBusId(device: number): string;
   deviceCanAccessPeer(device: number, peer: number): boolean;
+  /** cuDeviceGetP2PAttribute for the link from srcDevice to dstDevice (which must differ). */
+  deviceGetP2PAttribute(attribute: number, srcDevice: number, dstDevice: number): number;
   devicePrimaryCtxRetain(device: number): bigint;
   devicePrimaryCtxRelease(device: number): void;
   ctxSetCurrent(context: bigint): void;
   ctxGetCurrent(): bigint;
   ctxSynchronize(): void;
+  /** Lets the current context use peerContext's memory; false when it already could. */
+  ctxEnablePeerAccess(peerContext: bigint): boolean;
   memGetInfo(): [free: number, total: number];
 
   memAlloc(bytes: number): bigint;
@@ -52,8 +56,9 @@ export interface CudaAddon {
   ipcCloseMemHandle(pointer: bigint): void;
   legacyExportRegister(handle: Uint8Array, base: bigint): void;
   legacyExportUnregister(handle: Uint8Array): void;
-  legacyImportAcquire(handle: Uint8Array): [base: bigint, local: boolean];
-  legacyImportRelease(handle: Uint8Array): boolean;
+  /** Maps the handle's allocation in `context` (which must be current), once per process and context. */
+  legacyImportAcquire(handle: Uint8Array, context: bigint): [base: bigint, local: boolean];
+  legacyImportRelease(handle: Uint8Array, context: bigint): boolean;
   legacyCacheStats(): { mappings: number; idle: number; idleLimit: number; references: number; exports: number };
   legacyCacheConfigure(idleLimit: number): void;
   ipcGetEventHandle(event: bigint): Uint8Array;

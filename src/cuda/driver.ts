@@ -37,6 +37,13 @@ export const PointerAttr = {
   MEMPOOL_HANDLE: 17,
 } as const;
 
+/** CUdevice_P2PAttribute. */
+export const P2PAttr = {
+  PERFORMANCE_RANK: 1,
+  ACCESS_SUPPORTED: 2,
+  NATIVE_ATOMIC_SUPPORTED: 3,
+} as const;
+
 export const MemoryType = { HOST: 1, DEVICE: 2, ARRAY: 3, UNIFIED: 4 } as const;
 
 export const HandleType = { NONE: 0, POSIX_FD: 1, FABRIC: 8 } as const;

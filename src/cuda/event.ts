@@ -1,7 +1,7 @@
 // Events: points in a stream's work. Interprocess events (created here or opened from another
 // process) let one process's GPU work wait for another's without the CPU.
 import { driver, Flags, whenStreamDone } from './driver.js';
-import { Device } from './device.js';
+import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
 import { DriverObject } from './driver-object.js';
@@ -24,7 +24,7 @@ export class Event extends DriverObject {
     this.imported = imported;
   }
 
-  static create(device: Device = Device.get(0), options: EventOptions = {}): Event {
+  static create(device: Device = defaultDevice(), options: EventOptions = {}): Event {
     const interprocess = options.interprocess ?? false;
     if (interprocess && !device.capabilities.ipcEvents) {
       throw new IpcError('ERR_UNSUPPORTED', `device ${device.ordinal} (${device.name}) does not support interprocess events`);

@@ -3,7 +3,7 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { driver } from './driver.js';
-import { Device } from './device.js';
+import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
 import { DriverObject } from './driver-object.js';
@@ -61,14 +61,14 @@ export class Module extends DriverObject {
   }
 
   /** Loads PTX (text) or a cubin/fatbin image; the driver JIT-compiles PTX for this GPU. */
-  static load(image: string | Uint8Array, device: Device = Device.get(0)): Module {
+  static load(image: string | Uint8Array, device: Device = defaultDevice()): Module {
     const bytes = typeof image === 'string' ? new TextEncoder().encode(image) : image;
     if (bytes.byteLength === 0) throw new IpcError('ERR_INVALID_ARG', 'the module image is empty');
     device.activate();
     return new Module(device, driver.moduleLoadData(bytes));
   }
 
-  static loadFile(path: string | URL, device: Device = Device.get(0)): Module {
+  static loadFile(path: string | URL, device: Device = defaultDevice()): Module {
     return Module.load(readFileSync(path), device);
   }
 
@@ -103,7 +103,7 @@ export interface CompileOptions {
   name?: string;
   /** Extra NVRTC options, e.g. ['-DN=4']. A virtual architecture of the device is added. */
   options?: string[];
-  /** Device whose compute capability to target (default device 0). */
+  /** Device whose compute capability to target (default: the working device, else device 0). */
   device?: Device;
 }
 
@@ -116,7 +116,7 @@ export function compileCuda(source: string, options: CompileOptions = {}): strin
       `${(e as Error).message}\nInstall the CUDA toolkit's NVRTC, or set CUDA_IPC_NVRTC to the path of libnvrtc.so; ` +
       'alternatively load precompiled PTX with Module.load', { cause: e });
   }
-  const device = options.device ?? Device.get(0);
+  const device = options.device ?? defaultDevice();
   const { major, minor } = device.computeCapability;
   const opts = [`--gpu-architecture=compute_${major}${minor}`, '-default-device', ...(options.options ?? [])];
   const r = driver.nvrtcCompile(source, options.name ?? 'program.cu', opts);

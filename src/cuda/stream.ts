@@ -1,7 +1,7 @@
 // Streams: ordered queues of GPU work. Waiting for one never blocks the event loop: completion
 // is reported by a host function that the driver runs when the stream reaches it.
 import { driver, Flags, whenStreamDone } from './driver.js';
-import { Device } from './device.js';
+import { Device, defaultDevice } from './device.js';
 import { IpcError } from '../errors.js';
 import { DriverObject } from './driver-object.js';
 import type { Event } from './event.js';
@@ -12,7 +12,7 @@ export class Stream extends DriverObject {
   }
 
   /** A new non-blocking stream (it does not synchronise with the legacy default stream). */
-  static create(device: Device = Device.get(0)): Stream {
+  static create(device: Device = defaultDevice()): Stream {
     device.activate();
     return new Stream(device, driver.streamCreate(Flags.STREAM_NON_BLOCKING));
   }

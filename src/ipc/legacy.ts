@@ -3,7 +3,7 @@
 // plus the offset and length of the exported range, because the handle of an interior pointer is
 // the handle of its allocation's base.
 import { driver, PointerAttr, MemoryType } from '../cuda/driver.js';
-import { Device } from '../cuda/device.js';
+import { Device, defaultDevice, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
 import { CudaError, IpcError } from '../errors.js';
 import {
@@ -64,12 +64,15 @@ function describe(handle: Uint8Array, offset: number, byteLength: number, device
 
 /**
  * A descriptor for `byteLength` bytes of device memory at `pointer`, which may come from any
- * library (PyTorch, CuPy, …) as long as it is plain cuMemAlloc-style device memory.
+ * library (PyTorch, CuPy, …) as long as it is plain cuMemAlloc-style device memory. The
+ * descriptor names the GPU the memory lives on, as the driver reports it (`options.device` only
+ * says which context to ask in).
  */
 export function exportPointer(pointer: bigint, byteLength: number, options: IpcHandleOptions & { device?: Device } = {}): LegacyHandleDescriptor {
-  const device = options.device ?? Device.get(0);
-  device.activate();
+  (options.device ?? defaultDevice()).activate();
   assertDeviceMemory(pointer);
+  const device = Device.get(driver.pointerGetAttributeInt(PointerAttr.DEVICE_ORDINAL, pointer));
+  device.activate();
   const [base, size] = driver.memGetAddressRange(pointer);
   const offset = Number(pointer - base);
   if (offset + byteLength > size) {
@@ -86,7 +89,7 @@ DeviceBuffer.prototype.ipcHandle = function ipcHandle(this: DeviceBuffer, option
   if (owner.kind === 'legacy-import') {
     // Re-sharing an import: the same handle works in any other process.
     const origin = importOrigin.get(owner)!;
-    return describe(origin.handle, this.ownerOffset, this.byteLength, this.device, origin.pid, options.array);
+    return describe(origin.handle, this.ownerOffset, this.byteLength, this.residentDevice, origin.pid, options.array);
   }
   if (owner.kind !== 'device') {
     throw notExportable(`a ${owner.kind} buffer has no legacy IPC handle; send it over a link (link.send) instead`);
@@ -105,7 +108,7 @@ DeviceBuffer.prototype.ipcHandle = function ipcHandle(this: DeviceBuffer, option
     handleOfMemory.set(memory, h);
     handle = h;
   }
-  return describe(handle, this.ownerOffset, this.byteLength, this.device, process.pid, options.array);
+  return describe(handle, this.ownerOffset, this.byteLength, this.residentDevice, process.pid, options.array);
 };
 
 function isAlive(pid: number): boolean {
@@ -124,22 +127,38 @@ export function toLegacyDescriptor(input: LegacyHandleDescriptor | string | Uint
     : validateDescriptor(input, 'cuda-legacy-handle');
 }
 
+export interface OpenIpcHandleOptions {
+  /**
+   * The device that will use the memory: it is mapped into that device's context, with peer
+   * access where the memory lives on another GPU. Default: the working device (workingDevice()),
+   * else the device the memory lives on.
+   */
+  device?: Device;
+}
+
 /**
  * Maps the memory a descriptor describes and returns a buffer over exactly that range. Each
- * allocation is mapped once per process however often it is opened; close() releases it.
+ * allocation is mapped once per process (and using device) however often it is opened; close()
+ * releases it. Throws ERR_PEER_UNREACHABLE where the using device cannot reach the memory's.
  */
-export function openIpcHandle(input: LegacyHandleDescriptor | string | Uint8Array): DeviceBuffer {
+export function openIpcHandle(input: LegacyHandleDescriptor | string | Uint8Array, options: OpenIpcHandleOptions = {}): DeviceBuffer {
   const desc = toLegacyDescriptor(input);
-  const device = Device.byUuid(desc.deviceUuid);
-  device.activate();
+  const resident = Device.byUuid(desc.deviceUuid);
+  const user = importingDevice(resident, options.device);
 
   const local = localExports.get(handleKey(desc.handle))?.deref();
-  if (local && !local.released) return new DeviceBuffer(local, rangeIn(desc, local.owner.byteLength), desc.byteLength);
+  if (local && !local.released) {
+    // This process's own allocation: the using device reaches it through peer access.
+    user.enablePeerAccess(local.owner.device);
+    return new DeviceBuffer(local, rangeIn(desc, local.owner.byteLength), desc.byteLength, undefined, undefined, user);
+  }
 
+  user.activate();
+  const context = user.primaryContext;
   let base: bigint;
   let inProcess: boolean;
   try {
-    [base, inProcess] = driver.legacyImportAcquire(desc.handle);
+    [base, inProcess] = driver.legacyImportAcquire(desc.handle, context);
   } catch (e) {
     if (e instanceof CudaError && (e.code === 'CUDA_ERROR_INVALID_VALUE' || e.code === 'CUDA_ERROR_INVALID_HANDLE')) {
       const why = desc.pid === process.pid ? 'this process exported it but has since freed the memory'
@@ -149,16 +168,19 @@ export function openIpcHandle(input: LegacyHandleDescriptor | string | Uint8Arra
     }
     throw e;
   }
-  const release = inProcess ? () => {} : () => { driver.legacyImportRelease(desc.handle); };
+  const release = inProcess ? () => {} : () => { driver.legacyImportRelease(desc.handle, context); };
   let size: number;
   try {
+    // Exported by this process (exportPointer): its own allocation, reached through peer access.
+    if (inProcess) user.enablePeerAccess(resident);
+    user.activate();
     size = driver.memGetAddressRange(base)[1];
     rangeIn(desc, size);
   } catch (e) {
     release();
     throw e;
   }
-  const owner: MemoryOwner = { kind: 'legacy-import', device, base, byteLength: size, release };
+  const owner: MemoryOwner = { kind: 'legacy-import', device: user, residentDevice: resident, base, byteLength: size, release };
   importOrigin.set(owner, { handle: new Uint8Array(desc.handle), pid: desc.pid });
   return new DeviceBuffer(new SharedMemory(owner), desc.offset, desc.byteLength);
 }

@@ -4,7 +4,7 @@
 import { randomBytes } from 'node:crypto';
 import { closeSync, fstatSync } from 'node:fs';
 import { driver, Flags, HandleType } from '../cuda/driver.js';
-import { Device } from '../cuda/device.js';
+import { Device, assertPeerReachable, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
 import { Stream, streamHandle } from '../cuda/stream.js';
 import { CudaError, IpcError } from '../errors.js';
@@ -55,6 +55,7 @@ interface PoolMemoryOwner extends MemoryOwner {
 }
 
 export class IpcPool {
+  /** The device whose memory the pool's allocations live on. */
   readonly device: Device;
   /** Random id naming this pool across processes (the same on both sides of an import). */
   readonly id: string;
@@ -63,6 +64,12 @@ export class IpcPool {
   /** True for a pool imported from another process: it maps memory, it cannot allocate. */
   readonly imported: boolean;
   readonly maxSize: number;
+  // The device whose context makes this pool's driver calls: the owner's device, or for an import
+  // the first device it was imported for (no context is created on a GPU nobody here uses).
+  readonly #home: Device;
+  // Devices granted access to an imported pool (cuMemPoolSetAccess); an imported pool starts
+  // with none, not even the one it lives on. Own pools: devices other than their own.
+  readonly #access = new Set<Device>();
   #handle: bigint;
   // The pool's shareable fd: exported at creation, or the one an import came from (so that its
   // buffers can be sent on). Links send duplicates.
@@ -73,8 +80,9 @@ export class IpcPool {
   // or freeing either would unmap both.
   readonly #imports = new Map<string, SharedMemory>();
 
-  private constructor(device: Device, handle: bigint, id: string, imported: boolean, maxSize: number, fd = -1) {
+  private constructor(device: Device, handle: bigint, id: string, imported: boolean, maxSize: number, fd: number, home: Device) {
     this.device = device;
+    this.#home = home;
     this.#handle = handle;
     this.#fd = fd;
     this.id = id;
@@ -82,7 +90,7 @@ export class IpcPool {
     this.imported = imported;
     this.maxSize = maxSize;
     trackLeak(this, `An ${imported ? 'imported ' : ''}IpcPool`, () => {
-      device.activate();
+      home.activate();
       driver.memPoolDestroy(handle);
       if (fd >= 0) closeSync(fd);
     });
@@ -113,14 +121,19 @@ export class IpcPool {
       driver.memPoolDestroy(handle);
       throw e;
     }
-    return new IpcPool(device, handle, randomBytes(16).toString('hex'), false, maxSize, fd);
+    return new IpcPool(device, handle, randomBytes(16).toString('hex'), false, maxSize, fd, device);
   }
 
-  /** Imports a pool from the fd a peer sent; takes ownership of the fd (closed with the pool). */
-  static importFromFd(fd: number, device: Device, id: string, maxSize: number): IpcPool {
+  /**
+   * Imports a pool living on `device` from the fd a peer sent, with access for `accessFor` (default:
+   * `device`; another GPU needs peer access to it). Takes ownership of the fd (closed with the pool).
+   */
+  static importFromFd(fd: number, device: Device, id: string, maxSize: number, options: { accessFor?: Device } = {}): IpcPool {
+    const user = options.accessFor ?? device;
     try {
       assertPoolFd(fd);
-      device.activate();
+      assertPeerReachable(user, device);
+      user.activate();
     } catch (e) {
       closeSync(fd);
       throw e;
@@ -136,13 +149,35 @@ export class IpcPool {
       throw e;
     }
     try {
-      driver.memPoolSetAccess(handle, device.ordinal, Flags.ACCESS_READWRITE);
+      driver.memPoolSetAccess(handle, user.ordinal, Flags.ACCESS_READWRITE);
     } catch (e) {
       driver.memPoolDestroy(handle);
       closeSync(fd);
       throw e;
     }
-    return new IpcPool(device, handle, id, true, maxSize, fd);
+    const pool = new IpcPool(device, handle, id, true, maxSize, fd, user);
+    pool.#access.add(user);
+    return pool;
+  }
+
+  /**
+   * Lets kernels and copies on `device` use this pool's memory (cuMemPoolSetAccess, read and
+   * write). Imports through links do it for the importing process's working device; call it for
+   * any other device this process uses the pool's buffers on. Idempotent. Throws
+   * ERR_PEER_UNREACHABLE where `device` cannot reach the device the pool lives on.
+   */
+  grantAccess(device: Device): void {
+    const pool = this.handle;
+    if ((!this.imported && device === this.device) || this.#access.has(device)) return;
+    assertPeerReachable(device, this.device);
+    this.#home.activate();
+    driver.memPoolSetAccess(pool, device.ordinal, Flags.ACCESS_READWRITE);
+    this.#access.add(device);
+  }
+
+  /** Whether buffers of this pool can be used on `device` in this process. */
+  accessibleFrom(device: Device): boolean {
+    return (!this.imported && device === this.device) || this.#access.has(device);
   }
 
   get handle(): bigint {
@@ -187,17 +222,23 @@ export class IpcPool {
     return addon.dup(this.#fd);
   }
 
-  /** Maps a buffer a peer exported from this (imported) pool; repeated imports share one mapping. */
-  importBuffer(exportData: Uint8Array, byteLength: number, offset = 0, length = byteLength - offset): DeviceBuffer {
+  /**
+   * Maps a buffer a peer exported from this (imported) pool; repeated imports share one mapping.
+   * The buffer is for `options.device` (default: the working device, else the device the pool
+   * lives on), which is granted access to the pool first.
+   */
+  importBuffer(exportData: Uint8Array, byteLength: number, offset = 0, length = byteLength - offset, options: { device?: Device } = {}): DeviceBuffer {
     const pool = this.handle;
     if (exportData.byteLength !== 64) throw new IpcError('ERR_INVALID_ARG', `pool export data is 64 bytes, got ${exportData.byteLength}`);
     if (!Number.isSafeInteger(byteLength) || byteLength <= 0 || offset < 0 || length < 0 || offset + length > byteLength) {
       throw new IpcError('ERR_OUT_OF_RANGE', `a range of ${length} bytes at ${offset} does not fit a pool buffer of ${byteLength} bytes`);
     }
+    const user = importingDevice(this.device, options.device);
+    this.grantAccess(user);
     const key = byExport(exportData);
     let memory = this.#imports.get(key);
     if (!memory || memory.released) {
-      this.device.activate();
+      user.activate();
       let base: bigint;
       try {
         base = driver.memPoolImportPointer(pool, exportData);
@@ -209,8 +250,10 @@ export class IpcPool {
         throw e;
       }
       this.#users++;
+      // One mapping per process, whichever device imported it first; the pool's access list says
+      // which devices may use it.
       const owner: PoolMemoryOwner = {
-        kind: 'pool-import', device: this.device, base, byteLength, pool: this, exportData: new Uint8Array(exportData),
+        kind: 'pool-import', device: user, residentDevice: this.device, base, byteLength, pool: this, exportData: new Uint8Array(exportData),
         release: () => {
           this.#imports.delete(key);
           driver.memFree(base);
@@ -220,7 +263,7 @@ export class IpcPool {
       memory = new SharedMemory(owner);
       this.#imports.set(key, memory);
     }
-    return new DeviceBuffer(memory, offset, length, undefined, `by importing from pool ${this.id}, e.g. out of a link message`);
+    return new DeviceBuffer(memory, offset, length, undefined, `by importing from pool ${this.id}, e.g. out of a link message`, user);
   }
 
   /** Returns reserved but unused memory to the device until at most `bytes` stay reserved. */
@@ -257,7 +300,7 @@ export class IpcPool {
     const h = this.#handle;
     if (h === 0n) return;
     this.#handle = 0n;
-    this.device.activate();
+    this.#home.activate();
     try {
       driver.memPoolDestroy(h);
       if (this.#fd >= 0) closeSync(this.#fd);

@@ -5,9 +5,12 @@
 //  - Other device buffers: their legacy-handle descriptor (binary form).
 //  - IPC pools: the fd once per link, then the pool's id.
 //  - Interprocess events: their event-handle descriptor.
+// Devices travel as UUIDs, never ordinals (CUDA_VISIBLE_DEVICES renumbers). Received memory is
+// mapped for the link's working device (linkWorkingDevice), with peer access where it lives on
+// another GPU; events are opened on the device they belong to.
 import { closeSync } from 'node:fs';
 import { DeviceBuffer } from '../cuda/buffer.js';
-import { Device } from '../cuda/device.js';
+import { Device, importingDevice } from '../cuda/device.js';
 import { Event } from '../cuda/event.js';
 import { IpcPool, exportPoolBuffer } from '../ipc/pool.js';
 import { openIpcEvent } from '../ipc/event.js';
@@ -16,6 +19,7 @@ import { encodeDescriptor, decodeDescriptor } from '../ipc/descriptor.js';
 import { deviceUuidFromBytes } from '../ipc/device-uuid.js';
 import { IpcError } from '../errors.js';
 import { registerTransferHandler, type TransferEncoding } from './transfer.js';
+import { linkWorkingDevice } from './working-device.js';
 import type { Link } from './link.js';
 import type { LeaseHold, ReceivedLease } from './lease.js';
 
@@ -96,9 +100,10 @@ function readPoolRef(data: Uint8Array, fds: number[], link: Link): IpcPool {
     }
     // Until importFromFd owns the fd, a throw leaves it in fds for the link to close.
     const device = Device.byUuid(deviceUuidFromBytes(data.subarray(16, 32)));
+    const accessFor = importingDevice(device, linkWorkingDevice(link));
     const maxSize = Number(view.getBigUint64(32, true));
     fds[0] = -1;
-    const pool = IpcPool.importFromFd(fd, device, id, maxSize);
+    const pool = IpcPool.importFromFd(fd, device, id, maxSize, { accessFor });
     received.set(id, pool);
     return pool;
   }
@@ -131,7 +136,7 @@ registerTransferHandler<DeviceBuffer>({
     const size = Number(view.getBigUint64(112, true));
     const offset = Number(view.getBigUint64(120, true));
     const length = Number(view.getBigUint64(128, true));
-    return endLeaseOnRelease(pool.importBuffer(data.slice(48, 112), size, offset, length), lease);
+    return endLeaseOnRelease(pool.importBuffer(data.slice(48, 112), size, offset, length, { device: linkWorkingDevice(link) }), lease);
   },
 });
 
@@ -154,7 +159,8 @@ registerTransferHandler<DeviceBuffer>({
   kind: 'legacy-buffer',
   canTransfer: (v): v is DeviceBuffer => v instanceof DeviceBuffer && (v.kind === 'device' || v.kind === 'legacy-import'),
   encode: (buffer) => ({ data: encodeDescriptor(buffer.ipcHandle()), hold: leaseMemory(buffer) }),
-  decode: (data, _fds, _link, lease) => endLeaseOnRelease(openIpcHandle(decodeDescriptor(data, 'cuda-legacy-handle')), lease),
+  decode: (data, _fds, link, lease) =>
+    endLeaseOnRelease(openIpcHandle(decodeDescriptor(data, 'cuda-legacy-handle'), { device: linkWorkingDevice(link) }), lease),
 });
 
 registerTransferHandler<Event>({

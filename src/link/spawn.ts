@@ -5,6 +5,8 @@ import { resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
+import { Device, WORKING_DEVICE_ENV } from '../cuda/device.js';
+import { checkDeviceUuid } from '../ipc/device-uuid.js';
 import { Link, kCreate, kOpened } from './link.js';
 
 /** The environment variable telling a spawned child which fd is its link. */
@@ -27,6 +29,12 @@ export interface SpawnOptions {
   allowUids?: readonly number[];
   /** How long the child has to call parentLink() (default 30 s). */
   handshakeTimeoutMs?: number;
+  /**
+   * The GPU the child works on (a Device or its UUID): memory it imports is mapped for that GPU,
+   * wherever it lives, and workingDevice() returns it there. Sent as the UUID (CUDA_IPC_DEVICE),
+   * so it names the same GPU whatever CUDA_VISIBLE_DEVICES the child has.
+   */
+  device?: Device | string;
 }
 
 export interface SpawnedChild {
@@ -69,6 +77,7 @@ function modulePath(module: string | URL): string {
  */
 export async function spawn(module: string | URL, args: readonly string[] = [], options: SpawnOptions = {}): Promise<SpawnedChild> {
   const path = modulePath(module);
+  const deviceEnv = options.device === undefined ? {} : { [WORKING_DEVICE_ENV]: workingDeviceUuid(options.device) };
   const [parentFd, childFd] = addon.socketpair();
   let link: Link;
   try {
@@ -95,7 +104,7 @@ export async function spawn(module: string | URL, args: readonly string[] = [], 
   try {
     child = spawnProcess(process.execPath, [...(options.execArgv ?? inheritableExecArgv()), path, ...args], {
       stdio: stdio as StdioOptions,
-      env: { ...(options.env ?? process.env), [LINK_FD_ENV]: String(childIndex) },
+      env: { ...(options.env ?? process.env), ...deviceEnv, [LINK_FD_ENV]: String(childIndex) },
       ...(options.cwd !== undefined ? { cwd: options.cwd } : {}),
       ...(options.uid !== undefined ? { uid: options.uid } : {}),
       ...(options.gid !== undefined ? { gid: options.gid } : {}),
@@ -122,6 +131,13 @@ export async function spawn(module: string | URL, args: readonly string[] = [], 
   }
   spawnError.catch(() => {});
   return { child, link };
+}
+
+/** The UUID spawn's `device` option names (checked here: the child may see GPUs this process does not). */
+function workingDeviceUuid(device: Device | string): string {
+  if (device instanceof Device) return device.uuid;
+  const uuid = typeof device === 'string' ? device.toLowerCase().replace(/^gpu-/, 'GPU-') : device;
+  return checkDeviceUuid(uuid, { code: 'ERR_INVALID_ARG', path: 'spawn options.device' });
 }
 
 let parent: Link | undefined;
