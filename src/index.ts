@@ -27,6 +27,7 @@ export {
   type TransferHandler, type TransferEncoding,
 } from './link/index.js';
 export { stats, type Stats } from './stats.js';
+export { traceLeaks } from './leak.js';
 export { leaseStats, type LeaseStats, type LeaseCounts, type LinkLeaseStats } from './link/index.js';
 export { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
 export {
