@@ -23,6 +23,7 @@ import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, readLeaseId, writeLea
 import { nextLeaseId, releaseHold, type IncomingLeases, type LeaseHold, type ReceivedLease } from './lease.js';
 import { handlerForKind, handlerForValue, type TransferHandler } from './transfer.js';
 import type { Link } from './link.js';
+import { probe, Probe } from './probe.js';
 
 const MAX_DEPTH = 255;
 /** u8 fdCount, u64 leaseId, u32 dataLength: between a record's path and its data. */
@@ -248,7 +249,9 @@ export class MessageEncoder {
     } else {
       const h = f.handler!;
       kind = h.kind;
+      probe?.(Probe.ExportStart);
       const enc = h.encode(f.value!, link);
+      probe?.(Probe.ExportEnd);
       fds = enc.fds;
       // Taken over before anything else can fail, so that a failure releases them.
       if (fds && enc.closeFdsAfterSend) out.ownedFds.push(...fds);
@@ -563,5 +566,8 @@ function decodeRecord(rec: ParsedRecord, buf: Buffer, fds: number[], link: Link,
         'provides it (the whole cuda-ipc package registers all of them) before receiving',
     );
   }
-  return handler.decode(new Uint8Array(buf.buffer, buf.byteOffset + rec.dataStart, rec.dataEnd - rec.dataStart), fds, link, lease);
+  probe?.(Probe.ImportStart);
+  const value = handler.decode(new Uint8Array(buf.buffer, buf.byteOffset + rec.dataStart, rec.dataEnd - rec.dataStart), fds, link, lease);
+  probe?.(Probe.ImportEnd);
+  return value;
 }

@@ -19,6 +19,7 @@ import {
 import { closeFds, readPayload, type InboundContext, type InboundFrame, type ReceivedMessage } from './inbound.js';
 import { IncomingLeases, OutgoingLeases, releaseHold, type LeaseCounts } from './lease.js';
 import { Queue } from './queue.js';
+import { probe, Probe } from './probe.js';
 
 /** Who is on the other end, as the kernel reports it. */
 export interface PeerCredentials {
@@ -220,6 +221,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
    * ERR_LINK_CLOSED / ERR_PEER_GONE once the link is closed.
    */
   send(value: unknown): void {
+    probe?.(Probe.SendStart);
     if (this.#state === 'closed') throw this.#closedError('send');
     const enc = acquireEncoder();
     enc.busy = true;
@@ -257,12 +259,14 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   #sendFrame(head: Uint8Array, headLength: number, body: Uint8Array | null, fds: readonly number[], ownedFds: readonly number[]): void {
     if (this.#outbox.length === 0) {
       let sent: boolean;
+      probe?.(Probe.SocketSend);
       try {
         sent = this.#sock.send(head, headLength, body, fds.length ? fds : null);
       } catch (e) {
         closeFds(ownedFds);
         throw this.#sendFailed(e);
       }
+      probe?.(Probe.SocketSent);
       if (sent) {
         if (ownedFds.length) closeFds(ownedFds);
         return;
@@ -345,6 +349,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   /** Tells the peer that this process is done with the values it leased under `ids`. */
   #sendRelease(ids: readonly number[]): void {
     if (this.#state !== 'open') return;
+    probe?.(Probe.ReleaseSend);
     const frame = encodeRelease(ids);
     this.#sendFrame(frame, frame.byteLength, null, [], []);
   }
@@ -477,6 +482,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
 
   // Called by the native socket for every record, with the bytes in #recvBuf[0, length).
   #onRecord = (status: number, length: number, fds: number[] | undefined, cred: [number, number, number] | undefined): void => {
+    probe?.(Probe.RecordIn);
     if (this.#state === 'closed') {
       closeFds(fds);
       return;
@@ -515,10 +521,12 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     }
     switch (f.type) {
       case FrameType.Message:
+        probe?.(Probe.Delivered);
         this.#deliver(f.message);
         return;
       case FrameType.Release: {
         const unknown = this.#leasesOut.release(f.ids);
+        probe?.(Probe.ReleaseDone);
         if (unknown !== undefined) {
           // A correct peer releases each lease it was given exactly once, so this is a broken or
           // hostile peer; closing (which ends every lease it holds) is the one safe answer.
