@@ -174,10 +174,11 @@ export class MessageEncoder {
   encode(value: unknown, link: Link): EncodedMessage {
     const out = this.#out;
     out.body = null;
-    out.fds.length = 0;
-    out.ownedFds.length = 0;
-    out.commits.length = 0;
-    out.holds.length = 0;
+    // (Setting an array's length is a runtime call even when it is 0 already.)
+    if (out.fds.length) out.fds.length = 0;
+    if (out.ownedFds.length) out.ownedFds.length = 0;
+    if (out.commits.length) out.commits.length = 0;
+    if (out.holds.length) out.holds.length = 0;
     if (value instanceof Uint8Array) {
       if (value.byteLength > MAX_FRAME_BYTES - HEADER_BYTES) throw tooLarge(value.byteLength);
       out.encoding = Encoding.Raw;
@@ -218,6 +219,18 @@ export class MessageEncoder {
   }
 
   #writeString(s: string, at: number): number {
+    // Short ASCII (most keys, kinds and small JSON) is copied here: cheaper than the call into
+    // Buffer.write. Anything else takes the general path.
+    if (s.length <= 64 && at + s.length <= MAX_FRAME_BYTES) {
+      const b = this.scratch;
+      let i = 0;
+      for (; i < s.length; i++) {
+        const c = s.charCodeAt(i);
+        if (c > 0x7f) break;
+        b[at + i] = c;
+      }
+      if (i === s.length) return at + i;
+    }
     // Worst case 3 bytes per UTF-16 unit; only count exactly when that might not fit.
     if (s.length * 3 > MAX_FRAME_BYTES - at) {
       const n = Buffer.byteLength(s);
@@ -229,7 +242,7 @@ export class MessageEncoder {
   #writeAscii(s: string, at: number): number {
     this.#room(at, 1 + s.length);
     this.scratch[at] = s.length;
-    return at + 1 + this.scratch.write(s, at + 1, 'latin1');
+    return this.#writeString(s, at + 1);  // kinds are ASCII (registerTransferHandler checks)
   }
 
   #writeRecord(f: Found, at: number, link: Link, out: EncodedMessage): number {

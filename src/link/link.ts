@@ -72,6 +72,8 @@ interface Waiter {
   reject(error: unknown): void;
 }
 
+// Sent frames are copied by the kernel, or by #sendFrame when they must wait: one scratch serves.
+const releaseScratch = new Uint8Array(HEADER_BYTES + 8 + 8 * 64);
 const INBOX_PAUSE = 1024;
 const INBOX_RESUME = 256;
 const myUid = process.getuid?.() ?? -1;
@@ -350,7 +352,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   #sendRelease(ids: readonly number[]): void {
     if (this.#state !== 'open') return;
     probe?.(Probe.ReleaseSend);
-    const frame = encodeRelease(ids);
+    const frame = encodeRelease(ids, releaseScratch);
     this.#sendFrame(frame, frame.byteLength, null, [], []);
   }
 
