@@ -123,14 +123,16 @@ if (!values['no-handoff']) {
     console.log(`\nhandoff targets: ${targets.length - missed.length} of ${targets.length} met`);
     for (const t of missed) {
       const b = byKind.get(handoff.find((r) => r.name === t.row)!.kind)?.breakdown;
-      console.log(`  MISSED ${t.row}: ${t.target}` + (b ? `; largest phases: ${largestPhases(b)}` : ' (run with --breakdown to see which phase holds it)'));
+      const tail = t.target.startsWith('p99');
+      console.log(`  MISSED ${t.row}: ${t.target}` +
+        (b ? `; ${tail ? 'phases with the largest p99' : 'largest phases (median)'}: ${largestPhases(b, tail)}` : ' (run with --breakdown to see which phase holds it)'));
     }
   }
 }
 
-function largestPhases(b: Breakdown): string {
+function largestPhases(b: Breakdown, tail: boolean): string {
   return PHASES.filter((p) => !('beside' in p) && b.phases[p.key])
-    .map((p) => ({ what: p.what, us: b.phases[p.key]!.median }))
+    .map((p) => ({ what: p.what, us: tail ? b.phases[p.key]!.p99 : b.phases[p.key]!.median }))
     .sort((x, y) => y.us - x.us)
     .slice(0, 4)
     .map((p) => `${p.what} ${p.us.toFixed(1)} us`)

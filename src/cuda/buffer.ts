@@ -113,11 +113,11 @@ export class SharedMemory {
     this.released = true;
     liveMemory.delete(this);
     try {
-      for (const hook of this.beforeRelease.splice(0)) hook();
+      if (this.beforeRelease.length) for (const hook of this.beforeRelease.splice(0)) hook();
       this.owner.device.activate();
       this.owner.release();
     } finally {
-      for (const hook of this.afterRelease.splice(0)) hook();
+      if (this.afterRelease.length) for (const hook of this.afterRelease.splice(0)) hook();
       this.#resolveReleased?.();
     }
   }
@@ -158,7 +158,7 @@ export class DeviceBuffer {
     this.device = memory.owner.device;
     this.ownerOffset = offset;
     this.byteLength = byteLength;
-    this.#pointer = memory.owner.base + BigInt(offset);
+    this.#pointer = offset === 0 ? memory.owner.base : memory.owner.base + BigInt(offset);
     this.#parent = parent;
     memory.acquire();
     trackLeak(this, `A DeviceBuffer (${byteLength} bytes)`, () => memory.drop(), origin);

@@ -389,7 +389,7 @@ export function decodeMessage(
   if (encoding === Encoding.Json) {
     if (start === end) return { ok: true, value: undefined, owned: undefined };
     try {
-      return { ok: true, value: JSON.parse(buf.toString('utf8', start, end)), owned: undefined };
+      return { ok: true, value: parseJson(buf, start, end), owned: undefined };
     } catch {
       return malformed('the JSON does not parse');
     }
@@ -401,6 +401,41 @@ export function decodeMessage(
   return r;
 }
 
+/** JSON.parse of buf[start, end): short ASCII text is read here, cheaper than a native slice. */
+function parseJson(buf: Buffer, start: number, end: number): unknown {
+  const n = end - start;
+  if (n === 4 && buf[start] === 0x6e && buf[start + 1] === 0x75 && buf[start + 2] === 0x6c && buf[start + 3] === 0x6c) return null;
+  if (n <= 32) {
+    let text = '';
+    for (let i = start; i < end; i++) {
+      const c = buf[i]!;
+      if (c > 0x7f) return JSON.parse(buf.toString('utf8', start, end));
+      text += String.fromCharCode(c);
+    }
+    return JSON.parse(text);
+  }
+  return JSON.parse(buf.toString('utf8', start, end));
+}
+
+// Record kinds seen recently, with their bytes: a message names one of a handful of kinds, and
+// comparing a few bytes is cheaper than making a string each time.
+const kindCache: Array<{ kind: string; bytes: Uint8Array }> = [];
+
+/** The ASCII kind at buf[at, at + length). */
+function kindAt(buf: Buffer, at: number, length: number): string {
+  for (const k of kindCache) {
+    const b = k.bytes;
+    if (b.length !== length) continue;
+    let i = 0;
+    while (i < length && buf[at + i] === b[i]) i++;
+    if (i === length) return k.kind;
+  }
+  const kind = buf.toString('latin1', at, at + length);
+  if (kindCache.length >= 16) kindCache.shift();
+  kindCache.push({ kind, bytes: Uint8Array.from(buf.subarray(at, at + length)) });
+  return kind;
+}
+
 function parseRecords(buf: Buffer, v: DataView, start: number, end: number, records: ParsedRecord[]): { root: unknown; fdTotal: number } | Decoded {
   let at = start;
   const need = (n: number): boolean => at + n <= end;
@@ -410,7 +445,7 @@ function parseRecords(buf: Buffer, v: DataView, start: number, end: number, reco
   if (!need(jsonLength)) return malformed('JSON length past the end');
   let root: unknown;
   try {
-    root = JSON.parse(buf.toString('utf8', at, at + jsonLength));
+    root = parseJson(buf, at, at + jsonLength);
   } catch {
     return malformed('the JSON does not parse');
   }
@@ -424,7 +459,7 @@ function parseRecords(buf: Buffer, v: DataView, start: number, end: number, reco
     if (!need(1)) return malformed('truncated record');
     const kindLength = v.getUint8(at++);
     if (kindLength === 0 || !need(kindLength + 1)) return malformed('bad record kind');
-    const kind = buf.toString('latin1', at, at + kindLength);
+    const kind = kindAt(buf, at, kindLength);
     at += kindLength;
     const pathLength = v.getUint8(at++);
     const path: Segment[] = [];

@@ -95,10 +95,24 @@ function frameError(what: string): IpcError {
   return new IpcError('ERR_FRAME_INVALID', `a received ${what} is malformed`);
 }
 
+// The last pool id decoded: most messages name the same pool as the one before.
+const lastIdBytes = new Uint8Array(16);
+let lastId = '';
+
+/** The hex id of the pool whose 16 id bytes start `data`. */
+function poolId(data: Uint8Array): string {
+  let same = lastId !== '';
+  for (let i = 0; same && i < 16; i++) same = data[i] === lastIdBytes[i];
+  if (!same) {
+    lastIdBytes.set(data.subarray(0, 16));
+    lastId = Buffer.from(data.buffer, data.byteOffset, 16).toString('hex');
+  }
+  return lastId;
+}
+
 /** The pool a reference names: imported from the attached fd, or one this link brought before. */
-function readPoolRef(data: Uint8Array, fds: number[], link: Link): IpcPool {
-  const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
-  const id = Buffer.from(data.buffer, data.byteOffset, 16).toString('hex');
+function readPoolRef(data: Uint8Array, view: DataView, fds: number[], link: Link): IpcPool {
+  const id = poolId(data);
   const flags = view.getUint32(40, true);
   if ((flags & ~FD_ATTACHED) !== 0 || view.getUint32(44, true) !== 0) throw frameError('pool reference');
   let received = poolsReceived.get(link);
@@ -153,7 +167,7 @@ registerTransferHandler<DeviceBuffer>({
   decode(data, fds, link, lease) {
     if (data.byteLength !== POOL_BUFFER_BYTES) throw frameError('pool buffer');
     const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
-    const pool = readPoolRef(data, fds, link);
+    const pool = readPoolRef(data, view, fds, link);
     const size = readU64(view, 112);
     const offset = readU64(view, 120);
     const length = readU64(view, 128);
@@ -170,7 +184,7 @@ registerTransferHandler<IpcPool>({
   },
   decode(data, fds, link, lease) {
     if (data.byteLength !== POOL_REF_BYTES) throw frameError('pool');
-    const pool = readPoolRef(data, fds, link);
+    const pool = readPoolRef(data, new DataView(data.buffer, data.byteOffset, data.byteLength), fds, link);
     if (lease) pool.afterDestroy.push(() => lease.end());
     return pool;
   },
