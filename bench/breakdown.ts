@@ -260,4 +260,7 @@ export function printBreakdown(title: string, results: ReadonlyMap<string, Break
   console.log(line(head));
   console.log('|' + widths.map((w) => '-'.repeat(w + 2)).join('|') + '|');
   for (const r of rows) console.log(line(r));
+  console.log('Phases run back to back on the path of one handoff, so they add up to it; "of which" rows overlap the row above ' +
+    '(where both processes share a core, a sendmsg() that wakes the peer also counts the time the peer runs first). The RELEASE ' +
+    'frame tells the sender that the receiver closed the buffer; it follows the ack, so it is off the timed path.');
 }
