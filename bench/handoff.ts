@@ -1,74 +1,142 @@
 // The handoff benchmark: hand a fresh 1 MiB buffer to a child, which reads one value and
-// acknowledges; the time is from allocating the buffer to having the ack and the buffer freed.
+// acknowledges; the time is from allocating the buffer to having the ack and the buffer closed.
+// With `breakdown`, a second, instrumented pass says where that time goes (breakdown.ts).
 import { Device } from '../src/cuda/device.js';
 import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { HostBuffer } from '../src/host/index.js';
 import { spawn, type Link } from '../src/link/index.js';
 import { summarize, type Summary } from './stats.js';
+import { analyze, Mark, Recorder, type Breakdown } from './breakdown.js';
 
 export const HANDOFF_BYTES = 1 << 20;
 
-async function run(link: Link, make: () => { send: unknown; release: () => void }): Promise<number> {
+export type HandoffKind = 'pool' | 'legacy' | 'host' | 'floor';
+export const HANDOFF_NAMES: Record<HandoffKind, string> = {
+  pool: 'pool buffer (IPC pool)',
+  legacy: 'legacy handle (cuIpcGetMemHandle)',
+  host: 'host buffer (memfd)',
+  floor: 'link round trip, no buffer (floor)',
+};
+
+export interface HandoffResult {
+  kind: HandoffKind;
+  name: string;
+  summary: Summary;
+  breakdown?: Breakdown;
+}
+
+interface Case {
+  kind: HandoffKind;
+  /** Allocates what is sent, and how the sender closes it. */
+  make: () => { send: unknown; release: () => void };
+  /** Hands over a marked buffer; the child must read the mark. */
+  check?: () => { send: unknown; release: () => void; mark: number };
+}
+
+type Marker = ((m: number) => void) | undefined;
+
+async function once(link: Link, c: Case, mark: Marker): Promise<number> {
   const t0 = process.hrtime.bigint();
-  const { send, release } = make();
+  mark?.(Mark.Start);
+  const { send, release } = c.make();
+  mark?.(Mark.Allocated);
   link.send(send);
   await link.receive();
+  mark?.(Mark.Acked);
   release();
+  mark?.(Mark.Freed);
   return Number(process.hrtime.bigint() - t0) / 1000;
 }
 
-/** Runs each available handoff kind; returns microsecond summaries by name. */
-export async function handoffBenchmarks(iterations: number, warmup: number, gpu: boolean): Promise<Map<string, Summary>> {
+/** Waits until the child has released everything it was sent (its RELEASE frames arrived). */
+async function settled(link: Link): Promise<void> {
+  for (let i = 0; link.leases.count > 0 && i < 10_000; i++) await new Promise((r) => setImmediate(r));
+}
+
+/** One instrumented pass of `iterations` handoffs, both processes recording. */
+async function instrumented(link: Link, c: Case, iterations: number): Promise<Breakdown> {
+  link.send('record');
+  if ((await link.receive()) !== 'recording') throw new Error('the benchmark child did not start recording');
+  await settled(link);
+  const recorder = new Recorder();
+  recorder.install();
+  try {
+    for (let i = 0; i < iterations; i++) await once(link, c, recorder.mark);
+  } finally {
+    recorder.uninstall();
+  }
+  const parts: Float64Array[] = [];
+  for (let at = 0; ; ) {
+    link.send({ log: at });
+    const part = (await link.receive()) as Float64Array;
+    if (part.length === 0) break;
+    parts.push(part);
+    at += part.length;
+  }
+  const child = new Float64Array(parts.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of parts) { child.set(p, at); at += p.length; }
+  await settled(link);
+  return analyze(recorder.monotonic(), child);
+}
+
+export interface HandoffOptions {
+  iterations: number;
+  warmup: number;
+  gpu: boolean;
+  /** Handoffs in the instrumented pass per kind; 0: no breakdown. */
+  breakdown: number;
+}
+
+/** Runs each available handoff kind, then the bare link round trip. */
+export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResult[]> {
   const { child, link } = await spawn(new URL('./handoff-child.js', import.meta.url), [], { stdio: 'inherit' });
-  const results = new Map<string, Summary>();
+  const results: HandoffResult[] = [];
   let pool: import('../src/ipc/pool.js').IpcPool | undefined;
   try {
-    const cases: Array<{ name: string; make: () => { send: unknown; release: () => void }; check: () => Promise<void> }> = [];
-    // Correctness first: each kind hands over a marked buffer and the child must read the mark.
-    const expectMark = async (send: unknown, release: () => void, mark: number, what: string) => {
-      link.send(send);
-      const got = await link.receive();
-      release();
-      if (got !== mark) throw new Error(`${what}: the child read ${String(got)}, not the marker ${mark}`);
-    };
-    cases.push({
-      name: 'host buffer (memfd)',
-      make: () => { const b = HostBuffer.allocate(HANDOFF_BYTES); return { send: b, release: () => b.close() }; },
-      check: async () => { const b = HostBuffer.allocate(HANDOFF_BYTES); b.write(new Uint32Array([0xc0ffee])); await expectMark(b, () => b.close(), 0xc0ffee, 'host'); },
-    });
-    if (gpu) {
+    const cases: Case[] = [];
+    if (o.gpu) {
       const device = Device.get(0);
       const p = (pool = device.createIpcPool());
-      cases.unshift({
-        name: 'pool buffer (IPC pool)',
+      cases.push({
+        kind: 'pool',
         make: () => { const b = p.allocate(HANDOFF_BYTES); return { send: b, release: () => b.close() }; },
-        check: async () => { const b = p.allocate(HANDOFF_BYTES); b.write(new Uint32Array([0xbeef])); await expectMark(b, () => b.close(), 0xbeef, 'pool'); },
+        check: () => { const b = p.allocate(HANDOFF_BYTES); b.write(new Uint32Array([0xbeef])); return { send: b, release: () => b.close(), mark: 0xbeef }; },
       });
-      cases.splice(1, 0, {
-        name: 'legacy handle (cuIpcGetMemHandle)',
-        make: () => {
+      cases.push({
+        kind: 'legacy',
+        make: () => { const b = DeviceBuffer.allocate(HANDOFF_BYTES, { device }); return { send: b, release: () => b.close() }; },
+        check: () => {
           const b = DeviceBuffer.allocate(HANDOFF_BYTES, { device });
-          return { send: b, release: () => b.close() };
+          b.write(new Uint32Array([0xfeed]));
+          return { send: b, release: () => b.close(), mark: 0xfeed };
         },
-        check: async () => { const b = DeviceBuffer.allocate(HANDOFF_BYTES, { device }); b.write(new Uint32Array([0xfeed])); await expectMark(b, () => b.close(), 0xfeed, 'legacy'); },
       });
     }
-    for (const c of cases) {
-      await c.check();
-      for (let i = 0; i < warmup; i++) await run(link, c.make);
-      const times = new Float64Array(iterations);
-      for (let i = 0; i < iterations; i++) times[i] = await run(link, c.make);
-      results.set(c.name, summarize(times));
-    }
+    cases.push({
+      kind: 'host',
+      make: () => { const b = HostBuffer.allocate(HANDOFF_BYTES); return { send: b, release: () => b.close() }; },
+      check: () => { const b = HostBuffer.allocate(HANDOFF_BYTES); b.write(new Uint32Array([0xc0ffee])); return { send: b, release: () => b.close(), mark: 0xc0ffee }; },
+    });
     // The control-plane floor: the same link carrying a number each way.
-    const times = new Float64Array(iterations);
-    for (let i = 0; i < warmup + iterations; i++) {
-      const t0 = process.hrtime.bigint();
-      link.send(4);
-      await link.receive();
-      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+    cases.push({ kind: 'floor', make: () => ({ send: 4, release: () => {} }) });
+
+    for (const c of cases) {
+      if (c.check) {
+        // Correctness first: the child must read the marker.
+        const { send, release, mark } = c.check();
+        link.send(send);
+        const got = await link.receive();
+        release();
+        if (got !== mark) throw new Error(`${c.kind}: the child read ${String(got)}, not the marker ${mark}`);
+      }
+      for (let i = 0; i < o.warmup; i++) await once(link, c, undefined);
+      const times = new Float64Array(o.iterations);
+      for (let i = 0; i < o.iterations; i++) times[i] = await once(link, c, undefined);
+      const r: HandoffResult = { kind: c.kind, name: HANDOFF_NAMES[c.kind], summary: summarize(times) };
+      if (o.breakdown > 0) r.breakdown = await instrumented(link, c, o.breakdown);
+      results.push(r);
     }
-    results.set('link round trip, no buffer (floor)', summarize(times));
   } finally {
     pool?.close();
     link.send('end');

@@ -1,13 +1,16 @@
-// `npm run bench [-- --iterations N] [--json FILE] [--no-python] [--no-handoff] [--no-channels] [--no-peer]`: the project's benchmarks as a
-// table (median, p99, comparison with the reference measured in the same run), optionally JSON.
+// `npm run bench [-- --iterations N] [--json FILE] [--breakdown] [--no-python] [--no-c] [--no-handoff] [--no-channels] [--no-peer]`:
+// the project's benchmarks as a table (median, p99, comparison with the references measured in the
+// same run: C, PyTorch, CuPy), optionally a per-phase breakdown of one handoff, optionally JSON.
 import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { probeDriver } from '../src/cuda/driver.js';
 import { Device } from '../src/cuda/device.js';
-import { handoffBenchmarks } from './handoff.js';
-import { pythonHandoffRefs } from './python-refs.js';
-import { printTable, type Row, type Summary } from './stats.js';
+import { handoffBenchmarks, HANDOFF_BYTES, type HandoffKind, type HandoffResult } from './handoff.js';
+import { printBreakdown, PHASES, type Breakdown } from './breakdown.js';
+import { buildCReference, runCReference, type CBuild, type CMode, type CReference } from './c-reference.js';
+import { pythonHandoffRefs, type PythonRef } from './python-refs.js';
+import { printTable, type Row } from './stats.js';
 import { channelBenchmarks, channelRows, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
 
@@ -16,7 +19,9 @@ const { values } = parseArgs({
     iterations: { type: 'string', default: '2000' },
     warmup: { type: 'string', default: '300' },
     json: { type: 'string' },
+    breakdown: { type: 'boolean', default: false },
     'no-python': { type: 'boolean', default: false },
+    'no-c': { type: 'boolean', default: false },
     'no-handoff': { type: 'boolean', default: false },
     'no-channels': { type: 'boolean', default: false },
     'no-peer': { type: 'boolean', default: false },
@@ -29,30 +34,112 @@ if (!Number.isSafeInteger(iterations) || iterations < 1 || !Number.isSafeInteger
   process.exit(2);
 }
 
+/** Handoff targets (issue 10), each against a figure measured in the same run. */
+const HANDOFF_TARGETS = {
+  /** pool and legacy medians at most this many times their C reference */
+  vsC: 1.5,
+  /** pool median at least this many times faster than PyTorch / CuPy */
+  vsTorch: 8,
+  vsCupy: 4,
+  /** host-buffer median at most this many times the link floor */
+  hostVsFloor: 2,
+  /** p99 at most this many times the median, every handoff row */
+  p99VsMedian: 3,
+} as const;
+
 const probe = probeDriver();
 const gpu = probe.ok && Device.all().length > 0;
 const device = gpu ? Device.get(0) : undefined;
 console.log(`cuda-ipc benchmarks on ${hostname()}: ${device ? `${device.name} (CUDA driver ${probe.ok ? probe.version : '?'})` : 'no GPU (host buffers only)'}; Node ${process.version}`);
-if (!values['no-handoff']) console.log(`handoff: a fresh 1 MiB buffer to a child that reads one value and acknowledges; ${iterations} timed after ${warmup} warm-up`);
-const ours: Map<string, Summary> = values['no-handoff'] ? new Map() : await handoffBenchmarks(iterations, warmup, gpu);
-const refs = gpu && !values['no-python'] && !values['no-handoff'] ? pythonHandoffRefs(iterations, warmup) : [];
 
-const POOL = 'pool buffer (IPC pool)';
-const POOL_TARGET_US = 30;
-const rows: Row[] = [];
-for (const [name, s] of ours) {
-  const notes: string[] = [];
-  if (name === POOL) {
-    notes.push(`target median <= ${POOL_TARGET_US} us: ${s.median <= POOL_TARGET_US ? 'MET' : 'MISSED'}`);
-    for (const r of refs) if (r.summary) notes.push(`${(r.summary.median / s.median).toFixed(1)}x faster than ${r.name.split(' ')[0]}`);
+let handoff: HandoffResult[] = [];
+let cBuild: CBuild | undefined;
+const cRefs = new Map<CMode, CReference>();
+let pyRefs: PythonRef[] = [];
+const targets: Array<{ row: string; target: string; value: number; limit: number; met: boolean }> = [];
+
+if (!values['no-handoff']) {
+  const breakdownRuns = values.breakdown ? Math.min(iterations, 1000) : 0;
+  console.log(`handoff: a fresh 1 MiB buffer to a child that reads one value and acknowledges; ${iterations} timed after ${warmup} warm-up` +
+    (breakdownRuns ? `, then ${breakdownRuns} instrumented for the breakdown` : ''));
+  handoff = await handoffBenchmarks({ iterations, warmup, gpu, breakdown: breakdownRuns });
+  if (!values['no-c']) {
+    cBuild = buildCReference(gpu);
+    const modes: CMode[] = gpu ? ['pool', 'legacy', 'host', 'socket'] : ['host', 'socket'];
+    for (const m of modes) cRefs.set(m, runCReference(cBuild, m, iterations, warmup, HANDOFF_BYTES));
   }
-  rows.push({ name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes });
+  if (gpu && !values['no-python']) pyRefs = pythonHandoffRefs(iterations, warmup);
+
+  const byKind = new Map(handoff.map((r) => [r.kind, r]));
+  const cFor: Record<HandoffKind, CMode> = { pool: 'pool', legacy: 'legacy', host: 'host', floor: 'socket' };
+  const torch = pyRefs.find((r) => r.name.startsWith('PyTorch'))?.summary;
+  const cupy = pyRefs.find((r) => r.name.startsWith('CuPy'))?.summary;
+  const check = (row: string, target: string, value: number, limit: number, atMost: boolean): string => {
+    const met = atMost ? value <= limit : value >= limit;
+    targets.push({ row, target, value, limit, met });
+    return `${target}: ${met ? 'MET' : 'MISSED'}`;
+  };
+  const rows: Row[] = [];
+  for (const r of handoff) {
+    const s = r.summary;
+    const notes: string[] = [];
+    const c = cRefs.get(cFor[r.kind])?.summary;
+    if (c) notes.push(`${(s.median / c.median).toFixed(2)}x C`);
+    if (r.kind === 'pool' || r.kind === 'legacy') {
+      if (c) notes.push(check(r.name, `<= ${HANDOFF_TARGETS.vsC}x C`, s.median / c.median, HANDOFF_TARGETS.vsC, true));
+      else notes.push(`<= ${HANDOFF_TARGETS.vsC}x C: no C reference`);
+    }
+    if (r.kind === 'pool') {
+      if (torch) notes.push(check(r.name, `${(torch.median / s.median).toFixed(1)}x faster than PyTorch (>= ${HANDOFF_TARGETS.vsTorch}x)`, torch.median / s.median, HANDOFF_TARGETS.vsTorch, false));
+      if (cupy) notes.push(check(r.name, `${(cupy.median / s.median).toFixed(1)}x faster than CuPy (>= ${HANDOFF_TARGETS.vsCupy}x)`, cupy.median / s.median, HANDOFF_TARGETS.vsCupy, false));
+    }
+    if (r.kind === 'host') {
+      const floor = byKind.get('floor')?.summary;
+      if (floor) notes.push(check(r.name, `${(s.median / floor.median).toFixed(2)}x the link floor (<= ${HANDOFF_TARGETS.hostVsFloor}x)`, s.median / floor.median, HANDOFF_TARGETS.hostVsFloor, true));
+    }
+    if (r.kind !== 'floor') {
+      notes.push(check(r.name, `p99 ${(s.p99 / s.median).toFixed(1)}x median (<= ${HANDOFF_TARGETS.p99VsMedian}x)`, s.p99 / s.median, HANDOFF_TARGETS.p99VsMedian, true));
+    }
+    rows.push({ name: r.name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes });
+  }
+  for (const c of cRefs.values()) {
+    rows.push(c.summary
+      ? { name: `reference: ${c.name}`, unit: 'us', median: c.summary.median, p99: c.summary.p99, n: c.summary.n }
+      : { name: `reference: ${c.name}`, unit: 'us', median: NaN, notes: [`skipped: ${c.skipped}`] });
+  }
+  for (const r of pyRefs) {
+    rows.push(r.summary
+      ? { name: `reference: ${r.name}`, unit: 'us', median: r.summary.median, p99: r.summary.p99, n: r.summary.n }
+      : { name: `reference: ${r.name}`, unit: 'us', median: NaN, notes: [`skipped: ${r.skipped}`] });
+  }
+  if (values['no-c']) console.log('C reference: not run (--no-c)');
+  else if (cBuild?.why) console.log(`C reference: ${cBuild.why}`);
+  printTable('Handoff round trip (lower is better; "x C" = median over the C reference of the same flow, same run)', rows);
+
+  if (values.breakdown) {
+    printBreakdown('Where one handoff spends its time (median us per phase; sender = this process, receiver = the child)',
+      new Map(handoff.map((r) => [r.kind, r.breakdown!])), new Map(handoff.map((r) => [r.kind, r.summary.median])));
+  }
+  const missed = targets.filter((t) => !t.met);
+  if (targets.length) {
+    console.log(`\nhandoff targets: ${targets.length - missed.length} of ${targets.length} met`);
+    for (const t of missed) {
+      const b = byKind.get(handoff.find((r) => r.name === t.row)!.kind)?.breakdown;
+      const tail = t.target.startsWith('p99');
+      console.log(`  MISSED ${t.row}: ${t.target}` +
+        (b ? `; ${tail ? 'phases with the largest p99' : 'largest phases (median)'}: ${largestPhases(b, tail)}` : ' (run with --breakdown to see which phase holds it)'));
+    }
+  }
 }
-for (const r of refs) {
-  if (r.summary) rows.push({ name: `reference: ${r.name}`, unit: 'us', median: r.summary.median, p99: r.summary.p99, n: r.summary.n });
-  else rows.push({ name: `reference: ${r.name}`, unit: 'us', median: NaN, notes: [`skipped: ${r.skipped}`] });
+
+function largestPhases(b: Breakdown, tail: boolean): string {
+  return PHASES.filter((p) => !('beside' in p) && b.phases[p.key])
+    .map((p) => ({ what: p.what, us: tail ? b.phases[p.key]!.p99 : b.phases[p.key]!.median }))
+    .sort((x, y) => y.us - x.us)
+    .slice(0, 4)
+    .map((p) => `${p.what} ${p.us.toFixed(1)} us`)
+    .join(', ');
 }
-if (!values['no-handoff']) printTable('Handoff round trip (lower is better)', rows);
 
 // Channels: after the handoff table.
 let channels: ChannelResults | undefined;
@@ -76,7 +163,11 @@ if (!values['no-peer']) {
 if (values.json) {
   writeFileSync(values.json, JSON.stringify({
     host: hostname(), node: process.version, device: device?.toJSON() ?? null, iterations, warmup,
-    handoff: Object.fromEntries(ours), references: refs,
+    handoff: Object.fromEntries(handoff.map((r) => [r.name, r.summary])),
+    handoffBreakdown: values.breakdown ? Object.fromEntries(handoff.map((r) => [r.name, r.breakdown])) : null,
+    handoffTargets: { limits: HANDOFF_TARGETS, results: targets },
+    references: pyRefs,
+    cReference: cBuild ? { build: cBuild, results: [...cRefs.values()] } : null,
     channels: channels ? { targets: CHANNEL_TARGETS, ...channels } : null,
     peer: peer ?? null,
   }, null, 2) + '\n');

@@ -33,6 +33,7 @@ export {
 } from './link/index.js';
 export { stats, type Stats } from './stats.js';
 export { collectStatus, type StatusSnapshot, type ProcessStatus, type PeerShare, type CollectOptions } from './observe/reader.js';
+export { traceLeaks } from './leak.js';
 export { leaseStats, type LeaseStats, type LeaseCounts, type LinkLeaseStats } from './link/index.js';
 export { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
 export {

@@ -1,16 +1,28 @@
-// Backstop for resources that are garbage-collected without close(): warn once per place of
-// creation (a loop that leaks warns once, naming the line), then release the resource so the
-// process does not keep leaking.
+// Backstop for resources that are garbage-collected without close(): warn, then release the
+// resource so the process does not keep leaking.
+//
+// By default a warning names the kind and size of what leaked ("A DeviceBuffer (1048576 bytes)"),
+// once per kind and size, and tracking costs one FinalizationRegistry entry per resource. Knowing
+// where each resource was created needs a stack trace per allocation (microseconds each, more than
+// a whole handoff's worth of work), so it is opt-in: CUDA_IPC_TRACE_LEAKS=1 in the environment,
+// or traceLeaks(true); the warning then names the line, once per line.
 import { fileURLToPath } from 'node:url';
 
-interface Tracked { what: string; where: string; release: () => void }
+interface Tracked { what: string; where: string | undefined; release: () => void }
 
-const warnedSites = new Set<string>();
+const env = process.env.CUDA_IPC_TRACE_LEAKS;
+let tracing = env !== undefined && env !== '' && env !== '0' && env.toLowerCase() !== 'false';
+
+const warned = new Set<string>();
 
 const registry = new FinalizationRegistry<Tracked>((t) => {
-  if (!warnedSites.has(t.where)) {
-    warnedSites.add(t.where);
-    process.emitWarning(`${t.what} was garbage-collected without close(); close it, or declare it with \`using\`. Created ${t.where}`,
+  const key = t.where ?? t.what;
+  if (!warned.has(key)) {
+    warned.add(key);
+    const where = t.where !== undefined
+      ? ` Created ${t.where}`
+      : ' Set CUDA_IPC_TRACE_LEAKS=1 (or call traceLeaks(true)) to see where each one is created.';
+    process.emitWarning(`${t.what} was garbage-collected without close(); close it, or declare it with \`using\`.${where}`,
       { code: 'CUDA_IPC_LEAK' });
   }
   try {
@@ -19,6 +31,20 @@ const registry = new FinalizationRegistry<Tracked>((t) => {
     // The process may be tearing down the context; a failed late release is not actionable.
   }
 });
+
+/**
+ * Records the creation stack of every resource created from now on (or stops), so that leak
+ * warnings name the line that created the leaked resource. Costs a stack trace per resource;
+ * the default is off unless CUDA_IPC_TRACE_LEAKS=1 is set.
+ */
+export function traceLeaks(enabled: boolean): void {
+  tracing = enabled;
+}
+
+/** True while creation stacks are recorded (traceLeaks / CUDA_IPC_TRACE_LEAKS). */
+export function tracingLeaks(): boolean {
+  return tracing;
+}
 
 /**
  * Where the caller's caller is, as text. Formatted now: an unformatted V8 stack keeps every
@@ -40,11 +66,11 @@ const packageSource = fileURLToPath(new URL('.', import.meta.url));
 
 /**
  * Registers `owner` so that `release` runs (with a warning) if it is collected while open.
- * `where` describes its origin when a stack would not help (e.g. 'from a link message');
- * otherwise the creating call is recorded.
+ * `what` names it with its size; `where` describes its origin when a stack would not help (e.g.
+ * 'from a link message'); otherwise, while tracing, the creating call is recorded.
  */
 export function trackLeak(owner: object, what: string, release: () => void, where?: string): void {
-  registry.register(owner, { what, where: where ?? creationSite(), release }, owner);
+  registry.register(owner, { what, where: where ?? (tracing ? creationSite() : undefined), release }, owner);
 }
 
 export function untrackLeak(owner: object): void {

@@ -121,11 +121,11 @@ export class SharedMemory {
     liveMemory.delete(this);
     noteChange();
     try {
-      for (const hook of this.beforeRelease.splice(0)) hook();
+      if (this.beforeRelease.length) for (const hook of this.beforeRelease.splice(0)) hook();
       this.owner.device.activate();
       this.owner.release();
     } finally {
-      for (const hook of this.afterRelease.splice(0)) hook();
+      if (this.afterRelease.length) for (const hook of this.afterRelease.splice(0)) hook();
       this.#resolveReleased?.();
     }
   }
@@ -171,7 +171,7 @@ export class DeviceBuffer {
     this.device = device ?? parent?.device ?? memory.owner.device;
     this.ownerOffset = offset;
     this.byteLength = byteLength;
-    this.#pointer = memory.owner.base + BigInt(offset);
+    this.#pointer = offset === 0 ? memory.owner.base : memory.owner.base + BigInt(offset);
     this.#parent = parent;
     memory.acquire();
     trackLeak(this, `A DeviceBuffer (${byteLength} bytes)`, () => memory.drop(), origin);

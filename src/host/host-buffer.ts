@@ -50,11 +50,18 @@ class Mapping {
   #released: Promise<void> | undefined;
   #resolveReleased: (() => void) | undefined;
 
+  /** The memfd and the mapping's length, read once (each native getter is an N-API call). */
+  readonly fd: number;
+  readonly length: number;
+
   constructor(
     readonly native: NativeSharedMemory,
     /** Sealed against shrinking: no one can truncate the file under a mapping (SIGBUS). */
     readonly sealed: boolean,
-  ) {}
+  ) {
+    this.fd = native.fd;
+    this.length = native.byteLength;
+  }
 
   release(): void {
     if (--this.users === 0) this.unmap();
@@ -103,6 +110,8 @@ class Mapping {
 }
 
 
+const nothingToRelease = (): void => {};
+
 function toSize(bytes: number | bigint, what: string): number {
   const n = typeof bytes === 'bigint' ? Number(bytes) : bytes;
   if (!Number.isSafeInteger(n) || n <= 0) {
@@ -141,7 +150,8 @@ export class HostBuffer implements Disposable {
   #mapping: Mapping | undefined;
   /** The same mapping, kept after close() for `leases` and `released()`. */
   readonly #shared: Mapping;
-  #bytes: Uint8Array;
+  /** Made on first use: a buffer that is only sent on never needs a JS view of its memory. */
+  #bytes: Uint8Array | undefined;
   readonly #offset: number;
   readonly #length: number;
 
@@ -150,9 +160,13 @@ export class HostBuffer implements Disposable {
     this.#shared = mapping;
     this.#offset = offset;
     this.#length = length;
-    this.#bytes = new Uint8Array(mapping.native.arrayBuffer(offset, length));
     // Native finalizers close the fd and unmap once no ArrayBuffer needs the memory: only warn.
-    trackLeak(this, `A HostBuffer (${length} bytes)`, () => {});
+    trackLeak(this, `A HostBuffer (${length} bytes)`, nothingToRelease);
+  }
+
+  /** The Uint8Array over this buffer's range, made on first use. */
+  #view(m: Mapping): Uint8Array {
+    return (this.#bytes ??= new Uint8Array(m.native.arrayBuffer(this.#offset, this.#length)));
   }
 
   /** Allocates `bytes` of zeroed shared memory in a new memfd, sealed against resizing. */
@@ -212,7 +226,7 @@ export class HostBuffer implements Disposable {
 
   /** The memfd (shared by this buffer and its views). Borrowed: do not close it. */
   get fd(): number {
-    return this.#open('fd').native.fd;
+    return this.#open('fd').fd;
   }
   get byteLength(): number {
     return this.#length;
@@ -227,8 +241,7 @@ export class HostBuffer implements Disposable {
   }
   /** A zero-copy Uint8Array over the buffer (the same object every time); empty once closed. */
   get bytes(): Uint8Array {
-    this.#open('bytes');
-    return this.#bytes;
+    return this.#view(this.#open('bytes'));
   }
   /** True once closed, or once its memory was unmapped by a forced close of a buffer sharing it. */
   get closed(): boolean {
@@ -252,10 +265,10 @@ export class HostBuffer implements Disposable {
 
   /** Copies `src` into the buffer at `offset`. */
   write(src: ArrayBufferView | ArrayBuffer, offset = 0): void {
-    this.#open('write');
+    const m = this.#open('write');
     const b = asBytes(src, 'HostBuffer.write(src)');
     this.#range(offset, b.byteLength, 'write');
-    this.#bytes.set(b, offset);
+    this.#view(m).set(b, offset);
   }
 
   /** Copies bytes from `offset` into `dst` (as many as `dst` holds) and returns `dst`. */
@@ -263,29 +276,29 @@ export class HostBuffer implements Disposable {
   /** Returns a new Uint8Array holding a copy of `length` bytes at `offset` (default: to the end). */
   read(offset?: number, length?: number): Uint8Array;
   read(a?: ArrayBufferView | number, b?: number): ArrayBufferView {
-    this.#open('read');
+    const bytes = this.#view(this.#open('read'));
     if (a === undefined || typeof a === 'number') {
       const offset = a ?? 0;
       checkOffset(offset, 'read: offset');
       const length = b ?? this.#length - offset;
       checkOffset(length, 'read: length');
       this.#range(offset, length, 'read');
-      return this.#bytes.slice(offset, offset + length);
+      return bytes.slice(offset, offset + length);
     }
     const dst = asBytes(a, 'HostBuffer.read(dst)');
     const offset = b ?? 0;
     this.#range(offset, dst.byteLength, 'read');
-    dst.set(this.#bytes.subarray(offset, offset + dst.byteLength));
+    dst.set(bytes.subarray(offset, offset + dst.byteLength));
     return a;
   }
 
   /** Sets every byte to `byte` (0..255). */
   fill(byte: number): void {
-    this.#open('fill');
+    const m = this.#open('fill');
     if (!Number.isInteger(byte) || byte < 0 || byte > 255) {
       throw new IpcError('ERR_INVALID_ARG', `HostBuffer.fill(byte): byte must be an integer 0..255; got ${String(byte)}`);
     }
-    this.#bytes.fill(byte);
+    this.#view(m).fill(byte);
   }
 
   /** A HostBuffer over `length` bytes at `offset` (default: to the end) of this one. Close it too. */
@@ -321,7 +334,9 @@ export class HostBuffer implements Disposable {
       this.#mapping = undefined;
       untrackLeak(this);
       // Views may keep the mapping; this buffer's own typed arrays must go dark now regardless.
-      addon.detachArrayBuffer(this.#bytes.buffer as ArrayBuffer);
+      // (When the memory is unmapped right here, the native close detaches every one of them.)
+      const unmapsNow = options?.force || (m.users === 1 && !m.unmapped);
+      if (this.#bytes && !unmapsNow) addon.detachArrayBuffer(this.#bytes.buffer as ArrayBuffer);
       if (!options?.force) {
         m.release();
         return;
@@ -338,7 +353,7 @@ export class HostBuffer implements Disposable {
   static {
     describeHostBuffer = (buffer) => {
       const m = buffer.#open('describe');
-      return { mappingLength: m.native.byteLength, sealed: m.sealed };
+      return { mappingLength: m.length, sealed: m.sealed };
     };
     leaseHostBuffer = (buffer) => buffer.#open('lease').lease();
     whenHostBufferReleased = (buffer, done) => buffer.#shared.whenReleased(done);

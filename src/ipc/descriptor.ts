@@ -199,7 +199,15 @@ export function parseDescriptorJson(input: unknown, expectedKind?: DescriptorKin
 
 /** The binary form (layout in the module comment). Validates first. */
 export function encodeDescriptor(desc: Descriptor): Uint8Array {
-  const checked = validateDescriptor(desc);
+  return encodeCheckedDescriptor(validateDescriptor(desc));
+}
+
+/**
+ * @internal The binary form of a descriptor that is valid by construction (validateDescriptor's
+ * output, or built by this package from the driver's own values): no second validation, which
+ * would cost more than the rest of a link send.
+ */
+export function encodeCheckedDescriptor(checked: Descriptor): Uint8Array {
   const codec = CODECS[checked.kind] as KindCodec<DescriptorKind>;
   const length = DESCRIPTOR_HEADER_BYTES + codec.bodyLength(checked);
   const out = new WireWriter(length);

@@ -4,6 +4,7 @@
 
 import { describe, fail, type Field } from './checks.js';
 import { hexToBytes } from './hex.js';
+import { formatUuid } from '../cuda/device.js';
 
 export const DEVICE_UUID_BYTES = 16;
 
@@ -19,10 +20,27 @@ export function checkDeviceUuid(value: unknown, field: Field): string {
   return value;
 }
 
-/** The 16 raw bytes of a checked device UUID string. */
+// A process sees a handful of devices: remember each UUID's two forms once converted.
+const bytesByText = new Map<string, Uint8Array>();
+const textByKey = new Map<string, string>();
+
+/** The 16 raw bytes of a checked device UUID string (do not modify them: they are shared). */
 export function deviceUuidToBytes(uuid: string, field: Field): Uint8Array {
-  return hexToBytes(checkDeviceUuid(uuid, field).slice(4).replaceAll('-', ''), DEVICE_UUID_BYTES, field);
+  let bytes = bytesByText.get(uuid);
+  if (!bytes) {
+    bytes = hexToBytes(checkDeviceUuid(uuid, field).slice(4).replaceAll('-', ''), DEVICE_UUID_BYTES, field);
+    if (bytesByText.size < 64) bytesByText.set(uuid, bytes);
+  }
+  return bytes;
 }
 
 /** The text form of 16 raw UUID bytes. */
-export { formatUuid as deviceUuidFromBytes } from '../cuda/device.js';
+export function deviceUuidFromBytes(bytes: Uint8Array): string {
+  const key = Buffer.from(bytes.buffer, bytes.byteOffset, DEVICE_UUID_BYTES).toString('latin1');
+  let text = textByKey.get(key);
+  if (text === undefined) {
+    text = formatUuid(bytes);
+    if (textByKey.size < 64) textByKey.set(key, text);
+  }
+  return text;
+}

@@ -7,7 +7,8 @@ import { Device, defaultDevice, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
 import { CudaError, IpcError } from '../errors.js';
 import {
-  legacyHandleDescriptor, validateDescriptor, parseDescriptorJson, decodeDescriptor, type LegacyHandleDescriptor,
+  legacyHandleDescriptor, validateDescriptor, parseDescriptorJson, decodeDescriptor, encodeCheckedDescriptor,
+  DESCRIPTOR_VERSION, type LegacyHandleDescriptor,
 } from './descriptor.js';
 import type { ArrayMetaInit } from './array-meta.js';
 
@@ -84,19 +85,37 @@ export function exportPointer(pointer: bigint, byteLength: number, options: IpcH
 }
 
 DeviceBuffer.prototype.ipcHandle = function ipcHandle(this: DeviceBuffer, options: IpcHandleOptions = {}): LegacyHandleDescriptor {
-  const memory = this.memory;
+  const { handle, pid } = handleOf(this);
+  return describe(handle, this.ownerOffset, this.byteLength, this.residentDevice, pid, options.array);
+};
+
+/**
+ * @internal What a link sends for a device buffer: its descriptor in binary form, built from
+ * values that are valid by construction (the driver's handle, the buffer's own range), so without
+ * the validation a user-supplied descriptor gets.
+ */
+export function legacyTransferBytes(buffer: DeviceBuffer): Uint8Array {
+  const { handle, pid } = handleOf(buffer);
+  return encodeCheckedDescriptor({
+    kind: 'cuda-legacy-handle', version: DESCRIPTOR_VERSION, handle, offset: buffer.ownerOffset,
+    byteLength: buffer.byteLength, deviceUuid: buffer.residentDevice.uuid, pid,
+  });
+}
+
+/** The legacy handle of a buffer's allocation (made and registered once) and the exporting pid. */
+function handleOf(buffer: DeviceBuffer): { handle: Uint8Array; pid: number } {
+  const memory = buffer.memory;
   const owner = memory.owner;
   if (owner.kind === 'legacy-import') {
     // Re-sharing an import: the same handle works in any other process.
-    const origin = importOrigin.get(owner)!;
-    return describe(origin.handle, this.ownerOffset, this.byteLength, this.residentDevice, origin.pid, options.array);
+    return importOrigin.get(owner)!;
   }
   if (owner.kind !== 'device') {
     throw notExportable(`a ${owner.kind} buffer has no legacy IPC handle; send it over a link (link.send) instead`);
   }
   let handle = handleOfMemory.get(memory);
   if (!handle) {
-    this.device.activate();
+    buffer.device.activate();
     const h = driver.ipcGetMemHandle(owner.base);
     const key = handleKey(h);
     driver.legacyExportRegister(h, owner.base);
@@ -108,8 +127,8 @@ DeviceBuffer.prototype.ipcHandle = function ipcHandle(this: DeviceBuffer, option
     handleOfMemory.set(memory, h);
     handle = h;
   }
-  return describe(handle, this.ownerOffset, this.byteLength, this.residentDevice, process.pid, options.array);
-};
+  return { handle, pid: process.pid };
+}
 
 function isAlive(pid: number): boolean {
   try {
@@ -142,9 +161,13 @@ export interface OpenIpcHandleOptions {
  * releases it. Throws ERR_PEER_UNREACHABLE where the using device cannot reach the memory's.
  */
 export function openIpcHandle(input: LegacyHandleDescriptor | string | Uint8Array, options: OpenIpcHandleOptions = {}): DeviceBuffer {
-  const desc = toLegacyDescriptor(input);
+  return openLegacyDescriptor(toLegacyDescriptor(input), options.device);
+}
+
+/** @internal openIpcHandle for a descriptor already validated (decodeDescriptor's output). */
+export function openLegacyDescriptor(desc: LegacyHandleDescriptor, using?: Device): DeviceBuffer {
   const resident = Device.byUuid(desc.deviceUuid);
-  const user = importingDevice(resident, options.device);
+  const user = importingDevice(resident, using);
 
   const local = localExports.get(handleKey(desc.handle))?.deref();
   if (local && !local.released) {

@@ -50,8 +50,11 @@ const byExport = (data: Uint8Array) => Buffer.from(data.buffer, data.byteOffset,
 interface PoolMemoryOwner extends MemoryOwner {
   readonly kind: 'pool' | 'pool-import';
   readonly pool: IpcPool;
-  /** For imports: the export data it was imported from, so that it can be sent on unchanged. */
-  readonly exportData?: Uint8Array;
+  /** For imports: the export data it was imported from (as a latin1 string: a key anyway, and no
+   *  typed array per import), so that it can be sent on unchanged. */
+  readonly exportKey?: string;
+  /** For allocations: their export data, once a send asked for it (kept: a buffer is often re-sent). */
+  exportData?: Uint8Array;
 }
 
 export class IpcPool {
@@ -79,6 +82,8 @@ export class IpcPool {
   // Imported pointers by export bytes: a second import of one buffer must share the first mapping,
   // or freeing either would unmap both.
   readonly #imports = new Map<string, SharedMemory>();
+  /** What a leak warning says about where an imported buffer came from (made once). */
+  #importOrigin: string | undefined;
 
   private constructor(device: Device, handle: bigint, id: string, imported: boolean, maxSize: number, fd: number, home: Device) {
     this.device = device;
@@ -253,7 +258,7 @@ export class IpcPool {
       // One mapping per process, whichever device imported it first; the pool's access list says
       // which devices may use it.
       const owner: PoolMemoryOwner = {
-        kind: 'pool-import', device: user, residentDevice: this.device, base, byteLength, pool: this, exportData: new Uint8Array(exportData),
+        kind: 'pool-import', device: user, residentDevice: this.device, base, byteLength, pool: this, exportKey: key,
         release: () => {
           this.#imports.delete(key);
           driver.memFree(base);
@@ -263,7 +268,8 @@ export class IpcPool {
       memory = new SharedMemory(owner);
       this.#imports.set(key, memory);
     }
-    return new DeviceBuffer(memory, offset, length, undefined, `by importing from pool ${this.id}, e.g. out of a link message`, user);
+    this.#importOrigin ??= `by importing from pool ${this.id}, e.g. out of a link message`;
+    return new DeviceBuffer(memory, offset, length, undefined, this.#importOrigin, user);
   }
 
   /** Returns reserved but unused memory to the device until at most `bytes` stay reserved. */
@@ -337,15 +343,12 @@ export function poolOf(buffer: DeviceBuffer): IpcPool | undefined {
  */
 export function exportPoolBuffer(buffer: DeviceBuffer): { pool: IpcPool; exportData: Uint8Array; allocationSize: number } {
   const owner = buffer.memory.owner as PoolMemoryOwner;
-  if (owner.kind === 'pool-import') return { pool: owner.pool, exportData: owner.exportData!, allocationSize: owner.byteLength };
+  if (owner.kind === 'pool-import') return { pool: owner.pool, exportData: Buffer.from(owner.exportKey!, 'latin1'), allocationSize: owner.byteLength };
   if (owner.kind !== 'pool') throw new IpcError('ERR_NOT_TRANSFERABLE', `a ${owner.kind} buffer is not from an IPC pool`);
-  let exportData = exportCache.get(owner);
+  let exportData = owner.exportData;
   if (!exportData) {
     buffer.device.activate();
-    exportData = driver.memPoolExportPointer(owner.base);
-    exportCache.set(owner, exportData);
+    exportData = owner.exportData = driver.memPoolExportPointer(owner.base);
   }
   return { pool: owner.pool, exportData, allocationSize: owner.byteLength };
 }
-
-const exportCache = new WeakMap<MemoryOwner, Uint8Array>();

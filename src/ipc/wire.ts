@@ -54,9 +54,10 @@ export class WireReader {
 
   /** An unsigned 64-bit field that must fit a safe integer. */
   u64Safe(name: string): number {
-    const value = this.view.getBigUint64(this.take(8, name), true);
-    if (value > MAX_SAFE) fail(this.field(name), `must be at most 2^53-1, got ${value}`);
-    return Number(value);
+    const at = this.take(8, name);
+    const high = this.view.getUint32(at + 4, true);
+    if (high >= 0x20_0000) fail(this.field(name), `must be at most 2^53-1, got ${this.view.getBigUint64(at, true)}`);
+    return high * 0x1_0000_0000 + this.view.getUint32(at, true);
   }
 
   /** A signed 64-bit field that must be a non-negative safe integer. */
@@ -118,8 +119,10 @@ export class WireWriter {
     this.pos += 4;
   }
 
+  /** A non-negative safe integer (the codecs check their values first). */
   u64(value: number): void {
-    this.view.setBigUint64(this.pos, BigInt(value), true);
+    this.view.setUint32(this.pos, value % 0x1_0000_0000, true);
+    this.view.setUint32(this.pos + 4, Math.floor(value / 0x1_0000_0000), true);
     this.pos += 8;
   }
 

@@ -23,6 +23,7 @@ import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, readLeaseId, writeLea
 import { nextLeaseId, releaseHold, type IncomingLeases, type LeaseHold, type ReceivedLease } from './lease.js';
 import { handlerForKind, handlerForValue, type TransferHandler } from './transfer.js';
 import type { Link } from './link.js';
+import { probe, Probe } from './probe.js';
 
 const MAX_DEPTH = 255;
 /** u8 fdCount, u64 leaseId, u32 dataLength: between a record's path and its data. */
@@ -173,10 +174,11 @@ export class MessageEncoder {
   encode(value: unknown, link: Link): EncodedMessage {
     const out = this.#out;
     out.body = null;
-    out.fds.length = 0;
-    out.ownedFds.length = 0;
-    out.commits.length = 0;
-    out.holds.length = 0;
+    // (Setting an array's length is a runtime call even when it is 0 already.)
+    if (out.fds.length) out.fds.length = 0;
+    if (out.ownedFds.length) out.ownedFds.length = 0;
+    if (out.commits.length) out.commits.length = 0;
+    if (out.holds.length) out.holds.length = 0;
     if (value instanceof Uint8Array) {
       if (value.byteLength > MAX_FRAME_BYTES - HEADER_BYTES) throw tooLarge(value.byteLength);
       out.encoding = Encoding.Raw;
@@ -217,6 +219,18 @@ export class MessageEncoder {
   }
 
   #writeString(s: string, at: number): number {
+    // Short ASCII (most keys, kinds and small JSON) is copied here: cheaper than the call into
+    // Buffer.write. Anything else takes the general path.
+    if (s.length <= 64 && at + s.length <= MAX_FRAME_BYTES) {
+      const b = this.scratch;
+      let i = 0;
+      for (; i < s.length; i++) {
+        const c = s.charCodeAt(i);
+        if (c > 0x7f) break;
+        b[at + i] = c;
+      }
+      if (i === s.length) return at + i;
+    }
     // Worst case 3 bytes per UTF-16 unit; only count exactly when that might not fit.
     if (s.length * 3 > MAX_FRAME_BYTES - at) {
       const n = Buffer.byteLength(s);
@@ -228,7 +242,7 @@ export class MessageEncoder {
   #writeAscii(s: string, at: number): number {
     this.#room(at, 1 + s.length);
     this.scratch[at] = s.length;
-    return at + 1 + this.scratch.write(s, at + 1, 'latin1');
+    return this.#writeString(s, at + 1);  // kinds are ASCII (registerTransferHandler checks)
   }
 
   #writeRecord(f: Found, at: number, link: Link, out: EncodedMessage): number {
@@ -248,7 +262,9 @@ export class MessageEncoder {
     } else {
       const h = f.handler!;
       kind = h.kind;
+      probe?.(Probe.ExportStart);
       const enc = h.encode(f.value!, link);
+      probe?.(Probe.ExportEnd);
       fds = enc.fds;
       // Taken over before anything else can fail, so that a failure releases them.
       if (fds && enc.closeFdsAfterSend) out.ownedFds.push(...fds);
@@ -373,7 +389,7 @@ export function decodeMessage(
   if (encoding === Encoding.Json) {
     if (start === end) return { ok: true, value: undefined, owned: undefined };
     try {
-      return { ok: true, value: JSON.parse(buf.toString('utf8', start, end)), owned: undefined };
+      return { ok: true, value: parseJson(buf, start, end), owned: undefined };
     } catch {
       return malformed('the JSON does not parse');
     }
@@ -385,6 +401,41 @@ export function decodeMessage(
   return r;
 }
 
+/** JSON.parse of buf[start, end): short ASCII text is read here, cheaper than a native slice. */
+function parseJson(buf: Buffer, start: number, end: number): unknown {
+  const n = end - start;
+  if (n === 4 && buf[start] === 0x6e && buf[start + 1] === 0x75 && buf[start + 2] === 0x6c && buf[start + 3] === 0x6c) return null;
+  if (n <= 32) {
+    let text = '';
+    for (let i = start; i < end; i++) {
+      const c = buf[i]!;
+      if (c > 0x7f) return JSON.parse(buf.toString('utf8', start, end));
+      text += String.fromCharCode(c);
+    }
+    return JSON.parse(text);
+  }
+  return JSON.parse(buf.toString('utf8', start, end));
+}
+
+// Record kinds seen recently, with their bytes: a message names one of a handful of kinds, and
+// comparing a few bytes is cheaper than making a string each time.
+const kindCache: Array<{ kind: string; bytes: Uint8Array }> = [];
+
+/** The ASCII kind at buf[at, at + length). */
+function kindAt(buf: Buffer, at: number, length: number): string {
+  for (const k of kindCache) {
+    const b = k.bytes;
+    if (b.length !== length) continue;
+    let i = 0;
+    while (i < length && buf[at + i] === b[i]) i++;
+    if (i === length) return k.kind;
+  }
+  const kind = buf.toString('latin1', at, at + length);
+  if (kindCache.length >= 16) kindCache.shift();
+  kindCache.push({ kind, bytes: Uint8Array.from(buf.subarray(at, at + length)) });
+  return kind;
+}
+
 function parseRecords(buf: Buffer, v: DataView, start: number, end: number, records: ParsedRecord[]): { root: unknown; fdTotal: number } | Decoded {
   let at = start;
   const need = (n: number): boolean => at + n <= end;
@@ -394,7 +445,7 @@ function parseRecords(buf: Buffer, v: DataView, start: number, end: number, reco
   if (!need(jsonLength)) return malformed('JSON length past the end');
   let root: unknown;
   try {
-    root = JSON.parse(buf.toString('utf8', at, at + jsonLength));
+    root = parseJson(buf, at, at + jsonLength);
   } catch {
     return malformed('the JSON does not parse');
   }
@@ -408,7 +459,7 @@ function parseRecords(buf: Buffer, v: DataView, start: number, end: number, reco
     if (!need(1)) return malformed('truncated record');
     const kindLength = v.getUint8(at++);
     if (kindLength === 0 || !need(kindLength + 1)) return malformed('bad record kind');
-    const kind = buf.toString('latin1', at, at + kindLength);
+    const kind = kindAt(buf, at, kindLength);
     at += kindLength;
     const pathLength = v.getUint8(at++);
     const path: Segment[] = [];
@@ -563,5 +614,8 @@ function decodeRecord(rec: ParsedRecord, buf: Buffer, fds: number[], link: Link,
         'provides it (the whole cuda-ipc package registers all of them) before receiving',
     );
   }
-  return handler.decode(new Uint8Array(buf.buffer, buf.byteOffset + rec.dataStart, rec.dataEnd - rec.dataStart), fds, link, lease);
+  probe?.(Probe.ImportStart);
+  const value = handler.decode(new Uint8Array(buf.buffer, buf.byteOffset + rec.dataStart, rec.dataEnd - rec.dataStart), fds, link, lease);
+  probe?.(Probe.ImportEnd);
+  return value;
 }

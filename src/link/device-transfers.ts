@@ -14,7 +14,7 @@ import { Device, importingDevice } from '../cuda/device.js';
 import { Event } from '../cuda/event.js';
 import { IpcPool, exportPoolBuffer } from '../ipc/pool.js';
 import { openIpcEvent } from '../ipc/event.js';
-import { openIpcHandle } from '../ipc/legacy.js';
+import { legacyTransferBytes, openLegacyDescriptor } from '../ipc/legacy.js';
 import { encodeDescriptor, decodeDescriptor } from '../ipc/descriptor.js';
 import { deviceUuidFromBytes } from '../ipc/device-uuid.js';
 import { IpcError } from '../errors.js';
@@ -38,18 +38,43 @@ const POOL_REF_BYTES = 48;
 const POOL_BUFFER_BYTES = 136;
 const FD_ATTACHED = 1;
 
+// encode()'s data is copied into the frame before the next encode: one scratch per layout.
+const poolBufferScratch = new Uint8Array(POOL_BUFFER_BYTES);
+const poolBufferView = new DataView(poolBufferScratch.buffer);
+const poolRefScratch = new Uint8Array(POOL_REF_BYTES);
+const poolRefView = new DataView(poolRefScratch.buffer);
+
+/** u64 little-endian as a number, or -1 when it is not a safe integer. */
+function readU64(v: DataView, at: number): number {
+  const high = v.getUint32(at + 4, true);
+  return high >= 0x20_0000 ? -1 : high * 0x1_0000_0000 + v.getUint32(at, true);
+}
+function writeU64(v: DataView, at: number, n: number): void {
+  v.setUint32(at, n % 0x1_0000_0000, true);
+  v.setUint32(at + 4, Math.floor(n / 0x1_0000_0000), true);
+}
+
 const poolsSent = new WeakMap<Link, Set<string>>();
 const poolsReceived = new WeakMap<Link, Map<string, IpcPool>>();
 
-/** Writes a pool reference; attaches the pool's fd unless this link already carried it. */
-function writePoolRef(view: DataView, bytes: Uint8Array, pool: IpcPool, link: Link): TransferEncoding {
+/**
+ * Writes a pool reference (every byte of bytes[0, 48)); attaches the pool's fd unless this link
+ * already carried it.
+ */
+function writePoolRef(view: DataView, bytes: Uint8Array, pool: IpcPool, link: Link, makeHold: () => LeaseHold): TransferEncoding {
   bytes.set(pool.idBytes, 0);
   bytes.set(pool.device.uuidBytes, 16);
-  view.setBigUint64(32, BigInt(pool.maxSize), true);
-  if (poolsSent.get(link)?.has(pool.id)) return { data: bytes };
+  writeU64(view, 32, pool.maxSize);
+  view.setUint32(44, 0, true);
+  if (poolsSent.get(link)?.has(pool.id)) {
+    view.setUint32(40, 0, true);
+    return { data: bytes, hold: makeHold() };
+  }
   view.setUint32(40, FD_ATTACHED, true);
+  const fd = pool.exportFd();
+  // The hold last: nothing after it can throw, so a failed encode never strands one.
   return {
-    data: bytes, fds: [pool.exportFd()], closeFdsAfterSend: true,
+    data: bytes, fds: [fd], closeFdsAfterSend: true, hold: makeHold(),
     // Only a message that really went out makes the peer know the pool.
     onCommit: () => {
       let sent = poolsSent.get(link);
@@ -74,10 +99,24 @@ function frameError(what: string): IpcError {
   return new IpcError('ERR_FRAME_INVALID', `a received ${what} is malformed`);
 }
 
+// The last pool id decoded: most messages name the same pool as the one before.
+const lastIdBytes = new Uint8Array(16);
+let lastId = '';
+
+/** The hex id of the pool whose 16 id bytes start `data`. */
+function poolId(data: Uint8Array): string {
+  let same = lastId !== '';
+  for (let i = 0; same && i < 16; i++) same = data[i] === lastIdBytes[i];
+  if (!same) {
+    lastIdBytes.set(data.subarray(0, 16));
+    lastId = Buffer.from(data.buffer, data.byteOffset, 16).toString('hex');
+  }
+  return lastId;
+}
+
 /** The pool a reference names: imported from the attached fd, or one this link brought before. */
-function readPoolRef(data: Uint8Array, fds: number[], link: Link): IpcPool {
-  const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
-  const id = Buffer.from(data.subarray(0, 16)).toString('hex');
+function readPoolRef(data: Uint8Array, view: DataView, fds: number[], link: Link): IpcPool {
+  const id = poolId(data);
   const flags = view.getUint32(40, true);
   if ((flags & ~FD_ATTACHED) !== 0 || view.getUint32(44, true) !== 0) throw frameError('pool reference');
   let received = poolsReceived.get(link);
@@ -101,7 +140,8 @@ function readPoolRef(data: Uint8Array, fds: number[], link: Link): IpcPool {
     // Until importFromFd owns the fd, a throw leaves it in fds for the link to close.
     const device = Device.byUuid(deviceUuidFromBytes(data.subarray(16, 32)));
     const accessFor = importingDevice(device, linkWorkingDevice(link));
-    const maxSize = Number(view.getBigUint64(32, true));
+    const maxSize = readU64(view, 32);
+    if (maxSize < 0) throw frameError('pool reference (maxSize)');
     fds[0] = -1;
     const pool = IpcPool.importFromFd(fd, device, id, maxSize, { accessFor });
     received.set(id, pool);
@@ -121,22 +161,23 @@ registerTransferHandler<DeviceBuffer>({
   canTransfer: isPoolBuffer,
   encode(buffer, link) {
     const { pool, exportData, allocationSize } = exportPoolBuffer(buffer);
-    const bytes = new Uint8Array(POOL_BUFFER_BYTES);
-    const view = new DataView(bytes.buffer);
+    const bytes = poolBufferScratch;
+    const view = poolBufferView;
     bytes.set(exportData, 48);
-    view.setBigUint64(112, BigInt(allocationSize), true);
-    view.setBigUint64(120, BigInt(buffer.ownerOffset), true);
-    view.setBigUint64(128, BigInt(buffer.byteLength), true);
-    return { ...writePoolRef(view, bytes, pool, link), hold: leaseMemory(buffer) };
+    writeU64(view, 112, allocationSize);
+    writeU64(view, 120, buffer.ownerOffset);
+    writeU64(view, 128, buffer.byteLength);
+    return writePoolRef(view, bytes, pool, link, () => leaseMemory(buffer));
   },
   decode(data, fds, link, lease) {
     if (data.byteLength !== POOL_BUFFER_BYTES) throw frameError('pool buffer');
     const view = new DataView(data.buffer, data.byteOffset, data.byteLength);
-    const pool = readPoolRef(data, fds, link);
-    const size = Number(view.getBigUint64(112, true));
-    const offset = Number(view.getBigUint64(120, true));
-    const length = Number(view.getBigUint64(128, true));
-    return endLeaseOnRelease(pool.importBuffer(data.slice(48, 112), size, offset, length, { device: linkWorkingDevice(link) }), lease);
+    const pool = readPoolRef(data, view, fds, link);
+    const size = readU64(view, 112);
+    const offset = readU64(view, 120);
+    const length = readU64(view, 128);
+    // importBuffer range-checks these (-1: not a safe integer) and copies the export data it keeps.
+    return endLeaseOnRelease(pool.importBuffer(data.subarray(48, 112), size, offset, length, { device: linkWorkingDevice(link) }), lease);
   },
 });
 
@@ -144,12 +185,11 @@ registerTransferHandler<IpcPool>({
   kind: 'ipc-pool',
   canTransfer: (v): v is IpcPool => v instanceof IpcPool,
   encode(pool, link) {
-    const bytes = new Uint8Array(POOL_REF_BYTES);
-    return { ...writePoolRef(new DataView(bytes.buffer), bytes, pool, link), hold: { release: pool.hold() } };
+    return writePoolRef(poolRefView, poolRefScratch, pool, link, () => ({ release: pool.hold() }));
   },
   decode(data, fds, link, lease) {
     if (data.byteLength !== POOL_REF_BYTES) throw frameError('pool');
-    const pool = readPoolRef(data, fds, link);
+    const pool = readPoolRef(data, new DataView(data.buffer, data.byteOffset, data.byteLength), fds, link);
     if (lease) pool.afterDestroy.push(() => lease.end());
     return pool;
   },
@@ -158,9 +198,9 @@ registerTransferHandler<IpcPool>({
 registerTransferHandler<DeviceBuffer>({
   kind: 'legacy-buffer',
   canTransfer: (v): v is DeviceBuffer => v instanceof DeviceBuffer && (v.kind === 'device' || v.kind === 'legacy-import'),
-  encode: (buffer) => ({ data: encodeDescriptor(buffer.ipcHandle()), hold: leaseMemory(buffer) }),
+  encode: (buffer) => ({ data: legacyTransferBytes(buffer), hold: leaseMemory(buffer) }),
   decode: (data, _fds, link, lease) =>
-    endLeaseOnRelease(openIpcHandle(decodeDescriptor(data, 'cuda-legacy-handle'), { device: linkWorkingDevice(link) }), lease),
+    endLeaseOnRelease(openLegacyDescriptor(decodeDescriptor(data, 'cuda-legacy-handle'), linkWorkingDevice(link)), lease),
 });
 
 registerTransferHandler<Event>({

@@ -135,12 +135,17 @@ export function writeLeaseId(view: DataView, at: number, id: number): void {
   view.setUint32(at + 4, Math.floor(id / 0x1_0000_0000), true);
 }
 
-/** A whole RELEASE frame for 1..MAX_RELEASE_IDS ids. */
-export function encodeRelease(ids: readonly number[]): Uint8Array {
-  const frame = new Uint8Array(HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * ids.length);
-  const view = new DataView(frame.buffer);
-  writeHeader(view, FrameType.Release, 0, frame.byteLength - HEADER_BYTES, 0);
+/**
+ * A whole RELEASE frame for 1..MAX_RELEASE_IDS ids: in `scratch` (from its start) when it fits,
+ * else in a new array. Returns the frame's bytes.
+ */
+export function encodeRelease(ids: readonly number[], scratch?: Uint8Array): Uint8Array {
+  const length = HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * ids.length;
+  const frame = scratch && scratch.byteLength >= length ? scratch.subarray(0, length) : new Uint8Array(length);
+  const view = new DataView(frame.buffer, frame.byteOffset, length);
+  writeHeader(view, FrameType.Release, 0, length - HEADER_BYTES, 0);
   view.setUint32(HEADER_BYTES, ids.length, true);
+  view.setUint32(HEADER_BYTES + 4, 0, true);
   for (let i = 0; i < ids.length; i++) writeLeaseId(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i, ids[i]!);
   return frame;
 }

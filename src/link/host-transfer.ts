@@ -3,12 +3,23 @@
 // The send leases the sender's mapping to the peer: it stays mapped until the receiver's last
 // view of what it got is closed (the lease ends), or the link closes.
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 import { HostBuffer, describeHostBuffer, leaseHostBuffer, whenHostBufferReleased } from '../host/host-buffer.js';
 
 const DATA_BYTES = 24;
-const { F_SEAL_SHRINK } = addon.posixConstants;
+// encode()'s data is copied into the frame before the next encode, so one scratch serves all.
+const scratch = new Uint8Array(DATA_BYTES);
+const scratchView = new DataView(scratch.buffer);
+
+/** u64 little-endian as a number, or -1 when it is not a safe integer. */
+function readU64(v: DataView, at: number): number {
+  const high = v.getUint32(at + 4, true);
+  return high >= 0x20_0000 ? -1 : high * 0x1_0000_0000 + v.getUint32(at, true);
+}
+function writeU64(v: DataView, at: number, n: number): void {
+  v.setUint32(at, n % 0x1_0000_0000, true);
+  v.setUint32(at + 4, Math.floor(n / 0x1_0000_0000), true);
+}
 
 export const hostBufferTransfer: TransferHandler<HostBuffer> = {
   kind: 'host-buffer',
@@ -23,36 +34,30 @@ export const hostBufferTransfer: TransferHandler<HostBuffer> = {
           'were truncated; send buffers made by HostBuffer.allocate()',
       );
     }
-    const data = new Uint8Array(DATA_BYTES);
-    const v = new DataView(data.buffer);
-    v.setBigUint64(0, BigInt(mappingLength), true);
-    v.setBigUint64(8, BigInt(buffer.byteOffset), true);
-    v.setBigUint64(16, BigInt(buffer.byteLength), true);
-    return { data, fds: [buffer.fd], hold: { release: leaseHostBuffer(buffer), bytes: buffer.byteLength } };
+    writeU64(scratchView, 0, mappingLength);
+    writeU64(scratchView, 8, buffer.byteOffset);
+    writeU64(scratchView, 16, buffer.byteLength);
+    return { data: scratch, fds: [buffer.fd], hold: { release: leaseHostBuffer(buffer), bytes: buffer.byteLength } };
   },
   decode(data, fds, _link, lease) {
     if (data.byteLength !== DATA_BYTES || fds.length !== 1) {
       throw new IpcError('ERR_DESCRIPTOR_INVALID', `received a malformed host-buffer (${data.byteLength} bytes, ${fds.length} fds)`);
     }
     const v = new DataView(data.buffer, data.byteOffset, data.byteLength);
-    const fileLength = Number(v.getBigUint64(0, true));
-    const offset = Number(v.getBigUint64(8, true));
-    const length = Number(v.getBigUint64(16, true));
+    const fileLength = readU64(v, 0);
+    const offset = readU64(v, 8);
+    const length = readU64(v, 16);
     const fd = fds[0]!;
-    if (length === 0 || offset + length > fileLength || !Number.isSafeInteger(fileLength)) {
+    if (fileLength <= 0 || offset < 0 || length <= 0 || offset + length > fileLength) {
       throw new IpcError('ERR_DESCRIPTOR_INVALID', `received a host-buffer whose range (${offset}+${length}) lies outside its ${fileLength}-byte file`);
     }
-    let seals = 0;
-    try {
-      seals = addon.getSeals(fd);
-    } catch {
-      // Not sealable: refused below.
-    }
-    if ((seals & F_SEAL_SHRINK) === 0) {
+    const whole = HostBuffer.fromFd(fd, fileLength);  // checks the file really is that long, reads its seals
+    fds[0] = -1;  // owned by `whole` now, even if a check or view() below throws
+    if (!describeHostBuffer(whole).sealed) {
+      // Unmapped before anyone touched it: only a truncation under a touched mapping is fatal.
+      whole.close();
       throw new IpcError('ERR_DESCRIPTOR_INVALID', 'received a host-buffer whose file is not sealed against shrinking; mapping it could crash this process');
     }
-    const whole = HostBuffer.fromFd(fd, fileLength);  // checks the file really is that long
-    fds[0] = -1;  // owned by `whole` now, even if view() below throws
     // The mapping (whole, or kept by the view) ends the lease when it is finally unmapped.
     if (lease) whenHostBufferReleased(whole, () => lease.end());
     if (offset === 0 && length === fileLength) return whole;

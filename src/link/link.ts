@@ -20,6 +20,7 @@ import { closeFds, readPayload, type InboundContext, type InboundFrame, type Rec
 import { IncomingLeases, OutgoingLeases, releaseHold, type LeaseCounts } from './lease.js';
 import { Queue } from './queue.js';
 import { observeLink } from '../observe/hooks.js';
+import { probe, Probe } from './probe.js';
 
 /** Who is on the other end, as the kernel reports it. */
 export interface PeerCredentials {
@@ -72,6 +73,8 @@ interface Waiter {
   reject(error: unknown): void;
 }
 
+// Sent frames are copied by the kernel, or by #sendFrame when they must wait: one scratch serves.
+const releaseScratch = new Uint8Array(HEADER_BYTES + 8 + 8 * 64);
 const INBOX_PAUSE = 1024;
 const INBOX_RESUME = 256;
 const myUid = process.getuid?.() ?? -1;
@@ -222,6 +225,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
    * ERR_LINK_CLOSED / ERR_PEER_GONE once the link is closed.
    */
   send(value: unknown): void {
+    probe?.(Probe.SendStart);
     if (this.#state === 'closed') throw this.#closedError('send');
     const enc = acquireEncoder();
     enc.busy = true;
@@ -259,12 +263,14 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   #sendFrame(head: Uint8Array, headLength: number, body: Uint8Array | null, fds: readonly number[], ownedFds: readonly number[]): void {
     if (this.#outbox.length === 0) {
       let sent: boolean;
+      probe?.(Probe.SocketSend);
       try {
         sent = this.#sock.send(head, headLength, body, fds.length ? fds : null);
       } catch (e) {
         closeFds(ownedFds);
         throw this.#sendFailed(e);
       }
+      probe?.(Probe.SocketSent);
       if (sent) {
         if (ownedFds.length) closeFds(ownedFds);
         return;
@@ -347,7 +353,8 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   /** Tells the peer that this process is done with the values it leased under `ids`. */
   #sendRelease(ids: readonly number[]): void {
     if (this.#state !== 'open') return;
-    const frame = encodeRelease(ids);
+    probe?.(Probe.ReleaseSend);
+    const frame = encodeRelease(ids, releaseScratch);
     this.#sendFrame(frame, frame.byteLength, null, [], []);
   }
 
@@ -479,6 +486,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
 
   // Called by the native socket for every record, with the bytes in #recvBuf[0, length).
   #onRecord = (status: number, length: number, fds: number[] | undefined, cred: [number, number, number] | undefined): void => {
+    probe?.(Probe.RecordIn);
     if (this.#state === 'closed') {
       closeFds(fds);
       return;
@@ -517,10 +525,12 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     }
     switch (f.type) {
       case FrameType.Message:
+        probe?.(Probe.Delivered);
         this.#deliver(f.message);
         return;
       case FrameType.Release: {
         const unknown = this.#leasesOut.release(f.ids);
+        probe?.(Probe.ReleaseDone);
         if (unknown !== undefined) {
           // A correct peer releases each lease it was given exactly once, so this is a broken or
           // hostile peer; closing (which ends every lease it holds) is the one safe answer.

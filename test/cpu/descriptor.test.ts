@@ -5,6 +5,7 @@ import { DTYPES, dtypeInfo } from '../../src/ipc/dtype.js';
 import {
   decodeDescriptor,
   encodeDescriptor,
+  encodeCheckedDescriptor,
   ipcEventDescriptor,
   legacyHandleDescriptor,
   parseDescriptorJson,
@@ -48,6 +49,15 @@ function roundTrips(desc: Descriptor): void {
   assert.deepEqual(decodeDescriptor(bytes), desc);
   assert.deepEqual(encodeDescriptor(decodeDescriptor(bytes)), bytes);
 }
+
+test('a link encodes the descriptors it builds without validating them twice, to the same bytes', () => {
+  // What the legacy-buffer transfer handler builds from the driver's handle and the buffer's range.
+  const built = { kind: 'cuda-legacy-handle', version: 1, handle, offset: 4096, byteLength: 1 << 20, deviceUuid: UUID, pid: 4242 } as const;
+  const bytes = encodeCheckedDescriptor(built);
+  assert.deepEqual(bytes, encodeDescriptor(built));
+  assert.deepEqual(decodeDescriptor(bytes, 'cuda-legacy-handle'), legacyHandleDescriptor(built));
+  for (const desc of [legacy(), event()]) assert.deepEqual(encodeCheckedDescriptor(desc), encodeDescriptor(desc));
+});
 
 test('the JSON form of a float32 2x3 array is what Python reads', () => {
   const json = descriptorToJson(legacy());

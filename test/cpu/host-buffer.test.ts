@@ -76,7 +76,10 @@ test('views share memory and keep the mapping until the last one closes', () => 
   v.fill(7);
   assert.equal(parent.bytes[4096], 7);
   assert.equal(parent.bytes[4196], 0);
+  const parentBytes = parent.bytes;
+  assert.equal(parent.bytes, parentBytes, 'bytes is the same Uint8Array every time');
   parent.close();
+  assert.equal(parentBytes.byteLength, 0, 'the closed parent goes dark even while its views keep the mapping');
   assert.equal(v.bytes[0], 7, 'the view still works after its parent closed');
   assert.ok(fdIsOpen(fd));
   const vBytes = v.bytes;

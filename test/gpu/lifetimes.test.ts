@@ -13,6 +13,7 @@ import { Device } from '../../src/cuda/device.js';
 import { DeviceBuffer, deviceMemoryStats } from '../../src/cuda/buffer.js';
 import { spawn, type Link } from '../../src/link/index.js';
 import { IpcError } from '../../src/errors.js';
+import { traceLeaks } from '../../src/leak.js';
 
 const fixture = new URL('../fixtures/gpu-lease-child.js', import.meta.url);
 const cli = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
@@ -122,24 +123,37 @@ describe('lifetimes', { skip: noGpu }, () => {
     }
   });
 
-  test('device buffers collected without close(): one warning naming where, memory freed', async () => {
+  test('device buffers collected without close(): one warning naming kind and size (and, when tracing, where), memory freed', async () => {
     setFlagsFromString('--expose-gc');
     const gc = runInNewContext('gc') as () => void;
     const device = Device.get(0);
-    const warnings: Array<Error & { code?: string }> = [];
-    const onWarning = (w: Error) => warnings.push(w);
-    process.on('warning', onWarning);
+    const leakEight = async (): Promise<Array<Error & { code?: string }>> => {
+      const warnings: Array<Error & { code?: string }> = [];
+      const onWarning = (w: Error) => warnings.push(w);
+      process.on('warning', onWarning);
+      try {
+        const before = deviceMemoryStats().allocations;
+        (() => { for (let i = 0; i < 8; i++) DeviceBuffer.allocate(64 << 20, { device }); })();
+        assert.equal(deviceMemoryStats().allocations, before + 8);
+        for (let i = 0; i < 6; i++) { gc(); await sleep(5); }
+        assert.equal(deviceMemoryStats().allocations, before, 'the backstop freed them');
+      } finally {
+        process.off('warning', onWarning);
+      }
+      return warnings.filter((w) => w.code === 'CUDA_IPC_LEAK');
+    };
+    // Default: no stack per allocation; the warning names the kind and size, and how to trace.
+    const plain = await leakEight();
+    assert.equal(plain.length, 1);
+    assert.match(plain[0]!.message, /A DeviceBuffer \(67108864 bytes\) was garbage-collected without close\(\)[^]*CUDA_IPC_TRACE_LEAKS=1/);
+    // Opt-in: the creating line.
+    traceLeaks(true);
     try {
-      const before = deviceMemoryStats().allocations;
-      (() => { for (let i = 0; i < 8; i++) DeviceBuffer.allocate(64 << 20, { device }); })();
-      assert.equal(deviceMemoryStats().allocations, before + 8);
-      for (let i = 0; i < 6; i++) { gc(); await sleep(5); }
-      assert.equal(deviceMemoryStats().allocations, before, 'the backstop freed them');
-      const leaks = warnings.filter((w) => w.code === 'CUDA_IPC_LEAK');
-      assert.equal(leaks.length, 1);
-      assert.match(leaks[0]!.message, /A DeviceBuffer \(67108864 bytes\) was garbage-collected without close\(\)[^]*lifetimes\.test\.js:\d+/);
+      const traced = await leakEight();
+      assert.equal(traced.length, 1);
+      assert.match(traced[0]!.message, /A DeviceBuffer \(67108864 bytes\) was garbage-collected without close\(\)[^]*Created at:[^]*lifetimes\.test\.js:\d+/);
     } finally {
-      process.off('warning', onWarning);
+      traceLeaks(false);
     }
   });
 
