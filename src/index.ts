@@ -23,6 +23,7 @@ export { openIpcEvent } from './ipc/event.js';
 export { HostBuffer } from './host/index.js';
 export {
   Link, spawn, parentLink, listen, connect, Listener, registerTransferHandler, unregisterTransferHandler,
+  spawnPython, pythonPackageDirectory, type SpawnPythonOptions,
   type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
 } from './link/index.js';
