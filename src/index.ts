@@ -10,6 +10,10 @@ export { BuiltinKernels, type PatternCheck, type PatternElementType } from './cu
 export { openIpcHandle, exportPointer, legacyCacheStats, configureImportCache, type IpcHandleOptions, type ImportCacheStats } from './ipc/legacy.js';
 export { DeviceArray, openIpcArray } from './ipc/array.js';
 export { IpcPool, type IpcPoolOptions } from './ipc/pool.js';
+export { poolBufferExport, importIpcPool, type PoolBufferExport, type ImportIpcPoolOptions } from './ipc/pool-interop.js';
+export {
+  legacyHandleFromTorch, torchHandleOf, cudaHandleFromTorch, type TorchCudaHandle, type FromTorchOptions,
+} from './ipc/torch-handle.js';
 export {
   descriptorToJson, parseDescriptorJson, encodeDescriptor, decodeDescriptor, validateDescriptor,
   type Descriptor, type LegacyHandleDescriptor, type IpcEventDescriptor, type DescriptorJson,

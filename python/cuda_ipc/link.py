@@ -252,20 +252,26 @@ class Link:
         decoded raises its own error and the link stays open."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._recv_lock:
-            while True:
-                if self._inbox:
-                    return self._take(self._inbox.popleft())
-                if self._state == "closed":
-                    raise self._closed_error("receive")
-                self._read_one(deadline, want_message=True)
+            try:
+                while True:
+                    if self._inbox:
+                        return self._take(self._inbox.popleft())
+                    if self._state == "closed":
+                        raise self._closed_error("receive")
+                    self._read_one(deadline, want_message=True)
+            finally:
+                self._close_socket_if_closed()
 
     def poll(self) -> int:
         """Processes whatever the peer sent without blocking (releases, goodbye, messages go to the
         inbox for receive()). Returns the number of messages waiting."""
         with self._recv_lock:
-            while self._state != "closed":
-                if not self._read_one(0.0, want_message=False):
-                    break
+            try:
+                while self._state != "closed":
+                    if not self._read_one(0.0, want_message=False):
+                        break
+            finally:
+                self._close_socket_if_closed()
         return len(self._inbox)
 
     def __iter__(self) -> Iterator[Any]:
@@ -394,9 +400,12 @@ class Link:
         """Reads until the peer's HELLO (connect)."""
         deadline = time.monotonic() + timeout
         with self._recv_lock:
-            while self._state == "handshaking":
-                if not self._read_one(deadline, want_message=False):
-                    self._shutdown(IpcError("ERR_TIMEOUT", f"the {self._peer_name} did not complete the link handshake within {timeout} s"), "local")
+            try:
+                while self._state == "handshaking":
+                    if not self._read_one(deadline, want_message=False):
+                        self._shutdown(IpcError("ERR_TIMEOUT", f"the {self._peer_name} did not complete the link handshake within {timeout} s"), "local")
+            finally:
+                self._close_socket_if_closed()
         if self._state == "closed":
             raise self._closed_error("complete the handshake")
 
@@ -448,15 +457,13 @@ class Link:
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
-        # Wait for no one: a thread blocked in receive() wakes from the shutdown; the fd is closed
-        # by whoever holds the receive lock last.
+        # A thread in receive() wakes from the shutdown and closes the fd as it leaves (closing it
+        # under a blocked recvmsg could hand the number to another file meanwhile).
         if self._recv_lock.acquire(blocking=False):
             try:
                 self._sock.close()
             finally:
                 self._recv_lock.release()
-        else:
-            threading.Thread(target=self._close_when_idle, daemon=True).start()
         # The peer can no longer use or release anything: every lease on this link ends, both ways.
         self._leases_in.close()
         self._leases_out.close()
@@ -469,8 +476,9 @@ class Link:
             except Exception:  # noqa: BLE001 - the other hooks must still run
                 pass
 
-    def _close_when_idle(self) -> None:
-        with self._recv_lock:
+    def _close_socket_if_closed(self) -> None:
+        """With the receive lock held: the socket goes once the link is closed."""
+        if self._state == "closed":
             self._sock.close()
 
     def __repr__(self) -> str:
