@@ -68,7 +68,7 @@ class _PoolRef:
         self._local: set[bytes] = set()  # imports that are allocations of this process
         self._lock = threading.RLock()
         self.after_destroy: list = []
-        self.cuda_core_mr = None
+        self.handed_to_cuda_core = False
 
     @property
     def device(self) -> Device:
@@ -78,6 +78,9 @@ class _PoolRef:
         with self._lock:
             if self.fd < 0:
                 raise IpcError("ERR_CLOSED", "the pool this buffer came from was destroyed")
+            if self.handed_to_cuda_core:
+                raise IpcError("ERR_INVALID_ARG", "buffers of this pool were handed to cuda.core's own import (cuda_core_ipc()); "
+                               "map them through cuda.core, not cuda_ipc: one pool imported twice in a process is unsafe")
             if self._handle is None:
                 dev = self.device
                 with dev.activate():
@@ -435,15 +438,19 @@ class DeviceBuffer:
         """For cuda.core's own IPC import of a received *pool* buffer:
         ``mr = DeviceMemoryResource.from_allocation_handle(dev, r.allocation_handle)``,
         ``Buffer.from_ipc_descriptor(mr, r.descriptor, stream=...)``; the data starts at ``r.offset``.
-        Close that Buffer before this one. This buffer must not be mapped by cuda_ipc as well."""
+        Close that Buffer before this one. The pool is then cuda.core's in this process: cuda_ipc
+        refuses to map its buffers itself (one pool imported twice in a process is unsafe)."""
         o = self._origin
         if o.kind != "pool":
             raise IpcError("ERR_NOT_EXPORTABLE", "only pool buffers have cuda.core IPC data; this one is a legacy-handle buffer")
-        if o.base is not None:
-            raise IpcError("ERR_INVALID_ARG", "this buffer is already mapped by cuda_ipc; importing it again through cuda.core would map one pool pointer twice")
-        o.handed_to_cuda_core = True
+        if o.base is not None or o.pool._handle is not None:
+            raise IpcError("ERR_INVALID_ARG", "cuda_ipc already imported this buffer's pool in this process; importing it again through "
+                           "cuda.core would map it twice: use to_cuda_core() (a cuda.core Buffer over cuda_ipc's mapping) instead")
         desc = ipc_buffer_descriptor(o.export_data, o.allocation_size)
-        return CudaCoreImport(os.dup(o.pool.fd), desc, self._offset, self._length, self.device.ordinal)
+        ordinal = self.device.ordinal
+        o.handed_to_cuda_core = True
+        o.pool.handed_to_cuda_core = True
+        return CudaCoreImport(os.dup(o.pool.fd), desc, self._offset, self._length, ordinal)
 
     @property
     def export_data(self) -> bytes:

@@ -142,6 +142,21 @@ class DeviceMemoryTests(unittest.TestCase):
         self.assertEqual(self.la.leases.count, 0, "the sender's holds ended with the link")
         got.close(sync=False)
 
+    def test_cuda_core_ipc_is_refused_for_a_pool_cuda_ipc_mapped(self):
+        pool = self.fake.create_pool()
+        a = self.fake.alloc(4096, pool)
+        b = self.fake.alloc(4096, pool)
+        self.la.send([fake_cuda.FakeArray(a, (1024,)), fake_cuda.FakeArray(b, (1024,))])
+        x, y = self.lb.receive(timeout=5)
+        memory_mod._local_pool_exports.clear()
+        x.ptr
+        with self.assertRaises(IpcError) as cm:
+            y.cuda_core_ipc()
+        self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
+        self.assertEqual(y.ptr, b, "and the buffer stays usable through cuda_ipc")
+        x.close()
+        y.close()
+
     def test_what_cannot_be_shared(self):
         with self.assertRaises(IpcError) as cm:
             self.la.send(fake_cuda.FakeArray(0, (0,)))
