@@ -1,4 +1,4 @@
-// `npm run bench [-- --iterations N] [--json FILE] [--no-python] [--no-handoff] [--no-channels]`: the project's benchmarks as a
+// `npm run bench [-- --iterations N] [--json FILE] [--no-python] [--no-python-link] [--no-handoff] [--no-channels]`: the project's benchmarks as a
 // table (median, p99, comparison with the reference measured in the same run), optionally JSON.
 import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
@@ -9,6 +9,7 @@ import { handoffBenchmarks } from './handoff.js';
 import { pythonHandoffRefs } from './python-refs.js';
 import { printTable, type Row, type Summary } from './stats.js';
 import { channelBenchmarks, channelRows, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
+import { pythonLinkBenchmarks, type PythonLinkResults } from './python-link.js';
 
 const { values } = parseArgs({
   options: {
@@ -18,6 +19,7 @@ const { values } = parseArgs({
     'no-python': { type: 'boolean', default: false },
     'no-handoff': { type: 'boolean', default: false },
     'no-channels': { type: 'boolean', default: false },
+    'no-python-link': { type: 'boolean', default: false },
   },
 });
 const iterations = Number(values.iterations);
@@ -52,6 +54,9 @@ for (const r of refs) {
 }
 if (!values['no-handoff']) printTable('Handoff round trip (lower is better)', rows);
 
+// The Python companion (its own table; python3 with torch where there is a GPU).
+const pythonLink: PythonLinkResults | undefined = values['no-python'] || values['no-python-link'] ? undefined : await pythonLinkBenchmarks(iterations, warmup, device);
+
 // Channels: after the handoff table.
 let channels: ChannelResults | undefined;
 if (!values['no-channels']) {
@@ -67,7 +72,7 @@ if (!values['no-channels']) {
 if (values.json) {
   writeFileSync(values.json, JSON.stringify({
     host: hostname(), node: process.version, device: device?.toJSON() ?? null, iterations, warmup,
-    handoff: Object.fromEntries(ours), references: refs,
+    handoff: Object.fromEntries(ours), references: refs, pythonLink: pythonLink ?? null,
     channels: channels ? { targets: CHANNEL_TARGETS, ...channels } : null,
   }, null, 2) + '\n');
   console.log(`\nwrote ${values.json}`);

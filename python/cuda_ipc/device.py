@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from contextlib import contextmanager
 from ctypes import byref, c_int
 
 from . import driver as drv
@@ -16,6 +15,7 @@ from .errors import IpcError
 
 _lock = threading.Lock()
 _devices: list["Device"] | None = None
+_by_uuid: dict = {}
 
 
 def format_uuid(raw: bytes) -> str:
@@ -72,8 +72,12 @@ class Device:
 
     @staticmethod
     def by_uuid(uuid: str) -> "Device":
+        dev = _by_uuid.get(uuid)
+        if dev is not None:
+            return dev
         for dev in Device.all():
             if dev.uuid == uuid:
+                _by_uuid[uuid] = dev
                 return dev
         raise IpcError(
             "ERR_UNKNOWN_DEVICE",
@@ -91,22 +95,10 @@ class Device:
                     self._ctx = ctx.value
         return self._ctx
 
-    @contextmanager
-    def activate(self):
-        """Runs the block with this device's primary context current on the calling thread."""
-        ctx = self.context
-        d = drv.driver()
-        cur = drv.CUcontext()
-        d.call("cuCtxGetCurrent", byref(cur))
-        if cur.value == ctx:
-            yield self
-            return
-        d.call("cuCtxPushCurrent", drv.CUcontext(ctx))
-        try:
-            yield self
-        finally:
-            popped = drv.CUcontext()
-            d.call("cuCtxPopCurrent", byref(popped))
+    def activate(self) -> "_Active":
+        """``with device.activate():`` runs the block with this device's primary context current on
+        the calling thread, and restores the thread's context after it."""
+        return _Active(self.context)
 
     def synchronize(self) -> None:
         """Waits for all work queued in the primary context (every stream of PyTorch, CuPy, ...)."""
@@ -115,3 +107,28 @@ class Device:
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.Device {self.ordinal} {self.name} {self.uuid}>"
+
+
+class _Active:
+    """The context manager of Device.activate (a class: this runs on every driver call path)."""
+
+    __slots__ = ("_ctx", "_pushed")
+
+    def __init__(self, ctx: int):
+        self._ctx = ctx
+        self._pushed = False
+
+    def __enter__(self) -> "_Active":
+        d = drv.driver()
+        cur = drv.CUcontext()
+        d.call("cuCtxGetCurrent", byref(cur))
+        if cur.value != self._ctx:
+            d.call("cuCtxPushCurrent", drv.CUcontext(self._ctx))
+            self._pushed = True
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pushed:
+            self._pushed = False
+            popped = drv.CUcontext()
+            drv.driver().call("cuCtxPopCurrent", byref(popped))

@@ -38,11 +38,19 @@ class _Mapping:
         self._lock = threading.Lock()
         self._on_unmap: list = []
         # Fires once the mmap object is gone: after our last handle let go AND every memoryview
-        # handed out is released (the kernel unmaps then).
-        self._finalizer = weakref.finalize(self.mmap, _run_all, self._on_unmap)
+        # handed out is released (the kernel unmaps then). A weakref callback, not
+        # weakref.finalize, which costs ten times as much per buffer.
+        # The weakref lives in _watches until it fires, however long the mapping object lives.
+        callbacks = self._on_unmap
+
+        def unmapped(ref, callbacks=callbacks):
+            _watches.discard(ref)
+            _run_all(callbacks)
+        self._watch = weakref.ref(self.mmap, unmapped)
+        _watches.add(self._watch)
 
     def when_unmapped(self, callback) -> None:
-        if self._finalizer.alive:
+        if self._watch() is not None:
             self._on_unmap.append(callback)
         else:
             callback()
@@ -68,6 +76,9 @@ class _Mapping:
             pass
         if fd >= 0:
             os.close(fd)
+
+
+_watches: set = set()
 
 
 def _run_all(callbacks) -> None:

@@ -728,7 +728,8 @@ class _Exported(NamedTuple):
     extent: int
     meta: ArrayMeta | None
     keep: Any
-    sync: Any  # callable or None
+    sync: Any  # callable, ("stream", handle), ("device", None) or None
+    ordinal: int | None = None  # the device, when the object says (saves a driver query)
 
 
 def _stream_sync(stream: int, dev: Device):
@@ -753,7 +754,7 @@ def _describe_array(obj, sync: bool) -> _Exported:
             extent = (sum((d - 1) * s for d, s in zip(obj.shape, obj.stride())) + 1) * itemsize if obj.numel() else 0
         torch = sys.modules["torch"]
         waiter = (lambda: torch.cuda.current_stream(obj.device).synchronize()) if sync else None
-        return _Exported(obj.data_ptr(), extent, meta, obj, waiter)
+        return _Exported(obj.data_ptr(), extent, meta, obj, waiter, obj.device.index)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
         ptr = cai["data"][0]
@@ -832,9 +833,11 @@ class _DeviceMemoryTransfer(TransferHandler):
         e = _describe_array(value, sync)
         if not e.ptr:
             raise IpcError("ERR_NOT_EXPORTABLE", "an empty tensor/array (no memory) cannot be shared; send its shape as data instead")
-        # Pointer queries need some context current; unified addressing answers for every device.
-        with Device.get(0).activate():
-            ordinal = drv.ptr_attribute_int(drv.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, e.ptr)
+        ordinal = e.ordinal
+        if ordinal is None:
+            # Pointer queries need some context current; unified addressing answers for every device.
+            with Device.get(0).activate():
+                ordinal = drv.ptr_attribute_int(drv.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, e.ptr)
         dev = Device.get(ordinal)
         with dev.activate():
             if e.sync is not None:

@@ -200,6 +200,7 @@ def install() -> FakeDriver:
     fake = FakeDriver()
     drv._driver = fake
     device_mod._devices = None
+    device_mod._by_uuid.clear()
     memory_mod._check_pool_fd_real = memory_mod._check_pool_fd
     memory_mod._check_pool_fd = lambda fd: None  # a memfd stands in for /dev/nvidiactl
     memory_mod._local_exports.clear()
@@ -212,6 +213,7 @@ def uninstall(fake: FakeDriver) -> None:
     fake.close()
     drv._driver = None
     device_mod._devices = None
+    device_mod._by_uuid.clear()
     memory_mod._check_pool_fd = memory_mod._check_pool_fd_real
     memory_mod._local_exports.clear()
     memory_mod._local_pool_exports.clear()

@@ -141,6 +141,25 @@ class LinkTests(unittest.TestCase):
         la.close()
         lb.close()
 
+    def test_a_memoryview_outliving_its_buffer_object_still_releases_the_lease_when_dropped(self):
+        la, lb = pair()
+        hb = HostBuffer.allocate(4096)
+        la.send(hb)
+        got = lb.receive(timeout=5)
+        mv = got.memory
+        del got  # the HostBuffer object (and its mapping bookkeeping) can go; the view lives on
+        gc.collect()
+        la.poll()
+        self.assertEqual(la.leases.count, 1)
+        self.assertEqual(mv[0], 0)
+        del mv
+        gc.collect()
+        la.poll()
+        self.assertEqual(la.leases.count, 0)
+        hb.close()
+        la.close()
+        lb.close()
+
     def test_a_collected_buffer_releases_its_lease(self):
         la, lb = pair()
         hb = HostBuffer.allocate(4096)
