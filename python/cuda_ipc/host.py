@@ -211,7 +211,10 @@ class HostBuffer:
     def __del__(self) -> None:
         # A buffer dropped without close() lets go then (a received one ends its lease).
         if not getattr(self, "_closed", True):
-            self.close()
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001 - nothing to report to at collection time
+                pass
 
     # DLPack (host memory: kDLCPU), so torch.from_dlpack / numpy.from_dlpack view it without a copy.
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):

@@ -588,7 +588,10 @@ class ImportedPool:
 
     def __del__(self) -> None:
         if not getattr(self, "_closed", True):
-            self.close()
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001
+                pass
 
 
 class IpcEvent:
