@@ -733,6 +733,7 @@ class _Exported(NamedTuple):
     keep: Any
     sync: Any  # callable, ("stream", handle), ("device", None) or None
     ordinal: int | None = None  # the device, when the object says (saves a driver query)
+    whole: bool = False  # the object is a whole allocation (ptr is its base, extent its size)
 
 
 def _stream_sync(stream: int, dev: Device):
@@ -784,7 +785,7 @@ def _describe_array(obj, sync: bool) -> _Exported:
             waiter = ("device", None)
         return _Exported(ptr, extent, meta, obj, waiter)
     if mod.startswith("cuda.core") and hasattr(obj, "handle") and hasattr(obj, "size"):
-        return _Exported(int(obj.handle), int(obj.size), None, obj, ("device", None) if sync else None)
+        return _Exported(int(obj.handle), int(obj.size), None, obj, ("device", None) if sync else None, whole=True)
     raise IpcError("ERR_NOT_TRANSFERABLE", f"cannot share {type(obj).__qualname__}: not a CUDA tensor or array")
 
 
@@ -877,7 +878,7 @@ class _DeviceMemoryTransfer(TransferHandler):
         return TransferEncoding(data=encode_descriptor(desc), hold=Hold(lambda: _drop(keep), e.extent), kind="legacy-buffer")
 
     def _send_pool_memory(self, e: _Exported, pool: int, dev: Device, link) -> TransferEncoding:
-        base, size = drv.address_range(e.ptr)
+        base, size = (e.ptr, e.extent) if e.whole else drv.address_range(e.ptr)
         with _export_lock:
             known = _local_pools.get(pool)
             if known is None:

@@ -21,6 +21,10 @@ dev = cc.Device(Device.by_uuid(spec["deviceUuid"]).ordinal)
 dev.set_current()
 mr = cc.DeviceMemoryResource.from_allocation_handle(dev, 3)  # duplicates the fd
 os.close(3)
+# Read-write access of this device to the imported pool, as the CUDA IPC sample sets it (the
+# cuda.core source we read does not; setting it twice is harmless).
+with Device.by_uuid(spec["deviceUuid"]).activate():
+    drv.pool_set_access(int(mr.handle), Device.by_uuid(spec["deviceUuid"]).ordinal)
 desc = ipc_buffer_descriptor(bytes.fromhex(spec["exportData"]), spec["allocationSize"])
 stream = dev.create_stream()
 try:

@@ -119,6 +119,7 @@ def cuda_core_own(m):
         mr = cc.DeviceMemoryResource.from_allocation_handle(dev, r.allocation_handle)
     finally:
         os.close(r.allocation_handle)  # from_allocation_handle(int) duplicates it
+    allow_access(mr, r.device_ordinal)
     stream = dev.create_stream()
     try:
         cb = cc.Buffer.from_ipc_descriptor(mr, r.descriptor, stream=stream)
@@ -140,6 +141,14 @@ def cuda_core_own(m):
     stream.sync()
     buf.close()
     return {"ok": ok and size_ok, "sizeOk": size_ok}
+
+
+def allow_access(mr, ordinal):
+    """Read-write access of this device to an imported pool, as the CUDA IPC sample sets it (the
+    cuda.core source we read does not; setting it twice is harmless)."""
+    from cuda_ipc import driver as drv
+    with Device.get(ordinal).activate():
+        drv.pool_set_access(int(mr.handle), ordinal)
 
 
 def cuda_core_wrap(m):
