@@ -88,15 +88,22 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
     });
     if (!noTorch && device) {
       const p = (pool = device.createIpcPool());
-      const one = new Float32Array(1);
+      // Correctness first (a marked buffer, the value Python read through torch must match); the
+      // timed loop then does what torch.multiprocessing's reference does: allocate, hand over, the
+      // receiver reads one value and acknowledges.
       const toPython = (make: () => DeviceBuffer) => async () => {
         const b = make();
-        one[0] = ++mark % 1000;
-        b.write(one);
         link.send({ op: 'torch', buffer: b });
         b.close();
-        await expect(link, one[0]!, 'torch view');
+        await link.receive({ signal: AbortSignal.timeout(60_000) });
       };
+      for (const [what, make] of [['pool', () => p.allocate(BYTES)], ['legacy', () => DeviceBuffer.allocate(BYTES, { device })]] as const) {
+        const b = make();
+        b.write(new Float32Array([1234.5]));
+        link.send({ op: 'torch', buffer: b });
+        b.close();
+        await expect(link, 1234.5, `${what} buffer viewed by torch`);
+      }
       rows['pool buffer Node -> Python torch.as_tensor view'] = await timed(iterations, warmup, toPython(() => p.allocate(BYTES)));
       rows['legacy buffer Node -> Python torch.as_tensor view'] = await timed(Math.min(iterations, 500), Math.min(warmup, 100),
         toPython(() => DeviceBuffer.allocate(BYTES, { device })));
