@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 from . import driver as drv
 from .codec import TransferEncoding, TransferHandler, register_transfer_handler
-from .descriptor import ArrayMeta, LegacyHandleDescriptor, decode_descriptor, dtype_name, encode_descriptor
+from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor, dtype_name, encode_descriptor
 from .device import Device, format_uuid, uuid_bytes
 from .dlpack import DL_CUDA, make_capsule
 from .errors import CudaError, IpcError
@@ -412,7 +412,7 @@ class DeviceBuffer:
         """A typed array over the bytes (strides in bytes; default C-contiguous, shape default: as many
         elements as fit), exposing ``__cuda_array_interface__`` and DLPack; it keeps this buffer alive."""
         name = dtype_name(dtype)
-        itemsize = ArrayMeta.make(name, ()).itemsize
+        itemsize = DTYPES[name][0]
         if offset < 0 or offset > self._length:
             raise IpcError("ERR_OUT_OF_RANGE", f"offset {offset} lies outside the {self._length}-byte buffer")
         if shape is None:
