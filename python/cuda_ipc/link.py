@@ -264,14 +264,17 @@ class Link:
 
     def poll(self) -> int:
         """Processes whatever the peer sent without blocking (releases, goodbye, messages go to the
-        inbox for receive()). Returns the number of messages waiting."""
-        with self._recv_lock:
-            try:
-                while self._state != "closed":
-                    if not self._read_one(0.0, want_message=False):
-                        break
-            finally:
-                self._close_socket_if_closed()
+        inbox for receive()). Returns the number of messages waiting. Does nothing while another
+        thread is in receive() (which processes them anyway)."""
+        if not self._recv_lock.acquire(blocking=False):
+            return len(self._inbox)
+        try:
+            while self._state != "closed":
+                if not self._read_one(0.0, want_message=False):
+                    break
+        finally:
+            self._close_socket_if_closed()
+            self._recv_lock.release()
         return len(self._inbox)
 
     def __iter__(self) -> Iterator[Any]:
