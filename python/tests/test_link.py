@@ -215,6 +215,29 @@ class LinkTests(unittest.TestCase):
         lb._inbox.clear()
         lb._shutdown(None, "local")
 
+    def test_close_from_another_thread_wakes_a_blocked_receive(self):
+        import threading
+        la, lb = pair()
+        errors = []
+
+        def wait():
+            try:
+                la.receive()
+            except IpcError as e:
+                errors.append(e.code)
+        t = threading.Thread(target=wait)
+        t.start()
+        time.sleep(0.05)
+        la.close()
+        t.join(5)
+        self.assertFalse(t.is_alive())
+        self.assertEqual(errors, ["ERR_LINK_CLOSED"])
+        self.assertEqual(la._sock.fileno(), -1, "the receiving thread closed the socket on its way out")
+        with self.assertRaises(IpcError) as cm:
+            lb.receive(timeout=5)
+        self.assertEqual(cm.exception.code, "ERR_LINK_CLOSED", "the peer saw a goodbye")
+        lb.close()
+
     def test_unread_messages_are_released_at_close(self):
         la, lb = pair()
         hb = HostBuffer.allocate(4096)
