@@ -1,4 +1,4 @@
-// `npm run bench [-- --iterations N] [--json FILE] [--breakdown] [--no-python] [--no-c] [--no-handoff] [--no-channels] [--no-peer]`:
+// `npm run bench [-- --iterations N] [--json FILE] [--breakdown] [--no-python] [--no-python-link] [--no-c] [--no-handoff] [--no-channels] [--no-peer]`:
 // the project's benchmarks as a table (median, p99, comparison with the references measured in the
 // same run: C, PyTorch, CuPy), optionally a per-phase breakdown of one handoff, optionally JSON.
 import { parseArgs } from 'node:util';
@@ -13,6 +13,7 @@ import { pythonHandoffRefs, type PythonRef } from './python-refs.js';
 import { printTable, type Row } from './stats.js';
 import { channelBenchmarks, channelRows, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
+import { pythonLinkBenchmarks, type PythonLinkResults } from './python-link.js';
 
 const { values } = parseArgs({
   options: {
@@ -25,6 +26,7 @@ const { values } = parseArgs({
     'no-handoff': { type: 'boolean', default: false },
     'no-channels': { type: 'boolean', default: false },
     'no-peer': { type: 'boolean', default: false },
+    'no-python-link': { type: 'boolean', default: false },
   },
 });
 const iterations = Number(values.iterations);
@@ -141,6 +143,9 @@ function largestPhases(b: Breakdown, tail: boolean): string {
     .join(', ');
 }
 
+// The Python companion (its own table; python3 with torch where there is a GPU).
+const pythonLink: PythonLinkResults | undefined = values['no-python'] || values['no-python-link'] ? undefined : await pythonLinkBenchmarks(iterations, warmup, device);
+
 // Channels: after the handoff table.
 let channels: ChannelResults | undefined;
 if (!values['no-channels']) {
@@ -168,6 +173,7 @@ if (values.json) {
     handoffTargets: { limits: HANDOFF_TARGETS, results: targets },
     references: pyRefs,
     cReference: cBuild ? { build: cBuild, results: [...cRefs.values()] } : null,
+    pythonLink: pythonLink ?? null,
     channels: channels ? { targets: CHANNEL_TARGETS, ...channels } : null,
     peer: peer ?? null,
   }, null, 2) + '\n');

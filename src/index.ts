@@ -15,6 +15,10 @@ export {
 } from './ipc/legacy.js';
 export { DeviceArray, openIpcArray } from './ipc/array.js';
 export { IpcPool, type IpcPoolOptions } from './ipc/pool.js';
+export { poolBufferExport, importIpcPool, type PoolBufferExport, type ImportIpcPoolOptions } from './ipc/pool-interop.js';
+export {
+  legacyHandleFromTorch, torchHandleOf, cudaHandleFromTorch, type TorchCudaHandle, type FromTorchOptions,
+} from './ipc/torch-handle.js';
 export {
   descriptorToJson, parseDescriptorJson, encodeDescriptor, decodeDescriptor, validateDescriptor,
   type Descriptor, type LegacyHandleDescriptor, type IpcEventDescriptor, type DescriptorJson,
@@ -28,6 +32,7 @@ export { openIpcEvent } from './ipc/event.js';
 export { HostBuffer } from './host/index.js';
 export {
   Link, spawn, parentLink, listen, connect, Listener, registerTransferHandler, unregisterTransferHandler, setLinkWorkingDevice, linkWorkingDevice,
+  spawnPython, pythonPackageDirectory, type SpawnPythonOptions,
   type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
 } from './link/index.js';

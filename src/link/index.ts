@@ -2,6 +2,7 @@
 export { Link, type LinkState, type PeerCredentials, type ReceiveOptions } from './link.js';
 export { spawn, parentLink, type SpawnOptions, type SpawnedChild } from './spawn.js';
 export { setLinkWorkingDevice, linkWorkingDevice } from './working-device.js';
+export { spawnPython, pythonPackageDirectory, type SpawnPythonOptions } from './spawn-python.js';
 export { listen, connect, Listener, type ListenOptions, type ConnectOptions } from './listener.js';
 export { socketPath, defaultSocketDirectory } from './socket-path.js';
 export {

@@ -77,6 +77,16 @@ function modulePath(module: string | URL): string {
  */
 export async function spawn(module: string | URL, args: readonly string[] = [], options: SpawnOptions = {}): Promise<SpawnedChild> {
   const path = modulePath(module);
+  return startLinkedChild(process.execPath, [...(options.execArgv ?? inheritableExecArgv()), path, ...args], options, path);
+}
+
+/**
+ * @internal Starts `command argv...` with the child's end of a socketpair as an inherited fd
+ * (named by LINK_FD_ENV) and resolves once the child's HELLO arrived: the part of spawn() that
+ * spawnPython() shares. `what` names the child in errors.
+ */
+export async function startLinkedChild(command: string, argv: readonly string[], options: SpawnOptions, what: string): Promise<SpawnedChild> {
+  const path = what;
   const deviceEnv = options.device === undefined ? {} : { [WORKING_DEVICE_ENV]: workingDeviceUuid(options.device) };
   const [parentFd, childFd] = addon.socketpair();
   let link: Link;
@@ -102,7 +112,7 @@ export async function spawn(module: string | URL, args: readonly string[] = [], 
   stdio.push(childFd);
   let child: ChildProcess;
   try {
-    child = spawnProcess(process.execPath, [...(options.execArgv ?? inheritableExecArgv()), path, ...args], {
+    child = spawnProcess(command, argv, {
       stdio: stdio as StdioOptions,
       env: { ...(options.env ?? process.env), ...deviceEnv, [LINK_FD_ENV]: String(childIndex) },
       ...(options.cwd !== undefined ? { cwd: options.cwd } : {}),
@@ -125,7 +135,7 @@ export async function spawn(module: string | URL, args: readonly string[] = [], 
     link.close();
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
     if (e instanceof IpcError && e.code === 'ERR_PEER_GONE' && !e.message.startsWith('could not start')) {
-      throw new IpcError('ERR_PEER_GONE', `the child process (pid ${child.pid}) running ${path} exited or closed its link before calling parentLink()`, { cause: e });
+      throw new IpcError('ERR_PEER_GONE', `the child process (pid ${child.pid}) running ${path} exited or closed its link before calling parentLink() (parent_link() in Python)`, { cause: e });
     }
     throw e;
   }

@@ -61,6 +61,13 @@ export const legacyHandleCodec: KindCodec<'cuda-legacy-handle'> = {
 
   fromJson(obj, field) {
     checkKeys(obj, ['kind', 'version', 'handle', 'offset', 'byteLength', 'deviceUuid', 'pid'], ['array'], field);
+    if (typeof obj.handle === 'string' && /^0[23]63[0-9a-f]{128}$/.test(obj.handle)) {
+      // The commonest mistake from Python: torch's 66-byte handle, whose storage offset also differs.
+      fail(at(field, 'handle'),
+        "is PyTorch's 66-byte handle (version, type 'c', then the 64-byte handle); convert _share_cuda_()'s tuple with " +
+        'legacyHandleFromTorch({ handle, storageSizeBytes, storageOffsetBytes }, { deviceUuid, pid }) (Python: cuda_ipc.descriptor_from_torch), ' +
+        'which also adds the storage offset inside the caching allocator block');
+    }
     const handle = hexToBytes(obj.handle, HANDLE_BYTES, at(field, 'handle'));
     const array = obj.array === undefined ? undefined : checkArrayMetaJson(obj.array, at(field, 'array'));
     return build(handle, obj, array, field);

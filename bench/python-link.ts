@@ -1,0 +1,145 @@
+// The Python companion's handoff benchmark: a fresh 1 MiB buffer handed from Node to a Python child
+// (which views it as a PyTorch tensor without a copy, reads one value and acknowledges), and a fresh
+// PyTorch tensor handed from Python to Node (which reads one value and releases it), against
+// torch.multiprocessing between two Python processes measured in the same run (target: at least 4x
+// faster at the median). Host buffers run everywhere python3 exists; the torch rows where python3
+// has torch and a GPU is visible; otherwise the bench says why.
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
+import type { Device } from '../src/cuda/device.js';
+import { DeviceBuffer } from '../src/cuda/buffer.js';
+import { HostBuffer } from '../src/host/index.js';
+import { spawnPython, pythonPackageDirectory, type Link } from '../src/link/index.js';
+import '../src/ipc/pool.js';
+import { printTable, summarize, type Row, type Summary } from './stats.js';
+
+export const TORCH_TARGET_RATIO = 4;
+const BYTES = 1 << 20;
+const python = process.env.CUDA_IPC_PYTHON ?? 'python3';
+const script = (name: string) => fileURLToPath(new URL(`../../bench/python/${name}`, import.meta.url));
+
+export interface PythonLinkResults {
+  skipped?: string;
+  torchSkipped?: string;
+  rows: Record<string, Summary>;
+  reference?: Summary;
+  referenceSkipped?: string;
+}
+
+function probe(code: string): string | undefined {
+  const r = spawnSync(python, ['-c', code], { encoding: 'utf8', env: { ...process.env, PYTHONPATH: pythonPackageDirectory() } });
+  if (r.error) return `${python} is not available (${r.error.message})`;
+  if (r.status !== 0) return (r.stderr || r.stdout).trim().split('\n').pop() ?? `exit ${r.status}`;
+  return undefined;
+}
+
+async function timed(iterations: number, warmup: number, once: () => Promise<void>): Promise<Summary> {
+  for (let i = 0; i < warmup; i++) await once();
+  const times = new Float64Array(iterations);
+  for (let i = 0; i < iterations; i++) {
+    const t0 = process.hrtime.bigint();
+    await once();
+    times[i] = Number(process.hrtime.bigint() - t0) / 1000;
+  }
+  return summarize(times);
+}
+
+async function expect(link: Link, value: number, what: string): Promise<void> {
+  const got = await link.receive({ signal: AbortSignal.timeout(60_000) });
+  if (got !== value) throw new Error(`${what}: Python read ${String(got)}, not ${value}`);
+}
+
+/** torch.multiprocessing between two Python processes (bench/python/handoff_torch.py). */
+function torchReference(iterations: number, warmup: number): { summary?: Summary; skipped?: string } {
+  const r = spawnSync(python, [script('handoff_torch.py'), String(iterations), String(warmup)], {
+    encoding: 'utf8', env: { ...process.env, PYTHONUNBUFFERED: '1' }, timeout: 600_000,
+  });
+  if (r.status !== 0) return { skipped: `failed: ${(r.stderr || r.stdout).trim().split('\n').slice(-3).join(' | ')}` };
+  const out = JSON.parse(r.stdout.trim().split('\n').pop()!) as { median_us: number; p99_us: number; n: number };
+  return { summary: { n: out.n, median: out.median_us, p99: out.p99_us, mean: NaN } };
+}
+
+/** Runs the Python-link handoffs; prints their table; returns the figures for --json. */
+export async function pythonLinkBenchmarks(iterations: number, warmup: number, device: Device | undefined): Promise<PythonLinkResults> {
+  const results: PythonLinkResults = { rows: {} };
+  const noPython = probe('import sys; assert sys.version_info >= (3, 10), "Python " + sys.version.split()[0] + " is older than 3.10"; import cuda_ipc');
+  if (noPython) {
+    results.skipped = `no usable python3 with cuda_ipc: ${noPython}`;
+    console.log(`\npython link handoff: skipped: ${results.skipped}`);
+    return results;
+  }
+  const noTorch = !device ? 'no GPU here' : probe('import torch; assert torch.cuda.is_available(), "torch sees no CUDA device"');
+  if (noTorch) results.torchSkipped = noTorch;
+  console.log(`\npython link handoff: a fresh 1 MiB buffer between Node and a Python child on a link; ${iterations} timed after ${warmup} warm-up` +
+    (noTorch ? `; the PyTorch rows are skipped: ${noTorch}` : ''));
+
+  const { child, link } = await spawnPython(script('handoff_cuda_ipc.py'), [], { stdio: ['ignore', 'inherit', 'inherit'] });
+  const rows = results.rows;
+  let pool: import('../src/ipc/pool.js').IpcPool | undefined;
+  try {
+    let mark = 0;
+    rows['host buffer Node -> Python (memoryview)'] = await timed(iterations, warmup, async () => {
+      const b = HostBuffer.allocate(BYTES);
+      const v = ++mark & 0xffffffff;
+      new Uint32Array(b.bytes.buffer, b.bytes.byteOffset, 1)[0] = v;
+      link.send({ op: 'host', buffer: b });
+      b.close();
+      await expect(link, v, 'host buffer');
+    });
+    if (!noTorch && device) {
+      const p = (pool = device.createIpcPool());
+      // Correctness first (a marked buffer, the value Python read through torch must match); the
+      // timed loop then does what torch.multiprocessing's reference does: allocate, hand over, the
+      // receiver reads one value and acknowledges.
+      const toPython = (make: () => DeviceBuffer) => async () => {
+        const b = make();
+        link.send({ op: 'torch', buffer: b });
+        b.close();
+        await link.receive({ signal: AbortSignal.timeout(60_000) });
+      };
+      for (const [what, make] of [['pool', () => p.allocate(BYTES)], ['legacy', () => DeviceBuffer.allocate(BYTES, { device })]] as const) {
+        const b = make();
+        b.write(new Float32Array([1234.5]));
+        link.send({ op: 'torch', buffer: b });
+        b.close();
+        await expect(link, 1234.5, `${what} buffer viewed by torch`);
+      }
+      rows['pool buffer Node -> Python torch.as_tensor view'] = await timed(iterations, warmup, toPython(() => p.allocate(BYTES)));
+      rows['legacy buffer Node -> Python torch.as_tensor view'] = await timed(Math.min(iterations, 500), Math.min(warmup, 100),
+        toPython(() => DeviceBuffer.allocate(BYTES, { device })));
+      const read = new Float32Array(1);
+      rows['torch tensor Python -> Node (read one value, release)'] = await timed(iterations, warmup, async () => {
+        link.send({ op: 'give' });
+        const t = await link.receive({ signal: AbortSignal.timeout(60_000) }) as DeviceBuffer;
+        t.read(read);
+        t.close();
+      });
+    }
+  } finally {
+    link.send('end');
+    await new Promise((r) => (child.exitCode !== null ? r(null) : child.once('exit', r)));
+    link.close();
+    pool?.close();
+  }
+  if (!noTorch) {
+    const ref = torchReference(iterations, warmup);
+    results.reference = ref.summary;
+    results.referenceSkipped = ref.skipped;
+  }
+
+  const table: Row[] = [];
+  const ref = results.reference;
+  for (const [name, s] of Object.entries(rows)) {
+    const notes: string[] = [];
+    if (ref && name.includes('torch')) {
+      const ratio = ref.median / s.median;
+      notes.push(`${ratio.toFixed(1)}x faster than torch.multiprocessing`);
+      if (name.startsWith('pool buffer') || name.startsWith('torch tensor')) notes.push(`target >= ${TORCH_TARGET_RATIO}x: ${ratio >= TORCH_TARGET_RATIO ? 'MET' : 'MISSED'}`);
+    }
+    table.push({ name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes });
+  }
+  if (ref) table.push({ name: 'reference: torch.multiprocessing queue, Python -> Python', unit: 'us', median: ref.median, p99: ref.p99, n: ref.n });
+  else if (!noTorch) table.push({ name: 'reference: torch.multiprocessing queue', unit: 'us', median: NaN, notes: [`skipped: ${results.referenceSkipped}`] });
+  printTable('Python companion handoff round trip (lower is better)', table);
+  return results;
+}

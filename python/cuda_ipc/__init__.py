@@ -1,0 +1,35 @@
+"""cuda_ipc: the Python companion of the cuda-ipc Node.js package.
+
+A Python process joins a cuda-ipc link (``parent_link()`` when Node started it with ``spawnPython``,
+``connect(name)`` to a Node ``listen(name)``) and exchanges messages, host buffers and GPU memory
+with Node without copies:
+
+* received device buffers expose ``__cuda_array_interface__`` and DLPack, so ``torch.as_tensor``,
+  ``cupy.asarray`` and ``numba.cuda.as_cuda_array`` view them; received host buffers expose a
+  memoryview. Closing one (or dropping the last reference) releases it to the sender.
+* CUDA tensors and arrays (PyTorch, CuPy, anything with ``__cuda_array_interface__``, cuda.core
+  buffers) put in a message are shared zero-copy and kept alive until the peer releases them.
+
+The core uses only the standard library (ctypes for libcuda); the wire protocol is documented in
+docs/PROTOCOL.md of the cuda-ipc repository.
+"""
+from .errors import CudaError, IpcError
+from .codec import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
+from .link import Link, LeaseCounts, PeerCredentials, connect, default_socket_directory, parent_link, socket_path
+from .host import HostBuffer
+from .memory import DeviceBuffer, ArrayView, ImportedPool, IpcEvent, share
+from .descriptor import (
+    LegacyHandleDescriptor, IpcEventDescriptor, decode_descriptor, encode_descriptor, descriptor_from_json,
+    descriptor_to_json,
+)
+from .device import Device
+from .torch_handle import descriptor_from_torch, torch_storage_args
+
+__all__ = [
+    "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",
+    "default_socket_directory", "HostBuffer", "DeviceBuffer", "ArrayView", "ImportedPool", "IpcEvent", "share",
+    "Device", "LegacyHandleDescriptor", "IpcEventDescriptor", "encode_descriptor", "decode_descriptor",
+    "descriptor_to_json", "descriptor_from_json", "descriptor_from_torch", "torch_storage_args",
+    "TransferHandler", "TransferEncoding", "register_transfer_handler", "unregister_transfer_handler",
+]
+__version__ = "0.1.0"

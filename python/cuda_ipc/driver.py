@@ -1,0 +1,258 @@
+"""The CUDA driver through ctypes: libcuda.so.1 is loaded on first use (importing cuda_ipc needs no
+driver), entry points are resolved with cuGetProcAddress for the same ABI version as the Node addon
+(12000), and every call is checked: a failure raises CudaError with the driver's code name.
+"""
+from __future__ import annotations
+
+import ctypes
+import threading
+from ctypes import POINTER, byref, c_char, c_int, c_size_t, c_uint, c_uint64, c_ulonglong, c_void_p
+
+from .errors import CudaError
+
+ABI_VERSION = 12000
+
+CUresult = c_int
+CUdevice = c_int
+CUdeviceptr = c_uint64
+CUcontext = c_void_p
+CUstream = c_void_p
+CUevent = c_void_p
+CUmemoryPool = c_void_p
+
+
+class CUuuid(ctypes.Structure):
+    _fields_ = [("bytes", c_char * 16)]
+
+
+class CUipcMemHandle(ctypes.Structure):
+    _fields_ = [("reserved", c_char * 64)]
+
+
+class CUipcEventHandle(ctypes.Structure):
+    _fields_ = [("reserved", c_char * 64)]
+
+
+class CUmemPoolPtrExportData(ctypes.Structure):
+    _fields_ = [("reserved", c_char * 64)]
+
+
+class CUmemLocation(ctypes.Structure):
+    _fields_ = [("type", c_int), ("id", c_int)]
+
+
+class CUmemAccessDesc(ctypes.Structure):
+    _fields_ = [("location", CUmemLocation), ("flags", c_int)]
+
+
+CU_POINTER_ATTRIBUTE_CONTEXT = 1
+CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
+CU_POINTER_ATTRIBUTE_IS_MANAGED = 8
+CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
+CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17
+CU_MEMORYTYPE_HOST = 1
+CU_MEMORYTYPE_DEVICE = 2
+CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
+CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 1
+CU_MEM_LOCATION_TYPE_DEVICE = 1
+CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
+CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_NOT_READY = 600
+
+# name: (argtypes); every entry point returns CUresult.
+_SIGNATURES = {
+    "cuGetErrorName": (CUresult, POINTER(ctypes.c_char_p)),
+    "cuGetErrorString": (CUresult, POINTER(ctypes.c_char_p)),
+    "cuInit": (c_uint,),
+    "cuDriverGetVersion": (POINTER(c_int),),
+    "cuDeviceGetCount": (POINTER(c_int),),
+    "cuDeviceGet": (POINTER(CUdevice), c_int),
+    "cuDeviceGetUuid": (POINTER(CUuuid), CUdevice),
+    "cuDeviceGetName": (ctypes.c_char_p, c_int, CUdevice),
+    "cuDeviceGetAttribute": (POINTER(c_int), c_int, CUdevice),
+    "cuDevicePrimaryCtxRetain": (POINTER(CUcontext), CUdevice),
+    "cuCtxGetCurrent": (POINTER(CUcontext),),
+    "cuCtxPushCurrent": (CUcontext,),
+    "cuCtxPopCurrent": (POINTER(CUcontext),),
+    "cuCtxSynchronize": (),
+    "cuMemGetAddressRange": (POINTER(CUdeviceptr), POINTER(c_size_t), CUdeviceptr),
+    "cuPointerGetAttribute": (c_void_p, c_int, CUdeviceptr),
+    "cuMemcpyHtoD": (CUdeviceptr, c_void_p, c_size_t),
+    "cuMemcpyDtoH": (c_void_p, CUdeviceptr, c_size_t),
+    "cuMemAlloc": (POINTER(CUdeviceptr), c_size_t),
+    "cuMemFree": (CUdeviceptr,),
+    "cuIpcGetMemHandle": (POINTER(CUipcMemHandle), CUdeviceptr),
+    "cuIpcOpenMemHandle": (POINTER(CUdeviceptr), CUipcMemHandle, c_uint),
+    "cuIpcCloseMemHandle": (CUdeviceptr,),
+    "cuIpcOpenEventHandle": (POINTER(CUevent), CUipcEventHandle),
+    "cuEventDestroy": (CUevent,),
+    "cuEventSynchronize": (CUevent,),
+    "cuEventQuery": (CUevent,),
+    "cuStreamWaitEvent": (CUstream, CUevent, c_uint),
+    "cuStreamSynchronize": (CUstream,),
+    "cuMemPoolImportFromShareableHandle": (POINTER(CUmemoryPool), c_void_p, c_int, c_ulonglong),
+    "cuMemPoolExportToShareableHandle": (c_void_p, CUmemoryPool, c_int, c_ulonglong),
+    "cuMemPoolSetAccess": (CUmemoryPool, POINTER(CUmemAccessDesc), c_size_t),
+    "cuMemPoolImportPointer": (POINTER(CUdeviceptr), CUmemoryPool, POINTER(CUmemPoolPtrExportData)),
+    "cuMemPoolExportPointer": (POINTER(CUmemPoolPtrExportData), CUdeviceptr),
+    "cuMemPoolDestroy": (CUmemoryPool,),
+}
+
+_lock = threading.Lock()
+_driver: "_Driver | None" = None
+_load_error: CudaError | None = None
+
+
+class _Driver:
+    def __init__(self) -> None:
+        try:
+            lib = ctypes.CDLL("libcuda.so.1")
+        except OSError as e:
+            raise CudaError(-1, "CUDA_DRIVER_NOT_FOUND",
+                            f"the NVIDIA driver library libcuda.so.1 could not be loaded ({e}). Install the NVIDIA driver, or run where a GPU is visible",
+                            "dlopen(libcuda.so.1)") from None
+        try:
+            get_proc = lib.cuGetProcAddress_v2
+        except AttributeError:
+            raise CudaError(-1, "CUDA_DRIVER_NOT_FOUND",
+                            "libcuda.so.1 has no cuGetProcAddress_v2: the NVIDIA driver is older than CUDA 12.0; update the driver",
+                            "dlsym(cuGetProcAddress_v2)") from None
+        get_proc.restype = CUresult
+        get_proc.argtypes = [ctypes.c_char_p, POINTER(c_void_p), c_int, c_uint64, POINTER(c_int)]
+        self._fns = {}
+        for name, argtypes in _SIGNATURES.items():
+            pfn = c_void_p()
+            status = c_int()
+            if get_proc(name.encode(), byref(pfn), ABI_VERSION, 0, byref(status)) == 0 and pfn.value:
+                self._fns[name] = ctypes.CFUNCTYPE(CUresult, *argtypes)(pfn.value)
+        r = self._raw("cuInit")(0)
+        if r != 0:
+            raise self.error(r, "cuInit")
+
+    def _raw(self, name: str):
+        fn = self._fns.get(name)
+        if fn is None:
+            raise CudaError(-2, "CUDA_SYMBOL_NOT_FOUND", f"the installed driver does not provide {name}: update the NVIDIA driver",
+                            f"cuGetProcAddress({name})")
+        return fn
+
+    def error(self, status: int, call: str, hint: str | None = None) -> CudaError:
+        name = ctypes.c_char_p()
+        desc = ctypes.c_char_p()
+        n = self._fns.get("cuGetErrorName")
+        d = self._fns.get("cuGetErrorString")
+        code = name.value.decode() if n and n(status, byref(name)) == 0 and name.value else "CUDA_ERROR_UNKNOWN_STATUS"
+        text = desc.value.decode() if d and d(status, byref(desc)) == 0 and desc.value else "unrecognized error code"
+        return CudaError(status, code, text, call, hint)
+
+    def call(self, name: str, *args) -> None:
+        r = self._raw(name)(*args)
+        if r != 0:
+            raise self.error(r, name)
+
+    def status(self, name: str, *args) -> int:
+        """Calls and returns the status, for queries that answer NOT_READY."""
+        return self._raw(name)(*args)
+
+
+def driver() -> _Driver:
+    """The loaded, initialised driver; raises CudaError (CUDA_DRIVER_NOT_FOUND, ...) otherwise."""
+    global _driver, _load_error
+    d = _driver
+    if d is not None:
+        return d
+    with _lock:
+        if _driver is None:
+            if _load_error is not None:
+                raise CudaError(_load_error.status, _load_error.code, _load_error.description, _load_error.call)
+            try:
+                _driver = _Driver()
+            except CudaError as e:
+                _load_error = e
+                raise
+        return _driver
+
+
+def available() -> str | None:
+    """None where the driver loads and sees a device, else the reason."""
+    try:
+        d = driver()
+        n = c_int()
+        d.call("cuDeviceGetCount", byref(n))
+        return None if n.value > 0 else "the CUDA driver sees no device"
+    except CudaError as e:
+        return str(e)
+
+
+# Small typed wrappers, used by device.py and memory.py.
+
+def ptr_attribute_int(attr: int, ptr: int) -> int:
+    v = c_uint()
+    driver().call("cuPointerGetAttribute", byref(v), attr, ptr)
+    return v.value
+
+
+def ptr_attribute_u64(attr: int, ptr: int) -> int:
+    v = c_uint64()
+    driver().call("cuPointerGetAttribute", byref(v), attr, ptr)
+    return v.value
+
+
+def address_range(ptr: int) -> tuple[int, int]:
+    base = CUdeviceptr()
+    size = c_size_t()
+    driver().call("cuMemGetAddressRange", byref(base), byref(size), ptr)
+    return base.value, size.value
+
+
+def ipc_get_mem_handle(base: int) -> bytes:
+    h = CUipcMemHandle()
+    driver().call("cuIpcGetMemHandle", byref(h), base)
+    return ctypes.string_at(ctypes.addressof(h), 64)
+
+
+def ipc_open_mem_handle(handle: bytes) -> int:
+    h = CUipcMemHandle()
+    ctypes.memmove(ctypes.addressof(h), handle, 64)
+    p = CUdeviceptr()
+    driver().call("cuIpcOpenMemHandle", byref(p), h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS)
+    return p.value
+
+
+def pool_export_pointer(base: int) -> bytes:
+    d = CUmemPoolPtrExportData()
+    driver().call("cuMemPoolExportPointer", byref(d), base)
+    return ctypes.string_at(ctypes.addressof(d), 64)
+
+
+def pool_import_pointer(pool: int, export_data: bytes) -> int:
+    d = CUmemPoolPtrExportData()
+    ctypes.memmove(ctypes.addressof(d), export_data, 64)
+    p = CUdeviceptr()
+    driver().call("cuMemPoolImportPointer", byref(p), c_void_p(pool), byref(d))
+    return p.value
+
+
+def pool_import_from_fd(fd: int) -> int:
+    pool = CUmemoryPool()
+    driver().call("cuMemPoolImportFromShareableHandle", byref(pool), c_void_p(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+    return pool.value
+
+
+def pool_export_fd(pool: int) -> int:
+    fd = c_int(-1)
+    driver().call("cuMemPoolExportToShareableHandle", byref(fd), c_void_p(pool), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
+    return fd.value
+
+
+def pool_set_access(pool: int, ordinal: int) -> None:
+    desc = CUmemAccessDesc(CUmemLocation(CU_MEM_LOCATION_TYPE_DEVICE, ordinal), CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
+    driver().call("cuMemPoolSetAccess", c_void_p(pool), byref(desc), 1)
+
+
+def memcpy_dtoh(dst_addr: int, src: int, nbytes: int) -> None:
+    driver().call("cuMemcpyDtoH", c_void_p(dst_addr), src, nbytes)
+
+
+def memcpy_htod(dst: int, src_addr: int, nbytes: int) -> None:
+    driver().call("cuMemcpyHtoD", dst, c_void_p(src_addr), nbytes)

@@ -1,0 +1,222 @@
+"""A stand-in for libcuda, so that the device-memory paths of cuda_ipc (sending arrays as legacy
+handles or pool buffers, receiving, mapping lazily, views, unmapping, leases) run without a GPU.
+"Device memory" is host memory here, so copies and reads are real; handles, pools and mappings are
+bookkept so that tests can check what was opened, imported, freed and synchronized."""
+import ctypes
+import os
+
+from cuda_ipc import device as device_mod
+from cuda_ipc import driver as drv
+from cuda_ipc import memory as memory_mod
+
+UUID_RAW = bytes(range(16, 32))
+
+
+class FakeDriver:
+    def __init__(self):
+        self.allocs = {}  # base -> (ctypes buffer, size, pool or 0)
+        self.handles = {}  # legacy handle -> base
+        self.opened = {}  # base -> open count (cuIpcOpenMemHandle)
+        self.pools = {}  # pool handle -> {"inode": ..., "imported": bool}
+        self.pool_fds = {}  # inode of the pool's memfd -> owning pool handle
+        self.exports = {}  # export data -> base
+        self.imported = {}  # base -> import count (cuMemPoolImportPointer)
+        self.freed = []
+        self.destroyed = []
+        self.syncs = 0
+        self.stream_syncs = []
+        self.ctx_stack = []
+        self.calls = []
+        self._next_pool = 0x5000
+
+    # -- what tests use --
+
+    def alloc(self, size: int, pool: int = 0) -> int:
+        buf = ctypes.create_string_buffer(size)
+        base = ctypes.addressof(buf)
+        self.allocs[base] = (buf, size, pool)
+        return base
+
+    def create_pool(self) -> int:
+        self._next_pool += 1
+        h = self._next_pool
+        fd = os.memfd_create("fake-pool")
+        inode = os.fstat(fd).st_ino
+        self.pools[h] = {"fd": fd, "inode": inode, "imported": False}
+        self.pool_fds[inode] = h
+        return h
+
+    def close(self):
+        for p in self.pools.values():
+            if "fd" in p:
+                os.close(p["fd"])
+
+    # -- the driver interface cuda_ipc uses --
+
+    def call(self, name, *args):
+        self.calls.append(name)
+        getattr(self, name)(*args)
+
+    def status(self, name, *args):
+        self.call(name, *args)
+        return 0
+
+    def error(self, status, call, hint=None):
+        from cuda_ipc.errors import CudaError
+        return CudaError(status, "CUDA_ERROR_INVALID_VALUE", "fake", call)
+
+    @staticmethod
+    def _out(ref):
+        return ref._obj
+
+    def cuDeviceGetCount(self, n):
+        self._out(n).value = 1
+
+    def cuDeviceGet(self, h, i):
+        self._out(h).value = i
+
+    def cuDeviceGetUuid(self, u, h):
+        ctypes.memmove(ctypes.addressof(self._out(u)), UUID_RAW, 16)
+
+    def cuDeviceGetName(self, buf, n, h):
+        ctypes.memmove(buf, b"Fake GPU\0", 9)
+
+    def cuDevicePrimaryCtxRetain(self, ctx, h):
+        self._out(ctx).value = 0xC0 + h
+
+    def cuCtxGetCurrent(self, ctx):
+        self._out(ctx).value = self.ctx_stack[-1] if self.ctx_stack else None
+
+    def cuCtxPushCurrent(self, ctx):
+        self.ctx_stack.append(ctx.value)
+
+    def cuCtxPopCurrent(self, ctx):
+        self._out(ctx).value = self.ctx_stack.pop()
+
+    def cuCtxSynchronize(self):
+        assert self.ctx_stack, "cuCtxSynchronize without a current context"
+        self.syncs += 1
+
+    def cuStreamSynchronize(self, s):
+        self.stream_syncs.append(s.value)
+
+    def _find(self, ptr):
+        for base, (_, size, pool) in self.allocs.items():
+            if base <= ptr < base + size:
+                return base, size, pool
+        raise drv.CudaError(1, "CUDA_ERROR_INVALID_VALUE", "not device memory", "fake")
+
+    def cuPointerGetAttribute(self, out, attr, ptr):
+        base, size, pool = self._find(ptr)
+        v = {drv.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: 0, drv.CU_POINTER_ATTRIBUTE_MEMORY_TYPE: drv.CU_MEMORYTYPE_DEVICE,
+             drv.CU_POINTER_ATTRIBUTE_IS_MANAGED: 0, drv.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: pool}[attr]
+        self._out(out).value = v
+
+    def cuMemGetAddressRange(self, base_out, size_out, ptr):
+        base, size, _ = self._find(ptr)
+        self._out(base_out).value = base
+        self._out(size_out).value = size
+
+    def cuIpcGetMemHandle(self, h_out, base):
+        _, _, pool = self._find(base)
+        assert not pool, "pool memory has no legacy handle"
+        handle = b"H" + base.to_bytes(8, "little") + bytes(55)
+        self.handles[handle] = base
+        ctypes.memmove(ctypes.addressof(self._out(h_out)), handle, 64)
+
+    def cuIpcOpenMemHandle(self, p_out, h, flags):
+        handle = ctypes.string_at(ctypes.addressof(h), 64)
+        if handle not in self.handles:
+            raise drv.CudaError(1, "CUDA_ERROR_INVALID_VALUE", "unknown handle", "cuIpcOpenMemHandle")
+        base = self.handles[handle]
+        self.opened[base] = self.opened.get(base, 0) + 1
+        self._out(p_out).value = base
+
+    def cuIpcCloseMemHandle(self, base):
+        assert self.opened.get(base, 0) > 0, "closing a handle that is not open"
+        self.opened[base] -= 1
+
+    def cuMemcpyDtoH(self, dst, src, n):
+        self._find(src)
+        ctypes.memmove(dst.value, src, n)
+
+    def cuMemcpyHtoD(self, dst, src, n):
+        self._find(dst)
+        ctypes.memmove(dst, src.value, n)
+
+    def cuMemPoolExportToShareableHandle(self, fd_out, pool, t, flags):
+        self._out(fd_out).value = os.dup(self.pools[pool.value]["fd"])
+
+    def cuMemPoolImportFromShareableHandle(self, pool_out, fd, t, flags):
+        owner = self.pool_fds[os.fstat(fd.value).st_ino]
+        self._next_pool += 1
+        self.pools[self._next_pool] = {"imported": True, "of": owner}
+        self._out(pool_out).value = self._next_pool
+
+    def cuMemPoolSetAccess(self, pool, desc, n):
+        assert self.pools[pool.value]["imported"]
+
+    def cuMemPoolExportPointer(self, data_out, base):
+        b, _, pool = self._find(base)
+        assert pool and b == base
+        data = b"E" + base.to_bytes(8, "little") + bytes(55)
+        self.exports[data] = base
+        ctypes.memmove(ctypes.addressof(self._out(data_out)), data, 64)
+
+    def cuMemPoolImportPointer(self, p_out, pool, data_ref):
+        data = ctypes.string_at(ctypes.addressof(self._out(data_ref)), 64)
+        base = self.exports[data]
+        assert self.pools[pool.value]["of"] == self.allocs[base][2], "export data of another pool"
+        self.imported[base] = self.imported.get(base, 0) + 1
+        self._out(p_out).value = base
+
+    def cuMemFree(self, ptr):
+        assert self.imported.get(ptr, 0) > 0, "freeing a pointer that was not imported"
+        self.imported[ptr] -= 1
+        self.freed.append(ptr)
+
+    def cuMemPoolDestroy(self, pool):
+        self.destroyed.append(pool.value)
+
+
+class FakeArray:
+    """A CuPy-like array in fake device memory: __cuda_array_interface__ v3."""
+
+    def __init__(self, ptr, shape, typestr="<f4", strides=None, stream=None):
+        self.ptr = ptr
+        self.shape = shape
+        self.typestr = typestr
+        self.strides = strides
+        self.stream = stream
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"data": (self.ptr, False), "shape": self.shape, "typestr": self.typestr, "strides": self.strides,
+                "version": 3, "stream": self.stream}
+
+
+def install() -> FakeDriver:
+    """Routes cuda_ipc's driver calls to a new FakeDriver (undo with uninstall())."""
+    fake = FakeDriver()
+    drv._driver = fake
+    device_mod._devices = None
+    device_mod._by_uuid.clear()
+    memory_mod._check_pool_fd_real = memory_mod._check_pool_fd
+    memory_mod._check_pool_fd = lambda fd: None  # a memfd stands in for /dev/nvidiactl
+    memory_mod._local_exports.clear()
+    memory_mod._local_pool_exports.clear()
+    memory_mod._local_pools.clear()
+    return fake
+
+
+def uninstall(fake: FakeDriver) -> None:
+    fake.close()
+    drv._driver = None
+    device_mod._devices = None
+    device_mod._by_uuid.clear()
+    memory_mod._check_pool_fd = memory_mod._check_pool_fd_real
+    memory_mod._local_exports.clear()
+    memory_mod._local_pool_exports.clear()
+    for _, fd in memory_mod._local_pools.values():
+        os.close(fd)
+    memory_mod._local_pools.clear()

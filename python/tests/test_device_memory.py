@@ -1,0 +1,184 @@
+"""Device memory over links with a fake driver (tests/fake_cuda.py): what gets exported, imported,
+mapped, viewed, unmapped and released, without a GPU. The GPU machine runs the real thing
+(test/gpu/python-companion.test.ts)."""
+import array
+import ctypes
+import gc
+import os
+import struct
+import unittest
+
+from cuda_ipc import DeviceBuffer, IpcError, share
+from cuda_ipc import memory as memory_mod
+from cuda_ipc.descriptor import ArrayMeta
+
+from . import fake_cuda
+from .test_link import open_fds, pair
+
+
+def f32(ptr, n):
+    return list(struct.unpack(f"<{n}f", ctypes.string_at(ptr, 4 * n)))
+
+
+class DeviceMemoryTests(unittest.TestCase):
+    def setUp(self):
+        self.fds = open_fds()
+        self.fake = fake_cuda.install()
+        self.la, self.lb = pair()
+
+    def tearDown(self):
+        self.la.close()
+        self.lb.close()
+        gc.collect()
+        fake_cuda.uninstall(self.fake)
+        self.assertEqual(open_fds() - self.fds, set(), "fds leaked by the test")
+
+    def fill(self, ptr, values):
+        ctypes.memmove(ptr, struct.pack(f"<{len(values)}f", *values), 4 * len(values))
+
+    def test_an_array_travels_as_the_handle_of_its_allocation_plus_offset(self):
+        block = self.fake.alloc(1 << 16)
+        ptr = block + 4096 + 12  # a sub-allocation, viewed 3 float32 in
+        self.fill(ptr, [float(i) for i in range(100)])
+        arr = fake_cuda.FakeArray(ptr, (10, 10), "<f4", stream=7)
+        self.la.send({"t": arr, "shape": [10, 10]})
+        self.assertEqual(self.fake.stream_syncs, [7], "the array's stream was synchronized before sending")
+        del arr
+        got = self.lb.receive(timeout=5)["t"]
+        self.assertIsInstance(got, DeviceBuffer)
+        self.assertEqual((got.kind, got.nbytes, got.offset), ("legacy", 400, 4096 + 12))
+        self.assertEqual(got.array, ArrayMeta.make("float32", (10, 10)))
+        self.assertFalse(got.is_mapped, "mapped on first use only")
+        memory_mod._local_exports.clear()  # as in another process: open the handle for real
+        self.assertEqual(got.ptr, ptr)
+        self.assertEqual(self.fake.opened[block], 1)
+        cai = got.__cuda_array_interface__
+        self.assertEqual((cai["shape"], cai["typestr"], cai["version"], cai["data"]), ((400,), "|u1", 3, (ptr, False)))
+        view = got.view("float32", (5, 20))
+        self.assertEqual(view.__cuda_array_interface__["shape"], (5, 20))
+        self.assertIsNone(view.__cuda_array_interface__["strides"])
+        strided = got.view("<f4", (10,), strides=(40,), offset=4)
+        self.assertEqual(strided.__cuda_array_interface__["strides"], (40,))
+        self.assertEqual(strided.ptr, ptr + 4)
+        self.assertEqual(f32(view.ptr, 3), [0.0, 1.0, 2.0])
+        self.assertEqual(struct.unpack("<3f", got.read(4, 12)), (1.0, 2.0, 3.0))
+        got.write(struct.pack("<f", -1.0), 396)
+        self.assertEqual(f32(ptr + 396, 1), [-1.0])
+        with self.assertRaises(IpcError):
+            got.view("float32", (101,))
+        self.assertEqual(self.la.leases.count, 1)
+        got.close()
+        self.assertEqual(self.fake.opened[block], 0, "closing unmapped it")
+        self.assertGreaterEqual(self.fake.syncs, 1, "after waiting for the device's queued work")
+        self.la.poll()
+        self.assertEqual(self.la.leases.count, 0, "and released the sender's lease")
+        with self.assertRaises(IpcError):
+            got.ptr
+
+    def test_a_handle_that_comes_back_maps_to_the_original_memory(self):
+        block = self.fake.alloc(8192)
+        arr = fake_cuda.FakeArray(block + 64, (16,), "<u4")
+        self.la.send(arr)
+        got = self.lb.receive(timeout=5)
+        self.lb.send({"back": got})  # sent on, leased from our handle on it
+        got.close()
+        back = self.la.receive(timeout=5)["back"]
+        self.assertEqual(back.ptr, block + 64, "the exporter sees its own memory, not a failed open")
+        self.assertEqual(self.fake.opened.get(block, 0), 0, "without opening its own handle")
+        back.close()
+        self.lb.poll()
+        self.la.poll()
+        self.assertEqual((self.la.leases.count, self.lb.leases.count), (0, 0))
+
+    def test_pool_memory_travels_as_pool_buffers_with_the_fd_once_per_link(self):
+        pool = self.fake.create_pool()
+        a = self.fake.alloc(1 << 20, pool)
+        b = self.fake.alloc(4096, pool)
+        self.fill(a + 256, [1.5, 2.5])
+        self.la.send([share(fake_cuda.FakeArray(a + 256, (2,)), sync=False), fake_cuda.FakeArray(b, (1024,))])
+        self.la.send(fake_cuda.FakeArray(a, (8,)))
+        self.assertEqual(self.fake.syncs, 2, "the arrays without a stream synchronized the device; sync=False did not")
+        first, second = self.lb.receive(timeout=5)
+        third = self.lb.receive(timeout=5)
+        self.assertEqual((first.kind, first.offset, first.nbytes, first.allocation_size), ("pool", 256, 8, 1 << 20))
+        memory_mod._local_pool_exports.clear()  # as in another process
+        self.assertEqual(f32(first.ptr, 2), [1.5, 2.5])
+        self.assertEqual(third.ptr, a, "the same allocation, imported once")
+        self.assertEqual(self.fake.imported[a], 1)
+        self.assertEqual(second.ptr, b)
+        pools = self.lb.handler_state[memory_mod._POOLS_RECEIVED]
+        self.assertEqual(len(pools), 1, "one pool, its fd sent once")
+        first.close()
+        self.assertEqual(self.fake.imported[a], 1, "still mapped for the other buffer of the allocation")
+        third.close()
+        self.assertEqual(self.fake.imported[a], 0)
+        second.close()
+        self.la.poll()
+        self.assertEqual(self.la.leases.count, 0)
+        self.lb.close()
+        self.assertEqual(len(self.fake.destroyed), 1, "the imported pool is destroyed once the link and its buffers let go")
+
+    def test_a_buffer_never_mapped_still_releases_and_the_link_close_ends_everything(self):
+        pool = self.fake.create_pool()
+        a = self.fake.alloc(4096, pool)
+        kept = []
+        self.la.send(fake_cuda.FakeArray(a, (1024,)))
+        got = self.lb.receive(timeout=5)
+        del got
+        gc.collect()
+        self.la.poll()
+        self.assertEqual(self.la.leases.count, 0, "collected without mapping: released at once")
+        self.assertEqual(self.fake.imported.get(a, 0), 0)
+
+        block = self.fake.alloc(4096)
+        arr = fake_cuda.FakeArray(block, (1024,))
+        self.la.send(arr)
+        got = self.lb.receive(timeout=5)
+        kept.append(got.ptr)
+        self.assertEqual(self.la.leases.count, 1)
+        self.lb._sock.close()  # the receiver dies
+        with self.assertRaises(IpcError):
+            self.la.receive(timeout=5)
+        self.assertEqual(self.la.leases.count, 0, "the sender's holds ended with the link")
+        got.close(sync=False)
+
+    def test_cuda_core_ipc_is_refused_for_a_pool_cuda_ipc_mapped(self):
+        pool = self.fake.create_pool()
+        a = self.fake.alloc(4096, pool)
+        b = self.fake.alloc(4096, pool)
+        self.la.send([fake_cuda.FakeArray(a, (1024,)), fake_cuda.FakeArray(b, (1024,))])
+        x, y = self.lb.receive(timeout=5)
+        memory_mod._local_pool_exports.clear()
+        x.ptr
+        with self.assertRaises(IpcError) as cm:
+            y.cuda_core_ipc()
+        self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
+        self.assertEqual(y.ptr, b, "and the buffer stays usable through cuda_ipc")
+        x.close()
+        y.close()
+
+    def test_what_cannot_be_shared(self):
+        with self.assertRaises(IpcError) as cm:
+            self.la.send(fake_cuda.FakeArray(0, (0,)))
+        self.assertEqual(cm.exception.code, "ERR_NOT_EXPORTABLE")
+        block = self.fake.alloc(100)
+        with self.assertRaises(IpcError) as cm:
+            self.la.send(fake_cuda.FakeArray(block, (100,)))  # 400 bytes in a 100-byte allocation
+        self.assertEqual(cm.exception.code, "ERR_OUT_OF_RANGE")
+        self.assertEqual(self.la.leases.count, 0)
+
+    def test_a_legacy_buffer_opens_only_inside_its_allocation(self):
+        block = self.fake.alloc(1000)
+        self.la.send(fake_cuda.FakeArray(block, (250,)))
+        got = self.lb.receive(timeout=5)
+        memory_mod._local_exports.clear()
+        self.fake.allocs[block] = (self.fake.allocs[block][0], 100, 0)  # the allocation shrank: a bad descriptor
+        with self.assertRaises(IpcError) as cm:
+            got.ptr
+        self.assertEqual(cm.exception.code, "ERR_OUT_OF_RANGE")
+        self.assertEqual(self.fake.opened[block], 0, "the failed open was closed again")
+        got.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,62 @@
+// spawnPython(): start a Python module as a child on a link, with the same handshake as spawn():
+// the child calls cuda_ipc.parent_link() (the package in this repository's python/ folder, which is
+// put on the child's PYTHONPATH).
+import { existsSync } from 'node:fs';
+import { delimiter, isAbsolute, resolve as resolvePath } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { IpcError } from '../errors.js';
+import { startLinkedChild, type SpawnOptions, type SpawnedChild } from './spawn.js';
+
+export interface SpawnPythonOptions extends Omit<SpawnOptions, 'execArgv'> {
+  /** The interpreter: default $CUDA_IPC_PYTHON, else 'python3' (found on PATH). */
+  python?: string;
+  /** Arguments for the interpreter itself, before the module (e.g. ['-X', 'dev']). */
+  pythonArgs?: readonly string[];
+  /** Put cuda-ipc's Python package on the child's PYTHONPATH (default true); turn it off when
+   * `cuda_ipc` is installed in the interpreter's environment (pip install ./python). */
+  addPythonPath?: boolean;
+}
+
+/** The folder holding the `cuda_ipc` Python package (python/ of this package). */
+export function pythonPackageDirectory(): string {
+  // dist/src/link/spawn-python.js -> <package>/python
+  return fileURLToPath(new URL('../../../python', import.meta.url));
+}
+
+/**
+ * Starts `python3 -m <module> ...args` (or `python3 <file.py> ...args` when `module` is a path
+ * ending in .py) with a link to this process, and resolves once the child called
+ * `cuda_ipc.parent_link()`. Failures as for spawn(): ERR_PEER_GONE (the child exited first, e.g.
+ * an ImportError), ERR_PEER_REFUSED, ERR_TIMEOUT.
+ */
+export async function spawnPython(module: string | URL, args: readonly string[] = [], options: SpawnPythonOptions = {}): Promise<SpawnedChild> {
+  const python = options.python ?? process.env.CUDA_IPC_PYTHON ?? 'python3';
+  let target: string[];
+  let what: string;
+  if (module instanceof URL || module.startsWith('file:') || module.endsWith('.py')) {
+    const path = module instanceof URL || module.startsWith('file:') ? fileURLToPath(module) : resolvePath(module);
+    if (!existsSync(path)) throw new IpcError('ERR_INVALID_ARG', `spawnPython: ${path} does not exist`);
+    target = [path];
+    what = path;
+  } else if (/^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$/.test(module)) {
+    target = ['-m', module];
+    what = `Python module ${module}`;
+  } else {
+    throw new IpcError('ERR_INVALID_ARG', `spawnPython: ${JSON.stringify(module)} is neither a module name (pkg.mod) nor a .py file`);
+  }
+  const env = { ...(options.env ?? process.env) };
+  if (options.addPythonPath !== false) {
+    const dir = pythonPackageDirectory();
+    env.PYTHONPATH = env.PYTHONPATH ? `${dir}${delimiter}${env.PYTHONPATH}` : dir;
+  }
+  const { python: _p, pythonArgs, addPythonPath: _a, ...rest } = options;
+  const cmd = isAbsolute(python) || !python.includes('/') ? python : resolvePath(python);
+  try {
+    return await startLinkedChild(cmd, [...(pythonArgs ?? []), ...target, ...args], { ...rest, env }, what);
+  } catch (e) {
+    if (e instanceof IpcError && e.code === 'ERR_PEER_GONE' && e.message.startsWith('could not start')) {
+      throw new IpcError('ERR_PEER_GONE', `${e.message}; is ${python} installed? Pass { python: '/path/to/python3' } or set CUDA_IPC_PYTHON`, { cause: e });
+    }
+    throw e;
+  }
+}
