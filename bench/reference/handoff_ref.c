@@ -114,6 +114,11 @@ static const char END = 'E';
 // CUDA through dlopen + cuGetProcAddress.
 
 #ifdef HANDOFF_REF_CUDA
+// Entry points of the CUDA 12.0 ABI, as the addon asks for (native/cuda_abi.h): asking for
+// CUDA_VERSION would hand a CUDA 13 header's build the 13.0 variants, some of which take other
+// arguments than the prototypes below (cuCtxSynchronize gained a context: seen failing with
+// CUDA_ERROR_CONTEXT_IS_DESTROYED on the GPU machine).
+#define CU_REF_ABI 12000
 #define CU_FUNCTIONS(X)                                                                        \
   X(cuInit) X(cuGetErrorName) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent)  \
   X(cuCtxSynchronize) X(cuMemAlloc) X(cuMemFree) X(cuMemFreeAsync) X(cuMemcpyDtoH)            \
@@ -151,7 +156,7 @@ static void cuda_load(void) {
   {                                                                                               \
     void *fn = NULL;                                                                              \
     CUdriverProcAddressQueryResult status;                                                        \
-    if (get(#name, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS || !fn) { \
+    if (get(#name, &fn, CU_REF_ABI, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS || !fn) { \
       fprintf(stderr, "handoff_ref (%s): the driver has no %s\n", g_side, #name);               \
       exit(1);                                                                                    \
     }                                                                                             \

@@ -2,7 +2,7 @@
 // checksum bytes, and spin for a while. Loaded once per device per thread.
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
-import { Device, defaultDevice } from './device.js';
+import { Device } from './device.js';
 import { DeviceBuffer } from './buffer.js';
 import { Stream } from './stream.js';
 import { Module, type Kernel } from './module.js';
@@ -44,7 +44,7 @@ export class BuiltinKernels {
   }
 
   /** The built-in kernels loaded on `device` (loaded on first use, kept for the thread's life). */
-  static for(device: Device = defaultDevice()): BuiltinKernels {
+  static for(device: Device = Device.get(0)): BuiltinKernels {
     let k = BuiltinKernels.#byDevice.get(device);
     if (!k) BuiltinKernels.#byDevice.set(device, (k = new BuiltinKernels(device)));
     return k;
@@ -78,15 +78,11 @@ export class BuiltinKernels {
     const n = this.#count(buffer, type);
     using result = DeviceBuffer.allocate(16, { device: this.device });
     const init = new BigUint64Array([0n, NO_MISMATCH_INDEX]);
-    // Queue everything before awaiting anything: a stream that waits on another process's work
-    // must still receive the launch now (the caller may report "queued" before it completes).
-    const written = result.writeAsync(init, { stream });
+    await result.writeAsync(init, { stream });
     this.kernel(`verify_pattern_${type}`).launch({ grid: this.#grid(n), block: 256, stream },
       [arg.ptr(buffer), arg.u64(BigInt(n)), scalarArg(type, a), scalarArg(type, b), arg.ptr(result), arg.ptr(result.devicePointer + 8n)]);
     const out = new BigUint64Array(2);
-    const read = result.readAsync(out, { stream });
-    await written;
-    await read;
+    await result.readAsync(out, { stream });
     return { mismatches: out[0]!, firstMismatch: out[1] === NO_MISMATCH_INDEX ? null : out[1]! };
   }
 
@@ -99,13 +95,11 @@ export class BuiltinKernels {
   /** Sum of bytes and sum of byte*(i+1), both mod 2^64 (see kernels/builtin.cu). */
   async checksum(buffer: DeviceBuffer, stream?: Stream): Promise<{ byteSum: bigint; weightedSum: bigint }> {
     using sums = DeviceBuffer.allocate(16, { device: this.device });
-    const written = sums.writeAsync(new BigUint64Array(2), { stream });
+    await sums.writeAsync(new BigUint64Array(2), { stream });
     this.kernel('checksum_bytes').launch({ grid: this.#grid(buffer.byteLength / 16), block: 256, stream },
       [arg.ptr(buffer), arg.u64(BigInt(buffer.byteLength)), arg.ptr(sums)]);
     const out = new BigUint64Array(2);
-    const read = sums.readAsync(out, { stream });
-    await written;
-    await read;
+    await sums.readAsync(out, { stream });
     return { byteSum: out[0]!, weightedSum: out[1]! };
   }
 
