@@ -8,7 +8,7 @@ import { Device } from '../src/cuda/device.js';
 import { handoffBenchmarks } from './handoff.js';
 import { pythonHandoffRefs } from './python-refs.js';
 import { printTable, type Row, type Summary } from './stats.js';
-import { channelBenchmarks, channelRows, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
+import { channelBenchmarks, printChannelTables, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
 
 const { values } = parseArgs({
   options: {
@@ -56,12 +56,7 @@ if (!values['no-handoff']) printTable('Handoff round trip (lower is better)', ro
 let channels: ChannelResults | undefined;
 if (!values['no-channels']) {
   channels = await channelBenchmarks(iterations, warmup, device);
-  const t = channelRows(channels);
-  console.log(`\nchannels: ${device ? 'host and device slots' : 'host slots only (no GPU)'}; round trips ${iterations} timed after ${warmup} warm-up, ` +
-    'one way and work sharing about 0.7 s each');
-  printTable(`Channel round trip: a message to a child through one channel and back through another (targets: futex <= ${CHANNEL_TARGETS.rttFutexUs} us, spin <= ${CHANNEL_TARGETS.rttSpinUs} us)`, t.latency);
-  printTable('Channel throughput (higher is better; one way: median of 2000-message batches, "p99" column = slowest 1% of batches)', t.throughput);
-  if (t.kernel.length) printTable('Consumer kernel on shared slots (lower is better)', t.kernel);
+  printChannelTables(channels, iterations, warmup, device);
 }
 
 if (values.json) {
