@@ -15,6 +15,8 @@ import type {
 
 const decoder = new TextDecoder();
 const kTicket = Symbol('cuda-ipc.channel.ticket');
+/** The stream a message's publish fence was last waited on (waitOn), or true once synchronize() saw it. */
+const kWaited = Symbol('cuda-ipc.channel.waited');
 
 /** What a ChannelMessage asks its consumer. */
 interface MessageOwner {
@@ -238,14 +240,20 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     const e = this.#end;
     if (e.closed) return;
     const ring = e.ring;
-    if (this.#fences) {
+    const fences = this.#fences;
+    if (fences) {
       if (this.topology === 'queue') {
         // Read by the producer that claims the slot next (after the release below).
         const so = ring.slotOff(m.index);
         ring.view.setUint32(so + S.releasedBy, this.index, true);
         ring.view.setUint32(so + S.releaseTicket, m[kTicket], true);
       }
-      this.#fences.signal(options.stream, releaseFence(e.block.layout, m.index, this.index), m[kTicket]);
+      // The release must not land before the publish did (a consumer may release without having
+      // waited for the message): the producer's next publish in this slot could otherwise be
+      // overtaken by this one's late write, and a fence would go backwards.
+      const publish = publishFence(e.block.layout, m.index);
+      if (m[kWaited] !== true && m[kWaited] !== options.stream && !fences.reached(publish, m[kTicket])) fences.waitOn(options.stream, publish, m[kTicket]);
+      fences.signal(options.stream, releaseFence(e.block.layout, m.index, this.index), m[kTicket]);
     }
     if (this.topology === 'broadcast') ring.releaseHeld(m.index);
     else ring.releaseTaken(m.index);
@@ -305,6 +313,8 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
   #released = false;
   /** @internal */
   readonly [kTicket]: number;
+  /** @internal */
+  [kWaited]: Stream | true | undefined;
 
   /** @internal */
   constructor(owner: MessageOwner, index: number, buffer: B, init: MessageInit) {
@@ -335,13 +345,18 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
   /** Device slots: GPU work queued on `stream` after this waits for the producer's work on the
    * message (its publish fence). No-op for host slots. */
   waitOn(stream: Stream): void {
-    this.#owner.fences?.waitOn(stream, this.#owner.publishFence(this.index), this[kTicket]);
+    const fences = this.#owner.fences;
+    if (!fences) return;
+    fences.waitOn(stream, this.#owner.publishFence(this.index), this[kTicket]);
+    if (this[kWaited] !== true) this[kWaited] = stream;
   }
 
   /** Resolves once the producer's GPU work on the message is done (host reads of device slots). */
   async synchronize(): Promise<void> {
     const fences = this.#owner.fences;
-    if (fences) await fences.synchronize([[this.#owner.publishFence(this.index), this[kTicket]]]);
+    if (!fences) return;
+    await fences.synchronize([[this.#owner.publishFence(this.index), this[kTicket]]]);
+    this[kWaited] = true;
   }
 
   /** Returns the slot to the producer. With device slots, pass the stream your GPU work on the

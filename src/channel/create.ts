@@ -2,7 +2,7 @@
 // this process and attaches the process at the other end of the link in the other role;
 // acceptChannel(link) is what that process calls (for any hub's attach).
 import type { Link } from '../link/index.js';
-import { ChannelHub } from './hub.js';
+import { ChannelHub, openOwnedEnd } from './hub.js';
 import { ChannelProducer } from './producer.js';
 import { ChannelConsumer } from './consumer.js';
 import { accept } from './attach.js';
@@ -25,7 +25,7 @@ export async function createChannel(link: Link, options: CreateChannelOptions): 
   const hub = ChannelHub.create(options);
   let end: ChannelProducer | ChannelConsumer | undefined;
   try {
-    end = ChannelHub.openOwned(hub, role, { wait: options.wait, spinMicros: options.spinMicros });
+    end = openOwnedEnd(hub, role, { wait: options.wait, spinMicros: options.spinMicros });
     await hub.attach(link, { role: role === 'producer' ? 'consumer' : 'producer' });
     return end;
   } catch (e) {

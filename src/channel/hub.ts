@@ -25,6 +25,12 @@ import {
 } from './options.js';
 
 const DEFAULT_META_BYTES = 256;
+
+/**
+ * For createChannel and pipeline: an end in this process whose closing (or end()) closes its hub
+ * too, for a hub made only for it. Not on the class: it is no part of the public API.
+ */
+export let openOwnedEnd: <B extends SlotBuffer>(hub: ChannelHub<B>, role: ChannelRole, options: ChannelWaitOptions) => ChannelProducer<B> | ChannelConsumer<B>;
 /** How long opening an end here spins for the publish lock (a broadcast consumer needs it). */
 const LOCAL_ACTIVATE_MS = 50;
 
@@ -185,9 +191,8 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> implements ChannelSha
     return end;
   }
 
-  /** @internal For createChannel: an end whose closing closes this hub too. */
-  static openOwned<B extends SlotBuffer>(hub: ChannelHub<B>, role: ChannelRole, options: ChannelWaitOptions): ChannelProducer<B> | ChannelConsumer<B> {
-    return hub.#openLocal(role, options, () => hub.close());
+  static {
+    openOwnedEnd = (hub, role, options) => hub.#openLocal(role, options, () => hub.close());
   }
 
   #allocate(role: ChannelRole, pid: number, flags: number, what: string): number {

@@ -3,7 +3,7 @@
 // channels when one dies); stage i produces into the channel that stage i + 1 consumes.
 import { IpcError } from '../errors.js';
 import { parentLink, spawn, type Link, type SpawnOptions, type SpawnedChild } from '../link/index.js';
-import { ChannelHub } from './hub.js';
+import { ChannelHub, openOwnedEnd } from './hub.js';
 import type { ChannelProducer } from './producer.js';
 import type { ChannelConsumer } from './consumer.js';
 import { acceptChannel } from './create.js';
@@ -86,8 +86,8 @@ export async function pipeline(stages: ReadonlyArray<string | URL>, options: Pip
       hubs.push(hub);
       channels.push(hub);
       // This process's ends own their hubs: closing one (or end()) closes its channel.
-      if (first) input = ChannelHub.openOwned(hub, 'producer', { wait, spinMicros }) as ChannelProducer;
-      if (last) output = ChannelHub.openOwned(hub, 'consumer', { wait, spinMicros }) as ChannelConsumer;
+      if (first) input = openOwnedEnd(hub, 'producer', { wait, spinMicros }) as ChannelProducer;
+      if (last) output = openOwnedEnd(hub, 'consumer', { wait, spinMicros }) as ChannelConsumer;
       if (first || last) ownHubs.add(hub);
     }
     await Promise.all(spawned.map(async ({ link }, i) => {
