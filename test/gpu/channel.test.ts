@@ -229,6 +229,25 @@ describe('channels on device memory', { skip: noGpu }, () => {
     await exited(c);
   });
 
+  test('a consumer that releases messages unread and unwaited: its release lands after the publish; later messages in the slot are right', async () => {
+    const device = Device.get(0);
+    const c = await spawn(CHILD, ['skim'], { stdio: 'inherit' });
+    using stream = Stream.create(device);
+    const kernels = BuiltinKernels.for(device);
+    const ch = await createChannel(c.link, { role: 'producer', slots: 1, slotBytes: 4096, memory: { device } });
+    for (let seq = 0; seq < 40; seq++) {
+      const slot = await ch.acquire({ stream });
+      kernels.spin(2_000_000n, stream);  // the publish fence write stays queued for a while
+      (slot.buffer as DeviceBuffer).fillUint32(seq, { stream });
+      ch.publish(slot, { stream, meta: { seq } });
+    }
+    await ch.end();
+    const synced = await Promise.race([stream.synchronize().then(() => true), new Promise((r) => setTimeout(() => r(false), 20_000))]);
+    assert.ok(synced, 'the producer\'s stream is stuck');
+    assert.deepEqual(await reply(c.link), { count: 40, checked: 20, wrong: 0 });
+    await exited(c);
+  });
+
   const examples = fileURLToPath(new URL('../../examples/', import.meta.url));
   for (const [name, file, expect] of [
     ['pipeline', 'pipeline/main.js', /pipeline: 64 messages checked, 0 wrong[\s\S]*pipeline: OK/],
