@@ -1,6 +1,6 @@
 // Child of the channel benchmarks. argv[2]:
-//   echo <wait>           accepts an input and an output channel; sends each message back
-//   sink <wait>           consumes: reads the first word of each message, releases it
+//   echo <wait> [spinUs]  accepts an input and an output channel; sends each message back
+//   sink <wait> [spinUs]  consumes: reads the first word of each message, releases it
 //   worker                work-sharing consumer: as sink
 //   kernel <elements> <n> GPU: times a reading kernel on a received device slot and on memory of
 //                         its own; replies { sharedUs, localUs }
@@ -23,14 +23,15 @@ import { addon } from '../src/native.js';
 const link = parentLink();
 const mode = process.argv[2];
 const wait = (process.argv[3] as WaitMode | undefined) ?? 'adaptive';
+const spinMicros = (mode === 'echo' || mode === 'sink') && process.argv[4] ? Number(process.argv[4]) : undefined;
 const cpuSince = (start: NodeJS.CpuUsage) => {
   const u = process.cpuUsage(start);
   return u.user + u.system;
 };
 
 if (mode === 'echo') {
-  const input = await acceptChannel(link, { wait, role: 'consumer' });
-  const output = await acceptChannel(link, { wait, role: 'producer' });
+  const input = await acceptChannel(link, { wait, spinMicros, role: 'consumer' });
+  const output = await acceptChannel(link, { wait, spinMicros, role: 'producer' });
   const stream = output.device ? Stream.create(output.device) : undefined;
   const cpu0 = process.cpuUsage();
   for await (const msg of input) {
@@ -45,7 +46,7 @@ if (mode === 'echo') {
   input.close();
   link.send({ cpu });
 } else if (mode === 'sink' || mode === 'worker') {
-  const input = await acceptChannel(link, { wait, role: 'consumer' });
+  const input = await acceptChannel(link, { wait, spinMicros, role: 'consumer' });
   const stream = input.device ? Stream.create(input.device) : undefined;
   let n = 0;
   let sum = 0;

@@ -4,10 +4,12 @@
 // Wait modes:
 //  - 'adaptive' (default): spin for up to `spinMicros` (default 10 us) while recent waits mostly
 //    ended within that bound (a peer answering within microseconds: the spin saves a wake-up, and
-//    a spin that succeeds burns only the wait itself), then sleep. Once most recent waits outlast
-//    the bound (an idle peer), it stops spinning, apart from a probe every PROBE_EVERY waits that
-//    notices when waits get short again. So the CPU it burns in vain is bounded by the spin bound
-//    per wait while waits are short, and by a sixteenth of it while they are long.
+//    a spin that succeeds burns only the wait itself), then sleep. A sleep that ended within the
+//    bound counts as such a wait too. Once most recent waits outlast the bound (an idle peer), it
+//    stops spinning, apart from a probe every PROBE_EVERY waits that notices when waits get short
+//    again; one probe that catches an answer turns spinning back on. So the CPU it burns in vain
+//    is bounded by the spin bound per wait while waits are short, and by a sixteenth of it while
+//    they are long.
 //  - 'sleep': never spin (the least CPU).
 //  - 'spin': always spin for `spinMicros` (default 50 us), then sleep.
 // Spinning blocks this thread's event loop for at most the bound.
@@ -37,6 +39,8 @@ const WAIT_BACKSTOP_MS = 1000;
 const PROBE_EVERY = 16;
 /** Adaptive: it spins while at least this share of recent waits ended within the bound. */
 const MIN_HIT_RATE = 0.3;
+/** Adaptive: the share a hit raises it to at least (spinning resumes for the next few waits). */
+const HIT_RATE_AFTER_HIT = 0.55;
 
 /** Counts of how waits ended, for tests and benchmarks. */
 export interface WaitStats {
@@ -89,11 +93,12 @@ export class Waiter {
     const budget = this.#budget();
     if (budget > 0 && w.spinWait32(seqOff, seq, budget)) {
       this.stats.spinHits++;
-      this.#hits += (1 - this.#hits) / 8;
+      this.#learn(true);
       return;
     }
     this.#ring.enterSleep(sleepersOff);
     let status = 0;
+    const t0 = this.#policy.mode === 'adaptive' ? performance.now() : 0;
     try {
       if (ready() || this.#closed) return;
       this.stats.sleeps++;
@@ -102,7 +107,9 @@ export class Waiter {
       else if (status === 1 && ready()) this.stats.rescued++;
     } finally {
       if (!this.#closed) this.#ring.leaveSleep(sleepersOff);
-      this.#hits -= this.#hits / 8;
+      // A sleep that ended within the bound (the peer answered that fast; only the wake-up was
+      // slow) says spinning would have caught it.
+      this.#learn(t0 > 0 && (performance.now() - t0) * 1000 <= this.#policy.spinMicros);
     }
     if (status < 0) throw new IpcError('ERR_CHANNEL_CORRUPT', `waiting on the channel's doorbell failed (errno ${-status})`);
   }
@@ -128,6 +135,13 @@ export class Waiter {
     if (mode === 'sleep' || spinMicros === 0) return 0;
     if (this.#hits >= MIN_HIT_RATE) return spinMicros;
     return ++this.#waits % PROBE_EVERY === 0 ? spinMicros : 0;
+  }
+
+  // One hit turns spinning back on at once (a probe caught an answer: the peer is awake), and
+  // keeps it on for a few misses; a run of misses turns it off.
+  #learn(hit: boolean): void {
+    if (hit) this.#hits = Math.max(this.#hits + (1 - this.#hits) / 8, HIT_RATE_AFTER_HIT);
+    else this.#hits -= this.#hits / 8;
   }
 
   /** 0 rung, 1 backstop timer, 2 cancelled; negative: -errno from polling. */
