@@ -9,7 +9,7 @@
 //                         event loop, both ways)
 //   socket-echo <path>    no channel: connects to a Unix socket and echoes what it reads
 // Channel modes and doorbell-echo end with { n?, cpu }: this process's CPU time (user + system,
-// microseconds) from its start of work to its end.
+// microseconds) from the first timed message (after the parent's warm-up) or the start of work.
 import { connect as netConnect } from 'node:net';
 import { parentLink } from '../src/link/index.js';
 import { acceptChannel, type WaitMode } from '../src/channel/index.js';
@@ -33,8 +33,10 @@ if (mode === 'echo') {
   const input = await acceptChannel(link, { wait, spinMicros, role: 'consumer' });
   const output = await acceptChannel(link, { wait, spinMicros, role: 'producer' });
   const stream = output.device ? Stream.create(output.device) : undefined;
-  const cpu0 = process.cpuUsage();
+  let cpu0 = process.cpuUsage();
   for await (const msg of input) {
+    // The parent marks its first timed message with length 2: CPU is counted from there.
+    if (msg.length === 2) cpu0 = process.cpuUsage();
     const slot = await output.acquire({ stream });
     if (stream) msg.waitOn(stream);
     else slot.bytes[0] = msg.bytes[0]!;
@@ -61,9 +63,14 @@ if (mode === 'echo') {
   input.close();
   link.send({ n, sum, cpu });
 } else if (mode === 'doorbell-echo') {
-  const { bells } = (await link.receive()) as { bells: Doorbells };
-  const cpu0 = process.cpuUsage();
-  const bell = new addon.Doorbell(bells.fd(1), () => bells.ring(0));
+  const { bells, warmup } = (await link.receive()) as { bells: Doorbells; warmup: number };
+  let cpu0 = process.cpuUsage();
+  let rung = 0;
+  const bell = new addon.Doorbell(bells.fd(1), () => {
+    // CPU is counted from the first timed wake-up on.
+    if (++rung === warmup + 1) cpu0 = process.cpuUsage();
+    bells.ring(0);
+  });
   bell.ref();
   link.send({ ready: true });
   await link.receive();  // the parent is done

@@ -91,6 +91,8 @@ export class Waiter {
     const seq = w.load32(seqOff);
     if (ready()) return;
     const budget = this.#budget();
+    // Adaptive: how long the whole wait lasts, spin included, decides whether spinning would pay.
+    const t0 = this.#policy.mode === 'adaptive' ? performance.now() : 0;
     if (budget > 0 && w.spinWait32(seqOff, seq, budget)) {
       this.stats.spinHits++;
       this.#learn(true);
@@ -98,7 +100,6 @@ export class Waiter {
     }
     this.#ring.enterSleep(sleepersOff);
     let status = 0;
-    const t0 = this.#policy.mode === 'adaptive' ? performance.now() : 0;
     try {
       if (ready() || this.#closed) return;
       this.stats.sleeps++;
@@ -107,8 +108,8 @@ export class Waiter {
       else if (status === 1 && ready()) this.stats.rescued++;
     } finally {
       if (!this.#closed) this.#ring.leaveSleep(sleepersOff);
-      // A sleep that ended within the bound (the peer answered that fast; only the wake-up was
-      // slow) says spinning would have caught it.
+      // A wait that ended within the bound although it slept (it did not spin: the peer answered
+      // that fast, only the wake-up was slow) says spinning would have caught it.
       this.#learn(t0 > 0 && (performance.now() - t0) * 1000 <= this.#policy.spinMicros);
     }
     if (status < 0) throw new IpcError('ERR_CHANNEL_CORRUPT', `waiting on the channel's doorbell failed (errno ${-status})`);
