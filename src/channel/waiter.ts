@@ -4,12 +4,12 @@
 // Wait modes:
 //  - 'adaptive' (default): spin for up to `spinMicros` (default 10 us) while recent waits mostly
 //    ended within that bound (a peer answering within microseconds: the spin saves a wake-up, and
-//    a spin that succeeds burns only the wait itself), then sleep. A sleep that ended within the
-//    bound counts as such a wait too. Once most recent waits outlast the bound (an idle peer), it
-//    stops spinning, apart from a probe every PROBE_EVERY waits that notices when waits get short
-//    again; one probe that catches an answer turns spinning back on. So the CPU it burns in vain
-//    is bounded by the spin bound per wait while waits are short, and by a sixteenth of it while
-//    they are long.
+//    a spin that succeeds burns only the wait itself), then sleep. A wait that did not spin and
+//    still ended within the bound counts as such a wait too. Once most recent waits outlast the
+//    bound (an idle peer), it stops spinning, apart from a probe every PROBE_EVERY waits that
+//    notices when waits get short again; one probe that catches an answer turns spinning back on.
+//    So the CPU it burns in vain is bounded by the spin bound per wait while waits are short, and
+//    by a sixteenth of it while they are long.
 //  - 'sleep': never spin (the least CPU).
 //  - 'spin': always spin for `spinMicros` (default 50 us), then sleep.
 // Spinning blocks this thread's event loop for at most the bound.

@@ -58,6 +58,7 @@ for (const wait of ['spin', 'sleep'] as const) {
     const ch = await createChannel(c.link, { role: 'producer', slots: 8, slotBytes: 64, wait, spinMicros: wait === 'spin' ? 20 : undefined });
     assert.deepEqual(ch.waitPolicy, { mode: wait, spinMicros: wait === 'spin' ? 20 : 10 });
     await produce(ch, 0, n);
+    if (wait === 'sleep') assert.equal(waitStatsOf(ch).spinHits, 0, 'sleep mode never spins');
     await ch.end();
     const r = await reply(c.link);
     assert.equal(r.done.error, undefined);
