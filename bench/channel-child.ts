@@ -1,67 +1,90 @@
 // Child of the channel benchmarks. argv[2]:
-//   echo <wait>           accepts an input and an output channel; sends each message back
-//   sink <wait>           consumes: reads the first word of each message, releases it
+//   echo <wait> [spinUs]  accepts an input and an output channel; sends each message back
+//   sink <wait> [spinUs]  consumes: reads the first word of each message, releases it
 //   worker                work-sharing consumer: as sink
 //   kernel <elements> <n> GPU: times a reading kernel on a received device slot and on memory of
 //                         its own; replies { sharedUs, localUs }
-//   raw-echo              no channel: answers each change of word 0 of a received HostBuffer by
-//                         writing it to word 16, waiting the way 'futex' channels do (the floor)
+//   doorbell-echo         no channel: rings doorbell 0 each time doorbell 1 rings (the floor of
+//                         the wake-up: an eventfd written by one process, polled by the other's
+//                         event loop, both ways)
+//   socket-echo <path>    no channel: connects to a Unix socket and echoes what it reads
+// Channel modes and doorbell-echo end with { n?, cpu }: this process's CPU time (user + system,
+// microseconds) from the first timed message (after the parent's warm-up) or the start of work.
+import { connect as netConnect } from 'node:net';
 import { parentLink } from '../src/link/index.js';
-import { acceptChannel } from '../src/channel/index.js';
+import { acceptChannel, type WaitMode } from '../src/channel/index.js';
+import type { Doorbells } from '../src/channel/doorbells.js';
 import { Stream } from '../src/cuda/stream.js';
 import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { BuiltinKernels } from '../src/cuda/builtins.js';
 import { arg } from '../src/cuda/kernel-args.js';
 import { addon } from '../src/native.js';
-import { Sleeper } from '../src/channel/sleeper.js';
-import type { HostBuffer } from '../src/host/index.js';
 
 const link = parentLink();
 const mode = process.argv[2];
-const wait = (process.argv[3] as 'futex' | 'spin' | undefined) ?? 'futex';
+const wait = (process.argv[3] as WaitMode | undefined) ?? 'adaptive';
+const spinMicros = (mode === 'echo' || mode === 'sink') && process.argv[4] ? Number(process.argv[4]) : undefined;
+const cpuSince = (start: NodeJS.CpuUsage) => {
+  const u = process.cpuUsage(start);
+  return u.user + u.system;
+};
 
 if (mode === 'echo') {
-  const input = await acceptChannel(link, { wait });
-  const output = await acceptChannel(link, { wait });
+  const input = await acceptChannel(link, { wait, spinMicros, role: 'consumer' });
+  const output = await acceptChannel(link, { wait, spinMicros, role: 'producer' });
   const stream = output.device ? Stream.create(output.device) : undefined;
+  let cpu0 = process.cpuUsage();
   for await (const msg of input) {
+    // The parent marks its first timed message with length 2: CPU is counted from there.
+    if (msg.length === 2) cpu0 = process.cpuUsage();
     const slot = await output.acquire({ stream });
     if (stream) msg.waitOn(stream);
     else slot.bytes[0] = msg.bytes[0]!;
     output.publish(slot, { stream, length: 1 });
     msg.release({ stream });
   }
+  const cpu = cpuSince(cpu0);
   await output.end();
   input.close();
+  link.send({ cpu });
 } else if (mode === 'sink' || mode === 'worker') {
-  const input = await acceptChannel(link, { wait });
+  const input = await acceptChannel(link, { wait, spinMicros, role: 'consumer' });
   const stream = input.device ? Stream.create(input.device) : undefined;
   let n = 0;
+  let sum = 0;
+  const cpu0 = process.cpuUsage();
   for await (const msg of input) {
     if (stream) msg.waitOn(stream);
-    else n += msg.bytes[0]!;
+    else sum += msg.bytes[0]!;  // reads the message
+    n++;
     msg.release({ stream });
   }
+  const cpu = cpuSince(cpu0);
   input.close();
-  link.send({ n });
-} else if (mode === 'raw-echo') {
-  const { control } = (await link.receive()) as { control: HostBuffer };
-  const words = new addon.SharedWords(control.fd, control.byteLength);
-  const sleeper = new Sleeper();
+  link.send({ n, sum, cpu });
+} else if (mode === 'doorbell-echo') {
+  const { bells, warmup } = (await link.receive()) as { bells: Doorbells; warmup: number };
+  let cpu0 = process.cpuUsage();
+  let rung = 0;
+  const bell = new addon.Doorbell(bells.fd(1), () => {
+    // CPU is counted from the first timed wake-up on.
+    if (++rung === warmup + 1) cpu0 = process.cpuUsage();
+    bells.ring(0);
+  });
+  bell.ref();
   link.send({ ready: true });
-  for (let last = 0; ;) {
-    let v: number;
-    while ((v = words.load32(0)) === last) await sleeper.wait(words, 0, last, 1000);
-    if (v === 0xffffffff) break;
-    last = v;
-    words.store32(64, v);
-    words.wake(64, 1);
-  }
-  sleeper.close();
-  words.close();
-  control.close();
+  await link.receive();  // the parent is done
+  bell.close();
+  const cpu = cpuSince(cpu0);
+  bells.close();
+  link.send({ cpu });
+} else if (mode === 'socket-echo') {
+  const socket = netConnect(process.argv[3]!);
+  socket.setNoDelay(true);
+  socket.on('data', (d) => socket.write(d));
+  await new Promise<void>((resolve) => socket.once('close', () => resolve()));
 } else if (mode === 'kernel') {
-  const input = await acceptChannel(link);
+  const input = await acceptChannel(link, { role: 'consumer' });
   const reps = Number(process.argv[4] ?? 20);
   const say = (what: string) => process.stderr.write(`  [kernel child] ${what}\n`);
   const msg = (await input.receive())!;

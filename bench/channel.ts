@@ -1,28 +1,64 @@
-// Channel benchmarks: round trips through a pair of channels (futex and spin), one-way throughput
-// for slots of 4 KiB to 64 MiB, work sharing with 1 to 8 consumers, and (on a GPU) a consumer
-// kernel on shared slots against the same kernel on its own memory.
+// Channel benchmarks: the floor of the wake-up (doorbells alone, no channel) next to a Node Unix
+// socket round trip, round trips through a pair of channels in each wait mode (host and device
+// slots), one-way throughput for slots of 4 KiB to 64 MiB, work sharing with 1 to 8 consumers,
+// and (on a GPU) a consumer kernel on shared slots against the same kernel on its own memory.
+// Every channel figure comes with the CPU time both processes spent per message.
+import { createServer, type Socket } from 'node:net';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { spawn, type Link } from '../src/link/index.js';
-import { Channel, createChannel, type ChannelMemory } from '../src/channel/index.js';
+import { ChannelHub, createChannel, type ChannelMemory, type WaitMode } from '../src/channel/index.js';
+import { Doorbells } from '../src/channel/doorbells.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
-import { HostBuffer } from '../src/host/index.js';
 import { addon } from '../src/native.js';
-import { Sleeper } from '../src/channel/sleeper.js';
-import { summarize, type Row, type Summary } from './stats.js';
+import { printTable, summarize, type Row, type Summary } from './stats.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
+const WAITS: readonly WaitMode[] = ['adaptive', 'sleep', 'spin'];
 
+/** The issue's targets (GPU machine, same run). */
 export const TARGETS = {
-  rttFutexUs: 15,
-  rttSpinUs: 5,
-  oneWayMsgsPerSec: 150_000,
+  /** Round trip median, default wait mode ('adaptive'). */
+  rttDefaultHostUs: 15,
+  rttDefaultDeviceUs: 20,
+  /** ... and at most this times the Node socket round trip of the same run. */
+  rttDefaultVsSocket: 1.0,
+  /** Round trip median, 'spin'. */
+  rttSpinHostUs: 3,
+  rttSpinDeviceUs: 6,
+  /** One way, every slot size. */
+  oneWayHostMsgsPerSec: 1_000_000,
+  oneWayDeviceMsgsPerSec: 200_000,
   kernelRatio: 0.95,
 } as const;
 
-export interface ChannelResults {
-  roundTrip: Record<string, Summary>;
+type Memory = 'host' | 'device';
+
+export interface RoundTrip {
+  memory: Memory;
+  wait: WaitMode;
+  us: Summary;
+  /** CPU time (user + system) of both processes per message; a round trip is two messages. */
+  cpuUsPerMsg: number;
+}
+
+export interface OneWay {
+  memory: Memory;
+  wait: WaitMode;
+  slotBytes: number;
   /** Per-batch rates: median and the slowest 1% (p99 column). */
-  oneWay: Record<string, { slotBytes: number; msgsPerSec: Summary; slowest1pct: number; bytesPerSec: number }>;
+  msgsPerSec: Summary;
+  slowest1pct: number;
+  bytesPerSec: number;
+  cpuUsPerMsg: number;
+}
+
+export interface ChannelResults {
+  floor: { doorbellUs: Summary; doorbellCpuUsPerMsg: number; socketUs: Summary };
+  roundTrip: Record<string, RoundTrip>;
+  oneWay: Record<string, OneWay>;
   workSharing: Record<string, { consumers: number; msgsPerSec: number }>;
   kernel?: { sharedUs: Summary; localUs: Summary; ratio: number };
 }
@@ -31,76 +67,123 @@ function waitExit(child: { exitCode: number | null; signalCode: string | null; o
   return child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise((r) => child.once('exit', () => r()));
 }
 
-/** Median and p99 of per-iteration microseconds through ch -> child -> back. */
-async function roundTrip(memory: ChannelMemory, wait: 'futex' | 'spin', iterations: number, warmup: number): Promise<Summary> {
+const cpuOf = (u: NodeJS.CpuUsage) => u.user + u.system;
+
+/** The floor: two processes bounce a wake-up through a pair of eventfd doorbells, each polled by
+ * the other process's event loop, with no channel (what a sleeping channel end costs, both ways). */
+async function doorbellFloor(iterations: number, warmup: number): Promise<{ us: Summary; cpuUsPerMsg: number }> {
+  const { child, link } = await spawn(CHILD, ['doorbell-echo'], { stdio: 'inherit' });
+  const bells = Doorbells.create(2);
+  const times = new Float64Array(iterations);
+  let resolve: (() => void) | undefined;
+  const bell = new addon.Doorbell(bells.fd(0), () => resolve?.());
+  bell.ref();
+  try {
+    link.send({ bells, warmup });
+    await link.receive();
+    let cpu0 = process.cpuUsage();
+    for (let i = 0; i < warmup + iterations; i++) {
+      if (i === warmup) cpu0 = process.cpuUsage();
+      const t0 = process.hrtime.bigint();
+      const back = new Promise<void>((r) => (resolve = r));
+      bells.ring(1);
+      await back;
+      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+    }
+    const mine = cpuOf(process.cpuUsage(cpu0));
+    link.send({ done: true });
+    const theirs = ((await link.receive()) as { cpu: number }).cpu;
+    return { us: summarize(times), cpuUsPerMsg: (mine + theirs) / (2 * iterations) };
+  } finally {
+    bell.close();
+    bells.close();
+    await waitExit(child);
+  }
+}
+
+/** The reference: a 64-byte round trip over a Unix socket between two Node processes (node:net). */
+async function socketRoundTrip(iterations: number, warmup: number): Promise<Summary> {
+  const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-bench-'));
+  const path = join(dir, 'echo.sock');
+  const server = createServer();
+  await new Promise<void>((r) => server.listen(path, r));
+  const connected = new Promise<Socket>((r) => server.once('connection', r));
+  const { child } = await spawn(CHILD, ['socket-echo', path], { stdio: 'inherit' });
+  const socket = await connected;
+  socket.setNoDelay(true);
+  const payload = Buffer.alloc(64, 7);
+  const times = new Float64Array(iterations);
+  try {
+    let got = 0;
+    let resolve: (() => void) | undefined;
+    socket.on('data', (d) => {
+      got += d.length;
+      if (got >= 64) {
+        got -= 64;
+        resolve?.();
+      }
+    });
+    for (let i = 0; i < warmup + iterations; i++) {
+      const t0 = process.hrtime.bigint();
+      const back = new Promise<void>((r) => (resolve = r));
+      socket.write(payload);
+      await back;
+      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+    }
+  } finally {
+    socket.destroy();
+    server.close();
+    await waitExit(child);
+    rmSync(dir, { recursive: true, force: true });
+  }
+  return summarize(times);
+}
+
+/** Median and p99 of per-iteration microseconds through out -> child -> back. */
+async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number): Promise<{ us: Summary; cpuUsPerMsg: number }> {
   const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit' });
-  const opts = { slots: 4, slotBytes: 4096, memory, wait, spinMicros: 200 } as const;
+  const opts = { slots: 4, slotBytes: 4096, memory, wait } as const;
   const out = await createChannel(link, { ...opts, role: 'producer' });
   const back = await createChannel(link, { ...opts, role: 'consumer' });
   const stream = out.device ? Stream.create(out.device) : undefined;
   const times = new Float64Array(iterations);
+  let mine = 0;
   try {
+    let cpu0 = process.cpuUsage();
     for (let i = 0; i < warmup + iterations; i++) {
+      if (i === warmup) cpu0 = process.cpuUsage();
       const t0 = process.hrtime.bigint();
       const slot = await out.acquire({ stream });
       if (!stream) slot.bytes[0] = i & 0xff;
-      out.publish(slot, { stream, length: 1 });
+      // Length 2 marks the first timed message: the child counts its CPU from there.
+      out.publish(slot, { stream, length: i === warmup ? 2 : 1 });
       const m = (await back.receive())!;
       m.release({ stream });
       if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
     }
+    mine = cpuOf(process.cpuUsage(cpu0));
   } finally {
     await out.end();
     back.close();
     stream?.close();
-    await waitExit(child);
   }
-  return summarize(times);
+  const theirs = ((await link.receive()) as { cpu: number }).cpu;
+  await waitExit(child);
+  return { us: summarize(times), cpuUsPerMsg: (mine + theirs) / (2 * iterations) };
 }
 
-/**
- * The floor under 'futex' round trips: two processes bounce a word with the same native waiter
- * thread and wake-ups, and no channel. Each direction is two thread wake-ups (the waiter thread,
- * then the event loop), so the channel cannot go below this.
- */
-async function futexFloor(iterations: number, warmup: number): Promise<Summary> {
-  const { child, link } = await spawn(CHILD, ['raw-echo'], { stdio: 'inherit' });
-  const control = HostBuffer.allocate(4096);
-  const words = new addon.SharedWords(control.fd, 4096);
-  const sleeper = new Sleeper();
-  const times = new Float64Array(iterations);
-  try {
-    link.send({ control });
-    await link.receive();
-    for (let i = 1; i <= warmup + iterations; i++) {
-      const t0 = process.hrtime.bigint();
-      words.store32(0, i);
-      words.wake(0, 1);
-      let v: number;
-      while ((v = words.load32(64)) !== i) await sleeper.wait(words, 64, v, 1000);
-      if (i > warmup) times[i - warmup - 1] = Number(process.hrtime.bigint() - t0) / 1000;
-    }
-  } finally {
-    words.store32(0, 0xffffffff);
-    words.wake(0, 1);
-    sleeper.close();
-    words.close();
-    control.close();
-    await waitExit(child);
-  }
-  return summarize(times);
-}
-
-/** One way for about `ms`: rates per batch of `batch` messages. */
-async function oneWay(memory: ChannelMemory, slotBytes: number, slots: number, ms: number): Promise<{ msgsPerSec: Summary; slowest1pct: number; total: number }> {
-  const { child, link } = await spawn(CHILD, ['sink', 'futex'], { stdio: 'inherit' });
-  const ch = await createChannel(link, { role: 'producer', slots, slotBytes, memory });
+/** One way for about `ms`: rates per batch of 2000 messages, and CPU per message. */
+async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number) {
+  const { child, link } = await spawn(CHILD, ['sink', wait], { stdio: 'inherit' });
+  const ch = await createChannel(link, { role: 'producer', slots, slotBytes, memory, wait });
   const stream = ch.device ? Stream.create(ch.device) : undefined;
   const rates: number[] = [];
   let total = 0;
   const batch = 2000;
   const end = performance.now() + ms;
+  let mine = 0;
   try {
+    const cpu0 = process.cpuUsage();
     while (performance.now() < end || rates.length < 5) {
       const t0 = process.hrtime.bigint();
       for (let i = 0; i < batch; i++) {
@@ -112,26 +195,28 @@ async function oneWay(memory: ChannelMemory, slotBytes: number, slots: number, m
       total += batch;
     }
     await ch.end();
-    const r = (await link.receive()) as { n: number };
-    if (!stream && r.n !== total) throw new Error(`one-way benchmark: the consumer saw ${r.n} of ${total} messages`);
+    mine = cpuOf(process.cpuUsage(cpu0));
   } finally {
     if (!ch.closed) ch.close();
     stream?.close();
-    await waitExit(child);
   }
+  const r = (await link.receive()) as { n: number; sum: number; cpu: number };
+  await waitExit(child);
+  if (r.n !== total || (!stream && r.sum !== total)) throw new Error(`one-way benchmark: the consumer saw ${r.n} of ${total} messages`);
   const sorted = rates.slice().sort((a, b) => a - b);
-  return { msgsPerSec: summarize(rates), slowest1pct: sorted[Math.floor(sorted.length * 0.01)]!, total };
+  return { msgsPerSec: summarize(rates), slowest1pct: sorted[Math.floor(sorted.length * 0.01)]!, cpuUsPerMsg: (mine + r.cpu) / total };
 }
 
 async function workSharing(memory: ChannelMemory, consumers: number, ms: number): Promise<number> {
-  const ch = Channel.create({ role: 'producer', slots: 16, slotBytes: 4096, memory, consumers, maxPeers: Math.max(consumers, 2) });
+  const hub = ChannelHub.create({ slots: 16, slotBytes: 4096, memory, consumers, maxPeers: consumers + 1 });
+  const ch = hub.producer();
   const kids: Array<{ child: Parameters<typeof waitExit>[0]; link: Link }> = [];
   const stream = ch.device ? Stream.create(ch.device) : undefined;
   let total = 0;
   try {
     for (let i = 0; i < consumers; i++) {
-      const k = await spawn(CHILD, ['worker', 'futex'], { stdio: 'inherit' });
-      await ch.attach(k.link, { role: 'consumer' });
+      const k = await spawn(CHILD, ['worker'], { stdio: 'inherit' });
+      await hub.attach(k.link, { role: 'consumer' });
       kids.push(k);
     }
     const t0 = performance.now();
@@ -147,10 +232,10 @@ async function workSharing(memory: ChannelMemory, consumers: number, ms: number)
     const s = (performance.now() - t0) / 1000;
     let seen = 0;
     for (const k of kids) seen += ((await k.link.receive()) as { n: number }).n;
-    if (!stream && seen !== total) throw new Error(`work-sharing benchmark: consumers saw ${seen} of ${total}`);
+    if (seen !== total) throw new Error(`work-sharing benchmark: consumers saw ${seen} of ${total}`);
     return total / s;
   } finally {
-    if (!ch.closed) ch.close();
+    hub.close();
     stream?.close();
     for (const k of kids) await waitExit(k.child);
   }
@@ -180,25 +265,31 @@ async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: 
 }
 
 export async function channelBenchmarks(iterations: number, warmup: number, device: Device | undefined): Promise<ChannelResults> {
-  const res: ChannelResults = { roundTrip: {}, oneWay: {}, workSharing: {} };
-  const memories: Array<[string, ChannelMemory]> = [['host slots', 'host']];
-  if (device) memories.push(['device slots', { device }]);
-  progress('futex wake-up floor (no channel)');
-  res.roundTrip['floor: futex wake-ups alone, no channel'] = await futexFloor(iterations, warmup);
-  for (const [label, memory] of memories) {
-    for (const wait of ['futex', 'spin'] as const) {
-      progress(`round trip, ${wait} (${label})`);
-      // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state).
-      res.roundTrip[`round trip, ${wait} (${label})`] = await roundTrip(memory, wait, iterations, Math.max(warmup, 2000));
+  progress('floor: doorbell round trip (no channel)');
+  const floor = await doorbellFloor(iterations, Math.max(warmup, 2000));
+  progress('reference: Node Unix socket round trip');
+  const socketUs = await socketRoundTrip(iterations, Math.max(warmup, 2000));
+  const res: ChannelResults = { floor: { doorbellUs: floor.us, doorbellCpuUsPerMsg: floor.cpuUsPerMsg, socketUs }, roundTrip: {}, oneWay: {}, workSharing: {} };
+  const memories: Array<[Memory, ChannelMemory]> = [['host', 'host']];
+  if (device) memories.push(['device', { device }]);
+  for (const [memory, m] of memories) {
+    for (const wait of WAITS) {
+      const name = `round trip, ${wait} (${memory} slots)`;
+      progress(name);
+      // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state),
+      // and the adaptive spin must have learned the gaps.
+      const r = await roundTrip(m, wait, iterations, Math.max(warmup, 2000));
+      res.roundTrip[name] = { memory, wait, us: r.us, cpuUsPerMsg: r.cpuUsPerMsg };
     }
   }
   const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
-  for (const [label, memory] of memories) {
-    for (const size of sizes) {
-      const name = `one way, ${fmtBytes(size)} slots (${label})`;
+  for (const [memory, m] of memories) {
+    const runs: Array<[WaitMode, number]> = [...sizes.map((s) => ['adaptive', s] as [WaitMode, number]), ['sleep', 4 << 10], ['spin', 4 << 10]];
+    for (const [wait, size] of runs) {
+      const name = `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots)`;
       progress(name);
-      const r = await oneWay(memory, size, 8, 700);
-      res.oneWay[name] = { slotBytes: size, msgsPerSec: r.msgsPerSec, slowest1pct: r.slowest1pct, bytesPerSec: r.msgsPerSec.median * size };
+      const r = await oneWay(m, wait, size, 8, 700);
+      res.oneWay[name] = { memory, wait, slotBytes: size, msgsPerSec: r.msgsPerSec, slowest1pct: r.slowest1pct, bytesPerSec: r.msgsPerSec.median * size, cpuUsPerMsg: r.cpuUsPerMsg };
     }
   }
   for (const consumers of [1, 2, 4, 8]) {
@@ -235,24 +326,38 @@ function fmtBytes(n: number): string {
 
 const fmtRate = (v: number) => (v >= 1e9 ? `${(v / 1e9).toFixed(1)} G` : v >= 1e6 ? `${(v / 1e6).toFixed(2)} M` : `${(v / 1e3).toFixed(0)} k`);
 const met = (ok: boolean) => (ok ? 'MET' : 'MISSED');
+const cpuNote = (us: number) => `CPU ${us.toFixed(2)} us/msg (both processes)`;
 
 /** The rows of the channel tables, each figure against its target. */
 export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Row[]; kernel: Row[] } {
-  const latency: Row[] = [];
-  for (const [name, s] of Object.entries(r.roundTrip)) {
-    if (name.startsWith('floor')) {
-      latency.push({ name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes: ['native waiter thread + event loop wake-up each way'] });
-      continue;
+  const socket = r.floor.socketUs.median;
+  const latency: Row[] = [
+    { name: 'floor: doorbell round trip (eventfd + event loop, no channel)', unit: 'us', median: r.floor.doorbellUs.median, p99: r.floor.doorbellUs.p99, n: r.floor.doorbellUs.n,
+      notes: [`${(r.floor.doorbellUs.median / socket).toFixed(2)}x the socket round trip`, cpuNote(r.floor.doorbellCpuUsPerMsg)] },
+    { name: 'reference: Node Unix socket round trip, 64 bytes', unit: 'us', median: socket, p99: r.floor.socketUs.p99, n: r.floor.socketUs.n },
+  ];
+  for (const [name, t] of Object.entries(r.roundTrip)) {
+    const notes: string[] = [];
+    if (t.wait === 'adaptive') {
+      const target = t.memory === 'host' ? TARGETS.rttDefaultHostUs : TARGETS.rttDefaultDeviceUs;
+      const ratio = t.us.median / socket;
+      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`, `${ratio.toFixed(2)}x socket (target <= ${TARGETS.rttDefaultVsSocket}x): ${met(ratio <= TARGETS.rttDefaultVsSocket)}`);
+    } else if (t.wait === 'spin') {
+      const target = t.memory === 'host' ? TARGETS.rttSpinHostUs : TARGETS.rttSpinDeviceUs;
+      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`);
+    } else {
+      notes.push('no spinning');
     }
-    const target = name.includes('spin') ? TARGETS.rttSpinUs : TARGETS.rttFutexUs;
-    latency.push({ name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes: [`target median <= ${target} us: ${met(s.median <= target)}`] });
+    notes.push(cpuNote(t.cpuUsPerMsg));
+    latency.push({ name, unit: 'us', median: t.us.median, p99: t.us.p99, n: t.us.n, notes });
   }
   const throughput: Row[] = [];
   for (const [name, o] of Object.entries(r.oneWay)) {
-    throughput.push({
-      name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n,
-      notes: [`${fmtRate(o.bytesPerSec)}B/s made available`, `target >= ${fmtRate(TARGETS.oneWayMsgsPerSec)} msg/s: ${met(o.msgsPerSec.median >= TARGETS.oneWayMsgsPerSec)}`],
-    });
+    const target = o.memory === 'host' ? TARGETS.oneWayHostMsgsPerSec : TARGETS.oneWayDeviceMsgsPerSec;
+    const notes = [`${fmtRate(o.bytesPerSec)}B/s made available`];
+    if (o.wait === 'adaptive') notes.push(`target >= ${fmtRate(target)} msg/s: ${met(o.msgsPerSec.median >= target)}`);
+    notes.push(cpuNote(o.cpuUsPerMsg));
+    throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes });
   }
   for (const [name, w] of Object.entries(r.workSharing)) {
     throughput.push({ name, unit: 'msg/s', median: w.msgsPerSec, notes: ['all consumers together'] });
@@ -267,3 +372,14 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
   return { latency, throughput, kernel };
 }
 
+/** Prints the channel tables (bench/main.ts). */
+export function printChannelTables(r: ChannelResults, iterations: number, warmup: number, device: Device | undefined): void {
+  const t = channelRows(r);
+  console.log(`\nchannels: ${device ? 'host and device slots' : 'host slots only (no GPU)'}; round trips ${iterations} timed after ${Math.max(warmup, 2000)} warm-up, ` +
+    'one way and work sharing about 0.7 s each; wait modes: adaptive (the default), sleep, spin');
+  printTable('Channel round trip: a message to a child through one channel and back through another ' +
+    `(targets: adaptive <= ${TARGETS.rttDefaultHostUs} us host / ${TARGETS.rttDefaultDeviceUs} us device and <= ${TARGETS.rttDefaultVsSocket}x socket; ` +
+    `spin <= ${TARGETS.rttSpinHostUs} / ${TARGETS.rttSpinDeviceUs} us)`, t.latency);
+  printTable('Channel throughput (higher is better; one way: median of 2000-message batches, "p99" column = slowest 1% of batches)', t.throughput);
+  if (t.kernel.length) printTable('Consumer kernel on shared slots (lower is better)', t.kernel);
+}

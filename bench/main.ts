@@ -11,7 +11,7 @@ import { printBreakdown, PHASES, type Breakdown } from './breakdown.js';
 import { buildCReference, runCReference, type CBuild, type CMode, type CReference } from './c-reference.js';
 import { pythonHandoffRefs, type PythonRef } from './python-refs.js';
 import { printTable, type Row } from './stats.js';
-import { channelBenchmarks, channelRows, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
+import { channelBenchmarks, printChannelTables, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
 import { pythonLinkBenchmarks, type PythonLinkResults } from './python-link.js';
 
@@ -150,12 +150,7 @@ const pythonLink: PythonLinkResults | undefined = values['no-python'] || values[
 let channels: ChannelResults | undefined;
 if (!values['no-channels']) {
   channels = await channelBenchmarks(iterations, warmup, device);
-  const t = channelRows(channels);
-  console.log(`\nchannels: ${device ? 'host and device slots' : 'host slots only (no GPU)'}; round trips ${iterations} timed after ${warmup} warm-up, ` +
-    'one way and work sharing about 0.7 s each');
-  printTable(`Channel round trip: a message to a child through one channel and back through another (targets: futex <= ${CHANNEL_TARGETS.rttFutexUs} us, spin <= ${CHANNEL_TARGETS.rttSpinUs} us)`, t.latency);
-  printTable('Channel throughput (higher is better; one way: median of 2000-message batches, "p99" column = slowest 1% of batches)', t.throughput);
-  if (t.kernel.length) printTable('Consumer kernel on shared slots (lower is better)', t.kernel);
+  printChannelTables(channels, iterations, warmup, device);
 }
 
 // Peer access across GPUs: prints why it is skipped where there are not two.

@@ -1,15 +1,13 @@
-// Channel primitives: atomics and futexes on words of a shared-memory file, and a waiter thread.
+// Channel primitives: atomics on words of a shared-memory file, bounded spins, and eventfd doorbells.
 //
 // Thin on purpose: the ring protocol lives in TypeScript (src/channel/). This file gives it
-//  - SharedWords(fd, length): its own mmap(MAP_SHARED) of a memfd (kept alive by shared
-//    ownership, so neither a JS close() nor a HostBuffer close can unmap it under a pending wait),
-//    with sequentially consistent 32/64-bit atomics at byte offsets that are checked for
-//    alignment and bounds on every call (a bad offset throws, never faults);
-//  - futex wake on a word (shared futex: the word lives in memory shared between processes);
-//  - a bounded spin on the calling thread (spin mode, opt-in);
-//  - FutexWaiter: a dedicated native thread that FUTEX_WAITs on one word at a time (with an
-//    optional spin first and a timeout) and reports through a thread-safe function. The event loop
-//    is never blocked, and no libuv pool thread is parked.
+//  - SharedWords(fd, length): its own mmap(MAP_SHARED) of a memfd, with sequentially consistent
+//    32/64-bit atomics at byte offsets that are checked for alignment and bounds on every call (a
+//    bad offset throws, never faults);
+//  - bounded spins on the calling thread (the short spin before sleeping, and spin mode);
+//  - eventfd doorbells: create, ring (write 1), and Doorbell(fd, callback), a uv_poll on the
+//    event loop that drains the eventfd and calls back when it is rung. A sleeping end is woken by
+//    that one hop: no thread in between, no libuv pool thread parked.
 //
 // 64-bit values cross as JS numbers: they are positions and counters that stay below 2^53. A
 // stored value above 2^53 (only a corrupt or hostile peer writes one) reads as -1.
@@ -18,30 +16,20 @@
 #include "common.h"
 
 #include <fcntl.h>
-#include <linux/futex.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
+#include <uv.h>
 
-#include <atomic>
-#include <climits>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
-#include <thread>
 
 namespace cuda_ipc {
 namespace {
 
 constexpr double kMaxSafe = 9007199254740992.0;  // 2^53
 constexpr int64_t kMaxSpinMicros = 100000;        // a spin never exceeds 100 ms
-constexpr int64_t kMaxTimeoutMs = 3600 * 1000;
-constexpr int64_t kSliceNs = 100 * 1000000LL;    // a waiter re-checks cancellation this often
-
-// Tags SharedWords objects so that FutexWaiter.wait can check what it was given.
-constexpr napi_type_tag kSharedWordsTag = {0x6375646169706331ULL, 0x7368617265647731ULL};
 
 inline void CpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -59,19 +47,8 @@ inline int64_t NowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
-inline long FutexWake(uint32_t* addr, int count) {
-  return syscall(SYS_futex, addr, FUTEX_WAKE, count, nullptr, nullptr, 0);
-}
-
-// FUTEX_WAIT (shared): 0 woken (or spurious), EAGAIN the word already differed, ETIMEDOUT, EINTR.
-inline int FutexWait(uint32_t* addr, uint32_t expected, int64_t timeout_ns) {
-  timespec ts{static_cast<time_t>(timeout_ns / 1000000000LL), static_cast<long>(timeout_ns % 1000000000LL)};
-  long r = syscall(SYS_futex, addr, FUTEX_WAIT, expected, &ts, nullptr, 0);
-  return r == 0 ? 0 : errno;
-}
-
 // Spins while *addr == expected, up to `ns`. True when the word changed.
-bool SpinWhileEqual(const uint32_t* addr, uint32_t expected, int64_t ns, const std::atomic<bool>* cancel = nullptr) {
+bool SpinWhileEqual(const uint32_t* addr, uint32_t expected, int64_t ns) {
   if (__atomic_load_n(addr, __ATOMIC_SEQ_CST) != expected) return true;
   if (ns <= 0) return false;
   int64_t deadline = NowNs() + ns;
@@ -80,7 +57,6 @@ bool SpinWhileEqual(const uint32_t* addr, uint32_t expected, int64_t ns, const s
     if (__atomic_load_n(addr, __ATOMIC_SEQ_CST) != expected) return true;
     if ((i & 63) == 0) {
       if (NowNs() >= deadline) return false;
-      if (cancel && cancel->load(std::memory_order_relaxed)) return false;
     }
   }
 }
@@ -129,7 +105,6 @@ class SharedWords : public Napi::ObjectWrap<SharedWords> {
                         InstanceMethod<&SharedWords::Cas64>("cas64"),
                         InstanceMethod<&SharedWords::Add64>("add64"),
                         InstanceMethod<&SharedWords::ClaimFirst32>("claimFirst32"),
-                        InstanceMethod<&SharedWords::Wake>("wake"),
                         InstanceMethod<&SharedWords::SpinWait32>("spinWait32"),
                         InstanceMethod<&SharedWords::SpinCas32>("spinCas32"),
                         InstanceMethod<&SharedWords::Close>("close"),
@@ -153,12 +128,8 @@ class SharedWords : public Napi::ObjectWrap<SharedWords> {
     if (seals < 0 || !(seals & F_SEAL_SHRINK)) ThrowErrno(env, "SharedWords (file not sealed against shrinking)", EPERM);
     void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) ThrowErrno(env, "mmap", errno);
-    map_ = std::make_shared<Mapping>(static_cast<uint8_t*>(p), length);
-    napi_type_tag_object(env, info.This(), &kSharedWordsTag);
+    map_ = std::make_unique<Mapping>(static_cast<uint8_t*>(p), length);
   }
-
-  // The mapping, for a waiter (shared: it stays mapped while the waiter uses it).
-  std::shared_ptr<Mapping> mapping() const { return map_; }
 
   // Checked pointer to a 4- or 8-byte word at the offset given as argument i.
   template <typename T>
@@ -257,15 +228,6 @@ class SharedWords : public Napi::ObjectWrap<SharedWords> {
     return Napi::Number::New(env, -1);
   }
 
-  // wake(offset, count) -> waiters woken (FUTEX_WAKE on a shared word; count 0 = all)
-  Napi::Value Wake(const Napi::CallbackInfo& info) {
-    uint32_t* w = Word<uint32_t>(info, 0);
-    int32_t count = ArgI32(info, 1, "count");
-    long r = FutexWake(w, count <= 0 ? INT_MAX : count);
-    if (r < 0) ThrowErrno(info.Env(), "futex(FUTEX_WAKE)", errno);
-    return Napi::Number::New(info.Env(), static_cast<double>(r));
-  }
-
   // spinWait32(offset, expected, micros) -> true when the word differs from expected. Blocks the
   // calling thread for at most `micros` (capped at 100 ms): spin mode only.
   Napi::Value SpinWait32(const Napi::CallbackInfo& info) {
@@ -295,7 +257,7 @@ class SharedWords : public Napi::ObjectWrap<SharedWords> {
   }
 
   Napi::Value Close(const Napi::CallbackInfo& info) {
-    map_.reset();  // unmapped now unless a waiter still holds it (then when the waiter is done)
+    map_.reset();
     return info.Env().Undefined();
   }
 
@@ -306,265 +268,214 @@ class SharedWords : public Napi::ObjectWrap<SharedWords> {
     return U64(info.Env(), map_ ? reinterpret_cast<uint64_t>(map_->addr) : 0);
   }
 
-  std::shared_ptr<Mapping> map_;
+  std::unique_ptr<Mapping> map_;
 };
 
 // ---------------------------------------------------------------------------------------------
-// FutexWaiter(callback): one native thread that waits on one word at a time.
-//
-//   wait(words, offset, expected, timeoutMs, spinMicros): the thread spins for up to spinMicros
-//     while the word equals `expected`, then FUTEX_WAITs for up to timeoutMs, then calls
-//     callback(status): 0 the word changed or a wake came (spurious wakes included: re-check),
-//     1 timed out, 2 cancelled, or -errno. One wait at a time.
-//   cancel(): ends the pending wait (callback(2)).
-//   close(): cancels, joins the thread. Idempotent; also run on environment teardown and by
-//     the finalizer.
-//
-// The state shared with the thread lives in a Core that the thread-safe function's finalizer
-// frees, so a callback still queued when the object goes away never touches freed memory.
-struct WaiterCore {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::thread thread;
-  bool started = false;
-  bool stop = false;       // guarded by mu
-  bool has_request = false;
-  std::atomic<bool> cancel{false};  // also read by the spinning thread without the lock
-  std::shared_ptr<Mapping> map;
-  uint32_t* addr = nullptr;
-  uint32_t expected = 0;
-  int64_t timeout_ns = 0;
-  int64_t spin_ns = 0;
-  uint32_t* waiting_on = nullptr;  // guarded by mu: the word the thread sleeps on, for cancel()
+// Eventfd doorbells. A channel gives every participant entry an eventfd; an end that goes to
+// sleep polls its own (Doorbell), and whoever changes what it waits for rings it (eventfdRing)
+// when the control block says it is asleep. The fds are the caller's: these functions borrow them.
 
-  // Main thread only.
-  napi_env env = nullptr;
-  napi_threadsafe_function tsfn = nullptr;
-  bool shut = false;
-  bool pending = false;
-  bool hook_added = false;
-  class FutexWaiter* owner = nullptr;
+int ArgFd(const Napi::CallbackInfo& info, size_t i) {
+  int fd = ArgI32(info, i, "fd");
+  if (fd < 0) ThrowType(info.Env(), "fd must be a non-negative integer");
+  return fd;
+}
+
+// eventfdCreate() -> fd: count 0, non-blocking, close-on-exec.
+Napi::Value EventfdCreate(const Napi::CallbackInfo& info) {
+  int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (fd < 0) ThrowErrno(info.Env(), "eventfd", errno);
+  return Napi::Number::New(info.Env(), fd);
+}
+
+// eventfdRing(fd): adds 1 to the count, which makes the eventfd readable for its poller. A count
+// already at its maximum (EAGAIN) is readable already: nothing to do.
+Napi::Value EventfdRing(const Napi::CallbackInfo& info) {
+  int fd = ArgFd(info, 0);
+  uint64_t one = 1;
+  for (;;) {
+    ssize_t n = write(fd, &one, sizeof one);
+    if (n == static_cast<ssize_t>(sizeof one)) break;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) break;
+    ThrowErrno(info.Env(), "write(eventfd)", n < 0 ? errno : EIO);
+  }
+  return info.Env().Undefined();
+}
+
+// eventfdDrain(fd) -> the count it held (reset to 0); 0 when it was 0.
+Napi::Value EventfdDrain(const Napi::CallbackInfo& info) {
+  int fd = ArgFd(info, 0);
+  uint64_t count = 0;
+  for (;;) {
+    ssize_t n = read(fd, &count, sizeof count);
+    if (n == static_cast<ssize_t>(sizeof count)) break;
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return Napi::Number::New(info.Env(), 0);
+    ThrowErrno(info.Env(), "read(eventfd)", n < 0 ? errno : EIO);
+  }
+  return Napi::Number::New(info.Env(), static_cast<double>(count));
+}
+
+// isEventfd(fd) -> whether fd is an eventfd (what /proc/self/fd says it is). Received fds are
+// checked with this before anything writes to or polls them.
+Napi::Value IsEventfd(const Napi::CallbackInfo& info) {
+  int fd = ArgFd(info, 0);
+  char path[64];
+  char target[64];
+  snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+  ssize_t n = readlink(path, target, sizeof target - 1);
+  if (n < 0) ThrowErrno(info.Env(), "readlink(/proc/self/fd)", errno);
+  target[n] = 0;
+  return Napi::Boolean::New(info.Env(), strcmp(target, "anon_inode:[eventfd]") == 0);
+}
+
+// Doorbell(fd, callback): polls fd (an eventfd, borrowed: close the Doorbell before the fd) for
+// readability on this thread's event loop. Each time it is rung, drains it and calls callback(0)
+// (callback(-errno) if polling failed; polling then stops). The poll is unref'd: it keeps the
+// loop alive only between ref() and unref() (while someone waits on it). close() stops it;
+// idempotent; also done by the finalizer and at environment teardown.
+//
+// The uv_poll_t lives in a box of its own: libuv owns it until its close callback, which may run
+// after the JS object is gone.
+class Doorbell;
+struct DoorbellBox {
+  uv_poll_t handle;
+  napi_async_cleanup_hook_handle hook = nullptr;
+  Doorbell* owner = nullptr;
 };
 
-void WaiterLoop(WaiterCore* c) {
-  for (;;) {
-    std::shared_ptr<Mapping> map;
-    uint32_t* addr;
-    uint32_t expected;
-    int64_t timeout_ns, spin_ns;
-    {
-      std::unique_lock<std::mutex> lock(c->mu);
-      c->cv.wait(lock, [c] { return c->stop || c->has_request; });
-      if (c->stop) return;
-      map = c->map;
-      addr = c->addr;
-      expected = c->expected;
-      timeout_ns = c->timeout_ns;
-      spin_ns = c->spin_ns;
-    }
-    int status = 0;
-    if (!SpinWhileEqual(addr, expected, spin_ns, &c->cancel)) {
-      {
-        std::lock_guard<std::mutex> lock(c->mu);
-        if (c->cancel || c->stop) status = 2;
-        else c->waiting_on = addr;
-      }
-      if (status == 0) {
-        int64_t deadline = NowNs() + timeout_ns;
-        for (;;) {
-          int64_t left = deadline - NowNs();
-          if (left <= 0) {
-            status = 1;
-            break;
-          }
-          // In slices, so that a cancel() whose wake slipped in just before FUTEX_WAIT is still
-          // seen within kSliceNs.
-          int r = FutexWait(addr, expected, left < kSliceNs ? left : kSliceNs);
-          if (c->cancel.load()) break;
-          if (r == EINTR || (r == ETIMEDOUT && left > kSliceNs)) continue;
-          if (r == ETIMEDOUT) status = 1;
-          else if (r == 0 || r == EAGAIN) status = 0;
-          else status = -r;
-          break;
-        }
-        std::lock_guard<std::mutex> lock(c->mu);
-        c->waiting_on = nullptr;
-      }
-    }
-    {
-      std::lock_guard<std::mutex> lock(c->mu);
-      if (c->cancel) status = 2;
-      c->cancel = false;
-      c->has_request = false;
-      c->map.reset();
-      if (c->stop) return;
-    }
-    map.reset();
-    // Nonblocking: the queue is unbounded. Fails only once the function is being torn down.
-    napi_call_threadsafe_function(c->tsfn, reinterpret_cast<void*>(static_cast<intptr_t>(status)), napi_tsfn_nonblocking);
-  }
-}
-
-void WaiterCallJs(napi_env env, napi_value callback, void* context, void* data) {
-  auto* c = static_cast<WaiterCore*>(context);
-  if (env == nullptr || c == nullptr || c->shut) return;
-  c->pending = false;
-  napi_unref_threadsafe_function(env, c->tsfn);
-  int status = static_cast<int>(reinterpret_cast<intptr_t>(data));
-  napi_value arg, global, result;
-  napi_create_int32(env, status, &arg);
-  napi_get_global(env, &global);
-  // An exception thrown by the callback becomes an uncaught exception (N-API does that here).
-  napi_call_function(env, global, callback, 1, &arg, &result);
-}
-
-void WaiterFinalize(napi_env env, void* data, void* hint) {
-  auto* c = static_cast<WaiterCore*>(data);
-  // The thread was joined before the function was released (Shutdown), so this is the last user.
-  if (c->thread.joinable()) c->thread.detach();  // never reached; a safety net against terminate()
-  delete c;
-}
-
-void ShutdownCore(WaiterCore* c, bool from_env_cleanup);
-
-void WaiterEnvCleanup(void* arg) { ShutdownCore(static_cast<WaiterCore*>(arg), true); }
-
-void ShutdownCore(WaiterCore* c, bool from_env_cleanup) {
-  if (c->shut) return;
-  c->shut = true;
-  {
-    std::lock_guard<std::mutex> lock(c->mu);
-    c->stop = true;
-    c->cancel = true;
-    if (c->waiting_on) FutexWake(c->waiting_on, INT_MAX);  // the mapping is alive: the thread holds it
-  }
-  c->cv.notify_all();
-  if (c->thread.joinable()) c->thread.join();
-  c->map.reset();
-  if (c->hook_added && !from_env_cleanup) napi_remove_env_cleanup_hook(c->env, WaiterEnvCleanup, c);
-  c->hook_added = false;
-  napi_threadsafe_function tsfn = c->tsfn;
-  c->tsfn = nullptr;
-  // Frees c (WaiterFinalize) once no call is queued any more.
-  if (tsfn) napi_release_threadsafe_function(tsfn, napi_tsfn_abort);
-}
-
-class FutexWaiter : public Napi::ObjectWrap<FutexWaiter> {
+class Doorbell : public Napi::ObjectWrap<Doorbell> {
  public:
   static Napi::Function Define(Napi::Env env) {
-    return DefineClass(env, "FutexWaiter",
-                       {InstanceMethod<&FutexWaiter::Wait>("wait"),
-                        InstanceMethod<&FutexWaiter::Cancel>("cancel"),
-                        InstanceMethod<&FutexWaiter::Close>("close"),
-                        InstanceAccessor<&FutexWaiter::Pending>("pending")});
+    return DefineClass(env, "Doorbell",
+                       {InstanceMethod<&Doorbell::Ref>("ref"),
+                        InstanceMethod<&Doorbell::Unref>("unref"),
+                        InstanceMethod<&Doorbell::Close>("close"),
+                        InstanceAccessor<&Doorbell::Closed>("closed")});
   }
 
-  explicit FutexWaiter(const Napi::CallbackInfo& info) : Napi::ObjectWrap<FutexWaiter>(info) {
+  explicit Doorbell(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Doorbell>(info) {
     Napi::Env env = info.Env();
-    if (info.Length() < 1 || !info[0].IsFunction()) ThrowType(env, "callback must be a function");
-    auto* c = new WaiterCore();
-    c->env = env;
-    napi_value name = Napi::String::New(env, "cuda-ipc channel waiter");
-    if (napi_create_threadsafe_function(env, info[0], nullptr, name, 0, 1, c, WaiterFinalize, c, WaiterCallJs, &c->tsfn) != napi_ok) {
-      delete c;
-      throw Napi::Error::New(env, "napi_create_threadsafe_function failed");
+    int fd = ArgFd(info, 0);
+    if (info.Length() < 2 || !info[1].IsFunction()) ThrowType(env, "callback must be a function");
+    uv_loop_t* loop = nullptr;
+    if (napi_get_uv_event_loop(env, &loop) != napi_ok || loop == nullptr) throw Napi::Error::New(env, "napi_get_uv_event_loop failed");
+    auto* box = new DoorbellBox;
+    int r = uv_poll_init(loop, &box->handle, fd);
+    if (r < 0) {
+      delete box;
+      ThrowErrno(env, "uv_poll_init", -r);
     }
-    napi_unref_threadsafe_function(env, c->tsfn);  // only a pending wait keeps the loop alive
-    // Registered after the function, so that it runs first at teardown (hooks run last-in first-out).
-    napi_add_env_cleanup_hook(env, WaiterEnvCleanup, c);
-    c->hook_added = true;
-    c->owner = this;
-    core_ = c;
+    box->handle.data = box;
+    if (napi_add_async_cleanup_hook(env, OnEnvCleanup, box, &box->hook) != napi_ok) {
+      uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
+      throw Napi::Error::New(env, "napi_add_async_cleanup_hook failed");
+    }
+    r = uv_poll_start(&box->handle, UV_READABLE, OnPoll);
+    if (r < 0) {
+      napi_remove_async_cleanup_hook(box->hook);
+      uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
+      ThrowErrno(env, "uv_poll_start", -r);
+    }
+    uv_unref(reinterpret_cast<uv_handle_t*>(&box->handle));
+    box->owner = this;
+    box_ = box;
+    fd_ = fd;
+    callback_ = Napi::Persistent(info[1].As<Napi::Function>());
+    ctx_ = std::make_unique<Napi::AsyncContext>(env, "cuda-ipc:channel-doorbell");
   }
 
-  ~FutexWaiter() override {
-    if (core_) {
-      core_->owner = nullptr;
-      ShutdownCore(core_, false);
-      core_ = nullptr;
-    }
-  }
+  ~Doorbell() override { Stop(); }
 
  private:
-  WaiterCore* Open(Napi::Env env) {
-    if (!core_ || core_->shut) ThrowErrno(env, "FutexWaiter", EBADF);
-    return core_;
+  static void FreeBox(uv_handle_t* h) { delete static_cast<DoorbellBox*>(h->data); }
+
+  // Stops polling (epoll forgets the fd before uv_close returns) and lets libuv free the box.
+  void Stop() {
+    DoorbellBox* box = box_;
+    if (!box) return;
+    box_ = nullptr;
+    box->owner = nullptr;
+    napi_remove_async_cleanup_hook(box->hook);
+    box->hook = nullptr;
+    uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
   }
 
-  Napi::Value Wait(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    WaiterCore* c = Open(env);
-    if (info.Length() < 1 || !info[0].IsObject()) ThrowType(env, "words must be a SharedWords");
-    bool is_words = false;
-    if (napi_check_object_type_tag(env, info[0], &kSharedWordsTag, &is_words) != napi_ok || !is_words)
-      ThrowType(env, "words must be a SharedWords");
-    SharedWords* words = Napi::ObjectWrap<SharedWords>::Unwrap(info[0].As<Napi::Object>());
-    uint32_t* addr = words->Word<uint32_t>(info, 1);  // the offset is argument 1
-    uint32_t expected = ArgU32(info, 2, "expected");
-    double timeout_ms = ArgDouble(info, 3, "timeoutMs");
-    double spin_us = info.Length() > 4 ? ArgDouble(info, 4, "spinMicros") : 0;
-    if (!(timeout_ms >= 0)) throw Napi::RangeError::New(env, "timeoutMs must be >= 0");
-    if (timeout_ms > kMaxTimeoutMs) timeout_ms = kMaxTimeoutMs;
-    if (!(spin_us >= 0)) spin_us = 0;
-    if (spin_us > kMaxSpinMicros) spin_us = kMaxSpinMicros;
-    if (c->pending) throw Napi::Error::New(env, "FutexWaiter: a wait is already pending");
-    {
-      std::lock_guard<std::mutex> lock(c->mu);
-      c->map = words->mapping();
-      c->addr = addr;
-      c->expected = expected;
-      c->timeout_ns = static_cast<int64_t>(timeout_ms * 1e6);
-      c->spin_ns = static_cast<int64_t>(spin_us * 1e3);
-      c->cancel = false;
-      c->has_request = true;
+  static void OnEnvCleanup(napi_async_cleanup_hook_handle hook, void* arg) {
+    auto* box = static_cast<DoorbellBox*>(arg);
+    if (box->owner) box->owner->box_ = nullptr;
+    box->owner = nullptr;
+    uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), [](uv_handle_t* h) {
+      auto* b = static_cast<DoorbellBox*>(h->data);
+      napi_remove_async_cleanup_hook(b->hook);
+      delete b;
+    });
+  }
+
+  static void OnPoll(uv_poll_t* h, int status, int events) {
+    auto* box = static_cast<DoorbellBox*>(h->data);
+    if (box->owner) box->owner->Rung(status);
+  }
+
+  void Rung(int status) {
+    if (status >= 0) {
+      uint64_t count;
+      ssize_t n;
+      do n = read(fd_, &count, sizeof count);
+      while (n < 0 && errno == EINTR);
+      // EAGAIN: another reader drained it first (a spurious wake-up: the JS side re-checks).
+      if (n < 0 && errno != EAGAIN) status = -errno;
     }
-    if (!c->started) {
-      try {
-        c->thread = std::thread(WaiterLoop, c);
-      } catch (const std::exception& e) {
-        std::lock_guard<std::mutex> lock(c->mu);
-        c->has_request = false;
-        c->map.reset();
-        throw Napi::Error::New(env, std::string("could not start the waiter thread: ") + e.what());
+    if (status < 0) uv_poll_stop(&box_->handle);  // level-triggered: do not spin on an error
+    Napi::Env env = Env();
+    Napi::HandleScope scope(env);
+    napi_value fn = nullptr;
+    if (callback_.IsEmpty() || napi_get_reference_value(env, callback_, &fn) != napi_ok || fn == nullptr) return;
+    napi_value arg, result;
+    napi_create_int32(env, status, &arg);
+    // make_callback: microtasks (the resolved wait's continuations) run right after.
+    if (napi_make_callback(env, *ctx_, Value(), fn, 1, &arg, &result) != napi_ok) {
+      bool pending = false;
+      if (napi_is_exception_pending(env, &pending) == napi_ok && pending) {
+        napi_value error;
+        if (napi_get_and_clear_last_exception(env, &error) == napi_ok) napi_fatal_exception(env, error);
       }
-      c->started = true;
     }
-    c->cv.notify_one();
-    c->pending = true;
-    napi_ref_threadsafe_function(env, c->tsfn);
-    return env.Undefined();
   }
 
-  Napi::Value Cancel(const Napi::CallbackInfo& info) {
-    if (core_ && !core_->shut && core_->pending) {
-      std::lock_guard<std::mutex> lock(core_->mu);
-      core_->cancel = true;
-      if (core_->waiting_on) FutexWake(core_->waiting_on, INT_MAX);
-    }
+  Napi::Value Ref(const Napi::CallbackInfo& info) {
+    if (box_) uv_ref(reinterpret_cast<uv_handle_t*>(&box_->handle));
     return info.Env().Undefined();
   }
-
+  Napi::Value Unref(const Napi::CallbackInfo& info) {
+    if (box_) uv_unref(reinterpret_cast<uv_handle_t*>(&box_->handle));
+    return info.Env().Undefined();
+  }
   Napi::Value Close(const Napi::CallbackInfo& info) {
-    if (core_) {
-      core_->owner = nullptr;
-      ShutdownCore(core_, false);
-      core_ = nullptr;
-    }
+    Stop();
+    callback_.Reset();
+    ctx_.reset();
     return info.Env().Undefined();
   }
+  Napi::Value Closed(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), box_ == nullptr); }
 
-  Napi::Value Pending(const Napi::CallbackInfo& info) {
-    return Napi::Boolean::New(info.Env(), core_ && !core_->shut && core_->pending);
-  }
-
-  WaiterCore* core_ = nullptr;
+  DoorbellBox* box_ = nullptr;
+  int fd_ = -1;
+  Napi::FunctionReference callback_;
+  std::unique_ptr<Napi::AsyncContext> ctx_;
 };
 
 }  // namespace
 
 void InitChannel(Napi::Env env, Napi::Object exports) {
   exports.Set("SharedWords", SharedWords::Define(env));
-  exports.Set("FutexWaiter", FutexWaiter::Define(env));
+  exports.Set("Doorbell", Doorbell::Define(env));
+  exports.Set("eventfdCreate", Napi::Function::New(env, EventfdCreate, "eventfdCreate"));
+  exports.Set("eventfdRing", Napi::Function::New(env, EventfdRing, "eventfdRing"));
+  exports.Set("eventfdDrain", Napi::Function::New(env, EventfdDrain, "eventfdDrain"));
+  exports.Set("isEventfd", Napi::Function::New(env, IsEventfd, "isEventfd"));
 }
 
 }  // namespace cuda_ipc

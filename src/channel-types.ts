@@ -23,36 +23,41 @@ export interface NativeSharedWords {
    * whose (value & mask) === expect for `desired` and returns its index; -1 when none.
    */
   claimFirst32(offset: number, stride: number, count: number, start: number, mask: number, expect: number, desired: number): number;
-  /** FUTEX_WAKE (shared) on the word: wakes up to `count` waiters (0: all); returns how many woke. */
-  wake(offset: number, count: number): number;
   /** Spins on this thread while the word equals `expected`, for at most `micros` (capped at 100 ms).
    * True when it changed. Blocks the event loop: spin mode only. */
   spinWait32(offset: number, expected: number, micros: number): boolean;
   /** Spins trying to swap expected -> desired for at most `micros`; true once swapped. */
   spinCas32(offset: number, expected: number, desired: number, micros: number): boolean;
-  /** Drops this object's hold on the mapping (a pending FutexWaiter keeps it until it is done). */
+  /** Unmaps; every later call throws EBADF. */
   close(): void;
   readonly byteLength: number;
   readonly address: bigint;
 }
 
 /**
- * A native thread that waits on one shared word at a time and reports through `callback`:
- * 0 the word changed or a wake came (re-check: wakes may be spurious), 1 timed out, 2 cancelled,
- * negative: -errno.
+ * Polls an eventfd (borrowed: close the Doorbell before the fd) on this thread's event loop; each
+ * time the eventfd is rung it is drained and `callback(0)` runs (`callback(-errno)` when polling
+ * failed; polling then stops). Unref'd unless between ref() and unref().
  */
-export interface NativeFutexWaiter {
-  /** Spin for up to spinMicros, then FUTEX_WAIT while the word equals `expected`, up to timeoutMs. */
-  wait(words: NativeSharedWords, offset: number, expected: number, timeoutMs: number, spinMicros?: number): void;
-  cancel(): void;
-  /** Cancels and joins the thread. Idempotent. */
+export interface NativeDoorbell {
+  ref(): void;
+  unref(): void;
+  /** Stops polling. Idempotent. */
   close(): void;
-  readonly pending: boolean;
+  readonly closed: boolean;
 }
 
 export interface ChannelAddon {
   /** Maps `length` bytes of `fd` (borrowed: the caller still owns and closes it). The fd must be a
    * regular file at least that long, sealed against shrinking (EINVAL / EPERM otherwise). */
   SharedWords: new (fd: number, length: number) => NativeSharedWords;
-  FutexWaiter: new (callback: (status: number) => void) => NativeFutexWaiter;
+  Doorbell: new (fd: number, callback: (status: number) => void) => NativeDoorbell;
+  /** A new eventfd: count 0, non-blocking, close-on-exec. */
+  eventfdCreate(): number;
+  /** Adds 1 to the eventfd's count (its poller wakes). */
+  eventfdRing(fd: number): void;
+  /** Reads and resets the count; 0 when it was 0. */
+  eventfdDrain(fd: number): number;
+  /** Whether fd is an eventfd. */
+  isEventfd(fd: number): boolean;
 }

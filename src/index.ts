@@ -42,8 +42,9 @@ export { traceLeaks } from './leak.js';
 export { leaseStats, type LeaseStats, type LeaseCounts, type LinkLeaseStats } from './link/index.js';
 export { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
 export {
-  Channel, ChannelSlot, ChannelMessage, createChannel, acceptChannel, pipeline, pipelineStage,
-  type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type CreateOptions, type AcceptOptions, type SlotBuffer,
+  ChannelHub, ChannelProducer, ChannelConsumer, ChannelSlot, ChannelMessage, createChannel, acceptChannel, pipeline, pipelineStage,
+  type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type WaitMode,
+  type CreateChannelOptions, type AcceptOptions, type AttachOptions, type SlotBuffer, type SlotBufferFor, type ChannelShape,
   type AcquireOptions, type PublishOptions, type ReleaseOptions, type ReceiveOptions, type ChannelStats,
   type Pipeline, type PipelineOptions, type PipelineStage,
 } from './channel/index.js';

@@ -9,7 +9,7 @@
 //
 //   node dist/examples/inference/server.js [--workers 3] [--requests 300] [--elements 1048576] [--host]
 import {
-  Channel, HostBuffer, Stream, BuiltinKernels, spawn, type DeviceBuffer, type SpawnedChild,
+  ChannelHub, HostBuffer, Stream, BuiltinKernels, spawn, type DeviceBuffer, type SpawnedChild,
 } from '../../src/index.js';
 import { pickDevice, flag, u32 } from '../common.js';
 
@@ -36,20 +36,22 @@ if (pool && kernels) {
   for (let i = 0; i < elements; i++) w[i] = 1000 + i;
 }
 
-// 2. The two channels; this process creates (and watches) both.
-const requestCh = Channel.create({ role: 'producer', slots: 2 * workers, slotBytes: 64, consumers: workers, maxPeers: workers });
-const responseCh = Channel.create({
-  role: 'consumer', slots: 2 * workers, slotBytes: bytes, producers: workers, maxPeers: workers,
+// 2. The two channels; this process creates (and watches) both, with one end of each here.
+const requestHub = ChannelHub.create({ slots: 2 * workers, slotBytes: 64, consumers: workers, maxPeers: workers + 1 });
+const responseHub = ChannelHub.create({
+  slots: 2 * workers, slotBytes: bytes, producers: workers, maxPeers: workers + 1,
   memory: pool ? { pool } : 'host',
 });
+const requestCh = requestHub.producer();
+const responseCh = responseHub.consumer();
 
 // 3. Start the workers: each gets the weights once (the pool's fd, then 64 bytes), then its ends.
 const kids: SpawnedChild[] = [];
 for (let i = 0; i < workers; i++) {
   const kid = await spawn(new URL('./worker.js', import.meta.url), [], { stdio: 'inherit' });
   kid.link.send({ weights, elements });
-  await requestCh.attach(kid.link, { role: 'consumer' });
-  await responseCh.attach(kid.link, { role: 'producer' });
+  await requestHub.attach(kid.link, { role: 'consumer' });
+  await responseHub.attach(kid.link, { role: 'producer' });
   kids.push(kid);
 }
 weights.close();  // the workers hold it now; it stays alive while they map it
@@ -85,7 +87,8 @@ for await (const msg of responseCh) {
 }
 await sending;
 const s = (performance.now() - t0) / 1000;
-responseCh.close();
+responseHub.close();
+requestHub.close();
 for (const kid of kids) if (kid.child.exitCode === null) await new Promise((r) => kid.child.once('exit', r));
 stream?.close();
 pool?.close();

@@ -6,8 +6,8 @@ import { u32 } from '../common.js';
 
 const link = parentLink();
 const { weights, elements } = (await link.receive()) as { weights: DeviceBuffer | HostBuffer; elements: number };
-const requests = await acceptChannel(link);
-const responses = await acceptChannel(link);
+const requests = await acceptChannel(link, { role: 'consumer' });
+const responses = await acceptChannel(link, { role: 'producer' });
 const onGpu = weights instanceof DeviceBuffer;
 const stream = onGpu ? Stream.create(weights.device) : undefined;
 const kernels = onGpu ? BuiltinKernels.for(weights.device) : undefined;

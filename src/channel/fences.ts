@@ -11,6 +11,12 @@
 // Values are tickets that grow by one per message in a slot and compare as wrapping counters,
 // like the driver's CU_STREAM_WAIT_VALUE_GEQ: value v has been reached when (word - v) as int32
 // is >= 0.
+//
+// Stream memory operations cost 1.5-1.9 us of driver time each (measured on an H200), more than
+// the rest of a message. So none is made that is not needed: a wait whose value is already
+// reached is skipped, and a fence whose stream has nothing left to run (cuStreamQuery) is written
+// by the CPU at once instead of by the stream. Writes are not deferred to batch them: a write
+// queued later would land behind whatever the caller queues on the stream meanwhile.
 import { driver, Flags, whenStreamDone } from '../cuda/driver.js';
 import type { Device } from '../cuda/device.js';
 import { streamHandle, type Stream } from '../cuda/stream.js';
@@ -44,11 +50,18 @@ export class Fences {
     }
   }
 
-  /** Work queued on `stream` after its current work writes `value` into the fence at `offset`. */
+  /** Writes `value` into the fence at `offset` once the work queued on `stream` so far is done:
+   * now from the CPU when the stream is idle, else by the stream. */
   signal(stream: Stream | undefined, offset: number, value: number): void {
     this.device.activate();
+    const handle = streamHandle(stream);
+    if (driver.streamQuery(handle)) {
+      // Everything queued on it has completed (and its memory writes with it).
+      this.#words.store32(offset, value >>> 0);
+      return;
+    }
     // The default flags put a memory barrier before the write: the slot's bytes land first.
-    driver.streamWriteValue32(streamHandle(stream), this.#base + BigInt(offset), value >>> 0, 0);
+    driver.streamWriteValue32(handle, this.#base + BigInt(offset), value >>> 0, 0);
   }
 
   /** Work queued on `stream` after this waits until the fence at `offset` reaches `value`. */

@@ -7,8 +7,8 @@
 // the native ones (native/channel.cc): the same results (32-bit values unsigned; 64-bit values as
 // numbers below 2^53, a larger stored value reading -1), the same offset checks and RangeErrors.
 //
-// The native object stays underneath for what JS cannot do (futex wake, the bounded spins, the
-// FutexWaiter's wait, which needs the native object itself: see `native`), and for close().
+// The native object stays underneath for what JS cannot do (the bounded spins, which must not
+// allocate or call back into JS while they run), and for close().
 //
 // The mapping under `bytes` belongs to the HostBuffer: when its owner closes it, `bytes` is
 // detached and every typed array over it reads as length 0. Checking offsets against the arrays'
@@ -45,7 +45,7 @@ function num(value: number, what: string): number {
 }
 
 export class JsWords implements NativeSharedWords {
-  /** The native object on the same memfd: FutexWaiter.wait takes only that (it checks a type tag). */
+  /** The native object on the same memfd. */
   readonly native: NativeSharedWords;
   /** Bytes of the native mapping: the bound every offset is checked against. */
   readonly #length: number;
@@ -165,10 +165,6 @@ export class JsWords implements NativeSharedWords {
       if (Atomics.compareExchange(a, j, v, d) === v) return idx;
     }
     return -1;
-  }
-
-  wake(offset: number, count: number): number {
-    return this.native.wake(offset, count);
   }
 
   spinWait32(offset: number, expected: number, micros: number): boolean {

@@ -1,20 +1,22 @@
 // The channel control block: a shared-memory file (memfd) that every participant maps.
+// docs/channel-protocol.md describes it for other implementations; this comment is the summary.
 //
-// Layout version 2 (version 1 ordered device slots with interprocess events). All integers little-endian; every byte not named here is zero when the
-// block is created, and the header's reserved bytes are checked to be zero by importers. Offsets
-// of the tables follow from (slotCount, metaBytes, maxParticipants) alone, and an importer
-// recomputes them and refuses a block that disagrees.
+// Layout version 3 (version 2 counted sleepers and woke them with futexes; version 1 ordered
+// device slots with interprocess events). All integers little-endian; every byte not named here
+// is zero when the block is created, and the header's reserved bytes are checked to be zero by
+// importers. Offsets of the tables follow from (slotCount, metaBytes, maxParticipants, device)
+// alone, and an importer recomputes them and refuses a block that disagrees.
 //
 // Header, 256 bytes (four 64-byte lines, so that producers' and consumers' hot words do not
 // share a cache line):
 //   0   u32  magic 0x4c4e4843 ("CHNL")
-//   4   u16  version (1)
+//   4   u16  version (3)
 //   6   u16  header bytes (256)
 //   8   u32  flags: bit 0 device slots, bit 1 broadcast; other bits zero
 //   12  u32  slot count
 //   16  u64  slot bytes
 //   24  u32  meta bytes per slot (multiple of 8)
-//   28  u32  max participants (2..32)
+//   28  u32  max participants (2..32), the hub included
 //   32  u32  participants offset (256)
 //   36  u32  ring offset
 //   40  u32  slot records offset
@@ -25,24 +27,30 @@
 //   -- producer line
 //   64  u64  tail: the next ring position to publish
 //   72  u32  publish lock: 0 free, else participant index + 1
-//   76  u32  space sequence: bumped when a slot is freed or membership changes (futex word)
-//   80  u32  space sleepers: participants parked on the space sequence
+//   76  u32  space sequence: bumped when a slot is freed or membership changes (spinners watch it)
+//   80  u32  space sleepers: bit k set while participant k sleeps until a slot frees up
 //   84  u32  consumer mask: bit i set while participant i is an attached consumer
 //   -- consumer line
 //   128 u64  head: the next ring position to take (work sharing; may lag, anyone advances it)
-//   136 u32  data sequence: bumped on every publish and membership change (futex word)
-//   140 u32  data sleepers
+//   136 u32  data sequence: bumped on every publish and membership change (spinners watch it)
+//   140 u32  data sleepers: bit k set while participant k sleeps until a message comes
 //   -- counters
 //   192 u32  producers attached (ever)   196 u32 producers live   200 u32 producers died
 //   204 u32  consumers attached (ever)   208 u32 consumers live   212 u32 consumers died
-//   216 u32  hub role: 0 none, 1 producer, 2 consumer (the hub is participant 0)
 //   220 u32  fences offset (device slots; 0 for host slots)
 //
-// Participants, maxParticipants x 64 bytes at 256:
-//   0   u32  state: 0 empty, 1 alive, 2 ended, 3 dead, 4 being recovered
-//   4   u32  role: 1 producer, 2 consumer, 3 hub that neither produces nor consumes
+// Waking: participant k sleeps on its doorbell, eventfd k of the set the hub made with the block
+// (one per participant entry, handed to every participant at attach). To sleep it sets its bit in
+// a sleepers word, re-checks, and only then polls its doorbell; whoever changes what it waits for
+// (publish, release, membership) makes the change first, then clears sleeper bits with an atomic
+// and-not and rings the doorbell of each participant whose bit it cleared. Both sides use
+// sequentially consistent operations, so at least one of them sees the other: no lost wake-up.
+//
+// Participants, maxParticipants x 64 bytes at 256 (entry 0 is the hub):
+//   0   u32  state: 0 empty, 1 alive, 2 ended, 3 dead, 4 being recovered (or attaching)
+//   4   u32  role: 1 producer, 2 consumer, 3 the hub (neither)
 //   8   u32  pid
-//   12  u32  sleeping: 1 while counted in a sleepers word
+//   12  u32  flags: bit 0 an end in the hub's own process (its peers recover it with the hub)
 //   16  u64  cursor: broadcast consumers start at this ring position
 //   24  u32  attach generation (how many times this entry was handed out)
 //
@@ -76,7 +84,7 @@
 import { IpcError } from '../errors.js';
 
 export const MAGIC = 0x4c4e4843;
-export const VERSION = 2;
+export const VERSION = 3;
 export const HEADER_BYTES = 256;
 export const PARTICIPANT_BYTES = 64;
 export const SLOT_HEADER_BYTES = 64;
@@ -114,14 +122,15 @@ export const H = {
   consumersAttached: 204,
   consumersLive: 208,
   consumersDied: 212,
-  hubRole: 216,
   fencesOffset: 220,
 } as const;
 
 /** Header byte ranges that must stay zero (reserved). */
-const RESERVED: ReadonlyArray<readonly [number, number]> = [[88, 128], [144, 192], [224, 256]];
+const RESERVED: ReadonlyArray<readonly [number, number]> = [[88, 128], [144, 192], [216, 220], [224, 256]];
 
-export const P = { state: 0, role: 4, pid: 8, sleeping: 12, cursor: 16, generation: 24 } as const;
+export const P = { state: 0, role: 4, pid: 8, flags: 12, cursor: 16, generation: 24 } as const;
+/** Participant flag: an end in the hub's process, recovered by the peers together with the hub. */
+export const PFLAG_HUB_LOCAL = 1;
 export const PState = { Empty: 0, Alive: 1, Ended: 2, Dead: 3, Recovering: 4 } as const;
 export const PRole = { Producer: 1, Consumer: 2, Hub: 3 } as const;
 
@@ -173,6 +182,15 @@ export interface Layout extends LayoutParams {
   totalBytes: number;
 }
 
+/** A layout with the membership expectations of the header. */
+export interface HubLayout extends Layout {
+  expectProducers: number;
+  expectConsumers: number;
+}
+
+/** The bit of participant k in a mask word. */
+export const bitOf = (k: number): number => (1 << k) >>> 0;
+
 const roundUp = (n: number, to: number) => Math.ceil(n / to) * to;
 
 /** Throws ERR_INVALID_ARG (or, for a received block, `code`) unless the parameters are in range. */
@@ -210,7 +228,7 @@ export function computeLayout(p: LayoutParams): Layout {
 }
 
 /** Writes the header of a fresh (zeroed) block. */
-export function writeHeader(view: DataView, l: Layout, expectProducers: number, expectConsumers: number, hubRole: number): void {
+export function writeHeader(view: DataView, l: Layout, expectProducers: number, expectConsumers: number): void {
   view.setUint32(H.magic, MAGIC, true);
   view.setUint16(H.version, VERSION, true);
   view.setUint16(H.headerBytes, HEADER_BYTES, true);
@@ -226,7 +244,6 @@ export function writeHeader(view: DataView, l: Layout, expectProducers: number, 
   view.setBigUint64(H.totalBytes, BigInt(l.totalBytes), true);
   view.setUint32(H.expectProducers, expectProducers, true);
   view.setUint32(H.expectConsumers, expectConsumers, true);
-  view.setUint32(H.hubRole, hubRole, true);
   view.setUint32(H.fencesOffset, l.fencesOffset, true);
 }
 
@@ -239,7 +256,7 @@ export const releaseFence = (l: Layout, s: number, k: number): number => l.relea
  * Reads and checks the header of a received block `byteLength` bytes long: every field must
  * match what its own parameters imply. Throws ERR_DESCRIPTOR_INVALID / ERR_DESCRIPTOR_VERSION.
  */
-export function readHeader(view: DataView, byteLength: number): Layout & { expectProducers: number; expectConsumers: number; hubRole: number } {
+export function readHeader(view: DataView, byteLength: number): HubLayout {
   const bad = (what: string) => new IpcError('ERR_DESCRIPTOR_INVALID', `received a channel control block that is not valid: ${what}`);
   if (byteLength < HEADER_BYTES) throw bad(`${byteLength} bytes, fewer than its ${HEADER_BYTES}-byte header`);
   if (view.getUint32(H.magic, true) !== MAGIC) throw bad('wrong magic number');
@@ -277,7 +294,6 @@ export function readHeader(view: DataView, byteLength: number): Layout & { expec
   }
   const expectProducers = view.getUint32(H.expectProducers, true);
   const expectConsumers = view.getUint32(H.expectConsumers, true);
-  const hubRole = view.getUint32(H.hubRole, true);
-  if (expectProducers > l.maxParticipants || expectConsumers > l.maxParticipants || hubRole > 2) throw bad('membership fields');
-  return { ...l, expectProducers, expectConsumers, hubRole };
+  if (expectProducers < 1 || expectProducers > l.maxParticipants || expectConsumers < 1 || expectConsumers > l.maxParticipants) throw bad('membership fields');
+  return { ...l, expectProducers, expectConsumers };
 }

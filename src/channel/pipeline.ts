@@ -3,11 +3,15 @@
 // channels when one dies); stage i produces into the channel that stage i + 1 consumes.
 import { IpcError } from '../errors.js';
 import { parentLink, spawn, type Link, type SpawnOptions, type SpawnedChild } from '../link/index.js';
-import { Channel, acceptChannel, type ChannelOptions, type ChannelWaitOptions } from './channel.js';
+import { ChannelHub, openOwnedEnd } from './hub.js';
+import type { ChannelProducer } from './producer.js';
+import type { ChannelConsumer } from './consumer.js';
+import { acceptChannel } from './create.js';
+import type { ChannelOptions, ChannelWaitOptions } from './options.js';
 
 const PROTOCOL = '@cuda-ipc/pipeline';
 
-export interface PipelineOptions extends Omit<ChannelOptions, 'producers' | 'consumers' | 'maxPeers'> {
+export interface PipelineOptions extends Omit<ChannelOptions, 'producers' | 'consumers' | 'maxPeers'>, ChannelWaitOptions {
   /** Extra command-line arguments of each stage (by index). */
   args?: ReadonlyArray<readonly string[]>;
   /** How the stages are spawned (stdio, env, ...). */
@@ -21,9 +25,9 @@ export interface PipelineOptions extends Omit<ChannelOptions, 'producers' | 'con
 export interface Pipeline extends AsyncDisposable {
   readonly stages: readonly SpawnedChild[];
   /** This process's producer end into the first stage (with `input: true`). */
-  readonly input: Channel | undefined;
+  readonly input: ChannelProducer | undefined;
   /** This process's consumer end of the last stage's output (with `output: true`). */
-  readonly output: Channel | undefined;
+  readonly output: ChannelConsumer | undefined;
   /** Resolves once every stage exited with status 0; rejects naming the first that did not. */
   done(): Promise<void>;
   /** Kills every stage still running and closes the channels. */
@@ -47,11 +51,13 @@ export async function pipeline(stages: ReadonlyArray<string | URL>, options: Pip
   if (!Array.isArray(stages) || stages.length === 0) throw new IpcError('ERR_INVALID_ARG', 'pipeline: give at least one stage module');
   const n = stages.length;
   const spawned: SpawnedChild[] = [];
-  const hubs: Channel[] = [];
+  const hubs: ChannelHub[] = [];
   const exits: Array<Promise<{ index: number; code: number | null; signal: NodeJS.Signals | null }>> = [];
-  const { args, spawn: spawnOptions, input: wantInput, output: wantOutput, ...channelOptions } = options;
-  let input: Channel | undefined;
-  let output: Channel | undefined;
+  const { args, spawn: spawnOptions, input: wantInput, output: wantOutput, wait, spinMicros, ...channelOptions } = options;
+  let input: ChannelProducer | undefined;
+  let output: ChannelConsumer | undefined;
+  // The hubs of this process's own ends: they stay until those ends are closed.
+  const ownHubs = new Set<ChannelHub>();
   const killAll = () => {
     for (const s of spawned) if (s.child.exitCode === null && s.child.signalCode === null) s.child.kill('SIGKILL');
   };
@@ -68,7 +74,7 @@ export async function pipeline(stages: ReadonlyArray<string | URL>, options: Pip
       }));
     }
     // channels[i] feeds stage i (i = 0: from this process), channels[n] is the last stage's output.
-    const channels: Array<Channel | undefined> = [];
+    const channels: Array<ChannelHub | undefined> = [];
     for (let i = 0; i <= n; i++) {
       const first = i === 0;
       const last = i === n;
@@ -76,12 +82,13 @@ export async function pipeline(stages: ReadonlyArray<string | URL>, options: Pip
         channels.push(undefined);
         continue;
       }
-      const role = first ? 'producer' : last ? 'consumer' : 'none';
-      const ch = Channel.create({ ...channelOptions, role, maxPeers: 2 });
-      hubs.push(ch);
-      channels.push(ch);
-      if (first) input = ch;
-      if (last) output = ch;
+      const hub = ChannelHub.create({ ...channelOptions, maxPeers: 2 });
+      hubs.push(hub);
+      channels.push(hub);
+      // This process's ends own their hubs: closing one (or end()) closes its channel.
+      if (first) input = openOwnedEnd(hub, 'producer', { wait, spinMicros }) as ChannelProducer;
+      if (last) output = openOwnedEnd(hub, 'consumer', { wait, spinMicros }) as ChannelConsumer;
+      if (first || last) ownHubs.add(hub);
     }
     await Promise.all(spawned.map(async ({ link }, i) => {
       const message: StageMessage = { [PROTOCOL]: 'stage', index: i, count: n, input: channels[i] !== undefined, output: channels[i + 1] !== undefined };
@@ -109,7 +116,7 @@ export async function pipeline(stages: ReadonlyArray<string | URL>, options: Pip
         }
       } finally {
         for (const s of spawned) s.link.close();
-        for (const h of hubs) if (h !== input && h !== output) h.close();
+        for (const h of hubs) if (!ownHubs.has(h)) h.close();
       }
     })();
     return settled;
@@ -139,9 +146,9 @@ export interface PipelineStage {
   /** Number of stages. */
   readonly count: number;
   /** Consumer end of the channel into this stage (undefined for a first stage with no feeder). */
-  readonly input: Channel | undefined;
+  readonly input: ChannelConsumer | undefined;
   /** Producer end of the channel out of this stage (undefined for a last stage nobody reads). */
-  readonly output: Channel | undefined;
+  readonly output: ChannelProducer | undefined;
   /** The link to the process that runs the pipeline (for results, logs, ...). It is unref'd, so
    * that the stage exits once its work is done; link.ref() keeps the process alive for it. */
   readonly link: Link;
@@ -154,8 +161,9 @@ export async function pipelineStage(options: ChannelWaitOptions & { signal?: Abo
   if (typeof m !== 'object' || m === null || m[PROTOCOL] !== 'stage') {
     throw new IpcError('ERR_FRAME_INVALID', 'pipelineStage: this process was not started as a pipeline stage (the first message was something else)');
   }
-  const input = m.input ? await acceptChannel(link, options) : undefined;
-  const output = m.output ? await acceptChannel(link, options) : undefined;
+  const wait = { wait: options.wait, spinMicros: options.spinMicros, signal: options.signal };
+  const input = m.input ? await acceptChannel(link, { ...wait, role: 'consumer' }) : undefined;
+  const output = m.output ? await acceptChannel(link, { ...wait, role: 'producer' }) : undefined;
   // Pending channel waits keep the process alive; the link need not.
   link.unref();
   return { index: Number(m.index), count: Number(m.count), input, output, link };

@@ -15,14 +15,24 @@
 //    that dies between taking and advancing blocks nobody.
 //  - Plain fields of a slot record (length, meta, ...) are written only by the participant that
 //    holds the slot, before the state word change (sequentially consistent) that hands it on.
+//  - Wake-ups: every change someone may wait for is followed by a bump of its sequence word (for
+//    spinners) and a look at its sleepers word; sleepers are woken through their doorbells
+//    (doorbells.ts). Recovery and membership changes ring every live participant's doorbell,
+//    because a waker that died between clearing a sleeper's bit and ringing took that wake-up
+//    with it.
 //
 // Values read from shared memory are never trusted: slot indices and positions are range-checked
 // and a bad one raises ERR_CHANNEL_CORRUPT, so a hostile or broken peer cannot crash this process.
 import { IpcError } from '../errors.js';
 import type { NativeSharedWords } from '../channel-types.js';
 import {
-  H, P, S, Kind, PState, PRole, FLAG_REDELIVERED, GEN_MASK, genOf, slotWord, kindOf, ownerOf, flagsOf, type Layout,
+  H, P, S, Kind, PState, PRole, FLAG_REDELIVERED, GEN_MASK, genOf, slotWord, kindOf, ownerOf, flagsOf, bitOf, type Layout,
 } from './layout.js';
+
+/** Rings participant k's doorbell (Doorbells; a no-op in tests that need no wake-ups). */
+export interface Bells {
+  ring(k: number): void;
+}
 
 /** How long a publisher spins for the publish lock before deferring (µs). */
 const LOCK_SPIN_MICROS = 200;
@@ -44,9 +54,14 @@ export class Ring {
   #hint = 0;
   /** Work sharing: the state word this participant set on each slot it took (for its release). */
   readonly takenWords: Uint32Array;
+  readonly bells: Bells;
+  /** Which sleeping consumer a wake-one starts looking at (so that wake-ups go round). */
+  #rotor = 0;
 
-  constructor(words: NativeSharedWords, bytes: Uint8Array, layout: Layout) {
+  constructor(words: NativeSharedWords, bytes: Uint8Array, layout: Layout, bells: Bells, me = 0) {
     this.w = words;
+    this.bells = bells;
+    this.me = me;
     this.bytes = bytes;
     this.view = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     this.l = layout;
@@ -65,37 +80,81 @@ export class Ring {
   }
 
   // ------------------------------------------------------------------------------------------
-  // Wake-ups. A sequence word changes on every event; sleepers re-check after each change.
+  // Wake-ups. A sequence word changes on every event (spinners watch it); sleepers have set their
+  // bit in a sleepers word and poll their doorbell. The change itself is always made before the
+  // sleepers word is read: with sequentially consistent operations on both sides, either the
+  // sleeper's re-check sees the change or this sees the sleeper's bit.
 
+  /** After a publish (or anything a consumer may wait for): wakes one sleeping consumer (work
+   * sharing), or all of them (broadcast, or `all`). */
   signalData(all = false): void {
     this.w.add32(H.dataSeq, 1);
-    if (this.w.load32(H.dataSleepers) !== 0) this.w.wake(H.dataSeq, all || this.l.broadcast ? 0 : 1);
+    if (this.w.load32(H.dataSleepers) !== 0) this.#wake(H.dataSleepers, all || this.l.broadcast);
   }
 
+  /** After a slot was freed (or anything a producer may wait for): wakes every sleeping producer
+   * (an acquire and an end() that waits for releases may both sleep on it). */
   signalSpace(): void {
     this.w.add32(H.spaceSeq, 1);
-    if (this.w.load32(H.spaceSleepers) !== 0) this.w.wake(H.spaceSeq, 0);
+    if (this.w.load32(H.spaceSleepers) !== 0) this.#wake(H.spaceSleepers, true);
   }
 
-  signalAll(): void {
-    this.signalData(true);
-    this.signalSpace();
+  /** After a membership change or a recovery: bumps both sequences and rings every live
+   * participant, asleep or not (a spurious wake-up costs a re-check). */
+  wakeEveryone(): void {
+    const w = this.w;
+    w.add32(H.dataSeq, 1);
+    w.add32(H.spaceSeq, 1);
+    const asleep = (w.and32(H.dataSleepers, 0) | w.and32(H.spaceSleepers, 0)) >>> 0;
+    for (let k = 0; k < this.l.maxParticipants; k++) {
+      if ((asleep & bitOf(k)) !== 0 || w.load32(this.partOff(k) + P.state) === PState.Alive) this.bells.ring(k);
+    }
   }
 
-  /** The sleepers word a participant of `role` parks on. */
+  /** Clears sleeper bits in the word at `maskOff` and rings the doorbell of each cleared one:
+   * all of them, or the first one this process manages to clear. */
+  #wake(maskOff: number, all: boolean): void {
+    const w = this.w;
+    if (all) {
+      const m = w.and32(maskOff, 0);
+      for (let k = 0; k < 32; k++) if ((m & bitOf(k)) !== 0) this.bells.ring(k);
+      return;
+    }
+    let m = w.load32(maskOff);
+    while (m !== 0) {
+      // The first set bit at or after the rotor, else the first one.
+      const high = (m & ~(bitOf(this.#rotor) - 1)) >>> 0;
+      const pick = high !== 0 ? high : m;
+      const k = 31 - Math.clz32(pick & -pick);
+      const bit = bitOf(k);
+      const old = w.and32(maskOff, ~bit >>> 0);
+      if ((old & bit) !== 0) {
+        this.#rotor = k + 1 === 32 ? 0 : k + 1;
+        this.bells.ring(k);
+        return;
+      }
+      m = (old & ~bit) >>> 0;  // someone else woke k: try another
+    }
+  }
+
+  /** Marks this participant asleep in the sleepers word at `maskOff` (then re-check, then sleep). */
+  enterSleep(maskOff: number): void {
+    this.w.or32(maskOff, bitOf(this.me));
+  }
+
+  /** Clears this participant's sleeper bit (a waker may have cleared it already). */
+  leaveSleep(maskOff: number): void {
+    this.w.and32(maskOff, ~bitOf(this.me) >>> 0);
+  }
+
+  /** The sleepers word a participant of `role` sleeps in. */
   static sleepersFor(role: number): number {
     return role === PRole.Consumer ? H.dataSleepers : H.spaceSleepers;
   }
 
-  /** Counts this participant as asleep (before it re-checks and parks). */
-  enterSleep(role: number): void {
-    this.w.store32(this.partOff(this.me) + P.sleeping, 1);
-    this.w.add32(Ring.sleepersFor(role), 1);
-  }
-
-  /** Undoes enterSleep; exactly once even if recovery also clears it. */
-  leaveSleep(role: number): void {
-    if (this.w.cas32(this.partOff(this.me) + P.sleeping, 1, 0) === 1) this.w.add32(Ring.sleepersFor(role), -1);
+  /** The sequence word a participant of `role` spins on. */
+  static sequenceFor(role: number): number {
+    return role === PRole.Consumer ? H.dataSeq : H.spaceSeq;
   }
 
   // ------------------------------------------------------------------------------------------
@@ -248,14 +307,14 @@ export class Ring {
 
   counter(off: number): number { return this.w.load32(off); }
 
-  /** A free participant entry for a new peer, or -1. */
-  allocateParticipant(role: number, pid: number): number {
+  /** A free participant entry for a new end (`flags`: P flags, e.g. PFLAG_HUB_LOCAL), or -1. */
+  allocateParticipant(role: number, pid: number, flags = 0): number {
     for (let k = 1; k < this.l.maxParticipants; k++) {
       const po = this.partOff(k);
       if (this.w.cas32(po + P.state, PState.Empty, PState.Recovering) !== PState.Empty) continue;
       this.view.setUint32(po + P.role, role, true);
       this.view.setUint32(po + P.pid, pid, true);
-      this.w.store32(po + P.sleeping, 0);
+      this.w.store32(po + P.flags, flags);
       this.w.store64(po + P.cursor, 0);
       this.view.setUint32(po + P.generation, this.view.getUint32(po + P.generation, true) + 1, true);
       return k;
@@ -291,7 +350,7 @@ export class Ring {
       w.add32(H.producersAttached, 1);
     }
     w.store32(po + P.state, PState.Alive);
-    this.signalAll();
+    this.wakeEveryone();
     return true;
   }
 
@@ -326,14 +385,14 @@ export class Ring {
    * commit point); slots it was writing (freed: never published); slots it had taken (work
    * sharing: published again at the tail, flagged redelivered); its holds on broadcast messages
    * (dropped; a slot whose last holder it was is freed); its bit in the consumer mask; its
-   * sleeper count; the live/died counters. Then it wakes everyone so that they re-check.
+   * sleeper bits; the live/died counters. Then it wakes everyone so that they re-check.
    */
   leave(k: number, died: boolean, resuming = false): 'done' | 'not-alive' | 'busy' {
     const w = this.w;
     const po = this.partOff(k);
     if (!resuming && w.cas32(po + P.state, PState.Alive, PState.Recovering) !== PState.Alive) return 'not-alive';
     const role = this.participantRole(k);
-    const bit = 1 << k;
+    const bit = bitOf(k);
 
     // 1. The lock it died holding.
     if (w.load32(H.lock) === k + 1) {
@@ -385,8 +444,9 @@ export class Ring {
       }
     }
 
-    // 3. Sleeper count and counters.
-    if (w.cas32(po + P.sleeping, 1, 0) === 1) w.add32(Ring.sleepersFor(role), -1);
+    // 3. Sleeper bits and counters.
+    w.and32(H.dataSleepers, ~bit >>> 0);
+    w.and32(H.spaceSleepers, ~bit >>> 0);
     if (role === PRole.Producer) {
       w.add32(H.producersLive, -1);
       if (died) w.add32(H.producersDied, 1);
@@ -395,7 +455,7 @@ export class Ring {
       if (died) w.add32(H.consumersDied, 1);
     }
     w.store32(po + P.state, died ? PState.Dead : PState.Ended);
-    this.signalAll();
+    this.wakeEveryone();
     return 'done';
   }
 

@@ -4,7 +4,8 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
-import { Channel, acceptChannel } from '../../src/channel/index.js';
+import { ChannelHub, acceptChannel, type ChannelProducer } from '../../src/channel/index.js';
+import { waitStatsOf } from '../../src/channel/testing.js';
 import { writePayload, readPayload } from '../fixtures/channel-payload.js';
 
 const CHILD = new URL('../fixtures/channel-child.js', import.meta.url);
@@ -14,7 +15,7 @@ function reply(link: Link, ms = 30_000): Promise<any> {
   return link.receive({ signal: AbortSignal.timeout(ms) });
 }
 
-async function produce(ch: Channel, from: number, to: number): Promise<void> {
+async function produce(ch: ChannelProducer, from: number, to: number): Promise<void> {
   for (let i = from; i < to; i++) {
     const slot = await ch.acquire();
     ch.publish(slot, { length: writePayload(slot.bytes, i, 0) });
@@ -33,16 +34,17 @@ async function kill(s: SpawnedChild): Promise<void> {
 
 test('work sharing: a consumer SIGKILLed holding messages; they are redelivered, flagged, exactly once', async () => {
   const total = 2000;
-  const ch = Channel.create({ role: 'producer', slots: 8, slotBytes: 64, consumers: 3 });
+  using hub = ChannelHub.create({ slots: 8, slotBytes: 64, consumers: 3 });
+  const ch = hub.producer();
   const victim = await spawn(CHILD, ['hold', '3']);
-  await ch.attach(victim.link, { role: 'consumer' });
+  await hub.attach(victim.link, { role: 'consumer' });
   await produce(ch, 0, 3);
   const held = (await reply(victim.link)).held as number[];
   assert.deepEqual(held, [0, 1, 2]);
   const workers: SpawnedChild[] = [];
   for (let i = 0; i < 2; i++) {
     const w = await spawn(CHILD, ['worker']);
-    await ch.attach(w.link, { role: 'consumer' });
+    await hub.attach(w.link, { role: 'consumer' });
     workers.push(w);
   }
   await produce(ch, 3, 500);
@@ -68,13 +70,14 @@ test('work sharing: a consumer SIGKILLed holding messages; they are redelivered,
 test('work sharing: a consumer SIGKILLed at a random point mid-stream; nothing lost, nothing doubled unflagged', async () => {
   for (let round = 0; round < 3; round++) {
     const total = 1500;
-    const ch = Channel.create({ role: 'producer', slots: 6, slotBytes: 64, consumers: 3 });
+    const hub = ChannelHub.create({ slots: 6, slotBytes: 64, consumers: 3 });
+    const ch = hub.producer();
     const kids: SpawnedChild[] = [];
     for (let i = 0; i < 3; i++) {
       // Each reports a message as done just before releasing it (so a report can precede a
       // death, never follow one), and dawdles a little so that it usually holds one.
       const k = await spawn(CHILD, ['worker', i === 0 ? '1' : '0', '1']);
-      await ch.attach(k.link, { role: 'consumer' });
+      await hub.attach(k.link, { role: 'consumer' });
       kids.push(k);
     }
     const reports = new Map<number, number[]>();
@@ -102,13 +105,15 @@ test('work sharing: a consumer SIGKILLed at a random point mid-stream; nothing l
       if (count[s]! > 1) assert.ok(flagged.has(s) && count[s] === 2, `round ${round}: message ${s} seen ${count[s]} times, flagged: ${flagged.has(s)}`);
     }
     assert.ok(ch.closed, 'end() closed the producer');
+    hub.close();
   }
 });
 
 test('a producer (not the hub) SIGKILLed: the consumer gets what it published, then ERR_PEER_GONE; its slots come back', async () => {
-  const ch = Channel.create({ role: 'consumer', slots: 16, slotBytes: 64 });
+  using hub = ChannelHub.create({ slots: 16, slotBytes: 64 });
+  const ch = hub.consumer();
   const p = await spawn(CHILD, ['produce-and-hang', '10']);
-  await ch.attach(p.link, { role: 'producer' });
+  await hub.attach(p.link, { role: 'producer' });
   assert.equal((await reply(p.link)).produced, 10);
   assert.deepEqual(ch.stats().slots, { free: 5, writing: 1, published: 10, taken: 0 });
   await kill(p);
@@ -129,7 +134,7 @@ test('a producer (not the hub) SIGKILLed: the consumer gets what it published, t
 
 test('the hub producer SIGKILLed: its consumer gets what it published, then ERR_PEER_GONE', async () => {
   const p = await spawn(CHILD, ['hub-produce', '12']);
-  const ch = await acceptChannel(p.link);
+  const ch = await acceptChannel(p.link, { role: 'consumer' });
   assert.equal((await reply(p.link)).produced, 12);
   await kill(p);
   const seqs: number[] = [];
@@ -149,13 +154,14 @@ test('the hub producer SIGKILLed: its consumer gets what it published, then ERR_
 
 test('broadcast: a consumer SIGKILLed while holding slots no longer blocks the producer', async () => {
   const total = 400;
-  const ch = Channel.create({ role: 'producer', slots: 4, slotBytes: 64, topology: 'broadcast', consumers: 3 });
+  using hub = ChannelHub.create({ slots: 4, slotBytes: 64, topology: 'broadcast', consumers: 3 });
+  const ch = hub.producer();
   const victim = await spawn(CHILD, ['hold', '2']);
-  await ch.attach(victim.link, { role: 'consumer' });
+  await hub.attach(victim.link, { role: 'consumer' });
   const others: SpawnedChild[] = [];
   for (let i = 0; i < 2; i++) {
     const k = await spawn(CHILD, ['consume']);
-    await ch.attach(k.link, { role: 'consumer' });
+    await hub.attach(k.link, { role: 'consumer' });
     others.push(k);
   }
   await produce(ch, 0, 4);
@@ -177,16 +183,61 @@ test('broadcast: a consumer SIGKILLed while holding slots no longer blocks the p
   }
 });
 
-test('every consumer gone: a waiting acquire rejects with ERR_PEER_GONE', async () => {
-  const ch = Channel.create({ role: 'producer', slots: 2, slotBytes: 64 });
-  const c = await spawn(CHILD, ['hold', '2']);
-  await ch.attach(c.link, { role: 'consumer' });
-  await produce(ch, 0, 2);
-  await reply(c.link);
-  const pending = assert.rejects(ch.acquire(), code('ERR_PEER_GONE'));
-  await kill(c);
-  // Its two messages are published again; nobody is left to take them.
+/** Resolves once `end`'s waiter has gone to sleep (its bit set, polling its doorbell). */
+async function asleep(end: object): Promise<void> {
+  while (waitStatsOf(end).sleeps === 0) await new Promise((r) => setTimeout(r, 5));
+  await new Promise((r) => setTimeout(r, 20));
+}
+
+for (const wait of ['adaptive', 'sleep', 'spin'] as const) {
+  test(`every consumer killed while the producer sleeps (${wait}): its doorbell wakes it, acquire rejects with ERR_PEER_GONE`, async (t) => {
+    using hub = ChannelHub.create({ slots: 2, slotBytes: 64 });
+    const ch = hub.producer({ wait });
+    const c = await spawn(CHILD, ['hold', '2']);
+    await hub.attach(c.link, { role: 'consumer' });
+    await produce(ch, 0, 2);
+    await reply(c.link);
+    const pending = assert.rejects(ch.acquire(), code('ERR_PEER_GONE'));
+    await asleep(ch);
+    const t0 = performance.now();
+    await kill(c);
+    // Its two messages are published again; nobody is left to take them.
+    await pending;
+    t.diagnostic(`noticed ${(performance.now() - t0).toFixed(1)} ms after the kill was sent`);
+    assert.deepEqual(ch.stats().consumers, { attached: 1, live: 0, died: 1 });
+    const st = waitStatsOf(ch);
+    assert.ok(st.rung >= 1 && st.rescued === 0, `woken by the doorbell, not the backstop timer: ${JSON.stringify(st)}`);
+  });
+}
+
+test('a producer killed while the consumer sleeps: the hub\'s recovery rings its doorbell; receive rejects with ERR_PEER_GONE', async (t) => {
+  using hub = ChannelHub.create({ slots: 4, slotBytes: 64 });
+  const ch = hub.consumer();
+  const p = await spawn(CHILD, ['produce-and-hang', '0']);
+  await hub.attach(p.link, { role: 'producer' });
+  assert.equal((await reply(p.link)).produced, 0);
+  const pending = assert.rejects(ch.receive(), code('ERR_PEER_GONE'));
+  await asleep(ch);
+  const t0 = performance.now();
+  await kill(p);
   await pending;
-  assert.deepEqual(ch.stats().consumers, { attached: 1, live: 0, died: 1 });
+  t.diagnostic(`noticed ${(performance.now() - t0).toFixed(1)} ms after the kill was sent`);
+  const st = waitStatsOf(ch);
+  assert.ok(st.rung >= 1 && st.rescued === 0, `woken by the doorbell, not the backstop timer: ${JSON.stringify(st)}`);
+});
+
+test('the hub killed while its peer sleeps: the peer notices through its link, repairs the hub\'s entries, wakes itself', async (t) => {
+  const p = await spawn(CHILD, ['hub-idle']);
+  const ch = await acceptChannel(p.link, { role: 'consumer' });
+  assert.deepEqual(await reply(p.link), { ready: true });
+  const pending = assert.rejects(ch.receive(), code('ERR_PEER_GONE'));
+  await asleep(ch);
+  const t0 = performance.now();
+  await kill(p);
+  await pending;
+  t.diagnostic(`noticed ${(performance.now() - t0).toFixed(1)} ms after the kill was sent`);
+  assert.deepEqual(ch.stats().producers, { attached: 1, live: 0, died: 1 }, 'the hub\'s own producer end was recovered as dead');
+  const st = waitStatsOf(ch);
+  assert.ok(st.rung >= 1 && st.rescued === 0, `woken by the doorbell, not the backstop timer: ${JSON.stringify(st)}`);
   ch.close();
 });

@@ -1,5 +1,5 @@
 // The control block's layout checks, hostile contents, the native primitives' argument checks,
-// and waiter threads under worker termination and process exit.
+// and doorbells under worker termination and process exit.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Worker } from 'node:worker_threads';
@@ -8,7 +8,9 @@ import { fileURLToPath } from 'node:url';
 import { addon } from '../../src/native.js';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
-import { Channel } from '../../src/channel/index.js';
+import { ChannelHub } from '../../src/channel/index.js';
+import { controlBytesOf } from '../../src/channel/testing.js';
+import { Doorbells } from '../../src/channel/doorbells.js';
 import { spawn } from '../../src/link/index.js';
 import { computeLayout, readHeader, writeHeader, H, S, P, Kind, HEADER_BYTES } from '../../src/channel/layout.js';
 
@@ -18,7 +20,7 @@ const WORKER = new URL('../fixtures/channel-worker.js', import.meta.url);
 function validBlock(params = { slotCount: 8, slotBytes: 4096, metaBytes: 64, maxParticipants: 4, device: false, broadcast: false }) {
   const l = computeLayout(params);
   const bytes = new Uint8Array(l.totalBytes);
-  writeHeader(new DataView(bytes.buffer), l, 1, 1, 1);
+  writeHeader(new DataView(bytes.buffer), l, 1, 1);
   return { l, bytes };
 }
 
@@ -34,10 +36,10 @@ test('readHeader accepts what writeHeader wrote and refuses every single-field c
     f(new DataView(b.buffer));
     return () => readHeader(new DataView(b.buffer), b.byteLength);
   };
-  for (const version of [1, 3]) assert.throws(mutate(H.version, (v) => v.setUint16(H.version, version, true)), code('ERR_DESCRIPTOR_VERSION'));
+  for (const version of [2, 4]) assert.throws(mutate(H.version, (v) => v.setUint16(H.version, version, true)), code('ERR_DESCRIPTOR_VERSION'));
   for (const [off, val] of [[H.magic, 1], [H.flags, 4], [H.slotCount, 0], [H.slotCount, 9], [H.metaBytes, 7], [H.maxParticipants, 1],
     [H.maxParticipants, 33], [H.ringOffset, 0], [H.slotRecordsOffset, 1], [H.slotRecordBytes, 64], [H.participantsOffset, 0],
-    [96, 1], [150, 1], [250, 1], [H.expectProducers, 99], [H.hubRole, 7], [H.fencesOffset, 64]] as const) {
+    [96, 1], [150, 1], [216, 1], [250, 1], [H.expectProducers, 99], [H.expectConsumers, 0], [H.fencesOffset, 64]] as const) {
     assert.throws(mutate(off, (v) => v.setUint32(off, val, true)), code('ERR_DESCRIPTOR_INVALID'), `offset ${off} = ${val}`);
   }
   assert.throws(mutate(H.totalBytes, (v) => v.setBigUint64(H.totalBytes, 1n << 62n, true)), code('ERR_DESCRIPTOR_INVALID'));
@@ -84,7 +86,6 @@ test('native shared words: alignment, bounds, sizes and types are checked, never
   assert.throws(() => w.claimFirst32(64, 6, 4, 0, 0xff, 0, 9), RangeError, 'an unaligned stride');
   assert.equal(w.spinWait32(16, 0, 200), false, 'nothing changed within 200 us');
   assert.equal(w.spinWait32(16, 1, 200), true);
-  assert.equal(w.wake(16, 0), 0);
   w.close();
   assert.throws(() => w.load32(0), (e: unknown) => (e as { code?: string }).code === 'EBADF');
   w.close();
@@ -103,44 +104,58 @@ test('native shared words: alignment, bounds, sizes and types are checked, never
     addon.close(a);
     addon.close(b);
   }
-  const waiter = new addon.FutexWaiter(() => {});
-  assert.throws(() => waiter.wait({} as never, 0, 0, 10), TypeError);
-  assert.throws(() => waiter.wait(hb as never, 0, 0, 10), TypeError);
-  waiter.close();
-  waiter.close();
-  assert.throws(() => waiter.wait(new addon.SharedWords(hb.fd, 4096), 0, 0, 10), (e: unknown) => (e as { code?: string }).code === 'EBADF');
 });
 
-test('a futex wait wakes on a change, times out, and is cancelled by close', async () => {
+test('eventfd doorbells: ring, drain, poll on the event loop, close; received fds must be eventfds', async () => {
+  const fd = addon.eventfdCreate();
+  try {
+    assert.equal(addon.isEventfd(fd), true);
+    assert.equal(addon.eventfdDrain(fd), 0, 'a fresh eventfd holds nothing');
+    addon.eventfdRing(fd);
+    addon.eventfdRing(fd);
+    assert.equal(addon.eventfdDrain(fd), 2);
+    assert.equal(addon.eventfdDrain(fd), 0);
+    const calls: number[] = [];
+    let woke: () => void = () => {};
+    const bell = new addon.Doorbell(fd, (status) => { calls.push(status); woke(); });
+    bell.ref();
+    await new Promise<void>((resolve) => { woke = resolve; setTimeout(() => addon.eventfdRing(fd), 5); });
+    assert.deepEqual(calls, [0]);
+    assert.equal(addon.eventfdDrain(fd), 0, 'the doorbell drained what woke it');
+    // Rung twice before the loop runs: one call (a level, not a count).
+    addon.eventfdRing(fd);
+    addon.eventfdRing(fd);
+    await new Promise((r) => setTimeout(r, 20));
+    assert.deepEqual(calls, [0, 0]);
+    bell.close();
+    bell.close();
+    assert.equal(bell.closed, true);
+    addon.eventfdRing(fd);
+    await new Promise((r) => setTimeout(r, 20));
+    assert.deepEqual(calls, [0, 0], 'a closed doorbell calls nobody');
+    assert.throws(() => new addon.Doorbell(fd, 5 as never), TypeError);
+    assert.throws(() => new addon.Doorbell(-1, () => {}), TypeError);
+  } finally {
+    addon.close(fd);
+  }
   using hb = HostBuffer.allocate(4096);
-  const w = new addon.SharedWords(hb.fd, 4096);
-  const results: number[] = [];
-  let done: () => void = () => {};
-  const waiter = new addon.FutexWaiter((s) => { results.push(s); done(); });
-  const next = () => new Promise<void>((r) => { done = r; });
-  let p = next();
-  waiter.wait(w, 0, 0, 30);
-  await p;
-  p = next();
-  waiter.wait(w, 0, 0, 5000);
-  setTimeout(() => { w.add32(0, 1); w.wake(0, 0); }, 10);
-  await p;
-  p = next();
-  waiter.wait(w, 0, 1, 5000);
-  setTimeout(() => waiter.cancel(), 10);
-  await p;
-  assert.deepEqual(results, [1, 0, 2]);
-  waiter.wait(w, 0, 1, 5000);
-  assert.equal(waiter.pending, true);
-  waiter.close();  // joins the thread at once, even mid-wait
-  assert.equal(waiter.pending, false);
-  w.close();
+  assert.equal(addon.isEventfd(hb.fd), false);
+  assert.throws(() => Doorbells.adopt([hb.fd]), code('ERR_DESCRIPTOR_INVALID'));
+  const [a, b] = addon.socketpair();
+  try {
+    assert.equal(addon.isEventfd(a), false);
+  } finally {
+    addon.close(a);
+    addon.close(b);
+  }
+  assert.throws(() => addon.eventfdRing(-1), TypeError);
 });
 
 test('a hostile control block: garbage in the ring, positions, lengths or meta is ERR_CHANNEL_CORRUPT, never a crash', () => {
   const fresh = () => {
-    const ch = Channel.create({ role: 'consumer', slots: 4, slotBytes: 64, metaBytes: 64 });
-    const bytes = Channel.controlBytesForTesting(ch);
+    const hub = ChannelHub.create({ slots: 4, slotBytes: 64, metaBytes: 64 });
+    const ch = hub.consumer();
+    const bytes = controlBytesOf(ch);
     const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     const l = computeLayout({ slotCount: 4, slotBytes: 64, metaBytes: 64, maxParticipants: 16, device: false, broadcast: false });
     // A well-formed message in slot 1 at position 0, published by a made-up producer 1.
@@ -150,15 +165,15 @@ test('a hostile control block: garbage in the ring, positions, lengths or meta i
     v.setBigUint64(so + S.length, 8n, true);
     v.setUint32(l.ringOffset, 1, true);
     v.setBigUint64(H.tail, 1n, true);
-    return { ch, v, l, so };
+    return { ch, hub, v, l, so };
   };
   {
-    const { ch } = fresh();
+    const { ch, hub } = fresh();
     const m = ch.tryReceive();
     assert.equal(m?.index, 1);
     assert.equal(m?.length, 8);
     m!.release();
-    ch.close();
+    hub.close();
   }
   const cases: Array<[string, (x: ReturnType<typeof fresh>) => void]> = [
     ['ring entry out of range', ({ v, l }) => v.setUint32(l.ringOffset, 999, true)],
@@ -174,13 +189,13 @@ test('a hostile control block: garbage in the ring, positions, lengths or meta i
     const x = fresh();
     corrupt(x);
     assert.throws(() => x.ch.tryReceive(), code('ERR_CHANNEL_CORRUPT'), what);
-    x.ch.close();
+    x.hub.close();
   }
   // Random garbage over the whole block after the header: errors are IpcErrors, nothing worse.
   let seed = 7;
   const rand = () => ((seed = (Math.imul(seed, 1103515245) + 12345) >>> 0) / 2 ** 32);
   for (let i = 0; i < 300; i++) {
-    const { ch, v } = fresh();
+    const { ch, hub, v } = fresh();
     for (let j = 0; j < 40; j++) {
       const off = HEADER_BYTES - 192 + Math.floor(rand() * (v.byteLength - HEADER_BYTES + 192 - 4));
       if (off >= H.producersAttached && off < HEADER_BYTES) continue;
@@ -191,14 +206,16 @@ test('a hostile control block: garbage in the ring, positions, lengths or meta i
     } catch (e) {
       assert.ok(e instanceof IpcError, String(e));
     }
-    ch.close();
+    hub.close();
   }
 });
 
 test('acceptChannel refuses forged attaches: bad header, wrong entry, short slots, wrong types', async () => {
   const c = await spawn(new URL('../fixtures/channel-child.js', import.meta.url), ['accept-report']);
+  using doorbells = Doorbells.create(4);
+  using fewBells = Doorbells.create(3);
   const attach = (control: unknown, slots: unknown, extra: object = {}) => ({
-    '@cuda-ipc/channel': 'attach', version: 2, index: 1, role: 'consumer', control, slots, ...extra,
+    '@cuda-ipc/channel': 'attach', version: 3, index: 1, role: 'consumer', control, slots, doorbells, ...extra,
   });
   const ask = async (m: unknown) => {
     c.link.send(m);
@@ -219,13 +236,20 @@ test('acceptChannel refuses forged attaches: bad header, wrong entry, short slot
     assert.equal(await ask(attach(control, small)), 'ERR_DESCRIPTOR_INVALID', 'slots shorter than the header says');
     assert.equal(await ask(attach(control, slots, { role: 'observer' })), 'ERR_DESCRIPTOR_INVALID');
     assert.equal(await ask(attach(control, slots, { index: 99 })), 'ERR_DESCRIPTOR_INVALID');
-    assert.equal(await ask(attach(control, slots, { version: 1 })), 'ERR_DESCRIPTOR_VERSION');
+    assert.equal(await ask(attach(control, slots, { version: 2 })), 'ERR_DESCRIPTOR_VERSION');
+    assert.equal(await ask(attach(control, slots, { doorbells: fewBells })), 'ERR_DESCRIPTOR_INVALID', 'a doorbell missing');
+    assert.equal(await ask(attach(control, slots, { doorbells: undefined })), 'ERR_DESCRIPTOR_INVALID', 'no doorbells');
+    assert.equal(await ask(attach(control, slots, { role: 'producer' })), 'ERR_DESCRIPTOR_INVALID', 'the entry waits for a consumer');
     assert.equal(await ask(attach(new Uint8Array(8), slots)), 'ERR_DESCRIPTOR_INVALID', 'a control block that is not shared memory');
     using garbage = HostBuffer.allocate(l.totalBytes);
     garbage.fill(0xa5);
     assert.equal(await ask(attach(garbage, slots)), 'ERR_DESCRIPTOR_INVALID');
     using tiny = HostBuffer.allocate(64);
     assert.equal(await ask(attach(tiny, slots)), 'ERR_DESCRIPTOR_INVALID');
+    // The well-formed attach is answered 'ready'; 'active' completes it.
+    assert.equal(await ask(attach(control, slots)), 'accepted?');
+    c.link.send({ '@cuda-ipc/channel': 'active', index: 1 });
+    assert.deepEqual(await c.link.receive({ signal: AbortSignal.timeout(5000) }), { accepted: true, role: 'consumer' });
   } finally {
     await c.link.end();
     if (c.child.exitCode === null) await new Promise((r) => c.child.once('exit', r));
@@ -252,8 +276,9 @@ test('a process that exits while parked in channel waits exits cleanly', () => {
 });
 
 test('a publish lock held by someone else defers publishes in order; a closed end never hangs the process on it', async () => {
-  const ch = Channel.create({ role: 'producer', slots: 4, slotBytes: 64 });
-  const v = new DataView(Channel.controlBytesForTesting(ch).buffer, Channel.controlBytesForTesting(ch).byteOffset);
+  const hub = ChannelHub.create({ slots: 4, slotBytes: 64 });
+  const ch = hub.producer();
+  const v = new DataView(controlBytesOf(ch).buffer, controlBytesOf(ch).byteOffset);
   v.setUint32(H.lock, 9, true);  // "participant 8" holds the lock
   for (let i = 0; i < 3; i++) {
     const slot = await ch.acquire();
@@ -270,7 +295,7 @@ test('a publish lock held by someone else defers publishes in order; a closed en
   assert.deepEqual(order, [0, 1, 2]);
   v.setUint32(H.lock, 9, true);
   const t0 = performance.now();
-  ch.close();  // its leave cannot take the lock: it finishes (or gives up) in the background
+  hub.close();  // the leaves cannot take the lock: they finish (or give up) in the background
   assert.ok(performance.now() - t0 < 500);
   assert.ok(ch.closed);
 });

@@ -11,21 +11,20 @@ import { computeLayout, writeHeader, H, P, S, PRole, PState, Kind, slotWord } fr
 function block(slotCount: number, broadcast = false, producers = 1, consumers = 1) {
   const l = computeLayout({ slotCount, slotBytes: 64, metaBytes: 0, maxParticipants: 8, device: false, broadcast });
   const hb = HostBuffer.allocate(l.totalBytes);
-  writeHeader(new DataView(hb.bytes.buffer), l, producers, consumers, 0);
+  writeHeader(new DataView(hb.bytes.buffer), l, producers, consumers);
   const words = new addon.SharedWords(hb.fd, l.totalBytes);
   const layout = { ...l, expectProducers: producers, expectConsumers: consumers };
-  const hub = new Ring(words, hb.bytes, layout);  // participant 0: a hub without a role
+  const bells = { rung: [] as number[], ring(k: number) { this.rung.push(k); } };
+  const hub = new Ring(words, hb.bytes, layout, bells);  // participant 0: the hub
   hub.w.store32(hub.partOff(0) + P.role, PRole.Hub);
   hub.w.store32(hub.partOff(0) + P.state, PState.Alive);
   const join = (role: number) => {
     const k = hub.allocateParticipant(role, process.pid);
     assert.ok(hub.activate(k, role));
-    const r = new Ring(words, hb.bytes, layout);
-    r.me = k;
-    return r;
+    return new Ring(words, hb.bytes, layout, bells, k);
   };
   const close = () => { words.close(); hb.close(); };
-  return { l, hub, join, close, w: words };
+  return { l, hub, join, close, w: words, bells };
 }
 
 function publish(r: Ring, n = 1): number[] {
@@ -136,5 +135,49 @@ test('recovery waits for a live publisher\'s lock instead of breaking it', () =>
   assert.equal(hub.leave(c.me, true, true), 'done', 'resumed once the lock is free');
   assert.equal(hub.leave(c.me, true), 'not-alive', 'idempotent');
   assert.equal(hub.counter(H.consumersDied), 1);
+  close();
+});
+
+test('wake-ups: a sleeper set in the sleepers word is rung once; work sharing wakes one, broadcast and space wake all', () => {
+  for (const broadcast of [false, true]) {
+    const { hub, join, close, bells } = block(4, broadcast, 1, 2);
+    const p = join(PRole.Producer), c1 = join(PRole.Consumer), c2 = join(PRole.Consumer);
+    bells.rung.length = 0;
+    publish(p, 1);
+    assert.deepEqual(bells.rung, [], 'nobody asleep: no doorbell rung');
+    c1.enterSleep(H.dataSleepers);
+    c2.enterSleep(H.dataSleepers);
+    publish(p, 1);
+    if (broadcast) {
+      assert.deepEqual(bells.rung.sort(), [c1.me, c2.me], 'broadcast: every sleeping consumer');
+      assert.equal(hub.w.load32(H.dataSleepers), 0);
+    } else {
+      assert.equal(bells.rung.length, 1, 'work sharing: one sleeping consumer per message');
+      publish(p, 1);
+      assert.deepEqual(bells.rung.sort(), [c1.me, c2.me], 'the next message wakes the other');
+      publish(p, 1);
+      assert.equal(bells.rung.length, 2, 'nobody left asleep');
+    }
+    // A producer asleep for space is rung by a release.
+    bells.rung.length = 0;
+    p.enterSleep(H.spaceSleepers);
+    const s = broadcast ? c1.peekAt(0) : c1.take();
+    if (broadcast) c1.releaseHeld(s);
+    else c1.releaseTaken(s);
+    if (broadcast) assert.deepEqual(bells.rung, [], 'broadcast: the slot is still held by c2');
+    else assert.deepEqual(bells.rung, [p.me]);
+    close();
+  }
+});
+
+test('wake-ups: recovery rings every live participant, asleep or not, and clears the dead one\'s bits', () => {
+  const { hub, join, close, bells } = block(4, false, 1, 2);
+  const p = join(PRole.Producer), c1 = join(PRole.Consumer), c2 = join(PRole.Consumer);
+  c1.enterSleep(H.dataSleepers);
+  c2.enterSleep(H.dataSleepers);
+  bells.rung.length = 0;
+  assert.equal(hub.leave(c2.me, true), 'done');
+  assert.deepEqual(bells.rung.sort(), [hub.me, p.me, c1.me].sort(), 'every live participant; not the dead one');
+  assert.equal(hub.w.load32(H.dataSleepers), 0);
   close();
 });

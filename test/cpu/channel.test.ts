@@ -3,13 +3,17 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
-import { Channel, createChannel, acceptChannel, type ChannelSlot } from '../../src/channel/index.js';
+import {
+  ChannelHub, createChannel, acceptChannel, type ChannelProducer, type ChannelSlot, type WaitMode,
+} from '../../src/channel/index.js';
+import { waitStatsOf } from '../../src/channel/testing.js';
 import { writePayload, readPayload } from '../fixtures/channel-payload.js';
+import { randomPauses } from '../fixtures/channel-pauses.js';
 
 const CHILD = new URL('../fixtures/channel-child.js', import.meta.url);
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
 
-async function child(args: string[], wait: 'futex' | 'spin' = 'futex'): Promise<SpawnedChild> {
+async function child(args: string[], wait: WaitMode = 'adaptive'): Promise<SpawnedChild> {
   return spawn(CHILD, args, { env: { ...process.env, CHANNEL_WAIT: wait } });
 }
 
@@ -17,7 +21,7 @@ function reply(link: Link, ms = 60_000): Promise<any> {
   return link.receive({ signal: AbortSignal.timeout(ms) });
 }
 
-async function produce(ch: Channel, from: number, to: number, id = 0, metaEvery = 1000): Promise<void> {
+async function produce(ch: ChannelProducer, from: number, to: number, id = 0, metaEvery = 1000): Promise<void> {
   for (let i = from; i < to; i++) {
     const slot = await ch.acquire();
     const length = writePayload(slot.bytes, i, id);
@@ -47,16 +51,47 @@ test('1,000,000 messages one way: order kept, no loss, no duplicate, every check
   console.log(`1,000,000 messages in ${(ms / 1000).toFixed(1)} s (${Math.round(n / ms * 1000)} msg/s)`);
 });
 
-test('spin mode on both sides delivers the same stream', async () => {
-  const n = 20_000;
-  const c = await child(['consume'], 'spin');
-  const ch = await createChannel(c.link, { role: 'producer', slots: 8, slotBytes: 64, wait: 'spin', spinMicros: 20 });
-  await produce(ch, 0, n);
+for (const wait of ['spin', 'sleep'] as const) {
+  test(`${wait} mode on both sides delivers the same stream`, async () => {
+    const n = 20_000;
+    const c = await child(['consume'], wait);
+    const ch = await createChannel(c.link, { role: 'producer', slots: 8, slotBytes: 64, wait, spinMicros: wait === 'spin' ? 20 : undefined });
+    assert.deepEqual(ch.waitPolicy, { mode: wait, spinMicros: wait === 'spin' ? 20 : 10 });
+    await produce(ch, 0, n);
+    if (wait === 'sleep') assert.equal(waitStatsOf(ch).spinHits, 0, 'sleep mode never spins');
+    await ch.end();
+    const r = await reply(c.link);
+    assert.equal(r.done.error, undefined);
+    assert.equal(r.done.count, n);
+    await exited(c);
+  });
+}
+
+test('no lost wake-up: 1,000,000 messages with random pauses on both sides, every sleeper woken by its doorbell', async () => {
+  const n = 1_000_000;
+  const seed = (Date.now() % 1_000_000) + 1;
+  const c = await child(['random-consume', String(seed + 1)]);
+  const ch = await createChannel(c.link, { role: 'producer', slots: 4, slotBytes: 64 });
+  const pause = randomPauses(seed);
+  const t0 = performance.now();
+  for (let i = 0; i < n; i++) {
+    const slot = await ch.acquire();
+    ch.publish(slot, { length: writePayload(slot.bytes, i, 0) });
+    await pause();
+  }
+  const mine = waitStatsOf(ch);
   await ch.end();
   const r = await reply(c.link);
-  assert.equal(r.done.error, undefined);
-  assert.equal(r.done.count, n);
+  const ms = performance.now() - t0;
+  assert.equal(r.done.error, undefined, `seed ${seed}`);
+  assert.equal(r.done.count, n, `seed ${seed}`);
+  for (const [who, st] of [['producer', mine], ['consumer', r.done.stats]] as const) {
+    assert.equal(st.rescued, 0, `${who}: a sleep ended by the backstop timer found its condition met (a lost wake-up; seed ${seed})`);
+    assert.ok(st.sleeps > 0 && st.rung > 0, `${who} slept and was woken by its doorbell (${JSON.stringify(st)})`);
+  }
   await exited(c);
+  console.log(`1,000,000 messages with random pauses in ${(ms / 1000).toFixed(1)} s (seed ${seed}); ` +
+    `producer waits: ${JSON.stringify(mine)}; consumer waits: ${JSON.stringify(r.done.stats)}`);
 });
 
 test('backpressure: acquire waits while every slot is in flight and resumes on release', async () => {
@@ -84,28 +119,34 @@ test('backpressure: acquire waits while every slot is in flight and resumes on r
 
 test('a consumer waits while the channel is empty; an abort signal ends the wait', async () => {
   const c = await child(['produce', '0']);
-  const ch = Channel.create({ role: 'consumer', slots: 4, slotBytes: 64 });
-  await ch.attach(c.link, { role: 'producer' });
+  const hub = ChannelHub.create({ slots: 4, slotBytes: 64 });
+  const ch = hub.consumer();
+  await hub.attach(c.link, { role: 'producer' });
   // The child ends at once (0 messages): the iteration ends cleanly.
   assert.equal(await ch.receive(), undefined);
-  ch.close();
+  hub.close();
+  assert.ok(ch.closed, 'closing the hub closes the ends it opened');
   await exited(c);
 
-  const lonely = Channel.create({ role: 'consumer', slots: 4, slotBytes: 64 });
+  using lonelyHub = ChannelHub.create({ slots: 4, slotBytes: 64 });
+  const lonely = lonelyHub.consumer();
   await assert.rejects(lonely.receive({ signal: AbortSignal.timeout(50) }), code('ERR_TIMEOUT'));
   const later = lonely.receive();
   lonely.close();
   assert.equal(await later, undefined, 'close() ends a pending receive');
+  assert.equal(lonelyHub.closed, false, 'closing an end leaves its hub open');
 });
 
 test('many producers to one consumer: every producer\'s order kept, the end comes after all ended', async () => {
   const producers = 3;
   const per = 10_000;
-  const ch = Channel.create({ role: 'consumer', slots: 16, slotBytes: 64, producers });
+  using hub = ChannelHub.create({ slots: 16, slotBytes: 64, producers });
+  const ch = hub.consumer();
   const kids: SpawnedChild[] = [];
   for (let i = 1; i <= producers; i++) {
-    const k = await child(['produce', String(per), String(i)]);
-    await ch.attach(k.link, { role: 'producer' });
+    // Each marks its messages with its participant index (what msg.producer says).
+    const k = await child(['produce', String(per)]);
+    await hub.attach(k.link, { role: 'producer' });
     kids.push(k);
   }
   const next = new Map<number, number>();
@@ -119,7 +160,8 @@ test('many producers to one consumer: every producer\'s order kept, the end come
     msg.release();
   }
   assert.equal(count, producers * per);
-  for (let i = 1; i <= producers; i++) assert.equal(next.get(i), per);
+  assert.equal(next.size, producers);
+  for (const n of next.values()) assert.equal(n, per);
   ch.close();
   for (const k of kids) {
     assert.equal((await reply(k.link)).produced, per);
@@ -129,11 +171,12 @@ test('many producers to one consumer: every producer\'s order kept, the end come
 
 test('work sharing: each message goes to exactly one of three consumers', async () => {
   const total = 3000;
-  const ch = Channel.create({ role: 'producer', slots: 8, slotBytes: 64, consumers: 3 });
+  using hub = ChannelHub.create({ slots: 8, slotBytes: 64, consumers: 3 });
+  const ch = hub.producer();
   const kids: SpawnedChild[] = [];
   for (let i = 0; i < 3; i++) {
     const k = await child(['worker']);
-    await ch.attach(k.link, { role: 'consumer' });
+    await hub.attach(k.link, { role: 'consumer' });
     kids.push(k);
   }
   await produce(ch, 0, total);
@@ -159,13 +202,14 @@ test('work sharing: each message goes to exactly one of three consumers', async 
 
 test('broadcast: every consumer gets every message; a slot is reused only after all released it', async () => {
   const total = 600;
-  const ch = Channel.create({ role: 'producer', slots: 4, slotBytes: 64, topology: 'broadcast', consumers: 3 });
+  using hub = ChannelHub.create({ slots: 4, slotBytes: 64, topology: 'broadcast', consumers: 3 });
+  const ch = hub.producer();
   const kids: SpawnedChild[] = [];
   for (let i = 0; i < 3; i++) {
     // Different release delays: the fast consumers must not make the producer overwrite a slot
     // the slow one still reads.
     const k = await child(['consume', i === 0 ? '1' : '0']);
-    await ch.attach(k.link, { role: 'consumer' });
+    await hub.attach(k.link, { role: 'consumer' });
     kids.push(k);
   }
   await produce(ch, 0, 200);
@@ -180,9 +224,13 @@ test('broadcast: every consumer gets every message; a slot is reused only after 
   }
 });
 
-test('usage errors are typed: wrong role, foreign slot, publish twice, meta too large, bad options', async () => {
-  const ch = Channel.create({ role: 'producer', slots: 2, slotBytes: 64, metaBytes: 16 });
-  assert.throws(() => ch.tryReceive(), code('ERR_INVALID_ARG'));
+test('usage errors are typed: foreign slot, publish twice, meta too large, bad options; roles are types', async () => {
+  const hub = ChannelHub.create({ slots: 2, slotBytes: 64, metaBytes: 16 });
+  const ch = hub.producer();
+  // @ts-expect-error a producer has no receive(): the roles are distinct types
+  assert.equal(ch.receive, undefined);
+  // @ts-expect-error nor a consumer an acquire()
+  assert.equal(hub.consumer().acquire, undefined);
   const slot = await ch.acquire();
   assert.throws(() => ch.publish(slot, { meta: 'x'.repeat(40) }), code('ERR_MESSAGE_TOO_LARGE'));
   assert.throws(() => ch.publish(slot, { length: 65 }), code('ERR_OUT_OF_RANGE'));
@@ -192,14 +240,39 @@ test('usage errors are typed: wrong role, foreign slot, publish twice, meta too 
   assert.equal(ch.tryAcquire(), undefined, 'two slots, both in flight (no consumer yet: messages wait)');
   ch.discard(other);
   assert.ok(ch.tryAcquire(), 'a discarded slot is free again');
-  ch.close();
+  hub.close();
   assert.throws(() => ch.tryAcquire(), code('ERR_CHANNEL_CLOSED'));
+  assert.throws(() => hub.producer(), code('ERR_CHANNEL_CLOSED'));
   ch.close();
+  hub.close();
 
-  for (const bad of [{ slots: 0 }, { slots: 1.5 }, { slotBytes: 0 }, { metaBytes: 7 }, { maxPeers: 0 }, { maxPeers: 40 }, { topology: 'ring' }, { wait: 'poll' }, { spinMicros: -1 }]) {
-    assert.throws(() => Channel.create({ role: 'producer', slots: 2, slotBytes: 8, ...(bad as object) }), code('ERR_INVALID_ARG'), JSON.stringify(bad));
+  for (const bad of [{ slots: 0 }, { slots: 1.5 }, { slotBytes: 0 }, { metaBytes: 7 }, { maxPeers: 0 }, { maxPeers: 40 }, { topology: 'ring' }, { consumers: 0 }]) {
+    assert.throws(() => ChannelHub.create({ slots: 2, slotBytes: 8, ...(bad as object) }), code('ERR_INVALID_ARG'), JSON.stringify(bad));
   }
-  assert.throws(() => Channel.create({ role: 'consumer', slots: 2, slotBytes: 8, memory: { pool: {} as never } }), code('ERR_INVALID_ARG'));
+  assert.throws(() => ChannelHub.create({ slots: 2, slotBytes: 8, memory: { pool: {} as never } }), code('ERR_INVALID_ARG'));
+  using small = ChannelHub.create({ slots: 2, slotBytes: 8, maxPeers: 2 });
+  for (const bad of [{ wait: 'poll' }, { wait: 'futex' }, { spinMicros: -1 }, { spinMicros: 200_000 }]) {
+    assert.throws(() => small.consumer(bad as never), code('ERR_INVALID_ARG'), JSON.stringify(bad));
+  }
+  small.consumer();
+  small.producer();
+  assert.throws(() => small.consumer(), code('ERR_INVALID_ARG'), 'maxPeers ends at most');
+  await assert.rejects(small.attach({} as never, { role: 'observer' as never }), code('ERR_INVALID_ARG'));
+});
+
+test('acceptChannel refuses a role other than the one it asked for; the hub learns why', async () => {
+  const c = await child(['accept-report', 'consumer']);
+  try {
+    using hub = ChannelHub.create({ slots: 2, slotBytes: 64, maxPeers: 4 });
+    await assert.rejects(hub.attach(c.link, { role: 'producer' }), (e: unknown) => code('ERR_PEER_REFUSED')(e) && /as a producer, not a consumer/.test(String(e)));
+    assert.deepEqual(await reply(c.link), { error: 'ERR_INVALID_ARG' });
+    await hub.attach(c.link, { role: 'consumer' });
+    assert.deepEqual(await reply(c.link), { accepted: true, role: 'consumer' });
+    assert.deepEqual(hub.stats().consumers, { attached: 1, live: 0, died: 0 }, 'it accepted, then closed its end');
+  } finally {
+    await c.link.end();
+    await exited(c);
+  }
 });
 
 test('acceptChannel refuses a link whose first message is not a channel', async () => {

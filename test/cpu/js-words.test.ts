@@ -5,7 +5,6 @@ import assert from 'node:assert/strict';
 import { addon } from '../../src/native.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { JsWords } from '../../src/channel/js-words.js';
-import { Sleeper, WaitStatus } from '../../src/channel/sleeper.js';
 import type { NativeSharedWords } from '../../src/channel-types.js';
 
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
@@ -63,7 +62,6 @@ test('every operation matches the addon: results, errors and memory (randomised)
         pick([0, 1, 3, 7, 100, -1, 1.5, 2 ** 40]), pick([0xff, 0xffffffff, 0, 3, -1]), pick([0, 1, 2, 5, 0xffffffff]), pick([0, 9, 0xffffffff])]],
       () => ['spinWait32', [off(), val32(), pick([0, 5])]],
       () => ['spinCas32', [off(), val32(), val32(), pick([0, 5])]],
-      () => ['wake', [off(), pick([0, 1])]],
     ];
     for (let step = 0; step < 30000; step++) {
       const [name, args] = pick(ops)();
@@ -134,7 +132,6 @@ test('the edge cases, spelled out', () => {
     assert.equal(w.spinWait32(512, 1, 100), true);
     assert.equal(w.spinCas32(512, 1, 2, 50), false);
     assert.equal(w.spinCas32(512, 0, 2, 50), true);
-    assert.equal(w.wake(512, 0), 0);
     assert.equal(w.byteLength, 4096);
     assert.equal(typeof w.address, 'bigint');
   }
@@ -165,23 +162,11 @@ test('JsWords and the addon see the same words of one memfd', () => {
   js.close();
 });
 
-test('a Sleeper waits on JsWords through the native object', async () => {
-  using hb = HostBuffer.allocate(4096);
-  const js = new JsWords(new addon.SharedWords(hb.fd, 4096), hb.bytes);
-  const sleeper = new Sleeper();
-  assert.equal(await sleeper.wait(js, 0, 0, 20), WaitStatus.Timeout);
-  const p = sleeper.wait(js, 0, 0, 5000);
-  setTimeout(() => { js.add32(0, 1); js.wake(0, 0); }, 10);
-  assert.equal(await p, WaitStatus.Changed);
-  sleeper.close();
-  js.close();
-});
-
 test('operations throw once closed, or once the HostBuffer under the bytes is closed', () => {
   const every = (w: NativeSharedWords): Array<() => unknown> => [
     () => w.load32(0), () => w.store32(0, 1), () => w.cas32(0, 0, 1), () => w.add32(0, 1), () => w.and32(0, 1), () => w.or32(0, 1),
     () => w.load64(0), () => w.store64(0, 1), () => w.cas64(0, 0, 1), () => w.add64(0, 1), () => w.claimFirst32(0, 4, 2, 0, 0xff, 0, 1),
-    () => w.wake(0, 0), () => w.spinWait32(0, 0, 0), () => w.spinCas32(0, 0, 1, 0),
+    () => w.spinWait32(0, 0, 0), () => w.spinCas32(0, 0, 1, 0),
   ];
   {
     using hb = HostBuffer.allocate(4096);

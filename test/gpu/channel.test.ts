@@ -10,7 +10,7 @@ import { Stream } from '../../src/cuda/stream.js';
 import type { DeviceBuffer } from '../../src/cuda/buffer.js';
 import { BuiltinKernels } from '../../src/cuda/builtins.js';
 import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
-import { Channel, createChannel } from '../../src/channel/index.js';
+import { ChannelHub, createChannel, type ChannelProducer } from '../../src/channel/index.js';
 
 const CHILD = new URL('../fixtures/channel-gpu-child.js', import.meta.url);
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
@@ -25,7 +25,7 @@ const kill = async (s: SpawnedChild) => {
 };
 
 /** Fills each slot with its seq in every word (a memset on the stream) and publishes it. */
-async function produceSeq(ch: Channel, stream: Stream, from: number, to: number): Promise<void> {
+async function produceSeq(ch: ChannelProducer, stream: Stream, from: number, to: number): Promise<void> {
   for (let seq = from; seq < to; seq++) {
     const slot = await ch.acquire({ stream });
     (slot.buffer as DeviceBuffer).fillUint32(seq, { stream });
@@ -71,16 +71,17 @@ describe('channels on device memory', { skip: noGpu }, () => {
     const device = Device.get(0);
     using stream = Stream.create(device);
     const total = 1000;
-    const ch = Channel.create({ role: 'producer', slots: 8, slotBytes: 4096, memory: { device }, consumers: 3 });
+    using hub = ChannelHub.create({ slots: 8, slotBytes: 4096, memory: { device }, consumers: 3 });
+    const ch = hub.producer();
     const victim = await spawn(CHILD, ['hold', '3'], { stdio: 'inherit' });
-    await ch.attach(victim.link, { role: 'consumer' });
+    await hub.attach(victim.link, { role: 'consumer' });
     await produceSeq(ch, stream, 0, 3);
     const held = (await reply(victim.link)).held as number[];
     assert.deepEqual(held, [0, 1, 2]);
     const workers: SpawnedChild[] = [];
     for (let i = 0; i < 2; i++) {
       const w = await spawn(CHILD, ['worker'], { stdio: 'inherit' });
-      await ch.attach(w.link, { role: 'consumer' });
+      await hub.attach(w.link, { role: 'consumer' });
       workers.push(w);
     }
     await produceSeq(ch, stream, 3, 300);
@@ -106,9 +107,10 @@ describe('channels on device memory', { skip: noGpu }, () => {
   test('a producer SIGKILLed on device slots: the consumer gets what it published, then ERR_PEER_GONE', async () => {
     const device = Device.get(0);
     using stream = Stream.create(device);
-    const ch = Channel.create({ role: 'consumer', slots: 16, slotBytes: 4096, memory: { device } });
+    using hub = ChannelHub.create({ slots: 16, slotBytes: 4096, memory: { device } });
+    const ch = hub.consumer();
     const p = await spawn(CHILD, ['produce-and-hang', '10'], { stdio: 'inherit' });
-    await ch.attach(p.link, { role: 'producer' });
+    await hub.attach(p.link, { role: 'producer' });
     assert.equal((await reply(p.link)).produced, 10);
     await kill(p);
     const seqs: number[] = [];
@@ -130,15 +132,16 @@ describe('channels on device memory', { skip: noGpu }, () => {
     test(`a consumer ${how === 'exit' ? 'that exits' : 'SIGKILLed'} while its GPU work on a released message is still queued: the producer's stream does not wait forever`, async () => {
       const device = Device.get(0);
       using stream = Stream.create(device);
-      const ch = Channel.create({ role: 'producer', slots: 1, slotBytes: 4096, memory: { device }, consumers: 2 });
+      using hub = ChannelHub.create({ slots: 1, slotBytes: 4096, memory: { device }, consumers: 2 });
+      const ch = hub.producer();
       const victim = await spawn(CHILD, ['release-slow', how], { stdio: 'inherit' });
-      await ch.attach(victim.link, { role: 'consumer' });
+      await hub.attach(victim.link, { role: 'consumer' });
       await produceSeq(ch, stream, 0, 1);
       assert.equal((await reply(victim.link)).released, 0);
       if (how === 'hang') await kill(victim);
       else await exited(victim);
       const worker = await spawn(CHILD, ['worker'], { stdio: 'inherit' });
-      await ch.attach(worker.link, { role: 'consumer' });
+      await hub.attach(worker.link, { role: 'consumer' });
       // The slot is free in the control block; the GPU-side wait for the victim's release fence
       // (whose write died with it) must end once its process is gone.
       await produceSeq(ch, stream, 1, 50);
@@ -155,9 +158,10 @@ describe('channels on device memory', { skip: noGpu }, () => {
   test('a producer SIGKILLed while its GPU work on a published message is still queued: the consumer\'s wait ends, then ERR_PEER_GONE', async () => {
     const device = Device.get(0);
     using stream = Stream.create(device);
-    const ch = Channel.create({ role: 'consumer', slots: 4, slotBytes: 4096, memory: { device } });
+    using hub = ChannelHub.create({ slots: 4, slotBytes: 4096, memory: { device } });
+    const ch = hub.consumer();
     const p = await spawn(CHILD, ['produce-slow-and-hang'], { stdio: 'inherit' });
-    await ch.attach(p.link, { role: 'producer' });
+    await hub.attach(p.link, { role: 'producer' });
     assert.equal((await reply(p.link)).published, 1);
     const msg = (await ch.receive())!;
     msg.waitOn(stream);  // before the producer dies: its fence write is still queued behind 300 ms
@@ -172,11 +176,12 @@ describe('channels on device memory', { skip: noGpu }, () => {
   test('broadcast on device slots: three consumers each get every message', async () => {
     const device = Device.get(0);
     using stream = Stream.create(device);
-    const ch = Channel.create({ role: 'producer', slots: 4, slotBytes: 4096, memory: { device }, topology: 'broadcast', consumers: 3 });
+    using hub = ChannelHub.create({ slots: 4, slotBytes: 4096, memory: { device }, topology: 'broadcast', consumers: 3 });
+    const ch = hub.producer();
     const kids: SpawnedChild[] = [];
     for (let i = 0; i < 3; i++) {
       const k = await spawn(CHILD, ['seq'], { stdio: 'inherit' });
-      await ch.attach(k.link, { role: 'consumer' });
+      await hub.attach(k.link, { role: 'consumer' });
       kids.push(k);
     }
     await produceSeq(ch, stream, 0, 2000);
@@ -185,6 +190,62 @@ describe('channels on device memory', { skip: noGpu }, () => {
       assert.deepEqual(await reply(k.link), { count: 2000, next: 2000 });
       await exited(k);
     }
+  });
+
+  test('broadcast on device slots produced by a peer: two consumers each get every message, in order', async () => {
+    const device = Device.get(0);
+    using hub = ChannelHub.create({ slots: 4, slotBytes: 4096, memory: { device }, topology: 'broadcast', consumers: 2 });
+    const kids: SpawnedChild[] = [];
+    for (let i = 0; i < 2; i++) {
+      const k = await spawn(CHILD, ['seq'], { stdio: 'inherit' });
+      await hub.attach(k.link, { role: 'consumer' });
+      kids.push(k);
+    }
+    const p = await spawn(CHILD, ['produce-seq', '2000'], { stdio: 'inherit' });
+    await hub.attach(p.link, { role: 'producer' });
+    assert.deepEqual(await reply(p.link), { produced: 2000 });
+    for (const k of kids) {
+      assert.deepEqual(await reply(k.link), { count: 2000, next: 2000 });
+      await exited(k);
+    }
+    await exited(p);
+  });
+
+  test('device slots on idle streams: fences written from the CPU, the consumer reads what the producer copied in', async () => {
+    const device = Device.get(0);
+    const c = await spawn(CHILD, ['seq'], { stdio: 'inherit' });
+    using stream = Stream.create(device);
+    const ch = await createChannel(c.link, { role: 'producer', slots: 4, slotBytes: 4096, memory: { device } });
+    const words = new Uint32Array(1024);
+    for (let seq = 0; seq < 5000; seq++) {
+      const slot = await ch.acquire();  // waits on the CPU for the consumer's release
+      words.fill(seq);
+      // A synchronous copy: the stream has nothing queued when publish looks at it.
+      (slot.buffer as DeviceBuffer).write(words);
+      ch.publish(slot, { stream, meta: { seq } });
+    }
+    await ch.end();
+    assert.deepEqual(await reply(c.link), { count: 5000, next: 5000 });
+    await exited(c);
+  });
+
+  test('a consumer that releases messages unread and unwaited: its release lands after the publish; later messages in the slot are right', async () => {
+    const device = Device.get(0);
+    const c = await spawn(CHILD, ['skim'], { stdio: 'inherit' });
+    using stream = Stream.create(device);
+    const kernels = BuiltinKernels.for(device);
+    const ch = await createChannel(c.link, { role: 'producer', slots: 1, slotBytes: 4096, memory: { device } });
+    for (let seq = 0; seq < 40; seq++) {
+      const slot = await ch.acquire({ stream });
+      kernels.spin(2_000_000n, stream);  // the publish fence write stays queued for a while
+      (slot.buffer as DeviceBuffer).fillUint32(seq, { stream });
+      ch.publish(slot, { stream, meta: { seq } });
+    }
+    await ch.end();
+    const synced = await Promise.race([stream.synchronize().then(() => true), new Promise((r) => setTimeout(() => r(false), 20_000))]);
+    assert.ok(synced, 'the producer\'s stream is stuck');
+    assert.deepEqual(await reply(c.link), { count: 40, checked: 20, wrong: 0 });
+    await exited(c);
   });
 
   const examples = fileURLToPath(new URL('../../examples/', import.meta.url));

@@ -1,0 +1,373 @@
+// A consumer's end of a channel: receive messages (or iterate), release each once done with it.
+import { IpcError } from '../errors.js';
+import { HostBuffer } from '../host/index.js';
+import type { Device } from '../cuda/device.js';
+import type { Stream } from '../cuda/stream.js';
+import { H, P, S, MetaKind, FLAG_REDELIVERED, publishFence, releaseFence } from './layout.js';
+import { corrupt } from './ring.js';
+import type { Fences } from './fences.js';
+import { Endpoint, type EndInit } from './endpoint.js';
+import { WaitQueue } from './wait-queue.js';
+import { endpointOf } from './internal.js';
+import type {
+  ChannelShape, ChannelStats, ChannelTopology, ReceiveOptions, ReleaseOptions, SlotBuffer, WaitPolicy,
+} from './options.js';
+
+const decoder = new TextDecoder();
+const kTicket = Symbol('cuda-ipc.channel.ticket');
+/** The stream a message's publish fence was last waited on (waitOn), or true once synchronize() saw it. */
+const kWaited = Symbol('cuda-ipc.channel.waited');
+
+/** What a ChannelMessage asks its consumer. */
+interface MessageOwner {
+  readonly fences: Fences | undefined;
+  publishFence(s: number): number;
+  release(m: ChannelMessage<any>, options: ReleaseOptions): void;
+}
+
+/**
+ * This process's consumer end of a channel (from createChannel, acceptChannel or
+ * ChannelHub.consumer()). `for await (const msg of consumer)` with `msg.buffer`, `msg.meta`, and
+ * `msg.release()` once done with the slot.
+ */
+export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements ChannelShape, Disposable, AsyncDisposable, AsyncIterable<ChannelMessage<B>> {
+  readonly role = 'consumer' as const;
+  readonly topology: ChannelTopology;
+  readonly memory: 'host' | 'device';
+  readonly slotCount: number;
+  readonly slotBytes: number;
+  readonly metaBytes: number;
+  readonly device: Device | undefined;
+  /** This end's participant index in the control block (the hub is 0). */
+  readonly index: number;
+  readonly #end: Endpoint;
+  readonly #fences: Fences | undefined;
+  readonly #owner: MessageOwner;
+  /** Broadcast: the next position to read. */
+  #cursor = 0;
+  /** Messages handed out and not yet released. */
+  readonly #held = new Map<number, ChannelMessage<B>>();
+  readonly #receivers: WaitQueue<ChannelMessage<B> | undefined>;
+  #ended = false;
+  #endError: IpcError | undefined;
+
+  /** @internal Use createChannel, acceptChannel or ChannelHub.consumer(). */
+  constructor(init: EndInit) {
+    const end = new Endpoint(init);
+    const b = end.block;
+    this.#end = end;
+    endpointOf.set(this, end);
+    this.topology = b.topology;
+    this.memory = b.memory;
+    this.slotCount = b.slotCount;
+    this.slotBytes = b.slotBytes;
+    this.metaBytes = b.metaBytes;
+    this.device = b.device;
+    this.index = end.index;
+    this.#fences = b.fences;
+    this.#owner = {
+      fences: b.fences,
+      publishFence: (s) => publishFence(b.layout, s),
+      release: (m, options) => this.#release(m, options),
+    };
+    if (b.layout.broadcast) this.#cursor = end.ring.w.load64(end.ring.partOff(end.index) + P.cursor);
+    this.#receivers = new WaitQueue<ChannelMessage<B> | undefined>({
+      isClosed: () => end.closed,
+      closedOutcome: () => ({ value: undefined }),
+      poll: () => this.#poll(),
+      isFinal: (m) => m === undefined,
+      park: () => end.park(() => this.#canReceive()),
+      // Woken for a message nobody here wants any more: pass the wake-up on.
+      afterIdleWake: () => {
+        if (!end.closed && this.#canReceive()) end.ring.signalData();
+      },
+      cancel: () => end.waiter.cancel(),
+    });
+  }
+
+  get closed(): boolean {
+    return this.#end.closed;
+  }
+
+  /** How this end waits (options.wait, spinMicros). */
+  get waitPolicy(): WaitPolicy {
+    return this.#end.waiter.policy;
+  }
+
+  /** Slot states and membership, read from the control block now. */
+  stats(): ChannelStats {
+    this.#end.assertOpen('stats');
+    return this.#end.stats();
+  }
+
+  /**
+   * The next message, or undefined once the channel ended cleanly (every producer ended and all
+   * their messages were taken). Rejects with ERR_PEER_GONE, after the messages already published,
+   * when a producer died.
+   */
+  receive(options: ReceiveOptions = {}): Promise<ChannelMessage<B> | undefined> {
+    try {
+      this.#end.assertOpen('receive');
+      if (!this.#receivers.busy) {
+        const m = this.#poll();
+        if (m !== null) return Promise.resolve(m);
+      }
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    return this.#receivers.enqueue(options.signal, 'receive');
+  }
+
+  /** A message now; undefined when none is there (or the channel ended: see receive()). */
+  tryReceive(): ChannelMessage<B> | undefined {
+    this.#end.assertOpen('tryReceive');
+    return this.#poll() ?? undefined;
+  }
+
+  [Symbol.asyncIterator](): AsyncIterator<ChannelMessage<B>> {
+    this.#end.assertOpen('iterate');
+    return {
+      next: async () => {
+        const m = await this.receive();
+        return m ? { value: m, done: false } : { value: undefined, done: true };
+      },
+      return: async () => ({ value: undefined, done: true }),
+    };
+  }
+
+  #producersGone(): boolean {
+    const e = this.#end;
+    return e.counter(H.producersLive) === 0 && e.counter(H.producersAttached) >= e.block.layout.expectProducers;
+  }
+
+  #canReceive(): boolean {
+    const e = this.#end;
+    return e.closed || !e.ring.isEmpty(this.#cursor) || this.#producersGone() || !e.alive();
+  }
+
+  /** A message, undefined at the end, null when there is none yet. Throws the end error. */
+  #poll(): ChannelMessage<B> | undefined | null {
+    if (this.#endError) throw this.#endError;
+    if (this.#ended || this.#end.closed) return undefined;
+    let m = this.#takeOne();
+    if (m) return m;
+    if (!this.#producersGone()) return null;
+    // Every producer left: whatever they published is visible now; drain it, then end.
+    m = this.#takeOne();
+    if (m) return m;
+    this.#ended = true;
+    const died = this.#end.counter(H.producersDied);
+    if (died > 0) {
+      this.#endError = new IpcError('ERR_PEER_GONE', `the channel's producer${died > 1 ? 's' : ''} died (${died}); every message published before was delivered`);
+      throw this.#endError;
+    }
+    return undefined;
+  }
+
+  #takeOne(): ChannelMessage<B> | undefined {
+    const e = this.#end;
+    const ring = e.ring;
+    if (this.topology === 'queue') {
+      const s = ring.take();
+      if (s < 0) return undefined;
+      if (!e.alive()) {
+        // Detached while taking (recovery already ran for us): hand it back, then stop.
+        if (!ring.returnTaken(s)) {
+          process.emitWarning(`cuda-ipc channel: a message taken after this end was detached could not be handed back (slot ${s})`, { code: 'CUDA_IPC_CHANNEL' });
+        }
+        throw e.detachedError('receive');
+      }
+      return this.#message(s);
+    }
+    for (;;) {
+      const s = ring.peekAt(this.#cursor);
+      if (s === -1) {
+        if (!e.alive()) throw e.detachedError('receive');
+        return undefined;
+      }
+      this.#cursor++;
+      if (s === -2) continue;  // not ours (published before we attached, or we were removed)
+      return this.#message(s);
+    }
+  }
+
+  #message(s: number): ChannelMessage<B> {
+    const ring = this.#end.ring;
+    const view = ring.view;
+    const so = ring.slotOff(s);
+    const length = view.getUint32(so + S.length, true) + view.getUint32(so + S.length + 4, true) * 2 ** 32;
+    const metaLength = view.getUint32(so + S.metaLength, true);
+    const metaKind = view.getUint32(so + S.metaKind, true);
+    if (length > this.slotBytes || metaLength > this.metaBytes || metaKind > MetaKind.Bytes) {
+      this.#abandon(s);
+      throw corrupt(`message in slot ${s}: length ${length}, meta ${metaLength} bytes of kind ${metaKind}`);
+    }
+    let meta: unknown;
+    if (metaKind !== MetaKind.None) {
+      const bytes = ring.bytes.subarray(so + S.meta, so + S.meta + metaLength);
+      if (metaKind === MetaKind.Bytes) meta = bytes.slice();
+      else {
+        try {
+          meta = JSON.parse(decoder.decode(bytes));
+        } catch {
+          this.#abandon(s);
+          throw corrupt(`message in slot ${s}: its meta is not JSON`);
+        }
+      }
+    }
+    const word = this.topology === 'queue' ? ring.takenWords[s]! : 0;
+    const m = new ChannelMessage<B>(this.#owner, s, this.#end.view(s) as B, {
+      position: ring.w.load64(so + S.position),
+      length,
+      meta,
+      producer: view.getUint32(so + S.publisher, true),
+      redelivered: (word & FLAG_REDELIVERED) !== 0,
+      ticket: view.getUint32(so + S.ticket, true),
+    });
+    this.#held.set(s, m);
+    return m;
+  }
+
+  /** Releases a slot whose message could not be handed out. */
+  #abandon(s: number): void {
+    if (this.topology === 'broadcast') this.#end.ring.releaseHeld(s);
+    else this.#end.ring.releaseTaken(s);
+  }
+
+  #release(m: ChannelMessage<B>, options: ReleaseOptions): void {
+    if (this.#held.get(m.index) !== m) return;
+    this.#held.delete(m.index);
+    const e = this.#end;
+    if (e.closed) return;
+    const ring = e.ring;
+    const fences = this.#fences;
+    if (fences) {
+      if (this.topology === 'queue') {
+        // Read by the producer that claims the slot next (after the release below).
+        const so = ring.slotOff(m.index);
+        ring.view.setUint32(so + S.releasedBy, this.index, true);
+        ring.view.setUint32(so + S.releaseTicket, m[kTicket], true);
+      }
+      // The release must not land before the publish did (a consumer may release without having
+      // waited for the message): the producer's next publish in this slot could otherwise be
+      // overtaken by this one's late write, and a fence would go backwards.
+      const publish = publishFence(e.block.layout, m.index);
+      if (m[kWaited] !== true && m[kWaited] !== options.stream && !fences.reached(publish, m[kTicket])) fences.waitOn(options.stream, publish, m[kTicket]);
+      fences.signal(options.stream, releaseFence(e.block.layout, m.index, this.index), m[kTicket]);
+    }
+    if (this.topology === 'broadcast') ring.releaseHeld(m.index);
+    else ring.releaseTaken(m.index);
+  }
+
+  /**
+   * Closes this end now. Unreleased messages are handed to other consumers (work sharing:
+   * flagged redelivered) or dropped (broadcast). Idempotent.
+   */
+  close(): void {
+    const e = this.#end;
+    if (e.closed) return;
+    // Broadcast: the producer's next use of these slots waits for our release fences, and we
+    // never released them (queue: they go to another consumer, which releases them).
+    if (this.#fences && this.topology === 'broadcast') {
+      for (const m of this.#held.values()) this.#fences.raise(releaseFence(e.block.layout, m.index, this.index), m[kTicket]);
+    }
+    this.#held.clear();
+    e.close();
+    void this.#receivers.pump();
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    this.close();
+  }
+}
+
+interface MessageInit {
+  position: number;
+  length: number;
+  meta: unknown;
+  producer: number;
+  redelivered: boolean;
+  /** Device slots: the publish ticket (the value its fences reach). */
+  ticket: number;
+}
+
+/** A message a consumer received. Release it once done with its slot (or use `using`). */
+export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Disposable {
+  readonly index: number;
+  /** The message's position in the channel's order (per channel, increasing). */
+  readonly position: number;
+  /** The slot's memory (valid until release()). */
+  readonly buffer: B;
+  /** Bytes of the slot the producer said it used. */
+  readonly length: number;
+  readonly meta: unknown;
+  /** Participant index of the producer that published it. */
+  readonly producer: number;
+  /** Work sharing: another consumer took this message before and left without releasing it. */
+  readonly redelivered: boolean;
+  readonly #owner: MessageOwner;
+  #released = false;
+  /** @internal */
+  readonly [kTicket]: number;
+  /** @internal */
+  [kWaited]: Stream | true | undefined;
+
+  /** @internal */
+  constructor(owner: MessageOwner, index: number, buffer: B, init: MessageInit) {
+    this[kTicket] = init.ticket;
+    this.#owner = owner;
+    this.index = index;
+    this.buffer = buffer;
+    this.position = init.position;
+    this.length = init.length;
+    this.meta = init.meta;
+    this.producer = init.producer;
+    this.redelivered = init.redelivered;
+  }
+
+  /** Host slots: the message's bytes, `length` of them (zero-copy, valid until release()). */
+  get bytes(): Uint8Array {
+    if (!(this.buffer instanceof HostBuffer)) {
+      throw new IpcError('ERR_UNSUPPORTED', 'msg.bytes: this message is in device memory; use msg.buffer with msg.waitOn(stream)');
+    }
+    if (this.#released) throw new IpcError('ERR_CLOSED', 'msg.bytes: the message was released');
+    return this.buffer.bytes.subarray(0, this.length);
+  }
+
+  get released(): boolean {
+    return this.#released;
+  }
+
+  /** Device slots: GPU work queued on `stream` after this waits for the producer's work on the
+   * message (its publish fence). No-op for host slots. */
+  waitOn(stream: Stream): void {
+    const fences = this.#owner.fences;
+    if (!fences) return;
+    fences.waitOn(stream, this.#owner.publishFence(this.index), this[kTicket]);
+    if (this[kWaited] !== true) this[kWaited] = stream;
+  }
+
+  /** Resolves once the producer's GPU work on the message is done (host reads of device slots). */
+  async synchronize(): Promise<void> {
+    const fences = this.#owner.fences;
+    if (!fences) return;
+    await fences.synchronize([[this.#owner.publishFence(this.index), this[kTicket]]]);
+    this[kWaited] = true;
+  }
+
+  /** Returns the slot to the producer. With device slots, pass the stream your GPU work on the
+   * message ran on: the producer's next use of the slot waits for it. Idempotent. */
+  release(options: ReleaseOptions = {}): void {
+    if (this.#released) return;
+    this.#released = true;
+    this.#owner.release(this, options);
+  }
+
+  [Symbol.dispose](): void {
+    this.release();
+  }
+}

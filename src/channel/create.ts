@@ -1,0 +1,66 @@
+// One to one, and the peer's side: createChannel(link, options) makes a hub here with one end in
+// this process and attaches the process at the other end of the link in the other role;
+// acceptChannel(link) is what that process calls (for any hub's attach).
+import type { Link } from '../link/index.js';
+import { ChannelHub, openOwnedEnd } from './hub.js';
+import { ChannelProducer } from './producer.js';
+import { ChannelConsumer } from './consumer.js';
+import { accept } from './attach.js';
+import { checkRole, checkWait, type ChannelOptions, type ChannelRole, type ChannelWaitOptions, type SlotBuffer, type SlotBufferFor, type ChannelMemory } from './options.js';
+
+export type CreateChannelOptions = ChannelOptions & ChannelWaitOptions & { role: ChannelRole };
+
+/**
+ * One to one: creates a channel with this process's end in `options.role`, and attaches the
+ * process at the other end of `link` in the other role (it calls acceptChannel(link)). Closing
+ * the end (or end() of a producer) closes the channel here.
+ */
+export function createChannel<M extends ChannelMemory | undefined = undefined>(
+  link: Link, options: CreateChannelOptions & { role: 'producer'; memory?: M }): Promise<ChannelProducer<SlotBufferFor<M>>>;
+export function createChannel<M extends ChannelMemory | undefined = undefined>(
+  link: Link, options: CreateChannelOptions & { role: 'consumer'; memory?: M }): Promise<ChannelConsumer<SlotBufferFor<M>>>;
+export async function createChannel(link: Link, options: CreateChannelOptions): Promise<ChannelProducer | ChannelConsumer> {
+  const role = checkRole(options?.role, 'createChannel');
+  checkWait(options);
+  const hub = ChannelHub.create(options);
+  let end: ChannelProducer | ChannelConsumer | undefined;
+  try {
+    end = openOwnedEnd(hub, role, { wait: options.wait, spinMicros: options.spinMicros });
+    await hub.attach(link, { role: role === 'producer' ? 'consumer' : 'producer' });
+    return end;
+  } catch (e) {
+    end?.close();
+    hub.close();
+    throw e;
+  }
+}
+
+export interface AcceptOptions extends ChannelWaitOptions {
+  /** Refuse the channel unless the hub attached this process in this role (and type the end). */
+  role?: ChannelRole;
+  /** Refuse the channel unless its slots are this kind of memory (pairs with the type
+   * parameter: `acceptChannel<DeviceBuffer>(link, { role: 'consumer', memory: 'device' })`). */
+  memory?: 'host' | 'device';
+  signal?: AbortSignal;
+}
+
+/**
+ * The peer's side of attach()/createChannel(): receives the channel over `link`, checks it, and
+ * returns this process's end in the role the hub gave it (refused unless it is `options.role`,
+ * when given).
+ */
+export function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions & { role: 'producer' }): Promise<ChannelProducer<B>>;
+export function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions & { role: 'consumer' }): Promise<ChannelConsumer<B>>;
+export function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options?: AcceptOptions): Promise<ChannelProducer<B> | ChannelConsumer<B>>;
+export async function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions = {}): Promise<ChannelProducer<B> | ChannelConsumer<B>> {
+  const policy = checkWait(options);
+  if (options.role !== undefined) checkRole(options.role, 'acceptChannel');
+  const { block, index, role } = await accept(link, options);
+  const init = { block, index, role, policy, hubLink: link };
+  try {
+    return role === 'producer' ? new ChannelProducer<B>(init) : new ChannelConsumer<B>(init);
+  } catch (e) {
+    block.release();  // the hub repairs the entry once the link closes
+    throw e;
+  }
+}

@@ -1,0 +1,133 @@
+// The options and shared types of the channel API, and their checks.
+import { IpcError } from '../errors.js';
+import type { HostBuffer } from '../host/index.js';
+import type { DeviceBuffer } from '../cuda/buffer.js';
+import type { Device } from '../cuda/device.js';
+import type { Stream } from '../cuda/stream.js';
+import type { IpcPool } from '../ipc/pool.js';
+import { DEFAULT_ADAPTIVE_SPIN_MICROS, DEFAULT_SPIN_MICROS, MAX_SPIN_MICROS, type WaitMode, type WaitPolicy } from './waiter.js';
+
+export type ChannelRole = 'producer' | 'consumer';
+/** 'queue': each message goes to one consumer (work sharing; also one to one and many to one).
+ * 'broadcast': each message goes to every consumer; its slot is freed once all released it. */
+export type ChannelTopology = 'queue' | 'broadcast';
+/** Where the slots live: host shared memory (memfd), or device memory from an IPC pool (yours,
+ * or a new one on `device`). */
+export type ChannelMemory = 'host' | { pool: IpcPool } | { device: Device };
+/** What a slot is: shared host memory or device memory. */
+export type SlotBuffer = HostBuffer | DeviceBuffer;
+/** The slot type a `memory` option gives. */
+export type SlotBufferFor<M> = [M] extends ['host'] ? HostBuffer : [M] extends [undefined] ? HostBuffer : [M] extends [{ pool: IpcPool } | { device: Device }] ? DeviceBuffer : SlotBuffer;
+export type { WaitMode, WaitPolicy };
+
+export interface ChannelWaitOptions {
+  /**
+   * How an end waits when it has to (no message yet, every slot in flight). It sleeps on an
+   * eventfd that the event loop polls, woken by the peer that changed what it waits for; before
+   * that it may spin on the event loop's thread (blocking it meanwhile):
+   * 'adaptive' (default): spins for about twice the length of recent waits, at most
+   * `spinMicros` (default 10 us), and not at all while waits are long: low latency when a peer
+   * answers within microseconds, no CPU burnt while idle.
+   * 'sleep': never spins (the least CPU, a wake-up costs one event-loop hop).
+   * 'spin': always spins for `spinMicros` (default 50 us) first: the lowest latency, at the cost
+   * of a busy core.
+   */
+  wait?: WaitMode;
+  /** The spin bound of 'adaptive' or the spin of 'spin', in microseconds (0..100000). */
+  spinMicros?: number;
+}
+
+export interface ChannelOptions {
+  /** Number of slots: messages in flight at once (backpressure beyond that). */
+  slots: number;
+  /** Bytes per slot. For device memory, a multiple of 256 keeps every slot aligned for kernels. */
+  slotBytes: number;
+  memory?: ChannelMemory;
+  topology?: ChannelTopology;
+  /** Bytes of metadata per message (`publish(slot, { meta })`); default 256, a multiple of 8. */
+  metaBytes?: number;
+  /** Ends this channel can have at once, in this process or attached (default 15, at most 31). */
+  maxPeers?: number;
+  /** Consumers end once this many producers have attached and all have left (default 1). */
+  producers?: number;
+  /** Producers fail once this many consumers have attached and all have left (default 1); a
+   * broadcast producer waits until this many are attached before its first acquire returns. */
+  consumers?: number;
+}
+
+export interface AcquireOptions {
+  /** Device slots: GPU work queued on this stream after acquire waits for the consumers' GPU
+   * work on the slot's previous message (no CPU wait). Without it, acquire waits on the CPU. */
+  stream?: Stream;
+  signal?: AbortSignal;
+}
+
+export interface PublishOptions {
+  /** Device slots: the stream your GPU work on the slot ran on; consumers' GPU work waits for
+   * it (default: the legacy stream). */
+  stream?: Stream;
+  /** JSON-serialisable metadata, or a Uint8Array (at most the channel's metaBytes once encoded). */
+  meta?: unknown;
+  /** Bytes of the slot the message uses (default: the whole slot). */
+  length?: number;
+}
+
+export interface ReleaseOptions {
+  /** Device slots: the stream that ran the consumer's GPU work on the message (default: the
+   * legacy stream); the producer's next use of the slot waits for that work. */
+  stream?: Stream;
+}
+
+export interface ReceiveOptions {
+  signal?: AbortSignal;
+}
+
+export interface ChannelStats {
+  slots: { free: number; writing: number; published: number; taken: number };
+  producers: { attached: number; live: number; died: number };
+  consumers: { attached: number; live: number; died: number };
+  /** Positions published so far. */
+  published: number;
+}
+
+/** What every end and the hub tell about the channel. */
+export interface ChannelShape {
+  readonly topology: ChannelTopology;
+  readonly memory: 'host' | 'device';
+  readonly slotCount: number;
+  readonly slotBytes: number;
+  readonly metaBytes: number;
+  /** The device of device slots. */
+  readonly device: Device | undefined;
+}
+
+export function checkWait(o: ChannelWaitOptions | undefined): WaitPolicy {
+  const mode = o?.wait ?? 'adaptive';
+  if (mode !== 'adaptive' && mode !== 'sleep' && mode !== 'spin') {
+    const renamed = (mode as string) === 'futex' ? " ('futex' is now 'sleep', or 'adaptive', the default)" : '';
+    throw new IpcError('ERR_INVALID_ARG', `wait must be 'adaptive', 'sleep' or 'spin'; got ${String(mode)}${renamed}`);
+  }
+  const spinMicros = o?.spinMicros ?? (mode === 'spin' ? DEFAULT_SPIN_MICROS : DEFAULT_ADAPTIVE_SPIN_MICROS);
+  if (typeof spinMicros !== 'number' || !Number.isFinite(spinMicros) || spinMicros < 0 || spinMicros > MAX_SPIN_MICROS) {
+    throw new IpcError('ERR_INVALID_ARG', `spinMicros must be in 0..${MAX_SPIN_MICROS}; got ${String(spinMicros)}`);
+  }
+  return { mode, spinMicros };
+}
+
+export function checkRole(role: unknown, what: string): ChannelRole {
+  if (role !== 'producer' && role !== 'consumer') throw new IpcError('ERR_INVALID_ARG', `${what}: role must be 'producer' or 'consumer'; got ${String(role)}`);
+  return role;
+}
+
+export function closedError(what: string): IpcError {
+  return new IpcError('ERR_CHANNEL_CLOSED', `${what}: the channel is closed`);
+}
+
+export function abortError(signal: AbortSignal, what: string): IpcError {
+  const r = signal.reason as { message?: string } | undefined;
+  return new IpcError('ERR_TIMEOUT', `${what} was aborted: ${r?.message ?? 'the signal fired'}`, { cause: signal.reason });
+}
+
+export function delay(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}

@@ -1,0 +1,386 @@
+// A producer's end of a channel: acquire a free slot, write it, publish it; end() when done.
+import { IpcError } from '../errors.js';
+import { HostBuffer } from '../host/index.js';
+import type { Device } from '../cuda/device.js';
+import type { Stream } from '../cuda/stream.js';
+import { H, S, MetaKind, publishFence, releaseFence } from './layout.js';
+import { corrupt } from './ring.js';
+import type { Fences, FenceWait } from './fences.js';
+import { Endpoint, type EndInit } from './endpoint.js';
+import { WaitQueue } from './wait-queue.js';
+import { endpointOf } from './internal.js';
+import { lockStuckError, RECOVERY_GIVE_UP_MS } from './recovery.js';
+import {
+  closedError, delay, type AcquireOptions, type ChannelShape, type ChannelStats, type ChannelTopology, type PublishOptions,
+  type SlotBuffer, type WaitPolicy,
+} from './options.js';
+
+const RETRY_MS = 2;
+const encoder = new TextEncoder();
+const kDone = Symbol('cuda-ipc.channel.slot-done');
+
+/** Per-slot publish tickets: the previous one + 1, wrapping, never 0 (0: never published). */
+const nextTicket = (t: number): number => ((t + 1) >>> 0) || 1;
+
+/** What a ChannelSlot asks its producer. */
+interface SlotOwner {
+  readonly fences: Fences | undefined;
+  /** The release fences slot s's previous message must reach. */
+  waitsFor(s: number): FenceWait[];
+}
+
+/**
+ * This process's producer end of a channel (from createChannel, acceptChannel or
+ * ChannelHub.producer()). `const slot = await producer.acquire()`, write into `slot.buffer` (or
+ * `slot.bytes`), then `producer.publish(slot, { meta })`; `await producer.end()` when done.
+ */
+export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements ChannelShape, Disposable, AsyncDisposable {
+  readonly role = 'producer' as const;
+  readonly topology: ChannelTopology;
+  readonly memory: 'host' | 'device';
+  readonly slotCount: number;
+  readonly slotBytes: number;
+  readonly metaBytes: number;
+  readonly device: Device | undefined;
+  /** This end's participant index in the control block (the hub is 0). */
+  readonly index: number;
+  readonly #end: Endpoint;
+  readonly #fences: Fences | undefined;
+  readonly #owner: SlotOwner;
+  /** Slots acquired and not yet published. */
+  readonly #writing = new Map<number, ChannelSlot<B>>();
+  /** Publishes waiting for the publish lock, in order. */
+  readonly #deferred: number[] = [];
+  #deferTimer: NodeJS.Timeout | undefined;
+  #deferWaiters: Array<() => void> = [];
+  readonly #acquirers: WaitQueue<ChannelSlot<B>>;
+  #ending = false;
+
+  /** @internal Use createChannel, acceptChannel or ChannelHub.producer(). */
+  constructor(init: EndInit) {
+    const end = new Endpoint(init);
+    const b = end.block;
+    this.#end = end;
+    endpointOf.set(this, end);
+    this.topology = b.topology;
+    this.memory = b.memory;
+    this.slotCount = b.slotCount;
+    this.slotBytes = b.slotBytes;
+    this.metaBytes = b.metaBytes;
+    this.device = b.device;
+    this.index = end.index;
+    this.#fences = b.fences;
+    this.#owner = { fences: b.fences, waitsFor: (s) => this.#slotWaits(s) };
+    this.#acquirers = new WaitQueue<ChannelSlot<B>>({
+      isClosed: () => end.closed,
+      closedOutcome: () => ({ error: closedError('acquire') }),
+      poll: () => this.#tryAcquire() ?? null,
+      isFinal: () => false,
+      park: () => end.park(() => this.#canAcquire()),
+      cancel: () => end.waiter.cancel(),
+    });
+  }
+
+  get closed(): boolean {
+    return this.#end.closed;
+  }
+
+  /** How this end waits (options.wait, spinMicros). */
+  get waitPolicy(): WaitPolicy {
+    return this.#end.waiter.policy;
+  }
+
+  /** Slot states and membership, read from the control block now. */
+  stats(): ChannelStats {
+    this.#end.assertOpen('stats');
+    return this.#end.stats();
+  }
+
+  /**
+   * A free slot to write into; waits while every slot is in flight (backpressure). Rejects with
+   * ERR_PEER_GONE once every consumer died (ERR_CHANNEL_CLOSED once they all left).
+   */
+  acquire(options: AcquireOptions = {}): Promise<ChannelSlot<B>> {
+    try {
+      this.#end.assertOpen('acquire');
+      if (!this.#acquirers.busy) {
+        const slot = this.#tryAcquire();
+        if (slot) return this.memory === 'host' ? Promise.resolve(slot) : this.#afterAcquire(slot, options);
+      }
+    } catch (e) {
+      return Promise.reject(e);
+    }
+    const queued = this.#acquirers.enqueue(options.signal, 'acquire');
+    return this.memory === 'host' ? queued : queued.then((slot) => this.#afterAcquire(slot, options));
+  }
+
+  /** A free slot now, or undefined when every slot is in flight. Device slots: you must order
+   * your writes after the consumers' work yourself (slot.waitOn(stream) or await slot.ready()). */
+  tryAcquire(): ChannelSlot<B> | undefined {
+    this.#end.assertOpen('tryAcquire');
+    return this.#tryAcquire();
+  }
+
+  async #afterAcquire(slot: ChannelSlot<B>, options: AcquireOptions): Promise<ChannelSlot<B>> {
+    if (options.stream) slot.waitOn(options.stream);
+    else await slot.ready();
+    return slot;
+  }
+
+  #consumersGone(): boolean {
+    const e = this.#end;
+    return e.counter(H.consumersLive) === 0 && e.counter(H.consumersAttached) >= e.block.layout.expectConsumers;
+  }
+
+  #goneError(what: string): IpcError {
+    const died = this.#end.counter(H.consumersDied);
+    return died > 0
+      ? new IpcError('ERR_PEER_GONE', `${what}: every consumer of the channel is gone (${died} died)`)
+      : new IpcError('ERR_CHANNEL_CLOSED', `${what}: every consumer has closed the channel`);
+  }
+
+  #tryAcquire(): ChannelSlot<B> | undefined {
+    const e = this.#end;
+    if (this.#ending) throw closedError('acquire (end() was called)');
+    if (!e.alive()) throw e.detachedError('acquire');
+    if (this.#consumersGone()) throw this.#goneError('acquire');
+    if (this.topology === 'broadcast' && e.counter(H.consumersAttached) < e.block.layout.expectConsumers) return undefined;
+    const s = e.ring.claimSlot();
+    if (s < 0) return undefined;
+    const slot = new ChannelSlot<B>(this.#owner, s, e.view(s) as B);
+    this.#writing.set(s, slot);
+    return slot;
+  }
+
+  #canAcquire(): boolean {
+    const e = this.#end;
+    if (e.closed || this.#consumersGone() || !e.alive()) return true;
+    if (this.topology === 'broadcast' && e.counter(H.consumersAttached) < e.block.layout.expectConsumers) return false;
+    return e.ring.hasFree();
+  }
+
+  /**
+   * Publishes `slot`: the consumers can take it at once. With device slots the slot's publish
+   * fence is raised once the work queued on `stream` so far is done, so consumers that waitOn()
+   * the message see everything queued there.
+   */
+  publish(slot: ChannelSlot<B>, options: PublishOptions = {}): void {
+    const e = this.#end;
+    e.assertOpen('publish');
+    const s = slot?.index;
+    if (!(slot instanceof ChannelSlot) || this.#writing.get(s) !== slot) {
+      throw new IpcError('ERR_INVALID_ARG', 'publish: that slot is not one this producer acquired and has not yet published');
+    }
+    const ring = e.ring;
+    const view = ring.view;
+    const so = ring.slotOff(s);
+    const length = options.length ?? this.slotBytes;
+    if (!Number.isSafeInteger(length) || length < 0 || length > this.slotBytes) {
+      throw new IpcError('ERR_OUT_OF_RANGE', `publish: length must be an integer in 0..${this.slotBytes}; got ${String(length)}`);
+    }
+    // Metadata straight into the slot record.
+    let metaKind: number = MetaKind.None;
+    let metaLength = 0;
+    const meta = options.meta;
+    if (meta !== undefined) {
+      const area = ring.bytes.subarray(so + S.meta, so + S.meta + this.metaBytes);
+      if (meta instanceof Uint8Array) {
+        if (meta.byteLength > this.metaBytes) throw this.#metaTooLarge(meta.byteLength);
+        area.set(meta);
+        metaKind = MetaKind.Bytes;
+        metaLength = meta.byteLength;
+      } else {
+        const json = JSON.stringify(meta);
+        if (json === undefined) throw new IpcError('ERR_NOT_TRANSFERABLE', 'publish: meta must be JSON-serialisable or a Uint8Array');
+        const r = encoder.encodeInto(json, area);
+        if (r.read !== json.length) throw this.#metaTooLarge(Buffer.byteLength(json));
+        metaKind = MetaKind.Json;
+        metaLength = r.written;
+      }
+    }
+    view.setUint32(so + S.length, length >>> 0, true);
+    view.setUint32(so + S.length + 4, Math.floor(length / 2 ** 32), true);
+    view.setUint32(so + S.metaLength, metaLength, true);
+    view.setUint32(so + S.metaKind, metaKind, true);
+    if (this.#fences) {
+      // The slot is ours (writing) until the commit below: nobody else touches its ticket.
+      const ticket = nextTicket(view.getUint32(so + S.ticket, true));
+      view.setUint32(so + S.ticket, ticket, true);
+      this.#fences.signal(options.stream, publishFence(e.block.layout, s), ticket);
+    }
+    this.#writing.delete(s);
+    slot[kDone]();
+    if (this.#deferred.length > 0) {
+      this.#deferred.push(s);
+      return;
+    }
+    this.#commit(s);
+  }
+
+  #metaTooLarge(n: number): IpcError {
+    return new IpcError('ERR_MESSAGE_TOO_LARGE', `publish: meta takes ${n} bytes; this channel holds ${this.metaBytes} per message (metaBytes)`);
+  }
+
+  /** Publishes s now, or defers it while the publish lock is busy. */
+  #commit(s: number): void {
+    const r = this.#end.ring.publish(s);
+    if (r === 'busy') {
+      this.#deferred.push(s);
+      this.#scheduleDeferred();
+    } else if (r === 'detached') {
+      throw this.#end.detachedError('publish');
+    }
+  }
+
+  #scheduleDeferred(): void {
+    if (this.#deferTimer) return;
+    this.#deferTimer = setTimeout(() => {
+      this.#deferTimer = undefined;
+      while (this.#deferred.length > 0 && !this.#end.closed) {
+        const s = this.#deferred[0]!;
+        if (this.#end.ring.publish(s) === 'busy') {
+          this.#scheduleDeferred();
+          return;
+        }
+        this.#deferred.shift();  // published ('detached': taken back by recovery, dropped)
+      }
+      const waiters = this.#deferWaiters;
+      this.#deferWaiters = [];
+      for (const w of waiters) w();
+    }, RETRY_MS);
+  }
+
+  /** Gives back a slot acquired and not published. */
+  discard(slot: ChannelSlot<B>): void {
+    this.#end.assertOpen('discard');
+    if (this.#writing.get(slot.index) !== slot) return;
+    this.#writing.delete(slot.index);
+    slot[kDone]();
+    this.#end.ring.discard(slot.index);
+  }
+
+  /**
+   * No more messages from this end. Consumers finish once they took what was published.
+   * Resolves once every message this end published was released (rejects with ERR_PEER_GONE if
+   * the consumers died first), then closes this end.
+   */
+  async end(): Promise<void> {
+    const e = this.#end;
+    if (e.closed) return;
+    this.#ending = true;
+    try {
+      if (this.#deferred.length > 0) await new Promise<void>((resolve) => this.#deferWaiters.push(resolve));
+      for (const slot of [...this.#writing.values()]) this.discard(slot);
+      // Leave first, so that consumers see the end even while they hold our last messages. The
+      // hub does not hand this entry to anyone else while this end is open, so counting "our"
+      // messages by index stays right.
+      while (!e.recoveries.leaveSelf()) {
+        if (performance.now() - (e.recoveries.pendingSince(this.index) ?? 0) > RECOVERY_GIVE_UP_MS) throw lockStuckError('end');
+        await delay(RETRY_MS);
+      }
+      const done = () => e.closed || e.hubLost || e.ring.inFlightFrom(this.index) === 0 || this.#consumersGone();
+      while (!done()) await e.park(done);
+      if (!e.closed && !e.hubLost && e.ring.inFlightFrom(this.index) > 0 && e.counter(H.consumersDied) > 0) {
+        throw new IpcError('ERR_PEER_GONE', `end: the consumers died with ${e.ring.inFlightFrom(this.index)} message(s) unreleased`);
+      }
+    } finally {
+      this.close();
+    }
+  }
+
+  /** Closes this end now: acquired slots are given back; what was published stays published.
+   * Idempotent. */
+  close(): void {
+    const e = this.#end;
+    if (e.closed) return;
+    for (const slot of this.#writing.values()) slot[kDone]();
+    this.#writing.clear();
+    clearTimeout(this.#deferTimer);
+    for (const w of this.#deferWaiters.splice(0)) w();
+    e.close();
+    void this.#acquirers.pump();
+  }
+
+  [Symbol.dispose](): void {
+    this.close();
+  }
+
+  [Symbol.asyncDispose](): Promise<void> {
+    return this.end();
+  }
+
+  /** The release fences slot s's previous message must reach (read while this producer holds the
+   * slot, before its publish changes the ticket). */
+  #slotWaits(s: number): FenceWait[] {
+    if (!this.#fences) return [];
+    const ring = this.#end.ring;
+    const l = this.#end.block.layout;
+    const view = ring.view;
+    const so = ring.slotOff(s);
+    if (this.topology === 'queue') {
+      const ticket = view.getUint32(so + S.releaseTicket, true);
+      if (ticket === 0) return [];
+      const k = view.getUint32(so + S.releasedBy, true);
+      if (k >= l.maxParticipants) throw corrupt(`slot ${s} was released by participant ${k}`);
+      return [[releaseFence(l, s, k), ticket]];
+    }
+    const ticket = view.getUint32(so + S.ticket, true);
+    if (ticket === 0) return [];
+    const out: FenceWait[] = [];
+    const holders = ring.lastHolders(s);
+    for (let k = 0; k < l.maxParticipants; k++) if (holders & (1 << k)) out.push([releaseFence(l, s, k), ticket]);
+    return out;
+  }
+}
+
+/** A slot a producer acquired: write into it, then publish it. */
+export class ChannelSlot<B extends SlotBuffer = SlotBuffer> {
+  readonly index: number;
+  /** The slot's memory: a HostBuffer (host channels) or a DeviceBuffer (device channels). */
+  readonly buffer: B;
+  readonly #owner: SlotOwner;
+  #done = false;
+
+  /** @internal */
+  constructor(owner: SlotOwner, index: number, buffer: B) {
+    this.#owner = owner;
+    this.index = index;
+    this.buffer = buffer;
+  }
+
+  get byteLength(): number {
+    return this.buffer.byteLength;
+  }
+
+  /** Host slots: the slot's bytes (zero-copy). */
+  get bytes(): Uint8Array {
+    if (!(this.buffer instanceof HostBuffer)) {
+      throw new IpcError('ERR_UNSUPPORTED', 'slot.bytes: this slot is device memory; write it with slot.buffer (kernels, copies)');
+    }
+    return this.buffer.bytes;
+  }
+
+  /** Device slots: GPU work queued on `stream` after this waits until the consumers' work on the
+   * slot's previous message is done. acquire({ stream }) does this for you. No-op for host slots. */
+  waitOn(stream: Stream): void {
+    const fences = this.#owner.fences;
+    if (!fences) return;
+    for (const [off, v] of this.#owner.waitsFor(this.index)) fences.waitOn(stream, off, v);
+  }
+
+  /** Resolves once the consumers' GPU work on the previous message in this slot is done. */
+  async ready(): Promise<void> {
+    const fences = this.#owner.fences;
+    if (fences) await fences.synchronize(this.#owner.waitsFor(this.index));
+  }
+
+  /** False once published or discarded. */
+  get pending(): boolean {
+    return !this.#done;
+  }
+
+  /** @internal */
+  [kDone](): void {
+    this.#done = true;
+  }
+}

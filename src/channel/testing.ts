@@ -1,0 +1,24 @@
+// For tests and benchmarks only (not exported from the package): what the public classes keep
+// to themselves.
+import { IpcError } from '../errors.js';
+import { endpointOf, blockOf } from './internal.js';
+import type { WaitStats } from './waiter.js';
+import type { Endpoint } from './endpoint.js';
+
+function endpoint(end: object): Endpoint {
+  const e = endpointOf.get(end);
+  if (!e) throw new IpcError('ERR_INVALID_ARG', 'not a channel end');
+  return e;
+}
+
+/** The control block's bytes, shared with every participant (of an end or a hub). */
+export function controlBytesOf(endOrHub: object): Uint8Array {
+  const block = endpointOf.get(endOrHub)?.block ?? blockOf.get(endOrHub);
+  if (!block) throw new IpcError('ERR_INVALID_ARG', 'not a channel end or hub');
+  return block.control.bytes;
+}
+
+/** How an end's waits ended so far (spin hits, sleeps, doorbell wake-ups, backstop rescues). */
+export function waitStatsOf(end: object): WaitStats {
+  return { ...endpoint(end).waiter.stats };
+}
