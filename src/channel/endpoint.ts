@@ -12,6 +12,8 @@ import { Waiter, type WaitPolicy } from './waiter.js';
 import { Recoveries, repairFencesWhenGone } from './recovery.js';
 import type { Block } from './block.js';
 import type { ChannelRole, ChannelStats } from './options.js';
+import { observeChannelEnd } from './status.js';
+import type { ChannelRegistration } from '../observe/hooks.js';
 
 export interface EndInit {
   /** A reference of its own (the end releases it once closed). */
@@ -43,6 +45,7 @@ export class Endpoint {
   readonly #sleepersOff: number;
   #unhookHub: (() => void) | undefined;
   #onClosed: (() => void) | undefined;
+  readonly #status: ChannelRegistration;
 
   constructor(init: EndInit) {
     const { block, index } = init;
@@ -61,9 +64,11 @@ export class Endpoint {
       this.#unhookHub = init.hubLink.onClose(() => {
         this.#unhookHub = undefined;
         this.hubLost = true;
+        this.#status.changed();
         this.#recoverHub();
       });
     }
+    this.#status = observeChannelEnd(this);
   }
 
   /** Still a live member (not removed by a recovery after its link to the hub closed). */
@@ -110,6 +115,7 @@ export class Endpoint {
   close(): void {
     if (this.closed) return;
     this.closed = true;
+    this.#status.unregister();
     this.waiter.close();
     this.#unhookHub?.();
     this.#unhookHub = undefined;

@@ -266,3 +266,36 @@ test('status on a directory with no records says so', () => {
     rmSync(empty, { recursive: true, force: true });
   }
 });
+
+test('a real channel appears with its slot states and members, and disappears when closed', async () => {
+  const { ChannelHub } = await import('../../src/channel/index.js');
+  const { collectStatus } = await import('../../src/observe/reader.js');
+  const mine = () => collectStatus({ directory: records }).processes.find((p) => p.pid === process.pid);
+  const waitFor = async (what: string, ok: (p: ProcessStatus | undefined) => boolean) => {
+    const deadline = Date.now() + 10_000;
+    while (!ok(mine())) {
+      if (Date.now() > deadline) assert.fail(`this process's record never showed ${what}: ${JSON.stringify(mine())}`);
+      await sleep(25);
+    }
+  };
+  const hub = ChannelHub.create({ slots: 4, slotBytes: 64 });
+  const producer = hub.producer();
+  const consumer = hub.consumer();
+  for (let i = 0; i < 3; i++) producer.publish(await producer.acquire(), { length: 1 });
+  const taken = await consumer.receive();
+  await waitFor('both ends with 2 published and 1 taken', (p) => p?.channels.length === 2 && p.channels.every((c) => c.slots.published === 2 && c.slots.taken === 1));
+  const rows = mine()!.channels;
+  assert.deepEqual(rows.map((c) => c.role).sort(), ['consumer', 'producer']);
+  for (const c of rows) {
+    assert.equal(c.memory, 'host');
+    assert.equal(c.slotBytes, 64);
+    assert.deepEqual(c.slots, { free: 1, writing: 0, published: 2, taken: 1 });
+    assert.match(c.id, new RegExp(`hub pid ${process.pid}, 4 x 64 B`));
+    assert.deepEqual(c.peers.map((m) => `${m.pid} ${m.role} ${m.state}`).sort(), [`${process.pid} consumer live`, `${process.pid} producer live`]);
+  }
+  taken!.release();
+  producer.close();
+  consumer.close();
+  hub.close();
+  await waitFor('no channel', (p) => (p?.channels.length ?? 0) === 0);
+});
