@@ -29,7 +29,7 @@ export function observeChannelEnd(end: Endpoint): ChannelRegistration {
       }
       const slots = end.released ? { free: 0, writing: 0, published: 0, taken: 0 } : ring.slotCounts();
       return {
-        id: `hub pid ${hubPid || '?'}, ${block.slotCount} x ${block.slotBytes} B`,
+        id: `hub pid ${hubPid || '?'}`,
         role: end.role, topology: block.topology, memory: block.memory, slotBytes: block.slotBytes, slots, peers,
       };
     },
