@@ -83,6 +83,18 @@ async function until(what: string, ok: (s: StatusSnapshot) => boolean): Promise<
 
 const proc = (s: StatusSnapshot, pid: number): ProcessStatus | undefined => s.processes.find((p) => p.pid === pid);
 
+/** This process's own record, as a reader sees it now. */
+const mine = async () => (await import('../../src/observe/reader.js')).collectStatus({ directory: records }).processes.find((p) => p.pid === process.pid);
+
+/** Polls this process's record until `ok` (the publisher writes a few times a second). */
+async function waitForMine(what: string, ok: (p: ProcessStatus | undefined) => boolean): Promise<void> {
+  const deadline = Date.now() + 10_000;
+  for (let p = await mine(); !ok(p); p = await mine()) {
+    if (Date.now() > deadline) assert.fail(`this process's record never showed ${what}: ${JSON.stringify(p)}`);
+    await sleep(25);
+  }
+}
+
 test('two processes leasing host buffers to each other: bytes and peers in status --json, then one is SIGKILLed', async () => {
   const [a, b] = await startPair('status-pair', 1 << 20, 256 << 10);
   try {
@@ -183,7 +195,6 @@ test('CUDA_IPC_STATUS=0 turns publishing off', async () => {
 
 test('channels register a snapshot source: slot states and peers are sampled, unregister removes them', async () => {
   const { registerChannel } = await import('../../src/observe/hooks.js');
-  const { collectStatus } = await import('../../src/observe/reader.js');
   const slots = { free: 8, writing: 0, published: 0, taken: 0 };
   let snapshots = 0;
   const source = {
@@ -195,28 +206,20 @@ test('channels register a snapshot source: slot states and peers are sampled, un
       };
     },
   };
-  const mine = () => collectStatus({ directory: records }).processes.find((p) => p.pid === process.pid);
-  const waitFor = async (what: string, ok: (p: ProcessStatus | undefined) => boolean) => {
-    const deadline = Date.now() + 10_000;
-    while (!ok(mine())) {
-      if (Date.now() > deadline) assert.fail(`this process's record never showed ${what}: ${JSON.stringify(mine())}`);
-      await sleep(25);
-    }
-  };
   const registration = registerChannel(source);
-  await waitFor('the channel', (p) => p?.channels.length === 1);
-  assert.deepEqual(mine()!.channels[0], source.snapshot());
+  await waitForMine('the channel', (p) => p?.channels.length === 1);
+  assert.deepEqual((await mine())!.channels[0], source.snapshot());
   // Slot states change with every message and are not pushed: the publisher samples them.
   slots.free = 5;
   slots.published = 2;
   slots.taken = 1;
-  await waitFor('the sampled slot states', (p) => p?.channels[0]?.slots.published === 2);
-  assert.deepEqual(mine()!.channels[0]!.slots, { free: 5, writing: 0, published: 2, taken: 1 });
+  await waitForMine('the sampled slot states', (p) => p?.channels[0]?.slots.published === 2);
+  assert.deepEqual((await mine())!.channels[0]!.slots, { free: 5, writing: 0, published: 2, taken: 1 });
   const text = spawnSync(process.execPath, [cli, 'status'], { encoding: 'utf8', env });
   assert.match(text.stdout, /channel +fake-1: producer, queue, host memory, 8 x 4\.0 KiB: 5 free, 0 writing, 2 published, 1 taken/);
   assert.match(text.stdout, /peers: pid 4242 consumer live/);
   registration.unregister();
-  await waitFor('no channel', (p) => p?.channels.length === 0);
+  await waitForMine('no channel', (p) => p?.channels.length === 0);
   const calls = snapshots;
   await sleep(700);
   assert.equal(snapshots, calls, 'no sampling once no channel is registered');
@@ -269,22 +272,13 @@ test('status on a directory with no records says so', () => {
 
 test('a real channel appears with its slot states and members, and disappears when closed', async () => {
   const { ChannelHub } = await import('../../src/channel/index.js');
-  const { collectStatus } = await import('../../src/observe/reader.js');
-  const mine = () => collectStatus({ directory: records }).processes.find((p) => p.pid === process.pid);
-  const waitFor = async (what: string, ok: (p: ProcessStatus | undefined) => boolean) => {
-    const deadline = Date.now() + 10_000;
-    while (!ok(mine())) {
-      if (Date.now() > deadline) assert.fail(`this process's record never showed ${what}: ${JSON.stringify(mine())}`);
-      await sleep(25);
-    }
-  };
   const hub = ChannelHub.create({ slots: 4, slotBytes: 64 });
   const producer = hub.producer();
   const consumer = hub.consumer();
   for (let i = 0; i < 3; i++) producer.publish(await producer.acquire(), { length: 1 });
   const taken = await consumer.receive();
-  await waitFor('both ends with 2 published and 1 taken', (p) => p?.channels.length === 2 && p.channels.every((c) => c.slots.published === 2 && c.slots.taken === 1));
-  const rows = mine()!.channels;
+  await waitForMine('both ends with 2 published and 1 taken', (p) => p?.channels.length === 2 && p.channels.every((c) => c.slots.published === 2 && c.slots.taken === 1));
+  const rows = (await mine())!.channels;
   assert.deepEqual(rows.map((c) => c.role).sort(), ['consumer', 'producer']);
   for (const c of rows) {
     assert.equal(c.memory, 'host');
@@ -297,5 +291,5 @@ test('a real channel appears with its slot states and members, and disappears wh
   producer.close();
   consumer.close();
   hub.close();
-  await waitFor('no channel', (p) => (p?.channels.length ?? 0) === 0);
+  await waitForMine('no channel', (p) => (p?.channels.length ?? 0) === 0);
 });
