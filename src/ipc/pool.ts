@@ -57,6 +57,38 @@ interface PoolMemoryOwner extends MemoryOwner {
   exportData?: Uint8Array;
 }
 
+// For the owners below, which are not the pool's own code: a buffer over the pool went away.
+let dropPoolUser: (pool: IpcPool) => void;
+let forgetPoolImport: (pool: IpcPool, key: string) => void;
+
+// The memory owners of pool buffers, as classes rather than closures: one object per allocation.
+class PoolAllocation implements PoolMemoryOwner {
+  readonly kind = 'pool' as const;
+  exportData?: Uint8Array;
+  constructor(readonly pool: IpcPool, readonly device: Device, readonly base: bigint, readonly byteLength: number) {}
+  release(): void {
+    driver.memFreeAsync(this.base, 0n);
+    dropPoolUser(this.pool);
+  }
+}
+
+class PoolImport implements PoolMemoryOwner {
+  readonly kind = 'pool-import' as const;
+  constructor(
+    readonly pool: IpcPool,
+    readonly device: Device,
+    readonly residentDevice: Device,
+    readonly base: bigint,
+    readonly byteLength: number,
+    readonly exportKey: string,
+  ) {}
+  release(): void {
+    forgetPoolImport(this.pool, this.exportKey);
+    driver.memFree(this.base);
+    dropPoolUser(this.pool);
+  }
+}
+
 export class IpcPool {
   /** The device whose memory the pool's allocations live on. */
   readonly device: Device;
@@ -198,7 +230,7 @@ export class IpcPool {
    * A buffer of `bytes` from the pool, allocated in stream order (the legacy default stream when
    * none is given): work queued on that stream may use it at once.
    */
-  allocate(bytes: number, options: { stream?: Stream } = {}): DeviceBuffer {
+  allocate(bytes: number, options?: { stream?: Stream }): DeviceBuffer {
     if (this.imported) {
       throw new IpcError('ERR_IMPORTED_POOL',
         'an imported pool cannot allocate: only the process that created it can. Allocate from a pool of your own (device.createIpcPool())');
@@ -208,17 +240,9 @@ export class IpcPool {
     }
     const pool = this.handle;
     this.device.activate();
-    const s = streamHandle(options.stream);
-    const base = driver.memAllocFromPoolAsync(bytes, pool, s);
+    const base = driver.memAllocFromPoolAsync(bytes, pool, streamHandle(options?.stream));
     this.#users++;
-    const owner: PoolMemoryOwner = {
-      kind: 'pool', device: this.device, base, byteLength: bytes, pool: this,
-      release: () => {
-        driver.memFreeAsync(base, 0n);
-        this.#dropUser();
-      },
-    };
-    return new DeviceBuffer(new SharedMemory(owner), 0, bytes);
+    return new DeviceBuffer(new SharedMemory(new PoolAllocation(this, this.device, base, bytes)), 0, bytes);
   }
 
   /** A new fd for this pool, owned by the caller (links send it and close it). */
@@ -232,13 +256,13 @@ export class IpcPool {
    * The buffer is for `options.device` (default: the working device, else the device the pool
    * lives on), which is granted access to the pool first.
    */
-  importBuffer(exportData: Uint8Array, byteLength: number, offset = 0, length = byteLength - offset, options: { device?: Device } = {}): DeviceBuffer {
+  importBuffer(exportData: Uint8Array, byteLength: number, offset = 0, length = byteLength - offset, options?: { device?: Device }): DeviceBuffer {
     const pool = this.handle;
     if (exportData.byteLength !== 64) throw new IpcError('ERR_INVALID_ARG', `pool export data is 64 bytes, got ${exportData.byteLength}`);
     if (!Number.isSafeInteger(byteLength) || byteLength <= 0 || offset < 0 || length < 0 || offset + length > byteLength) {
       throw new IpcError('ERR_OUT_OF_RANGE', `a range of ${length} bytes at ${offset} does not fit a pool buffer of ${byteLength} bytes`);
     }
-    const user = importingDevice(this.device, options.device);
+    const user = importingDevice(this.device, options?.device);
     this.grantAccess(user);
     const key = byExport(exportData);
     let memory = this.#imports.get(key);
@@ -257,15 +281,7 @@ export class IpcPool {
       this.#users++;
       // One mapping per process, whichever device imported it first; the pool's access list says
       // which devices may use it.
-      const owner: PoolMemoryOwner = {
-        kind: 'pool-import', device: user, residentDevice: this.device, base, byteLength, pool: this, exportKey: key,
-        release: () => {
-          this.#imports.delete(key);
-          driver.memFree(base);
-          this.#dropUser();
-        },
-      };
-      memory = new SharedMemory(owner);
+      memory = new SharedMemory(new PoolImport(this, user, this.device, base, byteLength, key));
       this.#imports.set(key, memory);
     }
     this.#importOrigin ??= `by importing from pool ${this.id}, e.g. out of a link message`;
@@ -325,6 +341,11 @@ export class IpcPool {
   }
 
   [Symbol.dispose](): void { this.close(); }
+
+  static {
+    dropPoolUser = (pool) => pool.#dropUser();
+    forgetPoolImport = (pool, key) => { pool.#imports.delete(key); };
+  }
 }
 
 Device.prototype.createIpcPool = function createIpcPool(this: Device, options?: IpcPoolOptions): IpcPool {
@@ -348,7 +369,7 @@ export function exportPoolBuffer(buffer: DeviceBuffer): { pool: IpcPool; exportD
   let exportData = owner.exportData;
   if (!exportData) {
     buffer.device.activate();
-    exportData = owner.exportData = driver.memPoolExportPointer(owner.base);
+    exportData = owner.exportData = driver.memPoolExportPointer(owner.base, new Uint8Array(64));
   }
   return { pool: owner.pool, exportData, allocationSize: owner.byteLength };
 }
