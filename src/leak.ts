@@ -2,28 +2,37 @@
 // resource so the process does not keep leaking.
 //
 // By default a warning names the kind and size of what leaked ("A DeviceBuffer (1048576 bytes)"),
-// once per kind and size, and tracking costs one FinalizationRegistry entry per resource. Knowing
-// where each resource was created needs a stack trace per allocation (microseconds each, more than
-// a whole handoff's worth of work), so it is opt-in: CUDA_IPC_TRACE_LEAKS=1 in the environment,
-// or traceLeaks(true); the warning then names the line, once per line.
+// once per kind and size. Knowing where each resource was created needs a stack trace per
+// allocation (microseconds each, more than a whole handoff's worth of work), so it is opt-in:
+// CUDA_IPC_TRACE_LEAKS=1 in the environment, or traceLeaks(true); the warning then names the line,
+// once per line.
+//
+// Registering with a FinalizationRegistry and unregistering at close() costs more than the rest of
+// a buffer's bookkeeping, and most buffers live for microseconds (one handoff). So a resource is
+// registered only once it has lived about a millisecond (a timer, or a full batch, registers the
+// ones still open); one closed before that never touches the registry. Until it is registered, the
+// pending list holds it, so a leak within that time is still caught: the resource simply becomes
+// collectable once registered.
 import { fileURLToPath } from 'node:url';
 
 /** Something whose drop() releases a leaked resource (e.g. a buffer's reference on its memory). */
 export interface LeakReleaser { drop(): void }
 
-// One per tracked resource, holding only what a warning needs: the description is formatted when
-// a leak is reported, not for every resource created. (A plain object: measured smaller on the
-// heap than an instance of a class with the same fields.)
-interface Tracked {
+/**
+ * One tracked resource: what a warning needs (the description is formatted when a leak is
+ * reported, not for every resource), and the resource itself until it is registered. Returned by
+ * trackLeak(); the owner gives it back to untrackLeak() when it is closed. A plain object:
+ * measured smaller on the heap than an instance of a class with the same fields.
+ */
+export interface LeakToken {
+  /** The resource, until it is registered (the registry must not hold it) or closed. */
+  owner: object | undefined;
   readonly what: string;
   /** Appended as ' (N bytes)' when not negative. */
   readonly bytes: number;
   readonly where: string | undefined;
-  readonly release: (() => void) | LeakReleaser;
-}
-
-function describeTracked(t: Tracked): string {
-  return t.bytes >= 0 ? `${t.what} (${t.bytes} bytes)` : t.what;
+  release: (() => void) | LeakReleaser | undefined;
+  registered: boolean;
 }
 
 const env = process.env.CUDA_IPC_TRACE_LEAKS;
@@ -31,8 +40,12 @@ let tracing = env !== undefined && env !== '' && env !== '0' && env.toLowerCase(
 
 const warned = new Set<string>();
 
-const registry = new FinalizationRegistry<Tracked>((t) => {
-  const what = describeTracked(t);
+function describeToken(t: LeakToken): string {
+  return t.bytes >= 0 ? `${t.what} (${t.bytes} bytes)` : t.what;
+}
+
+const registry = new FinalizationRegistry<LeakToken>((t) => {
+  const what = describeToken(t);
   const key = t.where ?? what;
   if (!warned.has(key)) {
     warned.add(key);
@@ -45,11 +58,33 @@ const registry = new FinalizationRegistry<Tracked>((t) => {
   try {
     const r = t.release;
     if (typeof r === 'function') r();
-    else r.drop();
+    else r?.drop();
   } catch {
     // The process may be tearing down the context; a failed late release is not actionable.
   }
 });
+
+// Tracked resources not registered yet, oldest first (closed ones have owner undefined).
+let pending: LeakToken[] = [];
+/** How long a resource lives unregistered, and how many may wait at most. */
+const REGISTER_AFTER_MS = 1;
+const MAX_PENDING = 4096;
+let timer: NodeJS.Timeout | undefined;
+let timerArmed = false;
+
+/** Registers every pending resource that is still open. */
+function registerPending(): void {
+  timerArmed = false;
+  const batch = pending;
+  pending = [];
+  for (const t of batch) {
+    const owner = t.owner;
+    if (owner === undefined) continue;  // closed before it needed the registry
+    t.owner = undefined;  // the registry holds the token: it must not keep the resource alive
+    t.registered = true;
+    registry.register(owner, t, t);
+  }
+}
 
 /**
  * Records the creation stack of every resource created from now on (or stops), so that leak
@@ -84,16 +119,31 @@ function creationSite(): string {
 const packageSource = fileURLToPath(new URL('.', import.meta.url));
 
 /**
- * Registers `owner` so that `release` runs (a function, or an object's drop()) with a warning if
- * it is collected while open. `what` names it ('A DeviceBuffer'), `bytes` its size when known;
+ * Tracks `owner` so that `release` runs (a function, or an object's drop()) with a warning if it
+ * is collected while open. `what` names it ('A DeviceBuffer'), `bytes` its size when known;
  * `where` describes its origin when a stack would not help (e.g. 'from a link message');
- * otherwise, while tracing, the creating call is recorded.
+ * otherwise, while tracing, the creating call is recorded. Give the token to untrackLeak() when
+ * the owner is closed.
  */
-export function trackLeak(owner: object, what: string, release: (() => void) | LeakReleaser, where?: string, bytes = -1): void {
-  const t: Tracked = { what, bytes, where: where ?? (tracing ? creationSite() : undefined), release };
-  registry.register(owner, t, owner);
+export function trackLeak(owner: object, what: string, release: (() => void) | LeakReleaser, where?: string, bytes = -1): LeakToken {
+  const t: LeakToken = { owner, what, bytes, where: where ?? (tracing ? creationSite() : undefined), release, registered: false };
+  pending.push(t);
+  if (pending.length >= MAX_PENDING) {
+    registerPending();
+  } else if (!timerArmed) {
+    timerArmed = true;
+    if (timer === undefined) timer = setTimeout(registerPending, REGISTER_AFTER_MS).unref();
+    else timer.refresh();
+  }
+  return t;
 }
 
-export function untrackLeak(owner: object): void {
-  registry.unregister(owner);
+/** The owner was closed: no warning for it, ever. */
+export function untrackLeak(t: LeakToken): void {
+  if (t.registered) {
+    t.registered = false;
+    registry.unregister(t);
+  }
+  t.owner = undefined;
+  t.release = undefined;
 }

@@ -5,7 +5,7 @@ import { driver, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
-import { trackLeak, untrackLeak } from '../leak.js';
+import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { noteChange } from '../observe/hooks.js';
 
 export type MemoryKind = 'device' | 'legacy-import' | 'pool' | 'pool-import';
@@ -170,6 +170,7 @@ export class DeviceBuffer {
   readonly #memory: SharedMemory;
   readonly #parent: DeviceBuffer | undefined;
   #pointer: bigint;
+  readonly #leak: LeakToken;
 
   /** @internal Use DeviceBuffer.allocate, buffer.view, or the IPC open functions. */
   constructor(memory: SharedMemory, offset: number, byteLength: number, parent?: DeviceBuffer, origin?: string, device?: Device) {
@@ -180,7 +181,7 @@ export class DeviceBuffer {
     this.#pointer = offset === 0 ? memory.owner.base : memory.owner.base + BigInt(offset);
     this.#parent = parent;
     memory.acquire();
-    trackLeak(this, 'A DeviceBuffer', memory, origin, byteLength);
+    this.#leak = trackLeak(this, 'A DeviceBuffer', memory, origin, byteLength);
   }
 
   /** Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context (default: the working device, else device 0). */
@@ -338,7 +339,7 @@ export class DeviceBuffer {
   close(options?: { force?: boolean }): void {
     if (this.#pointer === 0n) return;
     this.#pointer = 0n;
-    untrackLeak(this);
+    untrackLeak(this.#leak);
     if (options?.force && !this.#memory.released) {
       if (this.#memory.leases > 0) {
         process.emitWarning(`force-closing a ${this.kind} buffer of ${this.#memory.owner.byteLength} bytes that ${this.#memory.leases} peer(s) still map: ` +

@@ -4,7 +4,7 @@
 import { addon } from '../native.js';
 import type { NativeSharedMemory } from '../posix-types.js';
 import { IpcError } from '../errors.js';
-import { trackLeak, untrackLeak } from '../leak.js';
+import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 
 const { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL } = addon.posixConstants;
 /** Seals of every buffer allocate() makes: its size can never change. */
@@ -154,6 +154,7 @@ export class HostBuffer implements Disposable {
   #bytes: Uint8Array | undefined;
   readonly #offset: number;
   readonly #length: number;
+  readonly #leak: LeakToken;
 
   private constructor(mapping: Mapping, offset: number, length: number) {
     this.#mapping = mapping;
@@ -161,7 +162,7 @@ export class HostBuffer implements Disposable {
     this.#offset = offset;
     this.#length = length;
     // Native finalizers close the fd and unmap once no ArrayBuffer needs the memory: only warn.
-    trackLeak(this, 'A HostBuffer', nothingToRelease, undefined, length);
+    this.#leak = trackLeak(this, 'A HostBuffer', nothingToRelease, undefined, length);
   }
 
   /** The Uint8Array over this buffer's range, made on first use. */
@@ -336,7 +337,7 @@ export class HostBuffer implements Disposable {
     const m = this.#mapping;
     if (m) {
       this.#mapping = undefined;
-      untrackLeak(this);
+      untrackLeak(this.#leak);
       // Views may keep the mapping; this buffer's own typed arrays must go dark now regardless.
       // (When the memory is unmapped right here, the native close detaches every one of them.)
       const unmapsNow = options?.force || (m.users === 1 && !m.unmapped);

@@ -8,7 +8,7 @@ import { Device, assertPeerReachable, importingDevice } from '../cuda/device.js'
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
 import { Stream, streamHandle } from '../cuda/stream.js';
 import { CudaError, IpcError } from '../errors.js';
-import { trackLeak, untrackLeak } from '../leak.js';
+import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { addon } from '../native.js';
 
 export interface IpcPoolOptions {
@@ -116,6 +116,7 @@ export class IpcPool {
   readonly #imports = new Map<string, SharedMemory>();
   /** What a leak warning says about where an imported buffer came from (made once). */
   #importOrigin: string | undefined;
+  readonly #leak: LeakToken;
 
   private constructor(device: Device, handle: bigint, id: string, imported: boolean, maxSize: number, fd: number, home: Device) {
     this.device = device;
@@ -126,7 +127,7 @@ export class IpcPool {
     this.idBytes = Uint8Array.from(Buffer.from(id, 'hex'));
     this.imported = imported;
     this.maxSize = maxSize;
-    trackLeak(this, `An ${imported ? 'imported ' : ''}IpcPool`, () => {
+    this.#leak = trackLeak(this, `An ${imported ? 'imported ' : ''}IpcPool`, () => {
       home.activate();
       driver.memPoolDestroy(handle);
       if (fd >= 0) closeSync(fd);
@@ -336,7 +337,7 @@ export class IpcPool {
   close(): void {
     if (this.#closeRequested) return;
     this.#closeRequested = true;
-    untrackLeak(this);
+    untrackLeak(this.#leak);
     if (this.#users === 0) this.#destroy();
   }
 
