@@ -8,11 +8,12 @@
 // once per line.
 //
 // Registering with a FinalizationRegistry and unregistering at close() costs more than the rest of
-// a buffer's bookkeeping, and most buffers live for microseconds (one handoff). So a resource is
-// registered only once it has lived about a millisecond (a timer, or a full batch, registers the
-// ones still open); one closed before that never touches the registry. Until it is registered, the
-// pending list holds it, so a leak within that time is still caught: the resource simply becomes
-// collectable once registered.
+// a buffer's bookkeeping, and most buffers live for microseconds (one handoff). So resources wait
+// in a pending list, which is registered in one go (those still open) after every garbage
+// collection and whenever it fills up; one closed before that never touches the registry. The
+// pending list holds its resources, so a leak is still caught: a leaked resource becomes
+// collectable after the collection that registered it. (No timer: a timer's wake-ups cost more
+// than they save where processes ping-pong on one core.)
 import { fileURLToPath } from 'node:url';
 
 /** Something whose drop() releases a leaked resource (e.g. a buffer's reference on its memory). */
@@ -66,15 +67,18 @@ const registry = new FinalizationRegistry<LeakToken>((t) => {
 
 // Tracked resources not registered yet, oldest first (closed ones have owner undefined).
 let pending: LeakToken[] = [];
-/** How long a resource lives unregistered, and how many may wait at most. */
-const REGISTER_AFTER_MS = 1;
-const MAX_PENDING = 4096;
-let timer: NodeJS.Timeout | undefined;
-let timerArmed = false;
+/** How many resources wait at most. */
+const MAX_PENDING = 256;
+// Told when a garbage collection happened: an object of its own, unreachable from the start, is
+// collected by the next collection, whose cleanup task then registers the pending resources.
+const afterCollection = new FinalizationRegistry<null>(() => {
+  watching = false;
+  registerPending();
+});
+let watching = false;
 
 /** Registers every pending resource that is still open. */
 function registerPending(): void {
-  timerArmed = false;
   const batch = pending;
   pending = [];
   for (const t of batch) {
@@ -130,10 +134,9 @@ export function trackLeak(owner: object, what: string, release: (() => void) | L
   pending.push(t);
   if (pending.length >= MAX_PENDING) {
     registerPending();
-  } else if (!timerArmed) {
-    timerArmed = true;
-    if (timer === undefined) timer = setTimeout(registerPending, REGISTER_AFTER_MS).unref();
-    else timer.refresh();
+  } else if (!watching) {
+    watching = true;
+    afterCollection.register({}, null);
   }
   return t;
 }

@@ -16,11 +16,10 @@ function mappings(): number {
   return readFileSync('/proc/self/maps', 'utf8').split('\n').filter((l) => l.includes('cuda-ipc-host')).length;
 }
 
-/** Collects garbage a few times, a few ms apart: the leak backstop registers resources that live past 1 ms. */
 async function collect(): Promise<void> {
   for (let i = 0; i < 4; i++) {
     gc();
-    await new Promise((r) => setTimeout(r, 3));
+    await new Promise((r) => setImmediate(r));
   }
 }
 
