@@ -27,7 +27,9 @@ declare module '../cuda/buffer.js' {
 const handleKey = (h: Uint8Array) => Buffer.from(h.buffer, h.byteOffset, h.byteLength).toString('latin1');
 
 // Allocations this thread exported, by handle: an open in this thread becomes a view of them.
-const localExports = new Map<string, WeakRef<SharedMemory>>();
+// Held strongly: each entry goes when its memory is released (which the leak backstop also does
+// for a buffer that is never closed), and the memory is held anyway until then.
+const localExports = new Map<string, SharedMemory>();
 // The handle of each exported allocation, computed once.
 const handleOfMemory = new WeakMap<SharedMemory, Uint8Array>();
 
@@ -125,7 +127,7 @@ function handleOf(buffer: DeviceBuffer): { handle: Uint8Array; pid: number } {
     const h = driver.ipcGetMemHandle(owner.base, new Uint8Array(64));
     const key = handleKey(h);
     driver.legacyExportRegister(h, owner.base);
-    localExports.set(key, new WeakRef(memory));
+    localExports.set(key, memory);
     memory.beforeRelease.push(() => {
       localExports.delete(key);
       driver.legacyExportUnregister(h);
@@ -175,7 +177,7 @@ export function openLegacyDescriptor(desc: LegacyHandleDescriptor, using?: Devic
   const resident = Device.byUuid(desc.deviceUuid);
   const user = importingDevice(resident, using);
 
-  const local = localExports.size > 0 ? localExports.get(handleKey(desc.handle))?.deref() : undefined;
+  const local = localExports.size > 0 ? localExports.get(handleKey(desc.handle)) : undefined;
   if (local && !local.released) {
     // This process's own allocation: the using device reaches it through peer access.
     user.enablePeerAccess(local.owner.device);
