@@ -9,11 +9,11 @@
 //
 // Registering with a FinalizationRegistry and unregistering at close() costs more than the rest of
 // a buffer's bookkeeping, and most buffers live for microseconds (one handoff). So resources wait
-// in a pending list, which is registered in one go (those still open) after every garbage
-// collection and whenever it fills up; one closed before that never touches the registry. The
-// pending list holds its resources, so a leak is still caught: a leaked resource becomes
-// collectable after the collection that registered it. (No timer: a timer's wake-ups cost more
-// than they save where processes ping-pong on one core.)
+// in a pending list, which is registered in one go (those still open) whenever 256 wait and after
+// each garbage collection that clears finalization registries (in Node 20, the full ones); one
+// closed before that never touches the registry. The pending list holds its resources, so a leak is
+// still caught, one collection later than a resource registered at once would be. (No timer: its
+// wake-ups cost more than they save where processes ping-pong on one core.)
 import { fileURLToPath } from 'node:url';
 
 /** Something whose drop() releases a leaked resource (e.g. a buffer's reference on its memory). */
