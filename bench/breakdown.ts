@@ -3,6 +3,7 @@
 // the logs are cut into per-handoff phases. CLOCK_MONOTONIC is shared by every process on the
 // machine, so the time between the sender's sendmsg() and the receiver's callback is measurable.
 import { Probe, setProbe } from '../src/link/probe.js';
+import { traceNativeCalls } from './native-trace.js';
 
 /** The benchmark's own marks, numbered after the link's probes. */
 export const enum Mark {
@@ -17,6 +18,9 @@ export const enum Mark {
   HandlerIn = 36,
   ReadDone = 37,
   ClosedDone = 38,
+  /** Either side: a call into the addon (CUDA driver call, system call) starts / returned. */
+  NativeCall = 39,
+  NativeReturn = 40,
 }
 
 /** CLOCK_MONOTONIC in microseconds minus performance.now() in microseconds, for this process. */
@@ -53,12 +57,17 @@ export class Recorder {
     this.#n++;
   };
 
-  /** Starts recording the link's probes here (the benchmark calls mark() itself). */
+  #untrace: (() => void) | undefined;
+
+  /** Starts recording the link's probes and every native call here (the benchmark calls mark() itself). */
   install(): void {
     setProbe(this.mark as (p: Probe) => void);
+    this.#untrace ??= traceNativeCalls(this.mark, Mark.NativeCall, Mark.NativeReturn);
   }
   uninstall(): void {
     setProbe(undefined);
+    this.#untrace?.();
+    this.#untrace = undefined;
   }
 
   /** The log as (point, CLOCK_MONOTONIC microseconds) pairs. */
@@ -88,10 +97,29 @@ function segments(log: Log, isStart: (log: Log, i: number) => boolean): Segment[
   return starts.map((from, k) => ({ log, from, to: k + 1 < starts.length ? starts[k + 1]! : n }));
 }
 
+/** Time inside native calls (NativeCall to NativeReturn) that start in [t0, t1), and how many. */
+function nativeIn(s: Segment, t0: number, t1: number): { us: number; calls: number } {
+  let us = 0;
+  let calls = 0;
+  if (!(t1 > t0)) return { us, calls };
+  for (let i = s.from; i < s.to; i++) {
+    if (point(s, i) !== Mark.NativeCall) continue;
+    const t = time(s, i);
+    if (t < t0 || t >= t1) continue;
+    const r = find(s, Mark.NativeReturn, i + 1);
+    if (r < 0) continue;
+    us += time(s, r) - t;
+    calls++;
+  }
+  return { us, calls };
+}
+
 /** A record that is a message (not a RELEASE): RecordIn followed by an import or delivery. */
 function isMessageIn(log: Log, i: number): boolean {
   if (log[2 * i] !== Probe.RecordIn) return false;
-  const next = log[2 * i + 2];
+  let j = i + 1;
+  while (2 * j < log.length && (log[2 * j] === Mark.NativeCall || log[2 * j] === Mark.NativeReturn)) j++;
+  const next = log[2 * j];
   return next === Probe.ImportStart || next === Probe.Delivered;
 }
 
@@ -123,9 +151,18 @@ export const PHASES = [
 export type PhaseKey = (typeof PHASES)[number]['key'];
 
 export interface PhaseSummary { median: number; p99: number; n: number }
+/** The part of a phase spent inside native calls (CUDA driver calls, system calls). */
+export interface NativeSummary {
+  /** Median time inside native calls, us. */
+  median: number;
+  /** Median number of native calls. */
+  calls: number;
+}
 export interface Breakdown {
   /** Median of each phase over the handoffs in which it occurred. */
   phases: Partial<Record<PhaseKey, PhaseSummary>>;
+  /** Of each phase that runs in one process, the part inside native calls. */
+  native: Partial<Record<PhaseKey, NativeSummary>>;
   /** Median whole handoff (start to sender's close) in the instrumented run. */
   total: PhaseSummary;
   handoffs: number;
@@ -152,6 +189,23 @@ export function analyze(sender: Log, receiver: Log): Breakdown {
     if (!a) values.set(k, (a = []));
     a.push(v);
   };
+  const nativeUs = new Map<PhaseKey, number[]>();
+  const nativeCalls = new Map<PhaseKey, number[]>();
+  /** The native part of phase k: calls in [t0, t1), minus those in [x0, x1) (a nested phase). */
+  const addNative = (k: PhaseKey, s: Segment, t0: number, t1: number, x0 = NaN, x1 = NaN) => {
+    if (!Number.isFinite(t0) || !Number.isFinite(t1)) return;
+    const n = nativeIn(s, t0, t1);
+    if (Number.isFinite(x0) && Number.isFinite(x1)) {
+      const x = nativeIn(s, x0, x1);
+      n.us -= x.us;
+      n.calls -= x.calls;
+    }
+    for (const [m, v] of [[nativeUs, n.us], [nativeCalls, n.calls]] as const) {
+      let a = m.get(k);
+      if (!a) m.set(k, (a = []));
+      a.push(v);
+    }
+  };
   const totals: number[] = [];
   const n = Math.min(sent.length, got.length);
   for (let k = 0; k < n; k++) {
@@ -171,8 +225,15 @@ export function analyze(sender: Log, receiver: Log): Breakdown {
     let pAckIn = NaN;
     for (let i = Math.max(p.from, pSentIdx); i + 1 < p.to; i++) {
       if (point(p, i) !== Probe.RecordIn) continue;
-      if (point(p, i + 1) === Probe.Delivered && Number.isNaN(pAckIn)) pAckIn = time(p, i);
-      if (point(p, i + 1) === Probe.ReleaseDone) add('release.done', time(p, i + 1) - time(p, i));
+      // The next point that is not a native call's: what this record turned out to be.
+      let j = i + 1;
+      while (j < p.to && (point(p, j) === Mark.NativeCall || point(p, j) === Mark.NativeReturn)) j++;
+      if (j >= p.to) continue;
+      if (point(p, j) === Probe.Delivered && Number.isNaN(pAckIn)) pAckIn = time(p, i);
+      if (point(p, j) === Probe.ReleaseDone) {
+        add('release.done', time(p, j) - time(p, i));
+        addNative('release.done', p, time(p, i), time(p, j));
+      }
     }
     const pAcked = at(p, find(p, Mark.Acked));
     const pFreed = at(p, find(p, Mark.Freed));
@@ -193,6 +254,17 @@ export function analyze(sender: Log, receiver: Log): Breakdown {
       const relSent = find(c, Probe.SocketSent, cRelIdx);
       if (relSent >= 0) add('release.send', time(c, relSent) - time(c, cRelIdx));
     }
+    addNative('allocate', p, pStart, pAlloc);
+    addNative('export', p, pExportStart, pExportEnd);
+    addNative('encode', p, pAlloc, pSock, pExportStart, pExportEnd);
+    addNative('decode', c, cIn, cDelivered, cImportStart, cImportEnd);
+    addNative('import', c, cImportStart, cImportEnd);
+    addNative('deliver', c, cDelivered, cHandler);
+    addNative('read', c, cHandler, cRead);
+    addNative('free.receiver', c, cRead, cClosed);
+    addNative('ack.encode', c, cClosed, cAckSock);
+    addNative('ack.decode', p, pAckIn, pAcked);
+    addNative('free.sender', p, pAcked, pFreed);
 
     const exportUs = Number.isNaN(pExportStart) ? 0 : pExportEnd - pExportStart;
     const importUs = Number.isNaN(cImportStart) ? 0 : cImportEnd - cImportStart;
@@ -226,11 +298,14 @@ export function analyze(sender: Log, receiver: Log): Breakdown {
   for (let i = 0; i < sender.length / 2; i++) if (sender[2 * i] === Probe.ReleaseDone) relDone.push(sender[2 * i + 1]!);
   for (let k = 0; k < Math.min(relSent.length, relDone.length); k++) add('release.handle', relDone[k]! - relSent[k]!);
   const phases: Breakdown['phases'] = {};
+  const native: Breakdown['native'] = {};
   for (const ph of PHASES) {
     const v = values.get(ph.key);
     if (v?.length) phases[ph.key] = summarize(v);
+    const us = nativeUs.get(ph.key);
+    if (us?.length) native[ph.key] = { median: summarize(us).median, calls: summarize(nativeCalls.get(ph.key)!).median };
   }
-  return { phases, total: summarize(totals), handoffs: n };
+  return { phases, native, total: summarize(totals), handoffs: n };
 }
 
 /** One table: phases down, handoff kinds across (median us, and p99 where asked). */
@@ -263,4 +338,30 @@ export function printBreakdown(title: string, results: ReadonlyMap<string, Break
   console.log('Phases run back to back on the path of one handoff, so they add up to it; "of which" rows overlap the row above ' +
     '(where both processes share a core, a sendmsg() that wakes the peer also counts the time the peer runs first). The RELEASE ' +
     'frame tells the sender that the receiver closed the buffer; it follows the ack, so it is off the timed path.');
+  printNative(results);
+}
+
+/** Of each phase in one process: median us inside native calls / median number of calls, and the rest (JavaScript). */
+function printNative(results: ReadonlyMap<string, Breakdown>): void {
+  const names = [...results.keys()];
+  const fmt = (v: number) => (v >= 100 ? v.toFixed(0) : v.toFixed(1));
+  const rows: string[][] = [];
+  for (const ph of PHASES) {
+    if (!names.some((n) => results.get(n)!.native?.[ph.key])) continue;
+    rows.push([ph.side, ph.key.startsWith('release') ? `after the ack: ${ph.what}` : ph.what, ...names.map((n) => {
+      const b = results.get(n)!;
+      const nat = b.native?.[ph.key];
+      const all = b.phases[ph.key]?.median;
+      if (!nat || all === undefined) return '-';
+      return `${fmt(nat.median)} in ${nat.calls} / ${fmt(Math.max(0, all - nat.median))} JS`;
+    })]);
+  }
+  if (rows.length === 0) return;
+  const head = ['side', 'phase: us inside native calls (CUDA driver, system calls) in N calls / the rest', ...names];
+  const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
+  const line = (c: string[]) => '| ' + c.map((v, i) => (i >= 2 ? v.padStart(widths[i]!) : v.padEnd(widths[i]!))).join(' | ') + ' |';
+  console.log('\nOf each phase, the part inside calls into the addon (medians; each call also pays the tracing\'s two clock reads)');
+  console.log(line(head));
+  console.log('|' + widths.map((w) => '-'.repeat(w + 2)).join('|') + '|');
+  for (const r of rows) console.log(line(r));
 }

@@ -23,8 +23,9 @@ link.on('message', (m: unknown) => {
     value = one[0]!;
     m.close();
   } else if (m instanceof HostBuffer) {
-    value = new Uint32Array(m.bytes.buffer, m.bytes.byteOffset, 1)[0]!;
+    m.read(one); // as for device buffers: a copy of one value (no view of the whole buffer made)
     mark?.(Mark.ReadDone);
+    value = one[0]!;
     m.close();
   } else if (typeof m === 'number') {
     value = m; // the bare link round trip

@@ -67,13 +67,24 @@ inline size_t ArgSize(const Napi::CallbackInfo& info, size_t i, const char* what
 
 // Bytes of an ArrayBuffer view (TypedArray / DataView / Buffer) or ArrayBuffer.
 struct Bytes { uint8_t* data; size_t length; };
+inline size_t TypedArrayElementSize(napi_typedarray_type t) {
+  switch (t) {
+    case napi_int16_array: case napi_uint16_array: return 2;
+    case napi_int32_array: case napi_uint32_array: case napi_float32_array: return 4;
+    case napi_float64_array: case napi_bigint64_array: case napi_biguint64_array: return 8;
+    default: return 1;
+  }
+}
 inline Bytes ArgBytes(const Napi::CallbackInfo& info, size_t i, const char* what) {
   if (info.Length() > i) {
     Napi::Value v = info[i];
-    if (v.IsTypedArray()) {
-      auto t = v.As<Napi::TypedArray>();
-      auto ab = t.ArrayBuffer();
-      return {static_cast<uint8_t*>(ab.Data()) + t.ByteOffset(), t.ByteLength()};
+    // Typed arrays (the common case, on every send and copy) in one query: the data pointer
+    // napi_get_typedarray_info returns already includes the view's offset.
+    napi_typedarray_type type;
+    size_t count = 0;
+    void* data = nullptr;
+    if (napi_get_typedarray_info(info.Env(), v, &type, &count, &data, nullptr, nullptr) == napi_ok) {
+      return {static_cast<uint8_t*>(data), count * TypedArrayElementSize(type)};
     }
     if (v.IsDataView()) {
       auto dv = v.As<Napi::DataView>();

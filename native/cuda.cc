@@ -9,6 +9,7 @@
 // thread-safe function that reports stream completions).
 #include <dlfcn.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <string>
@@ -36,6 +37,8 @@ std::once_flag g_loadOnce;
 std::string g_loadError;  // empty when the driver loaded
 std::mutex g_initMutex;
 bool g_initialized = false;
+// Set once the driver is loaded and initialised: every later call checks only this.
+std::atomic<bool> g_ready{false};
 
 void LoadDriver() {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -99,6 +102,7 @@ Napi::Value MakeCudaError(Napi::Env env, int status, const std::string& name, co
 
 // Ensures the driver is loaded and initialised; throws CudaError otherwise.
 void EnsureDriver(Napi::Env env) {
+  if (g_ready.load(std::memory_order_acquire)) return;
   std::call_once(g_loadOnce, LoadDriver);
   if (!g_loadError.empty())
     throw Napi::Error(env, MakeCudaError(env, -1, "CUDA_DRIVER_NOT_FOUND", g_loadError, "dlopen(libcuda.so.1)"));
@@ -109,6 +113,7 @@ void EnsureDriver(Napi::Env env) {
   CUresult r = g_driver.cuInit(0);
   if (r != CUDA_SUCCESS) ThrowCuda(env, r, "cuInit");
   g_initialized = true;
+  g_ready.store(true, std::memory_order_release);
 }
 
 // Calls a driver entry point after making sure it exists; throws CudaError on failure.
@@ -145,6 +150,19 @@ Napi::Uint8Array CopyBytes(Napi::Env env, const void* p, size_t n) {
   auto a = Napi::Uint8Array::New(env, n);
   std::memcpy(a.Data(), p, n);
   return a;
+}
+
+// Where a call that produces N bytes puts them: the caller's typed array at argument i (at least
+// N bytes; returned as is), or else a new Uint8Array. A typed array made in JS is far cheaper than
+// one made here, whose memory is a separate native allocation.
+template <size_t N> Napi::Value PutBytes(const Napi::CallbackInfo& info, size_t i, const void* p) {
+  if (info.Length() > i && !info[i].IsUndefined()) {
+    Bytes out = ArgBytes(info, i, "out");
+    if (out.length < N) ThrowType(info.Env(), "out must hold at least " + std::to_string(N) + " bytes");
+    std::memcpy(out.data, p, N);
+    return info[i];
+  }
+  return CopyBytes(info.Env(), p, N);
 }
 
 template <size_t N> void ArgFixedBytes(const Napi::CallbackInfo& info, size_t i, const char* what, void* out) {
@@ -415,6 +433,7 @@ Napi::Value MemsetD32Async(const Napi::CallbackInfo& info) {
 
 struct LegacyImport {
   CUdeviceptr ptr;
+  size_t size;       // of the allocation (cuMemGetAddressRange at the open), for range checks
   CUcontext ctx;     // the importing context: the mapping is closed there
   uint32_t refs;
   uint64_t lastUse;  // for evicting the least recently used idle mapping
@@ -472,10 +491,11 @@ CUresult TrimIdleLocked(uint32_t keep) {
   }
 }
 
+// ipcGetMemHandle(pointer, out?): the 64-byte handle, in `out` when given.
 Napi::Value IpcGetMemHandle(const Napi::CallbackInfo& info) {
   CUipcMemHandle h;
   CU_CALL(info.Env(), cuIpcGetMemHandle, &h, ArgU64(info, 0, "pointer"));
-  return CopyBytes(info.Env(), h.reserved, sizeof(h.reserved));
+  return PutBytes<sizeof(h.reserved)>(info, 1, h.reserved);
 }
 
 Napi::Value IpcOpenMemHandle(const Napi::CallbackInfo& info) {
@@ -508,8 +528,8 @@ Napi::Value LegacyExportUnregister(const Napi::CallbackInfo& info) {
 }
 
 // legacyImportAcquire(handle, context): maps the allocation behind `handle` once per process and
-// context: returns [base, local] where local is true when this process exported it (no mapping
-// made). The cache is keyed by the handle's 64 bytes (and the context), so a handle the exporter
+// context: returns [base, local, size] where local is true when this process exported it (no
+// mapping made; size 0: unknown) and size is the allocation's (asked once, at the open). The cache is keyed by the handle's 64 bytes (and the context), so a handle the exporter
 // made for a new allocation at a reused address never matches an old entry. `context` must be
 // current on the caller's thread: the mapping is made there (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
 // lets it be another device's memory).
@@ -518,12 +538,13 @@ Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
   std::string handleKey = HandleKey(info, 0);
   CUcontext ctx = ArgHandle<CUcontext>(info, 1, "context");
   std::string key = ImportKey(handleKey, ctx);
-  auto out = Napi::Array::New(env, 2);
+  auto out = Napi::Array::New(env, 3);
   std::lock_guard<std::mutex> lock(g_legacyMutex);
   auto ex = g_legacyExports.find(handleKey);
   if (ex != g_legacyExports.end()) {
     out.Set(0u, U64(env, ex->second));
     out.Set(1u, Napi::Boolean::New(env, true));
+    out.Set(2u, Napi::Number::New(env, 0));
     return out;
   }
   auto it = g_legacyImports.find(key);
@@ -532,21 +553,32 @@ Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
     it->second.lastUse = ++g_legacyClock;
     out.Set(0u, U64(env, it->second.ptr));
     out.Set(1u, Napi::Boolean::New(env, false));
+    out.Set(2u, Napi::Number::New(env, static_cast<double>(it->second.size)));
     return out;
   }
   CUipcMemHandle h;
   std::memcpy(h.reserved, handleKey.data(), sizeof(h.reserved));
   CUdeviceptr p = 0;
   CU_CALL(env, cuIpcOpenMemHandle, &p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  // The allocation's size, for the caller's range check: asked once here, not on every reuse.
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  try {
+    CU_CALL(env, cuMemGetAddressRange, &base, &size, p);
+  } catch (...) {
+    g_driver.cuIpcCloseMemHandle(p);  // not cached: nobody would ever close it
+    throw;
+  }
   // An idle entry of this context at the same address belongs to an allocation the driver no
   // longer maps here (its handle differs, or the lookup above would have found it): stale, drop it.
   for (auto s = g_legacyImports.begin(); s != g_legacyImports.end();) {
     if (s->second.ptr == p && s->second.ctx == ctx && s->second.refs == 0) s = g_legacyImports.erase(s);
     else ++s;
   }
-  g_legacyImports[key] = LegacyImport{p, ctx, 1, ++g_legacyClock};
+  g_legacyImports[key] = LegacyImport{p, size, ctx, 1, ++g_legacyClock};
   out.Set(0u, U64(env, p));
   out.Set(1u, Napi::Boolean::New(env, false));
+  out.Set(2u, Napi::Number::New(env, static_cast<double>(size)));
   return out;
 }
 
@@ -817,10 +849,11 @@ Napi::Value MemPoolImportFromFd(const Napi::CallbackInfo& info) {
   return HandleValue(info.Env(), pool);
 }
 
+// memPoolExportPointer(pointer, out?): the 64 bytes of export data, in `out` when given.
 Napi::Value MemPoolExportPointer(const Napi::CallbackInfo& info) {
   CUmemPoolPtrExportData d;
   CU_CALL(info.Env(), cuMemPoolExportPointer, &d, ArgU64(info, 0, "pointer"));
-  return CopyBytes(info.Env(), d.reserved, sizeof(d.reserved));
+  return PutBytes<sizeof(d.reserved)>(info, 1, d.reserved);
 }
 
 Napi::Value MemPoolImportPointer(const Napi::CallbackInfo& info) {

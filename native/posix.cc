@@ -73,11 +73,31 @@ int ArgFdList(Napi::Env env, Napi::Value v, int* out) {
 // ---------------------------------------------------------------------------------------------
 // Free functions: near 1:1 system calls.
 
+// memfdCreate(name, size?, seals?): memfd_create, then (when given) ftruncate to size and
+// F_ADD_SEALS, the three calls a new shared buffer always makes; the fd is closed if one fails.
 Napi::Value MemfdCreate(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
   std::string name = ArgString(info, 0, "name");
+  bool sized = info.Length() > 1 && !info[1].IsUndefined();
+  size_t size = sized ? ArgSize(info, 1, "size") : 0;
+  int seals = info.Length() > 2 && !info[2].IsUndefined() ? ArgI32(info, 2, "seals") : 0;
   int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) ThrowErrno(info.Env(), "memfd_create", errno);
-  return Napi::Number::New(info.Env(), fd);
+  if (fd < 0) ThrowErrno(env, "memfd_create", errno);
+  if (sized) {
+    int r;
+    do r = ftruncate(fd, static_cast<off_t>(size)); while (r < 0 && errno == EINTR);
+    if (r < 0) {
+      int err = errno;
+      close(fd);
+      ThrowErrno(env, "ftruncate", err);
+    }
+  }
+  if (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) < 0) {
+    int err = errno;
+    close(fd);
+    ThrowErrno(env, "fcntl(F_ADD_SEALS)", err);
+  }
+  return Napi::Number::New(env, fd);
 }
 
 Napi::Value Ftruncate(const Napi::CallbackInfo& info) {
@@ -259,6 +279,8 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "SharedMemory",
                        {InstanceMethod<&SharedMemory::ArrayBuffer>("arrayBuffer"),
+                        InstanceMethod<&SharedMemory::CopyOut>("copyOut"),
+                        InstanceMethod<&SharedMemory::CopyIn>("copyIn"),
                         InstanceMethod<&SharedMemory::Close>("close"),
                         InstanceAccessor<&SharedMemory::Address>("address"),
                         InstanceAccessor<&SharedMemory::Fd>("fd"),
@@ -335,6 +357,26 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
       throw Napi::Error::New(env, "napi_create_reference failed");
     }
     return Napi::Value(env, ab);
+  }
+
+  // copyOut(offset, destination) / copyIn(offset, source): copies between the mapping at
+  // `offset` and a typed array, as many bytes as it holds, without an ArrayBuffer over the
+  // mapping (one costs far more than a small copy, and a wake-up of the event loop when it goes).
+  Napi::Value CopyOut(const Napi::CallbackInfo& info) {
+    Region* r = Open(info.Env());
+    size_t offset = ArgSize(info, 0, "offset");
+    Bytes dst = ArgBytes(info, 1, "destination");
+    if (offset > r->length || dst.length > r->length - offset) throw Napi::RangeError::New(info.Env(), "copyOut: range outside the mapping");
+    std::memmove(dst.data, r->addr + offset, dst.length);  // the destination may be a view of this mapping
+    return info.Env().Undefined();
+  }
+  Napi::Value CopyIn(const Napi::CallbackInfo& info) {
+    Region* r = Open(info.Env());
+    size_t offset = ArgSize(info, 0, "offset");
+    Bytes src = ArgBytes(info, 1, "source");
+    if (offset > r->length || src.length > r->length - offset) throw Napi::RangeError::New(info.Env(), "copyIn: range outside the mapping");
+    std::memmove(r->addr + offset, src.data, src.length);
+    return info.Env().Undefined();
   }
 
   // close(): detach every ArrayBuffer over the mapping, unmap, close the fd.

@@ -5,6 +5,10 @@
 export interface NativeSharedMemory {
   /** An external ArrayBuffer over [offset, offset + length) of the mapping; detached by close(). */
   arrayBuffer(offset: number, length: number): ArrayBuffer;
+  /** Copies destination.byteLength bytes at `offset` of the mapping into `destination`. */
+  copyOut(offset: number, destination: ArrayBufferView | ArrayBuffer): void;
+  /** Copies `source` into the mapping at `offset`. */
+  copyIn(offset: number, source: ArrayBufferView | ArrayBuffer): void;
   /** Detaches every ArrayBuffer made by arrayBuffer(), unmaps, closes the fd. Idempotent. */
   close(): void;
   readonly address: bigint;
@@ -68,8 +72,8 @@ export interface PosixConstants {
 }
 
 export interface PosixAddon {
-  /** memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING) */
-  memfdCreate(name: string): number;
+  /** memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING), then ftruncate(size) and F_ADD_SEALS(seals) when given (the fd is closed if they fail). */
+  memfdCreate(name: string, size?: number, seals?: number): number;
   ftruncate(fd: number, size: number): void;
   /** fstat(fd).st_size */
   fstatSize(fd: number): number;

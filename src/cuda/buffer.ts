@@ -5,7 +5,7 @@ import { driver, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
-import { trackLeak, untrackLeak } from '../leak.js';
+import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { noteChange } from '../observe/hooks.js';
 
 export type MemoryKind = 'device' | 'legacy-import' | 'pool' | 'pool-import';
@@ -70,10 +70,9 @@ export class SharedMemory {
   /** Peers currently holding this memory through a link. */
   leases = 0;
   released = false;
-  /** Run just before the memory is freed or unmapped (e.g. unregister a local export). */
-  readonly beforeRelease: Array<() => void> = [];
-  /** Run just after (e.g. tell the exporting peer that this process no longer maps it). */
-  readonly afterRelease: Array<() => void> = [];
+  // Made on first use: most memory never has a hook of either kind.
+  #beforeRelease: Array<() => void> | undefined;
+  #afterRelease: Array<() => void> | undefined;
   #whenReleased: Promise<void> | undefined;
   #resolveReleased: (() => void) | undefined;
 
@@ -81,6 +80,11 @@ export class SharedMemory {
     liveMemory.add(this);
     noteChange(); // for `cuda-ipc status`
   }
+
+  /** Run just before the memory is freed or unmapped (e.g. unregister a local export). */
+  get beforeRelease(): Array<() => void> { return (this.#beforeRelease ??= []); }
+  /** Run just after (e.g. tell the exporting peer that this process no longer maps it). */
+  get afterRelease(): Array<() => void> { return (this.#afterRelease ??= []); }
 
   acquire(): void { this.refs++; }
 
@@ -121,11 +125,13 @@ export class SharedMemory {
     liveMemory.delete(this);
     noteChange();
     try {
-      if (this.beforeRelease.length) for (const hook of this.beforeRelease.splice(0)) hook();
+      const before = this.#beforeRelease;
+      if (before) for (const hook of before.splice(0)) hook();
       this.owner.device.activate();
       this.owner.release();
     } finally {
-      if (this.afterRelease.length) for (const hook of this.afterRelease.splice(0)) hook();
+      const after = this.#afterRelease;
+      if (after) for (const hook of after.splice(0)) hook();
       this.#resolveReleased?.();
     }
   }
@@ -164,6 +170,7 @@ export class DeviceBuffer {
   readonly #memory: SharedMemory;
   readonly #parent: DeviceBuffer | undefined;
   #pointer: bigint;
+  readonly #leak: LeakToken;
 
   /** @internal Use DeviceBuffer.allocate, buffer.view, or the IPC open functions. */
   constructor(memory: SharedMemory, offset: number, byteLength: number, parent?: DeviceBuffer, origin?: string, device?: Device) {
@@ -174,7 +181,7 @@ export class DeviceBuffer {
     this.#pointer = offset === 0 ? memory.owner.base : memory.owner.base + BigInt(offset);
     this.#parent = parent;
     memory.acquire();
-    trackLeak(this, `A DeviceBuffer (${byteLength} bytes)`, () => memory.drop(), origin);
+    this.#leak = trackLeak(this, 'A DeviceBuffer', memory, origin, byteLength);
   }
 
   /** Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context (default: the working device, else device 0). */
@@ -232,7 +239,7 @@ export class DeviceBuffer {
         `${what} of ${length} bytes at offset ${offset} does not fit in a buffer of ${this.byteLength} bytes`);
     }
     this.device.activate();
-    return this.#pointer + BigInt(offset);
+    return offset === 0 ? this.#pointer : this.#pointer + BigInt(offset);
   }
 
   /** Copies host bytes into the buffer at `offset`; returns once they are in device memory. */
@@ -329,11 +336,11 @@ export class DeviceBuffer {
    * it was sent to has released it. `force` frees it now instead: peers that still map it may
    * then read freed memory, or memory reused for other data, without any error. Idempotent.
    */
-  close(options: { force?: boolean } = {}): void {
+  close(options?: { force?: boolean }): void {
     if (this.#pointer === 0n) return;
     this.#pointer = 0n;
-    untrackLeak(this);
-    if (options.force && !this.#memory.released) {
+    untrackLeak(this.#leak);
+    if (options?.force && !this.#memory.released) {
       if (this.#memory.leases > 0) {
         process.emitWarning(`force-closing a ${this.kind} buffer of ${this.#memory.owner.byteLength} bytes that ${this.#memory.leases} peer(s) still map: ` +
           'they may read freed or reused memory', { code: 'CUDA_IPC_FORCED_CLOSE' });

@@ -110,7 +110,10 @@ export class Device {
 
   /** The device with this UUID ('GPU-…'), as sent between processes. */
   static byUuid(uuid: string): Device {
-    const found = Device.all().find((d) => d.uuid === uuid.toLowerCase().replace(/^gpu-/, 'GPU-'));
+    const all = Device.all();
+    // Received UUIDs are already in nvidia-smi's form: try that before normalising.
+    for (const d of all) if (d.uuid === uuid) return d;
+    const found = all.find((d) => d.uuid === uuid.toLowerCase().replace(/^gpu-/, 'GPU-'));
     if (!found) {
       throw new IpcError('ERR_UNKNOWN_DEVICE',
         `no visible CUDA device has UUID ${uuid}: the memory lives on a GPU this process cannot see. ` +
@@ -232,18 +235,22 @@ export const WORKING_DEVICE_ENV = 'CUDA_IPC_DEVICE';
 
 let working: Device | undefined;
 let workingFromEnv = true;  // until setWorkingDevice() is called, the environment decides
+// CUDA_IPC_DEVICE as first read: spawn() sets it when it starts the process, and every import
+// asks for the working device (a process.env read is a call into C++ each time).
+let envUuid: string | undefined | null = null;
 
 /**
  * The device this thread works on, if one was chosen: with setWorkingDevice(), or by the parent
  * (spawn's `device` option, which sets CUDA_IPC_DEVICE to the device's UUID). undefined when none
  * was: imports then use the device the memory lives on. Throws ERR_UNKNOWN_DEVICE when the parent
- * named a GPU this process cannot see.
+ * named a GPU this process cannot see. (CUDA_IPC_DEVICE is read once, at the first call.)
  */
 export function workingDevice(): Device | undefined {
   if (!workingFromEnv) return working;
-  const uuid = process.env[WORKING_DEVICE_ENV];
+  if (envUuid === null) envUuid = process.env[WORKING_DEVICE_ENV];
+  const uuid = envUuid;
   if (uuid === undefined || uuid === '') return undefined;
-  if (working?.uuid !== uuid.toLowerCase().replace(/^gpu-/, 'GPU-')) {
+  if (working === undefined) {  // resolved once: the variable no longer changes
     try {
       working = Device.byUuid(uuid);
     } catch (e) {

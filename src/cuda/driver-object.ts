@@ -3,7 +3,7 @@
 // last hold a peer has on it ends), and the leak backstop for one that is collected while open.
 import { Device } from './device.js';
 import { IpcError } from '../errors.js';
-import { trackLeak, untrackLeak } from '../leak.js';
+import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 
 export abstract class DriverObject {
   readonly device: Device;
@@ -12,6 +12,7 @@ export abstract class DriverObject {
   readonly #destroy: (handle: bigint) => void;
   #closeRequested = false;
   #holds = 0;
+  readonly #leak: LeakToken;
   /** Run once the driver object is destroyed (e.g. tell a peer we no longer use its event). */
   readonly afterDestroy: Array<() => void> = [];
 
@@ -20,7 +21,7 @@ export abstract class DriverObject {
     this.#handle = handle;
     this.#what = what;
     this.#destroy = destroy;
-    trackLeak(this, `A ${what}`, () => {
+    this.#leak = trackLeak(this, `A ${what}`, () => {
       device.activate();
       destroy(handle);
     });
@@ -50,7 +51,7 @@ export abstract class DriverObject {
   close(): void {
     if (this.#closeRequested) return;
     this.#closeRequested = true;
-    untrackLeak(this);
+    untrackLeak(this.#leak);
     if (this.#holds === 0) this.#destroyNow();
   }
 

@@ -51,13 +51,14 @@ export interface CudaAddon {
   memsetD8Async(pointer: bigint, value: number, count: number, stream: bigint): void;
   memsetD32Async(pointer: bigint, value: number, count: number, stream: bigint): void;
 
-  ipcGetMemHandle(pointer: bigint): Uint8Array;
+  /** The 64-byte handle, written into `out` (and returned) when given. */
+  ipcGetMemHandle(pointer: bigint, out?: Uint8Array): Uint8Array;
   ipcOpenMemHandle(handle: Uint8Array): bigint;
   ipcCloseMemHandle(pointer: bigint): void;
   legacyExportRegister(handle: Uint8Array, base: bigint): void;
   legacyExportUnregister(handle: Uint8Array): void;
   /** Maps the handle's allocation in `context` (which must be current), once per process and context. */
-  legacyImportAcquire(handle: Uint8Array, context: bigint): [base: bigint, local: boolean];
+  legacyImportAcquire(handle: Uint8Array, context: bigint): [base: bigint, local: boolean, size: number];
   legacyImportRelease(handle: Uint8Array, context: bigint): boolean;
   legacyCacheStats(): { mappings: number; idle: number; idleLimit: number; references: number; exports: number };
   legacyCacheConfigure(idleLimit: number): void;
@@ -86,7 +87,8 @@ export interface CudaAddon {
   memPoolTrimTo(pool: bigint, bytes: number): void;
   memPoolExportToFd(pool: bigint): number;
   memPoolImportFromFd(fd: number): bigint;
-  memPoolExportPointer(pointer: bigint): Uint8Array;
+  /** The 64 bytes of export data, written into `out` (and returned) when given. */
+  memPoolExportPointer(pointer: bigint, out?: Uint8Array): Uint8Array;
   memPoolImportPointer(pool: bigint, exportData: Uint8Array): bigint;
   memAllocFromPoolAsync(bytes: number, pool: bigint, stream: bigint): bigint;
   memFreeAsync(pointer: bigint, stream: bigint): void;

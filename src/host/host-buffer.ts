@@ -4,9 +4,11 @@
 import { addon } from '../native.js';
 import type { NativeSharedMemory } from '../posix-types.js';
 import { IpcError } from '../errors.js';
-import { trackLeak, untrackLeak } from '../leak.js';
+import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 
 const { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL } = addon.posixConstants;
+/** Seals of every buffer allocate() makes: its size can never change. */
+const SEALED = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 /** For the transfer handler (not exported by the package): the whole mapping's length, and
  * whether the file is sealed against shrinking. */
@@ -50,18 +52,14 @@ class Mapping {
   #released: Promise<void> | undefined;
   #resolveReleased: (() => void) | undefined;
 
-  /** The memfd and the mapping's length, read once (each native getter is an N-API call). */
-  readonly fd: number;
-  readonly length: number;
-
   constructor(
     readonly native: NativeSharedMemory,
+    /** The memfd and the mapping's length, as the caller mapped them (no native getter calls). */
+    readonly fd: number,
+    readonly length: number,
     /** Sealed against shrinking: no one can truncate the file under a mapping (SIGBUS). */
     readonly sealed: boolean,
-  ) {
-    this.fd = native.fd;
-    this.length = native.byteLength;
-  }
+  ) {}
 
   release(): void {
     if (--this.users === 0) this.unmap();
@@ -74,9 +72,11 @@ class Mapping {
     try {
       this.native.close();
     } finally {
-      collected.unregister(this);
+      // Registered for collection with its first callback (whenReleased), so only then unregistered.
+      const callbacks = this.#onRelease;
+      if (callbacks.length) collected.unregister(this);
       this.#resolveReleased?.();
-      runAll(this.#onRelease);
+      if (callbacks.length) runAll(callbacks);
     }
   }
 
@@ -154,6 +154,7 @@ export class HostBuffer implements Disposable {
   #bytes: Uint8Array | undefined;
   readonly #offset: number;
   readonly #length: number;
+  readonly #leak: LeakToken;
 
   private constructor(mapping: Mapping, offset: number, length: number) {
     this.#mapping = mapping;
@@ -161,7 +162,7 @@ export class HostBuffer implements Disposable {
     this.#offset = offset;
     this.#length = length;
     // Native finalizers close the fd and unmap once no ArrayBuffer needs the memory: only warn.
-    trackLeak(this, `A HostBuffer (${length} bytes)`, nothingToRelease);
+    this.#leak = trackLeak(this, 'A HostBuffer', nothingToRelease, undefined, length);
   }
 
   /** The Uint8Array over this buffer's range, made on first use. */
@@ -172,11 +173,9 @@ export class HostBuffer implements Disposable {
   /** Allocates `bytes` of zeroed shared memory in a new memfd, sealed against resizing. */
   static allocate(bytes: number | bigint): HostBuffer {
     const size = toSize(bytes, 'HostBuffer.allocate(bytes)');
-    const fd = addon.memfdCreate('cuda-ipc-host');
+    const fd = addon.memfdCreate('cuda-ipc-host', size, SEALED);
     try {
-      addon.ftruncate(fd, size);
-      addon.addSeals(fd, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
-      return new HostBuffer(new Mapping(new addon.SharedMemory(fd, size), true), 0, size);
+      return new HostBuffer(new Mapping(new addon.SharedMemory(fd, size), fd, size, true), 0, size);
     } catch (e) {
       addon.close(fd);
       throw e;
@@ -202,7 +201,7 @@ export class HostBuffer implements Disposable {
     } catch {
       // Not a sealable file (EINVAL): it has no seals.
     }
-    return new HostBuffer(new Mapping(new addon.SharedMemory(fd, size), (seals & F_SEAL_SHRINK) !== 0), 0, size);
+    return new HostBuffer(new Mapping(new addon.SharedMemory(fd, size), fd, size, (seals & F_SEAL_SHRINK) !== 0), 0, size);
   }
 
   #open(what: string): Mapping {
@@ -268,7 +267,8 @@ export class HostBuffer implements Disposable {
     const m = this.#open('write');
     const b = asBytes(src, 'HostBuffer.write(src)');
     this.#range(offset, b.byteLength, 'write');
-    this.#view(m).set(b, offset);
+    // Copied natively: a write never needs the Uint8Array over the whole buffer (see read()).
+    m.native.copyIn(this.#offset + offset, b);
   }
 
   /** Copies bytes from `offset` into `dst` (as many as `dst` holds) and returns `dst`. */
@@ -276,19 +276,24 @@ export class HostBuffer implements Disposable {
   /** Returns a new Uint8Array holding a copy of `length` bytes at `offset` (default: to the end). */
   read(offset?: number, length?: number): Uint8Array;
   read(a?: ArrayBufferView | number, b?: number): ArrayBufferView {
-    const bytes = this.#view(this.#open('read'));
+    // Copied natively, without making `bytes`: an external ArrayBuffer over the mapping costs more
+    // than a small read, and a wake-up of the event loop when it is released (Node finalizes it
+    // through a thread-safe immediate).
+    const m = this.#open('read');
     if (a === undefined || typeof a === 'number') {
       const offset = a ?? 0;
       checkOffset(offset, 'read: offset');
       const length = b ?? this.#length - offset;
       checkOffset(length, 'read: length');
       this.#range(offset, length, 'read');
-      return bytes.slice(offset, offset + length);
+      const out = new Uint8Array(length);
+      if (length > 0) m.native.copyOut(this.#offset + offset, out);
+      return out;
     }
     const dst = asBytes(a, 'HostBuffer.read(dst)');
     const offset = b ?? 0;
     this.#range(offset, dst.byteLength, 'read');
-    dst.set(bytes.subarray(offset, offset + dst.byteLength));
+    m.native.copyOut(this.#offset + offset, dst);
     return a;
   }
 
@@ -332,7 +337,7 @@ export class HostBuffer implements Disposable {
     const m = this.#mapping;
     if (m) {
       this.#mapping = undefined;
-      untrackLeak(this);
+      untrackLeak(this.#leak);
       // Views may keep the mapping; this buffer's own typed arrays must go dark now regardless.
       // (When the memory is unmapped right here, the native close detaches every one of them.)
       const unmapsNow = options?.force || (m.users === 1 && !m.unmapped);

@@ -27,11 +27,18 @@ declare module '../cuda/buffer.js' {
 const handleKey = (h: Uint8Array) => Buffer.from(h.buffer, h.byteOffset, h.byteLength).toString('latin1');
 
 // Allocations this thread exported, by handle: an open in this thread becomes a view of them.
-const localExports = new Map<string, WeakRef<SharedMemory>>();
+// Held strongly: each entry goes when its memory is released (which the leak backstop also does
+// for a buffer that is never closed), and the memory is held anyway until then.
+const localExports = new Map<string, SharedMemory>();
 // The handle of each exported allocation, computed once.
 const handleOfMemory = new WeakMap<SharedMemory, Uint8Array>();
-// What an imported allocation was opened from, so that it can be shared onward unchanged.
-const importOrigin = new WeakMap<MemoryOwner, { handle: Uint8Array; pid: number }>();
+
+/** Memory mapped from a legacy handle: what it was opened from, so that it can be shared onward unchanged. */
+interface LegacyImportOwner extends MemoryOwner {
+  readonly kind: 'legacy-import';
+  readonly handle: Uint8Array;
+  readonly pid: number;
+}
 
 function notExportable(why: string, cause?: unknown): IpcError {
   return new IpcError('ERR_NOT_EXPORTABLE', why, { cause });
@@ -108,7 +115,8 @@ function handleOf(buffer: DeviceBuffer): { handle: Uint8Array; pid: number } {
   const owner = memory.owner;
   if (owner.kind === 'legacy-import') {
     // Re-sharing an import: the same handle works in any other process.
-    return importOrigin.get(owner)!;
+    const origin = owner as LegacyImportOwner;
+    return { handle: origin.handle, pid: origin.pid };
   }
   if (owner.kind !== 'device') {
     throw notExportable(`a ${owner.kind} buffer has no legacy IPC handle; send it over a link (link.send) instead`);
@@ -116,10 +124,10 @@ function handleOf(buffer: DeviceBuffer): { handle: Uint8Array; pid: number } {
   let handle = handleOfMemory.get(memory);
   if (!handle) {
     buffer.device.activate();
-    const h = driver.ipcGetMemHandle(owner.base);
+    const h = driver.ipcGetMemHandle(owner.base, new Uint8Array(64));
     const key = handleKey(h);
     driver.legacyExportRegister(h, owner.base);
-    localExports.set(key, new WeakRef(memory));
+    localExports.set(key, memory);
     memory.beforeRelease.push(() => {
       localExports.delete(key);
       driver.legacyExportUnregister(h);
@@ -169,7 +177,7 @@ export function openLegacyDescriptor(desc: LegacyHandleDescriptor, using?: Devic
   const resident = Device.byUuid(desc.deviceUuid);
   const user = importingDevice(resident, using);
 
-  const local = localExports.get(handleKey(desc.handle))?.deref();
+  const local = localExports.size > 0 ? localExports.get(handleKey(desc.handle)) : undefined;
   if (local && !local.released) {
     // This process's own allocation: the using device reaches it through peer access.
     user.enablePeerAccess(local.owner.device);
@@ -180,8 +188,9 @@ export function openLegacyDescriptor(desc: LegacyHandleDescriptor, using?: Devic
   const context = user.primaryContext;
   let base: bigint;
   let inProcess: boolean;
+  let size: number;
   try {
-    [base, inProcess] = driver.legacyImportAcquire(desc.handle, context);
+    [base, inProcess, size] = driver.legacyImportAcquire(desc.handle, context);
   } catch (e) {
     if (e instanceof CudaError && (e.code === 'CUDA_ERROR_INVALID_VALUE' || e.code === 'CUDA_ERROR_INVALID_HANDLE')) {
       const why = desc.pid === process.pid ? 'this process exported it but has since freed the memory'
@@ -192,19 +201,22 @@ export function openLegacyDescriptor(desc: LegacyHandleDescriptor, using?: Devic
     throw e;
   }
   const release = inProcess ? () => {} : () => { driver.legacyImportRelease(desc.handle, context); };
-  let size: number;
   try {
-    // Exported by this process (exportPointer): its own allocation, reached through peer access.
-    if (inProcess) user.enablePeerAccess(resident);
-    user.activate();
-    size = driver.memGetAddressRange(base)[1];
+    if (inProcess) {
+      // Exported by this process (exportPointer): its own allocation, reached through peer access.
+      user.enablePeerAccess(resident);
+      user.activate();
+      size = driver.memGetAddressRange(base)[1];
+    }
     rangeIn(desc, size);
   } catch (e) {
     release();
     throw e;
   }
-  const owner: MemoryOwner = { kind: 'legacy-import', device: user, residentDevice: resident, base, byteLength: size, release };
-  importOrigin.set(owner, { handle: new Uint8Array(desc.handle), pid: desc.pid });
+  // desc is this module's own copy (decoded or validated), so its handle needs no second copy.
+  const owner: LegacyImportOwner = {
+    kind: 'legacy-import', device: user, residentDevice: resident, base, byteLength: size, release, handle: desc.handle, pid: desc.pid,
+  };
   return new DeviceBuffer(new SharedMemory(owner), desc.offset, desc.byteLength);
 }
 

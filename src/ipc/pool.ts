@@ -8,7 +8,7 @@ import { Device, assertPeerReachable, importingDevice } from '../cuda/device.js'
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
 import { Stream, streamHandle } from '../cuda/stream.js';
 import { CudaError, IpcError } from '../errors.js';
-import { trackLeak, untrackLeak } from '../leak.js';
+import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { addon } from '../native.js';
 
 export interface IpcPoolOptions {
@@ -57,6 +57,38 @@ interface PoolMemoryOwner extends MemoryOwner {
   exportData?: Uint8Array;
 }
 
+// For the owners below, which are not the pool's own code: a buffer over the pool went away.
+let dropPoolUser: (pool: IpcPool) => void;
+let forgetPoolImport: (pool: IpcPool, key: string) => void;
+
+// The memory owners of pool buffers, as classes rather than closures: one object per allocation.
+class PoolAllocation implements PoolMemoryOwner {
+  readonly kind = 'pool' as const;
+  exportData?: Uint8Array;
+  constructor(readonly pool: IpcPool, readonly device: Device, readonly base: bigint, readonly byteLength: number) {}
+  release(): void {
+    driver.memFreeAsync(this.base, 0n);
+    dropPoolUser(this.pool);
+  }
+}
+
+class PoolImport implements PoolMemoryOwner {
+  readonly kind = 'pool-import' as const;
+  constructor(
+    readonly pool: IpcPool,
+    readonly device: Device,
+    readonly residentDevice: Device,
+    readonly base: bigint,
+    readonly byteLength: number,
+    readonly exportKey: string,
+  ) {}
+  release(): void {
+    forgetPoolImport(this.pool, this.exportKey);
+    driver.memFree(this.base);
+    dropPoolUser(this.pool);
+  }
+}
+
 export class IpcPool {
   /** The device whose memory the pool's allocations live on. */
   readonly device: Device;
@@ -84,6 +116,7 @@ export class IpcPool {
   readonly #imports = new Map<string, SharedMemory>();
   /** What a leak warning says about where an imported buffer came from (made once). */
   #importOrigin: string | undefined;
+  readonly #leak: LeakToken;
 
   private constructor(device: Device, handle: bigint, id: string, imported: boolean, maxSize: number, fd: number, home: Device) {
     this.device = device;
@@ -94,7 +127,7 @@ export class IpcPool {
     this.idBytes = Uint8Array.from(Buffer.from(id, 'hex'));
     this.imported = imported;
     this.maxSize = maxSize;
-    trackLeak(this, `An ${imported ? 'imported ' : ''}IpcPool`, () => {
+    this.#leak = trackLeak(this, `An ${imported ? 'imported ' : ''}IpcPool`, () => {
       home.activate();
       driver.memPoolDestroy(handle);
       if (fd >= 0) closeSync(fd);
@@ -198,7 +231,7 @@ export class IpcPool {
    * A buffer of `bytes` from the pool, allocated in stream order (the legacy default stream when
    * none is given): work queued on that stream may use it at once.
    */
-  allocate(bytes: number, options: { stream?: Stream } = {}): DeviceBuffer {
+  allocate(bytes: number, options?: { stream?: Stream }): DeviceBuffer {
     if (this.imported) {
       throw new IpcError('ERR_IMPORTED_POOL',
         'an imported pool cannot allocate: only the process that created it can. Allocate from a pool of your own (device.createIpcPool())');
@@ -208,17 +241,9 @@ export class IpcPool {
     }
     const pool = this.handle;
     this.device.activate();
-    const s = streamHandle(options.stream);
-    const base = driver.memAllocFromPoolAsync(bytes, pool, s);
+    const base = driver.memAllocFromPoolAsync(bytes, pool, streamHandle(options?.stream));
     this.#users++;
-    const owner: PoolMemoryOwner = {
-      kind: 'pool', device: this.device, base, byteLength: bytes, pool: this,
-      release: () => {
-        driver.memFreeAsync(base, 0n);
-        this.#dropUser();
-      },
-    };
-    return new DeviceBuffer(new SharedMemory(owner), 0, bytes);
+    return new DeviceBuffer(new SharedMemory(new PoolAllocation(this, this.device, base, bytes)), 0, bytes);
   }
 
   /** A new fd for this pool, owned by the caller (links send it and close it). */
@@ -232,13 +257,13 @@ export class IpcPool {
    * The buffer is for `options.device` (default: the working device, else the device the pool
    * lives on), which is granted access to the pool first.
    */
-  importBuffer(exportData: Uint8Array, byteLength: number, offset = 0, length = byteLength - offset, options: { device?: Device } = {}): DeviceBuffer {
+  importBuffer(exportData: Uint8Array, byteLength: number, offset = 0, length = byteLength - offset, options?: { device?: Device }): DeviceBuffer {
     const pool = this.handle;
     if (exportData.byteLength !== 64) throw new IpcError('ERR_INVALID_ARG', `pool export data is 64 bytes, got ${exportData.byteLength}`);
     if (!Number.isSafeInteger(byteLength) || byteLength <= 0 || offset < 0 || length < 0 || offset + length > byteLength) {
       throw new IpcError('ERR_OUT_OF_RANGE', `a range of ${length} bytes at ${offset} does not fit a pool buffer of ${byteLength} bytes`);
     }
-    const user = importingDevice(this.device, options.device);
+    const user = importingDevice(this.device, options?.device);
     this.grantAccess(user);
     const key = byExport(exportData);
     let memory = this.#imports.get(key);
@@ -257,15 +282,7 @@ export class IpcPool {
       this.#users++;
       // One mapping per process, whichever device imported it first; the pool's access list says
       // which devices may use it.
-      const owner: PoolMemoryOwner = {
-        kind: 'pool-import', device: user, residentDevice: this.device, base, byteLength, pool: this, exportKey: key,
-        release: () => {
-          this.#imports.delete(key);
-          driver.memFree(base);
-          this.#dropUser();
-        },
-      };
-      memory = new SharedMemory(owner);
+      memory = new SharedMemory(new PoolImport(this, user, this.device, base, byteLength, key));
       this.#imports.set(key, memory);
     }
     this.#importOrigin ??= `by importing from pool ${this.id}, e.g. out of a link message`;
@@ -320,11 +337,16 @@ export class IpcPool {
   close(): void {
     if (this.#closeRequested) return;
     this.#closeRequested = true;
-    untrackLeak(this);
+    untrackLeak(this.#leak);
     if (this.#users === 0) this.#destroy();
   }
 
   [Symbol.dispose](): void { this.close(); }
+
+  static {
+    dropPoolUser = (pool) => pool.#dropUser();
+    forgetPoolImport = (pool, key) => { pool.#imports.delete(key); };
+  }
 }
 
 Device.prototype.createIpcPool = function createIpcPool(this: Device, options?: IpcPoolOptions): IpcPool {
@@ -348,7 +370,7 @@ export function exportPoolBuffer(buffer: DeviceBuffer): { pool: IpcPool; exportD
   let exportData = owner.exportData;
   if (!exportData) {
     buffer.device.activate();
-    exportData = owner.exportData = driver.memPoolExportPointer(owner.base);
+    exportData = owner.exportData = driver.memPoolExportPointer(owner.base, new Uint8Array(64));
   }
   return { pool: owner.pool, exportData, allocationSize: owner.byteLength };
 }

@@ -67,6 +67,12 @@ export class WireReader {
     return Number(value);
   }
 
+  /** The next `size` bytes, as a view of the input (for reading right away, not for keeping). */
+  bytesView(size: number, name: string): Uint8Array {
+    const at = this.take(size, name);
+    return this.bytes.subarray(at, at + size);
+  }
+
   /** A copy of the next `size` bytes. */
   bytesCopy(size: number, name: string): Uint8Array {
     const at = this.take(size, name);

@@ -132,6 +132,17 @@ function scan(v: unknown, path: Segment[], found: Found[]): unknown {
   return null;
 }
 
+/**
+ * The transfer handler of `value` when the value itself travels as a record: an object that is
+ * not a plain object, array or typed array (what scan() would hand to handlerForValue).
+ */
+function soleTransferable(value: unknown): TransferHandler | undefined {
+  if (typeof value !== 'object' || value === null || Array.isArray(value) || ArrayBuffer.isView(value)) return undefined;
+  const proto: unknown = Object.getPrototypeOf(value);
+  if (proto === Object.prototype || proto === null) return undefined;
+  return handlerForValue(value);
+}
+
 function tooLarge(bytes: number | string): IpcError {
   return new IpcError(
     'ERR_MESSAGE_TOO_LARGE',
@@ -187,7 +198,11 @@ export class MessageEncoder {
       return out;
     }
     const found: Found[] = [];
-    const substitute = scan(value, [], found);
+    // The commonest message with records is one transferable object (link.send(buffer)): its
+    // JSON is null and its one record has an empty path, with no walk to find that out.
+    const handler = soleTransferable(value);
+    const substitute = handler ? null : scan(value, [], found);
+    if (handler) found.push({ path: [], handler, value: value as object });
     if (found.length === 0) {
       out.encoding = Encoding.Json;
       out.headLength = value === undefined ? HEADER_BYTES : this.#writeString(JSON.stringify(value), HEADER_BYTES);
@@ -195,7 +210,7 @@ export class MessageEncoder {
     }
     try {
       out.encoding = Encoding.JsonWithRecords;
-      const jsonEnd = this.#writeString(JSON.stringify(substitute) ?? 'null', HEADER_BYTES + 4);
+      const jsonEnd = this.#writeString(substitute === null ? 'null' : JSON.stringify(substitute) ?? 'null', HEADER_BYTES + 4);
       this.view.setUint32(HEADER_BYTES, jsonEnd - HEADER_BYTES - 4, true);
       this.#room(jsonEnd, 2);
       this.view.setUint16(jsonEnd, found.length, true);
@@ -529,6 +544,8 @@ function decodeWithRecords(
     }
   }
 
+  if (records.length === 1 && records[0]!.path.length === 0) return decodeSole(records[0]!, root, buf, fds, link, leases);
+
   // Check every placement before decoding anything, so a bad path never strands a decoded value.
   const holder: unknown[] = [root];
   const slots: Array<{ parent: Record<string | number, unknown>; key: Segment }> = [];
@@ -563,12 +580,7 @@ function decodeWithRecords(
       for (let k = 0; k < rec.fdCount; k++) fds[fdAt + k] = mine[k]!;
       disposeValues(owned);
       for (const lease of received) lease?.end();
-      const error =
-        e instanceof IpcError
-          ? e
-          : new IpcError('ERR_DESCRIPTOR_INVALID', `the '${rec.kind}' transfer handler could not rebuild a received value: ${String((e as Error)?.message ?? e)}`, { cause: e });
-      if ((e as { fatal?: boolean })?.fatal) return { ok: false, error, fatal: true };
-      return { ok: false, error, fatal: false };
+      return recordFailed(rec, e);
     }
     for (let k = fdAt; k < fdAt + rec.fdCount; k++) fds[k] = -1;  // handed over
     fdAt += rec.fdCount;
@@ -576,6 +588,36 @@ function decodeWithRecords(
     slots[i]!.parent[slots[i]!.key] = value;
   }
   return { ok: true, value: holder[0], owned: owned.length ? owned : undefined };
+}
+
+/**
+ * A message that is one value (link.send(buffer)): its JSON must be null, the placeholder the
+ * record replaces, and the record owns every fd. No placement to walk or make.
+ */
+function decodeSole(rec: ParsedRecord, root: unknown, buf: Buffer, fds: number[], link: Link, leases: IncomingLeases | undefined): Decoded {
+  if (root !== null) return malformed('a record path does not point at a null placeholder');
+  // The lease is open from here: if decoding fails, ending it gives the sender its resource back.
+  const lease = rec.leaseId !== 0 ? leases!.open(rec.leaseId) : undefined;
+  let value: unknown;
+  try {
+    // Every fd is this record's (the caller checked the count); on failure, those the handler did
+    // not take (marked -1) are closed by the caller.
+    value = decodeRecord(rec, buf, fds, link, lease);
+  } catch (e) {
+    lease?.end();
+    return recordFailed(rec, e);
+  }
+  const owns = rec.kind !== '@bigint' && rec.kind !== '@typed-array' && typeof value === 'object' && value !== null;
+  return { ok: true, value, owned: owns ? [value as object] : undefined };
+}
+
+/** What a message whose record `rec` could not be decoded fails with. */
+function recordFailed(rec: ParsedRecord, e: unknown): Decoded {
+  const error =
+    e instanceof IpcError
+      ? e
+      : new IpcError('ERR_DESCRIPTOR_INVALID', `the '${rec.kind}' transfer handler could not rebuild a received value: ${String((e as Error)?.message ?? e)}`, { cause: e });
+  return { ok: false, error, fatal: !!(e as { fatal?: boolean })?.fatal };
 }
 
 /** A plain Uint8Array (own, unpooled ArrayBuffer) holding buf[start, end). */

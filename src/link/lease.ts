@@ -223,7 +223,7 @@ export class IncomingLeases {
     if (this.#closed) return;
     for (let i = 0; i < ids.length; i += MAX_RELEASE_IDS) {
       try {
-        this.send(ids.slice(i, i + MAX_RELEASE_IDS));
+        this.send(ids.length <= MAX_RELEASE_IDS ? ids : ids.slice(i, i + MAX_RELEASE_IDS));
       } catch {
         // The link is going away: its close ends every lease on the sender's side anyway.
         return;

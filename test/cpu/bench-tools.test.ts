@@ -19,7 +19,8 @@ test('the breakdown cuts both logs into phases that add up to the handoff', () =
       [Probe.SocketSend, t + 5], [Probe.SocketSent, t + 6]);
     if (k > 0) sender.push([Probe.RecordIn, t + 7], [Probe.ReleaseDone, t + 9]);
     sender.push([Probe.RecordIn, t + 40], [Probe.Delivered, t + 41], [Mark.Acked, t + 42], [Mark.Freed, t + 43 + k]);
-    receiver.push([Probe.RecordIn, t + 10], [Probe.ImportStart, t + 11], [Probe.ImportEnd, t + 15], [Probe.Delivered, t + 16],
+    receiver.push([Probe.RecordIn, t + 10], [Probe.ImportStart, t + 11], [Mark.NativeCall, t + 12], [Mark.NativeReturn, t + 13.5],
+      [Mark.NativeCall, t + 14], [Mark.NativeReturn, t + 14.5], [Probe.ImportEnd, t + 15], [Probe.Delivered, t + 16],
       [Mark.HandlerIn, t + 17], [Mark.ReadDone, t + 20], [Mark.ClosedDone, t + 25], [Probe.SendStart, t + 26],
       [Probe.SocketSend, t + 27], [Probe.SocketSent, t + 28], [Probe.ReleaseSend, t + 29], [Probe.SocketSend, t + 30], [Probe.SocketSent, t + 31]);
   }
@@ -40,6 +41,8 @@ test('the breakdown cuts both logs into phases that add up to the handoff', () =
   assert.equal(m('free.sender'), 2, 'the median of 1, 2 and 3');
   assert.equal(m('release.done'), 2, 'a RELEASE of an earlier handoff, handled in this one');
   assert.equal(m('release.send'), 2);
+  assert.deepEqual(b.native.import, { median: 2, calls: 2 }, 'two native calls inside the import, 1.5 + 0.5 us');
+  assert.deepEqual(b.native.decode, { median: 0, calls: 0 }, "the import's native calls are not the decode's");
   let sum = 0;
   for (const p of PHASES) if (!('beside' in p)) sum += m(p.key) ?? 0;
   assert.equal(sum, b.total.median, 'the on-path phases add up to the handoff');

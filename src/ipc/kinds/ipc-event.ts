@@ -50,7 +50,7 @@ export const ipcEventCodec: KindCodec<'cuda-ipc-event'> = {
 
   decodeBody(input) {
     const handle = input.bytesCopy(HANDLE_BYTES, 'handle');
-    const deviceUuid = deviceUuidFromBytes(input.bytesCopy(DEVICE_UUID_BYTES, 'deviceUuid'));
+    const deviceUuid = deviceUuidFromBytes(input.bytesView(DEVICE_UUID_BYTES, 'deviceUuid'));
     const pid = input.u32('pid');
     input.zeros(4, 'reserved');
     return build(handle, { deviceUuid, pid }, input.root());

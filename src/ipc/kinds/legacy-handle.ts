@@ -16,7 +16,7 @@ import { dtypeInfo } from '../dtype.js';
 import { bytesToHex, hexToBytes } from '../hex.js';
 import { arraySectionLength, decodeArraySection, encodeArraySection } from './array-section.js';
 import type { KindCodec } from './codec.js';
-import { HANDLE_BYTES, checkPid } from './common-fields.js';
+import { HANDLE_BYTES, MAX_PID, checkPid } from './common-fields.js';
 
 const KIND = 'cuda-legacy-handle';
 const FIXED_BODY_BYTES = HANDLE_BYTES + DEVICE_UUID_BYTES + 8 + 8 + 4 + 4;
@@ -106,12 +106,18 @@ export const legacyHandleCodec: KindCodec<'cuda-legacy-handle'> = {
 
   decodeBody(input) {
     const handle = input.bytesCopy(HANDLE_BYTES, 'handle');
-    const deviceUuid = deviceUuidFromBytes(input.bytesCopy(DEVICE_UUID_BYTES, 'deviceUuid'));
+    const deviceUuid = deviceUuidFromBytes(input.bytesView(DEVICE_UUID_BYTES, 'deviceUuid'));
     const offset = input.u64Safe('offset');
     const byteLength = input.u64Safe('byteLength');
     const pid = input.u32('pid');
     input.zeros(4, 'reserved');
     const array = decodeArraySection(input);
+    // The binary form already guarantees the rest of what build() checks (offsets are safe
+    // integers, the UUID was formatted from bytes): a plain descriptor that passes these needs no
+    // more; anything else goes through build(), which names what is wrong.
+    if (array === undefined && offset + byteLength <= Number.MAX_SAFE_INTEGER && pid >= 1 && pid <= MAX_PID) {
+      return { kind: KIND, version: 1, handle, offset, byteLength, deviceUuid, pid };
+    }
     return build(handle, { offset, byteLength, deviceUuid, pid }, array, input.root());
   },
 };
