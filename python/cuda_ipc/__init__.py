@@ -7,6 +7,8 @@ with Node without copies:
 * received device buffers expose ``__cuda_array_interface__`` and DLPack, so ``torch.as_tensor``,
   ``cupy.asarray`` and ``numba.cuda.as_cuda_array`` view them; received host buffers expose a
   memoryview. Closing one (or dropping the last reference) releases it to the sender.
+* channels: ``accept_channel(link)`` makes this process a producer or consumer of a channel a Node
+  process created (host or device slots), with the same ordering, wake-up and crash rules.
 * CUDA tensors and arrays (PyTorch, CuPy, anything with ``__cuda_array_interface__``, cuda.core
   buffers) put in a message are shared zero-copy and kept alive until the peer releases them.
 
@@ -24,6 +26,7 @@ from .descriptor import (
 )
 from .device import Device
 from .torch_handle import descriptor_from_torch, torch_storage_args
+from .channel import ChannelConsumer, ChannelProducer, Message, Slot, accept_channel
 
 __all__ = [
     "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",
@@ -31,5 +34,6 @@ __all__ = [
     "Device", "LegacyHandleDescriptor", "IpcEventDescriptor", "encode_descriptor", "decode_descriptor",
     "descriptor_to_json", "descriptor_from_json", "descriptor_from_torch", "torch_storage_args",
     "TransferHandler", "TransferEncoding", "register_transfer_handler", "unregister_transfer_handler",
+    "accept_channel", "ChannelConsumer", "ChannelProducer", "Message", "Slot",
 ]
 __version__ = "0.1.0"

@@ -58,6 +58,11 @@ CU_MEM_LOCATION_TYPE_DEVICE = 1
 CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_NOT_READY = 600
+CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
+CU_MEMHOSTREGISTER_PORTABLE = 1
+CU_MEMHOSTREGISTER_DEVICEMAP = 2
+CU_STREAM_WAIT_VALUE_GEQ = 0
+CU_STREAM_WRITE_VALUE_DEFAULT = 0
 
 # name: (argtypes); every entry point returns CUresult.
 _SIGNATURES = {
@@ -96,6 +101,15 @@ _SIGNATURES = {
     "cuMemPoolImportPointer": (POINTER(CUdeviceptr), CUmemoryPool, POINTER(CUmemPoolPtrExportData)),
     "cuMemPoolExportPointer": (POINTER(CUmemPoolPtrExportData), CUdeviceptr),
     "cuMemPoolDestroy": (CUmemoryPool,),
+    "cuMemHostRegister": (c_void_p, c_size_t, c_uint),
+    "cuMemHostUnregister": (c_void_p,),
+    "cuMemHostGetDevicePointer": (POINTER(CUdeviceptr), c_void_p, c_uint),
+    "cuStreamQuery": (CUstream,),
+    "cuStreamWaitValue32": (CUstream, CUdeviceptr, ctypes.c_uint32, c_uint),
+    "cuStreamWriteValue32": (CUstream, CUdeviceptr, ctypes.c_uint32, c_uint),
+    "cuCtxSetCurrent": (CUcontext,),
+    "cuDeviceCanAccessPeer": (POINTER(c_int), CUdevice, CUdevice),
+    "cuCtxEnablePeerAccess": (CUcontext, c_uint),
 }
 
 _lock = threading.Lock()
