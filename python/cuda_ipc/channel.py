@@ -48,7 +48,7 @@ from .channel_layout import (
     S_RELEASE_TICKET, S_RELEASED_BY, S_STATE, S_TICKET, ST_ALIVE, ST_EMPTY, ST_RECOVERING, Layout, read_header,
 )
 from .channel_ring import Doorbells, Ring, corrupt
-from .codec import TransferHandler, register_transfer_handler
+from .codec import TransferEncoding, TransferHandler, register_transfer_handler
 from .errors import IpcError
 from .host import HostBuffer
 from .memory import DeviceBuffer
@@ -90,7 +90,12 @@ class _DoorbellsTransfer(TransferHandler):
     kind = DOORBELLS_KIND
 
     def can_transfer(self, value) -> bool:
-        return False  # only hubs (Node) send them
+        return isinstance(value, Doorbells)
+
+    def encode(self, value: Doorbells, link) -> TransferEncoding:
+        if value.closed:
+            raise IpcError("ERR_CLOSED", "link.send: the channel's doorbells are closed")
+        return TransferEncoding(data=struct.pack("<I", len(value.fds)), fds=list(value.fds))
 
     def decode(self, data, fds, link, lease):
         if len(data) != 4 or struct.unpack("<I", data)[0] != len(fds) or not fds:
@@ -780,6 +785,8 @@ class ChannelConsumer(_Shape):
         if not e.layout.broadcast:
             s = ring.take()
             if s < 0:
+                if not e.alive():
+                    raise e.detached_error("receive")
                 return None
             if not e.alive():
                 # Detached while taking (a recovery already ran for us): hand it back, then stop.

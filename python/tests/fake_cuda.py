@@ -28,6 +28,9 @@ class FakeDriver:
         self.ctx_stack = []
         self.calls = []
         self._next_pool = 0x5000
+        self.registered = {}  # host address -> bytes (cuMemHostRegister)
+        self.busy_streams = set()  # streams whose cuStreamQuery answers NOT_READY
+        self.stream_ops = []  # ("wait" | "write", stream, device address, value)
 
     # -- what tests use --
 
@@ -60,6 +63,51 @@ class FakeDriver:
     def status(self, name, *args):
         self.call(name, *args)
         return 0
+
+    def _raw(self, name):
+        """A raw entry point (returns the status), as the real driver's _raw."""
+        own = getattr(self, "raw_" + name, None)
+        if own is not None:
+            return own
+
+        def fn(*args):
+            self.call(name, *args)
+            return 0
+        return fn
+
+    def raw_cuStreamQuery(self, stream):
+        self.calls.append("cuStreamQuery")
+        return drv.CUDA_ERROR_NOT_READY if (stream or 0) in self.busy_streams else 0
+
+    def raw_cuStreamWaitValue32(self, stream, addr, value, flags):
+        self.calls.append("cuStreamWaitValue32")
+        assert flags == drv.CU_STREAM_WAIT_VALUE_GEQ
+        self.stream_ops.append(("wait", stream or 0, addr, value))
+        return 0
+
+    def raw_cuStreamWriteValue32(self, stream, addr, value, flags):
+        self.calls.append("cuStreamWriteValue32")
+        self.stream_ops.append(("write", stream or 0, addr, value))
+        return 0
+
+    def run_stream_writes(self):
+        """Performs the queued fence writes (as the GPU would once the streams got there)."""
+        for op, _s, addr, value in self.stream_ops:
+            if op == "write":
+                ctypes.c_uint32.from_address(addr).value = value
+
+    def cuMemHostRegister(self, p, n, flags):
+        assert flags == drv.CU_MEMHOSTREGISTER_PORTABLE | drv.CU_MEMHOSTREGISTER_DEVICEMAP
+        assert p.value not in self.registered, "registered twice"
+        self.registered[p.value] = n
+
+    def cuMemHostGetDevicePointer(self, out, p, flags):
+        assert p.value in self.registered
+        self._out(out).value = p.value  # unified addressing: the same address
+
+    def cuMemHostUnregister(self, p):
+        assert p.value in self.registered, "unregistering memory that is not registered"
+        del self.registered[p.value]
 
     def error(self, status, call, hint=None):
         from cuda_ipc.errors import CudaError
