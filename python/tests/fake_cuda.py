@@ -10,6 +10,8 @@ from cuda_ipc import driver as drv
 from cuda_ipc import memory as memory_mod
 
 UUID_RAW = bytes(range(16, 32))
+#: Device k's UUID (device 0 has UUID_RAW).
+UUIDS = [UUID_RAW, bytes(range(32, 48)), bytes(range(48, 64))]
 
 
 class FakeDriver:
@@ -31,6 +33,10 @@ class FakeDriver:
         self.registered = {}  # host address -> bytes (cuMemHostRegister)
         self.busy_streams = set()  # streams whose cuStreamQuery answers NOT_READY
         self.stream_ops = []  # ("wait" | "write", stream, device address, value)
+        self.devices = 1  # visible devices (all peers of each other)
+        self.access = []  # (pool handle, device ordinal) granted by cuMemPoolSetAccess
+        self.mapped_in = {}  # base -> the context current when it was imported or opened
+        self.peer_enabled = []  # (current context, peer context)
 
     # -- what tests use --
 
@@ -118,13 +124,19 @@ class FakeDriver:
         return ref._obj
 
     def cuDeviceGetCount(self, n):
-        self._out(n).value = 1
+        self._out(n).value = self.devices
 
     def cuDeviceGet(self, h, i):
         self._out(h).value = i
 
     def cuDeviceGetUuid(self, u, h):
-        ctypes.memmove(ctypes.addressof(self._out(u)), UUID_RAW, 16)
+        ctypes.memmove(ctypes.addressof(self._out(u)), UUIDS[h.value if hasattr(h, "value") else h], 16)
+
+    def cuDeviceCanAccessPeer(self, out, a, b):
+        self._out(out).value = 1
+
+    def cuCtxEnablePeerAccess(self, ctx, flags):
+        self.peer_enabled.append((self.ctx_stack[-1] if self.ctx_stack else None, ctx.value))
 
     def cuDeviceGetName(self, buf, n, h):
         ctypes.memmove(buf, b"Fake GPU\0", 9)
@@ -178,6 +190,7 @@ class FakeDriver:
             raise drv.CudaError(1, "CUDA_ERROR_INVALID_VALUE", "unknown handle", "cuIpcOpenMemHandle")
         base = self.handles[handle]
         self.opened[base] = self.opened.get(base, 0) + 1
+        self.mapped_in[base] = self.ctx_stack[-1] if self.ctx_stack else None
         self._out(p_out).value = base
 
     def cuIpcCloseMemHandle(self, base):
@@ -203,6 +216,7 @@ class FakeDriver:
 
     def cuMemPoolSetAccess(self, pool, desc, n):
         assert self.pools[pool.value]["imported"]
+        self.access.append((pool.value, self._out(desc).location.id))
 
     def cuMemPoolExportPointer(self, data_out, base):
         b, _, pool = self._find(base)
@@ -216,6 +230,7 @@ class FakeDriver:
         base = self.exports[data]
         assert self.pools[pool.value]["of"] == self.allocs[base][2], "export data of another pool"
         self.imported[base] = self.imported.get(base, 0) + 1
+        self.mapped_in[base] = self.ctx_stack[-1] if self.ctx_stack else None
         self._out(p_out).value = base
 
     def cuMemFree(self, ptr):
@@ -254,6 +269,7 @@ def install() -> FakeDriver:
     memory_mod._local_exports.clear()
     memory_mod._local_pool_exports.clear()
     memory_mod._local_pools.clear()
+    memory_mod._legacy_maps.clear()
     return fake
 
 
@@ -268,3 +284,4 @@ def uninstall(fake: FakeDriver) -> None:
     for _, fd in memory_mod._local_pools.values():
         os.close(fd)
     memory_mod._local_pools.clear()
+    memory_mod._legacy_maps.clear()
