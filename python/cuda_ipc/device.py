@@ -66,7 +66,7 @@ class Device:
 
     @staticmethod
     def get(ordinal: int) -> "Device":
-        devices = Device.all()
+        devices = _devices if _devices is not None else Device.all()
         if not 0 <= ordinal < len(devices):
             raise IpcError("ERR_UNKNOWN_DEVICE", f"there is no CUDA device {ordinal} in this process ({len(devices)} visible)")
         return devices[ordinal]

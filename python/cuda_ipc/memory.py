@@ -676,10 +676,13 @@ class DeviceBuffer:
 class ArrayView:
     """A typed array over a DeviceBuffer (``buf.view(...)``): ``__cuda_array_interface__`` and DLPack."""
 
+    __slots__ = ("buffer", "meta", "offset", "_cai", "__weakref__")
+
     def __init__(self, buffer: DeviceBuffer, meta: ArrayMeta, offset: int):
         self.buffer = buffer
         self.meta = meta
         self.offset = offset
+        self._cai = None
 
     @property
     def shape(self) -> tuple:
@@ -695,9 +698,12 @@ class ArrayView:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        m = self.meta
-        return {"shape": m.shape, "typestr": m.typestr, "data": (self.ptr if m.extent else 0, False), "version": 3,
-                "strides": None if m.c_contiguous else m.strides, "stream": None}
+        cai = self._cai
+        if cai is None or self.buffer.closed:
+            m = self.meta
+            cai = self._cai = {"shape": m.shape, "typestr": m.typestr, "data": (self.ptr if m.extent else 0, False), "version": 3,
+                               "strides": None if m.c_contiguous else m.strides, "stream": None}
+        return dict(cai)
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         if copy:
@@ -870,6 +876,8 @@ class _Recent(OrderedDict):
 _local_exports: dict[bytes, int] = _Recent(4096)
 # export data -> pointer of pool allocations exported from this process.
 _local_pool_exports: dict[bytes, int] = _Recent(4096)
+# allocation base -> (its buffer id, its legacy handle or pool export data), exported from this process.
+_export_handles: dict[int, tuple[int, bytes]] = _Recent(4096)
 # CUmemoryPool handle -> (16-byte id, fd) of pools whose memory this process exported.
 _local_pools: dict[int, tuple[bytes, int]] = {}
 _export_lock = threading.Lock()
@@ -1001,33 +1009,45 @@ class _DeviceMemoryTransfer(TransferHandler):
                     drv.driver().call("cuStreamSynchronize", ctypes.c_void_p(s))
                 else:
                     drv.driver().call("cuCtxSynchronize")
-            pool = drv.ptr_attribute_u64(drv.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, e.ptr)
-            if pool:
-                return self._send_pool_memory(e, pool, dev, link)
-            return self._send_legacy_memory(e, dev)
+            # One driver call for everything about the pointer (pool, kind, allocation, its unique id).
+            facts = drv.pointer_facts(e.ptr)
+            if facts.pool:
+                return self._send_pool_memory(e, facts, dev, link)
+            return self._send_legacy_memory(e, facts, dev)
 
-    def _send_legacy_memory(self, e: _Exported, dev: Device) -> TransferEncoding:
-        if drv.ptr_attribute_int(drv.CU_POINTER_ATTRIBUTE_IS_MANAGED, e.ptr):
+    def _send_legacy_memory(self, e: _Exported, facts, dev: Device) -> TransferEncoding:
+        if facts.managed:
             raise IpcError("ERR_NOT_EXPORTABLE", "managed memory cannot be shared through CUDA IPC handles; allocate with cudaMalloc (PyTorch's default allocator) or from an IPC pool")
-        if drv.ptr_attribute_int(drv.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, e.ptr) != drv.CU_MEMORYTYPE_DEVICE:
-            raise IpcError("ERR_NOT_EXPORTABLE", "pinned host memory cannot be shared through CUDA IPC handles; send a HostBuffer instead")
-        base, size = drv.address_range(e.ptr)
+        if facts.memory_type != drv.CU_MEMORYTYPE_DEVICE:
+            what = "pinned host memory" if facts.memory_type == drv.CU_MEMORYTYPE_HOST else "memory the CUDA driver does not know"
+            raise IpcError("ERR_NOT_EXPORTABLE", f"{what} cannot be shared through CUDA IPC handles; send a HostBuffer instead")
+        base, size = facts.base, facts.size
         offset = e.ptr - base
         if offset + e.extent > size:
             raise IpcError("ERR_OUT_OF_RANGE", f"{e.extent} bytes at 0x{e.ptr:x} run past the end of its allocation ({size - offset} bytes left)")
-        try:
-            handle = drv.ipc_get_mem_handle(base)
-        except CudaError as err:
-            raise IpcError("ERR_NOT_EXPORTABLE", f"the driver has no IPC handle for this memory ({err.code}); it may come from cuMemCreate/VMM (e.g. PyTorch's expandable_segments:True), which legacy handles cannot share") from err
-        with _export_lock:
-            _local_exports[handle] = base
+        # An allocation's handle never changes: ask the driver once per allocation (its buffer id
+        # tells a new allocation at a reused address apart). PyTorch's caching allocator hands the
+        # same blocks out again and again.
+        known = _export_handles.get(base)
+        if known is not None and facts.buffer_id and known[0] == facts.buffer_id:
+            handle = known[1]
+            _local_exports[handle] = base  # (still) ours, should it come back
+        else:
+            try:
+                handle = drv.ipc_get_mem_handle(base)
+            except CudaError as err:
+                raise IpcError("ERR_NOT_EXPORTABLE", f"the driver has no IPC handle for this memory ({err.code}); it may come from cuMemCreate/VMM (e.g. PyTorch's expandable_segments:True), which legacy handles cannot share") from err
+            with _export_lock:
+                _export_handles[base] = (facts.buffer_id, handle)
+                _local_exports[handle] = base
         meta = e.meta if e.meta is not None and e.meta.extent <= e.extent else None
         desc = LegacyHandleDescriptor(handle, offset, e.extent, dev.uuid, os.getpid(), meta)
         keep = e.keep
         return TransferEncoding(data=encode_descriptor(desc), hold=Hold(lambda: _drop(keep), e.extent), kind="legacy-buffer")
 
-    def _send_pool_memory(self, e: _Exported, pool: int, dev: Device, link) -> TransferEncoding:
-        base, size = (e.ptr, e.extent) if e.whole else drv.address_range(e.ptr)
+    def _send_pool_memory(self, e: _Exported, facts, dev: Device, link) -> TransferEncoding:
+        pool = facts.pool
+        base, size = (e.ptr, e.extent) if e.whole else (facts.base, facts.size)
         with _export_lock:
             known = _local_pools.get(pool)
             if known is None:
@@ -1037,9 +1057,15 @@ class _DeviceMemoryTransfer(TransferHandler):
                     raise IpcError("ERR_NOT_EXPORTABLE", f"this memory lives in a memory pool that is not IPC-enabled ({err.code}); allocate it from an IPC pool (cuda.core: DeviceMemoryResourceOptions(ipc_enabled=True)) or from cudaMalloc") from err
                 known = _local_pools[pool] = (os.urandom(16), fd)
         pool_id, fd = known
-        export = drv.pool_export_pointer(base)
-        with _export_lock:
+        cached = _export_handles.get(base)
+        if cached is not None and facts.buffer_id and cached[0] == facts.buffer_id:
+            export = cached[1]
             _local_pool_exports[export] = base
+        else:
+            export = drv.pool_export_pointer(base)
+            with _export_lock:
+                _export_handles[base] = (facts.buffer_id, export)
+                _local_pool_exports[export] = base
         attach, fds, commit = _pool_fd_for_link(link, pool_id, fd)
         data = _pool_ref_bytes(pool_id, dev.uuid, 0, attach)
         data[48:112] = export

@@ -30,6 +30,8 @@ class FakeDriver:
         self.ctx_stack = []
         self.calls = []
         self._next_pool = 0x5000
+        self.buffer_ids = {}  # base -> CU_POINTER_ATTRIBUTE_BUFFER_ID (unique per allocation)
+        self._next_buffer_id = 0
         self.registered = {}  # host address -> bytes (cuMemHostRegister)
         self.busy_streams = set()  # streams whose cuStreamQuery answers NOT_READY
         self.stream_ops = []  # ("wait" | "write", stream, device address, value)
@@ -44,6 +46,8 @@ class FakeDriver:
         buf = ctypes.create_string_buffer(size)
         base = ctypes.addressof(buf)
         self.allocs[base] = (buf, size, pool)
+        self._next_buffer_id += 1
+        self.buffer_ids[base] = self._next_buffer_id
         return base
 
     def create_pool(self) -> int:
@@ -172,6 +176,20 @@ class FakeDriver:
              drv.CU_POINTER_ATTRIBUTE_IS_MANAGED: 0, drv.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: pool}[attr]
         self._out(out).value = v
 
+    def cuPointerGetAttributes(self, n, attrs, data, ptr):
+        try:
+            base, size, pool = self._find(ptr)
+        except drv.CudaError:
+            base = None  # not device memory: every answer zero, and success (as the driver does)
+        for i in range(n):
+            a = attrs[i]
+            v = 0 if base is None else {
+                drv.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: pool, drv.CU_POINTER_ATTRIBUTE_IS_MANAGED: 0,
+                drv.CU_POINTER_ATTRIBUTE_MEMORY_TYPE: drv.CU_MEMORYTYPE_DEVICE, drv.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: base,
+                drv.CU_POINTER_ATTRIBUTE_RANGE_SIZE: size, drv.CU_POINTER_ATTRIBUTE_BUFFER_ID: self.buffer_ids[base],
+            }[a]
+            ctypes.c_uint64.from_address(data[i]).value = v
+
     def cuMemGetAddressRange(self, base_out, size_out, ptr):
         base, size, _ = self._find(ptr)
         self._out(base_out).value = base
@@ -270,6 +288,7 @@ def install() -> FakeDriver:
     memory_mod._local_pool_exports.clear()
     memory_mod._local_pools.clear()
     memory_mod._legacy_maps.clear()
+    memory_mod._export_handles.clear()
     return fake
 
 
@@ -285,3 +304,4 @@ def uninstall(fake: FakeDriver) -> None:
         os.close(fd)
     memory_mod._local_pools.clear()
     memory_mod._legacy_maps.clear()
+    memory_mod._export_handles.clear()

@@ -220,9 +220,11 @@ class ChannelTests(unittest.TestCase):
             producer.acquire(timeout=0.05)  # the only slot is in flight
         self.assertEqual(cm.exception.code, "ERR_TIMEOUT")
         msg = consumer.receive(timeout=1)
-        threading.Timer(0.1, consumer.close).start()
+        closer = threading.Timer(0.1, consumer.close)
+        closer.start()
         msg.release()
         self.assertIsNone(consumer.receive(timeout=10), "close() from another thread ends a blocked receive")
+        closer.join(10)
         self.assertTrue(consumer.closed)
         with self.assertRaises(IpcError) as cm:
             consumer.receive()

@@ -78,6 +78,7 @@ class DeviceMemoryTests(unittest.TestCase):
         self.assertEqual(self.fake.opened[block], 0, "trimming the idle mappings closed it")
         memory_mod.configure_import_cache(16)
         self.assertGreaterEqual(self.fake.syncs, 1, "after waiting for the device's queued work")
+        self.lb.poll()  # the receiver's next link call sends its releases
         self.la.poll()
         self.assertEqual(self.la.leases.count, 0, "and released the sender's lease")
         with self.assertRaises(IpcError):
@@ -94,6 +95,7 @@ class DeviceMemoryTests(unittest.TestCase):
         self.assertEqual(back.ptr, block + 64, "the exporter sees its own memory, not a failed open")
         self.assertEqual(self.fake.opened.get(block, 0), 0, "without opening its own handle")
         back.close()
+        self.la.poll()  # sends la's release of "back"; lb's ends its hold, so lb releases the original
         self.lb.poll()
         self.la.poll()
         self.assertEqual((self.la.leases.count, self.lb.leases.count), (0, 0))
@@ -121,6 +123,7 @@ class DeviceMemoryTests(unittest.TestCase):
         third.close()
         self.assertEqual(self.fake.imported[a], 0)
         second.close()
+        self.lb.poll()  # the receiver's next link call sends its releases
         self.la.poll()
         self.assertEqual(self.la.leases.count, 0)
         self.lb.close()
@@ -134,6 +137,7 @@ class DeviceMemoryTests(unittest.TestCase):
         got = self.lb.receive(timeout=5)
         del got
         gc.collect()
+        self.lb.poll()  # the receiver's next link call sends its releases
         self.la.poll()
         self.assertEqual(self.la.leases.count, 0, "collected without mapping: released at once")
         self.assertEqual(self.fake.imported.get(a, 0), 0)
@@ -189,6 +193,21 @@ class DeviceMemoryTests(unittest.TestCase):
         self.assertEqual(self.fake.opened[block], 0, "the failed open was closed again")
         memory_mod.configure_import_cache(16)
         got.close()
+
+    def test_an_allocation_is_asked_for_its_handle_once(self):
+        block = self.fake.alloc(4096)
+        for i in range(3):
+            self.la.send(fake_cuda.FakeArray(block + 256 * i, (64,)))
+            self.lb.receive(timeout=5).close()
+        self.assertEqual(self.fake.calls.count("cuIpcGetMemHandle"), 1, "the handle of an allocation does not change")
+        self.assertEqual(self.fake.calls.count("cuPointerGetAttributes"), 3, "one pointer query per send")
+        # A new allocation at the same address (its buffer id differs) gets a handle of its own.
+        del self.fake.allocs[block]
+        self.fake.allocs[block] = (ctypes.create_string_buffer(4096), 4096, 0)
+        self.fake.buffer_ids[block] = 999
+        self.la.send(fake_cuda.FakeArray(block, (64,)))
+        self.lb.receive(timeout=5).close()
+        self.assertEqual(self.fake.calls.count("cuIpcGetMemHandle"), 2)
 
     def test_the_working_device_maps_received_memory_for_itself(self):
         from cuda_ipc import device as device_mod
