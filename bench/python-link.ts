@@ -142,20 +142,22 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
       // Correctness first (a marked buffer, the value Python read through torch must match); the
       // timed loop then does what torch.multiprocessing's reference does: allocate, hand over, the
       // receiver reads one value and acknowledges.
-      const toPython = (make: () => DeviceBuffer) => async () => {
+      const toPython = (make: () => DeviceBuffer, dlpack = false) => async () => {
         const b = make();
-        link.send({ op: 'torch', buffer: b });
+        link.send({ op: 'torch', buffer: b, dlpack });
         b.close();
         await link.receive({ signal: AbortSignal.timeout(60_000) });
       };
-      for (const [what, make] of [['pool', () => p.allocate(BYTES)], ['legacy', () => DeviceBuffer.allocate(BYTES, { device })]] as const) {
+      for (const [what, make, dlpack] of [['pool', () => p.allocate(BYTES), false], ['pool', () => p.allocate(BYTES), true],
+        ['legacy', () => DeviceBuffer.allocate(BYTES, { device }), false]] as const) {
         const b = make();
         b.write(new Float32Array([1234.5]));
-        link.send({ op: 'torch', buffer: b });
+        link.send({ op: 'torch', buffer: b, dlpack });
         b.close();
-        await expect(link, 1234.5, `${what} buffer viewed by torch`);
+        await expect(link, 1234.5, `${what} buffer viewed by torch${dlpack ? ' through DLPack' : ''}`);
       }
       rows['pool buffer Node -> Python torch.as_tensor view'] = await timed(iterations, warmup, toPython(() => p.allocate(BYTES)));
+      rows['pool buffer Node -> Python torch.from_dlpack view'] = await timed(iterations, warmup, toPython(() => p.allocate(BYTES), true));
       rows['legacy buffer Node -> Python torch.as_tensor view'] = await timed(Math.min(iterations, 500), Math.min(warmup, 100),
         toPython(() => DeviceBuffer.allocate(BYTES, { device })));
       const read = new Float32Array(1);

@@ -2,8 +2,9 @@
 message: read one value of what arrived and acknowledge with it, or hand a fresh tensor to Node.
 
   {op: 'host', buffer}    a HostBuffer: read the first uint32, close, ack
-  {op: 'torch', buffer}   a device buffer: view it as a float32 torch tensor (zero-copy), read t[0],
-                          close, ack
+  {op: 'torch', buffer}   a device buffer: view it as a float32 torch tensor (zero-copy,
+                          torch.as_tensor over __cuda_array_interface__; 'dlpack': true:
+                          torch.from_dlpack), read t[0], close, ack
   {op: 'give'}            allocate a fresh 1 MiB float32 torch tensor and send it (Node reads one
                           value and releases it)
   {op: 'phases'}          -> the timestamps of the messages that asked for them ('stamp': true),
@@ -47,7 +48,10 @@ for msg in link:
         if torch is None:
             import torch
         buf = msg["buffer"]
-        t = torch.as_tensor(buf.view("float32"), device="cuda")
+        if msg.get("dlpack"):
+            t = torch.from_dlpack(buf.view("float32"))
+        else:
+            t = torch.as_tensor(buf.view("float32"), device="cuda")
         t1 = now()
         value = t[0].item()  # synchronizes: nothing of ours is queued on the memory after this
         t2 = now()

@@ -49,6 +49,7 @@ from .channel_layout import (
 )
 from .channel_ring import Doorbells, Ring, corrupt
 from .codec import TransferEncoding, TransferHandler, register_transfer_handler
+from .descriptor import DTYPES, dtype_name
 from .errors import IpcError
 from .host import HostBuffer
 from .memory import DeviceBuffer
@@ -996,11 +997,9 @@ class Message:
 
 def _typed_view(buf, length: int, dtype, shape, strides, offset: int):
     if isinstance(buf, DeviceBuffer):
-        from .descriptor import DTYPES, dtype_name
         if shape is None:
             shape = ((length - offset) // DTYPES[dtype_name(dtype)][0],)
         return buf.view(dtype, shape, strides, offset)
-    from .descriptor import DTYPES, dtype_name
     name = dtype_name(dtype)
     fmt = {"float32": "f", "float64": "d", "int8": "b", "uint8": "B", "int16": "h", "uint16": "H", "int32": "i",
            "uint32": "I", "int64": "q", "uint64": "Q"}.get(name)

@@ -128,6 +128,10 @@ class Device:
         return f"<cuda_ipc.Device {self.ordinal} {self.name} {self.uuid}>"
 
 
+# A CUcontext cell per thread for cuCtxGetCurrent's answer (made once, not per driver call).
+_current = threading.local()
+
+
 class _Active:
     """The context manager of Device.activate (a class: this runs on every driver call path)."""
 
@@ -139,7 +143,9 @@ class _Active:
 
     def __enter__(self) -> "_Active":
         d = drv.driver()
-        cur = drv.CUcontext()
+        cur = _current.__dict__.get("cell")
+        if cur is None:
+            cur = _current.cell = drv.CUcontext()
         d.call("cuCtxGetCurrent", byref(cur))
         if cur.value != self._ctx:
             d.call("cuCtxPushCurrent", drv.CUcontext(self._ctx))
