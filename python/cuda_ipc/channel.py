@@ -233,6 +233,11 @@ class _End:
         self._fence_repairs: list = []
         #: Counts of how waits ended (tests, benchmarks).
         self.stats = {"spin_hits": 0, "sleeps": 0, "rung": 0, "rescued": 0}
+        self._watch_stop = threading.Event()
+        if link is not None and block.fences is not None:
+            # GPU work queued here may wait for fences only we can raise once the hub died, while
+            # this thread is blocked in that very work (a torch sync): a watcher thread raises them.
+            threading.Thread(target=self._watch_hub, name="cuda_ipc-channel-fence-watch", daemon=True).start()
         if link is not None:
             # Our own copy of the socket's fd: the link may close its own at any time.
             self._link_fd = os.dup(link.fileno())
@@ -321,20 +326,45 @@ class _End:
             if st == ST_EMPTY:
                 continue
             if self.block.fences is not None:
-                self._fence_repairs.append((k, ring.participant_pid(k), self.w.plain32(po + P_GENERATION), time.monotonic()))
+                # [k, pid, generation, since, next check, pause]: polled 1 ms doubling to 100 ms, as Node does.
+                t = time.monotonic()
+                self._fence_repairs.append([k, ring.participant_pid(k), self.w.plain32(po + P_GENERATION), t, t, 0.001])
             if st == ST_ALIVE:
                 self._recover(k, True)
 
     def _repair_fences(self) -> None:
+        now = time.monotonic()
         keep = []
-        for k, pid, generation, since in self._fence_repairs:
+        for r in self._fence_repairs:
+            k, pid, generation, since, due, pause = r
+            if now < due:
+                keep.append(r)
+                continue
             if self.w.plain32(self.ring.part_off(k) + P_GENERATION) != generation:
                 continue  # the entry was handed out again
             if _process_gone(pid):
                 self._raise_fences_of(k)
-            elif time.monotonic() - since < FENCE_REPAIR_GIVE_UP:
-                keep.append((k, pid, generation, since))
+            elif now - since < FENCE_REPAIR_GIVE_UP:
+                r[4], r[5] = now + pause, min(pause * 2, 0.1)
+                keep.append(r)
         self._fence_repairs = keep
+
+    def _watch_hub(self) -> None:
+        """Once the hub's process is gone, raises the fences of the hub and its in-process ends."""
+        pid = self.ring.participant_pid(0)
+        while not self._watch_stop.wait(0.1):
+            if not _process_gone(pid):
+                continue
+            with self.lock:
+                if self.closed:
+                    return
+                for k in range(self.layout.max_participants):
+                    po = self.ring.part_off(k)
+                    if k == self.index or self.ring.participant_state(k) == ST_EMPTY:
+                        continue
+                    if k == 0 or self.w.load32(po + P_FLAGS) & PFLAG_HUB_LOCAL:
+                        self._raise_fences_of(k)
+            return
 
     def _raise_fences_of(self, k: int) -> None:
         ring, w, f, l = self.ring, self.w, self.block.fences, self.layout
@@ -391,6 +421,10 @@ class _End:
             timeout = WAIT_BACKSTOP
             if deadline is not None:
                 timeout = min(timeout, max(0.0, deadline - time.monotonic()))
+            if self._pending:
+                timeout = min(timeout, RETRY)  # a repair waits for the publish lock
+            if self._fence_repairs:
+                timeout = min(timeout, max(0.0, min(r[4] for r in self._fence_repairs) - time.monotonic()))
             poller = self._poller
             if self._link_fd >= 0 and time.monotonic() < self._link_quiet_until:
                 poller = self._poll_bell  # another thread reads the link: look at it again soon
@@ -464,6 +498,7 @@ class _End:
         if self.closed:
             return
         self.closed = True
+        self._watch_stop.set()
         self.wake()
         with self.lock:
             try:
@@ -529,8 +564,8 @@ def accept_channel(link, role: str | None = None, memory: str | None = None, *, 
     if msg.get("version") != ATTACH_VERSION:
         refuse(IpcError("ERR_DESCRIPTOR_VERSION", f"accept_channel: channel protocol version {msg.get('version')!r}; this side speaks {ATTACH_VERSION}: use the same cuda-ipc version on both sides"))
     control = msg.get("control")
-    if not isinstance(control, HostBuffer):
-        refuse(bad("the control block is not shared memory"))
+    if not isinstance(control, HostBuffer) or control.offset != 0:
+        refuse(bad("the control block is not shared memory (a whole memfd)"))
     try:
         layout = read_header(control.memory, control.nbytes)
     except IpcError as e:
