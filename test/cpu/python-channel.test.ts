@@ -78,6 +78,7 @@ test('Node -> Python -> Node on host slots: 100,000 checksummed messages, in ord
       received++;
     }
     await sending;
+    fromPy.close();
     const ms = performance.now() - t0;
     assert.equal(received, total);
     assert.equal(metas, Math.ceil(total / 997));

@@ -57,6 +57,7 @@ describe('Python channel ends on device slots', { skip }, () => {
         seen++;
       }
       await sending;
+      answers.close();
       const done = await reply(py.link);
       assert.deepEqual(done, { count: n, checked: 3 });
       assert.equal(seen, n);
