@@ -1,4 +1,4 @@
-// `npm run bench [-- --iterations N] [--json FILE] [--breakdown] [--no-python] [--no-python-link] [--no-c] [--no-handoff] [--no-channels] [--no-peer]`:
+// `npm run bench [-- --iterations N] [--json FILE] [--breakdown] [--python-phases] [--no-python] [--no-python-link] [--no-c] [--no-handoff] [--no-channels] [--no-peer]`:
 // the project's benchmarks as a table (median, p99, comparison with the references measured in the
 // same run: C, PyTorch, CuPy), optionally a per-phase breakdown of one handoff, optionally JSON.
 import { parseArgs } from 'node:util';
@@ -27,6 +27,7 @@ const { values } = parseArgs({
     'no-channels': { type: 'boolean', default: false },
     'no-peer': { type: 'boolean', default: false },
     'no-python-link': { type: 'boolean', default: false },
+    'python-phases': { type: 'boolean', default: false },
   },
 });
 const iterations = Number(values.iterations);
@@ -144,7 +145,8 @@ function largestPhases(b: Breakdown, tail: boolean): string {
 }
 
 // The Python companion (its own table; python3 with torch where there is a GPU).
-const pythonLink: PythonLinkResults | undefined = values['no-python'] || values['no-python-link'] ? undefined : await pythonLinkBenchmarks(iterations, warmup, device);
+const pythonLink: PythonLinkResults | undefined = values['no-python'] || values['no-python-link'] ? undefined : await pythonLinkBenchmarks(iterations, warmup, device,
+  { phases: values['python-phases'] ? Math.min(iterations, 1000) : 0 });
 
 // Channels: after the handoff table.
 let channels: ChannelResults | undefined;

@@ -24,6 +24,57 @@ export interface PythonLinkResults {
   rows: Record<string, Summary>;
   reference?: Summary;
   referenceSkipped?: string;
+  /** With --python-phases: median microseconds of each phase of a handoff, per row kind. */
+  phases?: Record<string, Record<string, number>>;
+}
+
+export interface PythonLinkOptions {
+  /** Instrumented handoffs per row for the per-phase table (0: none). */
+  phases?: number;
+}
+
+const now = () => process.hrtime.bigint();  // CLOCK_MONOTONIC: the clock of Python's time.monotonic_ns
+const us = (a: bigint, b: bigint) => Number(b - a) / 1000;
+const median = (v: number[]) => summarize(v).median;
+
+/** Python-side timestamps of one stamped handoff (see bench/python/handoff_cuda_ipc.py). */
+type Stamps = bigint[];
+
+// "of which" rows overlap the row above them and are left out of the sum. Where both processes
+// share a core, a sendmsg() that wakes the peer also counts the time the peer runs first.
+const TO_PYTHON_PHASES = [
+  'Node: encode + sendmsg',
+  'sendmsg to Python having the message (wake-up, receive, decode)',
+  'Python: view (memoryview / torch.as_tensor)',
+  'Python: read one value',
+  'Python: close (unmap, release)',
+  'ack: Python send start to Node resuming (encode, sendmsg, wake-up, decode)',
+  "of which Python's link.send() (then its RELEASE), until it returns",
+] as const;
+
+const FROM_PYTHON_PHASES = [
+  'request: Node send to Python having it',
+  'Python: allocate the tensor',
+  'Python share + send to Node having the buffer (sync, pointer query, handle, encode, sendmsg, wake-up, import)',
+  "of which Python's link.send(), until it returns",
+  'Node: read one value',
+  'Node: close',
+] as const;
+
+function printPhases(phases: Record<string, Record<string, number>>): void {
+  for (const [names, kinds] of [[TO_PYTHON_PHASES, Object.keys(phases).filter((k) => k !== 'give')], [FROM_PYTHON_PHASES, ['give']]] as const) {
+    const present = kinds.filter((k) => phases[k]);
+    if (present.length === 0) continue;
+    const head = ['phase (median us)', ...present];
+    const rows = [...names.map((n) => [n, ...present.map((k) => phases[k]![n]!.toFixed(1))]),
+      ['sum of the phase medians (without "of which")', ...present.map((k) => Object.entries(phases[k]!).filter(([n]) => !n.startsWith('of which')).reduce((a, [, b]) => a + b, 0).toFixed(1))]];
+    const widths = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
+    const line = (c: readonly string[]) => '| ' + c.map((v, i) => (i === 0 ? v.padEnd(widths[i]!) : v.padStart(widths[i]!))).join(' | ') + ' |';
+    console.log(`\nWhere a Python-link handoff spends its time (${present.includes('give') ? 'a torch tensor Python -> Node' : 'Node -> Python'}; both processes read CLOCK_MONOTONIC)`);
+    console.log(line(head));
+    console.log('|' + widths.map((w) => '-'.repeat(w + 2)).join('|') + '|');
+    for (const r of rows) console.log(line(r));
+  }
 }
 
 function probe(code: string): string | undefined {
@@ -60,7 +111,7 @@ function torchReference(iterations: number, warmup: number): { summary?: Summary
 }
 
 /** Runs the Python-link handoffs; prints their table; returns the figures for --json. */
-export async function pythonLinkBenchmarks(iterations: number, warmup: number, device: Device | undefined): Promise<PythonLinkResults> {
+export async function pythonLinkBenchmarks(iterations: number, warmup: number, device: Device | undefined, options: PythonLinkOptions = {}): Promise<PythonLinkResults> {
   const results: PythonLinkResults = { rows: {} };
   const noPython = probe('import sys; assert sys.version_info >= (3, 10), "Python " + sys.version.split()[0] + " is older than 3.10"; import cuda_ipc');
   if (noPython) {
@@ -91,20 +142,22 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
       // Correctness first (a marked buffer, the value Python read through torch must match); the
       // timed loop then does what torch.multiprocessing's reference does: allocate, hand over, the
       // receiver reads one value and acknowledges.
-      const toPython = (make: () => DeviceBuffer) => async () => {
+      const toPython = (make: () => DeviceBuffer, dlpack = false) => async () => {
         const b = make();
-        link.send({ op: 'torch', buffer: b });
+        link.send({ op: 'torch', buffer: b, dlpack });
         b.close();
         await link.receive({ signal: AbortSignal.timeout(60_000) });
       };
-      for (const [what, make] of [['pool', () => p.allocate(BYTES)], ['legacy', () => DeviceBuffer.allocate(BYTES, { device })]] as const) {
+      for (const [what, make, dlpack] of [['pool', () => p.allocate(BYTES), false], ['pool', () => p.allocate(BYTES), true],
+        ['legacy', () => DeviceBuffer.allocate(BYTES, { device }), false]] as const) {
         const b = make();
         b.write(new Float32Array([1234.5]));
-        link.send({ op: 'torch', buffer: b });
+        link.send({ op: 'torch', buffer: b, dlpack });
         b.close();
-        await expect(link, 1234.5, `${what} buffer viewed by torch`);
+        await expect(link, 1234.5, `${what} buffer viewed by torch${dlpack ? ' through DLPack' : ''}`);
       }
       rows['pool buffer Node -> Python torch.as_tensor view'] = await timed(iterations, warmup, toPython(() => p.allocate(BYTES)));
+      rows['pool buffer Node -> Python torch.from_dlpack view'] = await timed(iterations, warmup, toPython(() => p.allocate(BYTES), true));
       rows['legacy buffer Node -> Python torch.as_tensor view'] = await timed(Math.min(iterations, 500), Math.min(warmup, 100),
         toPython(() => DeviceBuffer.allocate(BYTES, { device })));
       const read = new Float32Array(1);
@@ -115,6 +168,7 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
         t.close();
       });
     }
+    if (options.phases) results.phases = await measurePhases(link, options.phases, device && !noTorch ? device : undefined, pool);
   } finally {
     link.send('end');
     await new Promise((r) => (child.exitCode !== null ? r(null) : child.once('exit', r)));
@@ -141,5 +195,63 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
   if (ref) table.push({ name: 'reference: torch.multiprocessing queue, Python -> Python', unit: 'us', median: ref.median, p99: ref.p99, n: ref.n });
   else if (!noTorch) table.push({ name: 'reference: torch.multiprocessing queue', unit: 'us', median: NaN, notes: [`skipped: ${results.referenceSkipped}`] });
   printTable('Python companion handoff round trip (lower is better)', table);
+  if (results.phases) printPhases(results.phases);
   return results;
+}
+
+/** Stamped handoffs of each kind: Node's timestamps here, Python's from the child, lined up. */
+async function measurePhases(link: Link, n: number, device: Device | undefined, pool: import('../src/ipc/pool.js').IpcPool | undefined): Promise<Record<string, Record<string, number>>> {
+  const out: Record<string, Record<string, number>> = {};
+  const fetchStamps = async (): Promise<Stamps[]> => {
+    link.send({ op: 'phases' });
+    const r = await link.receive({ signal: AbortSignal.timeout(60_000) }) as { stamps: Array<Array<number | bigint>> };
+    return r.stamps.map((s) => s.map((v) => BigInt(v)));
+  };
+  const kinds: Array<[string, string, () => HostBuffer | DeviceBuffer]> = [['host', 'host', () => HostBuffer.allocate(BYTES)]];
+  if (device && pool) {
+    kinds.push(['pool', 'torch', () => pool.allocate(BYTES)], ['legacy', 'torch', () => DeviceBuffer.allocate(BYTES, { device })]);
+  }
+  for (const [kind, op, make] of kinds) {
+    const node: bigint[][] = [];
+    for (let i = 0; i < n; i++) {
+      const b = make();
+      const t0 = now();
+      link.send({ op, buffer: b, stamp: true });
+      const t1 = now();
+      b.close();
+      await link.receive({ signal: AbortSignal.timeout(60_000) });
+      node.push([t0, t1, now()]);
+    }
+    const py = await fetchStamps();
+    const cols: number[][] = TO_PYTHON_PHASES.map(() => []);
+    py.forEach(([received, viewed, read, closed, ackStart, acked], i) => {
+      const [t0, t1, t2] = node[i]!;
+      [us(t0!, t1!), us(t1!, received!), us(received!, viewed!), us(viewed!, read!), us(read!, closed!), us(ackStart!, t2!), us(ackStart!, acked!)]
+        .forEach((v, j) => cols[j]!.push(v));
+    });
+    out[kind] = Object.fromEntries(TO_PYTHON_PHASES.map((name, j) => [name, median(cols[j]!)]));
+  }
+  if (device && pool) {
+    const read = new Float32Array(1);
+    const node: bigint[][] = [];
+    for (let i = 0; i < n; i++) {
+      const t0 = now();
+      link.send({ op: 'give', stamp: true });
+      const t = await link.receive({ signal: AbortSignal.timeout(60_000) }) as DeviceBuffer;
+      const t1 = now();
+      t.read(read);
+      const t2 = now();
+      t.close();
+      node.push([t0, t1, t2, now()]);
+    }
+    const py = await fetchStamps();
+    const cols: number[][] = FROM_PYTHON_PHASES.map(() => []);
+    py.forEach(([received, allocated, sent], i) => {
+      const [t0, t1, t2, t3] = node[i]!;
+      [us(t0!, received!), us(received!, allocated!), us(allocated!, t1!), us(allocated!, sent!), us(t1!, t2!), us(t2!, t3!)]
+        .forEach((v, j) => cols[j]!.push(v));
+    });
+    out.give = Object.fromEntries(FROM_PYTHON_PHASES.map((name, j) => [name, median(cols[j]!)]));
+  }
+  return out;
 }

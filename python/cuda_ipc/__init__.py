@@ -7,6 +7,8 @@ with Node without copies:
 * received device buffers expose ``__cuda_array_interface__`` and DLPack, so ``torch.as_tensor``,
   ``cupy.asarray`` and ``numba.cuda.as_cuda_array`` view them; received host buffers expose a
   memoryview. Closing one (or dropping the last reference) releases it to the sender.
+* channels: ``accept_channel(link)`` makes this process a producer or consumer of a channel a Node
+  process created (host or device slots), with the same ordering, wake-up and crash rules.
 * CUDA tensors and arrays (PyTorch, CuPy, anything with ``__cuda_array_interface__``, cuda.core
   buffers) put in a message are shared zero-copy and kept alive until the peer releases them.
 
@@ -17,13 +19,14 @@ from .errors import CudaError, IpcError
 from .codec import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from .link import Link, LeaseCounts, PeerCredentials, connect, default_socket_directory, parent_link, socket_path
 from .host import HostBuffer
-from .memory import DeviceBuffer, ArrayView, ImportedPool, IpcEvent, share
+from .memory import DeviceBuffer, ArrayView, ImportedPool, IpcEvent, configure_import_cache, legacy_cache_stats, share
 from .descriptor import (
     LegacyHandleDescriptor, IpcEventDescriptor, decode_descriptor, encode_descriptor, descriptor_from_json,
     descriptor_to_json,
 )
-from .device import Device
+from .device import Device, set_working_device, working_device
 from .torch_handle import descriptor_from_torch, torch_storage_args
+from .channel import ChannelConsumer, ChannelProducer, Message, Slot, accept_channel
 
 __all__ = [
     "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",
@@ -31,5 +34,7 @@ __all__ = [
     "Device", "LegacyHandleDescriptor", "IpcEventDescriptor", "encode_descriptor", "decode_descriptor",
     "descriptor_to_json", "descriptor_from_json", "descriptor_from_torch", "torch_storage_args",
     "TransferHandler", "TransferEncoding", "register_transfer_handler", "unregister_transfer_handler",
+    "accept_channel", "ChannelConsumer", "ChannelProducer", "Message", "Slot", "working_device", "set_working_device",
+    "configure_import_cache", "legacy_cache_stats",
 ]
 __version__ = "0.1.0"

@@ -243,9 +243,12 @@ class EncodedMessage:
     holds: list
 
 
+_json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
 def _dumps(value) -> bytes:
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+        return _json_encode(value).encode("utf-8")
     except (ValueError, UnicodeEncodeError) as e:
         raise IpcError("ERR_NOT_TRANSFERABLE", f"link.send: the message is not JSON: {e}") from None
 
@@ -265,6 +268,14 @@ def encode_message(value: Any, link) -> EncodedMessage:
         out[HEADER_BYTES:] = body
         return EncodedMessage(out, [], [], [], [])
 
+    t = type(value)
+    if t is int and -SAFE_INT <= value <= SAFE_INT or t is float and value - value == 0.0:
+        # A lone number (a reply, an acknowledgement): its JSON text, without the encoder.
+        payload = (str if t is int else repr)(value).encode("ascii")
+        out = bytearray(HEADER_BYTES)
+        fr.pack_header_into(out, fr.MESSAGE, ENC_JSON, len(payload), 0)
+        out += payload
+        return EncodedMessage(out, [], [], [], [])
     found: list[_Found] = []
     root = _scan(value, [], found)
     if not found:
@@ -401,70 +412,90 @@ def decode_message(encoding: int, buf: memoryview, fds: list[int], link, leases)
         raise
 
 
+_U32 = struct.Struct("<I").unpack_from
+_U16 = struct.Struct("<H").unpack_from
+_TAIL = _RECORD_TAIL.unpack_from
+_TAIL_SIZE = _RECORD_TAIL.size
+_json_decode = json.JSONDecoder().decode
+
+
 def _parse_records(buf: memoryview):
+    # The head (JSON, kinds, paths) is parsed from a bytes copy, cheaper to index and slice than
+    # the memoryview; record data stays a view of the frame.
     end = len(buf)
-    at = 0
     if end < 4:
         raise Malformed("truncated JSON length")
-    (json_length,) = struct.unpack_from("<I", buf, 0)
-    at = 4
-    if at + json_length > end:
+    (json_length,) = _U32(buf, 0)
+    at = 4 + json_length
+    if at > end:
         raise Malformed("JSON length past the end")
     try:
-        root = json.loads(bytes(buf[at:at + json_length]))
-    except ValueError:
+        root = _json_decode(bytes(buf[4:at]).decode("utf-8", "surrogatepass"))
+    except ValueError:  # UnicodeDecodeError included
         raise Malformed("the JSON does not parse") from None
-    at += json_length
     if at + 2 > end:
         raise Malformed("truncated record count")
-    (count,) = struct.unpack_from("<H", buf, at)
+    (count,) = _U16(buf, at)
     at += 2
     if count == 0:
         raise Malformed("no records in a message that announces records")
+    data = bytes(buf[at:]) if end - at <= 4096 else None
+    base = at
     records = []
     fd_total = 0
     for _ in range(count):
+        if data is None:  # a large tail (typed arrays): parse it from the view
+            data = buf
+            base = 0
+        i = at - base
         if at + 1 > end:
             raise Malformed("truncated record")
-        kind_length = buf[at]
+        kind_length = data[i]
         at += 1
+        i += 1
         if kind_length == 0 or at + kind_length + 1 > end:
             raise Malformed("bad record kind")
-        kind = bytes(buf[at:at + kind_length]).decode("latin-1")
+        kind = bytes(data[i:i + kind_length]).decode("latin-1")
         at += kind_length
-        path_length = buf[at]
+        i += kind_length
+        path_length = data[i]
         at += 1
+        i += 1
         path: list = []
         for _s in range(path_length):
             if at + 1 > end:
                 raise Malformed("truncated path")
-            tag = buf[at]
+            tag = data[i]
             at += 1
+            i += 1
             if tag == 0:
                 if at + 4 > end:
                     raise Malformed("truncated path index")
-                path.append(struct.unpack_from("<I", buf, at)[0])
+                path.append(_U32(data, i)[0])
                 at += 4
+                i += 4
             elif tag == 1:
                 if at + 2 > end:
                     raise Malformed("truncated path key")
-                (n,) = struct.unpack_from("<H", buf, at)
+                (n,) = _U16(data, i)
                 at += 2
+                i += 2
                 if at + n > end:
                     raise Malformed("path key past the end")
                 try:
-                    path.append(bytes(buf[at:at + n]).decode("utf-8"))
+                    path.append(bytes(data[i:i + n]).decode("utf-8"))
                 except UnicodeDecodeError:
                     raise Malformed("a path key is not UTF-8") from None
                 at += n
+                i += n
             else:
                 raise Malformed(f"unknown path segment tag {tag}")
-        if at + _RECORD_TAIL.size > end:
+        if at + _TAIL_SIZE > end:
             raise Malformed("truncated record data")
-        fd_count, lease_id, data_length = _RECORD_TAIL.unpack_from(buf, at)
+        fd_count, lease_id, data_length = _TAIL(data, i)
         if lease_id > SAFE_INT:
             raise Malformed("a lease id above 2^53")
-        at += _RECORD_TAIL.size
+        at += _TAIL_SIZE
         if at + data_length > end:
             raise Malformed("record data past the end")
         records.append((kind, path, fd_count, lease_id, at, at + data_length))
@@ -479,33 +510,35 @@ def _decode_with_records(buf: memoryview, fds: list[int], link, leases):
     root, records, fd_total = _parse_records(buf)
     if fd_total != len(fds):
         raise Malformed(f"records claim {fd_total} fds but {len(fds)} arrived")
+    # Check every lease and placement before decoding anything.
     seen: set[int] = set()
-    for kind, _p, _n, lease_id, _s, _e in records:
-        if lease_id == 0:
-            continue
-        if kind in ("@bigint", "@typed-array"):
-            raise Malformed(f"a leased '{kind}' record")
-        if leases is None:
-            raise Malformed("a leased value where no lease can be received")
-        if leases.is_live(lease_id):
-            raise Malformed(f"lease id {lease_id} is already held")
-        if lease_id in seen:
-            raise Malformed(f"lease id {lease_id} appears twice")
-        seen.add(lease_id)
-
-    # Check every placement before decoding anything.
     holder = [root]
     slots = []
-    for _k, path, _n, _l, _s, _e in records:
+    for kind, path, _n, lease_id, _s, _e in records:
+        if lease_id:
+            if kind in ("@bigint", "@typed-array"):
+                raise Malformed(f"a leased '{kind}' record")
+            if leases is None:
+                raise Malformed("a leased value where no lease can be received")
+            if leases.is_live(lease_id):
+                raise Malformed(f"lease id {lease_id} is already held")
+            if lease_id in seen:
+                raise Malformed(f"lease id {lease_id} appears twice")
+            seen.add(lease_id)
         parent, key = holder, 0
         for seg in path:
             nxt = parent[key]
-            if not isinstance(nxt, (dict, list)):
+            t = type(nxt)
+            if t is dict:
+                if type(seg) is not str:
+                    raise Malformed("a record path does not match the JSON")
+            elif t is list:
+                if type(seg) is not int:
+                    raise Malformed("a record path does not match the JSON")
+            else:
                 raise Malformed("a record path leads through a non-container")
-            if isinstance(nxt, list) != isinstance(seg, int):
-                raise Malformed("a record path does not match the JSON")
             parent, key = nxt, seg
-        if isinstance(parent, list):
+        if type(parent) is list:
             ok = 0 <= key < len(parent) and parent[key] is None
         else:
             ok = key in parent and parent[key] is None

@@ -9,6 +9,7 @@ import json
 import re
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 from .errors import IpcError
 
@@ -71,6 +72,21 @@ class ArrayMeta:
 
     @staticmethod
     def make(dtype, shape, strides=None) -> "ArrayMeta":
+        # The same few array shapes come back message after message: remember them.
+        try:
+            key = (dtype, tuple(shape), None if strides is None else tuple(strides))
+            hit = _made.get(key)
+        except TypeError:  # an unhashable dtype object
+            return ArrayMeta._make(dtype, shape, strides)
+        if hit is None:
+            hit = ArrayMeta._make(dtype, shape, strides)
+            if len(_made) >= 256:
+                _made.clear()
+            _made[key] = hit
+        return hit
+
+    @staticmethod
+    def _make(dtype, shape, strides=None) -> "ArrayMeta":
         name = dtype_name(dtype)
         itemsize = DTYPES[name][0]
         shape = tuple(int(d) for d in shape)
@@ -93,22 +109,22 @@ class ArrayMeta:
             raise _invalid("array", "reaches beyond 2^53-1 bytes")
         return meta
 
-    @property
+    @cached_property
     def itemsize(self) -> int:
         return DTYPES[self.dtype][0]
 
-    @property
+    @cached_property
     def typestr(self) -> str:
         return DTYPES[self.dtype][1]
 
-    @property
+    @cached_property
     def extent(self) -> int:
         """Bytes from the first element to the end of the last one."""
         if 0 in self.shape:
             return 0
         return sum((d - 1) * s for d, s in zip(self.shape, self.strides)) + self.itemsize
 
-    @property
+    @cached_property
     def c_contiguous(self) -> bool:
         if 0 in self.shape:
             return True
@@ -118,6 +134,9 @@ class ArrayMeta:
                 return False
             expected *= d
         return True
+
+
+_made: dict = {}
 
 
 @dataclass(frozen=True)

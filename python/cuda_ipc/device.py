@@ -7,6 +7,7 @@ leave the calling thread's current context as they found it.
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from ctypes import byref, c_int
 
@@ -65,7 +66,7 @@ class Device:
 
     @staticmethod
     def get(ordinal: int) -> "Device":
-        devices = Device.all()
+        devices = _devices if _devices is not None else Device.all()
         if not 0 <= ordinal < len(devices):
             raise IpcError("ERR_UNKNOWN_DEVICE", f"there is no CUDA device {ordinal} in this process ({len(devices)} visible)")
         return devices[ordinal]
@@ -100,6 +101,24 @@ class Device:
         the calling thread, and restores the thread's context after it."""
         return _Active(self.context)
 
+    def can_access_peer(self, other: "Device") -> bool:
+        """Whether kernels on this device can use memory that lives on ``other`` (cuDeviceCanAccessPeer)."""
+        if other is self or other.uuid == self.uuid:
+            return True
+        v = c_int()
+        drv.driver().call("cuDeviceCanAccessPeer", byref(v), self._handle, other._handle)
+        return bool(v.value)
+
+    def enable_peer_access(self, other: "Device") -> None:
+        """Lets this device's context use allocations of ``other``'s context (idempotent)."""
+        if other is self or other.uuid == self.uuid:
+            return
+        assert_peer_reachable(self, other)
+        with self.activate():
+            r = drv.driver().status("cuCtxEnablePeerAccess", drv.CUcontext(other.context), 0)
+            if r not in (0, drv.CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED):
+                raise drv.driver().error(r, "cuCtxEnablePeerAccess")
+
     def synchronize(self) -> None:
         """Waits for all work queued in the primary context (every stream of PyTorch, CuPy, ...)."""
         with self.activate():
@@ -107,6 +126,10 @@ class Device:
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.Device {self.ordinal} {self.name} {self.uuid}>"
+
+
+# A CUcontext cell per thread for cuCtxGetCurrent's answer (made once, not per driver call).
+_current = threading.local()
 
 
 class _Active:
@@ -120,7 +143,9 @@ class _Active:
 
     def __enter__(self) -> "_Active":
         d = drv.driver()
-        cur = drv.CUcontext()
+        cur = _current.__dict__.get("cell")
+        if cur is None:
+            cur = _current.cell = drv.CUcontext()
         d.call("cuCtxGetCurrent", byref(cur))
         if cur.value != self._ctx:
             d.call("cuCtxPushCurrent", drv.CUcontext(self._ctx))
@@ -132,3 +157,71 @@ class _Active:
             self._pushed = False
             popped = drv.CUcontext()
             drv.driver().call("cuCtxPopCurrent", byref(popped))
+
+
+def assert_peer_reachable(user: Device, resident: Device) -> None:
+    """Raises ERR_PEER_UNREACHABLE unless ``user`` can use memory that lives on ``resident``."""
+    if user is resident or user.uuid == resident.uuid or user.can_access_peer(resident):
+        return
+    raise IpcError(
+        "ERR_PEER_UNREACHABLE",
+        f"GPU {user.ordinal} ({user.uuid}) cannot use memory that lives on GPU {resident.ordinal} ({resident.uuid}): the driver "
+        "reports no peer access between them. Work on the device the memory lives on for it (spawn({ device }) in Node, "
+        "set_working_device() here), or copy it through host memory",
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# The working device: which GPU this process maps imported memory for (as Node's workingDevice()).
+# Unset, an import maps the memory for the device it lives on; Node's spawn({ device }) sets it in the
+# child through CUDA_IPC_DEVICE (the device's UUID); set_working_device() overrides the environment.
+
+WORKING_DEVICE_ENV = "CUDA_IPC_DEVICE"
+_working: Device | None = None
+_working_from_env = True
+
+
+def _normalize_uuid(uuid: str) -> str:
+    u = uuid.strip().lower()
+    return "GPU-" + u[4:] if u.startswith("gpu-") else u
+
+
+def working_device() -> Device | None:
+    """The device this process works on, if one was chosen: with set_working_device(), or by the
+    parent (Node's spawn option ``device``, which sets CUDA_IPC_DEVICE to its UUID). None when none
+    was: imports then use the device the memory lives on. Raises ERR_UNKNOWN_DEVICE when the parent
+    named a GPU this process cannot see."""
+    if not _working_from_env:
+        return _working
+    uuid = os.environ.get(WORKING_DEVICE_ENV)
+    if not uuid:
+        return None
+    try:
+        return Device.by_uuid(_normalize_uuid(uuid))
+    except IpcError as e:
+        raise IpcError(
+            "ERR_UNKNOWN_DEVICE",
+            f"this process was told to work on GPU {uuid} ({WORKING_DEVICE_ENV}, set by its parent's spawn({{ device }})), but {e}",
+        ) from None
+
+
+def set_working_device(device: "Device | str | None") -> None:
+    """Chooses the device this process maps imported memory for (a Device or its UUID), wherever the
+    memory lives; None goes back to mapping imports for the device the memory lives on. The
+    environment (CUDA_IPC_DEVICE) is no longer consulted either way."""
+    global _working, _working_from_env
+    if isinstance(device, str):
+        device = Device.by_uuid(_normalize_uuid(device))
+    elif device is not None and not isinstance(device, Device):
+        raise IpcError("ERR_INVALID_ARG", "set_working_device expects a Device, a device UUID ('GPU-...') or None")
+    _working = device
+    _working_from_env = False
+
+
+def importing_device(resident: Device) -> Device:
+    """The device an import of memory living on ``resident`` is mapped for: the working device, else
+    ``resident``; checked for peer access."""
+    user = working_device() or resident
+    if user is not resident:
+        assert_peer_reachable(user, resident)
+    return user

@@ -25,13 +25,15 @@ class DLDataType(ctypes.Structure):
 
 
 class DLTensor(ctypes.Structure):
+    # shape and strides are int64_t* in the ABI; held as plain addresses here so that they can be
+    # pointed into the same allocation as the struct (see _holder) without ctypes casts.
     _fields_ = [
         ("data", ctypes.c_void_p),
         ("device", DLDevice),
         ("ndim", ctypes.c_int32),
         ("dtype", DLDataType),
-        ("shape", ctypes.POINTER(ctypes.c_int64)),
-        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("shape", ctypes.c_void_p),
+        ("strides", ctypes.c_void_p),
         ("byte_offset", ctypes.c_uint64),
     ]
 
@@ -80,6 +82,9 @@ _destructor = _Destructor(_destroy_capsule)
 _DESTRUCTOR_ADDR = ctypes.cast(_destructor, ctypes.c_void_p).value
 
 
+_DTYPES: dict = {}
+
+
 def dl_dtype(typestr: str) -> DLDataType:
     """The DLPack dtype of a NumPy typestr ('<f4', '|u1', '<V2' = bfloat16, '|b1')."""
     kind = typestr[1]
@@ -89,33 +94,50 @@ def dl_dtype(typestr: str) -> DLDataType:
     return DLDataType(_DTYPE_CODES[kind], size * 8, 1)
 
 
+_holders: dict = {}
+
+
+def _holder(ndim: int):
+    """A struct holding a managed tensor and its shape and strides, in one allocation."""
+    cls = _holders.get(ndim)
+    if cls is None:
+        cls = type(f"_DLHolder{ndim}", (ctypes.Structure,), {"_fields_": [
+            ("managed", DLManagedTensor), ("shape", ctypes.c_int64 * max(ndim, 1)), ("strides", ctypes.c_int64 * max(ndim, 1))]})
+        _holders[ndim] = cls
+    return cls
+
+
 def make_capsule(ptr: int, device: tuple[int, int], typestr: str, shape, strides_bytes, owner) -> object:
     """A "dltensor" capsule for memory at ``ptr`` (shape in elements, strides in bytes or None for
     C-contiguous); ``owner`` stays referenced until the consumer is done with the memory."""
-    dtype = dl_dtype(typestr)
-    itemsize = dtype.bits // 8
+    dt = _DTYPES.get(typestr)
+    if dt is None:
+        d = dl_dtype(typestr)
+        dt = _DTYPES[typestr] = (d.code, d.bits, d.bits // 8)
+    code, bits, itemsize = dt
     ndim = len(shape)
-    shape_arr = (ctypes.c_int64 * max(ndim, 1))(*shape)
-    strides_arr = None
+    cls = _holder(ndim)
+    h = cls()
+    addr = ctypes.addressof(h)
+    h.shape[:ndim] = shape
+    t = h.managed.dl_tensor
+    t.data = ptr
+    t.device.device_type = device[0]
+    t.device.device_id = device[1]
+    t.ndim = ndim
+    t.dtype.code = code
+    t.dtype.bits = bits
+    t.dtype.lanes = 1
+    t.shape = addr + cls.shape.offset
     if strides_bytes is not None:
         for s in strides_bytes:
             if s % itemsize:
                 raise BufferError("DLPack strides are in elements: a byte stride must be a multiple of the item size")
-        strides_arr = (ctypes.c_int64 * max(ndim, 1))(*[s // itemsize for s in strides_bytes])
-    managed = DLManagedTensor()
-    t = managed.dl_tensor
-    t.data = ptr
-    t.device = DLDevice(*device)
-    t.ndim = ndim
-    t.dtype = dtype
-    t.shape = ctypes.cast(shape_arr, ctypes.POINTER(ctypes.c_int64))
-    t.strides = ctypes.cast(strides_arr, ctypes.POINTER(ctypes.c_int64)) if strides_arr is not None else None
-    t.byte_offset = 0
-    managed.manager_ctx = None
-    managed.deleter = _deleter
-    addr = ctypes.addressof(managed)
+        h.strides[:ndim] = [s // itemsize for s in strides_bytes]
+        t.strides = addr + cls.strides.offset
+    h.managed.deleter = _deleter
     with _live_lock:
-        _live[addr] = (managed, shape_arr, strides_arr, owner)
+        _live[addr] = (h, owner)
     try:
         return _api.PyCapsule_New(addr, ctypes.addressof(_NAME), _DESTRUCTOR_ADDR)
     except BaseException:

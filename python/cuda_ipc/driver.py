@@ -50,6 +50,9 @@ CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2
 CU_POINTER_ATTRIBUTE_IS_MANAGED = 8
 CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9
 CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE = 17
+CU_POINTER_ATTRIBUTE_BUFFER_ID = 7
+CU_POINTER_ATTRIBUTE_RANGE_START_ADDR = 11
+CU_POINTER_ATTRIBUTE_RANGE_SIZE = 12
 CU_MEMORYTYPE_HOST = 1
 CU_MEMORYTYPE_DEVICE = 2
 CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
@@ -58,6 +61,11 @@ CU_MEM_LOCATION_TYPE_DEVICE = 1
 CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3
 CUDA_ERROR_INVALID_VALUE = 1
 CUDA_ERROR_NOT_READY = 600
+CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704
+CU_MEMHOSTREGISTER_PORTABLE = 1
+CU_MEMHOSTREGISTER_DEVICEMAP = 2
+CU_STREAM_WAIT_VALUE_GEQ = 0
+CU_STREAM_WRITE_VALUE_DEFAULT = 0
 
 # name: (argtypes); every entry point returns CUresult.
 _SIGNATURES = {
@@ -96,6 +104,16 @@ _SIGNATURES = {
     "cuMemPoolImportPointer": (POINTER(CUdeviceptr), CUmemoryPool, POINTER(CUmemPoolPtrExportData)),
     "cuMemPoolExportPointer": (POINTER(CUmemPoolPtrExportData), CUdeviceptr),
     "cuMemPoolDestroy": (CUmemoryPool,),
+    "cuMemHostRegister": (c_void_p, c_size_t, c_uint),
+    "cuMemHostUnregister": (c_void_p,),
+    "cuMemHostGetDevicePointer": (POINTER(CUdeviceptr), c_void_p, c_uint),
+    "cuStreamQuery": (CUstream,),
+    "cuStreamWaitValue32": (CUstream, CUdeviceptr, ctypes.c_uint32, c_uint),
+    "cuStreamWriteValue32": (CUstream, CUdeviceptr, ctypes.c_uint32, c_uint),
+    "cuCtxSetCurrent": (CUcontext,),
+    "cuPointerGetAttributes": (c_uint, POINTER(c_int), POINTER(c_void_p), CUdeviceptr),
+    "cuDeviceCanAccessPeer": (POINTER(c_int), CUdevice, CUdevice),
+    "cuCtxEnablePeerAccess": (CUcontext, c_uint),
 }
 
 _lock = threading.Lock()
@@ -196,6 +214,29 @@ def ptr_attribute_u64(attr: int, ptr: int) -> int:
     v = c_uint64()
     driver().call("cuPointerGetAttribute", byref(v), attr, ptr)
     return v.value
+
+
+_FACTS = (CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+          CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_BUFFER_ID)
+_FACT_ATTRS = (c_int * len(_FACTS))(*_FACTS)
+
+
+class PointerFacts(ctypes.Structure):
+    """What cuPointerGetAttributes tells about a pointer, in one driver call (each field 8 bytes, zeroed:
+    the 4-byte answers land in the low half)."""
+
+    _fields_ = [("pool", c_uint64), ("managed", c_uint64), ("memory_type", c_uint64), ("base", c_uint64), ("size", c_uint64),
+                ("buffer_id", c_uint64)]
+
+
+def pointer_facts(ptr: int) -> PointerFacts:
+    """Pool handle (0: not pool memory), managed, memory type, allocation base and size, and the
+    allocation's process-wide unique id, of a device pointer (a context must be current)."""
+    facts = PointerFacts()
+    at = ctypes.addressof(facts)
+    slots = (c_void_p * len(_FACTS))(*(at + 8 * i for i in range(len(_FACTS))))
+    driver().call("cuPointerGetAttributes", len(_FACTS), _FACT_ATTRS, slots, ptr)
+    return facts
 
 
 def address_range(ptr: int) -> tuple[int, int]:

@@ -115,9 +115,14 @@ def refuse_frame(reason: int, text: str) -> bytes:
     return header(REFUSE, 0, len(payload), 0) + payload
 
 
+_RELEASE_ONE = struct.Struct("<IBBHIHHIIQ")
+
+
 def release_frame(ids) -> bytes:
     """A whole RELEASE frame for 1..MAX_RELEASE_IDS lease ids."""
     n = len(ids)
+    if n == 1:
+        return _RELEASE_ONE.pack(FRAME_MAGIC, FRAME_VERSION, RELEASE, 0, RELEASE_HEAD_BYTES + 8, 0, 0, 1, 0, ids[0])
     return header(RELEASE, 0, RELEASE_HEAD_BYTES + 8 * n, 0) + struct.pack(f"<II{n}Q", n, 0, *ids)
 
 

@@ -17,6 +17,7 @@ import socket
 import struct
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Iterator, NamedTuple
 
@@ -31,6 +32,14 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _MAX_PATH_BYTES = 107
 _ANC_BYTES = socket.CMSG_SPACE(4 * fr.MAX_FDS) + socket.CMSG_SPACE(struct.calcsize("3i"))
 _MY_UID = os.getuid()
+# Plain ints: the socket module's IntFlag members cost microseconds per operation.
+_TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
+_CTRUNC = int(socket.MSG_CTRUNC)
+_CLOEXEC = int(socket.MSG_CMSG_CLOEXEC)
+_SOL_SOCKET = int(socket.SOL_SOCKET)
+_SCM_RIGHTS = int(socket.SCM_RIGHTS)
+_SCM_CREDENTIALS = int(getattr(socket, "SCM_CREDENTIALS", -1))
+_NOSIGNAL = int(socket.MSG_NOSIGNAL)
 
 
 class PeerCredentials(NamedTuple):
@@ -87,7 +96,10 @@ class Link:
     objects with a transfer handler: HostBuffer, received device buffers, CUDA tensors/arrays (shared
     zero-copy, leased to the peer until it releases them). ``receive(timeout=None)`` returns the next
     message; received buffers are leased from the peer until you close them (or they are collected).
-    ``close()`` says goodbye; a peer that died shows as ERR_PEER_GONE.
+    A buffer closed by the thread that received it, before that thread uses the link again, is
+    released with that thread's next link call (``send``, ``receive``, ``poll``), after its frame: a
+    reply goes out first, as on the Node side. ``close()`` says goodbye; a peer that died shows as
+    ERR_PEER_GONE.
     """
 
     def __init__(self, sock: socket.socket, *, peer_name: str, verify_peer: bool = False,
@@ -110,7 +122,11 @@ class Link:
         self._rbuf = bytearray(fr.MAX_FRAME_BYTES)
         self._rview = memoryview(self._rbuf)
         self._leases_out = OutgoingLeases()
-        self._leases_in = IncomingLeases(self._flush_releases)
+        self._leases_in = IncomingLeases(self._lease_ended)
+        # The thread that received the last message and has not used the link since: the releases
+        # of what it closes meanwhile go out after its next link call (its reply first), as Node
+        # sends them on a microtask after the handler's reply.
+        self._defer_thread: int | None = None
         #: Per-link state of transfer handlers (pools sent/received), dropped at close.
         self.handler_state: dict[str, Any] = {}
         self._close_hooks: list = []
@@ -168,6 +184,7 @@ class Link:
     def send(self, value: Any) -> None:
         """Sends ``value`` in one frame with all its fds. Raises ERR_NOT_TRANSFERABLE /
         ERR_MESSAGE_TOO_LARGE without sending, ERR_LINK_CLOSED / ERR_PEER_GONE once closed."""
+        self._defer_thread = None
         if self._state == "closed":
             raise self._closed_error("send")
         msg = encode_message(value, self)
@@ -185,12 +202,12 @@ class Link:
             commit()
 
     def _send_frame(self, data, fds=()) -> None:
-        anc = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
+        anc = [(_SOL_SOCKET, _SCM_RIGHTS, array.array("i", fds))] if fds else []
         with self._send_lock:
             try:
                 while True:
                     try:
-                        self._sock.sendmsg([data], anc, socket.MSG_NOSIGNAL)
+                        self._sock.sendmsg([data], anc, _NOSIGNAL)
                         break
                     except InterruptedError:
                         continue
@@ -206,6 +223,12 @@ class Link:
             return IpcError("ERR_MESSAGE_TOO_LARGE", "cannot send: the frame is larger than the socket buffer allows")
         return IpcError("ERR_LINK_CLOSED", f"cannot send on the link: {e}")
 
+    def _lease_ended(self) -> None:
+        if self._defer_thread == threading.get_ident():
+            _flusher.kick(self)  # after this thread's next send/receive/poll, or within RELEASE_DEFER_LIMIT
+            return
+        self._flush_releases()
+
     def _flush_releases(self) -> None:
         """Sends ended lease ids. Called from lease ends (maybe in a GC finalizer on any thread): never
         blocks on the send lock; whoever holds it flushes after letting it go."""
@@ -216,7 +239,7 @@ class Link:
                 ids = self._leases_in.take_pending()
                 for i in range(0, len(ids), fr.MAX_RELEASE_IDS):
                     try:
-                        self._sock.sendmsg([fr.release_frame(ids[i:i + fr.MAX_RELEASE_IDS])], [], socket.MSG_NOSIGNAL)
+                        self._sock.sendmsg([fr.release_frame(ids[i:i + fr.MAX_RELEASE_IDS])], [], _NOSIGNAL)
                     except OSError:
                         return  # the link is going away: its close ends every lease on the sender's side
             finally:
@@ -251,11 +274,16 @@ class Link:
         the peer closed the link cleanly, ERR_PEER_GONE if it died; a message that could not be
         decoded raises its own error and the link stays open."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._defer_thread = None
+        if self._leases_in.has_pending:
+            self._flush_releases()
         with self._recv_lock:
             try:
                 while True:
                     if self._inbox:
-                        return self._take(self._inbox.popleft())
+                        value = self._take(self._inbox.popleft())
+                        self._defer_thread = threading.get_ident()
+                        return value
                     if self._state == "closed":
                         raise self._closed_error("receive")
                     self._read_one(deadline, want_message=True)
@@ -266,6 +294,9 @@ class Link:
         """Processes whatever the peer sent without blocking (releases, goodbye, messages go to the
         inbox for receive()). Returns the number of messages waiting. Does nothing while another
         thread is in receive() (which processes them anyway)."""
+        self._defer_thread = None
+        if self._leases_in.has_pending:
+            self._flush_releases()
         if not self._recv_lock.acquire(blocking=False):
             return len(self._inbox)
         try:
@@ -306,7 +337,7 @@ class Link:
                     raise IpcError("ERR_TIMEOUT", f"link.receive: no message from the {self._peer_name} within the timeout")
                 return False
         try:
-            nbytes, anc, flags, _ = self._sock.recvmsg_into([self._rbuf], _ANC_BYTES, socket.MSG_CMSG_CLOEXEC)
+            nbytes, anc, flags, _ = self._sock.recvmsg_into([self._rbuf], _ANC_BYTES, _CLOEXEC)
         except InterruptedError:
             return True
         except OSError as e:
@@ -319,11 +350,11 @@ class Link:
         fds: list[int] = []
         cred = None
         for level, ctype, data in anc:
-            if level == socket.SOL_SOCKET and ctype == socket.SCM_RIGHTS:
+            if level == _SOL_SOCKET and ctype == _SCM_RIGHTS:
                 a = array.array("i")
                 a.frombytes(data[: len(data) - len(data) % a.itemsize])
                 fds.extend(a)
-            elif level == socket.SOL_SOCKET and ctype == socket.SCM_CREDENTIALS:
+            elif level == _SOL_SOCKET and ctype == _SCM_CREDENTIALS:
                 cred = data
         if self._state == "closed":
             _close_fds(fds)
@@ -331,11 +362,11 @@ class Link:
         if nbytes == 0 and not fds:
             self._peer_gone("")
             return True
-        if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
+        if flags & _TRUNCATED:
             _close_fds(fds)
             self._shutdown(
                 IpcError("ERR_FDS_TRUNCATED", f"the {self._peer_name} sent a message with more fds than a link accepts; they were closed")
-                if flags & socket.MSG_CTRUNC else
+                if flags & _CTRUNC else
                 IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a record larger than {fr.MAX_FRAME_BYTES} bytes"), "local")
             return True
         self._on_record(nbytes, fds)
@@ -486,6 +517,51 @@ class Link:
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.Link {self._state} with the {self._peer_name} (pid {self._peer.pid})>"
+
+
+#: The longest a release waits for the receiving thread's next link call.
+RELEASE_DEFER_LIMIT = 0.02
+
+
+class _ReleaseFlusher:
+    """Sends the deferred releases of links whose receiving thread did not use the link again within
+    RELEASE_DEFER_LIMIT (a thread that closes a buffer, then works for a long time without the link).
+    One daemon thread, started on first use; it wakes at most once per limit while releases wait."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._links: "weakref.WeakSet[Link]" = weakref.WeakSet()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def kick(self, link: "Link") -> None:
+        self._links.add(link)
+        if not self._event.is_set():
+            self._event.set()
+        if self._thread is None:
+            with self._lock:
+                if self._thread is None:
+                    t = threading.Thread(target=self._run, name="cuda_ipc-release-flusher", daemon=True)
+                    t.start()
+                    self._thread = t
+
+    def _run(self) -> None:
+        while True:
+            self._event.wait()
+            time.sleep(RELEASE_DEFER_LIMIT)
+            self._event.clear()
+            links = list(self._links)
+            self._links.clear()
+            for link in links:
+                if link._leases_in.has_pending:
+                    link._defer_thread = None
+                    try:
+                        link._flush_releases()
+                    except Exception:  # noqa: BLE001 - the link reports its failures to its user
+                        pass
+
+
+_flusher = _ReleaseFlusher()
 
 
 def _owned_of(value) -> list:

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from . import driver as drv
 from .codec import TransferEncoding, TransferHandler, register_transfer_handler
 from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor, dtype_name, encode_descriptor
-from .device import Device, format_uuid, uuid_bytes
+from .device import Device, format_uuid, importing_device, uuid_bytes
 from .dlpack import DL_CUDA, make_capsule
 from .errors import CudaError, IpcError
 from .lease import Hold
@@ -55,7 +55,9 @@ def _frame_error(what: str) -> IpcError:
 
 class _PoolRef:
     """A pool a peer sent (its fd): imported into the driver on first use, destroyed (and the fd
-    closed) once the link and every buffer and pool object from it let go."""
+    closed) once the link and every buffer and pool object from it let go. Its buffers are mapped
+    once per process, for the device that first used them; every device that uses them is granted
+    access to the pool (cuMemPoolSetAccess)."""
 
     def __init__(self, pool_id: bytes, device_uuid: str, max_size: int, fd: int):
         self.id = pool_id
@@ -64,7 +66,9 @@ class _PoolRef:
         self.fd = fd
         self.users = 1
         self._handle: int | None = None
-        self._imports: dict[bytes, list] = {}  # export data -> [base pointer, users]
+        self._home: Device | None = None  # the device whose context imported the pool
+        self._access: set[str] = set()  # UUIDs of devices granted access
+        self._imports: dict[bytes, list] = {}  # export data -> [base pointer, users, device it was mapped with]
         self._local: set[bytes] = set()  # imports that are allocations of this process
         self._lock = threading.RLock()
         self.after_destroy: list = []
@@ -72,9 +76,11 @@ class _PoolRef:
 
     @property
     def device(self) -> Device:
+        """The device the pool lives on."""
         return Device.by_uuid(self.device_uuid)
 
-    def handle(self) -> int:
+    def handle(self, user: Device | None = None) -> int:
+        """The imported pool (importing it, in ``user``'s context, on first use)."""
         with self._lock:
             if self.fd < 0:
                 raise IpcError("ERR_CLOSED", "the pool this buffer came from was destroyed")
@@ -82,7 +88,7 @@ class _PoolRef:
                 raise IpcError("ERR_INVALID_ARG", "buffers of this pool were handed to cuda.core's own import (cuda_core_ipc()); "
                                "map them through cuda.core, not cuda_ipc: one pool imported twice in a process is unsafe")
             if self._handle is None:
-                dev = self.device
+                dev = user or self.device
                 with dev.activate():
                     try:
                         h = drv.pool_import_from_fd(self.fd)
@@ -94,31 +100,49 @@ class _PoolRef:
                         drv.driver().call("cuMemPoolDestroy", ctypes.c_void_p(h))
                         raise
                 self._handle = h
+                self._home = dev
+                self._access.add(dev.uuid)
             return self._handle
 
-    def import_pointer(self, export_data: bytes) -> int:
-        """Maps one buffer; repeated imports of the same export data share one mapping (importing a
-        pool pointer twice and freeing either would unmap both)."""
+    def grant(self, user: Device) -> None:
+        """Lets kernels and copies on ``user`` use the pool's memory (idempotent)."""
+        with self._lock:
+            h = self.handle(user)
+            if user.uuid in self._access:
+                return
+            with self._home.activate():
+                drv.pool_set_access(h, user.ordinal)
+            self._access.add(user.uuid)
+
+    def import_pointer(self, export_data: bytes, user: Device | None = None) -> int:
+        """Maps one buffer for ``user`` (default: the pool's device); repeated imports of the same
+        export data share one mapping (importing a pool pointer twice and freeing either would unmap
+        both)."""
+        user = user or self.device
         with self._lock:
             entry = self._imports.get(export_data)
             if entry is not None:
+                if entry[2] is not user:
+                    self.grant(user)
                 entry[1] += 1
                 return entry[0]
             local = _local_pool_exports.get(export_data)
             if local is not None and _still_exported(local, export_data, self.device):
-                self._imports[export_data] = [local, 1]  # our own allocation, sent back to us
+                user.enable_peer_access(self.device)  # our own allocation, sent back to us
+                self._imports[export_data] = [local, 1, user]
                 self.users += 1
                 self._local.add(export_data)
                 return local
-            h = self.handle()
-            with self.device.activate():
+            h = self.handle(user)
+            self.grant(user)
+            with user.activate():
                 try:
                     base = drv.pool_import_pointer(h, export_data)
                 except CudaError as e:
                     if e.code == "CUDA_ERROR_INVALID_VALUE":
                         raise IpcError("ERR_HANDLE_STALE", "the pool buffer could not be imported: the export data is not from this pool, or the owner freed the buffer") from e
                     raise
-            self._imports[export_data] = [base, 1]
+            self._imports[export_data] = [base, 1, user]
             self.users += 1
             return base
 
@@ -132,7 +156,7 @@ class _PoolRef:
             if export_data in self._local:
                 self._local.discard(export_data)
             else:
-                with self.device.activate():
+                with entry[2].activate():
                     drv.driver().call("cuMemFree", entry[0])
         self.release()
 
@@ -147,9 +171,10 @@ class _PoolRef:
                 return
             h, self._handle = self._handle, None
             fd, self.fd = self.fd, -1
+            home, self._home = self._home, None
         try:
             if h is not None:
-                with Device.by_uuid(self.device_uuid).activate():
+                with home.activate():
                     drv.driver().call("cuMemPoolDestroy", ctypes.c_void_p(h))
         finally:
             os.close(fd)
@@ -219,8 +244,12 @@ def _read_pool_ref(data, fds: list[int], link) -> _PoolRef:
 
 class _Origin:
     """One received allocation range: the sender's lease, how to map it, and who still uses it (open
-    DeviceBuffer handles and leases granted onward). Mapped on first use; unmapped, then the lease
-    ended, once nobody uses it."""
+    DeviceBuffer handles and leases granted onward). Mapped on first use, for the working device
+    (working_device(), else the device the memory lives on); unmapped, then the lease ended, once
+    nobody uses it."""
+
+    __slots__ = ("kind", "lease", "device_uuid", "allocation_size", "pool", "export_data", "descriptor", "users",
+                 "base", "user", "_unmap", "handed_to_cuda_core", "_lock")
 
     def __init__(self, kind: str, lease, device_uuid: str, allocation_size: int, *, pool: _PoolRef | None = None,
                  export_data: bytes = b"", descriptor: LegacyHandleDescriptor | None = None):
@@ -233,6 +262,8 @@ class _Origin:
         self.descriptor = descriptor
         self.users = 1
         self.base: int | None = None
+        #: The device the memory is mapped for (set by map()).
+        self.user: Device | None = None
         self._unmap = None
         self.handed_to_cuda_core = False
         self._lock = threading.Lock()
@@ -240,17 +271,23 @@ class _Origin:
             pool.retain()
 
     def map(self) -> int:
+        base = self.base
+        if base is not None:
+            return base
         with self._lock:
             if self.users <= 0:
                 raise IpcError("ERR_CLOSED", "this buffer is closed")
             if self.base is None:
                 if self.handed_to_cuda_core:
                     raise IpcError("ERR_INVALID_ARG", "this pool buffer was handed to cuda.core's own import (cuda_core_ipc()); use that Buffer, not this one: importing one pool pointer twice in a process is unsafe")
+                user = importing_device(Device.by_uuid(self.device_uuid))
                 if self.kind == "pool":
-                    base = self.pool.import_pointer(self.export_data)
-                    self._unmap = lambda: self.pool.unmap(self.export_data)
+                    base = self.pool.import_pointer(self.export_data, user)
+                    pool, export = self.pool, self.export_data
+                    self._unmap = lambda: pool.unmap(export)
                 else:
-                    base, self._unmap = _open_legacy(self.descriptor, self.allocation_size)
+                    base, self._unmap = _open_legacy(self.descriptor, user)
+                self.user = user
                 self.base = base
             return self.base
 
@@ -269,11 +306,10 @@ class _Origin:
             self.base = None
         try:
             if unmap is not None:
-                dev = Device.by_uuid(self.device_uuid)
                 if sync:
                     # Work queued on the memory (a kernel on a view of it) must finish before the
                     # mapping goes and the sender may reuse the memory.
-                    dev.synchronize()
+                    self.user.synchronize()
                 unmap()
         finally:
             if self.pool is not None:
@@ -282,36 +318,141 @@ class _Origin:
                 self.lease.end()
 
 
-def _open_legacy(desc: LegacyHandleDescriptor, _size: int):
-    dev = Device.by_uuid(desc.device_uuid)
-    with dev.activate():
-        local = _local_exports.get(desc.handle)
-        if local is not None:
-            try:
-                if drv.ipc_get_mem_handle(local) == desc.handle:
-                    size = drv.address_range(local)[1]
-                    _check_range(desc, size)
-                    return local, (lambda: None)
-            except CudaError:
-                pass  # freed since: fall through to the driver's answer
-        try:
-            base = drv.ipc_open_mem_handle(desc.handle)
-        except CudaError as e:
-            if e.code in ("CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_HANDLE"):
-                why = "this process exported it but has since freed the memory" if desc.pid == os.getpid() else (
-                    f"the exporting process {desc.pid} has exited, or freed the memory, or the bytes are not a CUDA IPC handle")
-                raise IpcError("ERR_HANDLE_STALE", f"cannot open the IPC handle: {why}. Ask the exporter for a fresh descriptor") from e
-            raise
+# ------------------------------------------------------------------------------------------------
+# Legacy mappings: opened once per process and device, kept open (idle) a while after their last
+# user, as Node's import cache does: reopening a handle then costs nothing, and closing a mapping
+# (cuIpcCloseMemHandle, which is slow while the exporter still holds the memory) happens later, for
+# the least recently used idle one, usually after its exporter freed it.
 
-        def close(base=base, dev=dev):
-            with dev.activate():
+
+class _LegacyMapping:
+    __slots__ = ("base", "size", "refs", "last_use", "device")
+
+    def __init__(self, base: int, size: int, device: Device):
+        self.base = base
+        self.size = size
+        self.refs = 1
+        self.last_use = 0
+        self.device = device
+
+
+_legacy_lock = threading.Lock()
+_legacy_maps: dict[tuple, _LegacyMapping] = {}  # (handle, device uuid) -> mapping
+_legacy_clock = 0
+_legacy_idle_limit = 16
+
+
+def _legacy_acquire(handle: bytes, user: Device) -> tuple[int, int]:
+    """(base, allocation size) of the mapping of ``handle`` for ``user``, opened if need be."""
+    global _legacy_clock
+    key = (handle, user.uuid)
+    with _legacy_lock:
+        m = _legacy_maps.get(key)
+        if m is not None:
+            m.refs += 1
+            _legacy_clock += 1
+            m.last_use = _legacy_clock
+            return m.base, m.size
+        with user.activate():
+            base = drv.ipc_open_mem_handle(handle)
+            try:
+                size = drv.address_range(base)[1]
+            except BaseException:
                 drv.driver().call("cuIpcCloseMemHandle", base)
+                raise
+        # An idle entry of this device at the same address belongs to an allocation the driver no
+        # longer maps here (its handle differs, or the lookup above would have found it): stale.
+        for k, old in list(_legacy_maps.items()):
+            if old.base == base and old.device is user and old.refs == 0:
+                del _legacy_maps[k]
+        m = _LegacyMapping(base, size, user)
+        _legacy_clock += 1
+        m.last_use = _legacy_clock
+        _legacy_maps[key] = m
+        return base, size
+
+
+def _legacy_release(handle: bytes, user: Device) -> None:
+    with _legacy_lock:
+        m = _legacy_maps.get((handle, user.uuid))
+        if m is None or m.refs == 0:
+            return
+        m.refs -= 1
+        if m.refs == 0:
+            _trim_idle(_legacy_idle_limit)
+
+
+def _trim_idle(keep: int) -> None:
+    """With _legacy_lock held: closes idle mappings, least recently used first, until ``keep`` remain."""
+    idle = [(m.last_use, k) for k, m in _legacy_maps.items() if m.refs == 0]
+    if len(idle) <= keep:
+        return
+    idle.sort()
+    first: BaseException | None = None
+    for _, k in idle[:len(idle) - keep]:
+        m = _legacy_maps.pop(k)
         try:
-            _check_range(desc, drv.address_range(base)[1])
-        except BaseException:
-            close()
-            raise
-        return base, close
+            with m.device.activate():
+                drv.driver().call("cuIpcCloseMemHandle", m.base)
+        except CudaError as e:
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def configure_import_cache(idle_limit: int) -> None:
+    """How many unused legacy mappings stay open (default 16; least recently used closed first). An
+    idle mapping keeps its allocation's memory alive after the exporter frees it, so 0 trades
+    reopening cost for memory."""
+    global _legacy_idle_limit
+    if type(idle_limit) is not int or idle_limit < 0:
+        raise IpcError("ERR_INVALID_ARG", f"idle_limit must be a non-negative int, got {idle_limit!r}")
+    with _legacy_lock:
+        _legacy_idle_limit = idle_limit
+        _trim_idle(idle_limit)
+
+
+def legacy_cache_stats() -> dict:
+    """This process's legacy mappings: ``mappings``, ``idle``, ``idle_limit``, ``references``."""
+    with _legacy_lock:
+        refs = sum(m.refs for m in _legacy_maps.values())
+        idle = sum(1 for m in _legacy_maps.values() if m.refs == 0)
+        return {"mappings": len(_legacy_maps), "idle": idle, "idle_limit": _legacy_idle_limit, "references": refs}
+
+
+def _open_legacy(desc: LegacyHandleDescriptor, user: Device):
+    """Maps the allocation behind ``desc.handle`` for ``user``; returns (base, unmap)."""
+    resident = Device.by_uuid(desc.device_uuid)
+    local = _local_exports.get(desc.handle)
+    if local is not None:
+        try:
+            with resident.activate():
+                same = drv.ipc_get_mem_handle(local) == desc.handle
+                size = drv.address_range(local)[1] if same else 0
+            if same:
+                _check_range(desc, size)
+                user.enable_peer_access(resident)  # our own allocation, sent back to us
+                return local, (lambda: None)
+        except CudaError:
+            pass  # freed since: fall through to the driver's answer
+    try:
+        base, size = _legacy_acquire(desc.handle, user)
+    except CudaError as e:
+        if e.code in ("CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_HANDLE"):
+            why = "this process exported it but has since freed the memory" if desc.pid == os.getpid() else (
+                f"the exporting process {desc.pid} has exited, or freed the memory, or the bytes are not a CUDA IPC handle")
+            raise IpcError("ERR_HANDLE_STALE", f"cannot open the IPC handle: {why}. Ask the exporter for a fresh descriptor") from e
+        raise
+    handle = desc.handle
+
+    def close():
+        _legacy_release(handle, user)
+    try:
+        _check_range(desc, size)
+    except BaseException:
+        close()
+        raise
+    return base, close
 
 
 def _check_range(desc: LegacyHandleDescriptor, allocation_size: int) -> None:
@@ -375,6 +516,14 @@ class DeviceBuffer:
 
     @property
     def device(self) -> Device:
+        """The device the memory is used on: the one it is mapped for (the working device when one was
+        chosen: working_device(), Node's spawn({ device })), else the one it lives on."""
+        o = self._origin
+        return o.user if o.user is not None else importing_device(Device.by_uuid(o.device_uuid))
+
+    @property
+    def resident_device(self) -> Device:
+        """The device the memory lives on."""
         return Device.by_uuid(self._origin.device_uuid)
 
     @property
@@ -527,10 +676,13 @@ class DeviceBuffer:
 class ArrayView:
     """A typed array over a DeviceBuffer (``buf.view(...)``): ``__cuda_array_interface__`` and DLPack."""
 
+    __slots__ = ("buffer", "meta", "offset", "_cai", "__weakref__")
+
     def __init__(self, buffer: DeviceBuffer, meta: ArrayMeta, offset: int):
         self.buffer = buffer
         self.meta = meta
         self.offset = offset
+        self._cai = None
 
     @property
     def shape(self) -> tuple:
@@ -546,9 +698,12 @@ class ArrayView:
 
     @property
     def __cuda_array_interface__(self) -> dict:
-        m = self.meta
-        return {"shape": m.shape, "typestr": m.typestr, "data": (self.ptr if m.extent else 0, False), "version": 3,
-                "strides": None if m.c_contiguous else m.strides, "stream": None}
+        cai = self._cai
+        if cai is None or self.buffer.closed:
+            m = self.meta
+            cai = self._cai = {"shape": m.shape, "typestr": m.typestr, "data": (self.ptr if m.extent else 0, False), "version": 3,
+                               "strides": None if m.c_contiguous else m.strides, "stream": None}
+        return dict(cai)
 
     def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
         if copy:
@@ -721,6 +876,8 @@ class _Recent(OrderedDict):
 _local_exports: dict[bytes, int] = _Recent(4096)
 # export data -> pointer of pool allocations exported from this process.
 _local_pool_exports: dict[bytes, int] = _Recent(4096)
+# allocation base -> (its buffer id, its legacy handle or pool export data), exported from this process.
+_export_handles: dict[int, tuple[int, bytes]] = _Recent(4096)
 # CUmemoryPool handle -> (16-byte id, fd) of pools whose memory this process exported.
 _local_pools: dict[int, tuple[bytes, int]] = {}
 _export_lock = threading.Lock()
@@ -852,33 +1009,45 @@ class _DeviceMemoryTransfer(TransferHandler):
                     drv.driver().call("cuStreamSynchronize", ctypes.c_void_p(s))
                 else:
                     drv.driver().call("cuCtxSynchronize")
-            pool = drv.ptr_attribute_u64(drv.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE, e.ptr)
-            if pool:
-                return self._send_pool_memory(e, pool, dev, link)
-            return self._send_legacy_memory(e, dev)
+            # One driver call for everything about the pointer (pool, kind, allocation, its unique id).
+            facts = drv.pointer_facts(e.ptr)
+            if facts.pool:
+                return self._send_pool_memory(e, facts, dev, link)
+            return self._send_legacy_memory(e, facts, dev)
 
-    def _send_legacy_memory(self, e: _Exported, dev: Device) -> TransferEncoding:
-        if drv.ptr_attribute_int(drv.CU_POINTER_ATTRIBUTE_IS_MANAGED, e.ptr):
+    def _send_legacy_memory(self, e: _Exported, facts, dev: Device) -> TransferEncoding:
+        if facts.managed:
             raise IpcError("ERR_NOT_EXPORTABLE", "managed memory cannot be shared through CUDA IPC handles; allocate with cudaMalloc (PyTorch's default allocator) or from an IPC pool")
-        if drv.ptr_attribute_int(drv.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, e.ptr) != drv.CU_MEMORYTYPE_DEVICE:
-            raise IpcError("ERR_NOT_EXPORTABLE", "pinned host memory cannot be shared through CUDA IPC handles; send a HostBuffer instead")
-        base, size = drv.address_range(e.ptr)
+        if facts.memory_type != drv.CU_MEMORYTYPE_DEVICE:
+            what = "pinned host memory" if facts.memory_type == drv.CU_MEMORYTYPE_HOST else "memory the CUDA driver does not know"
+            raise IpcError("ERR_NOT_EXPORTABLE", f"{what} cannot be shared through CUDA IPC handles; send a HostBuffer instead")
+        base, size = facts.base, facts.size
         offset = e.ptr - base
         if offset + e.extent > size:
             raise IpcError("ERR_OUT_OF_RANGE", f"{e.extent} bytes at 0x{e.ptr:x} run past the end of its allocation ({size - offset} bytes left)")
-        try:
-            handle = drv.ipc_get_mem_handle(base)
-        except CudaError as err:
-            raise IpcError("ERR_NOT_EXPORTABLE", f"the driver has no IPC handle for this memory ({err.code}); it may come from cuMemCreate/VMM (e.g. PyTorch's expandable_segments:True), which legacy handles cannot share") from err
-        with _export_lock:
-            _local_exports[handle] = base
+        # An allocation's handle never changes: ask the driver once per allocation (its buffer id
+        # tells a new allocation at a reused address apart). PyTorch's caching allocator hands the
+        # same blocks out again and again.
+        known = _export_handles.get(base)
+        if known is not None and facts.buffer_id and known[0] == facts.buffer_id:
+            handle = known[1]
+            _local_exports[handle] = base  # (still) ours, should it come back
+        else:
+            try:
+                handle = drv.ipc_get_mem_handle(base)
+            except CudaError as err:
+                raise IpcError("ERR_NOT_EXPORTABLE", f"the driver has no IPC handle for this memory ({err.code}); it may come from cuMemCreate/VMM (e.g. PyTorch's expandable_segments:True), which legacy handles cannot share") from err
+            with _export_lock:
+                _export_handles[base] = (facts.buffer_id, handle)
+                _local_exports[handle] = base
         meta = e.meta if e.meta is not None and e.meta.extent <= e.extent else None
         desc = LegacyHandleDescriptor(handle, offset, e.extent, dev.uuid, os.getpid(), meta)
         keep = e.keep
         return TransferEncoding(data=encode_descriptor(desc), hold=Hold(lambda: _drop(keep), e.extent), kind="legacy-buffer")
 
-    def _send_pool_memory(self, e: _Exported, pool: int, dev: Device, link) -> TransferEncoding:
-        base, size = (e.ptr, e.extent) if e.whole else drv.address_range(e.ptr)
+    def _send_pool_memory(self, e: _Exported, facts, dev: Device, link) -> TransferEncoding:
+        pool = facts.pool
+        base, size = (e.ptr, e.extent) if e.whole else (facts.base, facts.size)
         with _export_lock:
             known = _local_pools.get(pool)
             if known is None:
@@ -888,9 +1057,15 @@ class _DeviceMemoryTransfer(TransferHandler):
                     raise IpcError("ERR_NOT_EXPORTABLE", f"this memory lives in a memory pool that is not IPC-enabled ({err.code}); allocate it from an IPC pool (cuda.core: DeviceMemoryResourceOptions(ipc_enabled=True)) or from cudaMalloc") from err
                 known = _local_pools[pool] = (os.urandom(16), fd)
         pool_id, fd = known
-        export = drv.pool_export_pointer(base)
-        with _export_lock:
+        cached = _export_handles.get(base)
+        if cached is not None and facts.buffer_id and cached[0] == facts.buffer_id:
+            export = cached[1]
             _local_pool_exports[export] = base
+        else:
+            export = drv.pool_export_pointer(base)
+            with _export_lock:
+                _export_handles[base] = (facts.buffer_id, export)
+                _local_pool_exports[export] = base
         attach, fds, commit = _pool_fd_for_link(link, pool_id, fd)
         data = _pool_ref_bytes(pool_id, dev.uuid, 0, attach)
         data[48:112] = export

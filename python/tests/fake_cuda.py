@@ -10,6 +10,8 @@ from cuda_ipc import driver as drv
 from cuda_ipc import memory as memory_mod
 
 UUID_RAW = bytes(range(16, 32))
+#: Device k's UUID (device 0 has UUID_RAW).
+UUIDS = [UUID_RAW, bytes(range(32, 48)), bytes(range(48, 64))]
 
 
 class FakeDriver:
@@ -28,6 +30,15 @@ class FakeDriver:
         self.ctx_stack = []
         self.calls = []
         self._next_pool = 0x5000
+        self.buffer_ids = {}  # base -> CU_POINTER_ATTRIBUTE_BUFFER_ID (unique per allocation)
+        self._next_buffer_id = 0
+        self.registered = {}  # host address -> bytes (cuMemHostRegister)
+        self.busy_streams = set()  # streams whose cuStreamQuery answers NOT_READY
+        self.stream_ops = []  # ("wait" | "write", stream, device address, value)
+        self.devices = 1  # visible devices (all peers of each other)
+        self.access = []  # (pool handle, device ordinal) granted by cuMemPoolSetAccess
+        self.mapped_in = {}  # base -> the context current when it was imported or opened
+        self.peer_enabled = []  # (current context, peer context)
 
     # -- what tests use --
 
@@ -35,6 +46,8 @@ class FakeDriver:
         buf = ctypes.create_string_buffer(size)
         base = ctypes.addressof(buf)
         self.allocs[base] = (buf, size, pool)
+        self._next_buffer_id += 1
+        self.buffer_ids[base] = self._next_buffer_id
         return base
 
     def create_pool(self) -> int:
@@ -61,6 +74,51 @@ class FakeDriver:
         self.call(name, *args)
         return 0
 
+    def _raw(self, name):
+        """A raw entry point (returns the status), as the real driver's _raw."""
+        own = getattr(self, "raw_" + name, None)
+        if own is not None:
+            return own
+
+        def fn(*args):
+            self.call(name, *args)
+            return 0
+        return fn
+
+    def raw_cuStreamQuery(self, stream):
+        self.calls.append("cuStreamQuery")
+        return drv.CUDA_ERROR_NOT_READY if (stream or 0) in self.busy_streams else 0
+
+    def raw_cuStreamWaitValue32(self, stream, addr, value, flags):
+        self.calls.append("cuStreamWaitValue32")
+        assert flags == drv.CU_STREAM_WAIT_VALUE_GEQ
+        self.stream_ops.append(("wait", stream or 0, addr, value))
+        return 0
+
+    def raw_cuStreamWriteValue32(self, stream, addr, value, flags):
+        self.calls.append("cuStreamWriteValue32")
+        self.stream_ops.append(("write", stream or 0, addr, value))
+        return 0
+
+    def run_stream_writes(self):
+        """Performs the queued fence writes (as the GPU would once the streams got there)."""
+        for op, _s, addr, value in self.stream_ops:
+            if op == "write":
+                ctypes.c_uint32.from_address(addr).value = value
+
+    def cuMemHostRegister(self, p, n, flags):
+        assert flags == drv.CU_MEMHOSTREGISTER_PORTABLE | drv.CU_MEMHOSTREGISTER_DEVICEMAP
+        assert p.value not in self.registered, "registered twice"
+        self.registered[p.value] = n
+
+    def cuMemHostGetDevicePointer(self, out, p, flags):
+        assert p.value in self.registered
+        self._out(out).value = p.value  # unified addressing: the same address
+
+    def cuMemHostUnregister(self, p):
+        assert p.value in self.registered, "unregistering memory that is not registered"
+        del self.registered[p.value]
+
     def error(self, status, call, hint=None):
         from cuda_ipc.errors import CudaError
         return CudaError(status, "CUDA_ERROR_INVALID_VALUE", "fake", call)
@@ -70,13 +128,19 @@ class FakeDriver:
         return ref._obj
 
     def cuDeviceGetCount(self, n):
-        self._out(n).value = 1
+        self._out(n).value = self.devices
 
     def cuDeviceGet(self, h, i):
         self._out(h).value = i
 
     def cuDeviceGetUuid(self, u, h):
-        ctypes.memmove(ctypes.addressof(self._out(u)), UUID_RAW, 16)
+        ctypes.memmove(ctypes.addressof(self._out(u)), UUIDS[h.value if hasattr(h, "value") else h], 16)
+
+    def cuDeviceCanAccessPeer(self, out, a, b):
+        self._out(out).value = 1
+
+    def cuCtxEnablePeerAccess(self, ctx, flags):
+        self.peer_enabled.append((self.ctx_stack[-1] if self.ctx_stack else None, ctx.value))
 
     def cuDeviceGetName(self, buf, n, h):
         ctypes.memmove(buf, b"Fake GPU\0", 9)
@@ -112,6 +176,20 @@ class FakeDriver:
              drv.CU_POINTER_ATTRIBUTE_IS_MANAGED: 0, drv.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: pool}[attr]
         self._out(out).value = v
 
+    def cuPointerGetAttributes(self, n, attrs, data, ptr):
+        try:
+            base, size, pool = self._find(ptr)
+        except drv.CudaError:
+            base = None  # not device memory: every answer zero, and success (as the driver does)
+        for i in range(n):
+            a = attrs[i]
+            v = 0 if base is None else {
+                drv.CU_POINTER_ATTRIBUTE_MEMPOOL_HANDLE: pool, drv.CU_POINTER_ATTRIBUTE_IS_MANAGED: 0,
+                drv.CU_POINTER_ATTRIBUTE_MEMORY_TYPE: drv.CU_MEMORYTYPE_DEVICE, drv.CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: base,
+                drv.CU_POINTER_ATTRIBUTE_RANGE_SIZE: size, drv.CU_POINTER_ATTRIBUTE_BUFFER_ID: self.buffer_ids[base],
+            }[a]
+            ctypes.c_uint64.from_address(data[i]).value = v
+
     def cuMemGetAddressRange(self, base_out, size_out, ptr):
         base, size, _ = self._find(ptr)
         self._out(base_out).value = base
@@ -130,6 +208,7 @@ class FakeDriver:
             raise drv.CudaError(1, "CUDA_ERROR_INVALID_VALUE", "unknown handle", "cuIpcOpenMemHandle")
         base = self.handles[handle]
         self.opened[base] = self.opened.get(base, 0) + 1
+        self.mapped_in[base] = self.ctx_stack[-1] if self.ctx_stack else None
         self._out(p_out).value = base
 
     def cuIpcCloseMemHandle(self, base):
@@ -155,6 +234,7 @@ class FakeDriver:
 
     def cuMemPoolSetAccess(self, pool, desc, n):
         assert self.pools[pool.value]["imported"]
+        self.access.append((pool.value, self._out(desc).location.id))
 
     def cuMemPoolExportPointer(self, data_out, base):
         b, _, pool = self._find(base)
@@ -168,6 +248,7 @@ class FakeDriver:
         base = self.exports[data]
         assert self.pools[pool.value]["of"] == self.allocs[base][2], "export data of another pool"
         self.imported[base] = self.imported.get(base, 0) + 1
+        self.mapped_in[base] = self.ctx_stack[-1] if self.ctx_stack else None
         self._out(p_out).value = base
 
     def cuMemFree(self, ptr):
@@ -206,6 +287,8 @@ def install() -> FakeDriver:
     memory_mod._local_exports.clear()
     memory_mod._local_pool_exports.clear()
     memory_mod._local_pools.clear()
+    memory_mod._legacy_maps.clear()
+    memory_mod._export_handles.clear()
     return fake
 
 
@@ -220,3 +303,5 @@ def uninstall(fake: FakeDriver) -> None:
     for _, fd in memory_mod._local_pools.values():
         os.close(fd)
     memory_mod._local_pools.clear()
+    memory_mod._legacy_maps.clear()
+    memory_mod._export_handles.clear()

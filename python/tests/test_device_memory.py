@@ -68,8 +68,17 @@ class DeviceMemoryTests(unittest.TestCase):
             got.view("float32", (101,))
         self.assertEqual(self.la.leases.count, 1)
         got.close()
-        self.assertEqual(self.fake.opened[block], 0, "closing unmapped it")
+        self.assertEqual(memory_mod.legacy_cache_stats(), {"mappings": 1, "idle": 1, "idle_limit": 16, "references": 0},
+                         "closing let go of the mapping, which stays open (idle) for a reopen")
+        again = memory_mod._legacy_acquire(bytes(got._origin.descriptor.handle), got.device)
+        self.assertEqual(again, (block, 1 << 16), "a reopen finds it without the driver")
+        self.assertEqual(self.fake.opened[block], 1)
+        memory_mod._legacy_release(bytes(got._origin.descriptor.handle), got.device)
+        memory_mod.configure_import_cache(0)
+        self.assertEqual(self.fake.opened[block], 0, "trimming the idle mappings closed it")
+        memory_mod.configure_import_cache(16)
         self.assertGreaterEqual(self.fake.syncs, 1, "after waiting for the device's queued work")
+        self.lb.poll()  # the receiver's next link call sends its releases
         self.la.poll()
         self.assertEqual(self.la.leases.count, 0, "and released the sender's lease")
         with self.assertRaises(IpcError):
@@ -86,6 +95,7 @@ class DeviceMemoryTests(unittest.TestCase):
         self.assertEqual(back.ptr, block + 64, "the exporter sees its own memory, not a failed open")
         self.assertEqual(self.fake.opened.get(block, 0), 0, "without opening its own handle")
         back.close()
+        self.la.poll()  # sends la's release of "back"; lb's ends its hold, so lb releases the original
         self.lb.poll()
         self.la.poll()
         self.assertEqual((self.la.leases.count, self.lb.leases.count), (0, 0))
@@ -113,6 +123,7 @@ class DeviceMemoryTests(unittest.TestCase):
         third.close()
         self.assertEqual(self.fake.imported[a], 0)
         second.close()
+        self.lb.poll()  # the receiver's next link call sends its releases
         self.la.poll()
         self.assertEqual(self.la.leases.count, 0)
         self.lb.close()
@@ -126,6 +137,7 @@ class DeviceMemoryTests(unittest.TestCase):
         got = self.lb.receive(timeout=5)
         del got
         gc.collect()
+        self.lb.poll()  # the receiver's next link call sends its releases
         self.la.poll()
         self.assertEqual(self.la.leases.count, 0, "collected without mapping: released at once")
         self.assertEqual(self.fake.imported.get(a, 0), 0)
@@ -176,8 +188,60 @@ class DeviceMemoryTests(unittest.TestCase):
         with self.assertRaises(IpcError) as cm:
             got.ptr
         self.assertEqual(cm.exception.code, "ERR_OUT_OF_RANGE")
+        self.assertEqual(memory_mod.legacy_cache_stats()["references"], 0, "the failed open is not in use")
+        memory_mod.configure_import_cache(0)
         self.assertEqual(self.fake.opened[block], 0, "the failed open was closed again")
+        memory_mod.configure_import_cache(16)
         got.close()
+
+    def test_an_allocation_is_asked_for_its_handle_once(self):
+        block = self.fake.alloc(4096)
+        for i in range(3):
+            self.la.send(fake_cuda.FakeArray(block + 256 * i, (64,)))
+            self.lb.receive(timeout=5).close()
+        self.assertEqual(self.fake.calls.count("cuIpcGetMemHandle"), 1, "the handle of an allocation does not change")
+        self.assertEqual(self.fake.calls.count("cuPointerGetAttributes"), 3, "one pointer query per send")
+        # A new allocation at the same address (its buffer id differs) gets a handle of its own.
+        del self.fake.allocs[block]
+        self.fake.allocs[block] = (ctypes.create_string_buffer(4096), 4096, 0)
+        self.fake.buffer_ids[block] = 999
+        self.la.send(fake_cuda.FakeArray(block, (64,)))
+        self.lb.receive(timeout=5).close()
+        self.assertEqual(self.fake.calls.count("cuIpcGetMemHandle"), 2)
+
+    def test_the_working_device_maps_received_memory_for_itself(self):
+        from cuda_ipc import device as device_mod
+        self.fake.devices = 2
+        device_mod._devices = None
+        device_mod._by_uuid.clear()
+        uuid1 = device_mod.format_uuid(fake_cuda.UUIDS[1])
+        os.environ[device_mod.WORKING_DEVICE_ENV] = "gpu-" + uuid1[4:].upper()  # as spawn({ device }) sets it, any case
+        self.addCleanup(os.environ.pop, device_mod.WORKING_DEVICE_ENV, None)
+        pool = self.fake.create_pool()
+        pooled = self.fake.alloc(4096, pool=pool)
+        plain = self.fake.alloc(4096)
+        self.la.send({"p": fake_cuda.FakeArray(pooled, (1024,)), "l": fake_cuda.FakeArray(plain, (1024,))})
+        msg = self.lb.receive(timeout=5)
+        memory_mod._local_pool_exports.clear()  # as in another process
+        memory_mod._local_exports.clear()
+        self.assertEqual(device_mod.working_device().uuid, uuid1)
+        for key, base in (("p", pooled), ("l", plain)):
+            buf = msg[key]
+            self.assertEqual(buf.ptr, base)
+            self.assertEqual(self.fake.mapped_in[base], 0xC1, f"{key}: mapped in device 1's context")
+            self.assertEqual((buf.device.ordinal, buf.resident_device.ordinal), (1, 0))
+            self.assertEqual(buf.__dlpack_device__(), (2, 1), "DLPack consumers put the tensor on device 1")
+            buf.close()
+        self.assertIn(1, [ordinal for _, ordinal in self.fake.access], "device 1 was granted access to the imported pool")
+        # set_working_device overrides the environment; None maps where the memory lives.
+        device_mod.set_working_device(None)
+        self.addCleanup(setattr, device_mod, "_working_from_env", True)
+        self.assertIsNone(device_mod.working_device())
+        os.environ[device_mod.WORKING_DEVICE_ENV] = "GPU-00000000-0000-0000-0000-000000000000"
+        device_mod._working_from_env = True
+        with self.assertRaises(IpcError) as cm:
+            device_mod.working_device()
+        self.assertEqual(cm.exception.code, "ERR_UNKNOWN_DEVICE")
 
 
 if __name__ == "__main__":

@@ -137,7 +137,8 @@ class DLPackTests(unittest.TestCase):
         self.assertEqual(self.PyCapsule_SetName(cap, b"used_dltensor"), 0)
         managed = ctypes.cast(ptr, ctypes.POINTER(dlpack.DLManagedTensor)).contents
         t = managed.dl_tensor
-        self.assertEqual((t.device.device_type, t.ndim, t.dtype.code, t.dtype.bits, t.shape[0]), (dlpack.DL_CPU, 1, 1, 8, 64))
+        shape = ctypes.c_int64.from_address(t.shape).value
+        self.assertEqual((t.device.device_type, t.ndim, t.dtype.code, t.dtype.bits, shape), (dlpack.DL_CPU, 1, 1, 8, 64))
         self.assertFalse(bool(t.strides))
         self.assertEqual(ctypes.string_at(t.data, 4), bytes([0, 1, 2, 3]))
         del cap
@@ -157,7 +158,10 @@ class DLPackTests(unittest.TestCase):
         cap = dlpack.make_capsule(0x1000, (dlpack.DL_CUDA, 0), "<f4", (2, 3), (4, 8), owner=None)
         ptr = self.PyCapsule_GetPointer(cap, b"dltensor")
         t = ctypes.cast(ptr, ctypes.POINTER(dlpack.DLManagedTensor)).contents.dl_tensor
-        self.assertEqual((t.strides[0], t.strides[1], t.shape[0], t.shape[1]), (1, 2, 2, 3))
+        strides = (ctypes.c_int64 * 2).from_address(t.strides)
+        shape = (ctypes.c_int64 * 2).from_address(t.shape)
+        self.assertEqual((strides[0], strides[1], shape[0], shape[1]), (1, 2, 2, 3))
+        del strides, shape
         del cap, t
         gc.collect()
 
