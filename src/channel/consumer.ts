@@ -45,9 +45,14 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   readonly #owner: MessageOwner;
   /** Broadcast: the next position to read. */
   #cursor = 0;
-  /** Messages handed out and not yet released. */
-  readonly #held = new Map<number, ChannelMessage<B>>();
+  /** Messages handed out and not yet released, by slot. An array, not a Map: a Map that empties
+   * and fills again on every message reallocates its table each time, and once the table is old
+   * (it lived through a full GC) each of those lands in the old generation, which then fills with
+   * garbage and costs a mark-compact every few hundred thousand messages. */
+  readonly #held: Array<ChannelMessage<B> | undefined>;
   readonly #receivers: WaitQueue<ChannelMessage<B> | undefined>;
+  /** #canReceive, bound once (a wait passes it down; no closure per wait). */
+  readonly #canReceiveNow: () => boolean;
   #ended = false;
   #endError: IpcError | undefined;
 
@@ -65,18 +70,20 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     this.device = b.device;
     this.index = end.index;
     this.#fences = b.fences;
+    this.#held = new Array<ChannelMessage<B> | undefined>(b.slotCount).fill(undefined);
     this.#owner = {
       fences: b.fences,
       publishFence: (s) => publishFence(b.layout, s),
       release: (m, options) => this.#release(m, options),
     };
     if (b.layout.broadcast) this.#cursor = end.ring.w.load64(end.ring.partOff(end.index) + P.cursor);
+    this.#canReceiveNow = () => this.#canReceive();
     this.#receivers = new WaitQueue<ChannelMessage<B> | undefined>({
       isClosed: () => end.closed,
       closedOutcome: () => ({ value: undefined }),
       poll: () => this.#poll(),
       isFinal: (m) => m === undefined,
-      park: () => end.park(() => this.#canReceive()),
+      park: (spun) => end.park(this.#canReceiveNow, spun),
       // Woken for a message nobody here wants any more: pass the wake-up on.
       afterIdleWake: () => {
         if (!end.closed && this.#canReceive()) end.ring.signalData();
@@ -106,16 +113,24 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
    * when a producer died.
    */
   receive(options: ReceiveOptions = {}): Promise<ChannelMessage<B> | undefined> {
+    let spun = false;
     try {
-      this.#end.assertOpen('receive');
+      const e = this.#end;
+      e.assertOpen('receive');
       if (!this.#receivers.busy) {
-        const m = this.#poll();
+        let m = this.#poll();
+        // Nothing yet: spin here (what the queue would do first anyway), so that a message that
+        // comes while spinning is handed out with no pending request, promise chain or microtask.
+        if (m === null && !options.signal?.aborted) {
+          if (e.spin(this.#canReceiveNow)) m = this.#poll();
+          else spun = true;
+        }
         if (m !== null) return Promise.resolve(m);
       }
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.#receivers.enqueue(options.signal, 'receive');
+    return this.#receivers.enqueue(options.signal, 'receive', spun);
   }
 
   /** A message now; undefined when none is there (or the channel ended: see receive()). */
@@ -224,7 +239,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
       redelivered: (word & FLAG_REDELIVERED) !== 0,
       ticket: view.getUint32(so + S.ticket, true),
     });
-    this.#held.set(s, m);
+    this.#held[s] = m;
     return m;
   }
 
@@ -235,8 +250,8 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   }
 
   #release(m: ChannelMessage<B>, options: ReleaseOptions): void {
-    if (this.#held.get(m.index) !== m) return;
-    this.#held.delete(m.index);
+    if (this.#held[m.index] !== m) return;
+    this.#held[m.index] = undefined;
     const e = this.#end;
     if (e.closed) return;
     const ring = e.ring;
@@ -269,9 +284,9 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     // Broadcast: the producer's next use of these slots waits for our release fences, and we
     // never released them (queue: they go to another consumer, which releases them).
     if (this.#fences && this.topology === 'broadcast') {
-      for (const m of this.#held.values()) this.#fences.raise(releaseFence(e.block.layout, m.index, this.index), m[kTicket]);
+      for (const m of this.#held) if (m) this.#fences.raise(releaseFence(e.block.layout, m.index, this.index), m[kTicket]);
     }
-    this.#held.clear();
+    this.#held.fill(undefined);
     e.close();
     void this.#receivers.pump();
   }

@@ -46,6 +46,8 @@ const HIT_RATE_AFTER_HIT = 0.55;
 export interface WaitStats {
   /** Waits that ended while spinning. */
   spinHits: number;
+  /** Spins that ran out (a sleep followed). A wait spins once at most. */
+  spinMisses: number;
   /** Waits that went to sleep (bit set, doorbell polled). */
   sleeps: number;
   /** Sleeps ended by the doorbell. */
@@ -65,7 +67,9 @@ export class Waiter {
   /** Adaptive: the share of recent waits that ended within the spin bound (an exponential average). */
   #hits = 1;
   #waits = 0;
-  readonly stats: WaitStats = { spinHits: 0, sleeps: 0, rung: 0, rescued: 0 };
+  /** Adaptive: when the current wait began (performance.now()), for sleep()'s learning. */
+  #waitStart = 0;
+  readonly stats: WaitStats = { spinHits: 0, spinMisses: 0, sleeps: 0, rung: 0, rescued: 0 };
 
   /** Waits for participant `ring.me`, whose doorbell is `fd` (borrowed). */
   constructor(ring: Ring, fd: number, policy: WaitPolicy) {
@@ -82,22 +86,45 @@ export class Waiter {
   /**
    * Returns once `ready()` may have become true: the sequence word at `seqOff` changed, or this
    * end was woken (possibly spuriously: re-check), or cancel()/close() was called. Rejects only
-   * when polling the doorbell failed.
+   * when polling the doorbell failed. `spun`: the caller has just spun (spin() returned false),
+   * so this goes straight to sleep.
    */
-  async park(seqOff: number, sleepersOff: number, ready: () => boolean): Promise<void> {
-    if (this.#closed) return;
+  async park(seqOff: number, sleepersOff: number, ready: () => boolean, spun = false): Promise<void> {
+    if (spun ? ready() : this.spin(seqOff, ready)) return;
+    await this.sleep(sleepersOff, ready);
+  }
+
+  /**
+   * The first half of a wait, synchronous: true when `ready()` holds or the sequence word at
+   * `seqOff` changed while spinning (re-check), false when the spin budget ran out (or the policy
+   * does not spin now): then sleep(). The callers' fast paths spin here before they allocate a
+   * pending request, so that a wait that ends while spinning costs no promise and no microtask.
+   */
+  spin(seqOff: number, ready: () => boolean): boolean {
+    if (this.#closed) return true;
     const w = this.#words;
     // Read before ready(): a change after the check moves the word, which ends the spin at once.
     const seq = w.load32(seqOff);
-    if (ready()) return;
+    if (ready()) return true;
     const budget = this.#budget();
     // Adaptive: how long the whole wait lasts, spin included, decides whether spinning would pay.
-    const t0 = this.#policy.mode === 'adaptive' ? performance.now() : 0;
-    if (budget > 0 && w.spinWait32(seqOff, seq, budget)) {
-      this.stats.spinHits++;
-      this.#learn(true);
-      return;
+    this.#waitStart = this.#policy.mode === 'adaptive' ? performance.now() : 0;
+    if (budget > 0) {
+      if (w.spinWait32(seqOff, seq, budget)) {
+        this.stats.spinHits++;
+        this.#learn(true);
+        return true;
+      }
+      this.stats.spinMisses++;
     }
+    return false;
+  }
+
+  /** The second half of a wait (after spin() returned false): sleep on the doorbell. */
+  async sleep(sleepersOff: number, ready: () => boolean): Promise<void> {
+    if (this.#closed) return;
+    const t0 = this.#waitStart;
+    this.#waitStart = 0;
     this.#ring.enterSleep(sleepersOff);
     let status = 0;
     try {

@@ -67,6 +67,40 @@ for (const wait of ['spin', 'sleep'] as const) {
   });
 }
 
+test('a wait spins once, then sleeps until the doorbell; a message or slot already there costs no wait', async () => {
+  using hub = ChannelHub.create({ slots: 1, slotBytes: 64 });
+  // Both ends in this process: nothing can arrive while one of them spins, so each wait runs its
+  // spin out and sleeps; the other end, run from a timer, wakes it. (A sleep may also end at once
+  // on a ring left from the ends' attach, which rings everyone: then the end spins and sleeps
+  // again. Either way every sleep follows exactly one spin that ran out.)
+  const producer = hub.producer({ wait: 'spin', spinMicros: 2000 });
+  const consumer = hub.consumer({ wait: 'spin', spinMicros: 2000 });
+  const received = consumer.receive();
+  assert.deepEqual(waitStatsOf(consumer), { spinHits: 0, spinMisses: 1, sleeps: 1, rung: 0, rescued: 0 }, 'spun once (not again in the queue), then slept');
+  setTimeout(() => {
+    void producer.acquire().then((slot) => producer.publish(slot, { length: writePayload(slot.bytes, 7, 0) }));
+  }, 10);
+  const m = (await received)!;
+  assert.equal(readPayload(m.bytes).seq, 7);
+  const c = waitStatsOf(consumer);
+  assert.ok(c.rung >= 1 && c.rung === c.sleeps && c.spinMisses === c.sleeps && c.spinHits === 0 && c.rescued === 0, JSON.stringify(c));
+
+  // The one slot is held: acquire spins once, sleeps, and the release wakes it.
+  const acquired = producer.acquire();
+  assert.deepEqual(waitStatsOf(producer), { spinHits: 0, spinMisses: 1, sleeps: 1, rung: 0, rescued: 0 });
+  setTimeout(() => m.release(), 10);
+  const slot = await acquired;
+  const p = waitStatsOf(producer);
+  assert.ok(p.rung >= 1 && p.rung === p.sleeps && p.spinMisses === p.sleeps && p.spinHits === 0 && p.rescued === 0, JSON.stringify(p));
+
+  // Ready at once: no wait at all.
+  producer.publish(slot, { length: writePayload(slot.bytes, 8, 0) });
+  const again = (await consumer.receive())!;
+  assert.equal(readPayload(again.bytes).seq, 8);
+  again.release();
+  assert.deepEqual(waitStatsOf(consumer), c, 'a message already published is taken without a wait');
+});
+
 test('no lost wake-up: 1,000,000 messages with random pauses on both sides, every sleeper woken by its doorbell', async () => {
   const n = 1_000_000;
   const seed = (Date.now() % 1_000_000) + 1;
