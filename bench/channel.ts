@@ -5,6 +5,9 @@
 // Every channel figure comes with the CPU time both processes spent per message.
 import { createServer, type Socket } from 'node:net';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { HostBuffer } from '../src/host/index.js';
+import { JsWords } from '../src/channel/js-words.js';
+import { cpuPlacement, onCpu } from './placement.js';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { spawn, type Link } from '../src/link/index.js';
@@ -56,7 +59,14 @@ export interface OneWay {
 }
 
 export interface ChannelResults {
-  floor: { doorbellUs: Summary; doorbellCpuUsPerMsg: number; socketUs: Summary };
+  floor: {
+    doorbellUs: Summary; doorbellCpuUsPerMsg: number; socketUs: Summary;
+    /** A shared word bounced between two processes, each spinning natively (no channel): the
+     * floor under spin mode, two cache-line transfers and a JS turn each way. */
+    spinUs: Summary;
+    /** Where the two processes of the spin floor ran: CPU numbers and their NUMA nodes. */
+    spinPlacement: string;
+  };
   roundTrip: Record<string, RoundTrip>;
   oneWay: Record<string, OneWay>;
   workSharing: Record<string, { consumers: number; msgsPerSec: number }>;
@@ -97,6 +107,41 @@ async function doorbellFloor(iterations: number, warmup: number): Promise<{ us: 
   } finally {
     bell.close();
     bells.close();
+    await waitExit(child);
+  }
+}
+
+/** Word offsets of the spin floor: a line apart, so that each side's word has a line of its own. */
+const SPIN_PING = 0;
+const SPIN_PONG = 64;
+/** The spin floor gives up (a stuck peer) after this long in all. */
+const SPIN_FLOOR_LIMIT_MS = 20_000;
+
+/** The floor under spin mode: two processes bounce a shared word, each spinning in the addon on
+ * the word the other bumps (what a spinning channel end does, with no channel around it). */
+async function spinFloor(iterations: number, warmup: number): Promise<{ us: Summary; placement: string }> {
+  const { child, link } = await spawn(CHILD, ['spin-echo'], { stdio: 'inherit' });
+  const buffer = HostBuffer.allocate(4096);
+  const words = new JsWords(new addon.SharedWords(buffer.fd, 4096), buffer.bytes);
+  const times = new Float64Array(iterations);
+  try {
+    link.send({ buffer, rounds: warmup + iterations });
+    await link.receive();
+    const limit = performance.now() + SPIN_FLOOR_LIMIT_MS;
+    for (let i = 0; i < warmup + iterations; i++) {
+      const t0 = process.hrtime.bigint();
+      words.add32(SPIN_PING, 1);
+      while (!words.spinWait32(SPIN_PONG, i, 1000)) {
+        if (performance.now() > limit) throw new Error('spin floor: the child stopped answering');
+      }
+      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+    }
+    const mine = onCpu();
+    const theirs = ((await link.receive()) as { cpu: number }).cpu;
+    return { us: summarize(times), placement: cpuPlacement(mine, theirs) };
+  } finally {
+    words.close();
+    buffer.close();
     await waitExit(child);
   }
 }
@@ -267,9 +312,14 @@ async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: 
 export async function channelBenchmarks(iterations: number, warmup: number, device: Device | undefined): Promise<ChannelResults> {
   progress('floor: doorbell round trip (no channel)');
   const floor = await doorbellFloor(iterations, Math.max(warmup, 2000));
+  progress('floor: spin round trip (shared word, no channel)');
+  const spin = await spinFloor(iterations, Math.max(warmup, 2000));
   progress('reference: Node Unix socket round trip');
   const socketUs = await socketRoundTrip(iterations, Math.max(warmup, 2000));
-  const res: ChannelResults = { floor: { doorbellUs: floor.us, doorbellCpuUsPerMsg: floor.cpuUsPerMsg, socketUs }, roundTrip: {}, oneWay: {}, workSharing: {} };
+  const res: ChannelResults = {
+    floor: { doorbellUs: floor.us, doorbellCpuUsPerMsg: floor.cpuUsPerMsg, socketUs, spinUs: spin.us, spinPlacement: spin.placement },
+    roundTrip: {}, oneWay: {}, workSharing: {},
+  };
   const memories: Array<[Memory, ChannelMemory]> = [['host', 'host']];
   if (device) memories.push(['device', { device }]);
   for (const [memory, m] of memories) {
@@ -334,6 +384,8 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
   const latency: Row[] = [
     { name: 'floor: doorbell round trip (eventfd + event loop, no channel)', unit: 'us', median: r.floor.doorbellUs.median, p99: r.floor.doorbellUs.p99, n: r.floor.doorbellUs.n,
       notes: [`${(r.floor.doorbellUs.median / socket).toFixed(2)}x the socket round trip`, cpuNote(r.floor.doorbellCpuUsPerMsg)] },
+    { name: 'floor: spin round trip (a shared word, two processes, no channel)', unit: 'us', median: r.floor.spinUs.median, p99: r.floor.spinUs.p99, n: r.floor.spinUs.n,
+      notes: [r.floor.spinPlacement] },
     { name: 'reference: Node Unix socket round trip, 64 bytes', unit: 'us', median: socket, p99: r.floor.socketUs.p99, n: r.floor.socketUs.n },
   ];
   for (const [name, t] of Object.entries(r.roundTrip)) {
@@ -344,7 +396,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
       notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`, `${ratio.toFixed(2)}x socket (target <= ${TARGETS.rttDefaultVsSocket}x): ${met(ratio <= TARGETS.rttDefaultVsSocket)}`);
     } else if (t.wait === 'spin') {
       const target = t.memory === 'host' ? TARGETS.rttSpinHostUs : TARGETS.rttSpinDeviceUs;
-      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`);
+      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`, `${(t.us.median / r.floor.spinUs.median).toFixed(1)}x the spin floor`);
     } else {
       notes.push('no spinning');
     }
