@@ -35,6 +35,8 @@ export const DEFAULT_ADAPTIVE_SPIN_MICROS = 10;
 export const DEFAULT_SPIN_MICROS = 50;
 export const MAX_SPIN_MICROS = 100_000;
 const WAIT_BACKSTOP_MS = 1000;
+/** #waitStart of a wait that spun its whole bound (so it did not end within it). */
+const OUTLASTED = -1;
 /** Adaptive: while not spinning, one wait in this many spins the whole bound (a probe). */
 const PROBE_EVERY = 16;
 /** Adaptive: it spins while at least this share of recent waits ended within the bound. */
@@ -67,7 +69,8 @@ export class Waiter {
   /** Adaptive: the share of recent waits that ended within the spin bound (an exponential average). */
   #hits = 1;
   #waits = 0;
-  /** Adaptive: when the current wait began (performance.now()), for sleep()'s learning. */
+  /** Adaptive: when the current wait began (performance.now()), for sleep()'s learning; 0 when
+   * not timed, OUTLASTED once it spun its bound in vain. */
   #waitStart = 0;
   readonly stats: WaitStats = { spinHits: 0, spinMisses: 0, sleeps: 0, rung: 0, rescued: 0 };
 
@@ -107,8 +110,6 @@ export class Waiter {
     const seq = w.load32(seqOff);
     if (ready()) return true;
     const budget = this.#budget();
-    // Adaptive: how long the whole wait lasts, spin included, decides whether spinning would pay.
-    this.#waitStart = this.#policy.mode === 'adaptive' ? performance.now() : 0;
     if (budget > 0) {
       if (w.spinWait32(seqOff, seq, budget)) {
         this.stats.spinHits++;
@@ -116,6 +117,12 @@ export class Waiter {
         return true;
       }
       this.stats.spinMisses++;
+      // The wait has outlasted the spin bound already: sleep() learns that without a clock read.
+      this.#waitStart = OUTLASTED;
+    } else {
+      // Adaptive, not spinning: whether the wait ends within the bound anyway (only the wake-up
+      // was slow) decides whether spinning would pay. Timed from here; a spin hit needs no clock.
+      this.#waitStart = this.#policy.mode === 'adaptive' ? performance.now() : 0;
     }
     return false;
   }

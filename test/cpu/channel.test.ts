@@ -101,6 +101,30 @@ test('a wait spins once, then sleeps until the doorbell; a message or slot alrea
   assert.deepEqual(waitStatsOf(consumer), c, 'a message already published is taken without a wait');
 });
 
+test('adaptive waits stop spinning while the peer is slow (a probe now and then)', async (t) => {
+  using hub = ChannelHub.create({ slots: 1, slotBytes: 64 });
+  const producer = hub.producer();
+  const consumer = hub.consumer();
+  assert.deepEqual(consumer.waitPolicy, { mode: 'adaptive', spinMicros: 10 });
+  const n = 48;
+  for (let i = 0; i < n; i++) {
+    // Each message comes milliseconds after the receive began: far past the spin bound.
+    const received = consumer.receive();
+    setTimeout(() => {
+      void producer.acquire().then((slot) => producer.publish(slot, { length: writePayload(slot.bytes, i, 0) }));
+    }, 2);
+    const m = (await received)!;
+    assert.equal(readPayload(m.bytes).seq, i);
+    m.release();
+  }
+  const st = waitStatsOf(consumer);
+  assert.equal(st.spinHits, 0);
+  assert.ok(st.sleeps >= n && st.rescued === 0, JSON.stringify(st));
+  // It spins until most recent waits outlasted the bound (about ten), then only every 16th wait.
+  assert.ok(st.spinMisses >= 5 && st.spinMisses <= 20, `spun in ${st.spinMisses} of ${st.sleeps} waits`);
+  t.diagnostic(`adaptive: spun in ${st.spinMisses} of ${st.sleeps} waits`);
+});
+
 test('no lost wake-up: 1,000,000 messages with random pauses on both sides, every sleeper woken by its doorbell', async () => {
   const n = 1_000_000;
   const seed = (Date.now() % 1_000_000) + 1;
