@@ -53,6 +53,8 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   readonly #receivers: WaitQueue<ChannelMessage<B> | undefined>;
   /** #canReceive, bound once (a wait passes it down; no closure per wait). */
   readonly #canReceiveNow: () => boolean;
+  /** Set by #receiveNow: it returned null after a spin that ran out (the queue sleeps at once). */
+  #spunOut = false;
   #ended = false;
   #endError: IpcError | undefined;
 
@@ -113,24 +115,13 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
    * when a producer died.
    */
   receive(options: ReceiveOptions = {}): Promise<ChannelMessage<B> | undefined> {
-    let spun = false;
+    let m: ChannelMessage<B> | undefined | null;
     try {
-      const e = this.#end;
-      e.assertOpen('receive');
-      if (!this.#receivers.busy) {
-        let m = this.#poll();
-        // Nothing yet: spin here (what the queue would do first anyway), so that a message that
-        // comes while spinning is handed out with no pending request, promise chain or microtask.
-        if (m === null && !options.signal?.aborted) {
-          if (e.spin(this.#canReceiveNow)) m = this.#poll();
-          else spun = true;
-        }
-        if (m !== null) return Promise.resolve(m);
-      }
+      m = this.#receiveNow(options.signal);
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.#receivers.enqueue(options.signal, 'receive', spun);
+    return m !== null ? Promise.resolve(m) : this.#receivers.enqueue(options.signal, 'receive', this.#spunOut);
   }
 
   /** A message now; undefined when none is there (or the channel ended: see receive()). */
@@ -142,12 +133,39 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   [Symbol.asyncIterator](): AsyncIterator<ChannelMessage<B>> {
     this.#end.assertOpen('iterate');
     return {
-      next: async () => {
-        const m = await this.receive();
-        return m ? { value: m, done: false } : { value: undefined, done: true };
+      // Not an async function: a message that is there (or comes while spinning) is handed over
+      // in one settled promise, without the extra microtask turns of awaiting receive().
+      next: () => {
+        let m: ChannelMessage<B> | undefined | null;
+        try {
+          m = this.#receiveNow(undefined);
+        } catch (e) {
+          return Promise.reject(e);
+        }
+        if (m !== null) return Promise.resolve(iteratorResult(m));
+        return this.#receivers.enqueue(undefined, 'receive', this.#spunOut).then(iteratorResult);
       },
       return: async () => ({ value: undefined, done: true }),
     };
+  }
+
+  /**
+   * receive()'s synchronous part: a message, undefined at the end, or null when the caller must
+   * queue (then #spunOut says whether a spin ran out already). Throws what receive() rejects with.
+   */
+  #receiveNow(signal: AbortSignal | undefined): ChannelMessage<B> | undefined | null {
+    this.#spunOut = false;
+    const e = this.#end;
+    e.assertOpen('receive');
+    if (this.#receivers.busy) return null;
+    let m = this.#poll();
+    // Nothing yet: spin here (what the queue would do first anyway), so that a message that
+    // comes while spinning is handed out with no pending request, promise chain or microtask.
+    if (m === null && !signal?.aborted) {
+      if (e.spin(this.#canReceiveNow)) m = this.#poll();
+      else this.#spunOut = true;
+    }
+    return m;
   }
 
   #producersGone(): boolean {
@@ -298,6 +316,10 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   async [Symbol.asyncDispose](): Promise<void> {
     this.close();
   }
+}
+
+function iteratorResult<B extends SlotBuffer>(m: ChannelMessage<B> | undefined): IteratorResult<ChannelMessage<B>, undefined> {
+  return m ? { value: m, done: false } : { value: undefined, done: true };
 }
 
 interface MessageInit {
