@@ -12,7 +12,14 @@
 //    by a sixteenth of it while they are long.
 //  - 'sleep': never spin (the least CPU).
 //  - 'spin': always spin for `spinMicros` (default 50 us), then sleep.
-// Spinning blocks this thread's event loop for at most the bound.
+// Spinning blocks this thread's event loop for at most the bound. A wait is spin() (synchronous:
+// receive() and acquire() call it before they queue anything, so a wait that ends while spinning
+// costs no promise) and, if that runs out, sleep(); park() is both.
+//
+// What a spinning round trip costs is mostly cache lines, not code: each message moves about ten
+// lines between the two cores one after the other (the slot's state word, the producer and
+// consumer header lines, the ring entry, the data), so its time follows the machine's
+// core-to-core latency (the bench's spin floor measures it).
 //
 // Sleeping: set this end's bit in the sleepers word, re-check, then poll the doorbell; a waker
 // clears the bit and rings (ring.ts). A timer re-checks after WAIT_BACKSTOP_MS in any case, so
