@@ -1,5 +1,6 @@
 // Child of the channel benchmarks. argv[2]:
-//   echo <wait> [spinUs]  accepts an input and an output channel; sends each message back
+//   echo <wait> [spinUs]  accepts an input and an output channel; sends each message back; ends
+//                         with { cpu, ranOn }: ranOn is the CPU it ran on when timing began
 //   sink <wait> [spinUs]  consumes: reads the first word of each message, releases it
 //   worker                work-sharing consumer: as sink
 //   kernel <elements> <n> GPU: times a reading kernel on a received device slot and on memory of
@@ -40,9 +41,13 @@ if (mode === 'echo') {
   const output = await acceptChannel(link, { wait, spinMicros, role: 'producer' });
   const stream = output.device ? Stream.create(output.device) : undefined;
   let cpu0 = process.cpuUsage();
+  let ranOn = -1;
   for await (const msg of input) {
     // The parent marks its first timed message with length 2: CPU is counted from there.
-    if (msg.length === 2) cpu0 = process.cpuUsage();
+    if (msg.length === 2) {
+      cpu0 = process.cpuUsage();
+      ranOn = onCpu();
+    }
     const slot = await output.acquire({ stream });
     if (stream) msg.waitOn(stream);
     else slot.bytes[0] = msg.bytes[0]!;
@@ -52,7 +57,7 @@ if (mode === 'echo') {
   const cpu = cpuSince(cpu0);
   await output.end();
   input.close();
-  link.send({ cpu });
+  link.send({ cpu, ranOn });
 } else if (mode === 'sink' || mode === 'worker') {
   const input = await acceptChannel(link, { wait, spinMicros, role: 'consumer' });
   const stream = input.device ? Stream.create(input.device) : undefined;

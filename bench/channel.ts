@@ -45,6 +45,8 @@ export interface RoundTrip {
   us: Summary;
   /** CPU time (user + system) of both processes per message; a round trip is two messages. */
   cpuUsPerMsg: number;
+  /** Where the two processes ran when timing began (CPUs, NUMA nodes). */
+  placement: string;
 }
 
 export interface OneWay {
@@ -185,7 +187,7 @@ async function socketRoundTrip(iterations: number, warmup: number): Promise<Summ
 }
 
 /** Median and p99 of per-iteration microseconds through out -> child -> back. */
-async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number): Promise<{ us: Summary; cpuUsPerMsg: number }> {
+async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number): Promise<{ us: Summary; cpuUsPerMsg: number; placement: string }> {
   const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit' });
   const opts = { slots: 4, slotBytes: 4096, memory, wait } as const;
   const out = await createChannel(link, { ...opts, role: 'producer' });
@@ -193,10 +195,14 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
   const stream = out.device ? Stream.create(out.device) : undefined;
   const times = new Float64Array(iterations);
   let mine = 0;
+  let ranOn = -1;
   try {
     let cpu0 = process.cpuUsage();
     for (let i = 0; i < warmup + iterations; i++) {
-      if (i === warmup) cpu0 = process.cpuUsage();
+      if (i === warmup) {
+        cpu0 = process.cpuUsage();
+        ranOn = onCpu();
+      }
       const t0 = process.hrtime.bigint();
       const slot = await out.acquire({ stream });
       if (!stream) slot.bytes[0] = i & 0xff;
@@ -212,9 +218,9 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
     back.close();
     stream?.close();
   }
-  const theirs = ((await link.receive()) as { cpu: number }).cpu;
+  const theirs = (await link.receive()) as { cpu: number; ranOn: number };
   await waitExit(child);
-  return { us: summarize(times), cpuUsPerMsg: (mine + theirs) / (2 * iterations) };
+  return { us: summarize(times), cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: cpuPlacement(ranOn, theirs.ranOn) };
 }
 
 /** One way for about `ms`: rates per batch of 2000 messages, and CPU per message. */
@@ -329,7 +335,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state),
       // and the adaptive spin must have learned the gaps.
       const r = await roundTrip(m, wait, iterations, Math.max(warmup, 2000));
-      res.roundTrip[name] = { memory, wait, us: r.us, cpuUsPerMsg: r.cpuUsPerMsg };
+      res.roundTrip[name] = { memory, wait, us: r.us, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement };
     }
   }
   const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
@@ -396,7 +402,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
       notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`, `${ratio.toFixed(2)}x socket (target <= ${TARGETS.rttDefaultVsSocket}x): ${met(ratio <= TARGETS.rttDefaultVsSocket)}`);
     } else if (t.wait === 'spin') {
       const target = t.memory === 'host' ? TARGETS.rttSpinHostUs : TARGETS.rttSpinDeviceUs;
-      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`, `${(t.us.median / r.floor.spinUs.median).toFixed(1)}x the spin floor`);
+      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`, `${(t.us.median / r.floor.spinUs.median).toFixed(1)}x the spin floor`, t.placement);
     } else {
       notes.push('no spinning');
     }
