@@ -210,7 +210,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
         }
         throw e.detachedError('receive');
       }
-      return this.#message(s);
+      return this.#message(s, ring.takenPosition);
     }
     for (;;) {
       const s = ring.peekAt(this.#cursor);
@@ -220,11 +220,12 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
       }
       this.#cursor++;
       if (s === -2) continue;  // not ours (published before we attached, or we were removed)
-      return this.#message(s);
+      return this.#message(s, this.#cursor - 1);
     }
   }
 
-  #message(s: number): ChannelMessage<B> {
+  /** The message in slot s, published at `position` (which take() or peekAt() checked). */
+  #message(s: number, position: number): ChannelMessage<B> {
     const ring = this.#end.ring;
     const view = ring.view;
     const so = ring.slotOff(s);
@@ -250,7 +251,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     }
     const word = this.topology === 'queue' ? ring.takenWords[s]! : 0;
     const m = new ChannelMessage<B>(this.#owner, s, this.#end.view(s) as B, {
-      position: ring.w.load64(so + S.position),
+      position,
       length,
       meta,
       producer: view.getUint32(so + S.publisher, true),

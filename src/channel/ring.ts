@@ -54,6 +54,8 @@ export class Ring {
   #hint = 0;
   /** Work sharing: the state word this participant set on each slot it took (for its release). */
   readonly takenWords: Uint32Array;
+  /** Work sharing: the position of the message the last successful take() took. */
+  takenPosition = 0;
   readonly bells: Bells;
   /** Which sleeping consumer a wake-one starts looking at (so that wake-ups go round). */
   #rotor = 0;
@@ -266,6 +268,7 @@ export class Ring {
         const taken = slotWord(Kind.Taken, this.me, flagsOf(word));
         if (w.cas32(so + S.state, word, taken) === word) {
           this.takenWords[s] = taken;
+          this.takenPosition = h;
           this.#nextTake = s + 1 === this.n ? 0 : s + 1;
           w.cas64(H.head, h, h + 1);
           this.view.setUint32(so + S.deliveries, this.view.getUint32(so + S.deliveries, true) + 1, true);

@@ -45,6 +45,7 @@ test('1,000,000 messages one way: order kept, no loss, no duplicate, every check
   assert.equal(r.done.error, undefined);
   assert.equal(r.done.count, n);
   assert.equal(r.done.next['0'], n, 'the last message seen is the last one sent');
+  assert.equal(r.done.lastPosition, n - 1, 'one producer, one consumer: message i is at position i');
   assert.equal(r.done.metaSeen, n / 1000);
   assert.equal(r.done.redelivered, 0);
   await exited(c);
@@ -82,6 +83,7 @@ test('a wait spins once, then sleeps until the doorbell; a message or slot alrea
   }, 10);
   const m = (await received)!;
   assert.equal(readPayload(m.bytes).seq, 7);
+  assert.equal(m.position, 0);
   const c = waitStatsOf(consumer);
   assert.ok(c.rung >= 1 && c.rung === c.sleeps && c.spinMisses === c.sleeps && c.spinHits === 0 && c.rescued === 0, JSON.stringify(c));
 
@@ -97,6 +99,7 @@ test('a wait spins once, then sleeps until the doorbell; a message or slot alrea
   producer.publish(slot, { length: writePayload(slot.bytes, 8, 0) });
   const again = (await consumer.receive())!;
   assert.equal(readPayload(again.bytes).seq, 8);
+  assert.equal(again.position, 1);
   again.release();
   assert.deepEqual(waitStatsOf(consumer), c, 'a message already published is taken without a wait');
 });
@@ -278,6 +281,7 @@ test('broadcast: every consumer gets every message; a slot is reused only after 
     assert.equal(r.done.error, undefined);
     assert.equal(r.done.count, total);
     assert.equal(r.done.next['0'], total);
+    assert.equal(r.done.lastPosition, total - 1, 'every consumer attached before the first publish: message i is at position i');
     await exited(k);
   }
 });
