@@ -1,5 +1,6 @@
 // Child of the channel benchmarks. argv[2]:
-//   echo <wait> [spinUs]  accepts an input and an output channel; sends each message back
+//   echo <wait> [spinUs]  accepts an input and an output channel; sends each message back; ends
+//                         with { cpu, ranOn }: ranOn is the CPU it ran on when timing began
 //   sink <wait> [spinUs]  consumes: reads the first word of each message, releases it
 //   worker                work-sharing consumer: as sink
 //   kernel <elements> <n> GPU: times a reading kernel on a received device slot and on memory of
@@ -8,6 +9,9 @@
 //                         the wake-up: an eventfd written by one process, polled by the other's
 //                         event loop, both ways)
 //   socket-echo <path>    no channel: connects to a Unix socket and echoes what it reads
+//   spin-echo             no channel: receives { buffer, rounds }; bumps the word at 64 each time
+//                         the word at 0 moved, spinning as a channel end in spin mode does (the
+//                         floor under spin mode); ends with { cpu }: the CPU it last ran on
 // Channel modes and doorbell-echo end with { n?, cpu }: this process's CPU time (user + system,
 // microseconds) from the first timed message (after the parent's warm-up) or the start of work.
 import { connect as netConnect } from 'node:net';
@@ -19,6 +23,9 @@ import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { BuiltinKernels } from '../src/cuda/builtins.js';
 import { arg } from '../src/cuda/kernel-args.js';
 import { addon } from '../src/native.js';
+import type { HostBuffer } from '../src/host/index.js';
+import { JsWords } from '../src/channel/js-words.js';
+import { onCpu } from './placement.js';
 
 const link = parentLink();
 const mode = process.argv[2];
@@ -34,9 +41,13 @@ if (mode === 'echo') {
   const output = await acceptChannel(link, { wait, spinMicros, role: 'producer' });
   const stream = output.device ? Stream.create(output.device) : undefined;
   let cpu0 = process.cpuUsage();
+  let ranOn = -1;
   for await (const msg of input) {
     // The parent marks its first timed message with length 2: CPU is counted from there.
-    if (msg.length === 2) cpu0 = process.cpuUsage();
+    if (msg.length === 2) {
+      cpu0 = process.cpuUsage();
+      ranOn = onCpu();
+    }
     const slot = await output.acquire({ stream });
     if (stream) msg.waitOn(stream);
     else slot.bytes[0] = msg.bytes[0]!;
@@ -46,7 +57,7 @@ if (mode === 'echo') {
   const cpu = cpuSince(cpu0);
   await output.end();
   input.close();
-  link.send({ cpu });
+  link.send({ cpu, ranOn });
 } else if (mode === 'sink' || mode === 'worker') {
   const input = await acceptChannel(link, { wait, spinMicros, role: 'consumer' });
   const stream = input.device ? Stream.create(input.device) : undefined;
@@ -77,6 +88,21 @@ if (mode === 'echo') {
   bell.close();
   const cpu = cpuSince(cpu0);
   bells.close();
+  link.send({ cpu });
+} else if (mode === 'spin-echo') {
+  const { buffer, rounds } = (await link.receive()) as { buffer: HostBuffer; rounds: number };
+  const words = new JsWords(new addon.SharedWords(buffer.fd, 4096), buffer.bytes);
+  link.send({ ready: true });
+  const limit = performance.now() + 20_000;
+  for (let i = 0; i < rounds; i++) {
+    while (!words.spinWait32(0, i, 1000)) {
+      if (performance.now() > limit) throw new Error('spin-echo: the parent stopped bouncing');
+    }
+    words.add32(64, 1);
+  }
+  const cpu = onCpu();
+  words.close();
+  buffer.close();
   link.send({ cpu });
 } else if (mode === 'socket-echo') {
   const socket = netConnect(process.argv[3]!);

@@ -5,6 +5,9 @@
 // Every channel figure comes with the CPU time both processes spent per message.
 import { createServer, type Socket } from 'node:net';
 import { mkdtempSync, rmSync } from 'node:fs';
+import { HostBuffer } from '../src/host/index.js';
+import { JsWords } from '../src/channel/js-words.js';
+import { cpuPlacement, onCpu } from './placement.js';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { spawn, type Link } from '../src/link/index.js';
@@ -42,6 +45,8 @@ export interface RoundTrip {
   us: Summary;
   /** CPU time (user + system) of both processes per message; a round trip is two messages. */
   cpuUsPerMsg: number;
+  /** Where the two processes ran when timing began (CPUs, NUMA nodes). */
+  placement: string;
 }
 
 export interface OneWay {
@@ -56,7 +61,14 @@ export interface OneWay {
 }
 
 export interface ChannelResults {
-  floor: { doorbellUs: Summary; doorbellCpuUsPerMsg: number; socketUs: Summary };
+  floor: {
+    doorbellUs: Summary; doorbellCpuUsPerMsg: number; socketUs: Summary;
+    /** A shared word bounced between two processes, each spinning natively (no channel): the
+     * floor under spin mode, two cache-line transfers and a JS turn each way. */
+    spinUs: Summary;
+    /** Where the two processes of the spin floor ran: CPU numbers and their NUMA nodes. */
+    spinPlacement: string;
+  };
   roundTrip: Record<string, RoundTrip>;
   oneWay: Record<string, OneWay>;
   workSharing: Record<string, { consumers: number; msgsPerSec: number }>;
@@ -101,6 +113,41 @@ async function doorbellFloor(iterations: number, warmup: number): Promise<{ us: 
   }
 }
 
+/** Word offsets of the spin floor: a line apart, so that each side's word has a line of its own. */
+const SPIN_PING = 0;
+const SPIN_PONG = 64;
+/** The spin floor gives up (a stuck peer) after this long in all. */
+const SPIN_FLOOR_LIMIT_MS = 20_000;
+
+/** The floor under spin mode: two processes bounce a shared word, each spinning in the addon on
+ * the word the other bumps (what a spinning channel end does, with no channel around it). */
+async function spinFloor(iterations: number, warmup: number): Promise<{ us: Summary; placement: string }> {
+  const { child, link } = await spawn(CHILD, ['spin-echo'], { stdio: 'inherit' });
+  const buffer = HostBuffer.allocate(4096);
+  const words = new JsWords(new addon.SharedWords(buffer.fd, 4096), buffer.bytes);
+  const times = new Float64Array(iterations);
+  try {
+    link.send({ buffer, rounds: warmup + iterations });
+    await link.receive();
+    const limit = performance.now() + SPIN_FLOOR_LIMIT_MS;
+    for (let i = 0; i < warmup + iterations; i++) {
+      const t0 = process.hrtime.bigint();
+      words.add32(SPIN_PING, 1);
+      while (!words.spinWait32(SPIN_PONG, i, 1000)) {
+        if (performance.now() > limit) throw new Error('spin floor: the child stopped answering');
+      }
+      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+    }
+    const mine = onCpu();
+    const theirs = ((await link.receive()) as { cpu: number }).cpu;
+    return { us: summarize(times), placement: cpuPlacement(mine, theirs) };
+  } finally {
+    words.close();
+    buffer.close();
+    await waitExit(child);
+  }
+}
+
 /** The reference: a 64-byte round trip over a Unix socket between two Node processes (node:net). */
 async function socketRoundTrip(iterations: number, warmup: number): Promise<Summary> {
   const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-bench-'));
@@ -140,7 +187,7 @@ async function socketRoundTrip(iterations: number, warmup: number): Promise<Summ
 }
 
 /** Median and p99 of per-iteration microseconds through out -> child -> back. */
-async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number): Promise<{ us: Summary; cpuUsPerMsg: number }> {
+async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number): Promise<{ us: Summary; cpuUsPerMsg: number; placement: string }> {
   const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit' });
   const opts = { slots: 4, slotBytes: 4096, memory, wait } as const;
   const out = await createChannel(link, { ...opts, role: 'producer' });
@@ -148,10 +195,14 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
   const stream = out.device ? Stream.create(out.device) : undefined;
   const times = new Float64Array(iterations);
   let mine = 0;
+  let ranOn = -1;
   try {
     let cpu0 = process.cpuUsage();
     for (let i = 0; i < warmup + iterations; i++) {
-      if (i === warmup) cpu0 = process.cpuUsage();
+      if (i === warmup) {
+        cpu0 = process.cpuUsage();
+        ranOn = onCpu();
+      }
       const t0 = process.hrtime.bigint();
       const slot = await out.acquire({ stream });
       if (!stream) slot.bytes[0] = i & 0xff;
@@ -167,9 +218,9 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
     back.close();
     stream?.close();
   }
-  const theirs = ((await link.receive()) as { cpu: number }).cpu;
+  const theirs = (await link.receive()) as { cpu: number; ranOn: number };
   await waitExit(child);
-  return { us: summarize(times), cpuUsPerMsg: (mine + theirs) / (2 * iterations) };
+  return { us: summarize(times), cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: cpuPlacement(ranOn, theirs.ranOn) };
 }
 
 /** One way for about `ms`: rates per batch of 2000 messages, and CPU per message. */
@@ -267,9 +318,14 @@ async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: 
 export async function channelBenchmarks(iterations: number, warmup: number, device: Device | undefined): Promise<ChannelResults> {
   progress('floor: doorbell round trip (no channel)');
   const floor = await doorbellFloor(iterations, Math.max(warmup, 2000));
+  progress('floor: spin round trip (shared word, no channel)');
+  const spin = await spinFloor(iterations, Math.max(warmup, 2000));
   progress('reference: Node Unix socket round trip');
   const socketUs = await socketRoundTrip(iterations, Math.max(warmup, 2000));
-  const res: ChannelResults = { floor: { doorbellUs: floor.us, doorbellCpuUsPerMsg: floor.cpuUsPerMsg, socketUs }, roundTrip: {}, oneWay: {}, workSharing: {} };
+  const res: ChannelResults = {
+    floor: { doorbellUs: floor.us, doorbellCpuUsPerMsg: floor.cpuUsPerMsg, socketUs, spinUs: spin.us, spinPlacement: spin.placement },
+    roundTrip: {}, oneWay: {}, workSharing: {},
+  };
   const memories: Array<[Memory, ChannelMemory]> = [['host', 'host']];
   if (device) memories.push(['device', { device }]);
   for (const [memory, m] of memories) {
@@ -279,7 +335,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state),
       // and the adaptive spin must have learned the gaps.
       const r = await roundTrip(m, wait, iterations, Math.max(warmup, 2000));
-      res.roundTrip[name] = { memory, wait, us: r.us, cpuUsPerMsg: r.cpuUsPerMsg };
+      res.roundTrip[name] = { memory, wait, us: r.us, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement };
     }
   }
   const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
@@ -334,6 +390,8 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
   const latency: Row[] = [
     { name: 'floor: doorbell round trip (eventfd + event loop, no channel)', unit: 'us', median: r.floor.doorbellUs.median, p99: r.floor.doorbellUs.p99, n: r.floor.doorbellUs.n,
       notes: [`${(r.floor.doorbellUs.median / socket).toFixed(2)}x the socket round trip`, cpuNote(r.floor.doorbellCpuUsPerMsg)] },
+    { name: 'floor: spin round trip (a shared word, two processes, no channel)', unit: 'us', median: r.floor.spinUs.median, p99: r.floor.spinUs.p99, n: r.floor.spinUs.n,
+      notes: [r.floor.spinPlacement] },
     { name: 'reference: Node Unix socket round trip, 64 bytes', unit: 'us', median: socket, p99: r.floor.socketUs.p99, n: r.floor.socketUs.n },
   ];
   for (const [name, t] of Object.entries(r.roundTrip)) {
@@ -344,7 +402,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
       notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`, `${ratio.toFixed(2)}x socket (target <= ${TARGETS.rttDefaultVsSocket}x): ${met(ratio <= TARGETS.rttDefaultVsSocket)}`);
     } else if (t.wait === 'spin') {
       const target = t.memory === 'host' ? TARGETS.rttSpinHostUs : TARGETS.rttSpinDeviceUs;
-      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`);
+      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`, `${(t.us.median / r.floor.spinUs.median).toFixed(1)}x the spin floor`, t.placement);
     } else {
       notes.push('no spinning');
     }

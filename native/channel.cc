@@ -47,17 +47,27 @@ inline int64_t NowNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
 }
 
-// Spins while *addr == expected, up to `ns`. True when the word changed.
+// Loads between two pauses of a spin. A hypervisor may take a run of closely spaced pauses for a
+// vCPU spinning on a lock whose holder is descheduled and exit to the host (KVM's pause-loop
+// exiting, AMD's pause filter: pauses less than ~128 cycles apart): each exit costs microseconds
+// during which the spinner sees nothing. Loads in between keep the pauses far enough apart.
+constexpr int kLoadsPerPause = 256;
+// Pauses between two looks at the clock (a microsecond or two of spinning): a clock read is a
+// vDSO call at best, a system call on a VM whose clock source has no vDSO.
+constexpr uint32_t kPausesPerClock = 8;
+
+// Spins while *addr == expected, up to `ns` (overshooting by a clock interval at most). True when
+// the word changed.
 bool SpinWhileEqual(const uint32_t* addr, uint32_t expected, int64_t ns) {
   if (__atomic_load_n(addr, __ATOMIC_SEQ_CST) != expected) return true;
   if (ns <= 0) return false;
   int64_t deadline = NowNs() + ns;
-  for (uint32_t i = 1;; i++) {
-    CpuRelax();
-    if (__atomic_load_n(addr, __ATOMIC_SEQ_CST) != expected) return true;
-    if ((i & 63) == 0) {
-      if (NowNs() >= deadline) return false;
+  for (uint32_t round = 1;; round++) {
+    for (int i = 0; i < kLoadsPerPause; i++) {
+      if (__atomic_load_n(addr, __ATOMIC_SEQ_CST) != expected) return true;
     }
+    CpuRelax();
+    if (round % kPausesPerClock == 0 && NowNs() >= deadline) return false;
   }
 }
 

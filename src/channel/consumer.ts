@@ -45,9 +45,16 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   readonly #owner: MessageOwner;
   /** Broadcast: the next position to read. */
   #cursor = 0;
-  /** Messages handed out and not yet released. */
-  readonly #held = new Map<number, ChannelMessage<B>>();
+  /** Messages handed out and not yet released, by slot. An array, not a Map: a Map that empties
+   * and fills again on every message reallocates its table each time, and once the table is old
+   * (it lived through a full GC) each of those lands in the old generation, which then fills with
+   * garbage and costs a mark-compact every few hundred thousand messages. */
+  readonly #held: Array<ChannelMessage<B> | undefined>;
   readonly #receivers: WaitQueue<ChannelMessage<B> | undefined>;
+  /** #canReceive, bound once (a wait passes it down; no closure per wait). */
+  readonly #canReceiveNow: () => boolean;
+  /** Set by #receiveNow: it returned null after a spin that ran out (the queue sleeps at once). */
+  #spunOut = false;
   #ended = false;
   #endError: IpcError | undefined;
 
@@ -65,18 +72,20 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     this.device = b.device;
     this.index = end.index;
     this.#fences = b.fences;
+    this.#held = new Array<ChannelMessage<B> | undefined>(b.slotCount).fill(undefined);
     this.#owner = {
       fences: b.fences,
       publishFence: (s) => publishFence(b.layout, s),
       release: (m, options) => this.#release(m, options),
     };
     if (b.layout.broadcast) this.#cursor = end.ring.w.load64(end.ring.partOff(end.index) + P.cursor);
+    this.#canReceiveNow = () => this.#canReceive();
     this.#receivers = new WaitQueue<ChannelMessage<B> | undefined>({
       isClosed: () => end.closed,
       closedOutcome: () => ({ value: undefined }),
       poll: () => this.#poll(),
       isFinal: (m) => m === undefined,
-      park: () => end.park(() => this.#canReceive()),
+      park: (spun) => end.park(this.#canReceiveNow, spun),
       // Woken for a message nobody here wants any more: pass the wake-up on.
       afterIdleWake: () => {
         if (!end.closed && this.#canReceive()) end.ring.signalData();
@@ -106,16 +115,13 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
    * when a producer died.
    */
   receive(options: ReceiveOptions = {}): Promise<ChannelMessage<B> | undefined> {
+    let m: ChannelMessage<B> | undefined | null;
     try {
-      this.#end.assertOpen('receive');
-      if (!this.#receivers.busy) {
-        const m = this.#poll();
-        if (m !== null) return Promise.resolve(m);
-      }
+      m = this.#receiveNow(options.signal);
     } catch (e) {
       return Promise.reject(e);
     }
-    return this.#receivers.enqueue(options.signal, 'receive');
+    return m !== null ? Promise.resolve(m) : this.#receivers.enqueue(options.signal, 'receive', this.#spunOut);
   }
 
   /** A message now; undefined when none is there (or the channel ended: see receive()). */
@@ -127,12 +133,39 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   [Symbol.asyncIterator](): AsyncIterator<ChannelMessage<B>> {
     this.#end.assertOpen('iterate');
     return {
-      next: async () => {
-        const m = await this.receive();
-        return m ? { value: m, done: false } : { value: undefined, done: true };
+      // Not an async function: a message that is there (or comes while spinning) is handed over
+      // in one settled promise, without the extra microtask turns of awaiting receive().
+      next: () => {
+        let m: ChannelMessage<B> | undefined | null;
+        try {
+          m = this.#receiveNow(undefined);
+        } catch (e) {
+          return Promise.reject(e);
+        }
+        if (m !== null) return Promise.resolve(iteratorResult(m));
+        return this.#receivers.enqueue(undefined, 'receive', this.#spunOut).then(iteratorResult);
       },
       return: async () => ({ value: undefined, done: true }),
     };
+  }
+
+  /**
+   * receive()'s synchronous part: a message, undefined at the end, or null when the caller must
+   * queue (then #spunOut says whether a spin ran out already). Throws what receive() rejects with.
+   */
+  #receiveNow(signal: AbortSignal | undefined): ChannelMessage<B> | undefined | null {
+    this.#spunOut = false;
+    const e = this.#end;
+    e.assertOpen('receive');
+    if (this.#receivers.busy) return null;
+    let m = this.#poll();
+    // Nothing yet: spin here (what the queue would do first anyway), so that a message that
+    // comes while spinning is handed out with no pending request, promise chain or microtask.
+    if (m === null && !signal?.aborted) {
+      if (e.spin(this.#canReceiveNow)) m = this.#poll();
+      else this.#spunOut = true;
+    }
+    return m;
   }
 
   #producersGone(): boolean {
@@ -177,7 +210,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
         }
         throw e.detachedError('receive');
       }
-      return this.#message(s);
+      return this.#message(s, ring.takenPosition);
     }
     for (;;) {
       const s = ring.peekAt(this.#cursor);
@@ -187,11 +220,12 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
       }
       this.#cursor++;
       if (s === -2) continue;  // not ours (published before we attached, or we were removed)
-      return this.#message(s);
+      return this.#message(s, this.#cursor - 1);
     }
   }
 
-  #message(s: number): ChannelMessage<B> {
+  /** The message in slot s, published at `position` (which take() or peekAt() checked). */
+  #message(s: number, position: number): ChannelMessage<B> {
     const ring = this.#end.ring;
     const view = ring.view;
     const so = ring.slotOff(s);
@@ -217,14 +251,14 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     }
     const word = this.topology === 'queue' ? ring.takenWords[s]! : 0;
     const m = new ChannelMessage<B>(this.#owner, s, this.#end.view(s) as B, {
-      position: ring.w.load64(so + S.position),
+      position,
       length,
       meta,
       producer: view.getUint32(so + S.publisher, true),
       redelivered: (word & FLAG_REDELIVERED) !== 0,
       ticket: view.getUint32(so + S.ticket, true),
     });
-    this.#held.set(s, m);
+    this.#held[s] = m;
     return m;
   }
 
@@ -235,8 +269,8 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   }
 
   #release(m: ChannelMessage<B>, options: ReleaseOptions): void {
-    if (this.#held.get(m.index) !== m) return;
-    this.#held.delete(m.index);
+    if (this.#held[m.index] !== m) return;
+    this.#held[m.index] = undefined;
     const e = this.#end;
     if (e.closed) return;
     const ring = e.ring;
@@ -269,9 +303,9 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     // Broadcast: the producer's next use of these slots waits for our release fences, and we
     // never released them (queue: they go to another consumer, which releases them).
     if (this.#fences && this.topology === 'broadcast') {
-      for (const m of this.#held.values()) this.#fences.raise(releaseFence(e.block.layout, m.index, this.index), m[kTicket]);
+      for (const m of this.#held) if (m) this.#fences.raise(releaseFence(e.block.layout, m.index, this.index), m[kTicket]);
     }
-    this.#held.clear();
+    this.#held.fill(undefined);
     e.close();
     void this.#receivers.pump();
   }
@@ -283,6 +317,10 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   async [Symbol.asyncDispose](): Promise<void> {
     this.close();
   }
+}
+
+function iteratorResult<B extends SlotBuffer>(m: ChannelMessage<B> | undefined): IteratorResult<ChannelMessage<B>, undefined> {
+  return m ? { value: m, done: false } : { value: undefined, done: true };
 }
 
 interface MessageInit {

@@ -98,9 +98,16 @@ export class Endpoint {
     return v;
   }
 
-  /** Returns once `ready()` may be true (spin, then sleep on the doorbell: waiter.ts). */
-  park(ready: () => boolean): Promise<void> {
-    return this.waiter.park(this.#seqOff, this.#sleepersOff, ready);
+  /** Returns once `ready()` may be true (spin, then sleep on the doorbell: waiter.ts); `spun`:
+   * the caller's spin() just ran out, so sleep at once. */
+  park(ready: () => boolean, spun = false): Promise<void> {
+    return this.waiter.park(this.#seqOff, this.#sleepersOff, ready, spun);
+  }
+
+  /** Spins per the wait policy, synchronously: true when `ready()` may be true now, false when
+   * the spin ran out (then park(ready, true)). */
+  spin(ready: () => boolean): boolean {
+    return this.waiter.spin(this.#seqOff, ready);
   }
 
   stats(): ChannelStats {

@@ -47,13 +47,15 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
   readonly #end: Endpoint;
   readonly #fences: Fences | undefined;
   readonly #owner: SlotOwner;
-  /** Slots acquired and not yet published. */
-  readonly #writing = new Map<number, ChannelSlot<B>>();
+  /** Slots acquired and not yet published, by slot (an array: see ChannelConsumer's #held). */
+  readonly #writing: Array<ChannelSlot<B> | undefined>;
   /** Publishes waiting for the publish lock, in order. */
   readonly #deferred: number[] = [];
   #deferTimer: NodeJS.Timeout | undefined;
   #deferWaiters: Array<() => void> = [];
   readonly #acquirers: WaitQueue<ChannelSlot<B>>;
+  /** #canAcquire, bound once (a wait passes it down; no closure per wait). */
+  readonly #canAcquireNow: () => boolean;
   #ending = false;
 
   /** @internal Use createChannel, acceptChannel or ChannelHub.producer(). */
@@ -70,13 +72,15 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
     this.device = b.device;
     this.index = end.index;
     this.#fences = b.fences;
+    this.#writing = new Array<ChannelSlot<B> | undefined>(b.slotCount).fill(undefined);
     this.#owner = { fences: b.fences, waitsFor: (s) => this.#slotWaits(s) };
+    this.#canAcquireNow = () => this.#canAcquire();
     this.#acquirers = new WaitQueue<ChannelSlot<B>>({
       isClosed: () => end.closed,
       closedOutcome: () => ({ error: closedError('acquire') }),
       poll: () => this.#tryAcquire() ?? null,
       isFinal: () => false,
-      park: () => end.park(() => this.#canAcquire()),
+      park: (spun) => end.park(this.#canAcquireNow, spun),
       cancel: () => end.waiter.cancel(),
     });
   }
@@ -101,16 +105,23 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
    * ERR_PEER_GONE once every consumer died (ERR_CHANNEL_CLOSED once they all left).
    */
   acquire(options: AcquireOptions = {}): Promise<ChannelSlot<B>> {
+    let spun = false;
     try {
-      this.#end.assertOpen('acquire');
+      const e = this.#end;
+      e.assertOpen('acquire');
       if (!this.#acquirers.busy) {
-        const slot = this.#tryAcquire();
+        let slot = this.#tryAcquire();
+        // Every slot in flight: spin here first (as ChannelConsumer.receive does).
+        if (!slot && !options.signal?.aborted) {
+          if (e.spin(this.#canAcquireNow)) slot = this.#tryAcquire();
+          else spun = true;
+        }
         if (slot) return this.memory === 'host' ? Promise.resolve(slot) : this.#afterAcquire(slot, options);
       }
     } catch (e) {
       return Promise.reject(e);
     }
-    const queued = this.#acquirers.enqueue(options.signal, 'acquire');
+    const queued = this.#acquirers.enqueue(options.signal, 'acquire', spun);
     return this.memory === 'host' ? queued : queued.then((slot) => this.#afterAcquire(slot, options));
   }
 
@@ -148,7 +159,7 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
     const s = e.ring.claimSlot();
     if (s < 0) return undefined;
     const slot = new ChannelSlot<B>(this.#owner, s, e.view(s) as B);
-    this.#writing.set(s, slot);
+    this.#writing[s] = slot;
     return slot;
   }
 
@@ -168,7 +179,7 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
     const e = this.#end;
     e.assertOpen('publish');
     const s = slot?.index;
-    if (!(slot instanceof ChannelSlot) || this.#writing.get(s) !== slot) {
+    if (!(slot instanceof ChannelSlot) || this.#writing[s] !== slot) {
       throw new IpcError('ERR_INVALID_ARG', 'publish: that slot is not one this producer acquired and has not yet published');
     }
     const ring = e.ring;
@@ -208,7 +219,7 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
       view.setUint32(so + S.ticket, ticket, true);
       this.#fences.signal(options.stream, publishFence(e.block.layout, s), ticket);
     }
-    this.#writing.delete(s);
+    this.#writing[s] = undefined;
     slot[kDone]();
     if (this.#deferred.length > 0) {
       this.#deferred.push(s);
@@ -253,8 +264,8 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
   /** Gives back a slot acquired and not published. */
   discard(slot: ChannelSlot<B>): void {
     this.#end.assertOpen('discard');
-    if (this.#writing.get(slot.index) !== slot) return;
-    this.#writing.delete(slot.index);
+    if (this.#writing[slot.index] !== slot) return;
+    this.#writing[slot.index] = undefined;
     slot[kDone]();
     this.#end.ring.discard(slot.index);
   }
@@ -270,7 +281,7 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
     this.#ending = true;
     try {
       if (this.#deferred.length > 0) await new Promise<void>((resolve) => this.#deferWaiters.push(resolve));
-      for (const slot of [...this.#writing.values()]) this.discard(slot);
+      for (const slot of this.#writing) if (slot) this.discard(slot);
       // Leave first, so that consumers see the end even while they hold our last messages. The
       // hub does not hand this entry to anyone else while this end is open, so counting "our"
       // messages by index stays right.
@@ -293,8 +304,8 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
   close(): void {
     const e = this.#end;
     if (e.closed) return;
-    for (const slot of this.#writing.values()) slot[kDone]();
-    this.#writing.clear();
+    for (const slot of this.#writing) slot?.[kDone]();
+    this.#writing.fill(undefined);
     clearTimeout(this.#deferTimer);
     for (const w of this.#deferWaiters.splice(0)) w();
     e.close();

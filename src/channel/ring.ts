@@ -54,9 +54,14 @@ export class Ring {
   #hint = 0;
   /** Work sharing: the state word this participant set on each slot it took (for its release). */
   readonly takenWords: Uint32Array;
+  /** Work sharing: the position of the message the last successful take() took. */
+  takenPosition = 0;
   readonly bells: Bells;
   /** Which sleeping consumer a wake-one starts looking at (so that wake-ups go round). */
   #rotor = 0;
+  /** Work sharing: the slot after the one this participant took last (where the next message
+   * most likely is). */
+  #nextTake = 0;
 
   constructor(words: NativeSharedWords, bytes: Uint8Array, layout: Layout, bells: Bells, me = 0) {
     this.w = words;
@@ -162,8 +167,17 @@ export class Ring {
 
   /** Claims a free slot for writing; -1 when every slot is in flight. */
   claimSlot(): number {
-    const s = this.w.claimFirst32(this.slotOff(0) + S.state, this.l.slotRecordBytes, this.n, this.#hint, 0xff, Kind.Free, slotWord(Kind.Writing, this.me));
-    if (s >= 0) this.#hint = s + 1 === this.n ? 0 : s + 1;
+    const mine = slotWord(Kind.Writing, this.me);
+    // The slot after the last one claimed is usually free (slots come back in the order they went
+    // out): one compare-and-swap claims it. A scan that loads each word first costs a second
+    // transfer of the slot's cache line from the consumer that freed it (load shared, then
+    // upgrade for the swap).
+    let s = this.#hint;
+    if (this.w.cas32(this.slotOff(s) + S.state, Kind.Free, mine) !== Kind.Free) {
+      s = this.w.claimFirst32(this.slotOff(0) + S.state, this.l.slotRecordBytes, this.n, s, 0xff, Kind.Free, mine);
+      if (s < 0) return -1;
+    }
+    this.#hint = s + 1 === this.n ? 0 : s + 1;
     return s;
   }
 
@@ -230,6 +244,11 @@ export class Ring {
   /** Work sharing: takes the oldest published message; -1 when there is none. */
   take(): number {
     const w = this.w;
+    // Read the state word of the slot that most likely holds the next message (producers claim
+    // slots in turn: the one after the last taken) before tail and the ring: its cache line then
+    // travels from the producer alongside theirs instead of after the ring entry names it. The
+    // value is not used (the word is read again below).
+    w.load32(this.slotOff(this.#nextTake) + S.state);
     // Bounded: each round either takes, or advances head past a taken position; a peer that
     // keeps rewinding head cannot hold us here.
     for (let round = 0; round < 4 * this.n + 64; round++) {
@@ -249,6 +268,8 @@ export class Ring {
         const taken = slotWord(Kind.Taken, this.me, flagsOf(word));
         if (w.cas32(so + S.state, word, taken) === word) {
           this.takenWords[s] = taken;
+          this.takenPosition = h;
+          this.#nextTake = s + 1 === this.n ? 0 : s + 1;
           w.cas64(H.head, h, h + 1);
           this.view.setUint32(so + S.deliveries, this.view.getUint32(so + S.deliveries, true) + 1, true);
           return s;

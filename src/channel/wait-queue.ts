@@ -17,8 +17,9 @@ export interface QueueHooks<T> {
   poll(): T | null;
   /** A value that also settles every later waiter (the end of a consumer's stream). */
   isFinal(value: T): boolean;
-  /** Returns once poll() may have something (or the end was closed); what it throws, every waiter gets. */
-  park(): Promise<void>;
+  /** Returns once poll() may have something (or the end was closed); what it throws, every
+   * waiter gets. `spun`: the caller spun already and it ran out (sleep at once). */
+  park(spun: boolean): Promise<void>;
   /** The pump parked, woke, and nobody waits any more (a consumer passes the wake-up on). */
   afterIdleWake?(): void;
   /** The last waiter gave up: stop sleeping. */
@@ -27,8 +28,14 @@ export interface QueueHooks<T> {
 
 export class WaitQueue<T> {
   readonly #hooks: QueueHooks<T>;
-  readonly #entries: Array<Waiting<T>> = [];
+  // The waiters in order: the first in a field of its own, the rest in an array. Nearly always
+  // there is one waiter at most, and then queueing and serving it touch no array (a shift() and
+  // push() per wait reallocate the array's store now and then).
+  #first: Waiting<T> | undefined;
+  readonly #rest: Array<Waiting<T>> = [];
   #pumping = false;
+  /** The next pump's first park follows a spin that ran out (enqueue(..., spun)). */
+  #spun = false;
 
   constructor(hooks: QueueHooks<T>) {
     this.#hooks = hooks;
@@ -36,37 +43,50 @@ export class WaitQueue<T> {
 
   /** True while someone waits: a new request must queue behind them (order). */
   get busy(): boolean {
-    return this.#entries.length > 0 || this.#pumping;
+    return this.#first !== undefined || this.#pumping;
   }
 
-  enqueue(signal: AbortSignal | undefined, what: string): Promise<T> {
+  /** Queues a request. `spun`: the caller has just spun for it in vain (the pump sleeps at once
+   * instead of spinning a second time). */
+  enqueue(signal: AbortSignal | undefined, what: string, spun = false): Promise<T> {
     if (signal?.aborted) return Promise.reject(abortError(signal, what));
     return new Promise<T>((resolve, reject) => {
       const entry: Waiting<T> = { resolve, reject, signal };
       if (signal) {
         entry.onAbort = () => {
-          const i = this.#entries.indexOf(entry);
-          if (i >= 0) this.#entries.splice(i, 1);
+          this.#remove(entry);
           reject(abortError(signal, what));
-          if (this.#entries.length === 0) this.#hooks.cancel();
+          if (this.#first === undefined) this.#hooks.cancel();
         };
         signal.addEventListener('abort', entry.onAbort, { once: true });
       }
-      this.#entries.push(entry);
+      if (this.#first === undefined) this.#first = entry;
+      else this.#rest.push(entry);
+      if (!this.#pumping) this.#spun = spun;
       void this.pump();
     });
   }
 
+  #remove(entry: Waiting<T>): void {
+    if (this.#first === entry) {
+      this.#first = this.#rest.shift();
+      return;
+    }
+    const i = this.#rest.indexOf(entry);
+    if (i >= 0) this.#rest.splice(i, 1);
+  }
+
   #settle(value: T | undefined, error?: unknown): void {
-    const e = this.#entries.shift();
+    const e = this.#first;
     if (!e) return;
+    this.#first = this.#rest.length > 0 ? this.#rest.shift() : undefined;
     if (e.onAbort) e.signal!.removeEventListener('abort', e.onAbort);
     if (error !== undefined) e.reject(error);
     else e.resolve(value as T);
   }
 
   #settleAll(value: T | undefined, error?: unknown): void {
-    while (this.#entries.length > 0) this.#settle(value, error);
+    while (this.#first !== undefined) this.#settle(value, error);
   }
 
   /** Serves the waiters in order, parking between attempts. Call again after close(). */
@@ -75,7 +95,7 @@ export class WaitQueue<T> {
     this.#pumping = true;
     const h = this.#hooks;
     try {
-      while (this.#entries.length > 0) {
+      while (this.#first !== undefined) {
         if (h.isClosed()) {
           const o = h.closedOutcome();
           if ('error' in o) this.#settleAll(undefined, o.error);
@@ -94,16 +114,19 @@ export class WaitQueue<T> {
           if (h.isFinal(got)) this.#settleAll(got);
           continue;
         }
+        const spun = this.#spun;
+        this.#spun = false;
         try {
-          await h.park();
+          await h.park(spun);
         } catch (e) {
           this.#settleAll(undefined, e);
           break;
         }
-        if (this.#entries.length === 0) h.afterIdleWake?.();
+        if (this.#first === undefined) h.afterIdleWake?.();
       }
     } finally {
       this.#pumping = false;
+      this.#spun = false;
     }
   }
 }

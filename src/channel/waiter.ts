@@ -12,7 +12,14 @@
 //    by a sixteenth of it while they are long.
 //  - 'sleep': never spin (the least CPU).
 //  - 'spin': always spin for `spinMicros` (default 50 us), then sleep.
-// Spinning blocks this thread's event loop for at most the bound.
+// Spinning blocks this thread's event loop for at most the bound. A wait is spin() (synchronous:
+// receive() and acquire() call it before they queue anything, so a wait that ends while spinning
+// costs no promise) and, if that runs out, sleep(); park() is both.
+//
+// What a spinning round trip costs is mostly cache lines, not code: each message moves about ten
+// lines between the two cores one after the other (the slot's state word, the producer and
+// consumer header lines, the ring entry, the data), so its time follows the machine's
+// core-to-core latency (the bench's spin floor measures it).
 //
 // Sleeping: set this end's bit in the sleepers word, re-check, then poll the doorbell; a waker
 // clears the bit and rings (ring.ts). A timer re-checks after WAIT_BACKSTOP_MS in any case, so
@@ -35,6 +42,8 @@ export const DEFAULT_ADAPTIVE_SPIN_MICROS = 10;
 export const DEFAULT_SPIN_MICROS = 50;
 export const MAX_SPIN_MICROS = 100_000;
 const WAIT_BACKSTOP_MS = 1000;
+/** #waitStart of a wait that spun its whole bound (so it did not end within it). */
+const OUTLASTED = -1;
 /** Adaptive: while not spinning, one wait in this many spins the whole bound (a probe). */
 const PROBE_EVERY = 16;
 /** Adaptive: it spins while at least this share of recent waits ended within the bound. */
@@ -46,6 +55,8 @@ const HIT_RATE_AFTER_HIT = 0.55;
 export interface WaitStats {
   /** Waits that ended while spinning. */
   spinHits: number;
+  /** Spins that ran out (a sleep followed). A wait spins once at most. */
+  spinMisses: number;
   /** Waits that went to sleep (bit set, doorbell polled). */
   sleeps: number;
   /** Sleeps ended by the doorbell. */
@@ -65,7 +76,10 @@ export class Waiter {
   /** Adaptive: the share of recent waits that ended within the spin bound (an exponential average). */
   #hits = 1;
   #waits = 0;
-  readonly stats: WaitStats = { spinHits: 0, sleeps: 0, rung: 0, rescued: 0 };
+  /** Adaptive: when the current wait began (performance.now()), for sleep()'s learning; 0 when
+   * not timed, OUTLASTED once it spun its bound in vain. */
+  #waitStart = 0;
+  readonly stats: WaitStats = { spinHits: 0, spinMisses: 0, sleeps: 0, rung: 0, rescued: 0 };
 
   /** Waits for participant `ring.me`, whose doorbell is `fd` (borrowed). */
   constructor(ring: Ring, fd: number, policy: WaitPolicy) {
@@ -82,22 +96,49 @@ export class Waiter {
   /**
    * Returns once `ready()` may have become true: the sequence word at `seqOff` changed, or this
    * end was woken (possibly spuriously: re-check), or cancel()/close() was called. Rejects only
-   * when polling the doorbell failed.
+   * when polling the doorbell failed. `spun`: the caller has just spun (spin() returned false),
+   * so this goes straight to sleep.
    */
-  async park(seqOff: number, sleepersOff: number, ready: () => boolean): Promise<void> {
-    if (this.#closed) return;
+  async park(seqOff: number, sleepersOff: number, ready: () => boolean, spun = false): Promise<void> {
+    if (spun ? ready() : this.spin(seqOff, ready)) return;
+    await this.sleep(sleepersOff, ready);
+  }
+
+  /**
+   * The first half of a wait, synchronous: true when `ready()` holds or the sequence word at
+   * `seqOff` changed while spinning (re-check), false when the spin budget ran out (or the policy
+   * does not spin now): then sleep(). The callers' fast paths spin here before they allocate a
+   * pending request, so that a wait that ends while spinning costs no promise and no microtask.
+   */
+  spin(seqOff: number, ready: () => boolean): boolean {
+    if (this.#closed) return true;
     const w = this.#words;
     // Read before ready(): a change after the check moves the word, which ends the spin at once.
     const seq = w.load32(seqOff);
-    if (ready()) return;
+    if (ready()) return true;
     const budget = this.#budget();
-    // Adaptive: how long the whole wait lasts, spin included, decides whether spinning would pay.
-    const t0 = this.#policy.mode === 'adaptive' ? performance.now() : 0;
-    if (budget > 0 && w.spinWait32(seqOff, seq, budget)) {
-      this.stats.spinHits++;
-      this.#learn(true);
-      return;
+    if (budget > 0) {
+      if (w.spinWait32(seqOff, seq, budget)) {
+        this.stats.spinHits++;
+        this.#learn(true);
+        return true;
+      }
+      this.stats.spinMisses++;
+      // The wait has outlasted the spin bound already: sleep() learns that without a clock read.
+      this.#waitStart = OUTLASTED;
+    } else {
+      // Adaptive, not spinning: whether the wait ends within the bound anyway (only the wake-up
+      // was slow) decides whether spinning would pay. Timed from here; a spin hit needs no clock.
+      this.#waitStart = this.#policy.mode === 'adaptive' ? performance.now() : 0;
     }
+    return false;
+  }
+
+  /** The second half of a wait (after spin() returned false): sleep on the doorbell. */
+  async sleep(sleepersOff: number, ready: () => boolean): Promise<void> {
+    if (this.#closed) return;
+    const t0 = this.#waitStart;
+    this.#waitStart = 0;
     this.#ring.enterSleep(sleepersOff);
     let status = 0;
     try {

@@ -45,6 +45,7 @@ test('1,000,000 messages one way: order kept, no loss, no duplicate, every check
   assert.equal(r.done.error, undefined);
   assert.equal(r.done.count, n);
   assert.equal(r.done.next['0'], n, 'the last message seen is the last one sent');
+  assert.equal(r.done.lastPosition, n - 1, 'one producer, one consumer: message i is at position i');
   assert.equal(r.done.metaSeen, n / 1000);
   assert.equal(r.done.redelivered, 0);
   await exited(c);
@@ -66,6 +67,66 @@ for (const wait of ['spin', 'sleep'] as const) {
     await exited(c);
   });
 }
+
+test('a wait spins once, then sleeps until the doorbell; a message or slot already there costs no wait', async () => {
+  using hub = ChannelHub.create({ slots: 1, slotBytes: 64 });
+  // Both ends in this process: nothing can arrive while one of them spins, so each wait runs its
+  // spin out and sleeps; the other end, run from a timer, wakes it. (A sleep may also end at once
+  // on a ring left from the ends' attach, which rings everyone: then the end spins and sleeps
+  // again. Either way every sleep follows exactly one spin that ran out.)
+  const producer = hub.producer({ wait: 'spin', spinMicros: 2000 });
+  const consumer = hub.consumer({ wait: 'spin', spinMicros: 2000 });
+  const received = consumer.receive();
+  assert.deepEqual(waitStatsOf(consumer), { spinHits: 0, spinMisses: 1, sleeps: 1, rung: 0, rescued: 0 }, 'spun once (not again in the queue), then slept');
+  setTimeout(() => {
+    void producer.acquire().then((slot) => producer.publish(slot, { length: writePayload(slot.bytes, 7, 0) }));
+  }, 10);
+  const m = (await received)!;
+  assert.equal(readPayload(m.bytes).seq, 7);
+  assert.equal(m.position, 0);
+  const c = waitStatsOf(consumer);
+  assert.ok(c.rung >= 1 && c.rung === c.sleeps && c.spinMisses === c.sleeps && c.spinHits === 0 && c.rescued === 0, JSON.stringify(c));
+
+  // The one slot is held: acquire spins once, sleeps, and the release wakes it.
+  const acquired = producer.acquire();
+  assert.deepEqual(waitStatsOf(producer), { spinHits: 0, spinMisses: 1, sleeps: 1, rung: 0, rescued: 0 });
+  setTimeout(() => m.release(), 10);
+  const slot = await acquired;
+  const p = waitStatsOf(producer);
+  assert.ok(p.rung >= 1 && p.rung === p.sleeps && p.spinMisses === p.sleeps && p.spinHits === 0 && p.rescued === 0, JSON.stringify(p));
+
+  // Ready at once: no wait at all.
+  producer.publish(slot, { length: writePayload(slot.bytes, 8, 0) });
+  const again = (await consumer.receive())!;
+  assert.equal(readPayload(again.bytes).seq, 8);
+  assert.equal(again.position, 1);
+  again.release();
+  assert.deepEqual(waitStatsOf(consumer), c, 'a message already published is taken without a wait');
+});
+
+test('adaptive waits stop spinning while the peer is slow (a probe now and then)', async (t) => {
+  using hub = ChannelHub.create({ slots: 1, slotBytes: 64 });
+  const producer = hub.producer();
+  const consumer = hub.consumer();
+  assert.deepEqual(consumer.waitPolicy, { mode: 'adaptive', spinMicros: 10 });
+  const n = 48;
+  for (let i = 0; i < n; i++) {
+    // Each message comes milliseconds after the receive began: far past the spin bound.
+    const received = consumer.receive();
+    setTimeout(() => {
+      void producer.acquire().then((slot) => producer.publish(slot, { length: writePayload(slot.bytes, i, 0) }));
+    }, 2);
+    const m = (await received)!;
+    assert.equal(readPayload(m.bytes).seq, i);
+    m.release();
+  }
+  const st = waitStatsOf(consumer);
+  assert.equal(st.spinHits, 0);
+  assert.ok(st.sleeps >= n && st.rescued === 0, JSON.stringify(st));
+  // It spins until most recent waits outlasted the bound (about ten), then only every 16th wait.
+  assert.ok(st.spinMisses >= 5 && st.spinMisses <= 20, `spun in ${st.spinMisses} of ${st.sleeps} waits`);
+  t.diagnostic(`adaptive: spun in ${st.spinMisses} of ${st.sleeps} waits`);
+});
 
 test('no lost wake-up: 1,000,000 messages with random pauses on both sides, every sleeper woken by its doorbell', async () => {
   const n = 1_000_000;
@@ -220,6 +281,7 @@ test('broadcast: every consumer gets every message; a slot is reused only after 
     assert.equal(r.done.error, undefined);
     assert.equal(r.done.count, total);
     assert.equal(r.done.next['0'], total);
+    assert.equal(r.done.lastPosition, total - 1, 'every consumer attached before the first publish: message i is at position i');
     await exited(k);
   }
 });
