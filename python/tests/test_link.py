@@ -36,6 +36,12 @@ def pair():
     return la, lb
 
 
+def deliver_releases(receiver, sender):
+    """The receiver's next link call sends its releases; the sender's reads them."""
+    receiver.poll()
+    sender.poll()
+
+
 def raw_pair():
     """A Link and the raw socket of its peer (which already said HELLO)."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -118,8 +124,7 @@ class LinkTests(unittest.TestCase):
         self.assertEqual(got.read(9, 3), b"\x03\x09\x08")
         got.close()
         self.assertEqual(lb.received_leases, 0)
-        lb.poll()  # the receiver's next link call sends its releases
-        la.poll()
+        deliver_releases(lb, la)
         self.assertEqual(tuple(la.leases), (0, 0))
         la.close()
         lb.close()
@@ -131,14 +136,12 @@ class LinkTests(unittest.TestCase):
         got = lb.receive(timeout=5)
         mv = got.memory
         got.close()
-        lb.poll()  # the receiver's next link call sends its releases
-        la.poll()
+        deliver_releases(lb, la)
         self.assertEqual(la.leases.count, 1, "a live memoryview keeps the memory mapped and leased")
         mv.release()
         del mv
         gc.collect()
-        lb.poll()  # the receiver's next link call sends its releases
-        la.poll()
+        deliver_releases(lb, la)
         self.assertEqual(la.leases.count, 0)
         hb.close()
         la.close()
@@ -152,14 +155,12 @@ class LinkTests(unittest.TestCase):
         mv = got.memory
         del got  # the HostBuffer object (and its mapping bookkeeping) can go; the view lives on
         gc.collect()
-        lb.poll()  # the receiver's next link call sends its releases
-        la.poll()
+        deliver_releases(lb, la)
         self.assertEqual(la.leases.count, 1)
         self.assertEqual(mv[0], 0)
         del mv
         gc.collect()
-        lb.poll()  # the receiver's next link call sends its releases
-        la.poll()
+        deliver_releases(lb, la)
         self.assertEqual(la.leases.count, 0)
         hb.close()
         la.close()
@@ -173,8 +174,7 @@ class LinkTests(unittest.TestCase):
         self.assertEqual(len(got[1]), 200)
         del got
         gc.collect()
-        lb.poll()  # the receiver's next link call sends its releases
-        la.poll()
+        deliver_releases(lb, la)
         self.assertEqual(la.leases.count, 0)
         hb.close()
         la.close()
@@ -255,8 +255,7 @@ class LinkTests(unittest.TestCase):
         self.assertEqual(lb.received_leases, 0)
         hb.close()
         self.assertFalse(hb._mapping.unmapped, "leased until the sender learns the link closed")
-        lb.poll()  # the receiver's next link call sends its releases
-        la.poll()
+        deliver_releases(lb, la)
         self.assertTrue(la.closed)
         self.assertTrue(hb._mapping.unmapped, "the goodbye ended every lease")
         la.close()
@@ -290,8 +289,7 @@ class LinkTests(unittest.TestCase):
             with self.assertRaises(IpcError) as cm:
                 lb.receive(timeout=5)
             self.assertEqual(cm.exception.code, "ERR_DESCRIPTOR_INVALID")
-            lb.poll()  # the receiver's next link call sends its releases
-            la.poll()
+            deliver_releases(lb, la)
             self.assertEqual(thing.released, 1, "the failed message's lease went back")
             self.assertEqual(la.leases.count, 0, "and so did the host buffer decoded before the failure")
             la.send("next")
