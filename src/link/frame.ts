@@ -11,8 +11,8 @@
 //   14     2     reserved, 0
 //
 // Payloads: HELLO 8 bytes (u32 features, u32 reserved = 0); GOODBYE empty; REFUSE u16 reason
-// then UTF-8 text; MESSAGE see codec.ts; RELEASE (the receiver of leased values is done with
-// them, lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids, each
+// then UTF-8 text; MESSAGE see message-format.ts; RELEASE (the receiver of leased values is done
+// with them, lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids, each
 // 1..2^53-1; exactly 8 + 8 * count bytes. Only MESSAGE frames carry fds.
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
@@ -39,7 +39,7 @@ export const enum Encoding {
   Json = 0,
   /** The payload is the message: a Uint8Array. */
   Raw = 1,
-  /** JSON followed by transfer records (codec.ts). */
+  /** JSON followed by transfer records (message-format.ts). */
   JsonWithRecords = 2,
 }
 
