@@ -121,18 +121,19 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
   return out;
 }
 
-/** A lease id read as u64 at `at`: 0 (no lease), 1..2^53-1, or -1 when too large for a number. */
-export function readLeaseId(view: DataView, at: number): number {
-  const low = view.getUint32(at, true);
+/**
+ * A u64 little-endian field read as a number (lease ids: 0 = no lease, else 1..2^53-1; the sizes
+ * and offsets transfer handlers send), or -1 when it is too large for a safe integer.
+ */
+export function readU64(view: DataView, at: number): number {
   const high = view.getUint32(at + 4, true);
-  if (high >= 0x20_0000) return -1;
-  return high * 0x1_0000_0000 + low;
+  return high >= 0x20_0000 ? -1 : high * 0x1_0000_0000 + view.getUint32(at, true);
 }
 
-/** Writes a lease id (0 = none, or 1..2^53-1) as u64 at `at`. */
-export function writeLeaseId(view: DataView, at: number, id: number): void {
-  view.setUint32(at, id % 0x1_0000_0000, true);
-  view.setUint32(at + 4, Math.floor(id / 0x1_0000_0000), true);
+/** Writes a safe non-negative integer as u64 little-endian at `at`. */
+export function writeU64(view: DataView, at: number, n: number): void {
+  view.setUint32(at, n % 0x1_0000_0000, true);
+  view.setUint32(at + 4, Math.floor(n / 0x1_0000_0000), true);
 }
 
 /**
@@ -146,7 +147,7 @@ export function encodeRelease(ids: readonly number[], scratch?: Uint8Array): Uin
   writeHeader(view, FrameType.Release, 0, length - HEADER_BYTES, 0);
   view.setUint32(HEADER_BYTES, ids.length, true);
   view.setUint32(HEADER_BYTES + 4, 0, true);
-  for (let i = 0; i < ids.length; i++) writeLeaseId(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i, ids[i]!);
+  for (let i = 0; i < ids.length; i++) writeU64(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i, ids[i]!);
   return frame;
 }
 
@@ -155,7 +156,7 @@ export function readReleaseIds(view: DataView, payloadLength: number): number[] 
   const count = (payloadLength - RELEASE_HEAD_BYTES) / 8;
   const ids = new Array<number>(count);
   for (let i = 0; i < count; i++) {
-    const id = readLeaseId(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i);
+    const id = readU64(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i);
     if (id <= 0) throw invalid('RELEASE of lease id 0 or of an id above 2^53');
     ids[i] = id;
   }

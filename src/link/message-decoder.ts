@@ -3,7 +3,7 @@
 // malformed payload never strands a decoded value, an fd or a lease; transfer handlers
 // (handlers.ts) rebuild the objects that own resources.
 import { IpcError } from '../errors.js';
-import { Encoding, readLeaseId } from './frame.js';
+import { Encoding, readU64 } from './frame.js';
 import type { IncomingLeases, ReceivedLease } from './lease.js';
 import { handlerForKind } from './handlers.js';
 import { DATA_VIEW_TAG, RECORD_TAIL_BYTES, TYPED_ARRAYS, type Segment } from './message-format.js';
@@ -158,7 +158,7 @@ function parseRecords(buf: Buffer, v: DataView, start: number, end: number, reco
     }
     if (!need(RECORD_TAIL_BYTES)) return malformed('truncated record data');
     const fdCount = v.getUint8(at);
-    const leaseId = readLeaseId(v, at + 1);
+    const leaseId = readU64(v, at + 1);
     if (leaseId < 0) return malformed('a lease id above 2^53');
     const dataLength = v.getUint32(at + 9, true);
     at += RECORD_TAIL_BYTES;

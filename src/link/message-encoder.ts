@@ -3,7 +3,7 @@
 // found by one walk and travel as records: bigints, typed arrays, and objects a transfer handler
 // sends (handlers.ts), whose fds and lease holds the result hands to the link.
 import { IpcError } from '../errors.js';
-import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, writeLeaseId } from './frame.js';
+import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, writeU64 } from './frame.js';
 import { nextLeaseId, releaseHold, type LeaseHold } from './lease.js';
 import { handlerForValue, type RegisteredHandler } from './handlers.js';
 import { RECORD_TAIL_BYTES, typedArrayTag, type Segment } from './message-format.js';
@@ -285,7 +285,7 @@ export class MessageEncoder {
     const dataLength = data.byteLength + (tag ? 1 : 0);
     this.#room(at, RECORD_TAIL_BYTES + dataLength);
     v.setUint8(at, nfds);
-    writeLeaseId(v, at + 1, leaseId);
+    writeU64(v, at + 1, leaseId);
     v.setUint32(at + 9, dataLength, true);
     at += RECORD_TAIL_BYTES;
     if (tag) v.setUint8(at++, tag);
