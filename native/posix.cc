@@ -6,6 +6,7 @@
 // handling: SharedMemory (a mapping that JS views point into), Socket and Acceptor (fds watched
 // by uv_poll that must be stopped before the fd is closed).
 #include "common.h"
+#include "polled.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -26,12 +27,6 @@ namespace {
 constexpr int kMaxFds = 64;
 // Messages drained per readiness callback before yielding back to the loop.
 constexpr int kDrainBudget = 64;
-
-int CheckFd(Napi::Env env, const Napi::CallbackInfo& info, size_t i) {
-  int fd = ArgI32(info, i, "fd");
-  if (fd < 0) ThrowType(env, "fd must be a non-negative integer");
-  return fd;
-}
 
 bool ArgBool(const Napi::CallbackInfo& info, size_t i, const char* what) {
   if (info.Length() <= i || !info[i].IsBoolean()) ThrowType(info.Env(), std::string(what) + " must be a boolean");
@@ -411,120 +406,6 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
   Region* region_ = nullptr;
   int fd_ = -1;
 };
-
-// ---------------------------------------------------------------------------------------------
-// Polled: the uv_poll part shared by Socket and Acceptor.
-//
-// The uv_poll_t lives in a separate box because it must outlive the JS object until libuv's
-// close callback. Explicit close removes the async cleanup hook; on environment teardown the hook
-// closes the handle and reports back once libuv is done with it.
-class Polled;
-struct PollBox {
-  uv_poll_t handle;
-  napi_async_cleanup_hook_handle hook = nullptr;
-  Polled* owner = nullptr;
-};
-
-class Polled {
- public:
-  virtual ~Polled() = default;
-
- protected:
-  void StartPolling(Napi::Env env, int fd) {
-    uv_loop_t* loop = nullptr;
-    if (napi_get_uv_event_loop(env, &loop) != napi_ok) throw Napi::Error::New(env, "napi_get_uv_event_loop failed");
-    auto* box = new PollBox;
-    int r = uv_poll_init(loop, &box->handle, fd);
-    if (r < 0) {
-      delete box;
-      ThrowErrno(env, "uv_poll_init", -r);
-    }
-    box->handle.data = box;
-    box->owner = this;
-    if (napi_add_async_cleanup_hook(env, OnEnvCleanup, box, &box->hook) != napi_ok) {
-      box->owner = nullptr;
-      uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
-      throw Napi::Error::New(env, "napi_add_async_cleanup_hook failed");
-    }
-    box_ = box;
-  }
-
-  // Sets the uv_poll interest; 0 stops polling.
-  void SetEvents(int events) {
-    if (!box_) return;
-    events_ = events;
-    if (events == 0) uv_poll_stop(&box_->handle);
-    else uv_poll_start(&box_->handle, events, OnPoll);
-  }
-
-  void SetRef(bool on) {
-    if (!box_) return;
-    if (on) uv_ref(reinterpret_cast<uv_handle_t*>(&box_->handle));
-    else uv_unref(reinterpret_cast<uv_handle_t*>(&box_->handle));
-  }
-
-  // Stops and closes the poll handle (before the fd is closed, so epoll never sees a reused fd).
-  void StopPolling() {
-    PollBox* box = box_;
-    if (!box) return;
-    box_ = nullptr;
-    box->owner = nullptr;
-    napi_remove_async_cleanup_hook(box->hook);
-    box->hook = nullptr;
-    uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
-  }
-
-  virtual void OnReady(int status, int events) = 0;
-  // Environment teardown: close resources without calling into JS.
-  virtual void OnTeardown() = 0;
-
-  PollBox* box_ = nullptr;
-  int events_ = 0;
-
- private:
-  static void FreeBox(uv_handle_t* h) { delete static_cast<PollBox*>(h->data); }
-
-  static void OnPoll(uv_poll_t* h, int status, int events) {
-    auto* box = static_cast<PollBox*>(h->data);
-    if (box->owner) box->owner->OnReady(status, events);
-  }
-
-  static void OnEnvCleanup(napi_async_cleanup_hook_handle hook, void* arg) {
-    auto* box = static_cast<PollBox*>(arg);
-    Polled* owner = box->owner;
-    box->owner = nullptr;
-    if (owner) {
-      owner->box_ = nullptr;
-      owner->OnTeardown();
-    }
-    uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), [](uv_handle_t* h) {
-      auto* b = static_cast<PollBox*>(h->data);
-      napi_remove_async_cleanup_hook(b->hook);
-      delete b;
-    });
-  }
-};
-
-// Calls a JS callback from a libuv callback: make_callback so that nextTicks and microtasks run
-// after it; a JS exception becomes an uncaught exception instead of being lost. Raw N-API calls:
-// in a worker being terminated every call may fail, and that must not turn into a C++ throw.
-enum class Called { kOk, kThrew, kCannotRun };
-Called CallBack(Napi::Env env, Napi::FunctionReference& fn, Napi::Object recv, Napi::AsyncContext& ctx,
-                const std::initializer_list<napi_value>& args) {
-  napi_value func = nullptr;
-  if (fn.IsEmpty() || napi_get_reference_value(env, fn, &func) != napi_ok || func == nullptr) return Called::kCannotRun;
-  napi_value result;
-  napi_status s = napi_make_callback(env, ctx, recv, func, args.size(), args.begin(), &result);
-  if (s == napi_ok) return Called::kOk;
-  bool pending = false;
-  if (napi_is_exception_pending(env, &pending) == napi_ok && pending) {
-    napi_value error;
-    if (napi_get_and_clear_last_exception(env, &error) == napi_ok) napi_fatal_exception(env, error);
-    return Called::kThrew;
-  }
-  // The environment is shutting down and runs no more JS.
-  return Called::kCannotRun;
-}
 
 // ---------------------------------------------------------------------------------------------
 // Socket: a connected SOCK_SEQPACKET socket. Owns its fd.
