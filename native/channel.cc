@@ -344,8 +344,8 @@ class Doorbell : public Napi::ObjectWrap<Doorbell>, public Polled {
  public:
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "Doorbell",
-                       {InstanceMethod<&Doorbell::Ref>("ref"),
-                        InstanceMethod<&Doorbell::Unref>("unref"),
+                       {InstanceMethod("ref", &Doorbell::RefLoop),
+                        InstanceMethod("unref", &Doorbell::UnrefLoop),
                         InstanceMethod<&Doorbell::Close>("close"),
                         InstanceAccessor<&Doorbell::Closed>("closed")});
   }
@@ -389,14 +389,6 @@ class Doorbell : public Napi::ObjectWrap<Doorbell>, public Polled {
     CallBack(env, callback_, Value(), *ctx_, {Napi::Number::New(env, status)});
   }
 
-  Napi::Value Ref(const Napi::CallbackInfo& info) {
-    SetRef(true);
-    return info.Env().Undefined();
-  }
-  Napi::Value Unref(const Napi::CallbackInfo& info) {
-    SetRef(false);
-    return info.Env().Undefined();
-  }
   Napi::Value Close(const Napi::CallbackInfo& info) {
     StopPolling();
     callback_.Reset();

@@ -58,6 +58,16 @@ class Polled {
     else uv_unref(reinterpret_cast<uv_handle_t*>(&box_->handle));
   }
 
+  // The JS methods ref() and unref(): whether the poll keeps the event loop alive.
+  Napi::Value RefLoop(const Napi::CallbackInfo& info) {
+    SetRef(true);
+    return info.Env().Undefined();
+  }
+  Napi::Value UnrefLoop(const Napi::CallbackInfo& info) {
+    SetRef(false);
+    return info.Env().Undefined();
+  }
+
   // Stops and closes the poll handle (before the fd is closed, so epoll never sees a reused fd).
   void StopPolling() {
     PollBox* box = box_;

@@ -423,8 +423,8 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
     return DefineClass(env, "Socket",
                        {InstanceMethod<&Socket::Send>("send"),
                         InstanceMethod<&Socket::SetInterest>("setInterest"),
-                        InstanceMethod<&Socket::Ref>("ref"),
-                        InstanceMethod<&Socket::Unref>("unref"),
+                        InstanceMethod("ref", &Socket::RefLoop),
+                        InstanceMethod("unref", &Socket::UnrefLoop),
                         InstanceMethod<&Socket::Close>("close"),
                         InstanceAccessor<&Socket::Fd>("fd"),
                         InstanceAccessor<&Socket::RecvBuffer>("recvBuffer")});
@@ -639,14 +639,6 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
     return info.Env().Undefined();
   }
 
-  Napi::Value Ref(const Napi::CallbackInfo& info) {
-    SetRef(true);
-    return info.Env().Undefined();
-  }
-  Napi::Value Unref(const Napi::CallbackInfo& info) {
-    SetRef(false);
-    return info.Env().Undefined();
-  }
 
   Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
   Napi::Value RecvBuffer(const Napi::CallbackInfo& info) { return recv_.Value(); }
@@ -670,8 +662,8 @@ class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
     return DefineClass(env, "Acceptor",
                        {InstanceMethod<&Acceptor::Close>("close"),
                         InstanceMethod<&Acceptor::SetInterest>("setInterest"),
-                        InstanceMethod<&Acceptor::Ref>("ref"),
-                        InstanceMethod<&Acceptor::Unref>("unref"),
+                        InstanceMethod("ref", &Acceptor::RefLoop),
+                        InstanceMethod("unref", &Acceptor::UnrefLoop),
                         InstanceAccessor<&Acceptor::Fd>("fd")});
   }
 
@@ -745,14 +737,6 @@ class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
   Napi::Value SetInterest(const Napi::CallbackInfo& info) {
     bool readable = ArgBool(info, 0, "readable");
     if (fd_ >= 0) SetEvents(readable ? UV_READABLE : 0);
-    return info.Env().Undefined();
-  }
-  Napi::Value Ref(const Napi::CallbackInfo& info) {
-    SetRef(true);
-    return info.Env().Undefined();
-  }
-  Napi::Value Unref(const Napi::CallbackInfo& info) {
-    SetRef(false);
     return info.Env().Undefined();
   }
   Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
