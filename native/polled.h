@@ -7,6 +7,7 @@
 #pragma once
 #include "common.h"
 
+#include <unistd.h>
 #include <uv.h>
 
 #include <initializer_list>
@@ -108,6 +109,31 @@ class Polled {
       delete b;
     });
   }
+};
+
+// A Polled that owns its fd (Socket, Acceptor): the fd is closed after the poll stops, so epoll
+// never watches a reused fd, by CloseFd() (close()), the destructor (GC backstop), or at
+// environment teardown.
+class PolledFd : public Polled {
+ public:
+  ~PolledFd() override { CloseFd(); }
+
+ protected:
+  // Stops polling and closes the fd; false when it was closed already.
+  bool CloseFd() {
+    if (fd_ < 0) return false;
+    StopPolling();
+    close(fd_);
+    fd_ = -1;
+    return true;
+  }
+
+  void OnTeardown() override {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+  int fd_ = -1;
 };
 
 // Calls a JS callback from a libuv callback: make_callback so that nextTicks and microtasks run

@@ -417,7 +417,7 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
 //     When status != 0 every fd that arrived has already been closed and fds is undefined.
 //     cred is [pid, uid, gid] when the kernel attached SCM_CREDENTIALS (see setPassCred).
 //   onState('writable' | 'eof' | 'error', errno?)
-class Socket : public Napi::ObjectWrap<Socket>, public Polled {
+class Socket : public Napi::ObjectWrap<Socket>, public PolledFd {
  public:
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "Socket",
@@ -449,25 +449,9 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
     SetEvents(UV_READABLE);
   }
 
-  ~Socket() override {
-    if (fd_ >= 0) {
-      StopPolling();
-      close(fd_);
-      fd_ = -1;
-    }
-  }
-
  private:
-  void OnTeardown() override {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
   void CloseNow() {
-    if (fd_ < 0) return;
-    StopPolling();
-    close(fd_);
-    fd_ = -1;
+    if (!CloseFd()) return;
     on_message_.Reset();
     on_state_.Reset();
     ctx_.reset();
@@ -643,7 +627,6 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
   Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
   Napi::Value RecvBuffer(const Napi::CallbackInfo& info) { return recv_.Value(); }
 
-  int fd_ = -1;
   Napi::Reference<Napi::ArrayBuffer> recv_;
   uint8_t* recv_data_ = nullptr;
   size_t recv_size_ = 0;
@@ -656,7 +639,7 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
 // Acceptor: a listening socket. Owns its fd. new Acceptor(fd, onAccept) where onAccept(fd) gets
 // each accepted connection (non-blocking, close-on-exec) and onAccept(-errno) reports an error
 // (polling pauses after an error; resume with setInterest(true)).
-class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
+class Acceptor : public Napi::ObjectWrap<Acceptor>, public PolledFd {
  public:
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "Acceptor",
@@ -679,25 +662,9 @@ class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
     SetEvents(UV_READABLE);
   }
 
-  ~Acceptor() override {
-    if (fd_ >= 0) {
-      StopPolling();
-      close(fd_);
-      fd_ = -1;
-    }
-  }
-
  private:
-  void OnTeardown() override {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
   Napi::Value Close(const Napi::CallbackInfo& info) {
-    if (fd_ >= 0) {
-      StopPolling();
-      close(fd_);
-      fd_ = -1;
+    if (CloseFd()) {
       on_accept_.Reset();
       ctx_.reset();
       Napi::ObjectWrap<Acceptor>::Unref();
@@ -741,7 +708,6 @@ class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
   }
   Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
 
-  int fd_ = -1;
   Napi::FunctionReference on_accept_;
   std::unique_ptr<Napi::AsyncContext> ctx_;
 };
