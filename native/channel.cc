@@ -184,6 +184,7 @@ class SharedWords : public Napi::ObjectWrap<SharedWords> {
     uint32_t* w = Word<uint32_t>(info, 0);
     return Napi::Number::New(info.Env(), __atomic_fetch_or(w, ArgU32(info, 1, "mask"), __ATOMIC_SEQ_CST));
   }
+  // The 64-bit twins: one binding per width, as JS numbers cross as u32 here and as u53 there.
   Napi::Value Load64(const Napi::CallbackInfo& info) {
     return U53(info.Env(), __atomic_load_n(Word<uint64_t>(info, 0), __ATOMIC_SEQ_CST));
   }
