@@ -14,6 +14,7 @@
 //
 // Per-object state only: no globals, no napi instance data, so worker threads each get their own.
 #include "common.h"
+#include "polled.h"
 
 #include <fcntl.h>
 #include <sys/eventfd.h>
@@ -124,8 +125,7 @@ class SharedWords : public Napi::ObjectWrap<SharedWords> {
 
   explicit SharedWords(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SharedWords>(info) {
     Napi::Env env = info.Env();
-    int fd = ArgI32(info, 0, "fd");
-    if (fd < 0) ThrowType(env, "fd must be a non-negative integer");
+    int fd = CheckFd(env, info, 0);
     size_t length = ArgSize(info, 1, "length");
     if (length < 8 || length > (size_t{1} << 40)) throw Napi::RangeError::New(env, "length out of range");
     struct stat st;
@@ -184,6 +184,7 @@ class SharedWords : public Napi::ObjectWrap<SharedWords> {
     uint32_t* w = Word<uint32_t>(info, 0);
     return Napi::Number::New(info.Env(), __atomic_fetch_or(w, ArgU32(info, 1, "mask"), __ATOMIC_SEQ_CST));
   }
+  // The 64-bit twins: one binding per width, as JS numbers cross as u32 here and as u53 there.
   Napi::Value Load64(const Napi::CallbackInfo& info) {
     return U53(info.Env(), __atomic_load_n(Word<uint64_t>(info, 0), __ATOMIC_SEQ_CST));
   }
@@ -286,12 +287,6 @@ class SharedWords : public Napi::ObjectWrap<SharedWords> {
 // sleep polls its own (Doorbell), and whoever changes what it waits for rings it (eventfdRing)
 // when the control block says it is asleep. The fds are the caller's: these functions borrow them.
 
-int ArgFd(const Napi::CallbackInfo& info, size_t i) {
-  int fd = ArgI32(info, i, "fd");
-  if (fd < 0) ThrowType(info.Env(), "fd must be a non-negative integer");
-  return fd;
-}
-
 // eventfdCreate() -> fd: count 0, non-blocking, close-on-exec.
 Napi::Value EventfdCreate(const Napi::CallbackInfo& info) {
   int fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -302,7 +297,7 @@ Napi::Value EventfdCreate(const Napi::CallbackInfo& info) {
 // eventfdRing(fd): adds 1 to the count, which makes the eventfd readable for its poller. A count
 // already at its maximum (EAGAIN) is readable already: nothing to do.
 Napi::Value EventfdRing(const Napi::CallbackInfo& info) {
-  int fd = ArgFd(info, 0);
+  int fd = CheckFd(info.Env(), info, 0);
   uint64_t one = 1;
   for (;;) {
     ssize_t n = write(fd, &one, sizeof one);
@@ -316,7 +311,7 @@ Napi::Value EventfdRing(const Napi::CallbackInfo& info) {
 
 // eventfdDrain(fd) -> the count it held (reset to 0); 0 when it was 0.
 Napi::Value EventfdDrain(const Napi::CallbackInfo& info) {
-  int fd = ArgFd(info, 0);
+  int fd = CheckFd(info.Env(), info, 0);
   uint64_t count = 0;
   for (;;) {
     ssize_t n = read(fd, &count, sizeof count);
@@ -331,7 +326,7 @@ Napi::Value EventfdDrain(const Napi::CallbackInfo& info) {
 // isEventfd(fd) -> whether fd is an eventfd (what /proc/self/fd says it is). Received fds are
 // checked with this before anything writes to or polls them.
 Napi::Value IsEventfd(const Napi::CallbackInfo& info) {
-  int fd = ArgFd(info, 0);
+  int fd = CheckFd(info.Env(), info, 0);
   char path[64];
   char target[64];
   snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
@@ -342,94 +337,44 @@ Napi::Value IsEventfd(const Napi::CallbackInfo& info) {
 }
 
 // Doorbell(fd, callback): polls fd (an eventfd, borrowed: close the Doorbell before the fd) for
-// readability on this thread's event loop. Each time it is rung, drains it and calls callback(0)
-// (callback(-errno) if polling failed; polling then stops). The poll is unref'd: it keeps the
-// loop alive only between ref() and unref() (while someone waits on it). close() stops it;
-// idempotent; also done by the finalizer and at environment teardown.
-//
-// The uv_poll_t lives in a box of its own: libuv owns it until its close callback, which may run
-// after the JS object is gone.
-class Doorbell;
-struct DoorbellBox {
-  uv_poll_t handle;
-  napi_async_cleanup_hook_handle hook = nullptr;
-  Doorbell* owner = nullptr;
-};
-
-class Doorbell : public Napi::ObjectWrap<Doorbell> {
+// readability on this thread's event loop (Polled, polled.h). Each time it is rung, drains it and
+// calls callback(0) (callback(-errno) if polling failed; polling then stops). The poll is unref'd:
+// it keeps the loop alive only between ref() and unref() (while someone waits on it). close()
+// stops it; idempotent; also done by the finalizer and at environment teardown.
+class Doorbell : public Napi::ObjectWrap<Doorbell>, public Polled {
  public:
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "Doorbell",
-                       {InstanceMethod<&Doorbell::Ref>("ref"),
-                        InstanceMethod<&Doorbell::Unref>("unref"),
+                       {InstanceMethod("ref", &Doorbell::RefLoop),
+                        InstanceMethod("unref", &Doorbell::UnrefLoop),
                         InstanceMethod<&Doorbell::Close>("close"),
                         InstanceAccessor<&Doorbell::Closed>("closed")});
   }
 
   explicit Doorbell(const Napi::CallbackInfo& info) : Napi::ObjectWrap<Doorbell>(info) {
     Napi::Env env = info.Env();
-    int fd = ArgFd(info, 0);
+    int fd = CheckFd(env, info, 0);
     if (info.Length() < 2 || !info[1].IsFunction()) ThrowType(env, "callback must be a function");
-    uv_loop_t* loop = nullptr;
-    if (napi_get_uv_event_loop(env, &loop) != napi_ok || loop == nullptr) throw Napi::Error::New(env, "napi_get_uv_event_loop failed");
-    auto* box = new DoorbellBox;
-    int r = uv_poll_init(loop, &box->handle, fd);
-    if (r < 0) {
-      delete box;
-      ThrowErrno(env, "uv_poll_init", -r);
-    }
-    box->handle.data = box;
-    if (napi_add_async_cleanup_hook(env, OnEnvCleanup, box, &box->hook) != napi_ok) {
-      uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
-      throw Napi::Error::New(env, "napi_add_async_cleanup_hook failed");
-    }
-    r = uv_poll_start(&box->handle, UV_READABLE, OnPoll);
-    if (r < 0) {
-      napi_remove_async_cleanup_hook(box->hook);
-      uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
-      ThrowErrno(env, "uv_poll_start", -r);
-    }
-    uv_unref(reinterpret_cast<uv_handle_t*>(&box->handle));
-    box->owner = this;
-    box_ = box;
-    fd_ = fd;
     callback_ = Napi::Persistent(info[1].As<Napi::Function>());
     ctx_ = std::make_unique<Napi::AsyncContext>(env, "cuda-ipc:channel-doorbell");
+    // Polling starts last: a constructor that throws after it would leave the poll running.
+    StartPolling(env, fd);
+    int r = SetEvents(UV_READABLE);
+    if (r < 0) {
+      StopPolling();
+      ThrowErrno(env, "uv_poll_start", -r);
+    }
+    SetRef(false);
+    fd_ = fd;
   }
 
-  ~Doorbell() override { Stop(); }
+  ~Doorbell() override { StopPolling(); }
 
  private:
-  static void FreeBox(uv_handle_t* h) { delete static_cast<DoorbellBox*>(h->data); }
+  // Environment teardown: the fd is the caller's, and there is nothing else to release.
+  void OnTeardown() override {}
 
-  // Stops polling (epoll forgets the fd before uv_close returns) and lets libuv free the box.
-  void Stop() {
-    DoorbellBox* box = box_;
-    if (!box) return;
-    box_ = nullptr;
-    box->owner = nullptr;
-    napi_remove_async_cleanup_hook(box->hook);
-    box->hook = nullptr;
-    uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
-  }
-
-  static void OnEnvCleanup(napi_async_cleanup_hook_handle hook, void* arg) {
-    auto* box = static_cast<DoorbellBox*>(arg);
-    if (box->owner) box->owner->box_ = nullptr;
-    box->owner = nullptr;
-    uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), [](uv_handle_t* h) {
-      auto* b = static_cast<DoorbellBox*>(h->data);
-      napi_remove_async_cleanup_hook(b->hook);
-      delete b;
-    });
-  }
-
-  static void OnPoll(uv_poll_t* h, int status, int events) {
-    auto* box = static_cast<DoorbellBox*>(h->data);
-    if (box->owner) box->owner->Rung(status);
-  }
-
-  void Rung(int status) {
+  void OnReady(int status, int events) override {
     if (status >= 0) {
       uint64_t count;
       ssize_t n;
@@ -438,40 +383,21 @@ class Doorbell : public Napi::ObjectWrap<Doorbell> {
       // EAGAIN: another reader drained it first (a spurious wake-up: the JS side re-checks).
       if (n < 0 && errno != EAGAIN) status = -errno;
     }
-    if (status < 0) uv_poll_stop(&box_->handle);  // level-triggered: do not spin on an error
+    if (status < 0) SetEvents(0);  // level-triggered: do not spin on an error
     Napi::Env env = Env();
     Napi::HandleScope scope(env);
-    napi_value fn = nullptr;
-    if (callback_.IsEmpty() || napi_get_reference_value(env, callback_, &fn) != napi_ok || fn == nullptr) return;
-    napi_value arg, result;
-    napi_create_int32(env, status, &arg);
     // make_callback: microtasks (the resolved wait's continuations) run right after.
-    if (napi_make_callback(env, *ctx_, Value(), fn, 1, &arg, &result) != napi_ok) {
-      bool pending = false;
-      if (napi_is_exception_pending(env, &pending) == napi_ok && pending) {
-        napi_value error;
-        if (napi_get_and_clear_last_exception(env, &error) == napi_ok) napi_fatal_exception(env, error);
-      }
-    }
+    CallBack(env, callback_, Value(), *ctx_, {Napi::Number::New(env, status)});
   }
 
-  Napi::Value Ref(const Napi::CallbackInfo& info) {
-    if (box_) uv_ref(reinterpret_cast<uv_handle_t*>(&box_->handle));
-    return info.Env().Undefined();
-  }
-  Napi::Value Unref(const Napi::CallbackInfo& info) {
-    if (box_) uv_unref(reinterpret_cast<uv_handle_t*>(&box_->handle));
-    return info.Env().Undefined();
-  }
   Napi::Value Close(const Napi::CallbackInfo& info) {
-    Stop();
+    StopPolling();
     callback_.Reset();
     ctx_.reset();
     return info.Env().Undefined();
   }
   Napi::Value Closed(const Napi::CallbackInfo& info) { return Napi::Boolean::New(info.Env(), box_ == nullptr); }
 
-  DoorbellBox* box_ = nullptr;
   int fd_ = -1;
   Napi::FunctionReference callback_;
   std::unique_ptr<Napi::AsyncContext> ctx_;

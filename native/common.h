@@ -56,6 +56,13 @@ inline uint32_t ArgU32(const Napi::CallbackInfo& info, size_t i, const char* wha
   return info[i].As<Napi::Number>().Uint32Value();
 }
 
+// A file descriptor: a non-negative integer.
+inline int CheckFd(Napi::Env env, const Napi::CallbackInfo& info, size_t i) {
+  int fd = ArgI32(info, i, "fd");
+  if (fd < 0) ThrowType(env, "fd must be a non-negative integer");
+  return fd;
+}
+
 // A non-negative integral size given as number or bigint.
 inline size_t ArgSize(const Napi::CallbackInfo& info, size_t i, const char* what) {
   if (info.Length() > i && info[i].IsBigInt()) return static_cast<size_t>(ArgU64(info, i, what));

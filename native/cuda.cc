@@ -116,19 +116,8 @@ void EnsureDriver(Napi::Env env) {
   g_ready.store(true, std::memory_order_release);
 }
 
-// Calls a driver entry point after making sure it exists; throws CudaError on failure.
-#define CU_CALL(env, name, ...)                                                                     \
-  do {                                                                                              \
-    EnsureDriver(env);                                                                              \
-    if (!g_driver.name)                                                                             \
-      throw Napi::Error(env, MakeCudaError(env, -2, "CUDA_SYMBOL_NOT_FOUND",                        \
-                                           "the installed driver does not provide " #name ": update the NVIDIA driver", \
-                                           "cuGetProcAddress(" #name ")"));                         \
-    CUresult r_ = g_driver.name(__VA_ARGS__);                                                       \
-    if (r_ != CUDA_SUCCESS) ThrowCuda(env, r_, #name);                                              \
-  } while (0)
-
-// Same, but returns the status for the caller to interpret (queries that answer NOT_READY).
+// Calls a driver entry point after making sure it exists and puts its status in `out`, for the
+// caller to interpret (queries that answer NOT_READY).
 #define CU_CALL_STATUS(env, out, name, ...)                                                         \
   do {                                                                                              \
     EnsureDriver(env);                                                                              \
@@ -137,6 +126,14 @@ void EnsureDriver(Napi::Env env) {
                                            "the installed driver does not provide " #name ": update the NVIDIA driver", \
                                            "cuGetProcAddress(" #name ")"));                         \
     out = g_driver.name(__VA_ARGS__);                                                               \
+  } while (0)
+
+// Same, throwing CudaError on failure.
+#define CU_CALL(env, name, ...)                                                                     \
+  do {                                                                                              \
+    CUresult r_;                                                                                    \
+    CU_CALL_STATUS(env, r_, name, __VA_ARGS__);                                                     \
+    if (r_ != CUDA_SUCCESS) ThrowCuda(env, r_, #name);                                              \
   } while (0)
 
 template <class T> T ArgHandle(const Napi::CallbackInfo& info, size_t i, const char* what) {
@@ -643,6 +640,13 @@ Napi::Value IpcOpenEventHandle(const Napi::CallbackInfo& info) {
 // ---------------------------------------------------------------------------------------------
 // Streams and events.
 
+// A query's answer: true when the work is done, false while some is pending (NOT_READY).
+Napi::Value DoneOrPending(Napi::Env env, CUresult r, const char* call) {
+  if (r == CUDA_ERROR_NOT_READY) return Napi::Boolean::New(env, false);
+  if (r != CUDA_SUCCESS) ThrowCuda(env, r, call);
+  return Napi::Boolean::New(env, true);
+}
+
 Napi::Value StreamCreate(const Napi::CallbackInfo& info) {
   CUstream s = nullptr;
   CU_CALL(info.Env(), cuStreamCreate, &s, ArgU32(info, 0, "flags"));
@@ -658,9 +662,7 @@ Napi::Value StreamDestroy(const Napi::CallbackInfo& info) {
 Napi::Value StreamQuery(const Napi::CallbackInfo& info) {
   CUresult r;
   CU_CALL_STATUS(info.Env(), r, cuStreamQuery, ArgHandle<CUstream>(info, 0, "stream"));
-  if (r == CUDA_ERROR_NOT_READY) return Napi::Boolean::New(info.Env(), false);
-  if (r != CUDA_SUCCESS) ThrowCuda(info.Env(), r, "cuStreamQuery");
-  return Napi::Boolean::New(info.Env(), true);
+  return DoneOrPending(info.Env(), r, "cuStreamQuery");
 }
 
 // Blocks the calling thread: for the CLI's synchronous paths only; libraries use onComplete.
@@ -674,29 +676,19 @@ Napi::Value StreamWaitEvent(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-Napi::Value StreamWaitValue32(const Napi::CallbackInfo& info) {
-  CU_CALL(info.Env(), cuStreamWaitValue32, ArgHandle<CUstream>(info, 0, "stream"), ArgU64(info, 1, "address"),
-          ArgU32(info, 2, "value"), ArgU32(info, 3, "flags"));
-  return info.Env().Undefined();
-}
-
-Napi::Value StreamWaitValue64(const Napi::CallbackInfo& info) {
-  CU_CALL(info.Env(), cuStreamWaitValue64, ArgHandle<CUstream>(info, 0, "stream"), ArgU64(info, 1, "address"),
-          ArgU64(info, 2, "value"), ArgU32(info, 3, "flags"));
-  return info.Env().Undefined();
-}
-
-Napi::Value StreamWriteValue32(const Napi::CallbackInfo& info) {
-  CU_CALL(info.Env(), cuStreamWriteValue32, ArgHandle<CUstream>(info, 0, "stream"), ArgU64(info, 1, "address"),
-          ArgU32(info, 2, "value"), ArgU32(info, 3, "flags"));
-  return info.Env().Undefined();
-}
-
-Napi::Value StreamWriteValue64(const Napi::CallbackInfo& info) {
-  CU_CALL(info.Env(), cuStreamWriteValue64, ArgHandle<CUstream>(info, 0, "stream"), ArgU64(info, 1, "address"),
-          ArgU64(info, 2, "value"), ArgU32(info, 3, "flags"));
-  return info.Env().Undefined();
-}
+// cuStream{Wait,Write}Value{32,64}(stream, address, value, flags): four bindings of one shape,
+// apart only in the entry point and the width of `value`.
+#define STREAM_MEM_OP(Binding, name, ArgValue)                                                      \
+  Napi::Value Binding(const Napi::CallbackInfo& info) {                                             \
+    CU_CALL(info.Env(), name, ArgHandle<CUstream>(info, 0, "stream"), ArgU64(info, 1, "address"),    \
+            ArgValue(info, 2, "value"), ArgU32(info, 3, "flags"));                                  \
+    return info.Env().Undefined();                                                                  \
+  }
+STREAM_MEM_OP(StreamWaitValue32, cuStreamWaitValue32, ArgU32)
+STREAM_MEM_OP(StreamWaitValue64, cuStreamWaitValue64, ArgU64)
+STREAM_MEM_OP(StreamWriteValue32, cuStreamWriteValue32, ArgU32)
+STREAM_MEM_OP(StreamWriteValue64, cuStreamWriteValue64, ArgU64)
+#undef STREAM_MEM_OP
 
 Napi::Value EventCreate(const Napi::CallbackInfo& info) {
   CUevent ev = nullptr;
@@ -717,9 +709,7 @@ Napi::Value EventRecord(const Napi::CallbackInfo& info) {
 Napi::Value EventQuery(const Napi::CallbackInfo& info) {
   CUresult r;
   CU_CALL_STATUS(info.Env(), r, cuEventQuery, ArgHandle<CUevent>(info, 0, "event"));
-  if (r == CUDA_ERROR_NOT_READY) return Napi::Boolean::New(info.Env(), false);
-  if (r != CUDA_SUCCESS) ThrowCuda(info.Env(), r, "cuEventQuery");
-  return Napi::Boolean::New(info.Env(), true);
+  return DoneOrPending(info.Env(), r, "cuEventQuery");
 }
 
 // Stream completions: cuLaunchHostFunc runs HostFn on a driver thread when the stream reaches

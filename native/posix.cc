@@ -6,6 +6,7 @@
 // handling: SharedMemory (a mapping that JS views point into), Socket and Acceptor (fds watched
 // by uv_poll that must be stopped before the fd is closed).
 #include "common.h"
+#include "polled.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -26,12 +27,6 @@ namespace {
 constexpr int kMaxFds = 64;
 // Messages drained per readiness callback before yielding back to the loop.
 constexpr int kDrainBudget = 64;
-
-int CheckFd(Napi::Env env, const Napi::CallbackInfo& info, size_t i) {
-  int fd = ArgI32(info, i, "fd");
-  if (fd < 0) ThrowType(env, "fd must be a non-negative integer");
-  return fd;
-}
 
 bool ArgBool(const Napi::CallbackInfo& info, size_t i, const char* what) {
   if (info.Length() <= i || !info[i].IsBoolean()) ThrowType(info.Env(), std::string(what) + " must be a boolean");
@@ -413,120 +408,6 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
 };
 
 // ---------------------------------------------------------------------------------------------
-// Polled: the uv_poll part shared by Socket and Acceptor.
-//
-// The uv_poll_t lives in a separate box because it must outlive the JS object until libuv's
-// close callback. Explicit close removes the async cleanup hook; on environment teardown the hook
-// closes the handle and reports back once libuv is done with it.
-class Polled;
-struct PollBox {
-  uv_poll_t handle;
-  napi_async_cleanup_hook_handle hook = nullptr;
-  Polled* owner = nullptr;
-};
-
-class Polled {
- public:
-  virtual ~Polled() = default;
-
- protected:
-  void StartPolling(Napi::Env env, int fd) {
-    uv_loop_t* loop = nullptr;
-    if (napi_get_uv_event_loop(env, &loop) != napi_ok) throw Napi::Error::New(env, "napi_get_uv_event_loop failed");
-    auto* box = new PollBox;
-    int r = uv_poll_init(loop, &box->handle, fd);
-    if (r < 0) {
-      delete box;
-      ThrowErrno(env, "uv_poll_init", -r);
-    }
-    box->handle.data = box;
-    box->owner = this;
-    if (napi_add_async_cleanup_hook(env, OnEnvCleanup, box, &box->hook) != napi_ok) {
-      box->owner = nullptr;
-      uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
-      throw Napi::Error::New(env, "napi_add_async_cleanup_hook failed");
-    }
-    box_ = box;
-  }
-
-  // Sets the uv_poll interest; 0 stops polling.
-  void SetEvents(int events) {
-    if (!box_) return;
-    events_ = events;
-    if (events == 0) uv_poll_stop(&box_->handle);
-    else uv_poll_start(&box_->handle, events, OnPoll);
-  }
-
-  void SetRef(bool on) {
-    if (!box_) return;
-    if (on) uv_ref(reinterpret_cast<uv_handle_t*>(&box_->handle));
-    else uv_unref(reinterpret_cast<uv_handle_t*>(&box_->handle));
-  }
-
-  // Stops and closes the poll handle (before the fd is closed, so epoll never sees a reused fd).
-  void StopPolling() {
-    PollBox* box = box_;
-    if (!box) return;
-    box_ = nullptr;
-    box->owner = nullptr;
-    napi_remove_async_cleanup_hook(box->hook);
-    box->hook = nullptr;
-    uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), FreeBox);
-  }
-
-  virtual void OnReady(int status, int events) = 0;
-  // Environment teardown: close resources without calling into JS.
-  virtual void OnTeardown() = 0;
-
-  PollBox* box_ = nullptr;
-  int events_ = 0;
-
- private:
-  static void FreeBox(uv_handle_t* h) { delete static_cast<PollBox*>(h->data); }
-
-  static void OnPoll(uv_poll_t* h, int status, int events) {
-    auto* box = static_cast<PollBox*>(h->data);
-    if (box->owner) box->owner->OnReady(status, events);
-  }
-
-  static void OnEnvCleanup(napi_async_cleanup_hook_handle hook, void* arg) {
-    auto* box = static_cast<PollBox*>(arg);
-    Polled* owner = box->owner;
-    box->owner = nullptr;
-    if (owner) {
-      owner->box_ = nullptr;
-      owner->OnTeardown();
-    }
-    uv_close(reinterpret_cast<uv_handle_t*>(&box->handle), [](uv_handle_t* h) {
-      auto* b = static_cast<PollBox*>(h->data);
-      napi_remove_async_cleanup_hook(b->hook);
-      delete b;
-    });
-  }
-};
-
-// Calls a JS callback from a libuv callback: make_callback so that nextTicks and microtasks run
-// after it; a JS exception becomes an uncaught exception instead of being lost. Raw N-API calls:
-// in a worker being terminated every call may fail, and that must not turn into a C++ throw.
-enum class Called { kOk, kThrew, kCannotRun };
-Called CallBack(Napi::Env env, Napi::FunctionReference& fn, Napi::Object recv, Napi::AsyncContext& ctx,
-                const std::initializer_list<napi_value>& args) {
-  napi_value func = nullptr;
-  if (fn.IsEmpty() || napi_get_reference_value(env, fn, &func) != napi_ok || func == nullptr) return Called::kCannotRun;
-  napi_value result;
-  napi_status s = napi_make_callback(env, ctx, recv, func, args.size(), args.begin(), &result);
-  if (s == napi_ok) return Called::kOk;
-  bool pending = false;
-  if (napi_is_exception_pending(env, &pending) == napi_ok && pending) {
-    napi_value error;
-    if (napi_get_and_clear_last_exception(env, &error) == napi_ok) napi_fatal_exception(env, error);
-    return Called::kThrew;
-  }
-  // The environment is shutting down and runs no more JS.
-  return Called::kCannotRun;
-}
-
-// ---------------------------------------------------------------------------------------------
 // Socket: a connected SOCK_SEQPACKET socket. Owns its fd.
 //
 // new Socket(fd, bufferSize, onMessage, onState)
@@ -536,14 +417,14 @@ Called CallBack(Napi::Env env, Napi::FunctionReference& fn, Napi::Object recv, N
 //     When status != 0 every fd that arrived has already been closed and fds is undefined.
 //     cred is [pid, uid, gid] when the kernel attached SCM_CREDENTIALS (see setPassCred).
 //   onState('writable' | 'eof' | 'error', errno?)
-class Socket : public Napi::ObjectWrap<Socket>, public Polled {
+class Socket : public Napi::ObjectWrap<Socket>, public PolledFd {
  public:
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "Socket",
                        {InstanceMethod<&Socket::Send>("send"),
                         InstanceMethod<&Socket::SetInterest>("setInterest"),
-                        InstanceMethod<&Socket::Ref>("ref"),
-                        InstanceMethod<&Socket::Unref>("unref"),
+                        InstanceMethod("ref", &Socket::RefLoop),
+                        InstanceMethod("unref", &Socket::UnrefLoop),
                         InstanceMethod<&Socket::Close>("close"),
                         InstanceAccessor<&Socket::Fd>("fd"),
                         InstanceAccessor<&Socket::RecvBuffer>("recvBuffer")});
@@ -568,25 +449,9 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
     SetEvents(UV_READABLE);
   }
 
-  ~Socket() override {
-    if (fd_ >= 0) {
-      StopPolling();
-      close(fd_);
-      fd_ = -1;
-    }
-  }
-
  private:
-  void OnTeardown() override {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
   void CloseNow() {
-    if (fd_ < 0) return;
-    StopPolling();
-    close(fd_);
-    fd_ = -1;
+    if (!CloseFd()) return;
     on_message_.Reset();
     on_state_.Reset();
     ctx_.reset();
@@ -758,19 +623,10 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
     return info.Env().Undefined();
   }
 
-  Napi::Value Ref(const Napi::CallbackInfo& info) {
-    SetRef(true);
-    return info.Env().Undefined();
-  }
-  Napi::Value Unref(const Napi::CallbackInfo& info) {
-    SetRef(false);
-    return info.Env().Undefined();
-  }
 
   Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
   Napi::Value RecvBuffer(const Napi::CallbackInfo& info) { return recv_.Value(); }
 
-  int fd_ = -1;
   Napi::Reference<Napi::ArrayBuffer> recv_;
   uint8_t* recv_data_ = nullptr;
   size_t recv_size_ = 0;
@@ -783,14 +639,14 @@ class Socket : public Napi::ObjectWrap<Socket>, public Polled {
 // Acceptor: a listening socket. Owns its fd. new Acceptor(fd, onAccept) where onAccept(fd) gets
 // each accepted connection (non-blocking, close-on-exec) and onAccept(-errno) reports an error
 // (polling pauses after an error; resume with setInterest(true)).
-class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
+class Acceptor : public Napi::ObjectWrap<Acceptor>, public PolledFd {
  public:
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "Acceptor",
                        {InstanceMethod<&Acceptor::Close>("close"),
                         InstanceMethod<&Acceptor::SetInterest>("setInterest"),
-                        InstanceMethod<&Acceptor::Ref>("ref"),
-                        InstanceMethod<&Acceptor::Unref>("unref"),
+                        InstanceMethod("ref", &Acceptor::RefLoop),
+                        InstanceMethod("unref", &Acceptor::UnrefLoop),
                         InstanceAccessor<&Acceptor::Fd>("fd")});
   }
 
@@ -806,25 +662,9 @@ class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
     SetEvents(UV_READABLE);
   }
 
-  ~Acceptor() override {
-    if (fd_ >= 0) {
-      StopPolling();
-      close(fd_);
-      fd_ = -1;
-    }
-  }
-
  private:
-  void OnTeardown() override {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
   Napi::Value Close(const Napi::CallbackInfo& info) {
-    if (fd_ >= 0) {
-      StopPolling();
-      close(fd_);
-      fd_ = -1;
+    if (CloseFd()) {
       on_accept_.Reset();
       ctx_.reset();
       Napi::ObjectWrap<Acceptor>::Unref();
@@ -866,17 +706,8 @@ class Acceptor : public Napi::ObjectWrap<Acceptor>, public Polled {
     if (fd_ >= 0) SetEvents(readable ? UV_READABLE : 0);
     return info.Env().Undefined();
   }
-  Napi::Value Ref(const Napi::CallbackInfo& info) {
-    SetRef(true);
-    return info.Env().Undefined();
-  }
-  Napi::Value Unref(const Napi::CallbackInfo& info) {
-    SetRef(false);
-    return info.Env().Undefined();
-  }
   Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
 
-  int fd_ = -1;
   Napi::FunctionReference on_accept_;
   std::unique_ptr<Napi::AsyncContext> ctx_;
 };

@@ -4,23 +4,10 @@
 // dist/src/ipc/descriptor.js (build first: npx tsc -p .), prints counts, and exits 1 on any
 // exception other than an IpcError with a descriptor code, or on an accepted input that does not
 // round-trip. Each case has its own PRNG stream, so `--first I --cases 1` replays case I alone.
-import { randomInt } from 'node:crypto';
+import { fuzzRange } from './fuzz-options.mjs';
 import { FuzzFailure, runDescriptorFuzz } from '../dist/test/cpu/descriptor-fuzzer.js';
 
-function option(name, fallback) {
-  const i = process.argv.indexOf(`--${name}`);
-  if (i < 0) return fallback;
-  const value = Number(process.argv[i + 1]);
-  if (!Number.isSafeInteger(value) || value < 0) {
-    console.error(`--${name} needs a non-negative integer, got ${process.argv[i + 1]}`);
-    process.exit(2);
-  }
-  return value;
-}
-
-const cases = option('cases', 1_000_000);
-const seed = option('seed', randomInt(2 ** 32)) >>> 0;
-const first = option('first', 0);
+const { cases, seed, first } = fuzzRange();
 console.log(`fuzz-descriptors: seed ${seed}, cases ${first}..${first + cases - 1}`);
 
 const started = performance.now();

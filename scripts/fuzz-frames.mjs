@@ -6,23 +6,10 @@
 // exits 1 if any case threw something other than an IpcError, leaked an fd, or left a received
 // lease open. --device-kinds also starts from records of the device kinds (pool buffers, pools,
 // legacy buffers, events). Each case has its own PRNG stream: `--first I --cases 1` replays case I.
-import { randomInt } from 'node:crypto';
+import { fuzzRange } from './fuzz-options.mjs';
 import { runFrameFuzz } from '../dist/test/fixtures/link-fuzzer.js';
 
-function option(name, fallback) {
-  const i = process.argv.indexOf(`--${name}`);
-  if (i < 0) return fallback;
-  const value = Number(process.argv[i + 1]);
-  if (!Number.isSafeInteger(value) || value < 0) {
-    console.error(`--${name} needs a non-negative integer, got ${process.argv[i + 1]}`);
-    process.exit(2);
-  }
-  return value;
-}
-
-const cases = option('cases', 1_000_000);
-const seed = option('seed', randomInt(2 ** 32)) >>> 0;
-const first = option('first', 0);
+const { cases, seed, first } = fuzzRange();
 const deviceKinds = process.argv.includes('--device-kinds');
 console.log(`fuzz-frames: seed ${seed}, cases ${first}..${first + cases - 1}${deviceKinds ? ', device kinds included' : ''}`);
 

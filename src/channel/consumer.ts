@@ -1,16 +1,15 @@
 // A consumer's end of a channel: receive messages (or iterate), release each once done with it.
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/index.js';
-import type { Device } from '../cuda/device.js';
 import type { Stream } from '../cuda/stream.js';
 import { H, P, S, MetaKind, FLAG_REDELIVERED, publishFence, releaseFence } from './layout.js';
 import { corrupt } from './ring.js';
 import type { Fences } from './fences.js';
 import { Endpoint, type EndInit } from './endpoint.js';
 import { WaitQueue } from './wait-queue.js';
-import { endpointOf } from './internal.js';
+import { ChannelEnd } from './part.js';
 import type {
-  ChannelShape, ChannelStats, ChannelTopology, ReceiveOptions, ReleaseOptions, SlotBuffer, WaitPolicy,
+  ChannelShape, ReceiveOptions, ReleaseOptions, SlotBuffer,
 } from './options.js';
 
 const decoder = new TextDecoder();
@@ -30,16 +29,8 @@ interface MessageOwner {
  * ChannelHub.consumer()). `for await (const msg of consumer)` with `msg.buffer`, `msg.meta`, and
  * `msg.release()` once done with the slot.
  */
-export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements ChannelShape, Disposable, AsyncDisposable, AsyncIterable<ChannelMessage<B>> {
+export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelEnd implements ChannelShape, Disposable, AsyncDisposable, AsyncIterable<ChannelMessage<B>> {
   readonly role = 'consumer' as const;
-  readonly topology: ChannelTopology;
-  readonly memory: 'host' | 'device';
-  readonly slotCount: number;
-  readonly slotBytes: number;
-  readonly metaBytes: number;
-  readonly device: Device | undefined;
-  /** This end's participant index in the control block (the hub is 0). */
-  readonly index: number;
   readonly #end: Endpoint;
   readonly #fences: Fences | undefined;
   readonly #owner: MessageOwner;
@@ -61,16 +52,9 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   /** @internal Use createChannel, acceptChannel or ChannelHub.consumer(). */
   constructor(init: EndInit) {
     const end = new Endpoint(init);
+    super(end);
     const b = end.block;
-    this.#end = end;
-    endpointOf.set(this, end);
-    this.topology = b.topology;
-    this.memory = b.memory;
-    this.slotCount = b.slotCount;
-    this.slotBytes = b.slotBytes;
-    this.metaBytes = b.metaBytes;
-    this.device = b.device;
-    this.index = end.index;
+    this.#end = end; // its own reference for the paths below: ChannelEnd's is private to it
     this.#fences = b.fences;
     this.#held = new Array<ChannelMessage<B> | undefined>(b.slotCount).fill(undefined);
     this.#owner = {
@@ -92,21 +76,6 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
       },
       cancel: () => end.waiter.cancel(),
     });
-  }
-
-  get closed(): boolean {
-    return this.#end.closed;
-  }
-
-  /** How this end waits (options.wait, spinMicros). */
-  get waitPolicy(): WaitPolicy {
-    return this.#end.waiter.policy;
-  }
-
-  /** Slot states and membership, read from the control block now. */
-  stats(): ChannelStats {
-    this.#end.assertOpen('stats');
-    return this.#end.stats();
   }
 
   /**

@@ -19,9 +19,10 @@ import { offer, roleNumber } from './attach.js';
 import { ChannelProducer } from './producer.js';
 import { ChannelConsumer } from './consumer.js';
 import { blockOf } from './internal.js';
+import { ChannelPart } from './part.js';
 import {
   checkRole, checkWait, closedError, type ChannelMemory, type ChannelOptions, type ChannelRole, type ChannelShape, type ChannelStats,
-  type ChannelTopology, type ChannelWaitOptions, type SlotBuffer, type SlotBufferFor,
+  type ChannelWaitOptions, type SlotBuffer, type SlotBufferFor,
 } from './options.js';
 
 const DEFAULT_META_BYTES = 256;
@@ -45,13 +46,7 @@ export interface AttachOptions {
  * acceptChannel(link)). Closing the hub closes the ends it opened and stops watching its peers;
  * peers keep working on the memory they mapped. createChannel() does all of it for one to one.
  */
-export class ChannelHub<B extends SlotBuffer = SlotBuffer> implements ChannelShape, Disposable {
-  readonly topology: ChannelTopology;
-  readonly memory: 'host' | 'device';
-  readonly slotCount: number;
-  readonly slotBytes: number;
-  readonly metaBytes: number;
-  readonly device: Device | undefined;
+export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart implements ChannelShape, Disposable {
   readonly #block: Block;
   readonly #ring: Ring;
   readonly #recoveries: Recoveries;
@@ -61,16 +56,11 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> implements ChannelSha
   #released = false;
 
   private constructor(block: Block) {
+    super(block);
     this.#block = block;
     blockOf.set(this, block);
     this.#ring = block.ring(0);
     this.#recoveries = new Recoveries(this.#ring);
-    this.topology = block.topology;
-    this.memory = block.memory;
-    this.slotCount = block.slotCount;
-    this.slotBytes = block.slotBytes;
-    this.metaBytes = block.metaBytes;
-    this.device = block.device;
   }
 
   /** Creates a channel: allocates its slots, control block and doorbells in this process. */

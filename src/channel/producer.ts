@@ -1,18 +1,16 @@
 // A producer's end of a channel: acquire a free slot, write it, publish it; end() when done.
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/index.js';
-import type { Device } from '../cuda/device.js';
 import type { Stream } from '../cuda/stream.js';
 import { H, S, MetaKind, publishFence, releaseFence } from './layout.js';
 import { corrupt } from './ring.js';
 import type { Fences, FenceWait } from './fences.js';
 import { Endpoint, type EndInit } from './endpoint.js';
 import { WaitQueue } from './wait-queue.js';
-import { endpointOf } from './internal.js';
+import { ChannelEnd } from './part.js';
 import { lockStuckError, RECOVERY_GIVE_UP_MS } from './recovery.js';
 import {
-  closedError, delay, type AcquireOptions, type ChannelShape, type ChannelStats, type ChannelTopology, type PublishOptions,
-  type SlotBuffer, type WaitPolicy,
+  closedError, delay, type AcquireOptions, type ChannelShape, type PublishOptions, type SlotBuffer,
 } from './options.js';
 
 const RETRY_MS = 2;
@@ -34,16 +32,8 @@ interface SlotOwner {
  * ChannelHub.producer()). `const slot = await producer.acquire()`, write into `slot.buffer` (or
  * `slot.bytes`), then `producer.publish(slot, { meta })`; `await producer.end()` when done.
  */
-export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements ChannelShape, Disposable, AsyncDisposable {
+export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelEnd implements ChannelShape, Disposable, AsyncDisposable {
   readonly role = 'producer' as const;
-  readonly topology: ChannelTopology;
-  readonly memory: 'host' | 'device';
-  readonly slotCount: number;
-  readonly slotBytes: number;
-  readonly metaBytes: number;
-  readonly device: Device | undefined;
-  /** This end's participant index in the control block (the hub is 0). */
-  readonly index: number;
   readonly #end: Endpoint;
   readonly #fences: Fences | undefined;
   readonly #owner: SlotOwner;
@@ -61,16 +51,9 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
   /** @internal Use createChannel, acceptChannel or ChannelHub.producer(). */
   constructor(init: EndInit) {
     const end = new Endpoint(init);
+    super(end);
     const b = end.block;
-    this.#end = end;
-    endpointOf.set(this, end);
-    this.topology = b.topology;
-    this.memory = b.memory;
-    this.slotCount = b.slotCount;
-    this.slotBytes = b.slotBytes;
-    this.metaBytes = b.metaBytes;
-    this.device = b.device;
-    this.index = end.index;
+    this.#end = end; // its own reference for the paths below: ChannelEnd's is private to it
     this.#fences = b.fences;
     this.#writing = new Array<ChannelSlot<B> | undefined>(b.slotCount).fill(undefined);
     this.#owner = { fences: b.fences, waitsFor: (s) => this.#slotWaits(s) };
@@ -83,21 +66,6 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
       park: (spun) => end.park(this.#canAcquireNow, spun),
       cancel: () => end.waiter.cancel(),
     });
-  }
-
-  get closed(): boolean {
-    return this.#end.closed;
-  }
-
-  /** How this end waits (options.wait, spinMicros). */
-  get waitPolicy(): WaitPolicy {
-    return this.#end.waiter.policy;
-  }
-
-  /** Slot states and membership, read from the control block now. */
-  stats(): ChannelStats {
-    this.#end.assertOpen('stats');
-    return this.#end.stats();
   }
 
   /**

@@ -2,14 +2,25 @@
 // block when the status publisher samples it (a few times a second at most), never per message.
 import { registerChannel, type ChannelPeerStatus, type ChannelRegistration } from '../observe/hooks.js';
 import { P, PState, PRole } from './layout.js';
-import type { Endpoint } from './endpoint.js';
+import type { Ring } from './ring.js';
+import type { Block } from './block.js';
+import type { ChannelRole } from './options.js';
+
+/** What a snapshot reads of a channel end (endpoint.ts's Endpoint, which registers itself). */
+export interface ObservedEnd {
+  readonly ring: Ring;
+  readonly block: Block;
+  readonly role: ChannelRole;
+  /** The memory was released: nothing may touch it any more. */
+  readonly released: boolean;
+}
 
 const STATE_NAMES: Record<number, string> = {
   [PState.Alive]: 'live', [PState.Ended]: 'ended', [PState.Dead]: 'died', [PState.Recovering]: 'recovering',
 };
 
 /** Lists `end` in this process's status record until the returned registration is unregistered. */
-export function observeChannelEnd(end: Endpoint): ChannelRegistration {
+export function observeChannelEnd(end: ObservedEnd): ChannelRegistration {
   return registerChannel({
     snapshot() {
       const ring = end.ring;

@@ -6,7 +6,9 @@ import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
-import { noteChange } from '../observe/hooks.js';
+import { noteChange, reportDeviceMemory, type DeviceMemoryStats } from '../observe/hooks.js';
+
+export type { DeviceMemoryStats };
 
 export type MemoryKind = 'device' | 'legacy-import' | 'pool' | 'pool-import';
 
@@ -25,20 +27,6 @@ export interface MemoryOwner {
 
 /** Every SharedMemory not yet released in this thread, for stats(). */
 const liveMemory = new Set<SharedMemory>();
-
-export interface DeviceMemoryStats {
-  /** Allocations of this process (plain or pool) that are alive. */
-  allocations: number;
-  allocatedBytes: number;
-  /** Of those, how many peers hold through leases, and the bytes they keep alive. */
-  leased: number;
-  leasedBytes: number;
-  /** Bytes every buffer of which this process closed, kept only for peers' leases. */
-  heldBytes: number;
-  /** Memory mapped from other processes and still open here. */
-  imports: number;
-  importedBytes: number;
-}
 
 export function deviceMemoryStats(): DeviceMemoryStats {
   const s: DeviceMemoryStats = { allocations: 0, allocatedBytes: 0, leased: 0, leasedBytes: 0, heldBytes: 0, imports: 0, importedBytes: 0 };
@@ -59,6 +47,7 @@ export function deviceMemoryStats(): DeviceMemoryStats {
   }
   return s;
 }
+reportDeviceMemory(deviceMemoryStats); // the status record's device figures
 
 /**
  * Reference count over a MemoryOwner. Open DeviceBuffers (a buffer and its views) and leases (a

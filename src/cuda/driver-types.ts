@@ -60,7 +60,7 @@ export interface CudaAddon {
   /** Maps the handle's allocation in `context` (which must be current), once per process and context. */
   legacyImportAcquire(handle: Uint8Array, context: bigint): [base: bigint, local: boolean, size: number];
   legacyImportRelease(handle: Uint8Array, context: bigint): boolean;
-  legacyCacheStats(): { mappings: number; idle: number; idleLimit: number; references: number; exports: number };
+  legacyCacheStats(): ImportCacheStats;
   legacyCacheConfigure(idleLimit: number): void;
   ipcGetEventHandle(event: bigint): Uint8Array;
   ipcOpenEventHandle(handle: Uint8Array): bigint;
@@ -102,4 +102,17 @@ export interface CudaAddon {
 
   launchKernel(fn: bigint, gx: number, gy: number, gz: number, bx: number, by: number, bz: number,
     sharedMemBytes: number, stream: bigint, packedArgs: Bytes, offsets: Uint32Array): void;
+}
+
+/** The process's legacy import cache (native/cuda.cc), shared by all its threads. */
+export interface ImportCacheStats {
+  /** Allocations mapped from other processes through legacy handles. */
+  mappings: number;
+  /** Of those, mappings no buffer uses, kept so that reopening costs nothing. */
+  idle: number;
+  idleLimit: number;
+  /** Open buffers over the mappings. */
+  references: number;
+  /** Allocations this process exported. */
+  exports: number;
 }

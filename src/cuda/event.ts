@@ -7,6 +7,24 @@ import { IpcError } from '../errors.js';
 import { DriverObject } from './driver-object.js';
 import { takeWaiterStream, returnWaiterStream } from './waiter-streams.js';
 
+declare module './stream.js' {
+  interface Stream {
+    /** Work queued on this stream after this call waits for `event` (on the GPU, not the CPU). */
+    waitEvent(event: Event): void;
+  }
+}
+
+// stream.waitEvent(event), beside Event (stream.ts names no Event: see its class comment); not
+// enumerable, like the class's own methods.
+Object.defineProperty(Stream.prototype, 'waitEvent', {
+  configurable: true,
+  writable: true,
+  value: function waitEvent(this: Stream, event: Event): void {
+    this.device.activate();
+    driver.streamWaitEvent(this.handle, event.handle);
+  },
+});
+
 export interface EventOptions {
   /** Shareable with other processes. Implies no timing (the driver refuses both at once). */
   interprocess?: boolean;

@@ -4,8 +4,11 @@ import { driver, Flags, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { IpcError } from '../errors.js';
 import { DriverObject } from './driver-object.js';
-import type { Event } from './event.js';
 
+/**
+ * A stream of one device. `stream.waitEvent(event)` is declared and defined in event.ts, beside
+ * Event: an event is a point in a stream's work, so event.ts builds on this file, never the reverse.
+ */
 export class Stream extends DriverObject {
   private constructor(device: Device, handle: bigint) {
     super(device, handle, 'Stream', (h) => driver.streamDestroy(h));
@@ -20,12 +23,6 @@ export class Stream extends DriverObject {
   /** Resolves when all work queued so far has finished. */
   synchronize(): Promise<void> {
     return whenStreamDone(this.handle);
-  }
-
-  /** Work queued on this stream after this call waits for `event` (on the GPU, not the CPU). */
-  waitEvent(event: Event): void {
-    this.device.activate();
-    driver.streamWaitEvent(this.handle, event.handle);
   }
 
   /** GPU-side signal: when the stream reaches this point, it writes `value` at `offset` of `target`. */

@@ -5,6 +5,7 @@
 import { driver, PointerAttr, MemoryType } from '../cuda/driver.js';
 import { Device, defaultDevice, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
+import type { ImportCacheStats } from '../cuda/driver-types.js';
 import { CudaError, IpcError } from '../errors.js';
 import {
   legacyHandleDescriptor, validateDescriptor, parseDescriptorJson, decodeDescriptor, encodeCheckedDescriptor,
@@ -228,17 +229,7 @@ function rangeIn(desc: LegacyHandleDescriptor, allocationSize: number): number {
   return desc.offset;
 }
 
-export interface ImportCacheStats {
-  /** Allocations mapped from other processes through legacy handles. */
-  mappings: number;
-  /** Of those, mappings no buffer uses, kept so that reopening costs nothing. */
-  idle: number;
-  idleLimit: number;
-  /** Open buffers over the mappings. */
-  references: number;
-  /** Allocations this process exported. */
-  exports: number;
-}
+export type { ImportCacheStats };
 
 /** This process's legacy import cache (shared by all its threads). */
 export function legacyCacheStats(): ImportCacheStats {

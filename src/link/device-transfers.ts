@@ -18,6 +18,7 @@ import { legacyTransferBytes, openLegacyDescriptor } from '../ipc/legacy.js';
 import { encodeDescriptor, decodeDescriptor } from '../ipc/descriptor.js';
 import { deviceUuidFromBytes } from '../ipc/device-uuid.js';
 import { IpcError } from '../errors.js';
+import { readU64, writeU64 } from './frame.js';
 import { registerTransferHandler, type TransferEncoding } from './transfer.js';
 import { linkWorkingDevice } from './working-device.js';
 import type { Link } from './link.js';
@@ -43,16 +44,6 @@ const poolBufferScratch = new Uint8Array(POOL_BUFFER_BYTES);
 const poolBufferView = new DataView(poolBufferScratch.buffer);
 const poolRefScratch = new Uint8Array(POOL_REF_BYTES);
 const poolRefView = new DataView(poolRefScratch.buffer);
-
-/** u64 little-endian as a number, or -1 when it is not a safe integer. */
-function readU64(v: DataView, at: number): number {
-  const high = v.getUint32(at + 4, true);
-  return high >= 0x20_0000 ? -1 : high * 0x1_0000_0000 + v.getUint32(at, true);
-}
-function writeU64(v: DataView, at: number, n: number): void {
-  v.setUint32(at, n % 0x1_0000_0000, true);
-  v.setUint32(at + 4, Math.floor(n / 0x1_0000_0000), true);
-}
 
 const poolsSent = new WeakMap<Link, Set<string>>();
 const poolsReceived = new WeakMap<Link, Map<string, IpcPool>>();

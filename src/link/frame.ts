@@ -11,8 +11,8 @@
 //   14     2     reserved, 0
 //
 // Payloads: HELLO 8 bytes (u32 features, u32 reserved = 0); GOODBYE empty; REFUSE u16 reason
-// then UTF-8 text; MESSAGE see codec.ts; RELEASE (the receiver of leased values is done with
-// them, lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids, each
+// then UTF-8 text; MESSAGE see message-format.ts; RELEASE (the receiver of leased values is done
+// with them, lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids, each
 // 1..2^53-1; exactly 8 + 8 * count bytes. Only MESSAGE frames carry fds.
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
@@ -39,7 +39,7 @@ export const enum Encoding {
   Json = 0,
   /** The payload is the message: a Uint8Array. */
   Raw = 1,
-  /** JSON followed by transfer records (codec.ts). */
+  /** JSON followed by transfer records (message-format.ts). */
   JsonWithRecords = 2,
 }
 
@@ -121,18 +121,19 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
   return out;
 }
 
-/** A lease id read as u64 at `at`: 0 (no lease), 1..2^53-1, or -1 when too large for a number. */
-export function readLeaseId(view: DataView, at: number): number {
-  const low = view.getUint32(at, true);
+/**
+ * A u64 little-endian field read as a number (lease ids: 0 = no lease, else 1..2^53-1; the sizes
+ * and offsets transfer handlers send), or -1 when it is too large for a safe integer.
+ */
+export function readU64(view: DataView, at: number): number {
   const high = view.getUint32(at + 4, true);
-  if (high >= 0x20_0000) return -1;
-  return high * 0x1_0000_0000 + low;
+  return high >= 0x20_0000 ? -1 : high * 0x1_0000_0000 + view.getUint32(at, true);
 }
 
-/** Writes a lease id (0 = none, or 1..2^53-1) as u64 at `at`. */
-export function writeLeaseId(view: DataView, at: number, id: number): void {
-  view.setUint32(at, id % 0x1_0000_0000, true);
-  view.setUint32(at + 4, Math.floor(id / 0x1_0000_0000), true);
+/** Writes a safe non-negative integer as u64 little-endian at `at`. */
+export function writeU64(view: DataView, at: number, n: number): void {
+  view.setUint32(at, n % 0x1_0000_0000, true);
+  view.setUint32(at + 4, Math.floor(n / 0x1_0000_0000), true);
 }
 
 /**
@@ -146,7 +147,7 @@ export function encodeRelease(ids: readonly number[], scratch?: Uint8Array): Uin
   writeHeader(view, FrameType.Release, 0, length - HEADER_BYTES, 0);
   view.setUint32(HEADER_BYTES, ids.length, true);
   view.setUint32(HEADER_BYTES + 4, 0, true);
-  for (let i = 0; i < ids.length; i++) writeLeaseId(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i, ids[i]!);
+  for (let i = 0; i < ids.length; i++) writeU64(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i, ids[i]!);
   return frame;
 }
 
@@ -155,7 +156,7 @@ export function readReleaseIds(view: DataView, payloadLength: number): number[] 
   const count = (payloadLength - RELEASE_HEAD_BYTES) / 8;
   const ids = new Array<number>(count);
   for (let i = 0; i < count; i++) {
-    const id = readLeaseId(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i);
+    const id = readU64(view, HEADER_BYTES + RELEASE_HEAD_BYTES + 8 * i);
     if (id <= 0) throw invalid('RELEASE of lease id 0 or of an id above 2^53');
     ids[i] = id;
   }

@@ -3,6 +3,7 @@
 // The send leases the sender's mapping to the peer: it stays mapped until the receiver's last
 // view of what it got is closed (the lease ends), or the link closes.
 import { IpcError } from '../errors.js';
+import { readU64, writeU64 } from './frame.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 import { HostBuffer, describeHostBuffer, leaseHostBuffer, whenHostBufferReleased } from '../host/host-buffer.js';
 
@@ -10,16 +11,6 @@ const DATA_BYTES = 24;
 // encode()'s data is copied into the frame before the next encode, so one scratch serves all.
 const scratch = new Uint8Array(DATA_BYTES);
 const scratchView = new DataView(scratch.buffer);
-
-/** u64 little-endian as a number, or -1 when it is not a safe integer. */
-function readU64(v: DataView, at: number): number {
-  const high = v.getUint32(at + 4, true);
-  return high >= 0x20_0000 ? -1 : high * 0x1_0000_0000 + v.getUint32(at, true);
-}
-function writeU64(v: DataView, at: number, n: number): void {
-  v.setUint32(at, n % 0x1_0000_0000, true);
-  v.setUint32(at + 4, Math.floor(n / 0x1_0000_0000), true);
-}
 
 export const hostBufferTransfer: TransferHandler<HostBuffer> = {
   kind: 'host-buffer',

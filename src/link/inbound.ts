@@ -2,12 +2,11 @@
 // every record through here, and so does the frame fuzzer (test/fixtures/link-fuzzer.ts) with
 // hostile bytes. Contract: return a frame, or throw an IpcError (the link must then close); in
 // both cases every fd that came with the record is either inside a returned value or closed.
-import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
-import { decodeMessage } from './codec.js';
+import type { IpcError } from '../errors.js';
+import { decodeMessage } from './message-decoder.js';
 import { FrameType, HEADER_BYTES, parseHeader, readReleaseIds, type FrameHeader } from './frame.js';
 import type { IncomingLeases } from './lease.js';
-import type { Link } from './link.js';
+import { closeFds } from './fds.js';
 
 /** A received message: its value (and the decoded objects it owns), or why only it failed. */
 export type ReceivedMessage = { ok: true; value: unknown; owned: object[] | undefined } | { ok: false; error: IpcError };
@@ -21,26 +20,14 @@ export type InboundFrame =
 
 /** What decoding needs from the link the record arrived on. */
 export interface InboundContext {
-  /** Given to transfer handlers. */
-  readonly link: Link;
+  /** The link the record arrived on, given to transfer handlers. */
+  readonly link: object;
   /** Leases received from the peer; RELEASE frames for them go back through it. */
   readonly leases: IncomingLeases;
 }
 
 /** Longest REFUSE text kept (the rest is dropped). */
 const REFUSE_TEXT_MAX = 1024;
-
-export function closeFds(fds: readonly number[] | null | undefined): void {
-  if (!fds) return;
-  for (const fd of fds) {
-    if (fd < 0) continue;
-    try {
-      addon.close(fd);
-    } catch {
-      // Already gone; nothing to release.
-    }
-  }
-}
 
 /**
  * Reads the payload of a record whose header parseHeader() accepted: buf[0, length) is the whole

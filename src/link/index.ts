@@ -4,7 +4,8 @@ export { spawn, parentLink, type SpawnOptions, type SpawnedChild } from './spawn
 export { setLinkWorkingDevice, linkWorkingDevice } from './working-device.js';
 export { spawnPython, pythonPackageDirectory, type SpawnPythonOptions } from './spawn-python.js';
 export { listen, connect, Listener, type ListenOptions, type ConnectOptions } from './listener.js';
-export { socketPath, defaultSocketDirectory } from './socket-path.js';
+export { socketPath } from './socket-path.js';
+export { defaultSocketDirectory } from '../runtime-directory.js';
 export {
   registerTransferHandler,
   unregisterTransferHandler,

@@ -5,12 +5,11 @@
 // Sending side (OutgoingLeases, one per link): a transfer handler's encode() may return a `hold`;
 // once the message is committed the link records it under a fresh lease id, and runs
 // hold.release() when the peer releases that id or the link closes. The id travels in the
-// value's transfer record (codec.ts).
+// value's transfer record (message-format.ts).
 // Receiving side (IncomingLeases, one per link): each record with a lease id gives its handler a
 // ReceivedLease; the decoded value calls end() once it is finally released, and the ids ended
 // in one tick go back to the sender batched in RELEASE frames.
 import { MAX_RELEASE_IDS } from './frame.js';
-import type { Link } from './link.js';
 import { noteChange } from '../observe/hooks.js';
 
 /** The sender-side resource a lease keeps alive (TransferEncoding.hold). */
@@ -73,13 +72,20 @@ export function releaseHold(hold: LeaseHold): void {
 /** The tables that hold at least one lease, for leaseStats(). */
 const withLeases = new Set<OutgoingLeases>();
 
+/** The link a table of leases belongs to, as leaseStats() names it (link.ts's Link). */
+export interface LeasingLink {
+  readonly id: number;
+  /** Throws while the peer is not known yet. */
+  readonly peer: { readonly pid: number };
+}
+
 /** Leases this process granted to the peer of one link. */
 export class OutgoingLeases {
   readonly #holds = new Map<number, LeaseHold>();
   #bytes = 0;
   #closed = false;
 
-  constructor(readonly link: Link) {}
+  constructor(readonly link: LeasingLink) {}
 
   get count(): number {
     return this.#holds.size;

@@ -1,24 +1,31 @@
 // Link: one connection between two processes over a Unix SOCK_SEQPACKET socket, carrying
 // structured messages with file descriptors. Made by spawn()/parentLink(), listen()/connect().
+// The link holds the state and runs the handshake and the close; its parts do one job each:
+// sending (outbox.ts), handing messages to consumers (inbox.ts), encoding and decoding messages
+// (message-encoder.ts, inbound.ts and message-decoder.ts), leases (lease.ts).
 import { EventEmitter } from 'node:events';
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeSocket } from '../posix-types.js';
-import { acquireEncoder, disposeValues } from './codec.js';
+import { acquireEncoder } from './message-encoder.js';
 import {
   FrameType,
   HEADER_BYTES,
   HELLO_PAYLOAD_BYTES,
   MAX_FRAME_BYTES,
-  RefuseReason,
   encodeRelease,
   parseHeader,
   writeHeader,
   type FrameHeader,
 } from './frame.js';
-import { closeFds, readPayload, type InboundContext, type InboundFrame, type ReceivedMessage } from './inbound.js';
+import { readPayload, type InboundContext, type InboundFrame } from './inbound.js';
 import { IncomingLeases, OutgoingLeases, releaseHold, type LeaseCounts } from './lease.js';
-import { Queue } from './queue.js';
+import { closeFds } from './fds.js';
+import { SocketInterest } from './socket-interest.js';
+import { Outbox } from './outbox.js';
+import { Inbox } from './inbox.js';
+import { uidAllowed, uidRefusal } from './handshake.js';
+import type { Waiter } from './queue.js';
 import { observeLink } from '../observe/hooks.js';
 import { probe, Probe } from './probe.js';
 
@@ -61,28 +68,9 @@ export const kCreate: unique symbol = Symbol('cuda-ipc.link.create');
 /** @internal Resolves when the handshake completed, rejects with the reason if it failed. */
 export const kOpened: unique symbol = Symbol('cuda-ipc.link.opened');
 
-interface Outgoing {
-  frame: Uint8Array;
-  body: Uint8Array | null;
-  /** Owned by the link: closed once sent or dropped. */
-  fds: number[] | null;
-}
-type InboxEntry = ReceivedMessage;
-interface Waiter {
-  resolve(value: unknown): void;
-  reject(error: unknown): void;
-}
-
-// Sent frames are copied by the kernel, or by #sendFrame when they must wait: one scratch serves.
+// Sent frames are copied by the kernel, or by the outbox when they must wait: one scratch serves.
 const releaseScratch = new Uint8Array(HEADER_BYTES + 8 + 8 * 64);
-const INBOX_PAUSE = 1024;
-const INBOX_RESUME = 256;
-const myUid = process.getuid?.() ?? -1;
 let nextLinkId = 1;
-
-function errnoCode(e: unknown): string | undefined {
-  return (e as { code?: unknown })?.code as string | undefined;
-}
 
 export interface Link {
   on(event: 'message', listener: (value: unknown) => void): this;
@@ -132,12 +120,9 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   #closedBy: 'local' | 'peer' | undefined;
   #helloSent = false;
   #goodbyeSent = false;
-  #readingPaused = false;
-  #wantWritable = false;
-  readonly #outbox = new Queue<Outgoing>();
-  readonly #inbox = new Queue<InboxEntry>();
-  #waiters: Waiter[] = [];
-  #flushWaiters: Waiter[] = [];
+  readonly #interest: SocketInterest;
+  readonly #outbox: Outbox;
+  readonly #inbox: Inbox;
   #openWaiters: Waiter[] = [];
   readonly #closeHooks = new Set<(link: Link, reason: IpcError | undefined) => void>();
   #handshakeTimer: NodeJS.Timeout | undefined;
@@ -162,6 +147,9 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     }
     this.#recvBuf = Buffer.from(this.#sock.recvBuffer);
     this.#recvView = new DataView(this.#sock.recvBuffer);
+    this.#interest = new SocketInterest(this.#sock);
+    this.#outbox = new Outbox(this.#sock, this.#interest, setup.peerName);
+    this.#inbox = new Inbox(this, this.#interest);
     try {
       if (setup.peerFrom === 'hello') addon.setPassCred(setup.fd, true);
       else this.#peer = addon.peerCred(setup.fd);
@@ -179,9 +167,9 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       }, setup.handshakeTimeoutMs).unref();
     }
     this.on('newListener', (event: string | symbol) => {
-      if (event === 'message' && this.#inbox.length > 0) process.nextTick(() => this.#drainInboxToListeners());
+      if (event === 'message' && this.#inbox.length > 0) process.nextTick(() => this.#inbox.drainToListeners());
     });
-    if (this.#peer && setup.verifyPeer && !this.#allowed(this.#peer.uid)) {
+    if (this.#peer && setup.verifyPeer && !uidAllowed(this.#peer.uid, setup.allowUids)) {
       this.#refuse();
       return;
     }
@@ -233,7 +221,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       const m = enc.encode(value, this);
       writeHeader(enc.view, FrameType.Message, m.encoding, m.headLength - HEADER_BYTES + (m.body?.byteLength ?? 0), m.fds.length);
       try {
-        this.#sendFrame(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
+        this.#outbox.send(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
       } catch (e) {
         // Nothing was leased: the peer will never see these ids.
         for (const { hold } of m.holds) releaseHold(hold);
@@ -257,97 +245,14 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   flush(): Promise<void> {
     if (this.#outbox.length === 0) return Promise.resolve();
     if (this.#state === 'closed') return Promise.reject(this.#closedError('flush'));
-    return new Promise<void>((resolve, reject) => this.#flushWaiters.push({ resolve: () => resolve(), reject }));
-  }
-
-  #sendFrame(head: Uint8Array, headLength: number, body: Uint8Array | null, fds: readonly number[], ownedFds: readonly number[]): void {
-    if (this.#outbox.length === 0) {
-      let sent: boolean;
-      probe?.(Probe.SocketSend);
-      try {
-        sent = this.#sock.send(head, headLength, body, fds.length ? fds : null);
-      } catch (e) {
-        closeFds(ownedFds);
-        throw this.#sendFailed(e);
-      }
-      probe?.(Probe.SocketSent);
-      if (sent) {
-        if (ownedFds.length) closeFds(ownedFds);
-        return;
-      }
-    }
-    // The socket is full: keep a copy, and our own dup of every borrowed fd, until it drains.
-    const queued: number[] = [];
-    try {
-      for (const fd of fds) queued.push(ownedFds.includes(fd) ? fd : addon.dup(fd));
-    } catch (e) {
-      closeFds(queued.filter((fd) => !ownedFds.includes(fd)));
-      closeFds(ownedFds);
-      throw e;
-    }
-    this.#outbox.push({
-      frame: Uint8Array.prototype.slice.call(head, 0, headLength),
-      body: body ? body.slice() : null,
-      fds: queued.length ? queued : null,
-    });
-    this.#setWritableInterest(true);
-  }
-
-  #flushOutbox(): void {
-    while (this.#outbox.length > 0 && this.#state !== 'closed') {
-      const o = this.#outbox.peek()!;
-      let sent: boolean;
-      try {
-        sent = this.#sock.send(o.frame, o.frame.byteLength, o.body, o.fds);
-      } catch (e) {
-        this.#dropOutbox(this.#sendFailed(e));
-        return;
-      }
-      if (!sent) {
-        this.#setWritableInterest(true);
-        return;
-      }
-      this.#outbox.shift();
-      closeFds(o.fds);
-    }
-    const waiters = this.#flushWaiters;
-    this.#flushWaiters = [];
-    for (const w of waiters) w.resolve(undefined);
-  }
-
-  #dropOutbox(error: IpcError): void {
-    for (const o of this.#outbox.drain()) closeFds(o.fds);
-    const waiters = this.#flushWaiters;
-    this.#flushWaiters = [];
-    for (const w of waiters) w.reject(error);
-  }
-
-  #setWritableInterest(on: boolean): void {
-    if (this.#wantWritable === on || this.#state === 'closed') return;
-    this.#wantWritable = on;
-    this.#sock.setInterest(!this.#readingPaused, on);
-  }
-
-  /** Maps a sendmsg failure to the error the caller sees. */
-  #sendFailed(e: unknown): IpcError {
-    const code = errnoCode(e);
-    if (code === 'EPIPE' || code === 'ECONNRESET' || code === 'ENOTCONN' || code === 'ECONNREFUSED') {
-      // The peer's end is gone; its GOODBYE (or the EOF) is still in our receive queue and will
-      // close the link with the right reason on the next poll.
-      return new IpcError('ERR_LINK_CLOSED', `cannot send: the ${this.#setup.peerName} has closed the link (or exited)`, { cause: e });
-    }
-    if (code === 'EMSGSIZE') {
-      return new IpcError('ERR_MESSAGE_TOO_LARGE', 'cannot send: the frame is larger than the socket buffer allows', { cause: e });
-    }
-    if (e instanceof IpcError) return e;
-    return new IpcError('ERR_LINK_CLOSED', `cannot send on the link: ${String((e as Error)?.message ?? e)}`, { cause: e });
+    return this.#outbox.whenEmpty();
   }
 
   #sendControl(type: FrameType, payload?: Uint8Array): void {
     const frame = new Uint8Array(HEADER_BYTES + (payload?.byteLength ?? 0));
     writeHeader(new DataView(frame.buffer), type, 0, payload?.byteLength ?? 0, 0);
     if (payload) frame.set(payload, HEADER_BYTES);
-    this.#sendFrame(frame, frame.byteLength, null, [], []);
+    this.#outbox.send(frame, frame.byteLength, null, [], []);
   }
 
   /** Tells the peer that this process is done with the values it leased under `ids`. */
@@ -355,7 +260,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     if (this.#state !== 'open') return;
     probe?.(Probe.ReleaseSend);
     const frame = encodeRelease(ids, releaseScratch);
-    this.#sendFrame(frame, frame.byteLength, null, [], []);
+    this.#outbox.send(frame, frame.byteLength, null, [], []);
   }
 
   #sendHello(): void {
@@ -367,21 +272,8 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     }
   }
 
-  #allowed(uid: number): boolean {
-    return uid === myUid || this.#setup.allowUids.includes(uid);
-  }
-
   #refuse(): void {
-    const p = this.#peer!;
-    const error = new IpcError(
-      'ERR_PEER_REFUSED',
-      `refused a link with the ${this.#setup.peerName} (pid ${p.pid}): it runs as uid ${p.uid}, this process as uid ${myUid}; ` +
-        `pass { allowUids: [${p.uid}] } to accept links from that user`,
-    );
-    const text = Buffer.from(`uid ${p.uid} is not allowed by the process at the other end (pid ${process.pid}, uid ${myUid})`);
-    const payload = new Uint8Array(2 + text.byteLength);
-    new DataView(payload.buffer).setUint16(0, RefuseReason.Uid, true);
-    payload.set(text, 2);
+    const { error, payload } = uidRefusal(this.#peer!, this.#setup.peerName);
     try {
       this.#sendControl(FrameType.Refuse, payload);
     } catch {
@@ -395,33 +287,10 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
 
   /** The next message (see the class notes for who gets which message). */
   receive(options?: ReceiveOptions): Promise<unknown> {
-    const entry = this.#inbox.shift();
-    if (entry) {
-      this.#maybeResumeReading();
-      return entry.ok ? Promise.resolve(entry.value) : Promise.reject(entry.error);
-    }
+    const entry = this.#inbox.take();
+    if (entry) return entry.ok ? Promise.resolve(entry.value) : Promise.reject(entry.error);
     if (this.#state === 'closed') return Promise.reject(this.#closedError('receive'));
-    const signal = options?.signal;
-    if (signal?.aborted) return Promise.reject(abortError(signal));
-    return new Promise<unknown>((resolve, reject) => {
-      const waiter: Waiter = { resolve, reject };
-      if (signal) {
-        const onAbort = (): void => {
-          this.#waiters = this.#waiters.filter((w) => w !== waiter);
-          reject(abortError(signal));
-        };
-        signal.addEventListener('abort', onAbort, { once: true });
-        waiter.resolve = (v) => {
-          signal.removeEventListener('abort', onAbort);
-          resolve(v);
-        };
-        waiter.reject = (e) => {
-          signal.removeEventListener('abort', onAbort);
-          reject(e);
-        };
-      }
-      this.#waiters.push(waiter);
-    });
+    return this.#inbox.wait(options?.signal);
   }
 
   /** Yields messages until the link closes cleanly; throws if it closed with an error. */
@@ -435,52 +304,6 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
         throw e;
       }
       yield value;
-    }
-  }
-
-  #deliver(entry: InboxEntry): void {
-    const w = this.#waiters.shift();
-    if (w) {
-      if (entry.ok) w.resolve(entry.value);
-      else w.reject(entry.error);
-      return;
-    }
-    if (this.#inbox.length === 0) {
-      if (entry.ok && this.listenerCount('message') > 0) {
-        this.emit('message', entry.value);
-        return;
-      }
-      if (!entry.ok && this.listenerCount('messageerror') > 0) {
-        this.emit('messageerror', entry.error);
-        return;
-      }
-      if (!entry.ok && this.listenerCount('message') > 0) {
-        process.emitWarning(`a received message was dropped: ${entry.error.message}`, { code: entry.error.code });
-        return;
-      }
-    }
-    this.#inbox.push(entry);
-    if (this.#inbox.length >= INBOX_PAUSE && !this.#readingPaused && this.#state !== 'closed') {
-      // Let the kernel queue (and then the sender) hold the backlog instead of our heap.
-      this.#readingPaused = true;
-      this.#sock.setInterest(false, this.#wantWritable);
-    }
-  }
-
-  #drainInboxToListeners(): void {
-    while (this.#inbox.length > 0 && this.#waiters.length === 0 && this.listenerCount('message') > 0) {
-      const entry = this.#inbox.shift()!;
-      if (entry.ok) this.emit('message', entry.value);
-      else if (this.listenerCount('messageerror') > 0) this.emit('messageerror', entry.error);
-      else process.emitWarning(`a received message was dropped: ${entry.error.message}`, { code: entry.error.code });
-    }
-    this.#maybeResumeReading();
-  }
-
-  #maybeResumeReading(): void {
-    if (this.#readingPaused && this.#inbox.length <= INBOX_RESUME && this.#state !== 'closed') {
-      this.#readingPaused = false;
-      this.#sock.setInterest(true, this.#wantWritable);
     }
   }
 
@@ -526,7 +349,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     switch (f.type) {
       case FrameType.Message:
         probe?.(Probe.Delivered);
-        this.#deliver(f.message);
+        this.#inbox.deliver(f.message);
         return;
       case FrameType.Release: {
         const unknown = this.#leasesOut.release(f.ids);
@@ -569,7 +392,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       } catch {
         // Credentials on later records are ignored anyway.
       }
-      if (this.#setup.verifyPeer && !this.#allowed(this.#peer.uid)) {
+      if (this.#setup.verifyPeer && !uidAllowed(this.#peer.uid, this.#setup.allowUids)) {
         this.#refuse();
         return;
       }
@@ -586,8 +409,8 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   #onState = (what: 'writable' | 'eof' | 'error', errno: number | undefined): void => {
     if (this.#state === 'closed') return;
     if (what === 'writable') {
-      this.#wantWritable = false;
-      this.#flushOutbox();
+      this.#interest.writableSeen();
+      this.#outbox.drain();
       return;
     }
     const detail = what === 'eof' ? '' : ` (socket error ${errno})`;
@@ -647,7 +470,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       }
       this.#shutdown(undefined, 'local');
     }
-    for (const entry of this.#inbox.drain()) if (entry.ok) disposeValues(entry.owned);
+    this.#inbox.disposeUnread();
   }
 
   /** Sends everything still queued, says goodbye, then closes. */
@@ -693,22 +516,20 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     if (this.#state === 'closed') return;
     const wasOpen = this.#state === 'open';
     this.#state = 'closed';
+    this.#interest.close();
     this.#reason = reason;
     this.#closedBy = by;
     clearTimeout(this.#handshakeTimer);
     this.#sock.close();
-    this.#dropOutbox(this.#closedError('flush'));
+    this.#outbox.drop(this.#closedError('flush'));
     // The peer can no longer use or release anything: every lease on this link ends, both ways.
     this.#leasesIn.close();
     this.#leasesOut.close();
-    const receiveError = this.#closedError('receive');
-    const waiters = this.#waiters;
-    this.#waiters = [];
-    for (const w of waiters) w.reject(receiveError);
+    this.#inbox.rejectWaiters(this.#closedError('receive'));
     const openWaiters = this.#openWaiters;
     this.#openWaiters = [];
     for (const w of openWaiters) w.reject(reason ?? this.#closedError('complete the handshake'));
-    if (by === 'local') for (const entry of this.#inbox.drain()) if (entry.ok) disposeValues(entry.owned);
+    if (by === 'local') this.#inbox.disposeUnread();
     for (const hook of this.#closeHooks) {
       try {
         hook(this, reason);
@@ -721,9 +542,4 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     if (reason && this.listenerCount('error') > 0) this.emit('error', reason);
     this.emit('close', reason);
   }
-}
-
-function abortError(signal: AbortSignal): IpcError {
-  const r = signal.reason as { name?: string; message?: string } | undefined;
-  return new IpcError('ERR_TIMEOUT', `link.receive was aborted: ${r?.message ?? 'the signal fired'}`, { cause: signal.reason });
 }

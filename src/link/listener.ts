@@ -7,7 +7,8 @@ import { addon } from '../native.js';
 import type { NativeAcceptor } from '../posix-types.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { Queue } from './queue.js';
-import { ensurePrivateDirectory, socketPath } from './socket-path.js';
+import { socketPath } from './socket-path.js';
+import { ensurePrivateDirectory } from '../runtime-directory.js';
 
 export interface ListenOptions {
   /** Other uids whose processes may connect (yours always may). The socket file is then 0666;

@@ -30,3 +30,9 @@ export class Queue<T> {
     return all;
   }
 }
+
+/** The callbacks of a promise waiting on a queue (a receive, a flush, a handshake). */
+export interface Waiter {
+  resolve(value: unknown): void;
+  reject(error: unknown): void;
+}

@@ -1,37 +1,12 @@
-// The transfer-handler registry: how objects that own OS or GPU resources (HostBuffer now; device
-// buffers, IPC pools and events later) travel inside link messages. A handler turns a value into
-// bytes plus fds on the sending side and rebuilds it on the receiving side.
-import { IpcError } from '../errors.js';
+// The transfer-handler API: how objects that own OS or GPU resources (HostBuffer, device buffers,
+// IPC pools and events) travel inside link messages. A handler turns a value into bytes plus fds
+// on the sending side and rebuilds it on the receiving side. The registry itself is handlers.ts,
+// below link.ts; this file gives it the public types, which name the Link a handler works for.
 import type { Link } from './link.js';
-import type { LeaseHold, ReceivedLease } from './lease.js';
+import type { ReceivedLease } from './lease.js';
+import { addHandler, removeHandler, type TransferEncoding } from './handlers.js';
 
-/** What encode() returns for one value. */
-export interface TransferEncoding {
-  /** Bytes for decode(); copied into the frame during send(), so a scratch buffer is fine. */
-  readonly data: Uint8Array;
-  /**
-   * fds to pass with the message, in order, all in the message's one sendmsg. Borrowed: the link
-   * reads them during send() only (it dups them if the message has to wait for socket space) and
-   * never closes them, unless `closeFdsAfterSend` is set.
-   */
-  readonly fds?: readonly number[];
-  /** The link owns `fds` and closes them once sent or once the send failed. */
-  readonly closeFdsAfterSend?: boolean;
-  /**
-   * Called once the message is committed to the link (sent, or queued behind earlier messages),
-   * never if the send failed (e.g. a later value in the same message could not be encoded).
-   * Record per-link state here ("this pool's fd has been sent on this link"), not in encode().
-   */
-  readonly onCommit?: () => void;
-  /**
-   * The sender-side resource this value keeps alive while the peer uses it (e.g. a reference on
-   * the memory). Once the message is committed, the link leases it to the peer and runs
-   * `release()` exactly once: when the peer releases the value (its ReceivedLease.end()), or when
-   * the link closes for any reason, the peer's death included. If the send fails instead, the
-   * link runs `release()` at once. `bytes` counts towards link.leases and leaseStats().
-   */
-  readonly hold?: LeaseHold;
-}
+export type { TransferEncoding };
 
 export interface TransferHandler<T extends object = object> {
   /** Wire name, e.g. 'host-buffer'; 1..64 ASCII characters, not starting with '@' (built-ins). */
@@ -59,39 +34,12 @@ export interface TransferHandler<T extends object = object> {
   decode(data: Uint8Array, fds: number[], link: Link, lease: ReceivedLease | undefined): unknown;
 }
 
-const byKind = new Map<string, TransferHandler>();
-let handlers: TransferHandler[] = [];
-
-const KIND_RE = /^[\x21-\x7e]{1,64}$/;
-
 /** Registers a handler for every link in this process (the receiving process needs it too). */
 export function registerTransferHandler<T extends object>(handler: TransferHandler<T>): void {
-  const kind = handler?.kind;
-  if (typeof kind !== 'string' || !KIND_RE.test(kind) || kind.startsWith('@')) {
-    throw new IpcError('ERR_INVALID_ARG', `transfer handler kind ${JSON.stringify(kind)} must be 1..64 printable ASCII characters not starting with '@'`);
-  }
-  if (byKind.has(kind)) {
-    throw new IpcError('ERR_INVALID_ARG', `a transfer handler for '${kind}' is already registered; unregister it first to replace it`);
-  }
-  byKind.set(kind, handler as TransferHandler);
-  handlers = [...handlers, handler as TransferHandler];
+  addHandler(handler);
 }
 
 /** Removes the handler for `kind`; returns whether there was one. */
 export function unregisterTransferHandler(kind: string): boolean {
-  const h = byKind.get(kind);
-  if (!h) return false;
-  byKind.delete(kind);
-  handlers = handlers.filter((x) => x !== h);
-  return true;
-}
-
-/** The handler that sends `value`, if any. */
-export function handlerForValue(value: object): TransferHandler | undefined {
-  for (const h of handlers) if (h.canTransfer(value)) return h;
-  return undefined;
-}
-
-export function handlerForKind(kind: string): TransferHandler | undefined {
-  return byKind.get(kind);
+  return removeHandler(kind);
 }

@@ -2,23 +2,34 @@
 // when what this process shares changes. Calling it costs a flag test on the hot path; the record
 // itself is built and written later by publisher.ts, at most a few times a second, off the paths
 // that move messages. publisher.ts is imported statically (not on first use) so that no module
-// loading, with its asynchronous file reads, ever starts in the middle of a user's work; it
-// touches the modules that import this one only inside functions, so the import cycle is safe.
-import type { Link } from '../link/link.js';
+// loading, with its asynchronous file reads, ever starts in the middle of a user's work. Observe
+// is a leaf: the layers report through the shapes of reports.ts, and nothing here imports them.
 import { isMainThread } from 'node:worker_threads';
-import { startPublisher } from './publisher.js';
+import { startPublisher, type StatusPublisher, type StatusSources } from './publisher.js';
+import type {
+  ChannelRegistration,
+  ChannelStatusSource,
+  DeviceMemoryStats,
+  LeaseCount,
+  ObservedLink,
+} from './reports.js';
+
+export type {
+  ChannelPeerStatus,
+  ChannelRegistration,
+  ChannelSlotCounts,
+  ChannelStatus,
+  ChannelStatusSource,
+  DeviceMemoryStats,
+  LeaseCount,
+  ObservedLink,
+} from './reports.js';
 
 /**
  * Publishing is on unless CUDA_IPC_STATUS is 0/off/false/no. Only the main thread publishes: a
  * worker that is terminate()d runs no exit handler, so its record would outlive it unnoticed.
  */
 export const statusEnabled: boolean = isMainThread && !/^(0|off|false|no)$/i.test(process.env.CUDA_IPC_STATUS ?? '');
-
-/** What the publisher provides once loaded. */
-export interface StatusPublisher {
-  /** Something changed: write the record soon (coalesced, rate-limited). */
-  schedule(): void;
-}
 
 let dirty = false;
 let publisher: StatusPublisher | undefined;
@@ -31,34 +42,33 @@ export function noteChange(): void {
   if (dirty || !statusEnabled) return;
   dirty = true;
   // Started on the first change: a process that never shares anything writes no record.
-  publisher ??= startPublisher();
+  publisher ??= startPublisher(sources);
   publisher.schedule();
 }
 
-/** @internal For the publisher: clears the flag and says whether it was set. */
-export function takeChange(): boolean {
-  const was = dirty;
-  dirty = false;
-  return was;
+// ---------------------------------------------------------------------------------------------
+// Device memory
+
+const NO_DEVICE_MEMORY: DeviceMemoryStats = { allocations: 0, allocatedBytes: 0, leased: 0, leasedBytes: 0, heldBytes: 0, imports: 0, importedBytes: 0 };
+let deviceMemory: () => DeviceMemoryStats = () => ({ ...NO_DEVICE_MEMORY });
+
+/** Called once by cuda/buffer.ts: where the record's device memory figures come from. */
+export function reportDeviceMemory(stats: () => DeviceMemoryStats): void {
+  deviceMemory = stats;
 }
 
 // ---------------------------------------------------------------------------------------------
 // Links
 
-/** The received-lease count of a link, without reaching into it. */
-export interface LeaseCount {
-  readonly count: number;
-}
-
-interface ObservedLink {
-  readonly link: WeakRef<Link>;
+interface Observed {
+  readonly link: WeakRef<ObservedLink>;
   readonly received: WeakRef<LeaseCount>;
 }
 
-const links = new Map<number, ObservedLink>();
+const links = new Map<number, Observed>();
 
 /** Called once by every Link's constructor; the link is listed until it closes. */
-export function observeLink(link: Link, received: LeaseCount): void {
+export function observeLink(link: ObservedLink, received: LeaseCount): void {
   if (!statusEnabled) return;
   links.set(link.id, { link: new WeakRef(link), received: new WeakRef(received) });
   link.onClose(() => {
@@ -68,8 +78,8 @@ export function observeLink(link: Link, received: LeaseCount): void {
   noteChange();
 }
 
-/** @internal For the publisher: the links alive now and what they received. */
-export function* observedLinks(): Generator<{ link: Link; received: number }> {
+/** The links alive now and what they received. */
+function* observedLinks(): Generator<{ link: ObservedLink; received: number }> {
   for (const [id, o] of links) {
     const link = o.link.deref();
     if (!link || link.closed) {
@@ -82,49 +92,6 @@ export function* observedLinks(): Generator<{ link: Link; received: number }> {
 
 // ---------------------------------------------------------------------------------------------
 // Channels
-
-/** Slot states of a channel, counted over its slots. */
-export interface ChannelSlotCounts {
-  free: number;
-  /** Acquired by a producer, not yet published (optional: not every channel tells). */
-  writing?: number;
-  published: number;
-  taken: number;
-}
-
-/** A process attached to a channel, as this end knows it. */
-export interface ChannelPeerStatus {
-  pid: number;
-  role: 'producer' | 'consumer' | 'none';
-  /** e.g. 'live', 'died', 'ended', 'detached'. */
-  state: string;
-}
-
-/** What a channel end reports to `cuda-ipc status`: JSON data, cheap to make. */
-export interface ChannelStatus {
-  /** A label for people, e.g. the channel's id. */
-  id: string;
-  /** This end's role. */
-  role: 'producer' | 'consumer' | 'none';
-  topology?: string;
-  memory: 'host' | 'device';
-  slotBytes: number;
-  slots: ChannelSlotCounts;
-  peers: ChannelPeerStatus[];
-}
-
-/** A channel end that can be listed: snapshot() is called at most a few times a second. */
-export interface ChannelStatusSource {
-  snapshot(): ChannelStatus;
-}
-
-/** Returned by registerChannel(). */
-export interface ChannelRegistration {
-  /** A structural change (a peer attached, died, detached): refresh the record soon. */
-  changed(): void;
-  /** The channel closed: it is no longer listed. Idempotent. */
-  unregister(): void;
-}
 
 const channels = new Set<ChannelStatusSource>();
 
@@ -145,7 +112,14 @@ export function registerChannel(source: ChannelStatusSource): ChannelRegistratio
   };
 }
 
-/** @internal For the publisher. */
-export function observedChannels(): ReadonlySet<ChannelStatusSource> {
-  return channels;
-}
+/** What the publisher reads: handed to it, so that it needs nothing from this module. */
+const sources: StatusSources = {
+  takeChange(): boolean {
+    const was = dirty;
+    dirty = false;
+    return was;
+  },
+  links: observedLinks,
+  channels: () => channels,
+  deviceMemory: () => deviceMemory(),
+};

@@ -4,15 +4,30 @@
 // file is replaced atomically (write a temporary, rename), so a reader never sees half of it, and
 // removed when the process exits. A process that dies without exiting (SIGKILL, a crash) leaves
 // its record behind: readers see that its pid is gone and remove it (reader.ts).
-// Imports: only modules whose bindings it uses inside functions (buffer.ts imports hooks.ts,
-// which imports this), never legacy.ts or stats.ts, whose top-level code needs buffer.ts done.
+// What it writes comes from the sources hooks.ts hands it, and the import cache's figures straight
+// from the addon: it imports no layer above observe.
 import { mkdirSync, readdirSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { deviceMemoryStats } from '../cuda/buffer.js';
-import { driver } from '../cuda/driver.js';
-import { ensurePrivateDirectory } from '../link/socket-path.js';
-import { observedChannels, observedLinks, takeChange, type ChannelStatus, type StatusPublisher } from './hooks.js';
+import { addon } from '../native.js';
+import { ensurePrivateDirectory } from '../runtime-directory.js';
+import type { ChannelStatus, ChannelStatusSource, DeviceMemoryStats, ObservedLink } from './reports.js';
 import { RECORD_VERSION, defaultStatusDirectory, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
+
+/** What the publisher provides once started. */
+export interface StatusPublisher {
+  /** Something changed: write the record soon (coalesced, rate-limited). */
+  schedule(): void;
+}
+
+/** What the publisher reads, handed over by hooks.ts. */
+export interface StatusSources {
+  /** Clears the changed flag and says whether it was set. */
+  takeChange(): boolean;
+  /** The links alive now and how many leases each received. */
+  links(): Iterable<{ link: ObservedLink; received: number }>;
+  channels(): ReadonlySet<ChannelStatusSource>;
+  deviceMemory(): DeviceMemoryStats;
+}
 
 const FIRST_DELAY_MS = 20;
 const MIN_INTERVAL_MS = 250;
@@ -22,6 +37,7 @@ const MAX_ARGS = 32;
 const MAX_ARG_CHARS = 200;
 
 class Publisher implements StatusPublisher {
+  readonly #sources: StatusSources;
   readonly #directory: string;
   readonly #path: string;
   readonly #tmp: string;
@@ -36,7 +52,8 @@ class Publisher implements StatusPublisher {
   #stopped = false;
   #removeOnExit = false;
 
-  constructor(directory: string, startTime: string) {
+  constructor(sources: StatusSources, directory: string, startTime: string) {
+    this.#sources = sources;
     this.#directory = directory;
     this.#startTime = startTime;
     this.#path = join(directory, recordName(this.#pid, startTime));
@@ -52,7 +69,7 @@ class Publisher implements StatusPublisher {
   readonly #write = (): void => {
     this.#timer = undefined;
     if (this.#stopped) return;
-    takeChange();
+    this.#sources.takeChange();
     const record = this.#record();
     const { updatedAt: _, ...rest } = record;
     const body = JSON.stringify(rest);
@@ -105,7 +122,7 @@ class Publisher implements StatusPublisher {
     const links: LinkRecord[] = [];
     let leaseCount = 0;
     let leaseBytes = 0;
-    for (const { link, received } of observedLinks()) {
+    for (const { link, received } of this.#sources.links()) {
       let peerPid = 0;
       try {
         peerPid = link.peer.pid;
@@ -118,7 +135,7 @@ class Publisher implements StatusPublisher {
       links.push({ id: link.id, peerPid, state: link.state, leasedToPeer: leased, receivedFromPeer: received });
     }
     const channels: ChannelStatus[] = [];
-    for (const source of observedChannels()) {
+    for (const source of this.#sources.channels()) {
       try {
         channels.push(source.snapshot());
       } catch {
@@ -131,17 +148,17 @@ class Publisher implements StatusPublisher {
       startTime: this.#startTime,
       argv: this.#argv,
       updatedAt: Date.now(),
-      device: deviceMemoryStats(),
+      device: this.#sources.deviceMemory(),
       leases: { count: leaseCount, bytes: leaseBytes },
       links,
       channels,
-      importCache: driver.legacyCacheStats(),
+      importCache: addon.legacyCacheStats(),
       openFds: readdirSync('/proc/self/fd').length - 1, // less the one readdir itself opened
     };
   }
 
   #manageSampler(): void {
-    const want = observedChannels().size > 0;
+    const want = this.#sources.channels().size > 0;
     if (want && !this.#sampler) {
       this.#sampler = setInterval(() => this.schedule(), CHANNEL_SAMPLE_MS).unref();
     } else if (!want && this.#sampler) {
@@ -182,10 +199,10 @@ function warnOff(why: string): StatusPublisher {
 }
 
 /** Called once, by hooks.ts on the first change. */
-export function startPublisher(): StatusPublisher {
+export function startPublisher(sources: StatusSources): StatusPublisher {
   const startTime = processStartTime('self');
   if (startTime === undefined) return warnOff('/proc/self/stat is not readable');
-  const p = new Publisher(defaultStatusDirectory(), startTime);
+  const p = new Publisher(sources, defaultStatusDirectory(), startTime);
   try {
     p.prepare();
   } catch (e) {

@@ -4,9 +4,8 @@
 // their pid and start time, and removed.
 import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { DeviceMemoryStats } from '../cuda/buffer.js';
-import type { ImportCacheStats } from '../ipc/legacy.js';
-import type { ChannelStatus } from './hooks.js';
+import type { ImportCacheStats } from '../cuda/driver-types.js';
+import type { ChannelStatus, DeviceMemoryStats } from './reports.js';
 import { RECORD_VERSION, defaultStatusDirectory, isStale, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
 
 /** What one process holds of another's, or lends to it. */

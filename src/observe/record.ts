@@ -1,14 +1,13 @@
 // The per-process status record: its format, where it lives, and how to tell a live process from
 // a dead one. One JSON file per process, `<pid>-<start time>.json`, in the `status` folder of
-// the private socket directory (see link/socket-path.ts). The start time is the process's
+// this user's private runtime directory (runtime-directory.ts). The start time is the process's
 // start in clock ticks since boot (/proc/<pid>/stat, field 22): with it in the name, a record of
 // a dead process is never mistaken for one of a new process that got the same pid.
 import { readdirSync, readFileSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
-import { defaultSocketDirectory } from '../link/socket-path.js';
-import type { DeviceMemoryStats } from '../cuda/buffer.js';
-import type { ImportCacheStats } from '../ipc/legacy.js';
-import type { ChannelStatus } from './hooks.js';
+import { defaultSocketDirectory } from '../runtime-directory.js';
+import type { ImportCacheStats } from '../cuda/driver-types.js';
+import type { ChannelStatus, DeviceMemoryStats } from './reports.js';
 
 export const RECORD_VERSION = 1;
 

@@ -7,7 +7,7 @@ import { runInNewContext } from 'node:vm';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { leaseStats, type ReceivedLease } from '../../src/link/index.js';
-import { MessageEncoder } from '../../src/link/codec.js';
+import { MessageEncoder } from '../../src/link/message-encoder.js';
 import { FrameType, encodeRelease, writeHeader } from '../../src/link/frame.js';
 import type { Link } from '../../src/link/link.js';
 import { registerTransferHandler, unregisterTransferHandler } from '../../src/link/transfer.js';

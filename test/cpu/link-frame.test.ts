@@ -3,7 +3,8 @@ import assert from 'node:assert/strict';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import '../../src/link/index.js'; // registers the transfer handlers
-import { MessageEncoder, decodeMessage } from '../../src/link/codec.js';
+import { MessageEncoder } from '../../src/link/message-encoder.js';
+import { decodeMessage } from '../../src/link/message-decoder.js';
 import { FrameType, parseHeader, writeHeader, type FrameHeader } from '../../src/link/frame.js';
 import type { Link } from '../../src/link/link.js';
 import { registerTransferHandler, unregisterTransferHandler } from '../../src/link/transfer.js';

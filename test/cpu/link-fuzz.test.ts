@@ -5,7 +5,7 @@ import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
-import { MessageEncoder } from '../../src/link/codec.js';
+import { MessageEncoder } from '../../src/link/message-encoder.js';
 import { readFrame } from '../../src/link/inbound.js';
 import type { Link } from '../../src/link/link.js';
 import { addon } from '../../src/native.js';

@@ -1,0 +1,301 @@
+// Encoding link messages: link.send(value) as a MESSAGE frame's payload, written into a scratch
+// buffer that holds a whole frame (the format: message-format.ts). Values JSON cannot carry are
+// found by one walk and travel as records: bigints, typed arrays, and objects a transfer handler
+// sends (handlers.ts), whose fds and lease holds the result hands to the link.
+import { IpcError } from '../errors.js';
+import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, writeU64 } from './frame.js';
+import { nextLeaseId, releaseHold, type LeaseHold } from './lease.js';
+import { handlerForValue, type RegisteredHandler } from './handlers.js';
+import { RECORD_TAIL_BYTES, typedArrayTag, type Segment } from './message-format.js';
+import { closeFd } from './fds.js';
+import { probe, Probe } from './probe.js';
+
+const MAX_DEPTH = 255;
+
+/** A value found by the scan that travels as a record. */
+interface Found {
+  path: Segment[];
+  bigint?: bigint;
+  view?: ArrayBufferView;
+  handler?: RegisteredHandler;
+  value?: object;
+}
+
+function notTransferable(what: string, path: readonly Segment[]): IpcError {
+  const where = path.length ? ` at ${path.map((s) => (typeof s === 'number' ? `[${s}]` : `.${s}`)).join('')}` : '';
+  return new IpcError(
+    'ERR_NOT_TRANSFERABLE',
+    `link.send: cannot send ${what}${where}. Messages hold JSON data (plain objects, arrays, strings, numbers, ` +
+      'booleans, null), bigints, typed arrays and objects with a registered transfer handler ' +
+      '(HostBuffer, or buffers/pools/events once their module is imported); convert other values first',
+  );
+}
+
+/**
+ * Walks `v` looking for values JSON cannot carry. Returns `v` itself when its subtree has none,
+ * otherwise a copy (made only along the paths that changed) with those values replaced by null.
+ */
+function scan(v: unknown, path: Segment[], found: Found[]): unknown {
+  switch (typeof v) {
+    case 'string':
+    case 'number':
+    case 'boolean':
+    case 'undefined':
+      return v;
+    case 'bigint':
+      found.push({ path: path.slice(), bigint: v });
+      return null;
+    case 'object':
+      break;
+    default:
+      throw notTransferable(`a ${typeof v}`, path);
+  }
+  if (v === null) return v;
+  if (path.length >= MAX_DEPTH) {
+    throw new IpcError('ERR_INVALID_ARG', `link.send: the message is nested deeper than ${MAX_DEPTH} levels (or contains a cycle)`);
+  }
+  if (Array.isArray(v)) {
+    let copy: unknown[] | undefined;
+    for (let i = 0; i < v.length; i++) {
+      const e: unknown = v[i];
+      if (e === null || (typeof e !== 'object' && typeof e !== 'bigint' && typeof e !== 'function' && typeof e !== 'symbol')) continue;
+      path.push(i);
+      const s = scan(e, path, found);
+      path.pop();
+      if (s !== e) (copy ??= v.slice())[i] = s;
+    }
+    return copy ?? v;
+  }
+  const proto: unknown = Object.getPrototypeOf(v);
+  if (proto === Object.prototype || proto === null) {
+    let copy: Record<string, unknown> | undefined;
+    const obj = v as Record<string, unknown>;
+    for (const key of Object.keys(obj)) {
+      const e = obj[key];
+      if (e === null || (typeof e !== 'object' && typeof e !== 'bigint' && typeof e !== 'function' && typeof e !== 'symbol')) continue;
+      path.push(key);
+      const s = scan(e, path, found);
+      path.pop();
+      if (s !== e) (copy ??= { ...obj })[key] = s;
+    }
+    return copy ?? v;
+  }
+  if (ArrayBuffer.isView(v)) {
+    if (typedArrayTag(v) === 0) throw notTransferable(`a ${v.constructor.name}`, path);
+    found.push({ path: path.slice(), view: v });
+    return null;
+  }
+  const handler = handlerForValue(v);
+  if (!handler) throw notTransferable(`an object of class ${(v as object).constructor?.name ?? 'unknown'} (no transfer handler is registered for it)`, path);
+  found.push({ path: path.slice(), handler, value: v });
+  return null;
+}
+
+/**
+ * The transfer handler of `value` when the value itself travels as a record: an object that is
+ * not a plain object, array or typed array (what scan() would hand to handlerForValue).
+ */
+function soleTransferable(value: unknown): RegisteredHandler | undefined {
+  if (typeof value !== 'object' || value === null || Array.isArray(value) || ArrayBuffer.isView(value)) return undefined;
+  const proto: unknown = Object.getPrototypeOf(value);
+  if (proto === Object.prototype || proto === null) return undefined;
+  return handlerForValue(value);
+}
+
+function tooLarge(bytes: number | string): IpcError {
+  return new IpcError(
+    'ERR_MESSAGE_TOO_LARGE',
+    `link.send: the encoded message needs ${bytes} bytes, more than a link frame holds (${MAX_FRAME_BYTES - HEADER_BYTES}); ` +
+      'send bulk data in a HostBuffer (or a device buffer) and put the buffer in the message instead',
+  );
+}
+
+/** The result of encoding one message into the encoder's scratch buffer. */
+export interface EncodedMessage {
+  encoding: Encoding;
+  /** Frame bytes are scratch[0, headLength), followed by `body` when it is set (Raw). */
+  headLength: number;
+  body: Uint8Array | null;
+  fds: number[];
+  /** fds the link must close after sending (handlers' closeFdsAfterSend). */
+  ownedFds: number[];
+  /** Handlers' onCommit callbacks, to run once the frame is sent or queued. */
+  commits: Array<() => void>;
+  /**
+   * Handlers' holds with the lease ids written into their records: the link records them once
+   * the frame is sent or queued, and releases them if the send fails.
+   */
+  holds: Array<{ id: number; hold: LeaseHold }>;
+}
+
+/** Encodes messages into a scratch buffer that holds a whole frame (header left to the caller). */
+export class MessageEncoder {
+  readonly scratch = Buffer.allocUnsafeSlow(MAX_FRAME_BYTES);
+  readonly view = new DataView(this.scratch.buffer, this.scratch.byteOffset, MAX_FRAME_BYTES);
+  /** Set while encoding, so that a re-entrant send (from a handler) takes another encoder. */
+  busy = false;
+  readonly #out: EncodedMessage = { encoding: Encoding.Json, headLength: 0, body: null, fds: [], ownedFds: [], commits: [], holds: [] };
+
+  /**
+   * Encodes `value` for `link` (passed on to transfer handlers). The result (and scratch) are
+   * valid until the next encode. If this throws,
+   * every fd a handler handed over with closeFdsAfterSend has already been closed and every hold
+   * a handler returned has been released.
+   */
+  encode(value: unknown, link: object): EncodedMessage {
+    const out = this.#out;
+    out.body = null;
+    // (Setting an array's length is a runtime call even when it is 0 already.)
+    if (out.fds.length) out.fds.length = 0;
+    if (out.ownedFds.length) out.ownedFds.length = 0;
+    if (out.commits.length) out.commits.length = 0;
+    if (out.holds.length) out.holds.length = 0;
+    if (value instanceof Uint8Array) {
+      if (value.byteLength > MAX_FRAME_BYTES - HEADER_BYTES) throw tooLarge(value.byteLength);
+      out.encoding = Encoding.Raw;
+      out.headLength = HEADER_BYTES;
+      out.body = value;
+      return out;
+    }
+    const found: Found[] = [];
+    // The commonest message with records is one transferable object (link.send(buffer)): its
+    // JSON is null and its one record has an empty path, with no walk to find that out.
+    const handler = soleTransferable(value);
+    const substitute = handler ? null : scan(value, [], found);
+    if (handler) found.push({ path: [], handler, value: value as object });
+    if (found.length === 0) {
+      out.encoding = Encoding.Json;
+      out.headLength = value === undefined ? HEADER_BYTES : this.#writeString(JSON.stringify(value), HEADER_BYTES);
+      return out;
+    }
+    try {
+      out.encoding = Encoding.JsonWithRecords;
+      const jsonEnd = this.#writeString(substitute === null ? 'null' : JSON.stringify(substitute) ?? 'null', HEADER_BYTES + 4);
+      this.view.setUint32(HEADER_BYTES, jsonEnd - HEADER_BYTES - 4, true);
+      this.#room(jsonEnd, 2);
+      this.view.setUint16(jsonEnd, found.length, true);
+      let at = jsonEnd + 2;
+      for (const f of found) at = this.#writeRecord(f, at, link, out);
+      out.headLength = at;
+      return out;
+    } catch (e) {
+      for (const fd of out.ownedFds) closeFd(fd);
+      out.ownedFds.length = 0;
+      for (const { hold } of out.holds) releaseHold(hold);
+      out.holds.length = 0;
+      throw e;
+    }
+  }
+
+  /** Checks that `n` more bytes fit at `at`; returns `at`. */
+  #room(at: number, n: number): number {
+    if (at + n > MAX_FRAME_BYTES) throw tooLarge('more than ' + (MAX_FRAME_BYTES - HEADER_BYTES));
+    return at;
+  }
+
+  #writeString(s: string, at: number): number {
+    // Short ASCII (most keys, kinds and small JSON) is copied here: cheaper than the call into
+    // Buffer.write. Anything else takes the general path.
+    if (s.length <= 64 && at + s.length <= MAX_FRAME_BYTES) {
+      const b = this.scratch;
+      let i = 0;
+      for (; i < s.length; i++) {
+        const c = s.charCodeAt(i);
+        if (c > 0x7f) break;
+        b[at + i] = c;
+      }
+      if (i === s.length) return at + i;
+    }
+    // Worst case 3 bytes per UTF-16 unit; only count exactly when that might not fit.
+    if (s.length * 3 > MAX_FRAME_BYTES - at) {
+      const n = Buffer.byteLength(s);
+      if (at + n > MAX_FRAME_BYTES) throw tooLarge(n + at - HEADER_BYTES);
+    }
+    return at + this.scratch.write(s, at, 'utf8');
+  }
+
+  #writeAscii(s: string, at: number): number {
+    this.#room(at, 1 + s.length);
+    this.scratch[at] = s.length;
+    return this.#writeString(s, at + 1);  // kinds are ASCII (registerTransferHandler checks)
+  }
+
+  #writeRecord(f: Found, at: number, link: object, out: EncodedMessage): number {
+    const v = this.view;
+    let data: Uint8Array | undefined;
+    let fds: readonly number[] | undefined;
+    let kind: string;
+    let tag = 0;
+    let leaseId = 0;
+    if (f.bigint !== undefined) {
+      kind = '@bigint';
+      data = Buffer.from(f.bigint.toString(), 'latin1');
+    } else if (f.view) {
+      kind = '@typed-array';
+      tag = typedArrayTag(f.view);
+      data = new Uint8Array(f.view.buffer, f.view.byteOffset, f.view.byteLength);
+    } else {
+      const h = f.handler!;
+      kind = h.kind;
+      probe?.(Probe.ExportStart);
+      const enc = h.encode(f.value!, link);
+      probe?.(Probe.ExportEnd);
+      fds = enc.fds;
+      // Taken over before anything else can fail, so that a failure releases them.
+      if (fds && enc.closeFdsAfterSend) out.ownedFds.push(...fds);
+      if (enc.hold !== undefined) {
+        const hold = enc.hold;
+        if (typeof hold?.release !== 'function') {
+          throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned a hold without a release() function`);
+        }
+        leaseId = nextLeaseId();
+        out.holds.push({ id: leaseId, hold });
+        const bytes = hold.bytes;
+        if (bytes !== undefined && !(Number.isSafeInteger(bytes) && bytes >= 0)) {
+          throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned a hold whose bytes (${String(bytes)}) is not a non-negative integer`);
+        }
+      }
+      if (enc.onCommit) out.commits.push(enc.onCommit);
+      data = enc.data;
+      if (!(data instanceof Uint8Array)) throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned data that is not a Uint8Array`);
+    }
+    at = this.#writeAscii(kind, at);
+    this.#room(at, 1);
+    v.setUint8(at++, f.path.length);
+    for (const seg of f.path) {
+      if (typeof seg === 'number') {
+        this.#room(at, 5);
+        v.setUint8(at, 0);
+        v.setUint32(at + 1, seg, true);
+        at += 5;
+      } else {
+        this.#room(at, 3);
+        v.setUint8(at, 1);
+        const end = this.#writeString(seg, at + 3);
+        if (end - at - 3 > 0xffff) throw new IpcError('ERR_INVALID_ARG', 'link.send: an object key is longer than 65535 bytes');
+        v.setUint16(at + 1, end - at - 3, true);
+        at = end;
+      }
+    }
+    const nfds = fds?.length ?? 0;
+    if (out.fds.length + nfds > MAX_FDS) {
+      throw new IpcError('ERR_MESSAGE_TOO_LARGE', `link.send: the message would carry more than ${MAX_FDS} fds; split it into several messages`);
+    }
+    if (fds) out.fds.push(...fds);
+    const dataLength = data.byteLength + (tag ? 1 : 0);
+    this.#room(at, RECORD_TAIL_BYTES + dataLength);
+    v.setUint8(at, nfds);
+    writeU64(v, at + 1, leaseId);
+    v.setUint32(at + 9, dataLength, true);
+    at += RECORD_TAIL_BYTES;
+    if (tag) v.setUint8(at++, tag);
+    this.scratch.set(data, at);
+    return at + data.byteLength;
+  }
+}
+
+const sharedEncoder = new MessageEncoder();
+/** The process's encoder, or a fresh one when it is in use (a handler sending from encode()). */
+export function acquireEncoder(): MessageEncoder {
+  return sharedEncoder.busy ? new MessageEncoder() : sharedEncoder;
+}

@@ -1,0 +1,172 @@
+// The import graph of src/*.ts, read from the sources (not the compiled JavaScript, where
+// `import type` has vanished): every import, `export ... from`, side-effect import and import()
+// naming a relative path, type-only ones included. Used by test/cpu/import-graph.test.ts, which
+// fails on any circle and on any import that climbs the layers of shared/DESIGN.md.
+//
+// Statements are found with a few regular expressions, not a parser: an import or export
+// statement starts a line (as every one in src does), which keeps text in strings and comments
+// out; import() may stand anywhere but in a comment. No dependency needed.
+import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { dirname, join, relative } from 'node:path';
+
+export interface ImportEdge {
+  /** Files as paths relative to the scanned root's parent, e.g. 'src/link/link.ts'. */
+  from: string;
+  to: string;
+  /** `import type`, `export type`, or braces holding only `type X` names. */
+  typeOnly: boolean;
+  /** import('...'), in code or in a type. */
+  dynamic: boolean;
+  /** 1-based line of the statement, for messages. */
+  line: number;
+}
+
+export type ImportGraph = Map<string, ImportEdge[]>;
+
+// `import ... from '...'` / `export ... from '...'`, possibly over several lines: from the keyword
+// at the start of a line to the first `from '...'` with no `;` between.
+const FROM_RE = /^(import|export)\b([^;]*?)\bfrom\s*(['"])([^'"\n]+)\3/gm;
+const SIDE_EFFECT_RE = /^import\s*(['"])([^'"\n]+)\1/gm;
+const DYNAMIC_RE = /\bimport\(\s*(['"])([^'"\n]+)\1\s*\)/g;
+
+function lineAt(text: string, index: number): number {
+  let n = 1;
+  for (let i = text.indexOf('\n'); i !== -1 && i < index; i = text.indexOf('\n', i + 1)) n++;
+  return n;
+}
+
+function inComment(text: string, index: number): boolean {
+  const start = text.lastIndexOf('\n', index - 1) + 1;
+  return /^\s*(\/\/|\/\*|\*)/.test(text.slice(start, index));
+}
+
+/** Whether the clause between `import`/`export` and `from` names only types. */
+function typeOnlyClause(clause: string): boolean {
+  const c = clause.trim();
+  if (/^type\b/.test(c)) return true;
+  const braces = /^\{([\s\S]*)\}$/.exec(c);
+  if (!braces) return false; // a default or namespace import, or `export *`
+  const names = braces[1]!.split(',').map((s) => s.trim()).filter(Boolean);
+  return names.length > 0 && names.every((n) => /^type\s/.test(n));
+}
+
+function listSources(dir: string, out: string[] = []): string[] {
+  for (const name of readdirSync(dir).sort()) {
+    const p = join(dir, name);
+    if (statSync(p).isDirectory()) listSources(p, out);
+    else if (name.endsWith('.ts') && !name.endsWith('.d.ts')) out.push(p);
+  }
+  return out;
+}
+
+/**
+ * Reads every .ts file below `root/dir` (default src) and returns its imports of other files
+ * there. Specifiers that are not relative (node:fs, packages) or leave the folder are not edges.
+ */
+export function readImportGraph(root: string, dir = 'src'): ImportGraph {
+  const graph: ImportGraph = new Map();
+  const base = join(root, dir);
+  const key = (file: string): string => relative(root, file).split('\\').join('/');
+  for (const file of listSources(base)) {
+    const text = readFileSync(file, 'utf8');
+    const edges: ImportEdge[] = [];
+    const add = (spec: string, index: number, typeOnly: boolean, dynamic: boolean): void => {
+      if (!spec.startsWith('.')) return;
+      const target = join(dirname(file), spec.replace(/\.js$/, '.ts'));
+      if (!existsSync(target) || !key(target).startsWith(`${dir}/`)) return;
+      edges.push({ from: key(file), to: key(target), typeOnly, dynamic, line: lineAt(text, index) });
+    };
+    for (const m of text.matchAll(FROM_RE)) add(m[4]!, m.index!, typeOnlyClause(m[2]!), false);
+    for (const m of text.matchAll(SIDE_EFFECT_RE)) add(m[2]!, m.index!, false, false);
+    for (const m of text.matchAll(DYNAMIC_RE)) if (!inComment(text, m.index!)) add(m[2]!, m.index!, false, true);
+    graph.set(key(file), edges);
+  }
+  return graph;
+}
+
+/** Files that import each other round a circle. */
+export interface Circle {
+  /** Every file of the strongly connected component, sorted. */
+  files: string[];
+  /** A shortest circle through the first of them, e.g. ['a.ts', 'b.ts', 'a.ts']. */
+  cycle: string[];
+}
+
+/**
+ * The circles of the graph: one per strongly connected component of more than one file (or a file
+ * importing itself). Empty when the imports run one way.
+ */
+export function findCircles(graph: ImportGraph): Circle[] {
+  const next = (f: string): string[] => [...new Set((graph.get(f) ?? []).map((e) => e.to))].sort();
+  // Tarjan's strongly connected components, iteratively (no recursion limit to meet).
+  let counter = 0;
+  const index = new Map<string, number>();
+  const low = new Map<string, number>();
+  const onStack = new Set<string>();
+  const stack: string[] = [];
+  const components: string[][] = [];
+  for (const start of [...graph.keys()].sort()) {
+    if (index.has(start)) continue;
+    const work: Array<{ file: string; edges: string[]; at: number }> = [];
+    const open = (f: string): void => {
+      index.set(f, counter);
+      low.set(f, counter++);
+      stack.push(f);
+      onStack.add(f);
+      work.push({ file: f, edges: next(f), at: 0 });
+    };
+    open(start);
+    while (work.length) {
+      const top = work[work.length - 1]!;
+      if (top.at < top.edges.length) {
+        const to = top.edges[top.at++]!;
+        if (!index.has(to)) open(to);
+        else if (onStack.has(to)) low.set(top.file, Math.min(low.get(top.file)!, index.get(to)!));
+        continue;
+      }
+      work.pop();
+      if (work.length) {
+        const parent = work[work.length - 1]!.file;
+        low.set(parent, Math.min(low.get(parent)!, low.get(top.file)!));
+      }
+      if (low.get(top.file) === index.get(top.file)) {
+        const component: string[] = [];
+        let f: string;
+        do {
+          f = stack.pop()!;
+          onStack.delete(f);
+          component.push(f);
+        } while (f !== top.file);
+        if (component.length > 1 || next(top.file).includes(top.file)) components.push(component.sort());
+      }
+    }
+  }
+  return components.map((component) => {
+    const members = new Set(component);
+    const first = component[0]!;
+    // Breadth-first from `first` back to itself, inside the component.
+    const cameFrom = new Map<string, string>();
+    const queue = [first];
+    for (let i = 0; i < queue.length; i++) {
+      for (const to of next(queue[i]!)) {
+        if (!members.has(to)) continue;
+        if (to === first) {
+          const path = [first];
+          for (let at: string | undefined = queue[i]; at !== undefined && at !== first; at = cameFrom.get(at)) path.push(at);
+          return { files: component, cycle: [first, ...path.slice(1).reverse(), first] };
+        }
+        if (!cameFrom.has(to)) {
+          cameFrom.set(to, queue[i]!);
+          queue.push(to);
+        }
+      }
+    }
+    return { files: component, cycle: [first, first] };
+  });
+}
+
+/** Formats an edge for a message: `src/a.ts:12 -> src/b.ts (type-only)`. */
+export function describeEdge(e: ImportEdge): string {
+  const notes = [e.typeOnly ? 'type-only' : '', e.dynamic ? 'import()' : ''].filter(Boolean);
+  return `${e.from}:${e.line} -> ${e.to}${notes.length ? ` (${notes.join(', ')})` : ''}`;
+}
