@@ -39,6 +39,8 @@ std::mutex g_initMutex;
 bool g_initialized = false;
 // Set once the driver is loaded and initialised: every later call checks only this.
 std::atomic<bool> g_ready{false};
+// Kept for entry points resolved at other ABI versions (ResolveDriverEntry, below).
+PFN_cuGetProcAddress_v2 g_getProc = nullptr;
 
 void LoadDriver() {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -54,6 +56,7 @@ void LoadDriver() {
     g_loadError = "libcuda.so.1 has no cuGetProcAddress_v2: the NVIDIA driver is older than CUDA 12.0; update the driver";
     return;
   }
+  g_getProc = getProc;
   // A symbol the driver lacks stays null and fails at its first call with a clear error.
 #define CUABI_RESOLVE(name, params)                                                              \
   {                                                                                              \
@@ -936,6 +939,20 @@ void CleanupEnv(void* arg) {
 }
 
 }  // namespace
+
+// [tensors hook] For native/copy.cc: entry points newer than kCudaAbiVersion, resolved at their own
+// version once the driver is loaded (nullptr where the driver lacks them), and CudaErrors thrown
+// the same way as every call here.
+void* ResolveDriverEntry(Napi::Env env, const char* name, int abiVersion) {
+  EnsureDriver(env);
+  if (!g_getProc) return nullptr;
+  void* fn = nullptr;
+  int status = 0;
+  if (g_getProc(name, &fn, abiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS) return nullptr;
+  return fn;
+}
+
+[[noreturn]] void ThrowCudaFailure(Napi::Env env, int status, const char* call) { ThrowCuda(env, status, call); }
 
 void InitCuda(Napi::Env env, Napi::Object exports) {
   t_state = new EnvState();
