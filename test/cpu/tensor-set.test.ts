@@ -235,6 +235,16 @@ test('tensor-set bytes: a round trip keeps names, dtypes, shapes, strides and of
   assert.equal(table.byteLength % 8, 0);
 });
 
+test('tensor-set bytes: the same table bytes as the Python side writes (pinned in python/tests/test_tensor_set.py)', () => {
+  const table = encodeTensorTable([
+    { name: 'ab', dtype: 'uint8', shape: [4], strides: [1], offset: 0, allocation: 0 },
+    { name: 'ac', dtype: 'uint8', shape: [2, 2], strides: [1, 2], offset: 4, allocation: 0 },
+  ], 1);
+  assert.equal(Buffer.from(table).toString('hex'),
+    '0000000000000000' + '0400000000000000' + '00000000' + '00000000' + '0000' + '0100' + '0200' + '0100' + '0505' + '0102' + '0001' + '0000' +
+    '0400000000000000' + '0200000000000000' + '0200000000000000' + '0100000000000000' + '0200000000000000' + '616263' + '0000000000');
+});
+
 test('tensor-set bytes: every lie is ERR_FRAME_INVALID naming what is wrong', () => {
   const good = record();
   const mutate = (f: (b: Uint8Array, v: DataView) => void) => {
