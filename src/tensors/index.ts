@@ -4,4 +4,9 @@
 export { TensorMap, type TensorArray, type TensorMemory } from './tensor-map.js';
 export { HostArray } from './host-array.js';
 export { updateInPlace, type UpdateOptions, type UpdateResult, type NamedTensors } from './update.js';
+export { loadSafetensors, type LoadSafetensorsOptions } from './load.js';
+export {
+  readSafetensorsHeader, parseSafetensorsHeader, writeSafetensors, SAFETENSORS_DTYPES,
+  type SafetensorsHeader, type SafetensorsEntry, type SafetensorsInput,
+} from './safetensors.js';
 import './transfer.js';

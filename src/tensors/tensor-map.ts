@@ -29,6 +29,8 @@ export let tensorMapContents: (map: TensorMap) =>
   | { kind: 'received'; received: ReceivedTensors };
 /** @internal A map over received allocations (the transfer handler's result). */
 export let receivedTensorMap: (received: ReceivedTensors) => TensorMap;
+/** @internal Sets what `metadata` returns (loadSafetensors: the files' __metadata__). */
+export let setTensorMapMetadata: (map: TensorMap, metadata: Readonly<Record<string, string>>) => void;
 
 function closedError(): IpcError {
   return new IpcError('ERR_CLOSED', 'this TensorMap is closed; keep it open while you use its tensors');
@@ -43,6 +45,7 @@ export class TensorMap<A extends TensorArray = TensorArray> implements Iterable<
   /** Bumped by every change: cached encodings of the map are keyed by it. */
   #version = 0;
   readonly #cache = new Map<string, unknown>();
+  #metadata: Readonly<Record<string, string>> = Object.freeze({});
 
   /** A map of your arrays (a Map, an object, or [name, array] pairs); the map owns them from now on. */
   constructor(entries?: Iterable<readonly [string, A]> | Readonly<Record<string, A>>) {
@@ -58,6 +61,9 @@ export class TensorMap<A extends TensorArray = TensorArray> implements Iterable<
   }
 
   get closed(): boolean { return this.#closed; }
+
+  /** Free-form string metadata: the `__metadata__` of a loaded safetensors checkpoint; empty otherwise (it does not travel). */
+  get metadata(): Readonly<Record<string, string>> { return this.#metadata; }
 
   /** True for a map that arrived over a link (its tensors are views into the sender's memory). */
   get received(): boolean { return this.#received !== undefined; }
@@ -189,6 +195,7 @@ export class TensorMap<A extends TensorArray = TensorArray> implements Iterable<
         ? { kind: 'received', received: map.#received }
         : { kind: 'built', entries: map.#entries!, version: map.#version, cache: map.#cache };
     };
+    setTensorMapMetadata = (map, metadata) => { map.#metadata = Object.freeze({ ...metadata }); };
     receivedTensorMap = (received) => {
       const map = new TensorMap();
       map.#entries = undefined;
