@@ -446,6 +446,7 @@ std::map<std::string, LegacyImport> g_legacyImports;
 std::map<std::string, CUdeviceptr> g_legacyExports;
 uint64_t g_legacyClock = 0;
 uint32_t g_legacyIdleLimit = 16;  // mappings kept open with no user, so that reopening is free
+uint64_t g_legacyOpens = 0;        // [tensors hook] cuIpcOpenMemHandle calls made, for "a repeated send opens no handle"
 
 std::string HandleKey(const Napi::CallbackInfo& info, size_t i) {
   char h[kIpcHandleSize];
@@ -563,6 +564,7 @@ Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
   std::memcpy(h.reserved, handleKey.data(), sizeof(h.reserved));
   CUdeviceptr p = 0;
   CU_CALL(env, cuIpcOpenMemHandle, &p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  g_legacyOpens++;
   // The allocation's size, for the caller's range check: asked once here, not on every reuse.
   CUdeviceptr base = 0;
   size_t size = 0;
@@ -626,6 +628,7 @@ Napi::Value LegacyCacheStats(const Napi::CallbackInfo& info) {
   out.Set("idleLimit", Napi::Number::New(env, g_legacyIdleLimit));
   out.Set("references", Napi::Number::New(env, static_cast<double>(refs)));
   out.Set("exports", Napi::Number::New(env, static_cast<double>(g_legacyExports.size())));
+  out.Set("opened", Napi::Number::New(env, static_cast<double>(g_legacyOpens)));
   return out;
 }
 

@@ -238,6 +238,8 @@ export interface ImportCacheStats {
   references: number;
   /** Allocations this process exported. */
   exports: number;
+  /** Handles opened so far (cuIpcOpenMemHandle calls; a mapping found in the cache opens none). */
+  opened: number;
 }
 
 /** This process's legacy import cache (shared by all its threads). */
