@@ -31,6 +31,7 @@ from .channel import ChannelConsumer, ChannelProducer, Message, Slot, accept_cha
 from .host_array import HostArray
 from .tensor_set import SharedTensors, TensorSet, share_tensors
 from .update import UpdateResult, update_in_place
+from .listener import Listener, listen
 
 __all__ = [
     "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",
@@ -40,6 +41,6 @@ __all__ = [
     "TransferHandler", "TransferEncoding", "register_transfer_handler", "unregister_transfer_handler",
     "accept_channel", "ChannelConsumer", "ChannelProducer", "Message", "Slot", "working_device", "set_working_device",
     "configure_import_cache", "legacy_cache_stats",
-    "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place",
+    "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
 ]
 __version__ = "0.1.0"
