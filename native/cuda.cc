@@ -603,6 +603,22 @@ Napi::Value LegacyImportRelease(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(env, g_legacyImports.size() < before);
 }
 
+// [tensors hook] legacyImportDrop(handle, context): closes the mapping now if nothing uses it (it
+// would otherwise stay idle in the cache). Tensor sets drop their mappings so that an idle one
+// never keeps a sender's freed memory. Returns true when a mapping was closed.
+Napi::Value LegacyImportDrop(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string key = ImportKey(HandleKey(info, 0), ArgHandle<CUcontext>(info, 1, "context"));
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  auto it = g_legacyImports.find(key);
+  if (it == g_legacyImports.end() || it->second.refs != 0) return Napi::Boolean::New(env, false);
+  LegacyImport m = it->second;
+  g_legacyImports.erase(it);
+  CUresult r = CloseImport(m);
+  if (r != CUDA_SUCCESS) ThrowCuda(env, r, "cuIpcCloseMemHandle");
+  return Napi::Boolean::New(env, true);
+}
+
 // legacyCacheConfigure(idleLimit): sets the idle limit and trims to it.
 Napi::Value LegacyCacheConfigure(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -1008,6 +1024,7 @@ void InitCuda(Napi::Env env, Napi::Object exports) {
   FN("legacyExportUnregister", LegacyExportUnregister)
   FN("legacyImportAcquire", LegacyImportAcquire)
   FN("legacyImportRelease", LegacyImportRelease)
+  FN("legacyImportDrop", LegacyImportDrop)
   FN("legacyCacheStats", LegacyCacheStats)
   FN("legacyCacheConfigure", LegacyCacheConfigure)
   FN("ipcGetEventHandle", IpcGetEventHandle)

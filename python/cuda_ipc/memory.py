@@ -402,6 +402,20 @@ def _trim_idle(keep: int) -> None:
         raise first
 
 
+def _legacy_drop(handle: bytes, user: Device) -> bool:
+    """[tensors hook] Closes the mapping of ``handle`` for ``user`` now if nothing uses it (instead of
+    leaving it idle in the cache): tensor sets drop theirs, so that an idle mapping never keeps a
+    sender's freed memory. True when one was closed."""
+    with _legacy_lock:
+        m = _legacy_maps.get((handle, user.uuid))
+        if m is None or m.refs:
+            return False
+        del _legacy_maps[(handle, user.uuid)]
+        with m.device.activate():
+            drv.driver().call("cuIpcCloseMemHandle", m.base)
+        return True
+
+
 def configure_import_cache(idle_limit: int) -> None:
     """How many unused legacy mappings stay open (default 16; least recently used closed first). An
     idle mapping keeps its allocation's memory alive after the exporter frees it, so 0 trades

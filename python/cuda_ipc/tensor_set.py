@@ -603,9 +603,7 @@ def _decode(data: memoryview, fds: list, link, lease) -> TensorSet:
     sizes = [a[3] for a in allocations]
     layout = _cached_layout(link, table, count, sizes)
     # One lease for the message: it ends once every allocation it brought is released here.
-    part = None
-    if lease is not None:
-        part = _PartLease(lease, len(allocations))
+    whole = _PartLease(lease, len(allocations))
     buffers = []
     at = 0
     try:
@@ -614,6 +612,7 @@ def _decode(data: memoryview, fds: list, link, lease) -> TensorSet:
             if handler is None:
                 raise IpcError("ERR_NOT_TRANSFERABLE", f"received a tensor set with a '{_KIND_NAMES[kind]}' allocation but no handler for it is registered")
             mine = fds[at:at + fd_count]
+            part = _AllocationLease(whole)
             try:
                 buf = handler.decode(body, mine, link, part)
             finally:
@@ -622,6 +621,8 @@ def _decode(data: memoryview, fds: list, link, lease) -> TensorSet:
                 fds[k] = -1
             at += fd_count
             buffers.append(buf)
+            if kind == KIND_LEGACY:
+                part.on_end = _dropper(buf._origin)
             if buf.nbytes != size:
                 raise IpcError("ERR_FRAME_INVALID", f"a received tensor set's allocation maps {buf.nbytes} bytes, not the {size} it announced")
     except BaseException:
@@ -638,30 +639,60 @@ _KIND_NAMES = {KIND_LEGACY: "legacy-buffer", KIND_POOL: "pool-buffer", KIND_HOST
 
 
 class _PartLease:
-    """The lease of one allocation of a message: the message's lease ends with the last of them."""
+    """Counts a message's allocations: its lease (if any) ends with the last of them."""
 
-    __slots__ = ("_lease", "_open", "_lock", "_ended")
+    __slots__ = ("_lease", "_open", "_lock")
 
     def __init__(self, lease, count: int):
         self._lease = lease
         self._open = count
         self._lock = threading.Lock()
-        self._ended = False
 
-    @property
-    def id(self) -> int:
-        return self._lease.id
-
-    @property
-    def ended(self) -> bool:
-        return self._lease.ended
-
-    def end(self) -> None:
+    def end_one(self) -> None:
         with self._lock:
             self._open -= 1
             last = self._open == 0
-        if last:
+        if last and self._lease is not None:
             self._lease.end()
+
+
+class _AllocationLease:
+    """What one allocation's handler sees as its lease: its end counts towards the message's, after
+    ``on_end`` (a legacy mapping is closed then rather than left idle)."""
+
+    __slots__ = ("_whole", "_ended", "on_end")
+
+    def __init__(self, whole: _PartLease):
+        self._whole = whole
+        self._ended = False
+        self.on_end = None
+
+    @property
+    def id(self) -> int:
+        return self._whole._lease.id if self._whole._lease is not None else 0
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            if self.on_end is not None:
+                self.on_end()
+        finally:
+            self._whole.end_one()
+
+
+def _dropper(origin):
+    """Closes a legacy mapping once its set let go of it, unless something else here still uses it:
+    an idle mapping would keep the sender's memory after the sender freed it."""
+    def drop():
+        if origin.user is not None:
+            _mem._legacy_drop(origin.descriptor.handle, origin.user)
+    return drop
 
 
 def _cached_layout(link, table, count: int, sizes: list) -> TensorLayout:

@@ -272,7 +272,10 @@ class DeviceSetTests(unittest.TestCase):
         self.assertEqual(second.bases(), [seg1, seg2])
         self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (1, 1), "a repeated send opens no handle")
         first.close()
+        self.assertEqual(self.fake.opened[seg1], 1, "the second set still maps it")
         second.close()
+        self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (0, 0),
+                         "a set's mappings are closed with it, not left idle holding the sender's memory")
         deliver_releases(self.lb, self.la)
         self.assertEqual(self.la.leases.count, 0)
 

@@ -8,6 +8,7 @@
 // receiver ends it once every allocation it mapped for the message is unmapped (the map closed
 // and every view of it gone).
 import { DeviceBuffer, type SharedMemory } from '../cuda/buffer.js';
+import { driver } from '../cuda/driver.js';
 import { IpcError } from '../errors.js';
 import { HostBuffer, describeHostBuffer, leaseHostBuffer } from '../host/host-buffer.js';
 import { DeviceArray } from '../ipc/array.js';
@@ -225,6 +226,7 @@ export const tensorSetTransfer: TransferHandler<TensorMap | Map<string, TensorAr
         fdAt += entry.fdCount;
         const b = buffer as DeviceBuffer | HostBuffer;
         buffers.push(b);
+        if (b instanceof DeviceBuffer && b.kind === 'legacy-import') dropWhenReleased(b);
         if (b.byteLength !== entry.size) throw new IpcError('ERR_FRAME_INVALID', `a received tensor set's ${kind} allocation maps ${b.byteLength} bytes, not the ${entry.size} it announced`);
       }
     } catch (e) {
@@ -234,6 +236,25 @@ export const tensorSetTransfer: TransferHandler<TensorMap | Map<string, TensorAr
     return receivedTensorMap({ layout, allocations: buffers });
   },
 };
+
+/**
+ * Closes a set's legacy mapping once the set let go of it, unless something else in this process
+ * still uses it: left idle in the import cache, it would keep the sender's memory after the sender
+ * freed it. (A repeated sync maps the next set before closing the previous one, so it opens none.)
+ */
+function dropWhenReleased(b: DeviceBuffer): void {
+  const owner = b.memory.owner as { handle?: Uint8Array; device: DeviceBuffer['device'] };
+  const handle = owner.handle;
+  if (!handle) return;
+  const device = owner.device;
+  b.memory.afterRelease.push(() => {
+    try {
+      driver.legacyImportDrop(handle, device.primaryContext);
+    } catch (e) {
+      process.emitWarning(`closing a tensor set's IPC mapping failed: ${(e as Error).message}`, { code: 'CUDA_IPC_RELEASE_CALLBACK' });
+    }
+  });
+}
 
 // The last layout each link decoded: a repeated send of the same tensors brings the same table,
 // which then needs only its extents checked against this message's allocations.
