@@ -21,6 +21,7 @@ import os
 import struct
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Iterator
 
@@ -29,7 +30,7 @@ from . import driver as drv
 from . import host as _host
 from . import memory as _mem  # [tensors hook] memory.py's segment-handle caches, pool references and re-sends
 from .codec import TransferEncoding, TransferHandler, register_transfer_handler
-from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, encode_descriptor
+from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor, encode_descriptor
 from .device import Device
 from .errors import CudaError, IpcError
 from .host import HostBuffer
@@ -37,7 +38,8 @@ from .host_array import HostArray
 from .lease import Hold, release_hold
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TENSOR_SET_KIND, TensorLayout, decode_table, encode_set, encode_table, parse_set
 
-_LAYOUT_STATE = "cuda_ipc.tensor_set.layout"
+_LAYOUT_STATE = "cuda_ipc.tensor_set.layouts"
+_LAYOUTS_KEPT = 16
 
 
 # ------------------------------------------------------------------------------------------------
@@ -220,7 +222,7 @@ def _describe(st: SharedTensors):
         alloc_of.append(a)
         nbytes += meta.itemsize * _numel(meta.shape)
     table = encode_table(names, dtypes, shapes, strides, offsets, alloc_of, len(allocs))
-    pointers = [_pointer(o) for o in st._objs]
+    pointers = _pointers(st._objs)
     return _Encoding(pointers, allocs, table, len(names), nbytes, sorted(syncs, key=repr))
 
 
@@ -289,13 +291,22 @@ def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
         return a
 
 
+def _pointers(objs) -> list:
+    """Where each tensor starts now: for torch tensors one C method call each."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        T = torch.Tensor
+        if all(type(o) is T or isinstance(o, T) for o in objs):
+            return list(map(T.data_ptr, objs))
+    return [_pointer(o) for o in objs]
+
+
 def _current(st: SharedTensors) -> _Encoding:
     """The set's encoding, reused while every tensor starts where it did."""
     with st._lock:
         enc = st._encoding
         if enc is not None:
-            pointers = [_pointer(o) for o in st._objs]
-            if pointers == enc.pointers:
+            if _pointers(st._objs) == enc.pointers:
                 return enc
         enc = st._encoding = _describe(st)
         return enc
@@ -614,7 +625,7 @@ def _decode(data: memoryview, fds: list, link, lease) -> TensorSet:
             mine = fds[at:at + fd_count]
             part = _AllocationLease(whole)
             try:
-                buf = handler.decode(body, mine, link, part)
+                buf = _decode_legacy(body, part) if kind == KIND_LEGACY else handler.decode(body, mine, link, part)
             finally:
                 fds[at:at + fd_count] = mine  # taken ones are -1; the rest stay the link's to close
             for k in range(at, at + fd_count):
@@ -636,6 +647,26 @@ def _decode(data: memoryview, fds: list, link, lease) -> TensorSet:
 
 
 _KIND_NAMES = {KIND_LEGACY: "legacy-buffer", KIND_POOL: "pool-buffer", KIND_HOST: "host-buffer"}
+
+# Legacy entries decoded before, by their bytes: a repeated sync brings the same few hundred (one
+# per caching-allocator segment), and a descriptor is immutable once checked.
+_descriptors: "OrderedDict[bytes, LegacyHandleDescriptor]" = OrderedDict()
+_descriptors_lock = threading.Lock()
+
+
+def _decode_legacy(body, lease):
+    """What the 'legacy-buffer' handler makes of ``body``, with the canonical decode done once per bytes."""
+    key = bytes(body)
+    with _descriptors_lock:
+        desc = _descriptors.get(key)
+    if desc is None:
+        desc = decode_descriptor(key, "cuda-legacy-handle")
+        with _descriptors_lock:
+            _descriptors[key] = desc
+            while len(_descriptors) > 8192:
+                _descriptors.popitem(last=False)
+    origin = _mem._Origin("legacy", lease, desc.device_uuid, 0, descriptor=desc)
+    return _mem.DeviceBuffer(origin, desc.offset, desc.byte_length, _mem._CREATE)
 
 
 class _PartLease:
@@ -696,16 +727,23 @@ def _dropper(origin):
 
 
 def _cached_layout(link, table, count: int, sizes: list) -> TensorLayout:
-    """The last layout this link decoded, when the table is the same bytes (a repeated send of the
-    same tensors): then only the extents are checked against this message's allocations."""
-    last = link.handler_state.get(_LAYOUT_STATE)
-    if last is not None and last.count == count and last.allocation_count == len(sizes) and last.table == table:
+    """A layout this link decoded before, when the table is the same bytes (a repeated send of the same
+    tensors; the last few are kept, so that a state dict sent as several sets hits too): then only
+    the extents are checked against this message's allocations."""
+    cache = link.handler_state.get(_LAYOUT_STATE)
+    if cache is None:
+        cache = link.handler_state[_LAYOUT_STATE] = OrderedDict()
+    last = cache.get(table)
+    if last is not None and last.count == count and last.allocation_count == len(sizes):
         for a, end in enumerate(last.ends):
             if end > sizes[a]:
                 raise IpcError("ERR_FRAME_INVALID", f"a received tensor set is malformed: its tensors reach byte {end} of allocation {a}, which holds {sizes[a]}")
+        cache.move_to_end(table)
         return last
     layout = decode_table(table, count, sizes)
-    link.handler_state[_LAYOUT_STATE] = layout
+    cache[layout.table] = layout
+    while len(cache) > _LAYOUTS_KEPT:
+        cache.popitem(last=False)
     return layout
 
 

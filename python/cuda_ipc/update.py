@@ -302,7 +302,7 @@ def _plan_for_set(dst: Mapping, ts: TensorSet, strict: bool) -> _Plan:
     if p is not None and p.length == len(dst):
         get = dst.get
         current = [get(n) for n in p.names]
-        if all(map(operator.is_, current, p.dst_objs)) and [_address(o) for o in current] == p.dst_ptrs:
+        if all(map(operator.is_, current, p.dst_objs)) and _addresses(current) == p.dst_ptrs:
             return p
     index = layout.index
     strides, shapes, dtypes, nbytes, extents = layout.strides, layout.shapes, layout.dtypes, layout.nbytes, layout.extents
@@ -323,6 +323,16 @@ def _plan_for_set(dst: Mapping, ts: TensorSet, strict: bool) -> _Plan:
         while len(_plans) > 16:
             _plans.popitem(last=False)
     return p
+
+
+def _addresses(objs) -> list:
+    """Where each tensor starts now: for torch tensors one C method call each."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        T = torch.Tensor
+        if all(isinstance(o, T) for o in objs):
+            return list(map(T.data_ptr, objs))
+    return [_address(o) for o in objs]
 
 
 def _address(obj) -> int:
