@@ -171,7 +171,8 @@ async function copyFilesToDevice(headers: SafetensorsHeader[], bases: number[], 
   try {
     staging = copyAddon.hostArrayBuffer(pinned, 2 * chunk);
     const halves = [new Uint8Array(staging, 0, chunk), new Uint8Array(staging, chunk, chunk)];
-    stream = driver.streamCreate(1);  // non-blocking: nothing else is queued on it
+    // Blocking: ordered after the pool allocation, which was made on the legacy default stream.
+    stream = driver.streamCreate(0);
     const base = whole.devicePointer;
     let k = 0;
     for (let f = 0; f < headers.length; f++) {
