@@ -18,6 +18,18 @@ import { DeviceArray } from '../../src/ipc/array.js';
 import '../../src/ipc/pool.js';
 import { spawn, type Link } from '../../src/link/index.js';
 import { TensorMap, loadSafetensors, updateInPlace, writeSafetensors, type SafetensorsInput } from '../../src/tensors/index.js';
+import { collectStatus, type ProcessStatus } from '../../src/observe/reader.js';
+
+/** The child's `cuda-ipc status` record once `ok` holds for it (records are rewritten a few times a second). */
+async function statusOf(pid: number, what: string, ok: (p: ProcessStatus) => boolean): Promise<ProcessStatus> {
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    const p = collectStatus().processes.find((x) => x.pid === pid);
+    if (p && ok(p)) return p;
+    if (Date.now() > deadline) assert.fail(`status never showed ${what} for pid ${pid}; last: ${JSON.stringify(p)}`);
+    await sleep(50);
+  }
+}
 
 const CHILD = new URL('../fixtures/tensor-gpu-child.js', import.meta.url);
 const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-gpu-tensors-'));
@@ -67,9 +79,13 @@ describe('tensor sets on a GPU', { skip: noGpu }, () => {
       assert.equal(second.legacy.opened, 1, 'the repeated send opened no handle');
       await sleep(50);  // the first set's RELEASE follows the reply
       assert.equal(t.plain.leases, 1, 'the first set was closed once the second was mapped');
+      await statusOf(child.pid!, 'the set mapped', (p) => p.device.imports === 2);
       const dropped = await ask(link, { op: 'drop' });
       assert.equal(dropped.legacy.mappings, 0, 'no idle mapping left holding our memory');
       assert.equal(dropped.memory.imports, 0);
+      // `cuda-ipc status` says the same of the child.
+      const st = await statusOf(child.pid!, 'nothing mapped', (p) => p.device.imports === 0);
+      assert.equal(st.importCache.mappings, 0);
       await sleep(50);
       assert.equal(t.plain.leases, 0);
       assert.equal(t.pooled.leases, 0);
