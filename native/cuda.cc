@@ -39,6 +39,8 @@ std::mutex g_initMutex;
 bool g_initialized = false;
 // Set once the driver is loaded and initialised: every later call checks only this.
 std::atomic<bool> g_ready{false};
+// Kept for entry points resolved at other ABI versions (ResolveDriverEntry, below).
+PFN_cuGetProcAddress_v2 g_getProc = nullptr;
 
 void LoadDriver() {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -54,6 +56,7 @@ void LoadDriver() {
     g_loadError = "libcuda.so.1 has no cuGetProcAddress_v2: the NVIDIA driver is older than CUDA 12.0; update the driver";
     return;
   }
+  g_getProc = getProc;
   // A symbol the driver lacks stays null and fails at its first call with a clear error.
 #define CUABI_RESOLVE(name, params)                                                              \
   {                                                                                              \
@@ -440,6 +443,7 @@ std::map<std::string, LegacyImport> g_legacyImports;
 std::map<std::string, CUdeviceptr> g_legacyExports;
 uint64_t g_legacyClock = 0;
 uint32_t g_legacyIdleLimit = 16;  // mappings kept open with no user, so that reopening is free
+uint64_t g_legacyOpens = 0;        // [tensors hook] cuIpcOpenMemHandle calls made, for "a repeated send opens no handle"
 
 std::string HandleKey(const Napi::CallbackInfo& info, size_t i) {
   char h[kIpcHandleSize];
@@ -557,6 +561,7 @@ Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
   std::memcpy(h.reserved, handleKey.data(), sizeof(h.reserved));
   CUdeviceptr p = 0;
   CU_CALL(env, cuIpcOpenMemHandle, &p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  g_legacyOpens++;
   // The allocation's size, for the caller's range check: asked once here, not on every reuse.
   CUdeviceptr base = 0;
   size_t size = 0;
@@ -595,6 +600,22 @@ Napi::Value LegacyImportRelease(const Napi::CallbackInfo& info) {
   return Napi::Boolean::New(env, g_legacyImports.size() < before);
 }
 
+// [tensors hook] legacyImportDrop(handle, context): closes the mapping now if nothing uses it (it
+// would otherwise stay idle in the cache). Tensor sets drop their mappings so that an idle one
+// never keeps a sender's freed memory. Returns true when a mapping was closed.
+Napi::Value LegacyImportDrop(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string key = ImportKey(HandleKey(info, 0), ArgHandle<CUcontext>(info, 1, "context"));
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  auto it = g_legacyImports.find(key);
+  if (it == g_legacyImports.end() || it->second.refs != 0) return Napi::Boolean::New(env, false);
+  LegacyImport m = it->second;
+  g_legacyImports.erase(it);
+  CUresult r = CloseImport(m);
+  if (r != CUDA_SUCCESS) ThrowCuda(env, r, "cuIpcCloseMemHandle");
+  return Napi::Boolean::New(env, true);
+}
+
 // legacyCacheConfigure(idleLimit): sets the idle limit and trims to it.
 Napi::Value LegacyCacheConfigure(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
@@ -620,6 +641,7 @@ Napi::Value LegacyCacheStats(const Napi::CallbackInfo& info) {
   out.Set("idleLimit", Napi::Number::New(env, g_legacyIdleLimit));
   out.Set("references", Napi::Number::New(env, static_cast<double>(refs)));
   out.Set("exports", Napi::Number::New(env, static_cast<double>(g_legacyExports.size())));
+  out.Set("opened", Napi::Number::New(env, static_cast<double>(g_legacyOpens)));
   return out;
 }
 
@@ -927,6 +949,20 @@ void CleanupEnv(void* arg) {
 
 }  // namespace
 
+// [tensors hook] For native/copy.cc: entry points newer than kCudaAbiVersion, resolved at their own
+// version once the driver is loaded (nullptr where the driver lacks them), and CudaErrors thrown
+// the same way as every call here.
+void* ResolveDriverEntry(Napi::Env env, const char* name, int abiVersion) {
+  EnsureDriver(env);
+  if (!g_getProc) return nullptr;
+  void* fn = nullptr;
+  int status = 0;
+  if (g_getProc(name, &fn, abiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS) return nullptr;
+  return fn;
+}
+
+[[noreturn]] void ThrowCudaFailure(Napi::Env env, int status, const char* call) { ThrowCuda(env, status, call); }
+
 void InitCuda(Napi::Env env, Napi::Object exports) {
   t_state = new EnvState();
   napi_add_env_cleanup_hook(env, CleanupEnv, t_state);
@@ -978,6 +1014,7 @@ void InitCuda(Napi::Env env, Napi::Object exports) {
   FN("legacyExportUnregister", LegacyExportUnregister)
   FN("legacyImportAcquire", LegacyImportAcquire)
   FN("legacyImportRelease", LegacyImportRelease)
+  FN("legacyImportDrop", LegacyImportDrop)
   FN("legacyCacheStats", LegacyCacheStats)
   FN("legacyCacheConfigure", LegacyCacheConfigure)
   FN("ipcGetEventHandle", IpcGetEventHandle)

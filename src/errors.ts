@@ -53,7 +53,10 @@ export type IpcErrorCode =
   | 'ERR_NOT_SPAWNED'
   // channels
   | 'ERR_CHANNEL_CLOSED'
-  | 'ERR_CHANNEL_CORRUPT';
+  | 'ERR_CHANNEL_CORRUPT'
+  // tensors (src/tensors)
+  | 'ERR_TENSOR_MISMATCH'
+  | 'ERR_SAFETENSORS_INVALID';
 
 /** A cuda-ipc usage or protocol error with a stable `code`. */
 export class IpcError extends Error {

@@ -48,3 +48,5 @@ export {
   type AcquireOptions, type PublishOptions, type ReleaseOptions, type ReceiveOptions, type ChannelStats,
   type Pipeline, type PipelineOptions, type PipelineStage,
 } from './channel/index.js';
+// [tensors] named tensors over links, in-place updates, safetensors (issue 21).
+export * from './tensors/index.js';

@@ -27,10 +27,12 @@ DTYPES = {
     "int8": (1, "|i1", 1), "int16": (2, "<i2", 2), "int32": (4, "<i4", 3), "int64": (8, "<i8", 4),
     "uint8": (1, "|u1", 5), "uint16": (2, "<u2", 6), "uint32": (4, "<u4", 7), "uint64": (8, "<u8", 8),
     "float16": (2, "<f2", 9), "bfloat16": (2, "<V2", 10), "float32": (4, "<f4", 11), "float64": (8, "<f8", 12),
+    # One byte each; the float8 formats (PyTorch's float8_e4m3fn / float8_e5m2) have no NumPy typestr.
+    "bool": (1, "|b1", 13), "float8_e4m3fn": (1, "|V1", 14), "float8_e5m2": (1, "|V1", 15),
 }
 _BY_CODE = {v[2]: k for k, v in DTYPES.items()}
-_BY_TYPESTR = {v[1]: k for k, v in DTYPES.items()}
-_BY_TYPESTR.update({"<i1": "int8", "<u1": "uint8", "|b1": "uint8"})
+_BY_TYPESTR = {v[1]: k for k, v in DTYPES.items() if v[1] != "|V1"}  # '|V1' names two dtypes: not a typestr
+_BY_TYPESTR.update({"<i1": "int8", "<u1": "uint8", "<b1": "bool"})
 _UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _HEX_RE = re.compile(r"^[0-9a-f]*$")
 _ALIASES = {"float": "float32", "double": "float64", "half": "float16", "int": "int32", "long": "int64",

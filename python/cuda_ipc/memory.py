@@ -340,11 +340,12 @@ _legacy_lock = threading.Lock()
 _legacy_maps: dict[tuple, _LegacyMapping] = {}  # (handle, device uuid) -> mapping
 _legacy_clock = 0
 _legacy_idle_limit = 16
+_legacy_opens = 0  # [tensors hook] cuIpcOpenMemHandle calls made (legacy_cache_stats()["opened"])
 
 
 def _legacy_acquire(handle: bytes, user: Device) -> tuple[int, int]:
     """(base, allocation size) of the mapping of ``handle`` for ``user``, opened if need be."""
-    global _legacy_clock
+    global _legacy_clock, _legacy_opens
     key = (handle, user.uuid)
     with _legacy_lock:
         m = _legacy_maps.get(key)
@@ -355,6 +356,7 @@ def _legacy_acquire(handle: bytes, user: Device) -> tuple[int, int]:
             return m.base, m.size
         with user.activate():
             base = drv.ipc_open_mem_handle(handle)
+            _legacy_opens += 1
             try:
                 size = drv.address_range(base)[1]
             except BaseException:
@@ -400,6 +402,20 @@ def _trim_idle(keep: int) -> None:
         raise first
 
 
+def _legacy_drop(handle: bytes, user: Device) -> bool:
+    """[tensors hook] Closes the mapping of ``handle`` for ``user`` now if nothing uses it (instead of
+    leaving it idle in the cache): tensor sets drop theirs, so that an idle mapping never keeps a
+    sender's freed memory. True when one was closed."""
+    with _legacy_lock:
+        m = _legacy_maps.get((handle, user.uuid))
+        if m is None or m.refs:
+            return False
+        del _legacy_maps[(handle, user.uuid)]
+        with m.device.activate():
+            drv.driver().call("cuIpcCloseMemHandle", m.base)
+        return True
+
+
 def configure_import_cache(idle_limit: int) -> None:
     """How many unused legacy mappings stay open (default 16; least recently used closed first). An
     idle mapping keeps its allocation's memory alive after the exporter frees it, so 0 trades
@@ -413,11 +429,12 @@ def configure_import_cache(idle_limit: int) -> None:
 
 
 def legacy_cache_stats() -> dict:
-    """This process's legacy mappings: ``mappings``, ``idle``, ``idle_limit``, ``references``."""
+    """This process's legacy mappings: ``mappings``, ``idle``, ``idle_limit``, ``references``, and ``opened``
+    (handles opened so far: a mapping found in the cache opens none)."""
     with _legacy_lock:
         refs = sum(m.refs for m in _legacy_maps.values())
         idle = sum(1 for m in _legacy_maps.values() if m.refs == 0)
-        return {"mappings": len(_legacy_maps), "idle": idle, "idle_limit": _legacy_idle_limit, "references": refs}
+        return {"mappings": len(_legacy_maps), "idle": idle, "idle_limit": _legacy_idle_limit, "references": refs, "opened": _legacy_opens}
 
 
 def _open_legacy(desc: LegacyHandleDescriptor, user: Device):

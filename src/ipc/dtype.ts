@@ -18,11 +18,15 @@ export type DType =
   | 'float16'
   | 'bfloat16'
   | 'float32'
-  | 'float64';
+  | 'float64'
+  | 'bool'
+  | 'float8_e4m3fn'
+  | 'float8_e5m2';
 
 /** The typed array that holds one dtype's values on the host. float16 and bfloat16 have no
  *  native typed array on Node 20, so their raw bit patterns live in a Uint16Array; convert with
- *  the helpers in src/half-float.ts. */
+ *  the helpers in src/half-float.ts. bool is one byte per element (0 or 1), the float8 formats
+ *  (PyTorch's float8_e4m3fn and float8_e5m2, safetensors' F8_E4M3 and F8_E5M2) raw bytes. */
 export interface HostArrayTypes {
   int8: Int8Array;
   int16: Int16Array;
@@ -36,6 +40,9 @@ export interface HostArrayTypes {
   bfloat16: Uint16Array;
   float32: Float32Array;
   float64: Float64Array;
+  bool: Uint8Array;
+  float8_e4m3fn: Uint8Array;
+  float8_e5m2: Uint8Array;
 }
 
 export interface HostArrayConstructor<A> {
@@ -73,6 +80,10 @@ const DTYPE_TABLE: DTypeTable = {
   bfloat16: { name: 'bfloat16', itemsize: 2, typestr: '<V2', hostArray: Uint16Array, wireCode: 10 },
   float32: { name: 'float32', itemsize: 4, typestr: '<f4', hostArray: Float32Array, wireCode: 11 },
   float64: { name: 'float64', itemsize: 8, typestr: '<f8', hostArray: Float64Array, wireCode: 12 },
+  // One byte each; the float8 formats have no NumPy typestr ('|V1', opaque), like bfloat16.
+  bool: { name: 'bool', itemsize: 1, typestr: '|b1', hostArray: Uint8Array, wireCode: 13 },
+  float8_e4m3fn: { name: 'float8_e4m3fn', itemsize: 1, typestr: '|V1', hostArray: Uint8Array, wireCode: 14 },
+  float8_e5m2: { name: 'float8_e5m2', itemsize: 1, typestr: '|V1', hostArray: Uint8Array, wireCode: 15 },
 };
 
 /** Every dtype, in wire-code order. */

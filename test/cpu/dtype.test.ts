@@ -17,6 +17,9 @@ const EXPECTED: Record<DType, [itemsize: number, typestr: string, wireCode: numb
   bfloat16: [2, '<V2', 10],
   float32: [4, '<f4', 11],
   float64: [8, '<f8', 12],
+  bool: [1, '|b1', 13],
+  float8_e4m3fn: [1, '|V1', 14],
+  float8_e5m2: [1, '|V1', 15],
 };
 
 test('every dtype has the pinned itemsize, typestr and wire code', () => {
@@ -27,7 +30,7 @@ test('every dtype has the pinned itemsize, typestr and wire code', () => {
     assert.equal(dtypeFromWireCode(info.wireCode), dtype);
   }
   assert.equal(dtypeFromWireCode(0), undefined);
-  assert.equal(dtypeFromWireCode(13), undefined);
+  assert.equal(dtypeFromWireCode(16), undefined);
 });
 
 test('host typed arrays hold one element per itemsize; half types use raw Uint16Array bits', () => {
