@@ -246,9 +246,12 @@ export class IpcPool {
     return new DeviceBuffer(new SharedMemory(new PoolAllocation(this, this.device, base, bytes)), 0, bytes);
   }
 
-  /** A new fd for this pool, owned by the caller (links send it and close it). */
+  /**
+   * A new fd for this pool, owned by the caller (links send it and close it). Works after close()
+   * while buffers of the pool live: a peer needs the pool to map a buffer sent from it.
+   */
   exportFd(): number {
-    this.handle; // throws once closed
+    if (this.#handle === 0n) throw new IpcError('ERR_CLOSED', `this ${this.imported ? 'imported ' : ''}pool was destroyed`);
     return addon.dup(this.#fd);
   }
 

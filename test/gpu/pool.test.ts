@@ -42,6 +42,23 @@ describe('IPC pools', { skip: noGpu }, () => {
     });
   }
 
+  test('a buffer of a closed pool still travels while it lives; the pool goes with its last buffer', async () => {
+    const pool = Device.get(0).createIpcPool();
+    const b = pool.allocate(4096);
+    b.write(u32Pattern(7, 1024));
+    pool.close();  // closed, not destroyed: b still uses it
+    assert.throws(() => pool.allocate(16), (e: unknown) => e instanceof IpcError && e.code === 'ERR_CLOSED');
+    try {
+      await withChild(async (link) => {
+        const r = await ask(link, { op: 'check', buffer: b, seed: 7, write: 8 });
+        assert.deepEqual(r, { ok: true, bad: -1, isMapped: true, byteLength: 4096, kind: 'pool-import' });
+      });
+    } finally {
+      b.close();
+    }
+    assert.throws(() => pool.exportFd(), (e: unknown) => e instanceof IpcError && e.code === 'ERR_CLOSED', 'destroyed with its last buffer');
+  });
+
   test('3 pools x 7 buffers to two children, patterns both ways', async () => {
     const device = Device.get(0);
     const pools = [0, 1, 2].map(() => device.createIpcPool());
