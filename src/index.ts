@@ -1,4 +1,9 @@
 // cuda-ipc: share CUDA GPU memory and events between Node.js processes with zero copies.
+// The emitted index.d.ts names what the declarations need (Node's types, Disposable), so they
+// type-check in a project whose tsconfig lists no `types` (TypeScript 7's default) or an older lib.
+/// <reference types="node" preserve="true" />
+/// <reference lib="es2022" preserve="true" />
+/// <reference lib="esnext.disposable" preserve="true" />
 export { CudaError, IpcError, type IpcErrorCode } from './errors.js';
 export {
   Device, driverVersion, peerAccessMatrix, peerLinks, workingDevice, setWorkingDevice,
@@ -33,7 +38,7 @@ export { HostBuffer } from './host/index.js';
 export {
   Link, spawn, parentLink, listen, connect, Listener, registerTransferHandler, unregisterTransferHandler, setLinkWorkingDevice, linkWorkingDevice,
   spawnPython, pythonPackageDirectory, type SpawnPythonOptions,
-  type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
+  type LinkEvents, type ListenerEvents, type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
 } from './link/index.js';
 export { stats, type Stats } from './stats.js';
@@ -45,6 +50,6 @@ export {
   ChannelHub, ChannelProducer, ChannelConsumer, ChannelSlot, ChannelMessage, createChannel, acceptChannel, pipeline, pipelineStage,
   type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type WaitMode,
   type CreateChannelOptions, type AcceptOptions, type AttachOptions, type SlotBuffer, type SlotBufferFor, type ChannelShape,
-  type AcquireOptions, type PublishOptions, type ReleaseOptions, type ReceiveOptions, type ChannelStats,
+  type AcquireOptions, type PublishOptions, type PublishArgs, type ReleaseOptions, type ReceiveOptions, type ChannelStats,
   type Pipeline, type PipelineOptions, type PipelineStage,
 } from './channel/index.js';

@@ -22,7 +22,7 @@ const kWaited = Symbol('cuda-ipc.channel.waited');
 interface MessageOwner {
   readonly fences: Fences | undefined;
   publishFence(s: number): number;
-  release(m: ChannelMessage<any>, options: ReleaseOptions): void;
+  release(m: ChannelMessage<any, any>, options: ReleaseOptions): void;
 }
 
 /**
@@ -30,7 +30,7 @@ interface MessageOwner {
  * ChannelHub.consumer()). `for await (const msg of consumer)` with `msg.buffer`, `msg.meta`, and
  * `msg.release()` once done with the slot.
  */
-export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements ChannelShape, Disposable, AsyncDisposable, AsyncIterable<ChannelMessage<B>> {
+export class ChannelConsumer<B extends SlotBuffer = SlotBuffer, Meta = unknown> implements ChannelShape, Disposable, AsyncDisposable, AsyncIterable<ChannelMessage<B, Meta>> {
   readonly role = 'consumer' as const;
   readonly topology: ChannelTopology;
   readonly memory: 'host' | 'device';
@@ -49,8 +49,8 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
    * and fills again on every message reallocates its table each time, and once the table is old
    * (it lived through a full GC) each of those lands in the old generation, which then fills with
    * garbage and costs a mark-compact every few hundred thousand messages. */
-  readonly #held: Array<ChannelMessage<B> | undefined>;
-  readonly #receivers: WaitQueue<ChannelMessage<B> | undefined>;
+  readonly #held: Array<ChannelMessage<B, Meta> | undefined>;
+  readonly #receivers: WaitQueue<ChannelMessage<B, Meta> | undefined>;
   /** #canReceive, bound once (a wait passes it down; no closure per wait). */
   readonly #canReceiveNow: () => boolean;
   /** Set by #receiveNow: it returned null after a spin that ran out (the queue sleeps at once). */
@@ -72,7 +72,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     this.device = b.device;
     this.index = end.index;
     this.#fences = b.fences;
-    this.#held = new Array<ChannelMessage<B> | undefined>(b.slotCount).fill(undefined);
+    this.#held = new Array<ChannelMessage<B, Meta> | undefined>(b.slotCount).fill(undefined);
     this.#owner = {
       fences: b.fences,
       publishFence: (s) => publishFence(b.layout, s),
@@ -80,7 +80,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     };
     if (b.layout.broadcast) this.#cursor = end.ring.w.load64(end.ring.partOff(end.index) + P.cursor);
     this.#canReceiveNow = () => this.#canReceive();
-    this.#receivers = new WaitQueue<ChannelMessage<B> | undefined>({
+    this.#receivers = new WaitQueue<ChannelMessage<B, Meta> | undefined>({
       isClosed: () => end.closed,
       closedOutcome: () => ({ value: undefined }),
       poll: () => this.#poll(),
@@ -114,8 +114,8 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
    * their messages were taken). Rejects with ERR_PEER_GONE, after the messages already published,
    * when a producer died.
    */
-  receive(options: ReceiveOptions = {}): Promise<ChannelMessage<B> | undefined> {
-    let m: ChannelMessage<B> | undefined | null;
+  receive(options: ReceiveOptions = {}): Promise<ChannelMessage<B, Meta> | undefined> {
+    let m: ChannelMessage<B, Meta> | undefined | null;
     try {
       m = this.#receiveNow(options.signal);
     } catch (e) {
@@ -125,18 +125,18 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   }
 
   /** A message now; undefined when none is there (or the channel ended: see receive()). */
-  tryReceive(): ChannelMessage<B> | undefined {
+  tryReceive(): ChannelMessage<B, Meta> | undefined {
     this.#end.assertOpen('tryReceive');
     return this.#poll() ?? undefined;
   }
 
-  [Symbol.asyncIterator](): AsyncIterator<ChannelMessage<B>> {
+  [Symbol.asyncIterator](): AsyncIterator<ChannelMessage<B, Meta>> {
     this.#end.assertOpen('iterate');
     return {
       // Not an async function: a message that is there (or comes while spinning) is handed over
       // in one settled promise, without the extra microtask turns of awaiting receive().
       next: () => {
-        let m: ChannelMessage<B> | undefined | null;
+        let m: ChannelMessage<B, Meta> | undefined | null;
         try {
           m = this.#receiveNow(undefined);
         } catch (e) {
@@ -153,7 +153,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
    * receive()'s synchronous part: a message, undefined at the end, or null when the caller must
    * queue (then #spunOut says whether a spin ran out already). Throws what receive() rejects with.
    */
-  #receiveNow(signal: AbortSignal | undefined): ChannelMessage<B> | undefined | null {
+  #receiveNow(signal: AbortSignal | undefined): ChannelMessage<B, Meta> | undefined | null {
     this.#spunOut = false;
     const e = this.#end;
     e.assertOpen('receive');
@@ -179,7 +179,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   }
 
   /** A message, undefined at the end, null when there is none yet. Throws the end error. */
-  #poll(): ChannelMessage<B> | undefined | null {
+  #poll(): ChannelMessage<B, Meta> | undefined | null {
     if (this.#endError) throw this.#endError;
     if (this.#ended || this.#end.closed) return undefined;
     let m = this.#takeOne();
@@ -197,7 +197,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     return undefined;
   }
 
-  #takeOne(): ChannelMessage<B> | undefined {
+  #takeOne(): ChannelMessage<B, Meta> | undefined {
     const e = this.#end;
     const ring = e.ring;
     if (this.topology === 'queue') {
@@ -225,7 +225,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   }
 
   /** The message in slot s, published at `position` (which take() or peekAt() checked). */
-  #message(s: number, position: number): ChannelMessage<B> {
+  #message(s: number, position: number): ChannelMessage<B, Meta> {
     const ring = this.#end.ring;
     const view = ring.view;
     const so = ring.slotOff(s);
@@ -250,7 +250,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
       }
     }
     const word = this.topology === 'queue' ? ring.takenWords[s]! : 0;
-    const m = new ChannelMessage<B>(this.#owner, s, this.#end.view(s) as B, {
+    const m = new ChannelMessage<B, Meta>(this.#owner, s, this.#end.view(s) as B, {
       position,
       length,
       meta,
@@ -268,7 +268,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
     else this.#end.ring.releaseTaken(s);
   }
 
-  #release(m: ChannelMessage<B>, options: ReleaseOptions): void {
+  #release(m: ChannelMessage<B, Meta>, options: ReleaseOptions): void {
     if (this.#held[m.index] !== m) return;
     this.#held[m.index] = undefined;
     const e = this.#end;
@@ -319,7 +319,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> implements Chann
   }
 }
 
-function iteratorResult<B extends SlotBuffer>(m: ChannelMessage<B> | undefined): IteratorResult<ChannelMessage<B>, undefined> {
+function iteratorResult<B extends SlotBuffer, Meta>(m: ChannelMessage<B, Meta> | undefined): IteratorResult<ChannelMessage<B, Meta>, undefined> {
   return m ? { value: m, done: false } : { value: undefined, done: true };
 }
 
@@ -334,7 +334,7 @@ interface MessageInit {
 }
 
 /** A message a consumer received. Release it once done with its slot (or use `using`). */
-export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Disposable {
+export class ChannelMessage<B extends SlotBuffer = SlotBuffer, Meta = unknown> implements Disposable {
   readonly index: number;
   /** The message's position in the channel's order (per channel, increasing). */
   readonly position: number;
@@ -342,7 +342,9 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
   readonly buffer: B;
   /** Bytes of the slot the producer said it used. */
   readonly length: number;
-  readonly meta: unknown;
+  /** What the producer passed as `publish(slot, { meta })` (a Uint8Array arrives as a copy);
+   * undefined when it passed none. Typed as the channel's `Meta`, not checked at run time. */
+  readonly meta: Meta;
   /** Participant index of the producer that published it. */
   readonly producer: number;
   /** Work sharing: another consumer took this message before and left without releasing it. */
@@ -362,7 +364,7 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
     this.buffer = buffer;
     this.position = init.position;
     this.length = init.length;
-    this.meta = init.meta;
+    this.meta = init.meta as Meta;
     this.producer = init.producer;
     this.redelivered = init.redelivered;
   }

@@ -30,7 +30,7 @@ const DEFAULT_META_BYTES = 256;
  * For createChannel and pipeline: an end in this process whose closing (or end()) closes its hub
  * too, for a hub made only for it. Not on the class: it is no part of the public API.
  */
-export let openOwnedEnd: <B extends SlotBuffer>(hub: ChannelHub<B>, role: ChannelRole, options: ChannelWaitOptions) => ChannelProducer<B> | ChannelConsumer<B>;
+export let openOwnedEnd: <B extends SlotBuffer, Meta>(hub: ChannelHub<B, Meta>, role: ChannelRole, options: ChannelWaitOptions) => ChannelProducer<B, Meta> | ChannelConsumer<B, Meta>;
 /** How long opening an end here spins for the publish lock (a broadcast consumer needs it). */
 const LOCAL_ACTIVATE_MS = 50;
 
@@ -44,8 +44,10 @@ export interface AttachOptions {
  * producer() / consumer(), and attach other processes with attach(link, { role }) (they call
  * acceptChannel(link)). Closing the hub closes the ends it opened and stops watching its peers;
  * peers keep working on the memory they mapped. createChannel() does all of it for one to one.
+ * `B` is the slot type (HostBuffer or DeviceBuffer, from `memory`), `Meta` the type of the
+ * messages' metadata (`ChannelHub.create<Meta>(...)`; not checked at run time).
  */
-export class ChannelHub<B extends SlotBuffer = SlotBuffer> implements ChannelShape, Disposable {
+export class ChannelHub<B extends SlotBuffer = SlotBuffer, Meta = unknown> implements ChannelShape, Disposable {
   readonly topology: ChannelTopology;
   readonly memory: 'host' | 'device';
   readonly slotCount: number;
@@ -56,7 +58,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> implements ChannelSha
   readonly #ring: Ring;
   readonly #recoveries: Recoveries;
   readonly #peers = new Map<number, { link: Link; unhook: () => void }>();
-  readonly #locals = new Set<ChannelProducer<B> | ChannelConsumer<B>>();
+  readonly #locals = new Set<ChannelProducer<B, Meta> | ChannelConsumer<B, Meta>>();
   #closed = false;
   #released = false;
 
@@ -73,8 +75,14 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> implements ChannelSha
     this.device = block.device;
   }
 
-  /** Creates a channel: allocates its slots, control block and doorbells in this process. */
-  static create<M extends ChannelMemory | undefined = undefined>(options: ChannelOptions & { memory?: M }): ChannelHub<SlotBufferFor<M>> {
+  /**
+   * Creates a channel: allocates its slots, control block and doorbells in this process. The
+   * slot type follows `memory`: DeviceBuffer for `{ device }` / `{ pool }`, else HostBuffer.
+   */
+  static create<Meta = unknown>(options: ChannelOptions & { memory: { pool: IpcPool } | { device: Device } }): ChannelHub<DeviceBuffer, Meta>;
+  static create<Meta = unknown>(options: ChannelOptions & { memory?: 'host' }): ChannelHub<HostBuffer, Meta>;
+  static create<Meta = unknown>(options: ChannelOptions): ChannelHub<SlotBuffer, Meta>;
+  static create<M extends ChannelMemory | undefined = undefined, Meta = unknown>(options: ChannelOptions & { memory?: M }): ChannelHub<any, Meta> {
     const topology = options.topology ?? 'queue';
     if (topology !== 'queue' && topology !== 'broadcast') {
       throw new IpcError('ERR_INVALID_ARG', `topology must be 'queue' or 'broadcast'; got ${String(topology)}`);
@@ -137,7 +145,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> implements ChannelSha
       }
       throw e;
     }
-    return new ChannelHub<SlotBufferFor<M>>(new Block(parts));
+    return new ChannelHub<SlotBufferFor<M>, Meta>(new Block(parts));
   }
 
   get closed(): boolean {
@@ -151,16 +159,16 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> implements ChannelSha
   }
 
   /** This process's producer end (close it, or the hub, when done). */
-  producer(options?: ChannelWaitOptions): ChannelProducer<B> {
-    return this.#openLocal('producer', options) as ChannelProducer<B>;
+  producer(options?: ChannelWaitOptions): ChannelProducer<B, Meta> {
+    return this.#openLocal('producer', options) as ChannelProducer<B, Meta>;
   }
 
   /** This process's consumer end (close it, or the hub, when done). */
-  consumer(options?: ChannelWaitOptions): ChannelConsumer<B> {
-    return this.#openLocal('consumer', options) as ChannelConsumer<B>;
+  consumer(options?: ChannelWaitOptions): ChannelConsumer<B, Meta> {
+    return this.#openLocal('consumer', options) as ChannelConsumer<B, Meta>;
   }
 
-  #openLocal(role: ChannelRole, options: ChannelWaitOptions | undefined, onClosed?: () => void): ChannelProducer<B> | ChannelConsumer<B> {
+  #openLocal(role: ChannelRole, options: ChannelWaitOptions | undefined, onClosed?: () => void): ChannelProducer<B, Meta> | ChannelConsumer<B, Meta> {
     const what = role === 'producer' ? 'producer()' : 'consumer()';
     if (this.#closed) throw closedError(what);
     const policy = checkWait(options);
@@ -179,9 +187,9 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> implements ChannelSha
         onClosed?.();
       },
     };
-    let end: ChannelProducer<B> | ChannelConsumer<B>;
+    let end: ChannelProducer<B, Meta> | ChannelConsumer<B, Meta>;
     try {
-      end = role === 'producer' ? new ChannelProducer<B>(init) : new ChannelConsumer<B>(init);
+      end = role === 'producer' ? new ChannelProducer<B, Meta>(init) : new ChannelConsumer<B, Meta>(init);
     } catch (e) {
       this.#block.release();
       this.#recoveries.recover(k, false);

@@ -5,7 +5,7 @@ export { ChannelConsumer, ChannelMessage } from './consumer.js';
 export { createChannel, acceptChannel, type CreateChannelOptions, type AcceptOptions } from './create.js';
 export {
   type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type WaitMode,
-  type SlotBuffer, type SlotBufferFor, type AcquireOptions, type PublishOptions, type ReleaseOptions, type ReceiveOptions,
+  type SlotBuffer, type SlotBufferFor, type AcquireOptions, type PublishOptions, type PublishArgs, type ReleaseOptions, type ReceiveOptions,
   type ChannelStats, type ChannelShape,
 } from './options.js';
 export { LIMITS as CHANNEL_LIMITS } from './layout.js';

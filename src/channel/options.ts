@@ -16,6 +16,9 @@ export type ChannelTopology = 'queue' | 'broadcast';
 export type ChannelMemory = 'host' | { pool: IpcPool } | { device: Device };
 /** What a slot is: shared host memory or device memory. */
 export type SlotBuffer = HostBuffer | DeviceBuffer;
+/** publish()'s options argument: required, with `meta`, when the channel's `Meta` type does not
+ * include undefined (so that every message carries what consumers are typed to read). */
+export type PublishArgs<Meta> = undefined extends Meta ? [options?: PublishOptions<Meta>] : [options: PublishOptions<Meta> & { meta: Meta }];
 /** The slot type a `memory` option gives. */
 export type SlotBufferFor<M> = [M] extends ['host'] ? HostBuffer : [M] extends [undefined] ? HostBuffer : [M] extends [{ pool: IpcPool } | { device: Device }] ? DeviceBuffer : SlotBuffer;
 export type { WaitMode, WaitPolicy };
@@ -62,12 +65,13 @@ export interface AcquireOptions {
   signal?: AbortSignal;
 }
 
-export interface PublishOptions {
+export interface PublishOptions<Meta = unknown> {
   /** Device slots: the stream your GPU work on the slot ran on; consumers' GPU work waits for
    * it (default: the legacy stream). */
   stream?: Stream;
-  /** JSON-serialisable metadata, or a Uint8Array (at most the channel's metaBytes once encoded). */
-  meta?: unknown;
+  /** JSON-serialisable metadata, or a Uint8Array (at most the channel's metaBytes once encoded).
+   * Required when the channel's `Meta` type does not include undefined. */
+  meta?: Meta;
   /** Bytes of the slot the message uses (default: the whole slot). */
   length?: number;
 }

@@ -12,7 +12,7 @@ import { endpointOf } from './internal.js';
 import { lockStuckError, RECOVERY_GIVE_UP_MS } from './recovery.js';
 import {
   closedError, delay, type AcquireOptions, type ChannelShape, type ChannelStats, type ChannelTopology, type PublishOptions,
-  type SlotBuffer, type WaitPolicy,
+  type PublishArgs, type SlotBuffer, type WaitPolicy,
 } from './options.js';
 
 const RETRY_MS = 2;
@@ -34,7 +34,7 @@ interface SlotOwner {
  * ChannelHub.producer()). `const slot = await producer.acquire()`, write into `slot.buffer` (or
  * `slot.bytes`), then `producer.publish(slot, { meta })`; `await producer.end()` when done.
  */
-export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements ChannelShape, Disposable, AsyncDisposable {
+export class ChannelProducer<B extends SlotBuffer = SlotBuffer, Meta = unknown> implements ChannelShape, Disposable, AsyncDisposable {
   readonly role = 'producer' as const;
   readonly topology: ChannelTopology;
   readonly memory: 'host' | 'device';
@@ -175,6 +175,7 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> implements Chann
    * fence is raised once the work queued on `stream` so far is done, so consumers that waitOn()
    * the message see everything queued there.
    */
+  publish(slot: ChannelSlot<B>, ...options: PublishArgs<Meta>): void;
   publish(slot: ChannelSlot<B>, options: PublishOptions = {}): void {
     const e = this.#end;
     e.assertOpen('publish');

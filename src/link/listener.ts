@@ -53,12 +53,30 @@ function someoneListens(path: string): boolean {
   }
 }
 
+/** The events of a Listener and the arguments their listeners get (no catch-all). */
+export interface ListenerEvents {
+  /** A link whose handshake succeeded and that no pending accept() took. */
+  connection: [link: Link];
+  /** A connection from a refused uid, or one that failed its handshake; it was closed. */
+  refused: [error: IpcError];
+  /** The listening socket failed; emitted only when someone listens for it. */
+  error: [error: Error];
+  /** The listener closed. */
+  close: [];
+  /** EventEmitter's own: a listener is about to be added. */
+  newListener: [event: string | symbol, listener: (...args: any[]) => void];
+  /** EventEmitter's own: a listener was removed. */
+  removeListener: [event: string | symbol, listener: (...args: any[]) => void];
+}
+
 export interface Listener {
-  on(event: 'connection', listener: (link: Link) => void): this;
-  on(event: 'refused', listener: (error: IpcError) => void): this;
-  on(event: 'error', listener: (error: Error) => void): this;
-  on(event: 'close', listener: () => void): this;
-  on(event: string | symbol, listener: (...args: any[]) => void): this;
+  on<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  once<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  off<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  addListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  removeListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  prependListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  prependOnceListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
 }
 
 /**
@@ -239,7 +257,11 @@ export function listen(name: string, options: ListenOptions = {}): Listener {
   }
 }
 
-/** Connects to the listener named `name`; resolves once the handshake succeeded. */
+/**
+ * Connects to the listener named `name`; resolves once the handshake succeeded. `In`/`Out` type
+ * the link: what this process receives, and what it sends.
+ */
+export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions): Promise<Link<In, Out>>;
 export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {
   const path = socketPath(name, options.directory);
   const timeoutMs = options.timeoutMs ?? 10_000;

@@ -27,8 +27,9 @@ export function pythonPackageDirectory(): string {
  * Starts `python3 -m <module> ...args` (or `python3 <file.py> ...args` when `module` is a path
  * ending in .py) with a link to this process, and resolves once the child called
  * `cuda_ipc.parent_link()`. Failures as for spawn(): ERR_PEER_GONE (the child exited first, e.g.
- * an ImportError), ERR_PEER_REFUSED, ERR_TIMEOUT.
+ * an ImportError), ERR_PEER_REFUSED, ERR_TIMEOUT. `In`/`Out` type the link (see spawn()).
  */
+export function spawnPython<In = unknown, Out = unknown>(module: string | URL, args?: readonly string[], options?: SpawnPythonOptions): Promise<SpawnedChild<In, Out>>;
 export async function spawnPython(module: string | URL, args: readonly string[] = [], options: SpawnPythonOptions = {}): Promise<SpawnedChild> {
   const python = options.python ?? process.env.CUDA_IPC_PYTHON ?? 'python3';
   let target: string[];
