@@ -39,6 +39,8 @@ export type IpcErrorCode =
   | 'ERR_INVALID_ARG'
   | 'ERR_TIMEOUT'
   | 'ERR_COMPILE'
+  // installation: no native addon fits this machine (build it with `npm rebuild cuda-ipc`)
+  | 'ERR_NO_NATIVE_BUILD'
   // links
   | 'ERR_PEER_GONE'
   | 'ERR_PEER_REFUSED'
