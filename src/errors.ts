@@ -22,6 +22,7 @@ export class CudaError extends Error {
   }
 }
 
+/** The stable `code` of an IpcError; programs may switch on it. */
 export type IpcErrorCode =
   // descriptors and wire formats
   | 'ERR_DESCRIPTOR_INVALID'

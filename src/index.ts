@@ -13,8 +13,12 @@ export { DeviceBuffer, type MemoryKind, type HostView, type AsyncCopyOptions } f
 export { Stream, type WaitCondition, type MemoryTarget } from './cuda/stream.js';
 export { Event, type EventOptions } from './cuda/event.js';
 export { Module, Kernel, compileCuda, type LaunchConfig, type Dim3, type CompileOptions } from './cuda/module.js';
-export { arg, packKernelArgs, type KernelArg, type KernelArgType } from './cuda/kernel-args.js';
+export {
+  arg, packKernelArgs, type KernelArg, type KernelArgType, type SmallIntegerArgType, type BigIntegerArgType, type FloatArgType, type KernelParam,
+  type DevicePointerLike,
+} from './cuda/kernel-args.js';
 export { BuiltinKernels, type PatternCheck, type PatternElementType } from './cuda/builtins.js';
+export type { BuiltinKernelName } from './cuda/builtin-kernels.js';
 export {
   openIpcHandle, exportPointer, legacyCacheStats, configureImportCache, type IpcHandleOptions, type OpenIpcHandleOptions, type ImportCacheStats,
 } from './ipc/legacy.js';
@@ -27,8 +31,9 @@ export {
 export {
   descriptorToJson, parseDescriptorJson, encodeDescriptor, decodeDescriptor, validateDescriptor,
   type Descriptor, type LegacyHandleDescriptor, type IpcEventDescriptor, type DescriptorJson,
+  type DescriptorKind, type DescriptorOf, type ArrayMetaJson, type DescriptorJsonOf, type LegacyHandleDescriptorJson, type IpcEventDescriptorJson,
 } from './ipc/descriptor.js';
-export { dtypeInfo, type DType } from './ipc/dtype.js';
+export { dtypeInfo, type DType, type DTypeInfo, type HostArrayTypes, type HostArrayConstructor } from './ipc/dtype.js';
 export { arrayMeta, type ArrayMeta, type ArrayMetaInit } from './ipc/array-meta.js';
 export {
   float16BitsFromNumber, numberFromFloat16Bits, bfloat16BitsFromNumber, numberFromBfloat16Bits,
@@ -43,12 +48,16 @@ export {
 } from './link/index.js';
 export { stats, type Stats } from './stats.js';
 export { collectStatus, type StatusSnapshot, type ProcessStatus, type PeerShare, type CollectOptions } from './observe/reader.js';
+export type { ChannelStatus, ChannelPeerStatus, ChannelSlotCounts } from './observe/hooks.js';
+export type { LinkRecord } from './observe/record.js';
 export { traceLeaks } from './leak.js';
-export { leaseStats, type LeaseStats, type LeaseCounts, type LinkLeaseStats } from './link/index.js';
+export {
+  leaseStats, type LeaseStats, type LeaseCounts, type LinkLeaseStats, type LeaseHold, type ReceivedLease, type ReceiveOptions as LinkReceiveOptions,
+} from './link/index.js';
 export { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
 export {
   ChannelHub, ChannelProducer, ChannelConsumer, ChannelSlot, ChannelMessage, createChannel, acceptChannel, pipeline, pipelineStage,
-  type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type WaitMode,
+  type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type WaitMode, type WaitPolicy,
   type CreateChannelOptions, type AcceptOptions, type AttachOptions, type SlotBuffer, type SlotBufferFor, type ChannelShape,
   type AcquireOptions, type PublishOptions, type PublishArgs, type ReleaseOptions, type ReceiveOptions, type ChannelStats,
   type Pipeline, type PipelineOptions, type PipelineStage,

@@ -130,6 +130,10 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer, Meta = unknown> 
     return this.#poll() ?? undefined;
   }
 
+  /**
+   * Iterates the messages until the channel ends (see receive()); `for await (const msg of
+   * consumer)`.
+   */
   [Symbol.asyncIterator](): AsyncIterator<ChannelMessage<B, Meta>> {
     this.#end.assertOpen('iterate');
     return {
@@ -310,10 +314,12 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer, Meta = unknown> 
     void this.#receivers.pump();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }
 
+  /** Same as close(), for `await using`. */
   async [Symbol.asyncDispose](): Promise<void> {
     this.close();
   }
@@ -407,6 +413,7 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer, Meta = unknown> i
     this.#owner.release(this, options);
   }
 
+  /** Same as release() without a stream, for `using msg`. */
   [Symbol.dispose](): void {
     this.release();
   }

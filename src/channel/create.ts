@@ -12,6 +12,7 @@ import type { Device } from '../cuda/device.js';
 import type { IpcPool } from '../ipc/pool.js';
 import { checkRole, checkWait, type ChannelOptions, type ChannelRole, type ChannelWaitOptions, type SlotBuffer } from './options.js';
 
+/** Options of createChannel(): the channel's shape, how this end waits, and its role. */
 export type CreateChannelOptions = ChannelOptions & ChannelWaitOptions & { role: ChannelRole };
 
 /**
@@ -51,6 +52,7 @@ export async function createChannel(link: Link, options: CreateChannelOptions): 
   }
 }
 
+/** Options of acceptChannel(): what to accept (role, memory) and how the end waits. */
 export interface AcceptOptions extends ChannelWaitOptions {
   /** Refuse the channel unless the hub attached this process in this role (and type the end). */
   role?: ChannelRole;

@@ -34,6 +34,7 @@ export let openOwnedEnd: <B extends SlotBuffer, Meta>(hub: ChannelHub<B, Meta>, 
 /** How long opening an end here spins for the publish lock (a broadcast consumer needs it). */
 const LOCAL_ACTIVATE_MS = 50;
 
+/** Options of `hub.attach(link, options)`: the role the process at the other end of the link gets. */
 export interface AttachOptions {
   role: ChannelRole;
   signal?: AbortSignal;
@@ -283,6 +284,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer, Meta = unknown> imple
     });
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }

@@ -6,7 +6,7 @@ export { createChannel, acceptChannel, type CreateChannelOptions, type AcceptOpt
 export {
   type ChannelRole, type ChannelTopology, type ChannelMemory, type ChannelWaitOptions, type ChannelOptions, type WaitMode,
   type SlotBuffer, type SlotBufferFor, type AcquireOptions, type PublishOptions, type PublishArgs, type ReleaseOptions, type ReceiveOptions,
-  type ChannelStats, type ChannelShape,
+  type ChannelStats, type ChannelShape, type WaitPolicy,
 } from './options.js';
 export { LIMITS as CHANNEL_LIMITS } from './layout.js';
 export { pipeline, pipelineStage, type Pipeline, type PipelineOptions, type PipelineStage } from './pipeline.js';

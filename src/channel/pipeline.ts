@@ -11,6 +11,7 @@ import type { ChannelOptions, ChannelWaitOptions, SlotBuffer } from './options.j
 
 const PROTOCOL = '@cuda-ipc/pipeline';
 
+/** Options of pipeline(): the channels' shape and wait mode, and how the stages are started. */
 export interface PipelineOptions extends Omit<ChannelOptions, 'producers' | 'consumers' | 'maxPeers'>, ChannelWaitOptions {
   /** Extra command-line arguments of each stage (by index). */
   args?: ReadonlyArray<readonly string[]>;
@@ -22,6 +23,10 @@ export interface PipelineOptions extends Omit<ChannelOptions, 'producers' | 'con
   output?: boolean;
 }
 
+/**
+ * What pipeline() resolves with: the stage processes and this process's ends of the first and last
+ * channels.
+ */
 export interface Pipeline extends AsyncDisposable {
   readonly stages: readonly SpawnedChild[];
   /** This process's producer end into the first stage (with `input: true`). */

@@ -313,10 +313,12 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer, Meta = unknown> 
     void this.#acquirers.pump();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }
 
+  /** Same as end(), for `await using`. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.end();
   }

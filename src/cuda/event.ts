@@ -7,11 +7,16 @@ import { IpcError } from '../errors.js';
 import { DriverObject } from './driver-object.js';
 import { takeWaiterStream, returnWaiterStream } from './waiter-streams.js';
 
+/** Options of Event.create(). */
 export interface EventOptions {
   /** Shareable with other processes. Implies no timing (the driver refuses both at once). */
   interprocess?: boolean;
 }
 
+/**
+ * A CUDA event: record it on a stream, wait for it on the CPU or on other streams; interprocess
+ * events travel over links (`openIpcEvent` for a descriptor).
+ */
 export class Event extends DriverObject {
   readonly interprocess: boolean;
   /** True for an event opened from another process's handle. */
@@ -24,6 +29,10 @@ export class Event extends DriverObject {
     this.imported = imported;
   }
 
+  /**
+   * Creates an event on `device` (default: the working device, else device 0); `interprocess:
+   * true` to share it.
+   */
   static create(device: Device = defaultDevice(), options: EventOptions = {}): Event {
     const interprocess = options.interprocess ?? false;
     if (interprocess && !device.capabilities.ipcEvents) {

@@ -12,6 +12,7 @@ import {
 } from './descriptor.js';
 import type { ArrayMetaInit } from './array-meta.js';
 
+/** Options of `buffer.ipcHandle()`. */
 export interface IpcHandleOptions {
   /** dtype/shape/strides to describe the bytes as an array (for openIpcArray and Python). */
   array?: ArrayMetaInit;
@@ -154,6 +155,7 @@ export function toLegacyDescriptor(input: LegacyHandleDescriptor | string | Uint
     : validateDescriptor(input, 'cuda-legacy-handle');
 }
 
+/** Options of openIpcHandle(). */
 export interface OpenIpcHandleOptions {
   /**
    * The device that will use the memory: it is mapped into that device's context, with peer
@@ -228,6 +230,7 @@ function rangeIn(desc: LegacyHandleDescriptor, allocationSize: number): number {
   return desc.offset;
 }
 
+/** The legacy import cache of this process (legacyCacheStats()). */
 export interface ImportCacheStats {
   /** Allocations mapped from other processes through legacy handles. */
   mappings: number;

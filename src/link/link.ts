@@ -29,8 +29,10 @@ export interface PeerCredentials {
   readonly gid: number;
 }
 
+/** Where a link is in its life: the handshake, open, or closed. */
 export type LinkState = 'handshaking' | 'open' | 'closed';
 
+/** Options of `link.receive()`. */
 export interface ReceiveOptions {
   /** Abort the wait (e.g. `AbortSignal.timeout(1000)`); the promise rejects with ERR_TIMEOUT. */
   signal?: AbortSignal;
@@ -104,12 +106,19 @@ export interface LinkEvents<In = unknown> {
 }
 
 export interface Link<In = unknown, Out = unknown> {
+  /** Adds a listener for `event` (see LinkEvents). */
   on<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Adds a listener called once for `event`. */
   once<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Removes a listener. */
   off<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Same as on(). */
   addListener<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Same as off(). */
   removeListener<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Adds a listener before the others. */
   prependListener<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Adds a once-listener before the others. */
   prependOnceListener<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
 }
 
@@ -691,9 +700,11 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     this.close();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }
+  /** Same as end(), for `await using`. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.end();
   }

@@ -9,6 +9,7 @@ import { Link, kCreate, kOpened } from './link.js';
 import { Queue } from './queue.js';
 import { ensurePrivateDirectory, socketPath } from './socket-path.js';
 
+/** Options of listen(). */
 export interface ListenOptions {
   /** Other uids whose processes may connect (yours always may). The socket file is then 0666;
    * the directory's permissions still apply, so pass `directory` as well. */
@@ -20,6 +21,7 @@ export interface ListenOptions {
   handshakeTimeoutMs?: number;
 }
 
+/** Options of connect(). */
 export interface ConnectOptions {
   /** Other uids the listening process may run as (yours always may). */
   allowUids?: readonly number[];
@@ -70,12 +72,19 @@ export interface ListenerEvents {
 }
 
 export interface Listener {
+  /** Adds a listener for `event` (see ListenerEvents). */
   on<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener called once for `event`. */
   once<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Removes a listener. */
   off<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Same as on(). */
   addListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Same as off(). */
   removeListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener before the others. */
   prependListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a once-listener before the others. */
   prependOnceListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
 }
 
@@ -183,10 +192,12 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     }
   }
 
+  /** Keep the process alive while this listener is open (the default). */
   ref(): this {
     this.#acceptor?.ref();
     return this;
   }
+  /** Let the process exit even though this listener is open. */
   unref(): this {
     this.#acceptor?.unref();
     return this;
@@ -214,6 +225,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     this.emit('close');
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }

@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { IpcError } from '../errors.js';
 import { startLinkedChild, type SpawnOptions, type SpawnedChild } from './spawn.js';
 
+/** Options of spawnPython(): those of spawn() but execArgv, and the interpreter. */
 export interface SpawnPythonOptions extends Omit<SpawnOptions, 'execArgv'> {
   /** The interpreter: default $CUDA_IPC_PYTHON, else 'python3' (found on PATH). */
   python?: string;

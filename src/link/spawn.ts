@@ -12,6 +12,7 @@ import { Link, kCreate, kOpened } from './link.js';
 /** The environment variable telling a spawned child which fd is its link. */
 export const LINK_FD_ENV = 'CUDA_IPC_LINK_FD';
 
+/** Options of spawn(). */
 export interface SpawnOptions {
   /** Arguments for node itself; default: this process's execArgv without inspector, test-runner,
    * watch and eval flags. */
