@@ -57,6 +57,20 @@ function nodeGyp() {
   fail('node-gyp not found: run this as `npm run prebuild`, or install node-gyp');
 }
 
+/**
+ * Where node-gyp finds Node's headers without a download: npm's configured nodedir, this Node's
+ * own install prefix (/usr/include/node), or node-gyp's cache of this version. The headers of the
+ * running Node serve every target: the addon uses N-API only. Undefined: node-gyp downloads them.
+ */
+function nodeHeaders() {
+  if (process.env.npm_config_nodedir) return process.env.npm_config_nodedir;
+  const candidates = [
+    resolve(dirname(process.execPath), '..'),
+    join(process.env.XDG_CACHE_HOME ?? join(process.env.HOME ?? '', '.cache'), 'node-gyp', process.versions.node),
+  ];
+  return candidates.find((d) => existsSync(join(d, 'include', 'node', 'node_api.h')));
+}
+
 /** The compilers for `arch`: the host's own, or the cross toolchain (an error that says how to get it). */
 function toolchain(arch) {
   if (arch === hostArch()) return { env: {}, strip: 'strip' };
@@ -110,8 +124,10 @@ function build(arch, out) {
     for (const f of ['binding.gyp', 'package.json', 'native']) cpSync(join(root, f), join(stage, f), { recursive: true });
     symlinkSync(join(root, 'node_modules'), join(stage, 'node_modules'), 'dir');
     const prebuildify = join(root, 'node_modules', 'prebuildify', 'bin.js');
-    const args = [prebuildify, '--napi', '--strip', '--tag-libc', '--arch', arch, '--strip-bin', strip, '--node-gyp', nodeGyp()];
-    console.log(`prebuild: linux-${arch}: prebuildify ${args.slice(1).join(' ')}${env.CXX ? ` (CXX=${env.CXX})` : ''}`);
+    const args = [prebuildify, '--napi', '--target', process.versions.node, '--strip', '--tag-libc', '--arch', arch, '--strip-bin', strip, '--node-gyp', nodeGyp()];
+    const headers = nodeHeaders();
+    if (headers) env.npm_config_nodedir = headers;
+    console.log(`prebuild: linux-${arch}: prebuildify ${args.slice(1).join(' ')}${env.CXX ? ` (CXX=${env.CXX})` : ''}${headers ? ` (Node headers: ${headers})` : ''}`);
     const r = spawnSync(process.execPath, args, { cwd: stage, stdio: ['ignore', 'pipe', 'pipe'], env: { ...process.env, ...env }, encoding: 'utf8' });
     if (r.status !== 0) {
       process.stderr.write(r.stdout.slice(-8000) + r.stderr.slice(-8000));
@@ -136,3 +152,7 @@ function build(arch, out) {
 const { archs, out } = parseArgs(process.argv.slice(2));
 if (process.platform !== 'linux') fail(`the prebuilds are Linux binaries; this is ${process.platform}`);
 for (const arch of archs) build(arch, out);
+// A target not built now but left from an earlier build would be packed as it is: say so.
+for (const left of readdirSync(out).filter((d) => !archs.some((a) => d === `linux-${a}`))) {
+  console.log(`prebuild: note: ${join(out, left)} was not rebuilt now (it is from an earlier build); remove it or build it too`);
+}

@@ -84,6 +84,11 @@ describe('the packed package, as a new user installs it', { skip: skipAll }, () 
     }
     if (haveCross) assert.ok(tarFiles.includes(`prebuilds/linux-${other}/cuda-ipc.glibc.node`), `the tarball lacks the linux-${other} prebuild`);
     assert.ok(!tarFiles.some((f) => f.startsWith('test/') || f.startsWith('dist/test/') || f.startsWith('build/')), 'no tests or local build in the tarball');
+    // The whole Python package, subpackages and typing marker (py.typed) included.
+    const python = readdirSync(join(root, 'python', 'cuda_ipc'), { recursive: true, encoding: 'utf8' })
+      .filter((f) => !f.includes('__pycache__') && /(\.pyi?|py\.typed)$/.test(f)).map((f) => `python/cuda_ipc/${f}`);
+    assert.ok(python.length > 0);
+    for (const f of python) assert.ok(tarFiles.includes(f), `the tarball lacks ${f}`);
     assert.match(readFileSync(join(root, 'LICENSE'), 'utf8'), /^MIT License/);
     // Every relative link of the README to a file of the repository is in the tarball, or is one
     // the README says is repository-only (docs/api, the examples).
