@@ -1,11 +1,13 @@
 // The README's TypeScript examples as programs, so that tests can type-check them (all) and run
 // them (the CPU ones) exactly as written.
 //
-// Fences: ```ts cpu NAME (type-checked and run; needs no GPU) or ```ts gpu NAME (type-checked
-// only). Blocks with the same NAME are the files of one program, named by their first line
-// (`// parent.ts`; else main.ts); the first file is the one run. ```text output NAME holds what the
-// program prints. A fragment that is not a whole program may be preceded by an HTML comment
-// `<!-- ts-context: declarations -->`, prepended to it for type-checking only.
+// Fences: ```ts cpu NAME (type-checked and run everywhere) or ```ts gpu NAME (type-checked
+// everywhere, run where there is a GPU; `ts gpu NAME two-gpus` where there are two). Blocks with
+// the same NAME are the files of one program, named by their first line (`// parent.ts`; else
+// main.ts); the first file is the one run. A ```python gpu NAME block adds a Python file
+// (`# worker.py`) to a program. ```text output NAME holds what the program prints. A fragment
+// that is not a whole program may be preceded by an HTML comment `<!-- ts-context: declarations
+// -->`, prepended to it for type-checking only.
 import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 
@@ -22,6 +24,8 @@ export interface ReadmeProgram {
   readonly files: ReadmeFile[];
   /** What it prints (stdout), from a ```text output NAME block. */
   expectedOutput?: string;
+  /** A GPU program that needs two GPUs to run. */
+  twoGpus?: boolean;
 }
 
 export interface ReadmeExamples {
@@ -48,18 +52,20 @@ export function readmeExamples(path: string): ReadmeExamples {
       outputs.set(info[1], { line: start, text: body });
       continue;
     }
-    if (lang !== 'ts' && lang !== 'typescript') continue;
+    const python = lang === 'python' && (info[0] === 'cpu' || info[0] === 'gpu');
+    if (lang !== 'ts' && lang !== 'typescript' && !python) continue;
     const [kind, name] = info;
     if ((kind !== 'cpu' && kind !== 'gpu') || !name) {
       problems.push(`README line ${start}: a TypeScript block must be tagged \`ts cpu NAME\` or \`ts gpu NAME\` (got \`${open[0]}\`)`);
       continue;
     }
     const context = /^<!--\s*ts-context:\s*([\s\S]*?)\s*-->\s*$/.exec(lines[start - 2] ?? '')?.[1];
-    const file = /^\/\/ ([\w.-]+\.ts)\b/.exec(body)?.[1] ?? 'main.ts';
+    const file = python ? /^# ([\w.-]+\.py)\b/.exec(body)?.[1] ?? 'main.py' : /^\/\/ ([\w.-]+\.ts)\b/.exec(body)?.[1] ?? 'main.ts';
     let program = programs.get(name);
     if (!program) {
       program = { name, kind, line: start, files: [] };
       programs.set(name, program);
+      if (python) problems.push(`README line ${start}: program '${name}' starts with a Python block; its TypeScript entry comes first`);
     } else if (program.kind !== kind) {
       problems.push(`README line ${start}: program '${name}' mixes cpu and gpu blocks`);
     }
@@ -68,6 +74,7 @@ export function readmeExamples(path: string): ReadmeExamples {
       continue;
     }
     program.files.push({ name: file, text: context ? `${context}\n${body}` : body });
+    if (info.includes('two-gpus')) program.twoGpus = true;
   }
   for (const [name, out] of outputs) {
     const program = programs.get(name);
