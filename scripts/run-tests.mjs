@@ -63,7 +63,8 @@ function printSkips(file) {
     console.log('\nrun-tests: nothing was skipped');
     return;
   }
-  console.log(`\nrun-tests: skipped ${both(lines)} (a skipped suite's tests did not run; Node's "skipped" above counts tests only):`);
+  const suiteNote = lines.some((s) => s.kind === 'suite') ? ' (a skipped suite\'s tests did not run; Node\'s "skipped" above counts tests only)' : '';
+  console.log(`\nrun-tests: skipped ${both(lines)}${suiteNote}:`);
   const byReason = new Map();
   for (const s of lines) byReason.set(s.reason, [...(byReason.get(s.reason) ?? []), s]);
   for (const [reason, items] of byReason) {

@@ -8,8 +8,8 @@
 //   settings plus strict and skipLibCheck false, for nodenext and bundler resolution, and as
 //   CommonJS; the CPU examples run (ESM) and so does a CommonJS program (require() of the package).
 // Everything happens in one temporary directory per run (one install serves every case); npm's
-// own cache makes a second run's installs fast. It needs the npm registry;
-// CUDA_IPC_SKIP_PACKAGE_TEST=1 skips it (with that reason).
+// own cache makes a second run's installs fast. It needs the npm registry (without npm or a
+// reachable registry it skips, saying so); CUDA_IPC_SKIP_PACKAGE_TEST=1 skips it too.
 import { after, before, describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync, type SpawnSyncReturns } from 'node:child_process';
@@ -18,6 +18,7 @@ import { arch, tmpdir } from 'node:os';
 import { delimiter, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { readmeExamples, strictUserTsconfig, writePrograms, type ReadmeProgram } from '../helpers/readme.js';
+import { noNpmRegistry } from '../helpers/tools.js';
 
 const root = fileURLToPath(new URL('../../../', import.meta.url));
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { name: string; version: string };
@@ -25,7 +26,9 @@ const host = arch();
 const other = host === 'x64' ? 'arm64' : 'x64';
 const crossCompiler = other === 'arm64' ? 'aarch64-linux-gnu-g++' : 'x86_64-linux-gnu-g++';
 const haveCross = (process.env.PATH ?? '').split(delimiter).some((d) => d && existsSync(join(d, crossCompiler)));
-const skipAll = process.env.CUDA_IPC_SKIP_PACKAGE_TEST === '1' ? 'CUDA_IPC_SKIP_PACKAGE_TEST=1' : process.arch !== 'x64' && process.arch !== 'arm64' ? `no prebuild target for ${process.arch}` : undefined;
+const skipAll = process.env.CUDA_IPC_SKIP_PACKAGE_TEST === '1' ? 'CUDA_IPC_SKIP_PACKAGE_TEST=1'
+  : process.arch !== 'x64' && process.arch !== 'arm64' ? `no prebuild target for ${process.arch}`
+  : noNpmRegistry();
 const noCross = haveCross ? undefined : `no ${crossCompiler} here to build the linux-${other} prebuild (apt-get install -y g++-${other === 'arm64' ? 'aarch64-linux-gnu' : 'x86-64-linux-gnu'})`;
 
 /** TypeScript versions: the newest (what `npm i -D typescript` installs), and the lines before it. */

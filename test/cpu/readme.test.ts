@@ -14,9 +14,11 @@ import { fileURLToPath } from 'node:url';
 import { readmeExamples, strictUserTsconfig, writePrograms, type ReadmeProgram } from '../helpers/readme.js';
 import { noGpu } from '../helpers/gpu.js';
 import { Device } from '../../src/index.js';
+import { missingPackage } from '../helpers/tools.js';
 
 const root = fileURLToPath(new URL('../../../', import.meta.url));
-const tsc = createRequire(import.meta.url).resolve('typescript/bin/tsc');
+const noTypescript = missingPackage('typescript');
+const tsc = noTypescript ? '' : createRequire(import.meta.url).resolve('typescript/bin/tsc');
 const { programs, problems } = readmeExamples(join(root, 'README.md'));
 
 test('every TypeScript block of the README is tagged cpu or gpu and belongs to a program', () => {
@@ -47,7 +49,7 @@ function compileAndRun(dir: string, chosen: readonly ReadmeProgram[], toRun: rea
   }
 }
 
-test('the README examples type-check as a new user\'s strict project, and the CPU ones run and print what the README says', () => {
+test('the README examples type-check as a new user\'s strict project, and the CPU ones run and print what the README says', { skip: noTypescript }, () => {
   const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-readme-'));
   try {
     userApp(dir);
@@ -60,7 +62,7 @@ test('the README examples type-check as a new user\'s strict project, and the CP
 
 // The GPU examples use `using`; the README tells GPU users to set target es2022 so that TypeScript
 // rewrites it for Node 20 and 22, and so does this test.
-test('the GPU examples run and print what the README says, where there is a GPU', { skip: noGpu }, () => {
+test('the GPU examples run and print what the README says, where there is a GPU', { skip: noGpu ?? noTypescript }, () => {
   const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-readme-gpu-'));
   try {
     userApp(dir, { target: 'es2022' });
