@@ -4,7 +4,7 @@
 // the compile fails.
 import {
   HostBuffer, DeviceBuffer, Device, Link, Listener, IpcError, ChannelHub, ChannelProducer, ChannelConsumer, ChannelMessage,
-  spawn, parentLink, connect, listen, createChannel, acceptChannel, pipelineStage,
+  spawn, parentLink, connect, listen, createChannel, acceptChannel, pipelineStage, setLinkWorkingDevice,
   type SlotBuffer, type LinkEvents,
 } from 'cuda-ipc';
 
@@ -32,6 +32,10 @@ export async function links(link: Link): Promise<void> {
   assertType<Equal<typeof done, Done>>();
   for await (const m of child) assertType<Equal<typeof m, Done>>();
   child.on('message', (m) => assertType<Equal<typeof m, Done>>());
+
+  // A typed link goes wherever a Link does (channels, per-link settings).
+  await createChannel(child, { role: 'producer', slots: 2, slotBytes: 64 });
+  setLinkWorkingDevice(child, undefined);
 
   const up = parentLink<Job, Done>();
   up.send({ id: 1, sum: 2 });
