@@ -22,9 +22,11 @@ const TARGETS = {
   arm64: { triple: 'aarch64-linux-gnu', debianPackage: 'g++-aarch64-linux-gnu', elfMachine: 183 },
 };
 
+class BuildError extends Error {}
+
+/** Stops the script with `message` (through main's catch, so that staging copies are removed first). */
 function fail(message) {
-  console.error(`prebuild: ${message}`);
-  process.exit(1);
+  throw new BuildError(message);
 }
 
 function parseArgs(argv) {
@@ -149,10 +151,20 @@ function build(arch, out) {
   }
 }
 
-const { archs, out } = parseArgs(process.argv.slice(2));
-if (process.platform !== 'linux') fail(`the prebuilds are Linux binaries; this is ${process.platform}`);
-for (const arch of archs) build(arch, out);
-// A target not built now but left from an earlier build would be packed as it is: say so.
-for (const left of readdirSync(out).filter((d) => !archs.some((a) => d === `linux-${a}`))) {
-  console.log(`prebuild: note: ${join(out, left)} was not rebuilt now (it is from an earlier build); remove it or build it too`);
+try {
+  const { archs, out } = parseArgs(process.argv.slice(2));
+  if (process.platform !== 'linux') fail(`the prebuilds are Linux binaries; this is ${process.platform}`);
+  for (const arch of archs) build(arch, out);
+  noteLeftovers(archs, out);
+} catch (e) {
+  if (!(e instanceof BuildError)) throw e;
+  console.error(`prebuild: ${e.message}`);
+  process.exitCode = 1;
+}
+
+function noteLeftovers(archs, out) {
+  // A target not built now but left from an earlier build would be packed as it is: say so.
+  for (const left of readdirSync(out).filter((d) => !archs.some((a) => d === `linux-${a}`))) {
+    console.log(`prebuild: note: ${join(out, left)} was not rebuilt now (it is from an earlier build); remove it or build it too`);
+  }
 }
