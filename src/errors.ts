@@ -22,6 +22,7 @@ export class CudaError extends Error {
   }
 }
 
+/** The stable `code` of an IpcError; programs may switch on it. */
 export type IpcErrorCode =
   // descriptors and wire formats
   | 'ERR_DESCRIPTOR_INVALID'
@@ -39,6 +40,8 @@ export type IpcErrorCode =
   | 'ERR_INVALID_ARG'
   | 'ERR_TIMEOUT'
   | 'ERR_COMPILE'
+  // installation: no native addon fits this machine (build it with `npm rebuild cuda-ipc`)
+  | 'ERR_NO_NATIVE_BUILD'
   // links
   | 'ERR_PEER_GONE'
   | 'ERR_PEER_REFUSED'

@@ -6,20 +6,37 @@ import { ChannelHub, openOwnedEnd } from './hub.js';
 import { ChannelProducer } from './producer.js';
 import { ChannelConsumer } from './consumer.js';
 import { accept } from './attach.js';
-import { checkRole, checkWait, type ChannelOptions, type ChannelRole, type ChannelWaitOptions, type SlotBuffer, type SlotBufferFor, type ChannelMemory } from './options.js';
+import type { HostBuffer } from '../host/index.js';
+import type { DeviceBuffer } from '../cuda/buffer.js';
+import type { Device } from '../cuda/device.js';
+import type { IpcPool } from '../ipc/pool.js';
+import { checkRole, checkWait, type ChannelOptions, type ChannelRole, type ChannelWaitOptions, type SlotBuffer } from './options.js';
 
+/** Options of createChannel(): the channel's shape, how this end waits, and its role. */
 export type CreateChannelOptions = ChannelOptions & ChannelWaitOptions & { role: ChannelRole };
 
 /**
  * One to one: creates a channel with this process's end in `options.role`, and attaches the
  * process at the other end of `link` in the other role (it calls acceptChannel(link)). Closing
- * the end (or end() of a producer) closes the channel here.
+ * the end (or end() of a producer) closes the channel here. The slot type follows `memory`
+ * (DeviceBuffer for `{ device }` / `{ pool }`, else HostBuffer); `Meta` types the messages'
+ * metadata: `createChannel<{ seq: number }>(link, { role: 'producer', ... })`.
  */
-export function createChannel<M extends ChannelMemory | undefined = undefined>(
-  link: Link, options: CreateChannelOptions & { role: 'producer'; memory?: M }): Promise<ChannelProducer<SlotBufferFor<M>>>;
-export function createChannel<M extends ChannelMemory | undefined = undefined>(
-  link: Link, options: CreateChannelOptions & { role: 'consumer'; memory?: M }): Promise<ChannelConsumer<SlotBufferFor<M>>>;
-export async function createChannel(link: Link, options: CreateChannelOptions): Promise<ChannelProducer | ChannelConsumer> {
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'producer'; memory: { pool: IpcPool } | { device: Device } }): Promise<ChannelProducer<DeviceBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'producer'; memory?: 'host' }): Promise<ChannelProducer<HostBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'producer' }): Promise<ChannelProducer<SlotBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'consumer'; memory: { pool: IpcPool } | { device: Device } }): Promise<ChannelConsumer<DeviceBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'consumer'; memory?: 'host' }): Promise<ChannelConsumer<HostBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'consumer' }): Promise<ChannelConsumer<SlotBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions): Promise<ChannelProducer<SlotBuffer, Meta> | ChannelConsumer<SlotBuffer, Meta>>;
+export async function createChannel(link: Link, options: CreateChannelOptions): Promise<ChannelProducer<SlotBuffer, any> | ChannelConsumer<SlotBuffer, any>> {
   const role = checkRole(options?.role, 'createChannel');
   checkWait(options);
   const hub = ChannelHub.create(options);
@@ -35,11 +52,12 @@ export async function createChannel(link: Link, options: CreateChannelOptions): 
   }
 }
 
+/** Options of acceptChannel(): what to accept (role, memory) and how the end waits. */
 export interface AcceptOptions extends ChannelWaitOptions {
   /** Refuse the channel unless the hub attached this process in this role (and type the end). */
   role?: ChannelRole;
-  /** Refuse the channel unless its slots are this kind of memory (pairs with the type
-   * parameter: `acceptChannel<DeviceBuffer>(link, { role: 'consumer', memory: 'device' })`). */
+  /** Refuse the channel unless its slots are this kind of memory; the returned end's slots are
+   * then typed as HostBuffer ('host') or DeviceBuffer ('device'). */
   memory?: 'host' | 'device';
   signal?: AbortSignal;
 }
@@ -47,12 +65,18 @@ export interface AcceptOptions extends ChannelWaitOptions {
 /**
  * The peer's side of attach()/createChannel(): receives the channel over `link`, checks it, and
  * returns this process's end in the role the hub gave it (refused unless it is `options.role`,
- * when given).
+ * when given). `memory: 'host'` / `'device'` refuses other slots and types them (HostBuffer /
+ * DeviceBuffer); `Meta` types the messages' metadata:
+ * `acceptChannel<{ seq: number }>(link, { role: 'consumer', memory: 'host' })`.
  */
-export function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions & { role: 'producer' }): Promise<ChannelProducer<B>>;
-export function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions & { role: 'consumer' }): Promise<ChannelConsumer<B>>;
-export function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options?: AcceptOptions): Promise<ChannelProducer<B> | ChannelConsumer<B>>;
-export async function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions = {}): Promise<ChannelProducer<B> | ChannelConsumer<B>> {
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'producer'; memory: 'host' }): Promise<ChannelProducer<HostBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'producer'; memory: 'device' }): Promise<ChannelProducer<DeviceBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'producer' }): Promise<ChannelProducer<SlotBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'consumer'; memory: 'host' }): Promise<ChannelConsumer<HostBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'consumer'; memory: 'device' }): Promise<ChannelConsumer<DeviceBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'consumer' }): Promise<ChannelConsumer<SlotBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options?: AcceptOptions): Promise<ChannelProducer<SlotBuffer, Meta> | ChannelConsumer<SlotBuffer, Meta>>;
+export async function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions = {}): Promise<ChannelProducer<B, any> | ChannelConsumer<B, any>> {
   const policy = checkWait(options);
   if (options.role !== undefined) checkRole(options.role, 'acceptChannel');
   const { block, index, role } = await accept(link, options);

@@ -31,10 +31,11 @@ const DEFAULT_META_BYTES = 256;
  * For createChannel and pipeline: an end in this process whose closing (or end()) closes its hub
  * too, for a hub made only for it. Not on the class: it is no part of the public API.
  */
-export let openOwnedEnd: <B extends SlotBuffer>(hub: ChannelHub<B>, role: ChannelRole, options: ChannelWaitOptions) => ChannelProducer<B> | ChannelConsumer<B>;
+export let openOwnedEnd: <B extends SlotBuffer, Meta>(hub: ChannelHub<B, Meta>, role: ChannelRole, options: ChannelWaitOptions) => ChannelProducer<B, Meta> | ChannelConsumer<B, Meta>;
 /** How long opening an end here spins for the publish lock (a broadcast consumer needs it). */
 const LOCAL_ACTIVATE_MS = 50;
 
+/** Options of `hub.attach(link, options)`: the role the process at the other end of the link gets. */
 export interface AttachOptions {
   role: ChannelRole;
   signal?: AbortSignal;
@@ -45,13 +46,15 @@ export interface AttachOptions {
  * producer() / consumer(), and attach other processes with attach(link, { role }) (they call
  * acceptChannel(link)). Closing the hub closes the ends it opened and stops watching its peers;
  * peers keep working on the memory they mapped. createChannel() does all of it for one to one.
+ * `B` is the slot type (HostBuffer or DeviceBuffer, from `memory`), `Meta` the type of the
+ * messages' metadata (`ChannelHub.create<Meta>(...)`; not checked at run time).
  */
-export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart implements ChannelShape, Disposable {
+export class ChannelHub<B extends SlotBuffer = SlotBuffer, Meta = unknown> extends ChannelPart implements ChannelShape, Disposable {
   readonly #block: Block;
   readonly #ring: Ring;
   readonly #recoveries: Recoveries;
   readonly #peers = new Map<number, { link: Link; unhook: () => void }>();
-  readonly #locals = new Set<ChannelProducer<B> | ChannelConsumer<B>>();
+  readonly #locals = new Set<ChannelProducer<B, Meta> | ChannelConsumer<B, Meta>>();
   #closed = false;
   #released = false;
 
@@ -63,8 +66,14 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
     this.#recoveries = new Recoveries(this.#ring);
   }
 
-  /** Creates a channel: allocates its slots, control block and doorbells in this process. */
-  static create<M extends ChannelMemory | undefined = undefined>(options: ChannelOptions & { memory?: M }): ChannelHub<SlotBufferFor<M>> {
+  /**
+   * Creates a channel: allocates its slots, control block and doorbells in this process. The
+   * slot type follows `memory`: DeviceBuffer for `{ device }` / `{ pool }`, else HostBuffer.
+   */
+  static create<Meta = unknown>(options: ChannelOptions & { memory: { pool: IpcPool } | { device: Device } }): ChannelHub<DeviceBuffer, Meta>;
+  static create<Meta = unknown>(options: ChannelOptions & { memory?: 'host' }): ChannelHub<HostBuffer, Meta>;
+  static create<Meta = unknown>(options: ChannelOptions): ChannelHub<SlotBuffer, Meta>;
+  static create<M extends ChannelMemory | undefined = undefined, Meta = unknown>(options: ChannelOptions & { memory?: M }): ChannelHub<any, Meta> {
     const topology = options.topology ?? 'queue';
     if (topology !== 'queue' && topology !== 'broadcast') {
       throw new IpcError('ERR_INVALID_ARG', `topology must be 'queue' or 'broadcast'; got ${String(topology)}`);
@@ -127,7 +136,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
       }
       throw e;
     }
-    return new ChannelHub<SlotBufferFor<M>>(new Block(parts));
+    return new ChannelHub<SlotBufferFor<M>, Meta>(new Block(parts));
   }
 
   get closed(): boolean {
@@ -141,16 +150,16 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
   }
 
   /** This process's producer end (close it, or the hub, when done). */
-  producer(options?: ChannelWaitOptions): ChannelProducer<B> {
-    return this.#openLocal('producer', options) as ChannelProducer<B>;
+  producer(options?: ChannelWaitOptions): ChannelProducer<B, Meta> {
+    return this.#openLocal('producer', options) as ChannelProducer<B, Meta>;
   }
 
   /** This process's consumer end (close it, or the hub, when done). */
-  consumer(options?: ChannelWaitOptions): ChannelConsumer<B> {
-    return this.#openLocal('consumer', options) as ChannelConsumer<B>;
+  consumer(options?: ChannelWaitOptions): ChannelConsumer<B, Meta> {
+    return this.#openLocal('consumer', options) as ChannelConsumer<B, Meta>;
   }
 
-  #openLocal(role: ChannelRole, options: ChannelWaitOptions | undefined, onClosed?: () => void): ChannelProducer<B> | ChannelConsumer<B> {
+  #openLocal(role: ChannelRole, options: ChannelWaitOptions | undefined, onClosed?: () => void): ChannelProducer<B, Meta> | ChannelConsumer<B, Meta> {
     const what = role === 'producer' ? 'producer()' : 'consumer()';
     if (this.#closed) throw closedError(what);
     const policy = checkWait(options);
@@ -169,9 +178,9 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
         onClosed?.();
       },
     };
-    let end: ChannelProducer<B> | ChannelConsumer<B>;
+    let end: ChannelProducer<B, Meta> | ChannelConsumer<B, Meta>;
     try {
-      end = role === 'producer' ? new ChannelProducer<B>(init) : new ChannelConsumer<B>(init);
+      end = role === 'producer' ? new ChannelProducer<B, Meta>(init) : new ChannelConsumer<B, Meta>(init);
     } catch (e) {
       this.#block.release();
       this.#recoveries.recover(k, false);
@@ -265,6 +274,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
     });
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }

@@ -7,6 +7,7 @@ import type { Stream } from '../cuda/stream.js';
 import type { IpcPool } from '../ipc/pool.js';
 import { DEFAULT_ADAPTIVE_SPIN_MICROS, DEFAULT_SPIN_MICROS, MAX_SPIN_MICROS, type WaitMode, type WaitPolicy } from './waiter.js';
 
+/** Which end: a producer publishes messages, a consumer receives them. */
 export type ChannelRole = 'producer' | 'consumer';
 /** 'queue': each message goes to one consumer (work sharing; also one to one and many to one).
  * 'broadcast': each message goes to every consumer; its slot is freed once all released it. */
@@ -16,10 +17,17 @@ export type ChannelTopology = 'queue' | 'broadcast';
 export type ChannelMemory = 'host' | { pool: IpcPool } | { device: Device };
 /** What a slot is: shared host memory or device memory. */
 export type SlotBuffer = HostBuffer | DeviceBuffer;
+/** publish()'s options argument: required, with `meta`, when the channel's `Meta` type does not
+ * include undefined (so that every message carries what consumers are typed to read). */
+export type PublishArgs<Meta> = undefined extends Meta ? [options?: PublishOptions<Meta>] : [options: PublishOptions<Meta> & { meta: Meta }];
 /** The slot type a `memory` option gives. */
 export type SlotBufferFor<M> = [M] extends ['host'] ? HostBuffer : [M] extends [undefined] ? HostBuffer : [M] extends [{ pool: IpcPool } | { device: Device }] ? DeviceBuffer : SlotBuffer;
 export type { WaitMode, WaitPolicy };
 
+/**
+ * How an end waits; accepted wherever an end is made (createChannel, acceptChannel,
+ * hub.producer(), ...).
+ */
 export interface ChannelWaitOptions {
   /**
    * How an end waits when it has to (no message yet, every slot in flight). It sleeps on an
@@ -37,6 +45,7 @@ export interface ChannelWaitOptions {
   spinMicros?: number;
 }
 
+/** The shape of a channel, fixed when it is created (ChannelHub.create, createChannel, pipeline). */
 export interface ChannelOptions {
   /** Number of slots: messages in flight at once (backpressure beyond that). */
   slots: number;
@@ -55,6 +64,7 @@ export interface ChannelOptions {
   consumers?: number;
 }
 
+/** Options of `producer.acquire()`. */
 export interface AcquireOptions {
   /** Device slots: GPU work queued on this stream after acquire waits for the consumers' GPU
    * work on the slot's previous message (no CPU wait). Without it, acquire waits on the CPU. */
@@ -62,26 +72,31 @@ export interface AcquireOptions {
   signal?: AbortSignal;
 }
 
-export interface PublishOptions {
+/** Options of `producer.publish(slot, options)`; `Meta` is the channel's metadata type. */
+export interface PublishOptions<Meta = unknown> {
   /** Device slots: the stream your GPU work on the slot ran on; consumers' GPU work waits for
    * it (default: the legacy stream). */
   stream?: Stream;
-  /** JSON-serialisable metadata, or a Uint8Array (at most the channel's metaBytes once encoded). */
-  meta?: unknown;
+  /** JSON-serialisable metadata, or a Uint8Array (at most the channel's metaBytes once encoded).
+   * Required when the channel's `Meta` type does not include undefined. */
+  meta?: Meta;
   /** Bytes of the slot the message uses (default: the whole slot). */
   length?: number;
 }
 
+/** Options of `message.release()`. */
 export interface ReleaseOptions {
   /** Device slots: the stream that ran the consumer's GPU work on the message (default: the
    * legacy stream); the producer's next use of the slot waits for that work. */
   stream?: Stream;
 }
 
+/** Options of `consumer.receive()`: `signal` aborts the wait (ERR_TIMEOUT). */
 export interface ReceiveOptions {
   signal?: AbortSignal;
 }
 
+/** A snapshot of a channel's slots and members, from `stats()` on a hub or an end. */
 export interface ChannelStats {
   slots: { free: number; writing: number; published: number; taken: number };
   producers: { attached: number; live: number; died: number };

@@ -10,7 +10,8 @@ import { WaitQueue } from './wait-queue.js';
 import { ChannelEnd } from './part.js';
 import { lockStuckError, RECOVERY_GIVE_UP_MS } from './recovery.js';
 import {
-  closedError, delay, type AcquireOptions, type ChannelShape, type PublishOptions, type SlotBuffer,
+  closedError, delay, type AcquireOptions, type ChannelShape, type PublishOptions,
+  type PublishArgs, type SlotBuffer,
 } from './options.js';
 
 const RETRY_MS = 2;
@@ -32,7 +33,7 @@ interface SlotOwner {
  * ChannelHub.producer()). `const slot = await producer.acquire()`, write into `slot.buffer` (or
  * `slot.bytes`), then `producer.publish(slot, { meta })`; `await producer.end()` when done.
  */
-export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelEnd implements ChannelShape, Disposable, AsyncDisposable {
+export class ChannelProducer<B extends SlotBuffer = SlotBuffer, Meta = unknown> extends ChannelEnd implements ChannelShape, Disposable, AsyncDisposable {
   readonly role = 'producer' as const;
   readonly #end: Endpoint;
   readonly #fences: Fences | undefined;
@@ -143,6 +144,7 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
    * fence is raised once the work queued on `stream` so far is done, so consumers that waitOn()
    * the message see everything queued there.
    */
+  publish(slot: ChannelSlot<B>, ...options: PublishArgs<Meta>): void;
   publish(slot: ChannelSlot<B>, options: PublishOptions = {}): void {
     const e = this.#end;
     e.assertOpen('publish');
@@ -280,10 +282,12 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
     void this.#acquirers.pump();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }
 
+  /** Same as end(), for `await using`. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.end();
   }

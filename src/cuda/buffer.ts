@@ -10,6 +10,10 @@ import { noteChange, reportDeviceMemory, type DeviceMemoryStats } from '../obser
 
 export type { DeviceMemoryStats };
 
+/**
+ * Where a DeviceBuffer's memory comes from: allocated here, mapped from a legacy handle, a pool
+ * allocation, or a pool buffer imported from another process.
+ */
 export type MemoryKind = 'device' | 'legacy-import' | 'pool' | 'pool-import';
 
 /** What owns a range of device memory: allocated here, or mapped from another process. */
@@ -28,6 +32,10 @@ export interface MemoryOwner {
 /** Every SharedMemory not yet released in this thread, for stats(). */
 const liveMemory = new Set<SharedMemory>();
 
+/**
+ * Device memory of this thread: allocations, what peers lease, what only leases keep alive,
+ * imports.
+ */
 export function deviceMemoryStats(): DeviceMemoryStats {
   const s: DeviceMemoryStats = { allocations: 0, allocatedBytes: 0, leased: 0, leasedBytes: 0, heldBytes: 0, imports: 0, importedBytes: 0 };
   for (const m of liveMemory) {
@@ -126,13 +134,16 @@ export class SharedMemory {
   }
 }
 
+/** Host memory a copy reads from or writes to: any typed array, DataView, Buffer or ArrayBuffer. */
 export type HostView = ArrayBufferView | ArrayBuffer;
 
+/** Where in the buffer a copy starts. */
 export interface CopyOptions {
   /** Byte offset inside this buffer. */
   offset?: number;
 }
 
+/** Options of `writeAsync` / `readAsync`: where in the buffer, and on which stream. */
 export interface AsyncCopyOptions extends CopyOptions {
   /** Stream to queue the copy on (the legacy default stream when omitted). */
   stream?: Stream;
@@ -146,6 +157,11 @@ function checkCount(n: number, what: string): void {
   if (!Number.isSafeInteger(n) || n < 0) throw new IpcError('ERR_INVALID_ARG', `${what} must be a non-negative integer, got ${n}`);
 }
 
+/**
+ * Device memory: allocated here (`DeviceBuffer.allocate`, `pool.allocate`) or mapped from another
+ * process (received over a link, `openIpcHandle`). Pointers are bigints; close() (or `using`)
+ * frees or unmaps it, once no peer leases it.
+ */
 export class DeviceBuffer {
   /**
    * The device using this buffer: its pointer is valid in that device's context, and kernels on
@@ -340,5 +356,6 @@ export class DeviceBuffer {
     this.#memory.drop();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void { this.close(); }
 }

@@ -8,8 +8,10 @@ import type { KernelParam } from './kernel-args.js';
 
 /** Element types that the fill/verify/scale kernels come in; the suffix of their names. */
 export const PATTERN_ELEMENT_TYPES = ['i32', 'u32', 'i64', 'u64', 'f32', 'f64'] as const;
+/** Element types of the built-in fill/verify/scale kernels. */
 export type PatternElementType = (typeof PATTERN_ELEMENT_TYPES)[number];
 
+/** Entry names of the built-in kernels (kernels/builtin.ptx). */
 export type BuiltinKernelName =
   | `fill_pattern_${PatternElementType}`
   | `verify_pattern_${PatternElementType}`

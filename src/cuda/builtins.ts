@@ -27,12 +27,17 @@ function scalarArg(type: PatternElementType, v: number | bigint): KernelArg {
   }
 }
 
+/** What verifyPattern found: how many elements differ, and the first that does. */
 export interface PatternCheck {
   mismatches: bigint;
   /** Index of the first mismatching element, or null when all match. */
   firstMismatch: bigint | null;
 }
 
+/**
+ * The built-in kernels of one device (`BuiltinKernels.for(device)`): fill and verify patterns,
+ * scale, checksum and spin, each queued on a stream.
+ */
 export class BuiltinKernels {
   static #byDevice = new Map<Device, BuiltinKernels>();
   readonly device: Device;
@@ -50,6 +55,7 @@ export class BuiltinKernels {
     return k;
   }
 
+  /** One built-in kernel by its entry name, to launch it yourself. */
   kernel(name: BuiltinKernelName): Kernel {
     const spec = BUILTIN_KERNELS.find((k) => k.name === name)!;
     return this.#module.getFunction(name, spec.params);

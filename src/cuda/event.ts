@@ -25,11 +25,16 @@ Object.defineProperty(Stream.prototype, 'waitEvent', {
   },
 });
 
+/** Options of Event.create(). */
 export interface EventOptions {
   /** Shareable with other processes. Implies no timing (the driver refuses both at once). */
   interprocess?: boolean;
 }
 
+/**
+ * A CUDA event: record it on a stream, wait for it on the CPU or on other streams; interprocess
+ * events travel over links (`openIpcEvent` for a descriptor).
+ */
 export class Event extends DriverObject {
   readonly interprocess: boolean;
   /** True for an event opened from another process's handle. */
@@ -42,6 +47,10 @@ export class Event extends DriverObject {
     this.imported = imported;
   }
 
+  /**
+   * Creates an event on `device` (default: the working device, else device 0); `interprocess:
+   * true` to share it.
+   */
   static create(device: Device = defaultDevice(), options: EventOptions = {}): Event {
     const interprocess = options.interprocess ?? false;
     if (interprocess && !device.capabilities.ipcEvents) {

@@ -12,6 +12,7 @@ export type SmallIntegerArgType = 'i8' | 'u8' | 'i16' | 'u16' | 'i32' | 'u32';
 export type BigIntegerArgType = 'i64' | 'u64';
 /** Floating-point argument types; any number is legal, NaN and infinities included. */
 export type FloatArgType = 'f16' | 'bf16' | 'f32' | 'f64';
+/** The type of a kernel argument: a device pointer, an integer or a float of a given width. */
 export type KernelArgType = 'ptr' | SmallIntegerArgType | BigIntegerArgType | FloatArgType;
 
 /** Anything that carries a device pointer, such as a DeviceBuffer. */
@@ -19,6 +20,7 @@ export interface DevicePointerLike {
   readonly devicePointer: bigint;
 }
 
+/** A checked kernel argument, made by the `arg` builders. */
 export type KernelArg =
   | { readonly type: 'ptr'; readonly value: bigint | DevicePointerLike }
   | { readonly type: SmallIntegerArgType; readonly value: number }
@@ -139,13 +141,21 @@ function checkedArg<T extends KernelArg>(type: T['type'], value: unknown): T {
 export const arg = {
   /** A device pointer: a bigint, or an object with `devicePointer` (read now). */
   ptr: (pointer: bigint | DevicePointerLike): KernelArg => checkedArg('ptr', pointer),
+  /** A signed 8-bit integer. */
   i8: (value: number): KernelArg => checkedArg('i8', value),
+  /** An unsigned 8-bit integer. */
   u8: (value: number): KernelArg => checkedArg('u8', value),
+  /** A signed 16-bit integer. */
   i16: (value: number): KernelArg => checkedArg('i16', value),
+  /** An unsigned 16-bit integer. */
   u16: (value: number): KernelArg => checkedArg('u16', value),
+  /** A signed 32-bit integer. */
   i32: (value: number): KernelArg => checkedArg('i32', value),
+  /** An unsigned 32-bit integer. */
   u32: (value: number): KernelArg => checkedArg('u32', value),
+  /** A signed 64-bit integer. */
   i64: (value: bigint): KernelArg => checkedArg('i64', value),
+  /** An unsigned 64-bit integer. */
   u64: (value: bigint): KernelArg => checkedArg('u64', value),
   /** Half precision, rounded to nearest, ties to even. */
   f16: (value: number): KernelArg => checkedArg('f16', value),
@@ -153,6 +163,7 @@ export const arg = {
   bf16: (value: number): KernelArg => checkedArg('bf16', value),
   /** Single precision, rounded to nearest, ties to even (as Math.fround). */
   f32: (value: number): KernelArg => checkedArg('f32', value),
+  /** Double precision. */
   f64: (value: number): KernelArg => checkedArg('f64', value),
 } as const;
 

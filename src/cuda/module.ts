@@ -9,8 +9,10 @@ import { IpcError } from '../errors.js';
 import { DriverObject } from './driver-object.js';
 import { packKernelArgs, kernelArgLayout, checkKernelArgs, type KernelArg, type KernelParam } from './kernel-args.js';
 
+/** Grid or block dimensions: x, or [x, y, z] (missing ones are 1). */
 export type Dim3 = number | readonly [number, number?, number?];
 
+/** How a kernel is launched: grid and block dimensions, dynamic shared memory, stream. */
 export interface LaunchConfig {
   grid: Dim3;
   block: Dim3;
@@ -29,6 +31,7 @@ function dims(d: Dim3, what: string): [number, number, number] {
   return [x, y ?? 1, z ?? 1];
 }
 
+/** A kernel of a loaded Module (`module.getFunction(name)`); `launch(config, args)` queues it. */
 export class Kernel {
   /** Declared parameter types, when known (built-in kernels); launches are checked against them. */
   readonly params: readonly KernelParam[] | undefined;
@@ -53,6 +56,10 @@ export class Kernel {
   }
 }
 
+/**
+ * Loaded GPU code (PTX or a cubin) on one device: `Module.load(image)`, `Module.loadFile(path)`,
+ * `compileCuda(source)`.
+ */
 export class Module extends DriverObject {
   readonly #kernels = new Map<string, Kernel>();
 
@@ -68,6 +75,7 @@ export class Module extends DriverObject {
     return new Module(device, driver.moduleLoadData(bytes));
   }
 
+  /** Loads a PTX or cubin file on `device` (default: the working device, else device 0). */
   static loadFile(path: string | URL, device: Device = defaultDevice()): Module {
     return Module.load(readFileSync(path), device);
   }
@@ -98,6 +106,7 @@ function nvrtcCandidates(): string[] {
   return out;
 }
 
+/** Options of compileCuda() (NVRTC). */
 export interface CompileOptions {
   /** Program name shown in diagnostics. */
   name?: string;

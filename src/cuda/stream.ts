@@ -6,8 +6,10 @@ import { IpcError } from '../errors.js';
 import { DriverObject } from './driver-object.js';
 
 /**
- * A stream of one device. `stream.waitEvent(event)` is declared and defined in event.ts, beside
- * Event: an event is a point in a stream's work, so event.ts builds on this file, never the reverse.
+ * A CUDA stream of one device: `Stream.create(device)`; work queued on it runs in order; `await
+ * stream.synchronize()` waits without blocking the event loop. `stream.waitEvent(event)` is
+ * declared and defined in event.ts, beside Event: an event is a point in a stream's work, so
+ * event.ts builds on this file, never the reverse.
  */
 export class Stream extends DriverObject {
   private constructor(device: Device, handle: bigint) {
@@ -31,6 +33,7 @@ export class Stream extends DriverObject {
     driver.streamWriteValue32(this.handle, this.#memOpAddress(target, offset, 4), value >>> 0, 0);
   }
 
+  /** writeValue32 for a 64-bit word. */
   writeValue64(target: MemoryTarget, offset: number, value: bigint): void {
     driver.streamWriteValue64(this.handle, this.#memOpAddress(target, offset, 8), BigInt.asUintN(64, value), 0);
   }
@@ -44,6 +47,7 @@ export class Stream extends DriverObject {
     driver.streamWaitValue32(this.handle, this.#memOpAddress(target, offset, 4), value >>> 0, waitFlag(condition));
   }
 
+  /** waitValue32 for a 64-bit word. */
   waitValue64(target: MemoryTarget, offset: number, value: bigint, condition: WaitCondition = 'geq'): void {
     driver.streamWaitValue64(this.handle, this.#memOpAddress(target, offset, 8), BigInt.asUintN(64, value), waitFlag(condition));
   }
@@ -86,6 +90,10 @@ export interface MemoryTarget {
   readonly byteLength: number;
 }
 
+/**
+ * How a stream wait compares the word with the value: `geq` (as a wrapping counter), `eq`, `and`
+ * (any bit set), `nor` (not all bits set).
+ */
 export type WaitCondition = 'geq' | 'eq' | 'and' | 'nor';
 
 function waitFlag(condition: WaitCondition): number {

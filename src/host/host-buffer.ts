@@ -351,6 +351,7 @@ export class HostBuffer implements Disposable {
     if (options?.force) this.#shared.unmap();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }

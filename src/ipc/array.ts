@@ -8,6 +8,11 @@ import { arrayMeta, isCContiguous, extentBytes, elementCount, type ArrayMeta, ty
 import { openIpcHandle, toLegacyDescriptor } from './legacy.js';
 import type { LegacyHandleDescriptor } from './descriptor.js';
 
+/**
+ * A typed view of device memory: dtype, shape and strides over a DeviceBuffer; `read()`/`write()`
+ * copy to and from typed arrays, `ipcHandle()` describes it for other processes (openIpcArray,
+ * Python).
+ */
 export class DeviceArray<T extends DType = DType> {
   readonly buffer: DeviceBuffer;
   readonly dtype: T;
@@ -107,8 +112,10 @@ export class DeviceArray<T extends DType = DType> {
     return this.buffer.ipcHandle({ array: this.meta });
   }
 
+  /** Closes the underlying buffer. */
   close(): void { this.buffer.close(); }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void { this.close(); }
 }
 

@@ -45,12 +45,14 @@ export interface HostArrayTypes {
   float8_e5m2: Uint8Array;
 }
 
+/** A typed-array constructor (Float32Array, BigInt64Array, ...) as the dtype table names it. */
 export interface HostArrayConstructor<A> {
   new (length: number): A;
   new (buffer: ArrayBuffer | SharedArrayBuffer, byteOffset?: number, length?: number): A;
   readonly BYTES_PER_ELEMENT: number;
 }
 
+/** What dtypeInfo() tells about a dtype: size, NumPy typestr, the host typed array that holds it. */
 export interface DTypeInfo<T extends DType = DType> {
   readonly name: T;
   /** Bytes per element. */

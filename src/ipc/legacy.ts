@@ -13,6 +13,7 @@ import {
 } from './descriptor.js';
 import type { ArrayMetaInit } from './array-meta.js';
 
+/** Options of `buffer.ipcHandle()`. */
 export interface IpcHandleOptions {
   /** dtype/shape/strides to describe the bytes as an array (for openIpcArray and Python). */
   array?: ArrayMetaInit;
@@ -155,6 +156,7 @@ export function toLegacyDescriptor(input: LegacyHandleDescriptor | string | Uint
     : validateDescriptor(input, 'cuda-legacy-handle');
 }
 
+/** Options of openIpcHandle(). */
 export interface OpenIpcHandleOptions {
   /**
    * The device that will use the memory: it is mapped into that device's context, with peer

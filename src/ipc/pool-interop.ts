@@ -42,6 +42,7 @@ export function poolBufferExport(buffer: DeviceBuffer): PoolBufferExport {
   };
 }
 
+/** Options of importIpcPool(): which device and pool id an imported pool fd stands for. */
 export interface ImportIpcPoolOptions {
   /** The pool's device (default: the one named by deviceUuid, else device 0). */
   device?: Device;

@@ -11,6 +11,7 @@ import { CudaError, IpcError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { addon } from '../native.js';
 
+/** Options of `device.createIpcPool()` / IpcPool.create(). */
 export interface IpcPoolOptions {
   /** Upper bound of the pool's reserved memory in bytes (0: the driver's default). */
   maxSize?: number;
@@ -89,6 +90,11 @@ class PoolImport implements PoolMemoryOwner {
   }
 }
 
+/**
+ * An IPC memory pool (cuMemPoolCreate with POSIX fds): its buffers travel over links as 64 bytes
+ * each once the pool's fd went to the peer. Made by `device.createIpcPool()`, or imported from
+ * another process.
+ */
 export class IpcPool {
   /** The device whose memory the pool's allocations live on. */
   readonly device: Device;
@@ -134,6 +140,7 @@ export class IpcPool {
     });
   }
 
+  /** Creates a pool on `device` (the same as `device.createIpcPool(options)`). */
   static create(device: Device, options: IpcPoolOptions = {}): IpcPool {
     const maxSize = options.maxSize ?? 0;
     if (!Number.isSafeInteger(maxSize) || maxSize < 0) {
@@ -344,6 +351,7 @@ export class IpcPool {
     if (this.#users === 0) this.#destroy();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void { this.close(); }
 
   static {

@@ -36,8 +36,10 @@ export interface PeerCredentials {
   readonly gid: number;
 }
 
+/** Where a link is in its life: the handshake, open, or closed. */
 export type LinkState = 'handshaking' | 'open' | 'closed';
 
+/** Options of `link.receive()`. */
 export interface ReceiveOptions {
   /** Abort the wait (e.g. `AbortSignal.timeout(1000)`); the promise rejects with ERR_TIMEOUT. */
   signal?: AbortSignal;
@@ -72,17 +74,40 @@ export const kOpened: unique symbol = Symbol('cuda-ipc.link.opened');
 const releaseScratch = new Uint8Array(HEADER_BYTES + 8 + 8 * 64);
 let nextLinkId = 1;
 
-export interface Link {
-  on(event: 'message', listener: (value: unknown) => void): this;
-  on(event: 'messageerror', listener: (error: IpcError) => void): this;
-  on(event: 'error', listener: (error: IpcError) => void): this;
-  on(event: 'close', listener: (reason: IpcError | undefined) => void): this;
-  once(event: 'message', listener: (value: unknown) => void): this;
-  once(event: 'messageerror', listener: (error: IpcError) => void): this;
-  once(event: 'error', listener: (error: IpcError) => void): this;
-  once(event: 'close', listener: (reason: IpcError | undefined) => void): this;
-  on(event: string | symbol, listener: (...args: any[]) => void): this;
-  once(event: string | symbol, listener: (...args: any[]) => void): this;
+/**
+ * The events of a Link and the arguments their listeners get (`In`: the type of received
+ * messages). There is no catch-all: a misspelt event name does not compile.
+ */
+export interface LinkEvents<In = unknown> {
+  /** A message that no pending receive() took (see Link). */
+  message: [value: In];
+  /** A message that could not be decoded (e.g. no transfer handler for it here); the link stays open. */
+  messageerror: [error: IpcError];
+  /** The link closed with an error; emitted only when someone listens for it. */
+  error: [error: IpcError];
+  /** The link closed: `reason` is undefined for a clean close. */
+  close: [reason: IpcError | undefined];
+  /** EventEmitter's own: a listener is about to be added. */
+  newListener: [event: string | symbol, listener: (...args: any[]) => void];
+  /** EventEmitter's own: a listener was removed. */
+  removeListener: [event: string | symbol, listener: (...args: any[]) => void];
+}
+
+export interface Link<In = unknown, Out = unknown> {
+  /** Adds a listener for `event` (see LinkEvents). */
+  on<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Adds a listener called once for `event`. */
+  once<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Removes a listener. */
+  off<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Same as on(). */
+  addListener<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Same as off(). */
+  removeListener<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Adds a listener before the others. */
+  prependListener<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
+  /** Adds a once-listener before the others. */
+  prependOnceListener<E extends keyof LinkEvents>(event: E, listener: (...args: LinkEvents<In>[E]) => void): this;
 }
 
 /**
@@ -104,8 +129,13 @@ export interface Link {
  * device memory, ...) is leased to the peer until the peer releases it or the link closes for any
  * reason; `leases` counts what this side holds for the peer. Received leased values tell the
  * sender when they are released, batched in RELEASE frames.
+ *
+ * Types: `Link<In, Out>` types what `receive()`, iteration and 'message' give (`In`) and what
+ * `send()` takes (`Out`); both default to `unknown`. `spawn<In, Out>()`, `parentLink<In, Out>()`
+ * and `connect<In, Out>()` return typed links, and `receive<T>()` types one message. Nothing is
+ * checked at run time: the two processes agree on the types (e.g. share a module of them).
  */
-export class Link extends EventEmitter implements Disposable, AsyncDisposable, AsyncIterable<unknown> {
+export class Link<In = unknown, Out = unknown> extends EventEmitter implements Disposable, AsyncDisposable, AsyncIterable<In> {
   /** Unique in this process; stable for the link's life. */
   readonly id = nextLinkId++;
   readonly #setup: LinkSetup;
@@ -212,7 +242,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
    * with all their fds. Throws ERR_NOT_TRANSFERABLE / ERR_MESSAGE_TOO_LARGE without sending, and
    * ERR_LINK_CLOSED / ERR_PEER_GONE once the link is closed.
    */
-  send(value: unknown): void {
+  send(value: Out): void {
     probe?.(Probe.SendStart);
     if (this.#state === 'closed') throw this.#closedError('send');
     const enc = acquireEncoder();
@@ -285,18 +315,21 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   // ------------------------------------------------------------------------------------------
   // Receiving
 
-  /** The next message (see the class notes for who gets which message). */
-  receive(options?: ReceiveOptions): Promise<unknown> {
+  /**
+   * The next message (see the class notes for who gets which message). `T` narrows what this
+   * one message is expected to be (`In` by default); it is not checked at run time.
+   */
+  receive<T extends In = In>(options?: ReceiveOptions): Promise<T> {
     const entry = this.#inbox.take();
-    if (entry) return entry.ok ? Promise.resolve(entry.value) : Promise.reject(entry.error);
+    if (entry) return entry.ok ? Promise.resolve(entry.value as T) : Promise.reject(entry.error);
     if (this.#state === 'closed') return Promise.reject(this.#closedError('receive'));
-    return this.#inbox.wait(options?.signal);
+    return this.#inbox.wait(options?.signal) as Promise<T>;
   }
 
   /** Yields messages until the link closes cleanly; throws if it closed with an error. */
-  async *[Symbol.asyncIterator](): AsyncIterator<unknown> {
+  async *[Symbol.asyncIterator](): AsyncIterator<In> {
     for (;;) {
-      let value: unknown;
+      let value: In;
       try {
         value = await this.receive();
       } catch (e) {
@@ -490,9 +523,11 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     this.close();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }
+  /** Same as end(), for `await using`. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.end();
   }

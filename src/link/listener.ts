@@ -10,6 +10,7 @@ import { Queue } from './queue.js';
 import { socketPath } from './socket-path.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
 
+/** Options of listen(). */
 export interface ListenOptions {
   /** Other uids whose processes may connect (yours always may). The socket file is then 0666;
    * the directory's permissions still apply, so pass `directory` as well. */
@@ -21,6 +22,7 @@ export interface ListenOptions {
   handshakeTimeoutMs?: number;
 }
 
+/** Options of connect(). */
 export interface ConnectOptions {
   /** Other uids the listening process may run as (yours always may). */
   allowUids?: readonly number[];
@@ -54,12 +56,37 @@ function someoneListens(path: string): boolean {
   }
 }
 
+/** The events of a Listener and the arguments their listeners get (no catch-all). */
+export interface ListenerEvents {
+  /** A link whose handshake succeeded and that no pending accept() took. */
+  connection: [link: Link];
+  /** A connection from a refused uid, or one that failed its handshake; it was closed. */
+  refused: [error: IpcError];
+  /** The listening socket failed; emitted only when someone listens for it. */
+  error: [error: Error];
+  /** The listener closed. */
+  close: [];
+  /** EventEmitter's own: a listener is about to be added. */
+  newListener: [event: string | symbol, listener: (...args: any[]) => void];
+  /** EventEmitter's own: a listener was removed. */
+  removeListener: [event: string | symbol, listener: (...args: any[]) => void];
+}
+
 export interface Listener {
-  on(event: 'connection', listener: (link: Link) => void): this;
-  on(event: 'refused', listener: (error: IpcError) => void): this;
-  on(event: 'error', listener: (error: Error) => void): this;
-  on(event: 'close', listener: () => void): this;
-  on(event: string | symbol, listener: (...args: any[]) => void): this;
+  /** Adds a listener for `event` (see ListenerEvents). */
+  on<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener called once for `event`. */
+  once<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Removes a listener. */
+  off<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Same as on(). */
+  addListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Same as off(). */
+  removeListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener before the others. */
+  prependListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a once-listener before the others. */
+  prependOnceListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
 }
 
 /**
@@ -166,10 +193,12 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     }
   }
 
+  /** Keep the process alive while this listener is open (the default). */
   ref(): this {
     this.#acceptor?.ref();
     return this;
   }
+  /** Let the process exit even though this listener is open. */
   unref(): this {
     this.#acceptor?.unref();
     return this;
@@ -197,6 +226,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     this.emit('close');
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }
@@ -240,7 +270,11 @@ export function listen(name: string, options: ListenOptions = {}): Listener {
   }
 }
 
-/** Connects to the listener named `name`; resolves once the handshake succeeded. */
+/**
+ * Connects to the listener named `name`; resolves once the handshake succeeded. `In`/`Out` type
+ * the link: what this process receives, and what it sends.
+ */
+export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions): Promise<Link<In, Out>>;
 export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {
   const path = socketPath(name, options.directory);
   const timeoutMs = options.timeoutMs ?? 10_000;

@@ -7,6 +7,7 @@ import { fileURLToPath } from 'node:url';
 import { IpcError } from '../errors.js';
 import { startLinkedChild, type SpawnOptions, type SpawnedChild } from './spawn.js';
 
+/** Options of spawnPython(): those of spawn() but execArgv, and the interpreter. */
 export interface SpawnPythonOptions extends Omit<SpawnOptions, 'execArgv'> {
   /** The interpreter: default $CUDA_IPC_PYTHON, else 'python3' (found on PATH). */
   python?: string;
@@ -27,8 +28,9 @@ export function pythonPackageDirectory(): string {
  * Starts `python3 -m <module> ...args` (or `python3 <file.py> ...args` when `module` is a path
  * ending in .py) with a link to this process, and resolves once the child called
  * `cuda_ipc.parent_link()`. Failures as for spawn(): ERR_PEER_GONE (the child exited first, e.g.
- * an ImportError), ERR_PEER_REFUSED, ERR_TIMEOUT.
+ * an ImportError), ERR_PEER_REFUSED, ERR_TIMEOUT. `In`/`Out` type the link (see spawn()).
  */
+export function spawnPython<In = unknown, Out = unknown>(module: string | URL, args?: readonly string[], options?: SpawnPythonOptions): Promise<SpawnedChild<In, Out>>;
 export async function spawnPython(module: string | URL, args: readonly string[] = [], options: SpawnPythonOptions = {}): Promise<SpawnedChild> {
   const python = options.python ?? process.env.CUDA_IPC_PYTHON ?? 'python3';
   let target: string[];

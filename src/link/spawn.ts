@@ -12,6 +12,7 @@ import { Link, kCreate, kOpened } from './link.js';
 /** The environment variable telling a spawned child which fd is its link. */
 export const LINK_FD_ENV = 'CUDA_IPC_LINK_FD';
 
+/** Options of spawn(). */
 export interface SpawnOptions {
   /** Arguments for node itself; default: this process's execArgv without inspector, test-runner,
    * watch and eval flags. */
@@ -37,9 +38,10 @@ export interface SpawnOptions {
   device?: Device | string;
 }
 
-export interface SpawnedChild {
+/** What spawn() resolves with: the child process and the link to it (typed as `Link<In, Out>`). */
+export interface SpawnedChild<In = unknown, Out = unknown> {
   child: ChildProcess;
-  link: Link;
+  link: Link<In, Out>;
 }
 
 const DROP_FLAGS = /^(--inspect|--debug|--test|--experimental-test|--watch|--eval|-e$|--print|-p$|-pe$|--input-type|--check|-c$|--interactive|-i$)/;
@@ -74,7 +76,9 @@ function modulePath(module: string | URL): string {
  * Starts `node <module> ...args` with a link to this process, and resolves once the child has
  * called parentLink(). If the child exits first, is refused (another uid), or does not connect in
  * time, the child is killed and the promise rejects (ERR_PEER_GONE / ERR_PEER_REFUSED / ERR_TIMEOUT).
+ * `In`/`Out` type the link: what this process receives from the child, and what it sends.
  */
+export function spawn<In = unknown, Out = unknown>(module: string | URL, args?: readonly string[], options?: SpawnOptions): Promise<SpawnedChild<In, Out>>;
 export async function spawn(module: string | URL, args: readonly string[] = [], options: SpawnOptions = {}): Promise<SpawnedChild> {
   const path = modulePath(module);
   return startLinkedChild(process.execPath, [...(options.execArgv ?? inheritableExecArgv()), path, ...args], options, path);
@@ -154,8 +158,10 @@ let parent: Link | undefined;
 
 /**
  * The link to the process that started this one with spawn(). The same Link every call. The
- * parent is trusted as such (it chose how to start us), so its uid is not checked.
+ * parent is trusted as such (it chose how to start us), so its uid is not checked. `In`/`Out`
+ * type the link: what this process receives from its parent, and what it sends.
  */
+export function parentLink<In = unknown, Out = unknown>(): Link<In, Out>;
 export function parentLink(): Link {
   if (parent) return parent;
   const value = process.env[LINK_FD_ENV];

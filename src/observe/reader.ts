@@ -17,6 +17,10 @@ export interface PeerShare {
   bytes: number | null;
 }
 
+/**
+ * One process in a status snapshot: what it allocated, leases, holds from others, its links and
+ * channels.
+ */
 export interface ProcessStatus {
   pid: number;
   /** The command line, as the process started (argv, shortened). */
@@ -39,6 +43,7 @@ export interface ProcessStatus {
   openFds: number;
 }
 
+/** Every process of this user that uses cuda-ipc (collectStatus(), `cuda-ipc status --json`). */
 export interface StatusSnapshot {
   version: typeof RECORD_VERSION;
   takenAt: string;
@@ -51,6 +56,7 @@ export interface StatusSnapshot {
   unreadable: Array<{ file: string; reason: string }>;
 }
 
+/** Options of collectStatus(). */
 export interface CollectOptions {
   /** Where the records are; default: the `status` folder of this user's socket directory. */
   directory?: string;

@@ -6,6 +6,7 @@ import { HostBuffer } from '../host/host-buffer.js';
 import { arrayMeta, elementCount, extentBytes, isCContiguous, type ArrayMeta, type ArrayMetaInit } from '../ipc/array-meta.js';
 import { dtypeInfo, type DType, type HostArrayTypes } from '../ipc/dtype.js';
 
+/** A typed view (dtype, shape, byte strides) over shared host memory: DeviceArray's host twin. */
 export class HostArray<T extends DType = DType> implements Disposable {
   /** The bytes of the array, from its first element (the array owns it: closing the array closes it). */
   readonly buffer: HostBuffer;
@@ -91,8 +92,10 @@ export class HostArray<T extends DType = DType> implements Disposable {
     forEachOffset(this.shape, this.strides, (at, i) => dst.set(bytes.subarray(i * info.itemsize, (i + 1) * info.itemsize), at));
   }
 
+  /** Closes the array's HostBuffer. */
   close(): void { this.buffer.close(); }
 
+  /** Same as close(). */
   [Symbol.dispose](): void { this.close(); }
 }
 

@@ -21,6 +21,7 @@ import { copyAddon } from './kernels.js';
 import { readSafetensorsHeader, type SafetensorsHeader } from './safetensors.js';
 import { TensorMap, setTensorMapMetadata } from './tensor-map.js';
 
+/** Options of loadSafetensors(). */
 export interface LoadSafetensorsOptions {
   /** Where the tensors go: 'device' (default) or 'host' (one HostBuffer, no GPU needed). */
   memory?: 'device' | 'host';

@@ -21,6 +21,7 @@ export const SAFETENSORS_DTYPES: Readonly<Record<string, DType>> = {
 };
 const NAME_OF: Readonly<Record<string, string>> = Object.fromEntries(Object.entries(SAFETENSORS_DTYPES).map(([k, v]) => [v, k]));
 
+/** One tensor of a safetensors header. */
 export interface SafetensorsEntry {
   readonly name: string;
   readonly dtype: DType;
@@ -30,6 +31,7 @@ export interface SafetensorsEntry {
   readonly end: number;
 }
 
+/** A checked safetensors header (readSafetensorsHeader()). */
 export interface SafetensorsHeader {
   /** The file, for messages. */
   readonly path: string;

@@ -11,6 +11,7 @@ import { dtypeInfo } from '../ipc/dtype.js';
 import { HostArray } from './host-array.js';
 import type { TensorLayout } from './wire.js';
 
+/** A tensor of a TensorMap: a typed view of device memory or of shared host memory. */
 export type TensorArray = DeviceArray | HostArray;
 
 /** Where a map's tensors live: 'mixed' when some are on a device and some in host memory. */
@@ -36,6 +37,11 @@ function closedError(): IpcError {
   return new IpcError('ERR_CLOSED', 'this TensorMap is closed; keep it open while you use its tensors');
 }
 
+/**
+ * Named tensors sent as one link message (each allocation they live in travels once) and received
+ * as one: views into the sender's memory, made on first use. Closing the map closes every array it
+ * handed out; for a received map that unmaps the memory and ends the sender's lease.
+ */
 export class TensorMap<A extends TensorArray = TensorArray> implements Iterable<[string, A]>, Disposable {
   #entries: Map<string, A> | undefined;
   #received: ReceivedTensors | undefined;
@@ -88,6 +94,7 @@ export class TensorMap<A extends TensorArray = TensorArray> implements Iterable<
     return n;
   }
 
+  /** Whether the map has a tensor of that name. */
   has(name: string): boolean {
     return this.#received ? this.#received.layout.index.has(name) : this.#entries!.has(name);
   }
@@ -127,10 +134,12 @@ export class TensorMap<A extends TensorArray = TensorArray> implements Iterable<
     else yield* this.#entries!.keys();
   }
 
+  /** The tensors, in the sender's order (a received map makes each view on first use). */
   *values(): IterableIterator<A> {
     for (const [, a] of this.entries()) yield a;
   }
 
+  /** [name, tensor] pairs, in the sender's order. */
   *entries(): IterableIterator<[string, A]> {
     if (this.#closed) throw closedError();
     if (!this.#received) {
@@ -141,6 +150,7 @@ export class TensorMap<A extends TensorArray = TensorArray> implements Iterable<
     for (let i = 0; i < names.length; i++) yield [names[i]!, this.#view(i)];
   }
 
+  /** Same as entries(). */
   [Symbol.iterator](): IterableIterator<[string, A]> { return this.entries(); }
 
   #view(i: number): A {
@@ -186,6 +196,7 @@ export class TensorMap<A extends TensorArray = TensorArray> implements Iterable<
     if (errors.length) throw errors[0];
   }
 
+  /** Same as close(). */
   [Symbol.dispose](): void { this.close(); }
 
   static {

@@ -13,6 +13,7 @@ import { queueDeviceCopies, type StridedCopy } from './kernels.js';
 import { TensorMap, tensorMapContents, type TensorArray } from './tensor-map.js';
 import { isCOrder, isDense } from './wire.js';
 
+/** Options of updateInPlace(). */
 export interface UpdateOptions {
   /** Stream to queue the copies on (a blocking stream of the parameters' device is made when omitted). */
   stream?: Stream;
@@ -24,6 +25,7 @@ export interface UpdateOptions {
   strict?: boolean;
 }
 
+/** What updateInPlace() copied, and how. */
 export interface UpdateResult {
   /** Tensors copied. */
   copied: number;
@@ -39,6 +41,7 @@ export interface UpdateResult {
   method: 'batch' | 'per-copy' | 'host';
 }
 
+/** Named tensors: a TensorMap, or a Map of DeviceArrays / HostArrays. */
 export type NamedTensors = TensorMap | ReadonlyMap<string, TensorArray>;
 
 /** One tensor, wherever it lives: enough to copy it. */
