@@ -10,7 +10,7 @@ import unittest
 
 from cuda_ipc import ChannelConsumer, ChannelProducer, IpcError
 from cuda_ipc import memory as memory_mod
-from cuda_ipc.channel_layout import PFLAG_HUB_LOCAL, S_META, S_LENGTH, S_META_KIND, S_META_LENGTH, S_STATE
+from cuda_ipc.channel.layout import PFLAG_HUB_LOCAL, S_META, S_LENGTH, S_META_KIND, S_META_LENGTH, S_STATE
 
 from . import fake_cuda
 from .channel_hub import TestHub
@@ -164,7 +164,7 @@ class ChannelTests(unittest.TestCase):
         self.assertEqual(cm.exception.code, "ERR_CHANNEL_CLOSED")
 
     def test_the_hubs_death_ends_a_consumer_after_what_was_published(self):
-        from cuda_ipc.channel_ring import Ring
+        from cuda_ipc.channel.ring import Ring
         hub = self.hub(slots=8)
         # A producer in the hub's own process (flagged, so that peers repair it with the hub).
         k = hub.allocate("producer", PFLAG_HUB_LOCAL)

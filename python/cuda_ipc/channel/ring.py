@@ -7,17 +7,16 @@ a bad one raises ERR_CHANNEL_CORRUPT. Loops over shared state are bounded.
 """
 from __future__ import annotations
 
-import os
 import time
 
-from .channel_layout import (
+from .layout import (
     FLAG_REDELIVERED, GEN_MASK, H_CONSUMER_MASK, H_CONSUMERS_DIED, H_CONSUMERS_LIVE, H_DATA_SEQ, H_DATA_SLEEPERS,
     H_HEAD, H_LOCK, H_PRODUCERS_DIED, H_PRODUCERS_LIVE, H_SPACE_SEQ, H_SPACE_SLEEPERS, H_TAIL, KIND_FREE,
     KIND_PUBLISHED, KIND_TAKEN, KIND_WRITING, P_PID, P_ROLE, P_STATE, ROLE_CONSUMER, ROLE_PRODUCER, S_DELIVERIES,
     S_HOLDERS, S_LAST_HOLDERS, S_POSITION, S_PUBLISHER, S_STATE, ST_ALIVE, ST_DEAD, ST_ENDED, ST_RECOVERING, Layout,
     gen_of, slot_word,
 )
-from .errors import IpcError
+from ..errors import IpcError
 
 #: How long a publisher spins for the publish lock before retrying later (seconds).
 LOCK_SPIN = 200e-6
@@ -26,36 +25,6 @@ _MASK32 = 0xFFFFFFFF
 
 def corrupt(what: str) -> IpcError:
     return IpcError("ERR_CHANNEL_CORRUPT", f"the channel's shared control block is inconsistent ({what}); a peer wrote garbage into it. Close the channel")
-
-
-class Doorbells:
-    """One eventfd per participant entry (received at attach, owned: closed by close())."""
-
-    __slots__ = ("fds", "closed")
-
-    def __init__(self, fds: list[int]):
-        self.fds = list(fds)
-        self.closed = False
-
-    def ring(self, k: int) -> None:
-        if self.closed or not 0 <= k < len(self.fds):
-            return
-        try:
-            os.eventfd_write(self.fds[k], 1)
-        except BlockingIOError:
-            pass  # the count is at its maximum: readable already
-        except OSError:
-            pass  # closed under us: nobody polls it any more
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 class Ring:

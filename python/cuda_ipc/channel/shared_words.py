@@ -18,7 +18,7 @@ import ctypes
 import platform
 from ctypes import byref, c_int, c_uint32, c_uint64, c_void_p
 
-from .errors import IpcError
+from ..errors import IpcError
 
 SEQ_CST = 5
 MAX_U53 = 2**53

@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from .errors import IpcError
+from ..errors import IpcError
 
 MAGIC = 0x4C4E4843
 VERSION = 3

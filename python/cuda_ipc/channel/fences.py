@@ -13,8 +13,8 @@ from __future__ import annotations
 import time
 from ctypes import byref, c_void_p
 
-from . import driver as drv
-from .errors import IpcError
+from .. import driver as drv
+from ..errors import IpcError
 
 
 def fence_reached(word: int, value: int) -> bool:
