@@ -17,9 +17,9 @@ import struct
 import threading
 import weakref
 
-from .codec import TransferEncoding, TransferHandler, register_transfer_handler
+from .link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from .errors import IpcError
-from .lease import Hold
+from .link.lease import Hold
 
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 

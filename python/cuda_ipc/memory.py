@@ -27,12 +27,12 @@ from collections import OrderedDict
 from typing import Any, NamedTuple
 
 from . import driver as drv
-from .codec import TransferEncoding, TransferHandler, register_transfer_handler
+from .link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor, dtype_name, encode_descriptor
 from .device import Device, format_uuid, importing_device, uuid_bytes
 from .dlpack import DL_CUDA, make_capsule
 from .errors import CudaError, IpcError
-from .lease import Hold
+from .link.lease import Hold
 
 # Pool reference, shared by pool and pool-buffer records (src/link/device-transfers.ts):
 #   0 16 pool id | 16 16 device UUID | 32 8 pool maxSize | 40 4 flags (bit 0: fd attached) | 44 4 reserved

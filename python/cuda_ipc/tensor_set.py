@@ -25,17 +25,16 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Iterator
 
-from . import codec as _codec
 from . import driver as drv
 from . import host as _host
 from . import memory as _mem  # [tensors hook] memory.py's segment-handle caches, pool references and re-sends
-from .codec import TransferEncoding, TransferHandler, register_transfer_handler
+from .link.handlers import TransferEncoding, TransferHandler, handler_for_kind, register_transfer_handler
 from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor, encode_descriptor
 from .device import Device
 from .errors import CudaError, IpcError
 from .host import HostBuffer
 from .host_array import HostArray
-from .lease import Hold, release_hold
+from .link.lease import Hold, release_hold
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TENSOR_SET_KIND, TensorLayout, decode_table, encode_set, encode_table, parse_set
 
 _LAYOUT_STATE = "cuda_ipc.tensor_set.layouts"
@@ -619,7 +618,7 @@ def _decode(data: memoryview, fds: list, link, lease) -> TensorSet:
     at = 0
     try:
         for kind, fd_count, body, size in allocations:
-            handler = _codec._by_kind.get(_KIND_NAMES[kind])
+            handler = handler_for_kind(_KIND_NAMES[kind])
             if handler is None:
                 raise IpcError("ERR_NOT_TRANSFERABLE", f"received a tensor set with a '{_KIND_NAMES[kind]}' allocation but no handler for it is registered")
             mine = fds[at:at + fd_count]

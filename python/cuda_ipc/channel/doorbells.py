@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import struct
 
-from ..codec import TransferEncoding, TransferHandler, register_transfer_handler
+from ..link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from ..errors import IpcError
 
 DOORBELLS_KIND = "channel-doorbells"

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import struct
 
-from .errors import frame_invalid
+from ..errors import frame_invalid
 
 FRAME_MAGIC = 0x4C504943
 FRAME_VERSION = 2
