@@ -26,8 +26,10 @@ from collections.abc import Mapping
 from typing import Any, Iterator
 
 from . import driver as drv
-from . import host as _host
-from . import memory as _mem  # [tensors hook] memory.py's segment-handle caches, pool references and re-sends
+from .link import device_transfers, host_transfer
+from .memory import cache
+from .memory.buffer import _CREATE as _DEVICE_BUFFER, ArrayView, DeviceBuffer, _Origin
+from .memory.exports import _describe_array
 from .link.handlers import TransferEncoding, TransferHandler, handler_for_kind, register_transfer_handler
 from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor, encode_descriptor
 from .device import Device
@@ -131,7 +133,7 @@ def share_tensors(named, *, sync: bool = True) -> SharedTensors:
         if name in seen:
             raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} appears twice; names must be unique")
         seen.add(name)
-        if isinstance(obj, (_mem.ArrayView, _mem.DeviceBuffer)):
+        if isinstance(obj, (ArrayView, DeviceBuffer)):
             raise IpcError("ERR_NOT_TRANSFERABLE", f"tensor {name!r} was received from another process; send the received TensorSet itself, "
                            "or copy it into a tensor of your own (update_in_place)")
         names.append(name)
@@ -178,13 +180,13 @@ def _describe(st: SharedTensors):
             if a is None:
                 alloc = _Alloc(KIND_HOST, key, m.length)
                 alloc.mapping = m
-                alloc.data = _host._DATA.pack(m.length, 0, m.length)
+                alloc.data = host_transfer._DATA.pack(m.length, 0, m.length)
                 a = by_key[key] = len(allocs)
                 allocs.append(alloc)
             meta = obj.meta
             offset = buf.offset
         else:
-            e = _mem._describe_array(obj, st._sync)
+            e = _describe_array(obj, st._sync)
             if not e.ptr:
                 raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} has no memory (no elements); send its shape as data instead")
             if e.meta is None:
@@ -249,28 +251,28 @@ def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
             raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} is not in device memory the CUDA driver knows")
         if facts.pool:
             pool = facts.pool
-            with _mem._export_lock:
-                known = _mem._local_pools.get(pool)
+            with cache._export_lock:
+                known = cache._local_pools.get(pool)
                 if known is None:
                     try:
                         fd = drv.pool_export_fd(pool)
                     except CudaError as err:
                         raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} lives in a memory pool that is not IPC-enabled ({err.code})") from err
-                    known = _mem._local_pools[pool] = (os.urandom(16), fd)
-            cached = _mem._export_handles.get(base)
+                    known = cache._local_pools[pool] = (os.urandom(16), fd)
+            cached = cache._export_handles.get(base)
             if cached is not None and facts.buffer_id and cached[0] == facts.buffer_id:
                 export = cached[1]
             else:
                 export = drv.pool_export_pointer(base)
-                with _mem._export_lock:
-                    _mem._export_handles[base] = (facts.buffer_id, export)
-            _mem._local_pool_exports[export] = base
+                with cache._export_lock:
+                    cache._export_handles[base] = (facts.buffer_id, export)
+            cache._local_pool_exports[export] = base
             a = _Alloc(KIND_POOL, ("pool", base, facts.buffer_id), size)
             a.pool_id, a.pool_fd, a.export = known[0], known[1], export
         else:
             if facts.managed or facts.memory_type != drv.CU_MEMORYTYPE_DEVICE:
                 raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} is managed or host memory, which CUDA IPC handles cannot share; use HostArray for host memory")
-            cached = _mem._export_handles.get(base)
+            cached = cache._export_handles.get(base)
             if cached is not None and facts.buffer_id and cached[0] == facts.buffer_id:
                 handle = cached[1]
             else:
@@ -280,9 +282,9 @@ def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
                     raise IpcError("ERR_NOT_EXPORTABLE", f"the driver has no IPC handle for tensor {name!r} ({err.code}); it may come from "
                                    "cuMemCreate/VMM (e.g. PyTorch's expandable_segments:True), which legacy handles cannot share") from err
                 handle_exports += 1
-                with _mem._export_lock:
-                    _mem._export_handles[base] = (facts.buffer_id, handle)
-            _mem._local_exports[handle] = base
+                with cache._export_lock:
+                    cache._export_handles[base] = (facts.buffer_id, handle)
+            cache._local_exports[handle] = base
             a = _Alloc(KIND_LEGACY, ("legacy", base, facts.buffer_id), size)
             a.data = encode_descriptor(LegacyHandleDescriptor(handle, 0, size, dev.uuid, os.getpid(), None))
         a.uuid = dev.uuid
@@ -323,14 +325,14 @@ def _entries_for_link(allocs, link):
             elif a.kind == KIND_LEGACY:
                 entries.append((KIND_LEGACY, 0, a.data))
             else:
-                attach, pfds, commit = _mem._pool_fd_for_link(link, a.pool_id, a.pool_fd)
+                attach, pfds, commit = device_transfers._pool_fd_for_link(link, a.pool_id, a.pool_fd)
                 if attach and a.pool_id in attached:  # the fd already goes with an earlier entry
                     for fd in pfds:
                         os.close(fd)
                     attach, pfds, commit = False, [], None
                 if attach:
                     attached.add(a.pool_id)
-                data = _mem._pool_ref_bytes(a.pool_id, a.uuid, 0, attach)
+                data = device_transfers._pool_ref_bytes(a.pool_id, a.uuid, 0, attach)
                 data[48:112] = a.export
                 struct.pack_into("<QQQ", data, 112, a.size, 0, a.size)
                 fds.extend(pfds)
@@ -389,12 +391,12 @@ def _encode_resend(ts: "TensorSet", link) -> TransferEncoding:
     try:
         for buf in ts._allocs:
             if isinstance(buf, HostBuffer):
-                e = _host._HostBufferTransfer().encode(buf, link)
+                e = host_transfer._HostBufferTransfer().encode(buf, link)
                 holds.append(e.hold)
                 fds.append(os.dup(e.fds[0]))
                 entries.append((KIND_HOST, 1, bytes(e.data)))
                 continue
-            e = _mem._DeviceMemoryTransfer()._resend(buf, link, 0, buf.nbytes)
+            e = device_transfers._DeviceMemoryTransfer()._resend(buf, link, 0, buf.nbytes)
             holds.append(e.hold)
             fds.extend(e.fds)
             if e.on_commit is not None:
@@ -518,7 +520,7 @@ class TensorSet(Mapping):
             if isinstance(buf, HostBuffer):
                 v = HostArray(buf, L.dtypes[i], L.shapes[i], L.strides[i], L.offsets[i])
             else:
-                v = _mem.ArrayView(buf, ArrayMeta.make(L.dtypes[i], L.shapes[i], L.strides[i]), L.offsets[i])
+                v = ArrayView(buf, ArrayMeta.make(L.dtypes[i], L.shapes[i], L.strides[i]), L.offsets[i])
             self._views[i] = v
         return v
 
@@ -664,8 +666,8 @@ def _decode_legacy(body, lease):
             _descriptors[key] = desc
             while len(_descriptors) > 8192:
                 _descriptors.popitem(last=False)
-    origin = _mem._Origin("legacy", lease, desc.device_uuid, 0, descriptor=desc)
-    return _mem.DeviceBuffer(origin, desc.offset, desc.byte_length, _mem._CREATE)
+    origin = _Origin("legacy", lease, desc.device_uuid, 0, descriptor=desc)
+    return DeviceBuffer(origin, desc.offset, desc.byte_length, _DEVICE_BUFFER)
 
 
 class _PartLease:
@@ -721,7 +723,7 @@ def _dropper(origin):
     an idle mapping would keep the sender's memory after the sender freed it."""
     def drop():
         if origin.user is not None:
-            _mem._legacy_drop(origin.descriptor.handle, origin.user)
+            cache._legacy_drop(origin.descriptor.handle, origin.user)
     return drop
 
 

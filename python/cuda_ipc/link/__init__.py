@@ -5,8 +5,9 @@ The modules, by role: link (Link: state, handshake, reading, close), outbox (sen
 inbox (messages read ahead of receive()), spawn (parent_link), listener (listen, connect),
 socket_path, frame (the wire format), message_format / message_encoder / message_decoder (message
 payloads), handlers (the transfer-handler registry), lease (what a sent value keeps alive until
-the peer releases it).
+the peer releases it), host_transfer and device_transfers (how host and device memory travel).
 """
+from . import device_transfers, host_transfer  # noqa: F401 - registers their transfer handlers for every link
 from .handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from .link import _CREATE, LeaseCounts, Link, PeerCredentials
 from .listener import Listener, connect, listen

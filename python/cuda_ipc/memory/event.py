@@ -1,0 +1,64 @@
+"""Interprocess CUDA events a peer sent (src/ipc/event.ts): opened on the device they belong to, where
+streams wait for them on the GPU and threads on the CPU.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from .. import driver as drv
+from ..device import Device
+from ..errors import IpcError
+
+
+class IpcEvent:
+    """An interprocess CUDA event a peer sent: ``wait(stream)`` makes a stream (an int handle, e.g.
+    ``torch.cuda.current_stream().cuda_stream``) wait for it on the GPU; ``synchronize()`` waits on
+    the CPU; ``close()`` releases it."""
+
+    def __init__(self, handle_bytes: bytes, device_uuid: str, lease):
+        self._bytes = handle_bytes
+        self.device_uuid = device_uuid
+        self._lease = lease
+        self._event: int | None = None
+        self._closed = False
+
+    @property
+    def handle(self) -> int:
+        if self._closed:
+            raise IpcError("ERR_CLOSED", "this event is closed")
+        if self._event is None:
+            h = drv.CUipcEventHandle()
+            ctypes.memmove(ctypes.addressof(h), self._bytes, 64)
+            ev = drv.CUevent()
+            with Device.by_uuid(self.device_uuid).activate():
+                drv.driver().call("cuIpcOpenEventHandle", ctypes.byref(ev), h)
+            self._event = ev.value
+        return self._event
+
+    def wait(self, stream: int) -> None:
+        with Device.by_uuid(self.device_uuid).activate():
+            drv.driver().call("cuStreamWaitEvent", ctypes.c_void_p(stream), ctypes.c_void_p(self.handle), 0)
+
+    def synchronize(self) -> None:
+        with Device.by_uuid(self.device_uuid).activate():
+            drv.driver().call("cuEventSynchronize", ctypes.c_void_p(self.handle))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        ev, self._event = self._event, None
+        try:
+            if ev is not None:
+                with Device.by_uuid(self.device_uuid).activate():
+                    drv.driver().call("cuEventDestroy", ctypes.c_void_p(ev))
+        finally:
+            if self._lease is not None:
+                self._lease.end()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self.close()
+            except Exception:  # noqa: BLE001
+                pass
