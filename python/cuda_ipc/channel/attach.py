@@ -10,8 +10,6 @@ the step:
 """
 from __future__ import annotations
 
-import struct
-
 from ..errors import IpcError
 from ..host import HostBuffer
 from ..memory import DeviceBuffer
@@ -19,7 +17,7 @@ from .block import Block
 from .consumer import ChannelConsumer
 from .doorbells import Doorbells
 from .endpoint import Endpoint
-from .layout import ROLE_CONSUMER, ROLE_PRODUCER, ST_RECOVERING, read_header
+from .layout import ROLE_CONSUMER, ROLE_PRODUCER, ST_RECOVERING, read_header, read_participant
 from .producer import ChannelProducer
 from .waiter import WaitPolicy
 
@@ -97,8 +95,7 @@ def accept_channel(link, role: str | None = None, memory: str | None = None, *, 
     bells = msg.get("doorbells")
     if not isinstance(bells, Doorbells) or len(bells.fds) != layout.max_participants:
         refuse(bad(f"expected {layout.max_participants} doorbells"))
-    po = layout.participants_offset + k * 64
-    state, prole = struct.unpack_from("<II", control.memory, po)
+    state, prole = read_participant(control.memory, layout, k)
     if state != ST_RECOVERING or prole != (ROLE_PRODUCER if their_role == "producer" else ROLE_CONSUMER):
         refuse(bad("the participant entry the hub named is not waiting for this peer"))
     device = None

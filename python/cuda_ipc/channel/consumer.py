@@ -12,10 +12,7 @@ from typing import Iterator
 from ..errors import IpcError
 from ..memory import DeviceBuffer
 from .endpoint import Endpoint, SlotViews, typed_view
-from .layout import (
-    FLAG_REDELIVERED, H_PRODUCERS_ATTACHED, H_PRODUCERS_DIED, H_PRODUCERS_LIVE, META_BYTES, META_NONE, P_CURSOR, S_LENGTH, S_META,
-    S_META_KIND, S_META_LENGTH, S_POSITION, S_PUBLISHER, S_RELEASE_TICKET, S_RELEASED_BY, S_TICKET,
-)
+from .layout import H_PRODUCERS_DIED, META_BYTES, META_NONE
 from .part import ChannelEnd
 from .ring import corrupt
 
@@ -32,20 +29,16 @@ class ChannelConsumer(ChannelEnd):
         self._held: dict[int, Message] = {}
         self._ended = False
         self._end_error: IpcError | None = None
-        self._cursor = end.w.load64(end.ring.part_off(end.index) + P_CURSOR) if end.layout.broadcast else 0
+        self._cursor = end.ring.cursor() if end.layout.broadcast else 0
 
     @property
     def ended(self) -> bool:
         """True once every producer left and every message was taken (receive() returns None)."""
         return self._ended
 
-    def _producers_gone(self) -> bool:
-        e = self._end
-        return e.counter(H_PRODUCERS_LIVE) == 0 and e.counter(H_PRODUCERS_ATTACHED) >= e.layout.expect_producers
-
     def _can_receive(self) -> bool:
         e = self._end
-        return e.closed or e.hub_lost or not e.ring.is_empty(self._cursor) or self._producers_gone() or not e.alive()
+        return e.closed or e.hub_lost or not e.ring.is_empty(self._cursor) or e.ring.producers_gone() or not e.alive()
 
     def receive(self, timeout: float | None = None) -> "Message | None":
         """The next message; None once the channel ended cleanly (every producer ended and all their
@@ -90,13 +83,13 @@ class ChannelConsumer(ChannelEnd):
         m = self._take_one()
         if m is not None:
             return m
-        if not self._producers_gone():
+        if not e.ring.producers_gone():
             return None
         m = self._take_one()  # every producer left: drain what they published, then end
         if m is not None:
             return m
         self._ended = True
-        died = e.counter(H_PRODUCERS_DIED)
+        died = e.ring.counter(H_PRODUCERS_DIED)
         if died > 0:
             self._end_error = IpcError("ERR_PEER_GONE", f"the channel's producer{'s' if died > 1 else ''} died ({died}); every message published before was delivered")
             raise self._end_error
@@ -129,19 +122,13 @@ class ChannelConsumer(ChannelEnd):
             return self._message(s)
 
     def _message(self, s: int) -> "Message":
-        e = self._end
-        w = e.w
-        so = e.ring.slot_off(s)
-        length = w.plain32(so + S_LENGTH) | w.plain32(so + S_LENGTH + 4) << 32
-        meta_length = w.plain32(so + S_META_LENGTH)
-        meta_kind = w.plain32(so + S_META_KIND)
-        l = e.layout
-        if length > l.slot_bytes or meta_length > l.meta_bytes or meta_kind > META_BYTES:
+        try:
+            position, length, meta_kind, raw, publisher, redelivered, ticket = self._end.ring.read_message(s)
+        except IpcError:
             self._abandon(s)
-            raise corrupt(f"message in slot {s}: length {length}, meta {meta_length} bytes of kind {meta_kind}")
+            raise
         meta = None
         if meta_kind != META_NONE:
-            raw = bytes(e.block.control._mapping.base[so + S_META:so + S_META + meta_length])
             if meta_kind == META_BYTES:
                 meta = raw
             else:
@@ -150,9 +137,7 @@ class ChannelConsumer(ChannelEnd):
                 except ValueError:
                     self._abandon(s)
                     raise corrupt(f"message in slot {s}: its meta is not JSON") from None
-        word = e.ring.taken_words[s] if not l.broadcast else 0
-        m = Message(self, s, w.load64(so + S_POSITION), length, meta, w.plain32(so + S_PUBLISHER),
-                    bool(word & FLAG_REDELIVERED), w.plain32(so + S_TICKET))
+        m = Message(self, s, position, length, meta, publisher, redelivered, ticket)
         self._held[s] = m
         return m
 
@@ -175,9 +160,7 @@ class ChannelConsumer(ChannelEnd):
             if f is not None:
                 l = e.layout
                 if not l.broadcast:
-                    so = ring.slot_off(m.index)
-                    e.w.set_plain32(so + S_RELEASED_BY, e.index)
-                    e.w.set_plain32(so + S_RELEASE_TICKET, m.ticket)
+                    ring.note_release(m.index, m.ticket)
                 publish = l.publish_fence(m.index)
                 # A release must never land before its publish (a fence would go backwards).
                 if m._waited is not True and (not streamed or m._waited != stream) and not f.reached(publish, m.ticket):

@@ -12,9 +12,7 @@ from ..descriptor import DTYPES, dtype_name
 from ..errors import IpcError
 from ..memory import DeviceBuffer
 from .block import Block
-from .layout import (
-    H_CONSUMERS_ATTACHED, H_CONSUMERS_DIED, H_CONSUMERS_LIVE, H_PRODUCERS_ATTACHED, H_PRODUCERS_DIED, H_PRODUCERS_LIVE, H_TAIL, ST_ALIVE,
-)
+from .layout import ST_ALIVE
 from .recovery import Recoveries
 from .ring import Ring
 from .waiter import Waiter, WaitPolicy
@@ -62,17 +60,8 @@ class Endpoint:
         if self.closed:
             raise closed_error(what)
 
-    def counter(self, off: int) -> int:
-        return self.w.load32(off)
-
     def stats_now(self) -> dict:
-        c = self.counter
-        return {
-            "slots": self.ring.slot_counts(),
-            "producers": {"attached": c(H_PRODUCERS_ATTACHED), "live": c(H_PRODUCERS_LIVE), "died": c(H_PRODUCERS_DIED)},
-            "consumers": {"attached": c(H_CONSUMERS_ATTACHED), "live": c(H_CONSUMERS_LIVE), "died": c(H_CONSUMERS_DIED)},
-            "published": self.w.load64(H_TAIL),
-        }
+        return self.ring.stats()
 
     # -- housekeeping: the hub's death, repairs that wait for the lock, fences of dead processes --
 

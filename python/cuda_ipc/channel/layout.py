@@ -162,3 +162,9 @@ def read_header(buf, length: int) -> Layout:
     if not (1 <= ep <= max_p and 1 <= ec <= max_p):
         raise bad("membership fields")
     return l._replace(expect_producers=ep, expect_consumers=ec)
+
+
+def read_participant(buf, layout: Layout, k: int) -> tuple[int, int]:
+    """(state, role) of participant entry ``k`` of a received block (before it is mapped for atomics)."""
+    state, role = struct.unpack_from("<II", buf, layout.participants_offset + k * PARTICIPANT_BYTES + P_STATE)
+    return state, role

@@ -11,18 +11,9 @@ from typing import Any
 
 from ..errors import IpcError
 from .endpoint import Endpoint, SlotViews, closed_error, typed_view
-from .layout import (
-    H_CONSUMERS_ATTACHED, H_CONSUMERS_DIED, H_CONSUMERS_LIVE, META_BYTES, META_JSON, META_NONE, S_LENGTH, S_META, S_META_KIND,
-    S_META_LENGTH, S_RELEASE_TICKET, S_RELEASED_BY, S_TICKET,
-)
+from .layout import H_CONSUMERS_DIED, META_BYTES, META_JSON, META_NONE
 from .part import ChannelEnd
 from .recovery import RECOVERY_GIVE_UP, RETRY
-from .ring import corrupt
-
-
-def _next_ticket(t: int) -> int:
-    """Per-slot publish tickets: the previous one + 1, wrapping, never 0 (0: never published)."""
-    return ((t + 1) & 0xFFFFFFFF) or 1
 
 
 class ChannelProducer(ChannelEnd):
@@ -37,12 +28,8 @@ class ChannelProducer(ChannelEnd):
         self._writing: dict[int, Slot] = {}
         self._ending = False
 
-    def _consumers_gone(self) -> bool:
-        e = self._end
-        return e.counter(H_CONSUMERS_LIVE) == 0 and e.counter(H_CONSUMERS_ATTACHED) >= e.layout.expect_consumers
-
     def _gone_error(self, what: str) -> IpcError:
-        died = self._end.counter(H_CONSUMERS_DIED)
+        died = self._end.ring.counter(H_CONSUMERS_DIED)
         if died > 0:
             return IpcError("ERR_PEER_GONE", f"{what}: every consumer of the channel is gone ({died} died)")
         return IpcError("ERR_CHANNEL_CLOSED", f"{what}: every consumer has closed the channel")
@@ -54,9 +41,9 @@ class ChannelProducer(ChannelEnd):
         e.service()
         if not e.alive():
             raise e.detached_error("acquire")
-        if self._consumers_gone():
+        if e.ring.consumers_gone():
             raise self._gone_error("acquire")
-        if e.layout.broadcast and e.counter(H_CONSUMERS_ATTACHED) < e.layout.expect_consumers:
+        if e.layout.broadcast and e.ring.consumers_missing():
             return None
         s = e.ring.claim_slot()
         if s < 0:
@@ -67,9 +54,9 @@ class ChannelProducer(ChannelEnd):
 
     def _can_acquire(self) -> bool:
         e = self._end
-        if e.closed or e.hub_lost or self._consumers_gone() or not e.alive():
+        if e.closed or e.hub_lost or e.ring.consumers_gone() or not e.alive():
             return True
-        if e.layout.broadcast and e.counter(H_CONSUMERS_ATTACHED) < e.layout.expect_consumers:
+        if e.layout.broadcast and e.ring.consumers_missing():
             return False
         return e.ring.has_free()
 
@@ -125,8 +112,6 @@ class ChannelProducer(ChannelEnd):
                 length = l.slot_bytes
             if type(length) is not int or not 0 <= length <= l.slot_bytes:
                 raise IpcError("ERR_OUT_OF_RANGE", f"publish: length must be an int in 0..{l.slot_bytes}; got {length!r}")
-            w = e.w
-            so = e.ring.slot_off(s)
             kind = META_NONE
             raw = b""
             if meta is not None:
@@ -141,17 +126,11 @@ class ChannelProducer(ChannelEnd):
                     kind = META_JSON
                 if len(raw) > l.meta_bytes:
                     raise IpcError("ERR_MESSAGE_TOO_LARGE", f"publish: meta takes {len(raw)} bytes; this channel holds {l.meta_bytes} per message (metaBytes)")
-                e.block.control._mapping.base[so + S_META:so + S_META + len(raw)] = raw
-            w.set_plain32(so + S_LENGTH, length & 0xFFFFFFFF)
-            w.set_plain32(so + S_LENGTH + 4, length >> 32)
-            w.set_plain32(so + S_META_LENGTH, len(raw))
-            w.set_plain32(so + S_META_KIND, kind)
+            e.ring.write_message(s, length, kind, raw)
             f = e.block.fences
             if f is not None:
                 # The slot is ours (writing) until the commit below: nobody else touches its ticket.
-                ticket = _next_ticket(w.plain32(so + S_TICKET))
-                w.set_plain32(so + S_TICKET, ticket)
-                f.signal(stream, l.publish_fence(s), ticket)
+                f.signal(stream, l.publish_fence(s), e.ring.next_ticket(s))
             del self._writing[s]
             slot._done = True
             self._commit(s)
@@ -199,12 +178,12 @@ class ChannelProducer(ChannelEnd):
                 e.recoveries.leave_self()  # first: consumers see the end even while they hold our last messages
 
                 def done() -> bool:
-                    return e.closed or e.hub_lost or e.ring.in_flight_from(e.index) == 0 or self._consumers_gone()
+                    return e.closed or e.hub_lost or e.ring.in_flight_from(e.index) == 0 or e.ring.consumers_gone()
                 while not done():
                     if deadline is not None and time.monotonic() >= deadline:
                         raise IpcError("ERR_TIMEOUT", f"end: {e.ring.in_flight_from(e.index)} message(s) still unreleased after the timeout")
                     e.park(done, deadline)
-                if not e.closed and not e.hub_lost and e.ring.in_flight_from(e.index) > 0 and e.counter(H_CONSUMERS_DIED) > 0:
+                if not e.closed and not e.hub_lost and e.ring.in_flight_from(e.index) > 0 and e.ring.counter(H_CONSUMERS_DIED) > 0:
                     raise IpcError("ERR_PEER_GONE", f"end: the consumers died with {e.ring.in_flight_from(e.index)} message(s) unreleased")
         finally:
             self.close()
@@ -224,22 +203,7 @@ class ChannelProducer(ChannelEnd):
         e = self._end
         if e.block.fences is None:
             return []
-        w = e.w
-        l = e.layout
-        so = e.ring.slot_off(s)
-        if not l.broadcast:
-            ticket = w.plain32(so + S_RELEASE_TICKET)
-            if ticket == 0:
-                return []
-            k = w.plain32(so + S_RELEASED_BY)
-            if k >= l.max_participants:
-                raise corrupt(f"slot {s} was released by participant {k}")
-            return [(l.release_fence(s, k), ticket)]
-        ticket = w.plain32(so + S_TICKET)
-        if ticket == 0:
-            return []
-        holders = e.ring.last_holders(s)
-        return [(l.release_fence(s, k), ticket) for k in range(l.max_participants) if holders & (1 << k)]
+        return e.ring.release_waits(s)
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.ChannelProducer {self.topology} {self.memory} #{self.index}{' closed' if self.closed else ''}>"

@@ -15,7 +15,7 @@ import time
 import warnings
 
 from ..errors import IpcError
-from .layout import KIND_PUBLISHED, KIND_TAKEN, P_FLAGS, P_GENERATION, PFLAG_HUB_LOCAL, S_PUBLISHER, S_STATE, S_TICKET, ST_ALIVE, ST_EMPTY
+from .layout import ST_ALIVE, ST_EMPTY
 
 RETRY = 0.002
 RECOVERY_GIVE_UP = 5.0
@@ -49,7 +49,6 @@ class Recoveries:
 
     def __init__(self, ring, block, lock):
         self.ring = ring
-        self.w = block.words
         self.layout = block.layout
         self.fences = block.fences
         self.me = ring.me
@@ -100,8 +99,7 @@ class Recoveries:
         for k in range(self.layout.max_participants):
             if k == self.me:
                 continue
-            po = ring.part_off(k)
-            if k != 0 and not self.w.load32(po + P_FLAGS) & PFLAG_HUB_LOCAL:
+            if k != 0 and not ring.hub_local(k):
                 continue
             st = ring.participant_state(k)
             if st == ST_EMPTY:
@@ -109,7 +107,7 @@ class Recoveries:
             if self.fences is not None:
                 # [k, pid, generation, since, next check, pause]: polled 1 ms doubling to 100 ms, as Node does.
                 t = time.monotonic()
-                self.fence_repairs.append([k, ring.participant_pid(k), self.w.plain32(po + P_GENERATION), t, t, 0.001])
+                self.fence_repairs.append([k, ring.participant_pid(k), ring.participant_generation(k), t, t, 0.001])
             if st == ST_ALIVE:
                 self.recover(k, True)
 
@@ -121,10 +119,10 @@ class Recoveries:
             if now < due:
                 keep.append(r)
                 continue
-            if self.w.plain32(self.ring.part_off(k) + P_GENERATION) != generation:
+            if self.ring.participant_generation(k) != generation:
                 continue  # the entry was handed out again
             if process_gone(pid):
-                self._raise_fences_of(k)
+                self.ring.raise_fences_of(k, self.fences)
             elif now - since < FENCE_REPAIR_GIVE_UP:
                 r[4], r[5] = now + pause, min(pause * 2, 0.1)
                 keep.append(r)
@@ -145,30 +143,15 @@ class Recoveries:
                 if self._watch_stop.is_set():
                     return  # the end closed
                 for k in range(self.layout.max_participants):
-                    po = self.ring.part_off(k)
                     if k == self.me or self.ring.participant_state(k) == ST_EMPTY:
                         continue
-                    if k == 0 or self.w.load32(po + P_FLAGS) & PFLAG_HUB_LOCAL:
-                        self._raise_fences_of(k)
+                    if k == 0 or self.ring.hub_local(k):
+                        self.ring.raise_fences_of(k, self.fences)
             return
 
     def stop(self) -> None:
         """The end closes: the watcher thread ends."""
         self._watch_stop.set()
-
-    def _raise_fences_of(self, k: int) -> None:
-        ring, w, f, l = self.ring, self.w, self.fences, self.layout
-        for s in range(l.slot_count):
-            so = ring.slot_off(s)
-            before = w.load32(so + S_STATE)
-            ticket = w.plain32(so + S_TICKET)
-            if ticket == 0:
-                continue
-            f.raise_(l.release_fence(s, k), ticket)
-            kind = before & 0xFF
-            if kind in (KIND_PUBLISHED, KIND_TAKEN) and w.plain32(so + S_PUBLISHER) == k and \
-                    w.load32(so + S_STATE) == before and w.plain32(so + S_TICKET) == ticket:
-                f.raise_(l.publish_fence(s), ticket)
 
     def leave_self(self) -> None:
         """Leaves cleanly; the lock is held for microseconds at a time, so this retries for a while."""

@@ -57,7 +57,7 @@ class SharedWords:
     """Atomics on the words of ``buffer`` (an mmap or another writable buffer, 8-byte aligned),
     ``length`` bytes from its start. Keeps the buffer exported (it cannot be closed) until close()."""
 
-    __slots__ = ("length", "_anchor", "_base", "_u32", "_u64", "_n32", "_n64", "_load4", "_load8", "_store4", "_store8",
+    __slots__ = ("length", "_anchor", "_base", "_bytes", "_u32", "_u64", "_n32", "_n64", "_load4", "_load8", "_store4", "_store8",
                  "_cas4", "_cas8", "_add4", "_add8", "_and4", "_or4", "__weakref__")
 
     def __init__(self, buffer, length: int):
@@ -70,6 +70,7 @@ class SharedWords:
             raise ValueError("shared words: the buffer is not 8-byte aligned")
         self.length = length
         mv = memoryview(self._anchor).cast("B")
+        self._bytes = mv
         self._u32 = mv.cast("I")
         self._u64 = mv.cast("Q")
         self._n32 = length // 4
@@ -166,12 +167,20 @@ class SharedWords:
     def set_plain32(self, off: int, value: int) -> None:
         self._u32[off >> 2] = value & 0xFFFFFFFF
 
+    # -- bytes (a slot record's meta: only its publisher writes them, before it publishes) --
+
+    def read_bytes(self, off: int, n: int) -> bytes:
+        return bytes(self._bytes[off:off + n])
+
+    def write_bytes(self, off: int, data: bytes) -> None:
+        self._bytes[off:off + len(data)] = data
+
     def close(self) -> None:
         """Lets go of the buffer (its mapping may close after this). Every later call fails."""
-        u32, u64 = self._u32, self._u64
-        self._u32 = self._u64 = memoryview(b"")
+        u32, u64, b = self._u32, self._u64, self._bytes
+        self._u32 = self._u64 = self._bytes = memoryview(b"")
         self.length = 0
-        for v in (u32, u64):
+        for v in (u32, u64, b):
             try:
                 v.release()
             except (BufferError, AttributeError):
