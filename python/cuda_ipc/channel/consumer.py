@@ -250,7 +250,7 @@ class Message:
             raise BufferError("Message.__dlpack__: copy=True is not supported; it shares memory")
         buf = self.buffer
         if isinstance(buf, DeviceBuffer):
-            from .dlpack import DL_CUDA, make_capsule
+            from ..dlpack import DL_CUDA, make_capsule
             return make_capsule(buf.ptr, (DL_CUDA, buf.device.ordinal), "|u1", (self.length,), None, owner=self)
         return buf.view(0, self.length).__dlpack__() if self.length else buf.__dlpack__()
 
@@ -290,7 +290,7 @@ class Message:
     def __enter__(self) -> "Message":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
     def __repr__(self) -> str:
