@@ -7,7 +7,10 @@ socket_path, frame (the wire format), message_format / message_encoder / message
 payloads), handlers (the transfer-handler registry), lease (what a sent value keeps alive until
 the peer releases it), host_transfer and device_transfers (how host and device memory travel).
 """
-from . import device_transfers, host_transfer  # noqa: F401 - registers their transfer handlers for every link
+# Their transfer handlers, registered for every link, host memory first (a value goes to the first
+# handler that takes it).
+from . import host_transfer  # noqa: F401, I001
+from . import device_transfers  # noqa: F401
 from .handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from .link import _CREATE, LeaseCounts, Link, PeerCredentials
 from .listener import Listener, connect, listen
