@@ -15,6 +15,8 @@ import mmap
 import os
 import threading
 import weakref
+from collections.abc import Callable
+from typing import Any
 
 from .errors import IpcError
 
@@ -33,20 +35,20 @@ class _Mapping:
         self.users = 1
         self.unmapped = False
         self._lock = threading.Lock()
-        self._on_unmap: list = []
+        self._on_unmap: list[Callable[[], None]] = []
         # Fires once the mmap object is gone: after our last handle let go AND every memoryview
         # handed out is released (the kernel unmaps then). A weakref callback, not
         # weakref.finalize, which costs ten times as much per buffer.
         # The weakref lives in _watches until it fires, however long the mapping object lives.
         callbacks = self._on_unmap
 
-        def unmapped(ref, callbacks=callbacks):
+        def unmapped(ref: weakref.ref[mmap.mmap], callbacks: list[Callable[[], None]] = callbacks) -> None:
             _watches.discard(ref)
             _run_all(callbacks)
         self._watch = weakref.ref(self.mmap, unmapped)
         _watches.add(self._watch)
 
-    def when_unmapped(self, callback) -> None:
+    def when_unmapped(self, callback: Callable[[], None]) -> None:
         if self._watch() is not None:
             self._on_unmap.append(callback)
         else:
@@ -64,8 +66,8 @@ class _Mapping:
             if self.users > 0 or self.unmapped:
                 return
             self.unmapped = True
-            base, self.base = self.base, None
-            self.mmap = None
+            base = self.base
+            del self.base, self.mmap  # the mmap goes once every view of it is released too
             fd, self.fd = self.fd, -1
         try:
             base.release()
@@ -75,10 +77,10 @@ class _Mapping:
             os.close(fd)
 
 
-_watches: set = set()
+_watches: set[weakref.ref[mmap.mmap]] = set()
 
 
-def _run_all(callbacks) -> None:
+def _run_all(callbacks: list[Callable[[], None]]) -> None:
     while callbacks:
         cb = callbacks.pop(0)
         try:
@@ -93,7 +95,7 @@ class HostBuffer:
 
     __slots__ = ("_mapping", "_offset", "_length", "_closed", "__weakref__")
 
-    def __init__(self, mapping: _Mapping, offset: int, length: int, _token=None):
+    def __init__(self, mapping: _Mapping, offset: int, length: int, _token: object = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "use HostBuffer.allocate(n), or receive one from a link")
         self._mapping = mapping
@@ -172,7 +174,7 @@ class HostBuffer:
         m = self._check()
         return bytes(m.base[self._offset + offset:self._offset + end])
 
-    def write(self, data, offset: int = 0) -> None:
+    def write(self, data: Any, offset: int = 0) -> None:
         src = memoryview(data).cast("B")
         if offset < 0 or offset + len(src) > self._length:
             raise IpcError("ERR_OUT_OF_RANGE", f"{len(src)} bytes at {offset} do not fit a {self._length}-byte buffer")
@@ -202,7 +204,7 @@ class HostBuffer:
     def __enter__(self) -> "HostBuffer":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
@@ -214,7 +216,7 @@ class HostBuffer:
                 pass
 
     # DLPack (host memory: kDLCPU), so torch.from_dlpack / numpy.from_dlpack view it without a copy.
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
         from .dlpack import DL_CPU, make_capsule
         if copy:
             raise BufferError("HostBuffer.__dlpack__: copy=True is not supported; it shares memory")
@@ -223,7 +225,7 @@ class HostBuffer:
         arr = (ctypes.c_char * self._length).from_buffer(m.mmap, self._offset)
         return make_capsule(ctypes.addressof(arr), (DL_CPU, 0), "|u1", (self._length,), None, owner=(arr, self))
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         from .dlpack import DL_CPU
         return (DL_CPU, 0)
 

@@ -11,10 +11,12 @@ while it repeats.
 from __future__ import annotations
 
 import ctypes
+import importlib
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterator, Union
 
 from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor
 from .errors import IpcError
@@ -25,34 +27,40 @@ from .memory import cache
 from .memory.buffer import _CREATE as _DEVICE_BUFFER, ArrayView, DeviceBuffer, _Origin
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
 
+if TYPE_CHECKING:
+    from .link.lease import ReceivedLease
+    from .link.link import Link
+
+#: What one allocation of a received set is in this process.
+Allocation = Union[HostBuffer, DeviceBuffer]
+
 _LAYOUT_STATE = "cuda_ipc.tensor_set.layouts"
 _LAYOUTS_KEPT = 16
 
 
 _torch_checked = False
-_torch = None
+_torch: ModuleType | None = None
 
 
-def _torch_module():
-    """torch when it imports, else None (asked once)."""
+def _torch_module() -> ModuleType | None:
+    """torch when it imports, else None (asked once; by name, so that a type checker never needs it)."""
     global _torch_checked, _torch
     if not _torch_checked:
         try:
-            import torch  # noqa: PLC0415 - optional, heavy
-            _torch = torch
+            _torch = importlib.import_module("torch")
         except ImportError:
             _torch = None
         _torch_checked = True
     return _torch
 
 
-class TensorSet(Mapping):
+class TensorSet(Mapping[str, Any]):
     """Named tensors received in one message (see the module notes). ``ts[name]``: a torch tensor when
     torch is importable (a view: no copy), else the cuda_ipc view; ``view(name)``: ``ArrayView``
     (device memory) or ``HostArray`` (host memory); ``close(sync=True)`` lets go of the set (the views
     from ``view()`` with it; torch tensors keep the memory alive on their own until they are gone)."""
 
-    def __init__(self, layout: TensorLayout, allocations: list, _token=None):
+    def __init__(self, layout: TensorLayout, allocations: list[Allocation], _token: object = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "TensorSet objects come from links (receive)")
         self.layout = layout
@@ -65,7 +73,7 @@ class TensorSet(Mapping):
 
     # -- mapping --
 
-    def __getitem__(self, name: str):
+    def __getitem__(self, name: str) -> Any:
         return self.tensor(name) if _torch_module() is not None else self.view(name)
 
     def __iter__(self) -> Iterator[str]:
@@ -74,7 +82,7 @@ class TensorSet(Mapping):
     def __len__(self) -> int:
         return self.layout.count
 
-    def __contains__(self, name) -> bool:
+    def __contains__(self, name: object) -> bool:
         return name in self.layout.index
 
     # -- facts --
@@ -95,7 +103,7 @@ class TensorSet(Mapping):
         return sum(self.layout.nbytes)
 
     @property
-    def allocations(self) -> list:
+    def allocations(self) -> list[Allocation]:
         """The buffers over each allocation the message brought (DeviceBuffer or HostBuffer)."""
         return list(self._allocs)
 
@@ -109,14 +117,14 @@ class TensorSet(Mapping):
             raise KeyError(name)
         return i
 
-    def bases(self) -> list:
+    def bases(self) -> list[int]:
         """Addresses of the allocations in this process (mapping device memory on first use)."""
         self._check()
         return [a.ptr if not isinstance(a, HostBuffer) else _host_address(a) for a in self._allocs]
 
     # -- views --
 
-    def view(self, name: str):
+    def view(self, name: str) -> ArrayView | HostArray:
         """The cuda_ipc view of a tensor: ``ArrayView`` (``__cuda_array_interface__``, DLPack) or ``HostArray``;
         valid until the set is closed."""
         self._check()
@@ -132,7 +140,7 @@ class TensorSet(Mapping):
             self._views[i] = v
         return v
 
-    def tensor(self, name: str):
+    def tensor(self, name: str) -> Any:
         """A torch tensor over the received memory (no copy), made once per name."""
         self._check()
         i = self._index(name)
@@ -149,11 +157,11 @@ class TensorSet(Mapping):
             self._tensors[i] = t
         return t
 
-    def tensors(self) -> dict:
+    def tensors(self) -> dict[str, Any]:
         """Every tensor, by name (torch tensors)."""
         return {n: self.tensor(n) for n in self.layout.names}
 
-    def _torch_base(self, a: int, torch):
+    def _torch_base(self, a: int, torch: ModuleType) -> Any:
         """A uint8 torch tensor over the whole allocation: its own handle on the memory, so the tensors
         made from it keep the memory mapped after the set is closed, until they are gone."""
         b = self._bases.get(a)
@@ -181,7 +189,7 @@ class TensorSet(Mapping):
                 v.close()
         self._tensors = {}
         self._bases = {}
-        first = None
+        first: Exception | None = None
         for a in self._allocs:
             try:
                 a.close(sync) if not isinstance(a, HostBuffer) else a.close()
@@ -193,7 +201,7 @@ class TensorSet(Mapping):
     def __enter__(self) -> "TensorSet":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
@@ -218,13 +226,13 @@ def _host_address(buf: HostBuffer) -> int:
         del c
 
 
-def decode_tensor_set(data: memoryview, fds: list, link, lease) -> TensorSet:
+def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorSet:
     allocations, table, count = parse_set(data, len(fds))
     sizes = [a[3] for a in allocations]
     layout = _cached_layout(link, table, count, sizes)
     # One lease for the message: it ends once every allocation it brought is released here.
     whole = _PartLease(lease, len(allocations))
-    buffers = []
+    buffers: list[Allocation] = []
     at = 0
     try:
         for kind, fd_count, body, size in allocations:
@@ -234,14 +242,14 @@ def decode_tensor_set(data: memoryview, fds: list, link, lease) -> TensorSet:
             mine = fds[at:at + fd_count]
             part = _AllocationLease(whole)
             try:
-                buf = _decode_legacy(body, part) if kind == KIND_LEGACY else handler.decode(body, mine, link, part)
+                buf: Allocation = _decode_legacy(body, part) if kind == KIND_LEGACY else handler.decode(body, mine, link, part)
             finally:
                 fds[at:at + fd_count] = mine  # taken ones are -1; the rest stay the link's to close
             for k in range(at, at + fd_count):
                 fds[k] = -1
             at += fd_count
             buffers.append(buf)
-            if kind == KIND_LEGACY:
+            if isinstance(buf, DeviceBuffer) and kind == KIND_LEGACY:
                 part.on_end = _dropper(buf._origin)
             if buf.nbytes != size:
                 raise IpcError("ERR_FRAME_INVALID", f"a received tensor set's allocation maps {buf.nbytes} bytes, not the {size} it announced")
@@ -263,7 +271,7 @@ _descriptors: "OrderedDict[bytes, LegacyHandleDescriptor]" = OrderedDict()
 _descriptors_lock = threading.Lock()
 
 
-def _decode_legacy(body, lease):
+def _decode_legacy(body: memoryview, lease: ReceivedLease) -> DeviceBuffer:
     """What the 'legacy-buffer' handler makes of ``body``, with the canonical decode done once per bytes."""
     key = bytes(body)
     with _descriptors_lock:
@@ -283,7 +291,7 @@ class _PartLease:
 
     __slots__ = ("_lease", "_open", "_lock")
 
-    def __init__(self, lease, count: int):
+    def __init__(self, lease: ReceivedLease | None, count: int):
         self._lease = lease
         self._open = count
         self._lock = threading.Lock()
@@ -305,7 +313,7 @@ class _AllocationLease:
     def __init__(self, whole: _PartLease):
         self._whole = whole
         self._ended = False
-        self.on_end = None
+        self.on_end: Callable[[], None] | None = None
 
     @property
     def id(self) -> int:
@@ -326,31 +334,31 @@ class _AllocationLease:
             self._whole.end_one()
 
 
-def _dropper(origin):
+def _dropper(origin: _Origin) -> Callable[[], None]:
     """Closes a legacy mapping once its set let go of it, unless something else here still uses it:
     an idle mapping would keep the sender's memory after the sender freed it."""
-    def drop():
-        if origin.user is not None:
+    def drop() -> None:
+        if origin.user is not None and origin.descriptor is not None:  # (a legacy origin has its descriptor)
             cache._legacy_drop(origin.descriptor.handle, origin.user)
     return drop
 
 
-def _cached_layout(link, table, count: int, sizes: list) -> TensorLayout:
+def _cached_layout(link: Link, table: bytes, count: int, sizes: list[int]) -> TensorLayout:
     """A layout this link decoded before, when the table is the same bytes (a repeated send of the same
     tensors; the last few are kept, so that a state dict sent as several sets hits too): then only
     the extents are checked against this message's allocations."""
-    cache = link.handler_state.get(_LAYOUT_STATE)
-    if cache is None:
-        cache = link.handler_state[_LAYOUT_STATE] = OrderedDict()
-    last = cache.get(table)
+    layouts: OrderedDict[bytes, TensorLayout] | None = link.handler_state.get(_LAYOUT_STATE)
+    if layouts is None:
+        layouts = link.handler_state[_LAYOUT_STATE] = OrderedDict()
+    last = layouts.get(table)
     if last is not None and last.count == count and last.allocation_count == len(sizes):
         for a, end in enumerate(last.ends):
             if end > sizes[a]:
                 raise IpcError("ERR_FRAME_INVALID", f"a received tensor set is malformed: its tensors reach byte {end} of allocation {a}, which holds {sizes[a]}")
-        cache.move_to_end(table)
+        layouts.move_to_end(table)
         return last
     layout = decode_table(table, count, sizes)
-    cache[layout.table] = layout
-    while len(cache) > _LAYOUTS_KEPT:
-        cache.popitem(last=False)
+    layouts[layout.table] = layout
+    while len(layouts) > _LAYOUTS_KEPT:
+        layouts.popitem(last=False)
     return layout

@@ -24,7 +24,8 @@ import os
 import struct
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Union
 
 from . import driver as drv
 from .descriptor import LegacyHandleDescriptor, encode_descriptor
@@ -41,6 +42,16 @@ from .memory.exports import _describe_array
 from .tensor_map import TensorSet, decode_tensor_set
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TENSOR_SET_KIND, encode_set, encode_table
 
+if TYPE_CHECKING:
+    from .host import _Mapping
+    from .link.lease import LeaseHold, ReceivedLease
+    from .link.link import Link
+
+#: How a send waits for the producers of its tensors: ("torch", ordinal), ("stream", (ordinal, CUstream)), ("device", ordinal).
+Sync = tuple[str, Any]
+#: An allocation's entry in the record: (kind, fd count, data).
+Entry = tuple[int, int, bytes]
+
 __all__ = ["SharedTensors", "TensorSet", "share_tensors", "handle_exports"]
 
 
@@ -53,7 +64,7 @@ class _Alloc:
 
     __slots__ = ("kind", "key", "size", "data", "pool_id", "pool_fd", "uuid", "export", "mapping", "ordinal")
 
-    def __init__(self, kind: int, key, size: int):
+    def __init__(self, kind: int, key: tuple[Any, ...], size: int):
         self.kind = kind
         self.key = key
         self.size = size
@@ -62,8 +73,8 @@ class _Alloc:
         self.pool_fd = -1
         self.uuid = ""
         self.export = b""
-        self.mapping = None  # host: the _Mapping
-        self.ordinal = None  # device: its ordinal
+        self.mapping: _Mapping | None = None  # host: its mapping
+        self.ordinal: int | None = None  # device: its ordinal
 
 
 class _Encoding:
@@ -71,7 +82,7 @@ class _Encoding:
 
     __slots__ = ("pointers", "allocs", "table", "count", "nbytes", "syncs")
 
-    def __init__(self, pointers, allocs, table, count, nbytes, syncs):
+    def __init__(self, pointers: list[int], allocs: list[_Alloc], table: bytes, count: int, nbytes: int, syncs: list[Sync]):
         self.pointers = pointers
         self.allocs = allocs
         self.table = table
@@ -80,17 +91,21 @@ class _Encoding:
         self.syncs = syncs
 
 
-def _pointer(obj) -> int:
+def _pointer(obj: Any) -> int:
     """Where a tensor's first element is now (cheap: no driver call)."""
     t = type(obj)
+    p: int
     if t is HostArray:
-        return id(obj.buffer._mapping) ^ (obj.buffer.offset << 1)
+        p = id(obj.buffer._mapping) ^ (obj.buffer.offset << 1)
+        return p
     dp = getattr(obj, "data_ptr", None)
     if dp is not None:
-        return dp()
+        p = dp()
+        return p
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
-        return cai["data"][0]
+        p = cai["data"][0]
+        return p
     raise IpcError("ERR_NOT_TRANSFERABLE", f"cannot share a {t.__qualname__} in a tensor set: not a CUDA tensor/array or a HostArray")
 
 
@@ -100,7 +115,7 @@ class SharedTensors:
 
     __slots__ = ("_names", "_objs", "_sync", "_encoding", "_lock")
 
-    def __init__(self, names: list, objs: list, sync: bool):
+    def __init__(self, names: list[str], objs: list[Any], sync: bool):
         self._names = names
         self._objs = objs
         self._sync = sync
@@ -111,23 +126,23 @@ class SharedTensors:
         return len(self._names)
 
     @property
-    def names(self) -> list:
+    def names(self) -> list[str]:
         return list(self._names)
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.SharedTensors {len(self._names)} tensors>"
 
 
-def share_tensors(named, *, sync: bool = True) -> SharedTensors:
+def share_tensors(named: Mapping[str, Any] | Iterable[tuple[str, Any]], *, sync: bool = True) -> SharedTensors:
     """Marks named tensors (a dict such as ``model.state_dict()``, or ``(name, tensor)`` pairs such as
     ``model.named_parameters()``) for sending as one tensor set. Values: CUDA tensors and arrays
     (PyTorch, CuPy, anything with ``__cuda_array_interface__``) or ``HostArray``. With ``sync`` (the
     default) every send first waits for the producers' streams, so the peer sees finished values;
     ``sync=False`` leaves that to you."""
     items = named.items() if isinstance(named, Mapping) else named
-    names: list = []
-    objs: list = []
-    seen = set()
+    names: list[str] = []
+    objs: list[Any] = []
+    seen: set[str] = set()
     for name, obj in items:
         if not isinstance(name, str) or not name:
             raise IpcError("ERR_INVALID_ARG", f"tensor names are non-empty str, got {name!r}")
@@ -142,15 +157,16 @@ def share_tensors(named, *, sync: bool = True) -> SharedTensors:
     return SharedTensors(names, objs, sync)
 
 
-def _sync_producers(objs, syncs) -> None:
+def _sync_producers(objs: list[Any], syncs: list[Sync]) -> None:
     """Waits for the streams that produced the tensors (each stream once)."""
-    done = set()
+    done: set[Sync] = set()
     torch = sys.modules.get("torch")
     for kind, arg in syncs:
         if (kind, arg) in done:
             continue
         done.add((kind, arg))
         if kind == "torch":
+            assert torch is not None, "torch tensors come from an imported torch"
             torch.cuda.current_stream(arg).synchronize()
         elif kind == "stream":
             with Device.get(arg[0]).activate():
@@ -160,15 +176,20 @@ def _sync_producers(objs, syncs) -> None:
                 drv.driver().call("cuCtxSynchronize")
 
 
-def _describe(st: SharedTensors):
+def _describe(st: SharedTensors) -> _Encoding:
     """A fresh encoding of the set: allocations found once each (a driver query per allocation, not
     per tensor, while the tensors are known to lie in one found before), and the table."""
     allocs: list[_Alloc] = []
-    by_key: dict = {}
-    bases: dict[int, list] = {}  # device ordinal -> sorted [base, ...]
-    spans: dict[int, list] = {}  # device ordinal -> [(base, end, alloc index), ...] parallel to bases
-    names, dtypes, shapes, strides, offsets, alloc_of = [], [], [], [], [], []
-    syncs: set = set()
+    by_key: dict[tuple[Any, ...], int] = {}
+    bases: dict[int, list[int]] = {}  # device ordinal -> sorted [base, ...]
+    spans: dict[int, list[tuple[int, int, int]]] = {}  # device ordinal -> [(base, end, alloc index), ...] parallel to bases
+    names: list[str] = []
+    dtypes: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+    strides: list[tuple[int, ...]] = []
+    offsets: list[int] = []
+    alloc_of: list[int] = []
+    syncs: set[Sync] = set()
     nbytes = 0
     for name, obj in zip(st._names, st._objs):
         if type(obj) is HostArray:
@@ -228,7 +249,7 @@ def _describe(st: SharedTensors):
     return _Encoding(pointers, allocs, table, len(names), nbytes, sorted(syncs, key=repr))
 
 
-def _numel(shape) -> int:
+def _numel(shape: Iterable[int]) -> int:
     n = 1
     for d in shape:
         n *= d
@@ -293,7 +314,7 @@ def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
         return a
 
 
-def _pointers(objs) -> list:
+def _pointers(objs: list[Any]) -> list[int]:
     """Where each tensor starts now: for torch tensors one C method call each."""
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -310,17 +331,20 @@ def _current(st: SharedTensors) -> _Encoding:
         if enc is not None:
             if _pointers(st._objs) == enc.pointers:
                 return enc
-        enc = st._encoding = _describe(st)
-        return enc
+        fresh = st._encoding = _describe(st)
+        return fresh
 
 
-def _entries_for_link(allocs, link):
+def _entries_for_link(allocs: list[_Alloc], link: Link) -> tuple[list[Entry], list[int], list[Callable[[], None]]]:
     """Entry (kind, fd count, data) per allocation for ``link``, with the fds (all owned) and commits."""
-    entries, fds, commits = [], [], []
-    attached = set()
+    entries: list[Entry] = []
+    fds: list[int] = []
+    commits: list[Callable[[], None]] = []
+    attached: set[bytes] = set()
     try:
         for a in allocs:
             if a.kind == KIND_HOST:
+                assert a.mapping is not None, "a host allocation has its mapping"
                 fds.append(os.dup(a.mapping.fd))
                 entries.append((KIND_HOST, 1, a.data))
             elif a.kind == KIND_LEGACY:
@@ -347,21 +371,21 @@ def _entries_for_link(allocs, link):
     return entries, fds, commits
 
 
-def _hold_for(allocs, objs, nbytes) -> Hold:
+def _hold_for(allocs: list[_Alloc], objs: list[Any], nbytes: int) -> Hold:
     """Keeps the tensors (so their allocations) and host mappings alive until the peer releases the set."""
-    mappings = [a.mapping for a in allocs if a.kind == KIND_HOST]
+    mappings = [a.mapping for a in allocs if a.kind == KIND_HOST and a.mapping is not None]
     for m in mappings:
         m.retain()
     keep = list(objs)
 
-    def release():
+    def release() -> None:
         keep.clear()
         for m in mappings:
             m.release()
     return Hold(release, nbytes)
 
 
-def _encode_shared(st: SharedTensors, link) -> TransferEncoding:
+def _encode_shared(st: SharedTensors, link: Link) -> TransferEncoding:
     enc = _current(st)
     if st._sync:
         _sync_producers(st._objs, enc.syncs)
@@ -376,28 +400,34 @@ def _encode_shared(st: SharedTensors, link) -> TransferEncoding:
     return _encoding(data, fds, commits, hold)
 
 
-def _encoding(data, fds, commits, hold) -> TransferEncoding:
-    on_commit = None
+def _encoding(data: bytes, fds: list[int], commits: list[Callable[[], None]], hold: LeaseHold | None) -> TransferEncoding:
+    on_commit: Callable[[], None] | None = None
     if commits:
-        def on_commit(commits=commits):
+        def commit_all(commits: list[Callable[[], None]] = commits) -> None:
             for c in commits:
                 c()
+        on_commit = commit_all
     return TransferEncoding(data=data, fds=fds, close_fds_after_send=True, on_commit=on_commit, hold=hold, kind=TENSOR_SET_KIND)
 
 
-def _encode_resend(ts: TensorSet, link) -> TransferEncoding:
+def _encode_resend(ts: TensorSet, link: Link) -> TransferEncoding:
     """A received set sent on as it came: the same allocations, the same table."""
     ts._check()
-    entries, fds, commits, holds = [], [], [], []
+    entries: list[Entry] = []
+    fds: list[int] = []
+    commits: list[Callable[[], None]] = []
+    holds: list[LeaseHold] = []
     try:
         for buf in ts._allocs:
             if isinstance(buf, HostBuffer):
                 e = host_transfer._HostBufferTransfer().encode(buf, link)
+                assert e.hold is not None, "a host buffer's send holds its mapping"
                 holds.append(e.hold)
                 fds.append(os.dup(e.fds[0]))
                 entries.append((KIND_HOST, 1, bytes(e.data)))
                 continue
             e = device_transfers._DeviceMemoryTransfer()._resend(buf, link, 0, buf.nbytes)
+            assert e.hold is not None, "a device buffer's send holds it"
             holds.append(e.hold)
             fds.extend(e.fds)
             if e.on_commit is not None:
@@ -412,24 +442,24 @@ def _encode_resend(ts: TensorSet, link) -> TransferEncoding:
         raise
     total = sum(h.bytes for h in holds)
 
-    def release():
+    def release() -> None:
         for h in holds:
             release_hold(h)
     return _encoding(data, fds, commits, Hold(release, total) if holds else None)
 
 
-class _TensorSetTransfer(TransferHandler):
+class _TensorSetTransfer(TransferHandler[Union[SharedTensors, TensorSet]]):
     kind = TENSOR_SET_KIND
 
-    def can_transfer(self, value) -> bool:
+    def can_transfer(self, value: object) -> bool:
         return type(value) is SharedTensors or type(value) is TensorSet
 
-    def encode(self, value, link) -> TransferEncoding:
-        if type(value) is TensorSet:
+    def encode(self, value: SharedTensors | TensorSet, link: Link) -> TransferEncoding:
+        if isinstance(value, TensorSet):  # (exactly: can_transfer admits these two types only)
             return _encode_resend(value, link)
         return _encode_shared(value, link)
 
-    def decode(self, data, fds, link, lease):
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorSet:
         return decode_tensor_set(data, fds, link, lease)
 
 

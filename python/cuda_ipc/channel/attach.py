@@ -10,6 +10,9 @@ the step:
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
+
 from ..errors import IpcError
 from ..host import HostBuffer
 from ..memory import DeviceBuffer
@@ -21,11 +24,14 @@ from .layout import ROLE_CONSUMER, ROLE_PRODUCER, ST_RECOVERING, read_header, re
 from .producer import ChannelProducer
 from .waiter import WaitPolicy
 
+if TYPE_CHECKING:
+    from ..link.link import Link
+
 PROTOCOL = "@cuda-ipc/channel"
 ATTACH_VERSION = 3
 
 
-def _dispose(values) -> None:
+def _dispose(values: Iterable[object]) -> None:
     for v in values:
         close = getattr(v, "close", None)
         if callable(close):
@@ -35,8 +41,19 @@ def _dispose(values) -> None:
                 pass
 
 
-def accept_channel(link, role: str | None = None, memory: str | None = None, *, timeout: float | None = 60.0,
-                   wait: str = "adaptive", spin_us: float | None = None):
+@overload
+def accept_channel(link: Link, role: Literal["producer"], memory: str | None = None, *, timeout: float | None = 60.0,
+                   wait: str = "adaptive", spin_us: float | None = None) -> ChannelProducer: ...
+@overload
+def accept_channel(link: Link, role: Literal["consumer"], memory: str | None = None, *, timeout: float | None = 60.0,
+                   wait: str = "adaptive", spin_us: float | None = None) -> ChannelConsumer: ...
+@overload
+def accept_channel(link: Link, role: str | None = None, memory: str | None = None, *, timeout: float | None = 60.0,
+                   wait: str = "adaptive", spin_us: float | None = None) -> ChannelProducer | ChannelConsumer: ...
+
+
+def accept_channel(link: Link, role: str | None = None, memory: str | None = None, *, timeout: float | None = 60.0,
+                   wait: str = "adaptive", spin_us: float | None = None) -> ChannelProducer | ChannelConsumer:
     """The peer's side of a Node ``hub.attach(link, { role })`` / ``createChannel(link, ...)``: receives
     the channel over ``link`` (the next message on it must be the channel), checks it, and returns
     this process's end: a ``ChannelProducer`` or ``ChannelConsumer`` in the role the hub gave it
@@ -57,7 +74,7 @@ def accept_channel(link, role: str | None = None, memory: str | None = None, *, 
         raise IpcError("ERR_FRAME_INVALID", "accept_channel: the first message on the link was not a channel (the other side must call attach or createChannel)")
     owned = [msg.get("control"), msg.get("slots"), msg.get("doorbells")]
 
-    def refuse(error: IpcError):
+    def refuse(error: IpcError) -> NoReturn:
         try:
             link.send({PROTOCOL: "refused", "message": str(error)})
         except IpcError:
@@ -87,7 +104,10 @@ def accept_channel(link, role: str | None = None, memory: str | None = None, *, 
     if memory is not None and memory != kind:
         refuse(IpcError("ERR_INVALID_ARG", f"accept_channel: the channel's slots are {kind} memory, not {memory} as asked"))
     slots = msg.get("slots")
-    if not isinstance(slots, DeviceBuffer if layout.device else HostBuffer):
+    if layout.device:
+        if not isinstance(slots, DeviceBuffer):
+            refuse(bad(f"{kind} slots expected"))
+    elif not isinstance(slots, HostBuffer):
         refuse(bad(f"{kind} slots expected"))
     total = layout.slot_count * layout.slot_bytes
     if slots.nbytes < total:
@@ -99,7 +119,7 @@ def accept_channel(link, role: str | None = None, memory: str | None = None, *, 
     if state != ST_RECOVERING or prole != (ROLE_PRODUCER if their_role == "producer" else ROLE_CONSUMER):
         refuse(bad("the participant entry the hub named is not waiting for this peer"))
     device = None
-    if layout.device:
+    if isinstance(slots, DeviceBuffer):  # (layout.device)
         try:
             slots.ptr  # map the slots now: a failure is a refusal, not a surprise later
             device = slots.device
@@ -117,14 +137,14 @@ def accept_channel(link, role: str | None = None, memory: str | None = None, *, 
         if not isinstance(active, dict) or active.get(PROTOCOL) != "active":
             _dispose(_values_of(active))
             raise IpcError("ERR_FRAME_INVALID", "accept_channel: the hub did not confirm the attach")
-        cls = ChannelProducer if their_role == "producer" else ChannelConsumer
-        return cls(Endpoint(block, k, their_role, link, policy))
+        end = Endpoint(block, k, their_role, link, policy)
+        return ChannelProducer(end) if their_role == "producer" else ChannelConsumer(end)
     except BaseException:
         block.close()  # the hub repairs the entry once the link closes
         raise
 
 
-def _values_of(msg) -> list:
+def _values_of(msg: Any) -> list[Any]:
     if isinstance(msg, dict):
         return list(msg.values())
     return [msg] if msg is not None else []

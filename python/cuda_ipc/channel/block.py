@@ -5,6 +5,7 @@ Owned by one end, closed with it.
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING
 
 from ..host import HostBuffer
 from ..memory import DeviceBuffer
@@ -13,20 +14,24 @@ from .fences import Fences
 from .layout import Layout
 from .shared_words import SharedWords
 
+if TYPE_CHECKING:
+    from ..device import Device
+
 
 class Block:
     """The control block (and its atomics), the slots, the doorbells and, for device slots, the
     fences; owned by one end, closed with it."""
 
-    def __init__(self, layout: Layout, control: HostBuffer, slots, bells: Doorbells, device=None):
+    def __init__(self, layout: Layout, control: HostBuffer, slots: HostBuffer | DeviceBuffer, bells: Doorbells, device: Device | None = None):
         self.layout = layout
         self.control = control
         self.slots = slots
         self.bells = bells
         self.words = SharedWords(control._mapping.mmap, layout.total_bytes)
-        self.fences = None
+        self.fences: Fences | None = None
         try:
             if layout.device:
+                assert device is not None, "device slots come with their device"
                 self.fences = Fences(device, self.words)
         except BaseException:
             self.words.close()

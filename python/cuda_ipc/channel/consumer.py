@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from typing import Iterator
+from collections.abc import Sequence
+from typing import Any, Iterator
 
 from ..errors import IpcError
-from ..memory import DeviceBuffer
+from ..host import HostBuffer
+from ..memory import ArrayView, DeviceBuffer
 from .endpoint import Endpoint, SlotViews, typed_view
+from .fences import Stream
 from .layout import H_PRODUCERS_DIED, META_BYTES, META_NONE
 from .part import ChannelEnd
 from .ring import corrupt
@@ -73,7 +76,7 @@ class ChannelConsumer(ChannelEnd):
                 return
             yield m
 
-    def _poll(self):
+    def _poll(self) -> Message | None:
         if self._end_error is not None:
             raise self._end_error
         e = self._end
@@ -95,7 +98,7 @@ class ChannelConsumer(ChannelEnd):
             raise self._end_error
         return None
 
-    def _take_one(self):
+    def _take_one(self) -> Message | None:
         e = self._end
         ring = e.ring
         if not e.layout.broadcast:
@@ -147,7 +150,7 @@ class ChannelConsumer(ChannelEnd):
         else:
             self._end.ring.release_taken(s)
 
-    def _release(self, m: "Message", stream, streamed: bool) -> None:
+    def _release(self, m: Message, stream: Stream, streamed: bool) -> None:
         e = self._end
         with e.lock:
             if self._held.get(m.index) is not m:
@@ -176,7 +179,7 @@ class ChannelConsumer(ChannelEnd):
         redelivered) or are dropped (broadcast). Idempotent."""
         e = self._end
 
-        def settle():
+        def settle() -> None:
             f = e.block.fences
             if f is not None and e.layout.broadcast:
                 for m in self._held.values():
@@ -198,7 +201,7 @@ class Message:
 
     __slots__ = ("_consumer", "index", "position", "length", "meta", "producer", "redelivered", "ticket", "_released", "_waited")
 
-    def __init__(self, consumer: ChannelConsumer, index: int, position: int, length: int, meta, producer: int,
+    def __init__(self, consumer: ChannelConsumer, index: int, position: int, length: int, meta: Any, producer: int,
                  redelivered: bool, ticket: int):
         self._consumer = consumer
         self.index = index
@@ -209,7 +212,7 @@ class Message:
         self.redelivered = redelivered
         self.ticket = ticket
         self._released = False
-        self._waited = None  # the stream its publish fence was waited on, or True once synchronized
+        self._waited: Stream | bool = None  # the stream its publish fence was waited on, or True once synchronized
 
     @property
     def released(self) -> bool:
@@ -226,26 +229,30 @@ class Message:
         return self._consumer._slots.memory(self.index, self.length)
 
     @property
-    def buffer(self):
+    def buffer(self) -> HostBuffer | DeviceBuffer:
         """The slot's memory: a HostBuffer (host slots) or DeviceBuffer (device slots), the whole slot."""
         self._check("buffer")
         return self._consumer._slots.buffer(self.index)
 
-    def view(self, dtype="uint8", shape=None, strides=None, offset: int = 0):
+    def view(self, dtype: object = "uint8", shape: int | Sequence[int] | None = None, strides: Sequence[int] | None = None,
+             offset: int = 0) -> ArrayView | memoryview:
         """A typed view of the slot: device slots an ArrayView (``__cuda_array_interface__`` and
         DLPack); host slots a memoryview cast to the dtype's format. Default shape: as many elements
         as ``length`` holds."""
         return typed_view(self.buffer, self.length, dtype, shape, strides, offset)
 
     @property
-    def __cuda_array_interface__(self) -> dict:
-        cai = dict(self.buffer.__cuda_array_interface__)
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        buf = self.buffer
+        if not isinstance(buf, DeviceBuffer):
+            raise AttributeError("__cuda_array_interface__: host slots are not device memory")
+        cai = dict(buf.__cuda_array_interface__)
         cai["shape"] = (self.length,)
         if not self.length:
             cai["data"] = (0, False)
         return cai
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
         if copy:
             raise BufferError("Message.__dlpack__: copy=True is not supported; it shares memory")
         buf = self.buffer
@@ -254,10 +261,10 @@ class Message:
             return make_capsule(buf.ptr, (DL_CUDA, buf.device.ordinal), "|u1", (self.length,), None, owner=self)
         return buf.view(0, self.length).__dlpack__() if self.length else buf.__dlpack__()
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         return self.buffer.__dlpack_device__()
 
-    def wait_on(self, stream=None) -> None:
+    def wait_on(self, stream: Stream = None) -> None:
         """Device slots: GPU work queued on ``stream`` after this waits for the producer's work on the
         message (its publish fence). No-op for host slots."""
         self._check("wait_on")
@@ -279,7 +286,7 @@ class Message:
         f.synchronize([(e.layout.publish_fence(self.index), self.ticket)], timeout)
         self._waited = True
 
-    def release(self, stream=None) -> None:
+    def release(self, stream: Stream = None) -> None:
         """Returns the slot to the producers. Device slots: pass the stream your GPU work on the
         message ran on; the producer's next use of the slot waits for it. Idempotent."""
         if self._released:

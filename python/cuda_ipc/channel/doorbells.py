@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from ..errors import IpcError
 
+if TYPE_CHECKING:
+    from ..link.lease import ReceivedLease
+    from ..link.link import Link
+
 DOORBELLS_KIND = "channel-doorbells"
+
+# os.eventfd_read/_write, typed here (mypy 1.0's typeshed predates them).
+eventfd_read: Callable[[int], int] = getattr(os, "eventfd_read")
+eventfd_write: Callable[[int, int], None] = getattr(os, "eventfd_write")
 
 
 class Doorbells:
@@ -30,7 +40,7 @@ class Doorbells:
         if self.closed or not 0 <= k < len(self.fds):
             return
         try:
-            os.eventfd_write(self.fds[k], 1)
+            eventfd_write(self.fds[k], 1)
         except BlockingIOError:
             pass  # the count is at its maximum: readable already
         except OSError:
@@ -47,20 +57,20 @@ class Doorbells:
                 pass
 
 
-class _DoorbellsTransfer(TransferHandler):
+class _DoorbellsTransfer(TransferHandler[Doorbells]):
     """'channel-doorbells': data is u32 count; the record carries that many eventfds, entry 0 first."""
 
     kind = DOORBELLS_KIND
 
-    def can_transfer(self, value) -> bool:
+    def can_transfer(self, value: object) -> bool:
         return isinstance(value, Doorbells)
 
-    def encode(self, value: Doorbells, link) -> TransferEncoding:
+    def encode(self, value: Doorbells, link: Link) -> TransferEncoding:
         if value.closed:
             raise IpcError("ERR_CLOSED", "link.send: the channel's doorbells are closed")
         return TransferEncoding(data=struct.pack("<I", len(value.fds)), fds=list(value.fds))
 
-    def decode(self, data, fds, link, lease):
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> Doorbells:
         if len(data) != 4 or struct.unpack("<I", data)[0] != len(fds) or not fds:
             raise IpcError("ERR_DESCRIPTOR_INVALID", f"received malformed channel doorbells ({len(data)} bytes, {len(fds)} fds)")
         for fd in fds:

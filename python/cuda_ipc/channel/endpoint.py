@@ -7,15 +7,21 @@ from __future__ import annotations
 
 import threading
 import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..descriptor import DTYPES, dtype_name
 from ..errors import IpcError
-from ..memory import DeviceBuffer
+from ..host import HostBuffer
+from ..memory import ArrayView, DeviceBuffer
 from .block import Block
 from .layout import ST_ALIVE
 from .recovery import Recoveries
 from .ring import Ring
 from .waiter import Waiter, WaitPolicy
+
+if TYPE_CHECKING:
+    from ..link.link import Link
 
 
 def closed_error(what: str) -> IpcError:
@@ -26,7 +32,7 @@ class Endpoint:
     """One end's participant ``index`` in the channel of ``block``, as ``role``; ``link``: the link to
     the hub (None in tests that play the hub)."""
 
-    def __init__(self, block: Block, index: int, role: str, link, policy: WaitPolicy):
+    def __init__(self, block: Block, index: int, role: str, link: Link | None, policy: WaitPolicy):
         self.block = block
         self.layout = block.layout
         self.index = index
@@ -60,12 +66,12 @@ class Endpoint:
         if self.closed:
             raise closed_error(what)
 
-    def stats_now(self) -> dict:
+    def stats_now(self) -> dict[str, Any]:
         return self.ring.stats()
 
     # -- housekeeping: the hub's death, repairs that wait for the lock, fences of dead processes --
 
-    def _on_link_closed(self, _link, _reason) -> None:
+    def _on_link_closed(self, _link: Link, _reason: IpcError | None) -> None:
         self.hub_lost = True
 
     def service(self) -> None:
@@ -82,13 +88,13 @@ class Endpoint:
 
     # -- waiting --
 
-    def park(self, ready, deadline: float | None) -> None:
+    def park(self, ready: Callable[[], bool], deadline: float | None) -> None:
         """Returns once ``ready()`` may have become true, or the deadline passed, or close() was
         called (waiter.py). Called with self.lock held; releases it while sleeping."""
         if self.waiter.park(ready, deadline, self.recoveries.sleep_limit):
             self.service()
 
-    def close(self, before_release=None) -> None:
+    def close(self, before_release: Callable[[], None] | None = None) -> None:
         """Leaves the control block and releases the memory. Idempotent."""
         if self.closed:
             return
@@ -120,19 +126,22 @@ class SlotViews:
         self.block = block
         self.bytes = block.layout.slot_bytes
         self.host = not block.layout.device
-        self._base = block.slots.memory if self.host else None
-        self._buffers: list = [None] * block.layout.slot_count
+        slots = block.slots
+        self._base = slots.memory if isinstance(slots, HostBuffer) else None
+        self._buffers: list[HostBuffer | DeviceBuffer | None] = [None] * block.layout.slot_count
 
     def memory(self, s: int, length: int) -> memoryview:
-        if not self.host:
+        base = self._base
+        if base is None:  # (host slots have their memoryview until close())
             raise IpcError("ERR_UNSUPPORTED", "this channel's slots are device memory: use .buffer (with wait_on/release(stream)), or .view(dtype, shape)")
         start = s * self.bytes
-        return self._base[start:start + length]
+        return base[start:start + length]
 
-    def buffer(self, s: int):
+    def buffer(self, s: int) -> HostBuffer | DeviceBuffer:
         b = self._buffers[s]
         if b is None or b.closed:
-            b = self.block.slots.view(s * self.bytes, self.bytes) if self.host else self.block.slots.slice(s * self.bytes, self.bytes)
+            slots = self.block.slots
+            b = slots.view(s * self.bytes, self.bytes) if isinstance(slots, HostBuffer) else slots.slice(s * self.bytes, self.bytes)
             self._buffers[s] = b
         return b
 
@@ -152,7 +161,8 @@ class SlotViews:
             self._base = None
 
 
-def typed_view(buf, length: int, dtype, shape, strides, offset: int):
+def typed_view(buf: HostBuffer | DeviceBuffer, length: int, dtype: object, shape: int | Sequence[int] | None,
+               strides: Sequence[int] | None, offset: int) -> ArrayView | memoryview:
     """A typed view of a slot's buffer: device slots an ArrayView; host slots a memoryview cast to the
     dtype's format. Default shape: as many elements as ``length`` holds."""
     if isinstance(buf, DeviceBuffer):
@@ -174,4 +184,4 @@ def typed_view(buf, length: int, dtype, shape, strides, offset: int):
         n *= d
     if offset < 0 or offset % size or offset + n * size > buf.nbytes:
         raise IpcError("ERR_OUT_OF_RANGE", f"a {name} view of shape {tuple(shape)} at {offset} does not fit the {buf.nbytes}-byte slot")
-    return buf.memory[offset:offset + n * size].cast(fmt, shape)
+    return buf.memory[offset:offset + n * size].cast(fmt, tuple(shape))

@@ -3,7 +3,14 @@ channel's shape, this end's participant index, its wait statistics and the chann
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, TypeVar
+
 from .endpoint import Endpoint
+
+if TYPE_CHECKING:
+    from ..device import Device
+
+_End = TypeVar("_End", bound="ChannelEnd")
 
 
 class ChannelEnd:
@@ -37,7 +44,7 @@ class ChannelEnd:
         return self._end.index
 
     @property
-    def device(self):
+    def device(self) -> Device | None:
         """The cuda_ipc Device the slots are used on (device slots), else None."""
         return self._end.block.device
 
@@ -46,11 +53,11 @@ class ChannelEnd:
         return self._end.closed
 
     @property
-    def wait_stats(self) -> dict:
+    def wait_stats(self) -> dict[str, int]:
         """How this end's waits ended: spin_hits, sleeps, rung, rescued (a lost wake-up: should stay 0)."""
         return dict(self._end.waiter.stats)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Slot states and membership, read from the control block now."""
         e = self._end
         e.assert_open("stats")
@@ -59,10 +66,10 @@ class ChannelEnd:
     def close(self) -> None:
         raise NotImplementedError
 
-    def __enter__(self):
+    def __enter__(self: _End) -> _End:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:

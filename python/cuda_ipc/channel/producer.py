@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import IpcError
+from ..host import HostBuffer
+from ..memory import ArrayView, DeviceBuffer
 from .endpoint import Endpoint, SlotViews, closed_error, typed_view
+from .fences import Stream
 from .layout import H_CONSUMERS_DIED, META_BYTES, META_JSON, META_NONE
 from .part import ChannelEnd
 from .recovery import RECOVERY_GIVE_UP, RETRY
@@ -34,7 +38,7 @@ class ChannelProducer(ChannelEnd):
             return IpcError("ERR_PEER_GONE", f"{what}: every consumer of the channel is gone ({died} died)")
         return IpcError("ERR_CHANNEL_CLOSED", f"{what}: every consumer has closed the channel")
 
-    def _try_acquire(self):
+    def _try_acquire(self) -> Slot | None:
         e = self._end
         if self._ending:
             raise closed_error("acquire (end() was called)")
@@ -60,7 +64,7 @@ class ChannelProducer(ChannelEnd):
             return False
         return e.ring.has_free()
 
-    def acquire(self, timeout: float | None = None, stream=None) -> "Slot":
+    def acquire(self, timeout: float | None = None, stream: Stream = None) -> Slot:
         """A free slot to write into; blocks while every slot is in flight (ERR_TIMEOUT after
         ``timeout`` seconds). Raises ERR_PEER_GONE once every consumer died (ERR_CHANNEL_CLOSED once
         they all left). Device slots: with ``stream``, GPU work queued there after this waits for the
@@ -96,7 +100,7 @@ class ChannelProducer(ChannelEnd):
         with e.lock:
             return self._try_acquire()
 
-    def publish(self, slot: "Slot", length: int | None = None, meta: Any = None, stream=None) -> None:
+    def publish(self, slot: Slot, length: int | None = None, meta: Any = None, stream: Stream = None) -> None:
         """Publishes ``slot``: the consumers can take it at once. ``length``: bytes of the slot the
         message uses (default: all); ``meta``: JSON-serialisable data or bytes (at most meta_bytes
         once encoded). Device slots: the consumers' GPU work waits for the work queued on ``stream``
@@ -191,14 +195,14 @@ class ChannelProducer(ChannelEnd):
     def close(self) -> None:
         """Closes this end now: acquired slots are given back; what was published stays published.
         Idempotent."""
-        def settle():
+        def settle() -> None:
             for slot in self._writing.values():
                 slot._done = True
             self._writing.clear()
             self._slots.close()
         self._end.close(settle)
 
-    def _slot_waits(self, s: int) -> list:
+    def _slot_waits(self, s: int) -> list[tuple[int, int]]:
         """The release fences slot s's previous message must reach (read while we hold the slot)."""
         e = self._end
         if e.block.fences is None:
@@ -233,7 +237,7 @@ class Slot:
         return self._producer._slots.memory(self.index, self._producer._end.layout.slot_bytes)
 
     @property
-    def buffer(self):
+    def buffer(self) -> HostBuffer | DeviceBuffer:
         """The slot's memory: a HostBuffer (host slots) or DeviceBuffer (device slots)."""
         if self._done:
             raise IpcError("ERR_CLOSED", "slot.buffer: the slot was published or discarded")
@@ -243,21 +247,25 @@ class Slot:
     def nbytes(self) -> int:
         return self._producer._end.layout.slot_bytes
 
-    def view(self, dtype="uint8", shape=None, strides=None, offset: int = 0):
+    def view(self, dtype: object = "uint8", shape: int | Sequence[int] | None = None, strides: Sequence[int] | None = None,
+             offset: int = 0) -> ArrayView | memoryview:
         """A typed view of the slot (see Message.view)."""
         return typed_view(self.buffer, self.nbytes, dtype, shape, strides, offset)
 
     @property
-    def __cuda_array_interface__(self) -> dict:
-        return self.buffer.__cuda_array_interface__
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        buf = self.buffer
+        if not isinstance(buf, DeviceBuffer):
+            raise AttributeError("__cuda_array_interface__: host slots are not device memory")
+        return buf.__cuda_array_interface__
 
-    def __dlpack__(self, **kw):
+    def __dlpack__(self, **kw: Any) -> object:
         return self.buffer.__dlpack__(**kw)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         return self.buffer.__dlpack_device__()
 
-    def wait_on(self, stream=None) -> None:
+    def wait_on(self, stream: Stream = None) -> None:
         """Device slots: GPU work queued on ``stream`` after this waits until the consumers' work on
         the slot's previous message is done. acquire(stream=...) does this for you."""
         p = self._producer

@@ -13,9 +13,14 @@ import os
 import threading
 import time
 import warnings
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IpcError
 from .layout import ST_ALIVE, ST_EMPTY
+
+if TYPE_CHECKING:
+    from .block import Block
+    from .ring import Ring
 
 RETRY = 0.002
 RECOVERY_GIVE_UP = 5.0
@@ -47,7 +52,7 @@ class Recoveries:
     """The repairs one end (participant ``ring.me``) runs: participants whose leave waits for the
     publish lock (``pending``), and fences of dead processes (``fence_repairs``). ``lock``: the end's."""
 
-    def __init__(self, ring, block, lock):
+    def __init__(self, ring: Ring, block: Block, lock: threading.RLock):
         self.ring = ring
         self.layout = block.layout
         self.fences = block.fences
@@ -57,7 +62,7 @@ class Recoveries:
         self.pending: dict[int, tuple[float, bool]] = {}
         #: Dead participants whose fences are raised once their process is gone:
         #: [k, pid, generation, since, next check, pause].
-        self.fence_repairs: list = []
+        self.fence_repairs: list[list[Any]] = []
         self._watch_stop = threading.Event()
 
     def run(self) -> None:
@@ -112,6 +117,8 @@ class Recoveries:
                 self.recover(k, True)
 
     def _repair_fences(self) -> None:
+        fences = self.fences
+        assert fences is not None, "fence repairs are queued for device slots only"
         now = time.monotonic()
         keep = []
         for r in self.fence_repairs:
@@ -122,7 +129,7 @@ class Recoveries:
             if self.ring.participant_generation(k) != generation:
                 continue  # the entry was handed out again
             if process_gone(pid):
-                self.ring.raise_fences_of(k, self.fences)
+                self.ring.raise_fences_of(k, fences)
             elif now - since < FENCE_REPAIR_GIVE_UP:
                 r[4], r[5] = now + pause, min(pause * 2, 0.1)
                 keep.append(r)
@@ -135,6 +142,8 @@ class Recoveries:
 
     def _watch_hub(self) -> None:
         """Once the hub's process is gone, raises the fences of the hub and its in-process ends."""
+        fences = self.fences
+        assert fences is not None, "the watcher runs for device slots only"
         pid = self.ring.participant_pid(0)
         while not self._watch_stop.wait(0.1):
             if not process_gone(pid):
@@ -146,7 +155,7 @@ class Recoveries:
                     if k == self.me or self.ring.participant_state(k) == ST_EMPTY:
                         continue
                     if k == 0 or self.ring.hub_local(k):
-                        self.ring.raise_fences_of(k, self.fences)
+                        self.ring.raise_fences_of(k, fences)
             return
 
     def stop(self) -> None:

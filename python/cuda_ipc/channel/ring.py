@@ -10,6 +10,7 @@ a bad one raises ERR_CHANNEL_CORRUPT. Loops over shared state are bounded.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 from .layout import (
     FLAG_REDELIVERED, GEN_MASK, H_CONSUMER_MASK, H_CONSUMERS_ATTACHED, H_CONSUMERS_DIED, H_CONSUMERS_LIVE, H_DATA_SEQ,
@@ -21,6 +22,11 @@ from .layout import (
     slot_word,
 )
 from ..errors import IpcError
+
+if TYPE_CHECKING:
+    from .doorbells import Doorbells
+    from .fences import Fences
+    from .shared_words import SharedWords
 
 #: How long a publisher spins for the publish lock before retrying later (seconds).
 LOCK_SPIN = 200e-6
@@ -34,7 +40,7 @@ def corrupt(what: str) -> IpcError:
 class Ring:
     """The ring protocol as participant ``me`` over ``words`` (SharedWords of the control block)."""
 
-    def __init__(self, words, layout: Layout, bells: Doorbells, me: int):
+    def __init__(self, words: SharedWords, layout: Layout, bells: Doorbells, me: int):
         self.w = words
         self.l = layout
         self.n = layout.slot_count
@@ -479,7 +485,7 @@ class Ring:
             w.store32(self.ring_off(t), s)
             w.store64(H_TAIL, t + 1)
 
-    def stats(self) -> dict:
+    def stats(self) -> dict[str, Any]:
         """Slot states and membership, read now."""
         c = self.counter
         return {
@@ -489,7 +495,7 @@ class Ring:
             "published": self.w.load64(H_TAIL),
         }
 
-    def raise_fences_of(self, k: int, fences) -> None:
+    def raise_fences_of(self, k: int, fences: Fences) -> None:
         """Device slots, participant ``k``'s process is gone: raises the fences its queued GPU work would
         have raised (its releases of every slot, its publishes of the messages it published)."""
         w, l = self.w, self.l
@@ -505,7 +511,7 @@ class Ring:
                     w.load32(so + S_STATE) == before and w.plain32(so + S_TICKET) == ticket:
                 fences.raise_(l.publish_fence(s), ticket)
 
-    def slot_counts(self) -> dict:
+    def slot_counts(self) -> dict[str, int]:
         c = {"free": 0, "writing": 0, "published": 0, "taken": 0}
         names = ("free", "writing", "published", "taken")
         for s in range(self.n):

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import ctypes
 import platform
+from collections.abc import Callable
 from ctypes import byref, c_int, c_uint32, c_uint64, c_void_p
+
+from typing import Any
 
 from ..errors import IpcError
 
@@ -24,10 +27,10 @@ SEQ_CST = 5
 MAX_U53 = 2**53
 _FAST_LOADS = platform.machine().lower() in ("x86_64", "amd64")
 
-_lib = None
+_lib: ctypes.CDLL | None = None
 
 
-def _libatomic():
+def _libatomic() -> ctypes.CDLL:
     global _lib
     if _lib is None:
         try:
@@ -59,8 +62,27 @@ class SharedWords:
 
     __slots__ = ("length", "_anchor", "_base", "_bytes", "_u32", "_u64", "_n32", "_n64", "_load4", "_load8", "_store4", "_store8",
                  "_cas4", "_cas8", "_add4", "_add8", "_and4", "_or4", "__weakref__")
+    length: int
+    _anchor: Any  # the ctypes array over the buffer (None once closed)
+    _base: int
+    _bytes: memoryview
+    _u32: memoryview
+    _u64: memoryview
+    _n32: int
+    _n64: int
+    # libatomic's functions: (address, ..., memory order) -> the old value, or None for stores.
+    _load4: Callable[[int, int], int]
+    _load8: Callable[[int, int], int]
+    _store4: Callable[[int, int, int], None]
+    _store8: Callable[[int, int, int], None]
+    _cas4: Callable[[int, Any, int, int, int], bool]
+    _cas8: Callable[[int, Any, int, int, int], bool]
+    _add4: Callable[[int, int, int], int]
+    _add8: Callable[[int, int, int], int]
+    _and4: Callable[[int, int, int], int]
+    _or4: Callable[[int, int, int], int]
 
-    def __init__(self, buffer, length: int):
+    def __init__(self, buffer: Any, length: int):
         lib = _libatomic()
         if length <= 0 or length % 8:
             raise ValueError("shared words: the length must be a positive multiple of 8")

@@ -10,10 +10,19 @@ from __future__ import annotations
 
 import os
 import select
+import threading
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from ..errors import IpcError
+from .doorbells import eventfd_read, eventfd_write
 from .layout import H_DATA_SEQ, H_DATA_SLEEPERS, H_SPACE_SEQ, H_SPACE_SLEEPERS
+
+if TYPE_CHECKING:
+    from ..link.link import Link
+    from .ring import Ring
+    from .shared_words import SharedWords
 
 DEFAULT_ADAPTIVE_SPIN_US = 10
 DEFAULT_SPIN_US = 50
@@ -28,7 +37,7 @@ _HIT_RATE_AFTER_HIT = 0.55
 class WaitPolicy:
     __slots__ = ("mode", "spin")
 
-    def __init__(self, wait: str, spin_us):
+    def __init__(self, wait: str, spin_us: float | None):
         if wait not in ("adaptive", "sleep", "spin"):
             raise IpcError("ERR_INVALID_ARG", f"wait must be 'adaptive', 'sleep' or 'spin'; got {wait!r}")
         if spin_us is None:
@@ -44,7 +53,7 @@ class Waiter:
     ``ring.me`` (and on the link to the hub once ``watch_link()`` named it). ``lock``: the end's
     lock, held by the caller of park(), released while sleeping."""
 
-    def __init__(self, ring, words, bell: int, policy: WaitPolicy, role: str, lock):
+    def __init__(self, ring: Ring, words: SharedWords, bell: int, policy: WaitPolicy, role: str, lock: threading.RLock):
         self.ring = ring
         self.w = words
         self.policy = policy
@@ -57,7 +66,7 @@ class Waiter:
         self._poll_bell = select.poll()
         self._poll_bell.register(self._bell, select.POLLIN)
         self._poller = self._poll_bell
-        self._link = None
+        self._link: Link | None = None
         self._link_fd = -1
         self._link_quiet_until = 0.0
         self._hits = 1.0
@@ -65,7 +74,7 @@ class Waiter:
         #: Counts of how waits ended (tests, benchmarks).
         self.stats = {"spin_hits": 0, "sleeps": 0, "rung": 0, "rescued": 0}
 
-    def watch_link(self, link) -> None:
+    def watch_link(self, link: Link) -> None:
         """Sleeps poll ``link`` too (the hub's: its closing is how this end learns the hub died)."""
         # Our own copy of the socket's fd: the link may close its own at any time.
         self._link = link
@@ -81,7 +90,7 @@ class Waiter:
             os.close(self._link_fd)
             self._link_fd = -1
 
-    def park(self, ready, deadline: float | None, limit) -> bool:
+    def park(self, ready: Callable[[], bool], deadline: float | None, limit: Callable[[float], float]) -> bool:
         """Returns once ``ready()`` may have become true (spin, then sleep on the doorbell and the hub
         link), or the deadline passed, or cancel() was called; True after a whole sleep (the caller
         runs its housekeeping then). ``limit(timeout)`` shortens a sleep for repairs that are due.
@@ -125,7 +134,7 @@ class Waiter:
                 if fd == self._bell:
                     rung = True
                     try:
-                        os.eventfd_read(self._bell)
+                        eventfd_read(self._bell)
                     except (BlockingIOError, OSError):
                         pass
                 elif fd == self._link_fd:
@@ -174,6 +183,6 @@ class Waiter:
         """Ends a sleep of this end now, and every later one at once (close() from another thread)."""
         self.closed = True
         try:
-            os.eventfd_write(self._bell, 1)
+            eventfd_write(self._bell, 1)
         except OSError:
             pass

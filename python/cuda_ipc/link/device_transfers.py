@@ -14,6 +14,8 @@ import ctypes
 import os
 import stat
 import struct
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import driver as drv
 from ..descriptor import LegacyHandleDescriptor, decode_descriptor, encode_descriptor
@@ -26,6 +28,10 @@ from ..memory.exports import Shared, _describe_array, _Exported, _is_device_arra
 from ..memory.pool import ImportedPool, PoolImport
 from .handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from .lease import Hold
+
+if TYPE_CHECKING:
+    from .lease import ReceivedLease
+    from .link import Link
 
 # Pool reference, shared by pool and pool-buffer records (src/link/device-transfers.ts):
 #   0 16 pool id | 16 16 device UUID | 32 8 pool maxSize | 40 4 flags (bit 0: fd attached) | 44 4 reserved
@@ -46,7 +52,7 @@ def _check_pool_fd(fd: int) -> None:
         raise IpcError("ERR_DESCRIPTOR_INVALID", "a received pool fd is not a CUDA memory pool handle (not the NVIDIA control device)")
 
 
-def _read_pool_ref(data, fds: list[int], link) -> PoolImport:
+def _read_pool_ref(data: memoryview, fds: list[int], link: Link) -> PoolImport:
     if len(data) < POOL_REF_BYTES:
         raise _frame_error("pool reference")
     pool_id = bytes(data[0:16])
@@ -54,11 +60,12 @@ def _read_pool_ref(data, fds: list[int], link) -> PoolImport:
     max_size, flags, reserved = struct.unpack_from("<QII", data, 32)
     if flags & ~FD_ATTACHED or reserved:
         raise _frame_error("pool reference")
-    received = link.handler_state.get(cache._POOLS_RECEIVED)
+    received: dict[bytes, PoolImport] | None = link.handler_state.get(cache._POOLS_RECEIVED)
     if received is None:
-        received = link.handler_state[cache._POOLS_RECEIVED] = {}
+        table: dict[bytes, PoolImport] = {}
+        received = link.handler_state[cache._POOLS_RECEIVED] = table
 
-        def drop(_link, _reason, pools=received):
+        def drop(_link: Link, _reason: IpcError | None, pools: dict[bytes, PoolImport] = table) -> None:
             # The link going away ends only its own hold: imported buffers stay mapped.
             for p in list(pools.values()):
                 p.release()
@@ -93,23 +100,23 @@ def _pool_ref_bytes(pool_id: bytes, device_uuid: str, max_size: int, attach: boo
     return b
 
 
-def _pool_fd_for_link(link, pool_id: bytes, fd: int):
+def _pool_fd_for_link(link: Link, pool_id: bytes, fd: int) -> tuple[bool, list[int], Callable[[], None] | None]:
     """(attach, fds, on_commit): the pool's fd goes once per link, in the first message that needs it."""
-    sent = link.handler_state.setdefault(cache._POOLS_SENT, set())
+    sent: set[bytes] = link.handler_state.setdefault(cache._POOLS_SENT, set())
     if pool_id in sent:
         return False, [], None
     return True, [os.dup(fd)], (lambda: sent.add(pool_id))
 
 
-class _DeviceMemoryTransfer(TransferHandler):
+class _DeviceMemoryTransfer(TransferHandler[Any]):
     """Sends device memory: received buffers onward, and tensors/arrays of this process."""
 
     kind = "cuda-ipc.device-memory"  # local name only: records go out as 'pool-buffer' or 'legacy-buffer'
 
-    def can_transfer(self, value) -> bool:
+    def can_transfer(self, value: object) -> bool:
         return _is_device_array(value)
 
-    def encode(self, value, link) -> TransferEncoding:
+    def encode(self, value: Any, link: Link) -> TransferEncoding:
         if isinstance(value, ArrayView):
             return self._resend(value.buffer, link, value.offset, value.meta.extent)
         if isinstance(value, DeviceBuffer):
@@ -143,7 +150,7 @@ class _DeviceMemoryTransfer(TransferHandler):
                 return self._send_pool_memory(e, facts, dev, link)
             return self._send_legacy_memory(e, facts, dev)
 
-    def _send_legacy_memory(self, e: _Exported, facts, dev: Device) -> TransferEncoding:
+    def _send_legacy_memory(self, e: _Exported, facts: drv.PointerFacts, dev: Device) -> TransferEncoding:
         if facts.managed:
             raise IpcError("ERR_NOT_EXPORTABLE", "managed memory cannot be shared through CUDA IPC handles; allocate with cudaMalloc (PyTorch's default allocator) or from an IPC pool")
         if facts.memory_type != drv.CU_MEMORYTYPE_DEVICE:
@@ -173,7 +180,7 @@ class _DeviceMemoryTransfer(TransferHandler):
         keep = e.keep
         return TransferEncoding(data=encode_descriptor(desc), hold=Hold(lambda: _drop(keep), e.extent), kind="legacy-buffer")
 
-    def _send_pool_memory(self, e: _Exported, facts, dev: Device, link) -> TransferEncoding:
+    def _send_pool_memory(self, e: _Exported, facts: drv.PointerFacts, dev: Device, link: Link) -> TransferEncoding:
         pool = facts.pool
         base, size = (e.ptr, e.extent) if e.whole else (facts.base, facts.size)
         with cache._export_lock:
@@ -202,7 +209,7 @@ class _DeviceMemoryTransfer(TransferHandler):
         return TransferEncoding(data=bytes(data), fds=fds, close_fds_after_send=True, on_commit=commit,
                                 hold=Hold(lambda: _drop(keep), e.extent), kind="pool-buffer")
 
-    def _resend(self, buf: DeviceBuffer, link, offset: int, length: int) -> TransferEncoding:
+    def _resend(self, buf: DeviceBuffer, link: Link, offset: int, length: int) -> TransferEncoding:
         """A received buffer sent on: the same pool reference / handle, leased from our handle on it."""
         o = buf._origin
         if buf.closed:
@@ -210,12 +217,13 @@ class _DeviceMemoryTransfer(TransferHandler):
         o.retain()
         hold = Hold(lambda: o.release(False), length)
         try:
-            if o.kind == "legacy":
-                d = o.descriptor
+            d, pool = o.descriptor, o.pool
+            if o.kind == "legacy" and d is not None:
                 desc = LegacyHandleDescriptor(d.handle, buf.offset + offset, length, d.device_uuid, d.pid)
                 return TransferEncoding(data=encode_descriptor(desc), hold=hold, kind="legacy-buffer")
-            attach, fds, commit = _pool_fd_for_link(link, o.pool.id, o.pool.fd)
-            data = _pool_ref_bytes(o.pool.id, o.pool.device_uuid, o.pool.max_size, attach)
+            assert pool is not None, "a pool origin has its pool"
+            attach, fds, commit = _pool_fd_for_link(link, pool.id, pool.fd)
+            data = _pool_ref_bytes(pool.id, pool.device_uuid, pool.max_size, attach)
             data[48:112] = o.export_data
             struct.pack_into("<QQQ", data, 112, o.allocation_size, buf.offset + offset, length)
             return TransferEncoding(data=bytes(data), fds=fds, close_fds_after_send=True, on_commit=commit, hold=hold, kind="pool-buffer")
@@ -223,21 +231,21 @@ class _DeviceMemoryTransfer(TransferHandler):
             hold.release()
             raise
 
-    def decode(self, data, fds, link, lease):
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> Any:
         raise IpcError("ERR_FRAME_INVALID", f"'{self.kind}' is not a wire kind")
 
 
-def _drop(_obj) -> None:
+def _drop(_obj: object) -> None:
     """The hold's release: the last reference we kept goes with the closure."""
 
 
-class _PoolBufferTransfer(TransferHandler):
+class _PoolBufferTransfer(TransferHandler[object]):
     kind = "pool-buffer"
 
-    def can_transfer(self, value) -> bool:
+    def can_transfer(self, value: object) -> bool:
         return False  # sent by _DeviceMemoryTransfer
 
-    def decode(self, data, fds, link, lease):
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> Any:
         if len(data) != POOL_BUFFER_BYTES:
             raise _frame_error("pool buffer")
         pool = _read_pool_ref(data, fds, link)
@@ -248,13 +256,13 @@ class _PoolBufferTransfer(TransferHandler):
         return DeviceBuffer(origin, offset, length, _CREATE)
 
 
-class _LegacyBufferTransfer(TransferHandler):
+class _LegacyBufferTransfer(TransferHandler[object]):
     kind = "legacy-buffer"
 
-    def can_transfer(self, value) -> bool:
+    def can_transfer(self, value: object) -> bool:
         return False
 
-    def decode(self, data, fds, link, lease):
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> Any:
         desc = decode_descriptor(data, "cuda-legacy-handle")
         origin = _Origin("legacy", lease, desc.device_uuid, 0, descriptor=desc)
         buf = DeviceBuffer(origin, desc.offset, desc.byte_length, _CREATE)
@@ -263,13 +271,13 @@ class _LegacyBufferTransfer(TransferHandler):
         return buf
 
 
-class _IpcPoolTransfer(TransferHandler):
+class _IpcPoolTransfer(TransferHandler[object]):
     kind = "ipc-pool"
 
-    def can_transfer(self, value) -> bool:
+    def can_transfer(self, value: object) -> bool:
         return False
 
-    def decode(self, data, fds, link, lease):
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> Any:
         if len(data) != POOL_REF_BYTES:
             raise _frame_error("pool")
         ref = _read_pool_ref(data, fds, link)
@@ -279,13 +287,13 @@ class _IpcPoolTransfer(TransferHandler):
         return pool
 
 
-class _IpcEventTransfer(TransferHandler):
+class _IpcEventTransfer(TransferHandler[object]):
     kind = "ipc-event"
 
-    def can_transfer(self, value) -> bool:
+    def can_transfer(self, value: object) -> bool:
         return False
 
-    def decode(self, data, fds, link, lease):
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> Any:
         desc = decode_descriptor(data, "cuda-ipc-event")
         return IpcEvent(desc.handle, desc.device_uuid, lease)
 

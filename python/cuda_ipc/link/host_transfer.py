@@ -7,11 +7,16 @@ from __future__ import annotations
 
 import fcntl
 import struct
+from typing import TYPE_CHECKING
 
 from ..errors import IpcError
 from ..host import HostBuffer
 from .handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from .lease import Hold
+
+if TYPE_CHECKING:
+    from .lease import ReceivedLease
+    from .link import Link
 
 _DATA = struct.Struct("<QQQ")
 
@@ -22,13 +27,13 @@ def _lease_buffer(buffer: HostBuffer) -> Hold:
     return Hold(m.release, buffer.nbytes)
 
 
-class _HostBufferTransfer(TransferHandler):
+class _HostBufferTransfer(TransferHandler[HostBuffer]):
     kind = "host-buffer"
 
-    def can_transfer(self, value) -> bool:
+    def can_transfer(self, value: object) -> bool:
         return isinstance(value, HostBuffer)
 
-    def encode(self, value: HostBuffer, link) -> TransferEncoding:
+    def encode(self, value: HostBuffer, link: Link) -> TransferEncoding:
         if value.closed:
             raise IpcError("ERR_CLOSED", "link.send: the HostBuffer is closed; send it before closing it")
         m = value._mapping
@@ -37,7 +42,7 @@ class _HostBufferTransfer(TransferHandler):
         return TransferEncoding(
             data=_DATA.pack(m.length, value._offset, value._length), fds=[m.fd], hold=_lease_buffer(value))
 
-    def decode(self, data, fds, link, lease):
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> HostBuffer:
         if len(data) != _DATA.size or len(fds) != 1:
             raise IpcError("ERR_DESCRIPTOR_INVALID", f"received a malformed host-buffer ({len(data)} bytes, {len(fds)} fds)")
         file_length, offset, length = _DATA.unpack(data)

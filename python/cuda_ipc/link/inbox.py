@@ -10,7 +10,7 @@ from typing import Any
 from .message_decoder import dispose_values
 
 
-class Inbox(deque):
+class Inbox(deque[tuple[bool, Any]]):
     """Entries are (True, value) or (False, error)."""
 
     __slots__ = ()
@@ -30,9 +30,9 @@ class Inbox(deque):
                 dispose_values(owned_of(value))
 
 
-def owned_of(value) -> list:
+def owned_of(value: Any) -> list[object]:
     """Objects with close() inside a received message (to dispose of unread messages)."""
-    out = []
+    out: list[object] = []
     stack = [value]
     while stack:
         v = stack.pop()

@@ -21,14 +21,16 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterable
 from typing import Any, Iterator, NamedTuple
 
 from ..errors import IpcError
 from . import frame as fr
 from .inbox import Inbox
 from .lease import IncomingLeases, OutgoingLeases, release_hold
-from .message_decoder import Malformed, decode_message
+from .message_decoder import decode_message
 from .message_encoder import encode_message
+from .message_format import Malformed
 from .outbox import Outbox, flusher
 from .socket_path import MY_UID as _MY_UID
 
@@ -50,12 +52,15 @@ class PeerCredentials(NamedTuple):
     gid: int
 
 
-class LeaseCounts(NamedTuple):
-    count: int
-    bytes: int
+#: Values sent on a link and not released yet, and the bytes they keep alive. (The functional form:
+#: a class-syntax field named ``count`` would shadow tuple.count for type checkers.)
+LeaseCounts = NamedTuple("LeaseCounts", [("count", int), ("bytes", int)])
+
+#: What runs once when a link closes: hook(link, reason or None).
+CloseHook = Callable[["Link", "IpcError | None"], None]
 
 
-def _close_fds(fds) -> None:
+def _close_fds(fds: Iterable[int] | None) -> None:
     for fd in fds or ():
         if fd >= 0:
             try:
@@ -78,7 +83,7 @@ class Link:
     """
 
     def __init__(self, sock: socket.socket, *, peer_name: str, verify_peer: bool = False,
-                 allow_uids=(), _token=None):
+                 allow_uids: Iterable[int] = (), _token: object = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "Link cannot be constructed directly; use parent_link() or connect()")
         self._sock = sock
@@ -104,7 +109,7 @@ class Link:
         self._defer_thread: int | None = None
         #: Per-link state of transfer handlers (pools sent/received), dropped at close.
         self.handler_state: dict[str, Any] = {}
-        self._close_hooks: list = []
+        self._close_hooks: list[CloseHook] = []
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         self._peer = PeerCredentials(*struct.unpack("3i", raw))
         if verify_peer and self._peer.uid != _MY_UID and self._peer.uid not in self._allow_uids:
@@ -147,7 +152,7 @@ class Link:
         """The socket, for select()/selectors: readable means receive()/poll() has something to do."""
         return self._fd
 
-    def on_close(self, hook) -> None:
+    def on_close(self, hook: CloseHook) -> None:
         """Runs ``hook(link, reason)`` once when the link closes (transfer handlers drop per-link state)."""
         if self._state == "closed":
             hook(self, self._reason)
@@ -390,7 +395,7 @@ class Link:
     def __enter__(self) -> "Link":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def _closed_error(self, what: str) -> IpcError:

@@ -15,6 +15,7 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Iterable
 
 from ..errors import IpcError
 from .link import _CREATE, Link
@@ -50,12 +51,13 @@ class Listener:
     """A named socket accepting links: ``accept(timeout=None)`` returns the next link whose handshake
     succeeded; ``close()`` stops listening and removes the socket file."""
 
-    def __init__(self, name: str, path: str, sock: socket.socket, allow_uids, handshake_timeout: float, _token=None):
+    def __init__(self, name: str, path: str, sock: socket.socket, allow_uids: Iterable[int], handshake_timeout: float,
+                 _token: object = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "use listen() to create a Listener")
         self.name = name
         self.path = path
-        self._sock = sock
+        self._sock: socket.socket | None = sock
         self._ino = os.stat(path).st_ino
         self._allow_uids = tuple(allow_uids)
         self._handshake_timeout = handshake_timeout
@@ -112,7 +114,7 @@ class Listener:
     def __enter__(self) -> "Listener":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
@@ -120,7 +122,8 @@ class Listener:
             self.close()
 
 
-def listen(name: str, *, directory: str | None = None, allow_uids=(), backlog: int = 128, handshake_timeout: float = 10.0) -> Listener:
+def listen(name: str, *, directory: str | None = None, allow_uids: Iterable[int] = (), backlog: int = 128,
+           handshake_timeout: float = 10.0) -> Listener:
     """Listens for links on ``name``; see the module notes."""
     path = socket_path(name, directory)
     if directory is None:
@@ -152,7 +155,7 @@ def listen(name: str, *, directory: str | None = None, allow_uids=(), backlog: i
         raise
 
 
-def connect(name: str, *, directory: str | None = None, allow_uids=(), timeout: float = 10.0) -> Link:
+def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int] = (), timeout: float = 10.0) -> Link:
     """Connects to the Node ``listen(name)`` (a socket in the same per-user directory, or ``directory``)
     and returns the link once its handshake succeeded."""
     path = socket_path(name, directory)

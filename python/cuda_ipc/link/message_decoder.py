@@ -9,14 +9,23 @@ import array
 import json
 import os
 import struct
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import IpcError
 from .frame import ENC_JSON, ENC_RAW
-from .handlers import handler_for_kind
-from .message_format import BIGINT_RE, RECORD_TAIL, TAG_SIZE, TAG_TYPECODE, SAFE_INT, TAG_DATAVIEW, TAG_UINT8, Malformed
+from .handlers import by_kind
+from .message_format import BIGINT_RE, RECORD_TAIL, SAFE_INT, TAG_DATAVIEW, TAG_SIZE, TAG_TYPECODE, TAG_UINT8, Malformed
+
+if TYPE_CHECKING:
+    from .lease import IncomingLeases, LeaseFromPeer
+    from .link import Link
+
+#: A parsed record: kind, path, fd count, lease id, and where its data starts and ends in the payload.
+Record = tuple[str, list[Any], int, int, int, int]
 
 
-def dispose_values(values) -> None:
+def dispose_values(values: Iterable[object] | None) -> None:
     """Closes decoded values that will never reach the user."""
     for v in values or ():
         close = getattr(v, "close", None)
@@ -27,7 +36,7 @@ def dispose_values(values) -> None:
                 pass
 
 
-def decode_message(encoding: int, buf: memoryview, fds: list[int], link, leases):
+def decode_message(encoding: int, buf: memoryview, fds: list[int], link: Link, leases: IncomingLeases | None) -> tuple[Any, list[object] | None]:
     """Decodes a MESSAGE payload ``buf`` that arrived with ``fds`` (owned from the call on).
 
     Returns ``(value, owned)`` where owned lists decoded objects holding resources; raises Malformed
@@ -58,7 +67,7 @@ _TAIL_SIZE = RECORD_TAIL.size
 _json_decode = json.JSONDecoder().decode
 
 
-def _parse_records(buf: memoryview):
+def _parse_records(buf: memoryview) -> tuple[Any, list[Record], int]:
     # The head (JSON, kinds, paths) is parsed from a bytes copy, cheaper to index and slice than
     # the memoryview; record data stays a view of the frame.
     end = len(buf)
@@ -100,7 +109,7 @@ def _parse_records(buf: memoryview):
         path_length = data[i]
         at += 1
         i += 1
-        path: list = []
+        path: list[Any] = []
         for _s in range(path_length):
             if at + 1 > end:
                 raise Malformed("truncated path")
@@ -145,7 +154,7 @@ def _parse_records(buf: memoryview):
     return root, records, fd_total
 
 
-def _decode_with_records(buf: memoryview, fds: list[int], link, leases):
+def _decode_with_records(buf: memoryview, fds: list[int], link: Link, leases: IncomingLeases | None) -> tuple[Any, list[object] | None]:
     root, records, fd_total = _parse_records(buf)
     if fd_total != len(fds):
         raise Malformed(f"records claim {fd_total} fds but {len(fds)} arrived")
@@ -186,8 +195,8 @@ def _decode_with_records(buf: memoryview, fds: list[int], link, leases):
         slots.append((parent, key))
 
     # From here every lease is open: a failure must end them all.
-    received = [leases.open(r[3]) if r[3] else None for r in records]
-    owned = []
+    received: list[LeaseFromPeer | None] = [leases.open(r[3]) if r[3] and leases is not None else None for r in records]
+    owned: list[object] = []
     fd_at = 0
     for i, (kind, _p, fd_count, _l, start, end) in enumerate(records):
         mine = fds[fd_at:fd_at + fd_count]
@@ -215,7 +224,7 @@ def _decode_with_records(buf: memoryview, fds: list[int], link, leases):
     return holder[0], (owned or None)
 
 
-def _decode_record(kind: str, data: memoryview, fds: list[int], link, lease):
+def _decode_record(kind: str, data: memoryview, fds: list[int], link: Link, lease: LeaseFromPeer | None) -> Any:
     if kind == "@bigint":
         raw = bytes(data)
         if fds or not BIGINT_RE.match(raw):
@@ -232,7 +241,7 @@ def _decode_record(kind: str, data: memoryview, fds: list[int], link, lease):
         a = array.array(TAG_TYPECODE[tag])
         a.frombytes(data[1:])
         return a
-    handler = handler_for_kind(kind)
+    handler = by_kind.get(kind)
     if handler is None:
         raise IpcError(
             "ERR_NOT_TRANSFERABLE",

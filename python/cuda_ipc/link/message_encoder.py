@@ -9,17 +9,24 @@ import array
 import json
 import os
 import struct
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import IpcError
 from .frame import ENC_JSON, ENC_JSON_WITH_RECORDS, ENC_RAW, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES
-from .handlers import handler_for_value
+from .handlers import TransferHandler, handler_for_value
 from .lease import next_lease_id, release_hold
-from .message_format import FORMAT_TAG, RECORD_TAIL, MAX_DEPTH, SAFE_INT, TAG_UINT8
+from .message_format import FORMAT_TAG, MAX_DEPTH, RECORD_TAIL, SAFE_INT, TAG_UINT8
 
+if TYPE_CHECKING:
+    from .lease import LeaseHold
+    from .link import Link
 
-def _not_transferable(what: str, path) -> IpcError:
+#: Where a value sits in a message: dict keys and list indices from the root.
+Path = Sequence[Union[str, int]]
+
+def _not_transferable(what: str, path: Path) -> IpcError:
     where = "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in path)
     return IpcError(
         "ERR_NOT_TRANSFERABLE",
@@ -29,7 +36,7 @@ def _not_transferable(what: str, path) -> IpcError:
     )
 
 
-def _too_large(n) -> IpcError:
+def _too_large(n: int | str) -> IpcError:
     return IpcError(
         "ERR_MESSAGE_TOO_LARGE",
         f"link.send: the encoded message needs {n} bytes, more than a link frame holds ({MAX_PAYLOAD_BYTES}); send bulk "
@@ -37,7 +44,7 @@ def _too_large(n) -> IpcError:
     )
 
 
-def _typed_array_tag(v) -> tuple[int, memoryview] | None:
+def _typed_array_tag(v: object) -> tuple[int, memoryview] | None:
     """(tag, contiguous byte view) for bytes-like values, None for anything else."""
     if isinstance(v, (bytes, bytearray)):
         return TAG_UINT8, memoryview(v)
@@ -56,7 +63,7 @@ def _typed_array_tag(v) -> tuple[int, memoryview] | None:
 class _Found:
     __slots__ = ("path", "kind", "value", "handler")
 
-    def __init__(self, path, kind, value, handler=None):
+    def __init__(self, path: list[str | int], kind: str, value: Any, handler: TransferHandler[Any] | None = None):
         self.path = path
         self.kind = kind
         self.value = value
@@ -66,7 +73,7 @@ class _Found:
 _PLAIN = (str, float, bool, type(None))
 
 
-def _scan(v, path: list, found: list) -> Any:
+def _scan(v: Any, path: list[str | int], found: list[_Found]) -> Any:
     """Returns ``v`` when its subtree is plain JSON, else a copy with non-JSON values replaced by None
     (recorded in ``found`` with their paths)."""
     t = type(v)
@@ -84,7 +91,7 @@ def _scan(v, path: list, found: list) -> Any:
     if len(path) >= MAX_DEPTH:
         raise IpcError("ERR_INVALID_ARG", f"link.send: the message is nested deeper than {MAX_DEPTH} levels (or contains a cycle)")
     if t is dict:
-        copy = None
+        copy: Any = None
         for k, e in v.items():
             if type(k) is not str:
                 raise _not_transferable(f"a dict with the key {k!r} (keys must be str)", path)
@@ -132,22 +139,22 @@ class EncodedMessage:
     fds: list[int]
     #: fds the link closes once the frame is sent (or the send failed).
     owned_fds: list[int]
-    commits: list
+    commits: list[Callable[[], None]]
     #: (lease id, hold) pairs to record once sent, release if the send failed.
-    holds: list
+    holds: list[tuple[int, LeaseHold]]
 
 
 _json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
-def _dumps(value) -> bytes:
+def _dumps(value: Any) -> bytes:
     try:
         return _json_encode(value).encode("utf-8")
     except (ValueError, UnicodeEncodeError) as e:
         raise IpcError("ERR_NOT_TRANSFERABLE", f"link.send: the message is not JSON: {e}") from None
 
 
-def encode_message(value: Any, link) -> EncodedMessage:
+def encode_message(value: Any, link: Link) -> EncodedMessage:
     """Encodes ``value`` into one frame. On failure every fd a handler handed over has been closed and
     every hold released."""
     from . import frame as fr
@@ -163,9 +170,10 @@ def encode_message(value: Any, link) -> EncodedMessage:
         return EncodedMessage(out, [], [], [], [])
 
     t = type(value)
-    if t is int and -SAFE_INT <= value <= SAFE_INT or t is float and value - value == 0.0:
+    number: Any = value  # the tests are on its exact type, which mypy does not follow
+    if t is int and -SAFE_INT <= number <= SAFE_INT or t is float and number - number == 0.0:
         # A lone number (a reply, an acknowledgement): its JSON text, without the encoder.
-        payload = (str if t is int else repr)(value).encode("ascii")
+        payload = (str(number) if t is int else repr(number)).encode("ascii")
         out = bytearray(HEADER_BYTES)
         fr.pack_header_into(out, fr.MESSAGE, ENC_JSON, len(payload), 0)
         out += payload
@@ -206,16 +214,19 @@ def encode_message(value: Any, link) -> EncodedMessage:
         raise
 
 
-def _write_record(f: _Found, out: bytearray, msg: EncodedMessage, link) -> None:
+def _write_record(f: _Found, out: bytearray, msg: EncodedMessage, link: Link) -> None:
     lease_id = 0
     fds: list[int] = []
     if f.kind == "@bigint":
         data = str(f.value).encode("ascii")
     elif f.kind == "@typed-array":
-        tag, view = _typed_array_tag(f.value)
-        data = bytes([tag]) + bytes(view)
+        tagged = _typed_array_tag(f.value)
+        assert tagged is not None, "_scan records typed arrays it can tag"
+        data = bytes([tagged[0]]) + bytes(tagged[1])
     else:
-        enc = f.handler.encode(f.value, link)
+        handler = f.handler
+        assert handler is not None, "_scan records handled values with their handler"
+        enc = handler.encode(f.value, link)
         fds = list(enc.fds or [])
         if fds and enc.close_fds_after_send:
             msg.owned_fds.extend(fds)  # taken over before anything else can fail

@@ -13,9 +13,15 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import IpcError
 from . import frame as fr
+
+if TYPE_CHECKING:
+    from .lease import IncomingLeases
+    from .link import Link
 
 # Plain ints: the socket module's IntFlag members cost microseconds per operation.
 _SOL_SOCKET = int(socket.SOL_SOCKET)
@@ -33,7 +39,7 @@ class Outbox:
 
     __slots__ = ("_sock", "_lock", "_peer_name", "_leases", "open")
 
-    def __init__(self, sock: socket.socket, peer_name: str, leases):
+    def __init__(self, sock: socket.socket, peer_name: str, leases: IncomingLeases):
         self._sock = sock
         self._lock = threading.Lock()
         self._peer_name = peer_name
@@ -41,7 +47,7 @@ class Outbox:
         #: True while the link is open (set by the link): release frames go out only then.
         self.open = False
 
-    def send(self, data, fds=()) -> None:
+    def send(self, data: fr.Buffer, fds: Sequence[int] = ()) -> None:
         """Sends one frame with ``fds`` (borrowed), then any releases that waited for the lock."""
         anc = [(_SOL_SOCKET, _SCM_RIGHTS, array.array("i", fds))] if fds else []
         with self._lock:
@@ -97,11 +103,11 @@ class ReleaseFlusher:
 
     def __init__(self) -> None:
         self._event = threading.Event()
-        self._links: weakref.WeakSet = weakref.WeakSet()
+        self._links: weakref.WeakSet[Link] = weakref.WeakSet()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def kick(self, link) -> None:
+    def kick(self, link: Link) -> None:
         """``link`` has releases waiting: ``link.flush_deferred()`` runs within RELEASE_DEFER_LIMIT."""
         self._links.add(link)
         if not self._event.is_set():

@@ -12,6 +12,8 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from .. import driver as drv
 from ..descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, dtype_name
@@ -21,6 +23,9 @@ from ..errors import IpcError
 from .legacy import open_legacy
 from .pool import PoolImport
 from .pool_interop import CudaCoreImport, _cuda_core, ipc_buffer_descriptor
+
+if TYPE_CHECKING:
+    from ..link.lease import ReceivedLease
 
 
 class _Origin:
@@ -32,7 +37,7 @@ class _Origin:
     __slots__ = ("kind", "lease", "device_uuid", "allocation_size", "pool", "export_data", "descriptor", "users",
                  "base", "user", "_unmap", "handed_to_cuda_core", "_lock")
 
-    def __init__(self, kind: str, lease, device_uuid: str, allocation_size: int, *, pool: PoolImport | None = None,
+    def __init__(self, kind: str, lease: ReceivedLease | None, device_uuid: str, allocation_size: int, *, pool: PoolImport | None = None,
                  export_data: bytes = b"", descriptor: LegacyHandleDescriptor | None = None):
         self.kind = kind  # 'pool' or 'legacy'
         self.lease = lease
@@ -45,7 +50,7 @@ class _Origin:
         self.base: int | None = None
         #: The device the memory is mapped for (set by map()).
         self.user: Device | None = None
-        self._unmap = None
+        self._unmap: Callable[[], None] | None = None
         self.handed_to_cuda_core = False
         self._lock = threading.Lock()
         if pool is not None:
@@ -63,11 +68,15 @@ class _Origin:
                     raise IpcError("ERR_INVALID_ARG", "this pool buffer was handed to cuda.core's own import (cuda_core_ipc()); use that Buffer, not this one: importing one pool pointer twice in a process is unsafe")
                 user = importing_device(Device.by_uuid(self.device_uuid))
                 if self.kind == "pool":
-                    base = self.pool.import_pointer(self.export_data, user)
                     pool, export = self.pool, self.export_data
-                    self._unmap = lambda: pool.unmap(export)
+                    assert pool is not None, "a pool origin has its pool"
+                    base = pool.import_pointer(export, user)
+                    unmap_pointer = pool.unmap
+                    self._unmap = lambda: unmap_pointer(export)
                 else:
-                    base, self._unmap = open_legacy(self.descriptor, user)
+                    desc = self.descriptor
+                    assert desc is not None, "a legacy origin has its descriptor"
+                    base, self._unmap = open_legacy(desc, user)
                 self.user = user
                 self.base = base
             return self.base
@@ -87,7 +96,7 @@ class _Origin:
             self.base = None
         try:
             if unmap is not None:
-                if sync:
+                if sync and self.user is not None:  # (mapped: set)
                     # Work queued on the memory (a kernel on a view of it) must finish before the
                     # mapping goes and the sender may reuse the memory.
                     self.user.synchronize()
@@ -99,7 +108,6 @@ class _Origin:
                 self.lease.end()
 
 
-
 class DeviceBuffer:
     """Device memory received over a link (a Node pool buffer or legacy buffer), or a view of it.
 
@@ -109,7 +117,10 @@ class DeviceBuffer:
     ``sync=False``), which tells the sender; dropping the last reference does the same.
     """
 
-    def __init__(self, origin: _Origin, offset: int, length: int, _token=None):
+    #: What the sender said the bytes hold (legacy buffers whose sender described them), else None.
+    array: ArrayMeta | None = None
+
+    def __init__(self, origin: _Origin, offset: int, length: int, _token: object = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "DeviceBuffer objects come from links (receive)")
         self._origin = origin
@@ -174,20 +185,21 @@ class DeviceBuffer:
     # -- interop --
 
     @property
-    def __cuda_array_interface__(self) -> dict:
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         return {"shape": (self._length,), "typestr": "|u1", "data": (self.ptr if self._length else 0, False),
                 "version": 3, "strides": None, "stream": None}
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
         # The memory has no pending work in this process: nothing to order on the consumer's stream.
         if copy:
             raise BufferError("DeviceBuffer.__dlpack__: copy=True is not supported; it shares memory")
         return make_capsule(self.ptr, (DL_CUDA, self.device.ordinal), "|u1", (self._length,), None, owner=self)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         return (DL_CUDA, self.device.ordinal)
 
-    def view(self, dtype="uint8", shape=None, strides=None, offset: int = 0) -> "ArrayView":
+    def view(self, dtype: object = "uint8", shape: int | Sequence[int] | None = None, strides: Sequence[int] | None = None,
+             offset: int = 0) -> ArrayView:
         """A typed array over the bytes (strides in bytes; default C-contiguous, shape default: as many
         elements as fit), exposing ``__cuda_array_interface__`` and DLPack; it keeps this buffer alive."""
         name = dtype_name(dtype)
@@ -205,7 +217,7 @@ class DeviceBuffer:
             raise IpcError("ERR_INVALID_ARG", f"offset {offset} is not aligned to the {itemsize}-byte {meta.dtype} elements")
         return ArrayView(self, meta, offset)
 
-    def to_cuda_core(self):
+    def to_cuda_core(self) -> Any:
         """A cuda.core ``Buffer`` over this memory (no copy) that keeps this buffer alive."""
         Buffer = _cuda_core().Buffer
         try:
@@ -220,16 +232,17 @@ class DeviceBuffer:
         Close that Buffer before this one. The pool is then cuda.core's in this process: cuda_ipc
         refuses to map its buffers itself (one pool imported twice in a process is unsafe)."""
         o = self._origin
-        if o.kind != "pool":
+        pool = o.pool
+        if o.kind != "pool" or pool is None:
             raise IpcError("ERR_NOT_EXPORTABLE", "only pool buffers have cuda.core IPC data; this one is a legacy-handle buffer")
-        if o.base is not None or o.pool._handle is not None:
+        if o.base is not None or pool._handle is not None:
             raise IpcError("ERR_INVALID_ARG", "cuda_ipc already imported this buffer's pool in this process; importing it again through "
                            "cuda.core would map it twice: use to_cuda_core() (a cuda.core Buffer over cuda_ipc's mapping) instead")
         desc = ipc_buffer_descriptor(o.export_data, o.allocation_size)
         ordinal = self.device.ordinal
         o.handed_to_cuda_core = True
-        o.pool.handed_to_cuda_core = True
-        return CudaCoreImport(os.dup(o.pool.fd), desc, self._offset, self._length, ordinal)
+        pool.handed_to_cuda_core = True
+        return CudaCoreImport(os.dup(pool.fd), desc, self._offset, self._length, ordinal)
 
     @property
     def export_data(self) -> bytes:
@@ -241,9 +254,9 @@ class DeviceBuffer:
     def descriptor(self) -> LegacyHandleDescriptor:
         """The legacy-handle descriptor of this range (legacy buffers only)."""
         o = self._origin
-        if o.kind != "legacy":
-            raise IpcError("ERR_NOT_EXPORTABLE", "a pool buffer has no legacy handle; send it over a link instead")
         d = o.descriptor
+        if o.kind != "legacy" or d is None:
+            raise IpcError("ERR_NOT_EXPORTABLE", "a pool buffer has no legacy handle; send it over a link instead")
         return LegacyHandleDescriptor(d.handle, self._offset, self._length, d.device_uuid, d.pid)
 
     # -- copies --
@@ -259,14 +272,14 @@ class DeviceBuffer:
                 drv.memcpy_dtoh(ctypes.addressof((ctypes.c_char * n).from_buffer(out)), self.ptr + offset, n)
         return bytes(out)
 
-    def write(self, data, offset: int = 0) -> None:
+    def write(self, data: Any, offset: int = 0) -> None:
         """Copies host bytes in (synchronous)."""
         src = bytes(memoryview(data).cast("B"))
         if offset < 0 or offset + len(src) > self._length:
             raise IpcError("ERR_OUT_OF_RANGE", f"{len(src)} bytes at {offset} do not fit a {self._length}-byte buffer")
         if src:
             with self.device.activate():
-                drv.memcpy_htod(self.ptr + offset, ctypes.cast(ctypes.c_char_p(src), ctypes.c_void_p).value, len(src))
+                drv.memcpy_htod(self.ptr + offset, ctypes.cast(ctypes.c_char_p(src), ctypes.c_void_p).value or 0, len(src))
 
     # -- lifetime --
 
@@ -289,7 +302,7 @@ class DeviceBuffer:
     def __enter__(self) -> "DeviceBuffer":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
@@ -312,10 +325,10 @@ class ArrayView:
         self.buffer = buffer
         self.meta = meta
         self.offset = offset
-        self._cai = None
+        self._cai: dict[str, Any] | None = None
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> tuple[int, ...]:
         return self.meta.shape
 
     @property
@@ -327,7 +340,7 @@ class ArrayView:
         return self.buffer.ptr + self.offset
 
     @property
-    def __cuda_array_interface__(self) -> dict:
+    def __cuda_array_interface__(self) -> dict[str, Any]:
         cai = self._cai
         if cai is None or self.buffer.closed:
             m = self.meta
@@ -335,14 +348,14 @@ class ArrayView:
                                "strides": None if m.c_contiguous else m.strides, "stream": None}
         return dict(cai)
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
         if copy:
             raise BufferError("__dlpack__: copy=True is not supported; it shares memory")
         m = self.meta
         return make_capsule(self.ptr, (DL_CUDA, self.buffer.device.ordinal), m.typestr, m.shape,
                             None if m.c_contiguous else m.strides, owner=self)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         return (DL_CUDA, self.buffer.device.ordinal)
 
     def __repr__(self) -> str:
@@ -351,5 +364,3 @@ class ArrayView:
 
 
 _CREATE = object()
-
-DeviceBuffer.array = None  # set on legacy buffers whose sender described the bytes

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import TypeVar
 
 from .. import driver as drv
 from ..device import Device
@@ -40,7 +41,7 @@ class _LegacyMapping:
 
 
 _legacy_lock = threading.Lock()
-_legacy_maps: dict[tuple, _LegacyMapping] = {}  # (handle, device uuid) -> mapping
+_legacy_maps: dict[tuple[bytes, str], _LegacyMapping] = {}  # (handle, device uuid) -> mapping
 _legacy_clock = 0
 _legacy_idle_limit = 16
 _legacy_opens = 0  # [tensors hook] cuIpcOpenMemHandle calls made (legacy_cache_stats()["opened"])
@@ -131,7 +132,7 @@ def configure_import_cache(idle_limit: int) -> None:
         _trim_idle(idle_limit)
 
 
-def legacy_cache_stats() -> dict:
+def legacy_cache_stats() -> dict[str, int]:
     """This process's legacy mappings: ``mappings``, ``idle``, ``idle_limit``, ``references``, and ``opened``
     (handles opened so far: a mapping found in the cache opens none)."""
     with _legacy_lock:
@@ -140,18 +141,21 @@ def legacy_cache_stats() -> dict:
         return {"mappings": len(_legacy_maps), "idle": idle, "idle_limit": _legacy_idle_limit, "references": refs, "opened": _legacy_opens}
 
 
-
 # ------------------------------------------------------------------------------------------------
 # What this process exported
 
-class _Recent(OrderedDict):
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Recent(OrderedDict[K, V]):
     """A dict that forgets its oldest entries beyond ``limit`` (entries are re-checked on use)."""
 
     def __init__(self, limit: int):
         super().__init__()
         self.limit = limit
 
-    def __setitem__(self, key, value):
+    def __setitem__(self, key: K, value: V) -> None:
         super().__setitem__(key, value)
         self.move_to_end(key)
         while len(self) > self.limit:

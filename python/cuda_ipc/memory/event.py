@@ -4,10 +4,14 @@ streams wait for them on the GPU and threads on the CPU.
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 from .. import driver as drv
 from ..device import Device
 from ..errors import IpcError
+
+if TYPE_CHECKING:
+    from ..link.lease import ReceivedLease
 
 
 class IpcEvent:
@@ -15,7 +19,7 @@ class IpcEvent:
     ``torch.cuda.current_stream().cuda_stream``) wait for it on the GPU; ``synchronize()`` waits on
     the CPU; ``close()`` releases it."""
 
-    def __init__(self, handle_bytes: bytes, device_uuid: str, lease):
+    def __init__(self, handle_bytes: bytes, device_uuid: str, lease: ReceivedLease | None):
         self._bytes = handle_bytes
         self.device_uuid = device_uuid
         self._lease = lease
@@ -26,14 +30,15 @@ class IpcEvent:
     def handle(self) -> int:
         if self._closed:
             raise IpcError("ERR_CLOSED", "this event is closed")
-        if self._event is None:
+        event = self._event
+        if event is None:
             h = drv.CUipcEventHandle()
             ctypes.memmove(ctypes.addressof(h), self._bytes, 64)
             ev = drv.CUevent()
             with Device.by_uuid(self.device_uuid).activate():
                 drv.driver().call("cuIpcOpenEventHandle", ctypes.byref(ev), h)
-            self._event = ev.value
-        return self._event
+            event = self._event = ev.value or 0
+        return event
 
     def wait(self, stream: int) -> None:
         with Device.by_uuid(self.device_uuid).activate():

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import sys
-from typing import Any, NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple, Union
 
 from .. import driver as drv
 from ..descriptor import ArrayMeta, dtype_name
@@ -28,16 +29,20 @@ class Shared:
 
     __slots__ = ("obj", "sync")
 
-    def __init__(self, obj, sync: bool):
+    def __init__(self, obj: Any, sync: bool):
         self.obj = obj
         self.sync = sync
 
 
-def share(obj, *, sync: bool = True) -> Shared:
+def share(obj: Any, *, sync: bool = True) -> Shared:
     """Marks a CUDA tensor/array for sending. ``sync=False`` skips synchronizing its stream before the
     send (do it yourself, or make the peer wait on an event)."""
     return Shared(obj, sync)
 
+
+#: How a send waits for the work that produced an array: a callable, ("stream", CUstream), ("device", None)
+#: (the whole device), or None (not at all).
+ProducerSync = Union[Callable[[], object], tuple[str, Any], None]
 
 
 class _Exported(NamedTuple):
@@ -45,19 +50,19 @@ class _Exported(NamedTuple):
     extent: int
     meta: ArrayMeta | None
     keep: Any
-    sync: Any  # callable, ("stream", handle), ("device", None) or None
+    sync: ProducerSync
     ordinal: int | None = None  # the device, when the object says (saves a driver query)
     whole: bool = False  # the object is a whole allocation (ptr is its base, extent its size)
 
 
-def _stream_sync(stream: int, dev: Device):
-    def run():
+def _stream_sync(stream: int, dev: Device) -> Callable[[], None]:
+    def run() -> None:
         with dev.activate():
             drv.driver().call("cuStreamSynchronize", ctypes.c_void_p(stream))
     return run
 
 
-def _describe_array(obj, sync: bool) -> _Exported:
+def _describe_array(obj: Any, sync: bool) -> _Exported:
     """Pointer, extent, array metadata and how to wait for the producer, of a tensor/array."""
     mod = type(obj).__module__ or ""
     if mod.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda"):
@@ -71,7 +76,7 @@ def _describe_array(obj, sync: bool) -> _Exported:
             meta = None
             extent = (sum((d - 1) * s for d, s in zip(obj.shape, obj.stride())) + 1) * itemsize if obj.numel() else 0
         torch = sys.modules["torch"]
-        waiter = (lambda: torch.cuda.current_stream(obj.device).synchronize()) if sync else None
+        waiter: ProducerSync = (lambda: torch.cuda.current_stream(obj.device).synchronize()) if sync else None
         return _Exported(obj.data_ptr(), extent, meta, obj, waiter, obj.device.index)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
@@ -103,7 +108,7 @@ def _describe_array(obj, sync: bool) -> _Exported:
     raise IpcError("ERR_NOT_TRANSFERABLE", f"cannot share {type(obj).__qualname__}: not a CUDA tensor or array")
 
 
-def _is_device_array(v) -> bool:
+def _is_device_array(v: object) -> bool:
     if isinstance(v, (Shared, DeviceBuffer, ArrayView)):
         return True
     mod = type(v).__module__ or ""

@@ -5,6 +5,7 @@ mappings (cache.py); a handle this process exported itself maps as its own memor
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from .. import driver as drv
 from ..descriptor import LegacyHandleDescriptor
@@ -13,7 +14,7 @@ from ..errors import CudaError, IpcError
 from . import cache
 
 
-def open_legacy(desc: LegacyHandleDescriptor, user: Device):
+def open_legacy(desc: LegacyHandleDescriptor, user: Device) -> tuple[int, Callable[[], None]]:
     """Maps the allocation behind ``desc.handle`` for ``user``; returns (base, unmap)."""
     resident = Device.by_uuid(desc.device_uuid)
     local = cache._local_exports.get(desc.handle)
@@ -38,7 +39,7 @@ def open_legacy(desc: LegacyHandleDescriptor, user: Device):
         raise
     handle = desc.handle
 
-    def close():
+    def close() -> None:
         cache._legacy_release(handle, user)
     try:
         _check_range(desc, size)

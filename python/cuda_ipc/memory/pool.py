@@ -7,11 +7,23 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from collections.abc import Callable
 
 from .. import driver as drv
 from ..device import Device
 from ..errors import CudaError, IpcError
 from . import cache
+
+
+class _PointerImport:
+    """One buffer of a pool mapped in this process: its base, its users, the device it was mapped for."""
+
+    __slots__ = ("base", "users", "device")
+
+    def __init__(self, base: int, device: Device):
+        self.base = base
+        self.users = 1
+        self.device = device
 
 
 class PoolImport:
@@ -29,10 +41,10 @@ class PoolImport:
         self._handle: int | None = None
         self._home: Device | None = None  # the device whose context imported the pool
         self._access: set[str] = set()  # UUIDs of devices granted access
-        self._imports: dict[bytes, list] = {}  # export data -> [base pointer, users, device it was mapped with]
+        self._imports: dict[bytes, _PointerImport] = {}  # by export data
         self._local: set[bytes] = set()  # imports that are allocations of this process
         self._lock = threading.RLock()
-        self.after_destroy: list = []
+        self.after_destroy: list[Callable[[], None]] = []
         self.handed_to_cuda_core = False
 
     @property
@@ -71,7 +83,9 @@ class PoolImport:
             h = self.handle(user)
             if user.uuid in self._access:
                 return
-            with self._home.activate():
+            home = self._home
+            assert home is not None, "handle() imported the pool"
+            with home.activate():
                 drv.pool_set_access(h, user.ordinal)
             self._access.add(user.uuid)
 
@@ -83,14 +97,14 @@ class PoolImport:
         with self._lock:
             entry = self._imports.get(export_data)
             if entry is not None:
-                if entry[2] is not user:
+                if entry.device is not user:
                     self.grant(user)
-                entry[1] += 1
-                return entry[0]
+                entry.users += 1
+                return entry.base
             local = cache._local_pool_exports.get(export_data)
             if local is not None and _still_exported(local, export_data, self.device):
                 user.enable_peer_access(self.device)  # our own allocation, sent back to us
-                self._imports[export_data] = [local, 1, user]
+                self._imports[export_data] = _PointerImport(local, user)
                 self.users += 1
                 self._local.add(export_data)
                 return local
@@ -103,22 +117,22 @@ class PoolImport:
                     if e.code == "CUDA_ERROR_INVALID_VALUE":
                         raise IpcError("ERR_HANDLE_STALE", "the pool buffer could not be imported: the export data is not from this pool, or the owner freed the buffer") from e
                     raise
-            self._imports[export_data] = [base, 1, user]
+            self._imports[export_data] = _PointerImport(base, user)
             self.users += 1
             return base
 
     def unmap(self, export_data: bytes) -> None:
         with self._lock:
             entry = self._imports[export_data]
-            entry[1] -= 1
-            if entry[1] > 0:
+            entry.users -= 1
+            if entry.users > 0:
                 return
             del self._imports[export_data]
             if export_data in self._local:
                 self._local.discard(export_data)
             else:
-                with entry[2].activate():
-                    drv.driver().call("cuMemFree", entry[0])
+                with entry.device.activate():
+                    drv.driver().call("cuMemFree", entry.base)
         self.release()
 
     def retain(self) -> None:
@@ -134,7 +148,7 @@ class PoolImport:
             fd, self.fd = self.fd, -1
             home, self._home = self._home, None
         try:
-            if h is not None:
+            if h is not None and home is not None:  # (imported: both set)
                 with home.activate():
                     drv.driver().call("cuMemPoolDestroy", ctypes.c_void_p(h))
         finally:

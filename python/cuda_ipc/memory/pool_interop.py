@@ -3,6 +3,8 @@ its IPCBufferDescriptor wherever this cuda.core keeps it. cuda.core is imported 
 """
 from __future__ import annotations
 
+import importlib
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from ..errors import IpcError
@@ -18,22 +20,21 @@ class CudaCoreImport(NamedTuple):
     device_ordinal: int
 
 
-
-def _cuda_core():
+# cuda.core is imported by name (importlib): a type checker never needs it installed.
+def _cuda_core() -> ModuleType:
     try:
-        import cuda.core as cc  # cuda.core >= 0.4 / 1.x
+        cc = importlib.import_module("cuda.core")  # cuda.core >= 0.4 / 1.x
         if hasattr(cc, "Buffer"):
             return cc
     except ImportError:
         pass
     try:
-        import cuda.core.experimental as cce  # older releases
-        return cce
+        return importlib.import_module("cuda.core.experimental")  # older releases
     except ImportError:
         raise IpcError("ERR_UNSUPPORTED", "cuda.core is not installed in this Python") from None
 
 
-def ipc_buffer_descriptor(export_data: bytes, size: int):
+def ipc_buffer_descriptor(export_data: bytes, size: int) -> Any:
     """A cuda.core IPCBufferDescriptor for a pool allocation (its 64 bytes of export data and size)."""
     cls = None
     for modname in ("cuda.core._memory", "cuda.core._memory._ipc", "cuda.core", "cuda.core.experimental._memory"):
