@@ -48,6 +48,14 @@ def _invalid(field: str, why: str) -> IpcError:
     return IpcError("ERR_DESCRIPTOR_INVALID", f"descriptor.{field} {why}")
 
 
+def numel(shape: Iterable[int]) -> int:
+    """Elements in an array of ``shape``."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
 def dtype_name(dtype: object) -> str:
     """A cuda-ipc dtype name from a name ('float32'), a NumPy typestr ('<f4'), a NumPy dtype
     (``.str``) or a torch dtype (``torch.float32``)."""

@@ -10,6 +10,7 @@ outstanding (it was sent and the peer has not released it), or any memoryview ta
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .errors import IpcError
+from .resource import Resource
 
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
@@ -89,7 +91,7 @@ def _run_all(callbacks: list[Callable[[], None]]) -> None:
             pass
 
 
-class HostBuffer:
+class HostBuffer(Resource):
     """Shared host memory: ``HostBuffer.allocate(n)``; ``memory`` (a memoryview), ``read``/``write``/``fill``,
     ``view(offset, length)``, ``close()``; sent over links zero-copy."""
 
@@ -201,20 +203,6 @@ class HostBuffer:
         self._closed = True
         self._mapping.release()
 
-    def __enter__(self) -> "HostBuffer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        # A buffer dropped without close() lets go then (a received one ends its lease).
-        if not getattr(self, "_closed", True):
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001 - nothing to report to at collection time
-                pass
-
     # DLPack (host memory: kDLCPU), so torch.from_dlpack / numpy.from_dlpack view it without a copy.
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
         from .dlpack import DL_CPU, make_capsule
@@ -234,3 +222,12 @@ class HostBuffer:
 
 
 _CREATE = object()
+
+
+def host_address(buf: HostBuffer) -> int:
+    """Where ``buf``'s bytes start in this process (for copies that take addresses)."""
+    c = ctypes.c_char.from_buffer(buf._check().mmap, buf.offset)
+    try:
+        return ctypes.addressof(c)
+    finally:
+        del c  # the mmap stays exportable: nothing keeps a view of it

@@ -14,7 +14,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from .descriptor import DTYPES, ArrayMeta, dtype_name
+from .descriptor import DTYPES, ArrayMeta, dtype_name, numel
 from .errors import IpcError
 from .host import HostBuffer
 
@@ -76,10 +76,7 @@ class HostArray:
 
     @property
     def size(self) -> int:
-        n = 1
-        for d in self.meta.shape:
-            n *= d
-        return n
+        return numel(self.meta.shape)
 
     @property
     def nbytes(self) -> int:

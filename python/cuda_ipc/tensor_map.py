@@ -10,7 +10,6 @@ while it repeats.
 """
 from __future__ import annotations
 
-import ctypes
 import importlib
 import threading
 from collections import OrderedDict
@@ -20,8 +19,9 @@ from typing import TYPE_CHECKING, Any, Iterator, Union
 
 from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor
 from .errors import IpcError
-from .host import HostBuffer
+from .host import HostBuffer, host_address
 from .host_array import HostArray
+from .resource import Resource
 from .link.handlers import handler_for_kind
 from .memory import cache
 from .memory.buffer import _CREATE as _DEVICE_BUFFER, ArrayView, DeviceBuffer, _Origin
@@ -54,7 +54,7 @@ def _torch_module() -> ModuleType | None:
     return _torch
 
 
-class TensorSet(Mapping[str, Any]):
+class TensorSet(Resource, Mapping[str, Any]):
     """Named tensors received in one message (see the module notes). ``ts[name]``: a torch tensor when
     torch is importable (a view: no copy), else the cuda_ipc view; ``view(name)``: ``ArrayView``
     (device memory) or ``HostArray`` (host memory); ``close(sync=True)`` lets go of the set (the views
@@ -120,7 +120,7 @@ class TensorSet(Mapping[str, Any]):
     def bases(self) -> list[int]:
         """Addresses of the allocations in this process (mapping device memory on first use)."""
         self._check()
-        return [a.ptr if not isinstance(a, HostBuffer) else _host_address(a) for a in self._allocs]
+        return [a.ptr if not isinstance(a, HostBuffer) else host_address(a) for a in self._allocs]
 
     # -- views --
 
@@ -198,32 +198,11 @@ class TensorSet(Mapping[str, Any]):
         if first is not None:
             raise first
 
-    def __enter__(self) -> "TensorSet":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001 - nothing to report to at collection time
-                pass
-
     def __repr__(self) -> str:
         return f"<cuda_ipc.TensorSet {self.layout.count} tensors, {self.memory} memory{' closed' if self._closed else ''}>"
 
 
 _CREATE = object()
-
-
-def _host_address(buf: HostBuffer) -> int:
-    c = ctypes.c_char.from_buffer(buf._check().mmap, buf.offset)
-    try:
-        return ctypes.addressof(c)
-    finally:
-        del c
 
 
 def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorSet:

@@ -21,24 +21,22 @@ from __future__ import annotations
 import bisect
 import ctypes
 import os
-import struct
 import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Union
 
 from . import driver as drv
-from .descriptor import LegacyHandleDescriptor, encode_descriptor
+from .descriptor import LegacyHandleDescriptor, encode_descriptor, numel
 from .device import Device
-from .errors import CudaError, IpcError
+from .errors import IpcError
 from .host import HostBuffer
 from .host_array import HostArray
 from .link import device_transfers, host_transfer
 from .link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from .link.lease import Hold, release_hold
-from .memory import cache
 from .memory.buffer import ArrayView, DeviceBuffer
-from .memory.exports import _describe_array
+from .memory.exports import _describe_array, legacy_handle_of, pool_export_of
 from .tensor_map import TensorSet, decode_tensor_set
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TENSOR_SET_KIND, encode_set, encode_table
 
@@ -243,17 +241,10 @@ def _describe(st: SharedTensors) -> _Encoding:
         strides.append(meta.strides)
         offsets.append(offset)
         alloc_of.append(a)
-        nbytes += meta.itemsize * _numel(meta.shape)
+        nbytes += meta.itemsize * numel(meta.shape)
     table = encode_table(names, dtypes, shapes, strides, offsets, alloc_of, len(allocs))
     pointers = _pointers(st._objs)
     return _Encoding(pointers, allocs, table, len(names), nbytes, sorted(syncs, key=repr))
-
-
-def _numel(shape: Iterable[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 #: Legacy handles asked of the driver by tensor sets (cuIpcGetMemHandle): a repeated send asks none.
@@ -261,9 +252,9 @@ handle_exports = 0
 
 
 def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
-    """The allocation holding ``ptr``: one driver query, its handle or export data from memory.py's
-    per-allocation cache (checked against the allocation's unique id, so a freed and reallocated
-    segment at the same address gets a fresh handle)."""
+    """The allocation holding ``ptr``: one driver query, its handle or export data from the
+    per-allocation cache of memory/exports.py (checked against the allocation's unique id, so a
+    freed and reallocated segment at the same address gets a fresh handle)."""
     global handle_exports
     dev = Device.get(ordinal)
     with dev.activate():
@@ -272,41 +263,15 @@ def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
         if not size:
             raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} is not in device memory the CUDA driver knows")
         if facts.pool:
-            pool = facts.pool
-            with cache._export_lock:
-                known = cache._local_pools.get(pool)
-                if known is None:
-                    try:
-                        fd = drv.pool_export_fd(pool)
-                    except CudaError as err:
-                        raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} lives in a memory pool that is not IPC-enabled ({err.code})") from err
-                    known = cache._local_pools[pool] = (os.urandom(16), fd)
-            cached = cache._export_handles.get(base)
-            if cached is not None and facts.buffer_id and cached[0] == facts.buffer_id:
-                export = cached[1]
-            else:
-                export = drv.pool_export_pointer(base)
-                with cache._export_lock:
-                    cache._export_handles[base] = (facts.buffer_id, export)
-            cache._local_pool_exports[export] = base
+            pool_id, pool_fd, export = pool_export_of(facts.pool, base, facts.buffer_id, f"tensor {name!r}")
             a = _Alloc(KIND_POOL, ("pool", base, facts.buffer_id), size)
-            a.pool_id, a.pool_fd, a.export = known[0], known[1], export
+            a.pool_id, a.pool_fd, a.export = pool_id, pool_fd, export
         else:
             if facts.managed or facts.memory_type != drv.CU_MEMORYTYPE_DEVICE:
                 raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} is managed or host memory, which CUDA IPC handles cannot share; use HostArray for host memory")
-            cached = cache._export_handles.get(base)
-            if cached is not None and facts.buffer_id and cached[0] == facts.buffer_id:
-                handle = cached[1]
-            else:
-                try:
-                    handle = drv.ipc_get_mem_handle(base)
-                except CudaError as err:
-                    raise IpcError("ERR_NOT_EXPORTABLE", f"the driver has no IPC handle for tensor {name!r} ({err.code}); it may come from "
-                                   "cuMemCreate/VMM (e.g. PyTorch's expandable_segments:True), which legacy handles cannot share") from err
+            handle, asked = legacy_handle_of(base, facts.buffer_id, f"tensor {name!r}")
+            if asked:
                 handle_exports += 1
-                with cache._export_lock:
-                    cache._export_handles[base] = (facts.buffer_id, handle)
-            cache._local_exports[handle] = base
             a = _Alloc(KIND_LEGACY, ("legacy", base, facts.buffer_id), size)
             a.data = encode_descriptor(LegacyHandleDescriptor(handle, 0, size, dev.uuid, os.getpid(), None))
         a.uuid = dev.uuid
@@ -350,20 +315,18 @@ def _entries_for_link(allocs: list[_Alloc], link: Link) -> tuple[list[Entry], li
             elif a.kind == KIND_LEGACY:
                 entries.append((KIND_LEGACY, 0, a.data))
             else:
-                attach, pfds, commit = device_transfers._pool_fd_for_link(link, a.pool_id, a.pool_fd)
+                attach, pfds, commit = device_transfers.pool_fd_for_link(link, a.pool_id, a.pool_fd)
                 if attach and a.pool_id in attached:  # the fd already goes with an earlier entry
                     for fd in pfds:
                         os.close(fd)
                     attach, pfds, commit = False, [], None
                 if attach:
                     attached.add(a.pool_id)
-                data = device_transfers._pool_ref_bytes(a.pool_id, a.uuid, 0, attach)
-                data[48:112] = a.export
-                struct.pack_into("<QQQ", data, 112, a.size, 0, a.size)
+                data = device_transfers.pool_buffer_bytes(a.pool_id, a.uuid, 0, attach, a.export, a.size, 0, a.size)
                 fds.extend(pfds)
                 if commit is not None:
                     commits.append(commit)
-                entries.append((KIND_POOL, len(pfds), bytes(data)))
+                entries.append((KIND_POOL, len(pfds), data))
     except BaseException:
         for fd in fds:
             os.close(fd)

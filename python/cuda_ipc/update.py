@@ -20,10 +20,10 @@ from types import ModuleType
 from typing import Any, NamedTuple, Optional
 
 from . import driver as drv
-from .descriptor import DTYPES, dtype_name
+from .descriptor import DTYPES, dtype_name, numel
 from .device import Device
 from .errors import CudaError, IpcError
-from .host import HostBuffer
+from .host import HostBuffer, host_address
 from .host_array import HostArray, c_offsets
 from .memory import DeviceBuffer
 from .tensor_set import TensorSet
@@ -145,21 +145,12 @@ class _Ref(NamedTuple):
     ordinal: int  # device (0 for host memory)
 
 
-def _host_address(buf: HostBuffer) -> int:
-    m = buf._check()
-    c = ctypes.c_char.from_buffer(m.mmap, buf.offset)
-    try:
-        return ctypes.addressof(c)
-    finally:
-        del c
-
-
 def _describe(obj: Any) -> tuple[_Ref, int]:
     """(_Ref, address) of a destination or source tensor: torch tensors, HostArray, CUDA arrays."""
     if type(obj) is HostArray:
         m = obj.meta
-        n = m.itemsize * _numel(m.shape)
-        return _Ref(m.dtype, m.shape, m.strides, n, m.extent, True, 0), _host_address(obj.buffer)
+        n = m.itemsize * numel(m.shape)
+        return _Ref(m.dtype, m.shape, m.strides, n, m.extent, True, 0), host_address(obj.buffer)
     if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):
         itemsize = obj.element_size()
         shape = tuple(obj.shape)
@@ -182,17 +173,10 @@ def _describe(obj: Any) -> tuple[_Ref, int]:
             strides = tuple(reversed(c))
         else:
             strides = tuple(given)
-        n = itemsize * _numel(shape)
+        n = itemsize * numel(shape)
         extent = (sum((d - 1) * s for d, s in zip(shape, strides)) + itemsize) if n else 0
         return _Ref(dtype, shape, tuple(strides), n, extent, False, 0), cai["data"][0]
     raise IpcError("ERR_INVALID_ARG", f"update_in_place: cannot copy into or from a {type(obj).__qualname__}; use torch tensors, CUDA arrays or HostArray")
-
-
-def _numel(shape: Iterable[int]) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def _one_run(d: _Ref, s: _Ref) -> int | None:
@@ -366,7 +350,7 @@ def _addresses(objs: list[Any]) -> list[int]:
 
 def _address(obj: Any) -> int:
     if type(obj) is HostArray:
-        return _host_address(obj.buffer)
+        return host_address(obj.buffer)
     dp = getattr(obj, "data_ptr", None)
     p: int = dp() if dp is not None else obj.__cuda_array_interface__["data"][0]
     return p

@@ -10,11 +10,11 @@ the step:
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 from ..errors import IpcError
 from ..host import HostBuffer
+from ..link.message_decoder import dispose_values
 from ..memory import DeviceBuffer
 from .block import Block
 from .consumer import ChannelConsumer
@@ -29,16 +29,6 @@ if TYPE_CHECKING:
 
 PROTOCOL = "@cuda-ipc/channel"
 ATTACH_VERSION = 3
-
-
-def _dispose(values: Iterable[object]) -> None:
-    for v in values:
-        close = getattr(v, "close", None)
-        if callable(close):
-            try:
-                close()
-            except Exception:  # noqa: BLE001
-                pass
 
 
 @overload
@@ -70,7 +60,7 @@ def accept_channel(link: Link, role: str | None = None, memory: str | None = Non
         raise IpcError("ERR_INVALID_ARG", f"accept_channel: memory must be 'host' or 'device'; got {memory!r}")
     msg = link.receive(timeout=timeout)
     if not isinstance(msg, dict) or msg.get(PROTOCOL) != "attach":
-        _dispose(_values_of(msg))
+        dispose_values(_values_of(msg))
         raise IpcError("ERR_FRAME_INVALID", "accept_channel: the first message on the link was not a channel (the other side must call attach or createChannel)")
     owned = [msg.get("control"), msg.get("slots"), msg.get("doorbells")]
 
@@ -79,7 +69,7 @@ def accept_channel(link: Link, role: str | None = None, memory: str | None = Non
             link.send({PROTOCOL: "refused", "message": str(error)})
         except IpcError:
             pass
-        _dispose(owned)
+        dispose_values(owned)
         raise error
 
     def bad(what: str) -> IpcError:
@@ -135,7 +125,7 @@ def accept_channel(link: Link, role: str | None = None, memory: str | None = Non
         link.send({PROTOCOL: "ready", "index": k})
         active = link.receive(timeout=timeout)
         if not isinstance(active, dict) or active.get(PROTOCOL) != "active":
-            _dispose(_values_of(active))
+            dispose_values(_values_of(active))
             raise IpcError("ERR_FRAME_INVALID", "accept_channel: the hub did not confirm the attach")
         end = Endpoint(block, k, their_role, link, policy)
         return ChannelProducer(end) if their_role == "producer" else ChannelConsumer(end)

@@ -13,7 +13,7 @@ from typing import Any, Iterator
 from ..errors import IpcError
 from ..host import HostBuffer
 from ..memory import ArrayView, DeviceBuffer
-from .endpoint import Endpoint, SlotViews, typed_view
+from .endpoint import Endpoint, cuda_array_interface, typed_view
 from .fences import Stream
 from .layout import H_PRODUCERS_DIED, META_BYTES, META_NONE
 from .part import ChannelEnd
@@ -27,8 +27,7 @@ class ChannelConsumer(ChannelEnd):
     role = "consumer"
 
     def __init__(self, end: Endpoint):
-        self._end = end
-        self._slots = SlotViews(end.block)
+        super().__init__(end)
         self._held: dict[int, Message] = {}
         self._ended = False
         self._end_error: IpcError | None = None
@@ -190,9 +189,6 @@ class ChannelConsumer(ChannelEnd):
             self._slots.close()
         e.close(settle)
 
-    def __repr__(self) -> str:
-        return f"<cuda_ipc.ChannelConsumer {self.topology} {self.memory} #{self.index}{' closed' if self.closed else ''}>"
-
 
 class Message:
     """A message a consumer received: ``memory`` (host slots: a memoryview of its ``length`` bytes),
@@ -243,10 +239,7 @@ class Message:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        buf = self.buffer
-        if not isinstance(buf, DeviceBuffer):
-            raise AttributeError("__cuda_array_interface__: host slots are not device memory")
-        cai = dict(buf.__cuda_array_interface__)
+        cai = dict(cuda_array_interface(self.buffer))
         cai["shape"] = (self.length,)
         if not self.length:
             cai["data"] = (0, False)

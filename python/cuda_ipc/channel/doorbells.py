@@ -13,6 +13,7 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from ..link.fds import close_fds
 from ..link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from ..errors import IpcError
 
@@ -50,11 +51,7 @@ class Doorbells:
         if self.closed:
             return
         self.closed = True
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        close_fds(self.fds)
 
 
 class _DoorbellsTransfer(TransferHandler[Doorbells]):

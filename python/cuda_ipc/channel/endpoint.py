@@ -185,3 +185,11 @@ def typed_view(buf: HostBuffer | DeviceBuffer, length: int, dtype: object, shape
     if offset < 0 or offset % size or offset + n * size > buf.nbytes:
         raise IpcError("ERR_OUT_OF_RANGE", f"a {name} view of shape {tuple(shape)} at {offset} does not fit the {buf.nbytes}-byte slot")
     return buf.memory[offset:offset + n * size].cast(fmt, tuple(shape))
+
+
+def cuda_array_interface(buf: HostBuffer | DeviceBuffer) -> dict[str, Any]:
+    """A slot's ``__cuda_array_interface__``: device slots have one; for host slots it is an attribute
+    that is not there (AttributeError, so that hasattr() says no)."""
+    if not isinstance(buf, DeviceBuffer):
+        raise AttributeError("__cuda_array_interface__: host slots are not device memory")
+    return buf.__cuda_array_interface__

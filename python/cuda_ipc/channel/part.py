@@ -3,20 +3,24 @@ channel's shape, this end's participant index, its wait statistics and the chann
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
-from .endpoint import Endpoint
+from ..resource import Resource
+from .endpoint import Endpoint, SlotViews
 
 if TYPE_CHECKING:
     from ..device import Device
 
-_End = TypeVar("_End", bound="ChannelEnd")
 
 
-class ChannelEnd:
+class ChannelEnd(Resource):
     """What both ends tell about their channel."""
 
-    _end: Endpoint
+    role = ""
+
+    def __init__(self, end: Endpoint):
+        self._end = end
+        self._slots = SlotViews(end.block)
 
     @property
     def topology(self) -> str:
@@ -63,19 +67,15 @@ class ChannelEnd:
         e.assert_open("stats")
         return e.stats_now()
 
-    def close(self) -> None:
-        raise NotImplementedError
-
-    def __enter__(self: _End) -> _End:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def __del__(self) -> None:
+        # An end's flag is its Endpoint's (Resource's __del__ reads the object's own).
         e = getattr(self, "_end", None)
         if e is not None and not e.closed:
             try:
                 self.close()
             except Exception:  # noqa: BLE001 - nothing to report to at collection time
                 pass
+
+    def __repr__(self) -> str:
+        return f"<cuda_ipc.{type(self).__name__} {self.topology} {self.memory} #{self.index}{' closed' if self.closed else ''}>"

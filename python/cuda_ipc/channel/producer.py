@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import IpcError
 from ..host import HostBuffer
 from ..memory import ArrayView, DeviceBuffer
-from .endpoint import Endpoint, SlotViews, closed_error, typed_view
+from .endpoint import Endpoint, closed_error, cuda_array_interface, typed_view
 from .fences import Stream
 from .layout import H_CONSUMERS_DIED, META_BYTES, META_JSON, META_NONE
 from .part import ChannelEnd
@@ -27,8 +27,7 @@ class ChannelProducer(ChannelEnd):
     role = "producer"
 
     def __init__(self, end: Endpoint):
-        self._end = end
-        self._slots = SlotViews(end.block)
+        super().__init__(end)
         self._writing: dict[int, Slot] = {}
         self._ending = False
 
@@ -69,6 +68,7 @@ class ChannelProducer(ChannelEnd):
         ``timeout`` seconds). Raises ERR_PEER_GONE once every consumer died (ERR_CHANNEL_CLOSED once
         they all left). Device slots: with ``stream``, GPU work queued there after this waits for the
         consumers' work on the slot's previous message; without, this waits on the CPU."""
+        # The same loop as ChannelConsumer.receive's, written out: a shared one would cost a call per message.
         e = self._end
         e.assert_open("acquire")
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -209,9 +209,6 @@ class ChannelProducer(ChannelEnd):
             return []
         return e.ring.release_waits(s)
 
-    def __repr__(self) -> str:
-        return f"<cuda_ipc.ChannelProducer {self.topology} {self.memory} #{self.index}{' closed' if self.closed else ''}>"
-
 
 class Slot:
     """A slot a producer acquired: write into ``memory`` (host slots) or ``buffer`` / ``view()``
@@ -254,10 +251,7 @@ class Slot:
 
     @property
     def __cuda_array_interface__(self) -> dict[str, Any]:
-        buf = self.buffer
-        if not isinstance(buf, DeviceBuffer):
-            raise AttributeError("__cuda_array_interface__: host slots are not device memory")
-        return buf.__cuda_array_interface__
+        return cuda_array_interface(self.buffer)
 
     def __dlpack__(self, **kw: Any) -> object:
         return self.buffer.__dlpack__(**kw)

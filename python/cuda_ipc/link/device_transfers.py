@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from .. import driver as drv
 from ..descriptor import LegacyHandleDescriptor, decode_descriptor, encode_descriptor
 from ..device import Device, format_uuid, uuid_bytes
-from ..errors import CudaError, IpcError
+from ..errors import IpcError
 from ..memory import cache
 from ..memory.buffer import _CREATE, ArrayView, DeviceBuffer, _Origin
 from ..memory.event import IpcEvent
-from ..memory.exports import Shared, _describe_array, _Exported, _is_device_array
+from ..memory.exports import Shared, _describe_array, _Exported, _is_device_array, legacy_handle_of, pool_export_of
 from ..memory.pool import ImportedPool, PoolImport
 from .handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from .lease import Hold
@@ -92,15 +92,20 @@ def _read_pool_ref(data: memoryview, fds: list[int], link: Link) -> PoolImport:
     return known
 
 
-def _pool_ref_bytes(pool_id: bytes, device_uuid: str, max_size: int, attach: bool) -> bytearray:
+def pool_buffer_bytes(pool_id: bytes, device_uuid: str, max_size: int, attach: bool, export_data: bytes, size: int, offset: int,
+                      length: int) -> bytes:
+    """A 'pool-buffer' record's data: the pool reference, then the allocation's export data and size,
+    and the range of it that travels."""
     b = bytearray(POOL_BUFFER_BYTES)
     b[0:16] = pool_id
     b[16:32] = uuid_bytes(device_uuid)
     struct.pack_into("<QII", b, 32, max_size, FD_ATTACHED if attach else 0, 0)
-    return b
+    b[48:112] = export_data
+    struct.pack_into("<QQQ", b, 112, size, offset, length)
+    return bytes(b)
 
 
-def _pool_fd_for_link(link: Link, pool_id: bytes, fd: int) -> tuple[bool, list[int], Callable[[], None] | None]:
+def pool_fd_for_link(link: Link, pool_id: bytes, fd: int) -> tuple[bool, list[int], Callable[[], None] | None]:
     """(attach, fds, on_commit): the pool's fd goes once per link, in the first message that needs it."""
     sent: set[bytes] = link.handler_state.setdefault(cache._POOLS_SENT, set())
     if pool_id in sent:
@@ -160,53 +165,19 @@ class _DeviceMemoryTransfer(TransferHandler[Any]):
         offset = e.ptr - base
         if offset + e.extent > size:
             raise IpcError("ERR_OUT_OF_RANGE", f"{e.extent} bytes at 0x{e.ptr:x} run past the end of its allocation ({size - offset} bytes left)")
-        # An allocation's handle never changes: ask the driver once per allocation (its buffer id
-        # tells a new allocation at a reused address apart). PyTorch's caching allocator hands the
-        # same blocks out again and again.
-        known = cache._export_handles.get(base)
-        if known is not None and facts.buffer_id and known[0] == facts.buffer_id:
-            handle = known[1]
-            cache._local_exports[handle] = base  # (still) ours, should it come back
-        else:
-            try:
-                handle = drv.ipc_get_mem_handle(base)
-            except CudaError as err:
-                raise IpcError("ERR_NOT_EXPORTABLE", f"the driver has no IPC handle for this memory ({err.code}); it may come from cuMemCreate/VMM (e.g. PyTorch's expandable_segments:True), which legacy handles cannot share") from err
-            with cache._export_lock:
-                cache._export_handles[base] = (facts.buffer_id, handle)
-                cache._local_exports[handle] = base
+        handle, _asked = legacy_handle_of(base, facts.buffer_id, "this memory")
         meta = e.meta if e.meta is not None and e.meta.extent <= e.extent else None
         desc = LegacyHandleDescriptor(handle, offset, e.extent, dev.uuid, os.getpid(), meta)
         keep = e.keep
         return TransferEncoding(data=encode_descriptor(desc), hold=Hold(lambda: _drop(keep), e.extent), kind="legacy-buffer")
 
     def _send_pool_memory(self, e: _Exported, facts: drv.PointerFacts, dev: Device, link: Link) -> TransferEncoding:
-        pool = facts.pool
         base, size = (e.ptr, e.extent) if e.whole else (facts.base, facts.size)
-        with cache._export_lock:
-            known = cache._local_pools.get(pool)
-            if known is None:
-                try:
-                    fd = drv.pool_export_fd(pool)
-                except CudaError as err:
-                    raise IpcError("ERR_NOT_EXPORTABLE", f"this memory lives in a memory pool that is not IPC-enabled ({err.code}); allocate it from an IPC pool (cuda.core: DeviceMemoryResourceOptions(ipc_enabled=True)) or from cudaMalloc") from err
-                known = cache._local_pools[pool] = (os.urandom(16), fd)
-        pool_id, fd = known
-        cached = cache._export_handles.get(base)
-        if cached is not None and facts.buffer_id and cached[0] == facts.buffer_id:
-            export = cached[1]
-            cache._local_pool_exports[export] = base
-        else:
-            export = drv.pool_export_pointer(base)
-            with cache._export_lock:
-                cache._export_handles[base] = (facts.buffer_id, export)
-                cache._local_pool_exports[export] = base
-        attach, fds, commit = _pool_fd_for_link(link, pool_id, fd)
-        data = _pool_ref_bytes(pool_id, dev.uuid, 0, attach)
-        data[48:112] = export
-        struct.pack_into("<QQQ", data, 112, size, e.ptr - base, e.extent)
+        pool_id, fd, export = pool_export_of(facts.pool, base, facts.buffer_id, "this memory")
+        attach, fds, commit = pool_fd_for_link(link, pool_id, fd)
+        data = pool_buffer_bytes(pool_id, dev.uuid, 0, attach, export, size, e.ptr - base, e.extent)
         keep = e.keep
-        return TransferEncoding(data=bytes(data), fds=fds, close_fds_after_send=True, on_commit=commit,
+        return TransferEncoding(data=data, fds=fds, close_fds_after_send=True, on_commit=commit,
                                 hold=Hold(lambda: _drop(keep), e.extent), kind="pool-buffer")
 
     def _resend(self, buf: DeviceBuffer, link: Link, offset: int, length: int) -> TransferEncoding:
@@ -222,11 +193,9 @@ class _DeviceMemoryTransfer(TransferHandler[Any]):
                 desc = LegacyHandleDescriptor(d.handle, buf.offset + offset, length, d.device_uuid, d.pid)
                 return TransferEncoding(data=encode_descriptor(desc), hold=hold, kind="legacy-buffer")
             assert pool is not None, "a pool origin has its pool"
-            attach, fds, commit = _pool_fd_for_link(link, pool.id, pool.fd)
-            data = _pool_ref_bytes(pool.id, pool.device_uuid, pool.max_size, attach)
-            data[48:112] = o.export_data
-            struct.pack_into("<QQQ", data, 112, o.allocation_size, buf.offset + offset, length)
-            return TransferEncoding(data=bytes(data), fds=fds, close_fds_after_send=True, on_commit=commit, hold=hold, kind="pool-buffer")
+            attach, fds, commit = pool_fd_for_link(link, pool.id, pool.fd)
+            data = pool_buffer_bytes(pool.id, pool.device_uuid, pool.max_size, attach, o.export_data, o.allocation_size, buf.offset + offset, length)
+            return TransferEncoding(data=data, fds=fds, close_fds_after_send=True, on_commit=commit, hold=hold, kind="pool-buffer")
         except BaseException:
             hold.release()
             raise
@@ -239,13 +208,18 @@ def _drop(_obj: object) -> None:
     """The hold's release: the last reference we kept goes with the closure."""
 
 
-class _PoolBufferTransfer(TransferHandler[object]):
-    kind = "pool-buffer"
+class _ReceivedKind(TransferHandler[object]):
+    """A record kind this process only decodes: device memory of this process goes out through
+    _DeviceMemoryTransfer; pools and events are sent by Node only."""
 
     def can_transfer(self, value: object) -> bool:
-        return False  # sent by _DeviceMemoryTransfer
+        return False
 
-    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> Any:
+
+class _PoolBufferTransfer(_ReceivedKind):
+    kind = "pool-buffer"
+
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> DeviceBuffer:
         if len(data) != POOL_BUFFER_BYTES:
             raise _frame_error("pool buffer")
         pool = _read_pool_ref(data, fds, link)
@@ -256,13 +230,10 @@ class _PoolBufferTransfer(TransferHandler[object]):
         return DeviceBuffer(origin, offset, length, _CREATE)
 
 
-class _LegacyBufferTransfer(TransferHandler[object]):
+class _LegacyBufferTransfer(_ReceivedKind):
     kind = "legacy-buffer"
 
-    def can_transfer(self, value: object) -> bool:
-        return False
-
-    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> Any:
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> DeviceBuffer:
         desc = decode_descriptor(data, "cuda-legacy-handle")
         origin = _Origin("legacy", lease, desc.device_uuid, 0, descriptor=desc)
         buf = DeviceBuffer(origin, desc.offset, desc.byte_length, _CREATE)
@@ -271,13 +242,10 @@ class _LegacyBufferTransfer(TransferHandler[object]):
         return buf
 
 
-class _IpcPoolTransfer(TransferHandler[object]):
+class _IpcPoolTransfer(_ReceivedKind):
     kind = "ipc-pool"
 
-    def can_transfer(self, value: object) -> bool:
-        return False
-
-    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> Any:
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> ImportedPool:
         if len(data) != POOL_REF_BYTES:
             raise _frame_error("pool")
         ref = _read_pool_ref(data, fds, link)
@@ -287,13 +255,10 @@ class _IpcPoolTransfer(TransferHandler[object]):
         return pool
 
 
-class _IpcEventTransfer(TransferHandler[object]):
+class _IpcEventTransfer(_ReceivedKind):
     kind = "ipc-event"
 
-    def can_transfer(self, value: object) -> bool:
-        return False
-
-    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> Any:
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> IpcEvent:
         desc = decode_descriptor(data, "cuda-ipc-event")
         return IpcEvent(desc.handle, desc.device_uuid, lease)
 

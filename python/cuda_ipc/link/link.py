@@ -26,6 +26,7 @@ from typing import Any, Iterator, NamedTuple
 
 from ..errors import IpcError
 from . import frame as fr
+from .fds import close_fds
 from .inbox import Inbox
 from .lease import IncomingLeases, OutgoingLeases, release_hold
 from .message_decoder import decode_message
@@ -58,15 +59,6 @@ LeaseCounts = NamedTuple("LeaseCounts", [("count", int), ("bytes", int)])
 
 #: What runs once when a link closes: hook(link, reason or None).
 CloseHook = Callable[["Link", "IpcError | None"], None]
-
-
-def _close_fds(fds: Iterable[int] | None) -> None:
-    for fd in fds or ():
-        if fd >= 0:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
 
 
 class Link:
@@ -175,7 +167,7 @@ class Link:
                 release_hold(hold)  # nothing was leased: the peer never sees these ids
             raise
         finally:
-            _close_fds(msg.owned_fds)
+            close_fds(msg.owned_fds)
         for lease_id, hold in msg.holds:
             self._leases_out.add(lease_id, hold)
         for commit in msg.commits:
@@ -292,13 +284,13 @@ class Link:
             elif level == _SOL_SOCKET and ctype == _SCM_CREDENTIALS:
                 cred = data
         if self._state == "closed":
-            _close_fds(fds)
+            close_fds(fds)
             return False
         if nbytes == 0 and not fds:
             self._peer_gone("")
             return True
         if flags & _TRUNCATED:
-            _close_fds(fds)
+            close_fds(fds)
             self._shutdown(
                 IpcError("ERR_FDS_TRUNCATED", f"the {self._peer_name} sent a message with more fds than a link accepts; they were closed")
                 if flags & _CTRUNC else
@@ -312,11 +304,11 @@ class Link:
         try:
             ftype, flags, payload_length = fr.parse_header(buf, length, len(fds))
         except IpcError as e:
-            _close_fds(fds)
+            close_fds(fds)
             self._shutdown(e, "local")
             return
         if ftype in (fr.MESSAGE, fr.RELEASE) and self._state != "open":
-            _close_fds(fds)
+            close_fds(fds)
             what = "message" if ftype == fr.MESSAGE else "RELEASE"
             self._shutdown(IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a {what} before the link handshake"), "local")
             return

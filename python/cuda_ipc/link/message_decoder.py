@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import array
 import json
-import os
 import struct
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IpcError
+from .fds import close_fds
 from .frame import ENC_JSON, ENC_RAW
 from .handlers import by_kind
 from .message_format import BIGINT_RE, RECORD_TAIL, SAFE_INT, TAG_DATAVIEW, TAG_SIZE, TAG_TYPECODE, TAG_UINT8, Malformed
@@ -54,9 +54,7 @@ def decode_message(encoding: int, buf: memoryview, fds: list[int], link: Link, l
     try:
         return _decode_with_records(buf, fds, link, leases)
     except BaseException:
-        for fd in fds:
-            if fd >= 0:
-                _close_quietly(fd)
+        close_fds(fds)
         raise
 
 
@@ -249,10 +247,3 @@ def _decode_record(kind: str, data: memoryview, fds: list[int], link: Link, leas
             "that provides it (import cuda_ipc registers all of its own) before receiving",
         )
     return handler.decode(data, fds, link, lease)
-
-
-def _close_quietly(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import array
 import json
-import os
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import IpcError
+from .fds import close_fds
 from .frame import ENC_JSON, ENC_JSON_WITH_RECORDS, ENC_RAW, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES
 from .handlers import TransferHandler, handler_for_value
 from .lease import next_lease_id, release_hold
@@ -90,10 +90,11 @@ def _scan(v: Any, path: list[str | int], found: list[_Found]) -> Any:
         return v
     if len(path) >= MAX_DEPTH:
         raise IpcError("ERR_INVALID_ARG", f"link.send: the message is nested deeper than {MAX_DEPTH} levels (or contains a cycle)")
-    if t is dict:
+    if t is dict or t is list or t is tuple:
+        is_dict = t is dict
         copy: Any = None
-        for k, e in v.items():
-            if type(k) is not str:
+        for k, e in v.items() if is_dict else enumerate(v):
+            if is_dict and type(k) is not str:
                 raise _not_transferable(f"a dict with the key {k!r} (keys must be str)", path)
             if type(e) in _PLAIN or (type(e) is int and -SAFE_INT <= e <= SAFE_INT):
                 continue
@@ -102,21 +103,8 @@ def _scan(v: Any, path: list[str | int], found: list[_Found]) -> Any:
             path.pop()
             if s is not e:
                 if copy is None:
-                    copy = dict(v)
+                    copy = dict(v) if is_dict else list(v)
                 copy[k] = s
-        return v if copy is None else copy
-    if t is list or t is tuple:
-        copy = None
-        for i, e in enumerate(v):
-            if type(e) in _PLAIN or (type(e) is int and -SAFE_INT <= e <= SAFE_INT):
-                continue
-            path.append(i)
-            s = _scan(e, path, found)
-            path.pop()
-            if s is not e:
-                if copy is None:
-                    copy = list(v)
-                copy[i] = s
         return v if copy is None else copy
     if isinstance(v, (bytes, bytearray, array.array, memoryview)):
         if _typed_array_tag(v) is None:
@@ -205,8 +193,7 @@ def encode_message(value: Any, link: Link) -> EncodedMessage:
         fr.pack_header_into(out, fr.MESSAGE, ENC_JSON_WITH_RECORDS, len(out) - HEADER_BYTES, len(msg.fds))
         return msg
     except BaseException:
-        for fd in msg.owned_fds:
-            _close_quietly(fd)
+        close_fds(msg.owned_fds)
         msg.owned_fds.clear()
         for _, hold in msg.holds:
             release_hold(hold)
@@ -260,10 +247,3 @@ def _write_record(f: _Found, out: bytearray, msg: EncodedMessage, link: Link) ->
     msg.fds.extend(fds)
     out += RECORD_TAIL.pack(len(fds), lease_id, len(data))
     out += data
-
-
-def _close_quietly(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass

@@ -20,6 +20,7 @@ from ..descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, dtype_name
 from ..device import Device, importing_device
 from ..dlpack import DL_CUDA, make_capsule
 from ..errors import IpcError
+from ..resource import Resource
 from .legacy import open_legacy
 from .pool import PoolImport
 from .pool_interop import CudaCoreImport, _cuda_core, ipc_buffer_descriptor
@@ -108,7 +109,7 @@ class _Origin:
                 self.lease.end()
 
 
-class DeviceBuffer:
+class DeviceBuffer(Resource):
     """Device memory received over a link (a Node pool buffer or legacy buffer), or a view of it.
 
     ``ptr``, ``nbytes``, ``device``; ``__cuda_array_interface__`` and DLPack (uint8 bytes);
@@ -135,6 +136,7 @@ class DeviceBuffer:
         """'pool' (from an IPC pool) or 'legacy' (a legacy IPC handle)."""
         return self._origin.kind
 
+    # nbytes, len() and offset as HostBuffer has them: one interface over two kinds of memory.
     @property
     def nbytes(self) -> int:
         return self._length
@@ -298,19 +300,6 @@ class DeviceBuffer:
             return
         self._closed = True
         self._origin.release(sync)
-
-    def __enter__(self) -> "DeviceBuffer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001 - nothing to report to at collection time
-                pass
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.DeviceBuffer {self.kind} {self._length} bytes{' closed' if self._closed else ''}>"

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 from .. import driver as drv
 from ..device import Device
 from ..errors import IpcError
+from ..resource import Resource
 
 if TYPE_CHECKING:
     from ..link.lease import ReceivedLease
 
 
-class IpcEvent:
+class IpcEvent(Resource):
     """An interprocess CUDA event a peer sent: ``wait(stream)`` makes a stream (an int handle, e.g.
     ``torch.cuda.current_stream().cuda_stream``) wait for it on the GPU; ``synchronize()`` waits on
     the CPU; ``close()`` releases it."""
@@ -25,6 +26,10 @@ class IpcEvent:
         self._lease = lease
         self._event: int | None = None
         self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     @property
     def handle(self) -> int:
@@ -60,10 +65,3 @@ class IpcEvent:
         finally:
             if self._lease is not None:
                 self._lease.end()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001
-                pass

@@ -12,15 +12,15 @@ peer sees finished data (``share(obj, sync=False)`` skips that when you ordered 
 """
 from __future__ import annotations
 
-import ctypes
+import os
 import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple, Union
 
 from .. import driver as drv
 from ..descriptor import ArrayMeta, dtype_name
-from ..device import Device
-from ..errors import IpcError
+from ..errors import CudaError, IpcError
+from . import cache
 from .buffer import ArrayView, DeviceBuffer
 
 
@@ -53,13 +53,6 @@ class _Exported(NamedTuple):
     sync: ProducerSync
     ordinal: int | None = None  # the device, when the object says (saves a driver query)
     whole: bool = False  # the object is a whole allocation (ptr is its base, extent its size)
-
-
-def _stream_sync(stream: int, dev: Device) -> Callable[[], None]:
-    def run() -> None:
-        with dev.activate():
-            drv.driver().call("cuStreamSynchronize", ctypes.c_void_p(stream))
-    return run
 
 
 def _describe_array(obj: Any, sync: bool) -> _Exported:
@@ -117,3 +110,54 @@ def _is_device_array(v: object) -> bool:
     if mod.startswith("cuda.core") and type(v).__name__ == "Buffer":
         return True
     return hasattr(type(v), "__cuda_array_interface__")
+
+
+# ------------------------------------------------------------------------------------------------
+# What the driver gives to share an allocation: asked once per allocation (its buffer id tells a new
+# allocation at a reused address apart; PyTorch's caching allocator hands the same blocks out again
+# and again), and recorded as this process's own, should it come back (cache.py).
+
+
+def legacy_handle_of(base: int, buffer_id: int, what: str) -> tuple[bytes, bool]:
+    """The legacy IPC handle of this process's allocation at ``base``, and whether the driver was asked
+    for it now. ERR_NOT_EXPORTABLE, naming ``what``, when the driver has none for it."""
+    known = cache._export_handles.get(base)
+    if known is not None and buffer_id and known[0] == buffer_id:
+        handle = known[1]
+        cache._local_exports[handle] = base  # (still) ours, should it come back
+        return handle, False
+    try:
+        handle = drv.ipc_get_mem_handle(base)
+    except CudaError as err:
+        raise IpcError("ERR_NOT_EXPORTABLE", f"the driver has no IPC handle for {what} ({err.code}); it may come from cuMemCreate/VMM "
+                       "(e.g. PyTorch's expandable_segments:True), which legacy handles cannot share") from err
+    with cache._export_lock:
+        cache._export_handles[base] = (buffer_id, handle)
+        cache._local_exports[handle] = base
+    return handle, True
+
+
+def pool_export_of(pool: int, base: int, buffer_id: int, what: str) -> tuple[bytes, int, bytes]:
+    """(pool id, pool fd, export data) of this process's allocation at ``base`` in ``pool``: the pool's
+    fd is exported once per pool (ERR_NOT_EXPORTABLE, naming ``what``, when the pool is not
+    IPC-enabled), the export data asked once per allocation."""
+    with cache._export_lock:
+        known = cache._local_pools.get(pool)
+        if known is None:
+            try:
+                fd = drv.pool_export_fd(pool)
+            except CudaError as err:
+                raise IpcError("ERR_NOT_EXPORTABLE", f"{what} lives in a memory pool that is not IPC-enabled ({err.code}); allocate it from an "
+                               "IPC pool (cuda.core: DeviceMemoryResourceOptions(ipc_enabled=True)) or from cudaMalloc") from err
+            known = cache._local_pools[pool] = (os.urandom(16), fd)
+    pool_id, fd = known
+    cached = cache._export_handles.get(base)
+    if cached is not None and buffer_id and cached[0] == buffer_id:
+        export = cached[1]
+        cache._local_pool_exports[export] = base
+    else:
+        export = drv.pool_export_pointer(base)
+        with cache._export_lock:
+            cache._export_handles[base] = (buffer_id, export)
+            cache._local_pool_exports[export] = base
+    return pool_id, fd, export

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from .. import driver as drv
 from ..device import Device
 from ..errors import CudaError, IpcError
+from ..resource import Resource
 from . import cache
 
 
@@ -169,7 +170,7 @@ def _still_exported(ptr: int, export_data: bytes, dev: Device) -> bool:
 
 
 
-class ImportedPool:
+class ImportedPool(Resource):
     """A pool a peer sent by itself (an ``IpcPool`` in a message). Its buffers arrive as DeviceBuffers;
     ``close()`` lets go of it (destroyed after its last buffer)."""
 
@@ -186,14 +187,11 @@ class ImportedPool:
     def device_uuid(self) -> str:
         return self._ref.device_uuid
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
             self._ref.release()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001
-                pass
