@@ -16,7 +16,7 @@ The core uses only the standard library (ctypes for libcuda); the wire protocol 
 docs/PROTOCOL.md of the cuda-ipc repository.
 """
 from .errors import CudaError, IpcError
-from .codec import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
+from .link import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from .link import Link, LeaseCounts, PeerCredentials, connect, default_socket_directory, parent_link, socket_path
 from .host import HostBuffer
 from .memory import DeviceBuffer, ArrayView, ImportedPool, IpcEvent, configure_import_cache, legacy_cache_stats, share
@@ -31,7 +31,7 @@ from .channel import ChannelConsumer, ChannelProducer, Message, Slot, accept_cha
 from .host_array import HostArray
 from .tensor_set import SharedTensors, TensorSet, share_tensors
 from .update import UpdateResult, update_in_place
-from .listener import Listener, listen
+from .link import Listener, listen
 
 __all__ = [
     "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",

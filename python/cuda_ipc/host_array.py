@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import ctypes
 import struct
+from collections.abc import Sequence
+from typing import Any
 
-from .descriptor import DTYPES, ArrayMeta, dtype_name
+from .descriptor import DTYPES, ArrayMeta, dtype_name, numel
 from .errors import IpcError
 from .host import HostBuffer
 
@@ -26,7 +28,7 @@ FORMATS = {
 _VIEW_FORMATS = {"float16": "H"}
 
 
-def c_offsets(shape, strides):
+def c_offsets(shape: Sequence[int], strides: Sequence[int]) -> list[int]:
     """Byte offsets of the elements in C order."""
     out = [0]
     for n, s in zip(shape, strides):
@@ -41,7 +43,7 @@ class HostArray:
 
     __slots__ = ("buffer", "meta", "__weakref__")
 
-    def __init__(self, buffer: HostBuffer, dtype, shape, strides=None, offset: int = 0):
+    def __init__(self, buffer: HostBuffer, dtype: object, shape: Sequence[int], strides: Sequence[int] | None = None, offset: int = 0):
         if not isinstance(buffer, HostBuffer):
             raise IpcError("ERR_INVALID_ARG", f"HostArray needs a HostBuffer, got {type(buffer).__qualname__}")
         meta = ArrayMeta.make(dtype_name(dtype), tuple(shape), strides)
@@ -51,7 +53,7 @@ class HostArray:
         self.meta = meta
 
     @staticmethod
-    def allocate(dtype, shape) -> "HostArray":
+    def allocate(dtype: object, shape: Sequence[int]) -> "HostArray":
         """A zeroed C-contiguous array in its own shared memory."""
         meta = ArrayMeta.make(dtype_name(dtype), tuple(shape))
         buf = HostBuffer.allocate(max(meta.extent, 1))
@@ -65,19 +67,16 @@ class HostArray:
         return self.meta.dtype
 
     @property
-    def shape(self) -> tuple:
+    def shape(self) -> tuple[int, ...]:
         return self.meta.shape
 
     @property
-    def strides(self) -> tuple:
+    def strides(self) -> tuple[int, ...]:
         return self.meta.strides
 
     @property
     def size(self) -> int:
-        n = 1
-        for d in self.meta.shape:
-            n *= d
-        return n
+        return numel(self.meta.shape)
 
     @property
     def nbytes(self) -> int:
@@ -96,7 +95,7 @@ class HostArray:
         mem = self.buffer.memory
         return mem.cast(fmt, list(self.meta.shape)) if len(self.meta.shape) > 1 else mem.cast(fmt)
 
-    def tolist(self) -> list:
+    def tolist(self) -> list[Any]:
         """The elements in C order, flat (raw bits for bfloat16 and float8)."""
         fmt = FORMATS[self.meta.dtype]
         mem = self.buffer.memory
@@ -106,7 +105,7 @@ class HostArray:
     def close(self) -> None:
         self.buffer.close()
 
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
         from .dlpack import DL_CPU, make_capsule
         if copy:
             raise BufferError("HostArray.__dlpack__: copy=True is not supported; it shares memory")
@@ -117,7 +116,7 @@ class HostArray:
         return make_capsule(ctypes.addressof(arr), (DL_CPU, 0), typestr, meta.shape,
                             None if meta.c_contiguous else meta.strides, owner=(arr, self))
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         from .dlpack import DL_CPU
         return (DL_CPU, 0)
 

@@ -8,38 +8,49 @@ row of the set's table: name, dtype, shape, strides, byte offset. Nothing is cop
 ``share_tensors`` returns remembers its encoding: sending it again (the weights of the next training
 step) costs a pointer check per tensor and no driver call.
 
-Receiving: a ``TensorSet``, a read-only mapping of name to tensor: torch tensors (views, no copy) when
-torch is importable, else ``ArrayView`` (device) / ``HostArray`` (host); ``view(name)`` always gives
-the cuda_ipc view. One lease per message: the sender gets its memory back once ``close()`` ran and no
-tensor made from the set is alive. Memory is mapped on first use.
+Receiving: a ``TensorSet`` (tensor_map.py), a read-only mapping of name to tensor: torch tensors
+(views, no copy) when torch is importable, else ``ArrayView`` (device) / ``HostArray`` (host);
+``view(name)`` always gives the cuda_ipc view. One lease per message: the sender gets its memory back
+once ``close()`` ran and no tensor made from the set is alive. Memory is mapped on first use.
+
+This module sends (src/tensors/transfer.ts): the record's handler encodes what ``share_tensors``
+marked, and a received set sent on as it came; tensor_map.py decodes.
 """
 from __future__ import annotations
 
 import bisect
 import ctypes
 import os
-import struct
 import sys
 import threading
-from collections import OrderedDict
-from collections.abc import Mapping
-from typing import Any, Iterator
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Union
 
-from . import codec as _codec
 from . import driver as drv
-from . import host as _host
-from . import memory as _mem  # [tensors hook] memory.py's segment-handle caches, pool references and re-sends
-from .codec import TransferEncoding, TransferHandler, register_transfer_handler
-from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor, encode_descriptor
+from .descriptor import LegacyHandleDescriptor, encode_descriptor, numel
 from .device import Device
-from .errors import CudaError, IpcError
+from .errors import IpcError
 from .host import HostBuffer
 from .host_array import HostArray
-from .lease import Hold, release_hold
-from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TENSOR_SET_KIND, TensorLayout, decode_table, encode_set, encode_table, parse_set
+from .link import device_transfers, host_transfer
+from .link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
+from .link.lease import Hold, release_hold
+from .memory.buffer import ArrayView, DeviceBuffer
+from .memory.exports import _describe_array, legacy_handle_of, pool_export_of
+from .tensor_map import TensorSet, decode_tensor_set
+from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TENSOR_SET_KIND, encode_set, encode_table
 
-_LAYOUT_STATE = "cuda_ipc.tensor_set.layouts"
-_LAYOUTS_KEPT = 16
+if TYPE_CHECKING:
+    from .host import _Mapping
+    from .link.lease import LeaseHold, ReceivedLease
+    from .link.link import Link
+
+#: How a send waits for the producers of its tensors: ("torch", ordinal), ("stream", (ordinal, CUstream)), ("device", ordinal).
+Sync = tuple[str, Any]
+#: An allocation's entry in the record: (kind, fd count, data).
+Entry = tuple[int, int, bytes]
+
+__all__ = ["SharedTensors", "TensorSet", "share_tensors", "handle_exports"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -51,7 +62,7 @@ class _Alloc:
 
     __slots__ = ("kind", "key", "size", "data", "pool_id", "pool_fd", "uuid", "export", "mapping", "ordinal")
 
-    def __init__(self, kind: int, key, size: int):
+    def __init__(self, kind: int, key: tuple[Any, ...], size: int):
         self.kind = kind
         self.key = key
         self.size = size
@@ -60,8 +71,8 @@ class _Alloc:
         self.pool_fd = -1
         self.uuid = ""
         self.export = b""
-        self.mapping = None  # host: the _Mapping
-        self.ordinal = None  # device: its ordinal
+        self.mapping: _Mapping | None = None  # host: its mapping
+        self.ordinal: int | None = None  # device: its ordinal
 
 
 class _Encoding:
@@ -69,7 +80,7 @@ class _Encoding:
 
     __slots__ = ("pointers", "allocs", "table", "count", "nbytes", "syncs")
 
-    def __init__(self, pointers, allocs, table, count, nbytes, syncs):
+    def __init__(self, pointers: list[int], allocs: list[_Alloc], table: bytes, count: int, nbytes: int, syncs: list[Sync]):
         self.pointers = pointers
         self.allocs = allocs
         self.table = table
@@ -78,17 +89,21 @@ class _Encoding:
         self.syncs = syncs
 
 
-def _pointer(obj) -> int:
+def _pointer(obj: Any) -> int:
     """Where a tensor's first element is now (cheap: no driver call)."""
     t = type(obj)
+    p: int
     if t is HostArray:
-        return id(obj.buffer._mapping) ^ (obj.buffer.offset << 1)
+        p = id(obj.buffer._mapping) ^ (obj.buffer.offset << 1)
+        return p
     dp = getattr(obj, "data_ptr", None)
     if dp is not None:
-        return dp()
+        p = dp()
+        return p
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
-        return cai["data"][0]
+        p = cai["data"][0]
+        return p
     raise IpcError("ERR_NOT_TRANSFERABLE", f"cannot share a {t.__qualname__} in a tensor set: not a CUDA tensor/array or a HostArray")
 
 
@@ -98,7 +113,7 @@ class SharedTensors:
 
     __slots__ = ("_names", "_objs", "_sync", "_encoding", "_lock")
 
-    def __init__(self, names: list, objs: list, sync: bool):
+    def __init__(self, names: list[str], objs: list[Any], sync: bool):
         self._names = names
         self._objs = objs
         self._sync = sync
@@ -109,30 +124,30 @@ class SharedTensors:
         return len(self._names)
 
     @property
-    def names(self) -> list:
+    def names(self) -> list[str]:
         return list(self._names)
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.SharedTensors {len(self._names)} tensors>"
 
 
-def share_tensors(named, *, sync: bool = True) -> SharedTensors:
+def share_tensors(named: Mapping[str, Any] | Iterable[tuple[str, Any]], *, sync: bool = True) -> SharedTensors:
     """Marks named tensors (a dict such as ``model.state_dict()``, or ``(name, tensor)`` pairs such as
     ``model.named_parameters()``) for sending as one tensor set. Values: CUDA tensors and arrays
     (PyTorch, CuPy, anything with ``__cuda_array_interface__``) or ``HostArray``. With ``sync`` (the
     default) every send first waits for the producers' streams, so the peer sees finished values;
     ``sync=False`` leaves that to you."""
     items = named.items() if isinstance(named, Mapping) else named
-    names: list = []
-    objs: list = []
-    seen = set()
+    names: list[str] = []
+    objs: list[Any] = []
+    seen: set[str] = set()
     for name, obj in items:
         if not isinstance(name, str) or not name:
             raise IpcError("ERR_INVALID_ARG", f"tensor names are non-empty str, got {name!r}")
         if name in seen:
             raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} appears twice; names must be unique")
         seen.add(name)
-        if isinstance(obj, (_mem.ArrayView, _mem.DeviceBuffer)):
+        if isinstance(obj, (ArrayView, DeviceBuffer)):
             raise IpcError("ERR_NOT_TRANSFERABLE", f"tensor {name!r} was received from another process; send the received TensorSet itself, "
                            "or copy it into a tensor of your own (update_in_place)")
         names.append(name)
@@ -140,15 +155,16 @@ def share_tensors(named, *, sync: bool = True) -> SharedTensors:
     return SharedTensors(names, objs, sync)
 
 
-def _sync_producers(objs, syncs) -> None:
+def _sync_producers(objs: list[Any], syncs: list[Sync]) -> None:
     """Waits for the streams that produced the tensors (each stream once)."""
-    done = set()
+    done: set[Sync] = set()
     torch = sys.modules.get("torch")
     for kind, arg in syncs:
         if (kind, arg) in done:
             continue
         done.add((kind, arg))
         if kind == "torch":
+            assert torch is not None, "torch tensors come from an imported torch"
             torch.cuda.current_stream(arg).synchronize()
         elif kind == "stream":
             with Device.get(arg[0]).activate():
@@ -158,15 +174,20 @@ def _sync_producers(objs, syncs) -> None:
                 drv.driver().call("cuCtxSynchronize")
 
 
-def _describe(st: SharedTensors):
+def _describe(st: SharedTensors) -> _Encoding:
     """A fresh encoding of the set: allocations found once each (a driver query per allocation, not
     per tensor, while the tensors are known to lie in one found before), and the table."""
     allocs: list[_Alloc] = []
-    by_key: dict = {}
-    bases: dict[int, list] = {}  # device ordinal -> sorted [base, ...]
-    spans: dict[int, list] = {}  # device ordinal -> [(base, end, alloc index), ...] parallel to bases
-    names, dtypes, shapes, strides, offsets, alloc_of = [], [], [], [], [], []
-    syncs: set = set()
+    by_key: dict[tuple[Any, ...], int] = {}
+    bases: dict[int, list[int]] = {}  # device ordinal -> sorted [base, ...]
+    spans: dict[int, list[tuple[int, int, int]]] = {}  # device ordinal -> [(base, end, alloc index), ...] parallel to bases
+    names: list[str] = []
+    dtypes: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+    strides: list[tuple[int, ...]] = []
+    offsets: list[int] = []
+    alloc_of: list[int] = []
+    syncs: set[Sync] = set()
     nbytes = 0
     for name, obj in zip(st._names, st._objs):
         if type(obj) is HostArray:
@@ -179,13 +200,13 @@ def _describe(st: SharedTensors):
             if a is None:
                 alloc = _Alloc(KIND_HOST, key, m.length)
                 alloc.mapping = m
-                alloc.data = _host._DATA.pack(m.length, 0, m.length)
+                alloc.data = host_transfer._DATA.pack(m.length, 0, m.length)
                 a = by_key[key] = len(allocs)
                 allocs.append(alloc)
             meta = obj.meta
             offset = buf.offset
         else:
-            e = _mem._describe_array(obj, st._sync)
+            e = _describe_array(obj, st._sync)
             if not e.ptr:
                 raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} has no memory (no elements); send its shape as data instead")
             if e.meta is None:
@@ -220,17 +241,10 @@ def _describe(st: SharedTensors):
         strides.append(meta.strides)
         offsets.append(offset)
         alloc_of.append(a)
-        nbytes += meta.itemsize * _numel(meta.shape)
+        nbytes += meta.itemsize * numel(meta.shape)
     table = encode_table(names, dtypes, shapes, strides, offsets, alloc_of, len(allocs))
     pointers = _pointers(st._objs)
     return _Encoding(pointers, allocs, table, len(names), nbytes, sorted(syncs, key=repr))
-
-
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 #: Legacy handles asked of the driver by tensor sets (cuIpcGetMemHandle): a repeated send asks none.
@@ -238,9 +252,9 @@ handle_exports = 0
 
 
 def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
-    """The allocation holding ``ptr``: one driver query, its handle or export data from memory.py's
-    per-allocation cache (checked against the allocation's unique id, so a freed and reallocated
-    segment at the same address gets a fresh handle)."""
+    """The allocation holding ``ptr``: one driver query, its handle or export data from the
+    per-allocation cache of memory/exports.py (checked against the allocation's unique id, so a
+    freed and reallocated segment at the same address gets a fresh handle)."""
     global handle_exports
     dev = Device.get(ordinal)
     with dev.activate():
@@ -249,41 +263,15 @@ def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
         if not size:
             raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} is not in device memory the CUDA driver knows")
         if facts.pool:
-            pool = facts.pool
-            with _mem._export_lock:
-                known = _mem._local_pools.get(pool)
-                if known is None:
-                    try:
-                        fd = drv.pool_export_fd(pool)
-                    except CudaError as err:
-                        raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} lives in a memory pool that is not IPC-enabled ({err.code})") from err
-                    known = _mem._local_pools[pool] = (os.urandom(16), fd)
-            cached = _mem._export_handles.get(base)
-            if cached is not None and facts.buffer_id and cached[0] == facts.buffer_id:
-                export = cached[1]
-            else:
-                export = drv.pool_export_pointer(base)
-                with _mem._export_lock:
-                    _mem._export_handles[base] = (facts.buffer_id, export)
-            _mem._local_pool_exports[export] = base
+            pool_id, pool_fd, export = pool_export_of(facts.pool, base, facts.buffer_id, f"tensor {name!r}")
             a = _Alloc(KIND_POOL, ("pool", base, facts.buffer_id), size)
-            a.pool_id, a.pool_fd, a.export = known[0], known[1], export
+            a.pool_id, a.pool_fd, a.export = pool_id, pool_fd, export
         else:
             if facts.managed or facts.memory_type != drv.CU_MEMORYTYPE_DEVICE:
                 raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} is managed or host memory, which CUDA IPC handles cannot share; use HostArray for host memory")
-            cached = _mem._export_handles.get(base)
-            if cached is not None and facts.buffer_id and cached[0] == facts.buffer_id:
-                handle = cached[1]
-            else:
-                try:
-                    handle = drv.ipc_get_mem_handle(base)
-                except CudaError as err:
-                    raise IpcError("ERR_NOT_EXPORTABLE", f"the driver has no IPC handle for tensor {name!r} ({err.code}); it may come from "
-                                   "cuMemCreate/VMM (e.g. PyTorch's expandable_segments:True), which legacy handles cannot share") from err
+            handle, asked = legacy_handle_of(base, facts.buffer_id, f"tensor {name!r}")
+            if asked:
                 handle_exports += 1
-                with _mem._export_lock:
-                    _mem._export_handles[base] = (facts.buffer_id, handle)
-            _mem._local_exports[handle] = base
             a = _Alloc(KIND_LEGACY, ("legacy", base, facts.buffer_id), size)
             a.data = encode_descriptor(LegacyHandleDescriptor(handle, 0, size, dev.uuid, os.getpid(), None))
         a.uuid = dev.uuid
@@ -291,7 +279,7 @@ def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
         return a
 
 
-def _pointers(objs) -> list:
+def _pointers(objs: list[Any]) -> list[int]:
     """Where each tensor starts now: for torch tensors one C method call each."""
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -308,36 +296,37 @@ def _current(st: SharedTensors) -> _Encoding:
         if enc is not None:
             if _pointers(st._objs) == enc.pointers:
                 return enc
-        enc = st._encoding = _describe(st)
-        return enc
+        fresh = st._encoding = _describe(st)
+        return fresh
 
 
-def _entries_for_link(allocs, link):
+def _entries_for_link(allocs: list[_Alloc], link: Link) -> tuple[list[Entry], list[int], list[Callable[[], None]]]:
     """Entry (kind, fd count, data) per allocation for ``link``, with the fds (all owned) and commits."""
-    entries, fds, commits = [], [], []
-    attached = set()
+    entries: list[Entry] = []
+    fds: list[int] = []
+    commits: list[Callable[[], None]] = []
+    attached: set[bytes] = set()
     try:
         for a in allocs:
             if a.kind == KIND_HOST:
+                assert a.mapping is not None, "a host allocation has its mapping"
                 fds.append(os.dup(a.mapping.fd))
                 entries.append((KIND_HOST, 1, a.data))
             elif a.kind == KIND_LEGACY:
                 entries.append((KIND_LEGACY, 0, a.data))
             else:
-                attach, pfds, commit = _mem._pool_fd_for_link(link, a.pool_id, a.pool_fd)
+                attach, pfds, commit = device_transfers.pool_fd_for_link(link, a.pool_id, a.pool_fd)
                 if attach and a.pool_id in attached:  # the fd already goes with an earlier entry
                     for fd in pfds:
                         os.close(fd)
                     attach, pfds, commit = False, [], None
                 if attach:
                     attached.add(a.pool_id)
-                data = _mem._pool_ref_bytes(a.pool_id, a.uuid, 0, attach)
-                data[48:112] = a.export
-                struct.pack_into("<QQQ", data, 112, a.size, 0, a.size)
+                data = device_transfers.pool_buffer_bytes(a.pool_id, a.uuid, 0, attach, a.export, a.size, 0, a.size)
                 fds.extend(pfds)
                 if commit is not None:
                     commits.append(commit)
-                entries.append((KIND_POOL, len(pfds), bytes(data)))
+                entries.append((KIND_POOL, len(pfds), data))
     except BaseException:
         for fd in fds:
             os.close(fd)
@@ -345,21 +334,21 @@ def _entries_for_link(allocs, link):
     return entries, fds, commits
 
 
-def _hold_for(allocs, objs, nbytes) -> Hold:
+def _hold_for(allocs: list[_Alloc], objs: list[Any], nbytes: int) -> Hold:
     """Keeps the tensors (so their allocations) and host mappings alive until the peer releases the set."""
-    mappings = [a.mapping for a in allocs if a.kind == KIND_HOST]
+    mappings = [a.mapping for a in allocs if a.kind == KIND_HOST and a.mapping is not None]
     for m in mappings:
         m.retain()
     keep = list(objs)
 
-    def release():
+    def release() -> None:
         keep.clear()
         for m in mappings:
             m.release()
     return Hold(release, nbytes)
 
 
-def _encode_shared(st: SharedTensors, link) -> TransferEncoding:
+def _encode_shared(st: SharedTensors, link: Link) -> TransferEncoding:
     enc = _current(st)
     if st._sync:
         _sync_producers(st._objs, enc.syncs)
@@ -374,28 +363,34 @@ def _encode_shared(st: SharedTensors, link) -> TransferEncoding:
     return _encoding(data, fds, commits, hold)
 
 
-def _encoding(data, fds, commits, hold) -> TransferEncoding:
-    on_commit = None
+def _encoding(data: bytes, fds: list[int], commits: list[Callable[[], None]], hold: LeaseHold | None) -> TransferEncoding:
+    on_commit: Callable[[], None] | None = None
     if commits:
-        def on_commit(commits=commits):
+        def commit_all(commits: list[Callable[[], None]] = commits) -> None:
             for c in commits:
                 c()
+        on_commit = commit_all
     return TransferEncoding(data=data, fds=fds, close_fds_after_send=True, on_commit=on_commit, hold=hold, kind=TENSOR_SET_KIND)
 
 
-def _encode_resend(ts: "TensorSet", link) -> TransferEncoding:
+def _encode_resend(ts: TensorSet, link: Link) -> TransferEncoding:
     """A received set sent on as it came: the same allocations, the same table."""
     ts._check()
-    entries, fds, commits, holds = [], [], [], []
+    entries: list[Entry] = []
+    fds: list[int] = []
+    commits: list[Callable[[], None]] = []
+    holds: list[LeaseHold] = []
     try:
         for buf in ts._allocs:
             if isinstance(buf, HostBuffer):
-                e = _host._HostBufferTransfer().encode(buf, link)
+                e = host_transfer._HostBufferTransfer().encode(buf, link)
+                assert e.hold is not None, "a host buffer's send holds its mapping"
                 holds.append(e.hold)
                 fds.append(os.dup(e.fds[0]))
                 entries.append((KIND_HOST, 1, bytes(e.data)))
                 continue
-            e = _mem._DeviceMemoryTransfer()._resend(buf, link, 0, buf.nbytes)
+            e = device_transfers._DeviceMemoryTransfer()._resend(buf, link, 0, buf.nbytes)
+            assert e.hold is not None, "a device buffer's send holds it"
             holds.append(e.hold)
             fds.extend(e.fds)
             if e.on_commit is not None:
@@ -410,356 +405,25 @@ def _encode_resend(ts: "TensorSet", link) -> TransferEncoding:
         raise
     total = sum(h.bytes for h in holds)
 
-    def release():
+    def release() -> None:
         for h in holds:
             release_hold(h)
     return _encoding(data, fds, commits, Hold(release, total) if holds else None)
 
 
-# ------------------------------------------------------------------------------------------------
-# Receiving
-
-
-_torch_checked = False
-_torch = None
-
-
-def _torch_module():
-    """torch when it imports, else None (asked once)."""
-    global _torch_checked, _torch
-    if not _torch_checked:
-        try:
-            import torch  # noqa: PLC0415 - optional, heavy
-            _torch = torch
-        except ImportError:
-            _torch = None
-        _torch_checked = True
-    return _torch
-
-
-class TensorSet(Mapping):
-    """Named tensors received in one message (see the module notes). ``ts[name]``: a torch tensor when
-    torch is importable (a view: no copy), else the cuda_ipc view; ``view(name)``: ``ArrayView``
-    (device memory) or ``HostArray`` (host memory); ``close(sync=True)`` lets go of the set (the views
-    from ``view()`` with it; torch tensors keep the memory alive on their own until they are gone)."""
-
-    def __init__(self, layout: TensorLayout, allocations: list, _token=None):
-        if _token is not _CREATE:
-            raise IpcError("ERR_INVALID_ARG", "TensorSet objects come from links (receive)")
-        self.layout = layout
-        self._allocs = allocations
-        self._closed = False
-        self._views: dict[int, Any] = {}
-        self._tensors: dict[int, Any] = {}
-        self._bases: dict[int, Any] = {}
-        self._lock = threading.Lock()
-
-    # -- mapping --
-
-    def __getitem__(self, name: str):
-        return self.tensor(name) if _torch_module() is not None else self.view(name)
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.layout.names)
-
-    def __len__(self) -> int:
-        return self.layout.count
-
-    def __contains__(self, name) -> bool:
-        return name in self.layout.index
-
-    # -- facts --
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def memory(self) -> str:
-        """'device', 'host' or 'mixed'."""
-        host = any(isinstance(a, HostBuffer) for a in self._allocs)
-        device = any(not isinstance(a, HostBuffer) for a in self._allocs)
-        return "mixed" if host and device else "host" if host else "device"
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.layout.nbytes)
-
-    @property
-    def allocations(self) -> list:
-        """The buffers over each allocation the message brought (DeviceBuffer or HostBuffer)."""
-        return list(self._allocs)
-
-    def _check(self) -> None:
-        if self._closed:
-            raise IpcError("ERR_CLOSED", "this TensorSet is closed")
-
-    def _index(self, name: str) -> int:
-        i = self.layout.index.get(name)
-        if i is None:
-            raise KeyError(name)
-        return i
-
-    def bases(self) -> list:
-        """Addresses of the allocations in this process (mapping device memory on first use)."""
-        self._check()
-        return [a.ptr if not isinstance(a, HostBuffer) else _host_address(a) for a in self._allocs]
-
-    # -- views --
-
-    def view(self, name: str):
-        """The cuda_ipc view of a tensor: ``ArrayView`` (``__cuda_array_interface__``, DLPack) or ``HostArray``;
-        valid until the set is closed."""
-        self._check()
-        i = self._index(name)
-        v = self._views.get(i)
-        if v is None:
-            L = self.layout
-            buf = self._allocs[L.allocations[i]]
-            if isinstance(buf, HostBuffer):
-                v = HostArray(buf, L.dtypes[i], L.shapes[i], L.strides[i], L.offsets[i])
-            else:
-                v = _mem.ArrayView(buf, ArrayMeta.make(L.dtypes[i], L.shapes[i], L.strides[i]), L.offsets[i])
-            self._views[i] = v
-        return v
-
-    def tensor(self, name: str):
-        """A torch tensor over the received memory (no copy), made once per name."""
-        self._check()
-        i = self._index(name)
-        t = self._tensors.get(i)
-        if t is None:
-            torch = _torch_module()
-            if torch is None:
-                raise IpcError("ERR_UNSUPPORTED", "torch does not import in this Python; use view(name)")
-            L = self.layout
-            base = self._torch_base(L.allocations[i], torch)
-            itemsize = DTYPES[L.dtypes[i]][0]
-            off = L.offsets[i]
-            t = base[off:off + L.extents[i]].view(getattr(torch, L.dtypes[i])).as_strided(L.shapes[i], [s // itemsize for s in L.strides[i]])
-            self._tensors[i] = t
-        return t
-
-    def tensors(self) -> dict:
-        """Every tensor, by name (torch tensors)."""
-        return {n: self.tensor(n) for n in self.layout.names}
-
-    def _torch_base(self, a: int, torch):
-        """A uint8 torch tensor over the whole allocation: its own handle on the memory, so the tensors
-        made from it keep the memory mapped after the set is closed, until they are gone."""
-        b = self._bases.get(a)
-        if b is None:
-            buf = self._allocs[a]
-            if isinstance(buf, HostBuffer):
-                b = torch.from_dlpack(buf.view(0, buf.nbytes))
-            else:
-                handle = buf.slice(0, buf.nbytes)
-                b = torch.as_tensor(handle, device=f"cuda:{handle.device.ordinal}")
-            self._bases[a] = b
-        return b
-
-    # -- lifetime --
-
-    def close(self, sync: bool = True) -> None:
-        """Lets go of the set: device memory is unmapped (after the device's queued work, unless
-        ``sync=False``) once no torch tensor made from it is alive, then the sender is told. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        views, self._views = self._views, {}
-        for v in views.values():
-            if isinstance(v, HostArray):
-                v.close()
-        self._tensors = {}
-        self._bases = {}
-        first = None
-        for a in self._allocs:
-            try:
-                a.close(sync) if not isinstance(a, HostBuffer) else a.close()
-            except Exception as e:  # noqa: BLE001 - close them all, report the first
-                first = first or e
-        if first is not None:
-            raise first
-
-    def __enter__(self) -> "TensorSet":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        if not getattr(self, "_closed", True):
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001 - nothing to report to at collection time
-                pass
-
-    def __repr__(self) -> str:
-        return f"<cuda_ipc.TensorSet {self.layout.count} tensors, {self.memory} memory{' closed' if self._closed else ''}>"
-
-
-_CREATE = object()
-
-
-def _host_address(buf: HostBuffer) -> int:
-    c = ctypes.c_char.from_buffer(buf._check().mmap, buf.offset)
-    try:
-        return ctypes.addressof(c)
-    finally:
-        del c
-
-
-def _decode(data: memoryview, fds: list, link, lease) -> TensorSet:
-    allocations, table, count = parse_set(data, len(fds))
-    sizes = [a[3] for a in allocations]
-    layout = _cached_layout(link, table, count, sizes)
-    # One lease for the message: it ends once every allocation it brought is released here.
-    whole = _PartLease(lease, len(allocations))
-    buffers = []
-    at = 0
-    try:
-        for kind, fd_count, body, size in allocations:
-            handler = _codec._by_kind.get(_KIND_NAMES[kind])
-            if handler is None:
-                raise IpcError("ERR_NOT_TRANSFERABLE", f"received a tensor set with a '{_KIND_NAMES[kind]}' allocation but no handler for it is registered")
-            mine = fds[at:at + fd_count]
-            part = _AllocationLease(whole)
-            try:
-                buf = _decode_legacy(body, part) if kind == KIND_LEGACY else handler.decode(body, mine, link, part)
-            finally:
-                fds[at:at + fd_count] = mine  # taken ones are -1; the rest stay the link's to close
-            for k in range(at, at + fd_count):
-                fds[k] = -1
-            at += fd_count
-            buffers.append(buf)
-            if kind == KIND_LEGACY:
-                part.on_end = _dropper(buf._origin)
-            if buf.nbytes != size:
-                raise IpcError("ERR_FRAME_INVALID", f"a received tensor set's allocation maps {buf.nbytes} bytes, not the {size} it announced")
-    except BaseException:
-        for b in buffers:
-            try:
-                b.close(False) if not isinstance(b, HostBuffer) else b.close()
-            except Exception:  # noqa: BLE001 - being discarded
-                pass
-        raise
-    return TensorSet(layout, buffers, _CREATE)
-
-
-_KIND_NAMES = {KIND_LEGACY: "legacy-buffer", KIND_POOL: "pool-buffer", KIND_HOST: "host-buffer"}
-
-# Legacy entries decoded before, by their bytes: a repeated sync brings the same few hundred (one
-# per caching-allocator segment), and a descriptor is immutable once checked.
-_descriptors: "OrderedDict[bytes, LegacyHandleDescriptor]" = OrderedDict()
-_descriptors_lock = threading.Lock()
-
-
-def _decode_legacy(body, lease):
-    """What the 'legacy-buffer' handler makes of ``body``, with the canonical decode done once per bytes."""
-    key = bytes(body)
-    with _descriptors_lock:
-        desc = _descriptors.get(key)
-    if desc is None:
-        desc = decode_descriptor(key, "cuda-legacy-handle")
-        with _descriptors_lock:
-            _descriptors[key] = desc
-            while len(_descriptors) > 8192:
-                _descriptors.popitem(last=False)
-    origin = _mem._Origin("legacy", lease, desc.device_uuid, 0, descriptor=desc)
-    return _mem.DeviceBuffer(origin, desc.offset, desc.byte_length, _mem._CREATE)
-
-
-class _PartLease:
-    """Counts a message's allocations: its lease (if any) ends with the last of them."""
-
-    __slots__ = ("_lease", "_open", "_lock")
-
-    def __init__(self, lease, count: int):
-        self._lease = lease
-        self._open = count
-        self._lock = threading.Lock()
-
-    def end_one(self) -> None:
-        with self._lock:
-            self._open -= 1
-            last = self._open == 0
-        if last and self._lease is not None:
-            self._lease.end()
-
-
-class _AllocationLease:
-    """What one allocation's handler sees as its lease: its end counts towards the message's, after
-    ``on_end`` (a legacy mapping is closed then rather than left idle)."""
-
-    __slots__ = ("_whole", "_ended", "on_end")
-
-    def __init__(self, whole: _PartLease):
-        self._whole = whole
-        self._ended = False
-        self.on_end = None
-
-    @property
-    def id(self) -> int:
-        return self._whole._lease.id if self._whole._lease is not None else 0
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
-    def end(self) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        try:
-            if self.on_end is not None:
-                self.on_end()
-        finally:
-            self._whole.end_one()
-
-
-def _dropper(origin):
-    """Closes a legacy mapping once its set let go of it, unless something else here still uses it:
-    an idle mapping would keep the sender's memory after the sender freed it."""
-    def drop():
-        if origin.user is not None:
-            _mem._legacy_drop(origin.descriptor.handle, origin.user)
-    return drop
-
-
-def _cached_layout(link, table, count: int, sizes: list) -> TensorLayout:
-    """A layout this link decoded before, when the table is the same bytes (a repeated send of the same
-    tensors; the last few are kept, so that a state dict sent as several sets hits too): then only
-    the extents are checked against this message's allocations."""
-    cache = link.handler_state.get(_LAYOUT_STATE)
-    if cache is None:
-        cache = link.handler_state[_LAYOUT_STATE] = OrderedDict()
-    last = cache.get(table)
-    if last is not None and last.count == count and last.allocation_count == len(sizes):
-        for a, end in enumerate(last.ends):
-            if end > sizes[a]:
-                raise IpcError("ERR_FRAME_INVALID", f"a received tensor set is malformed: its tensors reach byte {end} of allocation {a}, which holds {sizes[a]}")
-        cache.move_to_end(table)
-        return last
-    layout = decode_table(table, count, sizes)
-    cache[layout.table] = layout
-    while len(cache) > _LAYOUTS_KEPT:
-        cache.popitem(last=False)
-    return layout
-
-
-class _TensorSetTransfer(TransferHandler):
+class _TensorSetTransfer(TransferHandler[Union[SharedTensors, TensorSet]]):
     kind = TENSOR_SET_KIND
 
-    def can_transfer(self, value) -> bool:
+    def can_transfer(self, value: object) -> bool:
         return type(value) is SharedTensors or type(value) is TensorSet
 
-    def encode(self, value, link) -> TransferEncoding:
-        if type(value) is TensorSet:
+    def encode(self, value: SharedTensors | TensorSet, link: Link) -> TransferEncoding:
+        if isinstance(value, TensorSet):  # (exactly: can_transfer admits these two types only)
             return _encode_resend(value, link)
         return _encode_shared(value, link)
 
-    def decode(self, data, fds, link, lease):
-        return _decode(data, fds, link, lease)
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorSet:
+        return decode_tensor_set(data, fds, link, lease)
 
 
 register_transfer_handler(_TensorSetTransfer())

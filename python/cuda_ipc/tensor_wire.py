@@ -11,6 +11,7 @@ from __future__ import annotations
 import array
 import struct
 import sys
+from collections.abc import Sequence
 
 from .descriptor import DTYPES, MAX_NDIM, SAFE, _BY_CODE
 from .errors import IpcError
@@ -40,10 +41,10 @@ def _pad8(n: int) -> int:
     return (n + 7) & ~7
 
 
-_c_strides_cache: dict = {}
+_c_strides_cache: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}
 
 
-def c_strides(shape: tuple, itemsize: int) -> tuple:
+def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
     """C-contiguous byte strides of a shape without zero dimensions."""
     key = (shape, itemsize)
     s = _c_strides_cache.get(key)
@@ -59,7 +60,7 @@ def c_strides(shape: tuple, itemsize: int) -> tuple:
     return s
 
 
-def is_c_order(shape, strides, itemsize: int) -> bool:
+def is_c_order(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> bool:
     """C-contiguous with NumPy's rule: dimensions of length 1 may have any stride."""
     expected = itemsize
     for n, s in zip(reversed(shape), reversed(strides)):
@@ -69,7 +70,7 @@ def is_c_order(shape, strides, itemsize: int) -> bool:
     return True
 
 
-def is_dense(shape, strides, itemsize: int) -> bool:
+def is_dense(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> bool:
     """The elements fill [0, extent) exactly (a permutation of a C-contiguous layout)."""
     expected = itemsize
     for n, s in sorted(((n, s) for n, s in zip(shape, strides) if n != 1), key=lambda x: x[1]):
@@ -79,7 +80,8 @@ def is_dense(shape, strides, itemsize: int) -> bool:
     return True
 
 
-def encode_table(names, dtypes, shapes, strides, offsets, allocs, allocation_count: int) -> bytes:
+def encode_table(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], strides: Sequence[Sequence[int]],
+                 offsets: Sequence[int], allocs: Sequence[int], allocation_count: int) -> bytes:
     """The tensor table (what a repeated send of the same tensors repeats byte for byte). Raises
     ERR_INVALID_ARG naming the first tensor it cannot carry."""
     count = len(names)
@@ -140,7 +142,7 @@ def encode_table(names, dtypes, shapes, strides, offsets, allocs, allocation_cou
     return bytes(out)
 
 
-def encode_set(entries, table: bytes, count: int) -> bytes:
+def encode_set(entries: Sequence[tuple[int, int, bytes]], table: bytes, count: int) -> bytes:
     """The record data: header, ``entries`` ((kind, fd count, data) per allocation), the table."""
     out = bytearray(_HEADER.pack(MAGIC, VERSION, 0, len(entries), count, len(table), 0, 0))
     for kind, fd_count, data in entries:
@@ -152,7 +154,8 @@ def encode_set(entries, table: bytes, count: int) -> bytes:
     return bytes(out)
 
 
-def _allocation_size(kind: int, body, i: int) -> int:
+def _allocation_size(kind: int, body: memoryview, i: int) -> int:
+    size: int
     if kind == KIND_LEGACY:
         offset, length = struct.unpack_from("<QQ", body, 96)
         size = length
@@ -167,7 +170,11 @@ def _allocation_size(kind: int, body, i: int) -> int:
     return size
 
 
-def parse_set(data, fd_count: int):
+#: A received allocation entry: kind, fd count, its data (a view into the record), size.
+Entry = tuple[int, int, memoryview, int]
+
+
+def parse_set(data: memoryview, fd_count: int) -> tuple[list[Entry], bytes, int]:
     """(allocations, table, tensor count) of a received record; each allocation is (kind, fd count,
     its data (a view into ``data``), size); the table is a bytes copy."""
     n = len(data)
@@ -218,9 +225,23 @@ class TensorLayout:
 
     __slots__ = ("count", "names", "index", "dtypes", "shapes", "strides", "contiguous", "offsets", "extents", "nbytes",
                  "allocations", "allocation_count", "table", "ends", "__weakref__")
+    count: int
+    names: list[str]
+    index: dict[str, int]
+    dtypes: list[str]
+    shapes: list[tuple[int, ...]]
+    strides: list[tuple[int, ...]]
+    contiguous: list[bool]
+    offsets: list[int]
+    extents: list[int]
+    nbytes: list[int]
+    allocations: list[int]
+    allocation_count: int
+    table: bytes
+    ends: list[int]
 
 
-def decode_table(table: bytes, count: int, sizes: list) -> TensorLayout:
+def decode_table(table: bytes, count: int, sizes: Sequence[int]) -> TensorLayout:
     """Decodes and checks a tensor table against its allocations' sizes (see the module notes)."""
     allocation_count = len(sizes)
     n = len(table)
@@ -259,8 +280,14 @@ def decode_table(table: bytes, count: int, sizes: list) -> TensorLayout:
     shape_col = mv[shape_at:strides_at].cast("Q").tolist()
     stride_col = mv[strides_at:names_at].cast("Q").tolist()
 
-    names, dtypes, shapes, strides_out, contiguous, extents, nbytes = [], [], [], [], [], [], []
-    index: dict = {}
+    names: list[str] = []
+    dtypes: list[str] = []
+    shapes: list[tuple[int, ...]] = []
+    strides_out: list[tuple[int, ...]] = []
+    contiguous: list[bool] = []
+    extents: list[int] = []
+    nbytes: list[int] = []
+    index: dict[str, int] = {}
     ends = [0] * allocation_count
     used = bytearray(allocation_count)
     prev = b""

@@ -14,16 +14,18 @@ import operator
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from ctypes import POINTER, byref, c_int, c_size_t, c_uint, c_uint64, c_void_p
-from typing import NamedTuple
+from types import ModuleType
+from typing import Any, NamedTuple, Optional
 
 from . import driver as drv
-from .descriptor import DTYPES, dtype_name
+from .descriptor import DTYPES, dtype_name, numel
 from .device import Device
 from .errors import CudaError, IpcError
-from .host import HostBuffer
+from .host import HostBuffer, host_address
 from .host_array import HostArray, c_offsets
+from .memory import DeviceBuffer
 from .tensor_set import TensorSet
 from .tensor_wire import is_c_order, is_dense
 
@@ -34,9 +36,9 @@ class UpdateResult(NamedTuple):
     #: bytes copied (elements x itemsize)
     bytes: int
     #: parameters the received set does not have (strict=False only)
-    missing: list
+    missing: list[str]
     #: received tensors that are not parameters (strict=False only)
-    unexpected: list
+    unexpected: list[str]
     #: GPU operations queued (driver calls, torch copies); 0 for host memory
     operations: int
     #: 'batch' (cuMemcpyBatchAsync), 'copy' (one cuMemcpyDtoDAsync per pair), 'foreach' (torch._foreach_copy_), 'host'
@@ -54,18 +56,18 @@ class CUmemcpyAttributes(ctypes.Structure):
 
 
 CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
-_EXTRA = {
+_EXTRA: dict[str, tuple[int, tuple[Any, ...]]] = {
     # The CUDA 12.8 form (with failIdx), which CUDA 13 drivers serve too.
     "cuMemcpyBatchAsync": (12080, (POINTER(c_uint64), POINTER(c_uint64), POINTER(c_size_t), c_size_t, POINTER(CUmemcpyAttributes),
                                    POINTER(c_size_t), c_size_t, POINTER(c_size_t), c_void_p)),
     "cuStreamCreate": (12000, (POINTER(c_void_p), c_uint)),
     "cuMemcpyDtoDAsync": (12000, (c_uint64, c_uint64, c_size_t, c_void_p)),
 }
-_entries: dict = {}
+_entries: dict[str, Optional[drv.DriverFunction]] = {}
 _entries_lock = threading.Lock()
 
 
-def _entry(name: str):
+def _entry(name: str) -> drv.DriverFunction | None:
     """The driver's entry point ``name``, or None where the driver lacks it."""
     d = drv.driver()
     if not isinstance(d, drv._Driver):  # a stand-in driver (tests): its own raw entry, if it has one
@@ -80,14 +82,14 @@ def _entry(name: str):
         get_proc.argtypes = [ctypes.c_char_p, POINTER(c_void_p), c_int, c_uint64, POINTER(c_int)]
         pfn = c_void_p()
         status = c_int()
-        fn = None
+        fn: drv.DriverFunction | None = None
         if get_proc(name.encode(), byref(pfn), version, 0, byref(status)) == 0 and pfn.value:
             fn = ctypes.CFUNCTYPE(c_int, *argtypes)(pfn.value)
         _entries[name] = fn
         return fn
 
 
-def _call(name: str, *args) -> None:
+def _call(name: str, *args: Any) -> None:
     fn = _entry(name)
     if fn is None:
         raise CudaError(-2, "CUDA_SYMBOL_NOT_FOUND", f"the installed driver does not provide {name}: update the NVIDIA driver", f"cuGetProcAddress({name})")
@@ -101,7 +103,7 @@ def has_memcpy_batch() -> bool:
     return _entry("cuMemcpyBatchAsync") is not None
 
 
-_streams: dict = {}
+_streams: dict[int, int] = {}
 
 
 def _blocking_stream(ordinal: int) -> int:
@@ -112,20 +114,20 @@ def _blocking_stream(ordinal: int) -> int:
         h = c_void_p()
         with Device.get(ordinal).activate():
             _call("cuStreamCreate", byref(h), 0)
-        s = _streams[ordinal] = h.value
+        s = _streams[ordinal] = h.value or 0
     return s
 
 
-def _stream_handle(stream, ordinal: int) -> int:
+def _stream_handle(stream: Any, ordinal: int) -> int:
+    h: int
     if stream is None:
         torch = sys.modules.get("torch")
         h = torch.cuda.current_stream(ordinal).cuda_stream if torch is not None and torch.cuda.is_available() else 0
     elif isinstance(stream, int):
         h = stream
     else:
-        h = getattr(stream, "cuda_stream", None)
-        if h is None:
-            h = int(getattr(stream, "handle", stream))
+        cuda_stream = getattr(stream, "cuda_stream", None)
+        h = int(getattr(stream, "handle", stream)) if cuda_stream is None else cuda_stream
     return _blocking_stream(ordinal) if h in (0, 1) else h  # 0 and 1: the legacy default stream
 
 
@@ -135,29 +137,20 @@ def _stream_handle(stream, ordinal: int) -> int:
 
 class _Ref(NamedTuple):
     dtype: str
-    shape: tuple
-    strides: tuple  # bytes
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # bytes
     nbytes: int
     extent: int
     host: bool
     ordinal: int  # device (0 for host memory)
 
 
-def _host_address(buf: HostBuffer) -> int:
-    m = buf._check()
-    c = ctypes.c_char.from_buffer(m.mmap, buf.offset)
-    try:
-        return ctypes.addressof(c)
-    finally:
-        del c
-
-
-def _describe(obj):
+def _describe(obj: Any) -> tuple[_Ref, int]:
     """(_Ref, address) of a destination or source tensor: torch tensors, HostArray, CUDA arrays."""
     if type(obj) is HostArray:
         m = obj.meta
-        n = m.itemsize * _numel(m.shape)
-        return _Ref(m.dtype, m.shape, m.strides, n, m.extent, True, 0), _host_address(obj.buffer)
+        n = m.itemsize * numel(m.shape)
+        return _Ref(m.dtype, m.shape, m.strides, n, m.extent, True, 0), host_address(obj.buffer)
     if hasattr(obj, "data_ptr") and hasattr(obj, "element_size"):
         itemsize = obj.element_size()
         shape = tuple(obj.shape)
@@ -170,28 +163,23 @@ def _describe(obj):
         dtype = dtype_name(cai["typestr"])
         itemsize = DTYPES[dtype][0]
         shape = tuple(cai["shape"])
-        strides = cai.get("strides")
-        if strides is None:
-            strides = []
+        given = cai.get("strides")
+        if given is None:
+            c = []
             step = itemsize
             for d in reversed(shape):
-                strides.append(step)
+                c.append(step)
                 step *= d
-            strides = tuple(reversed(strides))
-        n = itemsize * _numel(shape)
+            strides = tuple(reversed(c))
+        else:
+            strides = tuple(given)
+        n = itemsize * numel(shape)
         extent = (sum((d - 1) * s for d, s in zip(shape, strides)) + itemsize) if n else 0
         return _Ref(dtype, shape, tuple(strides), n, extent, False, 0), cai["data"][0]
     raise IpcError("ERR_INVALID_ARG", f"update_in_place: cannot copy into or from a {type(obj).__qualname__}; use torch tensors, CUDA arrays or HostArray")
 
 
-def _numel(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
-
-
-def _one_run(d: _Ref, s: _Ref):
+def _one_run(d: _Ref, s: _Ref) -> int | None:
     """Bytes of the single run that copies s into d, or None when the pair needs an element-wise copy."""
     itemsize = DTYPES[d.dtype][0]
     if is_c_order(d.shape, d.strides, itemsize) and is_c_order(s.shape, s.strides, itemsize):
@@ -201,13 +189,14 @@ def _one_run(d: _Ref, s: _Ref):
     return None
 
 
-def _targets(target) -> Mapping:
+def _targets(target: Any) -> Mapping[str, Any]:
     if isinstance(target, Mapping):
         return target
     if hasattr(target, "state_dict"):
         # A module: its parameters and persistent buffers, as torch's load_state_dict copies them.
         # (For repeated updates pass dict(module.state_dict(keep_vars=True)), made once.)
-        return target.state_dict(keep_vars=True)
+        sd: Mapping[str, Any] = target.state_dict(keep_vars=True)
+        return sd
     raise IpcError("ERR_INVALID_ARG", f"update_in_place: the target must be a dict of tensors or a torch module, got {type(target).__qualname__}")
 
 
@@ -220,18 +209,35 @@ class _Plan:
 
     __slots__ = ("names", "dst_objs", "dst_ptrs", "src_index", "src_strides", "runs", "run_sizes", "strided", "host", "ordinal",
                  "bytes", "unexpected", "missing", "length", "keep", "_arrays", "_bases")
+    names: list[str]
+    dst_objs: list[Any]
+    dst_ptrs: list[int]
+    src_index: list[Any]  # the source of each pair: its index in the layout (a TensorSet) or its name (a dict)
+    src_strides: list[tuple[int, ...]]
+    runs: list[int]  # pairs copied as one run of bytes
+    run_sizes: list[int]
+    strided: list[int]  # pairs copied element-wise
+    host: bool
+    ordinal: int
+    bytes: int
+    unexpected: list[str]
+    missing: list[str]
+    length: int
+    keep: Any
+    _arrays: tuple[list[int], Any, Any, Any] | None  # (source pointers, and the driver's arrays made from them)
+    _bases: tuple[tuple[int, ...], list[int]] | None
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._arrays = None
         self._bases = None
         self.keep = None
 
 
-def _mismatch(mismatched, missing, unexpected, strict: bool) -> None:
+def _mismatch(mismatched: list[str], missing: list[str], unexpected: list[str], strict: bool) -> None:
     if not mismatched and not (strict and (missing or unexpected)):
         return
 
-    def listed(names):
+    def listed(names: list[str]) -> str:
         shown = ", ".join(repr(n) for n in names[:8])
         return shown + (f" and {len(names) - 8} more" if len(names) > 8 else "")
     parts = []
@@ -245,8 +251,15 @@ def _mismatch(mismatched, missing, unexpected, strict: bool) -> None:
     raise IpcError("ERR_TENSOR_MISMATCH", f"update_in_place: the received tensors do not match the parameters: {'; '.join(parts)}. Nothing was copied{tail}")
 
 
-def _plan(dst: Mapping, names_of_src, ref_of_src, strict: bool) -> _Plan:
-    missing, mismatched, names, objs, ptrs, src_index, refs = [], [], [], [], [], [], []
+def _plan(dst: Mapping[str, Any], names_of_src: Iterable[str], ref_of_src: Callable[[str], tuple[Any, _Ref | None]],
+          strict: bool) -> _Plan:
+    missing: list[str] = []
+    mismatched: list[str] = []
+    names: list[str] = []
+    objs: list[Any] = []
+    ptrs: list[int] = []
+    src_index: list[Any] = []
+    refs: list[tuple[_Ref, _Ref]] = []
     for name, obj in dst.items():
         i, s = ref_of_src(name)
         if s is None:
@@ -288,11 +301,11 @@ def _plan(dst: Mapping, names_of_src, ref_of_src, strict: bool) -> _Plan:
     return p
 
 
-_plans: "OrderedDict[tuple, _Plan]" = OrderedDict()
+_plans: OrderedDict[tuple[int, int, bool], _Plan] = OrderedDict()
 _plans_lock = threading.Lock()
 
 
-def _plan_for_set(dst: Mapping, ts: TensorSet, strict: bool) -> _Plan:
+def _plan_for_set(dst: Mapping[str, Any], ts: TensorSet, strict: bool) -> _Plan:
     """The plan of (these parameters, this layout), reused while each parameter is the same object
     at the same address."""
     layout = ts.layout
@@ -307,9 +320,9 @@ def _plan_for_set(dst: Mapping, ts: TensorSet, strict: bool) -> _Plan:
     index = layout.index
     strides, shapes, dtypes, nbytes, extents = layout.strides, layout.shapes, layout.dtypes, layout.nbytes, layout.extents
     host = [isinstance(a, HostBuffer) for a in ts._allocs]
-    ordinals = [a.device.ordinal if not h else 0 for a, h in zip(ts._allocs, host)]
+    ordinals = [a.device.ordinal if isinstance(a, DeviceBuffer) else 0 for a in ts._allocs]
 
-    def ref(name):
+    def ref(name: str) -> tuple[int | None, _Ref | None]:
         i = index.get(name)
         if i is None:
             return None, None
@@ -325,7 +338,7 @@ def _plan_for_set(dst: Mapping, ts: TensorSet, strict: bool) -> _Plan:
     return p
 
 
-def _addresses(objs) -> list:
+def _addresses(objs: list[Any]) -> list[int]:
     """Where each tensor starts now: for torch tensors one C method call each."""
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -335,20 +348,20 @@ def _addresses(objs) -> list:
     return [_address(o) for o in objs]
 
 
-def _address(obj) -> int:
+def _address(obj: Any) -> int:
     if type(obj) is HostArray:
-        return _host_address(obj.buffer)
+        return host_address(obj.buffer)
     dp = getattr(obj, "data_ptr", None)
-    if dp is not None:
-        return dp()
-    return obj.__cuda_array_interface__["data"][0]
+    p: int = dp() if dp is not None else obj.__cuda_array_interface__["data"][0]
+    return p
 
 
 # ------------------------------------------------------------------------------------------------
 # The update
 
 
-def update_in_place(target, received, *, stream=None, strict: bool = True, method: str = "auto", sync: bool = False) -> UpdateResult:
+def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, stream: Any = None, strict: bool = True, method: str = "auto",
+                    sync: bool = False) -> UpdateResult:
     """Copies each received tensor into the parameter of the same name.
 
     ``target``: a dict of tensors (torch tensors, CUDA arrays, HostArray) or a torch module (its
@@ -368,9 +381,10 @@ def update_in_place(target, received, *, stream=None, strict: bool = True, metho
         received._check()
         p = _plan_for_set(dst, received, strict)
         src_ptrs = _source_pointers(p, received)
-        src_obj = received.tensor
+        src_obj: Callable[[str], Any] = received.tensor
     elif isinstance(received, Mapping):
-        p = _plan(dst, list(received), lambda n: (n, _describe(received[n])[0]) if n in received else (None, None), strict)
+        given = received
+        p = _plan(dst, list(given), lambda n: (n, _describe(given[n])[0]) if n in given else (None, None), strict)
         src_ptrs = [_address(received[n]) for n in p.names]
         src_obj = received.__getitem__
     else:
@@ -398,7 +412,7 @@ def update_in_place(target, received, *, stream=None, strict: bool = True, metho
     return UpdateResult(len(p.names), p.bytes, missing, unexpected, ops, used, handle)
 
 
-def _source_pointers(p: _Plan, ts: TensorSet) -> list:
+def _source_pointers(p: _Plan, ts: TensorSet) -> list[int]:
     """Source addresses of the plan's pairs in this message (cached while the allocations map to the
     same bases: a repeated send of the same segments)."""
     bases = tuple(ts.bases())
@@ -411,7 +425,7 @@ def _source_pointers(p: _Plan, ts: TensorSet) -> list:
     return ptrs
 
 
-def _copy_runs(p: _Plan, src_ptrs: list, stream: int, method: str) -> int:
+def _copy_runs(p: _Plan, src_ptrs: list[int], stream: int, method: str) -> int:
     if not p.runs:
         return 0
     arrays = p._arrays
@@ -439,14 +453,14 @@ def _copy_runs(p: _Plan, src_ptrs: list, stream: int, method: str) -> int:
     return n
 
 
-def _torch_for(what: str):
+def _torch_for(what: str) -> ModuleType:
     torch = sys.modules.get("torch")
     if torch is None:
         raise IpcError("ERR_UNSUPPORTED", f"update_in_place needs torch for {what}")
     return torch
 
 
-def _copy_strided(p: _Plan, src_obj, stream: int) -> int:
+def _copy_strided(p: _Plan, src_obj: Callable[[str], Any], stream: int) -> int:
     """Pairs that are not one run of bytes: torch's copy_ on the same stream."""
     if not p.strided:
         return 0
@@ -457,7 +471,7 @@ def _copy_strided(p: _Plan, src_obj, stream: int) -> int:
     return len(p.strided)
 
 
-def _copy_foreach(p: _Plan, src_obj, stream: int) -> int:
+def _copy_foreach(p: _Plan, src_obj: Callable[[str], Any], stream: int) -> int:
     torch = _torch_for("method='foreach'")
     dsts = [_as_torch(o, torch) for o in p.dst_objs]
     srcs = [_as_torch(src_obj(n), torch) for n in p.names]
@@ -466,13 +480,13 @@ def _copy_foreach(p: _Plan, src_obj, stream: int) -> int:
     return 1
 
 
-def _as_torch(obj, torch):
+def _as_torch(obj: Any, torch: ModuleType) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj
     return torch.as_tensor(obj, device="cuda")
 
 
-def _copy_host(p: _Plan, src_ptrs: list) -> None:
+def _copy_host(p: _Plan, src_ptrs: list[int]) -> None:
     memmove = ctypes.memmove
     for k, n in zip(p.runs, p.run_sizes):
         memmove(p.dst_ptrs[k], src_ptrs[k], n)

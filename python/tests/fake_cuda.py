@@ -7,7 +7,8 @@ import os
 
 from cuda_ipc import device as device_mod
 from cuda_ipc import driver as drv
-from cuda_ipc import memory as memory_mod
+from cuda_ipc.link import device_transfers as transfers_mod
+from cuda_ipc.memory import cache as memory_mod
 
 UUID_RAW = bytes(range(16, 32))
 #: Device k's UUID (device 0 has UUID_RAW).
@@ -307,8 +308,8 @@ def install() -> FakeDriver:
     drv._driver = fake
     device_mod._devices = None
     device_mod._by_uuid.clear()
-    memory_mod._check_pool_fd_real = memory_mod._check_pool_fd
-    memory_mod._check_pool_fd = lambda fd: None  # a memfd stands in for /dev/nvidiactl
+    transfers_mod._check_pool_fd_real = transfers_mod._check_pool_fd
+    transfers_mod._check_pool_fd = lambda fd: None  # a memfd stands in for /dev/nvidiactl
     memory_mod._local_exports.clear()
     memory_mod._local_pool_exports.clear()
     memory_mod._local_pools.clear()
@@ -322,7 +323,7 @@ def uninstall(fake: FakeDriver) -> None:
     drv._driver = None
     device_mod._devices = None
     device_mod._by_uuid.clear()
-    memory_mod._check_pool_fd = memory_mod._check_pool_fd_real
+    transfers_mod._check_pool_fd = transfers_mod._check_pool_fd_real
     memory_mod._local_exports.clear()
     memory_mod._local_pool_exports.clear()
     for _, fd in memory_mod._local_pools.values():

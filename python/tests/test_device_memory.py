@@ -9,7 +9,7 @@ import struct
 import unittest
 
 from cuda_ipc import DeviceBuffer, IpcError, share
-from cuda_ipc import memory as memory_mod
+from cuda_ipc.memory import cache as memory_mod
 from cuda_ipc.descriptor import ArrayMeta
 
 from . import fake_cuda

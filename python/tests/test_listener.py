@@ -2,9 +2,11 @@
 test/cpu/python-tensors.test.ts), with the protocol's directory rules, stale sockets replaced, a live
 name refused, and tensor sets over the accepted link."""
 import os
+import select
 import stat
 import tempfile
 import threading
+import time
 import unittest
 
 from cuda_ipc import HostArray, IpcError, connect, listen, share_tensors
@@ -43,7 +45,12 @@ class ListenerTests(unittest.TestCase):
                 a.values()[i] = i * 7
             link.send(share_tensors({"w": a}))
             self.assertEqual(link.receive(timeout=5), {"done": True})
+            # The client's release follows its reply (its frame first): it may not be here yet.
+            deadline = time.monotonic() + 5
             link.poll()
+            while link.leases.count and time.monotonic() < deadline:
+                select.select([link], [], [], 0.05)
+                link.poll()
             self.assertEqual(link.leases.count, 0)
             link.close()
             t.join(5)

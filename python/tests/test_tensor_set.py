@@ -9,7 +9,7 @@ import struct
 import unittest
 
 from cuda_ipc import HostArray, HostBuffer, IpcError, TensorSet, share_tensors, update_in_place
-from cuda_ipc import memory as memory_mod
+from cuda_ipc.memory import cache as memory_mod
 from cuda_ipc import tensor_set as ts_mod
 from cuda_ipc.tensor_wire import KIND_HOST, decode_table, encode_set, encode_table, parse_set
 

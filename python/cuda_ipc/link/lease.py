@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import threading
 import warnings
+from collections.abc import Iterable
 from typing import Callable, Protocol
 
 from .frame import MAX_LEASE_ID
@@ -22,13 +23,26 @@ class LeaseHold(Protocol):
     def release(self) -> None: ...
 
 
+class ReceivedLease(Protocol):
+    """The receiving side of one lease, as a transfer handler's decode() gets it: the value calls
+    ``end()`` once it is finally released."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    def end(self) -> None: ...
+
+
 class Hold:
     """A LeaseHold from a callable (and, for accounting, the bytes it keeps alive)."""
 
     __slots__ = ("_release", "bytes")
 
     def __init__(self, release: Callable[[], None], nbytes: int = 0):
-        self._release = release
+        self._release: Callable[[], None] | None = release
         self.bytes = nbytes
 
     def release(self) -> None:
@@ -50,7 +64,7 @@ def next_lease_id() -> int:
     return i
 
 
-def release_hold(hold) -> None:
+def release_hold(hold: LeaseHold) -> None:
     """Runs ``hold.release()``, reporting (never raising) a failure: the other holds must still run."""
     try:
         hold.release()
@@ -62,7 +76,7 @@ class OutgoingLeases:
     """Leases this process granted to the peer of one link."""
 
     def __init__(self) -> None:
-        self._holds: dict[int, object] = {}
+        self._holds: dict[int, LeaseHold] = {}
         self._bytes = 0
         self._closed = False
         self._lock = threading.Lock()
@@ -75,7 +89,7 @@ class OutgoingLeases:
     def bytes(self) -> int:
         return self._bytes
 
-    def add(self, lease_id: int, hold) -> None:
+    def add(self, lease_id: int, hold: LeaseHold) -> None:
         with self._lock:
             if not self._closed:
                 self._holds[lease_id] = hold
@@ -83,7 +97,7 @@ class OutgoingLeases:
                 return
         release_hold(hold)  # the link is closed: no one holds it
 
-    def release(self, ids) -> int | None:
+    def release(self, ids: Iterable[int]) -> int | None:
         """The peer released ``ids``: returns the first id that is not outstanding (never granted, or
         released already), having released the ids before it; None when all were known."""
         for i in ids:
@@ -105,8 +119,8 @@ class OutgoingLeases:
             release_hold(h)
 
 
-class ReceivedLease:
-    """The receiving side of one lease: call ``end()`` once the value is finally released."""
+class LeaseFromPeer:
+    """The receiving side of one lease (a ReceivedLease): call ``end()`` once the value is finally released."""
 
     __slots__ = ("_table", "id", "_ended")
 
@@ -145,10 +159,10 @@ class IncomingLeases:
     def is_live(self, lease_id: int) -> bool:
         return lease_id in self._live
 
-    def open(self, lease_id: int) -> ReceivedLease:
+    def open(self, lease_id: int) -> LeaseFromPeer:
         with self._lock:
             self._live.add(lease_id)
-        return ReceivedLease(self, lease_id)
+        return LeaseFromPeer(self, lease_id)
 
     def end(self, lease_id: int) -> None:
         with self._lock:

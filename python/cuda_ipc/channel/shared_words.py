@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import ctypes
 import platform
+from collections.abc import Callable
 from ctypes import byref, c_int, c_uint32, c_uint64, c_void_p
 
-from .errors import IpcError
+from typing import Any
+
+from ..errors import IpcError
 
 SEQ_CST = 5
 MAX_U53 = 2**53
 _FAST_LOADS = platform.machine().lower() in ("x86_64", "amd64")
 
-_lib = None
+_lib: ctypes.CDLL | None = None
 
 
-def _libatomic():
+def _libatomic() -> ctypes.CDLL:
     global _lib
     if _lib is None:
         try:
@@ -57,10 +60,29 @@ class SharedWords:
     """Atomics on the words of ``buffer`` (an mmap or another writable buffer, 8-byte aligned),
     ``length`` bytes from its start. Keeps the buffer exported (it cannot be closed) until close()."""
 
-    __slots__ = ("length", "_anchor", "_base", "_u32", "_u64", "_n32", "_n64", "_load4", "_load8", "_store4", "_store8",
+    __slots__ = ("length", "_anchor", "_base", "_bytes", "_u32", "_u64", "_n32", "_n64", "_load4", "_load8", "_store4", "_store8",
                  "_cas4", "_cas8", "_add4", "_add8", "_and4", "_or4", "__weakref__")
+    length: int
+    _anchor: Any  # the ctypes array over the buffer (None once closed)
+    _base: int
+    _bytes: memoryview
+    _u32: memoryview
+    _u64: memoryview
+    _n32: int
+    _n64: int
+    # libatomic's functions: (address, ..., memory order) -> the old value, or None for stores.
+    _load4: Callable[[int, int], int]
+    _load8: Callable[[int, int], int]
+    _store4: Callable[[int, int, int], None]
+    _store8: Callable[[int, int, int], None]
+    _cas4: Callable[[int, Any, int, int, int], bool]
+    _cas8: Callable[[int, Any, int, int, int], bool]
+    _add4: Callable[[int, int, int], int]
+    _add8: Callable[[int, int, int], int]
+    _and4: Callable[[int, int, int], int]
+    _or4: Callable[[int, int, int], int]
 
-    def __init__(self, buffer, length: int):
+    def __init__(self, buffer: Any, length: int):
         lib = _libatomic()
         if length <= 0 or length % 8:
             raise ValueError("shared words: the length must be a positive multiple of 8")
@@ -70,6 +92,7 @@ class SharedWords:
             raise ValueError("shared words: the buffer is not 8-byte aligned")
         self.length = length
         mv = memoryview(self._anchor).cast("B")
+        self._bytes = mv
         self._u32 = mv.cast("I")
         self._u64 = mv.cast("Q")
         self._n32 = length // 4
@@ -166,12 +189,20 @@ class SharedWords:
     def set_plain32(self, off: int, value: int) -> None:
         self._u32[off >> 2] = value & 0xFFFFFFFF
 
+    # -- bytes (a slot record's meta: only its publisher writes them, before it publishes) --
+
+    def read_bytes(self, off: int, n: int) -> bytes:
+        return bytes(self._bytes[off:off + n])
+
+    def write_bytes(self, off: int, data: bytes) -> None:
+        self._bytes[off:off + len(data)] = data
+
     def close(self) -> None:
         """Lets go of the buffer (its mapping may close after this). Every later call fails."""
-        u32, u64 = self._u32, self._u64
-        self._u32 = self._u64 = memoryview(b"")
+        u32, u64, b = self._u32, self._u64, self._bytes
+        self._u32 = self._u64 = self._bytes = memoryview(b"")
         self.length = 0
-        for v in (u32, u64):
+        for v in (u32, u64, b):
             try:
                 v.release()
             except (BufferError, AttributeError):

@@ -11,10 +11,20 @@ written by the CPU at once: each stream memory operation costs about 2 us of dri
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable
 from ctypes import byref, c_void_p
+from typing import TYPE_CHECKING, Any
 
-from . import driver as drv
-from .errors import IpcError
+from .. import driver as drv
+from ..errors import IpcError
+
+if TYPE_CHECKING:
+    from ..device import Device
+    from .shared_words import SharedWords
+
+#: A stream as callers name it: None (the legacy default stream), an int CUstream, or a PyTorch, CuPy
+#: or cuda.core stream object.
+Stream = Any
 
 
 def fence_reached(word: int, value: int) -> bool:
@@ -22,7 +32,7 @@ def fence_reached(word: int, value: int) -> bool:
     return ((word - value) & 0xFFFFFFFF) < 0x80000000
 
 
-def stream_handle(stream) -> int:
+def stream_handle(stream: Stream) -> int:
     """The CUstream of ``stream``: None (the legacy default stream, 0), an int handle, or a stream
     object of PyTorch (``cuda_stream``), cuda.core (``__cuda_stream__``) or CuPy (``ptr``)."""
     if stream is None:
@@ -45,7 +55,7 @@ def stream_handle(stream) -> int:
 class Fences:
     """The control block's fence words, registered with the GPU for ``device`` (a cuda_ipc Device)."""
 
-    def __init__(self, device, words):
+    def __init__(self, device: Device, words: SharedWords):
         self.device = device
         self._words = words
         d = drv.driver()
@@ -71,7 +81,7 @@ class Fences:
     def reached(self, off: int, value: int) -> bool:
         return fence_reached(self._words.load32(off), value)
 
-    def signal(self, stream, off: int, value: int) -> None:
+    def signal(self, stream: Stream, off: int, value: int) -> None:
         """Writes ``value`` into the fence at ``off`` once the work queued on ``stream`` so far is
         done: from the CPU now when the stream is idle, else by the stream."""
         h = stream_handle(stream)
@@ -87,7 +97,7 @@ class Fences:
                 raise self._d.error(r, "cuStreamWriteValue32")
             self.queued = True
 
-    def wait_on(self, stream, off: int, value: int) -> None:
+    def wait_on(self, stream: Stream, off: int, value: int) -> None:
         """Work queued on ``stream`` after this waits until the fence at ``off`` reaches ``value``."""
         if self.reached(off, value):
             return
@@ -98,7 +108,7 @@ class Fences:
                 raise self._d.error(r, "cuStreamWaitValue32")
             self.queued = True
 
-    def synchronize(self, waits, timeout: float | None, service=None) -> None:
+    def synchronize(self, waits: Iterable[tuple[int, int]], timeout: float | None, service: Callable[[], None] | None = None) -> None:
         """Waits on this thread until every (offset, value) fence is reached (ERR_TIMEOUT after
         ``timeout`` seconds). ``service()`` runs now and then (the channel's housekeeping)."""
         deadline = None if timeout is None else time.monotonic() + timeout

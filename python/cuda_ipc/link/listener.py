@@ -1,6 +1,7 @@
-"""listen(name): the accepting side of links between unrelated processes (docs/PROTOCOL.md section 2.2),
-the twin of Node's ``listen``. With it two Python processes (a trainer and an inference worker) link
-directly; Node and Python processes connect to it as to a Node listener.
+"""listen() and connect(): links between unrelated processes through a named Unix socket
+(docs/PROTOCOL.md section 2.2; src/link/listener.ts). ``listen(name)`` is the twin of Node's
+``listen``: with it two Python processes (a trainer and an inference worker) link directly; Node and
+Python processes connect to it as to a Node listener. ``connect(name)`` joins a Node or Python listener.
 
 ``with listen("weights") as server: link = server.accept(timeout=30)``. The socket lives in the same
 private per-user directory as Node's (created 0700; refused when it is not a private directory of
@@ -14,10 +15,11 @@ import os
 import socket
 import stat
 import time
+from collections.abc import Iterable
 
-from . import link as _link  # [tensors hook] Link construction (_CREATE) and socket paths
-from .errors import IpcError
-from .link import Link, default_socket_directory, socket_path
+from ..errors import IpcError
+from .link import _CREATE, Link
+from .socket_path import default_socket_directory, socket_path
 
 
 def _private_directory(path: str) -> None:
@@ -49,12 +51,13 @@ class Listener:
     """A named socket accepting links: ``accept(timeout=None)`` returns the next link whose handshake
     succeeded; ``close()`` stops listening and removes the socket file."""
 
-    def __init__(self, name: str, path: str, sock: socket.socket, allow_uids, handshake_timeout: float, _token=None):
-        if _token is not _link._CREATE:
+    def __init__(self, name: str, path: str, sock: socket.socket, allow_uids: Iterable[int], handshake_timeout: float,
+                 _token: object = None):
+        if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "use listen() to create a Listener")
         self.name = name
         self.path = path
-        self._sock = sock
+        self._sock: socket.socket | None = sock
         self._ino = os.stat(path).st_ino
         self._allow_uids = tuple(allow_uids)
         self._handshake_timeout = handshake_timeout
@@ -83,7 +86,7 @@ class Listener:
             except TimeoutError:
                 raise IpcError("ERR_TIMEOUT", f"no connection to '{self.name}' within {timeout} s") from None
             conn.setblocking(True)
-            link = Link(conn, peer_name=f"process connected to '{self.name}'", verify_peer=True, allow_uids=self._allow_uids, _token=_link._CREATE)
+            link = Link(conn, peer_name=f"process connected to '{self.name}'", verify_peer=True, allow_uids=self._allow_uids, _token=_CREATE)
             if link.closed:
                 continue  # refused (uid): the peer was told
             try:
@@ -111,7 +114,7 @@ class Listener:
     def __enter__(self) -> "Listener":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __del__(self) -> None:
@@ -119,7 +122,8 @@ class Listener:
             self.close()
 
 
-def listen(name: str, *, directory: str | None = None, allow_uids=(), backlog: int = 128, handshake_timeout: float = 10.0) -> Listener:
+def listen(name: str, *, directory: str | None = None, allow_uids: Iterable[int] = (), backlog: int = 128,
+           handshake_timeout: float = 10.0) -> Listener:
     """Listens for links on ``name``; see the module notes."""
     path = socket_path(name, directory)
     if directory is None:
@@ -145,7 +149,37 @@ def listen(name: str, *, directory: str | None = None, allow_uids=(), backlog: i
                 raise
         os.chmod(path, 0o666 if allow_uids else 0o600)
         sock.listen(backlog)
-        return Listener(name, path, sock, allow_uids, handshake_timeout, _token=_link._CREATE)
+        return Listener(name, path, sock, allow_uids, handshake_timeout, _token=_CREATE)
     except BaseException:
         sock.close()
         raise
+
+
+def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int] = (), timeout: float = 10.0) -> Link:
+    """Connects to the Node ``listen(name)`` (a socket in the same per-user directory, or ``directory``)
+    and returns the link once its handshake succeeded."""
+    path = socket_path(name, directory)
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(path)
+            break
+        except OSError as e:
+            sock.close()
+            if e.errno == errno.ENOENT:
+                raise IpcError("ERR_NO_LISTENER", f"no listener named '{name}': {path} does not exist; start the listening process first") from None
+            if e.errno == errno.ECONNREFUSED:
+                raise IpcError("ERR_NO_LISTENER", f"no listener named '{name}': {path} is a stale socket left by a process that is gone") from None
+            if e.errno in (errno.EACCES, errno.EPERM):
+                raise IpcError("ERR_PEER_REFUSED", f"permission denied connecting to '{name}' ({path}): it belongs to another user") from None
+            if e.errno != errno.EAGAIN or time.monotonic() >= deadline:
+                if e.errno == errno.EAGAIN:
+                    raise IpcError("ERR_TIMEOUT", f"the listener '{name}' stayed too busy to accept a connection for {timeout} s") from None
+                raise
+            time.sleep(0.005)  # backlog full: the listener is alive but behind
+    link = Link(sock, peer_name=f"listener '{name}'", verify_peer=True, allow_uids=allow_uids, _token=_CREATE)
+    if link.closed:
+        raise link._closed_error("connect")
+    link._wait_open(max(0.001, deadline - time.monotonic()))
+    return link

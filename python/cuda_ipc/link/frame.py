@@ -13,8 +13,13 @@ Every SOCK_SEQPACKET record is one frame: a 16-byte header and a payload, little
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+from typing import Union
 
-from .errors import frame_invalid
+from ..errors import frame_invalid
+
+#: A frame or the buffer it was received into.
+Buffer = Union[bytes, bytearray, memoryview]
 
 FRAME_MAGIC = 0x4C504943
 FRAME_VERSION = 2
@@ -50,11 +55,11 @@ def header(frame_type: int, flags: int, payload_length: int, fd_count: int) -> b
     return _HEADER.pack(FRAME_MAGIC, FRAME_VERSION, frame_type, flags, payload_length, fd_count, 0)
 
 
-def pack_header_into(buf, frame_type: int, flags: int, payload_length: int, fd_count: int) -> None:
+def pack_header_into(buf: bytearray, frame_type: int, flags: int, payload_length: int, fd_count: int) -> None:
     _HEADER.pack_into(buf, 0, FRAME_MAGIC, FRAME_VERSION, frame_type, flags, payload_length, fd_count, 0)
 
 
-def parse_header(buf, length: int, fd_count: int) -> tuple[int, int, int]:
+def parse_header(buf: Buffer, length: int, fd_count: int) -> tuple[int, int, int]:
     """Checks the header of a ``length``-byte record that arrived with ``fd_count`` fds.
 
     Returns (type, flags, payload_length); raises IpcError ERR_FRAME_INVALID for anything out of
@@ -118,7 +123,7 @@ def refuse_frame(reason: int, text: str) -> bytes:
 _RELEASE_ONE = struct.Struct("<IBBHIHHIIQ")
 
 
-def release_frame(ids) -> bytes:
+def release_frame(ids: Sequence[int]) -> bytes:
     """A whole RELEASE frame for 1..MAX_RELEASE_IDS lease ids."""
     n = len(ids)
     if n == 1:
@@ -126,7 +131,7 @@ def release_frame(ids) -> bytes:
     return header(RELEASE, 0, RELEASE_HEAD_BYTES + 8 * n, 0) + struct.pack(f"<II{n}Q", n, 0, *ids)
 
 
-def read_release_ids(buf, payload_length: int) -> list[int]:
+def read_release_ids(buf: Buffer, payload_length: int) -> list[int]:
     count = (payload_length - RELEASE_HEAD_BYTES) // 8
     ids = list(struct.unpack_from(f"<{count}Q", buf, HEADER_BYTES + RELEASE_HEAD_BYTES))
     for i in ids:

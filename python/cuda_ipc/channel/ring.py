@@ -1,23 +1,32 @@
 """The ring protocol over a channel control block: every operation a participant performs on shared
 state (docs/channel-protocol.md section 4-6), the same steps as the Node side (src/channel/ring.ts),
-so that a Python end and Node ends share one channel.
+so that a Python end and Node ends share one channel. Every read and write of the control block's
+words by a Python end is here (through SharedWords, shared_words.py), the fields of a slot record
+and of a participant entry included: the ends above name no offset.
 
 Values read from shared memory are never trusted: slot indices and positions are range-checked and
 a bad one raises ERR_CHANNEL_CORRUPT. Loops over shared state are bounded.
 """
 from __future__ import annotations
 
-import os
 import time
+from typing import TYPE_CHECKING, Any
 
-from .channel_layout import (
-    FLAG_REDELIVERED, GEN_MASK, H_CONSUMER_MASK, H_CONSUMERS_DIED, H_CONSUMERS_LIVE, H_DATA_SEQ, H_DATA_SLEEPERS,
-    H_HEAD, H_LOCK, H_PRODUCERS_DIED, H_PRODUCERS_LIVE, H_SPACE_SEQ, H_SPACE_SLEEPERS, H_TAIL, KIND_FREE,
-    KIND_PUBLISHED, KIND_TAKEN, KIND_WRITING, P_PID, P_ROLE, P_STATE, ROLE_CONSUMER, ROLE_PRODUCER, S_DELIVERIES,
-    S_HOLDERS, S_LAST_HOLDERS, S_POSITION, S_PUBLISHER, S_STATE, ST_ALIVE, ST_DEAD, ST_ENDED, ST_RECOVERING, Layout,
-    gen_of, slot_word,
+from .layout import (
+    FLAG_REDELIVERED, GEN_MASK, H_CONSUMER_MASK, H_CONSUMERS_ATTACHED, H_CONSUMERS_DIED, H_CONSUMERS_LIVE, H_DATA_SEQ,
+    H_DATA_SLEEPERS, H_HEAD, H_LOCK, H_PRODUCERS_ATTACHED, H_PRODUCERS_DIED, H_PRODUCERS_LIVE, H_SPACE_SEQ,
+    H_SPACE_SLEEPERS, H_TAIL, KIND_FREE, KIND_PUBLISHED, KIND_TAKEN, KIND_WRITING, META_BYTES, META_NONE, P_CURSOR,
+    P_FLAGS, P_GENERATION, P_PID, P_ROLE, P_STATE, PFLAG_HUB_LOCAL, ROLE_CONSUMER, ROLE_PRODUCER, S_DELIVERIES,
+    S_HOLDERS, S_LAST_HOLDERS, S_LENGTH, S_META, S_META_KIND, S_META_LENGTH, S_POSITION, S_PUBLISHER,
+    S_RELEASE_TICKET, S_RELEASED_BY, S_STATE, S_TICKET, ST_ALIVE, ST_DEAD, ST_ENDED, ST_RECOVERING, Layout, gen_of,
+    slot_word,
 )
-from .errors import IpcError
+from ..errors import IpcError
+
+if TYPE_CHECKING:
+    from .doorbells import Doorbells
+    from .fences import Fences
+    from .shared_words import SharedWords
 
 #: How long a publisher spins for the publish lock before retrying later (seconds).
 LOCK_SPIN = 200e-6
@@ -28,40 +37,10 @@ def corrupt(what: str) -> IpcError:
     return IpcError("ERR_CHANNEL_CORRUPT", f"the channel's shared control block is inconsistent ({what}); a peer wrote garbage into it. Close the channel")
 
 
-class Doorbells:
-    """One eventfd per participant entry (received at attach, owned: closed by close())."""
-
-    __slots__ = ("fds", "closed")
-
-    def __init__(self, fds: list[int]):
-        self.fds = list(fds)
-        self.closed = False
-
-    def ring(self, k: int) -> None:
-        if self.closed or not 0 <= k < len(self.fds):
-            return
-        try:
-            os.eventfd_write(self.fds[k], 1)
-        except BlockingIOError:
-            pass  # the count is at its maximum: readable already
-        except OSError:
-            pass  # closed under us: nobody polls it any more
-
-    def close(self) -> None:
-        if self.closed:
-            return
-        self.closed = True
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-
-
 class Ring:
     """The ring protocol as participant ``me`` over ``words`` (SharedWords of the control block)."""
 
-    def __init__(self, words, layout: Layout, bells: Doorbells, me: int):
+    def __init__(self, words: SharedWords, layout: Layout, bells: Doorbells, me: int):
         self.w = words
         self.l = layout
         self.n = layout.slot_count
@@ -222,6 +201,71 @@ class Ring:
     def last_holders(self, s: int) -> int:
         return self.w.plain32(self.slot_off(s) + S_LAST_HOLDERS)
 
+    # -- what a message says: slot record fields only its publisher writes, before it publishes --
+
+    def write_message(self, s: int, length: int, meta_kind: int, meta: bytes) -> None:
+        """Producer, holding slot ``s`` (writing): the message's length and meta."""
+        w = self.w
+        so = self._records + s * self._record_bytes
+        if meta:
+            w.write_bytes(so + S_META, meta)
+        w.set_plain32(so + S_LENGTH, length & 0xFFFFFFFF)
+        w.set_plain32(so + S_LENGTH + 4, length >> 32)
+        w.set_plain32(so + S_META_LENGTH, len(meta))
+        w.set_plain32(so + S_META_KIND, meta_kind)
+
+    def next_ticket(self, s: int) -> int:
+        """Producer, holding slot ``s`` (writing, device slots): the ticket of the message it is about to
+        publish, stored: the previous one + 1, wrapping, never 0 (0: never published)."""
+        w = self.w
+        off = self._records + s * self._record_bytes + S_TICKET
+        ticket = ((w.plain32(off) + 1) & 0xFFFFFFFF) or 1
+        w.set_plain32(off, ticket)
+        return ticket
+
+    def read_message(self, s: int) -> tuple[int, int, int, bytes, int, bool, int]:
+        """Consumer, holding slot ``s``: (position, length, meta kind, meta bytes, publisher, redelivered,
+        ticket) of its message. ERR_CHANNEL_CORRUPT when the fields do not fit the layout."""
+        w = self.w
+        l = self.l
+        so = self._records + s * self._record_bytes
+        length = w.plain32(so + S_LENGTH) | w.plain32(so + S_LENGTH + 4) << 32
+        meta_length = w.plain32(so + S_META_LENGTH)
+        meta_kind = w.plain32(so + S_META_KIND)
+        if length > l.slot_bytes or meta_length > l.meta_bytes or meta_kind > META_BYTES:
+            raise corrupt(f"message in slot {s}: length {length}, meta {meta_length} bytes of kind {meta_kind}")
+        meta = w.read_bytes(so + S_META, meta_length) if meta_kind != META_NONE else b""
+        word = self.taken_words[s] if not l.broadcast else 0
+        return (w.load64(so + S_POSITION), length, meta_kind, meta, w.plain32(so + S_PUBLISHER), bool(word & FLAG_REDELIVERED),
+                w.plain32(so + S_TICKET))
+
+    def note_release(self, s: int, ticket: int) -> None:
+        """Work sharing, device slots: this consumer releases ``ticket`` of slot ``s`` (its producer's
+        next use of the slot waits for this participant's release fence)."""
+        so = self.slot_off(s)
+        self.w.set_plain32(so + S_RELEASED_BY, self.me)
+        self.w.set_plain32(so + S_RELEASE_TICKET, ticket)
+
+    def release_waits(self, s: int) -> list[tuple[int, int]]:
+        """Producer, holding slot ``s`` (device slots): the (release fence, ticket) pairs its previous
+        message must reach before the slot is written again."""
+        w = self.w
+        l = self.l
+        so = self.slot_off(s)
+        if not l.broadcast:
+            ticket = w.plain32(so + S_RELEASE_TICKET)
+            if ticket == 0:
+                return []
+            k = w.plain32(so + S_RELEASED_BY)
+            if k >= l.max_participants:
+                raise corrupt(f"slot {s} was released by participant {k}")
+            return [(l.release_fence(s, k), ticket)]
+        ticket = w.plain32(so + S_TICKET)
+        if ticket == 0:
+            return []
+        holders = self.last_holders(s)
+        return [(l.release_fence(s, k), ticket) for k in range(l.max_participants) if holders & (1 << k)]
+
     # -- consumers -----------------------------------------------------------------------------
 
     def take(self) -> int:
@@ -293,10 +337,35 @@ class Ring:
         t = self._pos(H_TAIL, "tail")
         return (cursor if self.l.broadcast else self._pos(H_HEAD, "head")) >= t
 
+    def cursor(self) -> int:
+        """Broadcast: the position this consumer reads from next (set by the hub at attach)."""
+        return self.w.load64(self.part_off(self.me) + P_CURSOR)
+
     # -- membership ----------------------------------------------------------------------------
 
     def counter(self, off: int) -> int:
         return self.w.load32(off)
+
+    def producers_gone(self) -> bool:
+        """Every producer the channel expects attached, and all left."""
+        w = self.w
+        return w.load32(H_PRODUCERS_LIVE) == 0 and w.load32(H_PRODUCERS_ATTACHED) >= self.l.expect_producers
+
+    def consumers_gone(self) -> bool:
+        """Every consumer the channel expects attached, and all left."""
+        w = self.w
+        return w.load32(H_CONSUMERS_LIVE) == 0 and w.load32(H_CONSUMERS_ATTACHED) >= self.l.expect_consumers
+
+    def consumers_missing(self) -> bool:
+        """Fewer consumers attached so far than the channel expects (a broadcast producer waits)."""
+        return self.w.load32(H_CONSUMERS_ATTACHED) < self.l.expect_consumers
+
+    def participant_generation(self, k: int) -> int:
+        return self.w.plain32(self.part_off(k) + P_GENERATION)
+
+    def hub_local(self, k: int) -> bool:
+        """Participant ``k`` is an end the hub opened in its own process."""
+        return bool(self.w.load32(self.part_off(k) + P_FLAGS) & PFLAG_HUB_LOCAL)
 
     def participant_state(self, k: int) -> int:
         return self.w.load32(self.part_off(k) + P_STATE)
@@ -416,7 +485,33 @@ class Ring:
             w.store32(self.ring_off(t), s)
             w.store64(H_TAIL, t + 1)
 
-    def slot_counts(self) -> dict:
+    def stats(self) -> dict[str, Any]:
+        """Slot states and membership, read now."""
+        c = self.counter
+        return {
+            "slots": self.slot_counts(),
+            "producers": {"attached": c(H_PRODUCERS_ATTACHED), "live": c(H_PRODUCERS_LIVE), "died": c(H_PRODUCERS_DIED)},
+            "consumers": {"attached": c(H_CONSUMERS_ATTACHED), "live": c(H_CONSUMERS_LIVE), "died": c(H_CONSUMERS_DIED)},
+            "published": self.w.load64(H_TAIL),
+        }
+
+    def raise_fences_of(self, k: int, fences: Fences) -> None:
+        """Device slots, participant ``k``'s process is gone: raises the fences its queued GPU work would
+        have raised (its releases of every slot, its publishes of the messages it published)."""
+        w, l = self.w, self.l
+        for s in range(l.slot_count):
+            so = self.slot_off(s)
+            before = w.load32(so + S_STATE)
+            ticket = w.plain32(so + S_TICKET)
+            if ticket == 0:
+                continue
+            fences.raise_(l.release_fence(s, k), ticket)
+            kind = before & 0xFF
+            if kind in (KIND_PUBLISHED, KIND_TAKEN) and w.plain32(so + S_PUBLISHER) == k and \
+                    w.load32(so + S_STATE) == before and w.plain32(so + S_TICKET) == ticket:
+                fences.raise_(l.publish_fence(s), ticket)
+
+    def slot_counts(self) -> dict[str, int]:
         c = {"free": 0, "writing": 0, "published": 0, "taken": 0}
         names = ("free", "writing", "published", "taken")
         for s in range(self.n):

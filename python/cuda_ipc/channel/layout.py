@@ -6,7 +6,7 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from .errors import IpcError
+from ..errors import IpcError
 
 MAGIC = 0x4C4E4843
 VERSION = 3
@@ -117,7 +117,7 @@ def check_params(slot_count: int, slot_bytes: int, meta_bytes: int, max_particip
     return None
 
 
-def read_header(buf, length: int) -> Layout:
+def read_header(buf: memoryview, length: int) -> Layout:
     """Checks the header of a received block ``length`` bytes long: every field must match what its
     own parameters imply. Raises ERR_DESCRIPTOR_INVALID / ERR_DESCRIPTOR_VERSION."""
     def bad(what: str) -> IpcError:
@@ -125,8 +125,14 @@ def read_header(buf, length: int) -> Layout:
 
     if length < HEADER_BYTES:
         raise bad(f"{length} bytes, fewer than its {HEADER_BYTES}-byte header")
-    u32 = lambda off: struct.unpack_from("<I", buf, off)[0]  # noqa: E731
-    u64 = lambda off: struct.unpack_from("<Q", buf, off)[0]  # noqa: E731
+    def u32(off: int) -> int:
+        v: int = struct.unpack_from("<I", buf, off)[0]
+        return v
+
+    def u64(off: int) -> int:
+        v: int = struct.unpack_from("<Q", buf, off)[0]
+        return v
+
     if u32(H_MAGIC) != MAGIC:
         raise bad("wrong magic number")
     version = struct.unpack_from("<H", buf, H_VERSION)[0]
@@ -162,3 +168,9 @@ def read_header(buf, length: int) -> Layout:
     if not (1 <= ep <= max_p and 1 <= ec <= max_p):
         raise bad("membership fields")
     return l._replace(expect_producers=ep, expect_consumers=ec)
+
+
+def read_participant(buf: memoryview, layout: Layout, k: int) -> tuple[int, int]:
+    """(state, role) of participant entry ``k`` of a received block (before it is mapped for atomics)."""
+    state, role = struct.unpack_from("<II", buf, layout.participants_offset + k * PARTICIPANT_BYTES + P_STATE)
+    return state, role
