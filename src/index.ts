@@ -36,6 +36,7 @@ export {
   type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
 } from './link/index.js';
+export { type LinkOptions } from './link/index.js';
 export { stats, type Stats } from './stats.js';
 export { collectStatus, type StatusSnapshot, type ProcessStatus, type PeerShare, type CollectOptions } from './observe/reader.js';
 export { traceLeaks } from './leak.js';

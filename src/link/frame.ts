@@ -5,15 +5,18 @@
 //   0      4     magic 0x4C504943 ("CIPL")
 //   4      1     version (2: transfer records carry lease ids, RELEASE exists)
 //   5      1     type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE
-//   6      2     flags: MESSAGE only, the payload encoding (Encoding); 0 for other types
+//   6      2     flags: MESSAGE only: bits 0-7 the payload encoding (Encoding), bit 8 the
+//                payload is in the attached memfd (LARGE_PAYLOAD); 0 for other types
 //   8      4     payload length: exactly the record length minus 16
 //   12     2     fd count: exactly the number of fds that arrived with the record
 //   14     2     reserved, 0
 //
-// Payloads: HELLO 8 bytes (u32 features, u32 reserved = 0); GOODBYE empty; REFUSE u16 reason
-// then UTF-8 text; MESSAGE see message-format.ts; RELEASE (the receiver of leased values is done
-// with them, lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids, each
-// 1..2^53-1; exactly 8 + 8 * count bytes. Only MESSAGE frames carry fds.
+// Payloads: HELLO 8 bytes (u32 features: bit 0 = accepts large messages; u32 reserved = 0);
+// GOODBYE empty; REFUSE u16 reason then UTF-8 text; MESSAGE see message-format.ts, or with
+// LARGE_PAYLOAD set exactly 8 bytes, the u64 length of the payload that the sealed memfd
+// attached as the first fd holds (large-message.ts); RELEASE (the receiver of leased values is
+// done with them, lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids,
+// each 1..2^53-1; exactly 8 + 8 * count bytes. Only MESSAGE frames carry fds.
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 
@@ -43,7 +46,18 @@ export const enum Encoding {
   JsonWithRecords = 2,
 }
 
+/** MESSAGE flags: the low byte is the Encoding. */
+export const ENCODING_MASK = 0xff;
+/** MESSAGE flag: the payload is not in the frame but in the sealed memfd sent as its first fd. */
+export const LARGE_PAYLOAD = 0x100;
+/** The inline payload of a LARGE_PAYLOAD message: the u64 length of the payload in the memfd. */
+export const LARGE_INLINE_BYTES = 8;
+
 export const HELLO_PAYLOAD_BYTES = 8;
+/** HELLO features: this side accepts LARGE_PAYLOAD messages. Unknown bits are ignored. */
+export const FEATURE_LARGE_MESSAGES = 1;
+/** The features this build announces in its HELLO. */
+export const OUR_FEATURES = FEATURE_LARGE_MESSAGES;
 /** RELEASE: u32 count and u32 reserved before the ids. */
 export const RELEASE_HEAD_BYTES = 8;
 /** Most ids in one RELEASE frame. */
@@ -51,6 +65,8 @@ export const MAX_RELEASE_IDS = Math.floor((MAX_PAYLOAD_BYTES - RELEASE_HEAD_BYTE
 export const enum RefuseReason {
   Uid = 1,
   Protocol = 2,
+  /** A message was larger than the receiver's maxMessageBytes. */
+  TooLarge = 3,
 }
 
 export interface FrameHeader {
@@ -93,8 +109,16 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
   if (payloadLength !== length - HEADER_BYTES) throw invalid(`payload length ${payloadLength} does not match the ${length - HEADER_BYTES} bytes received`);
   if (declaredFds !== fdCount) throw invalid(`header announces ${declaredFds} fds but ${fdCount} arrived`);
   if (type === FrameType.Message) {
-    if (flags > Encoding.JsonWithRecords) throw invalid(`unknown message encoding ${flags}`);
-    if (fdCount > 0 && flags !== Encoding.JsonWithRecords) throw invalid('fds arrived with a message that has no transfer records');
+    const encoding = flags & ENCODING_MASK;
+    if ((flags & ~(ENCODING_MASK | LARGE_PAYLOAD)) !== 0) throw invalid(`unknown message flags 0x${flags.toString(16)}`);
+    if (encoding > Encoding.JsonWithRecords) throw invalid(`unknown message encoding ${encoding}`);
+    // A large message's first fd is its payload; the others belong to its records.
+    const large = (flags & LARGE_PAYLOAD) !== 0;
+    if (large && (payloadLength !== LARGE_INLINE_BYTES || fdCount === 0)) {
+      throw invalid(`a large message must carry an 8-byte length and its memfd (got ${payloadLength} bytes, ${fdCount} fds)`);
+    }
+    const recordFds = large ? fdCount - 1 : fdCount;
+    if (recordFds > 0 && encoding !== Encoding.JsonWithRecords) throw invalid('fds arrived with a message that has no transfer records');
   } else if (type === FrameType.Hello || type === FrameType.Goodbye || type === FrameType.Refuse || type === FrameType.Release) {
     if (flags !== 0) throw invalid(`flags 0x${flags.toString(16)} on a control frame`);
     if (fdCount !== 0) throw invalid('fds arrived with a control frame');

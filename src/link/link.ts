@@ -7,17 +7,27 @@ import { EventEmitter } from 'node:events';
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeSocket } from '../posix-types.js';
-import { acquireEncoder } from './message-encoder.js';
+import { acquireEncoder, type MessageLimit } from './message-encoder.js';
 import {
+  FEATURE_LARGE_MESSAGES,
   FrameType,
   HEADER_BYTES,
   HELLO_PAYLOAD_BYTES,
+  LARGE_INLINE_BYTES,
+  LARGE_PAYLOAD,
+  MAX_FDS,
   MAX_FRAME_BYTES,
+  MAX_PAYLOAD_BYTES,
+  OUR_FEATURES,
+  RefuseReason,
   encodeRelease,
   parseHeader,
   writeHeader,
+  writeU64,
   type FrameHeader,
 } from './frame.js';
+import { writeLargePayload } from './large-message.js';
+import { DEFAULT_LINK_LIMITS, type LinkLimits } from './link-options.js';
 import { readPayload, type InboundContext, type InboundFrame } from './inbound.js';
 import { IncomingLeases, OutgoingLeases, releaseHold, type LeaseCounts } from './lease.js';
 import { closeFds } from './fds.js';
@@ -61,6 +71,8 @@ export interface LinkSetup {
   handshakeTimeoutMs?: number;
   /** For messages: who the peer is, e.g. "child process 1234". */
   peerName: string;
+  /** The bounds of linkLimits(options) (default DEFAULT_LINK_LIMITS). */
+  limits?: LinkLimits;
 }
 
 /** @internal */
@@ -70,6 +82,8 @@ export const kOpened: unique symbol = Symbol('cuda-ipc.link.opened');
 
 // Sent frames are copied by the kernel, or by the outbox when they must wait: one scratch serves.
 const releaseScratch = new Uint8Array(HEADER_BYTES + 8 + 8 * 64);
+const largeScratch = new Uint8Array(HEADER_BYTES + LARGE_INLINE_BYTES);
+const largeView = new DataView(largeScratch.buffer);
 let nextLinkId = 1;
 
 export interface Link {
@@ -115,6 +129,11 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   readonly #header: FrameHeader = { type: FrameType.Hello, flags: 0, payloadLength: 0, fdCount: 0 };
   #state: LinkState = 'handshaking';
   #peer: PeerCredentials | undefined;
+  /** The features of the peer's HELLO; undefined until it arrived. */
+  #peerFeatures: number | undefined;
+  readonly #limits: LinkLimits;
+  /** What a message may hold: maxMessageBytes, or one frame for a peer without large messages. */
+  #sendLimit: MessageLimit;
   /** Why the link closed; undefined for a clean close. */
   #reason: IpcError | undefined;
   #closedBy: 'local' | 'peer' | undefined;
@@ -130,7 +149,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   readonly #leasesOut = new OutgoingLeases(this);
   /** Leases the peer granted: ended ones go back in RELEASE frames. */
   readonly #leasesIn = new IncomingLeases((ids) => this.#sendRelease(ids));
-  readonly #inbound: InboundContext = { link: this, leases: this.#leasesIn };
+  readonly #inbound: InboundContext;
 
   /** @internal Use spawn(), parentLink(), listen() or connect(). */
   constructor(token: typeof kCreate, setup: LinkSetup) {
@@ -139,6 +158,13 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       throw new IpcError('ERR_INVALID_ARG', 'Link cannot be constructed directly; use spawn(), parentLink(), listen() or connect()');
     }
     this.#setup = setup;
+    this.#limits = setup.limits ?? DEFAULT_LINK_LIMITS;
+    this.#inbound = { link: this, leases: this.#leasesIn, maxMessageBytes: this.#limits.maxMessageBytes };
+    this.#sendLimit = {
+      bytes: this.#limits.maxMessageBytes,
+      why: `this link sends (maxMessageBytes ${this.#limits.maxMessageBytes})`,
+      option: 'maxMessageBytes',
+    };
     try {
       this.#sock = new addon.Socket(setup.fd, MAX_FRAME_BYTES, this.#onRecord, this.#onState);
     } catch (e) {
@@ -218,10 +244,15 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     const enc = acquireEncoder();
     enc.busy = true;
     try {
-      const m = enc.encode(value, this);
-      writeHeader(enc.view, FrameType.Message, m.encoding, m.headLength - HEADER_BYTES + (m.body?.byteLength ?? 0), m.fds.length);
+      const m = enc.encode(value, this, this.#sendLimit);
+      const payloadLength = m.headLength - HEADER_BYTES + (m.body?.byteLength ?? 0);
       try {
-        this.#outbox.send(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
+        if (payloadLength <= MAX_PAYLOAD_BYTES) {
+          writeHeader(enc.view, FrameType.Message, m.encoding, payloadLength, m.fds.length);
+          this.#outbox.send(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
+        } else {
+          this.#sendLarge(enc.scratch, m.headLength, m.body, m.encoding, payloadLength, m.fds, m.ownedFds);
+        }
       } catch (e) {
         // Nothing was leased: the peer will never see these ids.
         for (const { hold } of m.holds) releaseHold(hold);
@@ -238,7 +269,28 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       }
     } finally {
       enc.busy = false;
+      enc.shrink();
     }
+  }
+
+  /**
+   * Sends a payload too large for a frame (head[16, headLength) then body) in a sealed memfd,
+   * attached before the records' fds. Closes `ownedFds` if it throws, as the outbox does.
+   */
+  #sendLarge(head: Uint8Array, headLength: number, body: Uint8Array | null, encoding: number, payloadLength: number, fds: readonly number[], ownedFds: readonly number[]): void {
+    let fd: number;
+    try {
+      if (fds.length + 1 > MAX_FDS) {
+        throw new IpcError('ERR_MESSAGE_TOO_LARGE', `link.send: a message larger than a frame carries its payload as one of its ${MAX_FDS} fds, and this one has ${fds.length} more; split it into several messages`, { limit: 'MAX_FDS' });
+      }
+      fd = writeLargePayload(head, HEADER_BYTES, headLength, body);
+    } catch (e) {
+      closeFds(ownedFds);
+      throw e;
+    }
+    writeHeader(largeView, FrameType.Message, encoding | LARGE_PAYLOAD, LARGE_INLINE_BYTES, 1 + fds.length);
+    writeU64(largeView, HEADER_BYTES, payloadLength);
+    this.#outbox.send(largeScratch, largeScratch.byteLength, null, [fd, ...fds], [fd, ...ownedFds]);
   }
 
   /** Resolves once every sent frame is in the kernel; rejects if the link closes first. */
@@ -266,7 +318,9 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   #sendHello(): void {
     this.#helloSent = true;
     try {
-      this.#sendControl(FrameType.Hello, new Uint8Array(HELLO_PAYLOAD_BYTES));
+      const hello = new Uint8Array(HELLO_PAYLOAD_BYTES);
+      new DataView(hello.buffer).setUint32(0, OUR_FEATURES, true);
+      this.#sendControl(FrameType.Hello, hello);
     } catch (e) {
       // The peer is already gone; the receive side reports it.
     }
@@ -280,6 +334,21 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       // Best effort: the peer learns from the close either way.
     }
     this.#shutdown(error, 'local');
+  }
+
+  /** A REFUSE with `reason` and `text` (at most 1024 bytes kept), straight to the socket, best effort. */
+  #sendRefusal(reason: RefuseReason, text: string): void {
+    const body = Buffer.from(text.slice(0, 1000));
+    const frame = new Uint8Array(HEADER_BYTES + 2 + body.byteLength);
+    const view = new DataView(frame.buffer);
+    writeHeader(view, FrameType.Refuse, 0, 2 + body.byteLength, 0);
+    view.setUint16(HEADER_BYTES, reason, true);
+    frame.set(body, HEADER_BYTES + 2);
+    try {
+      this.#sock.send(frame, frame.byteLength, null, null);
+    } catch {
+      // The peer learns from the close either way.
+    }
   }
 
   // ------------------------------------------------------------------------------------------
@@ -343,6 +412,8 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       // readPayload closed the fds. Anything but an IpcError would be a bug in the decoder; the
       // link still closes with a typed reason rather than throw out of the socket callback.
       const reason = e instanceof IpcError ? e : new IpcError('ERR_FRAME_INVALID', `could not decode a frame from the ${this.#setup.peerName}: ${String((e as Error)?.message ?? e)}`, { cause: e });
+      // A message over our limit is the one refusal the sender can act on: tell it why.
+      if (reason.code === 'ERR_MESSAGE_TOO_LARGE') this.#sendRefusal(RefuseReason.TooLarge, reason.message);
       this.#shutdown(reason, 'local');
       return;
     }
@@ -365,21 +436,35 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
         return;
       }
       case FrameType.Hello:
-        this.#onHello(cred);
+        this.#onHello(cred, f.features);
         return;
       case FrameType.Goodbye:
         this.#shutdown(undefined, 'peer');
         return;
       case FrameType.Refuse:
-        this.#shutdown(new IpcError('ERR_PEER_REFUSED', `the ${this.#setup.peerName} refused the link: ${f.text}`), 'peer');
+        this.#shutdown(
+          f.reason === RefuseReason.TooLarge
+            ? new IpcError('ERR_MESSAGE_TOO_LARGE', `the ${this.#setup.peerName} closed the link on a message larger than it accepts: ${f.text}`, { limit: 'maxMessageBytes' })
+            : new IpcError('ERR_PEER_REFUSED', `the ${this.#setup.peerName} refused the link: ${f.text}`),
+          'peer',
+        );
         return;
     }
   };
 
-  #onHello(cred: [number, number, number] | undefined): void {
+  #onHello(cred: [number, number, number] | undefined, features: number): void {
     if (this.#state !== 'handshaking') {
       this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a second HELLO`), 'local');
       return;
+    }
+    this.#peerFeatures = features;
+    if ((features & FEATURE_LARGE_MESSAGES) === 0) {
+      // A peer that only takes frames (an older cuda-ipc): the send fails here, not at the peer.
+      this.#sendLimit = {
+        bytes: Math.min(MAX_PAYLOAD_BYTES, this.#limits.maxMessageBytes),
+        why: `the ${this.#setup.peerName} accepts (${MAX_PAYLOAD_BYTES}, one frame: its cuda-ipc does not take larger messages)`,
+        option: 'maxMessageBytes',
+      };
     }
     if (this.#setup.peerFrom === 'hello') {
       if (!cred) {

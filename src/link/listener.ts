@@ -6,11 +6,12 @@ import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeAcceptor } from '../posix-types.js';
 import { Link, kCreate, kOpened } from './link.js';
+import { linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
 import { Queue } from './queue.js';
 import { socketPath } from './socket-path.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
 
-export interface ListenOptions {
+export interface ListenOptions extends LinkOptions {
   /** Other uids whose processes may connect (yours always may). The socket file is then 0666;
    * the directory's permissions still apply, so pass `directory` as well. */
   allowUids?: readonly number[];
@@ -21,7 +22,7 @@ export interface ListenOptions {
   handshakeTimeoutMs?: number;
 }
 
-export interface ConnectOptions {
+export interface ConnectOptions extends LinkOptions {
   /** Other uids the listening process may run as (yours always may). */
   allowUids?: readonly number[];
   directory?: string;
@@ -74,6 +75,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
   #acceptor: NativeAcceptor | undefined;
   readonly #ino: number;
   readonly #options: ListenOptions;
+  readonly #limits: LinkLimits;
   readonly #handshaking = new Set<Link>();
   readonly #ready = new Queue<Link>();
   #waiters: Array<{ resolve(l: Link): void; reject(e: unknown): void }> = [];
@@ -86,6 +88,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     this.name = name;
     this.path = path;
     this.#options = options;
+    this.#limits = linkLimits(options, 'options');
     this.#ino = statSync(path).ino;
     this.#acceptor = new addon.Acceptor(fd, this.#onAccept);
   }
@@ -112,6 +115,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
         helloFirst: true,
         handshakeTimeoutMs: this.#options.handshakeTimeoutMs ?? 10_000,
         peerName: `process connected to '${this.name}'`,
+        limits: this.#limits,
       });
     } catch (e) {
       this.#refused(e);
@@ -242,6 +246,7 @@ export function listen(name: string, options: ListenOptions = {}): Listener {
 
 /** Connects to the listener named `name`; resolves once the handshake succeeded. */
 export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {
+  const limits = linkLimits(options, 'options');
   const path = socketPath(name, options.directory);
   const timeoutMs = options.timeoutMs ?? 10_000;
   const deadline = Date.now() + timeoutMs;
@@ -276,6 +281,7 @@ export async function connect(name: string, options: ConnectOptions = {}): Promi
     helloFirst: true,
     handshakeTimeoutMs: Math.max(1, deadline - Date.now()),
     peerName: `listener '${name}'`,
+    limits,
   });
   await link[kOpened]();
   return link;

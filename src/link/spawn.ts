@@ -8,11 +8,12 @@ import { addon } from '../native.js';
 import { Device, WORKING_DEVICE_ENV } from '../cuda/device.js';
 import { checkDeviceUuid } from '../ipc/device-uuid.js';
 import { Link, kCreate, kOpened } from './link.js';
+import { linkLimits, type LinkOptions } from './link-options.js';
 
 /** The environment variable telling a spawned child which fd is its link. */
 export const LINK_FD_ENV = 'CUDA_IPC_LINK_FD';
 
-export interface SpawnOptions {
+export interface SpawnOptions extends LinkOptions {
   /** Arguments for node itself; default: this process's execArgv without inspector, test-runner,
    * watch and eval flags. */
   execArgv?: readonly string[];
@@ -88,6 +89,7 @@ export async function spawn(module: string | URL, args: readonly string[] = [], 
 export async function startLinkedChild(command: string, argv: readonly string[], options: SpawnOptions, what: string): Promise<SpawnedChild> {
   const path = what;
   const deviceEnv = options.device === undefined ? {} : { [WORKING_DEVICE_ENV]: workingDeviceUuid(options.device) };
+  const limits = linkLimits(options, 'options');
   const [parentFd, childFd] = addon.socketpair();
   let link: Link;
   try {
@@ -100,6 +102,7 @@ export async function startLinkedChild(command: string, argv: readonly string[],
       helloFirst: false,
       handshakeTimeoutMs: options.handshakeTimeoutMs ?? 30_000,
       peerName: 'child process',
+      limits,
     });
   } catch (e) {
     addon.close(childFd);
@@ -153,11 +156,13 @@ function workingDeviceUuid(device: Device | string): string {
 let parent: Link | undefined;
 
 /**
- * The link to the process that started this one with spawn(). The same Link every call. The
- * parent is trusted as such (it chose how to start us), so its uid is not checked.
+ * The link to the process that started this one with spawn(). The same Link every call (its
+ * `options` are those of the first call). The parent is trusted as such (it chose how to start
+ * us), so its uid is not checked.
  */
-export function parentLink(): Link {
+export function parentLink(options?: LinkOptions): Link {
   if (parent) return parent;
+  const limits = linkLimits(options, 'options');
   const value = process.env[LINK_FD_ENV];
   if (value === undefined) {
     throw new IpcError('ERR_NOT_SPAWNED', `parentLink(): this process was not started by cuda-ipc's spawn() (${LINK_FD_ENV} is not set); start it with spawn(moduleUrl)`);
@@ -185,6 +190,7 @@ export function parentLink(): Link {
     allowUids: [],
     helloFirst: true,
     peerName: 'parent process',
+    limits,
   });
   return parent;
 }

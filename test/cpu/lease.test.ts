@@ -122,7 +122,7 @@ test('a sent value is leased until the receiver closes it; link.leases, leaseSta
 });
 
 test('a send that fails releases the holds it took at once; nothing is leased', async () => {
-  const [a, b] = await linkPair();
+  const [a, b] = await linkPair({ maxMessageBytes: 100_000 });
   try {
     const closed = HostBuffer.allocate(16);
     closed.close();

@@ -334,8 +334,8 @@ test('per-link handler state: an fd sent once per link, recorded on commit, drop
   }
 });
 
-test('messages up to the frame limit travel over a real link', async () => {
-  const [a, b] = await linkPair();
+test('messages up to the frame limit travel over a real link; one byte more needs a large message', async () => {
+  const [a, b] = await linkPair({ maxMessageBytes: 128 * 1024 - 16 });
   const big = new Uint8Array(128 * 1024 - 16).map((_, i) => i & 255);
   a.send(big);
   a.send({ text: 'é'.repeat(60_000) });

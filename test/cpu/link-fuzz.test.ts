@@ -42,6 +42,7 @@ test(`mutated and random link frames are rejected with IpcErrors, leak no fd and
   assert.ok(seen('rejected ERR_FRAME_INVALID') > cases / 2);
   assert.ok(seen('message error ERR_DESCRIPTOR_INVALID') > 0 && seen('message error ERR_NOT_TRANSFERABLE') > 0);
   assert.ok(stats.leasesOpened > 0, 'some leased values were decoded (and their leases ended on disposal)');
+  assert.ok(seen('accepted MESSAGE (large)') > 0 && seen('rejected ERR_FRAME_INVALID (large)') > 0, 'large messages were decoded and refused');
   assert.ok(stats.casesWithFds > cases / 10 && stats.wrongFdCount > cases / 50);
 });
 
@@ -101,7 +102,7 @@ test('garbage through a real socket pair: the link closes or delivers, always wi
       const { link, raw } = linkWithRawPeer();
       try {
         raw.send(HELLO());
-        const fds = templates.make(rng, c.fdCount);
+        const fds = templates.makeFor(c, rng);
         try {
           // An empty record reads as the peer's EOF on SEQPACKET: the link then reports ERR_PEER_GONE.
           raw.send(c.bytes, fds);
