@@ -7,6 +7,7 @@ import { IpcError } from '../errors.js';
 import type { ReceivedMessage } from './inbound.js';
 import { disposeValues } from './message-decoder.js';
 import { Queue, type Waiter } from './queue.js';
+import { armWait, type WaitOptions } from '../abort.js';
 import type { SocketInterest } from './socket-interest.js';
 
 const INBOX_PAUSE = 1024;
@@ -36,26 +37,28 @@ export class Inbox {
     return entry;
   }
 
-  /** A receive() with nothing queued: resolves with the next message delivered. */
-  wait(signal: AbortSignal | undefined): Promise<unknown> {
-    if (signal?.aborted) return Promise.reject(abortError(signal));
+  /**
+   * A receive() with nothing queued: resolves with the next message delivered, or rejects per
+   * `options` (AbortError, ERR_TIMEOUT), withdrawn so that no later message goes to it.
+   */
+  wait(options: WaitOptions | undefined): Promise<unknown> {
     return new Promise<unknown>((resolve, reject) => {
       const waiter: Waiter = { resolve, reject };
-      if (signal) {
-        const onAbort = (): void => {
-          this.#waiters = this.#waiters.filter((w) => w !== waiter);
-          reject(abortError(signal));
-        };
-        signal.addEventListener('abort', onAbort, { once: true });
-        waiter.resolve = (v) => {
-          signal.removeEventListener('abort', onAbort);
-          resolve(v);
-        };
-        waiter.reject = (e) => {
-          signal.removeEventListener('abort', onAbort);
-          reject(e);
-        };
-      }
+      let gaveUp = false;
+      const disarm = armWait(options, 'link.receive', (error) => {
+        gaveUp = true;
+        this.#waiters = this.#waiters.filter((w) => w !== waiter);
+        reject(error);
+      });
+      if (gaveUp) return;
+      waiter.resolve = (v) => {
+        disarm();
+        resolve(v);
+      };
+      waiter.reject = (e) => {
+        disarm();
+        reject(e);
+      };
       this.#waiters.push(waiter);
     });
   }
@@ -121,7 +124,3 @@ export class Inbox {
   }
 }
 
-function abortError(signal: AbortSignal): IpcError {
-  const r = signal.reason as { name?: string; message?: string } | undefined;
-  return new IpcError('ERR_TIMEOUT', `link.receive was aborted: ${r?.message ?? 'the signal fired'}`, { cause: signal.reason });
-}

@@ -29,10 +29,11 @@ import {
 import { writeLargePayload } from './large-message.js';
 import { DEFAULT_LINK_LIMITS, type LinkLimits } from './link-options.js';
 import { readPayload, type InboundContext, type InboundFrame } from './inbound.js';
-import { IncomingLeases, OutgoingLeases, releaseHold, type LeaseCounts } from './lease.js';
+import { IncomingLeases, OutgoingLeases, releaseHold, type LeaseCounts, type LeaseHold } from './lease.js';
 import { closeFds } from './fds.js';
 import { SocketInterest } from './socket-interest.js';
-import { Outbox } from './outbox.js';
+import { Outbox, type SendQueueCounts } from './outbox.js';
+import { armWait, type WaitOptions } from '../abort.js';
 import { Inbox } from './inbox.js';
 import { uidAllowed, uidRefusal } from './handshake.js';
 import type { Waiter } from './queue.js';
@@ -48,10 +49,8 @@ export interface PeerCredentials {
 
 export type LinkState = 'handshaking' | 'open' | 'closed';
 
-export interface ReceiveOptions {
-  /** Abort the wait (e.g. `AbortSignal.timeout(1000)`); the promise rejects with ERR_TIMEOUT. */
-  signal?: AbortSignal;
-}
+/** `signal`: give up when it aborts (AbortError); `timeout`: after that many ms (ERR_TIMEOUT). */
+export type ReceiveOptions = WaitOptions;
 
 /** @internal How the opener configures a link. */
 export interface LinkSetup {
@@ -87,6 +86,8 @@ const largeView = new DataView(largeScratch.buffer);
 let nextLinkId = 1;
 
 export interface Link {
+  on(event: 'drain', listener: () => void): this;
+  once(event: 'drain', listener: () => void): this;
   on(event: 'message', listener: (value: unknown) => void): this;
   on(event: 'messageerror', listener: (error: IpcError) => void): this;
   on(event: 'error', listener: (error: IpcError) => void): this;
@@ -102,8 +103,13 @@ export interface Link {
 /**
  * A connection to another process.
  *
- * Sending: `send(value)` is synchronous; when the peer is slow the frame waits in an outbox
- * (`flush()` resolves once it is empty). Receiving: each message goes to exactly one consumer: a
+ * Sending: `send(value)` is synchronous and returns true when the message went straight to the
+ * peer, false when the peer is behind: the message had to wait in the link's queue (the peer's
+ * socket is full), or the peer holds at least half the leases the link allows (LinkOptions.leases).
+ * Like a stream's write(), false says "stop" and the 'drain' event says when to go on (the queue
+ * is empty and the peer below half its leases). The queue and the leases are bounded: a message
+ * that would pass a bound throws (ERR_SEND_QUEUE_FULL, ERR_LIMIT_REACHED) and is not sent;
+ * nothing is dropped. Receiving: each message goes to exactly one consumer: a
  * pending `receive()` first, else the 'message' listeners, else an inbox that `receive()` and
  * `for await (const m of link)` read. A message that could not be decoded (e.g. no transfer handler
  * for it here) rejects that receive() or fires 'messageerror'; the link stays open.
@@ -132,6 +138,8 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   /** The features of the peer's HELLO; undefined until it arrived. */
   #peerFeatures: number | undefined;
   readonly #limits: LinkLimits;
+  /** send() returned false and 'drain' has not fired since. */
+  #behind = false;
   /** What a message may hold: maxMessageBytes, or one frame for a peer without large messages. */
   #sendLimit: MessageLimit;
   /** Why the link closed; undefined for a clean close. */
@@ -174,7 +182,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     this.#recvBuf = Buffer.from(this.#sock.recvBuffer);
     this.#recvView = new DataView(this.#sock.recvBuffer);
     this.#interest = new SocketInterest(this.#sock);
-    this.#outbox = new Outbox(this.#sock, this.#interest, setup.peerName);
+    this.#outbox = new Outbox(this.#sock, this.#interest, setup.peerName, this.#limits.sendQueue, () => this.#maybeDrain());
     this.#inbox = new Inbox(this, this.#interest);
     try {
       if (setup.peerFrom === 'hello') addon.setPassCred(setup.fd, true);
@@ -217,6 +225,13 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   get pendingSends(): number {
     return this.#outbox.length;
   }
+  /**
+   * What waits for room in the socket, against LinkOptions.sendQueue: messages, bytes (frames,
+   * and the memfds of large messages) and fds. All 0 while the peer keeps up.
+   */
+  get sendQueue(): SendQueueCounts {
+    return this.#outbox.counts();
+  }
   /** Messages received and not yet consumed. */
   get pendingReceives(): number {
     return this.#inbox.length;
@@ -235,10 +250,13 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   /**
    * Sends `value`: JSON data, bigints, typed arrays (a Uint8Array alone is sent as raw bytes and
    * arrives as a Uint8Array) and objects with a transfer handler (HostBuffer, ...), in one frame
-   * with all their fds. Throws ERR_NOT_TRANSFERABLE / ERR_MESSAGE_TOO_LARGE without sending, and
+   * with all their fds. Returns true when it went straight to the peer, false when the peer is
+   * behind (stop sending until 'drain'; see the class notes). Throws without sending:
+   * ERR_NOT_TRANSFERABLE, ERR_MESSAGE_TOO_LARGE (maxMessageBytes), ERR_SEND_QUEUE_FULL
+   * (sendQueue), ERR_LIMIT_REACHED (leases), ERR_FD_LIMIT (no fd left for it), and
    * ERR_LINK_CLOSED / ERR_PEER_GONE once the link is closed.
    */
-  send(value: unknown): void {
+  send(value: unknown): boolean {
     probe?.(Probe.SendStart);
     if (this.#state === 'closed') throw this.#closedError('send');
     const enc = acquireEncoder();
@@ -246,12 +264,14 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     try {
       const m = enc.encode(value, this, this.#sendLimit);
       const payloadLength = m.headLength - HEADER_BYTES + (m.body?.byteLength ?? 0);
+      let sent: boolean;
       try {
+        if (m.holds.length > 0) this.#checkLeaseRoom(m.holds, m.ownedFds);
         if (payloadLength <= MAX_PAYLOAD_BYTES) {
           writeHeader(enc.view, FrameType.Message, m.encoding, payloadLength, m.fds.length);
-          this.#outbox.send(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
+          sent = this.#outbox.send(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
         } else {
-          this.#sendLarge(enc.scratch, m.headLength, m.body, m.encoding, payloadLength, m.fds, m.ownedFds);
+          sent = this.#sendLarge(enc.scratch, m.headLength, m.body, m.encoding, payloadLength, m.fds, m.ownedFds);
         }
       } catch (e) {
         // Nothing was leased: the peer will never see these ids.
@@ -259,6 +279,11 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
         throw e;
       }
       for (const { id, hold } of m.holds) this.#leasesOut.add(id, hold);
+      // Behind: the message waits in the queue, or the peer holds half the leases it may.
+      if (!sent || this.#leasesHigh()) {
+        this.#behind = true;
+        sent = false;
+      }
       for (const commit of m.commits) {
         try {
           commit();
@@ -267,17 +292,52 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
           process.emitWarning(`a transfer handler's onCommit threw: ${String((e as Error)?.message ?? e)}`, { code: 'CUDA_IPC_TRANSFER_HANDLER' });
         }
       }
+      return sent;
     } finally {
       enc.busy = false;
       enc.shrink();
     }
   }
 
+  /** Throws ERR_LIMIT_REACHED (closing `ownedFds`) when `holds` would pass LinkOptions.leases. */
+  #checkLeaseRoom(holds: ReadonlyArray<{ hold: LeaseHold }>, ownedFds: readonly number[]): void {
+    const l = this.#limits.leases;
+    let bytes = 0;
+    for (const { hold } of holds) bytes += hold.bytes ?? 0;
+    const count = this.#leasesOut.count;
+    const over =
+      count + holds.length > l.count ? { limit: 'leases.count', what: `${l.count} leases` }
+      : this.#leasesOut.bytes + bytes > l.bytes ? { limit: 'leases.bytes', what: `${l.bytes} bytes of leases` }
+      : undefined;
+    if (!over) return;
+    closeFds(ownedFds);
+    throw new IpcError(
+      'ERR_LIMIT_REACHED',
+      `link.send: the ${this.#setup.peerName} holds ${count} leases (${this.#leasesOut.bytes} bytes) of what this link sent and has not ` +
+        `released them; this message would pass the bound of ${over.what} (${over.limit}). Wait for 'drain' (send() returned false ` +
+        'once the peer held half of it), make the peer close what it received, or raise the bound',
+      { limit: over.limit },
+    );
+  }
+
+  /** The peer holds at least half the leases (count or bytes) the link allows. */
+  #leasesHigh(): boolean {
+    const l = this.#limits.leases;
+    return this.#leasesOut.count * 2 >= l.count || this.#leasesOut.bytes * 2 >= l.bytes;
+  }
+
+  /** 'drain' once the link is no longer behind: the queue is empty and the peer below half its leases. */
+  #maybeDrain(): void {
+    if (!this.#behind || this.#state === 'closed' || this.#outbox.length > 0 || this.#leasesHigh()) return;
+    this.#behind = false;
+    this.emit('drain');
+  }
+
   /**
    * Sends a payload too large for a frame (head[16, headLength) then body) in a sealed memfd,
    * attached before the records' fds. Closes `ownedFds` if it throws, as the outbox does.
    */
-  #sendLarge(head: Uint8Array, headLength: number, body: Uint8Array | null, encoding: number, payloadLength: number, fds: readonly number[], ownedFds: readonly number[]): void {
+  #sendLarge(head: Uint8Array, headLength: number, body: Uint8Array | null, encoding: number, payloadLength: number, fds: readonly number[], ownedFds: readonly number[]): boolean {
     let fd: number;
     try {
       if (fds.length + 1 > MAX_FDS) {
@@ -290,29 +350,47 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     }
     writeHeader(largeView, FrameType.Message, encoding | LARGE_PAYLOAD, LARGE_INLINE_BYTES, 1 + fds.length);
     writeU64(largeView, HEADER_BYTES, payloadLength);
-    this.#outbox.send(largeScratch, largeScratch.byteLength, null, [fd, ...fds], [fd, ...ownedFds]);
+    // The memfd's pages count against the queue's bytes while the message waits.
+    return this.#outbox.send(largeScratch, largeScratch.byteLength, null, [fd, ...fds], [fd, ...ownedFds], payloadLength);
   }
 
-  /** Resolves once every sent frame is in the kernel; rejects if the link closes first. */
-  flush(): Promise<void> {
-    if (this.#outbox.length === 0) return Promise.resolve();
-    if (this.#state === 'closed') return Promise.reject(this.#closedError('flush'));
-    return this.#outbox.whenEmpty();
+  /**
+   * Resolves once every sent frame is in the kernel (the queue is empty); rejects if the link
+   * closes first, or with an AbortError / ERR_TIMEOUT per `options`.
+   */
+  flush(options?: WaitOptions): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      const waiter = { resolve: () => resolve(), reject };
+      const disarm = armWait(options, 'link.flush', (error) => {
+        this.#outbox.forget(waiter);
+        reject(error);
+      });
+      waiter.resolve = () => {
+        disarm();
+        resolve();
+      };
+      waiter.reject = (e: unknown) => {
+        disarm();
+        reject(e);
+      };
+      if (this.#outbox.length === 0) waiter.resolve();
+      else if (this.#state === 'closed') waiter.reject(this.#closedError('flush'));
+      else this.#outbox.wait(waiter);
+    });
   }
 
   #sendControl(type: FrameType, payload?: Uint8Array): void {
     const frame = new Uint8Array(HEADER_BYTES + (payload?.byteLength ?? 0));
     writeHeader(new DataView(frame.buffer), type, 0, payload?.byteLength ?? 0, 0);
     if (payload) frame.set(payload, HEADER_BYTES);
-    this.#outbox.send(frame, frame.byteLength, null, [], []);
+    this.#outbox.send(frame, frame.byteLength, null, [], [], 0, true);
   }
 
   /** Tells the peer that this process is done with the values it leased under `ids`. */
   #sendRelease(ids: readonly number[]): void {
     if (this.#state !== 'open') return;
     probe?.(Probe.ReleaseSend);
-    const frame = encodeRelease(ids, releaseScratch);
-    this.#outbox.send(frame, frame.byteLength, null, [], []);
+    this.#outbox.sendRelease(ids, releaseScratch);
   }
 
   #sendHello(): void {
@@ -359,7 +437,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     const entry = this.#inbox.take();
     if (entry) return entry.ok ? Promise.resolve(entry.value) : Promise.reject(entry.error);
     if (this.#state === 'closed') return Promise.reject(this.#closedError('receive'));
-    return this.#inbox.wait(options?.signal);
+    return this.#inbox.wait(options);
   }
 
   /** Yields messages until the link closes cleanly; throws if it closed with an error. */
@@ -425,6 +503,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       case FrameType.Release: {
         const unknown = this.#leasesOut.release(f.ids);
         probe?.(Probe.ReleaseDone);
+        if (this.#behind) this.#maybeDrain();
         if (unknown !== undefined) {
           // A correct peer releases each lease it was given exactly once, so this is a broken or
           // hostile peer; closing (which ends every lease it holds) is the one safe answer.

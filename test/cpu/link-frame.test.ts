@@ -242,7 +242,14 @@ test('close() releases unread messages; end() delivers everything before a clean
 
 test('receive can be aborted, and async iteration ends on a clean close', async () => {
   const [a, b] = await linkPair();
-  await assert.rejects(b.receive({ signal: AbortSignal.timeout(10) }), code('ERR_TIMEOUT'));
+  await assert.rejects(b.receive({ timeout: 10 }), code('ERR_TIMEOUT'));
+  // An abort is Node's AbortError, with the signal's reason as its cause.
+  const ac = new AbortController();
+  const reason = new Error('my reason');
+  const pending = b.receive({ signal: ac.signal });
+  ac.abort(reason);
+  await assert.rejects(pending, (e: unknown) => e instanceof Error && e.name === 'AbortError' && (e as { code?: string }).code === 'ABORT_ERR' && e.cause === reason);
+  // A receive that gave up takes nothing: the next message goes to the next receive.
   a.send(1);
   a.send(2);
   void a.end();

@@ -111,7 +111,7 @@ test('garbage through a real socket pair: the link closes or delivers, always wi
         }
         let outcome: string;
         try {
-          const value = await link.receive({ signal: AbortSignal.timeout(2000) });
+          const value = await link.receive({ timeout: 2000 });
           outcome = 'delivered';
           disposeAll(value);
         } catch (e) {

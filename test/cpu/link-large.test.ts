@@ -151,7 +151,7 @@ test('a hand-made large message is read from its memfd; lies about the memfd clo
       }
       let outcome: string;
       try {
-        const v = (await link.receive({ signal: AbortSignal.timeout(2000) })) as { big: string };
+        const v = (await link.receive({ timeout: 2000 })) as { big: string };
         assert.equal(v.big.length, 200_000);
         outcome = 'delivered';
       } catch (e) {
