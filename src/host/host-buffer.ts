@@ -3,7 +3,7 @@
 // when it is given the fd (send the HostBuffer over a link).
 import { addon } from '../native.js';
 import type { NativeSharedMemory } from '../posix-types.js';
-import { IpcError } from '../errors.js';
+import { IpcError, fdLimitError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 
 const { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL } = addon.posixConstants;
@@ -173,7 +173,12 @@ export class HostBuffer implements Disposable {
   /** Allocates `bytes` of zeroed shared memory in a new memfd, sealed against resizing. */
   static allocate(bytes: number | bigint): HostBuffer {
     const size = toSize(bytes, 'HostBuffer.allocate(bytes)');
-    const fd = addon.memfdCreate('cuda-ipc-host', size, SEALED);
+    let fd: number;
+    try {
+      fd = addon.memfdCreate('cuda-ipc-host', size, SEALED);
+    } catch (e) {
+      throw fdLimitError(e, 'HostBuffer.allocate');
+    }
     try {
       return new HostBuffer(new Mapping(new addon.SharedMemory(fd, size), fd, size, true), 0, size);
     } catch (e) {

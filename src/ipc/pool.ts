@@ -7,7 +7,7 @@ import { driver, Flags, HandleType } from '../cuda/driver.js';
 import { Device, assertPeerReachable, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
 import { Stream, streamHandle } from '../cuda/stream.js';
-import { CudaError, IpcError } from '../errors.js';
+import { CudaError, IpcError, fdLimitError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { addon } from '../native.js';
 
@@ -249,7 +249,11 @@ export class IpcPool {
   /** A new fd for this pool, owned by the caller (links send it and close it). */
   exportFd(): number {
     this.handle; // throws once closed
-    return addon.dup(this.#fd);
+    try {
+      return addon.dup(this.#fd);
+    } catch (e) {
+      throw fdLimitError(e, 'IpcPool.exportFd');
+    }
   }
 
   /**

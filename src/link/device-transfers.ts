@@ -128,6 +128,10 @@ function readPoolRef(data: Uint8Array, view: DataView, fds: number[], link: Link
       closeSync(fd);
       return known;
     }
+    const most = link.limits.importedPools;
+    if (received.size >= most) {
+      throw new IpcError('ERR_LIMIT_REACHED', `the peer sent a ${most + 1}th IPC pool on this link, more than it may make this process import (importedPools ${most}); the message was dropped`, { limit: 'importedPools' });
+    }
     // Until importFromFd owns the fd, a throw leaves it in fds for the link to close.
     const device = Device.byUuid(deviceUuidFromBytes(data.subarray(16, 32)));
     const accessFor = importingDevice(device, linkWorkingDevice(link));

@@ -17,7 +17,8 @@ export type InboundFrame =
   | { type: FrameType.Goodbye }
   | { type: FrameType.Refuse; reason: number; text: string }
   | { type: FrameType.Release; ids: number[] }
-  | { type: FrameType.Message; message: ReceivedMessage };
+  /** bytes: the payload's length; fds: how many of its fds the decoded values hold. */
+  | { type: FrameType.Message; message: ReceivedMessage; bytes: number; fds: number };
 
 /** What decoding needs from the link the record arrived on. */
 export interface InboundContext {
@@ -52,9 +53,9 @@ export function readPayload(
         checkMessageLength(h.payloadLength, ctx.maxMessageBytes);
       }
       const d = decodeMessage(h.flags, buf, HEADER_BYTES, length, fds, ctx.link, ctx.leases, view);
-      if (d.ok) return { type: FrameType.Message, message: d };
+      if (d.ok) return { type: FrameType.Message, message: d, bytes: h.payloadLength, fds: h.fdCount };
       if (d.fatal) throw d.error;
-      return { type: FrameType.Message, message: { ok: false, error: d.error } };
+      return { type: FrameType.Message, message: { ok: false, error: d.error }, bytes: 0, fds: 0 };
     }
     // parseHeader() allows fds only on messages, so none need closing below.
     case FrameType.Release:
@@ -91,9 +92,9 @@ function readLargeMessage(h: FrameHeader, view: DataView, fds: number[], ctx: In
   closeFd(fds[0]!);
   const rest = fds.length > 1 ? fds.slice(1) : undefined;
   const d = decodeMessage(h.flags & ENCODING_MASK, payload, 0, length, rest, ctx.link, ctx.leases);
-  if (d.ok) return { type: FrameType.Message, message: d };
+  if (d.ok) return { type: FrameType.Message, message: d, bytes: length, fds: fds.length - 1 };
   if (d.fatal) throw d.error;
-  return { type: FrameType.Message, message: { ok: false, error: d.error } };
+  return { type: FrameType.Message, message: { ok: false, error: d.error }, bytes: 0, fds: 0 };
 }
 
 /**

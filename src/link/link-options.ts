@@ -25,6 +25,19 @@ export interface LinkOptions {
    * throws ERR_LIMIT_REACHED.
    */
   leases?: { count?: number; bytes?: number };
+  /**
+   * Bounds of the messages received and not yet consumed (receive(), 'message'), counted in
+   * messages, bytes and the fds their values hold (default 1024 messages, 256 MiB, 1024 fds).
+   * At a bound the link stops reading its socket until consumers catch up: the backlog waits in
+   * the kernel and the peer's send() returns false. Nothing is refused or dropped.
+   */
+  inbox?: { messages?: number; bytes?: number; fds?: number };
+  /**
+   * IPC memory pools the peer may make this process import over the link (default 64); each
+   * holds an fd and driver state for the link's life. A message naming one more fails alone with
+   * ERR_LIMIT_REACHED (limit 'importedPools').
+   */
+  importedPools?: number;
 }
 
 /** LinkOptions with every default filled in. */
@@ -32,12 +45,16 @@ export interface LinkLimits {
   readonly maxMessageBytes: number;
   readonly sendQueue: { readonly messages: number; readonly bytes: number; readonly fds: number };
   readonly leases: { readonly count: number; readonly bytes: number };
+  readonly inbox: { readonly messages: number; readonly bytes: number; readonly fds: number };
+  readonly importedPools: number;
 }
 
 export const DEFAULT_LINK_LIMITS: LinkLimits = {
   maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
   sendQueue: { messages: 4096, bytes: 64 * 2 ** 20, fds: 1024 },
   leases: { count: 16384, bytes: Number.MAX_SAFE_INTEGER },
+  inbox: { messages: 1024, bytes: 256 * 2 ** 20, fds: 1024 },
+  importedPools: 64,
 };
 
 /** Checks `options` (TypeError / RangeError with Node's codes) and fills in the defaults. */
@@ -47,7 +64,14 @@ export function linkLimits(options: LinkOptions | undefined, what: string): Link
   const d = DEFAULT_LINK_LIMITS;
   const q = checkObject<NonNullable<LinkOptions['sendQueue']>>(o.sendQueue, `${what}.sendQueue`) ?? {};
   const l = checkObject<NonNullable<LinkOptions['leases']>>(o.leases, `${what}.leases`) ?? {};
+  const i = checkObject<NonNullable<LinkOptions['inbox']>>(o.inbox, `${what}.inbox`) ?? {};
   return {
+    importedPools: optionalInteger(o.importedPools, `${what}.importedPools`, d.importedPools, 0),
+    inbox: {
+      messages: optionalInteger(i.messages, `${what}.inbox.messages`, d.inbox.messages, 1),
+      bytes: optionalInteger(i.bytes, `${what}.inbox.bytes`, d.inbox.bytes, 1),
+      fds: optionalInteger(i.fds, `${what}.inbox.fds`, d.inbox.fds, 1),
+    },
     leases: {
       count: optionalInteger(l.count, `${what}.leases.count`, d.leases.count, 1),
       bytes: optionalInteger(l.bytes, `${what}.leases.bytes`, d.leases.bytes, 1),

@@ -9,6 +9,7 @@ import { addon } from '../native.js';
 import type { NativeSocket } from '../posix-types.js';
 import { acquireEncoder, type MessageLimit } from './message-encoder.js';
 import {
+  ENCODING_MASK,
   FEATURE_LARGE_MESSAGES,
   FrameType,
   HEADER_BYTES,
@@ -29,15 +30,16 @@ import {
 import { writeLargePayload } from './large-message.js';
 import { DEFAULT_LINK_LIMITS, type LinkLimits } from './link-options.js';
 import { readPayload, type InboundContext, type InboundFrame } from './inbound.js';
+import { leaseIdsOf } from './message-decoder.js';
 import { IncomingLeases, OutgoingLeases, releaseHold, type LeaseCounts, type LeaseHold } from './lease.js';
 import { closeFds } from './fds.js';
 import { SocketInterest } from './socket-interest.js';
 import { Outbox, type SendQueueCounts } from './outbox.js';
 import { armWait, type WaitOptions } from '../abort.js';
-import { Inbox } from './inbox.js';
+import { Inbox, type InboxCounts } from './inbox.js';
 import { uidAllowed, uidRefusal } from './handshake.js';
 import type { Waiter } from './queue.js';
-import { observeLink } from '../observe/hooks.js';
+import { noteChange, observeLink } from '../observe/hooks.js';
 import { probe, Probe } from './probe.js';
 
 /** Who is on the other end, as the kernel reports it. */
@@ -183,7 +185,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     this.#recvView = new DataView(this.#sock.recvBuffer);
     this.#interest = new SocketInterest(this.#sock);
     this.#outbox = new Outbox(this.#sock, this.#interest, setup.peerName, this.#limits.sendQueue, () => this.#maybeDrain());
-    this.#inbox = new Inbox(this, this.#interest);
+    this.#inbox = new Inbox(this, this.#interest, this.#limits.inbox);
     try {
       if (setup.peerFrom === 'hello') addon.setPassCred(setup.fd, true);
       else this.#peer = addon.peerCred(setup.fd);
@@ -208,6 +210,11 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       return;
     }
     if (setup.helloFirst) this.#sendHello();
+  }
+
+  /** The bounds this link keeps (LinkOptions, defaults filled in). */
+  get limits(): LinkLimits {
+    return this.#limits;
   }
 
   /** The peer's pid/uid/gid (SO_PEERCRED, or for a spawned child the credentials of its HELLO). */
@@ -235,6 +242,13 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   /** Messages received and not yet consumed. */
   get pendingReceives(): number {
     return this.#inbox.length;
+  }
+  /**
+   * Messages received and not yet consumed, against LinkOptions.inbox: messages, bytes, the fds
+   * their values hold, and whether reading is paused until consumers catch up.
+   */
+  get receiveQueue(): InboxCounts {
+    return this.#inbox.counts();
   }
   /**
    * Leases this process holds for the peer: values sent on this link that the peer has not
@@ -281,6 +295,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       for (const { id, hold } of m.holds) this.#leasesOut.add(id, hold);
       // Behind: the message waits in the queue, or the peer holds half the leases it may.
       if (!sent || this.#leasesHigh()) {
+        if (!this.#behind) noteChange(); // `cuda-ipc status` lists what waits for the peer
         this.#behind = true;
         sent = false;
       }
@@ -330,6 +345,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   #maybeDrain(): void {
     if (!this.#behind || this.#state === 'closed' || this.#outbox.length > 0 || this.#leasesHigh()) return;
     this.#behind = false;
+    noteChange();
     this.emit('drain');
   }
 
@@ -462,6 +478,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       return;
     }
     if (status !== 0) {
+      if (status === 2 && this.#fdsLostHere(length)) return;
       this.#shutdown(
         (status & 2) !== 0
           ? new IpcError('ERR_FDS_TRUNCATED', `the ${this.#setup.peerName} sent a message with more fds than a link accepts; they were closed`)
@@ -498,7 +515,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     switch (f.type) {
       case FrameType.Message:
         probe?.(Probe.Delivered);
-        this.#inbox.deliver(f.message);
+        this.#inbox.deliver(f.message, f.bytes, f.fds);
         return;
       case FrameType.Release: {
         const unknown = this.#leasesOut.release(f.ids);
@@ -530,6 +547,42 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
         return;
     }
   };
+
+  /**
+   * A record arrived whole but without (some of) its fds, which the kernel closed (MSG_CTRUNC).
+   * When its header is sound and announces no more fds than a record may carry, the fds were
+   * lost here, because this process (or the system) had no descriptor left for them: that message
+   * alone fails with ERR_FD_LIMIT and the leases it granted go back to the sender; the link, and
+   * the process's other links, go on. Returns false for anything else (the caller closes the link).
+   */
+  #fdsLostHere(length: number): boolean {
+    const v = this.#recvView;
+    if (length < HEADER_BYTES) return false;
+    const declared = v.getUint16(12, true);
+    let h: FrameHeader;
+    try {
+      h = parseHeader(v, length, declared, this.#header);
+    } catch {
+      return false;
+    }
+    if (h.type !== FrameType.Message || declared === 0 || declared > MAX_FDS || this.#state !== 'open') return false;
+    const error = new IpcError(
+      'ERR_FD_LIMIT',
+      `a message from the ${this.#setup.peerName} carried ${declared} fds, and this process had no descriptor left for them ` +
+        '(EMFILE/ENFILE: see `ulimit -n`); the message was dropped and its leases returned. Close buffers, links or channels you no longer need',
+    );
+    if ((h.flags & LARGE_PAYLOAD) !== 0) {
+      // Its payload was in the lost memfd: which leases it granted is unknowable, so only closing
+      // the link (which ends them all) gives them back.
+      this.#shutdown(error, 'local');
+      return true;
+    }
+    const ids = (h.flags & ENCODING_MASK) === 2 ? leaseIdsOf(this.#recvBuf, HEADER_BYTES, length) : [];
+    if (ids === undefined) return false;
+    for (const id of ids) if (!this.#leasesIn.isLive(id)) this.#leasesIn.open(id).end();
+    this.#inbox.deliver({ ok: false, error }, 0, 0);
+    return true;
+  }
 
   #onHello(cred: [number, number, number] | undefined, features: number): void {
     if (this.#state !== 'handshaking') {

@@ -2,11 +2,15 @@
 import { EventEmitter } from 'node:events';
 import { chmodSync, statSync, unlinkSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { IpcError } from '../errors.js';
+import { IpcError, fdLimitError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeAcceptor } from '../posix-types.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
+import { optionalInteger } from '../arg-errors.js';
+
+const EMFILE = 24;
+const ENFILE = 23;
 import { Queue } from './queue.js';
 import { socketPath } from './socket-path.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
@@ -20,6 +24,12 @@ export interface ListenOptions extends LinkOptions {
   backlog?: number;
   /** A connection must finish its handshake in this time (default 10 s). */
   handshakeTimeoutMs?: number;
+  /**
+   * Connections held at once that are still in their handshake or not yet accepted (default
+   * 128): more are closed at once and reported as 'refused' (ERR_LIMIT_REACHED, limit
+   * 'maxPending'), so that peers that connect and never finish cannot use up this process's fds.
+   */
+  maxPending?: number;
 }
 
 export interface ConnectOptions extends LinkOptions {
@@ -76,6 +86,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
   readonly #ino: number;
   readonly #options: ListenOptions;
   readonly #limits: LinkLimits;
+  readonly #maxPending: number;
   readonly #handshaking = new Set<Link>();
   readonly #ready = new Queue<Link>();
   #waiters: Array<{ resolve(l: Link): void; reject(e: unknown): void }> = [];
@@ -89,6 +100,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     this.path = path;
     this.#options = options;
     this.#limits = linkLimits(options, 'options');
+    this.#maxPending = optionalInteger(options.maxPending, 'options.maxPending', 128, 1);
     this.#ino = statSync(path).ino;
     this.#acceptor = new addon.Acceptor(fd, this.#onAccept);
   }
@@ -100,9 +112,17 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
   #onAccept = (fdOrError: number): void => {
     if (fdOrError < 0) {
       // Out of fds or similar: report and retry shortly instead of spinning.
-      const err = new IpcError('ERR_UNSUPPORTED', `accept on ${this.path} failed (errno ${-fdOrError}); retrying in 100 ms`);
+      const errno = -fdOrError;
+      const err = errno === EMFILE || errno === ENFILE
+        ? new IpcError('ERR_FD_LIMIT', `listener '${this.name}' cannot accept a connection: no file descriptor left (${errno === EMFILE ? 'EMFILE; see `ulimit -n`' : 'ENFILE'}); retrying in 100 ms`)
+        : new IpcError('ERR_UNSUPPORTED', `accept on ${this.path} failed (errno ${errno}); retrying in 100 ms`);
       if (this.listenerCount('error') > 0) this.emit('error', err);
       this.#retryTimer = setTimeout(() => this.#acceptor?.setInterest(true), 100).unref();
+      return;
+    }
+    if (this.#handshaking.size + this.#ready.length >= this.#maxPending) {
+      closeQuietly(fdOrError);
+      this.#refused(new IpcError('ERR_LIMIT_REACHED', `listener '${this.name}' closed a connection: ${this.#maxPending} connections are already waiting for their handshake or for accept() (maxPending)`, { limit: 'maxPending' }));
       return;
     }
     let link: Link;
@@ -212,9 +232,15 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
  * makes this throw ERR_ADDRESS_IN_USE.
  */
 export function listen(name: string, options: ListenOptions = {}): Listener {
+  linkLimits(options, 'options');
   const path = socketPath(name, options.directory);
   if (options.directory === undefined) ensurePrivateDirectory(path.slice(0, path.lastIndexOf('/')));
-  const fd = addon.socket();
+  let fd: number;
+  try {
+    fd = addon.socket();
+  } catch (e) {
+    throw fdLimitError(e, 'listen');
+  }
   try {
     try {
       addon.bind(fd, path);
@@ -252,7 +278,11 @@ export async function connect(name: string, options: ConnectOptions = {}): Promi
   const deadline = Date.now() + timeoutMs;
   let fd = -1;
   for (;;) {
-    fd = addon.socket();
+    try {
+      fd = addon.socket();
+    } catch (e) {
+      throw fdLimitError(e, 'connect');
+    }
     try {
       addon.connect(fd, path);
       break;

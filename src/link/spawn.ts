@@ -3,7 +3,7 @@
 import { spawn as spawnProcess, type ChildProcess, type StdioOptions } from 'node:child_process';
 import { resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { IpcError } from '../errors.js';
+import { IpcError, fdLimitError } from '../errors.js';
 import { addon } from '../native.js';
 import { Device, WORKING_DEVICE_ENV } from '../cuda/device.js';
 import { checkDeviceUuid } from '../ipc/device-uuid.js';
@@ -90,7 +90,13 @@ export async function startLinkedChild(command: string, argv: readonly string[],
   const path = what;
   const deviceEnv = options.device === undefined ? {} : { [WORKING_DEVICE_ENV]: workingDeviceUuid(options.device) };
   const limits = linkLimits(options, 'options');
-  const [parentFd, childFd] = addon.socketpair();
+  let parentFd: number;
+  let childFd: number;
+  try {
+    [parentFd, childFd] = addon.socketpair();
+  } catch (e) {
+    throw fdLimitError(e, 'spawn (a link is a socketpair)');
+  }
   let link: Link;
   try {
     // Created before the child exists, so that SO_PASSCRED is set before its HELLO is sent.
