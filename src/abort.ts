@@ -122,3 +122,35 @@ export function raceWait<T>(promise: Promise<T>, options: WaitOptions | undefine
     );
   });
 }
+
+/** One signal for a wait made of several steps (see waitScope). */
+export interface WaitScope {
+  /** Aborts when the caller's signal aborts or the timeout passes; pass it to each step. */
+  readonly signal: AbortSignal | undefined;
+  /** What a step's rejection means to the caller: the scope's own AbortError / ERR_TIMEOUT for a step it aborted, else `e`. */
+  translate(e: unknown): unknown;
+  /** The wait is over: stop the timer. */
+  done(): void;
+}
+
+/**
+ * `options` for a wait of several steps (receive, then send, then receive...): one deadline for
+ * all of them, not one per step. Steps are given `scope.signal`; a step it aborted rejects with an
+ * AbortError whose cause is the scope's reason, which `translate` turns back into what the caller
+ * expects (its own AbortError, or ERR_TIMEOUT naming `what`).
+ */
+export function waitScope(options: WaitOptions | undefined, what: string): WaitScope {
+  const { signal, timeout } = checkWaitOptions(options);
+  if (!signal && timeout === undefined) return { signal: undefined, translate: (e) => e, done: noop };
+  const controller = new AbortController();
+  let fired: Error | undefined;
+  const disarm = armWait(options, what, (error) => {
+    fired = error;
+    controller.abort(error);
+  });
+  return {
+    signal: controller.signal,
+    translate: (e) => (fired !== undefined && (e === fired || (e as Error)?.cause === fired) ? fired : e),
+    done: disarm,
+  };
+}

@@ -65,6 +65,7 @@ function disposeQuietly(values: unknown): void {
 export async function offer(
   link: Link, block: Block, k: number, role: ChannelRole, activate: () => boolean, isOpen: () => boolean, signal: AbortSignal | undefined,
 ): Promise<void> {
+  // `signal`: the caller's waitScope signal (one deadline for the whole handshake).
   const message: AttachMessage = {
     [PROTOCOL]: 'attach', version: ATTACH_VERSION, index: k, role, control: block.control, slots: block.slots, doorbells: block.bells,
   };
@@ -96,7 +97,7 @@ export interface Accepted {
  * The peer's side: receives the channel over `link`, checks it, answers, and waits until the hub
  * made it a member. `role` / `memory`: refuse a channel that is not what this process expects.
  */
-export async function accept(link: Link, want: { role?: ChannelRole; memory?: 'host' | 'device'; signal?: AbortSignal }): Promise<Accepted> {
+export async function accept(link: Link, want: { role?: ChannelRole; memory?: 'host' | 'device'; signal?: AbortSignal | undefined }): Promise<Accepted> {
   const msg = await link.receive({ signal: want.signal });
   if (!isProtocol(msg, 'attach')) {
     disposeQuietly(msg);

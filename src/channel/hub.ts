@@ -3,6 +3,7 @@
 // and watches its peers: when a peer's link closes, it repairs the control block in its place
 // (its slots come back, work-sharing messages it held are delivered again, its fences are raised
 // once its process is gone).
+import { waitScope, type WaitOptions } from '../abort.js';
 import { IpcError } from '../errors.js';
 import type { Link } from '../link/index.js';
 import { HostBuffer } from '../host/index.js';
@@ -35,9 +36,9 @@ export let openOwnedEnd: <B extends SlotBuffer>(hub: ChannelHub<B>, role: Channe
 /** How long opening an end here spins for the publish lock (a broadcast consumer needs it). */
 const LOCAL_ACTIVATE_MS = 50;
 
-export interface AttachOptions {
+/** `signal` / `timeout`: give up waiting for the peer's acceptChannel (AbortError / ERR_TIMEOUT). */
+export interface AttachOptions extends WaitOptions {
   role: ChannelRole;
-  signal?: AbortSignal;
 }
 
 /**
@@ -218,15 +219,18 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
       // Whether it left cleanly or not: GPU writes it queued die with its process.
       if (this.#block.fences) repairFencesWhenGone(this.#ring, this.#block.fences, k, () => !this.#released);
     });
+    const scope = waitScope(options, 'ChannelHub.attach');
     try {
-      await offer(link, this.#block, k, role, () => (activated = this.#ring.activate(k, roleNumber(role))), () => !this.#closed, options.signal);
+      await offer(link, this.#block, k, role, () => (activated = this.#ring.activate(k, roleNumber(role))), () => !this.#closed, scope.signal);
       this.#peers.set(k, { link, unhook });
     } catch (e) {
       if (!activated) {
         unhook();
         if (!this.#closed) this.#ring.freeParticipant(k);
       }
-      throw e;
+      throw scope.translate(e);
+    } finally {
+      scope.done();
     }
   }
 

@@ -1,5 +1,6 @@
 // The options and shared types of the channel API, and their checks.
 import { IpcError } from '../errors.js';
+import type { WaitOptions } from '../abort.js';
 import type { HostBuffer } from '../host/index.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
 import type { Device } from '../cuda/device.js';
@@ -55,11 +56,13 @@ export interface ChannelOptions {
   consumers?: number;
 }
 
-export interface AcquireOptions {
+/** Gives up a wait: `signal` (AbortError, code ABORT_ERR), `timeout` in ms (ERR_TIMEOUT). */
+export type { WaitOptions };
+
+export interface AcquireOptions extends WaitOptions {
   /** Device slots: GPU work queued on this stream after acquire waits for the consumers' GPU
    * work on the slot's previous message (no CPU wait). Without it, acquire waits on the CPU. */
   stream?: Stream;
-  signal?: AbortSignal;
 }
 
 export interface PublishOptions {
@@ -78,9 +81,7 @@ export interface ReleaseOptions {
   stream?: Stream;
 }
 
-export interface ReceiveOptions {
-  signal?: AbortSignal;
-}
+export type ReceiveOptions = WaitOptions;
 
 export interface ChannelStats {
   slots: { free: number; writing: number; published: number; taken: number };
@@ -121,11 +122,6 @@ export function checkRole(role: unknown, what: string): ChannelRole {
 
 export function closedError(what: string): IpcError {
   return new IpcError('ERR_CHANNEL_CLOSED', `${what}: the channel is closed`);
-}
-
-export function abortError(signal: AbortSignal, what: string): IpcError {
-  const r = signal.reason as { message?: string } | undefined;
-  return new IpcError('ERR_TIMEOUT', `${what} was aborted: ${r?.message ?? 'the signal fired'}`, { cause: signal.reason });
 }
 
 export function delay(ms: number): Promise<void> {

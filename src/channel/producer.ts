@@ -1,5 +1,6 @@
 // A producer's end of a channel: acquire a free slot, write it, publish it; end() when done.
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { HostBuffer } from '../host/index.js';
 import type { Stream } from '../cuda/stream.js';
 import { H, S, MetaKind, publishFence, releaseFence } from './layout.js';
@@ -89,7 +90,7 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
     } catch (e) {
       return Promise.reject(e);
     }
-    const queued = this.#acquirers.enqueue(options.signal, 'acquire', spun);
+    const queued = this.#acquirers.enqueue(options, 'ChannelProducer.acquire', spun);
     return this.memory === 'host' ? queued : queued.then((slot) => this.#afterAcquire(slot, options));
   }
 
@@ -102,7 +103,8 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
 
   async #afterAcquire(slot: ChannelSlot<B>, options: AcquireOptions): Promise<ChannelSlot<B>> {
     if (options.stream) slot.waitOn(options.stream);
-    else await slot.ready();
+    // A wait given up hands the slot back, unwritten.
+    else await raceWait(slot.ready(), options, 'ChannelProducer.acquire', () => this.discard(slot));
     return slot;
   }
 
@@ -241,9 +243,16 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
   /**
    * No more messages from this end. Consumers finish once they took what was published.
    * Resolves once every message this end published was released (rejects with ERR_PEER_GONE if
-   * the consumers died first), then closes this end.
+   * the consumers died first), then closes this end. A consumer that is stuck (stopped, not
+   * releasing) keeps it waiting: `options.signal` / `options.timeout` give up (AbortError /
+   * ERR_TIMEOUT), and this end is closed anyway; what it published stays published.
    */
-  async end(): Promise<void> {
+  end(options?: WaitOptions): Promise<void> {
+    if (this.#end.closed) return Promise.resolve();
+    return raceWait(this.#finish(), options, 'ChannelProducer.end', () => this.close());
+  }
+
+  async #finish(): Promise<void> {
     const e = this.#end;
     if (e.closed) return;
     this.#ending = true;
@@ -347,10 +356,11 @@ export class ChannelSlot<B extends SlotBuffer = SlotBuffer> {
     for (const [off, v] of this.#owner.waitsFor(this.index)) fences.waitOn(stream, off, v);
   }
 
-  /** Resolves once the consumers' GPU work on the previous message in this slot is done. */
-  async ready(): Promise<void> {
+  /** Resolves once the consumers' GPU work on the previous message in this slot is done
+   * (`options`: give up on a signal or after a timeout; the GPU work goes on). */
+  async ready(options?: WaitOptions): Promise<void> {
     const fences = this.#owner.fences;
-    if (fences) await fences.synchronize(this.#owner.waitsFor(this.index));
+    if (fences) await raceWait(fences.synchronize(this.#owner.waitsFor(this.index)), options, 'ChannelSlot.ready');
   }
 
   /** False once published or discarded. */

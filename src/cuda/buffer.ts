@@ -5,6 +5,7 @@ import { driver, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { noteChange, reportDeviceMemory, type DeviceMemoryStats } from '../observe/hooks.js';
 
@@ -317,8 +318,9 @@ export class DeviceBuffer {
   /** Number of peers that were sent this memory and still map it. */
   get leases(): number { return this.#memory.leases; }
 
-  /** Resolves once the memory itself is freed: after close() of every buffer over it and the end of every lease. */
-  released(): Promise<void> { return this.#memory.whenReleased(); }
+  /** Resolves once the memory itself is freed: after close() of every buffer over it and the end
+   * of every lease. `options`: give up waiting on a signal (AbortError) or after a timeout (ERR_TIMEOUT). */
+  released(options?: WaitOptions): Promise<void> { return raceWait(this.#memory.whenReleased(), options, 'DeviceBuffer.released'); }
 
   /**
    * Releases this buffer. The memory goes when its last buffer or view is closed and every peer

@@ -3,6 +3,7 @@
 import { driver, Flags, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { DriverObject } from './driver-object.js';
 
 /**
@@ -20,9 +21,10 @@ export class Stream extends DriverObject {
     return new Stream(device, driver.streamCreate(Flags.STREAM_NON_BLOCKING));
   }
 
-  /** Resolves when all work queued so far has finished. */
-  synchronize(): Promise<void> {
-    return whenStreamDone(this.handle);
+  /** Resolves when all work queued so far has finished. `options`: give up waiting on a signal
+   * (AbortError) or after a timeout (ERR_TIMEOUT); the work goes on. */
+  synchronize(options?: WaitOptions): Promise<void> {
+    return raceWait(whenStreamDone(this.handle), options, 'Stream.synchronize');
   }
 
   /** GPU-side signal: when the stream reaches this point, it writes `value` at `offset` of `target`. */

@@ -4,6 +4,7 @@
 import { addon } from '../native.js';
 import type { NativeSharedMemory } from '../posix-types.js';
 import { IpcError, fdLimitError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 
 const { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL } = addon.posixConstants;
@@ -261,10 +262,11 @@ export class HostBuffer implements Disposable {
 
   /**
    * Resolves once the memory is unmapped and its fd closed: after this buffer, its views and every
-   * lease on it (see `leases`) let go, or after a forced close. Never rejects.
+   * lease on it (see `leases`) let go, or after a forced close. Rejects only when `options` give
+   * up the wait: an AbortError on its signal, ERR_TIMEOUT after its timeout.
    */
-  released(): Promise<void> {
-    return this.#shared.released();
+  released(options?: WaitOptions): Promise<void> {
+    return raceWait(this.#shared.released(), options, 'HostBuffer.released');
   }
 
   /** Copies `src` into the buffer at `offset`. */

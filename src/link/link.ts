@@ -35,7 +35,7 @@ import { IncomingLeases, OutgoingLeases, releaseHold, type LeaseCounts, type Lea
 import { closeFds } from './fds.js';
 import { SocketInterest } from './socket-interest.js';
 import { Outbox, type SendQueueCounts } from './outbox.js';
-import { armWait, type WaitOptions } from '../abort.js';
+import { armWait, waitScope, type WaitOptions } from '../abort.js';
 import { Inbox, type InboxCounts } from './inbox.js';
 import { uidAllowed, uidRefusal } from './handshake.js';
 import type { Waiter } from './queue.js';
@@ -690,18 +690,30 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     this.#inbox.disposeUnread();
   }
 
-  /** Sends everything still queued, says goodbye, then closes. */
-  async end(): Promise<void> {
+  /**
+   * Sends everything still queued, says goodbye, then closes. A peer that does not read keeps it
+   * waiting: `options.signal` / `options.timeout` give up (AbortError / ERR_TIMEOUT), and the
+   * link is closed at once, what was still queued dropped.
+   */
+  async end(options?: WaitOptions): Promise<void> {
+    const scope = waitScope(options, 'link.end');
     if (this.#state !== 'closed') {
       try {
-        await this.flush();
+        await this.flush({ signal: scope.signal });
         if ((this.#state as LinkState) !== 'closed' && !this.#goodbyeSent && this.#helloSent) {
           this.#goodbyeSent = true;
           this.#sendControl(FrameType.Goodbye);
-          await this.flush();
+          await this.flush({ signal: scope.signal });
         }
-      } catch {
-        // The link closed meanwhile; close() below releases what is left.
+      } catch (e) {
+        // The link closed meanwhile (close() below releases what is left), or the caller gave up.
+        const given = scope.translate(e);
+        if (given !== e) {
+          this.close();
+          throw given;
+        }
+      } finally {
+        scope.done();
       }
     }
     this.close();

@@ -7,7 +7,8 @@ import { addon } from '../native.js';
 import type { NativeAcceptor } from '../posix-types.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
-import { optionalInteger } from '../arg-errors.js';
+import { checkSignal, optionalInteger } from '../arg-errors.js';
+import { abortError, armWait, checkTimeout, raceWait, type WaitOptions } from '../abort.js';
 
 const EMFILE = 24;
 const ENFILE = 23;
@@ -36,8 +37,17 @@ export interface ConnectOptions extends LinkOptions {
   /** Other uids the listening process may run as (yours always may). */
   allowUids?: readonly number[];
   directory?: string;
-  /** Give up after this long, handshake included (default 10 s). */
+  /**
+   * How long to wait, in ms, for a listener to appear (it is tried again with a growing pause
+   * while the socket file is missing or stale, or its backlog full) and for the handshake
+   * (default 10 s). Then the promise rejects with ERR_TIMEOUT. 0: try once, and fail with
+   * ERR_NO_LISTENER at once when nobody listens.
+   */
+  timeout?: number;
+  /** The older name of `timeout`. */
   timeoutMs?: number;
+  /** Gives up when it aborts: the promise rejects with an AbortError (code ABORT_ERR). */
+  signal?: AbortSignal;
 }
 
 function closeQuietly(fd: number): void {
@@ -168,12 +178,30 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     else this.#ready.push(link);
   }
 
-  /** The next connection. */
-  accept(): Promise<Link> {
+  /** The next connection; `options`: give up on a signal (AbortError) or after a timeout (ERR_TIMEOUT). */
+  accept(options?: WaitOptions): Promise<Link> {
     const link = this.#ready.shift();
     if (link) return Promise.resolve(link);
     if (this.closed) return Promise.reject(new IpcError('ERR_LINK_CLOSED', `the listener '${this.name}' is closed`));
-    return new Promise<Link>((resolve, reject) => this.#waiters.push({ resolve, reject }));
+    return new Promise<Link>((resolve, reject) => {
+      const waiter: { resolve(l: Link): void; reject(e: unknown): void } = { resolve, reject };
+      let gaveUp = false;
+      const disarm = armWait(options, 'listener.accept', (error) => {
+        gaveUp = true;
+        this.#waiters = this.#waiters.filter((w) => w !== waiter);
+        reject(error);
+      });
+      if (gaveUp) return;
+      waiter.resolve = (l: Link) => {
+        disarm();
+        resolve(l);
+      };
+      waiter.reject = (e: unknown) => {
+        disarm();
+        reject(e);
+      };
+      this.#waiters.push(waiter);
+    });
   }
 
   /** Yields connections until the listener is closed. */
@@ -270,12 +298,22 @@ export function listen(name: string, options: ListenOptions = {}): Listener {
   }
 }
 
-/** Connects to the listener named `name`; resolves once the handshake succeeded. */
+/** The first and the longest pause between tries while no listener is there. */
+const RETRY_FIRST_MS = 5;
+const RETRY_MOST_MS = 250;
+
+/**
+ * Connects to the listener named `name`; resolves once the handshake succeeded. Waits for the
+ * listener to appear, up to `options.timeout` (see ConnectOptions).
+ */
 export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {
   const limits = linkLimits(options, 'options');
+  const signal = checkSignal(options.signal);
+  const timeoutMs = checkTimeout(options.timeout ?? options.timeoutMs, options.timeout !== undefined ? 'options.timeout' : 'options.timeoutMs') ?? 10_000;
   const path = socketPath(name, options.directory);
-  const timeoutMs = options.timeoutMs ?? 10_000;
   const deadline = Date.now() + timeoutMs;
+  if (signal?.aborted) throw abortError(signal.reason, 'connect');
+  let pause = RETRY_FIRST_MS;
   let fd = -1;
   for (;;) {
     try {
@@ -283,25 +321,33 @@ export async function connect(name: string, options: ConnectOptions = {}): Promi
     } catch (e) {
       throw fdLimitError(e, 'connect');
     }
+    let why: IpcError;
     try {
       addon.connect(fd, path);
       break;
     } catch (e) {
       closeQuietly(fd);
       const code = codeOf(e);
-      if (code === 'ENOENT') throw new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} does not exist; start the listening process first`, { cause: e });
-      if (code === 'ECONNREFUSED') {
-        throw new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} is a stale socket left by a process that is gone`, { cause: e });
-      }
       if (code === 'EACCES' || code === 'EPERM') {
         throw new IpcError('ERR_PEER_REFUSED', `permission denied connecting to '${name}' (${path}): it belongs to another user`, { cause: e });
       }
-      if (code !== 'EAGAIN' || Date.now() >= deadline) {
-        if (code === 'EAGAIN') throw new IpcError('ERR_TIMEOUT', `the listener '${name}' stayed too busy to accept a connection for ${timeoutMs} ms`);
-        throw e;
-      }
-      await sleep(5);  // backlog full: the listener is alive but behind
+      if (code === 'ENOENT') why = new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} does not exist; start the listening process first`, { cause: e });
+      else if (code === 'ECONNREFUSED') why = new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} is a stale socket left by a process that is gone`, { cause: e });
+      else if (code === 'EAGAIN') why = new IpcError('ERR_TIMEOUT', `the listener '${name}' is too busy to accept a connection (its backlog is full)`, { cause: e });
+      else throw e;
     }
+    // Nobody there yet (or too busy): wait for the listener, until the deadline.
+    const left = deadline - Date.now();
+    if (timeoutMs === 0 && why.code === 'ERR_NO_LISTENER') throw why;
+    if (left <= 0) {
+      throw new IpcError('ERR_TIMEOUT', `connect: ${why.message.replace(/; start the listening process first$/, '')}, and none appeared within ${timeoutMs} ms (the timeout option)`, { cause: why });
+    }
+    try {
+      await sleep(Math.min(pause, left), undefined, signal ? { signal } : undefined);
+    } catch {
+      throw abortError(signal!.reason, 'connect');
+    }
+    pause = Math.min(pause * 2, RETRY_MOST_MS);
   }
   const link = new Link(kCreate, {
     fd,
@@ -313,6 +359,6 @@ export async function connect(name: string, options: ConnectOptions = {}): Promi
     peerName: `listener '${name}'`,
     limits,
   });
-  await link[kOpened]();
+  await raceWait(link[kOpened](), signal ? { signal } : undefined, 'connect', () => link.close());
   return link;
 }

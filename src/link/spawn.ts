@@ -9,6 +9,8 @@ import { Device, WORKING_DEVICE_ENV } from '../cuda/device.js';
 import { checkDeviceUuid } from '../ipc/device-uuid.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { linkLimits, type LinkOptions } from './link-options.js';
+import { checkSignal } from '../arg-errors.js';
+import { abortError, raceWait } from '../abort.js';
 
 /** The environment variable telling a spawned child which fd is its link. */
 export const LINK_FD_ENV = 'CUDA_IPC_LINK_FD';
@@ -28,8 +30,10 @@ export interface SpawnOptions extends LinkOptions {
   gid?: number;
   /** uids other than ours that the child may run as. */
   allowUids?: readonly number[];
-  /** How long the child has to call parentLink() (default 30 s). */
+  /** How long the child has to call parentLink() (default 30 s); then the promise rejects with ERR_TIMEOUT. */
   handshakeTimeoutMs?: number;
+  /** Gives up when it aborts: the child is killed and the promise rejects with an AbortError. */
+  signal?: AbortSignal;
   /**
    * The GPU the child works on (a Device or its UUID): memory it imports is mapped for that GPU,
    * wherever it lives, and workingDevice() returns it there. Sent as the UUID (CUDA_IPC_DEVICE),
@@ -90,6 +94,8 @@ export async function startLinkedChild(command: string, argv: readonly string[],
   const path = what;
   const deviceEnv = options.device === undefined ? {} : { [WORKING_DEVICE_ENV]: workingDeviceUuid(options.device) };
   const limits = linkLimits(options, 'options');
+  const signal = checkSignal(options.signal);
+  if (signal?.aborted) throw abortError(signal.reason, 'spawn');
   let parentFd: number;
   let childFd: number;
   try {
@@ -139,7 +145,7 @@ export async function startLinkedChild(command: string, argv: readonly string[],
     child.once('error', (e) => reject(new IpcError('ERR_PEER_GONE', `could not start the child process for ${path}: ${e.message}`, { cause: e })));
   });
   try {
-    await Promise.race([link[kOpened](), spawnError]);
+    await raceWait(Promise.race([link[kOpened](), spawnError]), signal ? { signal } : undefined, 'spawn');
   } catch (e) {
     link.close();
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');

@@ -191,7 +191,8 @@ test('a consumer waits while the channel is empty; an abort signal ends the wait
 
   using lonelyHub = ChannelHub.create({ slots: 4, slotBytes: 64 });
   const lonely = lonelyHub.consumer();
-  await assert.rejects(lonely.receive({ signal: AbortSignal.timeout(50) }), code('ERR_TIMEOUT'));
+  await assert.rejects(lonely.receive({ timeout: 50 }), code('ERR_TIMEOUT'));
+  await assert.rejects(lonely.receive({ signal: AbortSignal.timeout(20) }), (e: unknown) => (e as Error).name === 'AbortError' && ((e as Error).cause as Error).name === 'TimeoutError');
   const later = lonely.receive();
   lonely.close();
   assert.equal(await later, undefined, 'close() ends a pending receive');

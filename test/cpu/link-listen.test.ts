@@ -92,7 +92,9 @@ test('a stale socket file: connect says nobody listens, listen replaces it', asy
     addon.listen(fd, 1);
     addon.close(fd);  // the file stays, nobody answers
     assert.ok(existsSync(path));
-    await assert.rejects(connect('stale', { directory: dir }), (e: unknown) => code('ERR_NO_LISTENER')(e) && /stale/.test((e as Error).message));
+    await assert.rejects(connect('stale', { directory: dir, timeout: 0 }), (e: unknown) => code('ERR_NO_LISTENER')(e) && /stale/.test((e as Error).message));
+    // Waiting (the default) for one that never comes ends in ERR_TIMEOUT, naming why.
+    await assert.rejects(connect('stale', { directory: dir, timeout: 60 }), (e: unknown) => code('ERR_TIMEOUT')(e) && /stale/.test((e as Error).message));
     using listener = listen('stale', { directory: dir });
     const link = await connect('stale', { directory: dir });
     const server = await listener.accept();
@@ -132,7 +134,7 @@ test('bad names, missing listeners and unsafe directories give clear errors', as
   assert.throws(() => listen('ok', { directory: '/tmp/' + 'd'.repeat(120) }), code('ERR_INVALID_ARG'));
   const dir = tempDir();
   try {
-    await assert.rejects(connect('nobody-here', { directory: dir }), code('ERR_NO_LISTENER'));
+    await assert.rejects(connect('nobody-here', { directory: dir, timeout: 0 }), code('ERR_NO_LISTENER'));
     const saved = process.env.XDG_RUNTIME_DIR;
     process.env.XDG_RUNTIME_DIR = dir;
     try {
