@@ -14,19 +14,26 @@ function withCode<E extends Error>(error: E, code: ArgErrorCode): E & ArgError {
   return error as E & ArgError;
 }
 
+type ErrorOptions = { cause?: unknown };
+
 /** The argument is of the wrong type (a string where a number belongs, ...): TypeError. */
-export function invalidArgType(message: string): TypeError & ArgError {
-  return withCode(new TypeError(message), 'ERR_INVALID_ARG_TYPE');
+export function invalidArgType(message: string, options?: ErrorOptions): TypeError & ArgError {
+  return withCode(new TypeError(message, options), 'ERR_INVALID_ARG_TYPE');
 }
 
 /** The argument has the right type but a value the call does not accept: TypeError. */
-export function invalidArgValue(message: string): TypeError & ArgError {
-  return withCode(new TypeError(message), 'ERR_INVALID_ARG_VALUE');
+export function invalidArgValue(message: string, options?: ErrorOptions): TypeError & ArgError {
+  return withCode(new TypeError(message, options), 'ERR_INVALID_ARG_VALUE');
 }
 
-/** A number outside the range the call accepts: RangeError. */
-export function outOfRange(message: string): RangeError & ArgError {
-  return withCode(new RangeError(message), 'ERR_OUT_OF_RANGE');
+/** A number outside the range the call accepts (too big, negative, not an integer): RangeError. */
+export function outOfRange(message: string, options?: ErrorOptions): RangeError & ArgError {
+  return withCode(new RangeError(message, options), 'ERR_OUT_OF_RANGE');
+}
+
+/** The error for a number argument that is not an integer in range: TypeError when it is no number at all. */
+export function badNumber(value: unknown, message: string): (TypeError | RangeError) & ArgError {
+  return typeof value === 'number' || typeof value === 'bigint' ? outOfRange(message) : invalidArgType(message);
 }
 
 /** `value` as a readable fragment for messages: `Received type string ('x')`, as Node says it. */

@@ -36,7 +36,7 @@ export type IpcErrorCode =
   | 'ERR_CLOSED'
   | 'ERR_IMPORTED_POOL'
   | 'ERR_UNSUPPORTED'
-  | 'ERR_INVALID_ARG'
+  | 'ERR_INVALID_STATE'
   | 'ERR_TIMEOUT'
   | 'ERR_COMPILE'
   // links

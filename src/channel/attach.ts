@@ -129,10 +129,10 @@ export async function accept(link: Link, want: { role?: ChannelRole; memory?: 'h
       refuse(bad(`bad role or index (${String(role)}, ${String(k)})`));
     }
     if (want.role !== undefined && want.role !== role) {
-      refuse(new IpcError('ERR_INVALID_ARG', `acceptChannel: the hub attached this process as a ${role}, not a ${want.role} as asked`));
+      refuse(new IpcError('ERR_DESCRIPTOR_KIND', `acceptChannel: the hub attached this process as a ${role}, not a ${want.role} as asked`));
     }
     if (want.memory !== undefined && want.memory !== (layout.device ? 'device' : 'host')) {
-      refuse(new IpcError('ERR_INVALID_ARG', `acceptChannel: the channel's slots are ${layout.device ? 'device' : 'host'} memory, not ${want.memory} as asked`));
+      refuse(new IpcError('ERR_DESCRIPTOR_KIND', `acceptChannel: the channel's slots are ${layout.device ? 'device' : 'host'} memory, not ${want.memory} as asked`));
     }
     if (layout.device ? !(m.slots instanceof DeviceBuffer) : !(m.slots instanceof HostBuffer)) refuse(bad(`${layout.device ? 'device' : 'host'} slots expected`));
     const total = layout.slotCount * layout.slotBytes;

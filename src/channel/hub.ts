@@ -25,6 +25,7 @@ import {
   checkRole, checkWait, closedError, type ChannelMemory, type ChannelOptions, type ChannelRole, type ChannelShape, type ChannelStats,
   type ChannelWaitOptions, type SlotBuffer, type SlotBufferFor,
 } from './options.js';
+import { invalidArgValue, invalidArgType, badNumber } from '../arg-errors.js';
 
 const DEFAULT_META_BYTES = 256;
 
@@ -68,7 +69,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
   static create<M extends ChannelMemory | undefined = undefined>(options: ChannelOptions & { memory?: M }): ChannelHub<SlotBufferFor<M>> {
     const topology = options.topology ?? 'queue';
     if (topology !== 'queue' && topology !== 'broadcast') {
-      throw new IpcError('ERR_INVALID_ARG', `topology must be 'queue' or 'broadcast'; got ${String(topology)}`);
+      throw invalidArgValue(`topology must be 'queue' or 'broadcast'; got ${String(topology)}`);
     }
     const { device, pool } = checkMemory(options.memory);
     const maxPeers = options.maxPeers ?? 15;
@@ -85,7 +86,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
     const expectConsumers = options.consumers ?? 1;
     for (const [v, what] of [[expectProducers, 'producers'], [expectConsumers, 'consumers']] as const) {
       if (!Number.isSafeInteger(v) || v < 1 || v > maxPeers) {
-        throw new IpcError('ERR_INVALID_ARG', `${what} must be an integer in 1..${maxPeers} (maxPeers); got ${String(v)}`);
+        throw badNumber(v, `${what} must be an integer in 1..${maxPeers} (maxPeers); got ${String(v)}`);
       }
     }
     const layout: HubLayout = { ...computeLayout(params), expectProducers, expectConsumers };
@@ -190,7 +191,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
     this.#recycle();
     const k = this.#ring.allocateParticipant(roleNumber(role), pid, flags);
     if (k < 0) {
-      throw new IpcError('ERR_INVALID_ARG', `${what}: the channel already has its ${this.#block.layout.maxParticipants - 1} ends (maxPeers); create it with a larger maxPeers`);
+      throw new IpcError('ERR_LIMIT_REACHED', `${what}: the channel already has its ${this.#block.layout.maxParticipants - 1} ends (maxPeers); create it with a larger maxPeers`, { limit: 'maxPeers' });
     }
     return k;
   }
@@ -276,13 +277,13 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
 
 function checkMemory(memory: ChannelMemory | undefined): { device?: Device; pool?: IpcPool } {
   if (memory === undefined || memory === 'host') return {};
-  if (typeof memory !== 'object' || memory === null) throw new IpcError('ERR_INVALID_ARG', "memory must be 'host', { pool } or { device }");
+  if (typeof memory !== 'object' || memory === null) throw invalidArgType("memory must be 'host', { pool } or { device }");
   if ('pool' in memory) {
     const pool = memory.pool;
-    if (!(pool instanceof IpcPool)) throw new IpcError('ERR_INVALID_ARG', 'memory.pool must be an IpcPool (device.createIpcPool())');
+    if (!(pool instanceof IpcPool)) throw invalidArgType('memory.pool must be an IpcPool (device.createIpcPool())');
     if (pool.imported) throw new IpcError('ERR_IMPORTED_POOL', 'channel slots must come from a pool of this process; pass one made with device.createIpcPool()');
     return { device: pool.device, pool };
   }
   if ('device' in memory && memory.device instanceof Device) return { device: memory.device };
-  throw new IpcError('ERR_INVALID_ARG', "memory must be 'host', { pool: IpcPool } or { device: Device }");
+  throw invalidArgValue("memory must be 'host', { pool: IpcPool } or { device: Device }");
 }

@@ -7,6 +7,7 @@ import type { Device } from '../cuda/device.js';
 import type { Stream } from '../cuda/stream.js';
 import type { IpcPool } from '../ipc/pool.js';
 import { DEFAULT_ADAPTIVE_SPIN_MICROS, DEFAULT_SPIN_MICROS, MAX_SPIN_MICROS, type WaitMode, type WaitPolicy } from './waiter.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
 export type ChannelRole = 'producer' | 'consumer';
 /** 'queue': each message goes to one consumer (work sharing; also one to one and many to one).
@@ -106,17 +107,17 @@ export function checkWait(o: ChannelWaitOptions | undefined): WaitPolicy {
   const mode = o?.wait ?? 'adaptive';
   if (mode !== 'adaptive' && mode !== 'sleep' && mode !== 'spin') {
     const renamed = (mode as string) === 'futex' ? " ('futex' is now 'sleep', or 'adaptive', the default)" : '';
-    throw new IpcError('ERR_INVALID_ARG', `wait must be 'adaptive', 'sleep' or 'spin'; got ${String(mode)}${renamed}`);
+    throw invalidArgValue(`wait must be 'adaptive', 'sleep' or 'spin'; got ${String(mode)}${renamed}`);
   }
   const spinMicros = o?.spinMicros ?? (mode === 'spin' ? DEFAULT_SPIN_MICROS : DEFAULT_ADAPTIVE_SPIN_MICROS);
   if (typeof spinMicros !== 'number' || !Number.isFinite(spinMicros) || spinMicros < 0 || spinMicros > MAX_SPIN_MICROS) {
-    throw new IpcError('ERR_INVALID_ARG', `spinMicros must be in 0..${MAX_SPIN_MICROS}; got ${String(spinMicros)}`);
+    throw badNumber(spinMicros, `spinMicros must be in 0..${MAX_SPIN_MICROS}; got ${String(spinMicros)}`);
   }
   return { mode, spinMicros };
 }
 
 export function checkRole(role: unknown, what: string): ChannelRole {
-  if (role !== 'producer' && role !== 'consumer') throw new IpcError('ERR_INVALID_ARG', `${what}: role must be 'producer' or 'consumer'; got ${String(role)}`);
+  if (role !== 'producer' && role !== 'consumer') throw invalidArgValue(`${what}: role must be 'producer' or 'consumer'; got ${String(role)}`);
   return role;
 }
 

@@ -13,6 +13,7 @@ import { lockStuckError, RECOVERY_GIVE_UP_MS } from './recovery.js';
 import {
   closedError, delay, type AcquireOptions, type ChannelShape, type PublishOptions, type SlotBuffer,
 } from './options.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
 const RETRY_MS = 2;
 const encoder = new TextEncoder();
@@ -150,14 +151,14 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
     e.assertOpen('publish');
     const s = slot?.index;
     if (!(slot instanceof ChannelSlot) || this.#writing[s] !== slot) {
-      throw new IpcError('ERR_INVALID_ARG', 'publish: that slot is not one this producer acquired and has not yet published');
+      throw invalidArgValue('publish: that slot is not one this producer acquired and has not yet published');
     }
     const ring = e.ring;
     const view = ring.view;
     const so = ring.slotOff(s);
     const length = options.length ?? this.slotBytes;
     if (!Number.isSafeInteger(length) || length < 0 || length > this.slotBytes) {
-      throw new IpcError('ERR_OUT_OF_RANGE', `publish: length must be an integer in 0..${this.slotBytes}; got ${String(length)}`);
+      throw badNumber(length, `publish: length must be an integer in 0..${this.slotBytes}; got ${String(length)}`);
     }
     // Metadata straight into the slot record.
     let metaKind: number = MetaKind.None;

@@ -8,6 +8,7 @@ import { IpcError } from '../errors.js';
 import { raceWait, type WaitOptions } from '../abort.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { noteChange, reportDeviceMemory, type DeviceMemoryStats } from '../observe/hooks.js';
+import { invalidArgValue, outOfRange, badNumber } from '../arg-errors.js';
 
 export type { DeviceMemoryStats };
 
@@ -144,7 +145,7 @@ function byteLengthOf(v: HostView): number {
 }
 
 function checkCount(n: number, what: string): void {
-  if (!Number.isSafeInteger(n) || n < 0) throw new IpcError('ERR_INVALID_ARG', `${what} must be a non-negative integer, got ${n}`);
+  if (!Number.isSafeInteger(n) || n < 0) throw badNumber(n, `${what} must be a non-negative integer, got ${n}`);
 }
 
 export class DeviceBuffer {
@@ -177,7 +178,7 @@ export class DeviceBuffer {
   /** Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context (default: the working device, else device 0). */
   static allocate(bytes: number, options: { device?: Device } = {}): DeviceBuffer {
     checkCount(bytes, 'bytes');
-    if (bytes === 0) throw new IpcError('ERR_INVALID_ARG', 'cannot allocate 0 bytes; ask for at least 1');
+    if (bytes === 0) throw outOfRange('cannot allocate 0 bytes; ask for at least 1');
     const device = options.device ?? defaultDevice();
     device.activate();
     const base = driver.memAlloc(bytes);
@@ -225,8 +226,7 @@ export class DeviceBuffer {
     this.#assertOpen();
     checkCount(offset, 'offset');
     if (offset + length > this.byteLength) {
-      throw new IpcError('ERR_OUT_OF_RANGE',
-        `${what} of ${length} bytes at offset ${offset} does not fit in a buffer of ${this.byteLength} bytes`);
+      throw outOfRange(`${what} of ${length} bytes at offset ${offset} does not fit in a buffer of ${this.byteLength} bytes`);
     }
     this.device.activate();
     return offset === 0 ? this.#pointer : this.#pointer + BigInt(offset);
@@ -268,7 +268,7 @@ export class DeviceBuffer {
   /** Sets every byte to `value` (0..255) and returns once done; with a stream, only queues it there. */
   fill(value: number, options: { stream?: Stream } = {}): void {
     if (!Number.isInteger(value) || value < 0 || value > 255) {
-      throw new IpcError('ERR_INVALID_ARG', `fill value must be a byte (0..255), got ${value}; use fillUint32 for 32-bit words`);
+      throw badNumber(value, `fill value must be a byte (0..255), got ${value}; use fillUint32 for 32-bit words`);
     }
     const ptr = this.#range(0, this.byteLength, 'a fill');
     if (options.stream) driver.memsetD8Async(ptr, value, this.byteLength, options.stream.handle);
@@ -281,10 +281,10 @@ export class DeviceBuffer {
   /** Sets every 32-bit word to `value`; the length and address must be multiples of 4. */
   fillUint32(value: number, options: { stream?: Stream } = {}): void {
     if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) {
-      throw new IpcError('ERR_INVALID_ARG', `fillUint32 value must be in 0..2^32-1, got ${value}`);
+      throw badNumber(value, `fillUint32 value must be in 0..2^32-1, got ${value}`);
     }
     if (this.byteLength % 4 !== 0 || this.ownerOffset % 4 !== 0) {
-      throw new IpcError('ERR_INVALID_ARG', `fillUint32 needs a 4-byte aligned buffer whose length is a multiple of 4 (length ${this.byteLength}, offset ${this.ownerOffset})`);
+      throw invalidArgValue(`fillUint32 needs a 4-byte aligned buffer whose length is a multiple of 4 (length ${this.byteLength}, offset ${this.ownerOffset})`);
     }
     const ptr = this.#range(0, this.byteLength, 'a fill');
     if (options.stream) driver.memsetD32Async(ptr, value, this.byteLength / 4, options.stream.handle);

@@ -12,6 +12,7 @@ import {
   DESCRIPTOR_VERSION, type LegacyHandleDescriptor,
 } from './descriptor.js';
 import type { ArrayMetaInit } from './array-meta.js';
+import { badNumber, outOfRange } from '../arg-errors.js';
 
 export interface IpcHandleOptions {
   /** dtype/shape/strides to describe the bytes as an array (for openIpcArray and Python). */
@@ -85,7 +86,7 @@ export function exportPointer(pointer: bigint, byteLength: number, options: IpcH
   const [base, size] = driver.memGetAddressRange(pointer);
   const offset = Number(pointer - base);
   if (offset + byteLength > size) {
-    throw new IpcError('ERR_OUT_OF_RANGE', `${byteLength} bytes at 0x${pointer.toString(16)} run past the end of its allocation (${size - offset} bytes left)`);
+    throw outOfRange(`${byteLength} bytes at 0x${pointer.toString(16)} run past the end of its allocation (${size - offset} bytes left)`);
   }
   const handle = driver.ipcGetMemHandle(base);
   driver.legacyExportRegister(handle, base);
@@ -243,7 +244,7 @@ export function legacyCacheStats(): ImportCacheStats {
  */
 export function configureImportCache(options: { idleLimit: number }): void {
   if (!Number.isSafeInteger(options.idleLimit) || options.idleLimit < 0 || options.idleLimit > 0xffffffff) {
-    throw new IpcError('ERR_INVALID_ARG', `idleLimit must be a non-negative integer, got ${options.idleLimit}`);
+    throw badNumber(options.idleLimit, `idleLimit must be a non-negative integer, got ${options.idleLimit}`);
   }
   driver.legacyCacheConfigure(options.idleLimit);
 }

@@ -41,6 +41,7 @@ import { uidAllowed, uidRefusal } from './handshake.js';
 import type { Waiter } from './queue.js';
 import { noteChange, observeLink } from '../observe/hooks.js';
 import { probe, Probe } from './probe.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 /** Who is on the other end, as the kernel reports it. */
 export interface PeerCredentials {
@@ -165,7 +166,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
   constructor(token: typeof kCreate, setup: LinkSetup) {
     super();
     if (token !== kCreate) {
-      throw new IpcError('ERR_INVALID_ARG', 'Link cannot be constructed directly; use spawn(), parentLink(), listen() or connect()');
+      throw invalidArgValue('Link cannot be constructed directly; use spawn(), parentLink(), listen() or connect()');
     }
     this.#setup = setup;
     this.#limits = setup.limits ?? DEFAULT_LINK_LIMITS;
@@ -219,7 +220,7 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
 
   /** The peer's pid/uid/gid (SO_PEERCRED, or for a spawned child the credentials of its HELLO). */
   get peer(): PeerCredentials {
-    if (!this.#peer) throw new IpcError('ERR_INVALID_ARG', 'link.peer is not known before the handshake completes');
+    if (!this.#peer) throw new IpcError('ERR_INVALID_STATE', 'link.peer is not known before the handshake completes; await the link (spawn/connect resolve once it did)');
     return this.#peer;
   }
   get state(): LinkState {

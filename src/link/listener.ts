@@ -7,7 +7,7 @@ import { addon } from '../native.js';
 import type { NativeAcceptor } from '../posix-types.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
-import { checkSignal, optionalInteger } from '../arg-errors.js';
+import { checkSignal, optionalInteger, invalidArgValue } from '../arg-errors.js';
 import { abortError, armWait, checkTimeout, raceWait, type WaitOptions } from '../abort.js';
 
 const EMFILE = 24;
@@ -105,7 +105,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
   /** @internal Use listen(). */
   constructor(token: typeof kCreate, name: string, path: string, fd: number, options: ListenOptions) {
     super();
-    if (token !== kCreate) throw new IpcError('ERR_INVALID_ARG', 'use listen() to create a Listener');
+    if (token !== kCreate) throw invalidArgValue('use listen() to create a Listener');
     this.name = name;
     this.path = path;
     this.#options = options;

@@ -9,6 +9,7 @@ import { handlerForValue, type RegisteredHandler } from './handlers.js';
 import { RECORD_TAIL_BYTES, typedArrayTag, type Segment } from './message-format.js';
 import { closeFd } from './fds.js';
 import { probe, Probe } from './probe.js';
+import { invalidArgValue, invalidArgType, outOfRange, badNumber } from '../arg-errors.js';
 
 const MAX_DEPTH = 255;
 
@@ -52,7 +53,7 @@ function scan(v: unknown, path: Segment[], found: Found[]): unknown {
   }
   if (v === null) return v;
   if (path.length >= MAX_DEPTH) {
-    throw new IpcError('ERR_INVALID_ARG', `link.send: the message is nested deeper than ${MAX_DEPTH} levels (or contains a cycle)`);
+    throw invalidArgValue(`link.send: the message is nested deeper than ${MAX_DEPTH} levels (or contains a cycle)`);
   }
   if (Array.isArray(v)) {
     let copy: unknown[] | undefined;
@@ -289,18 +290,18 @@ export class MessageEncoder {
       if (enc.hold !== undefined) {
         const hold = enc.hold;
         if (typeof hold?.release !== 'function') {
-          throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned a hold without a release() function`);
+          throw invalidArgType(`transfer handler '${kind}' returned a hold without a release() function`);
         }
         leaseId = nextLeaseId();
         out.holds.push({ id: leaseId, hold });
         const bytes = hold.bytes;
         if (bytes !== undefined && !(Number.isSafeInteger(bytes) && bytes >= 0)) {
-          throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned a hold whose bytes (${String(bytes)}) is not a non-negative integer`);
+          throw badNumber(bytes, `transfer handler '${kind}' returned a hold whose bytes (${String(bytes)}) is not a non-negative integer`);
         }
       }
       if (enc.onCommit) out.commits.push(enc.onCommit);
       data = enc.data;
-      if (!(data instanceof Uint8Array)) throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned data that is not a Uint8Array`);
+      if (!(data instanceof Uint8Array)) throw invalidArgType(`transfer handler '${kind}' returned data that is not a Uint8Array`);
     }
     at = this.#writeAscii(kind, at);
     this.#room(at, 1);
@@ -315,7 +316,7 @@ export class MessageEncoder {
         this.#room(at, 3);
         this.view.setUint8(at, 1);
         const end = this.#writeString(seg, at + 3);
-        if (end - at - 3 > 0xffff) throw new IpcError('ERR_INVALID_ARG', 'link.send: an object key is longer than 65535 bytes');
+        if (end - at - 3 > 0xffff) throw outOfRange('link.send: an object key is longer than 65535 bytes');
         this.view.setUint16(at + 1, end - at - 3, true);
         at = end;
       }

@@ -7,6 +7,7 @@ import { IpcError, fdLimitError } from '../errors.js';
 import { addon } from '../native.js';
 import { Device, WORKING_DEVICE_ENV } from '../cuda/device.js';
 import { checkDeviceUuid } from '../ipc/device-uuid.js';
+import { ARG } from '../ipc/checks.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { linkLimits, type LinkOptions } from './link-options.js';
 import { checkSignal } from '../arg-errors.js';
@@ -162,7 +163,7 @@ export async function startLinkedChild(command: string, argv: readonly string[],
 function workingDeviceUuid(device: Device | string): string {
   if (device instanceof Device) return device.uuid;
   const uuid = typeof device === 'string' ? device.toLowerCase().replace(/^gpu-/, 'GPU-') : device;
-  return checkDeviceUuid(uuid, { code: 'ERR_INVALID_ARG', path: 'spawn options.device' });
+  return checkDeviceUuid(uuid, { code: ARG, path: 'spawn options.device' });
 }
 
 let parent: Link | undefined;
