@@ -4,7 +4,7 @@
 // both cases every fd that came with the record is either inside a returned value or closed.
 import type { IpcError } from '../errors.js';
 import { decodeMessage } from './message-decoder.js';
-import { ENCODING_MASK, FrameType, HEADER_BYTES, LARGE_PAYLOAD, parseHeader, readReleaseIds, readU64, type FrameHeader } from './frame.js';
+import { ENCODING_MASK, FrameType, HEADER_BYTES, LARGE_PAYLOAD, parseHeader, readGoneEntries, readReleaseIds, readU64, type FrameHeader, type GoneEntry } from './frame.js';
 import type { IncomingLeases } from './lease.js';
 import { closeFd, closeFds } from './fds.js';
 import { DEFAULT_MAX_MESSAGE_BYTES, checkLargeLength, checkMessageLength, readLargePayload } from './large-message.js';
@@ -17,6 +17,7 @@ export type InboundFrame =
   | { type: FrameType.Goodbye }
   | { type: FrameType.Refuse; reason: number; text: string }
   | { type: FrameType.Release; ids: number[] }
+  | { type: FrameType.Gone; entries: GoneEntry[] }
   /** bytes: the payload's length; fds: how many of its fds the decoded values hold. */
   | { type: FrameType.Message; message: ReceivedMessage; bytes: number; fds: number };
 
@@ -60,6 +61,8 @@ export function readPayload(
     // parseHeader() allows fds only on messages, so none need closing below.
     case FrameType.Release:
       return { type: FrameType.Release, ids: readReleaseIds(view, h.payloadLength) };
+    case FrameType.Gone:
+      return { type: FrameType.Gone, entries: readGoneEntries(buf, view, h.payloadLength) };
     case FrameType.Refuse:
       return {
         type: FrameType.Refuse,

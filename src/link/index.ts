@@ -1,6 +1,7 @@
 // Public surface of the link layer.
 export { Link, type LinkState, type PeerCredentials, type ReceiveOptions } from './link.js';
 export { type LinkOptions } from './link-options.js';
+export { announceGone, registerGoneHandler, type GoneHandler } from './gone.js';
 export { spawn, parentLink, type SpawnOptions, type SpawnedChild } from './spawn.js';
 export { setLinkWorkingDevice, linkWorkingDevice } from './working-device.js';
 export { spawnPython, pythonPackageDirectory, type SpawnPythonOptions } from './spawn-python.js';

@@ -10,8 +10,11 @@ import type { NativeSocket } from '../posix-types.js';
 import { acquireEncoder, type MessageLimit } from './message-encoder.js';
 import {
   ENCODING_MASK,
+  FEATURE_GONE,
   FEATURE_LARGE_MESSAGES,
   FrameType,
+  encodeGone,
+  type GoneEntry,
   HEADER_BYTES,
   HELLO_PAYLOAD_BYTES,
   LARGE_INLINE_BYTES,
@@ -28,6 +31,7 @@ import {
   type FrameHeader,
 } from './frame.js';
 import { writeLargePayload } from './large-message.js';
+import { dispatchGone } from './gone.js';
 import { DEFAULT_LINK_LIMITS, type LinkLimits } from './link-options.js';
 import { readPayload, type InboundContext, type InboundFrame } from './inbound.js';
 import { leaseIdsOf } from './message-decoder.js';
@@ -403,6 +407,17 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
     this.#outbox.send(frame, frame.byteLength, null, [], [], 0, true);
   }
 
+  /** True while the link is open and its peer takes GONE notices (its HELLO said so). */
+  get acceptsGone(): boolean {
+    return this.#state === 'open' && ((this.#peerFeatures ?? 0) & FEATURE_GONE) !== 0;
+  }
+
+  /** @internal Sends GONE frames for `entries` (gone.ts batches them; see announceGone). */
+  sendGone(entries: readonly GoneEntry[]): void {
+    if (!this.acceptsGone) return;
+    for (const frame of encodeGone(entries)) this.#outbox.send(frame, frame.byteLength, null, [], [], 0, true);
+  }
+
   /** Tells the peer that this process is done with the values it leased under `ids`. */
   #sendRelease(ids: readonly number[]): void {
     if (this.#state !== 'open') return;
@@ -496,9 +511,10 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       this.#shutdown(e as IpcError, 'local');
       return;
     }
-    if ((h.type === FrameType.Message || h.type === FrameType.Release) && this.#state !== 'open') {
+    if ((h.type === FrameType.Message || h.type === FrameType.Release || h.type === FrameType.Gone) && this.#state !== 'open') {
       closeFds(fds);
-      this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a ${h.type === FrameType.Message ? 'message' : 'RELEASE'} before the link handshake`), 'local');
+      const what = h.type === FrameType.Message ? 'message' : h.type === FrameType.Release ? 'RELEASE' : 'GONE';
+      this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a ${what} before the link handshake`), 'local');
       return;
     }
     let f: InboundFrame;
@@ -534,6 +550,9 @@ export class Link extends EventEmitter implements Disposable, AsyncDisposable, A
       }
       case FrameType.Hello:
         this.#onHello(cred, f.features);
+        return;
+      case FrameType.Gone:
+        dispatchGone(f.entries, this);
         return;
       case FrameType.Goodbye:
         this.#shutdown(undefined, 'peer');
