@@ -46,6 +46,8 @@ export {
   type LinkEvents, type ListenerEvents, type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
 } from './link/index.js';
+export { type LinkOptions, type LinkLimits, type InboxCounts, type SendQueueCounts } from './link/index.js';
+export { type WaitOptions } from './abort.js';
 export { stats, type Stats } from './stats.js';
 export { collectStatus, type StatusSnapshot, type ProcessStatus, type PeerShare, type CollectOptions } from './observe/reader.js';
 export type { ChannelStatus, ChannelPeerStatus, ChannelSlotCounts } from './observe/hooks.js';

@@ -1,5 +1,6 @@
 // A consumer's end of a channel: receive messages (or iterate), release each once done with it.
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { HostBuffer } from '../host/index.js';
 import type { Stream } from '../cuda/stream.js';
 import { H, P, S, MetaKind, FLAG_REDELIVERED, publishFence, releaseFence } from './layout.js';
@@ -90,7 +91,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer, Meta = unknown> 
     } catch (e) {
       return Promise.reject(e);
     }
-    return m !== null ? Promise.resolve(m) : this.#receivers.enqueue(options.signal, 'receive', this.#spunOut);
+    return m !== null ? Promise.resolve(m) : this.#receivers.enqueue(options, 'ChannelConsumer.receive', this.#spunOut);
   }
 
   /** A message now; undefined when none is there (or the channel ended: see receive()). */
@@ -116,7 +117,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer, Meta = unknown> 
           return Promise.reject(e);
         }
         if (m !== null) return Promise.resolve(iteratorResult(m));
-        return this.#receivers.enqueue(undefined, 'receive', this.#spunOut).then(iteratorResult);
+        return this.#receivers.enqueue(undefined, 'ChannelConsumer.receive', this.#spunOut).then(iteratorResult);
       },
       return: async () => ({ value: undefined, done: true }),
     };
@@ -366,11 +367,12 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer, Meta = unknown> i
     if (this[kWaited] !== true) this[kWaited] = stream;
   }
 
-  /** Resolves once the producer's GPU work on the message is done (host reads of device slots). */
-  async synchronize(): Promise<void> {
+  /** Resolves once the producer's GPU work on the message is done (host reads of device slots);
+   * `options`: give up on a signal or after a timeout (the GPU work goes on). */
+  async synchronize(options?: WaitOptions): Promise<void> {
     const fences = this.#owner.fences;
     if (!fences) return;
-    await fences.synchronize([[this.#owner.publishFence(this.index), this[kTicket]]]);
+    await raceWait(fences.synchronize([[this.#owner.publishFence(this.index), this[kTicket]]]), options, 'ChannelMessage.synchronize');
     this[kWaited] = true;
   }
 

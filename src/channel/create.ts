@@ -2,6 +2,7 @@
 // this process and attaches the process at the other end of the link in the other role;
 // acceptChannel(link) is what that process calls (for any hub's attach).
 import type { Link } from '../link/index.js';
+import { waitScope, type WaitOptions } from '../abort.js';
 import { ChannelHub, openOwnedEnd } from './hub.js';
 import { ChannelProducer } from './producer.js';
 import { ChannelConsumer } from './consumer.js';
@@ -12,8 +13,9 @@ import type { Device } from '../cuda/device.js';
 import type { IpcPool } from '../ipc/pool.js';
 import { checkRole, checkWait, type ChannelOptions, type ChannelRole, type ChannelWaitOptions, type SlotBuffer } from './options.js';
 
-/** Options of createChannel(): the channel's shape, how this end waits, and its role. */
-export type CreateChannelOptions = ChannelOptions & ChannelWaitOptions & { role: ChannelRole };
+/** Options of createChannel(): the channel's shape, how this end waits, and its role; `signal` /
+ * `timeout` give up waiting for the peer's acceptChannel (AbortError / ERR_TIMEOUT). */
+export type CreateChannelOptions = ChannelOptions & ChannelWaitOptions & WaitOptions & { role: ChannelRole };
 
 /**
  * One to one: creates a channel with this process's end in `options.role`, and attaches the
@@ -43,7 +45,7 @@ export async function createChannel(link: Link, options: CreateChannelOptions): 
   let end: ChannelProducer | ChannelConsumer | undefined;
   try {
     end = openOwnedEnd(hub, role, { wait: options.wait, spinMicros: options.spinMicros });
-    await hub.attach(link, { role: role === 'producer' ? 'consumer' : 'producer' });
+    await hub.attach(link, { role: role === 'producer' ? 'consumer' : 'producer', signal: options.signal, timeout: options.timeout });
     return end;
   } catch (e) {
     end?.close();
@@ -52,14 +54,14 @@ export async function createChannel(link: Link, options: CreateChannelOptions): 
   }
 }
 
-/** Options of acceptChannel(): what to accept (role, memory) and how the end waits. */
-export interface AcceptOptions extends ChannelWaitOptions {
+/** Options of acceptChannel(): what to accept (role, memory) and how the end waits; `signal` /
+ * `timeout` give up waiting for the hub (AbortError / ERR_TIMEOUT). */
+export interface AcceptOptions extends ChannelWaitOptions, WaitOptions {
   /** Refuse the channel unless the hub attached this process in this role (and type the end). */
   role?: ChannelRole;
   /** Refuse the channel unless its slots are this kind of memory; the returned end's slots are
    * then typed as HostBuffer ('host') or DeviceBuffer ('device'). */
   memory?: 'host' | 'device';
-  signal?: AbortSignal;
 }
 
 /**
@@ -79,7 +81,16 @@ export function acceptChannel<Meta = unknown>(link: Link, options?: AcceptOption
 export async function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions = {}): Promise<ChannelProducer<B, any> | ChannelConsumer<B, any>> {
   const policy = checkWait(options);
   if (options.role !== undefined) checkRole(options.role, 'acceptChannel');
-  const { block, index, role } = await accept(link, options);
+  const scope = waitScope(options, 'acceptChannel');
+  let accepted;
+  try {
+    accepted = await accept(link, { role: options.role, memory: options.memory, signal: scope.signal });
+  } catch (e) {
+    throw scope.translate(e);
+  } finally {
+    scope.done();
+  }
+  const { block, index, role } = accepted;
   const init = { block, index, role, policy, hubLink: link };
   try {
     return role === 'producer' ? new ChannelProducer<B>(init) : new ChannelConsumer<B>(init);

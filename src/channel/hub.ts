@@ -3,6 +3,7 @@
 // and watches its peers: when a peer's link closes, it repairs the control block in its place
 // (its slots come back, work-sharing messages it held are delivered again, its fences are raised
 // once its process is gone).
+import { waitScope, type WaitOptions } from '../abort.js';
 import { IpcError } from '../errors.js';
 import type { Link } from '../link/index.js';
 import { HostBuffer } from '../host/index.js';
@@ -24,6 +25,7 @@ import {
   checkRole, checkWait, closedError, type ChannelMemory, type ChannelOptions, type ChannelRole, type ChannelShape, type ChannelStats,
   type ChannelWaitOptions, type SlotBuffer, type SlotBufferFor,
 } from './options.js';
+import { invalidArgValue, invalidArgType, badNumber } from '../arg-errors.js';
 
 const DEFAULT_META_BYTES = 256;
 
@@ -35,10 +37,10 @@ export let openOwnedEnd: <B extends SlotBuffer, Meta>(hub: ChannelHub<B, Meta>, 
 /** How long opening an end here spins for the publish lock (a broadcast consumer needs it). */
 const LOCAL_ACTIVATE_MS = 50;
 
-/** Options of `hub.attach(link, options)`: the role the process at the other end of the link gets. */
-export interface AttachOptions {
+/** Options of `hub.attach(link, options)`: the role the process at the other end of the link gets;
+ * `signal` / `timeout` give up waiting for the peer's acceptChannel (AbortError / ERR_TIMEOUT). */
+export interface AttachOptions extends WaitOptions {
   role: ChannelRole;
-  signal?: AbortSignal;
 }
 
 /**
@@ -76,7 +78,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer, Meta = unknown> exten
   static create<M extends ChannelMemory | undefined = undefined, Meta = unknown>(options: ChannelOptions & { memory?: M }): ChannelHub<any, Meta> {
     const topology = options.topology ?? 'queue';
     if (topology !== 'queue' && topology !== 'broadcast') {
-      throw new IpcError('ERR_INVALID_ARG', `topology must be 'queue' or 'broadcast'; got ${String(topology)}`);
+      throw invalidArgValue(`topology must be 'queue' or 'broadcast'; got ${String(topology)}`);
     }
     const { device, pool } = checkMemory(options.memory);
     const maxPeers = options.maxPeers ?? 15;
@@ -93,7 +95,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer, Meta = unknown> exten
     const expectConsumers = options.consumers ?? 1;
     for (const [v, what] of [[expectProducers, 'producers'], [expectConsumers, 'consumers']] as const) {
       if (!Number.isSafeInteger(v) || v < 1 || v > maxPeers) {
-        throw new IpcError('ERR_INVALID_ARG', `${what} must be an integer in 1..${maxPeers} (maxPeers); got ${String(v)}`);
+        throw badNumber(v, `${what} must be an integer in 1..${maxPeers} (maxPeers); got ${String(v)}`);
       }
     }
     const layout: HubLayout = { ...computeLayout(params), expectProducers, expectConsumers };
@@ -198,7 +200,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer, Meta = unknown> exten
     this.#recycle();
     const k = this.#ring.allocateParticipant(roleNumber(role), pid, flags);
     if (k < 0) {
-      throw new IpcError('ERR_INVALID_ARG', `${what}: the channel already has its ${this.#block.layout.maxParticipants - 1} ends (maxPeers); create it with a larger maxPeers`);
+      throw new IpcError('ERR_LIMIT_REACHED', `${what}: the channel already has its ${this.#block.layout.maxParticipants - 1} ends (maxPeers); create it with a larger maxPeers`, { limit: 'maxPeers' });
     }
     return k;
   }
@@ -227,15 +229,18 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer, Meta = unknown> exten
       // Whether it left cleanly or not: GPU writes it queued die with its process.
       if (this.#block.fences) repairFencesWhenGone(this.#ring, this.#block.fences, k, () => !this.#released);
     });
+    const scope = waitScope(options, 'ChannelHub.attach');
     try {
-      await offer(link, this.#block, k, role, () => (activated = this.#ring.activate(k, roleNumber(role))), () => !this.#closed, options.signal);
+      await offer(link, this.#block, k, role, () => (activated = this.#ring.activate(k, roleNumber(role))), () => !this.#closed, scope.signal);
       this.#peers.set(k, { link, unhook });
     } catch (e) {
       if (!activated) {
         unhook();
         if (!this.#closed) this.#ring.freeParticipant(k);
       }
-      throw e;
+      throw scope.translate(e);
+    } finally {
+      scope.done();
     }
   }
 
@@ -282,13 +287,13 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer, Meta = unknown> exten
 
 function checkMemory(memory: ChannelMemory | undefined): { device?: Device; pool?: IpcPool } {
   if (memory === undefined || memory === 'host') return {};
-  if (typeof memory !== 'object' || memory === null) throw new IpcError('ERR_INVALID_ARG', "memory must be 'host', { pool } or { device }");
+  if (typeof memory !== 'object' || memory === null) throw invalidArgType("memory must be 'host', { pool } or { device }");
   if ('pool' in memory) {
     const pool = memory.pool;
-    if (!(pool instanceof IpcPool)) throw new IpcError('ERR_INVALID_ARG', 'memory.pool must be an IpcPool (device.createIpcPool())');
+    if (!(pool instanceof IpcPool)) throw invalidArgType('memory.pool must be an IpcPool (device.createIpcPool())');
     if (pool.imported) throw new IpcError('ERR_IMPORTED_POOL', 'channel slots must come from a pool of this process; pass one made with device.createIpcPool()');
     return { device: pool.device, pool };
   }
   if ('device' in memory && memory.device instanceof Device) return { device: memory.device };
-  throw new IpcError('ERR_INVALID_ARG', "memory must be 'host', { pool: IpcPool } or { device: Device }");
+  throw invalidArgValue("memory must be 'host', { pool: IpcPool } or { device: Device }");
 }

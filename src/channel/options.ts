@@ -1,11 +1,13 @@
 // The options and shared types of the channel API, and their checks.
 import { IpcError } from '../errors.js';
+import type { WaitOptions } from '../abort.js';
 import type { HostBuffer } from '../host/index.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
 import type { Device } from '../cuda/device.js';
 import type { Stream } from '../cuda/stream.js';
 import type { IpcPool } from '../ipc/pool.js';
 import { DEFAULT_ADAPTIVE_SPIN_MICROS, DEFAULT_SPIN_MICROS, MAX_SPIN_MICROS, type WaitMode, type WaitPolicy } from './waiter.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
 /** Which end: a producer publishes messages, a consumer receives them. */
 export type ChannelRole = 'producer' | 'consumer';
@@ -64,12 +66,14 @@ export interface ChannelOptions {
   consumers?: number;
 }
 
+/** Gives up a wait: `signal` (AbortError, code ABORT_ERR), `timeout` in ms (ERR_TIMEOUT). */
+export type { WaitOptions };
+
 /** Options of `producer.acquire()`. */
-export interface AcquireOptions {
+export interface AcquireOptions extends WaitOptions {
   /** Device slots: GPU work queued on this stream after acquire waits for the consumers' GPU
    * work on the slot's previous message (no CPU wait). Without it, acquire waits on the CPU. */
   stream?: Stream;
-  signal?: AbortSignal;
 }
 
 /** Options of `producer.publish(slot, options)`; `Meta` is the channel's metadata type. */
@@ -91,10 +95,8 @@ export interface ReleaseOptions {
   stream?: Stream;
 }
 
-/** Options of `consumer.receive()`: `signal` aborts the wait (ERR_TIMEOUT). */
-export interface ReceiveOptions {
-  signal?: AbortSignal;
-}
+/** Options of `consumer.receive()`: `signal` aborts the wait (AbortError), `timeout` ends it (ERR_TIMEOUT). */
+export type ReceiveOptions = WaitOptions;
 
 /** A snapshot of a channel's slots and members, from `stats()` on a hub or an end. */
 export interface ChannelStats {
@@ -120,27 +122,22 @@ export function checkWait(o: ChannelWaitOptions | undefined): WaitPolicy {
   const mode = o?.wait ?? 'adaptive';
   if (mode !== 'adaptive' && mode !== 'sleep' && mode !== 'spin') {
     const renamed = (mode as string) === 'futex' ? " ('futex' is now 'sleep', or 'adaptive', the default)" : '';
-    throw new IpcError('ERR_INVALID_ARG', `wait must be 'adaptive', 'sleep' or 'spin'; got ${String(mode)}${renamed}`);
+    throw invalidArgValue(`wait must be 'adaptive', 'sleep' or 'spin'; got ${String(mode)}${renamed}`);
   }
   const spinMicros = o?.spinMicros ?? (mode === 'spin' ? DEFAULT_SPIN_MICROS : DEFAULT_ADAPTIVE_SPIN_MICROS);
   if (typeof spinMicros !== 'number' || !Number.isFinite(spinMicros) || spinMicros < 0 || spinMicros > MAX_SPIN_MICROS) {
-    throw new IpcError('ERR_INVALID_ARG', `spinMicros must be in 0..${MAX_SPIN_MICROS}; got ${String(spinMicros)}`);
+    throw badNumber(spinMicros, `spinMicros must be in 0..${MAX_SPIN_MICROS}; got ${String(spinMicros)}`);
   }
   return { mode, spinMicros };
 }
 
 export function checkRole(role: unknown, what: string): ChannelRole {
-  if (role !== 'producer' && role !== 'consumer') throw new IpcError('ERR_INVALID_ARG', `${what}: role must be 'producer' or 'consumer'; got ${String(role)}`);
+  if (role !== 'producer' && role !== 'consumer') throw invalidArgValue(`${what}: role must be 'producer' or 'consumer'; got ${String(role)}`);
   return role;
 }
 
 export function closedError(what: string): IpcError {
   return new IpcError('ERR_CHANNEL_CLOSED', `${what}: the channel is closed`);
-}
-
-export function abortError(signal: AbortSignal, what: string): IpcError {
-  const r = signal.reason as { message?: string } | undefined;
-  return new IpcError('ERR_TIMEOUT', `${what} was aborted: ${r?.message ?? 'the signal fired'}`, { cause: signal.reason });
 }
 
 export function delay(ms: number): Promise<void> {

@@ -8,6 +8,7 @@ import type { ChannelProducer } from './producer.js';
 import type { ChannelConsumer } from './consumer.js';
 import { acceptChannel } from './create.js';
 import type { ChannelOptions, ChannelWaitOptions, SlotBuffer } from './options.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 const PROTOCOL = '@cuda-ipc/pipeline';
 
@@ -53,7 +54,7 @@ interface StageMessage {
  * slots, slot size and memory (`memory: { pool }` gives each channel its own allocation there).
  */
 export async function pipeline(stages: ReadonlyArray<string | URL>, options: PipelineOptions): Promise<Pipeline> {
-  if (!Array.isArray(stages) || stages.length === 0) throw new IpcError('ERR_INVALID_ARG', 'pipeline: give at least one stage module');
+  if (!Array.isArray(stages) || stages.length === 0) throw invalidArgValue('pipeline: give at least one stage module');
   const n = stages.length;
   const spawned: SpawnedChild[] = [];
   const hubs: ChannelHub[] = [];

@@ -5,8 +5,10 @@ import { driver, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { noteChange, reportDeviceMemory, type DeviceMemoryStats } from '../observe/hooks.js';
+import { invalidArgValue, outOfRange, badNumber } from '../arg-errors.js';
 
 export type { DeviceMemoryStats };
 
@@ -154,7 +156,7 @@ function byteLengthOf(v: HostView): number {
 }
 
 function checkCount(n: number, what: string): void {
-  if (!Number.isSafeInteger(n) || n < 0) throw new IpcError('ERR_INVALID_ARG', `${what} must be a non-negative integer, got ${n}`);
+  if (!Number.isSafeInteger(n) || n < 0) throw badNumber(n, `${what} must be a non-negative integer, got ${n}`);
 }
 
 /**
@@ -192,7 +194,7 @@ export class DeviceBuffer {
   /** Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context (default: the working device, else device 0). */
   static allocate(bytes: number, options: { device?: Device } = {}): DeviceBuffer {
     checkCount(bytes, 'bytes');
-    if (bytes === 0) throw new IpcError('ERR_INVALID_ARG', 'cannot allocate 0 bytes; ask for at least 1');
+    if (bytes === 0) throw outOfRange('cannot allocate 0 bytes; ask for at least 1');
     const device = options.device ?? defaultDevice();
     device.activate();
     const base = driver.memAlloc(bytes);
@@ -240,8 +242,7 @@ export class DeviceBuffer {
     this.#assertOpen();
     checkCount(offset, 'offset');
     if (offset + length > this.byteLength) {
-      throw new IpcError('ERR_OUT_OF_RANGE',
-        `${what} of ${length} bytes at offset ${offset} does not fit in a buffer of ${this.byteLength} bytes`);
+      throw outOfRange(`${what} of ${length} bytes at offset ${offset} does not fit in a buffer of ${this.byteLength} bytes`);
     }
     this.device.activate();
     return offset === 0 ? this.#pointer : this.#pointer + BigInt(offset);
@@ -283,7 +284,7 @@ export class DeviceBuffer {
   /** Sets every byte to `value` (0..255) and returns once done; with a stream, only queues it there. */
   fill(value: number, options: { stream?: Stream } = {}): void {
     if (!Number.isInteger(value) || value < 0 || value > 255) {
-      throw new IpcError('ERR_INVALID_ARG', `fill value must be a byte (0..255), got ${value}; use fillUint32 for 32-bit words`);
+      throw badNumber(value, `fill value must be a byte (0..255), got ${value}; use fillUint32 for 32-bit words`);
     }
     const ptr = this.#range(0, this.byteLength, 'a fill');
     if (options.stream) driver.memsetD8Async(ptr, value, this.byteLength, options.stream.handle);
@@ -296,10 +297,10 @@ export class DeviceBuffer {
   /** Sets every 32-bit word to `value`; the length and address must be multiples of 4. */
   fillUint32(value: number, options: { stream?: Stream } = {}): void {
     if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) {
-      throw new IpcError('ERR_INVALID_ARG', `fillUint32 value must be in 0..2^32-1, got ${value}`);
+      throw badNumber(value, `fillUint32 value must be in 0..2^32-1, got ${value}`);
     }
     if (this.byteLength % 4 !== 0 || this.ownerOffset % 4 !== 0) {
-      throw new IpcError('ERR_INVALID_ARG', `fillUint32 needs a 4-byte aligned buffer whose length is a multiple of 4 (length ${this.byteLength}, offset ${this.ownerOffset})`);
+      throw invalidArgValue(`fillUint32 needs a 4-byte aligned buffer whose length is a multiple of 4 (length ${this.byteLength}, offset ${this.ownerOffset})`);
     }
     const ptr = this.#range(0, this.byteLength, 'a fill');
     if (options.stream) driver.memsetD32Async(ptr, value, this.byteLength / 4, options.stream.handle);
@@ -333,8 +334,9 @@ export class DeviceBuffer {
   /** Number of peers that were sent this memory and still map it. */
   get leases(): number { return this.#memory.leases; }
 
-  /** Resolves once the memory itself is freed: after close() of every buffer over it and the end of every lease. */
-  released(): Promise<void> { return this.#memory.whenReleased(); }
+  /** Resolves once the memory itself is freed: after close() of every buffer over it and the end
+   * of every lease. `options`: give up waiting on a signal (AbortError) or after a timeout (ERR_TIMEOUT). */
+  released(options?: WaitOptions): Promise<void> { return raceWait(this.#memory.whenReleased(), options, 'DeviceBuffer.released'); }
 
   /**
    * Releases this buffer. The memory goes when its last buffer or view is closed and every peer

@@ -3,6 +3,7 @@
 // and the working device: the GPU this thread maps memory for when it imports another process's.
 import { driver, Attr, HandleType, P2PAttr } from './driver.js';
 import { IpcError } from '../errors.js';
+import { invalidArgType } from '../arg-errors.js';
 
 /** A device's compute capability, e.g. `{ major: 9, minor: 0 }` for an H100. */
 export interface ComputeCapability { major: number; minor: number }
@@ -279,7 +280,7 @@ export function workingDevice(): Device | undefined {
 export function setWorkingDevice(device: Device | string | undefined): void {
   const d = typeof device === 'string' ? Device.byUuid(device) : device;
   if (d !== undefined && !(d instanceof Device)) {
-    throw new IpcError('ERR_INVALID_ARG', 'setWorkingDevice expects a Device, a device UUID (\'GPU-…\') or undefined');
+    throw invalidArgType('setWorkingDevice expects a Device, a device UUID (\'GPU-…\') or undefined');
   }
   working = d;
   workingFromEnv = false;

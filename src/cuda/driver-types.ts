@@ -62,6 +62,10 @@ export interface CudaAddon {
   legacyImportRelease(handle: Uint8Array, context: bigint): boolean;
   /** Closes the mapping of `handle` in `context` now if nothing uses it; true when one was closed. */
   legacyImportDrop(handle: Uint8Array, context: bigint): boolean;
+  /** The exporter freed the allocation: closes idle mappings of it now, busy ones at their last release. Returns how many it closed. */
+  legacyImportForget(handle: Uint8Array): number;
+  /** Forgets local exports whose allocation was freed; returns how many. */
+  legacyExportSweep(): number;
   legacyCacheStats(): ImportCacheStats;
   legacyCacheConfigure(idleLimit: number): void;
   ipcGetEventHandle(event: bigint): Uint8Array;

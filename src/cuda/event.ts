@@ -4,6 +4,7 @@ import { driver, Flags, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { DriverObject } from './driver-object.js';
 import { takeWaiterStream, returnWaiterStream } from './waiter-streams.js';
 
@@ -74,8 +75,13 @@ export class Event extends DriverObject {
     return driver.eventQuery(this.handle);
   }
 
-  /** Resolves once the captured work is done, without blocking any thread. */
-  async synchronize(): Promise<void> {
+  /** Resolves once the captured work is done, without blocking any thread. `options`: give up
+   * waiting on a signal (AbortError) or after a timeout (ERR_TIMEOUT); the GPU work goes on. */
+  synchronize(options?: WaitOptions): Promise<void> {
+    return raceWait(this.#synchronize(), options, 'Event.synchronize');
+  }
+
+  async #synchronize(): Promise<void> {
     const waiter = takeWaiterStream(this.device);
     try {
       driver.streamWaitEvent(waiter.handle, this.handle);

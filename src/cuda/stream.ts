@@ -3,7 +3,9 @@
 import { driver, Flags, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { DriverObject } from './driver-object.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
 /**
  * A CUDA stream of one device: `Stream.create(device)`; work queued on it runs in order; `await
@@ -22,9 +24,10 @@ export class Stream extends DriverObject {
     return new Stream(device, driver.streamCreate(Flags.STREAM_NON_BLOCKING));
   }
 
-  /** Resolves when all work queued so far has finished. */
-  synchronize(): Promise<void> {
-    return whenStreamDone(this.handle);
+  /** Resolves when all work queued so far has finished. `options`: give up waiting on a signal
+   * (AbortError) or after a timeout (ERR_TIMEOUT); the work goes on. */
+  synchronize(options?: WaitOptions): Promise<void> {
+    return raceWait(whenStreamDone(this.handle), options, 'Stream.synchronize');
   }
 
   /** GPU-side signal: when the stream reaches this point, it writes `value` at `offset` of `target`. */
@@ -67,11 +70,11 @@ export class Stream extends DriverObject {
         'use a DeviceBuffer.allocate buffer for flags, shared through its legacy handle or a link');
     }
     if (!Number.isSafeInteger(offset) || offset < 0 || offset + size > target.byteLength) {
-      throw new IpcError('ERR_OUT_OF_RANGE', `a ${size}-byte word at offset ${offset} does not fit in ${target.byteLength} bytes`);
+      throw badNumber(offset, `a ${size}-byte word at offset ${offset} does not fit in ${target.byteLength} bytes`);
     }
     const address = target.devicePointer + BigInt(offset);
     if (address % BigInt(size) !== 0n) {
-      throw new IpcError('ERR_INVALID_ARG', `stream memory operations need a ${size}-byte aligned address; offset ${offset} is not`);
+      throw invalidArgValue(`stream memory operations need a ${size}-byte aligned address; offset ${offset} is not`);
     }
     this.device.activate();
     return address;
@@ -102,13 +105,13 @@ function waitFlag(condition: WaitCondition): number {
     case 'eq': return Flags.WAIT_VALUE_EQ;
     case 'and': return Flags.WAIT_VALUE_AND;
     case 'nor': return Flags.WAIT_VALUE_NOR;
-    default: throw new IpcError('ERR_INVALID_ARG', `unknown wait condition '${condition as string}'; use 'geq', 'eq', 'and' or 'nor'`);
+    default: throw invalidArgValue(`unknown wait condition '${condition as string}'; use 'geq', 'eq', 'and' or 'nor'`);
   }
 }
 
 function checkU32(value: number): void {
   if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) {
-    throw new IpcError('ERR_INVALID_ARG', `a 32-bit stream value must be an integer in 0..2^32-1, got ${value}`);
+    throw badNumber(value, `a 32-bit stream value must be an integer in 0..2^32-1, got ${value}`);
   }
 }
 

@@ -4,6 +4,7 @@
 // one-byte types, as NumPy spells them).
 
 import { IpcError } from '../errors.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 /** Element types a descriptor can describe. */
 export type DType =
@@ -99,10 +100,10 @@ export function isDType(value: unknown): value is DType {
   return typeof value === 'string' && Object.prototype.hasOwnProperty.call(DTYPE_TABLE, value);
 }
 
-/** Facts about one dtype. Throws ERR_INVALID_ARG for a name that is not a DType. */
+/** Facts about one dtype. Throws a TypeError (ERR_INVALID_ARG_VALUE) for a name that is not a DType. */
 export function dtypeInfo<T extends DType>(dtype: T): DTypeInfo<T> {
   if (!isDType(dtype)) {
-    throw new IpcError('ERR_INVALID_ARG', `unknown dtype ${describeName(dtype)}; use one of: ${DTYPES.join(', ')}`);
+    throw invalidArgValue(`unknown dtype ${describeName(dtype)}; use one of: ${DTYPES.join(', ')}`);
   }
   return DTYPE_TABLE[dtype] as DTypeInfo<T>;
 }
@@ -116,7 +117,7 @@ export function dtypeFromWireCode(code: number): DType | undefined {
  * The dtype whose values a typed array naturally holds: Float32Array -> 'float32',
  * BigInt64Array -> 'int64', Uint8Array (and Buffer, Uint8ClampedArray) -> 'uint8'. A Uint16Array
  * maps to 'uint16': float16/bfloat16 bits cannot be told apart from integers, so name them
- * explicitly. Throws ERR_INVALID_ARG for a DataView or anything else.
+ * explicitly. Throws a TypeError (ERR_INVALID_ARG_VALUE) for a DataView or anything else.
  */
 export function dtypeOfTypedArray(array: ArrayBufferView): DType {
   // Order matters only for subclasses (Buffer extends Uint8Array).
@@ -133,9 +134,7 @@ export function dtypeOfTypedArray(array: ArrayBufferView): DType {
   // Float16Array exists on newer runtimes only (Node 24+ behind or without a flag).
   const float16Array = (globalThis as { Float16Array?: abstract new (...args: never[]) => unknown }).Float16Array;
   if (float16Array !== undefined && array instanceof float16Array) return 'float16';
-  throw new IpcError(
-    'ERR_INVALID_ARG',
-    `cannot infer a dtype from ${array?.constructor?.name ?? typeof array}; pass a typed array or name the dtype`,
+  throw invalidArgValue(`cannot infer a dtype from ${array?.constructor?.name ?? typeof array}; pass a typed array or name the dtype`,
   );
 }
 

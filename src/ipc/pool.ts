@@ -7,9 +7,10 @@ import { driver, Flags, HandleType } from '../cuda/driver.js';
 import { Device, assertPeerReachable, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
 import { Stream, streamHandle } from '../cuda/stream.js';
-import { CudaError, IpcError } from '../errors.js';
+import { CudaError, IpcError, fdLimitError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { addon } from '../native.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
 /** Options of `device.createIpcPool()` / IpcPool.create(). */
 export interface IpcPoolOptions {
@@ -36,12 +37,12 @@ function assertPoolFd(fd: number): void {
   try {
     st = fstatSync(fd);
   } catch (e) {
-    throw new IpcError('ERR_INVALID_ARG', `fd ${fd} is not an open file descriptor`, { cause: e });
+    throw invalidArgValue(`fd ${fd} is not an open file descriptor`, { cause: e });
   }
   const major = Math.floor(st.rdev / 256) & 0xfff;
   if (!st.isCharacterDevice() || major !== NVIDIA_CHAR_MAJOR) {
     const what = st.isFile() ? 'a regular file' : st.isCharacterDevice() ? `character device ${major}:${st.rdev & 0xff}` : st.isSocket() ? 'a socket' : st.isFIFO() ? 'a pipe' : 'not a device';
-    throw new IpcError('ERR_INVALID_ARG', `fd ${fd} is not a CUDA memory pool handle (it is ${what}); pass the fd a pool's owner exported`);
+    throw invalidArgValue(`fd ${fd} is not a CUDA memory pool handle (it is ${what}); pass the fd a pool's owner exported`);
   }
 }
 
@@ -144,7 +145,7 @@ export class IpcPool {
   static create(device: Device, options: IpcPoolOptions = {}): IpcPool {
     const maxSize = options.maxSize ?? 0;
     if (!Number.isSafeInteger(maxSize) || maxSize < 0) {
-      throw new IpcError('ERR_INVALID_ARG', `maxSize must be a non-negative integer number of bytes, got ${maxSize}`);
+      throw badNumber(maxSize, `maxSize must be a non-negative integer number of bytes, got ${maxSize}`);
     }
     const caps = device.capabilities;
     if (!caps.memoryPools || !caps.posixFdPoolHandles) {
@@ -244,7 +245,7 @@ export class IpcPool {
         'an imported pool cannot allocate: only the process that created it can. Allocate from a pool of your own (device.createIpcPool())');
     }
     if (!Number.isSafeInteger(bytes) || bytes <= 0) {
-      throw new IpcError('ERR_INVALID_ARG', `bytes must be a positive integer, got ${bytes}`);
+      throw badNumber(bytes, `bytes must be a positive integer, got ${bytes}`);
     }
     const pool = this.handle;
     this.device.activate();
@@ -259,7 +260,11 @@ export class IpcPool {
    */
   exportFd(): number {
     if (this.#handle === 0n) throw new IpcError('ERR_CLOSED', `this ${this.imported ? 'imported ' : ''}pool was destroyed`);
-    return addon.dup(this.#fd);
+    try {
+      return addon.dup(this.#fd);
+    } catch (e) {
+      throw fdLimitError(e, 'IpcPool.exportFd');
+    }
   }
 
   /**
@@ -269,7 +274,7 @@ export class IpcPool {
    */
   importBuffer(exportData: Uint8Array, byteLength: number, offset = 0, length = byteLength - offset, options?: { device?: Device }): DeviceBuffer {
     const pool = this.handle;
-    if (exportData.byteLength !== 64) throw new IpcError('ERR_INVALID_ARG', `pool export data is 64 bytes, got ${exportData.byteLength}`);
+    if (exportData.byteLength !== 64) throw invalidArgValue(`pool export data is 64 bytes, got ${exportData.byteLength}`);
     if (!Number.isSafeInteger(byteLength) || byteLength <= 0 || offset < 0 || length < 0 || offset + length > byteLength) {
       throw new IpcError('ERR_OUT_OF_RANGE', `a range of ${length} bytes at ${offset} does not fit a pool buffer of ${byteLength} bytes`);
     }

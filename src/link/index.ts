@@ -1,5 +1,9 @@
 // Public surface of the link layer.
 export { Link, type LinkEvents, type LinkState, type PeerCredentials, type ReceiveOptions } from './link.js';
+export { type LinkOptions, type LinkLimits } from './link-options.js';
+export { type InboxCounts } from './inbox.js';
+export { type SendQueueCounts } from './outbox.js';
+export { announceGone, registerGoneHandler, type GoneHandler } from './gone.js';
 export { spawn, parentLink, type SpawnOptions, type SpawnedChild } from './spawn.js';
 export { setLinkWorkingDevice, linkWorkingDevice } from './working-device.js';
 export { spawnPython, pythonPackageDirectory, type SpawnPythonOptions } from './spawn-python.js';

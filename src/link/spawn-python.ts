@@ -6,6 +6,7 @@ import { delimiter, isAbsolute, resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { IpcError } from '../errors.js';
 import { startLinkedChild, type SpawnOptions, type SpawnedChild } from './spawn.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 /** Options of spawnPython(): those of spawn() but execArgv, and the interpreter. */
 export interface SpawnPythonOptions extends Omit<SpawnOptions, 'execArgv'> {
@@ -37,14 +38,14 @@ export async function spawnPython(module: string | URL, args: readonly string[] 
   let what: string;
   if (module instanceof URL || module.startsWith('file:') || module.endsWith('.py')) {
     const path = module instanceof URL || module.startsWith('file:') ? fileURLToPath(module) : resolvePath(module);
-    if (!existsSync(path)) throw new IpcError('ERR_INVALID_ARG', `spawnPython: ${path} does not exist`);
+    if (!existsSync(path)) throw invalidArgValue(`spawnPython: ${path} does not exist`);
     target = [path];
     what = path;
   } else if (/^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$/.test(module)) {
     target = ['-m', module];
     what = `Python module ${module}`;
   } else {
-    throw new IpcError('ERR_INVALID_ARG', `spawnPython: ${JSON.stringify(module)} is neither a module name (pkg.mod) nor a .py file`);
+    throw invalidArgValue(`spawnPython: ${JSON.stringify(module)} is neither a module name (pkg.mod) nor a .py file`);
   }
   const env = { ...(options.env ?? process.env) };
   if (options.addPythonPath !== false) {

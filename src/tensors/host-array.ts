@@ -5,6 +5,7 @@ import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/host-buffer.js';
 import { arrayMeta, elementCount, extentBytes, isCContiguous, type ArrayMeta, type ArrayMetaInit } from '../ipc/array-meta.js';
 import { dtypeInfo, type DType, type HostArrayTypes } from '../ipc/dtype.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 /** A typed view (dtype, shape, byte strides) over shared host memory: DeviceArray's host twin. */
 export class HostArray<T extends DType = DType> implements Disposable {
@@ -56,9 +57,9 @@ export class HostArray<T extends DType = DType> implements Disposable {
    */
   values(): HostArrayTypes[T] {
     const info = dtypeInfo(this.dtype);
-    if (!this.#contiguous) throw new IpcError('ERR_INVALID_ARG', `values() needs a C-contiguous array; this one has strides [${this.strides}]: use read()`);
+    if (!this.#contiguous) throw new IpcError('ERR_INVALID_STATE', `values() needs a C-contiguous array; this one has strides [${this.strides}]: use read()`);
     const bytes = this.buffer.bytes;
-    if (bytes.byteOffset % info.itemsize !== 0) throw new IpcError('ERR_INVALID_ARG', `the array starts at byte ${bytes.byteOffset}, not aligned to its ${info.itemsize}-byte elements: use read()`);
+    if (bytes.byteOffset % info.itemsize !== 0) throw new IpcError('ERR_INVALID_STATE', `the array starts at byte ${bytes.byteOffset}, not aligned to its ${info.itemsize}-byte elements: use read()`);
     return new info.hostArray(bytes.buffer as ArrayBuffer, bytes.byteOffset, this.size) as HostArrayTypes[T];
   }
 
@@ -81,7 +82,7 @@ export class HostArray<T extends DType = DType> implements Disposable {
     const info = dtypeInfo(this.dtype);
     const src = values as ArrayBufferView;
     if (!(src instanceof info.hostArray) || (src as unknown as { length: number }).length !== this.size) {
-      throw new IpcError('ERR_INVALID_ARG', `write expects a ${info.hostArray.name} of ${this.size} elements for a ${this.dtype} array of shape [${this.shape}]`);
+      throw invalidArgValue(`write expects a ${info.hostArray.name} of ${this.size} elements for a ${this.dtype} array of shape [${this.shape}]`);
     }
     const bytes = new Uint8Array(src.buffer, src.byteOffset, src.byteLength);
     if (this.#contiguous) {

@@ -20,6 +20,7 @@ import { HostArray } from './host-array.js';
 import { copyAddon } from './kernels.js';
 import { readSafetensorsHeader, type SafetensorsHeader } from './safetensors.js';
 import { TensorMap, setTensorMapMetadata } from './tensor-map.js';
+import { invalidArgValue, outOfRange } from '../arg-errors.js';
 
 /** Options of loadSafetensors(). */
 export interface LoadSafetensorsOptions {
@@ -74,12 +75,12 @@ export async function loadSafetensors(source: string | readonly string[], option
 export async function loadSafetensors(source: string | readonly string[], options?: LoadSafetensorsOptions): Promise<TensorMap<DeviceArray>>;
 export async function loadSafetensors(source: string | readonly string[], options: LoadSafetensorsOptions = {}): Promise<TensorMap<DeviceArray> | TensorMap<HostArray>> {
   const memory = options.memory ?? 'device';
-  if (memory !== 'device' && memory !== 'host') throw new IpcError('ERR_INVALID_ARG', `memory must be 'device' or 'host', got ${JSON.stringify(memory)}`);
+  if (memory !== 'device' && memory !== 'host') throw invalidArgValue(`memory must be 'device' or 'host', got ${JSON.stringify(memory)}`);
   let files: string[];
   let weightMap: Map<string, string> | undefined;
   if (typeof source === 'string' && source.endsWith('.json')) ({ files, weightMap } = await readIndex(source));
   else files = typeof source === 'string' ? [source] : [...source];
-  if (files.length === 0) throw new IpcError('ERR_INVALID_ARG', 'loadSafetensors needs at least one file');
+  if (files.length === 0) throw invalidArgValue('loadSafetensors needs at least one file');
   const headers: SafetensorsHeader[] = [];
   for (const f of files) headers.push(await readSafetensorsHeader(f));
 
@@ -163,7 +164,7 @@ async function loadIntoDevice(headers: SafetensorsHeader[], bases: number[], tot
 
 /** file -> pinned staging (two halves) -> device, the read of one chunk overlapping the copy of the last. */
 async function copyFilesToDevice(headers: SafetensorsHeader[], bases: number[], whole: DeviceBuffer, device: Device, chunk: number): Promise<void> {
-  if (!Number.isSafeInteger(chunk) || chunk < 4096) throw new IpcError('ERR_INVALID_ARG', `stagingBytes must be an integer of at least 4096, got ${chunk}`);
+  if (!Number.isSafeInteger(chunk) || chunk < 4096) throw outOfRange(`stagingBytes must be an integer of at least 4096, got ${chunk}`);
   device.activate();
   const pinned = driver.memAllocHost(2 * chunk);
   let staging: ArrayBuffer | undefined;

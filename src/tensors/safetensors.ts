@@ -10,6 +10,7 @@ import { closeSync, openSync, writeSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { IpcError } from '../errors.js';
 import { dtypeInfo, type DType } from '../ipc/dtype.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 /** The reference implementation's limit on the header. */
 export const MAX_HEADER_BYTES = 100_000_000;
@@ -174,7 +175,7 @@ export function safetensorsBytes(tensors: Iterable<readonly [string, Safetensors
   for (const [name, t] of tensors) {
     const bytes = new Uint8Array(t.data.buffer, t.data.byteOffset, t.data.byteLength);
     const n = t.shape.reduce((a, b) => a * b, 1) * dtypeInfo(t.dtype).itemsize;
-    if (bytes.byteLength !== n) throw new IpcError('ERR_INVALID_ARG', `tensor ${quoted(name)}: ${bytes.byteLength} bytes of data for shape [${t.shape}] of ${t.dtype} (${n} needed)`);
+    if (bytes.byteLength !== n) throw invalidArgValue(`tensor ${quoted(name)}: ${bytes.byteLength} bytes of data for shape [${t.shape}] of ${t.dtype} (${n} needed)`);
     head[name] = { dtype: NAME_OF[t.dtype], shape: t.shape, data_offsets: [at, at + n] };
     chunks.push(bytes);
     at += n;

@@ -10,6 +10,7 @@ import { DeviceArray } from '../ipc/array.js';
 import { dtypeInfo } from '../ipc/dtype.js';
 import { HostArray } from './host-array.js';
 import type { TensorLayout } from './wire.js';
+import { invalidArgType } from '../arg-errors.js';
 
 /** A tensor of a TensorMap: a typed view of device memory or of shared host memory. */
 export type TensorArray = DeviceArray | HostArray;
@@ -110,10 +111,10 @@ export class TensorMap<A extends TensorArray = TensorArray> implements Iterable<
   /** Adds or replaces a tensor (maps you built only; a received map is the sender's and read-only). */
   set(name: string, array: A): this {
     if (this.#closed) throw closedError();
-    if (this.#received) throw new IpcError('ERR_INVALID_ARG', 'a received TensorMap is read-only; build a new TensorMap (or copy with updateInPlace) to change tensors');
-    if (typeof name !== 'string' || name.length === 0) throw new IpcError('ERR_INVALID_ARG', `tensor names are non-empty strings, got ${JSON.stringify(name)}`);
+    if (this.#received) throw new IpcError('ERR_INVALID_STATE', 'a received TensorMap is read-only; build a new TensorMap (or copy with updateInPlace) to change tensors');
+    if (typeof name !== 'string' || name.length === 0) throw invalidArgType(`tensor names are non-empty strings, got ${JSON.stringify(name)}`);
     if (!(array instanceof DeviceArray) && !(array instanceof HostArray)) {
-      throw new IpcError('ERR_INVALID_ARG', `tensor ${JSON.stringify(name)} must be a DeviceArray or a HostArray, got ${(array as object)?.constructor?.name ?? typeof array}`);
+      throw invalidArgType(`tensor ${JSON.stringify(name)} must be a DeviceArray or a HostArray, got ${(array as object)?.constructor?.name ?? typeof array}`);
     }
     this.#entries!.set(name, array);
     this.#version++;
@@ -122,7 +123,7 @@ export class TensorMap<A extends TensorArray = TensorArray> implements Iterable<
 
   /** Removes a tensor from the map without closing it (maps you built only). */
   delete(name: string): boolean {
-    if (this.#received) throw new IpcError('ERR_INVALID_ARG', 'a received TensorMap is read-only');
+    if (this.#received) throw new IpcError('ERR_INVALID_STATE', 'a received TensorMap is read-only');
     const had = this.#entries!.delete(name);
     if (had) this.#version++;
     return had;

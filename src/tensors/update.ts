@@ -12,6 +12,7 @@ import { HostArray, forEachOffset } from './host-array.js';
 import { queueDeviceCopies, type StridedCopy } from './kernels.js';
 import { TensorMap, tensorMapContents, type TensorArray } from './tensor-map.js';
 import { isCOrder, isDense } from './wire.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 /** Options of updateInPlace(). */
 export interface UpdateOptions {
@@ -195,7 +196,7 @@ async function copyOnDevice(pairs: ReadonlyArray<{ dst: Ref; src: Ref }>, stream
     throw new IpcError('ERR_UNSUPPORTED', 'updateInPlace: the parameters live on several devices; update each device\'s parameters in its own call');
   }
   if (stream && stream.device !== device) {
-    throw new IpcError('ERR_INVALID_ARG', `updateInPlace: the stream belongs to device ${stream.device.ordinal}, the parameters to device ${device.ordinal}`);
+    throw invalidArgValue(`updateInPlace: the stream belongs to device ${stream.device.ordinal}, the parameters to device ${device.ordinal}`);
   }
   const runs = pairs.map((p) => oneRun(p.dst, p.src));
   const n = runs.filter((r) => r !== undefined).length;

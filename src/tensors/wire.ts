@@ -10,6 +10,7 @@
 import { IpcError } from '../errors.js';
 import { MAX_NDIM } from '../ipc/array-meta.js';
 import { dtypeFromWireCode, dtypeInfo, type DType } from '../ipc/dtype.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 export const TENSOR_SET_KIND = 'tensor-set';
 export const TENSOR_SET_VERSION = 1;
@@ -136,8 +137,8 @@ export function encodeTensorTable(specs: readonly TensorSpec[], allocationCount:
   const stridedFlags = new Uint8Array(count);
   for (let i = 0; i < count; i++) {
     const s = specs[i]!;
-    const bad = (why: string): never => { throw new IpcError('ERR_INVALID_ARG', `tensor ${describeName(s.name)} ${why}`); };
-    if (typeof s.name !== 'string' || s.name.length === 0) throw new IpcError('ERR_INVALID_ARG', `tensor #${i} needs a non-empty name`);
+    const bad = (why: string): never => { throw invalidArgValue(`tensor ${describeName(s.name)} ${why}`); };
+    if (typeof s.name !== 'string' || s.name.length === 0) throw invalidArgValue(`tensor #${i} needs a non-empty name`);
     if (seen.has(s.name)) bad('appears twice; tensor names must be unique');
     seen.add(s.name);
     const bytes = utf8.encode(s.name);
@@ -213,7 +214,7 @@ export function encodeTensorSet(allocations: readonly AllocationEntry[], table: 
   let at = SET_HEADER_BYTES;
   for (const a of allocations) {
     const expected = ALLOCATION_KINDS[a.kind];
-    if (!expected || a.data.byteLength !== expected.dataBytes) throw new IpcError('ERR_INVALID_ARG', `an allocation entry of kind ${a.kind} has ${a.data.byteLength} bytes of data`);
+    if (!expected || a.data.byteLength !== expected.dataBytes) throw invalidArgValue(`an allocation entry of kind ${a.kind} has ${a.data.byteLength} bytes of data`);
     out[at] = a.kind;
     out[at + 1] = a.fdCount;
     v.setUint32(at + 4, a.data.byteLength, true);

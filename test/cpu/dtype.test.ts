@@ -2,6 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { IpcError } from '../../src/errors.js';
 import { DTYPES, dtypeFromWireCode, dtypeInfo, dtypeOfTypedArray, isDType, type DType } from '../../src/ipc/dtype.js';
+import { argError } from '../helpers/arg-error.js';
 
 // Pinned: itemsize and typestr are what Python reads; wire codes are the binary format.
 const EXPECTED: Record<DType, [itemsize: number, typestr: string, wireCode: number]> = {
@@ -61,7 +62,7 @@ test('dtypeOfTypedArray maps each typed array to its natural dtype', () => {
     [new Float64Array(1), 'float64'],
   ];
   for (const [array, dtype] of cases) assert.equal(dtypeOfTypedArray(array), dtype, array.constructor.name);
-  assert.throws(() => dtypeOfTypedArray(new DataView(new ArrayBuffer(4))), { name: 'IpcError', code: 'ERR_INVALID_ARG' });
+  assert.throws(() => dtypeOfTypedArray(new DataView(new ArrayBuffer(4))), { name: 'TypeError', code: 'ERR_INVALID_ARG_VALUE' });
 });
 
 test('isDType and dtypeInfo reject names that are not dtypes', () => {
@@ -69,5 +70,5 @@ test('isDType and dtypeInfo reject names that are not dtypes', () => {
   for (const bad of ['float', 'Float32', 'toString', '__proto__', '', 7, null]) {
     assert.equal(isDType(bad), false, String(bad));
   }
-  assert.throws(() => dtypeInfo('complex64' as DType), (e: unknown) => e instanceof IpcError && e.code === 'ERR_INVALID_ARG');
+  assert.throws(() => dtypeInfo('complex64' as DType), argError('ERR_INVALID_ARG_VALUE'));
 });

@@ -122,12 +122,12 @@ describe('IPC pools', { skip: noGpu }, () => {
   test('an imported pool refuses to allocate; garbage export data fails cleanly', async () => {
     using pool = Device.get(0).createIpcPool();
     const r = await withChild((link) => ask(link, { op: 'imported-pool', pool }));
-    assert.deepEqual(r, { ok: true, imported: true, allocate: 'ERR_IMPORTED_POOL', garbage: 'ERR_HANDLE_STALE', shortData: 'ERR_INVALID_ARG' });
+    assert.deepEqual(r, { ok: true, imported: true, allocate: 'ERR_IMPORTED_POOL', garbage: 'ERR_HANDLE_STALE', shortData: 'ERR_INVALID_ARG_VALUE' });
   });
 
   test('a bad fd is refused and closed', () => {
     const fd = openSync('/dev/null', 'r');
-    assert.throws(() => IpcPool.importFromFd(fd, Device.get(0), '00'.repeat(16), 0), (e: unknown) => e instanceof IpcError && e.code === 'ERR_INVALID_ARG' && /not a CUDA memory pool handle \(it is character device 1:3\)/.test(e.message));
+    assert.throws(() => IpcPool.importFromFd(fd, Device.get(0), '00'.repeat(16), 0), (e: unknown) => e instanceof TypeError && (e as { code?: string }).code === 'ERR_INVALID_ARG_VALUE' && /not a CUDA memory pool handle \(it is character device 1:3\)/.test(e.message));
     assert.equal(existsSync(`/proc/self/fd/${fd}`), false, 'the fd was closed');
   });
 });
