@@ -159,6 +159,21 @@ function checkCount(n: number, what: string): void {
   if (!Number.isSafeInteger(n) || n < 0) throw badNumber(n, `${what} must be a non-negative integer, got ${n}`);
 }
 
+// Hooks run when one particular buffer is closed (not its memory): how a received buffer's lease
+// can end before an import that other messages share goes (link/device-transfers.ts).
+const closeHooks = new WeakMap<DeviceBuffer, Array<() => void>>();
+
+/** Runs `hook` once, when `buffer` is closed (at once if it already is). */
+export function onBufferClose(buffer: DeviceBuffer, hook: () => void): void {
+  if (buffer.closed) {
+    hook();
+    return;
+  }
+  const hooks = closeHooks.get(buffer);
+  if (hooks) hooks.push(hook);
+  else closeHooks.set(buffer, [hook]);
+}
+
 /**
  * Device memory: allocated here (`DeviceBuffer.allocate`, `pool.allocate`) or mapped from another
  * process (received over a link, `openIpcHandle`). Pointers are bigints; close() (or `using`)
@@ -347,6 +362,11 @@ export class DeviceBuffer {
     if (this.#pointer === 0n) return;
     this.#pointer = 0n;
     untrackLeak(this.#leak);
+    const hooks = closeHooks.get(this);
+    if (hooks) {
+      closeHooks.delete(this);
+      for (const hook of hooks) hook();
+    }
     if (options?.force && !this.#memory.released) {
       if (this.#memory.leases > 0) {
         process.emitWarning(`force-closing a ${this.kind} buffer of ${this.#memory.owner.byteLength} bytes that ${this.#memory.leases} peer(s) still map: ` +

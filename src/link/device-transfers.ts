@@ -9,7 +9,7 @@
 // mapped for the link's working device (linkWorkingDevice), with peer access where it lives on
 // another GPU; events are opened on the device they belong to.
 import { closeSync } from 'node:fs';
-import { DeviceBuffer, type SharedMemory } from '../cuda/buffer.js';
+import { DeviceBuffer, onBufferClose, type SharedMemory } from '../cuda/buffer.js';
 import { Device, importingDevice } from '../cuda/device.js';
 import { Event } from '../cuda/event.js';
 import { IpcPool, exportPoolBuffer } from '../ipc/pool.js';
@@ -87,9 +87,43 @@ function leaseMemory(buffer: DeviceBuffer): LeaseHold {
   return { release: buffer.memory.lease(), bytes: buffer.byteLength };
 }
 
-/** Ends the sender's lease once the received buffer's memory is unmapped here, never before. */
+// The leases of the received buffers open over one import. A pool import is shared by every
+// message that names the same allocation, so several leases can share one mapping.
+const openLeases = new WeakMap<SharedMemory, Set<ReceivedLease>>();
+
+/**
+ * Ends the sender's lease once nothing here needs it: while the import is mapped, one lease on it
+ * stays open (the sender's memory must outlive the mapping); the others end as soon as the buffer
+ * that came with them is closed. Otherwise a receiver that maps each sync's set before closing the
+ * previous one (so that the import stays) would keep the lease of every sync until it let go.
+ */
 function endLeaseOnRelease(buffer: DeviceBuffer, lease: ReceivedLease | undefined): DeviceBuffer {
-  if (lease) buffer.memory.afterRelease.push(() => lease.end());
+  if (!lease) return buffer;
+  const memory = buffer.memory;
+  let leases = openLeases.get(memory);
+  if (!leases) {
+    const mine = new Set<ReceivedLease>();
+    leases = mine;
+    openLeases.set(memory, mine);
+    memory.afterRelease.push(() => {
+      openLeases.delete(memory);
+      for (const l of mine) l.end();
+      mine.clear();
+    });
+  }
+  const shared = leases;
+  shared.add(lease);
+  onBufferClose(buffer, () => {
+    // Another lease still in force keeps the sender's memory for the mapping; this one can go.
+    if (!shared.has(lease)) return;
+    for (const other of shared) {
+      if (other !== lease && !other.ended) {
+        shared.delete(lease);
+        lease.end();
+        return;
+      }
+    }
+  });
   return buffer;
 }
 

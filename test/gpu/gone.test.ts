@@ -67,15 +67,18 @@ describe('allocation gone', { skip: noGpu }, () => {
     const { child, link } = await spawn(fixture, [], { stdio: 'inherit' });
     children.add(child);
     try {
+      link.send({ op: 'report' });
+      const before = (await link.receive({ timeout: 10_000 })) as Report;
       const pool = Device.get(0).createIpcPool();
       const b = pool.allocate(1 << 20);
       b.write(new Uint32Array([77]));
       link.send({ buffer: b });
       const r = (await link.receive({ timeout: 10_000 })) as Report;
       assert.equal(r.value, 77);
+      assert.ok(r.fds > before.fds, 'the imported pool holds its fd while the sender has the pool');
       b.close();
       pool.close();  // destroyed once its buffer's lease ended: GONE 'ipc-pool'
-      await until(link, 'the imported pool closed', (x) => x.fds === r.fds - 1);
+      await until(link, `the imported pool closed (fds back to ${before.fds} from ${r.fds})`, (x) => x.fds === before.fds);
     } finally {
       link.close();
       child.kill('SIGKILL');
