@@ -20,9 +20,11 @@ class CudaError(Exception):
 class IpcError(Exception):
     """A cuda-ipc usage or protocol error with a stable ``code`` (e.g. ``ERR_PEER_GONE``)."""
 
-    def __init__(self, code: str, message: str):
+    def __init__(self, code: str, message: str, *, limit: str | None = None):
         super().__init__(message)
         self.code = code
+        #: For a bound that was reached (ERR_MESSAGE_TOO_LARGE, ...): the option that sets it.
+        self.limit = limit
 
     def __repr__(self) -> str:
         return f"IpcError({self.code!r}, {str(self)!r})"

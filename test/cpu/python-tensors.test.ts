@@ -59,11 +59,11 @@ async function released(buffers: HostBuffer[], ms = 5000): Promise<void> {
   await Promise.race([Promise.all(buffers.map((b) => b.released())), late]).finally(() => clearTimeout(timer));
 }
 
-test('Node -> Python: 600 host tensors in one message, values, dtypes, shapes and strides as sent; the lease ends', { skip }, async () => {
+test('Node -> Python: 4,000 host tensors in one message (metadata over a 128 KiB frame), values, dtypes, shapes and strides as sent; the lease ends', { skip }, async () => {
   const fds = fdCount();
   const { child, link } = await spawnPython(CHILD);
   const exited = once(child, 'exit');
-  const { buffers, map, expected } = nodeTensors(600);
+  const { buffers, map, expected } = nodeTensors(4000);
   try {
     const got = await ask(link, { op: 'describe', weights: map });
     assert.equal(got.memory, 'host');
@@ -87,13 +87,13 @@ test('Node -> Python: 600 host tensors in one message, values, dtypes, shapes an
   assert.equal(fdCount(), fds, 'no fd left behind');
 });
 
-test('Python -> Node: a set of Python host tensors arrives as a TensorMap; closing it releases Python\'s lease', { skip }, async () => {
+test('Python -> Node: a set of 4,000 Python host tensors arrives in one message as a TensorMap; closing it releases Python\'s lease', { skip }, async () => {
   const { child, link } = await spawnPython(CHILD);
   const exited = once(child, 'exit');
   try {
-    const { weights } = (await ask(link, { op: 'produce', count: 300 })) as { weights: TensorMap<HostArray> };
+    const { weights } = (await ask(link, { op: 'produce', count: 4000 })) as { weights: TensorMap<HostArray> };
     assert.ok(weights instanceof TensorMap && weights.received);
-    assert.equal(weights.size, 300);
+    assert.equal(weights.size, 4000, 'the metadata of 4,000 tensors: over a frame, in one message');
     let i = 0;
     for (const [name, a] of weights) {
       const base = Array.from({ length: 16 }, (_, k) => i * 16 + k);

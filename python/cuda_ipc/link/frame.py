@@ -5,7 +5,8 @@ Every SOCK_SEQPACKET record is one frame: a 16-byte header and a payload, little
     0  4  magic 0x4C504943 ("CIPL")
     4  1  version (2)
     5  1  type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE
-    6  2  flags: MESSAGE only, the payload encoding; 0 for other types
+    6  2  flags: MESSAGE only: bits 0-7 the payload encoding, bit 8 (0x0100) the payload is in the
+          attached memfd (large_message.py); 0 for other types
     8  4  payload length: exactly the record length minus 16
    12  2  fd count: exactly the number of fds that arrived with the record
    14  2  reserved, 0
@@ -47,6 +48,16 @@ MAX_LEASE_ID = 2**53 - 1
 
 REFUSE_UID = 1
 REFUSE_PROTOCOL = 2
+REFUSE_TOO_LARGE = 3
+
+#: HELLO feature bits: 1 = accepts large messages (PROTOCOL.md 3.1); 2 = accepts GONE frames (3.2),
+#: which this package does not take yet, so it does not announce it.
+FEATURE_LARGE_MESSAGES = 1
+OUR_FEATURES = FEATURE_LARGE_MESSAGES
+#: MESSAGE flags: bits 0-7 the encoding, bit 8 a large message (large_message.py).
+ENCODING_MASK = 0xFF
+LARGE_PAYLOAD = 0x0100
+LARGE_INLINE_BYTES = 8
 
 _HEADER = struct.Struct("<IBBHIHH")
 
@@ -78,9 +89,16 @@ def parse_header(buf: Buffer, length: int, fd_count: int) -> tuple[int, int, int
     if declared_fds != fd_count:
         raise frame_invalid(f"header announces {declared_fds} fds but {fd_count} arrived")
     if ftype == MESSAGE:
-        if flags > ENC_JSON_WITH_RECORDS:
-            raise frame_invalid(f"unknown message encoding {flags}")
-        if fd_count > 0 and flags != ENC_JSON_WITH_RECORDS:
+        encoding = flags & ENCODING_MASK
+        if flags & ~(ENCODING_MASK | LARGE_PAYLOAD):
+            raise frame_invalid(f"unknown message flags 0x{flags:x}")
+        if encoding > ENC_JSON_WITH_RECORDS:
+            raise frame_invalid(f"unknown message encoding {encoding}")
+        # A large message's first fd is its payload; the others belong to its records.
+        large = bool(flags & LARGE_PAYLOAD)
+        if large and (payload_length != LARGE_INLINE_BYTES or fd_count == 0):
+            raise frame_invalid(f"a large message must carry an 8-byte length and its memfd (got {payload_length} bytes, {fd_count} fds)")
+        if (fd_count - 1 if large else fd_count) > 0 and encoding != ENC_JSON_WITH_RECORDS:
             raise frame_invalid("fds arrived with a message that has no transfer records")
     elif ftype in (HELLO, GOODBYE, REFUSE, RELEASE):
         if flags != 0:
@@ -107,8 +125,13 @@ def parse_header(buf: Buffer, length: int, fd_count: int) -> tuple[int, int, int
     return ftype, flags, payload_length
 
 
-def hello_frame() -> bytes:
-    return header(HELLO, 0, HELLO_PAYLOAD_BYTES, 0) + bytes(HELLO_PAYLOAD_BYTES)
+def hello_frame(features: int = OUR_FEATURES) -> bytes:
+    return header(HELLO, 0, HELLO_PAYLOAD_BYTES, 0) + struct.pack("<II", features, 0)
+
+
+def hello_features(buf: Buffer) -> int:
+    """The feature bits of a received HELLO (parse_header checked its size)."""
+    return int(struct.unpack_from("<I", buf, HEADER_BYTES)[0])
 
 
 def goodbye_frame() -> bytes:

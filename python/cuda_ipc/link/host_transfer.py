@@ -6,6 +6,7 @@ receiver's last view of what it got is closed (the lease ends), or the link clos
 from __future__ import annotations
 
 import fcntl
+import os
 import struct
 from typing import TYPE_CHECKING
 
@@ -53,8 +54,15 @@ class _HostBufferTransfer(TransferHandler[HostBuffer]):
             seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
         except OSError:
             seals = 0
+        # Only a memfd can carry seals: a pipe, socket, directory, device or plain file is refused here,
+        # before anything maps it, and so is a file shorter than announced (SIGBUS otherwise).
         if not seals & fcntl.F_SEAL_SHRINK:
-            raise IpcError("ERR_DESCRIPTOR_INVALID", "received a host-buffer whose file is not sealed against shrinking; mapping it could crash this process")
+            raise IpcError("ERR_DESCRIPTOR_INVALID", "received a host-buffer whose file is not a memfd sealed against shrinking; mapping it could crash this process")
+        if seals & fcntl.F_SEAL_WRITE:
+            raise IpcError("ERR_DESCRIPTOR_INVALID", "received a host-buffer whose file is sealed against writing; a host buffer is memory both sides may write")
+        size = os.fstat(fd).st_size
+        if size < file_length:
+            raise IpcError("ERR_DESCRIPTOR_INVALID", f"received a host-buffer announcing a {file_length}-byte file whose fd holds {size} bytes")
         fds[0] = -1
         whole = HostBuffer._from_fd(fd, file_length)  # owns fd now, even if it raises
         if lease is not None:

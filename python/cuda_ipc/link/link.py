@@ -29,6 +29,10 @@ from . import frame as fr
 from .fds import close_fds
 from .inbox import Inbox
 from .lease import IncomingLeases, OutgoingLeases, release_hold
+from .large_message import (
+    DEFAULT_MAX_MESSAGE_BYTES, check_large_length, check_max_message_bytes, check_message_length, large_frame_length,
+    read_large_payload, write_large_payload,
+)
 from .message_decoder import decode_message
 from .message_encoder import encode_message
 from .message_format import Malformed
@@ -75,13 +79,18 @@ class Link:
     """
 
     def __init__(self, sock: socket.socket, *, peer_name: str, verify_peer: bool = False,
-                 allow_uids: Iterable[int] = (), _token: object = None):
+                 allow_uids: Iterable[int] = (), max_message_bytes: int | None = None, _token: object = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "Link cannot be constructed directly; use parent_link() or connect()")
         self._sock = sock
         self._fd = sock.fileno()
         self._peer_name = peer_name
         self._allow_uids = tuple(allow_uids)
+        #: The largest message (payload bytes) this link sends or accepts; larger than a frame, it
+        #: travels in a sealed memfd (PROTOCOL.md 3.1).
+        self.max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES if max_message_bytes is None else check_max_message_bytes(max_message_bytes)
+        #: The peer's HELLO features; until it arrives (a child may send first) large messages are assumed.
+        self._peer_features = fr.FEATURE_LARGE_MESSAGES
         self._state = "handshaking"
         self._reason: IpcError | None = None
         self._closed_by: str | None = None
@@ -161,7 +170,10 @@ class Link:
             raise self._closed_error("send")
         msg = encode_message(value, self)
         try:
-            self._outbox.send(msg.frame, msg.fds)
+            if len(msg.frame) - fr.HEADER_BYTES > fr.MAX_PAYLOAD_BYTES:
+                self._send_large(msg.frame, msg.fds)
+            else:
+                self._outbox.send(msg.frame, msg.fds)
         except BaseException:
             for _, hold in msg.holds:
                 release_hold(hold)  # nothing was leased: the peer never sees these ids
@@ -172,6 +184,25 @@ class Link:
             self._leases_out.add(lease_id, hold)
         for commit in msg.commits:
             commit()
+
+    def _send_large(self, frame: bytearray, fds: list[int]) -> None:
+        """Sends an encoded frame too large for the socket: its payload in a sealed memfd."""
+        if not self._peer_features & fr.FEATURE_LARGE_MESSAGES:
+            raise IpcError("ERR_MESSAGE_TOO_LARGE",
+                           f"link.send: the message needs {len(frame) - fr.HEADER_BYTES} bytes, more than a frame holds, and the "
+                           f"{self._peer_name} does not take larger messages (an older cuda-ipc); send bulk data in a HostBuffer",
+                           limit="max_message_bytes")
+        if len(fds) + 1 > fr.MAX_FDS:
+            raise IpcError("ERR_MESSAGE_TOO_LARGE", f"link.send: a large message carries its memfd besides its records' fds, so at most "
+                           f"{fr.MAX_FDS - 1} of them; split it into several messages")
+        flags = struct.unpack_from("<H", frame, 6)[0] | fr.LARGE_PAYLOAD
+        length = len(frame) - fr.HEADER_BYTES
+        memfd = write_large_payload(memoryview(frame)[fr.HEADER_BYTES:])
+        try:
+            head = fr.header(fr.MESSAGE, flags, fr.LARGE_INLINE_BYTES, len(fds) + 1) + struct.pack("<Q", length)
+            self._outbox.send(head, [memfd, *fds])
+        finally:
+            os.close(memfd)
 
     def _lease_ended(self) -> None:
         if self._defer_thread == threading.get_ident():
@@ -313,8 +344,26 @@ class Link:
             self._shutdown(IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a {what} before the link handshake"), "local")
             return
         if ftype == fr.MESSAGE:
+            payload: memoryview = buf[fr.HEADER_BYTES:length]
             try:
-                value, owned = decode_message(flags, buf[fr.HEADER_BYTES:length], fds, self, self._leases_in)
+                if flags & fr.LARGE_PAYLOAD:
+                    memfd, fds = fds[0], fds[1:]
+                    try:
+                        size = large_frame_length(buf, fr.HEADER_BYTES)
+                        check_large_length(size, self.max_message_bytes)
+                        payload = memoryview(read_large_payload(memfd, size))
+                    finally:
+                        os.close(memfd)
+                else:
+                    check_message_length(payload_length, self.max_message_bytes)
+            except IpcError as e:
+                close_fds(fds)
+                if e.code == "ERR_MESSAGE_TOO_LARGE":
+                    self._outbox.send_now(fr.refuse_frame(fr.REFUSE_TOO_LARGE, str(e)))
+                self._shutdown(e, "local")
+                return
+            try:
+                value, owned = decode_message(flags & fr.ENCODING_MASK, payload, fds, self, self._leases_in)
             except Malformed as e:
                 self._shutdown(e, "local")
                 return
@@ -339,6 +388,7 @@ class Link:
             if self._state != "handshaking":
                 self._shutdown(IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a second HELLO"), "local")
                 return
+            self._peer_features = fr.hello_features(buf)
             if not self._hello_sent:
                 self._send_hello()
             if self._state != "closed":
@@ -349,7 +399,11 @@ class Link:
             self._shutdown(None, "peer")
             return
         if ftype == fr.REFUSE:
+            reason = struct.unpack_from("<H", buf, fr.HEADER_BYTES)[0]
             text = bytes(buf[fr.HEADER_BYTES + 2:min(length, fr.HEADER_BYTES + 2 + 1024)]).decode("utf-8", "replace")
+            if reason == fr.REFUSE_TOO_LARGE:
+                self._shutdown(IpcError("ERR_MESSAGE_TOO_LARGE", f"the {self._peer_name} refused a message: {text}", limit="max_message_bytes"), "peer")
+                return
             self._shutdown(IpcError("ERR_PEER_REFUSED", f"the {self._peer_name} refused the link: {text}"), "peer")
 
     def _peer_gone(self, detail: str) -> None:

@@ -52,7 +52,7 @@ class Listener:
     succeeded; ``close()`` stops listening and removes the socket file."""
 
     def __init__(self, name: str, path: str, sock: socket.socket, allow_uids: Iterable[int], handshake_timeout: float,
-                 _token: object = None):
+                 max_message_bytes: int | None = None, _token: object = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "use listen() to create a Listener")
         self.name = name
@@ -61,6 +61,7 @@ class Listener:
         self._ino = os.stat(path).st_ino
         self._allow_uids = tuple(allow_uids)
         self._handshake_timeout = handshake_timeout
+        self._max_message_bytes = max_message_bytes
 
     @property
     def closed(self) -> bool:
@@ -86,7 +87,8 @@ class Listener:
             except TimeoutError:
                 raise IpcError("ERR_TIMEOUT", f"no connection to '{self.name}' within {timeout} s") from None
             conn.setblocking(True)
-            link = Link(conn, peer_name=f"process connected to '{self.name}'", verify_peer=True, allow_uids=self._allow_uids, _token=_CREATE)
+            link = Link(conn, peer_name=f"process connected to '{self.name}'", verify_peer=True, allow_uids=self._allow_uids,
+                        max_message_bytes=self._max_message_bytes, _token=_CREATE)
             if link.closed:
                 continue  # refused (uid): the peer was told
             try:
@@ -123,8 +125,9 @@ class Listener:
 
 
 def listen(name: str, *, directory: str | None = None, allow_uids: Iterable[int] = (), backlog: int = 128,
-           handshake_timeout: float = 10.0) -> Listener:
-    """Listens for links on ``name``; see the module notes."""
+           handshake_timeout: float = 10.0, max_message_bytes: int | None = None) -> Listener:
+    """Listens for links on ``name``; see the module notes. ``max_message_bytes`` bounds each accepted
+    link's messages (default 1 GiB)."""
     path = socket_path(name, directory)
     if directory is None:
         _private_directory(default_socket_directory())
@@ -149,17 +152,20 @@ def listen(name: str, *, directory: str | None = None, allow_uids: Iterable[int]
                 raise
         os.chmod(path, 0o666 if allow_uids else 0o600)
         sock.listen(backlog)
-        return Listener(name, path, sock, allow_uids, handshake_timeout, _token=_CREATE)
+        return Listener(name, path, sock, allow_uids, handshake_timeout, max_message_bytes, _token=_CREATE)
     except BaseException:
         sock.close()
         raise
 
 
-def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int] = (), timeout: float = 10.0) -> Link:
+def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int] = (), timeout: float = 10.0,
+            max_message_bytes: int | None = None) -> Link:
     """Connects to the Node ``listen(name)`` (a socket in the same per-user directory, or ``directory``)
-    and returns the link once its handshake succeeded."""
+    and returns the link once its handshake succeeded. Waits for the listener to appear, up to
+    ``timeout`` seconds (0: fail at once with ERR_NO_LISTENER), as the Node side's connect() does."""
     path = socket_path(name, directory)
     deadline = time.monotonic() + timeout
+    pause = 0.005
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -167,10 +173,16 @@ def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int
             break
         except OSError as e:
             sock.close()
-            if e.errno == errno.ENOENT:
-                raise IpcError("ERR_NO_LISTENER", f"no listener named '{name}': {path} does not exist; start the listening process first") from None
-            if e.errno == errno.ECONNREFUSED:
-                raise IpcError("ERR_NO_LISTENER", f"no listener named '{name}': {path} is a stale socket left by a process that is gone") from None
+            if e.errno in (errno.ENOENT, errno.ECONNREFUSED):
+                why = "does not exist" if e.errno == errno.ENOENT else "is a stale socket left by a process that is gone"
+                left = deadline - time.monotonic()
+                if timeout == 0:
+                    raise IpcError("ERR_NO_LISTENER", f"no listener named '{name}': {path} {why}; start the listening process first") from None
+                if left <= 0:
+                    raise IpcError("ERR_TIMEOUT", f"connect: no listener named '{name}' ({path} {why}), and none appeared within {timeout} s (the timeout)") from None
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.25)
+                continue
             if e.errno in (errno.EACCES, errno.EPERM):
                 raise IpcError("ERR_PEER_REFUSED", f"permission denied connecting to '{name}' ({path}): it belongs to another user") from None
             if e.errno != errno.EAGAIN or time.monotonic() >= deadline:
@@ -178,7 +190,8 @@ def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int
                     raise IpcError("ERR_TIMEOUT", f"the listener '{name}' stayed too busy to accept a connection for {timeout} s") from None
                 raise
             time.sleep(0.005)  # backlog full: the listener is alive but behind
-    link = Link(sock, peer_name=f"listener '{name}'", verify_peer=True, allow_uids=allow_uids, _token=_CREATE)
+    link = Link(sock, peer_name=f"listener '{name}'", verify_peer=True, allow_uids=allow_uids,
+                max_message_bytes=max_message_bytes, _token=_CREATE)
     if link.closed:
         raise link._closed_error("connect")
     link._wait_open(max(0.001, deadline - time.monotonic()))

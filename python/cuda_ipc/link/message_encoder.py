@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any, Union
 
 from ..errors import IpcError
 from .fds import close_fds
-from .frame import ENC_JSON, ENC_JSON_WITH_RECORDS, ENC_RAW, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES
+from .frame import ENC_JSON, ENC_JSON_WITH_RECORDS, ENC_RAW, HEADER_BYTES, MAX_FDS
+from .large_message import too_large_to_send
 from .handlers import TransferHandler, handler_for_value
 from .lease import next_lease_id, release_hold
 from .message_format import FORMAT_TAG, MAX_DEPTH, RECORD_TAIL, SAFE_INT, TAG_UINT8
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 #: Where a value sits in a message: dict keys and list indices from the root.
 Path = Sequence[Union[str, int]]
 
+
 def _not_transferable(what: str, path: Path) -> IpcError:
     where = "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in path)
     return IpcError(
@@ -33,14 +35,6 @@ def _not_transferable(what: str, path: Path) -> IpcError:
         f"link.send: cannot send {what}{' at ' + where if where else ''}. Messages hold JSON data (dict with str "
         "keys, list, tuple, str, int, finite float, bool, None), bytes, array.array, memoryview and objects with a "
         "registered transfer handler (HostBuffer, received buffers, CUDA tensors and arrays); convert other values first",
-    )
-
-
-def _too_large(n: int | str) -> IpcError:
-    return IpcError(
-        "ERR_MESSAGE_TOO_LARGE",
-        f"link.send: the encoded message needs {n} bytes, more than a link frame holds ({MAX_PAYLOAD_BYTES}); send bulk "
-        "data in a HostBuffer (or device memory) and put the buffer in the message instead",
     )
 
 
@@ -143,15 +137,16 @@ def _dumps(value: Any) -> bytes:
 
 
 def encode_message(value: Any, link: Link) -> EncodedMessage:
-    """Encodes ``value`` into one frame. On failure every fd a handler handed over has been closed and
+    """Encodes ``value`` into one frame (which the link sends in a memfd when it is larger than a
+    frame may be). On failure every fd a handler handed over has been closed and
     every hold released."""
     from . import frame as fr
 
     if isinstance(value, (bytes, bytearray, memoryview)) and (not isinstance(value, memoryview) or value.c_contiguous):
         body = memoryview(value).cast("B") if isinstance(value, memoryview) else value
         n = len(body)
-        if n > MAX_PAYLOAD_BYTES:
-            raise _too_large(n)
+        if n > link.max_message_bytes:
+            raise too_large_to_send(n, link.max_message_bytes)
         out = bytearray(HEADER_BYTES + n)
         fr.pack_header_into(out, fr.MESSAGE, ENC_RAW, n, 0)
         out[HEADER_BYTES:] = body
@@ -170,8 +165,8 @@ def encode_message(value: Any, link: Link) -> EncodedMessage:
     root = _scan(value, [], found)
     if not found:
         payload = _dumps(root)
-        if len(payload) > MAX_PAYLOAD_BYTES:
-            raise _too_large(len(payload))
+        if len(payload) > link.max_message_bytes:
+            raise too_large_to_send(len(payload), link.max_message_bytes)
         out = bytearray(HEADER_BYTES)
         fr.pack_header_into(out, fr.MESSAGE, ENC_JSON, len(payload), 0)
         out += payload
@@ -188,8 +183,8 @@ def encode_message(value: Any, link: Link) -> EncodedMessage:
         out += struct.pack("<H", len(found))
         for f in found:
             _write_record(f, out, msg, link)
-            if len(out) > MAX_FRAME_BYTES:
-                raise _too_large(f"more than {MAX_PAYLOAD_BYTES}")
+            if len(out) - HEADER_BYTES > link.max_message_bytes:
+                raise too_large_to_send(len(out) - HEADER_BYTES, link.max_message_bytes)
         fr.pack_header_into(out, fr.MESSAGE, ENC_JSON_WITH_RECORDS, len(out) - HEADER_BYTES, len(msg.fds))
         return msg
     except BaseException:

@@ -16,9 +16,9 @@ _parent: Link | None = None
 _parent_lock = threading.Lock()
 
 
-def parent_link() -> Link:
+def parent_link(*, max_message_bytes: int | None = None) -> Link:
     """The link to the Node process that started this one (``spawnPython`` / ``spawn``). The same Link
-    every call. The parent is trusted as such (it chose how to start us): its uid is not checked."""
+    every call (``max_message_bytes``, default 1 GiB, counts at the first call). The parent is trusted as such (it chose how to start us): its uid is not checked."""
     global _parent
     with _parent_lock:
         if _parent is not None:
@@ -38,5 +38,5 @@ def parent_link() -> Link:
         del os.environ[LINK_FD_ENV]
         sock.set_inheritable(False)
         sock.setblocking(True)
-        _parent = Link(sock, peer_name="parent process", _token=_CREATE)
+        _parent = Link(sock, peer_name="parent process", max_message_bytes=max_message_bytes, _token=_CREATE)
         return _parent
