@@ -49,6 +49,10 @@ _SCM_RIGHTS = int(socket.SCM_RIGHTS)
 _SCM_CREDENTIALS = int(getattr(socket, "SCM_CREDENTIALS", -1))
 
 
+#: Default bound of the messages poll() reads ahead of receive() (as the Node side's inbox).
+INBOX_LIMIT = 1024
+
+
 class PeerCredentials(NamedTuple):
     """Who is on the other end, as the kernel reports it."""
 
@@ -99,6 +103,9 @@ class Link:
         self._recv_lock = threading.Lock()
         self._state_lock = threading.RLock()
         self._inbox = Inbox()
+        #: poll() stops reading ahead at this many unreceived messages: the rest waits in the socket
+        #: (and the peer's sends wait), so a peer that floods cannot grow this process without bound.
+        self.inbox_limit = INBOX_LIMIT
         self._rbuf = bytearray(fr.MAX_FRAME_BYTES)
         self._rview = memoryview(self._rbuf)
         self._leases_out = OutgoingLeases()
@@ -162,18 +169,21 @@ class Link:
 
     # -- sending ----------------------------------------------------------------------------------
 
-    def send(self, value: Any) -> None:
+    def send(self, value: Any, timeout: float | None = None) -> None:
         """Sends ``value`` in one frame with all its fds. Raises ERR_NOT_TRANSFERABLE /
-        ERR_MESSAGE_TOO_LARGE without sending, ERR_LINK_CLOSED / ERR_PEER_GONE once closed."""
+        ERR_MESSAGE_TOO_LARGE without sending, ERR_LINK_CLOSED / ERR_PEER_GONE once closed.
+
+        Backpressure: while the peer does not read, the socket fills and send() waits (nothing queues
+        up in this process); ``timeout`` seconds bounds that wait (ERR_TIMEOUT, nothing sent)."""
         self._defer_thread = None
         if self._state == "closed":
             raise self._closed_error("send")
         msg = encode_message(value, self)
         try:
             if len(msg.frame) - fr.HEADER_BYTES > fr.MAX_PAYLOAD_BYTES:
-                self._send_large(msg.frame, msg.fds)
+                self._send_large(msg.frame, msg.fds, timeout)
             else:
-                self._outbox.send(msg.frame, msg.fds)
+                self._outbox.send(msg.frame, msg.fds, timeout)
         except BaseException:
             for _, hold in msg.holds:
                 release_hold(hold)  # nothing was leased: the peer never sees these ids
@@ -185,7 +195,7 @@ class Link:
         for commit in msg.commits:
             commit()
 
-    def _send_large(self, frame: bytearray, fds: list[int]) -> None:
+    def _send_large(self, frame: bytearray, fds: list[int], timeout: float | None) -> None:
         """Sends an encoded frame too large for the socket: its payload in a sealed memfd."""
         if not self._peer_features & fr.FEATURE_LARGE_MESSAGES:
             raise IpcError("ERR_MESSAGE_TOO_LARGE",
@@ -200,7 +210,7 @@ class Link:
         memfd = write_large_payload(memoryview(frame)[fr.HEADER_BYTES:])
         try:
             head = fr.header(fr.MESSAGE, flags, fr.LARGE_INLINE_BYTES, len(fds) + 1) + struct.pack("<Q", length)
-            self._outbox.send(head, [memfd, *fds])
+            self._outbox.send(head, [memfd, *fds], timeout)
         finally:
             os.close(memfd)
 
@@ -265,7 +275,7 @@ class Link:
         if not self._recv_lock.acquire(blocking=False):
             return len(self._inbox)
         try:
-            while self._state != "closed":
+            while self._state != "closed" and len(self._inbox) < self.inbox_limit:
                 if not self._read_one(0.0, want_message=False):
                     break
         finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import errno
+import select
 import socket
 import threading
 import time
@@ -47,17 +48,33 @@ class Outbox:
         #: True while the link is open (set by the link): release frames go out only then.
         self.open = False
 
-    def send(self, data: fr.Buffer, fds: Sequence[int] = ()) -> None:
-        """Sends one frame with ``fds`` (borrowed), then any releases that waited for the lock."""
+    def send(self, data: fr.Buffer, fds: Sequence[int] = (), timeout: float | None = None) -> None:
+        """Sends one frame with ``fds`` (borrowed), then any releases that waited for the lock.
+
+        Backpressure: while the peer is not reading, the socket is full and this waits (the sending
+        thread blocks; nothing queues up in this process). ``timeout`` (seconds) bounds the wait:
+        ERR_TIMEOUT, and the frame was not sent."""
         anc = [(_SOL_SOCKET, _SCM_RIGHTS, array.array("i", fds))] if fds else []
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             try:
                 while True:
                     try:
-                        self._sock.sendmsg([data], anc, _NOSIGNAL)
+                        if deadline is None:
+                            self._sock.sendmsg([data], anc, _NOSIGNAL)
+                        else:
+                            self._sock.sendmsg([data], anc, _NOW)
                         break
                     except InterruptedError:
                         continue
+                    except BlockingIOError:
+                        assert deadline is not None
+                        left = deadline - time.monotonic()
+                        p = select.poll()
+                        p.register(self._sock.fileno(), select.POLLOUT)
+                        if left <= 0 or not p.poll(left * 1000):
+                            raise IpcError("ERR_TIMEOUT", f"link.send: the {self._peer_name} did not read for {timeout} s and its "
+                                           "socket is full; the message was not sent (it is behind or stopped)") from None
             except OSError as e:
                 raise self._send_failed(e) from None
         if self._leases.has_pending:

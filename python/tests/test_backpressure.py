@@ -1,0 +1,59 @@
+"""Backpressure on a Python link: a peer that does not read makes send() wait (nothing queues up in
+this process), and ``timeout`` bounds that wait; poll() reads ahead at most ``inbox_limit`` messages,
+so a peer that floods cannot grow the receiver without bound. Nothing is lost or reordered."""
+import gc
+import time
+import unittest
+
+from cuda_ipc import IpcError
+
+from .test_link import open_fds, pair
+
+
+class BackpressureTests(unittest.TestCase):
+    def setUp(self):
+        self.fds = open_fds()
+
+    def tearDown(self):
+        gc.collect()
+        self.assertEqual(open_fds() - self.fds, set(), "fds leaked by the test")
+
+    def test_send_waits_while_the_peer_is_behind_and_timeout_bounds_the_wait(self):
+        la, lb = pair()
+        chunk = bytes(100_000)
+        sent = 0
+        started = time.monotonic()
+        with self.assertRaises(IpcError) as cm:
+            for _ in range(10_000):
+                la.send({"seq": sent, "data": chunk}, timeout=0.2)
+                sent += 1
+        self.assertEqual(cm.exception.code, "ERR_TIMEOUT")
+        self.assertLess(time.monotonic() - started, 30)
+        self.assertGreater(sent, 0)
+        # The receiver catches up: every message that went out arrives, in order; sending goes on.
+        for seq in range(sent):
+            self.assertEqual(lb.receive(timeout=5)["seq"], seq)
+        la.send({"seq": sent, "data": b""}, timeout=0.2)
+        self.assertEqual(lb.receive(timeout=5)["seq"], sent)
+        la.close()
+        lb.close()
+
+    def test_poll_reads_ahead_at_most_the_inbox_limit(self):
+        la, lb = pair()
+        lb.inbox_limit = 50
+        sent = 0
+        try:
+            while sent < 5_000:
+                la.send(sent, timeout=0.05)
+                sent += 1
+        except IpcError as e:
+            self.assertEqual(e.code, "ERR_TIMEOUT")
+        self.assertGreater(sent, 50, "more was sent than the inbox bound")
+        self.assertEqual(lb.poll(), 50, "poll() stops at the bound; the rest waits in the socket")
+        self.assertEqual([lb.receive(timeout=5) for _ in range(sent)], list(range(sent)))
+        la.close()
+        lb.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
