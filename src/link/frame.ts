@@ -4,16 +4,19 @@
 //   offset size  field
 //   0      4     magic 0x4C504943 ("CIPL")
 //   4      1     version (2: transfer records carry lease ids, RELEASE exists)
-//   5      1     type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE
+//   5      1     type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE, 6 RING, 7 RING_START
 //   6      2     flags: MESSAGE only, the payload encoding (Encoding); 0 for other types
 //   8      4     payload length: exactly the record length minus 16
 //   12     2     fd count: exactly the number of fds that arrived with the record
 //   14     2     reserved, 0
 //
-// Payloads: HELLO 8 bytes (u32 features, u32 reserved = 0); GOODBYE empty; REFUSE u16 reason
-// then UTF-8 text; MESSAGE see message-format.ts; RELEASE (the receiver of leased values is done
-// with them, lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids, each
-// 1..2^53-1; exactly 8 + 8 * count bytes. Only MESSAGE frames carry fds.
+// Payloads: HELLO 8 bytes (u32 features, u32 reserved = 0; feature bits a side does not know are
+// ignored); GOODBYE empty; REFUSE u16 reason then UTF-8 text; MESSAGE see message-format.ts;
+// RELEASE (the receiver of leased values is done with them, lease.ts): u32 count (1..16381), u32
+// reserved = 0, then count u64 lease ids, each 1..2^53-1; exactly 8 + 8 * count bytes. RING (only
+// between two sides whose HELLO set FEATURE_RING; frame-ring.ts): u32 capacity, u32 reserved = 0,
+// and exactly 2 fds (the ring's memfd, the sender's doorbell eventfd); RING_START empty. Only
+// MESSAGE and RING frames carry fds.
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 
@@ -32,6 +35,16 @@ export const enum FrameType {
   Goodbye = 3,
   Refuse = 4,
   Release = 5,
+  /** Offers the sender's inbound frame ring (frame-ring.ts): its memfd and doorbell. */
+  Ring = 6,
+  /** The sender's next frames go through the receiver's ring, in order (frame-ring.ts). */
+  RingStart = 7,
+}
+
+/** HELLO feature bits. */
+export const enum Feature {
+  /** This side takes frames through a shared-memory ring and sends through the peer's (frame-ring.ts). */
+  Ring = 1,
 }
 
 export const enum Encoding {
@@ -44,6 +57,9 @@ export const enum Encoding {
 }
 
 export const HELLO_PAYLOAD_BYTES = 8;
+/** RING: u32 capacity, u32 reserved; with the ring's memfd and the doorbell eventfd. */
+export const RING_PAYLOAD_BYTES = 8;
+export const RING_FDS = 2;
 /** RELEASE: u32 count and u32 reserved before the ids. */
 export const RELEASE_HEAD_BYTES = 8;
 /** Most ids in one RELEASE frame. */
@@ -95,7 +111,12 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
   if (type === FrameType.Message) {
     if (flags > Encoding.JsonWithRecords) throw invalid(`unknown message encoding ${flags}`);
     if (fdCount > 0 && flags !== Encoding.JsonWithRecords) throw invalid('fds arrived with a message that has no transfer records');
-  } else if (type === FrameType.Hello || type === FrameType.Goodbye || type === FrameType.Refuse || type === FrameType.Release) {
+  } else if (type === FrameType.Ring) {
+    if (flags !== 0) throw invalid(`flags 0x${flags.toString(16)} on a control frame`);
+    if (payloadLength !== RING_PAYLOAD_BYTES) throw invalid(`RING payload of ${payloadLength} bytes`);
+    if (fdCount !== RING_FDS) throw invalid(`RING with ${fdCount} fds, not ${RING_FDS}`);
+    if (view.getUint32(HEADER_BYTES + 4, true) !== 0) throw invalid('RING reserved bytes are not zero');
+  } else if (type === FrameType.Hello || type === FrameType.Goodbye || type === FrameType.Refuse || type === FrameType.Release || type === FrameType.RingStart) {
     if (flags !== 0) throw invalid(`flags 0x${flags.toString(16)} on a control frame`);
     if (fdCount !== 0) throw invalid('fds arrived with a control frame');
     if (type === FrameType.Hello) {
@@ -103,6 +124,7 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
       if (view.getUint32(HEADER_BYTES + 4, true) !== 0) throw invalid('HELLO reserved bytes are not zero');
     }
     if (type === FrameType.Goodbye && payloadLength !== 0) throw invalid('GOODBYE with a payload');
+    if (type === FrameType.RingStart && payloadLength !== 0) throw invalid('RING_START with a payload');
     if (type === FrameType.Refuse && payloadLength < 2) throw invalid('REFUSE without a reason');
     if (type === FrameType.Release) {
       const count = payloadLength >= RELEASE_HEAD_BYTES ? view.getUint32(HEADER_BYTES, true) : 0;

@@ -12,11 +12,14 @@ import { closeFds } from './fds.js';
 export type ReceivedMessage = { ok: true; value: unknown; owned: object[] | undefined } | { ok: false; error: IpcError };
 
 export type InboundFrame =
-  | { type: FrameType.Hello }
+  | { type: FrameType.Hello; features: number }
   | { type: FrameType.Goodbye }
   | { type: FrameType.Refuse; reason: number; text: string }
   | { type: FrameType.Release; ids: number[] }
-  | { type: FrameType.Message; message: ReceivedMessage };
+  | { type: FrameType.Message; message: ReceivedMessage }
+  /** The peer's inbound ring: `fds` (its memfd, then its doorbell eventfd) belong to the caller. */
+  | { type: FrameType.Ring; capacity: number; fds: [number, number] }
+  | { type: FrameType.RingStart };
 
 /** What decoding needs from the link the record arrived on. */
 export interface InboundContext {
@@ -48,7 +51,12 @@ export function readPayload(
       if (d.fatal) throw d.error;
       return { type: FrameType.Message, message: { ok: false, error: d.error } };
     }
-    // parseHeader() allows fds only on messages, so none need closing below.
+    case FrameType.Ring:
+      // parseHeader() checked there are exactly two; the caller owns them from here.
+      return { type: FrameType.Ring, capacity: view.getUint32(HEADER_BYTES, true), fds: [fds![0]!, fds![1]!] };
+    // parseHeader() allows fds only on messages and RING, so none need closing below.
+    case FrameType.RingStart:
+      return { type: FrameType.RingStart };
     case FrameType.Release:
       return { type: FrameType.Release, ids: readReleaseIds(view, h.payloadLength) };
     case FrameType.Refuse:
@@ -58,7 +66,7 @@ export function readPayload(
         text: buf.toString('utf8', HEADER_BYTES + 2, Math.min(length, HEADER_BYTES + 2 + REFUSE_TEXT_MAX)),
       };
     case FrameType.Hello:
-      return { type: FrameType.Hello };
+      return { type: FrameType.Hello, features: view.getUint32(HEADER_BYTES, true) };
     case FrameType.Goodbye:
       return { type: FrameType.Goodbye };
   }
