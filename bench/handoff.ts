@@ -10,12 +10,13 @@ import { analyze, Mark, Recorder, type Breakdown } from './breakdown.js';
 
 export const HANDOFF_BYTES = 1 << 20;
 
-export type HandoffKind = 'pool' | 'legacy' | 'host' | 'floor';
+export type HandoffKind = 'pool' | 'legacy' | 'host' | 'floor' | 'floor-socket';
 export const HANDOFF_NAMES: Record<HandoffKind, string> = {
   pool: 'pool buffer (IPC pool)',
   legacy: 'legacy handle (cuIpcGetMemHandle)',
   host: 'host buffer (memfd)',
   floor: 'link round trip, no buffer (floor)',
+  'floor-socket': 'link round trip, socket only (frame rings off)',
 };
 
 export interface HandoffResult {
@@ -27,6 +28,8 @@ export interface HandoffResult {
 
 interface Case {
   kind: HandoffKind;
+  /** The link it runs on (default: the benchmark's child with frame rings). */
+  link?: Link;
   /** Allocates what is sent, and how the sender closes it. */
   make: () => { send: unknown; release: () => void };
   /** Hands over a marked buffer; the child must read the mark. */
@@ -90,7 +93,10 @@ export interface HandoffOptions {
 
 /** Runs each available handoff kind, then the bare link round trip. */
 export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResult[]> {
-  const { child, link } = await spawn(new URL('./handoff-child.js', import.meta.url), [], { stdio: 'inherit' });
+  const childUrl = new URL('./handoff-child.js', import.meta.url);
+  const { child, link: mainLink } = await spawn(childUrl, [], { stdio: 'inherit' });
+  // The same child behind a link that keeps its socket: what the frame rings buy (ring-transport.ts).
+  const socketOnly = await spawn(childUrl, [], { stdio: 'inherit', frameRing: false });
   const results: HandoffResult[] = [];
   let pool: import('../src/ipc/pool.js').IpcPool | undefined;
   try {
@@ -120,8 +126,10 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
     });
     // The control-plane floor: the same link carrying a number each way.
     cases.push({ kind: 'floor', make: () => ({ send: 4, release: () => {} }) });
+    cases.push({ kind: 'floor-socket', link: socketOnly.link, make: () => ({ send: 4, release: () => {} }) });
 
     for (const c of cases) {
+      const link = c.link ?? mainLink;
       if (c.check) {
         // Correctness first: the child must read the marker.
         const { send, release, mark } = c.check();
@@ -139,8 +147,10 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
     }
   } finally {
     pool?.close();
-    link.send('end');
-    await new Promise((r) => (child.exitCode !== null ? r(null) : child.once('exit', r)));
+    for (const s of [{ child, link: mainLink }, socketOnly]) {
+      s.link.send('end');
+      await new Promise((r) => (s.child.exitCode !== null ? r(null) : s.child.once('exit', r)));
+    }
   }
   return results;
 }

@@ -35,6 +35,11 @@ export interface SpawnOptions {
    * so it names the same GPU whatever CUDA_VISIBLE_DEVICES the child has.
    */
   device?: Device | string;
+  /**
+   * Small frames without fds through a shared-memory ring each way once both sides agree (the
+   * default, unless CUDA_IPC_LINK_RING=0); false keeps this link on its socket alone.
+   */
+  frameRing?: boolean;
 }
 
 export interface SpawnedChild {
@@ -100,6 +105,7 @@ export async function startLinkedChild(command: string, argv: readonly string[],
       helloFirst: false,
       handshakeTimeoutMs: options.handshakeTimeoutMs ?? 30_000,
       peerName: 'child process',
+      frameRing: options.frameRing,
     });
   } catch (e) {
     addon.close(childFd);
