@@ -10,9 +10,10 @@ import { analyze, Mark, Recorder, type Breakdown } from './breakdown.js';
 
 export const HANDOFF_BYTES = 1 << 20;
 
-export type HandoffKind = 'pool' | 'legacy' | 'host' | 'floor' | 'floor-socket';
+export type HandoffKind = 'pool' | 'pool-fresh' | 'legacy' | 'host' | 'floor' | 'floor-socket';
 export const HANDOFF_NAMES: Record<HandoffKind, string> = {
   pool: 'pool buffer (IPC pool)',
+  'pool-fresh': 'pool buffer, no recycled blocks (recycleBlocks 0)',
   legacy: 'legacy handle (cuIpcGetMemHandle)',
   host: 'host buffer (memfd)',
   floor: 'link round trip, no buffer (floor)',
@@ -99,6 +100,7 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
   const socketOnly = await spawn(childUrl, [], { stdio: 'inherit', frameRing: false });
   const results: HandoffResult[] = [];
   let pool: import('../src/ipc/pool.js').IpcPool | undefined;
+  let freshPool: import('../src/ipc/pool.js').IpcPool | undefined;
   try {
     const cases: Case[] = [];
     if (o.gpu) {
@@ -108,6 +110,14 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
         kind: 'pool',
         make: () => { const b = p.allocate(HANDOFF_BYTES); return { send: b, release: () => b.close() }; },
         check: () => { const b = p.allocate(HANDOFF_BYTES); b.write(new Uint32Array([0xbeef])); return { send: b, release: () => b.close(), mark: 0xbeef }; },
+      });
+      // Every buffer a new allocation (its export prepared by the addon's thread, not kept from
+      // an earlier send): what the stash of released blocks buys, next to the row above.
+      const f = (freshPool = device.createIpcPool({ recycleBlocks: 0 }));
+      cases.push({
+        kind: 'pool-fresh',
+        make: () => { const b = f.allocate(HANDOFF_BYTES); return { send: b, release: () => b.close() }; },
+        check: () => { const b = f.allocate(HANDOFF_BYTES); b.write(new Uint32Array([0xbee5])); return { send: b, release: () => b.close(), mark: 0xbee5 }; },
       });
       cases.push({
         kind: 'legacy',
@@ -147,6 +157,7 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
     }
   } finally {
     pool?.close();
+    freshPool?.close();
     for (const s of [{ child, link: mainLink }, socketOnly]) {
       s.link.send('end');
       await new Promise((r) => (s.child.exitCode !== null ? r(null) : s.child.once('exit', r)));

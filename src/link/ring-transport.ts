@@ -46,6 +46,9 @@ const enum Blocked {
   Ring = 2,
 }
 
+/** Messages delivered one microtask after another before a drain yields to the event loop. */
+const DRAIN_BUDGET = 64;
+
 const enum Drain {
   /** Up to where the link paused reading, then arm the doorbell. */
   Normal = 0,
@@ -86,6 +89,8 @@ export class LinkTransport implements NativeSocket {
   #sending = false;
   #blocked = Blocked.No;
   #wantWritable = false;
+  /** Messages delivered in the current run of microtask-chained drains. */
+  #chained = 0;
 
   /** Takes ownership of `fd` once constructed (a throw leaves it to the caller). */
   constructor(fd: number, bufferSize: number, onRecord: RecordHandler, onState: StateHandler, fail: (error: IpcError) => void, ring: boolean) {
@@ -326,6 +331,10 @@ export class LinkTransport implements NativeSocket {
     this.#onState(what, errno);
   };
 
+  readonly #resume = (): void => {
+    if (!this.#closed && !this.#paused && this.#receiving) this.#drain(Drain.Normal);
+  };
+
   /** This side's doorbell: the peer published frames, or made room in its ring for this side. */
   readonly #rung = (status: number): void => {
     if (this.#closed) return;
@@ -344,10 +353,14 @@ export class LinkTransport implements NativeSocket {
   /**
    * Hands the ring's frames to the link in order. Returns when the ring is empty (Normal: with
    * the doorbell armed), at a SOCKET entry whose frame has not arrived, at the SOCKET entry a
-   * socket frame stands behind (UntilSocket), or where the link paused reading (Normal).
+   * socket frame stands behind (UntilSocket), where the link paused reading (Normal), or after a
+   * message (Normal), going on in a microtask: as the socket runs microtasks after each record, the
+   * code a message resumes runs before the frames behind it (an ack's RELEASE, whose unmapping
+   * then no longer delays the caller's next step).
    */
   #drain(mode: Drain): void {
     const r = this.#reader!;
+    let yielded = false;
     try {
       for (;;) {
         if (!r.next()) {
@@ -370,14 +383,26 @@ export class LinkTransport implements NativeSocket {
           continue;
         }
         const length = r.frameLength;
-        r.data.copy(this.#ringBuffer!, 0, r.frameStart, r.frameStart + length);
+        const buffer = this.#ringBuffer!;
+        r.data.copy(buffer, 0, r.frameStart, r.frameStart + length);
         r.consume();
         if (r.takeWriterWaiting()) addon.eventfdRing(this.#peerBellFd!.fd);
+        const message = length > 5 && buffer[5] === FrameType.Message;
         this.#onRecord(0, length, undefined, undefined, RecordSource.Ring);
         if (this.#closed) return;
-        if (mode === Drain.Normal && this.#paused) break;
+        if (mode === Drain.Normal && (this.#paused || (message && (yielded = true)))) break;
       }
       if (r.takeWriterWaiting()) addon.eventfdRing(this.#peerBellFd!.fd);
+      if (yielded) {
+        // A bounded run of microtasks, then a turn of the event loop (as the socket's drain budget).
+        if (++this.#chained < DRAIN_BUDGET) queueMicrotask(this.#resume);
+        else {
+          this.#chained = 0;
+          setImmediate(this.#resume);
+        }
+      } else {
+        this.#chained = 0;
+      }
     } catch (e) {
       if (this.#closed) return;
       this.#fail(e instanceof IpcError ? e : new IpcError('ERR_FRAME_INVALID', `reading the link's frame ring failed: ${String((e as Error)?.message ?? e)}`, { cause: e }));
