@@ -56,7 +56,9 @@ export interface OneWay {
   /** Per-batch rates: median and the slowest 1% (p99 column). */
   msgsPerSec: Summary;
   slowest1pct: number;
-  bytesPerSec: number;
+  /** Bytes the producer writes into each slot (and says it used): the slot itself is handed over
+   * in place, so nothing is copied and its size does not change the work per message. */
+  bytesWrittenPerMsg: number;
   cpuUsPerMsg: number;
 }
 
@@ -223,6 +225,9 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
   return { us: summarize(times), cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: cpuPlacement(ranOn, theirs.ranOn) };
 }
 
+/** Bytes each one-way message says it uses (the producer writes one of them, on host slots). */
+const ONE_WAY_LENGTH = 8;
+
 /** One way for about `ms`: rates per batch of 2000 messages, and CPU per message. */
 async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number) {
   const { child, link } = await spawn(CHILD, ['sink', wait], { stdio: 'inherit' });
@@ -240,7 +245,7 @@ async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, 
       for (let i = 0; i < batch; i++) {
         const slot = await ch.acquire({ stream });
         if (!stream) slot.bytes[0] = 1;
-        ch.publish(slot, { stream, length: 8 });
+        ch.publish(slot, { stream, length: ONE_WAY_LENGTH });
       }
       rates.push(batch / (Number(process.hrtime.bigint() - t0) / 1e9));
       total += batch;
@@ -275,7 +280,7 @@ async function workSharing(memory: ChannelMemory, consumers: number, ms: number)
       for (let i = 0; i < 1000; i++) {
         const slot = await ch.acquire({ stream });
         if (!stream) slot.bytes[0] = 1;
-        ch.publish(slot, { stream, length: 8 });
+        ch.publish(slot, { stream, length: ONE_WAY_LENGTH });
       }
       total += 1000;
     }
@@ -345,7 +350,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       const name = `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots)`;
       progress(name);
       const r = await oneWay(m, wait, size, 8, 700);
-      res.oneWay[name] = { memory, wait, slotBytes: size, msgsPerSec: r.msgsPerSec, slowest1pct: r.slowest1pct, bytesPerSec: r.msgsPerSec.median * size, cpuUsPerMsg: r.cpuUsPerMsg };
+      res.oneWay[name] = { memory, wait, slotBytes: size, msgsPerSec: r.msgsPerSec, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg };
     }
   }
   for (const consumers of [1, 2, 4, 8]) {
@@ -412,7 +417,10 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
   const throughput: Row[] = [];
   for (const [name, o] of Object.entries(r.oneWay)) {
     const target = o.memory === 'host' ? TARGETS.oneWayHostMsgsPerSec : TARGETS.oneWayDeviceMsgsPerSec;
-    const notes = [`${fmtRate(o.bytesPerSec)}B/s made available`];
+    // What was measured is messages: a slot changes hands in place, nothing is copied (the
+    // producer writes one byte of a host slot), so a "bytes per second" of slot size times
+    // messages would read as a bandwidth that no copy ever achieved.
+    const notes = [`${o.memory === 'host' ? `${o.bytesWrittenPerMsg} byte written per message` : 'no byte written by the CPU'}, the ${fmtBytes(o.slotBytes)} slot handed over in place (no copy)`];
     if (o.wait === 'adaptive') notes.push(`target >= ${fmtRate(target)} msg/s: ${met(o.msgsPerSec.median >= target)}`);
     notes.push(cpuNote(o.cpuUsPerMsg));
     throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes });
@@ -438,6 +446,7 @@ export function printChannelTables(r: ChannelResults, iterations: number, warmup
   printTable('Channel round trip: a message to a child through one channel and back through another ' +
     `(targets: adaptive <= ${TARGETS.rttDefaultHostUs} us host / ${TARGETS.rttDefaultDeviceUs} us device and <= ${TARGETS.rttDefaultVsSocket}x socket; ` +
     `spin <= ${TARGETS.rttSpinHostUs} / ${TARGETS.rttSpinDeviceUs} us)`, t.latency);
-  printTable('Channel throughput (higher is better; one way: median of 2000-message batches, "p99" column = slowest 1% of batches)', t.throughput);
+  printTable('Channel throughput in messages per second (higher is better; one way: median of 2000-message batches, "p99" column = slowest 1% of batches; ' +
+    'slots change hands in place, so these are not copy bandwidths)', t.throughput);
   if (t.kernel.length) printTable('Consumer kernel on shared slots (lower is better)', t.kernel);
 }

@@ -5,6 +5,7 @@
 constexpr long long kHostRegisterPortable = cuabi::CU_MEMHOSTREGISTER_PORTABLE;
 constexpr long long kHostRegisterDeviceMap = cuabi::CU_MEMHOSTREGISTER_DEVICEMAP;
 #include <cuda.h>
+#include <cudaTypedefs.h>  // PFN_ types of versioned entry points
 #include <cstddef>
 #include <tuple>
 #include <type_traits>
@@ -28,6 +29,9 @@ template <class R, class... A> struct Sig<R (*)(A...)> { using type = std::tuple
   static_assert(std::is_same_v<Sig<cuabi::PFN_##name>::type, Sig<decltype(&::name)>::type>, \
                 "signature of " #name " differs from cuda.h");
 CUABI_FUNCTIONS(CHECK_FN)
+// Entry points resolved at their own ABI version, against the toolkit's typedef of that version.
+static_assert(std::is_same_v<Sig<cuabi::PFN_cuMemcpyBatchAsync_v12080>::type, Sig<::PFN_cuMemcpyBatchAsync_v12080>::type>,
+              "signature of cuMemcpyBatchAsync (12.8) differs from cudaTypedefs.h");
 
 #define CHECK_EQ(name) static_assert(static_cast<long long>(cuabi::name) == static_cast<long long>(::name), #name " differs from cuda.h");
 CHECK_EQ(CUDA_SUCCESS)
@@ -89,6 +93,8 @@ CHECK_EQ(CU_MEM_ACCESS_FLAGS_PROT_READ)
 CHECK_EQ(CU_MEM_ACCESS_FLAGS_PROT_READWRITE)
 CHECK_EQ(CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
 CHECK_EQ(CU_GET_PROC_ADDRESS_DEFAULT)
+CHECK_EQ(CU_MEMCPY_SRC_ACCESS_ORDER_STREAM)
+CHECK_EQ(CU_MEMCPY_FLAG_DEFAULT)
 static_assert(cuabi::kIpcHandleSize == CU_IPC_HANDLE_SIZE, "IPC handle size");
 
 #define CHECK_LAYOUT(ours, theirs)                                                      \
@@ -114,6 +120,11 @@ CHECK_FIELD(CUmemPoolProps, CUmemPoolProps, win32SecurityAttributes)
 CHECK_FIELD(CUmemPoolProps, CUmemPoolProps, maxSize)
 CHECK_FIELD(CUmemPoolProps, CUmemPoolProps, usage)
 CHECK_FIELD(CUmemPoolProps, CUmemPoolProps, reserved)
+CHECK_LAYOUT(CUmemcpyAttributes, CUmemcpyAttributes)
+CHECK_FIELD(CUmemcpyAttributes, CUmemcpyAttributes, srcAccessOrder)
+CHECK_FIELD(CUmemcpyAttributes, CUmemcpyAttributes, srcLocHint)
+CHECK_FIELD(CUmemcpyAttributes, CUmemcpyAttributes, dstLocHint)
+CHECK_FIELD(CUmemcpyAttributes, CUmemcpyAttributes, flags)
 static_assert(sizeof(cuabi::CUdeviceptr) == sizeof(::CUdeviceptr), "CUdeviceptr");
 static_assert(sizeof(cuabi::CUdevice) == sizeof(::CUdevice), "CUdevice");
 

@@ -6,6 +6,7 @@ void InitCuda(Napi::Env env, Napi::Object exports);
 void InitPosix(Napi::Env env, Napi::Object exports);
 void InitNvrtc(Napi::Env env, Napi::Object exports);
 void InitChannel(Napi::Env env, Napi::Object exports);
+void InitCopy(Napi::Env env, Napi::Object exports);  // [tensors hook] native/copy.cc
 }  // namespace cuda_ipc
 
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {
@@ -13,6 +14,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   cuda_ipc::InitPosix(env, exports);
   cuda_ipc::InitNvrtc(env, exports);
   cuda_ipc::InitChannel(env, exports);
+  cuda_ipc::InitCopy(env, exports);
   return exports;
 }
 

@@ -44,6 +44,8 @@ std::mutex g_initMutex;
 bool g_initialized = false;
 // Set once the driver is loaded and initialised: every later call checks only this.
 std::atomic<bool> g_ready{false};
+// Kept for entry points resolved at other ABI versions (ResolveDriverEntry, below).
+PFN_cuGetProcAddress_v2 g_getProc = nullptr;
 
 void LoadDriver() {
   void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -59,6 +61,7 @@ void LoadDriver() {
     g_loadError = "libcuda.so.1 has no cuGetProcAddress_v2: the NVIDIA driver is older than CUDA 12.0; update the driver";
     return;
   }
+  g_getProc = getProc;
   // A symbol the driver lacks stays null and fails at its first call with a clear error.
 #define CUABI_RESOLVE(name, params)                                                              \
   {                                                                                              \
@@ -443,12 +446,19 @@ struct LegacyImport {
   CUcontext ctx;     // the importing context: the mapping is closed there
   uint32_t refs;
   uint64_t lastUse;  // for evicting the least recently used idle mapping
+  bool gone = false; // its exporter said the allocation is freed: close at the last release
+};
+// A local export: the allocation's base and the context it was exported in (for the sweep).
+struct LegacyExport {
+  CUdeviceptr base;
+  CUcontext ctx;
 };
 std::mutex g_legacyMutex;
 std::map<std::string, LegacyImport> g_legacyImports;
-std::map<std::string, CUdeviceptr> g_legacyExports;
+std::map<std::string, LegacyExport> g_legacyExports;
 uint64_t g_legacyClock = 0;
 uint32_t g_legacyIdleLimit = 16;  // mappings kept open with no user, so that reopening is free
+uint64_t g_legacyOpens = 0;        // [tensors hook] cuIpcOpenMemHandle calls made, for "a repeated send opens no handle"
 
 std::string HandleKey(const Napi::CallbackInfo& info, size_t i) {
   char h[kIpcHandleSize];
@@ -517,13 +527,80 @@ Napi::Value IpcCloseMemHandle(const Napi::CallbackInfo& info) {
   return info.Env().Undefined();
 }
 
-// Records that this process exported `handle` for the allocation at `base`.
+// Records that this process exported `handle` for the allocation at `base`, in the current
+// context.
 Napi::Value LegacyExportRegister(const Napi::CallbackInfo& info) {
   std::string key = HandleKey(info, 0);
   CUdeviceptr base = ArgU64(info, 1, "base");
+  CUcontext ctx = nullptr;
+  if (g_driver.cuCtxGetCurrent) g_driver.cuCtxGetCurrent(&ctx);
   std::lock_guard<std::mutex> lock(g_legacyMutex);
-  g_legacyExports[key] = base;
+  g_legacyExports[key] = LegacyExport{base, ctx};
   return info.Env().Undefined();
+}
+
+// Whether the allocation at `e.base` is still the one exported as `key`: it still starts there
+// and its handle is still `key` (a new allocation at a reused address has another handle). Asked
+// in the export's context, restoring the caller's.
+bool ExportStillLive(const std::string& key, const LegacyExport& e) {
+  if (!g_driver.cuCtxGetCurrent || !g_driver.cuCtxSetCurrent || !g_driver.cuMemGetAddressRange || !g_driver.cuIpcGetMemHandle) return true;
+  CUcontext current = nullptr;
+  if (g_driver.cuCtxGetCurrent(&current) != CUDA_SUCCESS) return true;
+  if (e.ctx && current != e.ctx && g_driver.cuCtxSetCurrent(e.ctx) != CUDA_SUCCESS) return true;
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  bool live = g_driver.cuMemGetAddressRange(&base, &size, e.base) == CUDA_SUCCESS && base == e.base;
+  if (live) {
+    CUipcMemHandle h;
+    live = g_driver.cuIpcGetMemHandle(&h, e.base) == CUDA_SUCCESS && std::memcmp(h.reserved, key.data(), sizeof(h.reserved)) == 0;
+  }
+  if (e.ctx && current != e.ctx) g_driver.cuCtxSetCurrent(current);
+  return live;
+}
+
+// legacyExportSweep() -> entries dropped: forgets the exports (exportPointer) whose allocation
+// was freed since, so that the table holds live allocations only.
+Napi::Value LegacyExportSweep(const Napi::CallbackInfo& info) {
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  uint32_t dropped = 0;
+  for (auto it = g_legacyExports.begin(); it != g_legacyExports.end();) {
+    if (ExportStillLive(it->first, it->second)) {
+      ++it;
+    } else {
+      it = g_legacyExports.erase(it);
+      dropped++;
+    }
+  }
+  return Napi::Number::New(info.Env(), dropped);
+}
+
+// legacyImportForget(handle) -> mappings closed: the exporter freed the allocation behind
+// `handle`. Idle mappings of it (in any context) are closed now; ones still in use are closed at
+// their last release instead of being cached.
+Napi::Value LegacyImportForget(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string handleKey = HandleKey(info, 0);
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  uint32_t closed = 0;
+  CUresult first = CUDA_SUCCESS;
+  for (auto it = g_legacyImports.begin(); it != g_legacyImports.end();) {
+    if (it->first.compare(0, handleKey.size(), handleKey) != 0) {
+      ++it;
+      continue;
+    }
+    if (it->second.refs > 0) {
+      it->second.gone = true;
+      ++it;
+      continue;
+    }
+    LegacyImport m = it->second;
+    it = g_legacyImports.erase(it);
+    CUresult r = CloseImport(m);
+    if (r != CUDA_SUCCESS && first == CUDA_SUCCESS) first = r;
+    closed++;
+  }
+  if (first != CUDA_SUCCESS) ThrowCuda(env, first, "cuIpcCloseMemHandle");
+  return Napi::Number::New(env, closed);
 }
 
 Napi::Value LegacyExportUnregister(const Napi::CallbackInfo& info) {
@@ -548,12 +625,19 @@ Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
   std::lock_guard<std::mutex> lock(g_legacyMutex);
   auto ex = g_legacyExports.find(handleKey);
   if (ex != g_legacyExports.end()) {
-    out.Set(0u, U64(env, ex->second));
+    out.Set(0u, U64(env, ex->second.base));
     out.Set(1u, Napi::Boolean::New(env, true));
     out.Set(2u, Napi::Number::New(env, 0));
     return out;
   }
   auto it = g_legacyImports.find(key);
+  if (it != g_legacyImports.end() && it->second.gone && it->second.refs == 0) {
+    // Freed by its exporter (the handle cannot be open still): drop it, then try afresh.
+    LegacyImport m = it->second;
+    g_legacyImports.erase(it);
+    CloseImport(m);
+    it = g_legacyImports.end();
+  }
   if (it != g_legacyImports.end()) {
     it->second.refs++;
     it->second.lastUse = ++g_legacyClock;
@@ -566,6 +650,7 @@ Napi::Value LegacyImportAcquire(const Napi::CallbackInfo& info) {
   std::memcpy(h.reserved, handleKey.data(), sizeof(h.reserved));
   CUdeviceptr p = 0;
   CU_CALL(env, cuIpcOpenMemHandle, &p, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+  g_legacyOpens++;
   // The allocation's size, for the caller's range check: asked once here, not on every reuse.
   CUdeviceptr base = 0;
   size_t size = 0;
@@ -598,10 +683,34 @@ Napi::Value LegacyImportRelease(const Napi::CallbackInfo& info) {
   auto it = g_legacyImports.find(key);
   if (it == g_legacyImports.end() || it->second.refs == 0) return Napi::Boolean::New(env, false);
   if (--it->second.refs > 0) return Napi::Boolean::New(env, false);
+  if (it->second.gone) {
+    // Its exporter freed the allocation: caching the mapping would keep that memory alive.
+    LegacyImport m = it->second;
+    g_legacyImports.erase(it);
+    CUresult r = CloseImport(m);
+    if (r != CUDA_SUCCESS) ThrowCuda(env, r, "cuIpcCloseMemHandle");
+    return Napi::Boolean::New(env, true);
+  }
   size_t before = g_legacyImports.size();
   CUresult r = TrimIdleLocked(g_legacyIdleLimit);
   if (r != CUDA_SUCCESS) ThrowCuda(env, r, "cuIpcCloseMemHandle");
   return Napi::Boolean::New(env, g_legacyImports.size() < before);
+}
+
+// [tensors hook] legacyImportDrop(handle, context): closes the mapping now if nothing uses it (it
+// would otherwise stay idle in the cache). Tensor sets drop their mappings so that an idle one
+// never keeps a sender's freed memory. Returns true when a mapping was closed.
+Napi::Value LegacyImportDrop(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  std::string key = ImportKey(HandleKey(info, 0), ArgHandle<CUcontext>(info, 1, "context"));
+  std::lock_guard<std::mutex> lock(g_legacyMutex);
+  auto it = g_legacyImports.find(key);
+  if (it == g_legacyImports.end() || it->second.refs != 0) return Napi::Boolean::New(env, false);
+  LegacyImport m = it->second;
+  g_legacyImports.erase(it);
+  CUresult r = CloseImport(m);
+  if (r != CUDA_SUCCESS) ThrowCuda(env, r, "cuIpcCloseMemHandle");
+  return Napi::Boolean::New(env, true);
 }
 
 // legacyCacheConfigure(idleLimit): sets the idle limit and trims to it.
@@ -629,6 +738,7 @@ Napi::Value LegacyCacheStats(const Napi::CallbackInfo& info) {
   out.Set("idleLimit", Napi::Number::New(env, g_legacyIdleLimit));
   out.Set("references", Napi::Number::New(env, static_cast<double>(refs)));
   out.Set("exports", Napi::Number::New(env, static_cast<double>(g_legacyExports.size())));
+  out.Set("opened", Napi::Number::New(env, static_cast<double>(g_legacyOpens)));
   return out;
 }
 
@@ -1062,6 +1172,20 @@ void CleanupEnv(void* arg) {
 
 }  // namespace
 
+// [tensors hook] For native/copy.cc: entry points newer than kCudaAbiVersion, resolved at their own
+// version once the driver is loaded (nullptr where the driver lacks them), and CudaErrors thrown
+// the same way as every call here.
+void* ResolveDriverEntry(Napi::Env env, const char* name, int abiVersion) {
+  EnsureDriver(env);
+  if (!g_getProc) return nullptr;
+  void* fn = nullptr;
+  int status = 0;
+  if (g_getProc(name, &fn, abiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS) return nullptr;
+  return fn;
+}
+
+[[noreturn]] void ThrowCudaFailure(Napi::Env env, int status, const char* call) { ThrowCuda(env, status, call); }
+
 void InitCuda(Napi::Env env, Napi::Object exports) {
   t_state = new EnvState();
   t_state->env = env;
@@ -1114,6 +1238,9 @@ void InitCuda(Napi::Env env, Napi::Object exports) {
   FN("legacyExportUnregister", LegacyExportUnregister)
   FN("legacyImportAcquire", LegacyImportAcquire)
   FN("legacyImportRelease", LegacyImportRelease)
+  FN("legacyImportDrop", LegacyImportDrop)
+  FN("legacyImportForget", LegacyImportForget)
+  FN("legacyExportSweep", LegacyExportSweep)
   FN("legacyCacheStats", LegacyCacheStats)
   FN("legacyCacheConfigure", LegacyCacheConfigure)
   FN("ipcGetEventHandle", IpcGetEventHandle)

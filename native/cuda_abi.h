@@ -211,6 +211,24 @@ enum : unsigned {
 CUABI_FUNCTIONS(CUABI_DECLARE_PFN)
 #undef CUABI_DECLARE_PFN
 
+// Entry points newer than kCudaAbiVersion, each resolved at the version of its signature here
+// (native/copy.cc). cuMemcpyBatchAsync came with CUDA 12.8; the 12.8 form (with failIdx) is also
+// served by CUDA 13 drivers, whose default form dropped failIdx.
+constexpr int kMemcpyBatchAbiVersion = 12080;
+enum : int {
+  CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1,
+  CU_MEMCPY_FLAG_DEFAULT = 0,
+};
+struct CUmemcpyAttributes {
+  int srcAccessOrder;
+  CUmemLocation srcLocHint;
+  CUmemLocation dstLocHint;
+  unsigned int flags;
+};
+typedef CUresult (*PFN_cuMemcpyBatchAsync_v12080)(CUdeviceptr* dsts, CUdeviceptr* srcs, size_t* sizes, size_t count,
+                                                   CUmemcpyAttributes* attrs, size_t* attrsIdxs, size_t numAttrs,
+                                                   size_t* failIdx, CUstream hStream);
+
 // cuGetProcAddress itself is found with dlsym: the _v2 form (CUDA >= 12.0) takes a status out-param.
 typedef CUresult (*PFN_cuGetProcAddress_v2)(const char* symbol, void** pfn, int cudaVersion,
                                             cuuint64_t flags, int* symbolStatus);

@@ -111,6 +111,41 @@ Napi::Value FstatSize(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), static_cast<double>(st.st_size));
 }
 
+// pread(fd, target, offset) -> bytes read (0 at the end of the file): one pread(2) into a
+// typed array. Reading a file never faults, whatever its owner does to it meanwhile.
+Napi::Value Pread(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  Bytes dst = ArgBytes(info, 1, "target");
+  size_t offset = ArgSize(info, 2, "offset");
+  ssize_t r;
+  do r = pread(fd, dst.data, dst.length, static_cast<off_t>(offset)); while (r < 0 && errno == EINTR);
+  if (r < 0) ThrowErrno(info.Env(), "pread", errno);
+  return Napi::Number::New(info.Env(), static_cast<double>(r));
+}
+
+// pwrite(fd, source, offset) -> bytes written: one pwrite(2) from a typed array.
+Napi::Value Pwrite(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  Bytes src = ArgBytes(info, 1, "source");
+  size_t offset = ArgSize(info, 2, "offset");
+  ssize_t r;
+  do r = pwrite(fd, src.data, src.length, static_cast<off_t>(offset)); while (r < 0 && errno == EINTR);
+  if (r < 0) ThrowErrno(info.Env(), "pwrite", errno);
+  return Napi::Number::New(info.Env(), static_cast<double>(r));
+}
+
+// fileKind(fd) -> 'file' | 'directory' | 'fifo' | 'socket' | 'character' | 'block' | 'link' |
+// 'unknown': what fstat says the fd is, for receivers that must refuse what they cannot map.
+Napi::Value FileKind(const Napi::CallbackInfo& info) {
+  int fd = CheckFd(info.Env(), info, 0);
+  struct stat st;
+  if (fstat(fd, &st) < 0) ThrowErrno(info.Env(), "fstat", errno);
+  const char* kind = S_ISREG(st.st_mode) ? "file" : S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "fifo"
+                     : S_ISSOCK(st.st_mode) ? "socket" : S_ISCHR(st.st_mode) ? "character" : S_ISBLK(st.st_mode) ? "block"
+                     : S_ISLNK(st.st_mode) ? "link" : "unknown";
+  return Napi::String::New(info.Env(), kind);
+}
+
 Napi::Value GetSeals(const Napi::CallbackInfo& info) {
   int fd = CheckFd(info.Env(), info, 0);
   int r = fcntl(fd, F_GET_SEALS);
@@ -771,6 +806,9 @@ void InitPosix(Napi::Env env, Napi::Object exports) {
   exports.Set("ftruncate", Napi::Function::New(env, Ftruncate, "ftruncate"));
   exports.Set("fstatSize", Napi::Function::New(env, FstatSize, "fstatSize"));
   exports.Set("getSeals", Napi::Function::New(env, GetSeals, "getSeals"));
+  exports.Set("pread", Napi::Function::New(env, Pread, "pread"));
+  exports.Set("pwrite", Napi::Function::New(env, Pwrite, "pwrite"));
+  exports.Set("fileKind", Napi::Function::New(env, FileKind, "fileKind"));
   exports.Set("addSeals", Napi::Function::New(env, AddSeals, "addSeals"));
   exports.Set("dup", Napi::Function::New(env, Dup, "dup"));
   exports.Set("close", Napi::Function::New(env, Close, "close"));

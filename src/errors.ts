@@ -22,6 +22,7 @@ export class CudaError extends Error {
   }
 }
 
+/** The stable `code` of an IpcError; programs may switch on it. */
 export type IpcErrorCode =
   // descriptors and wire formats
   | 'ERR_DESCRIPTOR_INVALID'
@@ -36,9 +37,11 @@ export type IpcErrorCode =
   | 'ERR_CLOSED'
   | 'ERR_IMPORTED_POOL'
   | 'ERR_UNSUPPORTED'
-  | 'ERR_INVALID_ARG'
+  | 'ERR_INVALID_STATE'
   | 'ERR_TIMEOUT'
   | 'ERR_COMPILE'
+  // installation: no native addon fits this machine (build it with `npm rebuild cuda-ipc`)
+  | 'ERR_NO_NATIVE_BUILD'
   // links
   | 'ERR_PEER_GONE'
   | 'ERR_PEER_REFUSED'
@@ -46,6 +49,9 @@ export type IpcErrorCode =
   | 'ERR_FRAME_INVALID'
   | 'ERR_MESSAGE_TOO_LARGE'
   | 'ERR_FDS_TRUNCATED'
+  | 'ERR_SEND_QUEUE_FULL'
+  | 'ERR_LIMIT_REACHED'
+  | 'ERR_FD_LIMIT'
   | 'ERR_NOT_TRANSFERABLE'
   | 'ERR_NO_LISTENER'
   | 'ERR_ADDRESS_IN_USE'
@@ -53,14 +59,41 @@ export type IpcErrorCode =
   | 'ERR_NOT_SPAWNED'
   // channels
   | 'ERR_CHANNEL_CLOSED'
-  | 'ERR_CHANNEL_CORRUPT';
+  | 'ERR_CHANNEL_CORRUPT'
+  // tensors (src/tensors)
+  | 'ERR_TENSOR_MISMATCH'
+  | 'ERR_SAFETENSORS_INVALID';
 
 /** A cuda-ipc usage or protocol error with a stable `code`. */
 export class IpcError extends Error {
   override name = 'IpcError';
   readonly code: IpcErrorCode;
-  constructor(code: IpcErrorCode, message: string, options?: { cause?: unknown }) {
+  /**
+   * The option that bounds what ran out, for errors that say a limit was reached
+   * (ERR_MESSAGE_TOO_LARGE, ERR_SEND_QUEUE_FULL, ERR_LIMIT_REACHED), e.g. 'maxMessageBytes'.
+   */
+  readonly limit?: string;
+  constructor(code: IpcErrorCode, message: string, options?: { cause?: unknown; limit?: string }) {
     super(message, options);
     this.code = code;
+    if (options?.limit !== undefined) this.limit = options.limit;
   }
+}
+
+/** Errno codes that mean this process (or the system) has no fd to spare. */
+const FD_EXHAUSTED = new Set(['EMFILE', 'ENFILE', 'ETOOMANYREFS']);
+
+/**
+ * `e` as the error the user sees from `what` (e.g. 'HostBuffer.allocate'): running out of file
+ * descriptors (EMFILE, ENFILE, ETOOMANYREFS) becomes an IpcError ERR_FD_LIMIT that says so;
+ * anything else is returned unchanged.
+ */
+export function fdLimitError(e: unknown, what: string): unknown {
+  const code = (e as { code?: unknown })?.code;
+  if (typeof code !== 'string' || !FD_EXHAUSTED.has(code)) return e;
+  const why =
+    code === 'EMFILE' ? 'this process has as many files open as its limit allows (EMFILE; see `ulimit -n`)'
+    : code === 'ENFILE' ? 'the system has as many files open as it allows (ENFILE)'
+    : 'too many file descriptors are in flight to peers that have not read them yet (ETOOMANYREFS)';
+  return new IpcError('ERR_FD_LIMIT', `${what}: no file descriptor available: ${why}; close buffers, links or channels you no longer need, or raise the limit`, { cause: e });
 }

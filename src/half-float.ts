@@ -4,6 +4,7 @@
 // NaN becomes the canonical quiet NaN of the format.
 
 import { IpcError } from './errors.js';
+import { invalidArgType, badNumber } from './arg-errors.js';
 
 interface SmallFloatFormat {
   readonly mantissaBits: number;
@@ -52,7 +53,7 @@ function roundHalfToEven(x: number): number {
 
 function encode(value: number, fmt: SmallFloatFormat): number {
   if (typeof value !== 'number') {
-    throw new IpcError('ERR_INVALID_ARG', `expected a number to convert, got ${typeof value}`);
+    throw invalidArgType(`expected a number to convert, got ${typeof value}`);
   }
   const m = fmt.mantissaBits;
   const bias = (1 << (fmt.exponentBits - 1)) - 1;
@@ -77,7 +78,7 @@ function encode(value: number, fmt: SmallFloatFormat): number {
 
 function decode(bits: number, fmt: SmallFloatFormat): number {
   if (!Number.isInteger(bits) || bits < 0 || bits > 0xffff) {
-    throw new IpcError('ERR_INVALID_ARG', `a 16-bit pattern must be an integer in 0..0xffff, got ${String(bits)}`);
+    throw badNumber(bits, `a 16-bit pattern must be an integer in 0..0xffff, got ${String(bits)}`);
   }
   const m = fmt.mantissaBits;
   const bias = (1 << (fmt.exponentBits - 1)) - 1;

@@ -88,6 +88,12 @@ export interface PosixAddon {
   /** fstat(fd).st_size */
   fstatSize(fd: number): number;
   getSeals(fd: number): number;
+  /** pread(2) into `target` at file `offset`; the bytes read (0 at the end of the file). */
+  pread(fd: number, target: ArrayBufferView, offset: number): number;
+  /** pwrite(2) of `source` at file `offset`; the bytes written. */
+  pwrite(fd: number, source: ArrayBufferView, offset: number): number;
+  /** What fstat(2) says the fd is. */
+  fileKind(fd: number): 'file' | 'directory' | 'fifo' | 'socket' | 'character' | 'block' | 'link' | 'unknown';
   addSeals(fd: number, seals: number): void;
   /** fcntl(F_DUPFD_CLOEXEC) */
   dup(fd: number): number;

@@ -4,6 +4,7 @@ import { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
 import { legacyCacheStats, type ImportCacheStats } from './ipc/legacy.js';
 import { leaseStats, type LeaseStats } from './link/lease.js';
 
+/** What stats() reports for this process (this thread for device memory). */
 export interface Stats {
   /** Device memory of this thread: allocations, what peers lease, what only leases keep (heldBytes), imports. */
   device: DeviceMemoryStats;
@@ -15,6 +16,7 @@ export interface Stats {
   openFds: number;
 }
 
+/** Accounting of this process: device memory, leases per peer, the legacy import cache, open fds. */
 export function stats(): Stats {
   return {
     device: deviceMemoryStats(),

@@ -16,7 +16,7 @@ The core uses only the standard library (ctypes for libcuda); the wire protocol 
 docs/PROTOCOL.md of the cuda-ipc repository.
 """
 from .errors import CudaError, IpcError
-from .codec import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
+from .link import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from .link import Link, LeaseCounts, PeerCredentials, connect, default_socket_directory, parent_link, socket_path
 from .host import HostBuffer
 from .memory import DeviceBuffer, ArrayView, ImportedPool, IpcEvent, configure_import_cache, legacy_cache_stats, share
@@ -27,6 +27,11 @@ from .descriptor import (
 from .device import Device, set_working_device, working_device
 from .torch_handle import descriptor_from_torch, torch_storage_args
 from .channel import ChannelConsumer, ChannelProducer, Message, Slot, accept_channel
+# [tensors] named tensors over links, in-place updates (issue 21)
+from .host_array import HostArray
+from .tensor_set import SharedTensors, TensorSet, share_tensors
+from .update import UpdateResult, update_in_place
+from .link import Listener, listen
 
 __all__ = [
     "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",
@@ -36,5 +41,6 @@ __all__ = [
     "TransferHandler", "TransferEncoding", "register_transfer_handler", "unregister_transfer_handler",
     "accept_channel", "ChannelConsumer", "ChannelProducer", "Message", "Slot", "working_device", "set_working_device",
     "configure_import_cache", "legacy_cache_stats",
+    "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
 ]
 __version__ = "0.1.0"

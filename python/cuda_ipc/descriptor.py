@@ -8,10 +8,15 @@ from __future__ import annotations
 import json
 import re
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any, Literal, Union, overload
 
 from .errors import IpcError
+
+#: Bytes a parser accepts.
+BytesLike = Union[bytes, bytearray, memoryview]
 
 MAGIC = b"CIPC"
 VERSION = 1
@@ -27,10 +32,12 @@ DTYPES = {
     "int8": (1, "|i1", 1), "int16": (2, "<i2", 2), "int32": (4, "<i4", 3), "int64": (8, "<i8", 4),
     "uint8": (1, "|u1", 5), "uint16": (2, "<u2", 6), "uint32": (4, "<u4", 7), "uint64": (8, "<u8", 8),
     "float16": (2, "<f2", 9), "bfloat16": (2, "<V2", 10), "float32": (4, "<f4", 11), "float64": (8, "<f8", 12),
+    # One byte each; the float8 formats (PyTorch's float8_e4m3fn / float8_e5m2) have no NumPy typestr.
+    "bool": (1, "|b1", 13), "float8_e4m3fn": (1, "|V1", 14), "float8_e5m2": (1, "|V1", 15),
 }
 _BY_CODE = {v[2]: k for k, v in DTYPES.items()}
-_BY_TYPESTR = {v[1]: k for k, v in DTYPES.items()}
-_BY_TYPESTR.update({"<i1": "int8", "<u1": "uint8", "|b1": "uint8"})
+_BY_TYPESTR = {v[1]: k for k, v in DTYPES.items() if v[1] != "|V1"}  # '|V1' names two dtypes: not a typestr
+_BY_TYPESTR.update({"<i1": "int8", "<u1": "uint8", "<b1": "bool"})
 _UUID_RE = re.compile(r"^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 _HEX_RE = re.compile(r"^[0-9a-f]*$")
 _ALIASES = {"float": "float32", "double": "float64", "half": "float16", "int": "int32", "long": "int64",
@@ -41,7 +48,15 @@ def _invalid(field: str, why: str) -> IpcError:
     return IpcError("ERR_DESCRIPTOR_INVALID", f"descriptor.{field} {why}")
 
 
-def dtype_name(dtype) -> str:
+def numel(shape: Iterable[int]) -> int:
+    """Elements in an array of ``shape``."""
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def dtype_name(dtype: object) -> str:
     """A cuda-ipc dtype name from a name ('float32'), a NumPy typestr ('<f4'), a NumPy dtype
     (``.str``) or a torch dtype (``torch.float32``)."""
     if isinstance(dtype, str):
@@ -67,11 +82,11 @@ class ArrayMeta:
     item size)."""
 
     dtype: str
-    shape: tuple
-    strides: tuple
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
 
     @staticmethod
-    def make(dtype, shape, strides=None) -> "ArrayMeta":
+    def make(dtype: object, shape: Iterable[int], strides: Iterable[int] | None = None) -> "ArrayMeta":
         # The same few array shapes come back message after message: remember them.
         try:
             key = (dtype, tuple(shape), None if strides is None else tuple(strides))
@@ -86,19 +101,19 @@ class ArrayMeta:
         return hit
 
     @staticmethod
-    def _make(dtype, shape, strides=None) -> "ArrayMeta":
+    def _make(dtype: object, shape_in: Iterable[int], strides_in: Iterable[int] | None = None) -> "ArrayMeta":
         name = dtype_name(dtype)
         itemsize = DTYPES[name][0]
-        shape = tuple(int(d) for d in shape)
+        shape = tuple(int(d) for d in shape_in)
         if len(shape) > MAX_NDIM or any(d < 0 or d > SAFE for d in shape):
             raise _invalid("array.shape", f"must be at most {MAX_NDIM} non-negative sizes, got {shape}")
-        if strides is None:
+        if strides_in is None:
             out, step = [], itemsize
             for d in reversed(shape):
                 out.append(step)
                 step *= max(d, 1)
-            strides = tuple(reversed(out))
-        strides = tuple(int(s) for s in strides)
+            strides_in = reversed(out)
+        strides = tuple(int(s) for s in strides_in)
         if len(strides) != len(shape):
             raise _invalid("array.strides", f"must have one entry per dimension ({len(shape)}), got {len(strides)}")
         for s in strides:
@@ -136,7 +151,7 @@ class ArrayMeta:
         return True
 
 
-_made: dict = {}
+_made: dict[tuple[Any, ...], ArrayMeta] = {}
 
 
 @dataclass(frozen=True)
@@ -151,7 +166,7 @@ class LegacyHandleDescriptor:
     array: ArrayMeta | None = None
     kind = "cuda-legacy-handle"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_bytes(self.handle, "handle")
         for name, v in (("offset", self.offset), ("byteLength", self.byte_length)):
             if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= SAFE:
@@ -173,13 +188,17 @@ class IpcEventDescriptor:
     pid: int
     kind = "cuda-ipc-event"
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         _check_bytes(self.handle, "handle")
         _check_uuid(self.device_uuid)
         _check_pid(self.pid)
 
 
-def _check_bytes(v, field):
+#: A descriptor of either kind.
+Descriptor = Union[LegacyHandleDescriptor, IpcEventDescriptor]
+
+
+def _check_bytes(v: object, field: str) -> None:
     if not isinstance(v, (bytes, bytearray)) or len(v) != 64:
         hint = ""
         if isinstance(v, (bytes, bytearray)) and len(v) == 66 and v[1:2] == b"c":
@@ -187,12 +206,12 @@ def _check_bytes(v, field):
         raise _invalid(field, f"must be exactly 64 bytes, got {len(v) if isinstance(v, (bytes, bytearray)) else type(v).__name__}{hint}")
 
 
-def _check_uuid(v):
+def _check_uuid(v: object) -> None:
     if not isinstance(v, str) or not _UUID_RE.match(v):
         raise _invalid("deviceUuid", f"must look like 'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx' with lower-case hex digits, got {v!r}")
 
 
-def _check_pid(v):
+def _check_pid(v: object) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= MAX_PID:
         raise _invalid("pid", f"must be an integer in 1..2^31-1 (the exporting process id), got {v!r}")
 
@@ -206,7 +225,7 @@ def _uuid_text(raw: bytes) -> str:
     return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def encode_descriptor(desc) -> bytes:
+def encode_descriptor(desc: Descriptor) -> bytes:
     """The binary form ('CIPC' header + body), as links carry legacy buffers and events."""
     if isinstance(desc, LegacyHandleDescriptor):
         a = desc.array
@@ -224,7 +243,15 @@ def encode_descriptor(desc) -> bytes:
     return MAGIC + struct.pack("<HHII", VERSION, tag, HEADER_BYTES + len(body), 0) + body
 
 
-def decode_descriptor(data, expected_kind: str | None = None):
+@overload
+def decode_descriptor(data: BytesLike, expected_kind: Literal["cuda-legacy-handle"]) -> LegacyHandleDescriptor: ...
+@overload
+def decode_descriptor(data: BytesLike, expected_kind: Literal["cuda-ipc-event"]) -> IpcEventDescriptor: ...
+@overload
+def decode_descriptor(data: BytesLike, expected_kind: None = None) -> Descriptor: ...
+
+
+def decode_descriptor(data: BytesLike, expected_kind: str | None = None) -> Descriptor:
     """Decodes one whole binary descriptor."""
     b = bytes(data)
     if len(b) < HEADER_BYTES:
@@ -276,10 +303,10 @@ def decode_descriptor(data, expected_kind: str | None = None):
     return LegacyHandleDescriptor(b[16:80], offset, byte_length, _uuid_text(b[80:96]), pid, array)
 
 
-def descriptor_to_json(desc) -> dict:
+def descriptor_to_json(desc: Descriptor) -> dict[str, Any]:
     """The JSON form (a dict for json.dumps), as Node's descriptorToJson writes it."""
     if isinstance(desc, LegacyHandleDescriptor):
-        out = {"kind": desc.kind, "version": 1, "handle": bytes(desc.handle).hex(), "offset": desc.offset,
+        out: dict[str, Any] = {"kind": desc.kind, "version": 1, "handle": bytes(desc.handle).hex(), "offset": desc.offset,
                "byteLength": desc.byte_length, "deviceUuid": desc.device_uuid, "pid": desc.pid}
         if desc.array is not None:
             a = desc.array
@@ -290,7 +317,7 @@ def descriptor_to_json(desc) -> dict:
     raise IpcError("ERR_INVALID_ARG", f"not a descriptor: {desc!r}")
 
 
-def descriptor_from_json(value):
+def descriptor_from_json(value: Any) -> Descriptor:
     """Parses the JSON form (text or a parsed dict), strictly (unknown keys are rejected)."""
     if isinstance(value, (str, bytes)):
         try:
@@ -317,8 +344,9 @@ def descriptor_from_json(value):
             hint = "; this looks like PyTorch's 66-byte handle: use cuda_ipc.descriptor_from_torch(...) instead"
         raise _invalid("handle", f"must be exactly 128 lower-case hex digits{hint}")
     handle = bytes.fromhex(h)
+    fields: Any = value  # values of any JSON type: the descriptor's constructor checks each
     if kind == "cuda-ipc-event":
-        return IpcEventDescriptor(handle, value.get("deviceUuid"), value.get("pid"))
+        return IpcEventDescriptor(handle, fields.get("deviceUuid"), fields.get("pid"))
     array = None
     a = value.get("array")
     if a is not None:
@@ -329,4 +357,4 @@ def descriptor_from_json(value):
         array = ArrayMeta.make(a["dtype"], a["shape"], a.get("strides"))
         if "typestr" in a and a["typestr"] != array.typestr:
             raise _invalid("array.typestr", f"must be {array.typestr!r} for dtype {array.dtype}")
-    return LegacyHandleDescriptor(handle, value.get("offset"), value.get("byteLength"), value.get("deviceUuid"), value.get("pid"), array)
+    return LegacyHandleDescriptor(handle, fields.get("offset"), fields.get("byteLength"), fields.get("deviceUuid"), fields.get("pid"), array)

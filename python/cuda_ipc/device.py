@@ -16,7 +16,7 @@ from .errors import IpcError
 
 _lock = threading.Lock()
 _devices: list["Device"] | None = None
-_by_uuid: dict = {}
+_by_uuid: dict[str, "Device"] = {}
 
 
 def format_uuid(raw: bytes) -> str:
@@ -88,13 +88,15 @@ class Device:
     @property
     def context(self) -> int:
         """The primary context (retained once, for the life of the process)."""
-        if self._ctx is None:
+        ctx = self._ctx
+        if ctx is None:
             with self._ctx_lock:
                 if self._ctx is None:
-                    ctx = drv.CUcontext()
-                    drv.driver().call("cuDevicePrimaryCtxRetain", byref(ctx), self._handle)
-                    self._ctx = ctx.value
-        return self._ctx
+                    c = drv.CUcontext()
+                    drv.driver().call("cuDevicePrimaryCtxRetain", byref(c), self._handle)
+                    self._ctx = c.value or 0
+                ctx = self._ctx
+        return ctx
 
     def activate(self) -> "_Active":
         """``with device.activate():`` runs the block with this device's primary context current on
@@ -152,7 +154,7 @@ class _Active:
             self._pushed = True
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._pushed:
             self._pushed = False
             popped = drv.CUcontext()

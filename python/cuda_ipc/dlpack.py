@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Sequence
+from typing import Any
 
 DL_CPU = 1
 DL_CUDA = 2
@@ -46,14 +48,14 @@ _Deleter = ctypes.CFUNCTYPE(None, ctypes.POINTER(DLManagedTensor))
 DLManagedTensor._fields_ = [("dl_tensor", DLTensor), ("manager_ctx", ctypes.c_void_p), ("deleter", _Deleter)]
 
 # Everything a live managed tensor needs, by the address of its struct; the deleter drops it.
-_live: dict[int, tuple] = {}
+_live: dict[int, tuple[Any, Any]] = {}
 _live_lock = threading.Lock()
 
 
-def _delete(managed_ptr) -> None:
+def _delete(managed_ptr: Any) -> None:
     addr = ctypes.cast(managed_ptr, ctypes.c_void_p).value
     with _live_lock:
-        _live.pop(addr, None)
+        _live.pop(addr or 0, None)
 
 
 _deleter = _Deleter(_delete)
@@ -69,7 +71,7 @@ _get_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_char
 _Destructor = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
-def _destroy_capsule(capsule_addr) -> None:
+def _destroy_capsule(capsule_addr: int) -> None:
     # A consumer renames the capsule ("used_dltensor") and owns the tensor; only an unconsumed
     # capsule still holds it.
     if _is_valid(capsule_addr, _NAME.value):
@@ -82,7 +84,7 @@ _destructor = _Destructor(_destroy_capsule)
 _DESTRUCTOR_ADDR = ctypes.cast(_destructor, ctypes.c_void_p).value
 
 
-_DTYPES: dict = {}
+_DTYPES: dict[str, tuple[int, int, int]] = {}
 
 
 def dl_dtype(typestr: str) -> DLDataType:
@@ -94,10 +96,10 @@ def dl_dtype(typestr: str) -> DLDataType:
     return DLDataType(_DTYPE_CODES[kind], size * 8, 1)
 
 
-_holders: dict = {}
+_holders: dict[int, Any] = {}
 
 
-def _holder(ndim: int):
+def _holder(ndim: int) -> Any:
     """A struct holding a managed tensor and its shape and strides, in one allocation."""
     cls = _holders.get(ndim)
     if cls is None:
@@ -107,7 +109,8 @@ def _holder(ndim: int):
     return cls
 
 
-def make_capsule(ptr: int, device: tuple[int, int], typestr: str, shape, strides_bytes, owner) -> object:
+def make_capsule(ptr: int, device: tuple[int, int], typestr: str, shape: Sequence[int], strides_bytes: Sequence[int] | None,
+                 owner: object) -> object:
     """A "dltensor" capsule for memory at ``ptr`` (shape in elements, strides in bytes or None for
     C-contiguous); ``owner`` stays referenced until the consumer is done with the memory."""
     dt = _DTYPES.get(typestr)

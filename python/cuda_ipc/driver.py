@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Callable
 from ctypes import POINTER, byref, c_char, c_int, c_size_t, c_uint, c_uint64, c_ulonglong, c_void_p
+
+from typing import Any
 
 from .errors import CudaError
 
@@ -68,7 +71,7 @@ CU_STREAM_WAIT_VALUE_GEQ = 0
 CU_STREAM_WRITE_VALUE_DEFAULT = 0
 
 # name: (argtypes); every entry point returns CUresult.
-_SIGNATURES = {
+_SIGNATURES: dict[str, tuple[Any, ...]] = {
     "cuGetErrorName": (CUresult, POINTER(ctypes.c_char_p)),
     "cuGetErrorString": (CUresult, POINTER(ctypes.c_char_p)),
     "cuInit": (c_uint,),
@@ -116,6 +119,9 @@ _SIGNATURES = {
     "cuCtxEnablePeerAccess": (CUcontext, c_uint),
 }
 
+#: An entry point: called with its arguments, returns the CUresult.
+DriverFunction = Callable[..., int]
+
 _lock = threading.Lock()
 _driver: "_Driver | None" = None
 _load_error: CudaError | None = None
@@ -137,7 +143,7 @@ class _Driver:
                             "dlsym(cuGetProcAddress_v2)") from None
         get_proc.restype = CUresult
         get_proc.argtypes = [ctypes.c_char_p, POINTER(c_void_p), c_int, c_uint64, POINTER(c_int)]
-        self._fns = {}
+        self._fns: dict[str, DriverFunction] = {}
         for name, argtypes in _SIGNATURES.items():
             pfn = c_void_p()
             status = c_int()
@@ -147,7 +153,7 @@ class _Driver:
         if r != 0:
             raise self.error(r, "cuInit")
 
-    def _raw(self, name: str):
+    def _raw(self, name: str) -> DriverFunction:
         fn = self._fns.get(name)
         if fn is None:
             raise CudaError(-2, "CUDA_SYMBOL_NOT_FOUND", f"the installed driver does not provide {name}: update the NVIDIA driver",
@@ -163,12 +169,12 @@ class _Driver:
         text = desc.value.decode() if d and d(status, byref(desc)) == 0 and desc.value else "unrecognized error code"
         return CudaError(status, code, text, call, hint)
 
-    def call(self, name: str, *args) -> None:
+    def call(self, name: str, *args: Any) -> None:
         r = self._raw(name)(*args)
         if r != 0:
             raise self.error(r, name)
 
-    def status(self, name: str, *args) -> int:
+    def status(self, name: str, *args: Any) -> int:
         """Calls and returns the status, for queries that answer NOT_READY."""
         return self._raw(name)(*args)
 
@@ -277,7 +283,7 @@ def pool_import_pointer(pool: int, export_data: bytes) -> int:
 def pool_import_from_fd(fd: int) -> int:
     pool = CUmemoryPool()
     driver().call("cuMemPoolImportFromShareableHandle", byref(pool), c_void_p(fd), CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0)
-    return pool.value
+    return pool.value or 0
 
 
 def pool_export_fd(pool: int) -> int:

@@ -10,16 +10,17 @@ outstanding (it was sent and the peer has not released it), or any memoryview ta
 """
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import mmap
 import os
-import struct
 import threading
 import weakref
+from collections.abc import Callable
+from typing import Any
 
-from .codec import TransferEncoding, TransferHandler, register_transfer_handler
 from .errors import IpcError
-from .lease import Hold
+from .resource import Resource
 
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
@@ -36,20 +37,20 @@ class _Mapping:
         self.users = 1
         self.unmapped = False
         self._lock = threading.Lock()
-        self._on_unmap: list = []
+        self._on_unmap: list[Callable[[], None]] = []
         # Fires once the mmap object is gone: after our last handle let go AND every memoryview
         # handed out is released (the kernel unmaps then). A weakref callback, not
         # weakref.finalize, which costs ten times as much per buffer.
         # The weakref lives in _watches until it fires, however long the mapping object lives.
         callbacks = self._on_unmap
 
-        def unmapped(ref, callbacks=callbacks):
+        def unmapped(ref: weakref.ref[mmap.mmap], callbacks: list[Callable[[], None]] = callbacks) -> None:
             _watches.discard(ref)
             _run_all(callbacks)
         self._watch = weakref.ref(self.mmap, unmapped)
         _watches.add(self._watch)
 
-    def when_unmapped(self, callback) -> None:
+    def when_unmapped(self, callback: Callable[[], None]) -> None:
         if self._watch() is not None:
             self._on_unmap.append(callback)
         else:
@@ -67,8 +68,8 @@ class _Mapping:
             if self.users > 0 or self.unmapped:
                 return
             self.unmapped = True
-            base, self.base = self.base, None
-            self.mmap = None
+            base = self.base
+            del self.base, self.mmap  # the mmap goes once every view of it is released too
             fd, self.fd = self.fd, -1
         try:
             base.release()
@@ -78,10 +79,10 @@ class _Mapping:
             os.close(fd)
 
 
-_watches: set = set()
+_watches: set[weakref.ref[mmap.mmap]] = set()
 
 
-def _run_all(callbacks) -> None:
+def _run_all(callbacks: list[Callable[[], None]]) -> None:
     while callbacks:
         cb = callbacks.pop(0)
         try:
@@ -90,13 +91,13 @@ def _run_all(callbacks) -> None:
             pass
 
 
-class HostBuffer:
+class HostBuffer(Resource):
     """Shared host memory: ``HostBuffer.allocate(n)``; ``memory`` (a memoryview), ``read``/``write``/``fill``,
     ``view(offset, length)``, ``close()``; sent over links zero-copy."""
 
     __slots__ = ("_mapping", "_offset", "_length", "_closed", "__weakref__")
 
-    def __init__(self, mapping: _Mapping, offset: int, length: int, _token=None):
+    def __init__(self, mapping: _Mapping, offset: int, length: int, _token: object = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "use HostBuffer.allocate(n), or receive one from a link")
         self._mapping = mapping
@@ -175,7 +176,7 @@ class HostBuffer:
         m = self._check()
         return bytes(m.base[self._offset + offset:self._offset + end])
 
-    def write(self, data, offset: int = 0) -> None:
+    def write(self, data: Any, offset: int = 0) -> None:
         src = memoryview(data).cast("B")
         if offset < 0 or offset + len(src) > self._length:
             raise IpcError("ERR_OUT_OF_RANGE", f"{len(src)} bytes at {offset} do not fit a {self._length}-byte buffer")
@@ -202,22 +203,8 @@ class HostBuffer:
         self._closed = True
         self._mapping.release()
 
-    def __enter__(self) -> "HostBuffer":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        # A buffer dropped without close() lets go then (a received one ends its lease).
-        if not getattr(self, "_closed", True):
-            try:
-                self.close()
-            except Exception:  # noqa: BLE001 - nothing to report to at collection time
-                pass
-
     # DLPack (host memory: kDLCPU), so torch.from_dlpack / numpy.from_dlpack view it without a copy.
-    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
         from .dlpack import DL_CPU, make_capsule
         if copy:
             raise BufferError("HostBuffer.__dlpack__: copy=True is not supported; it shares memory")
@@ -226,7 +213,7 @@ class HostBuffer:
         arr = (ctypes.c_char * self._length).from_buffer(m.mmap, self._offset)
         return make_capsule(ctypes.addressof(arr), (DL_CPU, 0), "|u1", (self._length,), None, owner=(arr, self))
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         from .dlpack import DL_CPU
         return (DL_CPU, 0)
 
@@ -235,53 +222,12 @@ class HostBuffer:
 
 
 _CREATE = object()
-_DATA = struct.Struct("<QQQ")
 
 
-def _lease_buffer(buffer: HostBuffer) -> Hold:
-    m = buffer._check()
-    m.retain()
-    return Hold(m.release, buffer.nbytes)
-
-
-class _HostBufferTransfer(TransferHandler):
-    kind = "host-buffer"
-
-    def can_transfer(self, value) -> bool:
-        return isinstance(value, HostBuffer)
-
-    def encode(self, value: HostBuffer, link) -> TransferEncoding:
-        if value.closed:
-            raise IpcError("ERR_CLOSED", "link.send: the HostBuffer is closed; send it before closing it")
-        m = value._mapping
-        if not m.sealed:
-            raise IpcError("ERR_NOT_TRANSFERABLE", "link.send: this HostBuffer's file is not sealed against shrinking")
-        return TransferEncoding(
-            data=_DATA.pack(m.length, value._offset, value._length), fds=[m.fd], hold=_lease_buffer(value))
-
-    def decode(self, data, fds, link, lease):
-        if len(data) != _DATA.size or len(fds) != 1:
-            raise IpcError("ERR_DESCRIPTOR_INVALID", f"received a malformed host-buffer ({len(data)} bytes, {len(fds)} fds)")
-        file_length, offset, length = _DATA.unpack(data)
-        if length == 0 or offset + length > file_length:
-            raise IpcError("ERR_DESCRIPTOR_INVALID", f"received a host-buffer whose range ({offset}+{length}) lies outside its {file_length}-byte file")
-        fd = fds[0]
-        try:
-            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-        except OSError:
-            seals = 0
-        if not seals & fcntl.F_SEAL_SHRINK:
-            raise IpcError("ERR_DESCRIPTOR_INVALID", "received a host-buffer whose file is not sealed against shrinking; mapping it could crash this process")
-        fds[0] = -1
-        whole = HostBuffer._from_fd(fd, file_length)  # owns fd now, even if it raises
-        if lease is not None:
-            whole._mapping.when_unmapped(lease.end)
-        if offset == 0 and length == file_length:
-            return whole
-        try:
-            return whole.view(offset, length)
-        finally:
-            whole.close()
-
-
-register_transfer_handler(_HostBufferTransfer())
+def host_address(buf: HostBuffer) -> int:
+    """Where ``buf``'s bytes start in this process (for copies that take addresses)."""
+    c = ctypes.c_char.from_buffer(buf._check().mmap, buf.offset)
+    try:
+        return ctypes.addressof(c)
+    finally:
+        del c  # the mmap stays exportable: nothing keeps a view of it

@@ -13,6 +13,8 @@ offset bytes`` into that block. A cuda-ipc descriptor carries the 64-byte handle
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 from .descriptor import ArrayMeta, LegacyHandleDescriptor
 from .errors import IpcError
@@ -23,7 +25,7 @@ TYPE_CUDA_MALLOC = ord("c")
 TYPE_EXPANDABLE = ord("e")
 
 
-def split_torch_handle(handle: bytes) -> bytes:
+def split_torch_handle(handle: bytes | bytearray | memoryview) -> bytes:
     """The 64-byte cudaIpcMemHandle inside PyTorch's 66-byte handle (checked)."""
     h = bytes(handle)
     if len(h) == 64:
@@ -37,7 +39,7 @@ def split_torch_handle(handle: bytes) -> bytes:
     return h[2:]
 
 
-def descriptor_from_torch(share, device_uuid: str, *, pid: int | None = None, byte_offset: int = 0,
+def descriptor_from_torch(share: Sequence[Any], device_uuid: str, *, pid: int | None = None, byte_offset: int = 0,
                           byte_length: int | None = None, array: ArrayMeta | None = None) -> LegacyHandleDescriptor:
     """A cuda-ipc descriptor from ``storage._share_cuda_()``'s tuple (or from (handle, storage size
     bytes, storage offset bytes)), for Node's ``openIpcHandle`` / ``openIpcArray``.
@@ -69,7 +71,7 @@ def torch_handle(desc: LegacyHandleDescriptor, version: int = TORCH_HANDLE_VERSI
     return bytes([version, TYPE_CUDA_MALLOC]) + bytes(desc.handle)
 
 
-def torch_storage_args(desc: LegacyHandleDescriptor, device_index: int) -> tuple:
+def torch_storage_args(desc: LegacyHandleDescriptor, device_index: int) -> tuple[Any, ...]:
     """Arguments for ``torch.UntypedStorage._new_shared_cuda(*args)``, which opens the memory the way
     torch.multiprocessing does and returns a storage of exactly the described bytes. There is no
     torch ref counter or event behind it: the exporter must keep the memory alive, and have finished

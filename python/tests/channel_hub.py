@@ -9,13 +9,14 @@ import threading
 from cuda_ipc import HostBuffer
 from cuda_ipc import channel as ch
 from cuda_ipc import link as link_mod
-from cuda_ipc.channel_layout import (
+from cuda_ipc.channel.layout import (
     FLAG_BROADCAST, FLAG_DEVICE, H_CONSUMER_MASK, H_CONSUMERS_ATTACHED, H_CONSUMERS_LIVE, H_FENCES_OFFSET, H_LOCK,
     H_PRODUCERS_ATTACHED, H_PRODUCERS_LIVE, H_TAIL, HEADER_BYTES, MAGIC, P_CURSOR, P_FLAGS, P_GENERATION, P_PID, P_ROLE,
     P_STATE, ROLE_CONSUMER, ROLE_HUB, ROLE_PRODUCER, ST_ALIVE, ST_EMPTY, ST_RECOVERING, VERSION, compute_layout,
 )
-from cuda_ipc.channel_ring import Doorbells, Ring
-from cuda_ipc.shared_words import SharedWords
+from cuda_ipc.channel.doorbells import Doorbells
+from cuda_ipc.channel.ring import Ring
+from cuda_ipc.channel.shared_words import SharedWords
 
 
 def link_pair():

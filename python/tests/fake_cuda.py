@@ -7,7 +7,8 @@ import os
 
 from cuda_ipc import device as device_mod
 from cuda_ipc import driver as drv
-from cuda_ipc import memory as memory_mod
+from cuda_ipc.link import device_transfers as transfers_mod
+from cuda_ipc.memory import cache as memory_mod
 
 UUID_RAW = bytes(range(16, 32))
 #: Device k's UUID (device 0 has UUID_RAW).
@@ -39,6 +40,8 @@ class FakeDriver:
         self.access = []  # (pool handle, device ordinal) granted by cuMemPoolSetAccess
         self.mapped_in = {}  # base -> the context current when it was imported or opened
         self.peer_enabled = []  # (current context, peer context)
+        self.batches = []  # copies per cuMemcpyBatchAsync
+        self.created_streams = []  # (stream, flags)
 
     # -- what tests use --
 
@@ -98,6 +101,29 @@ class FakeDriver:
     def raw_cuStreamWriteValue32(self, stream, addr, value, flags):
         self.calls.append("cuStreamWriteValue32")
         self.stream_ops.append(("write", stream or 0, addr, value))
+        return 0
+
+    def raw_cuMemcpyBatchAsync(self, dsts, srcs, sizes, count, attrs, idxs, nattrs, fail, stream):
+        self.calls.append("cuMemcpyBatchAsync")
+        assert stream and stream.value, "batched copies are refused on the legacy default stream"
+        assert nattrs == 1 and idxs[0] == 0 and attrs._obj.srcAccessOrder == 1
+        for i in range(count):
+            self._find(dsts[i])
+            self._find(srcs[i])
+            ctypes.memmove(dsts[i], srcs[i], sizes[i])
+        self.batches.append(count)
+        return 0
+
+    def raw_cuStreamCreate(self, out, flags):
+        self.calls.append("cuStreamCreate")
+        self._next_stream = getattr(self, "_next_stream", 0x5700) + 1
+        out._obj.value = self._next_stream
+        self.created_streams.append((self._next_stream, flags))
+        return 0
+
+    def raw_cuMemcpyDtoDAsync(self, dst, src, n, stream):
+        self.calls.append("cuMemcpyDtoDAsync")
+        ctypes.memmove(dst, src, n)
         return 0
 
     def run_stream_writes(self):
@@ -282,8 +308,8 @@ def install() -> FakeDriver:
     drv._driver = fake
     device_mod._devices = None
     device_mod._by_uuid.clear()
-    memory_mod._check_pool_fd_real = memory_mod._check_pool_fd
-    memory_mod._check_pool_fd = lambda fd: None  # a memfd stands in for /dev/nvidiactl
+    transfers_mod._check_pool_fd_real = transfers_mod._check_pool_fd
+    transfers_mod._check_pool_fd = lambda fd: None  # a memfd stands in for /dev/nvidiactl
     memory_mod._local_exports.clear()
     memory_mod._local_pool_exports.clear()
     memory_mod._local_pools.clear()
@@ -297,7 +323,7 @@ def uninstall(fake: FakeDriver) -> None:
     drv._driver = None
     device_mod._devices = None
     device_mod._by_uuid.clear()
-    memory_mod._check_pool_fd = memory_mod._check_pool_fd_real
+    transfers_mod._check_pool_fd = transfers_mod._check_pool_fd_real
     memory_mod._local_exports.clear()
     memory_mod._local_pool_exports.clear()
     for _, fd in memory_mod._local_pools.values():

@@ -8,9 +8,9 @@ import threading
 import time
 import unittest
 
-from cuda_ipc import ChannelConsumer, ChannelProducer, IpcError
-from cuda_ipc import memory as memory_mod
-from cuda_ipc.channel_layout import PFLAG_HUB_LOCAL, S_META, S_LENGTH, S_META_KIND, S_META_LENGTH, S_STATE
+from cuda_ipc import ChannelConsumer, ChannelProducer, IpcError, dlpack
+from cuda_ipc.memory import cache as memory_mod
+from cuda_ipc.channel.layout import PFLAG_HUB_LOCAL, S_META, S_LENGTH, S_META_KIND, S_META_LENGTH, S_STATE
 
 from . import fake_cuda
 from .channel_hub import TestHub
@@ -164,7 +164,7 @@ class ChannelTests(unittest.TestCase):
         self.assertEqual(cm.exception.code, "ERR_CHANNEL_CLOSED")
 
     def test_the_hubs_death_ends_a_consumer_after_what_was_published(self):
-        from cuda_ipc.channel_ring import Ring
+        from cuda_ipc.channel.ring import Ring
         hub = self.hub(slots=8)
         # A producer in the hub's own process (flagged, so that peers repair it with the hub).
         k = hub.allocate("producer", PFLAG_HUB_LOCAL)
@@ -359,6 +359,45 @@ class DeviceChannelTests(unittest.TestCase):
             self.assertGreaterEqual(self.fake.syncs, 1, "after the device finished the queued fence operations")
         finally:
             hub.close()
+
+    def test_device_slots_are_arrays_to_cuda_libraries_and_host_slots_are_not(self):
+        pool = self.fake.create_pool()
+        ptr = self.fake.alloc(2 * 256, pool=pool)
+        hub = TestHub(slots=2, slot_bytes=256, device_slots=fake_cuda.FakeArray(ptr, (512,), "|u1"))
+        try:
+            producer = hub.attach("producer", memory="device")
+            consumer = hub.attach("consumer")
+            slot = producer.acquire(stream=5)
+            at = ptr + 256 * slot.index
+            self.assertEqual(slot.__cuda_array_interface__["data"][0], at)
+            self.assertEqual(slot.__dlpack_device__(), (dlpack.DL_CUDA, 0))
+            producer.publish(slot, length=100, stream=5)
+            msg = consumer.receive(timeout=1)
+            cai = msg.__cuda_array_interface__
+            self.assertEqual((cai["data"][0], cai["shape"]), (at, (100,)))
+            live = dlpack.live_tensors()
+            capsule = msg.__dlpack__()
+            self.assertEqual(dlpack.live_tensors(), live + 1, "a capsule of the message's bytes")
+            del capsule
+            self.assertEqual(dlpack.live_tensors(), live, "freed with its unconsumed capsule")
+            msg.release(stream=9)
+            consumer.close()
+            producer.close()
+        finally:
+            hub.close()
+        host = TestHub(slots=2, slot_bytes=64)
+        try:
+            producer = host.attach("producer")
+            consumer = host.attach("consumer")
+            producer.publish(producer.acquire(), length=8)
+            msg = consumer.receive(timeout=1)
+            self.assertFalse(hasattr(msg, "__cuda_array_interface__"), "host slots are not device memory")
+            self.assertEqual(msg.__dlpack_device__(), (dlpack.DL_CPU, 0))
+            msg.release()
+            consumer.close()
+            producer.close()
+        finally:
+            host.close()
 
 
 if __name__ == "__main__":

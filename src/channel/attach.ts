@@ -65,6 +65,7 @@ function disposeQuietly(values: unknown): void {
 export async function offer(
   link: Link, block: Block, k: number, role: ChannelRole, activate: () => boolean, isOpen: () => boolean, signal: AbortSignal | undefined,
 ): Promise<void> {
+  // `signal`: the caller's waitScope signal (one deadline for the whole handshake).
   const message: AttachMessage = {
     [PROTOCOL]: 'attach', version: ATTACH_VERSION, index: k, role, control: block.control, slots: block.slots, doorbells: block.bells,
   };
@@ -96,7 +97,7 @@ export interface Accepted {
  * The peer's side: receives the channel over `link`, checks it, answers, and waits until the hub
  * made it a member. `role` / `memory`: refuse a channel that is not what this process expects.
  */
-export async function accept(link: Link, want: { role?: ChannelRole; memory?: 'host' | 'device'; signal?: AbortSignal }): Promise<Accepted> {
+export async function accept(link: Link, want: { role?: ChannelRole; memory?: 'host' | 'device'; signal?: AbortSignal | undefined }): Promise<Accepted> {
   const msg = await link.receive({ signal: want.signal });
   if (!isProtocol(msg, 'attach')) {
     disposeQuietly(msg);
@@ -128,10 +129,10 @@ export async function accept(link: Link, want: { role?: ChannelRole; memory?: 'h
       refuse(bad(`bad role or index (${String(role)}, ${String(k)})`));
     }
     if (want.role !== undefined && want.role !== role) {
-      refuse(new IpcError('ERR_INVALID_ARG', `acceptChannel: the hub attached this process as a ${role}, not a ${want.role} as asked`));
+      refuse(new IpcError('ERR_DESCRIPTOR_KIND', `acceptChannel: the hub attached this process as a ${role}, not a ${want.role} as asked`));
     }
     if (want.memory !== undefined && want.memory !== (layout.device ? 'device' : 'host')) {
-      refuse(new IpcError('ERR_INVALID_ARG', `acceptChannel: the channel's slots are ${layout.device ? 'device' : 'host'} memory, not ${want.memory} as asked`));
+      refuse(new IpcError('ERR_DESCRIPTOR_KIND', `acceptChannel: the channel's slots are ${layout.device ? 'device' : 'host'} memory, not ${want.memory} as asked`));
     }
     if (layout.device ? !(m.slots instanceof DeviceBuffer) : !(m.slots instanceof HostBuffer)) refuse(bad(`${layout.device ? 'device' : 'host'} slots expected`));
     const total = layout.slotCount * layout.slotBytes;

@@ -1,5 +1,6 @@
 // A consumer's end of a channel: receive messages (or iterate), release each once done with it.
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { HostBuffer } from '../host/index.js';
 import type { Stream } from '../cuda/stream.js';
 import { H, P, S, MetaKind, FLAG_REDELIVERED, publishFence, releaseFence } from './layout.js';
@@ -21,7 +22,7 @@ const kWaited = Symbol('cuda-ipc.channel.waited');
 interface MessageOwner {
   readonly fences: Fences | undefined;
   publishFence(s: number): number;
-  release(m: ChannelMessage<any>, options: ReleaseOptions): void;
+  release(m: ChannelMessage<any, any>, options: ReleaseOptions): void;
 }
 
 /**
@@ -29,7 +30,7 @@ interface MessageOwner {
  * ChannelHub.consumer()). `for await (const msg of consumer)` with `msg.buffer`, `msg.meta`, and
  * `msg.release()` once done with the slot.
  */
-export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelEnd implements ChannelShape, Disposable, AsyncDisposable, AsyncIterable<ChannelMessage<B>> {
+export class ChannelConsumer<B extends SlotBuffer = SlotBuffer, Meta = unknown> extends ChannelEnd implements ChannelShape, Disposable, AsyncDisposable, AsyncIterable<ChannelMessage<B, Meta>> {
   readonly role = 'consumer' as const;
   readonly #end: Endpoint;
   readonly #fences: Fences | undefined;
@@ -40,8 +41,8 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
    * and fills again on every message reallocates its table each time, and once the table is old
    * (it lived through a full GC) each of those lands in the old generation, which then fills with
    * garbage and costs a mark-compact every few hundred thousand messages. */
-  readonly #held: Array<ChannelMessage<B> | undefined>;
-  readonly #receivers: WaitQueue<ChannelMessage<B> | undefined>;
+  readonly #held: Array<ChannelMessage<B, Meta> | undefined>;
+  readonly #receivers: WaitQueue<ChannelMessage<B, Meta> | undefined>;
   /** #canReceive, bound once (a wait passes it down; no closure per wait). */
   readonly #canReceiveNow: () => boolean;
   /** Set by #receiveNow: it returned null after a spin that ran out (the queue sleeps at once). */
@@ -56,7 +57,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
     const b = end.block;
     this.#end = end; // its own reference for the paths below: ChannelEnd's is private to it
     this.#fences = b.fences;
-    this.#held = new Array<ChannelMessage<B> | undefined>(b.slotCount).fill(undefined);
+    this.#held = new Array<ChannelMessage<B, Meta> | undefined>(b.slotCount).fill(undefined);
     this.#owner = {
       fences: b.fences,
       publishFence: (s) => publishFence(b.layout, s),
@@ -64,7 +65,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
     };
     if (b.layout.broadcast) this.#cursor = end.ring.w.load64(end.ring.partOff(end.index) + P.cursor);
     this.#canReceiveNow = () => this.#canReceive();
-    this.#receivers = new WaitQueue<ChannelMessage<B> | undefined>({
+    this.#receivers = new WaitQueue<ChannelMessage<B, Meta> | undefined>({
       isClosed: () => end.closed,
       closedOutcome: () => ({ value: undefined }),
       poll: () => this.#poll(),
@@ -83,36 +84,40 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
    * their messages were taken). Rejects with ERR_PEER_GONE, after the messages already published,
    * when a producer died.
    */
-  receive(options: ReceiveOptions = {}): Promise<ChannelMessage<B> | undefined> {
-    let m: ChannelMessage<B> | undefined | null;
+  receive(options: ReceiveOptions = {}): Promise<ChannelMessage<B, Meta> | undefined> {
+    let m: ChannelMessage<B, Meta> | undefined | null;
     try {
       m = this.#receiveNow(options.signal);
     } catch (e) {
       return Promise.reject(e);
     }
-    return m !== null ? Promise.resolve(m) : this.#receivers.enqueue(options.signal, 'receive', this.#spunOut);
+    return m !== null ? Promise.resolve(m) : this.#receivers.enqueue(options, 'ChannelConsumer.receive', this.#spunOut);
   }
 
   /** A message now; undefined when none is there (or the channel ended: see receive()). */
-  tryReceive(): ChannelMessage<B> | undefined {
+  tryReceive(): ChannelMessage<B, Meta> | undefined {
     this.#end.assertOpen('tryReceive');
     return this.#poll() ?? undefined;
   }
 
-  [Symbol.asyncIterator](): AsyncIterator<ChannelMessage<B>> {
+  /**
+   * Iterates the messages until the channel ends (see receive()); `for await (const msg of
+   * consumer)`.
+   */
+  [Symbol.asyncIterator](): AsyncIterator<ChannelMessage<B, Meta>> {
     this.#end.assertOpen('iterate');
     return {
       // Not an async function: a message that is there (or comes while spinning) is handed over
       // in one settled promise, without the extra microtask turns of awaiting receive().
       next: () => {
-        let m: ChannelMessage<B> | undefined | null;
+        let m: ChannelMessage<B, Meta> | undefined | null;
         try {
           m = this.#receiveNow(undefined);
         } catch (e) {
           return Promise.reject(e);
         }
         if (m !== null) return Promise.resolve(iteratorResult(m));
-        return this.#receivers.enqueue(undefined, 'receive', this.#spunOut).then(iteratorResult);
+        return this.#receivers.enqueue(undefined, 'ChannelConsumer.receive', this.#spunOut).then(iteratorResult);
       },
       return: async () => ({ value: undefined, done: true }),
     };
@@ -122,7 +127,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
    * receive()'s synchronous part: a message, undefined at the end, or null when the caller must
    * queue (then #spunOut says whether a spin ran out already). Throws what receive() rejects with.
    */
-  #receiveNow(signal: AbortSignal | undefined): ChannelMessage<B> | undefined | null {
+  #receiveNow(signal: AbortSignal | undefined): ChannelMessage<B, Meta> | undefined | null {
     this.#spunOut = false;
     const e = this.#end;
     e.assertOpen('receive');
@@ -148,7 +153,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
   }
 
   /** A message, undefined at the end, null when there is none yet. Throws the end error. */
-  #poll(): ChannelMessage<B> | undefined | null {
+  #poll(): ChannelMessage<B, Meta> | undefined | null {
     if (this.#endError) throw this.#endError;
     if (this.#ended || this.#end.closed) return undefined;
     let m = this.#takeOne();
@@ -166,7 +171,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
     return undefined;
   }
 
-  #takeOne(): ChannelMessage<B> | undefined {
+  #takeOne(): ChannelMessage<B, Meta> | undefined {
     const e = this.#end;
     const ring = e.ring;
     if (this.topology === 'queue') {
@@ -194,7 +199,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
   }
 
   /** The message in slot s, published at `position` (which take() or peekAt() checked). */
-  #message(s: number, position: number): ChannelMessage<B> {
+  #message(s: number, position: number): ChannelMessage<B, Meta> {
     const ring = this.#end.ring;
     const view = ring.view;
     const so = ring.slotOff(s);
@@ -219,7 +224,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
       }
     }
     const word = this.topology === 'queue' ? ring.takenWords[s]! : 0;
-    const m = new ChannelMessage<B>(this.#owner, s, this.#end.view(s) as B, {
+    const m = new ChannelMessage<B, Meta>(this.#owner, s, this.#end.view(s) as B, {
       position,
       length,
       meta,
@@ -237,7 +242,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
     else this.#end.ring.releaseTaken(s);
   }
 
-  #release(m: ChannelMessage<B>, options: ReleaseOptions): void {
+  #release(m: ChannelMessage<B, Meta>, options: ReleaseOptions): void {
     if (this.#held[m.index] !== m) return;
     this.#held[m.index] = undefined;
     const e = this.#end;
@@ -279,16 +284,18 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer> extends ChannelE
     void this.#receivers.pump();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }
 
+  /** Same as close(), for `await using`. */
   async [Symbol.asyncDispose](): Promise<void> {
     this.close();
   }
 }
 
-function iteratorResult<B extends SlotBuffer>(m: ChannelMessage<B> | undefined): IteratorResult<ChannelMessage<B>, undefined> {
+function iteratorResult<B extends SlotBuffer, Meta>(m: ChannelMessage<B, Meta> | undefined): IteratorResult<ChannelMessage<B, Meta>, undefined> {
   return m ? { value: m, done: false } : { value: undefined, done: true };
 }
 
@@ -303,7 +310,7 @@ interface MessageInit {
 }
 
 /** A message a consumer received. Release it once done with its slot (or use `using`). */
-export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Disposable {
+export class ChannelMessage<B extends SlotBuffer = SlotBuffer, Meta = unknown> implements Disposable {
   readonly index: number;
   /** The message's position in the channel's order (per channel, increasing). */
   readonly position: number;
@@ -311,7 +318,9 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
   readonly buffer: B;
   /** Bytes of the slot the producer said it used. */
   readonly length: number;
-  readonly meta: unknown;
+  /** What the producer passed as `publish(slot, { meta })` (a Uint8Array arrives as a copy);
+   * undefined when it passed none. Typed as the channel's `Meta`, not checked at run time. */
+  readonly meta: Meta;
   /** Participant index of the producer that published it. */
   readonly producer: number;
   /** Work sharing: another consumer took this message before and left without releasing it. */
@@ -331,7 +340,7 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
     this.buffer = buffer;
     this.position = init.position;
     this.length = init.length;
-    this.meta = init.meta;
+    this.meta = init.meta as Meta;
     this.producer = init.producer;
     this.redelivered = init.redelivered;
   }
@@ -358,11 +367,12 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
     if (this[kWaited] !== true) this[kWaited] = stream;
   }
 
-  /** Resolves once the producer's GPU work on the message is done (host reads of device slots). */
-  async synchronize(): Promise<void> {
+  /** Resolves once the producer's GPU work on the message is done (host reads of device slots);
+   * `options`: give up on a signal or after a timeout (the GPU work goes on). */
+  async synchronize(options?: WaitOptions): Promise<void> {
     const fences = this.#owner.fences;
     if (!fences) return;
-    await fences.synchronize([[this.#owner.publishFence(this.index), this[kTicket]]]);
+    await raceWait(fences.synchronize([[this.#owner.publishFence(this.index), this[kTicket]]]), options, 'ChannelMessage.synchronize');
     this[kWaited] = true;
   }
 
@@ -374,6 +384,7 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer> implements Dispos
     this.#owner.release(this, options);
   }
 
+  /** Same as release() without a stream, for `using msg`. */
   [Symbol.dispose](): void {
     this.release();
   }

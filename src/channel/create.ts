@@ -2,31 +2,50 @@
 // this process and attaches the process at the other end of the link in the other role;
 // acceptChannel(link) is what that process calls (for any hub's attach).
 import type { Link } from '../link/index.js';
+import { waitScope, type WaitOptions } from '../abort.js';
 import { ChannelHub, openOwnedEnd } from './hub.js';
 import { ChannelProducer } from './producer.js';
 import { ChannelConsumer } from './consumer.js';
 import { accept } from './attach.js';
-import { checkRole, checkWait, type ChannelOptions, type ChannelRole, type ChannelWaitOptions, type SlotBuffer, type SlotBufferFor, type ChannelMemory } from './options.js';
+import type { HostBuffer } from '../host/index.js';
+import type { DeviceBuffer } from '../cuda/buffer.js';
+import type { Device } from '../cuda/device.js';
+import type { IpcPool } from '../ipc/pool.js';
+import { checkRole, checkWait, type ChannelOptions, type ChannelRole, type ChannelWaitOptions, type SlotBuffer } from './options.js';
 
-export type CreateChannelOptions = ChannelOptions & ChannelWaitOptions & { role: ChannelRole };
+/** Options of createChannel(): the channel's shape, how this end waits, and its role; `signal` /
+ * `timeout` give up waiting for the peer's acceptChannel (AbortError / ERR_TIMEOUT). */
+export type CreateChannelOptions = ChannelOptions & ChannelWaitOptions & WaitOptions & { role: ChannelRole };
 
 /**
  * One to one: creates a channel with this process's end in `options.role`, and attaches the
  * process at the other end of `link` in the other role (it calls acceptChannel(link)). Closing
- * the end (or end() of a producer) closes the channel here.
+ * the end (or end() of a producer) closes the channel here. The slot type follows `memory`
+ * (DeviceBuffer for `{ device }` / `{ pool }`, else HostBuffer); `Meta` types the messages'
+ * metadata: `createChannel<{ seq: number }>(link, { role: 'producer', ... })`.
  */
-export function createChannel<M extends ChannelMemory | undefined = undefined>(
-  link: Link, options: CreateChannelOptions & { role: 'producer'; memory?: M }): Promise<ChannelProducer<SlotBufferFor<M>>>;
-export function createChannel<M extends ChannelMemory | undefined = undefined>(
-  link: Link, options: CreateChannelOptions & { role: 'consumer'; memory?: M }): Promise<ChannelConsumer<SlotBufferFor<M>>>;
-export async function createChannel(link: Link, options: CreateChannelOptions): Promise<ChannelProducer | ChannelConsumer> {
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'producer'; memory: { pool: IpcPool } | { device: Device } }): Promise<ChannelProducer<DeviceBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'producer'; memory?: 'host' }): Promise<ChannelProducer<HostBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'producer' }): Promise<ChannelProducer<SlotBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'consumer'; memory: { pool: IpcPool } | { device: Device } }): Promise<ChannelConsumer<DeviceBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'consumer'; memory?: 'host' }): Promise<ChannelConsumer<HostBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions & { role: 'consumer' }): Promise<ChannelConsumer<SlotBuffer, Meta>>;
+export function createChannel<Meta = unknown>(
+  link: Link, options: CreateChannelOptions): Promise<ChannelProducer<SlotBuffer, Meta> | ChannelConsumer<SlotBuffer, Meta>>;
+export async function createChannel(link: Link, options: CreateChannelOptions): Promise<ChannelProducer<SlotBuffer, any> | ChannelConsumer<SlotBuffer, any>> {
   const role = checkRole(options?.role, 'createChannel');
   checkWait(options);
   const hub = ChannelHub.create(options);
   let end: ChannelProducer | ChannelConsumer | undefined;
   try {
     end = openOwnedEnd(hub, role, { wait: options.wait, spinMicros: options.spinMicros });
-    await hub.attach(link, { role: role === 'producer' ? 'consumer' : 'producer' });
+    await hub.attach(link, { role: role === 'producer' ? 'consumer' : 'producer', signal: options.signal, timeout: options.timeout });
     return end;
   } catch (e) {
     end?.close();
@@ -35,27 +54,43 @@ export async function createChannel(link: Link, options: CreateChannelOptions): 
   }
 }
 
-export interface AcceptOptions extends ChannelWaitOptions {
+/** Options of acceptChannel(): what to accept (role, memory) and how the end waits; `signal` /
+ * `timeout` give up waiting for the hub (AbortError / ERR_TIMEOUT). */
+export interface AcceptOptions extends ChannelWaitOptions, WaitOptions {
   /** Refuse the channel unless the hub attached this process in this role (and type the end). */
   role?: ChannelRole;
-  /** Refuse the channel unless its slots are this kind of memory (pairs with the type
-   * parameter: `acceptChannel<DeviceBuffer>(link, { role: 'consumer', memory: 'device' })`). */
+  /** Refuse the channel unless its slots are this kind of memory; the returned end's slots are
+   * then typed as HostBuffer ('host') or DeviceBuffer ('device'). */
   memory?: 'host' | 'device';
-  signal?: AbortSignal;
 }
 
 /**
  * The peer's side of attach()/createChannel(): receives the channel over `link`, checks it, and
  * returns this process's end in the role the hub gave it (refused unless it is `options.role`,
- * when given).
+ * when given). `memory: 'host'` / `'device'` refuses other slots and types them (HostBuffer /
+ * DeviceBuffer); `Meta` types the messages' metadata:
+ * `acceptChannel<{ seq: number }>(link, { role: 'consumer', memory: 'host' })`.
  */
-export function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions & { role: 'producer' }): Promise<ChannelProducer<B>>;
-export function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions & { role: 'consumer' }): Promise<ChannelConsumer<B>>;
-export function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options?: AcceptOptions): Promise<ChannelProducer<B> | ChannelConsumer<B>>;
-export async function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions = {}): Promise<ChannelProducer<B> | ChannelConsumer<B>> {
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'producer'; memory: 'host' }): Promise<ChannelProducer<HostBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'producer'; memory: 'device' }): Promise<ChannelProducer<DeviceBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'producer' }): Promise<ChannelProducer<SlotBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'consumer'; memory: 'host' }): Promise<ChannelConsumer<HostBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'consumer'; memory: 'device' }): Promise<ChannelConsumer<DeviceBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options: AcceptOptions & { role: 'consumer' }): Promise<ChannelConsumer<SlotBuffer, Meta>>;
+export function acceptChannel<Meta = unknown>(link: Link, options?: AcceptOptions): Promise<ChannelProducer<SlotBuffer, Meta> | ChannelConsumer<SlotBuffer, Meta>>;
+export async function acceptChannel<B extends SlotBuffer = SlotBuffer>(link: Link, options: AcceptOptions = {}): Promise<ChannelProducer<B, any> | ChannelConsumer<B, any>> {
   const policy = checkWait(options);
   if (options.role !== undefined) checkRole(options.role, 'acceptChannel');
-  const { block, index, role } = await accept(link, options);
+  const scope = waitScope(options, 'acceptChannel');
+  let accepted;
+  try {
+    accepted = await accept(link, { role: options.role, memory: options.memory, signal: scope.signal });
+  } catch (e) {
+    throw scope.translate(e);
+  } finally {
+    scope.done();
+  }
+  const { block, index, role } = accepted;
   const init = { block, index, role, policy, hubLink: link };
   try {
     return role === 'producer' ? new ChannelProducer<B>(init) : new ChannelConsumer<B>(init);

@@ -6,7 +6,7 @@
 //
 // On the wire (a link transfer record of kind 'channel-doorbells'): data is u32 count (LE), the
 // record carries `count` eventfds, entry k first. The receiver checks each is an eventfd.
-import { IpcError } from '../errors.js';
+import { IpcError, fdLimitError } from '../errors.js';
 import { addon } from '../native.js';
 import { registerTransferHandler, type TransferHandler } from '../link/index.js';
 
@@ -28,7 +28,7 @@ export class Doorbells implements Disposable {
       for (let i = 0; i < count; i++) fds.push(addon.eventfdCreate());
     } catch (e) {
       for (const fd of fds) addon.close(fd);
-      throw e;
+      throw fdLimitError(e, 'a channel (its doorbells are eventfds)');
     }
     return new Doorbells(fds);
   }

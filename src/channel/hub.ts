@@ -3,6 +3,7 @@
 // and watches its peers: when a peer's link closes, it repairs the control block in its place
 // (its slots come back, work-sharing messages it held are delivered again, its fences are raised
 // once its process is gone).
+import { waitScope, type WaitOptions } from '../abort.js';
 import { IpcError } from '../errors.js';
 import type { Link } from '../link/index.js';
 import { HostBuffer } from '../host/index.js';
@@ -24,6 +25,7 @@ import {
   checkRole, checkWait, closedError, type ChannelMemory, type ChannelOptions, type ChannelRole, type ChannelShape, type ChannelStats,
   type ChannelWaitOptions, type SlotBuffer, type SlotBufferFor,
 } from './options.js';
+import { invalidArgValue, invalidArgType, badNumber } from '../arg-errors.js';
 
 const DEFAULT_META_BYTES = 256;
 
@@ -31,13 +33,14 @@ const DEFAULT_META_BYTES = 256;
  * For createChannel and pipeline: an end in this process whose closing (or end()) closes its hub
  * too, for a hub made only for it. Not on the class: it is no part of the public API.
  */
-export let openOwnedEnd: <B extends SlotBuffer>(hub: ChannelHub<B>, role: ChannelRole, options: ChannelWaitOptions) => ChannelProducer<B> | ChannelConsumer<B>;
+export let openOwnedEnd: <B extends SlotBuffer, Meta>(hub: ChannelHub<B, Meta>, role: ChannelRole, options: ChannelWaitOptions) => ChannelProducer<B, Meta> | ChannelConsumer<B, Meta>;
 /** How long opening an end here spins for the publish lock (a broadcast consumer needs it). */
 const LOCAL_ACTIVATE_MS = 50;
 
-export interface AttachOptions {
+/** Options of `hub.attach(link, options)`: the role the process at the other end of the link gets;
+ * `signal` / `timeout` give up waiting for the peer's acceptChannel (AbortError / ERR_TIMEOUT). */
+export interface AttachOptions extends WaitOptions {
   role: ChannelRole;
-  signal?: AbortSignal;
 }
 
 /**
@@ -45,13 +48,15 @@ export interface AttachOptions {
  * producer() / consumer(), and attach other processes with attach(link, { role }) (they call
  * acceptChannel(link)). Closing the hub closes the ends it opened and stops watching its peers;
  * peers keep working on the memory they mapped. createChannel() does all of it for one to one.
+ * `B` is the slot type (HostBuffer or DeviceBuffer, from `memory`), `Meta` the type of the
+ * messages' metadata (`ChannelHub.create<Meta>(...)`; not checked at run time).
  */
-export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart implements ChannelShape, Disposable {
+export class ChannelHub<B extends SlotBuffer = SlotBuffer, Meta = unknown> extends ChannelPart implements ChannelShape, Disposable {
   readonly #block: Block;
   readonly #ring: Ring;
   readonly #recoveries: Recoveries;
   readonly #peers = new Map<number, { link: Link; unhook: () => void }>();
-  readonly #locals = new Set<ChannelProducer<B> | ChannelConsumer<B>>();
+  readonly #locals = new Set<ChannelProducer<B, Meta> | ChannelConsumer<B, Meta>>();
   #closed = false;
   #released = false;
 
@@ -63,11 +68,17 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
     this.#recoveries = new Recoveries(this.#ring);
   }
 
-  /** Creates a channel: allocates its slots, control block and doorbells in this process. */
-  static create<M extends ChannelMemory | undefined = undefined>(options: ChannelOptions & { memory?: M }): ChannelHub<SlotBufferFor<M>> {
+  /**
+   * Creates a channel: allocates its slots, control block and doorbells in this process. The
+   * slot type follows `memory`: DeviceBuffer for `{ device }` / `{ pool }`, else HostBuffer.
+   */
+  static create<Meta = unknown>(options: ChannelOptions & { memory: { pool: IpcPool } | { device: Device } }): ChannelHub<DeviceBuffer, Meta>;
+  static create<Meta = unknown>(options: ChannelOptions & { memory?: 'host' }): ChannelHub<HostBuffer, Meta>;
+  static create<Meta = unknown>(options: ChannelOptions): ChannelHub<SlotBuffer, Meta>;
+  static create<M extends ChannelMemory | undefined = undefined, Meta = unknown>(options: ChannelOptions & { memory?: M }): ChannelHub<any, Meta> {
     const topology = options.topology ?? 'queue';
     if (topology !== 'queue' && topology !== 'broadcast') {
-      throw new IpcError('ERR_INVALID_ARG', `topology must be 'queue' or 'broadcast'; got ${String(topology)}`);
+      throw invalidArgValue(`topology must be 'queue' or 'broadcast'; got ${String(topology)}`);
     }
     const { device, pool } = checkMemory(options.memory);
     const maxPeers = options.maxPeers ?? 15;
@@ -84,7 +95,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
     const expectConsumers = options.consumers ?? 1;
     for (const [v, what] of [[expectProducers, 'producers'], [expectConsumers, 'consumers']] as const) {
       if (!Number.isSafeInteger(v) || v < 1 || v > maxPeers) {
-        throw new IpcError('ERR_INVALID_ARG', `${what} must be an integer in 1..${maxPeers} (maxPeers); got ${String(v)}`);
+        throw badNumber(v, `${what} must be an integer in 1..${maxPeers} (maxPeers); got ${String(v)}`);
       }
     }
     const layout: HubLayout = { ...computeLayout(params), expectProducers, expectConsumers };
@@ -127,7 +138,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
       }
       throw e;
     }
-    return new ChannelHub<SlotBufferFor<M>>(new Block(parts));
+    return new ChannelHub<SlotBufferFor<M>, Meta>(new Block(parts));
   }
 
   get closed(): boolean {
@@ -141,16 +152,16 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
   }
 
   /** This process's producer end (close it, or the hub, when done). */
-  producer(options?: ChannelWaitOptions): ChannelProducer<B> {
-    return this.#openLocal('producer', options) as ChannelProducer<B>;
+  producer(options?: ChannelWaitOptions): ChannelProducer<B, Meta> {
+    return this.#openLocal('producer', options) as ChannelProducer<B, Meta>;
   }
 
   /** This process's consumer end (close it, or the hub, when done). */
-  consumer(options?: ChannelWaitOptions): ChannelConsumer<B> {
-    return this.#openLocal('consumer', options) as ChannelConsumer<B>;
+  consumer(options?: ChannelWaitOptions): ChannelConsumer<B, Meta> {
+    return this.#openLocal('consumer', options) as ChannelConsumer<B, Meta>;
   }
 
-  #openLocal(role: ChannelRole, options: ChannelWaitOptions | undefined, onClosed?: () => void): ChannelProducer<B> | ChannelConsumer<B> {
+  #openLocal(role: ChannelRole, options: ChannelWaitOptions | undefined, onClosed?: () => void): ChannelProducer<B, Meta> | ChannelConsumer<B, Meta> {
     const what = role === 'producer' ? 'producer()' : 'consumer()';
     if (this.#closed) throw closedError(what);
     const policy = checkWait(options);
@@ -169,9 +180,9 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
         onClosed?.();
       },
     };
-    let end: ChannelProducer<B> | ChannelConsumer<B>;
+    let end: ChannelProducer<B, Meta> | ChannelConsumer<B, Meta>;
     try {
-      end = role === 'producer' ? new ChannelProducer<B>(init) : new ChannelConsumer<B>(init);
+      end = role === 'producer' ? new ChannelProducer<B, Meta>(init) : new ChannelConsumer<B, Meta>(init);
     } catch (e) {
       this.#block.release();
       this.#recoveries.recover(k, false);
@@ -189,7 +200,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
     this.#recycle();
     const k = this.#ring.allocateParticipant(roleNumber(role), pid, flags);
     if (k < 0) {
-      throw new IpcError('ERR_INVALID_ARG', `${what}: the channel already has its ${this.#block.layout.maxParticipants - 1} ends (maxPeers); create it with a larger maxPeers`);
+      throw new IpcError('ERR_LIMIT_REACHED', `${what}: the channel already has its ${this.#block.layout.maxParticipants - 1} ends (maxPeers); create it with a larger maxPeers`, { limit: 'maxPeers' });
     }
     return k;
   }
@@ -218,15 +229,18 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
       // Whether it left cleanly or not: GPU writes it queued die with its process.
       if (this.#block.fences) repairFencesWhenGone(this.#ring, this.#block.fences, k, () => !this.#released);
     });
+    const scope = waitScope(options, 'ChannelHub.attach');
     try {
-      await offer(link, this.#block, k, role, () => (activated = this.#ring.activate(k, roleNumber(role))), () => !this.#closed, options.signal);
+      await offer(link, this.#block, k, role, () => (activated = this.#ring.activate(k, roleNumber(role))), () => !this.#closed, scope.signal);
       this.#peers.set(k, { link, unhook });
     } catch (e) {
       if (!activated) {
         unhook();
         if (!this.#closed) this.#ring.freeParticipant(k);
       }
-      throw e;
+      throw scope.translate(e);
+    } finally {
+      scope.done();
     }
   }
 
@@ -265,6 +279,7 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
     });
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }
@@ -272,13 +287,13 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer> extends ChannelPart i
 
 function checkMemory(memory: ChannelMemory | undefined): { device?: Device; pool?: IpcPool } {
   if (memory === undefined || memory === 'host') return {};
-  if (typeof memory !== 'object' || memory === null) throw new IpcError('ERR_INVALID_ARG', "memory must be 'host', { pool } or { device }");
+  if (typeof memory !== 'object' || memory === null) throw invalidArgType("memory must be 'host', { pool } or { device }");
   if ('pool' in memory) {
     const pool = memory.pool;
-    if (!(pool instanceof IpcPool)) throw new IpcError('ERR_INVALID_ARG', 'memory.pool must be an IpcPool (device.createIpcPool())');
+    if (!(pool instanceof IpcPool)) throw invalidArgType('memory.pool must be an IpcPool (device.createIpcPool())');
     if (pool.imported) throw new IpcError('ERR_IMPORTED_POOL', 'channel slots must come from a pool of this process; pass one made with device.createIpcPool()');
     return { device: pool.device, pool };
   }
   if ('device' in memory && memory.device instanceof Device) return { device: memory.device };
-  throw new IpcError('ERR_INVALID_ARG', "memory must be 'host', { pool: IpcPool } or { device: Device }");
+  throw invalidArgValue("memory must be 'host', { pool: IpcPool } or { device: Device }");
 }

@@ -82,6 +82,7 @@
 //   release fences: maxParticipants rows of slotCount x u32 (each row rounded up to 64 bytes):
 //     row k, slot s reaches a message's ticket once consumer k's GPU work on it is done
 import { IpcError } from '../errors.js';
+import { outOfRange } from '../arg-errors.js';
 
 export const MAGIC = 0x4c4e4843;
 export const VERSION = 3;
@@ -193,9 +194,9 @@ export const bitOf = (k: number): number => (1 << k) >>> 0;
 
 const roundUp = (n: number, to: number) => Math.ceil(n / to) * to;
 
-/** Throws ERR_INVALID_ARG (or, for a received block, `code`) unless the parameters are in range. */
-export function checkParams(p: LayoutParams, code: 'ERR_INVALID_ARG' | 'ERR_DESCRIPTOR_INVALID' = 'ERR_INVALID_ARG'): void {
-  const fail = (what: string) => { throw new IpcError(code, what); };
+/** Throws a RangeError (ERR_OUT_OF_RANGE; for a received block, IpcError `code`) unless the parameters are in range. */
+export function checkParams(p: LayoutParams, code: 'arg' | 'ERR_DESCRIPTOR_INVALID' = 'arg'): void {
+  const fail = (what: string) => { throw code === 'arg' ? outOfRange(what) : new IpcError(code, what); };
   const maxSlots = p.device ? LIMITS.maxDeviceSlots : LIMITS.maxSlots;
   if (!Number.isSafeInteger(p.slotCount) || p.slotCount < 1 || p.slotCount > maxSlots) {
     fail(`slots must be an integer in 1..${maxSlots}${p.device ? ' for device memory' : ''}; got ${String(p.slotCount)}`);

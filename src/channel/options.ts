@@ -1,12 +1,15 @@
 // The options and shared types of the channel API, and their checks.
 import { IpcError } from '../errors.js';
+import type { WaitOptions } from '../abort.js';
 import type { HostBuffer } from '../host/index.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
 import type { Device } from '../cuda/device.js';
 import type { Stream } from '../cuda/stream.js';
 import type { IpcPool } from '../ipc/pool.js';
 import { DEFAULT_ADAPTIVE_SPIN_MICROS, DEFAULT_SPIN_MICROS, MAX_SPIN_MICROS, type WaitMode, type WaitPolicy } from './waiter.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
+/** Which end: a producer publishes messages, a consumer receives them. */
 export type ChannelRole = 'producer' | 'consumer';
 /** 'queue': each message goes to one consumer (work sharing; also one to one and many to one).
  * 'broadcast': each message goes to every consumer; its slot is freed once all released it. */
@@ -16,10 +19,17 @@ export type ChannelTopology = 'queue' | 'broadcast';
 export type ChannelMemory = 'host' | { pool: IpcPool } | { device: Device };
 /** What a slot is: shared host memory or device memory. */
 export type SlotBuffer = HostBuffer | DeviceBuffer;
+/** publish()'s options argument: required, with `meta`, when the channel's `Meta` type does not
+ * include undefined (so that every message carries what consumers are typed to read). */
+export type PublishArgs<Meta> = undefined extends Meta ? [options?: PublishOptions<Meta>] : [options: PublishOptions<Meta> & { meta: Meta }];
 /** The slot type a `memory` option gives. */
 export type SlotBufferFor<M> = [M] extends ['host'] ? HostBuffer : [M] extends [undefined] ? HostBuffer : [M] extends [{ pool: IpcPool } | { device: Device }] ? DeviceBuffer : SlotBuffer;
 export type { WaitMode, WaitPolicy };
 
+/**
+ * How an end waits; accepted wherever an end is made (createChannel, acceptChannel,
+ * hub.producer(), ...).
+ */
 export interface ChannelWaitOptions {
   /**
    * How an end waits when it has to (no message yet, every slot in flight). It sleeps on an
@@ -37,6 +47,7 @@ export interface ChannelWaitOptions {
   spinMicros?: number;
 }
 
+/** The shape of a channel, fixed when it is created (ChannelHub.create, createChannel, pipeline). */
 export interface ChannelOptions {
   /** Number of slots: messages in flight at once (backpressure beyond that). */
   slots: number;
@@ -55,33 +66,39 @@ export interface ChannelOptions {
   consumers?: number;
 }
 
-export interface AcquireOptions {
+/** Gives up a wait: `signal` (AbortError, code ABORT_ERR), `timeout` in ms (ERR_TIMEOUT). */
+export type { WaitOptions };
+
+/** Options of `producer.acquire()`. */
+export interface AcquireOptions extends WaitOptions {
   /** Device slots: GPU work queued on this stream after acquire waits for the consumers' GPU
    * work on the slot's previous message (no CPU wait). Without it, acquire waits on the CPU. */
   stream?: Stream;
-  signal?: AbortSignal;
 }
 
-export interface PublishOptions {
+/** Options of `producer.publish(slot, options)`; `Meta` is the channel's metadata type. */
+export interface PublishOptions<Meta = unknown> {
   /** Device slots: the stream your GPU work on the slot ran on; consumers' GPU work waits for
    * it (default: the legacy stream). */
   stream?: Stream;
-  /** JSON-serialisable metadata, or a Uint8Array (at most the channel's metaBytes once encoded). */
-  meta?: unknown;
+  /** JSON-serialisable metadata, or a Uint8Array (at most the channel's metaBytes once encoded).
+   * Required when the channel's `Meta` type does not include undefined. */
+  meta?: Meta;
   /** Bytes of the slot the message uses (default: the whole slot). */
   length?: number;
 }
 
+/** Options of `message.release()`. */
 export interface ReleaseOptions {
   /** Device slots: the stream that ran the consumer's GPU work on the message (default: the
    * legacy stream); the producer's next use of the slot waits for that work. */
   stream?: Stream;
 }
 
-export interface ReceiveOptions {
-  signal?: AbortSignal;
-}
+/** Options of `consumer.receive()`: `signal` aborts the wait (AbortError), `timeout` ends it (ERR_TIMEOUT). */
+export type ReceiveOptions = WaitOptions;
 
+/** A snapshot of a channel's slots and members, from `stats()` on a hub or an end. */
 export interface ChannelStats {
   slots: { free: number; writing: number; published: number; taken: number };
   producers: { attached: number; live: number; died: number };
@@ -105,27 +122,22 @@ export function checkWait(o: ChannelWaitOptions | undefined): WaitPolicy {
   const mode = o?.wait ?? 'adaptive';
   if (mode !== 'adaptive' && mode !== 'sleep' && mode !== 'spin') {
     const renamed = (mode as string) === 'futex' ? " ('futex' is now 'sleep', or 'adaptive', the default)" : '';
-    throw new IpcError('ERR_INVALID_ARG', `wait must be 'adaptive', 'sleep' or 'spin'; got ${String(mode)}${renamed}`);
+    throw invalidArgValue(`wait must be 'adaptive', 'sleep' or 'spin'; got ${String(mode)}${renamed}`);
   }
   const spinMicros = o?.spinMicros ?? (mode === 'spin' ? DEFAULT_SPIN_MICROS : DEFAULT_ADAPTIVE_SPIN_MICROS);
   if (typeof spinMicros !== 'number' || !Number.isFinite(spinMicros) || spinMicros < 0 || spinMicros > MAX_SPIN_MICROS) {
-    throw new IpcError('ERR_INVALID_ARG', `spinMicros must be in 0..${MAX_SPIN_MICROS}; got ${String(spinMicros)}`);
+    throw badNumber(spinMicros, `spinMicros must be in 0..${MAX_SPIN_MICROS}; got ${String(spinMicros)}`);
   }
   return { mode, spinMicros };
 }
 
 export function checkRole(role: unknown, what: string): ChannelRole {
-  if (role !== 'producer' && role !== 'consumer') throw new IpcError('ERR_INVALID_ARG', `${what}: role must be 'producer' or 'consumer'; got ${String(role)}`);
+  if (role !== 'producer' && role !== 'consumer') throw invalidArgValue(`${what}: role must be 'producer' or 'consumer'; got ${String(role)}`);
   return role;
 }
 
 export function closedError(what: string): IpcError {
   return new IpcError('ERR_CHANNEL_CLOSED', `${what}: the channel is closed`);
-}
-
-export function abortError(signal: AbortSignal, what: string): IpcError {
-  const r = signal.reason as { message?: string } | undefined;
-  return new IpcError('ERR_TIMEOUT', `${what} was aborted: ${r?.message ?? 'the signal fired'}`, { cause: signal.reason });
 }
 
 export function delay(ms: number): Promise<void> {

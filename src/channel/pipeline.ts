@@ -7,10 +7,12 @@ import { ChannelHub, openOwnedEnd } from './hub.js';
 import type { ChannelProducer } from './producer.js';
 import type { ChannelConsumer } from './consumer.js';
 import { acceptChannel } from './create.js';
-import type { ChannelOptions, ChannelWaitOptions } from './options.js';
+import type { ChannelOptions, ChannelWaitOptions, SlotBuffer } from './options.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 const PROTOCOL = '@cuda-ipc/pipeline';
 
+/** Options of pipeline(): the channels' shape and wait mode, and how the stages are started. */
 export interface PipelineOptions extends Omit<ChannelOptions, 'producers' | 'consumers' | 'maxPeers'>, ChannelWaitOptions {
   /** Extra command-line arguments of each stage (by index). */
   args?: ReadonlyArray<readonly string[]>;
@@ -22,6 +24,10 @@ export interface PipelineOptions extends Omit<ChannelOptions, 'producers' | 'con
   output?: boolean;
 }
 
+/**
+ * What pipeline() resolves with: the stage processes and this process's ends of the first and last
+ * channels.
+ */
 export interface Pipeline extends AsyncDisposable {
   readonly stages: readonly SpawnedChild[];
   /** This process's producer end into the first stage (with `input: true`). */
@@ -48,7 +54,7 @@ interface StageMessage {
  * slots, slot size and memory (`memory: { pool }` gives each channel its own allocation there).
  */
 export async function pipeline(stages: ReadonlyArray<string | URL>, options: PipelineOptions): Promise<Pipeline> {
-  if (!Array.isArray(stages) || stages.length === 0) throw new IpcError('ERR_INVALID_ARG', 'pipeline: give at least one stage module');
+  if (!Array.isArray(stages) || stages.length === 0) throw invalidArgValue('pipeline: give at least one stage module');
   const n = stages.length;
   const spawned: SpawnedChild[] = [];
   const hubs: ChannelHub[] = [];
@@ -140,21 +146,26 @@ export async function pipeline(stages: ReadonlyArray<string | URL>, options: Pip
   };
 }
 
-export interface PipelineStage {
+/** What pipelineStage() gives a stage process; `InMeta`/`OutMeta` type its channels' metadata. */
+export interface PipelineStage<InMeta = unknown, OutMeta = InMeta> {
   /** This stage's position (0 = first). */
   readonly index: number;
   /** Number of stages. */
   readonly count: number;
   /** Consumer end of the channel into this stage (undefined for a first stage with no feeder). */
-  readonly input: ChannelConsumer | undefined;
+  readonly input: ChannelConsumer<SlotBuffer, InMeta> | undefined;
   /** Producer end of the channel out of this stage (undefined for a last stage nobody reads). */
-  readonly output: ChannelProducer | undefined;
+  readonly output: ChannelProducer<SlotBuffer, OutMeta> | undefined;
   /** The link to the process that runs the pipeline (for results, logs, ...). It is unref'd, so
    * that the stage exits once its work is done; link.ref() keeps the process alive for it. */
   readonly link: Link;
 }
 
-/** In a stage process started by pipeline(): its input and output channel ends. */
+/**
+ * In a stage process started by pipeline(): its input and output channel ends. `InMeta` and
+ * `OutMeta` type the metadata of the messages it receives and publishes (not checked at run time).
+ */
+export function pipelineStage<InMeta = unknown, OutMeta = InMeta>(options?: ChannelWaitOptions & { signal?: AbortSignal }): Promise<PipelineStage<InMeta, OutMeta>>;
 export async function pipelineStage(options: ChannelWaitOptions & { signal?: AbortSignal } = {}): Promise<PipelineStage> {
   const link = parentLink();
   const m = (await link.receive({ signal: options.signal })) as Partial<StageMessage> | undefined;

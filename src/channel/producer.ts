@@ -1,5 +1,6 @@
 // A producer's end of a channel: acquire a free slot, write it, publish it; end() when done.
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { HostBuffer } from '../host/index.js';
 import type { Stream } from '../cuda/stream.js';
 import { H, S, MetaKind, publishFence, releaseFence } from './layout.js';
@@ -10,8 +11,10 @@ import { WaitQueue } from './wait-queue.js';
 import { ChannelEnd } from './part.js';
 import { lockStuckError, RECOVERY_GIVE_UP_MS } from './recovery.js';
 import {
-  closedError, delay, type AcquireOptions, type ChannelShape, type PublishOptions, type SlotBuffer,
+  closedError, delay, type AcquireOptions, type ChannelShape, type PublishOptions,
+  type PublishArgs, type SlotBuffer,
 } from './options.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
 const RETRY_MS = 2;
 const encoder = new TextEncoder();
@@ -32,7 +35,7 @@ interface SlotOwner {
  * ChannelHub.producer()). `const slot = await producer.acquire()`, write into `slot.buffer` (or
  * `slot.bytes`), then `producer.publish(slot, { meta })`; `await producer.end()` when done.
  */
-export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelEnd implements ChannelShape, Disposable, AsyncDisposable {
+export class ChannelProducer<B extends SlotBuffer = SlotBuffer, Meta = unknown> extends ChannelEnd implements ChannelShape, Disposable, AsyncDisposable {
   readonly role = 'producer' as const;
   readonly #end: Endpoint;
   readonly #fences: Fences | undefined;
@@ -89,7 +92,7 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
     } catch (e) {
       return Promise.reject(e);
     }
-    const queued = this.#acquirers.enqueue(options.signal, 'acquire', spun);
+    const queued = this.#acquirers.enqueue(options, 'ChannelProducer.acquire', spun);
     return this.memory === 'host' ? queued : queued.then((slot) => this.#afterAcquire(slot, options));
   }
 
@@ -102,7 +105,8 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
 
   async #afterAcquire(slot: ChannelSlot<B>, options: AcquireOptions): Promise<ChannelSlot<B>> {
     if (options.stream) slot.waitOn(options.stream);
-    else await slot.ready();
+    // A wait given up hands the slot back, unwritten.
+    else await raceWait(slot.ready(), options, 'ChannelProducer.acquire', () => this.discard(slot));
     return slot;
   }
 
@@ -143,19 +147,20 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
    * fence is raised once the work queued on `stream` so far is done, so consumers that waitOn()
    * the message see everything queued there.
    */
+  publish(slot: ChannelSlot<B>, ...options: PublishArgs<Meta>): void;
   publish(slot: ChannelSlot<B>, options: PublishOptions = {}): void {
     const e = this.#end;
     e.assertOpen('publish');
     const s = slot?.index;
     if (!(slot instanceof ChannelSlot) || this.#writing[s] !== slot) {
-      throw new IpcError('ERR_INVALID_ARG', 'publish: that slot is not one this producer acquired and has not yet published');
+      throw invalidArgValue('publish: that slot is not one this producer acquired and has not yet published');
     }
     const ring = e.ring;
     const view = ring.view;
     const so = ring.slotOff(s);
     const length = options.length ?? this.slotBytes;
     if (!Number.isSafeInteger(length) || length < 0 || length > this.slotBytes) {
-      throw new IpcError('ERR_OUT_OF_RANGE', `publish: length must be an integer in 0..${this.slotBytes}; got ${String(length)}`);
+      throw badNumber(length, `publish: length must be an integer in 0..${this.slotBytes}; got ${String(length)}`);
     }
     // Metadata straight into the slot record.
     let metaKind: number = MetaKind.None;
@@ -241,9 +246,16 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
   /**
    * No more messages from this end. Consumers finish once they took what was published.
    * Resolves once every message this end published was released (rejects with ERR_PEER_GONE if
-   * the consumers died first), then closes this end.
+   * the consumers died first), then closes this end. A consumer that is stuck (stopped, not
+   * releasing) keeps it waiting: `options.signal` / `options.timeout` give up (AbortError /
+   * ERR_TIMEOUT), and this end is closed anyway; what it published stays published.
    */
-  async end(): Promise<void> {
+  end(options?: WaitOptions): Promise<void> {
+    if (this.#end.closed) return Promise.resolve();
+    return raceWait(this.#finish(), options, 'ChannelProducer.end', () => this.close());
+  }
+
+  async #finish(): Promise<void> {
     const e = this.#end;
     if (e.closed) return;
     this.#ending = true;
@@ -280,10 +292,12 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer> extends ChannelE
     void this.#acquirers.pump();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }
 
+  /** Same as end(), for `await using`. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.end();
   }
@@ -347,10 +361,11 @@ export class ChannelSlot<B extends SlotBuffer = SlotBuffer> {
     for (const [off, v] of this.#owner.waitsFor(this.index)) fences.waitOn(stream, off, v);
   }
 
-  /** Resolves once the consumers' GPU work on the previous message in this slot is done. */
-  async ready(): Promise<void> {
+  /** Resolves once the consumers' GPU work on the previous message in this slot is done
+   * (`options`: give up on a signal or after a timeout; the GPU work goes on). */
+  async ready(options?: WaitOptions): Promise<void> {
     const fences = this.#owner.fences;
-    if (fences) await fences.synchronize(this.#owner.waitsFor(this.index));
+    if (fences) await raceWait(fences.synchronize(this.#owner.waitsFor(this.index)), options, 'ChannelSlot.ready');
   }
 
   /** False once published or discarded. */

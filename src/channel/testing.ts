@@ -4,17 +4,18 @@ import { IpcError } from '../errors.js';
 import { endpointOf, blockOf } from './internal.js';
 import type { WaitStats } from './waiter.js';
 import type { Endpoint } from './endpoint.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 function endpoint(end: object): Endpoint {
   const e = endpointOf.get(end);
-  if (!e) throw new IpcError('ERR_INVALID_ARG', 'not a channel end');
+  if (!e) throw invalidArgValue('not a channel end');
   return e;
 }
 
 /** The control block's bytes, shared with every participant (of an end or a hub). */
 export function controlBytesOf(endOrHub: object): Uint8Array {
   const block = endpointOf.get(endOrHub)?.block ?? blockOf.get(endOrHub);
-  if (!block) throw new IpcError('ERR_INVALID_ARG', 'not a channel end or hub');
+  if (!block) throw invalidArgValue('not a channel end or hub');
   return block.control.bytes;
 }
 

@@ -1,12 +1,12 @@
 // The queue of pending acquires (a producer) or receives (a consumer): served in order by one
 // pump that polls the control block and parks between attempts.
-import { abortError } from './options.js';
+import { armWait, type WaitOptions } from '../abort.js';
 
 interface Waiting<T> {
   resolve(v: T): void;
   reject(e: unknown): void;
-  signal?: AbortSignal;
-  onAbort?: () => void;
+  /** Stops the signal and timer of the wait's options. */
+  disarm?: () => void;
 }
 
 export interface QueueHooks<T> {
@@ -46,20 +46,21 @@ export class WaitQueue<T> {
     return this.#first !== undefined || this.#pumping;
   }
 
-  /** Queues a request. `spun`: the caller has just spun for it in vain (the pump sleeps at once
-   * instead of spinning a second time). */
-  enqueue(signal: AbortSignal | undefined, what: string, spun = false): Promise<T> {
-    if (signal?.aborted) return Promise.reject(abortError(signal, what));
+  /** Queues a request. `options`: give up on its signal (AbortError) or timeout (ERR_TIMEOUT),
+   * withdrawn from the queue. `spun`: the caller has just spun for it in vain (the pump sleeps at
+   * once instead of spinning a second time). */
+  enqueue(options: WaitOptions | undefined, what: string, spun = false): Promise<T> {
     return new Promise<T>((resolve, reject) => {
-      const entry: Waiting<T> = { resolve, reject, signal };
-      if (signal) {
-        entry.onAbort = () => {
-          this.#remove(entry);
-          reject(abortError(signal, what));
-          if (this.#first === undefined) this.#hooks.cancel();
-        };
-        signal.addEventListener('abort', entry.onAbort, { once: true });
-      }
+      const entry: Waiting<T> = { resolve, reject };
+      let gaveUp = false;
+      const disarm = armWait(options, what, (error) => {
+        gaveUp = true;
+        this.#remove(entry);
+        reject(error);
+        if (this.#first === undefined) this.#hooks.cancel();
+      });
+      if (gaveUp) return;
+      entry.disarm = disarm;
       if (this.#first === undefined) this.#first = entry;
       else this.#rest.push(entry);
       if (!this.#pumping) this.#spun = spun;
@@ -80,7 +81,7 @@ export class WaitQueue<T> {
     const e = this.#first;
     if (!e) return;
     this.#first = this.#rest.length > 0 ? this.#rest.shift() : undefined;
-    if (e.onAbort) e.signal!.removeEventListener('abort', e.onAbort);
+    e.disarm?.();
     if (error !== undefined) e.reject(error);
     else e.resolve(value as T);
   }

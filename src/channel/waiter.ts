@@ -30,8 +30,10 @@ import { addon } from '../native.js';
 import type { NativeDoorbell, NativeSharedWords } from '../channel-types.js';
 import type { Ring } from './ring.js';
 
+/** How an end waits: see ChannelWaitOptions.wait. */
 export type WaitMode = 'adaptive' | 'sleep' | 'spin';
 
+/** An end's wait mode and spin bound, as checked from its ChannelWaitOptions. */
 export interface WaitPolicy {
   mode: WaitMode;
   /** 'adaptive': the most it spins; 'spin': how long it spins. Microseconds. */

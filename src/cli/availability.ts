@@ -1,6 +1,6 @@
 // Whether this machine can run a command's GPU path, and if not, why: commands print the reason
-// and exit 0 where no usable GPU exists (the CUDA samples' convention), so scripts can tell "not
-// here" from "failed".
+// and run on host shared memory instead (or, where there is nothing to run there, exit 0: the
+// CUDA samples' convention), so scripts can tell "not here" from "failed".
 import { probeDriver } from '../cuda/driver.js';
 import { Device } from '../cuda/device.js';
 import { UsageError } from './args.js';
@@ -13,18 +13,30 @@ export interface GpuNeeds {
 }
 
 /**
- * A --device ordinal beyond the devices this machine has is a usage error (2), where a machine
- * with no GPU at all is not (the command explains and exits 0).
+ * A --device ordinal beyond the devices this machine has is a usage error (2). So is an explicit
+ * --device where there is no GPU at all: the user asked for a GPU, and running on host memory
+ * instead would ignore it silently. Without --device, such a machine is not an error (the
+ * command says why and runs on host memory, or exits 0). `withoutDevice` says what the command
+ * does when --device is left out, e.g. 'run the round trip on host shared memory'.
  */
-export function checkDeviceOrdinal(ordinal: number, option = '--device'): void {
-  if (!probeDriver().ok) return;
-  let count: number;
-  try {
-    count = Device.all().length;
-  } catch {
-    return; // whyNoGpu() reports it
+export function checkDeviceOrdinal(ordinal: number, explicit: boolean, withoutDevice: string, option = '--device'): void {
+  let why: string | undefined;
+  let count = 0;
+  const probe = probeDriver();
+  if (!probe.ok) why = probe.error.message;
+  else {
+    try {
+      count = Device.all().length;
+      if (count === 0) why = 'the CUDA driver sees no GPU';
+    } catch (e) {
+      why = (e as Error).message;
+    }
   }
-  if (count > 0 && ordinal >= count) {
+  if (why !== undefined) {
+    if (explicit) throw new UsageError(`${option} ${ordinal}: there is no GPU here to choose (${why}); leave ${option} out to ${withoutDevice}`);
+    return;
+  }
+  if (ordinal >= count) {
     throw new UsageError(`${option} ${ordinal}: there is no device ${ordinal}; this machine has ${count} (${option} 0${count > 1 ? ` to ${count - 1}` : ''}; see cuda-ipc info)`);
   }
 }

@@ -14,10 +14,11 @@ export interface CommandSpec extends ArgsSpec {
   run(args: ParsedArgs): Promise<number>;
 }
 
-const device = { type: 'string', value: 'D', help: 'device ordinal (default 0)' } as const;
+const device = { type: 'string', value: 'D', help: 'device ordinal (default 0); where there is no GPU, giving it is a usage error' } as const;
 const json = { type: 'boolean', help: 'print JSON instead of text, for scripts' } as const;
 const dir = { type: 'string', value: 'DIR', help: 'read the records in DIR instead of this user\'s default (see ENVIRONMENT in cuda-ipc --help)' } as const;
 const NO_GPU = 'Without a usable GPU it prints why and exits 0 (the CUDA samples\' convention), so scripts can tell "not here" from "failed".';
+const ON_HOST = 'Without a usable GPU it says why and runs on host shared memory: 0 when it succeeds there. --device on a machine without a GPU is a usage error (2).';
 
 export const commands: readonly CommandSpec[] = [
   {
@@ -74,7 +75,7 @@ export const commands: readonly CommandSpec[] = [
     options: { elements: { type: 'string', value: 'N', help: 'int32 elements to share (default 1024)' }, device },
     positionals: [],
     examples: ['cuda-ipc roundtrip', 'cuda-ipc roundtrip --elements 1000000 --device 1'],
-    exitNotes: 'Without a usable GPU the round trip runs on host shared memory: 0 when it succeeds there.',
+    exitNotes: ON_HOST,
     async run(args) {
       return (await import('./roundtrip.js')).roundtrip(args);
     },
@@ -84,7 +85,8 @@ export const commands: readonly CommandSpec[] = [
     summary: 'allocate, fill a pattern, write a descriptor, wait for a consumer',
     description:
       'The producer of the two-terminal example: allocates float32 device memory, fills a known pattern, writes a descriptor (JSON with a legacy IPC handle) to --out, ' +
-      'waits for `cuda-ipc consume` to double the values, verifies them and removes its files. Needs a GPU.',
+      'waits for `cuda-ipc consume` to double the values, verifies them and removes its files. Without a usable GPU it says why and shares host shared memory ' +
+      '(a memfd) instead: it listens on a link and writes the link\'s name to --out; the consumer connects and gets the memory over it.',
     options: {
       out: { type: 'string', value: 'FILE', required: true, help: 'where to write the descriptor, e.g. --out handle.json' },
       elements: { type: 'string', value: 'N', help: 'float32 elements (default 1048576)' },
@@ -93,7 +95,7 @@ export const commands: readonly CommandSpec[] = [
     },
     positionals: [],
     examples: ['cuda-ipc produce --out handle.json', 'cuda-ipc produce --out /tmp/h.json --elements 1000 --timeout 60'],
-    exitNotes: NO_GPU,
+    exitNotes: ON_HOST,
     async run(args) {
       return (await import('./produce.js')).produce(args);
     },
@@ -103,22 +105,24 @@ export const commands: readonly CommandSpec[] = [
     summary: 'open a descriptor, verify, double in place, signal the producer',
     description:
       'The consumer of the two-terminal example: waits for FILE (the producer may start later), opens the memory it describes, verifies every element, ' +
-      'doubles them in place and tells the producer through FILE.done. Needs a GPU.',
+      'doubles them in place and tells the producer (through FILE.done, or over the link when FILE describes host memory). GPU memory needs a GPU here; ' +
+      'host memory (what produce shares where it has no GPU) does not.',
     options: { timeout: { type: 'string', value: 'SECONDS', help: 'how long to wait for FILE to appear (default 60)' } },
     positionals: [{ name: 'FILE', required: true, help: 'give the descriptor file the producer writes, e.g. cuda-ipc consume handle.json' }],
     examples: ['cuda-ipc consume handle.json', 'cuda-ipc consume /tmp/h.json --timeout 10'],
-    exitNotes: NO_GPU,
+    exitNotes: 'A FILE that does not appear within --timeout, is not a producer\'s descriptor, or describes GPU memory on a machine without a usable GPU: 1.',
     async run(args) {
       return (await import('./consume.js')).consume(args);
     },
   },
   {
     name: 'demo',
-    summary: 'events | transform | tensors: the tutorial examples, on a GPU',
+    summary: 'events | transform | tensors: the tutorial examples (transform and tensors also without a GPU)',
     description:
       'events: a child waits on the parent\'s kernel through an interprocess event (--ms: the kernel\'s length). ' +
       'transform: a child doubles shared values with a kernel (--elements). ' +
-      'tensors: a producer drops buffers right after sending them; the consumer still reads them right (--count).',
+      'tensors: a producer drops buffers right after sending them; the consumer still reads them right (--count). ' +
+      'Without a usable GPU, transform and tensors run on host shared memory (saying so); events, whose point is ordering GPU work, says why it needs a GPU.',
     options: {
       ms: { type: 'string', value: 'T', help: 'events: how long the parent\'s kernel runs, in ms (default 500)' },
       elements: { type: 'string', value: 'N', help: 'transform: float32 elements (default 1048576)' },
@@ -127,7 +131,7 @@ export const commands: readonly CommandSpec[] = [
     },
     positionals: [{ name: 'MODE', required: true, help: "choose 'events', 'transform' or 'tensors', e.g. cuda-ipc demo events", choices: ['events', 'transform', 'tensors'] }],
     examples: ['cuda-ipc demo events --ms 1000', 'cuda-ipc demo transform --elements 4096', 'cuda-ipc demo tensors'],
-    exitNotes: NO_GPU,
+    exitNotes: `transform, tensors: ${ON_HOST} events: ${NO_GPU}`,
     async run(args) {
       return (await import('./demo.js')).demo(args);
     },

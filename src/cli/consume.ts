@@ -1,26 +1,47 @@
 // `cuda-ipc consume FILE`: open the producer's descriptor, verify every element, double them in
-// place, close, and signal the producer.
+// place, close, and signal the producer. What FILE describes decides the path: GPU memory (a
+// legacy IPC handle; needs a GPU here) or host shared memory behind a link (host-handoff.ts).
+import { existsSync } from 'node:fs';
+import { IpcError } from '../errors.js';
 import { openIpcArray } from '../ipc/array.js';
+import { parseDescriptorJson } from '../ipc/descriptor.js';
 import { writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
 import { secondsOption, type ParsedArgs } from './args.js';
 import { whyNoGpu } from './availability.js';
 import { findMismatch, firstFive } from './pattern.js';
+import { consumeOnHost, isHostDescriptor } from './host-handoff.js';
 
 export async function consume(args: ParsedArgs): Promise<number> {
   const file = args.positionals[0]!; // required by the parser
   const timeoutMs = secondsOption(args, 'timeout', 60);
   checkFileArgument(file, 'FILE', `cuda-ipc consume ${file.replace(/\/+$/, '')}/handle.json`, { writes: true });
-  const why = whyNoGpu(0);
-  if (why !== undefined) {
-    console.log(`consume: skipped, no usable GPU here: ${why}`);
-    return 0;
-  }
   const ack = (ok: boolean, message?: string) => writeFileAtomic(`${file}.done`, JSON.stringify({ ok, pid: process.pid, message }) + '\n');
 
+  if (!existsSync(file)) console.log(`consume: waiting up to ${timeoutMs / 1000} s for ${file} (start \`cuda-ipc produce --out ${file}\` in another terminal)`);
   const text = await waitForFile(file, timeoutMs, `start the producer first (cuda-ipc produce --out ${file}), or raise --timeout`);
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    throw new IpcError('ERR_DESCRIPTOR_INVALID', `${file} is not JSON; give the file that \`cuda-ipc produce --out FILE\` writes`);
+  }
+  if (isHostDescriptor(parsed)) return consumeOnHost(parsed, file);
+  let desc;
+  try {
+    desc = parseDescriptorJson(parsed, 'cuda-legacy-handle');
+  } catch (e) {
+    const err = e as IpcError;
+    throw new IpcError(err.code ?? 'ERR_DESCRIPTOR_INVALID', `${file} is not a descriptor that \`cuda-ipc produce\` writes: ${err.message}`, { cause: e });
+  }
+  const why = whyNoGpu(0);
+  if (why !== undefined) {
+    const message = `${file} describes GPU memory (device ${desc.deviceUuid}), and this process has no usable GPU: ${why}`;
+    ack(false, message);  // the producer stops waiting
+    throw new IpcError('ERR_UNSUPPORTED', message);
+  }
   let ok = false;
   try {
-    using array = openIpcArray(text);
+    using array = openIpcArray(desc);
     if (array.dtype !== 'float32' || array.shape.length !== 1) {
       throw new Error(`expected a 1-d float32 array from cuda-ipc produce, got ${array.dtype} [${array.shape}]`);
     }

@@ -1,18 +1,20 @@
-// The child of `cuda-ipc demo events|transform`.
+// The child of `cuda-ipc demo events|transform|tensors` (on device memory, or on host shared
+// memory where the parent has no GPU).
 import { parentLink } from '../link/index.js';
 import { Stream } from '../cuda/stream.js';
 import { Event } from '../cuda/event.js';
 import { DeviceBuffer } from '../cuda/buffer.js';
 import { BuiltinKernels } from '../cuda/builtins.js';
+import { HostBuffer } from '../host/index.js';
 
 const link = parentLink();
 const mode = process.argv[2];
 
 if (mode === 'tensors') {
   // Keep everything first, read later: the producer has dropped its references by then.
-  const received: Array<{ index: number; tensor: DeviceBuffer }> = [];
+  const received: Array<{ index: number; tensor: DeviceBuffer | HostBuffer }> = [];
   for (;;) {
-    const m = (await link.receive()) as { index?: number; tensor?: DeviceBuffer; done?: boolean };
+    const m = (await link.receive()) as { index?: number; tensor?: DeviceBuffer | HostBuffer; done?: boolean };
     if (m.done) break;
     received.push({ index: m.index!, tensor: m.tensor! });
   }
@@ -20,7 +22,8 @@ if (mode === 'tensors') {
   const bad: number[] = [];
   for (const { index, tensor } of received) {
     const values = new Float32Array(tensor.byteLength / 4);
-    tensor.read(values);
+    if (tensor instanceof HostBuffer) tensor.read(values);
+    else tensor.read(values);
     const ok = values.every((v) => v === index + 1);
     if (!ok) bad.push(index);
     console.log(`consumer ${process.pid}: tensor ${index}: [${Array.from(values.subarray(0, 5)).join(', ')}, ...] ${ok ? 'OK' : 'WRONG'}`);
@@ -31,7 +34,7 @@ if (mode === 'tensors') {
   process.exit(0);
 }
 
-const msg = (await link.receive()) as { event?: Event; buffer?: DeviceBuffer };
+const msg = (await link.receive()) as { event?: Event; buffer?: DeviceBuffer | HostBuffer };
 
 if (mode === 'events') {
   const event = msg.event!;
@@ -42,6 +45,13 @@ if (mode === 'events') {
   console.log(`child ${process.pid}: waited ${waitedMs.toFixed(0)} ms on the parent's interprocess event`);
   event.close();
   link.send({ waitedMs, pendingAtStart });
+} else if (msg.buffer instanceof HostBuffer) {
+  const buffer = msg.buffer;
+  const values = new Float32Array(buffer.bytes.buffer, buffer.bytes.byteOffset, Math.floor(buffer.byteLength / 4));
+  for (let i = 0; i < values.length; i++) values[i]! *= 2;
+  console.log(`child ${process.pid}: doubled ${values.length} values in place in the parent's host shared memory`);
+  buffer.close();
+  link.send({ ok: true });
 } else {
   const buffer = msg.buffer!;
   try {

@@ -4,10 +4,13 @@
 //  transform: the parent writes 100 + i with a kernel; a child doubles the values in place with a
 //             kernel on the shared memory; the parent verifies 200 + 2i.
 //  tensors:   a producer sends nine buffers and drops each at once; the consumer reads them later.
+// Without a usable GPU, transform and tensors run on host shared memory (the child doubles the
+// values in JavaScript); events has no host form: interprocess events order GPU work.
 import { Device } from '../cuda/device.js';
 import { Stream } from '../cuda/stream.js';
 import { Event } from '../cuda/event.js';
 import { BuiltinKernels } from '../cuda/builtins.js';
+import { HostBuffer } from '../host/index.js';
 import { spawn } from '../link/index.js';
 import { countOption, ordinalOption, UsageError, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
@@ -109,6 +112,58 @@ async function tensors(device: Device, count: number): Promise<number> {
   return 0;
 }
 
+const floats = (b: HostBuffer) => new Float32Array(b.bytes.buffer, b.bytes.byteOffset, Math.floor(b.byteLength / 4));
+
+async function transformOnHost(elements: number): Promise<number> {
+  console.log(FORK_NOTE);
+  using buffer = HostBuffer.allocate(elements * 4);
+  const values = floats(buffer);
+  for (let i = 0; i < elements; i++) values[i] = 100 + i;
+  const head = () => Array.from(values.subarray(0, 5)).join(', ');
+  console.log(`parent ${process.pid}: initialised ${elements} float32 in host shared memory: ${head()}, ...`);
+  const report = await withChild('transform', async (link) => {
+    link.send({ buffer });
+    return (await link.receive()) as { ok: boolean; message?: string };
+  });
+  if (!report.ok) {
+    console.error(`demo transform: the child failed: ${report.message}`);
+    return 1;
+  }
+  console.log(`parent ${process.pid}: after the child: ${head()}, ...`);
+  const bad = values.findIndex((v, i) => v !== 200 + 2 * i);
+  if (bad >= 0) {
+    console.error(`demo transform: element ${bad} is ${values[bad]}, not ${200 + 2 * bad}`);
+    return 1;
+  }
+  console.log('demo transform: OK (every element is 200 + 2i; host shared memory, no GPU memory was shared)');
+  return 0;
+}
+
+async function tensorsOnHost(count: number): Promise<number> {
+  const elements = 1 << 16;
+  const released: Promise<void>[] = [];
+  const report = await withChild('tensors', async (link) => {
+    for (let i = 0; i < count; i++) {
+      const tensor = HostBuffer.allocate(elements * 4);
+      floats(tensor).fill(i + 1);
+      link.send({ index: i, tensor });
+      released.push(tensor.released());
+      tensor.close(); // dropped right after sending; the consumer's lease keeps the memory
+      console.log(`producer ${process.pid}: sent buffer ${i} (all ${i + 1}) and dropped it; leased to ${tensor.leases} peer(s)`);
+    }
+    link.send({ done: true });
+    return (await link.receive()) as { ok: boolean; bad: number[] };
+  });
+  await Promise.all(released);
+  console.log(`producer ${process.pid}: all ${count} buffers freed after the consumer released them`);
+  if (!report.ok) {
+    console.error(`demo tensors: the consumer read wrong values from buffer(s) ${report.bad.join(', ')}`);
+    return 1;
+  }
+  console.log('demo tensors: OK (no zeros, no foreign bytes; host shared memory, no GPU memory was shared)');
+  return 0;
+}
+
 /** Which option belongs to which mode. */
 const MODE_OPTIONS = { events: 'ms', transform: 'elements', tensors: 'count' } as const;
 
@@ -124,13 +179,17 @@ export async function demo(args: ParsedArgs): Promise<number> {
   const ms = countOption(args, 'ms', 500);
   const elements = countOption(args, 'elements', 1 << 20);
   const count = countOption(args, 'count', 9);
-  checkDeviceOrdinal(ordinal);
-  // Every demo shares device memory; without a usable GPU there is nothing to show, which is
-  // not a failure (exit 0 with the reason, like `roundtrip` and `info`).
+  checkDeviceOrdinal(ordinal, args.values.device !== undefined, mode === 'events' ? 'see why this demo needs one' : `run demo ${mode} on host shared memory`);
   const why = whyNoGpu(ordinal, mode === 'events' ? { ipcEvents: true } : { pools: true });
   if (why !== undefined) {
-    console.log(`demo ${mode}: skipped, no usable GPU here: ${why}`);
-    return 0;
+    if (mode === 'events') {
+      // Not a failure: exit 0 with the reason, like `info`.
+      console.log(`demo events: skipped, no usable GPU here: ${why}`);
+      console.log("Interprocess events order GPU work, so this demo has no host-memory form; 'demo transform' and 'demo tensors' run on host memory here.");
+      return 0;
+    }
+    console.log(`demo ${mode}: no usable GPU here (${why}); running on host shared memory (memfd) instead`);
+    return mode === 'transform' ? transformOnHost(elements) : tensorsOnHost(count);
   }
   const device = Device.get(ordinal);
   switch (mode) {

@@ -4,6 +4,7 @@ import { dirname } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../errors.js';
 import { UsageError } from './args.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 /** Writes via a temporary name and a rename, so a reader never sees half a file. */
 export function writeFileAtomic(path: string, text: string): void {
@@ -44,9 +45,9 @@ export async function waitForFile(path: string, timeoutMs: number, hint: string)
       return readFileSync(path, 'utf8');
     } catch (e) {
       const code = (e as { code?: string }).code;
-      if (code === 'EISDIR') throw new IpcError('ERR_INVALID_ARG', `${path} is a directory, not the descriptor file; ${hint}`);
-      if (code === 'EACCES') throw new IpcError('ERR_INVALID_ARG', `${path} exists but this user may not read it (permission denied); check its owner and mode`);
-      if (code !== 'ENOENT') throw new IpcError('ERR_INVALID_ARG', `cannot read ${path}: ${(e as Error).message}`);
+      if (code === 'EISDIR') throw invalidArgValue(`${path} is a directory, not the descriptor file; ${hint}`);
+      if (code === 'EACCES') throw invalidArgValue(`${path} exists but this user may not read it (permission denied); check its owner and mode`);
+      if (code !== 'ENOENT') throw invalidArgValue(`cannot read ${path}: ${(e as Error).message}`);
     }
     if (Date.now() >= deadline) {
       throw new IpcError('ERR_TIMEOUT', `nothing appeared at ${path} within ${timeoutMs / 1000} s: ${hint}`);

@@ -1,5 +1,6 @@
 // `cuda-ipc produce --out FILE`: allocate, fill a known pattern, write the descriptor, wait for a
-// consumer to double the values, verify them.
+// consumer to double the values, verify them. Without a usable GPU it says why and shares host
+// shared memory through a link instead (host-handoff.ts).
 import { rmSync } from 'node:fs';
 import { Device } from '../cuda/device.js';
 import { DeviceArray } from '../ipc/array.js';
@@ -8,6 +9,7 @@ import { writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
 import { countOption, ordinalOption, secondsOption, stringValue, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive } from './pattern.js';
+import { produceOnHost } from './host-handoff.js';
 
 export async function produce(args: ParsedArgs): Promise<number> {
   const out = stringValue(args, 'out')!; // required by the parser
@@ -16,11 +18,11 @@ export async function produce(args: ParsedArgs): Promise<number> {
   const timeoutMs = secondsOption(args, 'timeout', 600);
   const ordinal = ordinalOption(args, 'device');
   checkFileArgument(out, '--out', `--out ${out.replace(/\/+$/, '')}/handle.json`, { writes: true });
-  checkDeviceOrdinal(ordinal);
+  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'share host shared memory instead');
   const why = whyNoGpu(ordinal);
   if (why !== undefined) {
-    console.log(`produce: skipped, no usable GPU here: ${why}`);
-    return 0;
+    console.log(`produce: no usable GPU here (${why}); sharing host shared memory (memfd) through a link instead`);
+    return produceOnHost(out, n, timeoutMs);
   }
   const device = Device.get(ordinal);
 

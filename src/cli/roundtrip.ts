@@ -40,7 +40,7 @@ export async function roundtrip(args: ParsedArgs): Promise<number> {
   const elements = countOption(args, 'elements', 1024);
   const ordinal = ordinalOption(args, 'device');
   const bytes = elements * 4;
-  checkDeviceOrdinal(ordinal);
+  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'run the round trip on host shared memory');
 
   const why = whyNoGpu(ordinal, { pools: true });
   if (why !== undefined) {

@@ -55,7 +55,20 @@ export function processLines(p: ProcessStatus): string[] {
   if (p.importedFrom.length) rows.push(['holds from', p.importedFrom.map(share)]);
   if (p.links.length) {
     const links = p.links.map((l) => `#${l.id} ${l.peerPid ? `pid ${l.peerPid}` : 'peer not known yet'} ${l.state}`);
-    rows.push(['links', [`${p.links.length} open: ${links.join(', ')}`]]);
+    const more = p.linksNotListed ? ` and ${p.linksNotListed} more` : '';
+    rows.push(['links', [`${p.links.length} open${more}: ${links.join(', ')}`]]);
+    // A peer that stopped reading shows here: what waits for it, and what waits for us.
+    const backlog: string[] = [];
+    for (const l of p.links) {
+      const who = `#${l.id}${l.peerPid ? ` (pid ${l.peerPid})` : ''}`;
+      const q = l.sendQueue;
+      if (q && q.messages > 0) backlog.push(`${who}: ${plural(q.messages, 'message')} (${formatBytes(q.bytes)}, ${plural(q.fds, 'fd')}) queued to send: the peer is not reading`);
+      const r = l.receiveQueue;
+      if (r && (r.messages > 0 || r.paused)) {
+        backlog.push(`${who}: ${plural(r.messages, 'message')} (${formatBytes(r.bytes)}) received, not yet consumed${r.paused ? '; reading paused until they are' : ''}`);
+      }
+    }
+    if (backlog.length) rows.push(['backlog', backlog]);
   }
   for (const c of p.channels) rows.push(['channel', channelLines(c)]);
   const cache = p.importCache;

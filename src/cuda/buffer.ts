@@ -5,11 +5,17 @@ import { driver, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { noteChange, reportDeviceMemory, type DeviceMemoryStats } from '../observe/hooks.js';
+import { invalidArgValue, outOfRange, badNumber } from '../arg-errors.js';
 
 export type { DeviceMemoryStats };
 
+/**
+ * Where a DeviceBuffer's memory comes from: allocated here, mapped from a legacy handle, a pool
+ * allocation, or a pool buffer imported from another process.
+ */
 export type MemoryKind = 'device' | 'legacy-import' | 'pool' | 'pool-import';
 
 /** What owns a range of device memory: allocated here, or mapped from another process. */
@@ -31,6 +37,10 @@ export interface MemoryOwner {
 /** Every SharedMemory not yet released in this thread, for stats(). */
 const liveMemory = new Set<SharedMemory>();
 
+/**
+ * Device memory of this thread: allocations, what peers lease, what only leases keep alive,
+ * imports.
+ */
 export function deviceMemoryStats(): DeviceMemoryStats {
   const s: DeviceMemoryStats = { allocations: 0, allocatedBytes: 0, leased: 0, leasedBytes: 0, heldBytes: 0, imports: 0, importedBytes: 0 };
   for (const m of liveMemory) {
@@ -131,13 +141,16 @@ export class SharedMemory {
   }
 }
 
+/** Host memory a copy reads from or writes to: any typed array, DataView, Buffer or ArrayBuffer. */
 export type HostView = ArrayBufferView | ArrayBuffer;
 
+/** Where in the buffer a copy starts. */
 export interface CopyOptions {
   /** Byte offset inside this buffer. */
   offset?: number;
 }
 
+/** Options of `writeAsync` / `readAsync`: where in the buffer, and on which stream. */
 export interface AsyncCopyOptions extends CopyOptions {
   /** Stream to queue the copy on (the legacy default stream when omitted). */
   stream?: Stream;
@@ -148,9 +161,29 @@ function byteLengthOf(v: HostView): number {
 }
 
 function checkCount(n: number, what: string): void {
-  if (!Number.isSafeInteger(n) || n < 0) throw new IpcError('ERR_INVALID_ARG', `${what} must be a non-negative integer, got ${n}`);
+  if (!Number.isSafeInteger(n) || n < 0) throw badNumber(n, `${what} must be a non-negative integer, got ${n}`);
 }
 
+// Hooks run when one particular buffer is closed (not its memory): how a received buffer's lease
+// can end before an import that other messages share goes (link/device-transfers.ts).
+const closeHooks = new WeakMap<DeviceBuffer, Array<() => void>>();
+
+/** Runs `hook` once, when `buffer` is closed (at once if it already is). */
+export function onBufferClose(buffer: DeviceBuffer, hook: () => void): void {
+  if (buffer.closed) {
+    hook();
+    return;
+  }
+  const hooks = closeHooks.get(buffer);
+  if (hooks) hooks.push(hook);
+  else closeHooks.set(buffer, [hook]);
+}
+
+/**
+ * Device memory: allocated here (`DeviceBuffer.allocate`, `pool.allocate`) or mapped from another
+ * process (received over a link, `openIpcHandle`). Pointers are bigints; close() (or `using`)
+ * frees or unmaps it, once no peer leases it.
+ */
 export class DeviceBuffer {
   /**
    * The device using this buffer: its pointer is valid in that device's context, and kernels on
@@ -181,7 +214,7 @@ export class DeviceBuffer {
   /** Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context (default: the working device, else device 0). */
   static allocate(bytes: number, options: { device?: Device } = {}): DeviceBuffer {
     checkCount(bytes, 'bytes');
-    if (bytes === 0) throw new IpcError('ERR_INVALID_ARG', 'cannot allocate 0 bytes; ask for at least 1');
+    if (bytes === 0) throw outOfRange('cannot allocate 0 bytes; ask for at least 1');
     const device = options.device ?? defaultDevice();
     device.activate();
     const base = driver.memAlloc(bytes);
@@ -229,8 +262,7 @@ export class DeviceBuffer {
     this.#assertOpen();
     checkCount(offset, 'offset');
     if (offset + length > this.byteLength) {
-      throw new IpcError('ERR_OUT_OF_RANGE',
-        `${what} of ${length} bytes at offset ${offset} does not fit in a buffer of ${this.byteLength} bytes`);
+      throw outOfRange(`${what} of ${length} bytes at offset ${offset} does not fit in a buffer of ${this.byteLength} bytes`);
     }
     this.device.activate();
     return offset === 0 ? this.#pointer : this.#pointer + BigInt(offset);
@@ -272,7 +304,7 @@ export class DeviceBuffer {
   /** Sets every byte to `value` (0..255) and returns once done; with a stream, only queues it there. */
   fill(value: number, options: { stream?: Stream } = {}): void {
     if (!Number.isInteger(value) || value < 0 || value > 255) {
-      throw new IpcError('ERR_INVALID_ARG', `fill value must be a byte (0..255), got ${value}; use fillUint32 for 32-bit words`);
+      throw badNumber(value, `fill value must be a byte (0..255), got ${value}; use fillUint32 for 32-bit words`);
     }
     const ptr = this.#range(0, this.byteLength, 'a fill');
     if (options.stream) driver.memsetD8Async(ptr, value, this.byteLength, options.stream.handle);
@@ -285,10 +317,10 @@ export class DeviceBuffer {
   /** Sets every 32-bit word to `value`; the length and address must be multiples of 4. */
   fillUint32(value: number, options: { stream?: Stream } = {}): void {
     if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) {
-      throw new IpcError('ERR_INVALID_ARG', `fillUint32 value must be in 0..2^32-1, got ${value}`);
+      throw badNumber(value, `fillUint32 value must be in 0..2^32-1, got ${value}`);
     }
     if (this.byteLength % 4 !== 0 || this.ownerOffset % 4 !== 0) {
-      throw new IpcError('ERR_INVALID_ARG', `fillUint32 needs a 4-byte aligned buffer whose length is a multiple of 4 (length ${this.byteLength}, offset ${this.ownerOffset})`);
+      throw invalidArgValue(`fillUint32 needs a 4-byte aligned buffer whose length is a multiple of 4 (length ${this.byteLength}, offset ${this.ownerOffset})`);
     }
     const ptr = this.#range(0, this.byteLength, 'a fill');
     if (options.stream) driver.memsetD32Async(ptr, value, this.byteLength / 4, options.stream.handle);
@@ -322,8 +354,9 @@ export class DeviceBuffer {
   /** Number of peers that were sent this memory and still map it. */
   get leases(): number { return this.#memory.leases; }
 
-  /** Resolves once the memory itself is freed: after close() of every buffer over it and the end of every lease. */
-  released(): Promise<void> { return this.#memory.whenReleased(); }
+  /** Resolves once the memory itself is freed: after close() of every buffer over it and the end
+   * of every lease. `options`: give up waiting on a signal (AbortError) or after a timeout (ERR_TIMEOUT). */
+  released(options?: WaitOptions): Promise<void> { return raceWait(this.#memory.whenReleased(), options, 'DeviceBuffer.released'); }
 
   /**
    * Releases this buffer. The memory goes when its last buffer or view is closed and every peer
@@ -334,6 +367,11 @@ export class DeviceBuffer {
     if (this.#pointer === 0n) return;
     this.#pointer = 0n;
     untrackLeak(this.#leak);
+    const hooks = closeHooks.get(this);
+    if (hooks) {
+      closeHooks.delete(this);
+      for (const hook of hooks) hook();
+    }
     if (options?.force && !this.#memory.released) {
       if (this.#memory.leases > 0) {
         process.emitWarning(`force-closing a ${this.kind} buffer of ${this.#memory.owner.byteLength} bytes that ${this.#memory.leases} peer(s) still map: ` +
@@ -345,5 +383,6 @@ export class DeviceBuffer {
     this.#memory.drop();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void { this.close(); }
 }

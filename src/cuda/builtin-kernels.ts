@@ -5,11 +5,14 @@
 
 import { IpcError } from '../errors.js';
 import type { KernelParam } from './kernel-args.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
 /** Element types that the fill/verify/scale kernels come in; the suffix of their names. */
 export const PATTERN_ELEMENT_TYPES = ['i32', 'u32', 'i64', 'u64', 'f32', 'f64'] as const;
+/** Element types of the built-in fill/verify/scale kernels. */
 export type PatternElementType = (typeof PATTERN_ELEMENT_TYPES)[number];
 
+/** Entry names of the built-in kernels (kernels/builtin.ptx). */
 export type BuiltinKernelName =
   | `fill_pattern_${PatternElementType}`
   | `verify_pattern_${PatternElementType}`
@@ -112,13 +115,11 @@ export const BUILTIN_KERNELS: readonly BuiltinKernel[] = Object.freeze([
 
 const KERNELS_BY_NAME: ReadonlyMap<string, BuiltinKernel> = new Map(BUILTIN_KERNELS.map((k) => [k.name, k]));
 
-/** Looks a built-in kernel up by name; throws ERR_INVALID_ARG for an unknown name. */
+/** Looks a built-in kernel up by name; throws a TypeError (ERR_INVALID_ARG_VALUE) for an unknown name. */
 export function getBuiltinKernel(name: BuiltinKernelName): BuiltinKernel {
   const kernel = KERNELS_BY_NAME.get(name);
   if (kernel === undefined) {
-    throw new IpcError(
-      'ERR_INVALID_ARG',
-      `no built-in kernel is named ${JSON.stringify(name)}; the built-in kernels are ${[...KERNELS_BY_NAME.keys()].join(', ')}`,
+    throw invalidArgValue(`no built-in kernel is named ${JSON.stringify(name)}; the built-in kernels are ${[...KERNELS_BY_NAME.keys()].join(', ')}`,
     );
   }
   return kernel;
@@ -159,7 +160,7 @@ export function expectedPatternValue(
   index: number,
 ): number | bigint {
   if (!Number.isSafeInteger(index) || index < 0) {
-    throw new IpcError('ERR_INVALID_ARG', `pattern index must be a non-negative safe integer, got ${String(index)}`);
+    throw badNumber(index, `pattern index must be a non-negative safe integer, got ${String(index)}`);
   }
   if (type === 'f32') {
     const f = Math.fround;

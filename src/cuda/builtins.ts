@@ -9,6 +9,7 @@ import { Module, type Kernel } from './module.js';
 import { arg, type KernelArg } from './kernel-args.js';
 import { BUILTIN_KERNELS, NO_MISMATCH_INDEX, builtinPtxUrl, type BuiltinKernelName, type PatternElementType } from './builtin-kernels.js';
 import { IpcError } from '../errors.js';
+import { invalidArgValue, outOfRange } from '../arg-errors.js';
 
 export type { PatternElementType } from './builtin-kernels.js';
 
@@ -27,12 +28,17 @@ function scalarArg(type: PatternElementType, v: number | bigint): KernelArg {
   }
 }
 
+/** What verifyPattern found: how many elements differ, and the first that does. */
 export interface PatternCheck {
   mismatches: bigint;
   /** Index of the first mismatching element, or null when all match. */
   firstMismatch: bigint | null;
 }
 
+/**
+ * The built-in kernels of one device (`BuiltinKernels.for(device)`): fill and verify patterns,
+ * scale, checksum and spin, each queued on a stream.
+ */
 export class BuiltinKernels {
   static #byDevice = new Map<Device, BuiltinKernels>();
   readonly device: Device;
@@ -50,6 +56,7 @@ export class BuiltinKernels {
     return k;
   }
 
+  /** One built-in kernel by its entry name, to launch it yourself. */
   kernel(name: BuiltinKernelName): Kernel {
     const spec = BUILTIN_KERNELS.find((k) => k.name === name)!;
     return this.#module.getFunction(name, spec.params);
@@ -61,7 +68,7 @@ export class BuiltinKernels {
 
   #count(buffer: DeviceBuffer, type: PatternElementType): number {
     if (buffer.byteLength % ITEMSIZE[type] !== 0) {
-      throw new IpcError('ERR_INVALID_ARG', `a buffer of ${buffer.byteLength} bytes is not a whole number of ${type} elements`);
+      throw invalidArgValue(`a buffer of ${buffer.byteLength} bytes is not a whole number of ${type} elements`);
     }
     return buffer.byteLength / ITEMSIZE[type];
   }
@@ -110,7 +117,7 @@ export class BuiltinKernels {
 
   /** Queues a kernel that runs for at least `ns`, then writes `value` to the u32 at `offset` of `target`. */
   spinThenWrite(target: DeviceBuffer, offset: number, value: number, ns: number | bigint, stream?: Stream): void {
-    if (offset % 4 !== 0 || offset + 4 > target.byteLength) throw new IpcError('ERR_OUT_OF_RANGE', `offset ${offset} is not an aligned u32 inside ${target.byteLength} bytes`);
+    if (offset % 4 !== 0 || offset + 4 > target.byteLength) throw outOfRange(`offset ${offset} is not an aligned u32 inside ${target.byteLength} bytes`);
     this.kernel('spin_then_write_u32').launch({ grid: 1, block: 1, stream },
       [arg.ptr(target.devicePointer + BigInt(offset)), arg.u32(value), arg.u64(BigInt(ns))]);
   }

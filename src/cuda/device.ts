@@ -3,9 +3,12 @@
 // and the working device: the GPU this thread maps memory for when it imports another process's.
 import { driver, Attr, HandleType, P2PAttr } from './driver.js';
 import { IpcError } from '../errors.js';
+import { invalidArgType } from '../arg-errors.js';
 
+/** A device's compute capability, e.g. `{ major: 9, minor: 0 }` for an H100. */
 export interface ComputeCapability { major: number; minor: number }
 
+/** What a device supports for sharing (`device.capabilities`, `cuda-ipc info`). */
 export interface DeviceCapabilities {
   /** cuIpcGetMemHandle / cuIpcOpenMemHandle (Linux, unified addressing, not integrated). */
   legacyIpc: boolean;
@@ -20,6 +23,7 @@ export interface DeviceCapabilities {
   managedMemory: boolean;
 }
 
+/** Free and total device memory in bytes (`device.memoryInfo()`). */
 export interface MemoryInfo { free: number; total: number }
 
 /** What cuDeviceGetP2PAttribute says about the link from one device to another. */
@@ -47,6 +51,10 @@ export function formatUuid(bytes: Uint8Array): string {
 /** Per-thread current context: set only when it changes (each worker thread has its own copy). */
 let currentContext = 0n;
 
+/**
+ * A CUDA device: `Device.get(i)`, `Device.all()`, `Device.byUuid(uuid)`. The same object every
+ * time for one device; it travels between processes as its UUID.
+ */
 export class Device {
   readonly ordinal: number;
   readonly name: string;
@@ -144,6 +152,7 @@ export class Device {
     return { free, total };
   }
 
+  /** True when this device can access `peer`'s memory (cuDeviceCanAccessPeer). */
   canAccessPeer(peer: Device): boolean {
     return peer.ordinal !== this.ordinal && driver.deviceCanAccessPeer(this.ordinal, peer.ordinal);
   }
@@ -182,6 +191,7 @@ export class Device {
     driver.ctxSynchronize();
   }
 
+  /** The device's description as plain data (what `cuda-ipc info --json` prints). */
   toJSON() {
     return {
       ordinal: this.ordinal, name: this.name, uuid: this.uuid, computeCapability: this.computeCapability,
@@ -270,7 +280,7 @@ export function workingDevice(): Device | undefined {
 export function setWorkingDevice(device: Device | string | undefined): void {
   const d = typeof device === 'string' ? Device.byUuid(device) : device;
   if (d !== undefined && !(d instanceof Device)) {
-    throw new IpcError('ERR_INVALID_ARG', 'setWorkingDevice expects a Device, a device UUID (\'GPU-…\') or undefined');
+    throw invalidArgType('setWorkingDevice expects a Device, a device UUID (\'GPU-…\') or undefined');
   }
   working = d;
   workingFromEnv = false;

@@ -67,5 +67,6 @@ export abstract class DriverObject {
     }
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void { this.close(); }
 }

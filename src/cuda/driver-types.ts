@@ -60,6 +60,12 @@ export interface CudaAddon {
   /** Maps the handle's allocation in `context` (which must be current), once per process and context. */
   legacyImportAcquire(handle: Uint8Array, context: bigint): [base: bigint, local: boolean, size: number];
   legacyImportRelease(handle: Uint8Array, context: bigint): boolean;
+  /** Closes the mapping of `handle` in `context` now if nothing uses it; true when one was closed. */
+  legacyImportDrop(handle: Uint8Array, context: bigint): boolean;
+  /** The exporter freed the allocation: closes idle mappings of it now, busy ones at their last release. Returns how many it closed. */
+  legacyImportForget(handle: Uint8Array): number;
+  /** Forgets local exports whose allocation was freed; returns how many. */
+  legacyExportSweep(): number;
   legacyCacheStats(): ImportCacheStats;
   legacyCacheConfigure(idleLimit: number): void;
   ipcGetEventHandle(event: bigint): Uint8Array;
@@ -122,4 +128,6 @@ export interface ImportCacheStats {
   references: number;
   /** Allocations this process exported. */
   exports: number;
+  /** Handles opened so far (cuIpcOpenMemHandle calls; a mapping found in the cache opens none). */
+  opened: number;
 }

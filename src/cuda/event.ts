@@ -4,6 +4,7 @@ import { driver, Flags, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { DriverObject } from './driver-object.js';
 import { takeWaiterStream, returnWaiterStream } from './waiter-streams.js';
 
@@ -25,11 +26,16 @@ Object.defineProperty(Stream.prototype, 'waitEvent', {
   },
 });
 
+/** Options of Event.create(). */
 export interface EventOptions {
   /** Shareable with other processes. Implies no timing (the driver refuses both at once). */
   interprocess?: boolean;
 }
 
+/**
+ * A CUDA event: record it on a stream, wait for it on the CPU or on other streams; interprocess
+ * events travel over links (`openIpcEvent` for a descriptor).
+ */
 export class Event extends DriverObject {
   readonly interprocess: boolean;
   /** True for an event opened from another process's handle. */
@@ -42,6 +48,10 @@ export class Event extends DriverObject {
     this.imported = imported;
   }
 
+  /**
+   * Creates an event on `device` (default: the working device, else device 0); `interprocess:
+   * true` to share it.
+   */
   static create(device: Device = defaultDevice(), options: EventOptions = {}): Event {
     const interprocess = options.interprocess ?? false;
     if (interprocess && !device.capabilities.ipcEvents) {
@@ -65,8 +75,13 @@ export class Event extends DriverObject {
     return driver.eventQuery(this.handle);
   }
 
-  /** Resolves once the captured work is done, without blocking any thread. */
-  async synchronize(): Promise<void> {
+  /** Resolves once the captured work is done, without blocking any thread. `options`: give up
+   * waiting on a signal (AbortError) or after a timeout (ERR_TIMEOUT); the GPU work goes on. */
+  synchronize(options?: WaitOptions): Promise<void> {
+    return raceWait(this.#synchronize(), options, 'Event.synchronize');
+  }
+
+  async #synchronize(): Promise<void> {
     const waiter = takeWaiterStream(this.device);
     try {
       driver.streamWaitEvent(waiter.handle, this.handle);

@@ -5,6 +5,7 @@
 
 import { float16BitsFromNumber, bfloat16BitsFromNumber } from '../half-float.js';
 import { IpcError } from '../errors.js';
+import { invalidArgValue, invalidArgType } from '../arg-errors.js';
 
 /** Integer argument types carried as JavaScript numbers. */
 export type SmallIntegerArgType = 'i8' | 'u8' | 'i16' | 'u16' | 'i32' | 'u32';
@@ -12,6 +13,7 @@ export type SmallIntegerArgType = 'i8' | 'u8' | 'i16' | 'u16' | 'i32' | 'u32';
 export type BigIntegerArgType = 'i64' | 'u64';
 /** Floating-point argument types; any number is legal, NaN and infinities included. */
 export type FloatArgType = 'f16' | 'bf16' | 'f32' | 'f64';
+/** The type of a kernel argument: a device pointer, an integer or a float of a given width. */
 export type KernelArgType = 'ptr' | SmallIntegerArgType | BigIntegerArgType | FloatArgType;
 
 /** Anything that carries a device pointer, such as a DeviceBuffer. */
@@ -19,6 +21,7 @@ export interface DevicePointerLike {
   readonly devicePointer: bigint;
 }
 
+/** A checked kernel argument, made by the `arg` builders. */
 export type KernelArg =
   | { readonly type: 'ptr'; readonly value: bigint | DevicePointerLike }
   | { readonly type: SmallIntegerArgType; readonly value: number }
@@ -130,7 +133,7 @@ function checkValue(type: KernelArgType, value: unknown): { ok: number | bigint 
 function checkedArg<T extends KernelArg>(type: T['type'], value: unknown): T {
   const checked = checkValue(type, value);
   if ('problem' in checked) {
-    throw new IpcError('ERR_INVALID_ARG', `arg.${type}(): ${checked.problem}`);
+    throw invalidArgValue(`arg.${type}(): ${checked.problem}`);
   }
   return { type, value: checked.ok } as T;
 }
@@ -139,13 +142,21 @@ function checkedArg<T extends KernelArg>(type: T['type'], value: unknown): T {
 export const arg = {
   /** A device pointer: a bigint, or an object with `devicePointer` (read now). */
   ptr: (pointer: bigint | DevicePointerLike): KernelArg => checkedArg('ptr', pointer),
+  /** A signed 8-bit integer. */
   i8: (value: number): KernelArg => checkedArg('i8', value),
+  /** An unsigned 8-bit integer. */
   u8: (value: number): KernelArg => checkedArg('u8', value),
+  /** A signed 16-bit integer. */
   i16: (value: number): KernelArg => checkedArg('i16', value),
+  /** An unsigned 16-bit integer. */
   u16: (value: number): KernelArg => checkedArg('u16', value),
+  /** A signed 32-bit integer. */
   i32: (value: number): KernelArg => checkedArg('i32', value),
+  /** An unsigned 32-bit integer. */
   u32: (value: number): KernelArg => checkedArg('u32', value),
+  /** A signed 64-bit integer. */
   i64: (value: bigint): KernelArg => checkedArg('i64', value),
+  /** An unsigned 64-bit integer. */
   u64: (value: bigint): KernelArg => checkedArg('u64', value),
   /** Half precision, rounded to nearest, ties to even. */
   f16: (value: number): KernelArg => checkedArg('f16', value),
@@ -153,6 +164,7 @@ export const arg = {
   bf16: (value: number): KernelArg => checkedArg('bf16', value),
   /** Single precision, rounded to nearest, ties to even (as Math.fround). */
   f32: (value: number): KernelArg => checkedArg('f32', value),
+  /** Double precision. */
   f64: (value: number): KernelArg => checkedArg('f64', value),
 } as const;
 
@@ -173,9 +185,7 @@ export function kernelArgLayout(types: readonly KernelArgType[]): KernelArgLayou
   let largestAlignment = 1;
   types.forEach((type, index) => {
     if (!isKernelArgType(type)) {
-      throw new IpcError(
-        'ERR_INVALID_ARG',
-        `kernel argument ${index}: unknown type ${describeValue(type)}; use one of ${Object.keys(KERNEL_ARG_SIZE).join(', ')}`,
+      throw invalidArgValue(`kernel argument ${index}: unknown type ${describeValue(type)}; use one of ${Object.keys(KERNEL_ARG_SIZE).join(', ')}`,
       );
     }
     const size = KERNEL_ARG_SIZE[type];
@@ -189,19 +199,17 @@ export function kernelArgLayout(types: readonly KernelArgType[]): KernelArgLayou
 
 /**
  * Packs arguments into one byte buffer in the CUDA ABI layout; a launch passes a pointer to each
- * argument inside it (the offsets of kernelArgLayout). Throws ERR_INVALID_ARG,
+ * argument inside it (the offsets of kernelArgLayout). Throws a TypeError (ERR_INVALID_ARG_VALUE),
  * naming the argument's index, type and value, for any value that its type cannot hold exactly
  * (floats excepted: they round, and NaN and infinities are legal).
  */
 export function packKernelArgs(args: readonly KernelArg[]): Uint8Array {
   if (!Array.isArray(args)) {
-    throw new IpcError('ERR_INVALID_ARG', `kernel arguments must be an array of KernelArg, got ${describeValue(args)}`);
+    throw invalidArgType(`kernel arguments must be an array of KernelArg, got ${describeValue(args)}`);
   }
   args.forEach((item, index) => {
     if (typeof item !== 'object' || item === null || !isKernelArgType(item.type)) {
-      throw new IpcError(
-        'ERR_INVALID_ARG',
-        `kernel argument ${index} must be a typed argument such as arg.u64(5n) or { type: 'u64', value: 5n }, got ${describeValue(item)}${typeof item === 'object' && item !== null ? ` with type ${describeValue((item as { type?: unknown }).type)}` : ''}`,
+      throw invalidArgValue(`kernel argument ${index} must be a typed argument such as arg.u64(5n) or { type: 'u64', value: 5n }, got ${describeValue(item)}${typeof item === 'object' && item !== null ? ` with type ${describeValue((item as { type?: unknown }).type)}` : ''}`,
       );
     }
   });
@@ -211,9 +219,7 @@ export function packKernelArgs(args: readonly KernelArg[]): Uint8Array {
   args.forEach((item, index) => {
     const checked = checkValue(item.type, item.value);
     if ('problem' in checked) {
-      throw new IpcError(
-        'ERR_INVALID_ARG',
-        `kernel argument ${index} (${item.type}, value ${describeValue(hasDevicePointer(item.value) ? item.value.devicePointer : item.value)}): ${checked.problem}`,
+      throw invalidArgValue(`kernel argument ${index} (${item.type}, value ${describeValue(hasDevicePointer(item.value) ? item.value.devicePointer : item.value)}): ${checked.problem}`,
       );
     }
     writeValue(view, layout.offsets[index]!, item.type, checked.ok);
@@ -272,7 +278,7 @@ export interface KernelParam {
 
 /**
  * Checks that arguments match a kernel's declared parameters in count and type; throws
- * ERR_INVALID_ARG listing the expected signature otherwise. Values are checked by packKernelArgs.
+ * a TypeError (ERR_INVALID_ARG_VALUE) listing the expected signature otherwise. Values are checked by packKernelArgs.
  */
 export function checkKernelArgs(
   kernel: { readonly name: string; readonly params: readonly KernelParam[] },
@@ -280,17 +286,13 @@ export function checkKernelArgs(
 ): void {
   const signature = `${kernel.name}(${kernel.params.map((p) => `${p.type} ${p.name}`).join(', ')})`;
   if (!Array.isArray(args) || args.length !== kernel.params.length) {
-    throw new IpcError(
-      'ERR_INVALID_ARG',
-      `kernel ${signature} takes ${kernel.params.length} argument${kernel.params.length === 1 ? '' : 's'}, got ${Array.isArray(args) ? args.length : describeValue(args)}; pass one typed argument per parameter`,
+    throw invalidArgValue(`kernel ${signature} takes ${kernel.params.length} argument${kernel.params.length === 1 ? '' : 's'}, got ${Array.isArray(args) ? args.length : describeValue(args)}; pass one typed argument per parameter`,
     );
   }
   kernel.params.forEach((param, index) => {
     const given = (args[index] as { type?: unknown } | null | undefined)?.type;
     if (given !== param.type) {
-      throw new IpcError(
-        'ERR_INVALID_ARG',
-        `kernel ${signature}: argument ${index} (${param.name}) must be ${param.type}, got ${describeValue(given)}; build it with arg.${param.type}(...)`,
+      throw invalidArgValue(`kernel ${signature}: argument ${index} (${param.name}) must be ${param.type}, got ${describeValue(given)}; build it with arg.${param.type}(...)`,
       );
     }
   });

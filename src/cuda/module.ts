@@ -8,9 +8,12 @@ import { Stream, streamHandle } from './stream.js';
 import { IpcError } from '../errors.js';
 import { DriverObject } from './driver-object.js';
 import { packKernelArgs, kernelArgLayout, checkKernelArgs, type KernelArg, type KernelParam } from './kernel-args.js';
+import { invalidArgValue, outOfRange, badNumber } from '../arg-errors.js';
 
+/** Grid or block dimensions: x, or [x, y, z] (missing ones are 1). */
 export type Dim3 = number | readonly [number, number?, number?];
 
+/** How a kernel is launched: grid and block dimensions, dynamic shared memory, stream. */
 export interface LaunchConfig {
   grid: Dim3;
   block: Dim3;
@@ -23,12 +26,13 @@ function dims(d: Dim3, what: string): [number, number, number] {
   const [x, y = 1, z = 1] = typeof d === 'number' ? [d] : d;
   for (const v of [x, y, z]) {
     if (!Number.isInteger(v) || v < 1 || v > 0x7fffffff) {
-      throw new IpcError('ERR_INVALID_ARG', `${what} dimensions must be positive integers, got [${typeof d === 'number' ? d : d.join(', ')}]`);
+      throw outOfRange(`${what} dimensions must be positive integers, got [${typeof d === 'number' ? d : d.join(', ')}]`);
     }
   }
   return [x, y ?? 1, z ?? 1];
 }
 
+/** A kernel of a loaded Module (`module.getFunction(name)`); `launch(config, args)` queues it. */
 export class Kernel {
   /** Declared parameter types, when known (built-in kernels); launches are checked against them. */
   readonly params: readonly KernelParam[] | undefined;
@@ -44,7 +48,7 @@ export class Kernel {
     const [gx, gy, gz] = dims(config.grid, 'grid');
     const [bx, by, bz] = dims(config.block, 'block');
     const shared = config.sharedMemBytes ?? 0;
-    if (!Number.isInteger(shared) || shared < 0) throw new IpcError('ERR_INVALID_ARG', `sharedMemBytes must be a non-negative integer, got ${shared}`);
+    if (!Number.isInteger(shared) || shared < 0) throw badNumber(shared, `sharedMemBytes must be a non-negative integer, got ${shared}`);
     const packed = packKernelArgs(args);
     const offsets = Uint32Array.from(kernelArgLayout(args.map((a) => a.type)).offsets);
     this.module.device.activate();
@@ -53,6 +57,10 @@ export class Kernel {
   }
 }
 
+/**
+ * Loaded GPU code (PTX or a cubin) on one device: `Module.load(image)`, `Module.loadFile(path)`,
+ * `compileCuda(source)`.
+ */
 export class Module extends DriverObject {
   readonly #kernels = new Map<string, Kernel>();
 
@@ -63,11 +71,12 @@ export class Module extends DriverObject {
   /** Loads PTX (text) or a cubin/fatbin image; the driver JIT-compiles PTX for this GPU. */
   static load(image: string | Uint8Array, device: Device = defaultDevice()): Module {
     const bytes = typeof image === 'string' ? new TextEncoder().encode(image) : image;
-    if (bytes.byteLength === 0) throw new IpcError('ERR_INVALID_ARG', 'the module image is empty');
+    if (bytes.byteLength === 0) throw invalidArgValue('the module image is empty');
     device.activate();
     return new Module(device, driver.moduleLoadData(bytes));
   }
 
+  /** Loads a PTX or cubin file on `device` (default: the working device, else device 0). */
   static loadFile(path: string | URL, device: Device = defaultDevice()): Module {
     return Module.load(readFileSync(path), device);
   }
@@ -98,6 +107,7 @@ function nvrtcCandidates(): string[] {
   return out;
 }
 
+/** Options of compileCuda() (NVRTC). */
 export interface CompileOptions {
   /** Program name shown in diagnostics. */
   name?: string;

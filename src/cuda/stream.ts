@@ -3,11 +3,15 @@
 import { driver, Flags, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { IpcError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { DriverObject } from './driver-object.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
 /**
- * A stream of one device. `stream.waitEvent(event)` is declared and defined in event.ts, beside
- * Event: an event is a point in a stream's work, so event.ts builds on this file, never the reverse.
+ * A CUDA stream of one device: `Stream.create(device)`; work queued on it runs in order; `await
+ * stream.synchronize()` waits without blocking the event loop. `stream.waitEvent(event)` is
+ * declared and defined in event.ts, beside Event: an event is a point in a stream's work, so
+ * event.ts builds on this file, never the reverse.
  */
 export class Stream extends DriverObject {
   private constructor(device: Device, handle: bigint) {
@@ -20,9 +24,10 @@ export class Stream extends DriverObject {
     return new Stream(device, driver.streamCreate(Flags.STREAM_NON_BLOCKING));
   }
 
-  /** Resolves when all work queued so far has finished. */
-  synchronize(): Promise<void> {
-    return whenStreamDone(this.handle);
+  /** Resolves when all work queued so far has finished. `options`: give up waiting on a signal
+   * (AbortError) or after a timeout (ERR_TIMEOUT); the work goes on. */
+  synchronize(options?: WaitOptions): Promise<void> {
+    return raceWait(whenStreamDone(this.handle), options, 'Stream.synchronize');
   }
 
   /** GPU-side signal: when the stream reaches this point, it writes `value` at `offset` of `target`. */
@@ -31,6 +36,7 @@ export class Stream extends DriverObject {
     driver.streamWriteValue32(this.handle, this.#memOpAddress(target, offset, 4), value >>> 0, 0);
   }
 
+  /** writeValue32 for a 64-bit word. */
   writeValue64(target: MemoryTarget, offset: number, value: bigint): void {
     driver.streamWriteValue64(this.handle, this.#memOpAddress(target, offset, 8), BigInt.asUintN(64, value), 0);
   }
@@ -44,6 +50,7 @@ export class Stream extends DriverObject {
     driver.streamWaitValue32(this.handle, this.#memOpAddress(target, offset, 4), value >>> 0, waitFlag(condition));
   }
 
+  /** waitValue32 for a 64-bit word. */
   waitValue64(target: MemoryTarget, offset: number, value: bigint, condition: WaitCondition = 'geq'): void {
     driver.streamWaitValue64(this.handle, this.#memOpAddress(target, offset, 8), BigInt.asUintN(64, value), waitFlag(condition));
   }
@@ -63,11 +70,11 @@ export class Stream extends DriverObject {
         'use a DeviceBuffer.allocate buffer for flags, shared through its legacy handle or a link');
     }
     if (!Number.isSafeInteger(offset) || offset < 0 || offset + size > target.byteLength) {
-      throw new IpcError('ERR_OUT_OF_RANGE', `a ${size}-byte word at offset ${offset} does not fit in ${target.byteLength} bytes`);
+      throw badNumber(offset, `a ${size}-byte word at offset ${offset} does not fit in ${target.byteLength} bytes`);
     }
     const address = target.devicePointer + BigInt(offset);
     if (address % BigInt(size) !== 0n) {
-      throw new IpcError('ERR_INVALID_ARG', `stream memory operations need a ${size}-byte aligned address; offset ${offset} is not`);
+      throw invalidArgValue(`stream memory operations need a ${size}-byte aligned address; offset ${offset} is not`);
     }
     this.device.activate();
     return address;
@@ -86,6 +93,10 @@ export interface MemoryTarget {
   readonly byteLength: number;
 }
 
+/**
+ * How a stream wait compares the word with the value: `geq` (as a wrapping counter), `eq`, `and`
+ * (any bit set), `nor` (not all bits set).
+ */
 export type WaitCondition = 'geq' | 'eq' | 'and' | 'nor';
 
 function waitFlag(condition: WaitCondition): number {
@@ -94,13 +105,13 @@ function waitFlag(condition: WaitCondition): number {
     case 'eq': return Flags.WAIT_VALUE_EQ;
     case 'and': return Flags.WAIT_VALUE_AND;
     case 'nor': return Flags.WAIT_VALUE_NOR;
-    default: throw new IpcError('ERR_INVALID_ARG', `unknown wait condition '${condition as string}'; use 'geq', 'eq', 'and' or 'nor'`);
+    default: throw invalidArgValue(`unknown wait condition '${condition as string}'; use 'geq', 'eq', 'and' or 'nor'`);
   }
 }
 
 function checkU32(value: number): void {
   if (!Number.isInteger(value) || value < 0 || value > 0xffffffff) {
-    throw new IpcError('ERR_INVALID_ARG', `a 32-bit stream value must be an integer in 0..2^32-1, got ${value}`);
+    throw badNumber(value, `a 32-bit stream value must be an integer in 0..2^32-1, got ${value}`);
   }
 }
 

@@ -3,8 +3,10 @@
 // when it is given the fd (send the HostBuffer over a link).
 import { addon } from '../native.js';
 import type { NativeSharedMemory } from '../posix-types.js';
-import { IpcError } from '../errors.js';
+import { IpcError, fdLimitError } from '../errors.js';
+import { raceWait, type WaitOptions } from '../abort.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
+import { invalidArgValue, invalidArgType, badNumber, outOfRange } from '../arg-errors.js';
 
 const { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL } = addon.posixConstants;
 /** Seals of every buffer allocate() makes: its size can never change. */
@@ -115,7 +117,7 @@ const nothingToRelease = (): void => {};
 function toSize(bytes: number | bigint, what: string): number {
   const n = typeof bytes === 'bigint' ? Number(bytes) : bytes;
   if (!Number.isSafeInteger(n) || n <= 0) {
-    throw new IpcError('ERR_INVALID_ARG', `${what} must be a positive integer number of bytes; got ${String(bytes)}`);
+    throw badNumber(bytes, `${what} must be a positive integer number of bytes; got ${String(bytes)}`);
   }
   return n;
 }
@@ -124,12 +126,12 @@ function asBytes(v: ArrayBufferView | ArrayBuffer, what: string): Uint8Array {
   if (v instanceof Uint8Array) return v;
   if (ArrayBuffer.isView(v)) return new Uint8Array(v.buffer, v.byteOffset, v.byteLength);
   if (v instanceof ArrayBuffer) return new Uint8Array(v);
-  throw new IpcError('ERR_INVALID_ARG', `${what} must be an ArrayBuffer or a typed array / DataView / Buffer`);
+  throw invalidArgType(`${what} must be an ArrayBuffer or a typed array / DataView / Buffer`);
 }
 
 function checkOffset(offset: number, what: string): void {
   if (!Number.isSafeInteger(offset) || offset < 0) {
-    throw new IpcError('ERR_INVALID_ARG', `${what} must be a non-negative integer; got ${String(offset)}`);
+    throw badNumber(offset, `${what} must be a non-negative integer; got ${String(offset)}`);
   }
 }
 
@@ -173,7 +175,12 @@ export class HostBuffer implements Disposable {
   /** Allocates `bytes` of zeroed shared memory in a new memfd, sealed against resizing. */
   static allocate(bytes: number | bigint): HostBuffer {
     const size = toSize(bytes, 'HostBuffer.allocate(bytes)');
-    const fd = addon.memfdCreate('cuda-ipc-host', size, SEALED);
+    let fd: number;
+    try {
+      fd = addon.memfdCreate('cuda-ipc-host', size, SEALED);
+    } catch (e) {
+      throw fdLimitError(e, 'HostBuffer.allocate');
+    }
     try {
       return new HostBuffer(new Mapping(new addon.SharedMemory(fd, size), fd, size, true), 0, size);
     } catch (e) {
@@ -187,13 +194,13 @@ export class HostBuffer implements Disposable {
    * process. Takes ownership of `fd` when it returns; if it throws, the fd is still the caller's.
    */
   static fromFd(fd: number, bytes?: number | bigint): HostBuffer {
-    if (!Number.isInteger(fd) || fd < 0) throw new IpcError('ERR_INVALID_ARG', `fd must be a non-negative integer; got ${String(fd)}`);
+    if (!Number.isInteger(fd) || fd < 0) throw badNumber(fd, `fd must be a non-negative integer; got ${String(fd)}`);
     const fileSize = addon.fstatSize(fd);
     const size = bytes === undefined ? fileSize : toSize(bytes, 'HostBuffer.fromFd(fd, bytes)');
-    if (size === 0) throw new IpcError('ERR_INVALID_ARG', `fd ${fd} refers to an empty file; there is nothing to map`);
+    if (size === 0) throw invalidArgValue(`fd ${fd} refers to an empty file; there is nothing to map`);
     if (size > fileSize) {
       // Touching a mapping past the end of the file raises SIGBUS: refuse up front.
-      throw new IpcError('ERR_OUT_OF_RANGE', `HostBuffer.fromFd: fd ${fd} holds ${fileSize} bytes, fewer than the ${size} asked for`);
+      throw outOfRange(`HostBuffer.fromFd: fd ${fd} holds ${fileSize} bytes, fewer than the ${size} asked for`);
     }
     let seals = 0;
     try {
@@ -216,10 +223,7 @@ export class HostBuffer implements Disposable {
   #range(offset: number, length: number, what: string): void {
     checkOffset(offset, `${what}: offset`);
     if (offset + length > this.#length) {
-      throw new IpcError(
-        'ERR_OUT_OF_RANGE',
-        `HostBuffer.${what}: ${length} bytes at offset ${offset} do not fit in a buffer of ${this.#length} bytes`,
-      );
+      throw outOfRange(`HostBuffer.${what}: ${length} bytes at offset ${offset} do not fit in a buffer of ${this.#length} bytes`);
     }
   }
 
@@ -256,10 +260,11 @@ export class HostBuffer implements Disposable {
 
   /**
    * Resolves once the memory is unmapped and its fd closed: after this buffer, its views and every
-   * lease on it (see `leases`) let go, or after a forced close. Never rejects.
+   * lease on it (see `leases`) let go, or after a forced close. Rejects only when `options` give
+   * up the wait: an AbortError on its signal, ERR_TIMEOUT after its timeout.
    */
-  released(): Promise<void> {
-    return this.#shared.released();
+  released(options?: WaitOptions): Promise<void> {
+    return raceWait(this.#shared.released(), options, 'HostBuffer.released');
   }
 
   /** Copies `src` into the buffer at `offset`. */
@@ -301,7 +306,7 @@ export class HostBuffer implements Disposable {
   fill(byte: number): void {
     const m = this.#open('fill');
     if (!Number.isInteger(byte) || byte < 0 || byte > 255) {
-      throw new IpcError('ERR_INVALID_ARG', `HostBuffer.fill(byte): byte must be an integer 0..255; got ${String(byte)}`);
+      throw badNumber(byte, `HostBuffer.fill(byte): byte must be an integer 0..255; got ${String(byte)}`);
     }
     this.#view(m).fill(byte);
   }
@@ -312,7 +317,7 @@ export class HostBuffer implements Disposable {
     checkOffset(offset, 'view: offset');
     const len = length ?? this.#length - offset;
     if (!Number.isSafeInteger(len) || len <= 0) {
-      throw new IpcError('ERR_INVALID_ARG', `HostBuffer.view: length must be a positive integer; got ${String(len)}`);
+      throw badNumber(len, `HostBuffer.view: length must be a positive integer; got ${String(len)}`);
     }
     this.#range(offset, len, 'view');
     m.users++;
@@ -351,6 +356,7 @@ export class HostBuffer implements Disposable {
     if (options?.force) this.#shared.unmap();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }

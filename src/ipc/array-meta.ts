@@ -2,7 +2,7 @@
 // __cuda_array_interface__. They are kept strict: non-negative multiples of the itemsize, so an
 // array never reaches before its start and every element is aligned to its own size.
 
-import { at, checkArray, checkCount, checkKeys, checkPlainObject, describe, fail, type Field } from './checks.js';
+import { ARG as ARG_CODE, at, checkArray, checkCount, checkKeys, checkPlainObject, describe, fail, type Field } from './checks.js';
 import { dtypeInfo, isDType, DTYPES, type DType } from './dtype.js';
 
 /** At most 32 dimensions, NumPy's own limit before 2.0 and the binary format's bound. */
@@ -22,9 +22,9 @@ export interface ArrayMetaInit {
   readonly strides?: readonly number[];
 }
 
-const ARG: Field = { code: 'ERR_INVALID_ARG', path: 'array' };
+const ARG: Field = { code: ARG_CODE, path: 'array' };
 
-/** Validates `init` and returns a fresh ArrayMeta with strides filled in. Throws ERR_INVALID_ARG. */
+/** Validates `init` and returns a fresh ArrayMeta with strides filled in. Throws TypeError / RangeError (Node's argument error codes). */
 export function arrayMeta(init: ArrayMetaInit): ArrayMeta {
   return checkArrayMeta(init, ARG);
 }

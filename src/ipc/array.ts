@@ -7,7 +7,13 @@ import { dtypeInfo, type DType, type HostArrayTypes } from './dtype.js';
 import { arrayMeta, isCContiguous, extentBytes, elementCount, type ArrayMeta, type ArrayMetaInit } from './array-meta.js';
 import { openIpcHandle, toLegacyDescriptor } from './legacy.js';
 import type { LegacyHandleDescriptor } from './descriptor.js';
+import { invalidArgValue, outOfRange } from '../arg-errors.js';
 
+/**
+ * A typed view of device memory: dtype, shape and strides over a DeviceBuffer; `read()`/`write()`
+ * copy to and from typed arrays, `ipcHandle()` describes it for other processes (openIpcArray,
+ * Python).
+ */
 export class DeviceArray<T extends DType = DType> {
   readonly buffer: DeviceBuffer;
   readonly dtype: T;
@@ -24,7 +30,7 @@ export class DeviceArray<T extends DType = DType> {
     const m = arrayMeta(meta);
     const extent = extentBytes(m);
     if (extent > buffer.byteLength) {
-      throw new IpcError('ERR_OUT_OF_RANGE',
+      throw outOfRange(
         `an array of shape [${m.shape}] ${m.dtype} with strides [${m.strides}] needs ${extent} bytes, but the buffer has ${buffer.byteLength}`);
     }
     this.buffer = buffer;
@@ -70,8 +76,7 @@ export class DeviceArray<T extends DType = DType> {
     const info = dtypeInfo(this.dtype);
     const src = values as ArrayBufferView;
     if (!(src instanceof info.hostArray) || (src as unknown as { length: number }).length !== this.size) {
-      throw new IpcError('ERR_INVALID_ARG',
-        `write expects a ${info.hostArray.name} of ${this.size} elements for a ${this.dtype} array of shape [${this.shape}]`);
+      throw invalidArgValue(`write expects a ${info.hostArray.name} of ${this.size} elements for a ${this.dtype} array of shape [${this.shape}]`);
     }
     if (this.size === 0) return;
     if (this.#contiguous) {
@@ -107,8 +112,10 @@ export class DeviceArray<T extends DType = DType> {
     return this.buffer.ipcHandle({ array: this.meta });
   }
 
+  /** Closes the underlying buffer. */
   close(): void { this.buffer.close(); }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void { this.close(); }
 }
 

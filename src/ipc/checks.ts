@@ -1,12 +1,17 @@
 // Field checks for untrusted input. Each names the offending field by its path (e.g.
 // `descriptor.array.shape[2]`) and throws an IpcError with the caller's code, so the same checks
-// serve descriptors (ERR_DESCRIPTOR_INVALID) and direct API arguments (ERR_INVALID_ARG).
+// serve descriptors (ERR_DESCRIPTOR_INVALID); for direct API arguments (code ARG) they throw
+// Node's argument errors (TypeError / RangeError, arg-errors.ts).
 
 import { IpcError, type IpcErrorCode } from '../errors.js';
+import { invalidArgType, invalidArgValue, outOfRange } from '../arg-errors.js';
+
+/** The code of a Field that is a direct API argument: failures are TypeError / RangeError. */
+export const ARG = 'ERR_INVALID_ARG_VALUE';
 
 /** Where a value came from: the error code to throw and the field path to name. */
 export interface Field {
-  readonly code: IpcErrorCode;
+  readonly code: IpcErrorCode | typeof ARG;
   readonly path: string;
 }
 
@@ -14,9 +19,14 @@ export function at(field: Field, key: string | number): Field {
   return { code: field.code, path: typeof key === 'number' ? `${field.path}[${key}]` : `${field.path}.${key}` };
 }
 
-export function fail(field: Field, problem: string): never {
-  throw new IpcError(field.code, `${field.path} ${problem}`);
+/** Throws for `field`; `kind` picks the argument error (a wrong type, a bad value, a number out of range). */
+export function fail(field: Field, problem: string, kind: 'type' | 'value' | 'range' = 'value'): never {
+  const message = `${field.path} ${problem}`;
+  if (field.code === ARG) throw kind === 'type' ? invalidArgType(message) : kind === 'range' ? outOfRange(message) : invalidArgValue(message);
+  throw new IpcError(field.code, message);
 }
+
+const numberKind = (value: unknown): 'type' | 'range' => (typeof value === 'number' ? 'range' : 'type');
 
 /** A short, bounded rendering of an untrusted value for error messages. */
 export function describe(value: unknown): string {
@@ -35,7 +45,7 @@ export function describe(value: unknown): string {
 /** A non-negative safe integer, with -0 normalised to 0 (so round trips compare equal). */
 export function checkCount(value: unknown, field: Field, hint = ''): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0) {
-    fail(field, `must be a non-negative safe integer (0..2^53-1), got ${describe(value)}${hint}`);
+    fail(field, `must be a non-negative safe integer (0..2^53-1), got ${describe(value)}${hint}`, numberKind(value));
   }
   return value + 0;
 }
@@ -43,7 +53,7 @@ export function checkCount(value: unknown, field: Field, hint = ''): number {
 /** A safe integer in [min, max]. */
 export function checkIntInRange(value: unknown, min: number, max: number, field: Field, hint = ''): number {
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < min || value > max) {
-    fail(field, `must be an integer in ${min}..${max}, got ${describe(value)}${hint}`);
+    fail(field, `must be an integer in ${min}..${max}, got ${describe(value)}${hint}`, numberKind(value));
   }
   return value + 0;
 }
@@ -51,7 +61,7 @@ export function checkIntInRange(value: unknown, min: number, max: number, field:
 /** A plain data object (from JSON.parse or an object literal), not an array, class instance or null. */
 export function checkPlainObject(value: unknown, field: Field): Record<string, unknown> {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
-    fail(field, `must be an object, got ${describe(value)}`);
+    fail(field, `must be an object, got ${describe(value)}`, 'type');
   }
   const proto: unknown = Object.getPrototypeOf(value);
   if (proto !== Object.prototype && proto !== null) fail(field, `must be a plain object, got ${describe(value)}`);
@@ -79,7 +89,7 @@ export function checkKeys(
 
 /** An array of bounded length; the bound is checked before anything reads the elements. */
 export function checkArray(value: unknown, maxLength: number, field: Field): readonly unknown[] {
-  if (!Array.isArray(value)) fail(field, `must be an array, got ${describe(value)}`);
+  if (!Array.isArray(value)) fail(field, `must be an array, got ${describe(value)}`, 'type');
   if (value.length > maxLength) fail(field, `must have at most ${maxLength} entries, got ${value.length}`);
   return value;
 }
@@ -87,7 +97,7 @@ export function checkArray(value: unknown, maxLength: number, field: Field): rea
 /** Exactly `length` bytes in a Uint8Array; returns a private copy so later changes to the
  *  caller's buffer cannot alter a validated descriptor. */
 export function checkBytes(value: unknown, length: number, field: Field): Uint8Array {
-  if (!(value instanceof Uint8Array)) fail(field, `must be a Uint8Array of ${length} bytes, got ${describe(value)}`);
+  if (!(value instanceof Uint8Array)) fail(field, `must be a Uint8Array of ${length} bytes, got ${describe(value)}`, 'type');
   if (value.byteLength !== length) fail(field, `must be exactly ${length} bytes, got ${value.byteLength}`);
   return new Uint8Array(value);
 }

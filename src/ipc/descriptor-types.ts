@@ -36,10 +36,14 @@ export interface IpcEventDescriptor {
   readonly pid: number;
 }
 
+/** A descriptor of shared memory or of an interprocess event, as parsed or built. */
 export type Descriptor = LegacyHandleDescriptor | IpcEventDescriptor;
+/** The `kind` of a descriptor: 'cuda-legacy-handle' or 'cuda-ipc-event'. */
 export type DescriptorKind = Descriptor['kind'];
+/** The descriptor type of one kind. */
 export type DescriptorOf<K extends DescriptorKind> = Extract<Descriptor, { kind: K }>;
 
+/** Array metadata (dtype, shape, strides) in a descriptor's JSON form. */
 export interface ArrayMetaJson {
   dtype: DType;
   /** NumPy typestr of dtype, for Python consumers ('<f4'; bfloat16: '<V2'). */
@@ -49,6 +53,7 @@ export interface ArrayMetaJson {
   strides: number[];
 }
 
+/** A legacy handle descriptor as JSON (descriptorToJson): the handle in hex, for Python and files. */
 export interface LegacyHandleDescriptorJson {
   kind: 'cuda-legacy-handle';
   version: 1;
@@ -61,6 +66,7 @@ export interface LegacyHandleDescriptorJson {
   array?: ArrayMetaJson;
 }
 
+/** An interprocess event descriptor as JSON. */
 export interface IpcEventDescriptorJson {
   kind: 'cuda-ipc-event';
   version: 1;
@@ -69,5 +75,7 @@ export interface IpcEventDescriptorJson {
   pid: number;
 }
 
+/** Any descriptor in its JSON form. */
 export type DescriptorJson = LegacyHandleDescriptorJson | IpcEventDescriptorJson;
+/** The JSON form of one kind of descriptor. */
 export type DescriptorJsonOf<K extends DescriptorKind> = Extract<DescriptorJson, { kind: K }>;

@@ -4,6 +4,7 @@
 // one-byte types, as NumPy spells them).
 
 import { IpcError } from '../errors.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 /** Element types a descriptor can describe. */
 export type DType =
@@ -18,11 +19,15 @@ export type DType =
   | 'float16'
   | 'bfloat16'
   | 'float32'
-  | 'float64';
+  | 'float64'
+  | 'bool'
+  | 'float8_e4m3fn'
+  | 'float8_e5m2';
 
 /** The typed array that holds one dtype's values on the host. float16 and bfloat16 have no
  *  native typed array on Node 20, so their raw bit patterns live in a Uint16Array; convert with
- *  the helpers in src/half-float.ts. */
+ *  the helpers in src/half-float.ts. bool is one byte per element (0 or 1), the float8 formats
+ *  (PyTorch's float8_e4m3fn and float8_e5m2, safetensors' F8_E4M3 and F8_E5M2) raw bytes. */
 export interface HostArrayTypes {
   int8: Int8Array;
   int16: Int16Array;
@@ -36,14 +41,19 @@ export interface HostArrayTypes {
   bfloat16: Uint16Array;
   float32: Float32Array;
   float64: Float64Array;
+  bool: Uint8Array;
+  float8_e4m3fn: Uint8Array;
+  float8_e5m2: Uint8Array;
 }
 
+/** A typed-array constructor (Float32Array, BigInt64Array, ...) as the dtype table names it. */
 export interface HostArrayConstructor<A> {
   new (length: number): A;
   new (buffer: ArrayBuffer | SharedArrayBuffer, byteOffset?: number, length?: number): A;
   readonly BYTES_PER_ELEMENT: number;
 }
 
+/** What dtypeInfo() tells about a dtype: size, NumPy typestr, the host typed array that holds it. */
 export interface DTypeInfo<T extends DType = DType> {
   readonly name: T;
   /** Bytes per element. */
@@ -73,6 +83,10 @@ const DTYPE_TABLE: DTypeTable = {
   bfloat16: { name: 'bfloat16', itemsize: 2, typestr: '<V2', hostArray: Uint16Array, wireCode: 10 },
   float32: { name: 'float32', itemsize: 4, typestr: '<f4', hostArray: Float32Array, wireCode: 11 },
   float64: { name: 'float64', itemsize: 8, typestr: '<f8', hostArray: Float64Array, wireCode: 12 },
+  // One byte each; the float8 formats have no NumPy typestr ('|V1', opaque), like bfloat16.
+  bool: { name: 'bool', itemsize: 1, typestr: '|b1', hostArray: Uint8Array, wireCode: 13 },
+  float8_e4m3fn: { name: 'float8_e4m3fn', itemsize: 1, typestr: '|V1', hostArray: Uint8Array, wireCode: 14 },
+  float8_e5m2: { name: 'float8_e5m2', itemsize: 1, typestr: '|V1', hostArray: Uint8Array, wireCode: 15 },
 };
 
 /** Every dtype, in wire-code order. */
@@ -86,10 +100,10 @@ export function isDType(value: unknown): value is DType {
   return typeof value === 'string' && Object.prototype.hasOwnProperty.call(DTYPE_TABLE, value);
 }
 
-/** Facts about one dtype. Throws ERR_INVALID_ARG for a name that is not a DType. */
+/** Facts about one dtype. Throws a TypeError (ERR_INVALID_ARG_VALUE) for a name that is not a DType. */
 export function dtypeInfo<T extends DType>(dtype: T): DTypeInfo<T> {
   if (!isDType(dtype)) {
-    throw new IpcError('ERR_INVALID_ARG', `unknown dtype ${describeName(dtype)}; use one of: ${DTYPES.join(', ')}`);
+    throw invalidArgValue(`unknown dtype ${describeName(dtype)}; use one of: ${DTYPES.join(', ')}`);
   }
   return DTYPE_TABLE[dtype] as DTypeInfo<T>;
 }
@@ -103,7 +117,7 @@ export function dtypeFromWireCode(code: number): DType | undefined {
  * The dtype whose values a typed array naturally holds: Float32Array -> 'float32',
  * BigInt64Array -> 'int64', Uint8Array (and Buffer, Uint8ClampedArray) -> 'uint8'. A Uint16Array
  * maps to 'uint16': float16/bfloat16 bits cannot be told apart from integers, so name them
- * explicitly. Throws ERR_INVALID_ARG for a DataView or anything else.
+ * explicitly. Throws a TypeError (ERR_INVALID_ARG_VALUE) for a DataView or anything else.
  */
 export function dtypeOfTypedArray(array: ArrayBufferView): DType {
   // Order matters only for subclasses (Buffer extends Uint8Array).
@@ -120,9 +134,7 @@ export function dtypeOfTypedArray(array: ArrayBufferView): DType {
   // Float16Array exists on newer runtimes only (Node 24+ behind or without a flag).
   const float16Array = (globalThis as { Float16Array?: abstract new (...args: never[]) => unknown }).Float16Array;
   if (float16Array !== undefined && array instanceof float16Array) return 'float16';
-  throw new IpcError(
-    'ERR_INVALID_ARG',
-    `cannot infer a dtype from ${array?.constructor?.name ?? typeof array}; pass a typed array or name the dtype`,
+  throw invalidArgValue(`cannot infer a dtype from ${array?.constructor?.name ?? typeof array}; pass a typed array or name the dtype`,
   );
 }
 

@@ -12,7 +12,9 @@ import {
   DESCRIPTOR_VERSION, type LegacyHandleDescriptor,
 } from './descriptor.js';
 import type { ArrayMetaInit } from './array-meta.js';
+import { badNumber, outOfRange } from '../arg-errors.js';
 
+/** Options of `buffer.ipcHandle()`. */
 export interface IpcHandleOptions {
   /** dtype/shape/strides to describe the bytes as an array (for openIpcArray and Python). */
   array?: ArrayMetaInit;
@@ -85,11 +87,30 @@ export function exportPointer(pointer: bigint, byteLength: number, options: IpcH
   const [base, size] = driver.memGetAddressRange(pointer);
   const offset = Number(pointer - base);
   if (offset + byteLength > size) {
-    throw new IpcError('ERR_OUT_OF_RANGE', `${byteLength} bytes at 0x${pointer.toString(16)} run past the end of its allocation (${size - offset} bytes left)`);
+    throw outOfRange(`${byteLength} bytes at 0x${pointer.toString(16)} run past the end of its allocation (${size - offset} bytes left)`);
   }
   const handle = driver.ipcGetMemHandle(base);
   driver.legacyExportRegister(handle, base);
+  // Nobody tells this process when another library frees the memory: now and then, drop the
+  // entries whose allocation is gone, so that the table holds live allocations only.
+  if (driver.legacyCacheStats().exports >= sweepExportsAt) {
+    driver.legacyExportSweep();
+    sweepExportsAt = Math.max(EXPORT_SWEEP_MIN, 2 * driver.legacyCacheStats().exports);
+  }
   return describe(handle, offset, byteLength, device, process.pid, options.array);
+}
+
+/** exportPointer sweeps the table of local exports once it holds this many entries (then twice what stayed). */
+const EXPORT_SWEEP_MIN = 64;
+let sweepExportsAt = EXPORT_SWEEP_MIN;
+
+/**
+ * @internal The peer that exported the allocation behind `handle` freed it (a GONE notice): its
+ * idle mappings here are closed now, mappings in use at their last release. Returns how many it
+ * closed now.
+ */
+export function forgetLegacyAllocation(handle: Uint8Array): number {
+  return driver.legacyImportForget(handle);
 }
 
 DeviceBuffer.prototype.ipcHandle = function ipcHandle(this: DeviceBuffer, options: IpcHandleOptions = {}): LegacyHandleDescriptor {
@@ -155,6 +176,7 @@ export function toLegacyDescriptor(input: LegacyHandleDescriptor | string | Uint
     : validateDescriptor(input, 'cuda-legacy-handle');
 }
 
+/** Options of openIpcHandle(). */
 export interface OpenIpcHandleOptions {
   /**
    * The device that will use the memory: it is mapped into that device's context, with peer
@@ -231,19 +253,25 @@ function rangeIn(desc: LegacyHandleDescriptor, allocationSize: number): number {
 
 export type { ImportCacheStats };
 
-/** This process's legacy import cache (shared by all its threads). */
+/**
+ * This process's legacy import cache (shared by all its threads), and its table of local exports
+ * (exportPointer), from which allocations freed since are dropped first.
+ */
 export function legacyCacheStats(): ImportCacheStats {
+  if (driver.legacyCacheStats().exports > 0) driver.legacyExportSweep();
   return driver.legacyCacheStats();
 }
 
 /**
  * Sets how many unused legacy mappings stay cached (default 16; least recently used closed
- * first). An idle mapping keeps its allocation's memory alive even after the exporter frees it,
- * so 0 trades reopening cost for memory.
+ * first). A cuda-ipc peer that frees an allocation it sent over a link says so (a GONE notice)
+ * and its idle mapping here is closed at once; a mapping opened from elsewhere (a descriptor from
+ * a file, a peer without notices) keeps its allocation's memory alive while it is cached, so 0
+ * trades reopening cost for memory.
  */
 export function configureImportCache(options: { idleLimit: number }): void {
   if (!Number.isSafeInteger(options.idleLimit) || options.idleLimit < 0 || options.idleLimit > 0xffffffff) {
-    throw new IpcError('ERR_INVALID_ARG', `idleLimit must be a non-negative integer, got ${options.idleLimit}`);
+    throw badNumber(options.idleLimit, `idleLimit must be a non-negative integer, got ${options.idleLimit}`);
   }
   driver.legacyCacheConfigure(options.idleLimit);
 }

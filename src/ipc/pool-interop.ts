@@ -15,6 +15,7 @@ import type { DeviceBuffer } from '../cuda/buffer.js';
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 import { IpcPool, exportPoolBuffer } from './pool.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
 /** Everything another process needs, besides the pool's fd, to map a pool buffer. */
 export interface PoolBufferExport {
@@ -42,6 +43,7 @@ export function poolBufferExport(buffer: DeviceBuffer): PoolBufferExport {
   };
 }
 
+/** Options of importIpcPool(): which device and pool id an imported pool fd stands for. */
 export interface ImportIpcPoolOptions {
   /** The pool's device (default: the one named by deviceUuid, else device 0). */
   device?: Device;
@@ -58,9 +60,9 @@ export interface ImportIpcPoolOptions {
  * its buffers with `pool.importBuffer(exportData, allocationSize)`.
  */
 export function importIpcPool(fd: number, options: ImportIpcPoolOptions = {}): IpcPool {
-  if (!Number.isInteger(fd) || fd < 0) throw new IpcError('ERR_INVALID_ARG', `importIpcPool: fd must be an open file descriptor, got ${fd}`);
+  if (!Number.isInteger(fd) || fd < 0) throw badNumber(fd, `importIpcPool: fd must be an open file descriptor, got ${fd}`);
   const id = options.id ?? randomBytes(16).toString('hex');
-  if (!/^[0-9a-f]{32}$/.test(id)) throw new IpcError('ERR_INVALID_ARG', `importIpcPool: id must be 32 lower-case hex digits (a UUID without dashes), got ${JSON.stringify(id)}`);
+  if (!/^[0-9a-f]{32}$/.test(id)) throw invalidArgValue(`importIpcPool: id must be 32 lower-case hex digits (a UUID without dashes), got ${JSON.stringify(id)}`);
   const device = options.device ?? (options.deviceUuid !== undefined ? Device.byUuid(options.deviceUuid) : Device.get(0));
   return IpcPool.importFromFd(addon.dup(fd), device, id, options.maxSize ?? 0);
 }

@@ -7,12 +7,14 @@ import { driver, Flags, HandleType } from '../cuda/driver.js';
 import { Device, assertPeerReachable, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
 import { Stream, streamHandle } from '../cuda/stream.js';
-import { CudaError, IpcError } from '../errors.js';
+import { CudaError, IpcError, fdLimitError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { addon } from '../native.js';
 import { BlockStash } from './block-stash.js';
 import { PreparedExports } from './prepared-exports.js';
+import { invalidArgValue, badNumber } from '../arg-errors.js';
 
+/** Options of `device.createIpcPool()` / IpcPool.create(). */
 export interface IpcPoolOptions {
   /** Upper bound of the pool's reserved memory in bytes (0: the driver's default). */
   maxSize?: number;
@@ -74,12 +76,12 @@ function assertPoolFd(fd: number): void {
   try {
     st = fstatSync(fd);
   } catch (e) {
-    throw new IpcError('ERR_INVALID_ARG', `fd ${fd} is not an open file descriptor`, { cause: e });
+    throw invalidArgValue(`fd ${fd} is not an open file descriptor`, { cause: e });
   }
   const major = Math.floor(st.rdev / 256) & 0xfff;
   if (!st.isCharacterDevice() || major !== NVIDIA_CHAR_MAJOR) {
     const what = st.isFile() ? 'a regular file' : st.isCharacterDevice() ? `character device ${major}:${st.rdev & 0xff}` : st.isSocket() ? 'a socket' : st.isFIFO() ? 'a pipe' : 'not a device';
-    throw new IpcError('ERR_INVALID_ARG', `fd ${fd} is not a CUDA memory pool handle (it is ${what}); pass the fd a pool's owner exported`);
+    throw invalidArgValue(`fd ${fd} is not a CUDA memory pool handle (it is ${what}); pass the fd a pool's owner exported`);
   }
 }
 
@@ -139,6 +141,11 @@ class PoolImport implements PoolMemoryOwner {
   }
 }
 
+/**
+ * An IPC memory pool (cuMemPoolCreate with POSIX fds): its buffers travel over links as 64 bytes
+ * each once the pool's fd went to the peer. Made by `device.createIpcPool()`, or imported from
+ * another process.
+ */
 export class IpcPool {
   /** The device whose memory the pool's allocations live on. */
   readonly device: Device;
@@ -189,15 +196,16 @@ export class IpcPool {
     });
   }
 
+  /** Creates a pool on `device` (the same as `device.createIpcPool(options)`). */
   static create(device: Device, options: IpcPoolOptions = {}): IpcPool {
     const maxSize = options.maxSize ?? 0;
     if (!Number.isSafeInteger(maxSize) || maxSize < 0) {
-      throw new IpcError('ERR_INVALID_ARG', `maxSize must be a non-negative integer number of bytes, got ${maxSize}`);
+      throw badNumber(maxSize, `maxSize must be a non-negative integer number of bytes, got ${maxSize}`);
     }
     for (const key of ['recycleBlocks', 'recycleBytes'] as const) {
       const v = options[key];
       if (v !== undefined && !(Number.isSafeInteger(v) && v >= 0)) {
-        throw new IpcError('ERR_INVALID_ARG', `${key} must be a non-negative integer, got ${v}`);
+        throw badNumber(v, `${key} must be a non-negative integer, got ${v}`);
       }
     }
     const caps = device.capabilities;
@@ -299,7 +307,7 @@ export class IpcPool {
         'an imported pool cannot allocate: only the process that created it can. Allocate from a pool of your own (device.createIpcPool())');
     }
     if (!Number.isSafeInteger(bytes) || bytes <= 0) {
-      throw new IpcError('ERR_INVALID_ARG', `bytes must be a positive integer, got ${bytes}`);
+      throw badNumber(bytes, `bytes must be a positive integer, got ${bytes}`);
     }
     const pool = this.handle;
     const stream = streamHandle(options?.stream);
@@ -349,10 +357,17 @@ export class IpcPool {
     }
   }
 
-  /** A new fd for this pool, owned by the caller (links send it and close it). */
+  /**
+   * A new fd for this pool, owned by the caller (links send it and close it). Works after close()
+   * while buffers of the pool live: a peer needs the pool to map a buffer sent from it.
+   */
   exportFd(): number {
-    this.handle; // throws once closed
-    return addon.dup(this.#fd);
+    if (this.#handle === 0n) throw new IpcError('ERR_CLOSED', `this ${this.imported ? 'imported ' : ''}pool was destroyed`);
+    try {
+      return addon.dup(this.#fd);
+    } catch (e) {
+      throw fdLimitError(e, 'IpcPool.exportFd');
+    }
   }
 
   /**
@@ -362,7 +377,7 @@ export class IpcPool {
    */
   importBuffer(exportData: Uint8Array, byteLength: number, offset = 0, length = byteLength - offset, options?: { device?: Device }): DeviceBuffer {
     const pool = this.handle;
-    if (exportData.byteLength !== 64) throw new IpcError('ERR_INVALID_ARG', `pool export data is 64 bytes, got ${exportData.byteLength}`);
+    if (exportData.byteLength !== 64) throw invalidArgValue(`pool export data is 64 bytes, got ${exportData.byteLength}`);
     if (!Number.isSafeInteger(byteLength) || byteLength <= 0 || offset < 0 || length < 0 || offset + length > byteLength) {
       throw new IpcError('ERR_OUT_OF_RANGE', `a range of ${length} bytes at ${offset} does not fit a pool buffer of ${byteLength} bytes`);
     }
@@ -455,6 +470,7 @@ export class IpcPool {
     if (this.#users === 0) this.#destroy();
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void { this.close(); }
 
   static {

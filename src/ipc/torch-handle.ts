@@ -21,12 +21,13 @@ const TYPE_EXPANDABLE = 0x65; // 'e'
 export interface TorchCudaHandle {
   /** The 66-byte handle ([1]), as bytes or as Python's `.hex()` (132 digits). */
   readonly handle: Uint8Array | string;
-  /** [2]: bytes in the storage. */
+  /** Element 2: bytes in the storage. */
   readonly storageSizeBytes: number;
-  /** [3]: where the storage starts in the caching allocator's block. */
+  /** Element 3: where the storage starts in the caching allocator's block. */
   readonly storageOffsetBytes: number;
 }
 
+/** Where a PyTorch handle came from: the device (by UUID) and the exporting process. */
 export interface FromTorchOptions {
   /** The device's UUID (`'GPU-' + str(torch.cuda.get_device_properties(i).uuid)`), not its ordinal. */
   readonly deviceUuid: string;

@@ -9,12 +9,12 @@
 // mapped for the link's working device (linkWorkingDevice), with peer access where it lives on
 // another GPU; events are opened on the device they belong to.
 import { closeSync } from 'node:fs';
-import { DeviceBuffer } from '../cuda/buffer.js';
+import { DeviceBuffer, onBufferClose, type SharedMemory } from '../cuda/buffer.js';
 import { Device, importingDevice } from '../cuda/device.js';
 import { Event } from '../cuda/event.js';
 import { IpcPool, exportPoolBuffer } from '../ipc/pool.js';
 import { openIpcEvent } from '../ipc/event.js';
-import { legacyTransferBytes, openLegacyDescriptor } from '../ipc/legacy.js';
+import { forgetLegacyAllocation, legacyTransferBytes, openLegacyDescriptor } from '../ipc/legacy.js';
 import { encodeDescriptor, decodeDescriptor } from '../ipc/descriptor.js';
 import { deviceUuidFromBytes } from '../ipc/device-uuid.js';
 import { IpcError } from '../errors.js';
@@ -23,6 +23,7 @@ import { registerTransferHandler, type TransferEncoding } from './transfer.js';
 import { linkWorkingDevice } from './working-device.js';
 import type { Link } from './link.js';
 import type { LeaseHold, ReceivedLease } from './lease.js';
+import { announceGone, registerGoneHandler } from './gone.js';
 
 // Pool reference, shared by pool and pool-buffer messages (little-endian, zero padding):
 //   0  16  pool id
@@ -71,6 +72,12 @@ function writePoolRef(view: DataView, bytes: Uint8Array, pool: IpcPool, link: Li
       let sent = poolsSent.get(link);
       if (!sent) poolsSent.set(link, (sent = new Set()));
       sent.add(pool.id);
+      // Once destroyed here, the peer may drop its import (PROTOCOL.md 3.2); a later reference
+      // on this link (a new import of the same pool) carries the fd again.
+      pool.afterDestroy.push(() => {
+        sent!.delete(pool.id);
+        announceGone(link, 'ipc-pool', pool.idBytes);
+      });
     },
   };
 }
@@ -80,9 +87,43 @@ function leaseMemory(buffer: DeviceBuffer): LeaseHold {
   return { release: buffer.memory.lease(), bytes: buffer.byteLength };
 }
 
-/** Ends the sender's lease once the received buffer's memory is unmapped here, never before. */
+// The leases of the received buffers open over one import. A pool import is shared by every
+// message that names the same allocation, so several leases can share one mapping.
+const openLeases = new WeakMap<SharedMemory, Set<ReceivedLease>>();
+
+/**
+ * Ends the sender's lease once nothing here needs it: while the import is mapped, one lease on it
+ * stays open (the sender's memory must outlive the mapping); the others end as soon as the buffer
+ * that came with them is closed. Otherwise a receiver that maps each sync's set before closing the
+ * previous one (so that the import stays) would keep the lease of every sync until it let go.
+ */
 function endLeaseOnRelease(buffer: DeviceBuffer, lease: ReceivedLease | undefined): DeviceBuffer {
-  if (lease) buffer.memory.afterRelease.push(() => lease.end());
+  if (!lease) return buffer;
+  const memory = buffer.memory;
+  let leases = openLeases.get(memory);
+  if (!leases) {
+    const mine = new Set<ReceivedLease>();
+    leases = mine;
+    openLeases.set(memory, mine);
+    memory.afterRelease.push(() => {
+      openLeases.delete(memory);
+      for (const l of mine) l.end();
+      mine.clear();
+    });
+  }
+  const shared = leases;
+  shared.add(lease);
+  onBufferClose(buffer, () => {
+    // Another lease still in force keeps the sender's memory for the mapping; this one can go.
+    if (!shared.has(lease)) return;
+    for (const other of shared) {
+      if (other !== lease && !other.ended) {
+        shared.delete(lease);
+        lease.end();
+        return;
+      }
+    }
+  });
   return buffer;
 }
 
@@ -127,6 +168,10 @@ function readPoolRef(data: Uint8Array, view: DataView, fds: number[], link: Link
       fds[0] = -1;
       closeSync(fd);
       return known;
+    }
+    const most = link.limits.importedPools;
+    if (received.size >= most) {
+      throw new IpcError('ERR_LIMIT_REACHED', `the peer sent a ${most + 1}th IPC pool on this link, more than it may make this process import (importedPools ${most}); the message was dropped`, { limit: 'importedPools' });
     }
     // Until importFromFd owns the fd, a throw leaves it in fds for the link to close.
     const device = Device.byUuid(deviceUuidFromBytes(data.subarray(16, 32)));
@@ -186,10 +231,36 @@ registerTransferHandler<IpcPool>({
   },
 });
 
+/** The links each allocation of this process was sent on by legacy handle, told when it is freed. */
+const legacySentOn = new WeakMap<SharedMemory, Set<Link>>();
+
+/** Tells `link` that the allocation behind `handle` is gone once `memory` is freed (PROTOCOL.md 3.2). */
+function announceLegacyGone(memory: SharedMemory, link: Link, handle: Uint8Array): void {
+  let links = legacySentOn.get(memory);
+  if (!links) {
+    const set = (links = new Set());
+    legacySentOn.set(memory, set);
+    const key = handle.slice();
+    memory.afterRelease.push(() => {
+      for (const l of set) announceGone(l, 'legacy-buffer', key);
+      set.clear();
+    });
+  }
+  if (links.has(link)) return;
+  const set = links;
+  set.add(link);
+  link.onClose(() => set.delete(link));
+}
+
 registerTransferHandler<DeviceBuffer>({
   kind: 'legacy-buffer',
   canTransfer: (v): v is DeviceBuffer => v instanceof DeviceBuffer && (v.kind === 'device' || v.kind === 'legacy-import'),
-  encode: (buffer) => ({ data: legacyTransferBytes(buffer), hold: leaseMemory(buffer) }),
+  encode: (buffer, link) => {
+    const data = legacyTransferBytes(buffer);
+    // Only this process's own allocations: an import sent onward lives on with its exporter.
+    const onCommit = buffer.kind === 'device' ? () => announceLegacyGone(buffer.memory, link, data.subarray(16, 80)) : undefined;
+    return { data, hold: leaseMemory(buffer), ...(onCommit ? { onCommit } : {}) };
+  },
   decode: (data, _fds, link, lease) =>
     endLeaseOnRelease(openLegacyDescriptor(decodeDescriptor(data, 'cuda-legacy-handle'), linkWorkingDevice(link)), lease),
 });
@@ -203,4 +274,24 @@ registerTransferHandler<Event>({
     if (lease) event.afterDestroy.push(() => lease.end());
     return event;
   },
+});
+
+// What this process keeps of memory its peers freed goes when they say so (PROTOCOL.md 3.2).
+registerGoneHandler('legacy-buffer', (key) => {
+  if (key.byteLength !== 64) return;
+  try {
+    forgetLegacyAllocation(key);
+  } catch (e) {
+    // No driver here: nothing was ever mapped. Anything else is worth a warning.
+    if ((e as { code?: string }).code !== 'CUDA_DRIVER_NOT_FOUND') throw e;
+  }
+});
+registerGoneHandler('ipc-pool', (key, link) => {
+  if (key.byteLength !== 16) return;
+  const map = poolsReceived.get(link as Link);
+  const id = Buffer.from(key.buffer, key.byteOffset, 16).toString('hex');
+  const pool = map?.get(id);
+  if (!pool) return;
+  map!.delete(id);
+  pool.close();  // destroyed once its last buffer here is closed
 });

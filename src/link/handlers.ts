@@ -3,6 +3,7 @@
 // Link): this file sits below link.ts, and the encoder and decoder only pass the link on.
 import { IpcError } from '../errors.js';
 import type { LeaseHold, ReceivedLease } from './lease.js';
+import { invalidArgValue } from '../arg-errors.js';
 
 /** What encode() returns for one value. */
 export interface TransferEncoding {
@@ -48,10 +49,10 @@ const KIND_RE = /^[\x21-\x7e]{1,64}$/;
 export function addHandler(handler: RegisteredHandler): void {
   const kind = handler?.kind;
   if (typeof kind !== 'string' || !KIND_RE.test(kind) || kind.startsWith('@')) {
-    throw new IpcError('ERR_INVALID_ARG', `transfer handler kind ${JSON.stringify(kind)} must be 1..64 printable ASCII characters not starting with '@'`);
+    throw invalidArgValue(`transfer handler kind ${JSON.stringify(kind)} must be 1..64 printable ASCII characters not starting with '@'`);
   }
   if (byKind.has(kind)) {
-    throw new IpcError('ERR_INVALID_ARG', `a transfer handler for '${kind}' is already registered; unregister it first to replace it`);
+    throw invalidArgValue(`a transfer handler for '${kind}' is already registered; unregister it first to replace it`);
   }
   byKind.set(kind, handler);
   handlers = [...handlers, handler];

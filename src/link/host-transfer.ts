@@ -3,6 +3,7 @@
 // The send leases the sender's mapping to the peer: it stays mapped until the receiver's last
 // view of what it got is closed (the lease ends), or the link closes.
 import { IpcError } from '../errors.js';
+import { addon } from '../native.js';
 import { readU64, writeU64 } from './frame.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 import { HostBuffer, describeHostBuffer, leaseHostBuffer, whenHostBufferReleased } from '../host/host-buffer.js';
@@ -42,7 +43,25 @@ export const hostBufferTransfer: TransferHandler<HostBuffer> = {
     if (fileLength <= 0 || offset < 0 || length <= 0 || offset + length > fileLength) {
       throw new IpcError('ERR_DESCRIPTOR_INVALID', `received a host-buffer whose range (${offset}+${length}) lies outside its ${fileLength}-byte file`);
     }
-    const whole = HostBuffer.fromFd(fd, fileLength);  // checks the file really is that long, reads its seals
+    // Only a memfd (a regular file) is mapped: a pipe, socket, directory or device is refused
+    // before anything touches it, and so is a file shorter than announced (SIGBUS otherwise).
+    const kind = addon.fileKind(fd);
+    if (kind !== 'file') throw new IpcError('ERR_DESCRIPTOR_INVALID', `received a host-buffer whose fd is a ${kind}, not a memfd`);
+    const size = addon.fstatSize(fd);
+    if (size < fileLength) throw new IpcError('ERR_DESCRIPTOR_INVALID', `received a host-buffer announcing a ${fileLength}-byte file whose fd holds ${size} bytes`);
+    let seals = 0;
+    try {
+      seals = addon.getSeals(fd);
+    } catch {
+      // Not a memfd: no seals.
+    }
+    if ((seals & addon.posixConstants.F_SEAL_SHRINK) === 0) {
+      throw new IpcError('ERR_DESCRIPTOR_INVALID', 'received a host-buffer whose file is not sealed against shrinking; mapping it could crash this process');
+    }
+    if ((seals & addon.posixConstants.F_SEAL_WRITE) !== 0) {
+      throw new IpcError('ERR_DESCRIPTOR_INVALID', 'received a host-buffer whose file is sealed against writing; a host buffer is memory both sides may write');
+    }
+    const whole = HostBuffer.fromFd(fd, fileLength);
     fds[0] = -1;  // owned by `whole` now, even if a check or view() below throws
     if (!describeHostBuffer(whole).sealed) {
       // Unmapped before anyone touched it: only a truncation under a touched mapping is fatal.

@@ -4,9 +4,10 @@
 // both cases every fd that came with the record is either inside a returned value or closed.
 import type { IpcError } from '../errors.js';
 import { decodeMessage } from './message-decoder.js';
-import { FrameType, HEADER_BYTES, parseHeader, readReleaseIds, type FrameHeader } from './frame.js';
+import { ENCODING_MASK, FrameType, HEADER_BYTES, LARGE_PAYLOAD, parseHeader, readGoneEntries, readReleaseIds, readU64, type FrameHeader, type GoneEntry } from './frame.js';
 import type { IncomingLeases } from './lease.js';
-import { closeFds } from './fds.js';
+import { closeFd, closeFds } from './fds.js';
+import { DEFAULT_MAX_MESSAGE_BYTES, checkLargeLength, checkMessageLength, readLargePayload } from './large-message.js';
 
 /** A received message: its value (and the decoded objects it owns), or why only it failed. */
 export type ReceivedMessage = { ok: true; value: unknown; owned: object[] | undefined } | { ok: false; error: IpcError };
@@ -16,7 +17,9 @@ export type InboundFrame =
   | { type: FrameType.Goodbye }
   | { type: FrameType.Refuse; reason: number; text: string }
   | { type: FrameType.Release; ids: number[] }
-  | { type: FrameType.Message; message: ReceivedMessage }
+  | { type: FrameType.Gone; entries: GoneEntry[] }
+  /** bytes: the payload's length; fds: how many of its fds the decoded values hold. */
+  | { type: FrameType.Message; message: ReceivedMessage; bytes: number; fds: number }
   /** The peer's inbound ring: `fds` (its memfd, then its doorbell eventfd) belong to the caller. */
   | { type: FrameType.Ring; capacity: number; fds: [number, number] }
   | { type: FrameType.RingStart };
@@ -27,6 +30,8 @@ export interface InboundContext {
   readonly link: object;
   /** Leases received from the peer; RELEASE frames for them go back through it. */
   readonly leases: IncomingLeases;
+  /** The largest message payload accepted (default DEFAULT_MAX_MESSAGE_BYTES). */
+  readonly maxMessageBytes?: number;
 }
 
 /** Longest REFUSE text kept (the rest is dropped). */
@@ -46,10 +51,15 @@ export function readPayload(
 ): InboundFrame {
   switch (h.type) {
     case FrameType.Message: {
+      if ((h.flags & LARGE_PAYLOAD) !== 0) return readLargeMessage(h, view, fds!, ctx);
+      if (ctx.maxMessageBytes !== undefined && h.payloadLength > ctx.maxMessageBytes) {
+        closeFds(fds);
+        checkMessageLength(h.payloadLength, ctx.maxMessageBytes);
+      }
       const d = decodeMessage(h.flags, buf, HEADER_BYTES, length, fds, ctx.link, ctx.leases, view);
-      if (d.ok) return { type: FrameType.Message, message: d };
+      if (d.ok) return { type: FrameType.Message, message: d, bytes: h.payloadLength, fds: h.fdCount };
       if (d.fatal) throw d.error;
-      return { type: FrameType.Message, message: { ok: false, error: d.error } };
+      return { type: FrameType.Message, message: { ok: false, error: d.error }, bytes: 0, fds: 0 };
     }
     case FrameType.Ring:
       // parseHeader() checked there are exactly two; the caller owns them from here.
@@ -59,6 +69,8 @@ export function readPayload(
       return { type: FrameType.RingStart };
     case FrameType.Release:
       return { type: FrameType.Release, ids: readReleaseIds(view, h.payloadLength) };
+    case FrameType.Gone:
+      return { type: FrameType.Gone, entries: readGoneEntries(buf, view, h.payloadLength) };
     case FrameType.Refuse:
       return {
         type: FrameType.Refuse,
@@ -70,6 +82,30 @@ export function readPayload(
     case FrameType.Goodbye:
       return { type: FrameType.Goodbye };
   }
+}
+
+/**
+ * A MESSAGE whose payload is in the memfd that came as its first fd (parseHeader() checked that
+ * there is one and that the frame holds just the length): the length is checked, the payload
+ * read and the memfd closed, then the payload is decoded as if it had come in the frame, with
+ * the other fds.
+ */
+function readLargeMessage(h: FrameHeader, view: DataView, fds: number[], ctx: InboundContext): InboundFrame {
+  const length = readU64(view, HEADER_BYTES);
+  let payload: Buffer;
+  try {
+    checkLargeLength(length, ctx.maxMessageBytes ?? DEFAULT_MAX_MESSAGE_BYTES);
+    payload = readLargePayload(fds[0]!, length);
+  } catch (e) {
+    closeFds(fds);
+    throw e;
+  }
+  closeFd(fds[0]!);
+  const rest = fds.length > 1 ? fds.slice(1) : undefined;
+  const d = decodeMessage(h.flags & ENCODING_MASK, payload, 0, length, rest, ctx.link, ctx.leases);
+  if (d.ok) return { type: FrameType.Message, message: d, bytes: length, fds: fds.length - 1 };
+  if (d.fatal) throw d.error;
+  return { type: FrameType.Message, message: { ok: false, error: d.error }, bytes: 0, fds: 0 };
 }
 
 /**

@@ -1,27 +1,58 @@
 // The receiving half of a link: each decoded message goes to exactly one consumer, a pending
 // receive() first, else the link's 'message' listeners, else a queue that receive() and
-// `for await` read. A full queue pauses reading, so that the kernel (and then the sender) holds
-// the backlog instead of this heap.
+// `for await` read. A queue at one of its bounds (LinkOptions.inbox: messages, bytes, fds) pauses
+// reading, so that the kernel (and then the sender, whose send() returns false) holds the backlog
+// instead of this heap and this fd table; reading resumes once the queue is down to a quarter of
+// its message bound and half of the others.
 import type { EventEmitter } from 'node:events';
 import { IpcError } from '../errors.js';
 import type { ReceivedMessage } from './inbound.js';
 import { disposeValues } from './message-decoder.js';
 import { Queue, type Waiter } from './queue.js';
+import { armWait, type WaitOptions } from '../abort.js';
+import { noteChange } from '../observe/hooks.js';
 import type { SocketInterest } from './socket-interest.js';
 
-const INBOX_PAUSE = 1024;
-const INBOX_RESUME = 256;
+/** The bounds of the queue (LinkLimits.inbox). */
+export interface InboxLimits {
+  readonly messages: number;
+  readonly bytes: number;
+  readonly fds: number;
+}
+
+/** What the queue holds now. */
+export interface InboxCounts {
+  messages: number;
+  bytes: number;
+  fds: number;
+  /** Reading is paused until the consumers catch up. */
+  paused: boolean;
+}
+
+interface Queued {
+  entry: ReceivedMessage;
+  bytes: number;
+  fds: number;
+}
 
 export class Inbox {
   /** The link: its 'message' and 'messageerror' listeners are consumers. */
   readonly #link: EventEmitter;
   readonly #interest: SocketInterest;
-  readonly #queue = new Queue<ReceivedMessage>();
+  readonly #limits: InboxLimits;
+  readonly #queue = new Queue<Queued>();
+  #bytes = 0;
+  #fds = 0;
   #waiters: Waiter[] = [];
 
-  constructor(link: EventEmitter, interest: SocketInterest) {
+  constructor(link: EventEmitter, interest: SocketInterest, limits: InboxLimits) {
     this.#link = link;
     this.#interest = interest;
+    this.#limits = limits;
+  }
+
+  counts(): InboxCounts {
+    return { messages: this.#queue.length, bytes: this.#bytes, fds: this.#fds, paused: this.#interest.readingPaused };
   }
 
   /** Messages received and not yet consumed. */
@@ -31,37 +62,48 @@ export class Inbox {
 
   /** The oldest message not yet consumed, if any. */
   take(): ReceivedMessage | undefined {
-    const entry = this.#queue.shift();
-    if (entry) this.#maybeResumeReading();
-    return entry;
+    const q = this.#shift();
+    if (q) this.#maybeResumeReading();
+    return q?.entry;
   }
 
-  /** A receive() with nothing queued: resolves with the next message delivered. */
-  wait(signal: AbortSignal | undefined): Promise<unknown> {
-    if (signal?.aborted) return Promise.reject(abortError(signal));
+  #shift(): Queued | undefined {
+    const q = this.#queue.shift();
+    if (q) {
+      this.#bytes -= q.bytes;
+      this.#fds -= q.fds;
+    }
+    return q;
+  }
+
+  /**
+   * A receive() with nothing queued: resolves with the next message delivered, or rejects per
+   * `options` (AbortError, ERR_TIMEOUT), withdrawn so that no later message goes to it.
+   */
+  wait(options: WaitOptions | undefined): Promise<unknown> {
     return new Promise<unknown>((resolve, reject) => {
       const waiter: Waiter = { resolve, reject };
-      if (signal) {
-        const onAbort = (): void => {
-          this.#waiters = this.#waiters.filter((w) => w !== waiter);
-          reject(abortError(signal));
-        };
-        signal.addEventListener('abort', onAbort, { once: true });
-        waiter.resolve = (v) => {
-          signal.removeEventListener('abort', onAbort);
-          resolve(v);
-        };
-        waiter.reject = (e) => {
-          signal.removeEventListener('abort', onAbort);
-          reject(e);
-        };
-      }
+      let gaveUp = false;
+      const disarm = armWait(options, 'link.receive', (error) => {
+        gaveUp = true;
+        this.#waiters = this.#waiters.filter((w) => w !== waiter);
+        reject(error);
+      });
+      if (gaveUp) return;
+      waiter.resolve = (v) => {
+        disarm();
+        resolve(v);
+      };
+      waiter.reject = (e) => {
+        disarm();
+        reject(e);
+      };
       this.#waiters.push(waiter);
     });
   }
 
-  /** Hands a received message to its consumer. */
-  deliver(entry: ReceivedMessage): void {
+  /** Hands a received message (`bytes` long, holding `fds` fds) to its consumer. */
+  deliver(entry: ReceivedMessage, bytes: number, fds: number): void {
     const w = this.#waiters.shift();
     if (w) {
       if (entry.ok) w.resolve(entry.value);
@@ -83,10 +125,14 @@ export class Inbox {
         return;
       }
     }
-    this.#queue.push(entry);
-    if (this.#queue.length >= INBOX_PAUSE && !this.#interest.readingPaused && !this.#interest.closed) {
+    this.#queue.push({ entry, bytes, fds });
+    this.#bytes += bytes;
+    this.#fds += fds;
+    const l = this.#limits;
+    if ((this.#queue.length >= l.messages || this.#bytes >= l.bytes || this.#fds >= l.fds) && !this.#interest.readingPaused && !this.#interest.closed) {
       // Let the kernel queue (and then the sender) hold the backlog instead of our heap.
       this.#interest.setReading(false);
+      noteChange(); // `cuda-ipc status` shows the pause
     }
   }
 
@@ -94,7 +140,7 @@ export class Inbox {
   drainToListeners(): void {
     const link = this.#link;
     while (this.#queue.length > 0 && this.#waiters.length === 0 && link.listenerCount('message') > 0) {
-      const entry = this.#queue.shift()!;
+      const { entry } = this.#shift()!;
       if (entry.ok) link.emit('message', entry.value);
       else if (link.listenerCount('messageerror') > 0) link.emit('messageerror', entry.error);
       else process.emitWarning(`a received message was dropped: ${entry.error.message}`, { code: entry.error.code });
@@ -111,17 +157,17 @@ export class Inbox {
 
   /** Drops the messages no one will read, releasing their fds and decoded buffers. */
   disposeUnread(): void {
-    for (const entry of this.#queue.drain()) if (entry.ok) disposeValues(entry.owned);
+    for (const { entry } of this.#queue.drain()) if (entry.ok) disposeValues(entry.owned);
+    this.#bytes = 0;
+    this.#fds = 0;
   }
 
   #maybeResumeReading(): void {
-    if (this.#interest.readingPaused && this.#queue.length <= INBOX_RESUME && !this.#interest.closed) {
+    const l = this.#limits;
+    if (this.#interest.readingPaused && !this.#interest.closed && this.#queue.length * 4 <= l.messages && this.#bytes * 2 <= l.bytes && this.#fds * 2 <= l.fds) {
       this.#interest.setReading(true);
+      noteChange();
     }
   }
 }
 
-function abortError(signal: AbortSignal): IpcError {
-  const r = signal.reason as { name?: string; message?: string } | undefined;
-  return new IpcError('ERR_TIMEOUT', `link.receive was aborted: ${r?.message ?? 'the signal fired'}`, { cause: signal.reason });
-}

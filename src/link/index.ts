@@ -1,9 +1,13 @@
 // Public surface of the link layer.
-export { Link, type LinkState, type PeerCredentials, type ReceiveOptions } from './link.js';
+export { Link, type LinkEvents, type LinkState, type PeerCredentials, type ReceiveOptions } from './link.js';
+export { type LinkOptions, type LinkLimits } from './link-options.js';
+export { type InboxCounts } from './inbox.js';
+export { type SendQueueCounts } from './outbox.js';
+export { announceGone, registerGoneHandler, type GoneHandler } from './gone.js';
 export { spawn, parentLink, type SpawnOptions, type SpawnedChild } from './spawn.js';
 export { setLinkWorkingDevice, linkWorkingDevice } from './working-device.js';
 export { spawnPython, pythonPackageDirectory, type SpawnPythonOptions } from './spawn-python.js';
-export { listen, connect, Listener, type ListenOptions, type ConnectOptions } from './listener.js';
+export { listen, connect, Listener, type ListenerEvents, type ListenOptions, type ConnectOptions } from './listener.js';
 export { socketPath } from './socket-path.js';
 export { defaultSocketDirectory } from '../runtime-directory.js';
 export {

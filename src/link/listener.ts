@@ -2,15 +2,22 @@
 import { EventEmitter } from 'node:events';
 import { chmodSync, statSync, unlinkSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
-import { IpcError } from '../errors.js';
+import { IpcError, fdLimitError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeAcceptor } from '../posix-types.js';
 import { Link, kCreate, kOpened } from './link.js';
+import { linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
+import { checkSignal, optionalInteger, invalidArgValue } from '../arg-errors.js';
+import { abortError, armWait, checkTimeout, raceWait, type WaitOptions } from '../abort.js';
+
+const EMFILE = 24;
+const ENFILE = 23;
 import { Queue } from './queue.js';
 import { socketPath } from './socket-path.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
 
-export interface ListenOptions {
+/** Options of listen(); the LinkOptions bound each accepted link. */
+export interface ListenOptions extends LinkOptions {
   /** Other uids whose processes may connect (yours always may). The socket file is then 0666;
    * the directory's permissions still apply, so pass `directory` as well. */
   allowUids?: readonly number[];
@@ -19,14 +26,30 @@ export interface ListenOptions {
   backlog?: number;
   /** A connection must finish its handshake in this time (default 10 s). */
   handshakeTimeoutMs?: number;
+  /**
+   * Connections held at once that are still in their handshake or not yet accepted (default
+   * 128): more are closed at once and reported as 'refused' (ERR_LIMIT_REACHED, limit
+   * 'maxPending'), so that peers that connect and never finish cannot use up this process's fds.
+   */
+  maxPending?: number;
 }
 
-export interface ConnectOptions {
+/** Options of connect(); the LinkOptions bound the link. */
+export interface ConnectOptions extends LinkOptions {
   /** Other uids the listening process may run as (yours always may). */
   allowUids?: readonly number[];
   directory?: string;
-  /** Give up after this long, handshake included (default 10 s). */
+  /**
+   * How long to wait, in ms, for a listener to appear (it is tried again with a growing pause
+   * while the socket file is missing or stale, or its backlog full) and for the handshake
+   * (default 10 s). Then the promise rejects with ERR_TIMEOUT. 0: try once, and fail with
+   * ERR_NO_LISTENER at once when nobody listens.
+   */
+  timeout?: number;
+  /** The older name of `timeout`. */
   timeoutMs?: number;
+  /** Gives up when it aborts: the promise rejects with an AbortError (code ABORT_ERR). */
+  signal?: AbortSignal;
 }
 
 function closeQuietly(fd: number): void {
@@ -54,12 +77,37 @@ function someoneListens(path: string): boolean {
   }
 }
 
+/** The events of a Listener and the arguments their listeners get (no catch-all). */
+export interface ListenerEvents {
+  /** A link whose handshake succeeded and that no pending accept() took. */
+  connection: [link: Link];
+  /** A connection from a refused uid, or one that failed its handshake; it was closed. */
+  refused: [error: IpcError];
+  /** The listening socket failed; emitted only when someone listens for it. */
+  error: [error: Error];
+  /** The listener closed. */
+  close: [];
+  /** EventEmitter's own: a listener is about to be added. */
+  newListener: [event: string | symbol, listener: (...args: any[]) => void];
+  /** EventEmitter's own: a listener was removed. */
+  removeListener: [event: string | symbol, listener: (...args: any[]) => void];
+}
+
 export interface Listener {
-  on(event: 'connection', listener: (link: Link) => void): this;
-  on(event: 'refused', listener: (error: IpcError) => void): this;
-  on(event: 'error', listener: (error: Error) => void): this;
-  on(event: 'close', listener: () => void): this;
-  on(event: string | symbol, listener: (...args: any[]) => void): this;
+  /** Adds a listener for `event` (see ListenerEvents). */
+  on<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener called once for `event`. */
+  once<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Removes a listener. */
+  off<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Same as on(). */
+  addListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Same as off(). */
+  removeListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener before the others. */
+  prependListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a once-listener before the others. */
+  prependOnceListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
 }
 
 /**
@@ -74,6 +122,8 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
   #acceptor: NativeAcceptor | undefined;
   readonly #ino: number;
   readonly #options: ListenOptions;
+  readonly #limits: LinkLimits;
+  readonly #maxPending: number;
   readonly #handshaking = new Set<Link>();
   readonly #ready = new Queue<Link>();
   #waiters: Array<{ resolve(l: Link): void; reject(e: unknown): void }> = [];
@@ -82,10 +132,12 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
   /** @internal Use listen(). */
   constructor(token: typeof kCreate, name: string, path: string, fd: number, options: ListenOptions) {
     super();
-    if (token !== kCreate) throw new IpcError('ERR_INVALID_ARG', 'use listen() to create a Listener');
+    if (token !== kCreate) throw invalidArgValue('use listen() to create a Listener');
     this.name = name;
     this.path = path;
     this.#options = options;
+    this.#limits = linkLimits(options, 'options');
+    this.#maxPending = optionalInteger(options.maxPending, 'options.maxPending', 128, 1);
     this.#ino = statSync(path).ino;
     this.#acceptor = new addon.Acceptor(fd, this.#onAccept);
   }
@@ -97,9 +149,17 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
   #onAccept = (fdOrError: number): void => {
     if (fdOrError < 0) {
       // Out of fds or similar: report and retry shortly instead of spinning.
-      const err = new IpcError('ERR_UNSUPPORTED', `accept on ${this.path} failed (errno ${-fdOrError}); retrying in 100 ms`);
+      const errno = -fdOrError;
+      const err = errno === EMFILE || errno === ENFILE
+        ? new IpcError('ERR_FD_LIMIT', `listener '${this.name}' cannot accept a connection: no file descriptor left (${errno === EMFILE ? 'EMFILE; see `ulimit -n`' : 'ENFILE'}); retrying in 100 ms`)
+        : new IpcError('ERR_UNSUPPORTED', `accept on ${this.path} failed (errno ${errno}); retrying in 100 ms`);
       if (this.listenerCount('error') > 0) this.emit('error', err);
       this.#retryTimer = setTimeout(() => this.#acceptor?.setInterest(true), 100).unref();
+      return;
+    }
+    if (this.#handshaking.size + this.#ready.length >= this.#maxPending) {
+      closeQuietly(fdOrError);
+      this.#refused(new IpcError('ERR_LIMIT_REACHED', `listener '${this.name}' closed a connection: ${this.#maxPending} connections are already waiting for their handshake or for accept() (maxPending)`, { limit: 'maxPending' }));
       return;
     }
     let link: Link;
@@ -112,6 +172,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
         helloFirst: true,
         handshakeTimeoutMs: this.#options.handshakeTimeoutMs ?? 10_000,
         peerName: `process connected to '${this.name}'`,
+        limits: this.#limits,
       });
     } catch (e) {
       this.#refused(e);
@@ -144,12 +205,30 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     else this.#ready.push(link);
   }
 
-  /** The next connection. */
-  accept(): Promise<Link> {
+  /** The next connection; `options`: give up on a signal (AbortError) or after a timeout (ERR_TIMEOUT). */
+  accept(options?: WaitOptions): Promise<Link> {
     const link = this.#ready.shift();
     if (link) return Promise.resolve(link);
     if (this.closed) return Promise.reject(new IpcError('ERR_LINK_CLOSED', `the listener '${this.name}' is closed`));
-    return new Promise<Link>((resolve, reject) => this.#waiters.push({ resolve, reject }));
+    return new Promise<Link>((resolve, reject) => {
+      const waiter: { resolve(l: Link): void; reject(e: unknown): void } = { resolve, reject };
+      let gaveUp = false;
+      const disarm = armWait(options, 'listener.accept', (error) => {
+        gaveUp = true;
+        this.#waiters = this.#waiters.filter((w) => w !== waiter);
+        reject(error);
+      });
+      if (gaveUp) return;
+      waiter.resolve = (l: Link) => {
+        disarm();
+        resolve(l);
+      };
+      waiter.reject = (e: unknown) => {
+        disarm();
+        reject(e);
+      };
+      this.#waiters.push(waiter);
+    });
   }
 
   /** Yields connections until the listener is closed. */
@@ -166,10 +245,12 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     }
   }
 
+  /** Keep the process alive while this listener is open (the default). */
   ref(): this {
     this.#acceptor?.ref();
     return this;
   }
+  /** Let the process exit even though this listener is open. */
   unref(): this {
     this.#acceptor?.unref();
     return this;
@@ -197,6 +278,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     this.emit('close');
   }
 
+  /** Same as close(), for `using`. */
   [Symbol.dispose](): void {
     this.close();
   }
@@ -208,9 +290,15 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
  * makes this throw ERR_ADDRESS_IN_USE.
  */
 export function listen(name: string, options: ListenOptions = {}): Listener {
+  linkLimits(options, 'options');
   const path = socketPath(name, options.directory);
   if (options.directory === undefined) ensurePrivateDirectory(path.slice(0, path.lastIndexOf('/')));
-  const fd = addon.socket();
+  let fd: number;
+  try {
+    fd = addon.socket();
+  } catch (e) {
+    throw fdLimitError(e, 'listen');
+  }
   try {
     try {
       addon.bind(fd, path);
@@ -240,33 +328,58 @@ export function listen(name: string, options: ListenOptions = {}): Listener {
   }
 }
 
-/** Connects to the listener named `name`; resolves once the handshake succeeded. */
+/** The first and the longest pause between tries while no listener is there. */
+const RETRY_FIRST_MS = 5;
+const RETRY_MOST_MS = 250;
+
+/**
+ * Connects to the listener named `name`; resolves once the handshake succeeded. Waits for the
+ * listener to appear, up to `options.timeout` (see ConnectOptions). `In`/`Out` type the link:
+ * what this process receives, and what it sends.
+ */
+export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions): Promise<Link<In, Out>>;
 export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {
+  const limits = linkLimits(options, 'options');
+  const signal = checkSignal(options.signal);
+  const timeoutMs = checkTimeout(options.timeout ?? options.timeoutMs, options.timeout !== undefined ? 'options.timeout' : 'options.timeoutMs') ?? 10_000;
   const path = socketPath(name, options.directory);
-  const timeoutMs = options.timeoutMs ?? 10_000;
   const deadline = Date.now() + timeoutMs;
+  if (signal?.aborted) throw abortError(signal.reason, 'connect');
+  let pause = RETRY_FIRST_MS;
   let fd = -1;
   for (;;) {
-    fd = addon.socket();
+    try {
+      fd = addon.socket();
+    } catch (e) {
+      throw fdLimitError(e, 'connect');
+    }
+    let why: IpcError;
     try {
       addon.connect(fd, path);
       break;
     } catch (e) {
       closeQuietly(fd);
       const code = codeOf(e);
-      if (code === 'ENOENT') throw new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} does not exist; start the listening process first`, { cause: e });
-      if (code === 'ECONNREFUSED') {
-        throw new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} is a stale socket left by a process that is gone`, { cause: e });
-      }
       if (code === 'EACCES' || code === 'EPERM') {
         throw new IpcError('ERR_PEER_REFUSED', `permission denied connecting to '${name}' (${path}): it belongs to another user`, { cause: e });
       }
-      if (code !== 'EAGAIN' || Date.now() >= deadline) {
-        if (code === 'EAGAIN') throw new IpcError('ERR_TIMEOUT', `the listener '${name}' stayed too busy to accept a connection for ${timeoutMs} ms`);
-        throw e;
-      }
-      await sleep(5);  // backlog full: the listener is alive but behind
+      if (code === 'ENOENT') why = new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} does not exist; start the listening process first`, { cause: e });
+      else if (code === 'ECONNREFUSED') why = new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} is a stale socket left by a process that is gone`, { cause: e });
+      else if (code === 'EAGAIN') why = new IpcError('ERR_TIMEOUT', `the listener '${name}' is too busy to accept a connection (its backlog is full)`, { cause: e });
+      else throw e;
     }
+    // Nobody there yet (or too busy): wait for the listener, until the deadline.
+    const left = deadline - Date.now();
+    if (timeoutMs === 0 && why.code === 'ERR_NO_LISTENER') throw why;
+    if (left <= 0) {
+      throw new IpcError('ERR_TIMEOUT', `connect: ${why.message.replace(/; start the listening process first$/, '')}, and none appeared within ${timeoutMs} ms (the timeout option)`, { cause: why });
+    }
+    try {
+      await sleep(Math.min(pause, left), undefined, signal ? { signal } : undefined);
+    } catch {
+      throw abortError(signal!.reason, 'connect');
+    }
+    pause = Math.min(pause * 2, RETRY_MOST_MS);
   }
   const link = new Link(kCreate, {
     fd,
@@ -276,7 +389,8 @@ export async function connect(name: string, options: ConnectOptions = {}): Promi
     helloFirst: true,
     handshakeTimeoutMs: Math.max(1, deadline - Date.now()),
     peerName: `listener '${name}'`,
+    limits,
   });
-  await link[kOpened]();
+  await raceWait(link[kOpened](), signal ? { signal } : undefined, 'connect', () => link.close());
   return link;
 }

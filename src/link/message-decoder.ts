@@ -29,6 +29,19 @@ interface ParsedRecord {
   dataEnd: number;
 }
 
+/**
+ * The lease ids a JsonWithRecords payload buf[start, end) grants, without decoding anything (for
+ * a message whose fds were lost on the way in: its leases must still go back), or undefined when
+ * it is malformed.
+ */
+export function leaseIdsOf(buf: Buffer, start: number, end: number): number[] | undefined {
+  const records: ParsedRecord[] = [];
+  const parsed = parseRecords(buf, new DataView(buf.buffer, buf.byteOffset, buf.byteLength), start, end, records);
+  if ('ok' in parsed) return undefined;
+  const ids = records.filter((r) => r.leaseId !== 0).map((r) => r.leaseId);
+  return new Set(ids).size === ids.length ? ids : undefined;
+}
+
 /** Disposes decoded values that will never reach the user. */
 export function disposeValues(values: readonly object[] | undefined): void {
   if (!values) return;

@@ -3,12 +3,13 @@
 // found by one walk and travel as records: bigints, typed arrays, and objects a transfer handler
 // sends (handlers.ts), whose fds and lease holds the result hands to the link.
 import { IpcError } from '../errors.js';
-import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, writeU64 } from './frame.js';
+import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES, writeU64 } from './frame.js';
 import { nextLeaseId, releaseHold, type LeaseHold } from './lease.js';
 import { handlerForValue, type RegisteredHandler } from './handlers.js';
 import { RECORD_TAIL_BYTES, typedArrayTag, type Segment } from './message-format.js';
 import { closeFd } from './fds.js';
 import { probe, Probe } from './probe.js';
+import { invalidArgValue, invalidArgType, outOfRange, badNumber } from '../arg-errors.js';
 
 const MAX_DEPTH = 255;
 
@@ -52,7 +53,7 @@ function scan(v: unknown, path: Segment[], found: Found[]): unknown {
   }
   if (v === null) return v;
   if (path.length >= MAX_DEPTH) {
-    throw new IpcError('ERR_INVALID_ARG', `link.send: the message is nested deeper than ${MAX_DEPTH} levels (or contains a cycle)`);
+    throw invalidArgValue(`link.send: the message is nested deeper than ${MAX_DEPTH} levels (or contains a cycle)`);
   }
   if (Array.isArray(v)) {
     let copy: unknown[] | undefined;
@@ -102,11 +103,29 @@ function soleTransferable(value: unknown): RegisteredHandler | undefined {
   return handlerForValue(value);
 }
 
-function tooLarge(bytes: number | string): IpcError {
+/** How a message's size is bounded: the link's maxMessageBytes, or a frame (a peer without large messages). */
+export interface MessageLimit {
+  /** Most payload bytes. */
+  readonly bytes: number;
+  /** Says why, after "more than": e.g. "this link sends (maxMessageBytes 1073741824)". */
+  readonly why: string;
+  /** The option that sets it, for IpcError.limit. */
+  readonly option: string;
+}
+
+/** A message must fit one frame: what an encoder used on its own (and a peer that only takes frames) allows. */
+export const FRAME_LIMIT: MessageLimit = {
+  bytes: MAX_PAYLOAD_BYTES,
+  why: `a link frame holds (${MAX_PAYLOAD_BYTES})`,
+  option: 'maxMessageBytes',
+};
+
+function tooLarge(bytes: number | string, limit: MessageLimit): IpcError {
   return new IpcError(
     'ERR_MESSAGE_TOO_LARGE',
-    `link.send: the encoded message needs ${bytes} bytes, more than a link frame holds (${MAX_FRAME_BYTES - HEADER_BYTES}); ` +
+    `link.send: the encoded message needs ${bytes} bytes, more than ${limit.why}; ` +
       'send bulk data in a HostBuffer (or a device buffer) and put the buffer in the message instead',
+    { limit: limit.option },
   );
 }
 
@@ -128,22 +147,29 @@ export interface EncodedMessage {
   holds: Array<{ id: number; hold: LeaseHold }>;
 }
 
-/** Encodes messages into a scratch buffer that holds a whole frame (header left to the caller). */
+/**
+ * Encodes messages into a scratch buffer that holds a whole frame (header left to the caller), and
+ * grows it for a larger message (up to the limit encode() is given); shrink() gives the growth back.
+ */
 export class MessageEncoder {
-  readonly scratch = Buffer.allocUnsafeSlow(MAX_FRAME_BYTES);
-  readonly view = new DataView(this.scratch.buffer, this.scratch.byteOffset, MAX_FRAME_BYTES);
+  scratch: Buffer = Buffer.allocUnsafeSlow(MAX_FRAME_BYTES);
+  view = new DataView(this.scratch.buffer, this.scratch.byteOffset, MAX_FRAME_BYTES);
   /** Set while encoding, so that a re-entrant send (from a handler) takes another encoder. */
   busy = false;
   readonly #out: EncodedMessage = { encoding: Encoding.Json, headLength: 0, body: null, fds: [], ownedFds: [], commits: [], holds: [] };
+  /** The bound of the encode in progress: scratch never grows past HEADER_BYTES + limit.bytes. */
+  #limit: MessageLimit = FRAME_LIMIT;
 
   /**
-   * Encodes `value` for `link` (passed on to transfer handlers). The result (and scratch) are
-   * valid until the next encode. If this throws,
-   * every fd a handler handed over with closeFdsAfterSend has already been closed and every hold
-   * a handler returned has been released.
+   * Encodes `value` for `link` (passed on to transfer handlers), at most `limit.bytes` of payload
+   * (default: one frame). The result (and scratch) are valid until the next encode. A result
+   * longer than a frame (headLength + body > MAX_FRAME_BYTES) is sent as a large message. If this
+   * throws, every fd a handler handed over with closeFdsAfterSend has already been closed and
+   * every hold a handler returned has been released.
    */
-  encode(value: unknown, link: object): EncodedMessage {
+  encode(value: unknown, link: object, limit: MessageLimit = FRAME_LIMIT): EncodedMessage {
     const out = this.#out;
+    this.#limit = limit;
     out.body = null;
     // (Setting an array's length is a runtime call even when it is 0 already.)
     if (out.fds.length) out.fds.length = 0;
@@ -151,7 +177,7 @@ export class MessageEncoder {
     if (out.commits.length) out.commits.length = 0;
     if (out.holds.length) out.holds.length = 0;
     if (value instanceof Uint8Array) {
-      if (value.byteLength > MAX_FRAME_BYTES - HEADER_BYTES) throw tooLarge(value.byteLength);
+      if (value.byteLength > limit.bytes) throw tooLarge(value.byteLength, limit);
       out.encoding = Encoding.Raw;
       out.headLength = HEADER_BYTES;
       out.body = value;
@@ -187,16 +213,34 @@ export class MessageEncoder {
     }
   }
 
-  /** Checks that `n` more bytes fit at `at`; returns `at`. */
+  /** Makes room for `n` more bytes at `at` (growing scratch up to the limit); returns `at`. */
   #room(at: number, n: number): number {
-    if (at + n > MAX_FRAME_BYTES) throw tooLarge('more than ' + (MAX_FRAME_BYTES - HEADER_BYTES));
+    if (at + n > this.scratch.byteLength) this.#grow(at + n);
     return at;
+  }
+
+  /** Replaces scratch by one of at least `need` bytes holding the same first bytes. */
+  #grow(need: number): void {
+    const most = HEADER_BYTES + this.#limit.bytes;
+    if (need > most) throw tooLarge(`at least ${need - HEADER_BYTES}`, this.#limit);
+    const size = Math.min(most, Math.max(need, 2 * this.scratch.byteLength));
+    const next = Buffer.allocUnsafeSlow(size);
+    this.scratch.copy(next, 0, 0, this.scratch.byteLength);
+    this.scratch = next;
+    this.view = new DataView(next.buffer, next.byteOffset, size);
+  }
+
+  /** Gives back a scratch grown for a large message (call once its result is used). */
+  shrink(): void {
+    if (this.scratch.byteLength === MAX_FRAME_BYTES) return;
+    this.scratch = Buffer.allocUnsafeSlow(MAX_FRAME_BYTES);
+    this.view = new DataView(this.scratch.buffer, this.scratch.byteOffset, MAX_FRAME_BYTES);
   }
 
   #writeString(s: string, at: number): number {
     // Short ASCII (most keys, kinds and small JSON) is copied here: cheaper than the call into
     // Buffer.write. Anything else takes the general path.
-    if (s.length <= 64 && at + s.length <= MAX_FRAME_BYTES) {
+    if (s.length <= 64 && at + s.length <= this.scratch.byteLength) {
       const b = this.scratch;
       let i = 0;
       for (; i < s.length; i++) {
@@ -207,9 +251,10 @@ export class MessageEncoder {
       if (i === s.length) return at + i;
     }
     // Worst case 3 bytes per UTF-16 unit; only count exactly when that might not fit.
-    if (s.length * 3 > MAX_FRAME_BYTES - at) {
+    if (s.length * 3 > this.scratch.byteLength - at) {
       const n = Buffer.byteLength(s);
-      if (at + n > MAX_FRAME_BYTES) throw tooLarge(n + at - HEADER_BYTES);
+      if (at + n > HEADER_BYTES + this.#limit.bytes) throw tooLarge(n + at - HEADER_BYTES, this.#limit);
+      this.#room(at, n);
     }
     return at + this.scratch.write(s, at, 'utf8');
   }
@@ -221,7 +266,6 @@ export class MessageEncoder {
   }
 
   #writeRecord(f: Found, at: number, link: object, out: EncodedMessage): number {
-    const v = this.view;
     let data: Uint8Array | undefined;
     let fds: readonly number[] | undefined;
     let kind: string;
@@ -246,34 +290,34 @@ export class MessageEncoder {
       if (enc.hold !== undefined) {
         const hold = enc.hold;
         if (typeof hold?.release !== 'function') {
-          throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned a hold without a release() function`);
+          throw invalidArgType(`transfer handler '${kind}' returned a hold without a release() function`);
         }
         leaseId = nextLeaseId();
         out.holds.push({ id: leaseId, hold });
         const bytes = hold.bytes;
         if (bytes !== undefined && !(Number.isSafeInteger(bytes) && bytes >= 0)) {
-          throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned a hold whose bytes (${String(bytes)}) is not a non-negative integer`);
+          throw badNumber(bytes, `transfer handler '${kind}' returned a hold whose bytes (${String(bytes)}) is not a non-negative integer`);
         }
       }
       if (enc.onCommit) out.commits.push(enc.onCommit);
       data = enc.data;
-      if (!(data instanceof Uint8Array)) throw new IpcError('ERR_INVALID_ARG', `transfer handler '${kind}' returned data that is not a Uint8Array`);
+      if (!(data instanceof Uint8Array)) throw invalidArgType(`transfer handler '${kind}' returned data that is not a Uint8Array`);
     }
     at = this.#writeAscii(kind, at);
     this.#room(at, 1);
-    v.setUint8(at++, f.path.length);
+    this.view.setUint8(at++, f.path.length);
     for (const seg of f.path) {
       if (typeof seg === 'number') {
         this.#room(at, 5);
-        v.setUint8(at, 0);
-        v.setUint32(at + 1, seg, true);
+        this.view.setUint8(at, 0);
+        this.view.setUint32(at + 1, seg, true);
         at += 5;
       } else {
         this.#room(at, 3);
-        v.setUint8(at, 1);
+        this.view.setUint8(at, 1);
         const end = this.#writeString(seg, at + 3);
-        if (end - at - 3 > 0xffff) throw new IpcError('ERR_INVALID_ARG', 'link.send: an object key is longer than 65535 bytes');
-        v.setUint16(at + 1, end - at - 3, true);
+        if (end - at - 3 > 0xffff) throw outOfRange('link.send: an object key is longer than 65535 bytes');
+        this.view.setUint16(at + 1, end - at - 3, true);
         at = end;
       }
     }
@@ -284,6 +328,7 @@ export class MessageEncoder {
     if (fds) out.fds.push(...fds);
     const dataLength = data.byteLength + (tag ? 1 : 0);
     this.#room(at, RECORD_TAIL_BYTES + dataLength);
+    const v = this.view;
     v.setUint8(at, nfds);
     writeU64(v, at + 1, leaseId);
     v.setUint32(at + 9, dataLength, true);

@@ -12,6 +12,9 @@ export class Queue<T> {
   peek(): T | undefined {
     return this.#items[this.#head];
   }
+  peekLast(): T | undefined {
+    return this.length > 0 ? this.#items[this.#items.length - 1] : undefined;
+  }
   shift(): T | undefined {
     if (this.#head >= this.#items.length) return undefined;
     const item = this.#items[this.#head];

@@ -1,4 +1,4 @@
-// A link's transport: the socket, and once both sides agreed (HELLO feature bit Feature.Ring), a
+// A link's transport: the socket, and once both sides agreed (HELLO feature bit FEATURE_RING), a
 // frame ring each way (frame-ring.ts) for small frames without fds. It presents the native
 // socket's face (send, setInterest, ...) to the outbox and the link, so that what sends and
 // what receives frames does not know which path a frame took.
@@ -24,7 +24,7 @@ import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeDoorbell } from '../channel-types.js';
 import type { NativeOwnedFd, NativeSocket } from '../posix-types.js';
-import { Feature, FrameType, HEADER_BYTES, RING_FDS, RING_PAYLOAD_BYTES, writeHeader } from './frame.js';
+import { FEATURE_RING, FrameType, HEADER_BYTES, RING_FDS, RING_PAYLOAD_BYTES, writeHeader } from './frame.js';
 import { EntryKind, RingReader, RingWriter } from './frame-ring.js';
 import { closeFds } from './fds.js';
 
@@ -97,7 +97,7 @@ export class LinkTransport implements NativeSocket {
     this.#onRecord = onRecord;
     this.#onState = onState;
     this.#fail = fail;
-    this.#features = ring ? Feature.Ring : 0;
+    this.#features = ring ? FEATURE_RING : 0;
     this.#sock = new addon.Socket(fd, bufferSize, this.#socketRecord, this.#socketState);
   }
 
@@ -210,7 +210,7 @@ export class LinkTransport implements NativeSocket {
    */
   offer(peerFeatures: number): { frame: Uint8Array; fds: number[] } | undefined {
     this.#peerFeatures = peerFeatures;
-    if (!(this.#features & peerFeatures & Feature.Ring) || this.#closed || this.#reader) return undefined;
+    if (!(this.#features & peerFeatures & FEATURE_RING) || this.#closed || this.#reader) return undefined;
     const reader = new RingReader();
     let bellFd: NativeOwnedFd | undefined;
     try {
@@ -252,7 +252,7 @@ export class LinkTransport implements NativeSocket {
    */
   acceptOffer(capacity: number, fds: [number, number]): boolean {
     const [memfd, bellFd] = fds;
-    if (!(this.#features & this.#peerFeatures & Feature.Ring) || this.#writer) {
+    if (!(this.#features & this.#peerFeatures & FEATURE_RING) || this.#writer) {
       closeFds(fds);
       throw new IpcError('ERR_FRAME_INVALID', this.#writer ? 'the peer offered a second frame ring' : 'the peer offered a frame ring although the HELLOs did not agree on one');
     }

@@ -6,7 +6,9 @@ import { delimiter, isAbsolute, resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { IpcError } from '../errors.js';
 import { startLinkedChild, type SpawnOptions, type SpawnedChild } from './spawn.js';
+import { invalidArgValue } from '../arg-errors.js';
 
+/** Options of spawnPython(): those of spawn() but execArgv, and the interpreter. */
 export interface SpawnPythonOptions extends Omit<SpawnOptions, 'execArgv'> {
   /** The interpreter: default $CUDA_IPC_PYTHON, else 'python3' (found on PATH). */
   python?: string;
@@ -27,22 +29,23 @@ export function pythonPackageDirectory(): string {
  * Starts `python3 -m <module> ...args` (or `python3 <file.py> ...args` when `module` is a path
  * ending in .py) with a link to this process, and resolves once the child called
  * `cuda_ipc.parent_link()`. Failures as for spawn(): ERR_PEER_GONE (the child exited first, e.g.
- * an ImportError), ERR_PEER_REFUSED, ERR_TIMEOUT.
+ * an ImportError), ERR_PEER_REFUSED, ERR_TIMEOUT. `In`/`Out` type the link (see spawn()).
  */
+export function spawnPython<In = unknown, Out = unknown>(module: string | URL, args?: readonly string[], options?: SpawnPythonOptions): Promise<SpawnedChild<In, Out>>;
 export async function spawnPython(module: string | URL, args: readonly string[] = [], options: SpawnPythonOptions = {}): Promise<SpawnedChild> {
   const python = options.python ?? process.env.CUDA_IPC_PYTHON ?? 'python3';
   let target: string[];
   let what: string;
   if (module instanceof URL || module.startsWith('file:') || module.endsWith('.py')) {
     const path = module instanceof URL || module.startsWith('file:') ? fileURLToPath(module) : resolvePath(module);
-    if (!existsSync(path)) throw new IpcError('ERR_INVALID_ARG', `spawnPython: ${path} does not exist`);
+    if (!existsSync(path)) throw invalidArgValue(`spawnPython: ${path} does not exist`);
     target = [path];
     what = path;
   } else if (/^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$/.test(module)) {
     target = ['-m', module];
     what = `Python module ${module}`;
   } else {
-    throw new IpcError('ERR_INVALID_ARG', `spawnPython: ${JSON.stringify(module)} is neither a module name (pkg.mod) nor a .py file`);
+    throw invalidArgValue(`spawnPython: ${JSON.stringify(module)} is neither a module name (pkg.mod) nor a .py file`);
   }
   const env = { ...(options.env ?? process.env) };
   if (options.addPythonPath !== false) {

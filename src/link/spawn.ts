@@ -3,16 +3,21 @@
 import { spawn as spawnProcess, type ChildProcess, type StdioOptions } from 'node:child_process';
 import { resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { IpcError } from '../errors.js';
+import { IpcError, fdLimitError } from '../errors.js';
 import { addon } from '../native.js';
 import { Device, WORKING_DEVICE_ENV } from '../cuda/device.js';
 import { checkDeviceUuid } from '../ipc/device-uuid.js';
+import { ARG } from '../ipc/checks.js';
 import { Link, kCreate, kOpened } from './link.js';
+import { linkLimits, type LinkOptions } from './link-options.js';
+import { checkSignal } from '../arg-errors.js';
+import { abortError, raceWait } from '../abort.js';
 
 /** The environment variable telling a spawned child which fd is its link. */
 export const LINK_FD_ENV = 'CUDA_IPC_LINK_FD';
 
-export interface SpawnOptions {
+/** Options of spawn(); the LinkOptions bound the link. */
+export interface SpawnOptions extends LinkOptions {
   /** Arguments for node itself; default: this process's execArgv without inspector, test-runner,
    * watch and eval flags. */
   execArgv?: readonly string[];
@@ -27,8 +32,10 @@ export interface SpawnOptions {
   gid?: number;
   /** uids other than ours that the child may run as. */
   allowUids?: readonly number[];
-  /** How long the child has to call parentLink() (default 30 s). */
+  /** How long the child has to call parentLink() (default 30 s); then the promise rejects with ERR_TIMEOUT. */
   handshakeTimeoutMs?: number;
+  /** Gives up when it aborts: the child is killed and the promise rejects with an AbortError. */
+  signal?: AbortSignal;
   /**
    * The GPU the child works on (a Device or its UUID): memory it imports is mapped for that GPU,
    * wherever it lives, and workingDevice() returns it there. Sent as the UUID (CUDA_IPC_DEVICE),
@@ -42,9 +49,10 @@ export interface SpawnOptions {
   frameRing?: boolean;
 }
 
-export interface SpawnedChild {
+/** What spawn() resolves with: the child process and the link to it (typed as `Link<In, Out>`). */
+export interface SpawnedChild<In = unknown, Out = unknown> {
   child: ChildProcess;
-  link: Link;
+  link: Link<In, Out>;
 }
 
 const DROP_FLAGS = /^(--inspect|--debug|--test|--experimental-test|--watch|--eval|-e$|--print|-p$|-pe$|--input-type|--check|-c$|--interactive|-i$)/;
@@ -79,7 +87,9 @@ function modulePath(module: string | URL): string {
  * Starts `node <module> ...args` with a link to this process, and resolves once the child has
  * called parentLink(). If the child exits first, is refused (another uid), or does not connect in
  * time, the child is killed and the promise rejects (ERR_PEER_GONE / ERR_PEER_REFUSED / ERR_TIMEOUT).
+ * `In`/`Out` type the link: what this process receives from the child, and what it sends.
  */
+export function spawn<In = unknown, Out = unknown>(module: string | URL, args?: readonly string[], options?: SpawnOptions): Promise<SpawnedChild<In, Out>>;
 export async function spawn(module: string | URL, args: readonly string[] = [], options: SpawnOptions = {}): Promise<SpawnedChild> {
   const path = modulePath(module);
   return startLinkedChild(process.execPath, [...(options.execArgv ?? inheritableExecArgv()), path, ...args], options, path);
@@ -93,7 +103,16 @@ export async function spawn(module: string | URL, args: readonly string[] = [], 
 export async function startLinkedChild(command: string, argv: readonly string[], options: SpawnOptions, what: string): Promise<SpawnedChild> {
   const path = what;
   const deviceEnv = options.device === undefined ? {} : { [WORKING_DEVICE_ENV]: workingDeviceUuid(options.device) };
-  const [parentFd, childFd] = addon.socketpair();
+  const limits = linkLimits(options, 'options');
+  const signal = checkSignal(options.signal);
+  if (signal?.aborted) throw abortError(signal.reason, 'spawn');
+  let parentFd: number;
+  let childFd: number;
+  try {
+    [parentFd, childFd] = addon.socketpair();
+  } catch (e) {
+    throw fdLimitError(e, 'spawn (a link is a socketpair)');
+  }
   let link: Link;
   try {
     // Created before the child exists, so that SO_PASSCRED is set before its HELLO is sent.
@@ -106,6 +125,7 @@ export async function startLinkedChild(command: string, argv: readonly string[],
       handshakeTimeoutMs: options.handshakeTimeoutMs ?? 30_000,
       peerName: 'child process',
       frameRing: options.frameRing,
+      limits,
     });
   } catch (e) {
     addon.close(childFd);
@@ -136,7 +156,7 @@ export async function startLinkedChild(command: string, argv: readonly string[],
     child.once('error', (e) => reject(new IpcError('ERR_PEER_GONE', `could not start the child process for ${path}: ${e.message}`, { cause: e })));
   });
   try {
-    await Promise.race([link[kOpened](), spawnError]);
+    await raceWait(Promise.race([link[kOpened](), spawnError]), signal ? { signal } : undefined, 'spawn');
   } catch (e) {
     link.close();
     if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
@@ -153,17 +173,21 @@ export async function startLinkedChild(command: string, argv: readonly string[],
 function workingDeviceUuid(device: Device | string): string {
   if (device instanceof Device) return device.uuid;
   const uuid = typeof device === 'string' ? device.toLowerCase().replace(/^gpu-/, 'GPU-') : device;
-  return checkDeviceUuid(uuid, { code: 'ERR_INVALID_ARG', path: 'spawn options.device' });
+  return checkDeviceUuid(uuid, { code: ARG, path: 'spawn options.device' });
 }
 
 let parent: Link | undefined;
 
 /**
- * The link to the process that started this one with spawn(). The same Link every call. The
- * parent is trusted as such (it chose how to start us), so its uid is not checked.
+ * The link to the process that started this one with spawn(). The same Link every call (its
+ * `options` are those of the first call). The parent is trusted as such (it chose how to start
+ * us), so its uid is not checked. `In`/`Out` type the link: what this process receives from its
+ * parent, and what it sends.
  */
-export function parentLink(): Link {
+export function parentLink<In = unknown, Out = unknown>(options?: LinkOptions): Link<In, Out>;
+export function parentLink(options?: LinkOptions): Link {
   if (parent) return parent;
+  const limits = linkLimits(options, 'options');
   const value = process.env[LINK_FD_ENV];
   if (value === undefined) {
     throw new IpcError('ERR_NOT_SPAWNED', `parentLink(): this process was not started by cuda-ipc's spawn() (${LINK_FD_ENV} is not set); start it with spawn(moduleUrl)`);
@@ -191,6 +215,7 @@ export function parentLink(): Link {
     allowUids: [],
     helloFirst: true,
     peerName: 'parent process',
+    limits,
   });
   return parent;
 }

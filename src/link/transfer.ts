@@ -8,6 +8,10 @@ import { addHandler, removeHandler, type TransferEncoding } from './handlers.js'
 
 export type { TransferEncoding };
 
+/**
+ * How values of a kind of your own travel over links (registerTransferHandler): which objects it
+ * sends, how it encodes them (bytes and fds) and decodes them.
+ */
 export interface TransferHandler<T extends object = object> {
   /** Wire name, e.g. 'host-buffer'; 1..64 ASCII characters, not starting with '@' (built-ins). */
   readonly kind: string;

@@ -5,6 +5,7 @@
 import { Device, workingDevice } from '../cuda/device.js';
 import { IpcError } from '../errors.js';
 import type { Link } from './link.js';
+import { invalidArgType } from '../arg-errors.js';
 
 const byLink = new WeakMap<Link, Device>();
 
@@ -19,7 +20,7 @@ export function setLinkWorkingDevice(link: Link, device: Device | string | undef
     return;
   }
   const d = typeof device === 'string' ? Device.byUuid(device) : device;
-  if (!(d instanceof Device)) throw new IpcError('ERR_INVALID_ARG', 'setLinkWorkingDevice expects a Device, a device UUID (\'GPU-…\') or undefined');
+  if (!(d instanceof Device)) throw invalidArgType('setLinkWorkingDevice expects a Device, a device UUID (\'GPU-…\') or undefined');
   byLink.set(link, d);
 }
 

@@ -11,7 +11,7 @@ import { dirname, join } from 'node:path';
 import { addon } from '../native.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
 import type { ChannelStatus, ChannelStatusSource, DeviceMemoryStats, ObservedLink } from './reports.js';
-import { RECORD_VERSION, defaultStatusDirectory, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
+import { MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
 
 /** What the publisher provides once started. */
 export interface StatusPublisher {
@@ -122,20 +122,35 @@ class Publisher implements StatusPublisher {
     const links: LinkRecord[] = [];
     let leaseCount = 0;
     let leaseBytes = 0;
+    let linksNotListed = 0;
     for (const { link, received } of this.#sources.links()) {
+      const leased = link.leases;
+      leaseCount += leased.count;
+      leaseBytes += leased.bytes;
+      if (links.length >= MAX_LISTED) {
+        linksNotListed++;
+        continue;
+      }
       let peerPid = 0;
       try {
         peerPid = link.peer.pid;
       } catch {
         // Not known before the handshake (the parent's end of a spawn).
       }
-      const leased = link.leases;
-      leaseCount += leased.count;
-      leaseBytes += leased.bytes;
-      links.push({ id: link.id, peerPid, state: link.state, leasedToPeer: leased, receivedFromPeer: received });
+      const entry: LinkRecord = { id: link.id, peerPid, state: link.state, leasedToPeer: leased, receivedFromPeer: received };
+      const sq = link.sendQueue;
+      if (sq.messages > 0) entry.sendQueue = { messages: sq.messages, bytes: sq.bytes, fds: sq.fds };
+      const rq = link.receiveQueue;
+      if (rq.messages > 0 || rq.paused) entry.receiveQueue = { messages: rq.messages, bytes: rq.bytes, fds: rq.fds, paused: rq.paused };
+      links.push(entry);
     }
     const channels: ChannelStatus[] = [];
+    let channelsNotListed = 0;
     for (const source of this.#sources.channels()) {
+      if (channels.length >= MAX_LISTED) {
+        channelsNotListed++;
+        continue;
+      }
       try {
         channels.push(source.snapshot());
       } catch {
@@ -152,13 +167,25 @@ class Publisher implements StatusPublisher {
       leases: { count: leaseCount, bytes: leaseBytes },
       links,
       channels,
+      ...(linksNotListed ? { linksNotListed } : {}),
+      ...(channelsNotListed ? { channelsNotListed } : {}),
       importCache: addon.legacyCacheStats(),
       openFds: readdirSync('/proc/self/fd').length - 1, // less the one readdir itself opened
     };
   }
 
   #manageSampler(): void {
-    const want = this.#sources.channels().size > 0;
+    // Slot states and link queues move with every message without a change being noted: while
+    // any channel is listed, or a link is backed up, sample them.
+    let want = this.#sources.channels().size > 0;
+    if (!want) {
+      for (const { link } of this.#sources.links()) {
+        if (link.sendQueue.messages > 0 || link.receiveQueue.paused) {
+          want = true;
+          break;
+        }
+      }
+    }
     if (want && !this.#sampler) {
       this.#sampler = setInterval(() => this.schedule(), CHANNEL_SAMPLE_MS).unref();
     } else if (!want && this.#sampler) {

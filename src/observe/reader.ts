@@ -2,11 +2,11 @@
 // `top`. Reading only reads: the publishers are never signalled or waited on. Records of
 // processes that are gone (killed, crashed: they could not remove their own) are recognised by
 // their pid and start time, and removed.
-import { readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import type { ImportCacheStats } from '../cuda/driver-types.js';
 import type { ChannelStatus, DeviceMemoryStats } from './reports.js';
-import { RECORD_VERSION, defaultStatusDirectory, isStale, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
+import { MAX_RECORD_BYTES, RECORD_VERSION, defaultStatusDirectory, isStale, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
 
 /** What one process holds of another's, or lends to it. */
 export interface PeerShare {
@@ -17,6 +17,10 @@ export interface PeerShare {
   bytes: number | null;
 }
 
+/**
+ * One process in a status snapshot: what it allocated, leases, holds from others, its links and
+ * channels.
+ */
 export interface ProcessStatus {
   pid: number;
   /** The command line, as the process started (argv, shortened). */
@@ -32,13 +36,18 @@ export interface ProcessStatus {
   leasedTo: PeerShare[];
   /** What this process holds of each peer's memory, by peer pid. */
   importedFrom: PeerShare[];
+  /** Its links, each with what waits to be sent and to be consumed when a side is behind. */
   links: LinkRecord[];
   channels: ChannelStatus[];
+  /** Links and channels beyond the most a record lists (MAX_LISTED), when there were more. */
+  linksNotListed?: number;
+  channelsNotListed?: number;
   importCache: ImportCacheStats;
   /** Open file descriptors: counted now in /proc where readable, else as recorded. */
   openFds: number;
 }
 
+/** Every process of this user that uses cuda-ipc (collectStatus(), `cuda-ipc status --json`). */
 export interface StatusSnapshot {
   version: typeof RECORD_VERSION;
   takenAt: string;
@@ -51,6 +60,7 @@ export interface StatusSnapshot {
   unreadable: Array<{ file: string; reason: string }>;
 }
 
+/** Options of collectStatus(). */
 export interface CollectOptions {
   /** Where the records are; default: the `status` folder of this user's socket directory. */
   directory?: string;
@@ -98,6 +108,11 @@ export function collectStatus(options: CollectOptions = {}): StatusSnapshot {
     const path = join(directory, name);
     let text: string;
     try {
+      const size = statSync(path).size;
+      if (size > MAX_RECORD_BYTES) {
+        snapshot.unreadable.push({ file: name, reason: `${size} bytes, more than a status record holds (${MAX_RECORD_BYTES})` });
+        continue;
+      }
       text = readFileSync(path, 'utf8');
     } catch (e) {
       if ((e as { code?: string }).code === 'ENOENT') continue; // the process exited just now
@@ -134,6 +149,8 @@ export function collectStatus(options: CollectOptions = {}): StatusSnapshot {
       importedFrom: importedFrom(r, byPid),
       links: r.links,
       channels: r.channels,
+      ...(r.linksNotListed ? { linksNotListed: r.linksNotListed } : {}),
+      ...(r.channelsNotListed ? { channelsNotListed: r.channelsNotListed } : {}),
       importCache: r.importCache,
       openFds: countFds(r.pid) ?? r.openFds,
     });

@@ -10,6 +10,10 @@ import type { ImportCacheStats } from '../cuda/driver-types.js';
 import type { ChannelStatus, DeviceMemoryStats } from './reports.js';
 
 export const RECORD_VERSION = 1;
+/** Most links, and most channels, one record lists (a process with more says how many it left out). */
+export const MAX_LISTED = 1000;
+/** Largest record a reader reads: anything bigger was not written by a publisher. */
+export const MAX_RECORD_BYTES = 16 * 2 ** 20;
 
 /** One link of a process, as its record lists it. */
 export interface LinkRecord {
@@ -22,6 +26,10 @@ export interface LinkRecord {
   leasedToPeer: { count: number; bytes: number };
   /** Leases the peer granted this process that are not ended: what this process uses of the peer's. */
   receivedFromPeer: number;
+  /** Messages waiting to be sent because the peer is not reading (absent when none). */
+  sendQueue?: { messages: number; bytes: number; fds: number };
+  /** Messages received and not yet consumed here, and whether reading is paused (absent when none). */
+  receiveQueue?: { messages: number; bytes: number; fds: number; paused: boolean };
 }
 
 export interface StatusRecord {
@@ -36,8 +44,11 @@ export interface StatusRecord {
   device: DeviceMemoryStats;
   /** Leases granted to peers, all links together (device memory, host memory, pools, events). */
   leases: { count: number; bytes: number };
+  /** At most MAX_LISTED of each; linksNotListed / channelsNotListed count the rest. */
   links: LinkRecord[];
   channels: ChannelStatus[];
+  linksNotListed?: number;
+  channelsNotListed?: number;
   importCache: ImportCacheStats;
   /** Open file descriptors when the record was written. */
   openFds: number;

@@ -27,6 +27,10 @@ export interface ObservedLink {
   readonly peer: { readonly pid: number };
   /** Leases this process holds for the peer. */
   readonly leases: { readonly count: number; readonly bytes: number };
+  /** Messages waiting for room in the socket: the peer is not reading. */
+  readonly sendQueue: { readonly messages: number; readonly bytes: number; readonly fds: number };
+  /** Messages received and not yet consumed here; paused: reading stopped until they are. */
+  readonly receiveQueue: { readonly messages: number; readonly bytes: number; readonly fds: number; readonly paused: boolean };
   /** Runs `hook` once when the link closes. */
   onClose(hook: () => void): unknown;
 }

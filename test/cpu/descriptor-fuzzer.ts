@@ -220,7 +220,7 @@ function mutateBinary(rng: Rng, valid: Uint8Array): { input: Uint8Array; strateg
       const choice = rng.below(4);
       if (choice === 0 && offsets8.length > 0) v.setBigUint64(rng.pick(offsets8), rng.pick(EXTREME_U64), true);
       else if (choice === 1) v.setUint32(isLegacy ? 112 : 96, rng.pick([0, 1, 0x7fffffff, 0x80000000, 0xffffffff]), true);
-      else if (choice === 2 && isLegacy) bytes[120] = rng.pick([0, 1, 12, 13, 0xff, rng.below(256)]);
+      else if (choice === 2 && isLegacy) bytes[120] = rng.pick([0, 1, 12, 15, 16, 0xff, rng.below(256)]);
       else if (isLegacy) bytes[121] = rng.pick([0, 1, 32, 33, 0xff, rng.below(256)]);
       else v.setUint32(100, rng.u32(), true);
       break;

@@ -274,7 +274,7 @@ test('binary: malformed input is rejected with the right code', () => {
   invalid(mutate((_, v) => v.setBigUint64(104, 2n ** 53n - 1n, true)), 'plus offset must not exceed');
   invalid(mutate((_, v) => v.setUint32(112, 0, true)), 'descriptor.pid');
   invalid(mutate((_, v) => v.setUint32(112, 2 ** 31, true)), 'descriptor.pid');
-  invalid(mutate((b) => (b[120] = 13)), 'descriptor.array.dtype is not a known dtype code');
+  invalid(mutate((b) => (b[120] = 16)), 'descriptor.array.dtype is not a known dtype code');
   invalid(mutate((b) => (b[120] = 0)), 'descriptor.array.ndim must be 0 when there is no array');
   invalid(mutate((b) => (b[121] = 255)), 'descriptor.array.ndim must be at most 32');
   invalid(mutate((b) => (b[121] = 3)), 'descriptor.array.strides[1] is cut off'); // reads past the end

@@ -9,8 +9,9 @@ import {
   isCContiguous,
   type ArrayMetaInit,
 } from '../../src/ipc/array-meta.js';
+import { argError } from '../helpers/arg-error.js';
 
-const invalidArg = (pathPart: string) => ({ name: 'IpcError', code: 'ERR_INVALID_ARG', message: new RegExp(pathPart.replace(/[[\]]/g, '\\$&')) });
+const invalidArg = (pathPart: string) => argError(undefined, new RegExp(pathPart.replace(/[[\]]/g, '\\$&')));
 
 test('contiguousStrides gives C-order byte strides, counting zero-length dims as 1 like NumPy', () => {
   assert.deepEqual(contiguousStrides([2, 3, 4], 4), [48, 16, 4]);

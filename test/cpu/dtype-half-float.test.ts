@@ -56,8 +56,8 @@ test('float16 decodes known patterns', () => {
   assert.equal(numberFromFloat16Bits(0xfc00), -Infinity);
   assert.equal(Number.isNaN(numberFromFloat16Bits(0x7c01)), true);
   assert.equal(Number.isNaN(numberFromFloat16Bits(0xfe00)), true);
-  assert.throws(() => numberFromFloat16Bits(0x10000), { code: 'ERR_INVALID_ARG' });
-  assert.throws(() => numberFromFloat16Bits(1.5), { code: 'ERR_INVALID_ARG' });
+  assert.throws(() => numberFromFloat16Bits(0x10000), { name: 'RangeError', code: 'ERR_OUT_OF_RANGE' });
+  assert.throws(() => numberFromFloat16Bits(1.5), { name: 'RangeError', code: 'ERR_OUT_OF_RANGE' });
 });
 
 /** Independent oracle: the nearest finite pattern by search over all positive patterns, ties to

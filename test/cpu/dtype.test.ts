@@ -2,6 +2,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { IpcError } from '../../src/errors.js';
 import { DTYPES, dtypeFromWireCode, dtypeInfo, dtypeOfTypedArray, isDType, type DType } from '../../src/ipc/dtype.js';
+import { argError } from '../helpers/arg-error.js';
 
 // Pinned: itemsize and typestr are what Python reads; wire codes are the binary format.
 const EXPECTED: Record<DType, [itemsize: number, typestr: string, wireCode: number]> = {
@@ -17,6 +18,9 @@ const EXPECTED: Record<DType, [itemsize: number, typestr: string, wireCode: numb
   bfloat16: [2, '<V2', 10],
   float32: [4, '<f4', 11],
   float64: [8, '<f8', 12],
+  bool: [1, '|b1', 13],
+  float8_e4m3fn: [1, '|V1', 14],
+  float8_e5m2: [1, '|V1', 15],
 };
 
 test('every dtype has the pinned itemsize, typestr and wire code', () => {
@@ -27,7 +31,7 @@ test('every dtype has the pinned itemsize, typestr and wire code', () => {
     assert.equal(dtypeFromWireCode(info.wireCode), dtype);
   }
   assert.equal(dtypeFromWireCode(0), undefined);
-  assert.equal(dtypeFromWireCode(13), undefined);
+  assert.equal(dtypeFromWireCode(16), undefined);
 });
 
 test('host typed arrays hold one element per itemsize; half types use raw Uint16Array bits', () => {
@@ -58,7 +62,7 @@ test('dtypeOfTypedArray maps each typed array to its natural dtype', () => {
     [new Float64Array(1), 'float64'],
   ];
   for (const [array, dtype] of cases) assert.equal(dtypeOfTypedArray(array), dtype, array.constructor.name);
-  assert.throws(() => dtypeOfTypedArray(new DataView(new ArrayBuffer(4))), { name: 'IpcError', code: 'ERR_INVALID_ARG' });
+  assert.throws(() => dtypeOfTypedArray(new DataView(new ArrayBuffer(4))), { name: 'TypeError', code: 'ERR_INVALID_ARG_VALUE' });
 });
 
 test('isDType and dtypeInfo reject names that are not dtypes', () => {
@@ -66,5 +70,5 @@ test('isDType and dtypeInfo reject names that are not dtypes', () => {
   for (const bad of ['float', 'Float32', 'toString', '__proto__', '', 7, null]) {
     assert.equal(isDType(bad), false, String(bad));
   }
-  assert.throws(() => dtypeInfo('complex64' as DType), (e: unknown) => e instanceof IpcError && e.code === 'ERR_INVALID_ARG');
+  assert.throws(() => dtypeInfo('complex64' as DType), argError('ERR_INVALID_ARG_VALUE'));
 });

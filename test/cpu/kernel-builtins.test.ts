@@ -11,7 +11,6 @@ import {
   type BuiltinKernelName,
 } from '../../src/cuda/builtin-kernels.js';
 import { arg, checkKernelArgs, kernelArgLayout, type KernelArg, type KernelArgType } from '../../src/cuda/kernel-args.js';
-import { IpcError } from '../../src/errors.js';
 
 test('built-in kernel names are unique and each can be looked up', () => {
   const names = BUILTIN_KERNELS.map((k) => k.name);
@@ -20,12 +19,12 @@ test('built-in kernel names are unique and each can be looked up', () => {
   for (const name of names) assert.equal(getBuiltinKernel(name).name, name);
 });
 
-test('an unknown kernel name is an ERR_INVALID_ARG that lists the real ones', () => {
+test('an unknown kernel name is an ERR_INVALID_ARG_VALUE TypeError that lists the real ones', () => {
   assert.throws(
     () => getBuiltinKernel('fill_pattern_f16' as BuiltinKernelName),
     (error: unknown) =>
-      error instanceof IpcError &&
-      error.code === 'ERR_INVALID_ARG' &&
+      error instanceof TypeError &&
+      (error as { code?: string }).code === 'ERR_INVALID_ARG_VALUE' &&
       /no built-in kernel is named "fill_pattern_f16"; the built-in kernels are fill_pattern_i32, /.test(error.message),
   );
 });

@@ -10,7 +10,7 @@ import { readFrame } from '../../src/link/inbound.js';
 import type { Link } from '../../src/link/link.js';
 import { addon } from '../../src/native.js';
 import { fdCount } from '../fixtures/fd-count.js';
-import { HELLO, linkWithRawPeer } from '../fixtures/link-pair.js';
+import { HELLO, header, linkWithRawPeer } from '../fixtures/link-pair.js';
 import { FdTemplates, FrameFuzzFailure, Rng, buildRecordsFrame, frameCase, frameSeeds, runFrameFuzz } from '../fixtures/link-fuzzer.js';
 
 // CUDA_IPC_FUZZ_SEED reproduces a failed run; otherwise each run explores a new seed.
@@ -38,10 +38,11 @@ test(`mutated and random link frames are rejected with IpcErrors, leak no fd and
   assert.ok(stats.slowestCaseMs < 1000, `case ${stats.slowestCase} took ${stats.slowestCaseMs} ms`);
   // The cases reach every frame type, deep payload checks, handler failures and leased values.
   const seen = (key: string): number => stats.outcomes[key] ?? 0;
-  for (const type of ['HELLO', 'GOODBYE', 'REFUSE', 'RELEASE', 'MESSAGE']) assert.ok(seen(`accepted ${type}`) > 0, `no ${type} accepted`);
+  for (const type of ['HELLO', 'GOODBYE', 'REFUSE', 'RELEASE', 'GONE', 'MESSAGE']) assert.ok(seen(`accepted ${type}`) > 0, `no ${type} accepted`);
   assert.ok(seen('rejected ERR_FRAME_INVALID') > cases / 2);
   assert.ok(seen('message error ERR_DESCRIPTOR_INVALID') > 0 && seen('message error ERR_NOT_TRANSFERABLE') > 0);
   assert.ok(stats.leasesOpened > 0, 'some leased values were decoded (and their leases ended on disposal)');
+  assert.ok(seen('accepted MESSAGE (large)') > 0 && seen('rejected ERR_FRAME_INVALID (large)') > 0, 'large messages were decoded and refused');
   assert.ok(stats.casesWithFds > cases / 10 && stats.wrongFdCount > cases / 50);
 });
 
@@ -101,17 +102,25 @@ test('garbage through a real socket pair: the link closes or delivers, always wi
       const { link, raw } = linkWithRawPeer();
       try {
         raw.send(HELLO());
-        const fds = templates.make(rng, c.fdCount);
+        const fds = templates.makeFor(c, rng);
         try {
           // An empty record reads as the peer's EOF on SEQPACKET: the link then reports ERR_PEER_GONE.
           raw.send(c.bytes, fds);
         } finally {
           for (const fd of fds) addon.close(fd);  // the kernel gave the link its own copies
         }
+        // A control frame the link accepts without a word (a sound GONE) lets this through.
+        if (c.bytes.byteLength > 0) {
+          try {
+            raw.send(SENTINEL);
+          } catch {
+            // The link closed its end already.
+          }
+        }
         let outcome: string;
         try {
-          const value = await link.receive({ signal: AbortSignal.timeout(2000) });
-          outcome = 'delivered';
+          const value = await link.receive({ timeout: 2000 });
+          outcome = value === 'sentinel' ? 'accepted quietly' : 'delivered';
           disposeAll(value);
         } catch (e) {
           assert.ok(e instanceof IpcError, `case ${i}: ${String(e)}`);
@@ -132,6 +141,14 @@ test('garbage through a real socket pair: the link closes or delivers, always wi
   assert.ok((outcomes['closed ERR_FRAME_INVALID'] ?? 0) > cases / 2);
   assert.ok((outcomes.delivered ?? 0) > 0);
 });
+
+/** A Json MESSAGE holding "sentinel". */
+const SENTINEL = ((): Uint8Array => {
+  const body = Buffer.from('"sentinel"');
+  const f = header(2, 0, body.byteLength, 0);
+  f.set(body, 16);
+  return f;
+})();
 
 /** Closes every HostBuffer (or other closable) inside a delivered value. */
 function disposeAll(value: unknown, depth = 0): void {

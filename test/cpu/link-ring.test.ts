@@ -252,19 +252,19 @@ test('a Python peer (no ring feature) keeps the socket both ways', { skip: noPyt
 });
 
 test('hostile RING and RING_START frames close the link with ERR_FRAME_INVALID and their fds', { skip }, async () => {
-  const ringFrame = (capacity: number) => header(6, 0, 8, 2, (v) => v.setUint32(16, capacity, true));
+  const ringFrame = (capacity: number) => header(7, 0, 8, 2, (v) => v.setUint32(16, capacity, true));
   const cases: Array<[string, boolean, (send: (b: Uint8Array, fds?: number[]) => void) => void]> = [
     ['RING without the feature in our HELLO', false, (send) => send(ringFrame(65536), [addon.eventfdCreate(), addon.eventfdCreate()])],
     ['RING whose doorbell is not an eventfd', true, (send) => send(ringFrame(65536), [addon.memfdCreate('x'), addon.memfdCreate('y')])],
     ['RING with an unsealed memfd', true, (send) => send(ringFrame(4096), [addon.memfdCreate('x', RING_DATA_OFFSET + 4096), addon.eventfdCreate()])],
     ['RING of a bad capacity', true, (send) => send(ringFrame(5000), [addon.memfdCreate('x'), addon.eventfdCreate()])],
-    ['RING_START without a RING from the peer', true, (send) => send(header(7, 0, 0, 0))],
+    ['RING_START without a RING from the peer', true, (send) => send(header(8, 0, 0, 0))],
   ];
   for (const [what, feature, play] of cases) {
     const { link, raw } = linkWithRawPeer();
     const closed = closeReason(link);
     const before = fdCount();
-    raw.send(header(1, 0, 8, 0, (v) => v.setUint32(16, feature ? 1 : 0, true)));
+    raw.send(header(1, 0, 8, 0, (v) => v.setUint32(16, feature ? 7 : 3, true)));
     play((bytes, fds) => {
       raw.send(bytes, fds);
       for (const fd of fds ?? []) addon.close(fd);  // the kernel passed dups

@@ -57,7 +57,7 @@ test('spawn({ device }) gives the child the UUID, normalised; a malformed one is
   }
   for (const bad of ['1', 'cuda:1', 'GPU-1234', `${UUID_A},${UUID_B}`]) {
     await assert.rejects(spawn(CHILD, [], { device: bad }), (e: unknown) =>
-      e instanceof IpcError && e.code === 'ERR_INVALID_ARG' && /spawn options\.device must look like 'GPU-/.test(e.message), bad);
+      e instanceof TypeError && (e as { code?: string }).code === 'ERR_INVALID_ARG_VALUE' && /spawn options\.device must look like 'GPU-/.test(e.message), bad);
   }
 });
 

@@ -186,7 +186,7 @@ test('a Python child that exits without closing its link shows as ERR_PEER_GONE'
 test('spawnPython reports a child that fails before parent_link()', { skip }, async () => {
   await assert.rejects(spawnPython('cuda_ipc_no_such_module_here', [], { stdio: 'ignore' }),
     (e: { code?: string }) => e.code === 'ERR_PEER_GONE');
-  await assert.rejects(spawnPython('not a module!'), (e: { code?: string }) => e.code === 'ERR_INVALID_ARG');
+  await assert.rejects(spawnPython('not a module!'), (e: { code?: string }) => e.code === 'ERR_INVALID_ARG_VALUE' && e instanceof TypeError);
   await assert.rejects(spawnPython(CHILD, [], { python: '/nonexistent/python3', stdio: 'ignore' }),
     (e: { code?: string; message: string }) => e.code === 'ERR_PEER_GONE' && e.message.includes('/nonexistent/python3'));
 });

@@ -11,6 +11,7 @@ import { BuiltinKernels } from '../../src/cuda/builtins.js';
 import { arg } from '../../src/cuda/kernel-args.js';
 import { expectedPatternValue, referenceChecksum } from '../../src/cuda/builtin-kernels.js';
 import { IpcError } from '../../src/errors.js';
+import { argError } from '../helpers/arg-error.js';
 
 describe('kernels', { skip: noGpu }, () => {
   test('fill, verify and scale patterns for every element type', async () => {
@@ -93,8 +94,8 @@ describe('kernels', { skip: noGpu }, () => {
     const out = new Uint32Array(1024);
     data.read(out);
     assert.ok(out.every((v) => v === 7));
-    assert.throws(() => writer.writeValue32(flag, 2, 1), (e: unknown) => e instanceof IpcError && e.code === 'ERR_INVALID_ARG');
-    assert.throws(() => writer.writeValue32(flag, 64, 1), (e: unknown) => e instanceof IpcError && e.code === 'ERR_OUT_OF_RANGE');
+    assert.throws(() => writer.writeValue32(flag, 2, 1), argError('ERR_INVALID_ARG_VALUE'));
+    assert.throws(() => writer.writeValue32(flag, 64, 1), argError('ERR_OUT_OF_RANGE'));
   });
 
   test('an interprocess event can be created and recorded', () => {

@@ -42,6 +42,23 @@ describe('IPC pools', { skip: noGpu }, () => {
     });
   }
 
+  test('a buffer of a closed pool still travels while it lives; the pool goes with its last buffer', async () => {
+    const pool = Device.get(0).createIpcPool();
+    const b = pool.allocate(4096);
+    b.write(u32Pattern(7, 1024));
+    pool.close();  // closed, not destroyed: b still uses it
+    assert.throws(() => pool.allocate(16), (e: unknown) => e instanceof IpcError && e.code === 'ERR_CLOSED');
+    try {
+      await withChild(async (link) => {
+        const r = await ask(link, { op: 'check', buffer: b, seed: 7, write: 8 });
+        assert.deepEqual(r, { ok: true, bad: -1, isMapped: true, byteLength: 4096, kind: 'pool-import' });
+      });
+    } finally {
+      b.close();
+    }
+    assert.throws(() => pool.exportFd(), (e: unknown) => e instanceof IpcError && e.code === 'ERR_CLOSED', 'destroyed with its last buffer');
+  });
+
   test('3 pools x 7 buffers to two children, patterns both ways', async () => {
     const device = Device.get(0);
     const pools = [0, 1, 2].map(() => device.createIpcPool());
@@ -105,12 +122,12 @@ describe('IPC pools', { skip: noGpu }, () => {
   test('an imported pool refuses to allocate; garbage export data fails cleanly', async () => {
     using pool = Device.get(0).createIpcPool();
     const r = await withChild((link) => ask(link, { op: 'imported-pool', pool }));
-    assert.deepEqual(r, { ok: true, imported: true, allocate: 'ERR_IMPORTED_POOL', garbage: 'ERR_HANDLE_STALE', shortData: 'ERR_INVALID_ARG' });
+    assert.deepEqual(r, { ok: true, imported: true, allocate: 'ERR_IMPORTED_POOL', garbage: 'ERR_HANDLE_STALE', shortData: 'ERR_INVALID_ARG_VALUE' });
   });
 
   test('a bad fd is refused and closed', () => {
     const fd = openSync('/dev/null', 'r');
-    assert.throws(() => IpcPool.importFromFd(fd, Device.get(0), '00'.repeat(16), 0), (e: unknown) => e instanceof IpcError && e.code === 'ERR_INVALID_ARG' && /not a CUDA memory pool handle \(it is character device 1:3\)/.test(e.message));
+    assert.throws(() => IpcPool.importFromFd(fd, Device.get(0), '00'.repeat(16), 0), (e: unknown) => e instanceof TypeError && (e as { code?: string }).code === 'ERR_INVALID_ARG_VALUE' && /not a CUDA memory pool handle \(it is character device 1:3\)/.test(e.message));
     assert.equal(existsSync(`/proc/self/fd/${fd}`), false, 'the fd was closed');
   });
 });

@@ -1,0 +1,166 @@
+"""A trainer or a receiver of the weights benchmark (bench/weights.ts), started with spawnPython. Node
+sends commands on the parent link (one reply each); the state dict travels on a direct link between
+the two Python processes (listen / connect), as a tensor set (share_tensors), and the receiver copies
+it into its own parameters with update_in_place. Times are taken in the trainer, from the send to the
+receiver's acknowledgement, which it sends once its copies finished (stream synchronized); the
+receiver splits that time into phases from the trainer's send timestamp (both read CLOCK_MONOTONIC).
+
+  {op: 'build', tensors, gib, seed}      the synthetic state dict -> {count, bytes, checksum}
+  {op: 'listen', name} / {op: 'connect', name}
+  {op: 'limit', syncs}                   trainer: torch._foreach_copy_ of the same bytes in this process -> {times}
+  {op: 'run', syncs, fresh, split}       trainer: `syncs` sends -> {times, exports, send}
+  {op: 'serve', syncs, fresh, split, method}   receiver: `syncs` updates -> {opened, phases, bytes, operations, method}
+  {op: 'checksum'} -> {checksum};  {op: 'free'} -> {}
+
+fresh: every sync starts cold (the trainer asks for its handles again and encodes anew; the receiver
+closed its mappings, forgot its decoded tables and plans): the first sync of a pair of processes.
+split: the state dict goes as that many sets (messages), for links whose frames are limited to 128 KiB.
+"""
+import gc
+import sys
+import threading
+import time
+
+import torch
+
+from cuda_ipc import IpcError, connect, legacy_cache_stats, listen, parent_link, share_tensors, tensor_set, update_in_place
+from cuda_ipc import memory as _mem
+from cuda_ipc import update as _update
+
+import weights_model as wm
+
+link = parent_link()
+torch.cuda.synchronize()
+peer = None
+accepted = threading.Event()
+sd = None
+kept = []
+shared = None
+targets = None
+
+
+def chunks(names, split):
+    n = len(names)
+    return [names[i * n // split:(i + 1) * n // split] for i in range(split)]
+
+
+def now():
+    return time.perf_counter_ns()
+
+
+def handle(msg):
+    global peer, sd, kept, shared, targets
+    op = msg["op"]
+    if op == "build":
+        sd = wm.build(torch, msg["tensors"], msg["gib"], msg["seed"])
+        link.send({"count": len(sd), "bytes": wm.nbytes(sd), "checksum": wm.checksum(torch, sd)})
+    elif op == "listen":
+        server = listen(msg["name"])
+
+        def accept(server=server):
+            global peer
+            peer = server.accept(timeout=60)
+            accepted.set()
+        threading.Thread(target=accept, daemon=True).start()
+        link.send({})
+    elif op == "connect":
+        peer = connect(msg["name"], timeout=60)
+        accepted.set()
+        link.send({})
+    elif op == "limit":
+        src = list(sd.values())
+        dst = [torch.empty_like(t) for t in src]
+        times = []
+        for _ in range(msg["syncs"] + 1):
+            torch.cuda.synchronize()
+            t0 = now()
+            torch._foreach_copy_(dst, src)
+            torch.cuda.synchronize()
+            times.append((now() - t0) / 1000)
+        del dst
+        gc.collect()
+        torch.cuda.empty_cache()
+        link.send({"times": times[1:]})  # the first launches the kernels' first use
+    elif op == "run":
+        accepted.wait(60)
+        names = list(sd)
+        parts = chunks(names, msg["split"])
+        times, exports, send_us = [], [], []
+        for i in range(msg["syncs"]):
+            first, last = sd[names[0]], sd[names[-1]]
+            first.add_(1)  # the training step changes the weights (in place, as optimizers do)
+            last.add_(1)
+            torch.cuda.synchronize()
+            if msg["fresh"] or shared is None:
+                shared = [share_tensors({n: sd[n] for n in part}) for part in parts]
+                if msg["fresh"]:
+                    _mem._export_handles.clear()  # ask the driver for every handle again
+            e0 = tensor_set.handle_exports
+            t0 = now()
+            for s in shared:
+                peer.send({"weights": s, "sync": i, "t0": t0})
+            t1 = now()
+            ack = peer.receive(timeout=120)
+            t2 = now()
+            assert ack == {"ack": i}, ack
+            times.append((t2 - t0) / 1000)
+            send_us.append((t1 - t0) / 1000)
+            exports.append(tensor_set.handle_exports - e0)
+        link.send({"times": times, "exports": exports, "send": send_us})
+    elif op == "serve":
+        accepted.wait(60)
+        names = list(sd)
+        split = msg["split"]
+        if targets is None or len(targets) != split:
+            targets = [{n: sd[n] for n in part} for part in chunks(names, split)]
+        opened, phases, result = [], {"receive": [], "update": [], "copy": []}, None
+        for i in range(msg["syncs"]):
+            if msg["fresh"]:
+                for ts in kept:
+                    ts.close()
+                kept = []
+                peer.handler_state.pop("cuda_ipc.tensor_set.layouts", None)
+                _update._plans.clear()
+                gc.collect()
+            o0 = legacy_cache_stats()["opened"]
+            msgs = [peer.receive(timeout=120) for _ in range(split)]
+            t1 = now()
+            t0 = msgs[0]["t0"]  # the trainer's clock at its send: both read CLOCK_MONOTONIC
+            sets = [m["weights"] for m in msgs]
+            stream = None
+            ops = 0
+            for target, ts in zip(targets, sets):
+                result = update_in_place(target, ts, method=msg["method"])
+                stream = result.stream
+                ops += result.operations
+            t2 = now()
+            torch.cuda.synchronize()  # the copies (on the update's stream) and anything before them
+            t3 = now()
+            for ts in kept:  # the previous sync's sets: closed once this sync's are mapped
+                ts.close(sync=False)
+            kept = sets
+            peer.send({"ack": i})
+            opened.append(legacy_cache_stats()["opened"] - o0)
+            phases["receive"].append((t1 - t0) / 1000)
+            phases["update"].append((t2 - t1) / 1000)
+            phases["copy"].append((t3 - t2) / 1000)
+        link.send({"opened": opened, "phases": phases, "bytes": sum(r.nbytes for r in kept), "operations": ops, "method": result.method})
+    elif op == "checksum":
+        link.send({"checksum": wm.checksum(torch, sd)})
+    elif op == "free":
+        for ts in kept:
+            ts.close()
+        kept = []
+        sd = shared = targets = None
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        link.send({})
+
+
+for msg in link:
+    try:
+        handle(msg)
+    except IpcError as e:  # said to Node, which stops the run (e.g. a message too large for a frame)
+        link.send({"error": f"{e.code}: {e}"})
+sys.exit(0)

@@ -1,0 +1,222 @@
+// `npm run bench:weights [-- --tensors 3000] [--gib 8] [--syncs 3] [--repeats 5] [--split 1] [--json FILE] [--no-references]`
+//
+// Whole models across processes (issue 21): a synthetic bf16 MoE-like state dict (about 8 GiB in
+// about 3,000 tensors, a few large and many small) goes from a PyTorch trainer process to a
+// receiver process that ends with the values in its own parameters, measured per sync from the
+// trainer's send to the receiver's acknowledgement (sent once its copies finished). Rows, in one run:
+//   - the limit: torch._foreach_copy_ of the same bytes inside one process;
+//   - per-tensor torch reductions (reduce_tensor / rebuild_cuda_tensor over a multiprocessing queue:
+//     verl, vime) and packed 1 GiB buckets (torch.cat, one handle each, slice and copy: vLLM, slime);
+//   - ours: share_tensors over a direct Python-to-Python link (Python listen / connect), and
+//     update_in_place (one cuMemcpyBatchAsync for the contiguous pairs), first sync (cold: handles
+//     asked and opened, tables encoded and decoded) and repeated sync (the same trainer's weights
+//     again), with torch._foreach_copy_ as the receiver's copy for comparison.
+// Each row is printed against its target, with the handles opened and the bytes copied on each side.
+// Needs a GPU and python3 with PyTorch; says why and exits 0 otherwise.
+import { parseArgs } from 'node:util';
+import { spawnSync } from 'node:child_process';
+import { writeFileSync } from 'node:fs';
+import { fileURLToPath } from 'node:url';
+import { probeDriver } from '../src/cuda/driver.js';
+import { Device } from '../src/cuda/device.js';
+import { spawnPython, pythonPackageDirectory, type Link, type SpawnedChild } from '../src/link/index.js';
+import { printTable, summarize, type Row, type Summary } from './stats.js';
+
+const { values } = parseArgs({
+  options: {
+    tensors: { type: 'string', default: '3000' },
+    gib: { type: 'string', default: '8' },
+    syncs: { type: 'string', default: '3' },
+    repeats: { type: 'string', default: '5' },
+    split: { type: 'string', default: '1' },
+    json: { type: 'string' },
+    'no-references': { type: 'boolean', default: false },
+  },
+});
+const tensors = Number(values.tensors);
+const gib = Number(values.gib);
+const syncs = Number(values.syncs);
+const repeats = Number(values.repeats);
+const split = Number(values.split);
+for (const [k, v] of Object.entries({ tensors, syncs, repeats, split })) {
+  if (!Number.isSafeInteger(v) || v < 1) {
+    console.error(`bench:weights: --${k} must be a positive integer`);
+    process.exit(2);
+  }
+}
+if (!(gib > 0)) {
+  console.error('bench:weights: --gib must be a positive number');
+  process.exit(2);
+}
+
+const TARGETS = { repeatedVsLimit: 1.5, firstVsLimit: 3, vsPerTensor: 10, vsPacked: 2 } as const;
+const python = process.env.CUDA_IPC_PYTHON ?? 'python3';
+const script = (name: string) => fileURLToPath(new URL(`../../bench/python/${name}`, import.meta.url));
+const ms = (us: number[]) => us.map((v) => v / 1000);
+const GiB = (b: number) => `${(b / 2 ** 30).toFixed(2)} GiB`;
+
+function skip(why: string): never {
+  console.log(`bench:weights: skipped: ${why}`);
+  process.exit(0);
+}
+
+const probe = probeDriver();
+if (!probe.ok || Device.all().length === 0) skip('no CUDA GPU here');
+const torchProbe = spawnSync(python, ['-c', 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)'], {
+  encoding: 'utf8', env: { ...process.env, PYTHONPATH: pythonPackageDirectory() },
+});
+if (torchProbe.error) skip(`${python} is not available (${torchProbe.error.message}); set CUDA_IPC_PYTHON`);
+if (torchProbe.status === 3) skip(`PyTorch in ${python} sees no CUDA device`);
+if (torchProbe.status !== 0) skip(`${python} has no PyTorch: ${(torchProbe.stderr || '').trim().split('\n').pop()}`);
+
+const device = Device.get(0);
+console.log(`bench:weights on ${device.name} (CUDA driver ${probe.ok ? probe.version : '?'}): a bf16 state dict of ~${gib} GiB in ~${tensors} tensors, ` +
+  `trainer -> receiver; ${syncs} first syncs, ${repeats} repeated syncs, ${syncs} syncs per reference${split > 1 ? `; sent as ${split} sets per sync` : ''}`);
+
+async function ask(link: Link, message: unknown, timeoutMs = 600_000): Promise<any> {
+  link.send(message);
+  const r = await link.receive({ signal: AbortSignal.timeout(timeoutMs) });
+  if (r && typeof r === 'object' && 'error' in r) throw new Error(String((r as { error: unknown }).error));
+  return r;
+}
+
+interface Measured {
+  summary: Summary;
+  handles: number[];
+  senderCopied: number;
+  receiverCopied: number;
+  phases?: Record<string, number>;
+  note?: string;
+}
+
+const rows: Record<string, Measured | { skipped: string }> = {};
+let count = 0;
+let bytes = 0;
+
+const trainer: SpawnedChild = await spawnPython(script('weights_peer.py'), [], { stdio: ['ignore', 'inherit', 'inherit'] });
+const receiver: SpawnedChild = await spawnPython(script('weights_peer.py'), [], { stdio: ['ignore', 'inherit', 'inherit'] });
+let finished = false;
+try {
+  const [t, r] = await Promise.all([
+    ask(trainer.link, { op: 'build', tensors, gib, seed: 1 }),
+    ask(receiver.link, { op: 'build', tensors, gib, seed: 2 }),
+  ]);
+  count = t.count;
+  bytes = t.bytes;
+  if (r.count !== count) throw new Error('trainer and receiver built different state dicts');
+  console.log(`state dict: ${count} tensors, ${GiB(bytes)}`);
+  const name = `bench-weights-${process.pid}`;
+  await ask(receiver.link, { op: 'listen', name });
+  await ask(trainer.link, { op: 'connect', name });
+
+  const limit = await ask(trainer.link, { op: 'limit', syncs: Math.max(syncs, repeats) });
+  rows.limit = { summary: summarize(ms(limit.times)), handles: [0], senderCopied: bytes, receiverCopied: 0 };
+
+  const ours = async (label: string, fresh: boolean, n: number, method: string) => {
+    const [run, serve] = await Promise.all([
+      ask(trainer.link, { op: 'run', syncs: n, fresh, split }),
+      ask(receiver.link, { op: 'serve', syncs: n, fresh, split, method }),
+    ]);
+    const phases = Object.fromEntries(Object.entries(serve.phases as Record<string, number[]>).map(([k, v]) => [k, summarize(ms(v)).median]));
+    phases['trainer: encode + send'] = summarize(ms(run.send)).median;
+    rows[label] = {
+      summary: summarize(ms(run.times)), handles: serve.opened, senderCopied: 0, receiverCopied: serve.bytes, phases,
+      note: `${serve.method}, ${serve.operations} GPU operation(s); handles asked by the trainer: ${run.exports.join('/')}`,
+    };
+  };
+  try {
+    await ours('ours: first sync', true, syncs, 'auto');
+  } catch (e) {
+    const why = String((e as Error).message ?? e);
+    if (/ERR_MESSAGE_TOO_LARGE/.test(why)) {
+      throw new Error(`one tensor set of ${count} tensors needs a message larger than a 128 KiB frame (${why}); ` +
+        'rerun with --split N (N sets per sync) until messages of any size are in, or with fewer --tensors');
+    }
+    throw e;
+  }
+  await ours('ours: repeated sync', false, repeats, 'auto');
+  await ours('ours: repeated sync, torch._foreach_copy_ on the receiver', false, repeats, 'foreach');
+  const [tc, rc] = await Promise.all([ask(trainer.link, { op: 'checksum' }), ask(receiver.link, { op: 'checksum' })]);
+  if (tc.checksum !== rc.checksum) throw new Error(`the receiver's parameters differ from the trainer's (checksums ${rc.checksum} and ${tc.checksum})`);
+  console.log('values: the receiver ended with the trainer\'s weights (checksums equal)');
+  await Promise.all([ask(trainer.link, { op: 'free' }), ask(receiver.link, { op: 'free' })]);
+  finished = true;
+} finally {
+  if (finished) {
+    await Promise.all([trainer.link.end(), receiver.link.end()]);
+  } else {
+    // One of them failed while the other may wait on their direct link: stop both.
+    for (const c of [trainer, receiver]) {
+      c.child.kill('SIGKILL');
+      c.link.close();
+    }
+  }
+}
+
+for (const mode of values['no-references'] ? [] : ['per-tensor', 'packed']) {
+  const label = mode === 'per-tensor' ? 'per-tensor reduce_tensor / rebuild_cuda_tensor' : 'packed 1 GiB buckets (torch.cat, one handle each)';
+  const r = spawnSync(python, [script('weights_torch_ref.py'), mode, String(tensors), String(gib), String(syncs)], {
+    encoding: 'utf8', env: { ...process.env, PYTHONUNBUFFERED: '1' }, timeout: 600_000,
+  });
+  if (r.status !== 0) {
+    rows[label] = { skipped: `failed: ${(r.stderr || r.stdout || String(r.error)).trim().split('\n').slice(-3).join(' | ')}` };
+    continue;
+  }
+  const out = JSON.parse(r.stdout.trim().split('\n').pop()!);
+  rows[label] = {
+    summary: summarize(ms(out.times_us)), handles: out.handles, senderCopied: out.sender_copied, receiverCopied: out.receiver_copied,
+    note: out.checksum_ok ? undefined : 'VALUES DIFFER',
+  };
+}
+
+// ---- the table, against the targets --------------------------------------------------------
+const get = (k: string) => (rows[k] && 'summary' in rows[k]! ? (rows[k] as Measured) : undefined);
+const limitRow = get('limit');
+const repeated = get('ours: repeated sync');
+const first = get('ours: first sync');
+const perTensor = get('per-tensor reduce_tensor / rebuild_cuda_tensor');
+const packed = get('packed 1 GiB buckets (torch.cat, one handle each)');
+const targets: Array<{ what: string; met: boolean }> = [];
+const check = (what: string, met: boolean) => {
+  targets.push({ what, met });
+  return `${what}: ${met ? 'MET' : 'MISSED'}`;
+};
+const table: Row[] = [];
+for (const [label, m] of Object.entries(rows)) {
+  if (!('summary' in m)) {
+    table.push({ name: label, unit: 'ms', median: NaN, notes: [`skipped: ${m.skipped}`] });
+    continue;
+  }
+  const notes: string[] = [];
+  if (limitRow && label !== 'limit') notes.push(`${(m.summary.median / limitRow.summary.median).toFixed(2)}x the limit`);
+  if (label !== 'limit') notes.push(`handles opened per sync: ${m.handles.join('/')}`);
+  notes.push(`copied: sender ${GiB(m.senderCopied)}, receiver ${GiB(m.receiverCopied)}`);
+  if (label === 'ours: repeated sync' && limitRow) {
+    notes.push(check(`<= ${TARGETS.repeatedVsLimit}x the limit`, m.summary.median <= TARGETS.repeatedVsLimit * limitRow.summary.median));
+    if (perTensor) notes.push(check(`${(perTensor.summary.median / m.summary.median).toFixed(1)}x faster than per-tensor (>= ${TARGETS.vsPerTensor}x)`, perTensor.summary.median >= TARGETS.vsPerTensor * m.summary.median));
+    if (packed) notes.push(check(`${(packed.summary.median / m.summary.median).toFixed(1)}x faster than packed (>= ${TARGETS.vsPacked}x)`, packed.summary.median >= TARGETS.vsPacked * m.summary.median));
+    notes.push(check('handles opened on a repeated sync: 0', m.handles.every((h) => h === 0)));
+  }
+  if (label === 'ours: first sync' && limitRow) notes.push(check(`<= ${TARGETS.firstVsLimit}x the limit`, m.summary.median <= TARGETS.firstVsLimit * limitRow.summary.median));
+  if (m.note) notes.push(m.note);
+  table.push({ name: label === 'limit' ? 'in-process torch._foreach_copy_ (the limit)' : label, unit: 'ms', median: m.summary.median, p99: m.summary.p99, n: m.summary.n, notes });
+}
+printTable(`Weights sync, trainer -> receiver, ${count} tensors / ${GiB(bytes)} bf16 (per sync; lower is better)`, table);
+
+for (const [label, m] of [['first sync', first], ['repeated sync', repeated]] as const) {
+  if (!m?.phases) continue;
+  console.log(`\nours, ${label}: where a sync goes (median ms): ` + Object.entries(m.phases).map(([k, v]) => `${k} ${v.toFixed(2)}`).join('; ') +
+    ' (receive: trainer send start -> receiver has decoded the message(s); update: plan + queueing the copies; copy: until the stream finished)');
+}
+const missed = targets.filter((t) => !t.met);
+console.log(`\nweights targets: ${targets.length - missed.length} of ${targets.length} met`);
+for (const t of missed) {
+  const m = t.what.includes('first') || t.what.includes('3x') ? first : repeated;
+  const worst = m?.phases ? Object.entries(m.phases).sort((a, b) => b[1] - a[1])[0] : undefined;
+  console.log(`  MISSED ${t.what}${worst ? `; the largest phase: ${worst[0]} (${worst[1].toFixed(2)} ms)` : ''}`);
+}
+if (values.json) {
+  writeFileSync(values.json, JSON.stringify({ device: device.name, tensors: count, bytes, split, rows, targets }, null, 2));
+  console.log(`\nwrote ${values.json}`);
+}
+process.exit(0);

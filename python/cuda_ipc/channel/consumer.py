@@ -1,0 +1,297 @@
+"""A consumer's end of a channel (src/channel/consumer.ts): receive messages (or iterate), release each
+once done with its slot. Device slots: ``msg.wait_on(stream)`` before reading a message on the GPU,
+``msg.release(stream=stream)`` after.
+"""
+from __future__ import annotations
+
+import json
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any, Iterator
+
+from ..errors import IpcError
+from ..host import HostBuffer
+from ..memory import ArrayView, DeviceBuffer
+from .endpoint import Endpoint, cuda_array_interface, typed_view
+from .fences import Stream
+from .layout import H_PRODUCERS_DIED, META_BYTES, META_NONE
+from .part import ChannelEnd
+from .ring import corrupt
+
+
+class ChannelConsumer(ChannelEnd):
+    """This process's consumer end (from accept_channel). ``receive(timeout)`` or iterate; release each
+    message once done with its slot (``msg.release()`` or ``with msg:``)."""
+
+    role = "consumer"
+
+    def __init__(self, end: Endpoint):
+        super().__init__(end)
+        self._held: dict[int, Message] = {}
+        self._ended = False
+        self._end_error: IpcError | None = None
+        self._cursor = end.ring.cursor() if end.layout.broadcast else 0
+
+    @property
+    def ended(self) -> bool:
+        """True once every producer left and every message was taken (receive() returns None)."""
+        return self._ended
+
+    def _can_receive(self) -> bool:
+        e = self._end
+        return e.closed or e.hub_lost or not e.ring.is_empty(self._cursor) or e.ring.producers_gone() or not e.alive()
+
+    def receive(self, timeout: float | None = None) -> "Message | None":
+        """The next message; None once the channel ended cleanly (every producer ended and all their
+        messages were taken) or this end was closed. Raises ERR_PEER_GONE, after the messages already
+        published, when a producer died; ERR_TIMEOUT after ``timeout`` seconds."""
+        e = self._end
+        e.assert_open("receive")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with e.lock:
+            while True:
+                m = self._poll()
+                if m is not None or self._ended or e.closed:
+                    return m
+                if deadline is not None and time.monotonic() >= deadline:
+                    # A wake-up meant for this end must not be lost with its timeout: pass it on.
+                    if not e.closed and not e.ring.is_empty(self._cursor):
+                        e.ring.signal_data()
+                    raise IpcError("ERR_TIMEOUT", "channel receive: no message within the timeout")
+                e.park(self._can_receive, deadline)
+
+    def poll(self) -> "Message | None":
+        """A message now, or None when there is none (or the channel ended: see ``ended``)."""
+        e = self._end
+        e.assert_open("poll")
+        with e.lock:
+            return self._poll()
+
+    def __iter__(self) -> Iterator["Message"]:
+        while True:
+            m = self.receive()
+            if m is None:
+                return
+            yield m
+
+    def _poll(self) -> Message | None:
+        if self._end_error is not None:
+            raise self._end_error
+        e = self._end
+        if self._ended or e.closed:
+            return None
+        e.service()
+        m = self._take_one()
+        if m is not None:
+            return m
+        if not e.ring.producers_gone():
+            return None
+        m = self._take_one()  # every producer left: drain what they published, then end
+        if m is not None:
+            return m
+        self._ended = True
+        died = e.ring.counter(H_PRODUCERS_DIED)
+        if died > 0:
+            self._end_error = IpcError("ERR_PEER_GONE", f"the channel's producer{'s' if died > 1 else ''} died ({died}); every message published before was delivered")
+            raise self._end_error
+        return None
+
+    def _take_one(self) -> Message | None:
+        e = self._end
+        ring = e.ring
+        if not e.layout.broadcast:
+            s = ring.take()
+            if s < 0:
+                if not e.alive():
+                    raise e.detached_error("receive")
+                return None
+            if not e.alive():
+                # Detached while taking (a recovery already ran for us): hand it back, then stop.
+                if not ring.return_taken(s):
+                    warnings.warn(f"cuda_ipc channel: a message taken after this end was detached could not be handed back (slot {s})", RuntimeWarning, stacklevel=3)
+                raise e.detached_error("receive")
+            return self._message(s)
+        while True:
+            s = ring.peek_at(self._cursor)
+            if s == -1:
+                if not e.alive():
+                    raise e.detached_error("receive")
+                return None
+            self._cursor += 1
+            if s == -2:
+                continue  # not ours (published before we attached, or we were removed)
+            return self._message(s)
+
+    def _message(self, s: int) -> "Message":
+        try:
+            position, length, meta_kind, raw, publisher, redelivered, ticket = self._end.ring.read_message(s)
+        except IpcError:
+            self._abandon(s)
+            raise
+        meta = None
+        if meta_kind != META_NONE:
+            if meta_kind == META_BYTES:
+                meta = raw
+            else:
+                try:
+                    meta = json.loads(raw)
+                except ValueError:
+                    self._abandon(s)
+                    raise corrupt(f"message in slot {s}: its meta is not JSON") from None
+        m = Message(self, s, position, length, meta, publisher, redelivered, ticket)
+        self._held[s] = m
+        return m
+
+    def _abandon(self, s: int) -> None:
+        if self._end.layout.broadcast:
+            self._end.ring.release_held(s)
+        else:
+            self._end.ring.release_taken(s)
+
+    def _release(self, m: Message, stream: Stream, streamed: bool) -> None:
+        e = self._end
+        with e.lock:
+            if self._held.get(m.index) is not m:
+                return
+            del self._held[m.index]
+            if e.closed:
+                return
+            ring = e.ring
+            f = e.block.fences
+            if f is not None:
+                l = e.layout
+                if not l.broadcast:
+                    ring.note_release(m.index, m.ticket)
+                publish = l.publish_fence(m.index)
+                # A release must never land before its publish (a fence would go backwards).
+                if m._waited is not True and (not streamed or m._waited != stream) and not f.reached(publish, m.ticket):
+                    f.wait_on(stream, publish, m.ticket)
+                f.signal(stream, l.release_fence(m.index, e.index), m.ticket)
+            if e.layout.broadcast:
+                ring.release_held(m.index)
+            else:
+                ring.release_taken(m.index)
+
+    def close(self) -> None:
+        """Closes this end now. Unreleased messages go to other consumers (work sharing: flagged
+        redelivered) or are dropped (broadcast). Idempotent."""
+        e = self._end
+
+        def settle() -> None:
+            f = e.block.fences
+            if f is not None and e.layout.broadcast:
+                for m in self._held.values():
+                    f.raise_(e.layout.release_fence(m.index, e.index), m.ticket)
+            for m in self._held.values():
+                m._released = True
+            self._held.clear()
+            self._slots.close()
+        e.close(settle)
+
+
+class Message:
+    """A message a consumer received: ``memory`` (host slots: a memoryview of its ``length`` bytes),
+    ``buffer`` (the whole slot: HostBuffer or DeviceBuffer), ``view(dtype, shape)``, ``meta``. Valid
+    until ``release()``."""
+
+    __slots__ = ("_consumer", "index", "position", "length", "meta", "producer", "redelivered", "ticket", "_released", "_waited")
+
+    def __init__(self, consumer: ChannelConsumer, index: int, position: int, length: int, meta: Any, producer: int,
+                 redelivered: bool, ticket: int):
+        self._consumer = consumer
+        self.index = index
+        self.position = position
+        self.length = length
+        self.meta = meta
+        self.producer = producer
+        self.redelivered = redelivered
+        self.ticket = ticket
+        self._released = False
+        self._waited: Stream | bool = None  # the stream its publish fence was waited on, or True once synchronized
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def _check(self, what: str) -> None:
+        if self._released:
+            raise IpcError("ERR_CLOSED", f"msg.{what}: the message was released")
+
+    @property
+    def memory(self) -> memoryview:
+        """Host slots: the message's bytes (zero-copy; valid until release())."""
+        self._check("memory")
+        return self._consumer._slots.memory(self.index, self.length)
+
+    @property
+    def buffer(self) -> HostBuffer | DeviceBuffer:
+        """The slot's memory: a HostBuffer (host slots) or DeviceBuffer (device slots), the whole slot."""
+        self._check("buffer")
+        return self._consumer._slots.buffer(self.index)
+
+    def view(self, dtype: object = "uint8", shape: int | Sequence[int] | None = None, strides: Sequence[int] | None = None,
+             offset: int = 0) -> ArrayView | memoryview:
+        """A typed view of the slot: device slots an ArrayView (``__cuda_array_interface__`` and
+        DLPack); host slots a memoryview cast to the dtype's format. Default shape: as many elements
+        as ``length`` holds."""
+        return typed_view(self.buffer, self.length, dtype, shape, strides, offset)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        cai = dict(cuda_array_interface(self.buffer))
+        cai["shape"] = (self.length,)
+        if not self.length:
+            cai["data"] = (0, False)
+        return cai
+
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
+        if copy:
+            raise BufferError("Message.__dlpack__: copy=True is not supported; it shares memory")
+        buf = self.buffer
+        if isinstance(buf, DeviceBuffer):
+            from ..dlpack import DL_CUDA, make_capsule
+            return make_capsule(buf.ptr, (DL_CUDA, buf.device.ordinal), "|u1", (self.length,), None, owner=self)
+        return buf.view(0, self.length).__dlpack__() if self.length else buf.__dlpack__()
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.buffer.__dlpack_device__()
+
+    def wait_on(self, stream: Stream = None) -> None:
+        """Device slots: GPU work queued on ``stream`` after this waits for the producer's work on the
+        message (its publish fence). No-op for host slots."""
+        self._check("wait_on")
+        f = self._consumer._end.block.fences
+        if f is None:
+            return
+        f.wait_on(stream, self._consumer._end.layout.publish_fence(self.index), self.ticket)
+        if self._waited is not True:
+            self._waited = stream
+
+    def synchronize(self, timeout: float | None = None) -> None:
+        """Waits on this thread until the producer's GPU work on the message is done (host reads of
+        device slots). No-op for host slots."""
+        self._check("synchronize")
+        e = self._consumer._end
+        f = e.block.fences
+        if f is None:
+            return
+        f.synchronize([(e.layout.publish_fence(self.index), self.ticket)], timeout)
+        self._waited = True
+
+    def release(self, stream: Stream = None) -> None:
+        """Returns the slot to the producers. Device slots: pass the stream your GPU work on the
+        message ran on; the producer's next use of the slot waits for it. Idempotent."""
+        if self._released:
+            return
+        self._released = True
+        self._consumer._release(self, stream, stream is not None)
+
+    def __enter__(self) -> "Message":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        return f"<cuda_ipc.Message #{self.position} slot {self.index} {self.length} bytes{' released' if self._released else ''}>"

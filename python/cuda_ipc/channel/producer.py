@@ -1,0 +1,281 @@
+"""A producer's end of a channel (src/channel/producer.ts): acquire a free slot, write it, publish it;
+``end()`` when done. Device slots: ``acquire(stream=...)`` orders your writes after the consumers'
+work on the slot's previous message, ``publish(slot, stream=...)`` makes the consumers' work wait for
+yours.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import IpcError
+from ..host import HostBuffer
+from ..memory import ArrayView, DeviceBuffer
+from .endpoint import Endpoint, closed_error, cuda_array_interface, typed_view
+from .fences import Stream
+from .layout import H_CONSUMERS_DIED, META_BYTES, META_JSON, META_NONE
+from .part import ChannelEnd
+from .recovery import RECOVERY_GIVE_UP, RETRY
+
+
+class ChannelProducer(ChannelEnd):
+    """This process's producer end (from accept_channel): ``slot = acquire()``, write into the slot,
+    ``publish(slot, length=..., meta=...)``; ``end()`` when done."""
+
+    role = "producer"
+
+    def __init__(self, end: Endpoint):
+        super().__init__(end)
+        self._writing: dict[int, Slot] = {}
+        self._ending = False
+
+    def _gone_error(self, what: str) -> IpcError:
+        died = self._end.ring.counter(H_CONSUMERS_DIED)
+        if died > 0:
+            return IpcError("ERR_PEER_GONE", f"{what}: every consumer of the channel is gone ({died} died)")
+        return IpcError("ERR_CHANNEL_CLOSED", f"{what}: every consumer has closed the channel")
+
+    def _try_acquire(self) -> Slot | None:
+        e = self._end
+        if self._ending:
+            raise closed_error("acquire (end() was called)")
+        e.service()
+        if not e.alive():
+            raise e.detached_error("acquire")
+        if e.ring.consumers_gone():
+            raise self._gone_error("acquire")
+        if e.layout.broadcast and e.ring.consumers_missing():
+            return None
+        s = e.ring.claim_slot()
+        if s < 0:
+            return None
+        slot = Slot(self, s)
+        self._writing[s] = slot
+        return slot
+
+    def _can_acquire(self) -> bool:
+        e = self._end
+        if e.closed or e.hub_lost or e.ring.consumers_gone() or not e.alive():
+            return True
+        if e.layout.broadcast and e.ring.consumers_missing():
+            return False
+        return e.ring.has_free()
+
+    def acquire(self, timeout: float | None = None, stream: Stream = None) -> Slot:
+        """A free slot to write into; blocks while every slot is in flight (ERR_TIMEOUT after
+        ``timeout`` seconds). Raises ERR_PEER_GONE once every consumer died (ERR_CHANNEL_CLOSED once
+        they all left). Device slots: with ``stream``, GPU work queued there after this waits for the
+        consumers' work on the slot's previous message; without, this waits on the CPU."""
+        # The same loop as ChannelConsumer.receive's, written out: a shared one would cost a call per message.
+        e = self._end
+        e.assert_open("acquire")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with e.lock:
+            while True:
+                slot = self._try_acquire()
+                if slot is not None:
+                    break
+                e.assert_open("acquire")
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise IpcError("ERR_TIMEOUT", "channel acquire: no free slot within the timeout")
+                e.park(self._can_acquire, deadline)
+        if e.block.fences is not None:
+            try:
+                if stream is not None:
+                    slot.wait_on(stream)
+                else:
+                    slot.ready(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            except BaseException:
+                self.discard(slot)
+                raise
+        return slot
+
+    def try_acquire(self) -> "Slot | None":
+        """A free slot now, or None when every slot is in flight. Device slots: order your writes
+        after the consumers' work yourself (``slot.wait_on(stream)`` or ``slot.ready()``)."""
+        e = self._end
+        e.assert_open("try_acquire")
+        with e.lock:
+            return self._try_acquire()
+
+    def publish(self, slot: Slot, length: int | None = None, meta: Any = None, stream: Stream = None) -> None:
+        """Publishes ``slot``: the consumers can take it at once. ``length``: bytes of the slot the
+        message uses (default: all); ``meta``: JSON-serialisable data or bytes (at most meta_bytes
+        once encoded). Device slots: the consumers' GPU work waits for the work queued on ``stream``
+        (default: the legacy default stream) so far."""
+        e = self._end
+        e.assert_open("publish")
+        with e.lock:
+            s = getattr(slot, "index", -1)
+            if not isinstance(slot, Slot) or self._writing.get(s) is not slot:
+                raise IpcError("ERR_INVALID_ARG", "publish: that slot is not one this producer acquired and has not yet published")
+            l = e.layout
+            if length is None:
+                length = l.slot_bytes
+            if type(length) is not int or not 0 <= length <= l.slot_bytes:
+                raise IpcError("ERR_OUT_OF_RANGE", f"publish: length must be an int in 0..{l.slot_bytes}; got {length!r}")
+            kind = META_NONE
+            raw = b""
+            if meta is not None:
+                if isinstance(meta, (bytes, bytearray, memoryview)):
+                    raw = bytes(meta)
+                    kind = META_BYTES
+                else:
+                    try:
+                        raw = json.dumps(meta, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+                    except (TypeError, ValueError) as err:
+                        raise IpcError("ERR_NOT_TRANSFERABLE", f"publish: meta must be JSON-serialisable or bytes ({err})") from None
+                    kind = META_JSON
+                if len(raw) > l.meta_bytes:
+                    raise IpcError("ERR_MESSAGE_TOO_LARGE", f"publish: meta takes {len(raw)} bytes; this channel holds {l.meta_bytes} per message (metaBytes)")
+            e.ring.write_message(s, length, kind, raw)
+            f = e.block.fences
+            if f is not None:
+                # The slot is ours (writing) until the commit below: nobody else touches its ticket.
+                f.signal(stream, l.publish_fence(s), e.ring.next_ticket(s))
+            del self._writing[s]
+            slot._done = True
+            self._commit(s)
+
+    def _commit(self, s: int) -> None:
+        e = self._end
+        started = time.monotonic()
+        while True:
+            r = e.ring.publish(s)
+            if r == "ok" or r == "dropped":
+                return
+            if r == "detached":
+                raise e.detached_error("publish")
+            # The lock stays taken: a live publisher holds it for microseconds, a dead one is
+            # repaired by the hub (or by us, once the hub is gone).
+            if time.monotonic() - started > RECOVERY_GIVE_UP:
+                raise IpcError("ERR_TIMEOUT", f"publish: the channel's publish lock stayed held for {RECOVERY_GIVE_UP} s (a process died inside it and was not repaired)")
+            time.sleep(RETRY)
+            e.service()
+
+    def discard(self, slot: "Slot") -> None:
+        """Gives back a slot acquired and not published."""
+        e = self._end
+        e.assert_open("discard")
+        with e.lock:
+            if self._writing.get(slot.index) is not slot:
+                return
+            del self._writing[slot.index]
+            slot._done = True
+            e.ring.discard(slot.index)
+
+    def end(self, timeout: float | None = None) -> None:
+        """No more messages from this end. Consumers finish once they took what was published. Returns
+        once every message this end published was released (raises ERR_PEER_GONE if the consumers
+        died first, ERR_TIMEOUT after ``timeout`` seconds), then closes this end."""
+        e = self._end
+        if e.closed:
+            return
+        self._ending = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            with e.lock:
+                for slot in list(self._writing.values()):
+                    self.discard(slot)
+                e.recoveries.leave_self()  # first: consumers see the end even while they hold our last messages
+
+                def done() -> bool:
+                    return e.closed or e.hub_lost or e.ring.in_flight_from(e.index) == 0 or e.ring.consumers_gone()
+                while not done():
+                    if deadline is not None and time.monotonic() >= deadline:
+                        raise IpcError("ERR_TIMEOUT", f"end: {e.ring.in_flight_from(e.index)} message(s) still unreleased after the timeout")
+                    e.park(done, deadline)
+                if not e.closed and not e.hub_lost and e.ring.in_flight_from(e.index) > 0 and e.ring.counter(H_CONSUMERS_DIED) > 0:
+                    raise IpcError("ERR_PEER_GONE", f"end: the consumers died with {e.ring.in_flight_from(e.index)} message(s) unreleased")
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Closes this end now: acquired slots are given back; what was published stays published.
+        Idempotent."""
+        def settle() -> None:
+            for slot in self._writing.values():
+                slot._done = True
+            self._writing.clear()
+            self._slots.close()
+        self._end.close(settle)
+
+    def _slot_waits(self, s: int) -> list[tuple[int, int]]:
+        """The release fences slot s's previous message must reach (read while we hold the slot)."""
+        e = self._end
+        if e.block.fences is None:
+            return []
+        return e.ring.release_waits(s)
+
+
+class Slot:
+    """A slot a producer acquired: write into ``memory`` (host slots) or ``buffer`` / ``view()``
+    (device slots), then publish it."""
+
+    __slots__ = ("_producer", "index", "_done")
+
+    def __init__(self, producer: ChannelProducer, index: int):
+        self._producer = producer
+        self.index = index
+        self._done = False
+
+    @property
+    def pending(self) -> bool:
+        """False once published or discarded."""
+        return not self._done
+
+    @property
+    def memory(self) -> memoryview:
+        """Host slots: the slot's bytes (zero-copy)."""
+        if self._done:
+            raise IpcError("ERR_CLOSED", "slot.memory: the slot was published or discarded")
+        return self._producer._slots.memory(self.index, self._producer._end.layout.slot_bytes)
+
+    @property
+    def buffer(self) -> HostBuffer | DeviceBuffer:
+        """The slot's memory: a HostBuffer (host slots) or DeviceBuffer (device slots)."""
+        if self._done:
+            raise IpcError("ERR_CLOSED", "slot.buffer: the slot was published or discarded")
+        return self._producer._slots.buffer(self.index)
+
+    @property
+    def nbytes(self) -> int:
+        return self._producer._end.layout.slot_bytes
+
+    def view(self, dtype: object = "uint8", shape: int | Sequence[int] | None = None, strides: Sequence[int] | None = None,
+             offset: int = 0) -> ArrayView | memoryview:
+        """A typed view of the slot (see Message.view)."""
+        return typed_view(self.buffer, self.nbytes, dtype, shape, strides, offset)
+
+    @property
+    def __cuda_array_interface__(self) -> dict[str, Any]:
+        return cuda_array_interface(self.buffer)
+
+    def __dlpack__(self, **kw: Any) -> object:
+        return self.buffer.__dlpack__(**kw)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self.buffer.__dlpack_device__()
+
+    def wait_on(self, stream: Stream = None) -> None:
+        """Device slots: GPU work queued on ``stream`` after this waits until the consumers' work on
+        the slot's previous message is done. acquire(stream=...) does this for you."""
+        p = self._producer
+        f = p._end.block.fences
+        if f is None:
+            return
+        for off, v in p._slot_waits(self.index):
+            f.wait_on(stream, off, v)
+
+    def ready(self, timeout: float | None = None) -> None:
+        """Device slots: waits on this thread until the consumers' GPU work on the previous message in
+        this slot is done."""
+        p = self._producer
+        f = p._end.block.fences
+        if f is not None:
+            f.synchronize(p._slot_waits(self.index), timeout)
+
+    def __repr__(self) -> str:
+        return f"<cuda_ipc.Slot {self.index}{' done' if self._done else ''}>"

@@ -1,0 +1,531 @@
+"""The ring protocol over a channel control block: every operation a participant performs on shared
+state (docs/channel-protocol.md section 4-6), the same steps as the Node side (src/channel/ring.ts),
+so that a Python end and Node ends share one channel. Every read and write of the control block's
+words by a Python end is here (through SharedWords, shared_words.py), the fields of a slot record
+and of a participant entry included: the ends above name no offset.
+
+Values read from shared memory are never trusted: slot indices and positions are range-checked and
+a bad one raises ERR_CHANNEL_CORRUPT. Loops over shared state are bounded.
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from .layout import (
+    FLAG_REDELIVERED, GEN_MASK, H_CONSUMER_MASK, H_CONSUMERS_ATTACHED, H_CONSUMERS_DIED, H_CONSUMERS_LIVE, H_DATA_SEQ,
+    H_DATA_SLEEPERS, H_HEAD, H_LOCK, H_PRODUCERS_ATTACHED, H_PRODUCERS_DIED, H_PRODUCERS_LIVE, H_SPACE_SEQ,
+    H_SPACE_SLEEPERS, H_TAIL, KIND_FREE, KIND_PUBLISHED, KIND_TAKEN, KIND_WRITING, META_BYTES, META_NONE, P_CURSOR,
+    P_FLAGS, P_GENERATION, P_PID, P_ROLE, P_STATE, PFLAG_HUB_LOCAL, ROLE_CONSUMER, ROLE_PRODUCER, S_DELIVERIES,
+    S_HOLDERS, S_LAST_HOLDERS, S_LENGTH, S_META, S_META_KIND, S_META_LENGTH, S_POSITION, S_PUBLISHER,
+    S_RELEASE_TICKET, S_RELEASED_BY, S_STATE, S_TICKET, ST_ALIVE, ST_DEAD, ST_ENDED, ST_RECOVERING, Layout, gen_of,
+    slot_word,
+)
+from ..errors import IpcError
+
+if TYPE_CHECKING:
+    from .doorbells import Doorbells
+    from .fences import Fences
+    from .shared_words import SharedWords
+
+#: How long a publisher spins for the publish lock before retrying later (seconds).
+LOCK_SPIN = 200e-6
+_MASK32 = 0xFFFFFFFF
+
+
+def corrupt(what: str) -> IpcError:
+    return IpcError("ERR_CHANNEL_CORRUPT", f"the channel's shared control block is inconsistent ({what}); a peer wrote garbage into it. Close the channel")
+
+
+class Ring:
+    """The ring protocol as participant ``me`` over ``words`` (SharedWords of the control block)."""
+
+    def __init__(self, words: SharedWords, layout: Layout, bells: Doorbells, me: int):
+        self.w = words
+        self.l = layout
+        self.n = layout.slot_count
+        self.bells = bells
+        self.me = me
+        self._hint = 0
+        self._rotor = 0
+        #: Work sharing: the state word this participant set on each slot it took (for its release).
+        self.taken_words = [0] * layout.slot_count
+        self._records = layout.slot_records_offset
+        self._record_bytes = layout.slot_record_bytes
+        self._ring = layout.ring_offset
+        self._parts = layout.participants_offset
+
+    def slot_off(self, s: int) -> int:
+        return self._records + s * self._record_bytes
+
+    def part_off(self, k: int) -> int:
+        return self._parts + k * 64
+
+    def ring_off(self, p: int) -> int:
+        return self._ring + (p % self.n) * 4
+
+    def _pos(self, off: int, what: str) -> int:
+        v = self.w.load64(off)
+        if v < 0:
+            raise corrupt(f"{what} out of range")
+        return v
+
+    # -- wake-ups ------------------------------------------------------------------------------
+
+    def signal_data(self, all_: bool = False) -> None:
+        w = self.w
+        w.add32(H_DATA_SEQ, 1)
+        if w.load32(H_DATA_SLEEPERS) != 0:
+            self._wake(H_DATA_SLEEPERS, all_ or self.l.broadcast)
+
+    def signal_space(self) -> None:
+        w = self.w
+        w.add32(H_SPACE_SEQ, 1)
+        if w.load32(H_SPACE_SLEEPERS) != 0:
+            self._wake(H_SPACE_SLEEPERS, True)
+
+    def wake_everyone(self) -> None:
+        w = self.w
+        w.add32(H_DATA_SEQ, 1)
+        w.add32(H_SPACE_SEQ, 1)
+        asleep = w.and32(H_DATA_SLEEPERS, 0) | w.and32(H_SPACE_SLEEPERS, 0)
+        for k in range(self.l.max_participants):
+            if asleep & (1 << k) or w.load32(self.part_off(k) + P_STATE) == ST_ALIVE:
+                self.bells.ring(k)
+
+    def _wake(self, mask_off: int, all_: bool) -> None:
+        w = self.w
+        if all_:
+            m = w.and32(mask_off, 0)
+            k = 0
+            while m:
+                if m & 1:
+                    self.bells.ring(k)
+                m >>= 1
+                k += 1
+            return
+        m = w.load32(mask_off)
+        while m:
+            high = m & ~((1 << self._rotor) - 1) & _MASK32
+            pick = high if high else m
+            k = (pick & -pick).bit_length() - 1
+            bit = 1 << k
+            old = w.and32(mask_off, ~bit)
+            if old & bit:
+                self._rotor = 0 if k + 1 == 32 else k + 1
+                self.bells.ring(k)
+                return
+            m = old & ~bit  # someone else woke k: try another
+
+    def enter_sleep(self, mask_off: int) -> None:
+        self.w.or32(mask_off, 1 << self.me)
+
+    def leave_sleep(self, mask_off: int) -> None:
+        self.w.and32(mask_off, ~(1 << self.me))
+
+    # -- producers -----------------------------------------------------------------------------
+
+    def claim_slot(self) -> int:
+        """Claims a free slot for writing; -1 when every slot is in flight."""
+        w = self.w
+        n = self.n
+        desired = slot_word(KIND_WRITING, self.me)
+        s = self._hint
+        for _ in range(n):
+            off = self._records + s * self._record_bytes
+            v = w.load32(off)
+            if v & 0xFF == KIND_FREE and w.cas32(off, v, desired) == v:
+                self._hint = 0 if s + 1 == n else s + 1
+                return s
+            s = 0 if s + 1 == n else s + 1
+        return -1
+
+    def has_free(self) -> bool:
+        w = self.w
+        for s in range(self.n):
+            if w.load32(self._records + s * self._record_bytes) & 0xFF == KIND_FREE:
+                return True
+        return False
+
+    def discard(self, s: int) -> None:
+        word = slot_word(KIND_WRITING, self.me)
+        if self.w.cas32(self.slot_off(s) + S_STATE, word, KIND_FREE) == word:
+            self.signal_space()
+
+    def spin_lock(self, spin: float = LOCK_SPIN) -> bool:
+        w = self.w
+        mine = self.me + 1
+        if w.cas32(H_LOCK, 0, mine) == 0:
+            return True
+        deadline = time.perf_counter() + spin
+        while time.perf_counter() < deadline:
+            if w.load32(H_LOCK) == 0 and w.cas32(H_LOCK, 0, mine) == 0:
+                return True
+        return False
+
+    def publish(self, s: int) -> str:
+        """'ok', 'busy' (the lock stayed taken: nothing changed, try again), 'dropped' (broadcast, no
+        consumer: the slot was freed) or 'detached' (recovery took the slot back)."""
+        w = self.w
+        if not self.spin_lock():
+            return "busy"
+        result = "ok"
+        writing = slot_word(KIND_WRITING, self.me)
+        try:
+            so = self.slot_off(s)
+            t = self._pos(H_TAIL, "tail")
+            w.set_plain32(so + S_PUBLISHER, self.me)
+            w.set_plain32(so + S_DELIVERIES, 0)
+            w.store64(so + S_POSITION, t)
+            if self.l.broadcast:
+                mask = w.load32(H_CONSUMER_MASK)
+                w.set_plain32(so + S_LAST_HOLDERS, mask)
+                w.store32(so + S_HOLDERS, mask)
+                if mask == 0:
+                    result = "dropped" if w.cas32(so + S_STATE, writing, KIND_FREE) == writing else "detached"
+                    return result
+            # The commit point: a swap, so that a slot recovery took back is never published over.
+            if w.cas32(so + S_STATE, writing, slot_word(KIND_PUBLISHED, self.me, gen_of(t))) != writing:
+                result = "detached"
+                return result
+            w.store32(self.ring_off(t), s)
+            w.store64(H_TAIL, t + 1)
+        finally:
+            w.store32(H_LOCK, 0)
+            if result == "dropped":
+                self.signal_space()
+        if result == "ok":
+            self.signal_data()
+        return result
+
+    def last_holders(self, s: int) -> int:
+        return self.w.plain32(self.slot_off(s) + S_LAST_HOLDERS)
+
+    # -- what a message says: slot record fields only its publisher writes, before it publishes --
+
+    def write_message(self, s: int, length: int, meta_kind: int, meta: bytes) -> None:
+        """Producer, holding slot ``s`` (writing): the message's length and meta."""
+        w = self.w
+        so = self._records + s * self._record_bytes
+        if meta:
+            w.write_bytes(so + S_META, meta)
+        w.set_plain32(so + S_LENGTH, length & 0xFFFFFFFF)
+        w.set_plain32(so + S_LENGTH + 4, length >> 32)
+        w.set_plain32(so + S_META_LENGTH, len(meta))
+        w.set_plain32(so + S_META_KIND, meta_kind)
+
+    def next_ticket(self, s: int) -> int:
+        """Producer, holding slot ``s`` (writing, device slots): the ticket of the message it is about to
+        publish, stored: the previous one + 1, wrapping, never 0 (0: never published)."""
+        w = self.w
+        off = self._records + s * self._record_bytes + S_TICKET
+        ticket = ((w.plain32(off) + 1) & 0xFFFFFFFF) or 1
+        w.set_plain32(off, ticket)
+        return ticket
+
+    def read_message(self, s: int) -> tuple[int, int, int, bytes, int, bool, int]:
+        """Consumer, holding slot ``s``: (position, length, meta kind, meta bytes, publisher, redelivered,
+        ticket) of its message. ERR_CHANNEL_CORRUPT when the fields do not fit the layout."""
+        w = self.w
+        l = self.l
+        so = self._records + s * self._record_bytes
+        length = w.plain32(so + S_LENGTH) | w.plain32(so + S_LENGTH + 4) << 32
+        meta_length = w.plain32(so + S_META_LENGTH)
+        meta_kind = w.plain32(so + S_META_KIND)
+        if length > l.slot_bytes or meta_length > l.meta_bytes or meta_kind > META_BYTES:
+            raise corrupt(f"message in slot {s}: length {length}, meta {meta_length} bytes of kind {meta_kind}")
+        meta = w.read_bytes(so + S_META, meta_length) if meta_kind != META_NONE else b""
+        word = self.taken_words[s] if not l.broadcast else 0
+        return (w.load64(so + S_POSITION), length, meta_kind, meta, w.plain32(so + S_PUBLISHER), bool(word & FLAG_REDELIVERED),
+                w.plain32(so + S_TICKET))
+
+    def note_release(self, s: int, ticket: int) -> None:
+        """Work sharing, device slots: this consumer releases ``ticket`` of slot ``s`` (its producer's
+        next use of the slot waits for this participant's release fence)."""
+        so = self.slot_off(s)
+        self.w.set_plain32(so + S_RELEASED_BY, self.me)
+        self.w.set_plain32(so + S_RELEASE_TICKET, ticket)
+
+    def release_waits(self, s: int) -> list[tuple[int, int]]:
+        """Producer, holding slot ``s`` (device slots): the (release fence, ticket) pairs its previous
+        message must reach before the slot is written again."""
+        w = self.w
+        l = self.l
+        so = self.slot_off(s)
+        if not l.broadcast:
+            ticket = w.plain32(so + S_RELEASE_TICKET)
+            if ticket == 0:
+                return []
+            k = w.plain32(so + S_RELEASED_BY)
+            if k >= l.max_participants:
+                raise corrupt(f"slot {s} was released by participant {k}")
+            return [(l.release_fence(s, k), ticket)]
+        ticket = w.plain32(so + S_TICKET)
+        if ticket == 0:
+            return []
+        holders = self.last_holders(s)
+        return [(l.release_fence(s, k), ticket) for k in range(l.max_participants) if holders & (1 << k)]
+
+    # -- consumers -----------------------------------------------------------------------------
+
+    def take(self) -> int:
+        """Work sharing: takes the oldest published message; -1 when there is none."""
+        w = self.w
+        n = self.n
+        for _ in range(4 * n + 64):
+            t = self._pos(H_TAIL, "tail")
+            h = self._pos(H_HEAD, "head")
+            if h >= t:
+                return -1
+            if t - h > n:
+                raise corrupt(f"{t - h} messages in a ring of {n} slots")
+            s = w.load32(self._ring + (h % n) * 4)
+            if s >= n:
+                raise corrupt(f"ring entry names slot {s} of {n}")
+            so = self._records + s * self._record_bytes
+            word = w.load32(so)
+            if word & 0xFF == KIND_PUBLISHED and word & GEN_MASK == gen_of(h) and w.load64(so + S_POSITION) == h:
+                taken = slot_word(KIND_TAKEN, self.me, word & 0xFFFF0000)
+                if w.cas32(so, word, taken) == word:
+                    self.taken_words[s] = taken
+                    w.cas64(H_HEAD, h, h + 1)
+                    w.set_plain32(so + S_DELIVERIES, w.plain32(so + S_DELIVERIES) + 1)
+                    return s
+                continue
+            w.cas64(H_HEAD, h, h + 1)  # position h was taken (its taker may not have advanced head yet)
+        return -1
+
+    def peek_at(self, cursor: int) -> int:
+        """Broadcast: the slot published at ``cursor``; -1 nothing there yet, -2 not held for us (skip)."""
+        w = self.w
+        t = self._pos(H_TAIL, "tail")
+        if cursor >= t:
+            return -1
+        if t - cursor > self.n:
+            raise corrupt(f"{t - cursor} messages ahead of a consumer in a ring of {self.n} slots")
+        s = w.load32(self.ring_off(cursor))
+        if s >= self.n:
+            raise corrupt(f"ring entry names slot {s} of {self.n}")
+        so = self.slot_off(s)
+        if w.load64(so + S_POSITION) != cursor or not w.load32(so + S_HOLDERS) & (1 << self.me):
+            return -2
+        return s
+
+    def release_taken(self, s: int) -> bool:
+        word = self.taken_words[s]
+        if self.w.cas32(self.slot_off(s) + S_STATE, word, KIND_FREE) != word:
+            return False
+        self.signal_space()
+        return True
+
+    def release_held(self, s: int, k: int | None = None) -> bool:
+        if k is None:
+            k = self.me
+        bit = 1 << k
+        so = self.slot_off(s)
+        old = self.w.and32(so + S_HOLDERS, ~bit)
+        if not old & bit:
+            return False
+        if not old & ~bit:
+            word = self.w.load32(so + S_STATE)
+            if word & 0xFF == KIND_PUBLISHED:
+                self.w.cas32(so + S_STATE, word, KIND_FREE)
+            self.signal_space()
+        return True
+
+    def is_empty(self, cursor: int) -> bool:
+        t = self._pos(H_TAIL, "tail")
+        return (cursor if self.l.broadcast else self._pos(H_HEAD, "head")) >= t
+
+    def cursor(self) -> int:
+        """Broadcast: the position this consumer reads from next (set by the hub at attach)."""
+        return self.w.load64(self.part_off(self.me) + P_CURSOR)
+
+    # -- membership ----------------------------------------------------------------------------
+
+    def counter(self, off: int) -> int:
+        return self.w.load32(off)
+
+    def producers_gone(self) -> bool:
+        """Every producer the channel expects attached, and all left."""
+        w = self.w
+        return w.load32(H_PRODUCERS_LIVE) == 0 and w.load32(H_PRODUCERS_ATTACHED) >= self.l.expect_producers
+
+    def consumers_gone(self) -> bool:
+        """Every consumer the channel expects attached, and all left."""
+        w = self.w
+        return w.load32(H_CONSUMERS_LIVE) == 0 and w.load32(H_CONSUMERS_ATTACHED) >= self.l.expect_consumers
+
+    def consumers_missing(self) -> bool:
+        """Fewer consumers attached so far than the channel expects (a broadcast producer waits)."""
+        return self.w.load32(H_CONSUMERS_ATTACHED) < self.l.expect_consumers
+
+    def participant_generation(self, k: int) -> int:
+        return self.w.plain32(self.part_off(k) + P_GENERATION)
+
+    def hub_local(self, k: int) -> bool:
+        """Participant ``k`` is an end the hub opened in its own process."""
+        return bool(self.w.load32(self.part_off(k) + P_FLAGS) & PFLAG_HUB_LOCAL)
+
+    def participant_state(self, k: int) -> int:
+        return self.w.load32(self.part_off(k) + P_STATE)
+
+    def participant_role(self, k: int) -> int:
+        return self.w.plain32(self.part_off(k) + P_ROLE)
+
+    def participant_pid(self, k: int) -> int:
+        return self.w.plain32(self.part_off(k) + P_PID)
+
+    # -- leaving and recovery ------------------------------------------------------------------
+
+    def leave(self, k: int, died: bool, resuming: bool = False) -> str:
+        """Takes participant k out of the channel (section 6): 'done', 'not-alive' or 'busy' (the
+        publish lock is held by a live publisher: call again later with ``resuming``)."""
+        w = self.w
+        po = self.part_off(k)
+        if not resuming and w.cas32(po + P_STATE, ST_ALIVE, ST_RECOVERING) != ST_ALIVE:
+            return "not-alive"
+        role = self.participant_role(k)
+        bit = 1 << k
+        # 1. The lock it died holding.
+        if w.load32(H_LOCK) == k + 1:
+            t = self._pos(H_TAIL, "tail")
+            for s in range(self.n):
+                so = self.slot_off(s)
+                word = w.load32(so + S_STATE)
+                if word & 0xFF == KIND_PUBLISHED and w.load64(so + S_POSITION) == t:
+                    w.store32(self.ring_off(t), s)
+                    w.store64(H_TAIL, t + 1)
+                    break
+            w.cas32(H_LOCK, k + 1, 0)
+        # 2. Its slots.
+        if self.l.broadcast:
+            if role == ROLE_CONSUMER:
+                if not self.spin_lock():
+                    return "busy"
+                try:
+                    w.and32(H_CONSUMER_MASK, ~bit)
+                finally:
+                    w.store32(H_LOCK, 0)
+        else:
+            w.and32(H_CONSUMER_MASK, ~bit)
+            if self._holds_taken(k):
+                if not self.spin_lock():
+                    return "busy"
+                try:
+                    self._redeliver_taken(k)
+                finally:
+                    w.store32(H_LOCK, 0)
+        for s in range(self.n):
+            so = self.slot_off(s)
+            word = w.load32(so + S_STATE)
+            kind = word & 0xFF
+            if kind == KIND_WRITING and (word >> 8) & 0xFF == k:
+                w.cas32(so + S_STATE, word, KIND_FREE)
+            elif self.l.broadcast and kind == KIND_PUBLISHED:
+                if w.load32(so + S_HOLDERS) & bit:
+                    self.release_held(s, k)
+                elif w.load32(so + S_HOLDERS) == 0:
+                    w.cas32(so + S_STATE, word, KIND_FREE)  # its last holder died mid-release
+        # 3. Sleeper bits and counters.
+        w.and32(H_DATA_SLEEPERS, ~bit)
+        w.and32(H_SPACE_SLEEPERS, ~bit)
+        if role == ROLE_PRODUCER:
+            w.add32(H_PRODUCERS_LIVE, -1)
+            if died:
+                w.add32(H_PRODUCERS_DIED, 1)
+        elif role == ROLE_CONSUMER:
+            w.add32(H_CONSUMERS_LIVE, -1)
+            if died:
+                w.add32(H_CONSUMERS_DIED, 1)
+        w.store32(po + P_STATE, ST_DEAD if died else ST_ENDED)
+        # 4.
+        self.wake_everyone()
+        return "done"
+
+    def return_taken(self, s: int) -> bool:
+        """Work sharing: publishes slot ``s``, which this participant took, again (flagged
+        redelivered). False when the lock stayed busy for 50 ms."""
+        deadline = time.perf_counter() + 0.05
+        while not self.spin_lock():
+            if time.perf_counter() > deadline:
+                return False
+        try:
+            self._redeliver_taken(self.me, s)
+        finally:
+            self.w.store32(H_LOCK, 0)
+        self.signal_data()
+        return True
+
+    def _holds_taken(self, k: int) -> bool:
+        w = self.w
+        for s in range(self.n):
+            word = w.load32(self.slot_off(s) + S_STATE)
+            if word & 0xFF == KIND_TAKEN and (word >> 8) & 0xFF == k:
+                return True
+        return False
+
+    def _redeliver_taken(self, k: int, only: int = -1) -> None:
+        w = self.w
+        for s in range(self.n):
+            if only >= 0 and s != only:
+                continue
+            so = self.slot_off(s)
+            word = w.load32(so + S_STATE)
+            if word & 0xFF != KIND_TAKEN or (word >> 8) & 0xFF != k:
+                continue
+            pos = w.load64(so + S_POSITION)
+            if pos >= 0:
+                w.cas64(H_HEAD, pos, pos + 1)  # it took it but had not advanced head
+            t = self._pos(H_TAIL, "tail")
+            w.store64(so + S_POSITION, t)
+            publisher = w.plain32(so + S_PUBLISHER) & 0xFF
+            if w.cas32(so + S_STATE, word, slot_word(KIND_PUBLISHED, publisher, FLAG_REDELIVERED | gen_of(t))) != word:
+                continue
+            w.store32(self.ring_off(t), s)
+            w.store64(H_TAIL, t + 1)
+
+    def stats(self) -> dict[str, Any]:
+        """Slot states and membership, read now."""
+        c = self.counter
+        return {
+            "slots": self.slot_counts(),
+            "producers": {"attached": c(H_PRODUCERS_ATTACHED), "live": c(H_PRODUCERS_LIVE), "died": c(H_PRODUCERS_DIED)},
+            "consumers": {"attached": c(H_CONSUMERS_ATTACHED), "live": c(H_CONSUMERS_LIVE), "died": c(H_CONSUMERS_DIED)},
+            "published": self.w.load64(H_TAIL),
+        }
+
+    def raise_fences_of(self, k: int, fences: Fences) -> None:
+        """Device slots, participant ``k``'s process is gone: raises the fences its queued GPU work would
+        have raised (its releases of every slot, its publishes of the messages it published)."""
+        w, l = self.w, self.l
+        for s in range(l.slot_count):
+            so = self.slot_off(s)
+            before = w.load32(so + S_STATE)
+            ticket = w.plain32(so + S_TICKET)
+            if ticket == 0:
+                continue
+            fences.raise_(l.release_fence(s, k), ticket)
+            kind = before & 0xFF
+            if kind in (KIND_PUBLISHED, KIND_TAKEN) and w.plain32(so + S_PUBLISHER) == k and \
+                    w.load32(so + S_STATE) == before and w.plain32(so + S_TICKET) == ticket:
+                fences.raise_(l.publish_fence(s), ticket)
+
+    def slot_counts(self) -> dict[str, int]:
+        c = {"free": 0, "writing": 0, "published": 0, "taken": 0}
+        names = ("free", "writing", "published", "taken")
+        for s in range(self.n):
+            kind = self.w.load32(self.slot_off(s) + S_STATE) & 0xFF
+            if kind < 4:
+                c[names[kind]] += 1
+        return c
+
+    def in_flight_from(self, k: int) -> int:
+        n = 0
+        w = self.w
+        for s in range(self.n):
+            so = self.slot_off(s)
+            kind = w.load32(so + S_STATE) & 0xFF
+            if kind in (KIND_PUBLISHED, KIND_TAKEN) and w.plain32(so + S_PUBLISHER) == k:
+                n += 1
+        return n

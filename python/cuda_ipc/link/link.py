@@ -1,0 +1,441 @@
+"""Link: one connection between two processes over a Unix SOCK_SEQPACKET socket, carrying structured
+messages with file descriptors, the same protocol as the Node side (docs/PROTOCOL.md; src/link/link.ts).
+
+``parent_link()`` in a process started by Node's ``spawnPython``/``spawn`` (spawn.py); ``connect(name)``
+to a Node ``listen(name)`` (listener.py). The API is synchronous: ``send`` writes one frame, ``receive``
+blocks (with an optional timeout) and processes control frames (RELEASE, GOODBYE, ...) as they come. A
+process that only sends can call ``poll()`` now and then so that the peer's releases and departure
+are noticed.
+
+The link holds the state and runs the handshake, the reading and the close; its parts do one job
+each: sending (outbox.py), messages read ahead of receive() (inbox.py), encoding and decoding
+messages (message_encoder.py, message_decoder.py), leases (lease.py), the frame format (frame.py).
+"""
+from __future__ import annotations
+
+import array
+import errno
+import os
+import select
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Iterator, NamedTuple
+
+from ..errors import IpcError
+from . import frame as fr
+from .fds import close_fds
+from .inbox import Inbox
+from .lease import IncomingLeases, OutgoingLeases, release_hold
+from .message_decoder import decode_message
+from .message_encoder import encode_message
+from .message_format import Malformed
+from .outbox import Outbox, flusher
+from .socket_path import MY_UID as _MY_UID
+
+_ANC_BYTES = socket.CMSG_SPACE(4 * fr.MAX_FDS) + socket.CMSG_SPACE(struct.calcsize("3i"))
+# Plain ints: the socket module's IntFlag members cost microseconds per operation.
+_TRUNCATED = int(socket.MSG_TRUNC | socket.MSG_CTRUNC)
+_CTRUNC = int(socket.MSG_CTRUNC)
+_CLOEXEC = int(socket.MSG_CMSG_CLOEXEC)
+_SOL_SOCKET = int(socket.SOL_SOCKET)
+_SCM_RIGHTS = int(socket.SCM_RIGHTS)
+_SCM_CREDENTIALS = int(getattr(socket, "SCM_CREDENTIALS", -1))
+
+
+class PeerCredentials(NamedTuple):
+    """Who is on the other end, as the kernel reports it."""
+
+    pid: int
+    uid: int
+    gid: int
+
+
+#: Values sent on a link and not released yet, and the bytes they keep alive. (The functional form:
+#: a class-syntax field named ``count`` would shadow tuple.count for type checkers.)
+LeaseCounts = NamedTuple("LeaseCounts", [("count", int), ("bytes", int)])
+
+#: What runs once when a link closes: hook(link, reason or None).
+CloseHook = Callable[["Link", "IpcError | None"], None]
+
+
+class Link:
+    """A connection to another process (see the module notes). Use ``parent_link()`` or ``connect()``.
+
+    ``send(value)``: JSON data, big ints, bytes/array.array/memoryview (copied into the frame), and
+    objects with a transfer handler: HostBuffer, received device buffers, CUDA tensors/arrays (shared
+    zero-copy, leased to the peer until it releases them). ``receive(timeout=None)`` returns the next
+    message; received buffers are leased from the peer until you close them (or they are collected).
+    A buffer closed by the thread that received it, before that thread uses the link again, is
+    released with that thread's next link call (``send``, ``receive``, ``poll``), after its frame: a
+    reply goes out first, as on the Node side. ``close()`` says goodbye; a peer that died shows as
+    ERR_PEER_GONE.
+    """
+
+    def __init__(self, sock: socket.socket, *, peer_name: str, verify_peer: bool = False,
+                 allow_uids: Iterable[int] = (), _token: object = None):
+        if _token is not _CREATE:
+            raise IpcError("ERR_INVALID_ARG", "Link cannot be constructed directly; use parent_link() or connect()")
+        self._sock = sock
+        self._fd = sock.fileno()
+        self._peer_name = peer_name
+        self._allow_uids = tuple(allow_uids)
+        self._state = "handshaking"
+        self._reason: IpcError | None = None
+        self._closed_by: str | None = None
+        self._hello_sent = False
+        self._goodbye_sent = False
+        self._recv_lock = threading.Lock()
+        self._state_lock = threading.RLock()
+        self._inbox = Inbox()
+        self._rbuf = bytearray(fr.MAX_FRAME_BYTES)
+        self._rview = memoryview(self._rbuf)
+        self._leases_out = OutgoingLeases()
+        self._leases_in = IncomingLeases(self._lease_ended)
+        self._outbox = Outbox(sock, peer_name, self._leases_in)
+        # The thread that received the last message and has not used the link since: the releases
+        # of what it closes meanwhile go out after its next link call (its reply first), as Node
+        # sends them on a microtask after the handler's reply.
+        self._defer_thread: int | None = None
+        #: Per-link state of transfer handlers (pools sent/received), dropped at close.
+        self.handler_state: dict[str, Any] = {}
+        self._close_hooks: list[CloseHook] = []
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        self._peer = PeerCredentials(*struct.unpack("3i", raw))
+        if verify_peer and self._peer.uid != _MY_UID and self._peer.uid not in self._allow_uids:
+            self._refuse()
+            return
+        self._send_hello()
+
+    # -- properties -------------------------------------------------------------------------------
+
+    @property
+    def peer(self) -> PeerCredentials:
+        """The peer's pid/uid/gid (SO_PEERCRED)."""
+        return self._peer
+
+    @property
+    def state(self) -> str:
+        """'handshaking', 'open' or 'closed'."""
+        return self._state
+
+    @property
+    def closed(self) -> bool:
+        return self._state == "closed"
+
+    @property
+    def leases(self) -> LeaseCounts:
+        """Values sent on this link that the peer has not released yet, and the bytes they keep alive.
+        Releases are read from the socket by receive()/poll()."""
+        return LeaseCounts(self._leases_out.count, self._leases_out.bytes)
+
+    @property
+    def received_leases(self) -> int:
+        """Values received on this link that are not released (closed or collected) yet."""
+        return self._leases_in.count
+
+    @property
+    def pending_receives(self) -> int:
+        return len(self._inbox)
+
+    def fileno(self) -> int:
+        """The socket, for select()/selectors: readable means receive()/poll() has something to do."""
+        return self._fd
+
+    def on_close(self, hook: CloseHook) -> None:
+        """Runs ``hook(link, reason)`` once when the link closes (transfer handlers drop per-link state)."""
+        if self._state == "closed":
+            hook(self, self._reason)
+        else:
+            self._close_hooks.append(hook)
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    def send(self, value: Any) -> None:
+        """Sends ``value`` in one frame with all its fds. Raises ERR_NOT_TRANSFERABLE /
+        ERR_MESSAGE_TOO_LARGE without sending, ERR_LINK_CLOSED / ERR_PEER_GONE once closed."""
+        self._defer_thread = None
+        if self._state == "closed":
+            raise self._closed_error("send")
+        msg = encode_message(value, self)
+        try:
+            self._outbox.send(msg.frame, msg.fds)
+        except BaseException:
+            for _, hold in msg.holds:
+                release_hold(hold)  # nothing was leased: the peer never sees these ids
+            raise
+        finally:
+            close_fds(msg.owned_fds)
+        for lease_id, hold in msg.holds:
+            self._leases_out.add(lease_id, hold)
+        for commit in msg.commits:
+            commit()
+
+    def _lease_ended(self) -> None:
+        if self._defer_thread == threading.get_ident():
+            flusher.kick(self)  # after this thread's next send/receive/poll, or within RELEASE_DEFER_LIMIT
+            return
+        self._outbox.flush_releases()
+
+    def flush_deferred(self) -> None:
+        """The release flusher's call: sends the releases deferred for the receiving thread."""
+        if self._leases_in.has_pending:
+            self._defer_thread = None
+            self._outbox.flush_releases()
+
+    def _send_hello(self) -> None:
+        self._hello_sent = True
+        try:
+            self._outbox.send(fr.hello_frame())
+        except IpcError:
+            pass  # the peer is gone already; the receive side reports it
+
+    def _refuse(self) -> None:
+        p = self._peer
+        text = f"uid {p.uid} is not allowed by the process at the other end (pid {os.getpid()}, uid {_MY_UID})"
+        self._outbox.send_now(fr.refuse_frame(fr.REFUSE_UID, text))
+        self._shutdown(IpcError(
+            "ERR_PEER_REFUSED",
+            f"refused a link with the {self._peer_name} (pid {p.pid}): it runs as uid {p.uid}, this process as uid {_MY_UID}; "
+            f"pass allow_uids=[{p.uid}] to accept links from that user"), "local")
+
+    # -- receiving --------------------------------------------------------------------------------
+
+    def receive(self, timeout: float | None = None) -> Any:
+        """The next message. Raises IpcError ERR_TIMEOUT after ``timeout`` seconds, ERR_LINK_CLOSED once
+        the peer closed the link cleanly, ERR_PEER_GONE if it died; a message that could not be
+        decoded raises its own error and the link stays open."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._defer_thread = None
+        if self._leases_in.has_pending:
+            self._outbox.flush_releases()
+        with self._recv_lock:
+            try:
+                while True:
+                    if self._inbox:
+                        value = self._inbox.take()
+                        self._defer_thread = threading.get_ident()
+                        return value
+                    if self._state == "closed":
+                        raise self._closed_error("receive")
+                    self._read_one(deadline, want_message=True)
+            finally:
+                self._close_socket_if_closed()
+
+    def poll(self) -> int:
+        """Processes whatever the peer sent without blocking (releases, goodbye, messages go to the
+        inbox for receive()). Returns the number of messages waiting. Does nothing while another
+        thread is in receive() (which processes them anyway)."""
+        self._defer_thread = None
+        if self._leases_in.has_pending:
+            self._outbox.flush_releases()
+        if not self._recv_lock.acquire(blocking=False):
+            return len(self._inbox)
+        try:
+            while self._state != "closed":
+                if not self._read_one(0.0, want_message=False):
+                    break
+        finally:
+            self._close_socket_if_closed()
+            self._recv_lock.release()
+        return len(self._inbox)
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yields messages until the link closes cleanly; raises if it closed with an error."""
+        while True:
+            try:
+                yield self.receive()
+            except IpcError as e:
+                if e.code == "ERR_LINK_CLOSED":
+                    return
+                raise
+
+    def _read_one(self, deadline: float | None, want_message: bool) -> bool:
+        """Reads and handles one record. Returns False when nothing arrived before the deadline
+        (raises ERR_TIMEOUT instead when a message is wanted)."""
+        if deadline is not None:
+            remaining = max(0.0, deadline - time.monotonic())
+            p = select.poll()
+            p.register(self._fd, select.POLLIN)
+            if not p.poll(remaining * 1000):
+                if want_message:
+                    raise IpcError("ERR_TIMEOUT", f"link.receive: no message from the {self._peer_name} within the timeout")
+                return False
+        try:
+            nbytes, anc, flags, _ = self._sock.recvmsg_into([self._rbuf], _ANC_BYTES, _CLOEXEC)
+        except InterruptedError:
+            return True
+        except OSError as e:
+            if self._state == "closed":
+                return False
+            if e.errno in (errno.ECONNRESET, errno.ENOTCONN, errno.EBADF):
+                self._peer_gone(f" (socket error {e.errno})")
+                return True
+            raise
+        fds: list[int] = []
+        cred = None
+        for level, ctype, data in anc:
+            if level == _SOL_SOCKET and ctype == _SCM_RIGHTS:
+                a = array.array("i")
+                a.frombytes(data[: len(data) - len(data) % a.itemsize])
+                fds.extend(a)
+            elif level == _SOL_SOCKET and ctype == _SCM_CREDENTIALS:
+                cred = data
+        if self._state == "closed":
+            close_fds(fds)
+            return False
+        if nbytes == 0 and not fds:
+            self._peer_gone("")
+            return True
+        if flags & _TRUNCATED:
+            close_fds(fds)
+            self._shutdown(
+                IpcError("ERR_FDS_TRUNCATED", f"the {self._peer_name} sent a message with more fds than a link accepts; they were closed")
+                if flags & _CTRUNC else
+                IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a record larger than {fr.MAX_FRAME_BYTES} bytes"), "local")
+            return True
+        self._on_record(nbytes, fds)
+        return True
+
+    def _on_record(self, length: int, fds: list[int]) -> None:
+        buf = self._rview
+        try:
+            ftype, flags, payload_length = fr.parse_header(buf, length, len(fds))
+        except IpcError as e:
+            close_fds(fds)
+            self._shutdown(e, "local")
+            return
+        if ftype in (fr.MESSAGE, fr.RELEASE) and self._state != "open":
+            close_fds(fds)
+            what = "message" if ftype == fr.MESSAGE else "RELEASE"
+            self._shutdown(IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a {what} before the link handshake"), "local")
+            return
+        if ftype == fr.MESSAGE:
+            try:
+                value, owned = decode_message(flags, buf[fr.HEADER_BYTES:length], fds, self, self._leases_in)
+            except Malformed as e:
+                self._shutdown(e, "local")
+                return
+            except IpcError as e:
+                self._inbox.append((False, e))
+                return
+            self._inbox.append((True, value))
+            return
+        if ftype == fr.RELEASE:
+            try:
+                ids = fr.read_release_ids(buf, payload_length)
+            except IpcError as e:
+                self._shutdown(e, "local")
+                return
+            unknown = self._leases_out.release(ids)
+            if unknown is not None:
+                self._shutdown(IpcError(
+                    "ERR_FRAME_INVALID",
+                    f"the {self._peer_name} released lease {unknown}, which this link never granted or had already ended"), "local")
+            return
+        if ftype == fr.HELLO:
+            if self._state != "handshaking":
+                self._shutdown(IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a second HELLO"), "local")
+                return
+            if not self._hello_sent:
+                self._send_hello()
+            if self._state != "closed":
+                self._state = "open"
+                self._outbox.open = True
+            return
+        if ftype == fr.GOODBYE:
+            self._shutdown(None, "peer")
+            return
+        if ftype == fr.REFUSE:
+            text = bytes(buf[fr.HEADER_BYTES + 2:min(length, fr.HEADER_BYTES + 2 + 1024)]).decode("utf-8", "replace")
+            self._shutdown(IpcError("ERR_PEER_REFUSED", f"the {self._peer_name} refused the link: {text}"), "peer")
+
+    def _peer_gone(self, detail: str) -> None:
+        self._shutdown(IpcError(
+            "ERR_PEER_GONE",
+            f"the {self._peer_name} (pid {self._peer.pid}) went away without closing the link{detail}: it exited, crashed or was killed"),
+            "peer")
+
+    def _wait_open(self, timeout: float) -> None:
+        """Reads until the peer's HELLO (connect)."""
+        deadline = time.monotonic() + timeout
+        with self._recv_lock:
+            try:
+                while self._state == "handshaking":
+                    if not self._read_one(deadline, want_message=False):
+                        self._shutdown(IpcError("ERR_TIMEOUT", f"the {self._peer_name} did not complete the link handshake within {timeout} s"), "local")
+            finally:
+                self._close_socket_if_closed()
+        if self._state == "closed":
+            raise self._closed_error("complete the handshake")
+
+    # -- closing ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Says goodbye and closes now; messages never received are dropped (their buffers closed).
+        Idempotent."""
+        if self._state != "closed" and self._hello_sent and not self._goodbye_sent:
+            self._goodbye_sent = True
+            self._outbox.send_now(fr.goodbye_frame())
+        self._shutdown(None, "local")
+        self._inbox.drain()
+
+    end = close
+
+    def __enter__(self) -> "Link":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _closed_error(self, what: str) -> IpcError:
+        r = self._reason
+        if r is not None:
+            return IpcError(r.code, str(r))
+        if self._closed_by == "peer":
+            return IpcError("ERR_LINK_CLOSED", f"cannot {what}: the {self._peer_name} closed the link")
+        return IpcError("ERR_LINK_CLOSED", f"cannot {what}: the link is closed; open a new one to talk again")
+
+    def _shutdown(self, reason: IpcError | None, by: str) -> None:
+        with self._state_lock:
+            if self._state == "closed":
+                return
+            self._state = "closed"
+            self._outbox.open = False
+            self._reason = reason
+            self._closed_by = by
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        # A thread in receive() wakes from the shutdown and closes the fd as it leaves (closing it
+        # under a blocked recvmsg could hand the number to another file meanwhile).
+        if self._recv_lock.acquire(blocking=False):
+            try:
+                self._sock.close()
+            finally:
+                self._recv_lock.release()
+        # The peer can no longer use or release anything: every lease on this link ends, both ways.
+        self._leases_in.close()
+        self._leases_out.close()
+        if by == "local":
+            self._inbox.drain()
+        hooks, self._close_hooks = self._close_hooks, []
+        for hook in hooks:
+            try:
+                hook(self, reason)
+            except Exception:  # noqa: BLE001 - the other hooks must still run
+                pass
+
+    def _close_socket_if_closed(self) -> None:
+        """With the receive lock held: the socket goes once the link is closed."""
+        if self._state == "closed":
+            self._sock.close()
+
+    def __repr__(self) -> str:
+        return f"<cuda_ipc.Link {self._state} with the {self._peer_name} (pid {self._peer.pid})>"
+
+
+_CREATE = object()

@@ -1,0 +1,174 @@
+"""This process's caches of device memory (src/ipc/legacy.ts's import cache; the Node side keeps its
+own in the addon): the mappings of received legacy handles, and what this process exported.
+
+Legacy mappings are opened once per process and device, and kept open (idle) a while after their
+last user, as Node's import cache does: reopening a handle then costs nothing, and closing a mapping
+(cuIpcCloseMemHandle, which is slow while the exporter still holds the memory) happens later, for the
+least recently used idle one, usually after its exporter freed it.
+
+What this process exported: the legacy handle or pool export data of each allocation (asked of the
+driver once per allocation), and the allocation each handle and export names, so that memory of
+this process sent back to it maps as itself (the driver refuses to open a process's own handle).
+"""
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import TypeVar
+
+from .. import driver as drv
+from ..device import Device
+from ..errors import CudaError, IpcError
+
+#: link.handler_state keys: the pools received on a link (id -> PoolImport), and the ids of the pools
+#: whose fd went out on it.
+_POOLS_RECEIVED = "cuda_ipc.pools_received"
+_POOLS_SENT = "cuda_ipc.pools_sent"
+
+
+# ------------------------------------------------------------------------------------------------
+# Legacy mappings
+
+class _LegacyMapping:
+    __slots__ = ("base", "size", "refs", "last_use", "device")
+
+    def __init__(self, base: int, size: int, device: Device):
+        self.base = base
+        self.size = size
+        self.refs = 1
+        self.last_use = 0
+        self.device = device
+
+
+_legacy_lock = threading.Lock()
+_legacy_maps: dict[tuple[bytes, str], _LegacyMapping] = {}  # (handle, device uuid) -> mapping
+_legacy_clock = 0
+_legacy_idle_limit = 16
+_legacy_opens = 0  # [tensors hook] cuIpcOpenMemHandle calls made (legacy_cache_stats()["opened"])
+
+
+def _legacy_acquire(handle: bytes, user: Device) -> tuple[int, int]:
+    """(base, allocation size) of the mapping of ``handle`` for ``user``, opened if need be."""
+    global _legacy_clock, _legacy_opens
+    key = (handle, user.uuid)
+    with _legacy_lock:
+        m = _legacy_maps.get(key)
+        if m is not None:
+            m.refs += 1
+            _legacy_clock += 1
+            m.last_use = _legacy_clock
+            return m.base, m.size
+        with user.activate():
+            base = drv.ipc_open_mem_handle(handle)
+            _legacy_opens += 1
+            try:
+                size = drv.address_range(base)[1]
+            except BaseException:
+                drv.driver().call("cuIpcCloseMemHandle", base)
+                raise
+        # An idle entry of this device at the same address belongs to an allocation the driver no
+        # longer maps here (its handle differs, or the lookup above would have found it): stale.
+        for k, old in list(_legacy_maps.items()):
+            if old.base == base and old.device is user and old.refs == 0:
+                del _legacy_maps[k]
+        m = _LegacyMapping(base, size, user)
+        _legacy_clock += 1
+        m.last_use = _legacy_clock
+        _legacy_maps[key] = m
+        return base, size
+
+
+def _legacy_release(handle: bytes, user: Device) -> None:
+    with _legacy_lock:
+        m = _legacy_maps.get((handle, user.uuid))
+        if m is None or m.refs == 0:
+            return
+        m.refs -= 1
+        if m.refs == 0:
+            _trim_idle(_legacy_idle_limit)
+
+
+def _trim_idle(keep: int) -> None:
+    """With _legacy_lock held: closes idle mappings, least recently used first, until ``keep`` remain."""
+    idle = [(m.last_use, k) for k, m in _legacy_maps.items() if m.refs == 0]
+    if len(idle) <= keep:
+        return
+    idle.sort()
+    first: BaseException | None = None
+    for _, k in idle[:len(idle) - keep]:
+        m = _legacy_maps.pop(k)
+        try:
+            with m.device.activate():
+                drv.driver().call("cuIpcCloseMemHandle", m.base)
+        except CudaError as e:
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def _legacy_drop(handle: bytes, user: Device) -> bool:
+    """[tensors hook] Closes the mapping of ``handle`` for ``user`` now if nothing uses it (instead of
+    leaving it idle in the cache): tensor sets drop theirs, so that an idle mapping never keeps a
+    sender's freed memory. True when one was closed."""
+    with _legacy_lock:
+        m = _legacy_maps.get((handle, user.uuid))
+        if m is None or m.refs:
+            return False
+        del _legacy_maps[(handle, user.uuid)]
+        with m.device.activate():
+            drv.driver().call("cuIpcCloseMemHandle", m.base)
+        return True
+
+
+def configure_import_cache(idle_limit: int) -> None:
+    """How many unused legacy mappings stay open (default 16; least recently used closed first). An
+    idle mapping keeps its allocation's memory alive after the exporter frees it, so 0 trades
+    reopening cost for memory."""
+    global _legacy_idle_limit
+    if type(idle_limit) is not int or idle_limit < 0:
+        raise IpcError("ERR_INVALID_ARG", f"idle_limit must be a non-negative int, got {idle_limit!r}")
+    with _legacy_lock:
+        _legacy_idle_limit = idle_limit
+        _trim_idle(idle_limit)
+
+
+def legacy_cache_stats() -> dict[str, int]:
+    """This process's legacy mappings: ``mappings``, ``idle``, ``idle_limit``, ``references``, and ``opened``
+    (handles opened so far: a mapping found in the cache opens none)."""
+    with _legacy_lock:
+        refs = sum(m.refs for m in _legacy_maps.values())
+        idle = sum(1 for m in _legacy_maps.values() if m.refs == 0)
+        return {"mappings": len(_legacy_maps), "idle": idle, "idle_limit": _legacy_idle_limit, "references": refs, "opened": _legacy_opens}
+
+
+# ------------------------------------------------------------------------------------------------
+# What this process exported
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Recent(OrderedDict[K, V]):
+    """A dict that forgets its oldest entries beyond ``limit`` (entries are re-checked on use)."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def __setitem__(self, key: K, value: V) -> None:
+        super().__setitem__(key, value)
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
+
+
+# handle -> allocation base of legacy exports from this process (so that a handle sent back to us
+# opens as a view instead of failing: the driver refuses to open a process's own handle).
+_local_exports: dict[bytes, int] = _Recent(4096)
+# export data -> pointer of pool allocations exported from this process.
+_local_pool_exports: dict[bytes, int] = _Recent(4096)
+# allocation base -> (its buffer id, its legacy handle or pool export data), exported from this process.
+_export_handles: dict[int, tuple[int, bytes]] = _Recent(4096)
+# CUmemoryPool handle -> (16-byte id, fd) of pools whose memory this process exported.
+_local_pools: dict[int, tuple[bytes, int]] = {}
+_export_lock = threading.Lock()

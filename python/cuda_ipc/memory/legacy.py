@@ -1,0 +1,54 @@
+"""Legacy CUDA IPC handles a peer sent (src/ipc/legacy.ts): 64-byte bearer tokens for a whole
+allocation, the path that CuPy, Numba and PyTorch also speak. Mapped through this process's cache of
+mappings (cache.py); a handle this process exported itself maps as its own memory.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from .. import driver as drv
+from ..descriptor import LegacyHandleDescriptor
+from ..device import Device
+from ..errors import CudaError, IpcError
+from . import cache
+
+
+def open_legacy(desc: LegacyHandleDescriptor, user: Device) -> tuple[int, Callable[[], None]]:
+    """Maps the allocation behind ``desc.handle`` for ``user``; returns (base, unmap)."""
+    resident = Device.by_uuid(desc.device_uuid)
+    local = cache._local_exports.get(desc.handle)
+    if local is not None:
+        try:
+            with resident.activate():
+                same = drv.ipc_get_mem_handle(local) == desc.handle
+                size = drv.address_range(local)[1] if same else 0
+            if same:
+                _check_range(desc, size)
+                user.enable_peer_access(resident)  # our own allocation, sent back to us
+                return local, (lambda: None)
+        except CudaError:
+            pass  # freed since: fall through to the driver's answer
+    try:
+        base, size = cache._legacy_acquire(desc.handle, user)
+    except CudaError as e:
+        if e.code in ("CUDA_ERROR_INVALID_VALUE", "CUDA_ERROR_INVALID_HANDLE"):
+            why = "this process exported it but has since freed the memory" if desc.pid == os.getpid() else (
+                f"the exporting process {desc.pid} has exited, or freed the memory, or the bytes are not a CUDA IPC handle")
+            raise IpcError("ERR_HANDLE_STALE", f"cannot open the IPC handle: {why}. Ask the exporter for a fresh descriptor") from e
+        raise
+    handle = desc.handle
+
+    def close() -> None:
+        cache._legacy_release(handle, user)
+    try:
+        _check_range(desc, size)
+    except BaseException:
+        close()
+        raise
+    return base, close
+
+
+def _check_range(desc: LegacyHandleDescriptor, allocation_size: int) -> None:
+    if desc.offset + desc.byte_length > allocation_size:
+        raise IpcError("ERR_OUT_OF_RANGE", f"the descriptor names {desc.byte_length} bytes at offset {desc.offset}, but the allocation holds only {allocation_size} bytes")

@@ -1,0 +1,343 @@
+"""TensorSet: a tensor set as received (src/tensors/tensor-map.ts), a read-only mapping of name to
+tensor. It holds the allocations the message brought (one mapping each) and makes each named tensor,
+a view into them, on first use: torch tensors when torch is importable, else ``ArrayView`` (device) /
+``HostArray`` (host); ``view(name)`` always gives the cuda_ipc view. One lease per message: the
+sender gets its memory back once ``close()`` ran and no tensor made from the set is alive.
+
+Decoding the 'tensor-set' record (tensor_wire.py) into a TensorSet is here too: each allocation by
+the handler of its own kind, a legacy entry decoded once per bytes, a table decoded once per link
+while it repeats.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Iterator, Union
+
+from .descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor
+from .errors import IpcError
+from .host import HostBuffer, host_address
+from .host_array import HostArray
+from .resource import Resource
+from .link.handlers import handler_for_kind
+from .memory import cache
+from .memory.buffer import _CREATE as _DEVICE_BUFFER, ArrayView, DeviceBuffer, _Origin
+from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
+
+if TYPE_CHECKING:
+    from .link.lease import ReceivedLease
+    from .link.link import Link
+
+#: What one allocation of a received set is in this process.
+Allocation = Union[HostBuffer, DeviceBuffer]
+
+_LAYOUT_STATE = "cuda_ipc.tensor_set.layouts"
+_LAYOUTS_KEPT = 16
+
+
+_torch_checked = False
+_torch: ModuleType | None = None
+
+
+def _torch_module() -> ModuleType | None:
+    """torch when it imports, else None (asked once; by name, so that a type checker never needs it)."""
+    global _torch_checked, _torch
+    if not _torch_checked:
+        try:
+            _torch = importlib.import_module("torch")
+        except ImportError:
+            _torch = None
+        _torch_checked = True
+    return _torch
+
+
+class TensorSet(Resource, Mapping[str, Any]):
+    """Named tensors received in one message (see the module notes). ``ts[name]``: a torch tensor when
+    torch is importable (a view: no copy), else the cuda_ipc view; ``view(name)``: ``ArrayView``
+    (device memory) or ``HostArray`` (host memory); ``close(sync=True)`` lets go of the set (the views
+    from ``view()`` with it; torch tensors keep the memory alive on their own until they are gone)."""
+
+    def __init__(self, layout: TensorLayout, allocations: list[Allocation], _token: object = None):
+        if _token is not _CREATE:
+            raise IpcError("ERR_INVALID_ARG", "TensorSet objects come from links (receive)")
+        self.layout = layout
+        self._allocs = allocations
+        self._closed = False
+        self._views: dict[int, Any] = {}
+        self._tensors: dict[int, Any] = {}
+        self._bases: dict[int, Any] = {}
+        self._lock = threading.Lock()
+
+    # -- mapping --
+
+    def __getitem__(self, name: str) -> Any:
+        return self.tensor(name) if _torch_module() is not None else self.view(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.layout.names)
+
+    def __len__(self) -> int:
+        return self.layout.count
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.layout.index
+
+    # -- facts --
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def memory(self) -> str:
+        """'device', 'host' or 'mixed'."""
+        host = any(isinstance(a, HostBuffer) for a in self._allocs)
+        device = any(not isinstance(a, HostBuffer) for a in self._allocs)
+        return "mixed" if host and device else "host" if host else "device"
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.layout.nbytes)
+
+    @property
+    def allocations(self) -> list[Allocation]:
+        """The buffers over each allocation the message brought (DeviceBuffer or HostBuffer)."""
+        return list(self._allocs)
+
+    def _check(self) -> None:
+        if self._closed:
+            raise IpcError("ERR_CLOSED", "this TensorSet is closed")
+
+    def _index(self, name: str) -> int:
+        i = self.layout.index.get(name)
+        if i is None:
+            raise KeyError(name)
+        return i
+
+    def bases(self) -> list[int]:
+        """Addresses of the allocations in this process (mapping device memory on first use)."""
+        self._check()
+        return [a.ptr if not isinstance(a, HostBuffer) else host_address(a) for a in self._allocs]
+
+    # -- views --
+
+    def view(self, name: str) -> ArrayView | HostArray:
+        """The cuda_ipc view of a tensor: ``ArrayView`` (``__cuda_array_interface__``, DLPack) or ``HostArray``;
+        valid until the set is closed."""
+        self._check()
+        i = self._index(name)
+        v = self._views.get(i)
+        if v is None:
+            L = self.layout
+            buf = self._allocs[L.allocations[i]]
+            if isinstance(buf, HostBuffer):
+                v = HostArray(buf, L.dtypes[i], L.shapes[i], L.strides[i], L.offsets[i])
+            else:
+                v = ArrayView(buf, ArrayMeta.make(L.dtypes[i], L.shapes[i], L.strides[i]), L.offsets[i])
+            self._views[i] = v
+        return v
+
+    def tensor(self, name: str) -> Any:
+        """A torch tensor over the received memory (no copy), made once per name."""
+        self._check()
+        i = self._index(name)
+        t = self._tensors.get(i)
+        if t is None:
+            torch = _torch_module()
+            if torch is None:
+                raise IpcError("ERR_UNSUPPORTED", "torch does not import in this Python; use view(name)")
+            L = self.layout
+            base = self._torch_base(L.allocations[i], torch)
+            itemsize = DTYPES[L.dtypes[i]][0]
+            off = L.offsets[i]
+            t = base[off:off + L.extents[i]].view(getattr(torch, L.dtypes[i])).as_strided(L.shapes[i], [s // itemsize for s in L.strides[i]])
+            self._tensors[i] = t
+        return t
+
+    def tensors(self) -> dict[str, Any]:
+        """Every tensor, by name (torch tensors)."""
+        return {n: self.tensor(n) for n in self.layout.names}
+
+    def _torch_base(self, a: int, torch: ModuleType) -> Any:
+        """A uint8 torch tensor over the whole allocation: its own handle on the memory, so the tensors
+        made from it keep the memory mapped after the set is closed, until they are gone."""
+        b = self._bases.get(a)
+        if b is None:
+            buf = self._allocs[a]
+            if isinstance(buf, HostBuffer):
+                b = torch.from_dlpack(buf.view(0, buf.nbytes))
+            else:
+                handle = buf.slice(0, buf.nbytes)
+                b = torch.as_tensor(handle, device=f"cuda:{handle.device.ordinal}")
+            self._bases[a] = b
+        return b
+
+    # -- lifetime --
+
+    def close(self, sync: bool = True) -> None:
+        """Lets go of the set: device memory is unmapped (after the device's queued work, unless
+        ``sync=False``) once no torch tensor made from it is alive, then the sender is told. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        views, self._views = self._views, {}
+        for v in views.values():
+            if isinstance(v, HostArray):
+                v.close()
+        self._tensors = {}
+        self._bases = {}
+        first: Exception | None = None
+        for a in self._allocs:
+            try:
+                a.close(sync) if not isinstance(a, HostBuffer) else a.close()
+            except Exception as e:  # noqa: BLE001 - close them all, report the first
+                first = first or e
+        if first is not None:
+            raise first
+
+    def __repr__(self) -> str:
+        return f"<cuda_ipc.TensorSet {self.layout.count} tensors, {self.memory} memory{' closed' if self._closed else ''}>"
+
+
+_CREATE = object()
+
+
+def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorSet:
+    allocations, table, count = parse_set(data, len(fds))
+    sizes = [a[3] for a in allocations]
+    layout = _cached_layout(link, table, count, sizes)
+    # One lease for the message: it ends once every allocation it brought is released here.
+    whole = _PartLease(lease, len(allocations))
+    buffers: list[Allocation] = []
+    at = 0
+    try:
+        for kind, fd_count, body, size in allocations:
+            handler = handler_for_kind(_KIND_NAMES[kind])
+            if handler is None:
+                raise IpcError("ERR_NOT_TRANSFERABLE", f"received a tensor set with a '{_KIND_NAMES[kind]}' allocation but no handler for it is registered")
+            mine = fds[at:at + fd_count]
+            part = _AllocationLease(whole)
+            try:
+                buf: Allocation = _decode_legacy(body, part) if kind == KIND_LEGACY else handler.decode(body, mine, link, part)
+            finally:
+                fds[at:at + fd_count] = mine  # taken ones are -1; the rest stay the link's to close
+            for k in range(at, at + fd_count):
+                fds[k] = -1
+            at += fd_count
+            buffers.append(buf)
+            if isinstance(buf, DeviceBuffer) and kind == KIND_LEGACY:
+                part.on_end = _dropper(buf._origin)
+            if buf.nbytes != size:
+                raise IpcError("ERR_FRAME_INVALID", f"a received tensor set's allocation maps {buf.nbytes} bytes, not the {size} it announced")
+    except BaseException:
+        for b in buffers:
+            try:
+                b.close(False) if not isinstance(b, HostBuffer) else b.close()
+            except Exception:  # noqa: BLE001 - being discarded
+                pass
+        raise
+    return TensorSet(layout, buffers, _CREATE)
+
+
+_KIND_NAMES = {KIND_LEGACY: "legacy-buffer", KIND_POOL: "pool-buffer", KIND_HOST: "host-buffer"}
+
+# Legacy entries decoded before, by their bytes: a repeated sync brings the same few hundred (one
+# per caching-allocator segment), and a descriptor is immutable once checked.
+_descriptors: "OrderedDict[bytes, LegacyHandleDescriptor]" = OrderedDict()
+_descriptors_lock = threading.Lock()
+
+
+def _decode_legacy(body: memoryview, lease: ReceivedLease) -> DeviceBuffer:
+    """What the 'legacy-buffer' handler makes of ``body``, with the canonical decode done once per bytes."""
+    key = bytes(body)
+    with _descriptors_lock:
+        desc = _descriptors.get(key)
+    if desc is None:
+        desc = decode_descriptor(key, "cuda-legacy-handle")
+        with _descriptors_lock:
+            _descriptors[key] = desc
+            while len(_descriptors) > 8192:
+                _descriptors.popitem(last=False)
+    origin = _Origin("legacy", lease, desc.device_uuid, 0, descriptor=desc)
+    return DeviceBuffer(origin, desc.offset, desc.byte_length, _DEVICE_BUFFER)
+
+
+class _PartLease:
+    """Counts a message's allocations: its lease (if any) ends with the last of them."""
+
+    __slots__ = ("_lease", "_open", "_lock")
+
+    def __init__(self, lease: ReceivedLease | None, count: int):
+        self._lease = lease
+        self._open = count
+        self._lock = threading.Lock()
+
+    def end_one(self) -> None:
+        with self._lock:
+            self._open -= 1
+            last = self._open == 0
+        if last and self._lease is not None:
+            self._lease.end()
+
+
+class _AllocationLease:
+    """What one allocation's handler sees as its lease: its end counts towards the message's, after
+    ``on_end`` (a legacy mapping is closed then rather than left idle)."""
+
+    __slots__ = ("_whole", "_ended", "on_end")
+
+    def __init__(self, whole: _PartLease):
+        self._whole = whole
+        self._ended = False
+        self.on_end: Callable[[], None] | None = None
+
+    @property
+    def id(self) -> int:
+        return self._whole._lease.id if self._whole._lease is not None else 0
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            if self.on_end is not None:
+                self.on_end()
+        finally:
+            self._whole.end_one()
+
+
+def _dropper(origin: _Origin) -> Callable[[], None]:
+    """Closes a legacy mapping once its set let go of it, unless something else here still uses it:
+    an idle mapping would keep the sender's memory after the sender freed it."""
+    def drop() -> None:
+        if origin.user is not None and origin.descriptor is not None:  # (a legacy origin has its descriptor)
+            cache._legacy_drop(origin.descriptor.handle, origin.user)
+    return drop
+
+
+def _cached_layout(link: Link, table: bytes, count: int, sizes: list[int]) -> TensorLayout:
+    """A layout this link decoded before, when the table is the same bytes (a repeated send of the same
+    tensors; the last few are kept, so that a state dict sent as several sets hits too): then only
+    the extents are checked against this message's allocations."""
+    layouts: OrderedDict[bytes, TensorLayout] | None = link.handler_state.get(_LAYOUT_STATE)
+    if layouts is None:
+        layouts = link.handler_state[_LAYOUT_STATE] = OrderedDict()
+    last = layouts.get(table)
+    if last is not None and last.count == count and last.allocation_count == len(sizes):
+        for a, end in enumerate(last.ends):
+            if end > sizes[a]:
+                raise IpcError("ERR_FRAME_INVALID", f"a received tensor set is malformed: its tensors reach byte {end} of allocation {a}, which holds {sizes[a]}")
+        layouts.move_to_end(table)
+        return last
+    layout = decode_table(table, count, sizes)
+    layouts[layout.table] = layout
+    while len(layouts) > _LAYOUTS_KEPT:
+        layouts.popitem(last=False)
+    return layout

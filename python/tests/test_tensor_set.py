@@ -1,0 +1,321 @@
+"""Tensor sets between two Python ends: host memory for real, device memory through the fake driver
+(tests/fake_cuda.py): each allocation once, values read back, the lease ending when the receiver lets
+go, a repeated send reusing its encoding and opening no handle, the table's checks, and in-place
+updates with the errors that name what does not match."""
+import array
+import ctypes
+import gc
+import struct
+import unittest
+
+from cuda_ipc import HostArray, HostBuffer, IpcError, TensorSet, share_tensors, update_in_place
+from cuda_ipc.memory import cache as memory_mod
+from cuda_ipc import tensor_set as ts_mod
+from cuda_ipc.tensor_wire import KIND_HOST, decode_table, encode_set, encode_table, parse_set
+
+from . import fake_cuda
+from .test_link import deliver_releases, open_fds, pair
+
+
+def host_tensors():
+    a = HostBuffer.allocate(1 << 16)
+    b = HostBuffer.allocate(4096)
+    f = a.memory.cast("f")
+    for i in range(len(f)):
+        f[i] = i * 0.25
+    f.release()
+    b.write(bytes(i & 255 for i in range(4096)))
+    named = {
+        "model.layers.0.attn.q.weight": HostArray(a, "float32", (16, 64)),
+        "model.layers.0.attn.k.weight": HostArray(a, "float32", (32, 32), offset=4096),
+        "model.layers.0.attn.k.weight.T": HostArray(a, "float32", (8, 4), strides=(4, 32), offset=8192),
+        "model.layers.1.mlp.ü": HostArray(a, "float32", (10,), strides=(8,), offset=16384),
+        "bytes": HostArray(b, "uint8", (2, 100), offset=100),
+        "bias.bf16": HostArray(b, "bfloat16", (32,), offset=1024),
+    }
+    return [a, b], named
+
+
+class HostSetTests(unittest.TestCase):
+    def setUp(self):
+        self.fds = open_fds()
+        self.la, self.lb = pair()
+
+    def tearDown(self):
+        self.la.close()
+        self.lb.close()
+        gc.collect()
+        self.assertEqual(open_fds() - self.fds, set(), "fds leaked by the test")
+
+    def test_host_tensors_cross_in_one_message_values_views_and_strides_arrive(self):
+        buffers, named = host_tensors()
+        self.la.send({"weights": share_tensors(named), "step": 3})
+        msg = self.lb.receive(timeout=5)
+        self.assertEqual(msg["step"], 3)
+        got = msg["weights"]
+        self.assertIsInstance(got, TensorSet)
+        self.assertEqual(got.memory, "host")
+        self.assertEqual(list(got), list(named))
+        self.assertEqual(len(got.allocations), 2, "each allocation once")
+        for name, sent in named.items():
+            v = got.view(name)
+            self.assertEqual((v.dtype, v.shape, v.strides), (sent.dtype, sent.shape, sent.strides), name)
+            self.assertEqual(v.tolist(), sent.tolist(), name)
+        self.assertEqual(got.view("model.layers.0.attn.k.weight.T").tolist()[1], (8192 + 32) / 4 * 0.25)
+        # Zero-copy: a write through the received view reaches the sender's memory.
+        got.view("model.layers.0.attn.q.weight").values()[3, 0] = -1.0
+        self.assertEqual(named["model.layers.0.attn.q.weight"].values()[3, 0], -1.0)
+        self.assertEqual(self.la.leases.count, 1, "one lease for the whole message")
+        for a in named.values():
+            a.close()
+        for b in buffers:
+            b.close()
+        got.close()
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 0)
+
+    def test_a_received_set_is_sent_on_unchanged(self):
+        buffers, named = host_tensors()
+        lc, ld = pair()
+        try:
+            self.la.send(share_tensors(named))
+            first = self.lb.receive(timeout=5)
+            lc.send({"relay": first})
+            second = ld.receive(timeout=5)["relay"]
+            for name, sent in named.items():
+                self.assertEqual(second.view(name).tolist(), sent.tolist())
+            first.close()
+            second.close()
+            deliver_releases(ld, lc)
+            deliver_releases(self.lb, self.la)
+            self.assertEqual((self.la.leases.count, lc.leases.count), (0, 0))
+        finally:
+            lc.close()
+            ld.close()
+            for a in named.values():
+                a.close()
+            for b in buffers:
+                b.close()
+
+    def test_update_in_place_copies_host_tensors_by_name(self):
+        buffers, named = host_tensors()
+        mine = {n: HostArray.allocate(a.dtype, a.shape) for n, a in named.items()}
+        self.la.send(share_tensors(named))
+        got = self.lb.receive(timeout=5)
+        r = update_in_place(mine, got)
+        self.assertEqual((r.copied, r.method, r.operations), (len(named), "host", 0))
+        for n, a in named.items():
+            self.assertEqual(mine[n].tolist(), a.tolist(), n)
+        got.close()
+        for x in (*mine.values(), *named.values(), *buffers):
+            x.close()
+
+    def test_update_in_place_names_what_does_not_match_and_copies_nothing(self):
+        src = {"a": HostArray.allocate("float32", (4,)), "b": HostArray.allocate("float32", (2, 2)),
+               "c": HostArray.allocate("int8", (3,)), "extra": HostArray.allocate("uint8", (1,))}
+        for a in src.values():
+            a.memory[:] = b"\x01" * len(a.memory)
+        dst = {"a": HostArray.allocate("float32", (4,)), "b": HostArray.allocate("float32", (4,)),
+               "c": HostArray.allocate("uint8", (3,)), "gone": HostArray.allocate("float32", (1,))}
+        self.la.send(share_tensors(src))
+        got = self.lb.receive(timeout=5)
+        with self.assertRaises(IpcError) as cm:
+            update_in_place(dst, got)
+        e = cm.exception
+        self.assertEqual(e.code, "ERR_TENSOR_MISMATCH")
+        self.assertIn("'b': shape [2, 2] received, [4] here", str(e))
+        self.assertIn("'c': dtype int8 received, uint8 here", str(e))
+        self.assertIn("1 missing from what was received ('gone')", str(e))
+        self.assertIn("1 received that are not parameters ('extra')", str(e))
+        self.assertEqual(dst["a"].tolist(), [0.0] * 4, "nothing was copied")
+        dst2 = {"a": dst["a"], "gone": dst["gone"]}
+        with self.assertRaisesRegex(IpcError, "strict=False"):
+            update_in_place(dst2, got)
+        r = update_in_place(dst2, got, strict=False)
+        self.assertEqual((r.copied, r.missing, r.unexpected), (1, ["gone"], ["b", "c", "extra"]))
+        self.assertEqual(bytes(dst["a"].memory), b"\x01" * 16)
+        got.close()
+        for x in (*src.values(), *dst.values()):
+            x.close()
+
+
+class WireTests(unittest.TestCase):
+    SPECS = (["layer.0.weight", "layer.0.bias", "layer.1.weight.T"], ["float32", "float32", "bfloat16"],
+             [(4, 8), (8,), (8, 4)], [(32, 4), (4,), (2, 16)], [0, 128, 0], [0, 0, 1])
+
+    def record(self, sizes=(256, 64)):
+        table = encode_table(*self.SPECS, len(sizes))
+        entries = [(KIND_HOST, 1, struct.pack("<QQQ", s, 0, s)) for s in sizes]
+        return encode_set(entries, table, 3)
+
+    def decode(self, data, fds=2):
+        allocs, table, count = parse_set(memoryview(data), fds)
+        return decode_table(table, count, [a[3] for a in allocs])
+
+    def test_round_trip_and_front_coding(self):
+        L = self.decode(self.record())
+        self.assertEqual(L.names, self.SPECS[0])
+        self.assertEqual(L.shapes, self.SPECS[2])
+        self.assertEqual(L.strides, [(32, 4), (4,), (2, 16)])
+        self.assertEqual((L.offsets, L.extents, L.contiguous), ([0, 128, 0], [128, 32, 64], [True, True, False]))
+        table = encode_table(*self.SPECS, 2)
+        self.assertEqual(struct.unpack_from("<H", table, 12 * 3 + 2)[0], len("layer.0."))
+        self.assertEqual(len(table) % 8, 0)
+
+    def test_every_lie_is_frame_invalid_naming_what_is_wrong(self):
+        good = self.record()
+        T = 3
+        table_at = len(good) - len(encode_table(*self.SPECS, 2))
+
+        def bad(mutate, fragment, fds=2):
+            b = bytearray(good)
+            mutate(b)
+            with self.assertRaises(IpcError) as cm:
+                self.decode(bytes(b), fds)
+            self.assertEqual(cm.exception.code, "ERR_FRAME_INVALID")
+            self.assertRegex(str(cm.exception), fragment)
+
+        bad(lambda b: b.__setitem__(0, 0), "bad magic")
+        bad(lambda b: struct.pack_into("<H", b, 4, 2), "version 2")
+        bad(lambda b: b.__setitem__(25, 1), "reserved")
+        bad(lambda b: None, "claim 2 fds but the record has 1", fds=1)
+        bad(lambda b: b.__setitem__(32, 9), "unknown kind 9")
+        bad(lambda b: b.__setitem__(33, 0), "claims 0 fds where it must carry 1")
+        bad(lambda b: struct.pack_into("<Q", b, 48, 4), "does not describe one whole allocation")
+        bad(lambda b: struct.pack_into("<I", b, 16, 8), "does not end the record")
+        bad(lambda b: struct.pack_into("<Q", b, table_at + 8, 240), "'layer.0.bias' reaches byte 272 of its allocation, which holds 256")
+        bad(lambda b: struct.pack_into("<Q", b, table_at + 8, 230), "'layer.0.bias' starts at offset 230, not a multiple of its 4-byte elements")
+        bad(lambda b: struct.pack_into("<I", b, table_at + 8 * T + 4, 5), "'layer.0.bias' names allocation 5 of 2")
+        bad(lambda b: struct.pack_into("<I", b, table_at + 8 * T + 8, 0), "allocation 1 holds no tensor")
+        bad(lambda b: b.__setitem__(table_at + 16 * T + 1, 99), "'layer.0.bias' has unknown dtype code 99")
+        bad(lambda b: b.__setitem__(table_at + 17 * T, 33), "33 dimensions")
+        bad(lambda b: b.__setitem__(table_at + 18 * T, 2), "unknown flags 2")
+        bad(lambda b: b.__setitem__(table_at + 18 * T, 1), "should hold")
+        bad(lambda b: struct.pack_into("<H", b, table_at + 12 * T + 2, 99), "shares 99 name bytes with a previous name of 14")
+        bad(lambda b: b.__setitem__(table_at + 19 * T, 1), "padding bytes are not zero")
+        bad(lambda b: b.__setitem__(len(b) - 1, 1), "padding bytes are not zero")
+        shape_at = table_at + ((19 * T + 7) & ~7)
+        bad(lambda b: struct.pack_into("<Q", b, shape_at, 0), "'layer.0.weight' has dimension 0 of 0 elements")
+
+    def test_the_same_bytes_as_node(self):
+        # Pinned against src/tensors/wire.ts (test/cpu/python-tensors.test.ts sends sets both ways).
+        table = encode_table(["ab", "ac"], ["uint8", "uint8"], [(4,), (2, 2)], [(1,), (1, 2)], [0, 4], [0, 0], 1)
+        self.assertEqual(table.hex(), (
+            "0000000000000000" "0400000000000000"  # offsets
+            "00000000" "00000000"  # allocations
+            "0000" "0100"  # shared
+            "0200" "0100"  # suffix
+            "0505" "0102" "0001"  # dtype codes, ranks, flags
+            "0000"  # padding to 8
+            "0400000000000000" "0200000000000000" "0200000000000000"  # shapes
+            "0100000000000000" "0200000000000000"  # strides of the second (not C order)
+            "616263" "0000000000"))  # names 'ab' + 'c', padding
+
+
+class DeviceSetTests(unittest.TestCase):
+    def setUp(self):
+        self.fds = open_fds()
+        self.fake = fake_cuda.install()
+        self.la, self.lb = pair()
+
+    def tearDown(self):
+        self.la.close()
+        self.lb.close()
+        gc.collect()
+        fake_cuda.uninstall(self.fake)
+        self.assertEqual(open_fds() - self.fds, set(), "fds leaked by the test")
+
+    def fill(self, ptr, values):
+        ctypes.memmove(ptr, struct.pack(f"<{len(values)}f", *values), 4 * len(values))
+
+    def weights(self):
+        """Six float32 tensors in two allocations (as a caching allocator's segments hold several)."""
+        seg1 = self.fake.alloc(1 << 16)
+        seg2 = self.fake.alloc(1 << 12)
+        named = {}
+        for i in range(4):
+            ptr = seg1 + 4096 * i + 512
+            self.fill(ptr, [i * 100 + k for k in range(64)])
+            named[f"layers.{i}.weight"] = fake_cuda.FakeArray(ptr, (8, 8), "<f4", stream=5)
+        self.fill(seg2, [-k for k in range(16)])
+        named["head.weight"] = fake_cuda.FakeArray(seg2, (4, 4), "<f4")
+        named["head.weight.T"] = fake_cuda.FakeArray(seg2, (4, 4), "<f4", strides=(4, 16))
+        return seg1, seg2, named
+
+    def test_each_allocation_crosses_once_and_a_repeated_send_reuses_everything(self):
+        seg1, seg2, named = self.weights()
+        shared = share_tensors(named)
+        handles_before = ts_mod.handle_exports
+        self.la.send({"weights": shared})
+        self.assertEqual(ts_mod.handle_exports - handles_before, 2, "one handle per allocation")
+        self.assertEqual(self.fake.stream_syncs.count(5), 1, "each producer stream synchronized once")
+        first = self.lb.receive(timeout=5)["weights"]
+        self.assertEqual(len(first.allocations), 2)
+        memory_mod._local_exports.clear()  # as in another process: open the handles for real
+        bases = first.bases()
+        self.assertEqual(bases, [seg1, seg2])
+        self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (1, 1))
+        v = first.view("layers.2.weight")
+        self.assertEqual(v.ptr, seg1 + 2 * 4096 + 512)
+        self.assertEqual(struct.unpack("<2f", ctypes.string_at(v.ptr, 8)), (200.0, 201.0))
+        self.assertEqual(first.view("head.weight.T").meta.strides, (4, 16))
+
+        # The next step's weights: the same tensors, sent again; the previous set still open.
+        calls = len(self.fake.calls)
+        self.la.send({"weights": shared})
+        self.assertEqual(ts_mod.handle_exports - handles_before, 2, "no handle asked again")
+        sent_calls = self.fake.calls[calls:]
+        self.assertNotIn("cuPointerGetAttributes", sent_calls, "the encoding was reused: no pointer query")
+        second = self.lb.receive(timeout=5)["weights"]
+        self.assertIs(second.layout, first.layout, "the same table decodes to the same layout")
+        memory_mod._local_exports.clear()
+        self.assertEqual(second.bases(), [seg1, seg2])
+        self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (1, 1), "a repeated send opens no handle")
+        first.close()
+        self.assertEqual(self.fake.opened[seg1], 1, "the second set still maps it")
+        second.close()
+        self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (0, 0),
+                         "a set's mappings are closed with it, not left idle holding the sender's memory")
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 0)
+
+    def test_a_tensor_moved_to_new_memory_is_described_again(self):
+        seg1, seg2, named = self.weights()
+        shared = share_tensors(named)
+        self.la.send(shared)
+        self.lb.receive(timeout=5).close()
+        other = self.fake.alloc(1024)
+        named["layers.0.weight"].ptr = other
+        shared._objs[0] = named["layers.0.weight"]
+        self.la.send(shared)
+        got = self.lb.receive(timeout=5)
+        self.assertEqual(len(got.allocations), 3)
+        memory_mod._local_exports.clear()
+        self.assertEqual(got.view("layers.0.weight").ptr, other)
+        got.close()
+
+    def test_update_in_place_is_one_batched_driver_call_for_contiguous_pairs(self):
+        seg1, seg2, named = self.weights()
+        del named["head.weight.T"]  # the strided pair needs torch (see the GPU tests)
+        self.la.send(share_tensors(named))
+        got = self.lb.receive(timeout=5)
+        memory_mod._local_exports.clear()
+        dst_seg = self.fake.alloc(1 << 16)
+        mine = {n: fake_cuda.FakeArray(dst_seg + 1024 * k, a.shape, "<f4") for k, (n, a) in enumerate(named.items())}
+        r = update_in_place(mine, got)
+        self.assertEqual((r.copied, r.operations, r.method, r.bytes), (5, 1, "batch", 5 * 64 * 4 - 48 * 4))
+        self.assertEqual(self.fake.batches, [5])
+        self.assertEqual(self.fake.created_streams, [(r.stream, 0)], "a blocking stream of our own, not the legacy one")
+        for n, a in named.items():
+            self.assertEqual(ctypes.string_at(mine[n].ptr, 16), ctypes.string_at(a.ptr, 16), n)
+        # A repeated update of the same parameters from the same layout reuses the plan.
+        r2 = update_in_place(mine, got)
+        self.assertEqual((r2.operations, self.fake.batches), (1, [5, 5]))
+        # Strided pairs without torch: named, not silently skipped.
+        with self.assertRaisesRegex(IpcError, "needs torch"):
+            update_in_place({"x": fake_cuda.FakeArray(dst_seg, (4, 4), "<f4", strides=(4, 16))}, {"x": fake_cuda.FakeArray(seg2, (4, 4), "<f4")})
+        got.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,120 @@
+// Typed views over shared host memory: the host twin of DeviceArray (dtype, shape, byte strides
+// over a HostBuffer), so that the tensor machinery (sets over links, in-place updates,
+// safetensors) runs on machines without a GPU and with the same code paths.
+import { IpcError } from '../errors.js';
+import { HostBuffer } from '../host/host-buffer.js';
+import { arrayMeta, elementCount, extentBytes, isCContiguous, type ArrayMeta, type ArrayMetaInit } from '../ipc/array-meta.js';
+import { dtypeInfo, type DType, type HostArrayTypes } from '../ipc/dtype.js';
+import { invalidArgValue } from '../arg-errors.js';
+
+/** A typed view (dtype, shape, byte strides) over shared host memory: DeviceArray's host twin. */
+export class HostArray<T extends DType = DType> implements Disposable {
+  /** The bytes of the array, from its first element (the array owns it: closing the array closes it). */
+  readonly buffer: HostBuffer;
+  readonly dtype: T;
+  readonly shape: readonly number[];
+  /** Byte strides. */
+  readonly strides: readonly number[];
+  /** Number of elements. */
+  readonly size: number;
+  readonly #contiguous: boolean;
+  readonly #extent: number;
+
+  /** A typed view over `buffer`, whose first byte is the first element. */
+  constructor(buffer: HostBuffer, meta: ArrayMetaInit & { dtype: T }) {
+    const m = arrayMeta(meta);
+    const extent = extentBytes(m);
+    if (extent > buffer.byteLength) {
+      throw new IpcError('ERR_OUT_OF_RANGE',
+        `an array of shape [${m.shape}] ${m.dtype} with strides [${m.strides}] needs ${extent} bytes, but the buffer has ${buffer.byteLength}`);
+    }
+    this.buffer = buffer;
+    this.dtype = meta.dtype;
+    this.shape = m.shape;
+    this.strides = m.strides;
+    this.size = elementCount(m.shape);
+    this.#contiguous = isCContiguous(m);
+    this.#extent = extent;
+  }
+
+  /** A new zeroed C-contiguous array in its own shared memory (a memfd). */
+  static allocate<T extends DType>(dtype: T, shape: readonly number[]): HostArray<T> {
+    const bytes = elementCount(shape) * dtypeInfo(dtype).itemsize;
+    return new HostArray(HostBuffer.allocate(Math.max(bytes, 1)), { dtype, shape });
+  }
+
+  get meta(): ArrayMeta { return { dtype: this.dtype, shape: this.shape, strides: this.strides }; }
+
+  get contiguous(): boolean { return this.#contiguous; }
+
+  /** Bytes from the first element to the end of the last. */
+  get extent(): number { return this.#extent; }
+
+  /**
+   * A zero-copy typed array over the elements (raw bits for float16/bfloat16/float8): for
+   * C-contiguous arrays whose first element is aligned to its size (always so for arrays made
+   * here or received in tensor sets). Writes through it change the shared memory.
+   */
+  values(): HostArrayTypes[T] {
+    const info = dtypeInfo(this.dtype);
+    if (!this.#contiguous) throw new IpcError('ERR_INVALID_STATE', `values() needs a C-contiguous array; this one has strides [${this.strides}]: use read()`);
+    const bytes = this.buffer.bytes;
+    if (bytes.byteOffset % info.itemsize !== 0) throw new IpcError('ERR_INVALID_STATE', `the array starts at byte ${bytes.byteOffset}, not aligned to its ${info.itemsize}-byte elements: use read()`);
+    return new info.hostArray(bytes.buffer as ArrayBuffer, bytes.byteOffset, this.size) as HostArrayTypes[T];
+  }
+
+  /** All elements in C (row-major) order, copied. */
+  read(): HostArrayTypes[T] {
+    const info = dtypeInfo(this.dtype);
+    const out = new info.hostArray(this.size) as HostArrayTypes[T];
+    const dst = new Uint8Array((out as ArrayBufferView).buffer);
+    if (this.#contiguous) {
+      this.buffer.read(dst, 0);
+      return out;
+    }
+    const src = this.buffer.bytes;
+    forEachOffset(this.shape, this.strides, (at, i) => dst.set(src.subarray(at, at + info.itemsize), i * info.itemsize));
+    return out;
+  }
+
+  /** Writes all elements from `values` in C order. */
+  write(values: HostArrayTypes[T]): void {
+    const info = dtypeInfo(this.dtype);
+    const src = values as ArrayBufferView;
+    if (!(src instanceof info.hostArray) || (src as unknown as { length: number }).length !== this.size) {
+      throw invalidArgValue(`write expects a ${info.hostArray.name} of ${this.size} elements for a ${this.dtype} array of shape [${this.shape}]`);
+    }
+    const bytes = new Uint8Array(src.buffer, src.byteOffset, src.byteLength);
+    if (this.#contiguous) {
+      this.buffer.write(bytes, 0);
+      return;
+    }
+    const dst = this.buffer.bytes;
+    forEachOffset(this.shape, this.strides, (at, i) => dst.set(bytes.subarray(i * info.itemsize, (i + 1) * info.itemsize), at));
+  }
+
+  /** Closes the array's HostBuffer. */
+  close(): void { this.buffer.close(); }
+
+  /** Same as close(). */
+  [Symbol.dispose](): void { this.close(); }
+}
+
+/** Calls fn(byteOffset, cIndex) for every element, in C order. */
+export function forEachOffset(shape: readonly number[], strides: readonly number[], fn: (byteOffset: number, index: number) => void): void {
+  const nd = shape.length;
+  let size = 1;
+  for (const d of shape) size *= d;
+  const idx = new Array<number>(nd).fill(0);
+  let offset = 0;
+  for (let i = 0; i < size; i++) {
+    fn(offset, i);
+    for (let d = nd - 1; d >= 0; d--) {
+      idx[d]!++;
+      offset += strides[d]!;
+      if (idx[d]! < shape[d]!) break;
+      offset -= strides[d]! * shape[d]!;
+      idx[d] = 0;
+    }
+  }
+}

@@ -1,0 +1,12 @@
+// Public surface of the tensor layer: named tensors over links (tensor sets), in-place updates,
+// safetensors. Importing it registers the 'tensor-set' transfer handler (the receiving process
+// needs it too; the package index imports it).
+export { TensorMap, type TensorArray, type TensorMemory } from './tensor-map.js';
+export { HostArray } from './host-array.js';
+export { updateInPlace, type UpdateOptions, type UpdateResult, type NamedTensors } from './update.js';
+export { loadSafetensors, type LoadSafetensorsOptions } from './load.js';
+export {
+  readSafetensorsHeader, parseSafetensorsHeader, writeSafetensors, SAFETENSORS_DTYPES,
+  type SafetensorsHeader, type SafetensorsEntry, type SafetensorsInput,
+} from './safetensors.js';
+import './transfer.js';

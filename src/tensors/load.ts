@@ -1,0 +1,229 @@
+// loadSafetensors: a checkpoint (one .safetensors file, several shards, or a
+// model.safetensors.index.json naming them) read once into ONE allocation, returned as a TensorMap
+// of views into it. On a device the allocation comes from an IPC pool, so the map sent to N
+// workers costs each of them one pool import, and no copy anywhere. The data goes file -> pinned
+// staging -> device in chunks, double-buffered: the file read of one chunk overlaps the copy of
+// the one before. With { memory: 'host' } the files are read straight into one HostBuffer.
+import { open } from 'node:fs/promises';
+import { dirname, isAbsolute, join, normalize, sep } from 'node:path';
+import { readFile } from 'node:fs/promises';
+import { driver, whenStreamDone } from '../cuda/driver.js';
+import { Device, defaultDevice } from '../cuda/device.js';
+import type { DeviceBuffer } from '../cuda/buffer.js';
+import { IpcError } from '../errors.js';
+import { HostBuffer } from '../host/host-buffer.js';
+import { DeviceArray } from '../ipc/array.js';
+import type { IpcPool } from '../ipc/pool.js';
+import '../ipc/pool.js';
+import { addon } from '../native.js';
+import { HostArray } from './host-array.js';
+import { copyAddon } from './kernels.js';
+import { readSafetensorsHeader, type SafetensorsHeader } from './safetensors.js';
+import { TensorMap, setTensorMapMetadata } from './tensor-map.js';
+import { invalidArgValue, outOfRange } from '../arg-errors.js';
+
+/** Options of loadSafetensors(). */
+export interface LoadSafetensorsOptions {
+  /** Where the tensors go: 'device' (default) or 'host' (one HostBuffer, no GPU needed). */
+  memory?: 'device' | 'host';
+  /** The device (default: the working device, else device 0). */
+  device?: Device;
+  /** Allocate from this IPC pool (default: a pool of its own, destroyed once the tensors are closed). */
+  pool?: IpcPool;
+  /** Bytes of each of the two pinned staging buffers (default 64 MiB). */
+  stagingBytes?: number;
+}
+
+/** Each file's data section starts on this boundary in the allocation, so every tensor stays aligned. */
+const FILE_ALIGN = 256;
+const DEFAULT_STAGING = 64 << 20;
+
+function invalid(path: string, why: string): IpcError {
+  return new IpcError('ERR_SAFETENSORS_INVALID', `${path}: ${why}`);
+}
+
+/** The shard files an index names (in first-use order) and which file each tensor must be in. */
+async function readIndex(path: string): Promise<{ files: string[]; weightMap: Map<string, string> }> {
+  let root: unknown;
+  try {
+    root = JSON.parse(await readFile(path, 'utf8'));
+  } catch (e) {
+    throw invalid(path, `the index is not JSON (${(e as Error).message})`);
+  }
+  const wm = (root as { weight_map?: unknown })?.weight_map;
+  if (typeof wm !== 'object' || wm === null || Array.isArray(wm)) throw invalid(path, 'the index has no "weight_map" object');
+  const dir = dirname(path);
+  const weightMap = new Map<string, string>();
+  const files: string[] = [];
+  for (const [name, file] of Object.entries(wm as Record<string, unknown>)) {
+    if (typeof file !== 'string' || file.length === 0 || isAbsolute(file) || normalize(file).split(sep).includes('..')) {
+      throw invalid(path, `weight_map entry ${JSON.stringify(name)} names ${JSON.stringify(file)}, not a file beside the index`);
+    }
+    const full = join(dir, file);
+    if (!files.includes(full)) files.push(full);
+    weightMap.set(name, full);
+  }
+  return { files, weightMap };
+}
+
+/**
+ * Loads a safetensors checkpoint: a file, several shard files, or a model.safetensors.index.json.
+ * Every header is checked before anything is allocated or read (ERR_SAFETENSORS_INVALID naming the
+ * file and the tensor). Tensor names must be unique across the files.
+ */
+export async function loadSafetensors(source: string | readonly string[], options: LoadSafetensorsOptions & { memory: 'host' }): Promise<TensorMap<HostArray>>;
+export async function loadSafetensors(source: string | readonly string[], options?: LoadSafetensorsOptions): Promise<TensorMap<DeviceArray>>;
+export async function loadSafetensors(source: string | readonly string[], options: LoadSafetensorsOptions = {}): Promise<TensorMap<DeviceArray> | TensorMap<HostArray>> {
+  const memory = options.memory ?? 'device';
+  if (memory !== 'device' && memory !== 'host') throw invalidArgValue(`memory must be 'device' or 'host', got ${JSON.stringify(memory)}`);
+  let files: string[];
+  let weightMap: Map<string, string> | undefined;
+  if (typeof source === 'string' && source.endsWith('.json')) ({ files, weightMap } = await readIndex(source));
+  else files = typeof source === 'string' ? [source] : [...source];
+  if (files.length === 0) throw invalidArgValue('loadSafetensors needs at least one file');
+  const headers: SafetensorsHeader[] = [];
+  for (const f of files) headers.push(await readSafetensorsHeader(f));
+
+  // Names unique across shards, and where an index names their shard, in that shard.
+  const seen = new Map<string, string>();
+  for (const h of headers) {
+    for (const t of h.tensors) {
+      const other = seen.get(t.name);
+      if (other) throw invalid(h.path, `tensor ${JSON.stringify(t.name)} is also in ${other}`);
+      seen.set(t.name, h.path);
+      if (weightMap && weightMap.get(t.name) !== h.path) {
+        throw invalid(h.path, `tensor ${JSON.stringify(t.name)} is ${weightMap.has(t.name) ? `listed in the index under ${weightMap.get(t.name)}` : 'not in the index\'s weight_map'}`);
+      }
+    }
+  }
+  if (weightMap) for (const [name, file] of weightMap) if (!seen.has(name)) throw invalid(file, `tensor ${JSON.stringify(name)} of the index's weight_map is not in this file`);
+
+  const bases: number[] = [];
+  let total = 0;
+  for (const h of headers) {
+    total = Math.ceil(total / FILE_ALIGN) * FILE_ALIGN;
+    bases.push(total);
+    total += h.dataBytes;
+  }
+  const metadata: Record<string, string> = {};
+  for (const h of headers) for (const [k, v] of Object.entries(h.metadata)) if (!(k in metadata)) metadata[k] = v;
+
+  const map = memory === 'host' ? await loadIntoHost(headers, bases, total) : await loadIntoDevice(headers, bases, total, options);
+  setTensorMapMetadata(map, metadata);
+  return map;
+}
+
+/** Reads exactly `length` bytes of `path` at `position` into `into`. */
+async function readExact(fh: import('node:fs/promises').FileHandle, path: string, into: Uint8Array, position: number): Promise<void> {
+  let done = 0;
+  while (done < into.byteLength) {
+    const { bytesRead } = await fh.read(into, done, into.byteLength - done, position + done);
+    if (bytesRead === 0) throw invalid(path, `the file ended at byte ${position + done}, before the data its header announces (it changed while loading?)`);
+    done += bytesRead;
+  }
+}
+
+async function loadIntoHost(headers: SafetensorsHeader[], bases: number[], total: number): Promise<TensorMap<HostArray>> {
+  const whole = HostBuffer.allocate(Math.max(total, 1));
+  try {
+    const bytes = whole.bytes;
+    for (let f = 0; f < headers.length; f++) {
+      const h = headers[f]!;
+      if (h.dataBytes === 0) continue;
+      const fh = await open(h.path, 'r');
+      try {
+        await readExact(fh, h.path, bytes.subarray(bases[f]!, bases[f]! + h.dataBytes), h.dataOffset);
+      } finally {
+        await fh.close();
+      }
+    }
+    // A HostBuffer view has at least one byte: a tensor without elements gets one it never reads.
+    return viewsOf(headers, bases, (offset, length) => whole.view(Math.min(offset, whole.byteLength - 1), Math.max(length, 1)),
+      (b, meta) => new HostArray(b as HostBuffer, meta));
+  } finally {
+    whole.close();  // the views keep the memory
+  }
+}
+
+async function loadIntoDevice(headers: SafetensorsHeader[], bases: number[], total: number, options: LoadSafetensorsOptions): Promise<TensorMap<DeviceArray>> {
+  const device = options.device ?? options.pool?.device ?? defaultDevice();
+  const ownPool = options.pool ? undefined : device.createIpcPool();
+  let whole: DeviceBuffer;
+  try {
+    whole = (options.pool ?? ownPool!).allocate(Math.max(total, 1));
+  } finally {
+    ownPool?.close();  // destroyed once the last buffer of it is closed
+  }
+  try {
+    await copyFilesToDevice(headers, bases, whole, device, options.stagingBytes ?? DEFAULT_STAGING);
+    return viewsOf(headers, bases, (offset, length) => whole.view(offset, length), (b, meta) => new DeviceArray(b as DeviceBuffer, meta));
+  } finally {
+    whole.close();  // the views keep the memory
+  }
+}
+
+/** file -> pinned staging (two halves) -> device, the read of one chunk overlapping the copy of the last. */
+async function copyFilesToDevice(headers: SafetensorsHeader[], bases: number[], whole: DeviceBuffer, device: Device, chunk: number): Promise<void> {
+  if (!Number.isSafeInteger(chunk) || chunk < 4096) throw outOfRange(`stagingBytes must be an integer of at least 4096, got ${chunk}`);
+  device.activate();
+  const pinned = driver.memAllocHost(2 * chunk);
+  let staging: ArrayBuffer | undefined;
+  let stream = 0n;
+  const busy: Array<Promise<void> | undefined> = [undefined, undefined];
+  try {
+    staging = copyAddon.hostArrayBuffer(pinned, 2 * chunk);
+    const halves = [new Uint8Array(staging, 0, chunk), new Uint8Array(staging, chunk, chunk)];
+    // Blocking: ordered after the pool allocation, which was made on the legacy default stream.
+    stream = driver.streamCreate(0);
+    const base = whole.devicePointer;
+    let k = 0;
+    for (let f = 0; f < headers.length; f++) {
+      const h = headers[f]!;
+      if (h.dataBytes === 0) continue;
+      const fh = await open(h.path, 'r');
+      try {
+        for (let at = 0; at < h.dataBytes; at += chunk) {
+          const n = Math.min(chunk, h.dataBytes - at);
+          await busy[k];  // the copy out of this half has finished
+          const half = halves[k]!.subarray(0, n);
+          await readExact(fh, h.path, half, h.dataOffset + at);
+          device.activate();
+          driver.memcpyHtoDAsync(base + BigInt(bases[f]! + at), half, stream);
+          busy[k] = whenStreamDone(stream);
+          k ^= 1;
+        }
+      } finally {
+        await fh.close();
+      }
+    }
+  } finally {
+    // Copies still in flight read the staging memory: let them finish before it goes.
+    if (stream !== 0n) await whenStreamDone(stream);
+    if (staging) addon.detachArrayBuffer(staging);
+    device.activate();
+    if (stream !== 0n) driver.streamDestroy(stream);
+    driver.memFreeHost(pinned);
+  }
+}
+
+function viewsOf<B, A extends DeviceArray | HostArray>(headers: SafetensorsHeader[], bases: number[], view: (offset: number, length: number) => B,
+  make: (buffer: B, meta: { dtype: A['dtype']; shape: readonly number[] }) => A): TensorMap<A> {
+  const map = new TensorMap<A>();
+  try {
+    headers.forEach((h, f) => {
+      for (const t of h.tensors) {
+        const b = view(bases[f]! + t.begin, t.end - t.begin);
+        try {
+          map.set(t.name, make(b, { dtype: t.dtype, shape: t.shape }));
+        } catch (e) {
+          (b as { close(): void }).close();
+          throw e;
+        }
+      }
+    });
+    return map;
+  } catch (e) {
+    map.close();
+    throw e;
+  }
+}

@@ -1,0 +1,126 @@
+// The bounds a link keeps on what one peer can make this process hold (issue 17): the inbox in
+// messages, bytes and fds (reading pauses; nothing is lost), connections a listener holds before
+// accept(), and running out of fds, which fails the one call (or the one received message) that
+// needed a descriptor while the process and its links go on.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { fileURLToPath } from 'node:url';
+import { setTimeout as sleep } from 'node:timers/promises';
+import { IpcError } from '../../src/errors.js';
+import { HostBuffer } from '../../src/host/index.js';
+import { connect, listen } from '../../src/link/index.js';
+import { startLinkedChild } from '../../src/link/spawn.js';
+import { fdCount } from '../fixtures/fd-count.js';
+import { linkPair } from '../fixtures/link-pair.js';
+import { addon } from '../../src/native.js';
+
+test('an inbox at its fd bound stops reading; the sender is told to wait; every buffer arrives in order once consumed', async () => {
+  const [a, b] = await linkPair(undefined, { inbox: { fds: 3 } });
+  try {
+    const sent: HostBuffer[] = [];
+    for (let i = 0; i < 8; i++) {
+      const h = HostBuffer.allocate(4096);
+      h.write(new Uint8Array([i]));
+      a.send(h);
+      sent.push(h);
+    }
+    await sleep(30);
+    assert.equal(b.receiveQueue.fds, 3, 'three buffers (three fds) wait unread');
+    assert.equal(b.receiveQueue.paused, true);
+    for (let i = 0; i < 8; i++) {
+      const got = (await b.receive({ timeout: 2000 })) as HostBuffer;
+      assert.equal(got.read(0, 1)[0], i);
+      got.close();
+    }
+    assert.equal(b.receiveQueue.paused, false);
+    for (const h of sent) h.close();
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
+test('an inbox at its byte bound stops reading until consumed', async () => {
+  const [a, b] = await linkPair(undefined, { inbox: { bytes: 10_000 } });
+  try {
+    for (let i = 0; i < 6; i++) a.send({ i, pad: 'x'.repeat(4000) });
+    await sleep(30);
+    assert.equal(b.receiveQueue.messages, 3);
+    assert.ok(b.receiveQueue.bytes >= 10_000);
+    assert.equal(b.receiveQueue.paused, true);
+    for (let i = 0; i < 6; i++) assert.equal(((await b.receive({ timeout: 2000 })) as { i: number }).i, i);
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
+test('a listener holds at most maxPending connections before accept(); more are refused with ERR_LIMIT_REACHED', async () => {
+  const name = `limits-${process.pid}`;
+  const l = listen(name, { maxPending: 2 });
+  const refused: IpcError[] = [];
+  l.on('refused', (e) => refused.push(e));
+  const links = await Promise.all([connect(name), connect(name)]);
+  await sleep(30);
+  // The third gets its connection closed before the handshake: its connect fails.
+  await assert.rejects(connect(name, { timeoutMs: 2000 }), (e: unknown) => e instanceof IpcError);
+  assert.ok(refused.length >= 1);
+  assert.equal(refused[0]!.code, 'ERR_LIMIT_REACHED');
+  assert.equal(refused[0]!.limit, 'maxPending');
+  const accepted = await l.accept();
+  const fourth = connect(name);
+  const ok = await fourth;
+  assert.equal(ok.state, 'open', 'accept() made room');
+  for (const x of [...links, ok, accepted]) x.close();
+  l.close();
+});
+
+test('out of fds: HostBuffer.allocate and a received buffer fail with ERR_FD_LIMIT; plain messages, and everything once fds are back, work', { timeout: 60_000 }, async () => {
+  const child = fileURLToPath(new URL('../fixtures/fd-limit-child.js', import.meta.url));
+  const { child: proc, link } = await startLinkedChild('/bin/sh', ['-c', 'ulimit -n 200 && exec "$0" "$@"', process.execPath, child], { stdio: 'inherit' }, 'fd-limit child');
+  try {
+    link.send({ op: 'fill' });
+    assert.deepEqual(await link.receive({ timeout: 10_000 }), { full: true });
+    using lost = HostBuffer.allocate(4096);
+    link.send(lost);
+    link.send({ plain: 'still flows' });
+    assert.deepEqual(await link.receive({ timeout: 10_000 }), { freed: 16 });
+    assert.equal(link.leases.count, 0, 'the buffer that could not arrive was released at once');
+    using h = HostBuffer.allocate(4096);
+    h.write(new Uint8Array([9, 8, 7, 6]));
+    link.send(h);
+    const report = (await link.receive({ timeout: 10_000 })) as Record<string, unknown>;
+    assert.ok((report.filled as number) > 100);
+    assert.equal(report.allocate, 'ERR_FD_LIMIT');
+    assert.equal(report.bufferWhileFull, 'ERR_FD_LIMIT');
+    assert.equal(report.plainWhileFull, '{"plain":"still flows"}');
+    assert.equal(report.bufferAfterFreeing, '9,8,7,6');
+    assert.equal(report.allocateAfterFreeing, 'ok');
+  } finally {
+    link.close();
+    if (proc.exitCode === null) proc.kill('SIGKILL');
+  }
+});
+
+test('running out of fds here is ERR_FD_LIMIT at the call, not a crash elsewhere', () => {
+  // Use up this process's fds by dups of one fd, down to none, then give them back.
+  const before = fdCount();
+  const held: number[] = [];
+  const base = addon.memfdCreate('fd-limit');
+  try {
+    for (;;) {
+      try {
+        held.push(addon.dup(base));
+      } catch {
+        break;
+      }
+      if (held.length > 200_000) return; // a very high limit: nothing to learn in a unit test
+    }
+    assert.throws(() => HostBuffer.allocate(4096), (e: unknown) => e instanceof IpcError && e.code === 'ERR_FD_LIMIT' && /ulimit -n/.test(e.message));
+  } finally {
+    for (const fd of held) addon.close(fd);
+    addon.close(base);
+  }
+  assert.equal(fdCount(), before);
+  HostBuffer.allocate(16).close();
+});

@@ -1,0 +1,230 @@
+// The package as a new user gets it: `npm pack` (which builds the prebuilds), the tarball installed
+// with --ignore-scripts into a fresh app next to the newest TypeScript and @types/node from the
+// registry (and TypeScript 6 and 5.9), then:
+// - the tarball holds what the README links and promises, and no source map points outside it;
+// - the addon that loads is the prebuilt one for this machine; the other architecture's is an
+//   ELF for that machine; without one that fits, the error says how to build from source;
+// - the README's examples and test/types/api.ts type-check with each TypeScript's `tsc --init`
+//   settings plus strict and skipLibCheck false, for nodenext and bundler resolution, and as
+//   CommonJS; the CPU examples run (ESM) and so does a CommonJS program (require() of the package).
+// Everything happens in one temporary directory per run (one install serves every case); npm's
+// own cache makes a second run's installs fast. It needs the npm registry (without npm or a
+// reachable registry it skips, saying so); CUDA_IPC_SKIP_PACKAGE_TEST=1 skips it too.
+import { after, before, describe, test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawnSync, type SpawnSyncReturns } from 'node:child_process';
+import { closeSync, cpSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { arch, tmpdir } from 'node:os';
+import { delimiter, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { readmeExamples, strictUserTsconfig, writePrograms, type ReadmeProgram } from '../helpers/readme.js';
+import { noNpmRegistry } from '../helpers/tools.js';
+
+const root = fileURLToPath(new URL('../../../', import.meta.url));
+const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { name: string; version: string };
+const host = arch();
+const other = host === 'x64' ? 'arm64' : 'x64';
+const crossCompiler = other === 'arm64' ? 'aarch64-linux-gnu-g++' : 'x86_64-linux-gnu-g++';
+const haveCross = (process.env.PATH ?? '').split(delimiter).some((d) => d && existsSync(join(d, crossCompiler)));
+const skipAll = process.env.CUDA_IPC_SKIP_PACKAGE_TEST === '1' ? 'CUDA_IPC_SKIP_PACKAGE_TEST=1'
+  : process.arch !== 'x64' && process.arch !== 'arm64' ? `no prebuild target for ${process.arch}`
+  : noNpmRegistry();
+const noCross = haveCross ? undefined : `no ${crossCompiler} here to build the linux-${other} prebuild (apt-get install -y g++-${other === 'arm64' ? 'aarch64-linux-gnu' : 'x86-64-linux-gnu'})`;
+
+/** TypeScript versions: the newest (what `npm i -D typescript` installs), and the lines before it. */
+const TYPESCRIPTS = [
+  { alias: 'typescript', spec: 'typescript@latest' },
+  { alias: 'ts6', spec: 'ts6@npm:typescript@^6' },
+  { alias: 'ts5', spec: 'ts5@npm:typescript@~5.9' },
+] as const;
+
+let dir = '';
+let app = '';
+let tarball = '';
+let tarFiles: string[] = [];
+const programs: ReadmeProgram[] = readmeExamples(join(root, 'README.md')).programs;
+
+function run(command: string, args: string[], cwd: string, env: NodeJS.ProcessEnv = {}, timeout = 300_000): SpawnSyncReturns<string> {
+  const t0 = performance.now();
+  const r = spawnSync(command, args, { cwd, encoding: 'utf8', env: { ...process.env, ...env }, timeout, maxBuffer: 64 << 20 });
+  console.log(`# ${command === process.execPath ? 'node' : command} ${args.join(' ')}  (${((performance.now() - t0) / 1000).toFixed(1)} s, exit ${r.status})`);
+  return r;
+}
+
+function must(r: SpawnSyncReturns<string>, what: string): string {
+  assert.equal(r.status, 0, `${what} failed (exit ${r.status}${r.error ? `, ${r.error.message}` : ''}):\n${r.stdout.slice(-6000)}${r.stderr.slice(-6000)}`);
+  return r.stdout;
+}
+
+const tscOf = (alias: string) => join(app, 'node_modules', alias, 'bin', 'tsc');
+const installed = join('node_modules', pkg.name);
+
+describe('the packed package, as a new user installs it', { skip: skipAll }, () => {
+  before(() => {
+    dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-package-'));
+    app = join(dir, 'app');
+    mkdirSync(app);
+    // npm pack runs prepack: the TypeScript build and the prebuilds (both targets where the
+    // cross compiler is here, else this machine's, as noCross says).
+    must(run('npm', ['pack', '--pack-destination', dir], root, haveCross ? {} : { CUDA_IPC_PREBUILD_ARCHS: host }, 600_000), 'npm pack');
+    tarball = join(dir, readdirSync(dir).find((f) => f.endsWith('.tgz'))!);
+    tarFiles = must(run('tar', ['tzf', tarball], dir), 'tar tzf').split('\n').filter(Boolean).map((f) => f.replace(/^package\//, ''));
+    writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'new-user-app', private: true, type: 'module' }, null, 2));
+    must(run('npm', ['install', '--ignore-scripts', '--no-audit', '--no-fund', tarball, '@types/node@latest', ...TYPESCRIPTS.map((t) => t.spec)], app), 'npm install (from the registry)');
+    for (const t of [...TYPESCRIPTS.map((x) => x.alias), '@types/node']) {
+      console.log(`# ${t}: ${(JSON.parse(readFileSync(join(app, 'node_modules', t, 'package.json'), 'utf8')) as { version: string }).version}`);
+    }
+  });
+
+  after(() => {
+    if (dir) rmSync(dir, { recursive: true, force: true });
+  });
+
+  test('the tarball holds the README\'s links, the LICENSE, both prebuilds, the Python package, and the sources its maps name', () => {
+    for (const f of ['README.md', 'LICENSE', 'package.json', 'docs/PROTOCOL.md', 'docs/channel-protocol.md', 'dist/src/index.js', 'dist/src/index.d.ts',
+      'python/cuda_ipc/__init__.py', 'python/pyproject.toml', `prebuilds/linux-${host}/cuda-ipc.glibc.node`, 'binding.gyp']) {
+      assert.ok(tarFiles.includes(f), `the tarball lacks ${f}`);
+    }
+    if (haveCross) assert.ok(tarFiles.includes(`prebuilds/linux-${other}/cuda-ipc.glibc.node`), `the tarball lacks the linux-${other} prebuild`);
+    assert.ok(!tarFiles.some((f) => f.startsWith('test/') || f.startsWith('dist/test/') || f.startsWith('build/')), 'no tests or local build in the tarball');
+    // The whole Python package, subpackages and typing marker (py.typed) included.
+    const python = readdirSync(join(root, 'python', 'cuda_ipc'), { recursive: true, encoding: 'utf8' })
+      .filter((f) => !f.includes('__pycache__') && /(\.pyi?|py\.typed)$/.test(f)).map((f) => `python/cuda_ipc/${f}`);
+    assert.ok(python.length > 0);
+    for (const f of python) assert.ok(tarFiles.includes(f), `the tarball lacks ${f}`);
+    assert.match(readFileSync(join(root, 'LICENSE'), 'utf8'), /^MIT License/);
+    // Every relative link of the README to a file of the repository is in the tarball, or is one
+    // the README says is repository-only (docs/api, the examples).
+    const readme = readFileSync(join(root, 'README.md'), 'utf8');
+    for (const [, target] of readme.matchAll(/\]\(((?!https?:|#)[^)#]+)(#[^)]*)?\)/g)) {
+      if (target!.startsWith('docs/api/')) continue;
+      assert.ok(tarFiles.includes(target!), `README links ${target}, which the tarball lacks`);
+    }
+    // Source and declaration maps point at sources in the tarball.
+    const maps = tarFiles.filter((f) => f.endsWith('.map'));
+    assert.ok(maps.length > 0);
+    for (const m of maps) {
+      const { sources } = JSON.parse(readFileSync(join(app, installed, m), 'utf8')) as { sources: string[] };
+      for (const s of sources) {
+        const target = join(m, '..', s);
+        assert.ok(tarFiles.includes(target), `${m} points at ${target}, which the tarball lacks`);
+      }
+    }
+  });
+
+  test('installed with --ignore-scripts, the package loads its prebuilt addon for this machine', () => {
+    assert.ok(!existsSync(join(app, installed, 'build')), 'nothing was built at install');
+    const probe = [
+      "import { HostBuffer } from 'cuda-ipc';",
+      "import { readFileSync } from 'node:fs';",
+      'const b = HostBuffer.allocate(64); b.bytes.fill(7); const ok = b.read(1)[0] === 7; b.close();',
+      "const addons = [...new Set(readFileSync('/proc/self/maps', 'utf8').split('\\n').map((l) => l.split(/\\s+/).pop()).filter((p) => p && p.endsWith('.node')))];",
+      'console.log(JSON.stringify({ ok, addons }));',
+    ].join('\n');
+    const out = JSON.parse(must(run(process.execPath, ['--input-type=module', '-e', probe], app), 'importing the installed package')) as { ok: boolean; addons: string[] };
+    assert.equal(out.ok, true);
+    assert.deepEqual(out.addons.map((p) => p.slice(p.indexOf('prebuilds/'))), [`prebuilds/linux-${host}/cuda-ipc.glibc.node`]);
+  });
+
+  test(`the linux-${other} prebuild is a shared object for that machine`, { skip: noCross }, () => {
+    const file = join(app, installed, 'prebuilds', `linux-${other}`, 'cuda-ipc.glibc.node');
+    const h = Buffer.alloc(20);
+    const fd = openSync(file, 'r');
+    try {
+      readSync(fd, h, 0, 20, 0);
+    } finally {
+      closeSync(fd);
+    }
+    assert.equal(h.readUInt32BE(0), 0x7f454c46, 'ELF magic');
+    assert.equal(h[4], 2, '64-bit');
+    assert.equal(h[5], 1, 'little-endian');
+    assert.equal(h.readUInt16LE(16), 3, 'a shared object (ET_DYN)');
+    assert.equal(h.readUInt16LE(18), other === 'arm64' ? 183 : 62, `e_machine ${other === 'arm64' ? 'EM_AARCH64' : 'EM_X86_64'}`);
+  });
+
+  test('where no prebuild fits, importing fails with ERR_NO_NATIVE_BUILD and says how to build from source', () => {
+    const prebuilt = join(app, installed, 'prebuilds', `linux-${host}`);
+    const aside = join(dir, 'prebuild-aside');
+    renameSync(prebuilt, aside);
+    try {
+      const r = run(process.execPath, ['--input-type=module', '-e', "import('cuda-ipc').then(() => console.log('loaded'), (e) => console.log(JSON.stringify({ code: e.code, message: e.message })))"], app);
+      const e = JSON.parse(must(r, 'the import probe')) as { code: string; message: string };
+      assert.equal(e.code, 'ERR_NO_NATIVE_BUILD');
+      assert.match(e.message, new RegExp(`no native addon for this machine \\(linux-${host}, glibc [\\d.]+, Node ${process.versions.node}\\)`));
+      assert.match(e.message, /npm rebuild cuda-ipc/);
+      assert.doesNotMatch(e.message, /No native build was found/);
+    } finally {
+      renameSync(aside, prebuilt);
+    }
+  });
+
+  for (const ts of TYPESCRIPTS) {
+    test(`the README's examples and the type tests compile with ${ts.spec.replace(/^ts\d@npm:/, '')}'s tsc --init, strict, skipLibCheck false: nodenext, bundler, CommonJS`, () => {
+      const base = join(dir, 'cases', ts.alias);
+      mkdirSync(base, { recursive: true });
+      must(run(process.execPath, [tscOf(ts.alias), '--init'], base), `${ts.alias} --init`);
+      const init = readFileSync(join(base, 'tsconfig.json'), 'utf8');
+      const cases = [
+        { name: 'nodenext', overrides: {}, cjs: false },
+        { name: 'bundler', overrides: { module: 'esnext', moduleResolution: 'bundler' }, cjs: false },
+        { name: 'commonjs', overrides: {}, cjs: true },
+      ];
+      for (const c of cases) {
+        const d = join(app, 'cases', `${ts.alias}-${c.name}`);
+        mkdirSync(d, { recursive: true });
+        writeFileSync(join(d, 'tsconfig.json'), strictUserTsconfig(init, c.overrides));
+        if (c.cjs) {
+          writeFileSync(join(d, 'package.json'), JSON.stringify({ type: 'commonjs' }));
+          writeFileSync(join(d, 'app.ts'), COMMONJS_APP);
+        } else {
+          writePrograms(d, programs);
+          cpSync(join(root, 'test', 'types', 'api.ts'), join(d, 'api.ts'));
+        }
+        must(run(process.execPath, [tscOf(ts.alias), '-p', d], d), `${ts.alias} (${c.name})`);
+      }
+    });
+  }
+
+  test('the README\'s CPU examples run against the installed package and print what the README says (ESM)', () => {
+    const d = join(app, 'cases', 'typescript-nodenext');
+    for (const p of programs.filter((q) => q.kind === 'cpu')) {
+      const out = must(run(process.execPath, [join(d, p.name, p.files[0]!.name.replace(/\.ts$/, '.js'))], join(d, p.name), {}, 60_000), `README program ${p.name}`);
+      if (p.expectedOutput !== undefined) assert.equal(out, p.expectedOutput);
+    }
+  });
+
+  test('a CommonJS program require()s the package and shares a HostBuffer with a child', () => {
+    const d = join(app, 'cases', 'typescript-commonjs');
+    const out = must(run(process.execPath, [join(d, 'app.js')], d, {}, 60_000), 'the CommonJS program');
+    assert.equal(out, 'commonjs: the child summed 512\n');
+  });
+});
+
+/** A CommonJS user's program (`import x = require()`, as verbatimModuleSyntax wants in CJS). */
+const COMMONJS_APP = `import ipc = require('cuda-ipc');
+
+async function main(): Promise<void> {
+  if (process.argv[2] === 'child') {
+    const link = ipc.parentLink<{ buffer: ipc.HostBuffer }, { sum: number }>();
+    const { buffer } = await link.receive();
+    const sum = buffer.bytes.reduce((a, b) => a + b, 0);
+    buffer.close();
+    link.send({ sum });
+    await link.end();
+    return;
+  }
+  const buffer = ipc.HostBuffer.allocate(256);
+  buffer.bytes.fill(2);
+  const { link } = await ipc.spawn<{ sum: number }, { buffer: ipc.HostBuffer }>(__filename, ['child']);
+  link.send({ buffer });
+  const { sum } = await link.receive();
+  console.log(\`commonjs: the child summed \${sum}\`);
+  buffer.close();
+  await link.end();
+}
+
+main().catch((e: unknown) => {
+  console.error(e);
+  process.exitCode = 1;
+});
+`;

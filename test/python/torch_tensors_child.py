@@ -1,0 +1,179 @@
+"""Python child for the GPU tensor-set tests (test/gpu/python-tensors.test.ts), with PyTorch and a GPU.
+One reply per command from Node (parent_link); a second link, to another Python child, for the
+trainer -> receiver flows (listen / connect):
+
+  {op: 'describe', weights}         torch tensors of a received set -> {names, dtypes, shapes, strides,
+                                    bytes: {name: C-order bytes as hex}}; closes it
+  {op: 'state-dict'}                a small model's state dict, caching-allocator sub-allocations, a
+                                    transposed view and a strided slice -> sent as one set, with the
+                                    bytes of each tensor -> {weights, bytes, segments}
+  {op: 'check-back', weights}       a set of our own tensors sent back: same pointers, same values -> {ok}
+  {op: 'listen', name} / {op: 'connect', name}    the link between the two children
+  {op: 'model', seed}               builds the model (trainer or receiver) -> {names}
+  {op: 'send'}                      trainer: sends share_tensors(state_dict) on the peer link (the same
+                                    SharedTensors each time) -> {handle_exports}
+  {op: 'step'}                      trainer: adds 1 to every parameter in place -> {}
+  {op: 'apply', keep}               receiver: receives a set, update_in_place into its parameters (one
+                                    strided destination among them), checks against load_state_dict ->
+                                    {ok, copied, operations, method, opened}; keeps the set until the next
+  {op: 'hold'}                      receiver: receives a set and keeps it (to be killed holding it)
+  {op: 'drop'}                      receiver: closes what it keeps -> {mappings}
+  {op: 'free'}                      trainer: drops its model and the shared set, empties torch's cache,
+                                    waits for the peer's releases -> {reserved, leases}
+  {op: 'mem'}                       empties torch's cache -> {free (device-wide), reserved, legacy}
+"""
+import copy
+import gc
+import os
+import threading
+import time
+
+import torch
+
+from cuda_ipc import Device, connect, legacy_cache_stats, listen, parent_link, share_tensors, tensor_set, update_in_place
+from cuda_ipc import driver as drv
+
+torch.manual_seed(0)
+link = parent_link()
+dev = torch.device("cuda", 0)
+torch.cuda.synchronize()  # the CUDA context now, so that device memory measured later does not count it
+peer = None
+listener = None
+accepted = threading.Event()
+model = None
+shared = None
+kept = None
+strided_target = None
+
+
+def make_model(seed):
+    g = torch.Generator().manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32), torch.nn.LayerNorm(32))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=g))
+    m.register_buffer("extra", torch.randn(16, 8, generator=g))
+    # 128 MiB, so that memory held after the sender freed it would show in the device's free memory.
+    m.register_buffer("bulk", torch.full((32 << 20,), float(seed)))
+    return m.to(dev)
+
+
+def c_bytes(t):
+    """A tensor's bytes in C order, as hex."""
+    return bytes(t.detach().contiguous().cpu().view(torch.uint8).reshape(-1).tolist()).hex()
+
+
+for msg in link:
+    op = msg["op"]
+    if op == "describe":
+        ts = msg["weights"]
+        out = {"names": list(ts), "dtypes": [], "shapes": [], "strides": [], "bytes": {}}
+        for n in ts:
+            t = ts[n]
+            assert t.is_cuda
+            out["dtypes"].append(str(t.dtype).replace("torch.", ""))
+            out["shapes"].append(list(t.shape))
+            out["strides"].append([s * t.element_size() for s in t.stride()])
+            out["bytes"][n] = c_bytes(t)
+        link.send(out)
+        ts.close()
+    elif op == "state-dict":
+        m = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16), torch.nn.LayerNorm(16)).to(dev, torch.bfloat16)
+        big = torch.arange(64 * 16, dtype=torch.float32, device=dev).reshape(64, 16)
+        sd = dict(m.state_dict())
+        sd["extra.T"] = m[0].weight.t()  # a transposed view of a parameter
+        sd["big.slice"] = big[:, 3:7]  # strided, with gaps
+        sd["big.row"] = big[5]  # a view at an offset
+        with Device.get(0).activate():
+            bases = {drv.address_range(t.data_ptr())[0] for t in sd.values()}
+        model = (m, big)
+        link.send({"weights": share_tensors(sd), "bytes": {n: c_bytes(t) for n, t in sd.items()}, "segments": len(bases)})
+    elif op == "check-back":
+        ts = msg["weights"]
+        m, big = model
+        sd = dict(m.state_dict())
+        sd["extra.T"] = m[0].weight.t()
+        sd["big.slice"] = big[:, 3:7]
+        sd["big.row"] = big[5]
+        ok = all(ts[n].data_ptr() == t.data_ptr() and torch.equal(ts[n], t) for n, t in sd.items())
+        ts.close()
+        link.send({"ok": ok})
+    elif op == "listen":
+        listener = listen(msg["name"])
+
+        def accept():
+            global peer
+            peer = listener.accept(timeout=30)
+            accepted.set()
+        threading.Thread(target=accept, daemon=True).start()
+        link.send({"listening": True})
+    elif op == "connect":
+        peer = connect(msg["name"])
+        link.send({"connected": True})
+    elif op == "model":
+        if listener is not None:
+            accepted.wait(30)
+        model = make_model(msg["seed"])
+        if msg.get("strided_extra"):
+            # Our 'extra' is a transposed view of storage of our own: a strided destination.
+            store = torch.zeros(8, 16, device=dev)
+            strided_target = store.t()
+        link.send({"names": list(model.state_dict())})
+    elif op == "send":
+        if shared is None:
+            shared = share_tensors(model.state_dict())
+        peer.send({"weights": shared})
+        link.send({"handle_exports": tensor_set.handle_exports})
+    elif op == "step":
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1)
+        link.send({})
+    elif op == "apply":
+        ts = peer.receive(timeout=30)["weights"]
+        target = dict(model.state_dict(keep_vars=True))
+        if strided_target is not None:
+            target["extra"] = strided_target
+        r = update_in_place(target, ts, sync=True)
+        reference = copy.deepcopy(model)
+        reference.load_state_dict({n: ts[n] for n in ts})
+        ok = all(torch.equal(target[n], t) for n, t in reference.state_dict().items())
+        del reference
+        if kept is not None:
+            kept.close()
+        kept = ts
+        link.send({"ok": ok, "copied": r.copied, "operations": r.operations, "method": r.method, "opened": legacy_cache_stats()["opened"]})
+    elif op == "hold":
+        kept = peer.receive(timeout=30)["weights"]
+        _ = [kept[n] for n in kept]
+        link.send({"held": len(kept)})
+    elif op == "drop":
+        if kept is not None:
+            kept.close()
+        kept = None
+        gc.collect()
+        link.send({"mappings": legacy_cache_stats()["mappings"]})
+    elif op == "free":
+        model = None
+        shared = None
+        gc.collect()
+        deadline = time.monotonic() + 10
+        while peer is not None and not peer.closed and peer.leases.count and time.monotonic() < deadline:
+            try:
+                peer.poll()
+            except Exception:  # noqa: BLE001 - the peer may be gone: its leases ended with the link
+                break
+            time.sleep(0.01)
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        link.send({"reserved": torch.cuda.memory_reserved(), "leases": peer.leases.count if peer is not None else 0})
+    elif op == "mem":
+        gc.collect()
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()  # what this process freed itself (the load_state_dict references) goes back
+        link.send({"free": torch.cuda.mem_get_info()[0], "reserved": torch.cuda.memory_reserved(), "legacy": legacy_cache_stats()})
+
+if kept is not None:
+    kept.close()
+os._exit(0)

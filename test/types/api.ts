@@ -1,0 +1,115 @@
+// Type-level tests of the public API, compiled (never run) by test/cpu/types.test.ts and by the
+// package test against the packed tarball, with a new user's strict tsconfig. Each line after an
+// expect-error directive must be an error: if a signature loosens, the directive is unused and
+// the compile fails.
+import {
+  HostBuffer, DeviceBuffer, Device, Link, Listener, IpcError, ChannelHub, ChannelProducer, ChannelConsumer, ChannelMessage,
+  spawn, parentLink, connect, listen, createChannel, acceptChannel, pipelineStage, setLinkWorkingDevice,
+  type SlotBuffer, type LinkEvents,
+} from 'cuda-ipc';
+
+/** Compiles only when A and B are the same type. */
+type Equal<A, B> = (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
+function assertType<T extends true>(): T | void {}
+
+interface Job { buffer: HostBuffer; id: number }
+interface Done { id: number; sum: number }
+
+export async function links(link: Link): Promise<void> {
+  // receive() is unknown unless told; receive<T>() types one message.
+  const any = await link.receive();
+  assertType<Equal<typeof any, unknown>>();
+  const job = await link.receive<Job>();
+  assertType<Equal<typeof job, Job>>();
+  job.buffer.bytes.fill(job.id);
+
+  // A typed link: what arrives (In) and what may be sent (Out).
+  const { link: child } = await spawn<Done, Job>(new URL('./child.js', import.meta.url));
+  child.send({ buffer: HostBuffer.allocate(8), id: 1 });
+  // @ts-expect-error the link sends Jobs
+  child.send({ id: 1, sum: 2 });
+  const done = await child.receive();
+  assertType<Equal<typeof done, Done>>();
+  for await (const m of child) assertType<Equal<typeof m, Done>>();
+  child.on('message', (m) => assertType<Equal<typeof m, Done>>());
+
+  // A typed link goes wherever a Link does (channels, per-link settings).
+  await createChannel(child, { role: 'producer', slots: 2, slotBytes: 64 });
+  setLinkWorkingDevice(child, undefined);
+
+  const up = parentLink<Job, Done>();
+  up.send({ id: 1, sum: 2 });
+  const fromParent = await up.receive();
+  assertType<Equal<typeof fromParent, Job>>();
+  const byName = await connect<Done, Job>('service');
+  assertType<Equal<Awaited<ReturnType<typeof byName.receive>>, Done>>();
+
+  // Events: typed listeners, and no catch-all for a misspelt name.
+  link.on('close', (reason) => assertType<Equal<typeof reason, IpcError | undefined>>());
+  link.once('messageerror', (e) => assertType<Equal<typeof e, IpcError>>());
+  // @ts-expect-error 'mesage' is not an event of a Link
+  link.on('mesage', () => {});
+  // @ts-expect-error a close listener gets an IpcError or undefined, not a string
+  link.on('close', (reason: string) => reason);
+  // @ts-expect-error off() is typed the same way
+  link.off('closed', () => {});
+  assertType<Equal<LinkEvents<Done>['message'], [value: Done]>>();
+
+  const server: Listener = listen('service');
+  server.on('connection', (l) => assertType<Equal<typeof l, Link>>());
+  // @ts-expect-error 'connect' is not an event of a Listener
+  server.on('connect', () => {});
+  server.close();
+}
+
+export async function channels(link: Link, device: Device): Promise<void> {
+  // memory narrows the slot type; Meta types the metadata.
+  const host = await createChannel<{ seq: number }>(link, { role: 'producer', slots: 4, slotBytes: 4096 });
+  assertType<Equal<typeof host, ChannelProducer<HostBuffer, { seq: number }>>>();
+  const slot = await host.acquire();
+  assertType<Equal<typeof slot.buffer, HostBuffer>>();
+  host.publish(slot, { meta: { seq: 1 } });
+  // @ts-expect-error meta must be a { seq: number }
+  host.publish(slot, { meta: { seq: 'one' } });
+  // @ts-expect-error this channel's messages carry a meta, so publish needs one
+  host.publish(slot);
+
+  const untyped = await createChannel(link, { role: 'producer', slots: 4, slotBytes: 4096, memory: 'host' });
+  untyped.publish(await untyped.acquire());  // Meta unknown: meta is optional
+
+  const onDevice = await createChannel(link, { role: 'producer', slots: 4, slotBytes: 1 << 20, memory: { device } });
+  assertType<Equal<typeof onDevice, ChannelProducer<DeviceBuffer, unknown>>>();
+
+  const fromHost = await acceptChannel<{ seq: number }>(link, { role: 'consumer', memory: 'host' });
+  assertType<Equal<typeof fromHost, ChannelConsumer<HostBuffer, { seq: number }>>>();
+  for await (const msg of fromHost) {
+    assertType<Equal<typeof msg, ChannelMessage<HostBuffer, { seq: number }>>>();
+    assertType<Equal<typeof msg.meta.seq, number>>();
+    msg.release();
+  }
+  const fromDevice = await acceptChannel(link, { role: 'consumer', memory: 'device' });
+  assertType<Equal<typeof fromDevice, ChannelConsumer<DeviceBuffer, unknown>>>();
+  const either = await acceptChannel(link, { role: 'producer' });
+  assertType<Equal<typeof either, ChannelProducer<SlotBuffer, unknown>>>();
+  // @ts-expect-error memory is 'host' or 'device'
+  await acceptChannel(link, { role: 'consumer', memory: 'gpu' });
+  // @ts-expect-error a consumer end cannot publish
+  fromHost.publish;
+
+  const hub = ChannelHub.create<{ n: number }>({ slots: 2, slotBytes: 64 });
+  assertType<Equal<typeof hub, ChannelHub<HostBuffer, { n: number }>>>();
+  const received = await hub.consumer().receive();
+  if (received) assertType<Equal<typeof received.meta, { n: number }>>();
+  const deviceHub = ChannelHub.create({ slots: 2, slotBytes: 256, memory: { device } });
+  assertType<Equal<typeof deviceHub, ChannelHub<DeviceBuffer, unknown>>>();
+
+  const stage = await pipelineStage<{ frame: number }>();
+  const next = await stage.input?.receive();
+  if (next) assertType<Equal<typeof next.meta, { frame: number }>>();
+}
+
+// Resources are disposable (the declarations carry Disposable without the user's lib naming it).
+export function disposal(): number {
+  using buffer = HostBuffer.allocate(16);
+  return buffer.byteLength;
+}
