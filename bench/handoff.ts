@@ -5,19 +5,24 @@ import { Device } from '../src/cuda/device.js';
 import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { HostBuffer } from '../src/host/index.js';
 import { spawn, type Link } from '../src/link/index.js';
+import { FRAME_RING_DEFAULT } from '../src/link/ring-transport.js';
 import { summarize, type Summary } from './stats.js';
 import { analyze, Mark, Recorder, type Breakdown } from './breakdown.js';
 
 export const HANDOFF_BYTES = 1 << 20;
 
-export type HandoffKind = 'pool' | 'pool-fresh' | 'legacy' | 'host' | 'floor' | 'floor-socket';
+export type HandoffKind = 'pool' | 'pool-fresh' | 'legacy' | 'host' | 'floor' | 'host-alt' | 'floor-alt';
+/** The rows ending in -alt run on a second child whose link takes the other path: frame rings on where the default is off, and the reverse. */
+export const ALT_RINGS = !FRAME_RING_DEFAULT;
+const altPath = ALT_RINGS ? 'frame rings on' : 'socket only (frame rings off)';
 export const HANDOFF_NAMES: Record<HandoffKind, string> = {
   pool: 'pool buffer (IPC pool)',
   'pool-fresh': 'pool buffer, no recycled blocks (recycleBlocks 0)',
   legacy: 'legacy handle (cuIpcGetMemHandle)',
   host: 'host buffer (memfd)',
   floor: 'link round trip, no buffer (floor)',
-  'floor-socket': 'link round trip, socket only (frame rings off)',
+  'host-alt': `host buffer (memfd), ${altPath}`,
+  'floor-alt': `link round trip, ${altPath}`,
 };
 
 export interface HandoffResult {
@@ -96,8 +101,9 @@ export interface HandoffOptions {
 export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResult[]> {
   const childUrl = new URL('./handoff-child.js', import.meta.url);
   const { child, link: mainLink } = await spawn(childUrl, [], { stdio: 'inherit' });
-  // The same child behind a link that keeps its socket: what the frame rings buy (ring-transport.ts).
-  const socketOnly = await spawn(childUrl, [], { stdio: 'inherit', frameRing: false });
+  // The same child behind a link on the other path (frame rings on or off): what the rings buy
+  // or cost, next to the default rows in the same run (ring-transport.ts).
+  const alt = await spawn(childUrl, [], { stdio: 'inherit', frameRing: ALT_RINGS });
   const results: HandoffResult[] = [];
   let pool: import('../src/ipc/pool.js').IpcPool | undefined;
   let freshPool: import('../src/ipc/pool.js').IpcPool | undefined;
@@ -136,7 +142,8 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
     });
     // The control-plane floor: the same link carrying a number each way.
     cases.push({ kind: 'floor', make: () => ({ send: 4, release: () => {} }) });
-    cases.push({ kind: 'floor-socket', link: socketOnly.link, make: () => ({ send: 4, release: () => {} }) });
+    cases.push({ ...cases.find((c) => c.kind === 'host')!, kind: 'host-alt', link: alt.link });
+    cases.push({ kind: 'floor-alt', link: alt.link, make: () => ({ send: 4, release: () => {} }) });
 
     for (const c of cases) {
       const link = c.link ?? mainLink;
@@ -158,7 +165,7 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
   } finally {
     pool?.close();
     freshPool?.close();
-    for (const s of [{ child, link: mainLink }, socketOnly]) {
+    for (const s of [{ child, link: mainLink }, alt]) {
       s.link.send('end');
       await new Promise((r) => (s.child.exitCode !== null ? r(null) : s.child.once('exit', r)));
     }

@@ -6,7 +6,7 @@ import { writeFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { probeDriver } from '../src/cuda/driver.js';
 import { Device } from '../src/cuda/device.js';
-import { handoffBenchmarks, HANDOFF_BYTES, type HandoffKind, type HandoffResult } from './handoff.js';
+import { ALT_RINGS, handoffBenchmarks, HANDOFF_BYTES, type HandoffKind, type HandoffResult } from './handoff.js';
 import { printBreakdown, PHASES, type Breakdown } from './breakdown.js';
 import { buildCReference, runCReference, type CBuild, type CMode, type CReference } from './c-reference.js';
 import { pythonHandoffRefs, type PythonRef } from './python-refs.js';
@@ -85,7 +85,7 @@ if (!values['no-handoff']) {
   if (gpu && !values['no-python']) pyRefs = pythonHandoffRefs(iterations, warmup);
 
   const byKind = new Map(handoff.map((r) => [r.kind, r]));
-  const cFor: Record<HandoffKind, CMode> = { pool: 'pool', 'pool-fresh': 'pool', legacy: 'legacy', host: 'host', floor: 'socket', 'floor-socket': 'socket' };
+  const cFor: Record<HandoffKind, CMode> = { pool: 'pool', 'pool-fresh': 'pool', legacy: 'legacy', host: 'host', floor: 'socket', 'host-alt': 'host', 'floor-alt': 'socket' };
   const torch = pyRefs.find((r) => r.name.startsWith('PyTorch'))?.summary;
   const cupy = pyRefs.find((r) => r.name.startsWith('CuPy'))?.summary;
   const rows: Row[] = [];
@@ -102,9 +102,10 @@ if (!values['no-handoff']) {
     if (r.kind === 'floor') {
       if (c) notes.push(check(r.name, `<= ${HANDOFF_TARGETS.floorVsC}x C`, s.median / c.median, HANDOFF_TARGETS.floorVsC, true));
       else notes.push(`<= ${HANDOFF_TARGETS.floorVsC}x C: no C reference`);
-      const socketOnly = byKind.get('floor-socket')?.summary;
-      if (socketOnly) notes.push(`${(s.median / socketOnly.median).toFixed(2)}x the socket-only floor`);
     }
+    // The default path against the other one (frame rings on or off), same run, same flow.
+    const alt = r.kind === 'floor' || r.kind === 'host' ? byKind.get(`${r.kind}-alt`)?.summary : undefined;
+    if (alt) notes.push(`${(s.median / alt.median).toFixed(2)}x ${ALT_RINGS ? 'with frame rings' : 'over the socket alone'}`);
     if (r.kind === 'pool') {
       if (torch) notes.push(check(r.name, `${(torch.median / s.median).toFixed(1)}x faster than PyTorch (>= ${HANDOFF_TARGETS.vsTorch}x)`, torch.median / s.median, HANDOFF_TARGETS.vsTorch, false));
       if (cupy) notes.push(check(r.name, `${(cupy.median / s.median).toFixed(1)}x faster than CuPy (>= ${HANDOFF_TARGETS.vsCupy}x)`, cupy.median / s.median, HANDOFF_TARGETS.vsCupy, false));

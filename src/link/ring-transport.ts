@@ -37,8 +37,16 @@ export const enum RecordSource {
 export type RecordHandler = (status: number, length: number, fds: number[] | undefined, cred: [number, number, number] | undefined, source: RecordSource) => void;
 export type StateHandler = (what: 'writable' | 'eof' | 'error', errno: number | undefined) => void;
 
-/** Links use frame rings unless CUDA_IPC_LINK_RING=0 (and only on little-endian machines: the ring's words are native-endian atomics). */
-export const FRAME_RING_DEFAULT = process.env.CUDA_IPC_LINK_RING !== '0' && endianness() === 'LE';
+/**
+ * Links offer frame rings only when asked: CUDA_IPC_LINK_RING=1 or spawn(..., { frameRing: true })
+ * (and only on little-endian machines: the ring's words are native-endian atomics). Measured on
+ * the 2-core CPU machine (both processes on one core, 10 interleaved runs each way), the ring did
+ * not beat the socket: the bare round trip 11.9 us with rings against 12.1 us over the socket in
+ * the same runs (11.1 us with rings off everywhere), its p99 376 us against 61-95 us, and the
+ * host-buffer handoff 66.5 us against 62.4 us. The socket is the default until a measurement on
+ * the GPU machine shows the ring faster there (the bench prints both paths in one run).
+ */
+export const FRAME_RING_DEFAULT = process.env.CUDA_IPC_LINK_RING === '1' && endianness() === 'LE';
 
 const enum Blocked {
   No = 0,
