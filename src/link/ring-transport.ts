@@ -40,11 +40,11 @@ export type StateHandler = (what: 'writable' | 'eof' | 'error', errno: number | 
 /**
  * Links offer frame rings only when asked: CUDA_IPC_LINK_RING=1 or spawn(..., { frameRing: true })
  * (and only on little-endian machines: the ring's words are native-endian atomics). Measured on
- * the 2-core CPU machine (both processes on one core, 10 interleaved runs each way), the ring did
- * not beat the socket: the bare round trip 11.9 us with rings against 12.1 us over the socket in
- * the same runs (11.1 us with rings off everywhere), its p99 376 us against 61-95 us, and the
- * host-buffer handoff 66.5 us against 62.4 us. The socket is the default until a measurement on
- * the GPU machine shows the ring faster there (the bench prints both paths in one run).
+ * the 2-core CPU machine (bench, 20 runs, both paths in each run), the ring did not beat the
+ * socket: the bare round trip 11.8 us through rings against 11.5 us over the socket (1.05x
+ * slower paired, 1.12x unpinned), its p99 335 us against 93 us; the host-buffer handoff 63.4 us
+ * against 65.2 us (0.98x, within the runs' spread of 58-71 us). The socket is the default until
+ * the bench on the GPU machine shows the ring faster there.
  */
 export const FRAME_RING_DEFAULT = process.env.CUDA_IPC_LINK_RING === '1' && endianness() === 'LE';
 
