@@ -5,17 +5,24 @@ import { Device } from '../src/cuda/device.js';
 import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { HostBuffer } from '../src/host/index.js';
 import { spawn, type Link } from '../src/link/index.js';
+import { FRAME_RING_DEFAULT } from '../src/link/ring-transport.js';
 import { summarize, type Summary } from './stats.js';
 import { analyze, Mark, Recorder, type Breakdown } from './breakdown.js';
 
 export const HANDOFF_BYTES = 1 << 20;
 
-export type HandoffKind = 'pool' | 'legacy' | 'host' | 'floor';
+export type HandoffKind = 'pool' | 'pool-fresh' | 'legacy' | 'host' | 'floor' | 'host-alt' | 'floor-alt';
+/** The rows ending in -alt run on a second child whose link takes the other path: frame rings on where the default is off, and the reverse. */
+export const ALT_RINGS = !FRAME_RING_DEFAULT;
+const altPath = ALT_RINGS ? 'frame rings on' : 'socket only (frame rings off)';
 export const HANDOFF_NAMES: Record<HandoffKind, string> = {
   pool: 'pool buffer (IPC pool)',
+  'pool-fresh': 'pool buffer, no recycled blocks (recycleBlocks 0)',
   legacy: 'legacy handle (cuIpcGetMemHandle)',
   host: 'host buffer (memfd)',
   floor: 'link round trip, no buffer (floor)',
+  'host-alt': `host buffer (memfd), ${altPath}`,
+  'floor-alt': `link round trip, ${altPath}`,
 };
 
 export interface HandoffResult {
@@ -27,6 +34,8 @@ export interface HandoffResult {
 
 interface Case {
   kind: HandoffKind;
+  /** The link it runs on (default: the benchmark's child with frame rings). */
+  link?: Link;
   /** Allocates what is sent, and how the sender closes it. */
   make: () => { send: unknown; release: () => void };
   /** Hands over a marked buffer; the child must read the mark. */
@@ -90,9 +99,14 @@ export interface HandoffOptions {
 
 /** Runs each available handoff kind, then the bare link round trip. */
 export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResult[]> {
-  const { child, link } = await spawn(new URL('./handoff-child.js', import.meta.url), [], { stdio: 'inherit' });
+  const childUrl = new URL('./handoff-child.js', import.meta.url);
+  const { child, link: mainLink } = await spawn(childUrl, [], { stdio: 'inherit' });
+  // The same child behind a link on the other path (frame rings on or off): what the rings buy
+  // or cost, next to the default rows in the same run (ring-transport.ts).
+  const alt = await spawn(childUrl, [], { stdio: 'inherit', frameRing: ALT_RINGS });
   const results: HandoffResult[] = [];
   let pool: import('../src/ipc/pool.js').IpcPool | undefined;
+  let freshPool: import('../src/ipc/pool.js').IpcPool | undefined;
   try {
     const cases: Case[] = [];
     if (o.gpu) {
@@ -102,6 +116,14 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
         kind: 'pool',
         make: () => { const b = p.allocate(HANDOFF_BYTES); return { send: b, release: () => b.close() }; },
         check: () => { const b = p.allocate(HANDOFF_BYTES); b.write(new Uint32Array([0xbeef])); return { send: b, release: () => b.close(), mark: 0xbeef }; },
+      });
+      // Every buffer a new allocation (its export prepared by the addon's thread, not kept from
+      // an earlier send): what the stash of released blocks buys, next to the row above.
+      const f = (freshPool = device.createIpcPool({ recycleBlocks: 0 }));
+      cases.push({
+        kind: 'pool-fresh',
+        make: () => { const b = f.allocate(HANDOFF_BYTES); return { send: b, release: () => b.close() }; },
+        check: () => { const b = f.allocate(HANDOFF_BYTES); b.write(new Uint32Array([0xbee5])); return { send: b, release: () => b.close(), mark: 0xbee5 }; },
       });
       cases.push({
         kind: 'legacy',
@@ -120,8 +142,11 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
     });
     // The control-plane floor: the same link carrying a number each way.
     cases.push({ kind: 'floor', make: () => ({ send: 4, release: () => {} }) });
+    cases.push({ ...cases.find((c) => c.kind === 'host')!, kind: 'host-alt', link: alt.link });
+    cases.push({ kind: 'floor-alt', link: alt.link, make: () => ({ send: 4, release: () => {} }) });
 
     for (const c of cases) {
+      const link = c.link ?? mainLink;
       if (c.check) {
         // Correctness first: the child must read the marker.
         const { send, release, mark } = c.check();
@@ -139,8 +164,11 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
     }
   } finally {
     pool?.close();
-    link.send('end');
-    await new Promise((r) => (child.exitCode !== null ? r(null) : child.once('exit', r)));
+    freshPool?.close();
+    for (const s of [{ child, link: mainLink }, alt]) {
+      s.link.send('end');
+      await new Promise((r) => (s.child.exitCode !== null ? r(null) : s.child.once('exit', r)));
+    }
   }
   return results;
 }

@@ -312,6 +312,7 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
                         InstanceMethod<&SharedMemory::CopyOut>("copyOut"),
                         InstanceMethod<&SharedMemory::CopyIn>("copyIn"),
                         InstanceMethod<&SharedMemory::Close>("close"),
+                        InstanceMethod<&SharedMemory::CloseFd>("closeFd"),
                         InstanceAccessor<&SharedMemory::Address>("address"),
                         InstanceAccessor<&SharedMemory::Fd>("fd"),
                         InstanceAccessor<&SharedMemory::ByteLength>("byteLength")});
@@ -427,6 +428,18 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
     region_->Unmap();
     Release(false);
     return env.Undefined();
+  }
+
+  // closeFd(): closes the fd now; the mapping stays until close() (a mapping needs no fd, and a
+  // link's frame rings would otherwise hold one each for their whole life). Idempotent.
+  Napi::Value CloseFd(const Napi::CallbackInfo& info) {
+    if (fd_ >= 0) {
+      int fd = fd_;
+      fd_ = -1;
+      // Linux releases the fd even when close reports EINTR.
+      if (close(fd) < 0 && errno != EINTR) ThrowErrno(info.Env(), "close", errno);
+    }
+    return info.Env().Undefined();
   }
 
   Napi::Value Address(const Napi::CallbackInfo& info) {
@@ -747,6 +760,45 @@ class Acceptor : public Napi::ObjectWrap<Acceptor>, public PolledFd {
   std::unique_ptr<Napi::AsyncContext> ctx_;
 };
 
+// ---------------------------------------------------------------------------------------------
+// OwnedFd(fd): owns an fd that no other native object owns (a link's eventfds), so that it is
+// closed by close(), by the finalizer, or at environment teardown (a worker that exits with the
+// link open). Takes ownership only once constructed.
+class OwnedFd : public Napi::ObjectWrap<OwnedFd> {
+ public:
+  static Napi::Function Define(Napi::Env env) {
+    return DefineClass(env, "OwnedFd", {InstanceMethod<&OwnedFd::Close>("close"), InstanceAccessor<&OwnedFd::Fd>("fd")});
+  }
+
+  explicit OwnedFd(const Napi::CallbackInfo& info) : Napi::ObjectWrap<OwnedFd>(info) {
+    Napi::Env env = info.Env();
+    int fd = CheckFd(env, info, 0);
+    if (napi_add_env_cleanup_hook(env, OnEnvCleanup, this) != napi_ok) throw Napi::Error::New(env, "napi_add_env_cleanup_hook failed");
+    fd_ = fd;
+    env_ = env;
+  }
+
+  ~OwnedFd() override { Release(/*from_cleanup=*/false); }
+
+ private:
+  void Release(bool from_cleanup) {
+    if (fd_ >= 0) close(fd_);  // Linux releases the fd even when close reports EINTR
+    fd_ = -1;
+    if (!from_cleanup && env_) napi_remove_env_cleanup_hook(env_, OnEnvCleanup, this);
+    env_ = nullptr;
+  }
+  static void OnEnvCleanup(void* arg) { static_cast<OwnedFd*>(arg)->Release(/*from_cleanup=*/true); }
+
+  Napi::Value Close(const Napi::CallbackInfo& info) {
+    Release(false);
+    return info.Env().Undefined();
+  }
+  Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
+
+  napi_env env_ = nullptr;
+  int fd_ = -1;
+};
+
 }  // namespace
 
 void InitPosix(Napi::Env env, Napi::Object exports) {
@@ -774,6 +826,7 @@ void InitPosix(Napi::Env env, Napi::Object exports) {
   exports.Set("SharedMemory", SharedMemory::Define(env));
   exports.Set("Socket", Socket::Define(env));
   exports.Set("Acceptor", Acceptor::Define(env));
+  exports.Set("OwnedFd", OwnedFd::Define(env));
 
   auto c = Napi::Object::New(env);
   c.Set("F_SEAL_SEAL", Napi::Number::New(env, F_SEAL_SEAL));

@@ -11,6 +11,8 @@ export interface NativeSharedMemory {
   copyIn(offset: number, source: ArrayBufferView | ArrayBuffer): void;
   /** Detaches every ArrayBuffer made by arrayBuffer(), unmaps, closes the fd. Idempotent. */
   close(): void;
+  /** Closes the fd now (fd reads -1 after); the mapping stays until close(). Idempotent. */
+  closeFd(): void;
   readonly address: bigint;
   /** -1 once closed. */
   readonly fd: number;
@@ -60,6 +62,14 @@ export interface NativeAcceptorConstructor {
   new (fd: number, onAccept: (fdOrError: number) => void): NativeAcceptor;
 }
 
+/** An fd owned by a native object: closed by close(), by the finalizer, or at environment teardown. */
+export interface NativeOwnedFd {
+  /** Closes the fd; idempotent. */
+  close(): void;
+  /** -1 once closed. */
+  readonly fd: number;
+}
+
 export interface PosixConstants {
   readonly F_SEAL_SEAL: number;
   readonly F_SEAL_SHRINK: number;
@@ -106,6 +116,8 @@ export interface PosixAddon {
   socketType(fd: number): number;
   detachArrayBuffer(buffer: ArrayBuffer): void;
   SharedMemory: new (fd: number, length: number) => NativeSharedMemory;
+  /** Takes ownership of fd once constructed. */
+  OwnedFd: new (fd: number) => NativeOwnedFd;
   Socket: NativeSocketConstructor;
   Acceptor: NativeAcceptorConstructor;
   posixConstants: PosixConstants;

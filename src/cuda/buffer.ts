@@ -27,8 +27,11 @@ export interface MemoryOwner {
   readonly residentDevice?: Device;
   readonly base: bigint;
   readonly byteLength: number;
-  /** Frees or unmaps the memory; called once, when the last buffer over it closes. */
-  release(): void;
+  /**
+   * Frees or unmaps the memory; called once, when the last buffer over it closes. `forced`: by
+   * close({ force }), while peers may still map it (so it must not be reused).
+   */
+  release(forced?: boolean): void;
 }
 
 /** Every SharedMemory not yet released in this thread, for stats(). */
@@ -69,6 +72,7 @@ export class SharedMemory {
   /** Peers currently holding this memory through a link. */
   leases = 0;
   released = false;
+  #forced = false;
   // Made on first use: most memory never has a hook of either kind.
   #beforeRelease: Array<() => void> | undefined;
   #afterRelease: Array<() => void> | undefined;
@@ -109,6 +113,7 @@ export class SharedMemory {
   forceRelease(): void {
     if (this.released) return;
     this.refs = 0;
+    this.#forced = true;
     this.#release();
   }
 
@@ -127,7 +132,7 @@ export class SharedMemory {
       const before = this.#beforeRelease;
       if (before) for (const hook of before.splice(0)) hook();
       this.owner.device.activate();
-      this.owner.release();
+      this.owner.release(this.#forced);
     } finally {
       const after = this.#afterRelease;
       if (after) for (const hook of after.splice(0)) hook();

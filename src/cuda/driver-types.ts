@@ -98,6 +98,13 @@ export interface CudaAddon {
   memPoolImportPointer(pool: bigint, exportData: Uint8Array): bigint;
   memAllocFromPoolAsync(bytes: number, pool: bigint, stream: bigint): bigint;
   memFreeAsync(pointer: bigint, stream: bigint): void;
+  /**
+   * Starts this thread's export worker over `table` (slots of 128 bytes, src/ipc/prepared-exports.ts),
+   * which it keeps alive; once per thread.
+   */
+  exportWorkerStart(table: ArrayBuffer): void;
+  /** The worker exports the pointer in slot `slot` (queued, its pointer and context written). */
+  exportWorkerPost(slot: number): void;
 
   moduleLoadData(image: Bytes): bigint;
   moduleUnload(module: bigint): void;

@@ -10,6 +10,8 @@ import { Stream, streamHandle } from '../cuda/stream.js';
 import { CudaError, IpcError, fdLimitError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { addon } from '../native.js';
+import { BlockStash } from './block-stash.js';
+import { PreparedExports } from './prepared-exports.js';
 import { invalidArgValue, badNumber } from '../arg-errors.js';
 
 /** Options of `device.createIpcPool()` / IpcPool.create(). */
@@ -18,6 +20,43 @@ export interface IpcPoolOptions {
   maxSize?: number;
   /** Bytes the pool keeps reserved after frees instead of returning them (default: all of them). */
   releaseThreshold?: bigint;
+  /**
+   * Released blocks kept, with their export data, for the next allocate() of the same size on
+   * the default stream (block-stash.ts; default 8; 0: free every block as it is released).
+   */
+  recycleBlocks?: number;
+  /** Bytes those blocks may hold in all; larger blocks are never kept (default 256 MiB). */
+  recycleBytes?: number;
+  /**
+   * Make each new allocation's export data on the addon's worker thread right away, so that its
+   * first send finds it ready (prepared-exports.ts; default true).
+   */
+  prepareExports?: boolean;
+}
+
+const RECYCLE_BLOCKS = 8;
+const RECYCLE_BYTES = 256 << 20;
+
+// This thread's prepared exports (the addon runs one export thread per JS thread, made on first use).
+let prepared: PreparedExports | undefined;
+let preparingFailed = false;
+function preparedExports(): PreparedExports {
+  return (prepared ??= new PreparedExports({ start: (t) => driver.exportWorkerStart(t), post: (s) => driver.exportWorkerPost(s) }));
+}
+
+/** How this thread's pool sends got their export data (tests, the benchmark). */
+export interface PoolExportStats {
+  /** Made by the worker thread ahead of the send. */
+  prepared: number;
+  /** Made on the send path (no request, taken back before the worker started, or failed). */
+  inline: number;
+  /** Kept from an earlier send of the same allocation (re-sends, recycled blocks). */
+  kept: number;
+}
+const exportStats: PoolExportStats = { prepared: 0, inline: 0, kept: 0 };
+/** @internal A copy of the counts so far. */
+export function poolExportStats(): PoolExportStats {
+  return { ...exportStats };
 }
 
 declare module '../cuda/device.js' {
@@ -62,15 +101,26 @@ interface PoolMemoryOwner extends MemoryOwner {
 // For the owners below, which are not the pool's own code: a buffer over the pool went away.
 let dropPoolUser: (pool: IpcPool) => void;
 let forgetPoolImport: (pool: IpcPool, key: string) => void;
+let releaseAllocation: (pool: IpcPool, block: PoolAllocation, forced: boolean) => void;
 
 // The memory owners of pool buffers, as classes rather than closures: one object per allocation.
 class PoolAllocation implements PoolMemoryOwner {
   readonly kind = 'pool' as const;
   exportData?: Uint8Array;
+  /** The request for its export data on the worker thread (prepared-exports.ts), or -1. */
+  exportSlot = -1;
   constructor(readonly pool: IpcPool, readonly device: Device, readonly base: bigint, readonly byteLength: number) {}
-  release(): void {
-    driver.memFreeAsync(this.base, 0n);
-    dropPoolUser(this.pool);
+  /** The last buffer over it closed and every lease ended: back to the pool's stash, or freed. */
+  release(forced?: boolean): void {
+    releaseAllocation(this.pool, this, forced === true);
+  }
+  /** Ends the request for its export data, keeping the data when `keep` and the worker made it. */
+  settleExport(keep: boolean): void {
+    const slot = this.exportSlot;
+    if (slot < 0) return;
+    this.exportSlot = -1;
+    const out = keep && !this.exportData ? new Uint8Array(64) : undefined;
+    if (preparedExports().take(slot, out) && out) this.exportData = out;
   }
 }
 
@@ -117,7 +167,10 @@ export class IpcPool {
   // buffers can be sent on). Links send duplicates.
   #fd: number;
   #closeRequested = false;
+  /** Allocations and imports alive, stashed blocks included: the pool is destroyed at 0 once closed. */
   #users = 0;
+  readonly #stash: BlockStash<PoolAllocation>;
+  readonly #prepare: boolean;
   // Imported pointers by export bytes: a second import of one buffer must share the first mapping,
   // or freeing either would unmap both.
   readonly #imports = new Map<string, SharedMemory>();
@@ -125,8 +178,10 @@ export class IpcPool {
   #importOrigin: string | undefined;
   readonly #leak: LeakToken;
 
-  private constructor(device: Device, handle: bigint, id: string, imported: boolean, maxSize: number, fd: number, home: Device) {
+  private constructor(device: Device, handle: bigint, id: string, imported: boolean, maxSize: number, fd: number, home: Device, options: IpcPoolOptions = {}) {
     this.device = device;
+    this.#stash = new BlockStash(options.recycleBlocks ?? RECYCLE_BLOCKS, options.recycleBytes ?? RECYCLE_BYTES);
+    this.#prepare = options.prepareExports ?? true;
     this.#home = home;
     this.#handle = handle;
     this.#fd = fd;
@@ -146,6 +201,12 @@ export class IpcPool {
     const maxSize = options.maxSize ?? 0;
     if (!Number.isSafeInteger(maxSize) || maxSize < 0) {
       throw badNumber(maxSize, `maxSize must be a non-negative integer number of bytes, got ${maxSize}`);
+    }
+    for (const key of ['recycleBlocks', 'recycleBytes'] as const) {
+      const v = options[key];
+      if (v !== undefined && !(Number.isSafeInteger(v) && v >= 0)) {
+        throw badNumber(v, `${key} must be a non-negative integer, got ${v}`);
+      }
     }
     const caps = device.capabilities;
     if (!caps.memoryPools || !caps.posixFdPoolHandles) {
@@ -167,7 +228,7 @@ export class IpcPool {
       driver.memPoolDestroy(handle);
       throw e;
     }
-    return new IpcPool(device, handle, randomBytes(16).toString('hex'), false, maxSize, fd, device);
+    return new IpcPool(device, handle, randomBytes(16).toString('hex'), false, maxSize, fd, device, options);
   }
 
   /**
@@ -237,7 +298,8 @@ export class IpcPool {
 
   /**
    * A buffer of `bytes` from the pool, allocated in stream order (the legacy default stream when
-   * none is given): work queued on that stream may use it at once.
+   * none is given): work queued on that stream may use it at once. On the default stream it may be
+   * a released block of the same size (block-stash.ts), with its old contents.
    */
   allocate(bytes: number, options?: { stream?: Stream }): DeviceBuffer {
     if (this.imported) {
@@ -248,10 +310,51 @@ export class IpcPool {
       throw badNumber(bytes, `bytes must be a positive integer, got ${bytes}`);
     }
     const pool = this.handle;
+    const stream = streamHandle(options?.stream);
+    const kept = stream === 0n ? this.#stash.take(bytes) : undefined;
+    if (kept) return new DeviceBuffer(new SharedMemory(kept), 0, bytes);
     this.device.activate();
-    const base = driver.memAllocFromPoolAsync(bytes, pool, streamHandle(options?.stream));
+    let base: bigint;
+    try {
+      base = driver.memAllocFromPoolAsync(bytes, pool, stream);
+    } catch (e) {
+      // Stashed blocks are memory the pool could otherwise hand out: give them back, try again.
+      if (!(e instanceof CudaError && e.code === 'CUDA_ERROR_OUT_OF_MEMORY') || this.#stash.count === 0) throw e;
+      this.#freeBlocks(this.#stash.drain());
+      base = driver.memAllocFromPoolAsync(bytes, pool, stream);
+    }
     this.#users++;
-    return new DeviceBuffer(new SharedMemory(new PoolAllocation(this, this.device, base, bytes)), 0, bytes);
+    const owner = new PoolAllocation(this, this.device, base, bytes);
+    if (this.#prepare && !preparingFailed) {
+      try {
+        owner.exportSlot = preparedExports().prepare(base, this.device.primaryContext);
+      } catch (e) {
+        // Sends export inline instead (and report what the driver says then).
+        preparingFailed = true;
+        process.emitWarning(`pool exports are not prepared ahead: ${String((e as Error)?.message ?? e)}`, { code: 'CUDA_IPC_PREPARED_EXPORTS' });
+      }
+    }
+    return new DeviceBuffer(new SharedMemory(owner), 0, bytes);
+  }
+
+  /** Released blocks kept for reuse (allocate() on the default stream takes them first). */
+  get recycled(): { blocks: number; bytes: number } {
+    return { blocks: this.#stash.count, bytes: this.#stash.bytes };
+  }
+
+  #releaseAllocation(block: PoolAllocation, forced: boolean): void {
+    // Before the memory can go: the worker must not be exporting it, now or later.
+    block.settleExport(!forced);
+    // A forced close frees at once (peers may still map it: it must not be handed out again).
+    this.#freeBlocks(forced || this.#closeRequested ? [block] : this.#stash.put(block));
+  }
+
+  /** Frees blocks in stream order on the default stream (their device's context is current). */
+  #freeBlocks(blocks: PoolAllocation[]): void {
+    for (const b of blocks) {
+      driver.memFreeAsync(b.base, 0n);
+      this.#dropUser();
+    }
   }
 
   /**
@@ -304,11 +407,18 @@ export class IpcPool {
     return new DeviceBuffer(memory, offset, length, undefined, this.#importOrigin, user);
   }
 
-  /** Returns reserved but unused memory to the device until at most `bytes` stay reserved. */
+  /**
+   * Returns reserved but unused memory to the device until at most `bytes` stay reserved; frees
+   * the stashed blocks first (and waits for the default stream, where their frees are ordered).
+   */
   trimTo(bytes = 0): void {
     if (this.imported) throw new IpcError('ERR_IMPORTED_POOL', 'only the pool\'s owner can trim it');
     const pool = this.handle;
     this.device.activate();
+    if (this.#stash.count > 0) {
+      this.#freeBlocks(this.#stash.drain());
+      driver.streamSynchronize(0n);
+    }
     driver.memPoolTrimTo(pool, bytes);
   }
 
@@ -327,8 +437,8 @@ export class IpcPool {
   /** Run once the pool is destroyed (e.g. tell the peer it came from that it is no longer used). */
   readonly afterDestroy: Array<() => void> = [];
 
-  /** Number of live buffers allocated from or imported through this pool. */
-  get liveBuffers(): number { return this.#users; }
+  /** Number of live buffers allocated from or imported through this pool (stashed blocks not counted). */
+  get liveBuffers(): number { return this.#users - this.#stash.count; }
 
   #dropUser(): void {
     if (--this.#users === 0 && this.#closeRequested) this.#destroy();
@@ -353,6 +463,10 @@ export class IpcPool {
     if (this.#closeRequested) return;
     this.#closeRequested = true;
     untrackLeak(this.#leak);
+    if (this.#stash.count > 0) {
+      this.device.activate();
+      this.#freeBlocks(this.#stash.drain());  // the last one may destroy the pool
+    }
     if (this.#users === 0) this.#destroy();
   }
 
@@ -361,6 +475,7 @@ export class IpcPool {
 
   static {
     dropPoolUser = (pool) => pool.#dropUser();
+    releaseAllocation = (pool, block, forced) => pool.#releaseAllocation(block, forced);
     forgetPoolImport = (pool, key) => { pool.#imports.delete(key); };
   }
 }
@@ -383,10 +498,19 @@ export function exportPoolBuffer(buffer: DeviceBuffer): { pool: IpcPool; exportD
   const owner = buffer.memory.owner as PoolMemoryOwner;
   if (owner.kind === 'pool-import') return { pool: owner.pool, exportData: Buffer.from(owner.exportKey!, 'latin1'), allocationSize: owner.byteLength };
   if (owner.kind !== 'pool') throw new IpcError('ERR_NOT_TRANSFERABLE', `a ${owner.kind} buffer is not from an IPC pool`);
-  let exportData = owner.exportData;
-  if (!exportData) {
-    buffer.device.activate();
-    exportData = owner.exportData = driver.memPoolExportPointer(owner.base, new Uint8Array(64));
+  const allocation = owner as PoolAllocation;
+  // Kept from an earlier send, made by the worker thread since the allocation, or made now.
+  let exportData = allocation.exportData;
+  if (exportData) exportStats.kept++;
+  else {
+    allocation.settleExport(true);
+    exportData = allocation.exportData;
+    if (exportData) exportStats.prepared++;
+    else {
+      exportStats.inline++;
+      buffer.device.activate();
+      exportData = allocation.exportData = driver.memPoolExportPointer(owner.base, new Uint8Array(64));
+    }
   }
   return { pool: owner.pool, exportData, allocationSize: owner.byteLength };
 }

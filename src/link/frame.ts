@@ -4,19 +4,22 @@
 //   offset size  field
 //   0      4     magic 0x4C504943 ("CIPL")
 //   4      1     version (2: transfer records carry lease ids, RELEASE exists)
-//   5      1     type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE
+//   5      1     type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE, 6 GONE, 7 RING, 8 RING_START
 //   6      2     flags: MESSAGE only: bits 0-7 the payload encoding (Encoding), bit 8 the
 //                payload is in the attached memfd (LARGE_PAYLOAD); 0 for other types
 //   8      4     payload length: exactly the record length minus 16
 //   12     2     fd count: exactly the number of fds that arrived with the record
 //   14     2     reserved, 0
 //
-// Payloads: HELLO 8 bytes (u32 features: bit 0 = accepts large messages; u32 reserved = 0);
-// GOODBYE empty; REFUSE u16 reason then UTF-8 text; MESSAGE see message-format.ts, or with
-// LARGE_PAYLOAD set exactly 8 bytes, the u64 length of the payload that the sealed memfd
-// attached as the first fd holds (large-message.ts); RELEASE (the receiver of leased values is
-// done with them, lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids,
-// each 1..2^53-1; exactly 8 + 8 * count bytes. Only MESSAGE frames carry fds.
+// Payloads: HELLO 8 bytes (u32 features: bit 0 = accepts large messages, bit 1 = accepts GONE,
+// bit 2 = takes frame rings; bits a side does not know are ignored; u32 reserved = 0); GOODBYE
+// empty; REFUSE u16 reason then UTF-8 text; MESSAGE see message-format.ts, or with LARGE_PAYLOAD
+// set exactly 8 bytes, the u64 length of the payload that the sealed memfd attached as the first
+// fd holds (large-message.ts); RELEASE (the receiver of leased values is done with them,
+// lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids, each 1..2^53-1;
+// exactly 8 + 8 * count bytes. GONE: gone.ts. RING (only between two sides whose HELLO set
+// FEATURE_RING; frame-ring.ts): u32 capacity, u32 reserved = 0, and exactly 2 fds (the ring's
+// memfd, the sender's doorbell eventfd); RING_START empty. Only MESSAGE and RING frames carry fds.
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 
@@ -37,6 +40,10 @@ export const enum FrameType {
   Release = 5,
   /** Allocations the sender freed: drop what is cached of them (gone.ts). */
   Gone = 6,
+  /** Offers the sender's inbound frame ring (frame-ring.ts): its memfd and doorbell. */
+  Ring = 7,
+  /** The sender's next frames go through the receiver's ring, in order (frame-ring.ts). */
+  RingStart = 8,
 }
 
 export const enum Encoding {
@@ -56,11 +63,19 @@ export const LARGE_PAYLOAD = 0x100;
 export const LARGE_INLINE_BYTES = 8;
 
 export const HELLO_PAYLOAD_BYTES = 8;
+/** RING: u32 capacity, u32 reserved; with the ring's memfd and the doorbell eventfd. */
+export const RING_PAYLOAD_BYTES = 8;
+export const RING_FDS = 2;
 /** HELLO features: this side accepts LARGE_PAYLOAD messages. Unknown bits are ignored. */
 export const FEATURE_LARGE_MESSAGES = 1;
 /** HELLO features: this side accepts GONE frames. */
 export const FEATURE_GONE = 2;
-/** The features this build announces in its HELLO. */
+/**
+ * HELLO features: this side takes frames through a shared-memory ring and sends through the
+ * peer's (frame-ring.ts). Announced only where the link was made with rings on (ring-transport.ts).
+ */
+export const FEATURE_RING = 4;
+/** The features this build always announces in its HELLO (FEATURE_RING is added per link). */
 export const OUR_FEATURES = FEATURE_LARGE_MESSAGES | FEATURE_GONE;
 /** GONE: u32 count and u32 reserved before the entries. */
 export const GONE_HEAD_BYTES = 8;
@@ -127,7 +142,12 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
     }
     const recordFds = large ? fdCount - 1 : fdCount;
     if (recordFds > 0 && encoding !== Encoding.JsonWithRecords) throw invalid('fds arrived with a message that has no transfer records');
-  } else if (type === FrameType.Hello || type === FrameType.Goodbye || type === FrameType.Refuse || type === FrameType.Release || type === FrameType.Gone) {
+  } else if (type === FrameType.Ring) {
+    if (flags !== 0) throw invalid(`flags 0x${flags.toString(16)} on a control frame`);
+    if (payloadLength !== RING_PAYLOAD_BYTES) throw invalid(`RING payload of ${payloadLength} bytes`);
+    if (fdCount !== RING_FDS) throw invalid(`RING with ${fdCount} fds, not ${RING_FDS}`);
+    if (view.getUint32(HEADER_BYTES + 4, true) !== 0) throw invalid('RING reserved bytes are not zero');
+  } else if (type === FrameType.Hello || type === FrameType.Goodbye || type === FrameType.Refuse || type === FrameType.Release || type === FrameType.Gone || type === FrameType.RingStart) {
     if (flags !== 0) throw invalid(`flags 0x${flags.toString(16)} on a control frame`);
     if (fdCount !== 0) throw invalid('fds arrived with a control frame');
     if (type === FrameType.Hello) {
@@ -135,6 +155,7 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
       if (view.getUint32(HEADER_BYTES + 4, true) !== 0) throw invalid('HELLO reserved bytes are not zero');
     }
     if (type === FrameType.Goodbye && payloadLength !== 0) throw invalid('GOODBYE with a payload');
+    if (type === FrameType.RingStart && payloadLength !== 0) throw invalid('RING_START with a payload');
     if (type === FrameType.Refuse && payloadLength < 2) throw invalid('REFUSE without a reason');
     if (type === FrameType.Release) {
       const count = payloadLength >= RELEASE_HEAD_BYTES ? view.getUint32(HEADER_BYTES, true) : 0;

@@ -19,7 +19,10 @@ export type InboundFrame =
   | { type: FrameType.Release; ids: number[] }
   | { type: FrameType.Gone; entries: GoneEntry[] }
   /** bytes: the payload's length; fds: how many of its fds the decoded values hold. */
-  | { type: FrameType.Message; message: ReceivedMessage; bytes: number; fds: number };
+  | { type: FrameType.Message; message: ReceivedMessage; bytes: number; fds: number }
+  /** The peer's inbound ring: `fds` (its memfd, then its doorbell eventfd) belong to the caller. */
+  | { type: FrameType.Ring; capacity: number; fds: [number, number] }
+  | { type: FrameType.RingStart };
 
 /** What decoding needs from the link the record arrived on. */
 export interface InboundContext {
@@ -58,7 +61,12 @@ export function readPayload(
       if (d.fatal) throw d.error;
       return { type: FrameType.Message, message: { ok: false, error: d.error }, bytes: 0, fds: 0 };
     }
-    // parseHeader() allows fds only on messages, so none need closing below.
+    case FrameType.Ring:
+      // parseHeader() checked there are exactly two; the caller owns them from here.
+      return { type: FrameType.Ring, capacity: view.getUint32(HEADER_BYTES, true), fds: [fds![0]!, fds![1]!] };
+    // parseHeader() allows fds only on messages and RING, so none need closing below.
+    case FrameType.RingStart:
+      return { type: FrameType.RingStart };
     case FrameType.Release:
       return { type: FrameType.Release, ids: readReleaseIds(view, h.payloadLength) };
     case FrameType.Gone:

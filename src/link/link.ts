@@ -45,6 +45,7 @@ import { uidAllowed, uidRefusal } from './handshake.js';
 import type { Waiter } from './queue.js';
 import { noteChange, observeLink } from '../observe/hooks.js';
 import { probe, Probe } from './probe.js';
+import { FRAME_RING_DEFAULT, LinkTransport, RecordSource, type RingState } from './ring-transport.js';
 import { invalidArgValue } from '../arg-errors.js';
 
 /** Who is on the other end, as the kernel reports it. */
@@ -78,6 +79,8 @@ export interface LinkSetup {
   handshakeTimeoutMs?: number;
   /** For messages: who the peer is, e.g. "child process 1234". */
   peerName: string;
+  /** Offer frame rings (ring-transport.ts); default: unless CUDA_IPC_LINK_RING=0. */
+  frameRing?: boolean;
   /** The bounds of linkLimits(options) (default DEFAULT_LINK_LIMITS). */
   limits?: LinkLimits;
 }
@@ -86,6 +89,8 @@ export interface LinkSetup {
 export const kCreate: unique symbol = Symbol('cuda-ipc.link.create');
 /** @internal Resolves when the handshake completed, rejects with the reason if it failed. */
 export const kOpened: unique symbol = Symbol('cuda-ipc.link.opened');
+/** @internal Which frame rings the link uses (ring-transport.ts). */
+export const kRingState: unique symbol = Symbol('cuda-ipc.link.ringState');
 
 // Sent frames are copied by the kernel, or by the outbox when they must wait: one scratch serves.
 const releaseScratch = new Uint8Array(HEADER_BYTES + 8 + 8 * 64);
@@ -165,7 +170,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   /** Unique in this process; stable for the link's life. */
   readonly id = nextLinkId++;
   readonly #setup: LinkSetup;
-  readonly #sock: NativeSocket;
+  readonly #sock: LinkTransport;
   readonly #recvBuf: Buffer;
   readonly #recvView: DataView;
   readonly #header: FrameHeader = { type: FrameType.Hello, flags: 0, payloadLength: 0, fdCount: 0 };
@@ -210,7 +215,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
       option: 'maxMessageBytes',
     };
     try {
-      this.#sock = new addon.Socket(setup.fd, MAX_FRAME_BYTES, this.#onRecord, this.#onState);
+      this.#sock = new LinkTransport(setup.fd, MAX_FRAME_BYTES, this.#onRecord, this.#onState, (e) => this.#shutdown(e, 'local'), setup.frameRing ?? FRAME_RING_DEFAULT);
     } catch (e) {
       closeFds([setup.fd]);
       throw e;
@@ -458,11 +463,31 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     this.#helloSent = true;
     try {
       const hello = new Uint8Array(HELLO_PAYLOAD_BYTES);
-      new DataView(hello.buffer).setUint32(0, OUR_FEATURES, true);
+      new DataView(hello.buffer).setUint32(0, OUR_FEATURES | this.#sock.features, true);
       this.#sendControl(FrameType.Hello, hello);
     } catch (e) {
       // The peer is already gone; the receive side reports it.
     }
+  }
+
+  /** Once open: offers this side's frame ring when both HELLOs asked for rings. */
+  #offerRing(peerFeatures: number): void {
+    let offer;
+    try {
+      offer = this.#sock.offer(peerFeatures);
+    } catch (e) {
+      // No ring (out of fds or memory): the link works on the socket alone.
+      process.emitWarning(`a link could not set up its frame ring and uses its socket alone: ${String((e as Error)?.message ?? e)}`, { code: 'CUDA_IPC_LINK_RING' });
+      return;
+    }
+    if (!offer) return;
+    try {
+      // A control frame: it never counts against the send queue's bounds.
+      this.#outbox.send(offer.frame, offer.frame.byteLength, null, offer.fds, [], 0, true);
+    } catch {
+      // The peer is already gone; the receive side reports it.
+    }
+    this.#sock.offerSent();
   }
 
   #refuse(): void {
@@ -518,8 +543,9 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     }
   }
 
-  // Called by the native socket for every record, with the bytes in #recvBuf[0, length).
-  #onRecord = (status: number, length: number, fds: number[] | undefined, cred: [number, number, number] | undefined): void => {
+  // Called by the transport for every record, with the bytes in #recvBuf[0, length) (or in the
+  // transport's ring buffer, for a frame that came through the frame ring).
+  #onRecord = (status: number, length: number, fds: number[] | undefined, cred: [number, number, number] | undefined, source: RecordSource): void => {
     probe?.(Probe.RecordIn);
     if (this.#state === 'closed') {
       closeFds(fds);
@@ -535,23 +561,25 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
       );
       return;
     }
+    const ring = source === RecordSource.Ring;
+    const view = ring ? this.#sock.ringView : this.#recvView;
     let h: FrameHeader;
     try {
-      h = parseHeader(this.#recvView, length, fds?.length ?? 0, this.#header);
+      h = parseHeader(view, length, fds?.length ?? 0, this.#header);
     } catch (e) {
       closeFds(fds);
       this.#shutdown(e as IpcError, 'local');
       return;
     }
-    if ((h.type === FrameType.Message || h.type === FrameType.Release || h.type === FrameType.Gone) && this.#state !== 'open') {
+    if (h.type !== FrameType.Hello && h.type !== FrameType.Refuse && h.type !== FrameType.Goodbye && this.#state !== 'open') {
       closeFds(fds);
-      const what = h.type === FrameType.Message ? 'message' : h.type === FrameType.Release ? 'RELEASE' : 'GONE';
+      const what = h.type === FrameType.Message ? 'message' : h.type === FrameType.Release ? 'RELEASE' : h.type === FrameType.Gone ? 'GONE' : h.type === FrameType.Ring ? 'RING' : 'RING_START';
       this.#shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#setup.peerName} sent a ${what} before the link handshake`), 'local');
       return;
     }
     let f: InboundFrame;
     try {
-      f = readPayload(h, this.#recvBuf, this.#recvView, length, fds, this.#inbound);
+      f = readPayload(h, ring ? this.#sock.ringBuffer : this.#recvBuf, view, length, fds, this.#inbound);
     } catch (e) {
       // readPayload closed the fds. Anything but an IpcError would be a bug in the decoder; the
       // link still closes with a typed reason rather than throw out of the socket callback.
@@ -582,6 +610,26 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
       }
       case FrameType.Hello:
         this.#onHello(cred, f.features);
+        return;
+      case FrameType.Ring:
+        try {
+          if (!this.#sock.acceptOffer(f.capacity, f.fds)) return;
+        } catch (e) {
+          this.#shutdown(e as IpcError, 'local');
+          return;
+        }
+        try {
+          this.#sendControl(FrameType.RingStart);
+        } catch {
+          // The peer is already gone; the receive side reports it.
+        }
+        return;
+      case FrameType.RingStart:
+        try {
+          this.#sock.startReceiving();
+        } catch (e) {
+          this.#shutdown(e as IpcError, 'local');
+        }
         return;
       case FrameType.Gone:
         dispatchGone(f.entries, this);
@@ -670,6 +718,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     if ((this.#state as LinkState) === 'closed') return;
     this.#state = 'open';
     clearTimeout(this.#handshakeTimer);
+    this.#offerRing(features);
     const waiters = this.#openWaiters;
     this.#openWaiters = [];
     for (const w of waiters) w.resolve(undefined);
@@ -778,6 +827,11 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   /** Same as end(), for `await using`. */
   [Symbol.asyncDispose](): Promise<void> {
     return this.end();
+  }
+
+  /** @internal */
+  [kRingState](): RingState {
+    return this.#sock.ringState;
   }
 
   /** @internal */

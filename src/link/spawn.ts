@@ -42,6 +42,13 @@ export interface SpawnOptions extends LinkOptions {
    * so it names the same GPU whatever CUDA_VISIBLE_DEVICES the child has.
    */
   device?: Device | string;
+  /**
+   * Small frames without fds through a shared-memory ring each way once both sides agree. Off by
+   * default (on where CUDA_IPC_LINK_RING=1): on the machines measured so far the socket was as
+   * fast or faster (docs/PROTOCOL.md section 3.3). true offers rings and tells the child to offer
+   * its own (CUDA_IPC_LINK_RING=1 in its environment); false keeps this link on its socket alone.
+   */
+  frameRing?: boolean;
 }
 
 /** What spawn() resolves with: the child process and the link to it (typed as `Link<In, Out>`). */
@@ -119,6 +126,7 @@ export async function startLinkedChild(command: string, argv: readonly string[],
       helloFirst: false,
       handshakeTimeoutMs: options.handshakeTimeoutMs ?? 30_000,
       peerName: 'child process',
+      frameRing: options.frameRing,
       limits,
     });
   } catch (e) {
@@ -134,7 +142,12 @@ export async function startLinkedChild(command: string, argv: readonly string[],
   try {
     child = spawnProcess(command, argv, {
       stdio: stdio as StdioOptions,
-      env: { ...(options.env ?? process.env), ...deviceEnv, [LINK_FD_ENV]: String(childIndex) },
+      env: {
+        ...(options.env ?? process.env),
+        ...deviceEnv,
+        ...(options.frameRing !== undefined ? { CUDA_IPC_LINK_RING: options.frameRing ? '1' : '0' } : {}),
+        [LINK_FD_ENV]: String(childIndex),
+      },
       ...(options.cwd !== undefined ? { cwd: options.cwd } : {}),
       ...(options.uid !== undefined ? { uid: options.uid } : {}),
       ...(options.gid !== undefined ? { gid: options.gid } : {}),

@@ -15,10 +15,9 @@ import { ChannelHub, acceptChannel, type ChannelConsumer, type ChannelProducer }
 import { spawn } from '../../src/link/index.js';
 import { startLinkedChild } from '../../src/link/spawn.js';
 import type { Link } from '../../src/link/link.js';
-import type { LinkOptions } from '../../src/link/link-options.js';
 import { addon } from '../../src/native.js';
 import { fdCount } from '../fixtures/fd-count.js';
-import { HELLO, header, linkPair, linkWithRawPeer } from '../fixtures/link-pair.js';
+import { HELLO, header, linkPair, linkWithRawPeer, type PairOptions } from '../fixtures/link-pair.js';
 import { buildRecordsFrame } from '../fixtures/link-fuzzer.js';
 import { ALL_SEALS, OddFiles, memfdWith } from '../fixtures/odd-fds.js';
 import { writePayload } from '../fixtures/channel-payload.js';
@@ -55,6 +54,17 @@ function json(text: string): Uint8Array {
 }
 const large = (encoding: number, length: bigint, fds = 1) => header(2, encoding | 0x100, 8, fds, (v) => v.setBigUint64(16, length, true));
 const payload = Buffer.from(JSON.stringify({ big: 'z'.repeat(200_000) }));
+/** A RING frame announcing `capacity` (its two fds go with it). */
+const ringFrame = (capacity: number) => header(7, 0, 8, 2, (v) => v.setUint32(16, capacity, true));
+/** A memfd shaped like a frame ring of `capacity` (header and seals as an honest peer makes it). */
+function ringMemfd(capacity: number): number {
+  const bytes = new Uint8Array(4096 + capacity);
+  const v = new DataView(bytes.buffer);
+  v.setUint32(0, 0x52504943, true);
+  v.setUint32(4, 1, true);
+  v.setUint32(8, capacity, true);
+  return memfdWith(bytes, SIZE_SEALS);
+}
 
 interface Sent {
   bytes: Uint8Array;
@@ -65,9 +75,11 @@ interface HostileCase {
   /** What the receiver must answer: 'closed CODE' or 'message error CODE'. */
   expect: string;
   send: (odd: OddFiles) => Sent[];
-  options?: LinkOptions;
+  options?: PairOptions;
   /** Send no HELLO first. */
   noHello?: boolean;
+  /** The features of the raw peer's HELLO (default 3: large messages and GONE, no frame rings). */
+  hello?: number;
 }
 
 const goodHostData = hostData(65536, 0, 65536);
@@ -109,6 +121,17 @@ const CASES: HostileCase[] = [
   { name: 'large message, length 2^63', expect: 'closed ERR_FRAME_INVALID', send: () => [{ bytes: large(0, 2n ** 63n), fds: [memfdWith(payload)] }] },
   { name: 'large message, its fd a pipe', expect: 'closed ERR_FRAME_INVALID', send: (o) => [{ bytes: large(0, BigInt(payload.byteLength)), fds: [o.pipe()] }] },
   { name: 'large message over maxMessageBytes', expect: 'closed ERR_MESSAGE_TOO_LARGE', options: { maxMessageBytes: 150_000 }, send: () => [{ bytes: large(0, BigInt(payload.byteLength)), fds: [memfdWith(payload)] }] },
+  // Frame rings (PROTOCOL.md section 3.3): RING carries the peer's ring memfd and doorbell eventfd.
+  { name: 'RING although the HELLOs did not agree on rings', expect: 'closed ERR_FRAME_INVALID', options: { frameRing: true }, send: () => [{ bytes: ringFrame(65536), fds: [ringMemfd(65536), addon.eventfdCreate()] }] },
+  { name: 'RING before HELLO', expect: 'closed ERR_FRAME_INVALID', noHello: true, send: () => [{ bytes: ringFrame(65536), fds: [ringMemfd(65536), addon.eventfdCreate()] }] },
+  { name: 'RING whose doorbell is a pipe', expect: 'closed ERR_FRAME_INVALID', hello: 7, options: { frameRing: true }, send: (o) => [{ bytes: ringFrame(65536), fds: [ringMemfd(65536), o.pipe()] }] },
+  { name: 'RING whose memfd is unsealed', expect: 'closed ERR_FRAME_INVALID', hello: 7, options: { frameRing: true }, send: () => [{ bytes: ringFrame(65536), fds: [memfdWith(new Uint8Array(4096 + 65536), 0), addon.eventfdCreate()] }] },
+  { name: 'RING whose memfd is shorter than its capacity', expect: 'closed ERR_FRAME_INVALID', hello: 7, options: { frameRing: true }, send: () => [{ bytes: ringFrame(65536), fds: [ringMemfd(4096), addon.eventfdCreate()] }] },
+  { name: 'RING whose memfd has no ring header', expect: 'closed ERR_FRAME_INVALID', hello: 7, options: { frameRing: true }, send: () => [{ bytes: ringFrame(65536), fds: [memfdWith(new Uint8Array(4096 + 65536), SIZE_SEALS), addon.eventfdCreate()] }] },
+  { name: 'RING of capacity 5000 (not a power of two)', expect: 'closed ERR_FRAME_INVALID', hello: 7, options: { frameRing: true }, send: () => [{ bytes: ringFrame(5000), fds: [ringMemfd(5000), addon.eventfdCreate()] }] },
+  { name: 'RING with one fd', expect: 'closed ERR_FRAME_INVALID', hello: 7, options: { frameRing: true }, send: () => [{ bytes: header(7, 0, 8, 1, (v) => v.setUint32(16, 65536, true)), fds: [ringMemfd(65536)] }] },
+  { name: 'RING_START without a RING from the peer', expect: 'closed ERR_FRAME_INVALID', hello: 7, options: { frameRing: true }, send: () => [{ bytes: header(8, 0, 0, 0) }] },
+  { name: 'RING_START with a payload', expect: 'closed ERR_FRAME_INVALID', hello: 7, options: { frameRing: true }, send: () => [{ bytes: header(8, 0, 4, 0) }] },
 ];
 
 /** What an honest peer sends after a case: a sealed host buffer holding 1,2,3,4. */
@@ -149,7 +172,7 @@ test('hostile frames and fds: each gets a typed error, and the receiver serves a
         let got: string;
         let served: string;
         try {
-          if (!c.noHello) raw.send(HELLO(3));
+          if (!c.noHello) raw.send(HELLO(c.hello ?? 3));
           for (const s of c.send(odd)) sendRaw(raw, s);
           try {
             const v = await link.receive({ timeout: 2000 });
