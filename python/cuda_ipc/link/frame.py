@@ -35,6 +35,7 @@ MESSAGE = 2
 GOODBYE = 3
 REFUSE = 4
 RELEASE = 5
+GONE = 6
 
 # MESSAGE encodings (the header's flags).
 ENC_JSON = 0
@@ -50,10 +51,12 @@ REFUSE_UID = 1
 REFUSE_PROTOCOL = 2
 REFUSE_TOO_LARGE = 3
 
-#: HELLO feature bits: 1 = accepts large messages (PROTOCOL.md 3.1); 2 = accepts GONE frames (3.2),
-#: which this package does not take yet, so it does not announce it.
+#: HELLO feature bits: 1 = accepts large messages (PROTOCOL.md 3.1); 2 = accepts GONE frames (3.2).
 FEATURE_LARGE_MESSAGES = 1
-OUR_FEATURES = FEATURE_LARGE_MESSAGES
+FEATURE_GONE = 2
+OUR_FEATURES = FEATURE_LARGE_MESSAGES | FEATURE_GONE
+GONE_HEAD_BYTES = 8
+MAX_GONE_KEY_BYTES = 1024
 #: MESSAGE flags: bits 0-7 the encoding, bit 8 a large message (large_message.py).
 ENCODING_MASK = 0xFF
 LARGE_PAYLOAD = 0x0100
@@ -100,7 +103,7 @@ def parse_header(buf: Buffer, length: int, fd_count: int) -> tuple[int, int, int
             raise frame_invalid(f"a large message must carry an 8-byte length and its memfd (got {payload_length} bytes, {fd_count} fds)")
         if (fd_count - 1 if large else fd_count) > 0 and encoding != ENC_JSON_WITH_RECORDS:
             raise frame_invalid("fds arrived with a message that has no transfer records")
-    elif ftype in (HELLO, GOODBYE, REFUSE, RELEASE):
+    elif ftype in (HELLO, GOODBYE, REFUSE, RELEASE, GONE):
         if flags != 0:
             raise frame_invalid(f"flags 0x{flags:x} on a control frame")
         if fd_count != 0:
@@ -120,6 +123,8 @@ def parse_header(buf: Buffer, length: int, fd_count: int) -> tuple[int, int, int
                 raise frame_invalid(f"RELEASE of {payload_length} bytes announcing {count} ids")
             if struct.unpack_from("<I", buf, HEADER_BYTES + 4)[0] != 0:
                 raise frame_invalid("RELEASE reserved bytes are not zero")
+        elif ftype == GONE and payload_length < GONE_HEAD_BYTES:
+            raise frame_invalid(f"GONE payload of {payload_length} bytes")
     else:
         raise frame_invalid(f"unknown frame type {ftype}")
     return ftype, flags, payload_length
@@ -161,3 +166,34 @@ def read_release_ids(buf: Buffer, payload_length: int) -> list[int]:
         if i == 0 or i > MAX_LEASE_ID:
             raise frame_invalid("RELEASE of lease id 0 or of an id above 2^53")
     return ids
+
+
+def read_gone_entries(buf: Buffer, payload_length: int) -> list[tuple[str, bytes]]:
+    """The (kind, key) entries of a GONE frame (PROTOCOL.md 3.2); ERR_FRAME_INVALID for a count,
+    length or kind that does not add up, as the Node side decides."""
+    end = HEADER_BYTES + payload_length
+    count, reserved = struct.unpack_from("<II", buf, HEADER_BYTES)
+    if count == 0 or reserved != 0:
+        raise frame_invalid(f"GONE with count {count} and reserved {reserved}")
+    at = HEADER_BYTES + GONE_HEAD_BYTES
+    entries: list[tuple[str, bytes]] = []
+    for _ in range(count):
+        if at + 1 > end:
+            raise frame_invalid("GONE entries end before their count")
+        kind_length = buf[at]
+        at += 1
+        if kind_length < 1 or kind_length > 64 or at + kind_length + 2 > end:
+            raise frame_invalid("GONE entry kind of a bad length")
+        kind = bytes(buf[at:at + kind_length])
+        if any(c < 0x21 or c > 0x7E for c in kind):
+            raise frame_invalid("GONE entry kind outside printable ASCII")
+        at += kind_length
+        key_length = struct.unpack_from("<H", buf, at)[0]
+        at += 2
+        if key_length > MAX_GONE_KEY_BYTES or at + key_length > end:
+            raise frame_invalid("GONE entry key of a bad length")
+        entries.append((kind.decode("ascii"), bytes(buf[at:at + key_length])))
+        at += key_length
+    if at != end:
+        raise frame_invalid("GONE frame with bytes after its last entry")
+    return entries

@@ -27,6 +27,7 @@ from typing import Any, Iterator, NamedTuple
 from ..errors import IpcError
 from . import frame as fr
 from .fds import close_fds
+from .gone import dispatch_gone
 from .inbox import Inbox
 from .lease import IncomingLeases, OutgoingLeases, release_hold
 from .large_message import (
@@ -348,9 +349,9 @@ class Link:
             close_fds(fds)
             self._shutdown(e, "local")
             return
-        if ftype in (fr.MESSAGE, fr.RELEASE) and self._state != "open":
+        if ftype in (fr.MESSAGE, fr.RELEASE, fr.GONE) and self._state != "open":
             close_fds(fds)
-            what = "message" if ftype == fr.MESSAGE else "RELEASE"
+            what = "message" if ftype == fr.MESSAGE else "RELEASE" if ftype == fr.RELEASE else "GONE"
             self._shutdown(IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a {what} before the link handshake"), "local")
             return
         if ftype == fr.MESSAGE:
@@ -393,6 +394,14 @@ class Link:
                 self._shutdown(IpcError(
                     "ERR_FRAME_INVALID",
                     f"the {self._peer_name} released lease {unknown}, which this link never granted or had already ended"), "local")
+            return
+        if ftype == fr.GONE:
+            try:
+                entries = fr.read_gone_entries(buf, payload_length)
+            except IpcError as e:
+                self._shutdown(e, "local")
+                return
+            dispatch_gone(entries, self)
             return
         if ftype == fr.HELLO:
             if self._state != "handshaking":

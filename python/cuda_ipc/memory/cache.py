@@ -85,6 +85,14 @@ def _legacy_release(handle: bytes, user: Device) -> None:
             return
         m.refs -= 1
         if m.refs == 0:
+            if handle in _legacy_gone:
+                # Its exporter freed it: an idle mapping would keep the whole allocation resident.
+                del _legacy_maps[(handle, user.uuid)]
+                if not any(k[0] == handle for k in _legacy_maps):
+                    _legacy_gone.discard(handle)
+                with m.device.activate():
+                    drv.driver().call("cuIpcCloseMemHandle", m.base)
+                return
             _trim_idle(_legacy_idle_limit)
 
 
@@ -104,6 +112,34 @@ def _trim_idle(keep: int) -> None:
             first = first or e
     if first is not None:
         raise first
+
+
+_legacy_gone: set[bytes] = set()  # handles whose exporter freed them: not kept idle at their last release
+
+
+def forget_legacy_allocation(handle: bytes) -> int:
+    """The exporter freed the allocation of ``handle`` (a GONE notice, PROTOCOL.md 3.2): closes its
+    idle mappings now, on every device, and the busy ones at their last release instead of keeping
+    them idle. Returns how many it closed."""
+    closed = 0
+    first: BaseException | None = None
+    with _legacy_lock:
+        for k, m in list(_legacy_maps.items()):
+            if k[0] != handle:
+                continue
+            if m.refs:
+                _legacy_gone.add(handle)
+                continue
+            del _legacy_maps[k]
+            try:
+                with m.device.activate():
+                    drv.driver().call("cuIpcCloseMemHandle", m.base)
+                closed += 1
+            except CudaError as e:
+                first = first or e
+    if first is not None:
+        raise first
+    return closed
 
 
 def _legacy_drop(handle: bytes, user: Device) -> bool:
