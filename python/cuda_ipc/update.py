@@ -51,8 +51,9 @@ class UpdateResult(NamedTuple):
     #: the stream the copies were queued on (0 for host memory); synchronize it (or pass sync=True) before reusing the sources
     stream: int
     #: where the call's time went, in microseconds: 'plan' (matching names, the plan or its reuse, source
-    #: addresses), 'table' (building and uploading the run table; 0 when reused), 'launch' (queueing the
-    #: copies), 'sync' (waiting for them, sync=True only)
+    #: addresses), 'table' (building and uploading the run table), 'launch' (queueing the copies), 'sync'
+    #: (waiting for them, sync=True only); and 'uploaded': the run table's bytes uploaded (0 when the
+    #: plan's table was reused)
     timings: Optional[dict[str, float]] = None
 
 
@@ -371,6 +372,7 @@ def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, str
         _copy_host(p, src_ptrs)
         return UpdateResult(len(p.names), p.bytes, missing, unexpected, 0, "host", 0)
     t2 = t1
+    uploaded = 0
     with Device.get(p.ordinal).activate():
         handle = _stream_handle(stream, p.ordinal)
         if method == "foreach":
@@ -380,7 +382,7 @@ def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, str
         else:
             used = "kernel" if method == "auto" else method
             if used == "kernel":
-                _upload_table(p, src_ptrs, handle)
+                uploaded = _upload_table(p, src_ptrs, handle)
                 t2 = clock()
                 ops = _launch_table(p, handle)
             else:
@@ -391,7 +393,7 @@ def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, str
         if sync:
             drv.driver().call("cuStreamSynchronize", c_void_p(handle))
         t4 = clock()
-    timings = {"plan": (t1 - t0) / 1000, "table": (t2 - t1) / 1000, "launch": (t3 - t2) / 1000, "sync": (t4 - t3) / 1000}
+    timings = {"plan": (t1 - t0) / 1000, "table": (t2 - t1) / 1000, "launch": (t3 - t2) / 1000, "sync": (t4 - t3) / 1000, "uploaded": float(uploaded)}
     return UpdateResult(len(p.names), p.bytes, missing, unexpected, ops, used, handle, timings)
 
 
@@ -408,18 +410,18 @@ def _source_pointers(p: _Plan, ts: TensorSet) -> list[int]:
     return ptrs
 
 
-def _upload_table(p: _Plan, src_ptrs: list[int], stream: int) -> None:
+def _upload_table(p: _Plan, src_ptrs: list[int], stream: int) -> int:
     """The plan's copy_runs table for these source addresses, on the device (built and uploaded only
     when the addresses changed: a repeated sync of the same mappings uploads nothing)."""
     if not p.runs:
-        return
+        return 0
     made = p._table
     if made is None or made[0] is not src_ptrs:
         table = plan_runs([p.dst_ptrs[k] for k in p.runs], [src_ptrs[k] for k in p.runs], p.run_sizes)
         made = p._table = (src_ptrs, table)
     if p._device_table is None:
         p._device_table = DeviceTable(p.ordinal)
-    p._device_table.upload(made[1], stream)
+    return len(made[1].data) if p._device_table.upload(made[1], stream) else 0
 
 
 def _launch_table(p: _Plan, stream: int) -> int:

@@ -355,12 +355,13 @@ class DeviceSetTests(unittest.TestCase):
         for n, a in named.items():
             self.assertEqual(ctypes.string_at(mine[n].ptr, a.shape[0]), ctypes.string_at(a.ptr, a.shape[0]), n)
         self.assertEqual(len(self.fake.uploads), 1)
-        self.assertEqual(set(r.timings or {}), {"plan", "table", "launch", "sync"})
+        self.assertEqual(set(r.timings or {}), {"plan", "table", "launch", "sync", "uploaded"})
+        self.assertEqual(r.timings["uploaded"], runs * 32)
         # The next step's weights: the same mappings, so the same table: no upload, one launch.
         for a in named.values():
             self.fill_bytes(a.ptr, bytes(255 - b for b in ctypes.string_at(a.ptr, a.shape[0])))
         r2 = update_in_place(mine, got)
-        self.assertEqual((r2.operations, len(self.fake.uploads), len(self.fake.launches)), (1, 1, 2))
+        self.assertEqual((r2.operations, len(self.fake.uploads), len(self.fake.launches), r2.timings["uploaded"]), (1, 1, 2, 0))
         for n, a in named.items():
             self.assertEqual(ctypes.string_at(mine[n].ptr, a.shape[0]), ctypes.string_at(a.ptr, a.shape[0]), n)
         got.close()

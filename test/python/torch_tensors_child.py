@@ -44,6 +44,7 @@ model = None
 shared = None
 kept = None
 strided_target = None
+apply_target = None
 
 
 def make_model(seed):
@@ -61,6 +62,15 @@ def make_model(seed):
 def c_bytes(t):
     """A tensor's bytes in C order, as hex."""
     return bytes(t.detach().contiguous().cpu().view(torch.uint8).reshape(-1).tolist()).hex()
+
+
+def step(m):
+    # In a function: a loop variable at module level (this loop used to be one) is a global that
+    # keeps the last parameter, so its 2 MiB caching-allocator segment, alive after 'free' dropped
+    # the model (memory_reserved() was 2097152 there, not 0).
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(1)
 
 
 for msg in link:
@@ -125,15 +135,15 @@ for msg in link:
         peer.send({"weights": shared})
         link.send({"handle_exports": tensor_set.handle_exports})
     elif op == "step":
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(1)
+        step(model)
         link.send({})
     elif op == "apply":
         ts = peer.receive(timeout=30)["weights"]
-        target = dict(model.state_dict(keep_vars=True))
-        if strided_target is not None:
-            target["extra"] = strided_target
+        if apply_target is None:  # made once, as a trainer's receiver would: the update's plan is kept for it
+            apply_target = dict(model.state_dict(keep_vars=True))
+            if strided_target is not None:
+                apply_target["extra"] = strided_target
+        target = apply_target
         r = update_in_place(target, ts, sync=True)
         reference = copy.deepcopy(model)
         reference.load_state_dict({n: ts[n] for n in ts})
@@ -142,7 +152,8 @@ for msg in link:
         if kept is not None:
             kept.close()
         kept = ts
-        link.send({"ok": ok, "copied": r.copied, "operations": r.operations, "method": r.method, "opened": legacy_cache_stats()["opened"]})
+        link.send({"ok": ok, "copied": r.copied, "operations": r.operations, "method": r.method, "opened": legacy_cache_stats()["opened"],
+                   "uploaded": r.timings["uploaded"] if r.timings else -1})
     elif op == "hold":
         kept = peer.receive(timeout=30)["weights"]
         _ = [kept[n] for n in kept]
