@@ -123,6 +123,8 @@ try {
     ]);
     const phases = Object.fromEntries(Object.entries(serve.phases as Record<string, number[]>).map(([k, v]) => [k, summarize(ms(v)).median]));
     phases['trainer: encode + send'] = summarize(ms(run.send)).median;
+    phases['trainer: allocations looked up (+ handles asked)'] = summarize(ms(run.allocations)).median;
+    phases['trainer: table encoded'] = summarize(ms(run.table)).median;
     const opens = summarize(serve.opened as number[]).median;
     rows[label] = {
       summary: summarize(ms(run.times)), handles: serve.opened, senderCopied: 0, receiverCopied: serve.bytes, phases,

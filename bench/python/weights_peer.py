@@ -30,6 +30,24 @@ from cuda_ipc import update as _update
 
 import weights_model as wm
 
+# Where a trainer's encode goes (measured, not changed): the allocations looked up (one driver query
+# each, and the legacy handle asked of the driver on a first sync) and the table encoded.
+_spent = {"allocations": 0.0, "table": 0.0}
+
+
+def _timed(key, fn):
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _spent[key] += (time.perf_counter_ns() - t) / 1000
+    return wrapper
+
+
+tensor_set._device_alloc = _timed("allocations", tensor_set._device_alloc)
+tensor_set.encode_table = _timed("table", tensor_set.encode_table)
+
 link = parent_link()
 torch.cuda.synchronize()
 peer = None
@@ -86,7 +104,7 @@ def handle(msg):
         accepted.wait(60)
         names = list(sd)
         parts = chunks(names, msg["split"])
-        times, exports, send_us = [], [], []
+        times, exports, send_us, alloc_us, table_us = [], [], [], [], []
         for i in range(msg["syncs"]):
             first, last = sd[names[0]], sd[names[-1]]
             first.add_(1)  # the training step changes the weights (in place, as optimizers do)
@@ -97,6 +115,7 @@ def handle(msg):
                 if msg["fresh"]:
                     _mem._export_handles.clear()  # ask the driver for every handle again
             e0 = tensor_set.handle_exports
+            _spent["allocations"] = _spent["table"] = 0.0
             t0 = now()
             for s in shared:
                 peer.send({"weights": s, "sync": i, "t0": t0})
@@ -107,7 +126,9 @@ def handle(msg):
             times.append((t2 - t0) / 1000)
             send_us.append((t1 - t0) / 1000)
             exports.append(tensor_set.handle_exports - e0)
-        link.send({"times": times, "exports": exports, "send": send_us})
+            alloc_us.append(_spent["allocations"])
+            table_us.append(_spent["table"])
+        link.send({"times": times, "exports": exports, "send": send_us, "allocations": alloc_us, "table": table_us})
     elif op == "serve":
         accepted.wait(60)
         names = list(sd)
