@@ -220,8 +220,8 @@ export interface QueuedCopies {
 export function queueDeviceCopies(device: Device, stream: bigint, dsts: BigUint64Array, srcs: BigUint64Array, sizes: BigUint64Array,
   strided: readonly StridedCopy[], scratch: bigint[], method: 'kernel' | 'batch' = 'kernel'): QueuedCopies {
   const out: QueuedCopies = { operations: 0, method, uploaded: 0, release: () => {} };
-  if (dsts.length > 0 && method === 'kernel') {
-    const plan = planRuns(dsts, srcs, sizes);
+  const plan = method === 'kernel' ? planRuns(dsts, srcs, sizes) : undefined;
+  if (plan && plan.runs > 0) {
     let table = tables.get(device);
     let own = false;
     if (!table || table.busy) {
@@ -231,6 +231,7 @@ export function queueDeviceCopies(device: Device, stream: bigint, dsts: BigUint6
       if (!own) tables.set(device, table);
     }
     if (!sameBytes(table.data, plan.data)) {
+      table.data = new Uint8Array(0);  // until the upload below went out: a failure leaves it unknown
       if (table.capacity < plan.data.byteLength) {
         if (table.ptr) driver.memFree(table.ptr);
         table.ptr = 0n;
@@ -258,7 +259,7 @@ export function queueDeviceCopies(device: Device, stream: bigint, dsts: BigUint6
       throw e;
     }
     out.operations++;
-  } else if (dsts.length > 0) {
+  } else if (!plan && dsts.length > 0) {
     if (copyAddon.hasMemcpyBatch()) {
       copyAddon.memcpyBatchAsync(dsts, srcs, sizes, stream);
       out.operations++;
