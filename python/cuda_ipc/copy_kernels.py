@@ -219,6 +219,8 @@ class DeviceTable:
         if table.data is self._data or table.data == self._data:
             return False
         st.wait()  # the previous launch still reads the old rows
+        self._data = b""  # until the upload below went out: a failure leaves the device rows unknown
+        self._args = None
         if st.capacity < len(table.data):
             if st.ptr:
                 drv.driver().call("cuMemFree", drv.CUdeviceptr(st.ptr))

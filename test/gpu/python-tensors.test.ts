@@ -118,6 +118,18 @@ describe('tensor sets with PyTorch on a GPU', { skip }, () => {
     }
   });
 
+  test('update_in_place: 3000 odd-sized, oddly aligned pairs in one copy_runs launch, values right, nothing between them written', async () => {
+    const child = await spawnPython(CHILD);
+    const exit = once(child.child, 'exit');
+    try {
+      const r = await ask(child.link, { op: 'odd-update' });
+      assert.deepEqual(r, { ok: true, method: 'kernel', operations: 1, copied: 3000 });
+    } finally {
+      await child.link.end();
+      await exit;
+    }
+  });
+
   test('a receiver killed while it holds a set leaks nothing in the trainer', async () => {
     const trainer = await spawnPython(CHILD);
     const receiver = await spawnPython(CHILD);

@@ -21,6 +21,8 @@ trainer -> receiver flows (listen / connect):
   {op: 'free'}                      trainer: drops its model and the shared set, empties torch's cache,
                                     waits for the peer's releases -> {reserved, leases}
   {op: 'mem'}                       empties torch's cache -> {free (device-wide), reserved, legacy}
+  {op: 'odd-update'}                in this process: 3000 uint8/bf16 tensors of odd sizes at odd offsets,
+                                    update_in_place (copy_runs) from a dict, twice -> {ok, method, operations}
 """
 import copy
 import gc
@@ -71,6 +73,42 @@ def step(m):
     with torch.no_grad():
         for p in m.parameters():
             p.add_(1)
+
+
+def odd_update():
+    """Sizes from 1 byte to several 64 KiB chunks; sources at offsets sharing the destination's
+    misalignment, differing from it, or aligned; bf16 views among them. Values compared with torch."""
+    n = 3000
+    sizes = [200_000 + i if i % 211 == 0 else 1 + (i * 7919) % 3001 for i in range(n)]
+    src_store = torch.randint(0, 256, (sum(sizes) + 8 * n + 64,), dtype=torch.uint8, device=dev)
+    dst_store = torch.zeros(sum(sizes) + 8 * n + 64, dtype=torch.uint8, device=dev)
+    src, dst = {}, {}
+    s = d = 0
+    for i, size in enumerate(sizes):
+        s += i % 7
+        d += (s - d) % 16 if i % 3 == 0 else i % 5
+        if i % 10 == 9 and size % 2 == 0:  # bf16 views need even offsets and sizes
+            s += s % 2
+            d += d % 2
+            src[f"t{i}"] = src_store[s:s + size].view(torch.bfloat16)
+            dst[f"t{i}"] = dst_store[d:d + size].view(torch.bfloat16)
+        else:
+            src[f"t{i}"] = src_store[s:s + size]
+            dst[f"t{i}"] = dst_store[d:d + size]
+        s += size
+        d += size
+    ok = True
+    for _ in range(2):
+        r = update_in_place(dst, src, sync=True)
+        ok = ok and all(torch.equal(dst[k].view(torch.uint8), src[k].view(torch.uint8)) for k in src)
+        src_store.add_(1)
+    written = torch.zeros_like(dst_store, dtype=torch.bool)
+    for t in dst.values():
+        u = t.view(torch.uint8)
+        off = u.data_ptr() - dst_store.data_ptr()
+        written[off:off + u.numel()] = True
+    ok = ok and int(dst_store[~written].count_nonzero()) == 0
+    return {"ok": bool(ok), "method": r.method, "operations": r.operations, "copied": r.copied}
 
 
 for msg in link:
@@ -184,6 +222,9 @@ for msg in link:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # what this process freed itself (the load_state_dict references) goes back
         link.send({"free": torch.cuda.mem_get_info()[0], "reserved": torch.cuda.memory_reserved(), "legacy": legacy_cache_stats()})
+
+    elif op == "odd-update":
+        link.send(odd_update())
 
 if kept is not None:
     kept.close()
