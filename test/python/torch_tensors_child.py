@@ -80,8 +80,8 @@ def odd_update():
     misalignment, differing from it, or aligned; bf16 views among them. Values compared with torch."""
     n = 3000
     sizes = [200_000 + i if i % 211 == 0 else 1 + (i * 7919) % 3001 for i in range(n)]
-    src_store = torch.randint(0, 256, (sum(sizes) + 8 * n + 64,), dtype=torch.uint8, device=dev)
-    dst_store = torch.zeros(sum(sizes) + 8 * n + 64, dtype=torch.uint8, device=dev)
+    src_store = torch.randint(0, 256, (sum(sizes) + 16 * n + 64,), dtype=torch.uint8, device=dev)
+    dst_store = torch.zeros(sum(sizes) + 16 * n + 64, dtype=torch.uint8, device=dev)  # offsets grow by < 16 a tensor
     src, dst = {}, {}
     s = d = 0
     for i, size in enumerate(sizes):
