@@ -1,4 +1,4 @@
-// `npm run bench:weights [-- --tensors 3000] [--gib 8] [--syncs 3] [--repeats 5] [--split 1] [--json FILE] [--no-references]`
+// `npm run bench:weights [-- --tensors 3000] [--gib 8] [--syncs 3] [--repeats 5] [--split N] [--json FILE] [--no-references]`
 //
 // Whole models across processes (issue 21): a synthetic bf16 MoE-like state dict (about 8 GiB in
 // about 3,000 tensors, a few large and many small) goes from a PyTorch trainer process to a
@@ -8,10 +8,14 @@
 //   - per-tensor torch reductions (reduce_tensor / rebuild_cuda_tensor over a multiprocessing queue:
 //     verl, vime) and packed 1 GiB buckets (torch.cat, one handle each, slice and copy: vLLM, slime);
 //   - ours: share_tensors over a direct Python-to-Python link (Python listen / connect), and
-//     update_in_place (one cuMemcpyBatchAsync for the contiguous pairs), first sync (cold: handles
+//     update_in_place (one copy_runs launch for the contiguous pairs), first sync (cold: handles
 //     asked and opened, tables encoded and decoded) and repeated sync (the same trainer's weights
-//     again), with torch._foreach_copy_ as the receiver's copy for comparison.
-// Each row is printed against its target, with the handles opened and the bytes copied on each side.
+//     again), with cuMemcpyBatchAsync and torch._foreach_copy_ as the receiver's copy for comparison.
+// The state dict goes as one set in one message (a large message, in a sealed memfd) unless
+// --split N cuts it into N sets (for a peer without large messages).
+// Each row is printed against its target, with the handles opened and the bytes copied on each side,
+// and each sync of ours split into phases (receive, map, plan, table, launch, sync), so that a missed
+// target says which step holds it; the first sync also says how much of it is handle opens.
 // Needs a GPU and python3 with PyTorch; says why and exits 0 otherwise.
 import { parseArgs } from 'node:util';
 import { spawnSync } from 'node:child_process';
@@ -119,9 +123,13 @@ try {
     ]);
     const phases = Object.fromEntries(Object.entries(serve.phases as Record<string, number[]>).map(([k, v]) => [k, summarize(ms(v)).median]));
     phases['trainer: encode + send'] = summarize(ms(run.send)).median;
+    phases['trainer: allocations looked up (+ handles asked)'] = summarize(ms(run.allocations)).median;
+    phases['trainer: table encoded'] = summarize(ms(run.table)).median;
+    const opens = summarize(serve.opened as number[]).median;
     rows[label] = {
       summary: summarize(ms(run.times)), handles: serve.opened, senderCopied: 0, receiverCopied: serve.bytes, phases,
-      note: `${serve.method}, ${serve.operations} GPU operation(s); handles asked by the trainer: ${run.exports.join('/')}`,
+      note: `${serve.method}, ${serve.operations} GPU operation(s); handles asked by the trainer: ${run.exports.join('/')}` +
+        (opens > 0 ? `; handle opens: ${opens} in ${phases.map!.toFixed(1)} ms (${(1000 * phases.map! / opens).toFixed(0)} us each, map phase)` : ''),
     };
   };
   try {
@@ -129,12 +137,13 @@ try {
   } catch (e) {
     const why = String((e as Error).message ?? e);
     if (/ERR_MESSAGE_TOO_LARGE/.test(why)) {
-      throw new Error(`one tensor set of ${count} tensors needs a message larger than a 128 KiB frame (${why}); ` +
-        'rerun with --split N (N sets per sync) until messages of any size are in, or with fewer --tensors');
+      throw new Error(`one tensor set of ${count} tensors needs a message larger than a 128 KiB frame (${why}), and this ` +
+        'cuda_ipc (Python) does not send large messages yet; rerun with --split 3 (3 sets per sync), or with fewer --tensors');
     }
     throw e;
   }
   await ours('ours: repeated sync', false, repeats, 'auto');
+  await ours('ours: repeated sync, cuMemcpyBatchAsync on the receiver', false, repeats, 'batch');
   await ours('ours: repeated sync, torch._foreach_copy_ on the receiver', false, repeats, 'foreach');
   const [tc, rc] = await Promise.all([ask(trainer.link, { op: 'checksum' }), ask(receiver.link, { op: 'checksum' })]);
   if (tc.checksum !== rc.checksum) throw new Error(`the receiver's parameters differ from the trainer's (checksums ${rc.checksum} and ${tc.checksum})`);
@@ -206,7 +215,14 @@ printTable(`Weights sync, trainer -> receiver, ${count} tensors / ${GiB(bytes)} 
 for (const [label, m] of [['first sync', first], ['repeated sync', repeated]] as const) {
   if (!m?.phases) continue;
   console.log(`\nours, ${label}: where a sync goes (median ms): ` + Object.entries(m.phases).map(([k, v]) => `${k} ${v.toFixed(2)}`).join('; ') +
-    ' (receive: trainer send start -> receiver has decoded the message(s); update: plan + queueing the copies; copy: until the stream finished)');
+    ' (receive: trainer send start -> receiver decoded the message(s); map: mapping allocations not mapped yet (handle opens); ' +
+    'plan: matching names / reusing the plan; table: building + uploading the copy_runs table; launch: queueing the copies; sync: until the GPU finished them)');
+  if (label === 'first sync') {
+    const total = m.summary.median;
+    const map = m.phases.map ?? 0;
+    console.log(`ours, first sync: handle opens (map phase) ${map.toFixed(1)} ms of ${total.toFixed(1)} ms; the rest ${(total - map).toFixed(1)} ms ` +
+      `(of which trainer encode + send ${(m.phases['trainer: encode + send'] ?? 0).toFixed(1)} ms)`);
+  }
 }
 const missed = targets.filter((t) => !t.met);
 console.log(`\nweights targets: ${targets.length - missed.length} of ${targets.length} met`);

@@ -2,7 +2,9 @@
 # Regenerates kernels/*.ptx from kernels/*.cu. The PTX targets a low virtual architecture
 # (compute_75) so the driver JIT-compiles it for the GPU it runs on, including newer ones.
 #
-#   scripts/gen-ptx.sh                 write kernels/NAME.ptx next to each kernels/NAME.cu
+#   scripts/gen-ptx.sh                 write kernels/NAME.ptx next to each kernels/NAME.cu, and copy
+#                                      kernels/tensors.ptx into python/cuda_ipc/ (the Python package
+#                                      loads the copy kernels from there: it is installed on its own)
 #   scripts/gen-ptx.sh --out-dir DIR   write DIR/NAME.ptx instead (used by the PTX drift test)
 #
 # nvcc is $NVCC when set, else nvcc on PATH, else /usr/local/cuda/bin/nvcc.
@@ -47,3 +49,7 @@ for source in "${sources[@]}"; do
   mv -f "$tmp" "$out_dir/$name.ptx"
   echo "gen-ptx: $name.cu -> $out_dir/$name.ptx"
 done
+if [[ "$out_dir" == "$kernels_dir" && -f "$kernels_dir/tensors.ptx" ]]; then
+  cp -f "$kernels_dir/tensors.ptx" "$root/python/cuda_ipc/tensors.ptx"
+  echo "gen-ptx: tensors.ptx -> $root/python/cuda_ipc/tensors.ptx"
+fi

@@ -14,7 +14,8 @@ receiver splits that time into phases from the trainer's send timestamp (both re
 
 fresh: every sync starts cold (the trainer asks for its handles again and encodes anew; the receiver
 closed its mappings, forgot its decoded tables and plans): the first sync of a pair of processes.
-split: the state dict goes as that many sets (messages), for links whose frames are limited to 128 KiB.
+split: the state dict goes as that many sets (messages); 1 (the default) sends it whole, in one large
+message (docs/PROTOCOL.md section 3.1), which Python sends and receives once its large messages are in.
 """
 import gc
 import sys
@@ -28,6 +29,24 @@ from cuda_ipc import memory as _mem
 from cuda_ipc import update as _update
 
 import weights_model as wm
+
+# Where a trainer's encode goes (measured, not changed): the allocations looked up (one driver query
+# each, and the legacy handle asked of the driver on a first sync) and the table encoded.
+_spent = {"allocations": 0.0, "table": 0.0}
+
+
+def _timed(key, fn):
+    def wrapper(*args, **kwargs):
+        t = time.perf_counter_ns()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _spent[key] += (time.perf_counter_ns() - t) / 1000
+    return wrapper
+
+
+tensor_set._device_alloc = _timed("allocations", tensor_set._device_alloc)
+tensor_set.encode_table = _timed("table", tensor_set.encode_table)
 
 link = parent_link()
 torch.cuda.synchronize()
@@ -85,7 +104,7 @@ def handle(msg):
         accepted.wait(60)
         names = list(sd)
         parts = chunks(names, msg["split"])
-        times, exports, send_us = [], [], []
+        times, exports, send_us, alloc_us, table_us = [], [], [], [], []
         for i in range(msg["syncs"]):
             first, last = sd[names[0]], sd[names[-1]]
             first.add_(1)  # the training step changes the weights (in place, as optimizers do)
@@ -96,6 +115,7 @@ def handle(msg):
                 if msg["fresh"]:
                     _mem._export_handles.clear()  # ask the driver for every handle again
             e0 = tensor_set.handle_exports
+            _spent["allocations"] = _spent["table"] = 0.0
             t0 = now()
             for s in shared:
                 peer.send({"weights": s, "sync": i, "t0": t0})
@@ -106,14 +126,17 @@ def handle(msg):
             times.append((t2 - t0) / 1000)
             send_us.append((t1 - t0) / 1000)
             exports.append(tensor_set.handle_exports - e0)
-        link.send({"times": times, "exports": exports, "send": send_us})
+            alloc_us.append(_spent["allocations"])
+            table_us.append(_spent["table"])
+        link.send({"times": times, "exports": exports, "send": send_us, "allocations": alloc_us, "table": table_us})
     elif op == "serve":
         accepted.wait(60)
         names = list(sd)
         split = msg["split"]
         if targets is None or len(targets) != split:
             targets = [{n: sd[n] for n in part} for part in chunks(names, split)]
-        opened, phases, result = [], {"receive": [], "update": [], "copy": []}, None
+        opened, result = [], None
+        phases = {"receive": [], "map": [], "plan": [], "table": [], "launch": [], "sync": []}
         for i in range(msg["syncs"]):
             if msg["fresh"]:
                 for ts in kept:
@@ -127,23 +150,32 @@ def handle(msg):
             t1 = now()
             t0 = msgs[0]["t0"]  # the trainer's clock at its send: both read CLOCK_MONOTONIC
             sets = [m["weights"] for m in msgs]
-            stream = None
+            for ts in sets:  # maps every allocation not mapped yet: the handle opens of a first sync
+                ts.bases()
+            t2 = now()
             ops = 0
+            spent = {"plan": 0.0, "table": 0.0, "launch": 0.0}
             for target, ts in zip(targets, sets):
                 result = update_in_place(target, ts, method=msg["method"])
-                stream = result.stream
                 ops += result.operations
-            t2 = now()
-            torch.cuda.synchronize()  # the copies (on the update's stream) and anything before them
+                for k in spent:
+                    spent[k] += (result.timings or {}).get(k, 0.0)
             t3 = now()
+            torch.cuda.synchronize()  # the copies (on the update's stream) and anything before them
+            t4 = now()
             for ts in kept:  # the previous sync's sets: closed once this sync's are mapped
                 ts.close(sync=False)
             kept = sets
             peer.send({"ack": i})
             opened.append(legacy_cache_stats()["opened"] - o0)
             phases["receive"].append((t1 - t0) / 1000)
-            phases["update"].append((t2 - t1) / 1000)
-            phases["copy"].append((t3 - t2) / 1000)
+            phases["map"].append((t2 - t1) / 1000)
+            # plan / table / launch as update_in_place measured them; the rest of t2..t3 (Python around
+            # the calls) goes to plan
+            for k, v in spent.items():
+                phases[k].append(v)
+            phases["plan"][-1] += max(0.0, (t3 - t2) / 1000 - sum(spent.values()))
+            phases["sync"].append((t4 - t3) / 1000)
         link.send({"opened": opened, "phases": phases, "bytes": sum(r.nbytes for r in kept), "operations": ops, "method": result.method})
     elif op == "checksum":
         link.send({"checksum": wm.checksum(torch, sd)})

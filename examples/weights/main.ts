@@ -7,7 +7,7 @@
 //      model computed here on the CPU);
 //   3. a trainer process (Python) makes new weights (the same formula with another seed, standing in
 //      for a training step) and sends them as a tensor set (share_tensors); the server copies them
-//      into the loaded memory in place (updateInPlace: one batched copy on a GPU);
+//      into the loaded memory in place (updateInPlace: one copy kernel launch on a GPU);
 //   4. the workers' next answers use the new weights, with nothing re-sent to them.
 //
 //   node dist/examples/weights/main.js [--workers 2] [--requests 8] [--host]

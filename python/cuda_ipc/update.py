@@ -1,11 +1,12 @@
 """update_in_place: copies received tensors into your own, matched by name, with as few GPU operations as
-the driver allows: every pair that is one run of bytes on both sides in one ``cuMemcpyBatchAsync``
-(CUDA 12.8+), the other pairs with torch (``copy_``), all on one stream. Names, dtypes and shapes are
+the driver allows: every pair that is one run of bytes on both sides in one launch of the copy_runs
+kernel (copy_kernels.py: a table of runs in device memory, chunks spread over every SM, 16-byte
+loads), the other pairs with torch (``copy_``), all on one stream. Names, dtypes and shapes are
 checked before anything is copied, and what does not match is named.
 
 A repeated update of the same parameters from the same sender (the same tensor table) reuses its plan:
-the destination pointers, the source offsets and the driver's argument arrays; the per-call cost is a
-pointer check per parameter and one driver call.
+the destination pointers, the source offsets and the run table, uploaded once; the per-call cost is a
+pointer check per parameter, one launch and one event record.
 """
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ import ctypes
 import operator
 import sys
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from ctypes import POINTER, byref, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from ctypes import byref, c_size_t, c_uint64, c_void_p
 from types import ModuleType
 from typing import Any, NamedTuple, Optional
 
+from . import copy_kernels
 from . import driver as drv
+from .copy_kernels import CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, CUmemcpyAttributes, DeviceTable, RunTable, plan_runs
 from .descriptor import DTYPES, dtype_name, numel
 from .device import Device
 from .errors import CudaError, IpcError
@@ -41,61 +45,24 @@ class UpdateResult(NamedTuple):
     unexpected: list[str]
     #: GPU operations queued (driver calls, torch copies); 0 for host memory
     operations: int
-    #: 'batch' (cuMemcpyBatchAsync), 'copy' (one cuMemcpyDtoDAsync per pair), 'foreach' (torch._foreach_copy_), 'host'
+    #: 'kernel' (one copy_runs launch), 'batch' (cuMemcpyBatchAsync), 'copy' (one cuMemcpyDtoDAsync per pair),
+    #: 'foreach' (torch._foreach_copy_), 'host'
     method: str
     #: the stream the copies were queued on (0 for host memory); synchronize it (or pass sync=True) before reusing the sources
     stream: int
+    #: where the call's time went, in microseconds: 'plan' (matching names, the plan or its reuse, source
+    #: addresses), 'table' (building and uploading the run table), 'launch' (queueing the copies), 'sync'
+    #: (waiting for them, sync=True only); and 'uploaded': the run table's bytes uploaded (0 when the
+    #: plan's table was reused)
+    timings: Optional[dict[str, float]] = None
 
 
 # ------------------------------------------------------------------------------------------------
 # Driver entry points this module needs beyond driver.py's (resolved at their own ABI version).
 
 
-class CUmemcpyAttributes(ctypes.Structure):
-    _fields_ = [("srcAccessOrder", c_int), ("srcLocHint", drv.CUmemLocation), ("dstLocHint", drv.CUmemLocation), ("flags", c_uint)]
-
-
-CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
-_EXTRA: dict[str, tuple[int, tuple[Any, ...]]] = {
-    # The CUDA 12.8 form (with failIdx), which CUDA 13 drivers serve too.
-    "cuMemcpyBatchAsync": (12080, (POINTER(c_uint64), POINTER(c_uint64), POINTER(c_size_t), c_size_t, POINTER(CUmemcpyAttributes),
-                                   POINTER(c_size_t), c_size_t, POINTER(c_size_t), c_void_p)),
-    "cuStreamCreate": (12000, (POINTER(c_void_p), c_uint)),
-    "cuMemcpyDtoDAsync": (12000, (c_uint64, c_uint64, c_size_t, c_void_p)),
-}
-_entries: dict[str, Optional[drv.DriverFunction]] = {}
-_entries_lock = threading.Lock()
-
-
-def _entry(name: str) -> drv.DriverFunction | None:
-    """The driver's entry point ``name``, or None where the driver lacks it."""
-    d = drv.driver()
-    if not isinstance(d, drv._Driver):  # a stand-in driver (tests): its own raw entry, if it has one
-        return d._raw(name) if hasattr(d, "raw_" + name) else None
-    with _entries_lock:
-        if name in _entries:
-            return _entries[name]
-        version, argtypes = _EXTRA[name]
-        lib = ctypes.CDLL("libcuda.so.1")
-        get_proc = lib.cuGetProcAddress_v2
-        get_proc.restype = c_int
-        get_proc.argtypes = [ctypes.c_char_p, POINTER(c_void_p), c_int, c_uint64, POINTER(c_int)]
-        pfn = c_void_p()
-        status = c_int()
-        fn: drv.DriverFunction | None = None
-        if get_proc(name.encode(), byref(pfn), version, 0, byref(status)) == 0 and pfn.value:
-            fn = ctypes.CFUNCTYPE(c_int, *argtypes)(pfn.value)
-        _entries[name] = fn
-        return fn
-
-
-def _call(name: str, *args: Any) -> None:
-    fn = _entry(name)
-    if fn is None:
-        raise CudaError(-2, "CUDA_SYMBOL_NOT_FOUND", f"the installed driver does not provide {name}: update the NVIDIA driver", f"cuGetProcAddress({name})")
-    r = fn(*args)
-    if r != 0:
-        raise drv.driver().error(r, name)
+_entry = copy_kernels.entry
+_call = copy_kernels.call
 
 
 def has_memcpy_batch() -> bool:
@@ -208,7 +175,7 @@ class _Plan:
     """What copying one received layout into one set of parameters takes, kept while both stay."""
 
     __slots__ = ("names", "dst_objs", "dst_ptrs", "src_index", "src_strides", "runs", "run_sizes", "strided", "host", "ordinal",
-                 "bytes", "unexpected", "missing", "length", "keep", "_arrays", "_bases")
+                 "bytes", "unexpected", "missing", "length", "keep", "_arrays", "_bases", "_table", "_device_table")
     names: list[str]
     dst_objs: list[Any]
     dst_ptrs: list[int]
@@ -226,10 +193,14 @@ class _Plan:
     keep: Any
     _arrays: tuple[list[int], Any, Any, Any] | None  # (source pointers, and the driver's arrays made from them)
     _bases: tuple[tuple[int, ...], list[int]] | None
+    _table: tuple[list[int], RunTable] | None  # (source pointers, the copy_runs table made from them)
+    _device_table: DeviceTable | None  # the table uploaded (freed with the plan)
 
     def __init__(self) -> None:
         self._arrays = None
         self._bases = None
+        self._table = None
+        self._device_table = None
         self.keep = None
 
 
@@ -361,21 +332,24 @@ def _address(obj: Any) -> int:
 
 
 def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, stream: Any = None, strict: bool = True, method: str = "auto",
-                    sync: bool = False) -> UpdateResult:
+                    sync: bool = False) -> UpdateResult:  # noqa: C901 - one path per copy method
     """Copies each received tensor into the parameter of the same name.
 
     ``target``: a dict of tensors (torch tensors, CUDA arrays, HostArray) or a torch module (its
     state_dict). ``received``: a TensorSet (or a dict of tensors). ``strict`` (default): every parameter
     must be received and every received tensor must be a parameter; ``strict=False`` copies what
     matches and reports the rest. A dtype or shape mismatch fails either way, before anything is
-    copied (ERR_TENSOR_MISMATCH, naming them). ``method``: 'auto' ('batch' where the driver has
-    cuMemcpyBatchAsync, else 'copy'), 'batch', 'copy' or 'foreach' (torch._foreach_copy_). Device
+    copied (ERR_TENSOR_MISMATCH, naming them). ``method``: 'auto' or 'kernel' (one copy_runs launch
+    for the contiguous pairs), 'batch' (cuMemcpyBatchAsync), 'copy' (one cuMemcpyDtoDAsync per pair)
+    or 'foreach' (torch._foreach_copy_). Device
     copies are queued on ``stream`` (a torch stream or a CUstream; default torch's current stream, or a
     stream of cuda_ipc's own ordered with the legacy default stream) and the call returns then, as
     torch's copies do: keep ``received`` open until the stream passed them (``sync=True`` waits here;
     ``TensorSet.close()`` waits for the device anyway)."""
-    if method not in ("auto", "batch", "copy", "foreach"):
-        raise IpcError("ERR_INVALID_ARG", f"method must be 'auto', 'batch', 'copy' or 'foreach', got {method!r}")
+    if method not in ("auto", "kernel", "batch", "copy", "foreach"):
+        raise IpcError("ERR_INVALID_ARG", f"method must be 'auto', 'kernel', 'batch', 'copy' or 'foreach', got {method!r}")
+    clock = time.perf_counter_ns
+    t0 = clock()
     dst = _targets(target)
     if isinstance(received, TensorSet):
         received._check()
@@ -391,25 +365,36 @@ def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, str
         raise IpcError("ERR_INVALID_ARG", f"update_in_place: received must be a TensorSet or a dict of tensors, got {type(received).__qualname__}")
     missing = [] if strict else p.missing
     unexpected = [] if strict else p.unexpected
+    t1 = clock()
     if not p.names:
         return UpdateResult(0, 0, missing, unexpected, 0, "host" if p.host else method, 0)
     if p.host:
         _copy_host(p, src_ptrs)
         return UpdateResult(len(p.names), p.bytes, missing, unexpected, 0, "host", 0)
+    t2 = t1
+    uploaded = 0
     with Device.get(p.ordinal).activate():
         handle = _stream_handle(stream, p.ordinal)
         if method == "foreach":
+            t2 = clock()
             ops = _copy_foreach(p, src_obj, handle)
             used = "foreach"
         else:
-            if method == "auto":
-                method = "batch" if has_memcpy_batch() else "copy"
-            ops = _copy_runs(p, src_ptrs, handle, method)
+            used = "kernel" if method == "auto" else method
+            if used == "kernel":
+                uploaded = _upload_table(p, src_ptrs, handle)
+                t2 = clock()
+                ops = _launch_table(p, handle)
+            else:
+                t2 = clock()
+                ops = _copy_runs(p, src_ptrs, handle, used)
             ops += _copy_strided(p, src_obj, handle)
-            used = method
+        t3 = clock()
         if sync:
             drv.driver().call("cuStreamSynchronize", c_void_p(handle))
-    return UpdateResult(len(p.names), p.bytes, missing, unexpected, ops, used, handle)
+        t4 = clock()
+    timings = {"plan": (t1 - t0) / 1000, "table": (t2 - t1) / 1000, "launch": (t3 - t2) / 1000, "sync": (t4 - t3) / 1000, "uploaded": float(uploaded)}
+    return UpdateResult(len(p.names), p.bytes, missing, unexpected, ops, used, handle, timings)
 
 
 def _source_pointers(p: _Plan, ts: TensorSet) -> list[int]:
@@ -423,6 +408,27 @@ def _source_pointers(p: _Plan, ts: TensorSet) -> list[int]:
     p._bases = (bases, ptrs)
     p._arrays = None
     return ptrs
+
+
+def _upload_table(p: _Plan, src_ptrs: list[int], stream: int) -> int:
+    """The plan's copy_runs table for these source addresses, on the device (built and uploaded only
+    when the addresses changed: a repeated sync of the same mappings uploads nothing)."""
+    if not p.runs:
+        return 0
+    made = p._table
+    if made is None or made[0] is not src_ptrs:
+        table = plan_runs([p.dst_ptrs[k] for k in p.runs], [src_ptrs[k] for k in p.runs], p.run_sizes)
+        made = p._table = (src_ptrs, table)
+    if p._device_table is None:
+        p._device_table = DeviceTable(p.ordinal)
+    return len(made[1].data) if p._device_table.upload(made[1], stream) else 0
+
+
+def _launch_table(p: _Plan, stream: int) -> int:
+    if not p.runs or p._table is None or p._device_table is None:
+        return 0
+    p._device_table.launch(p._table[1], stream)
+    return 1
 
 
 def _copy_runs(p: _Plan, src_ptrs: list[int], stream: int, method: str) -> int:

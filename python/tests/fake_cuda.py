@@ -42,6 +42,10 @@ class FakeDriver:
         self.peer_enabled = []  # (current context, peer context)
         self.batches = []  # copies per cuMemcpyBatchAsync
         self.created_streams = []  # (stream, flags)
+        self.own_allocs = set()  # cuMemAlloc'ed here (the copy kernels' tables)
+        self.uploads = []  # bytes per cuMemcpyHtoDAsync
+        self.launches = []  # (kernel name, grid, block, runs, chunks) per cuLaunchKernel
+        self.events = 0
 
     # -- what tests use --
 
@@ -277,7 +281,85 @@ class FakeDriver:
         self.mapped_in[base] = self.ctx_stack[-1] if self.ctx_stack else None
         self._out(p_out).value = base
 
+    def cuMemAlloc(self, out, size):
+        base = self.alloc(size)
+        self.own_allocs.add(base)
+        out._obj.value = base
+
+    def cuDeviceGetAttribute(self, out, attr, dev):
+        out._obj.value = 4 if attr == 16 else 0  # 4 SMs
+
+    def cuEventSynchronize(self, ev):
+        pass
+
+    def cuEventDestroy(self, ev):
+        self.events -= 1
+
+    def raw_cuMemcpyHtoDAsync(self, dst, src, n, stream):
+        self.calls.append("cuMemcpyHtoDAsync")
+        self._find(dst.value)
+        ctypes.memmove(dst.value, src, n.value)
+        self.uploads.append(n.value)
+        return 0
+
+    def raw_cuModuleLoadData(self, out, image):
+        self.calls.append("cuModuleLoadData")
+        assert b".entry copy_runs(" in ctypes.string_at(image), "the tensors PTX"
+        out._obj.value = 0x6D00
+        return 0
+
+    def raw_cuModuleGetFunction(self, out, module, name):
+        self.calls.append("cuModuleGetFunction")
+        assert module.value == 0x6D00 and name == b"copy_runs", name
+        out._obj.value = 0x6E00
+        return 0
+
+    def raw_cuEventCreate(self, out, flags):
+        self.calls.append("cuEventCreate")
+        self.events += 1
+        out._obj.value = 0x6F00 + self.events
+        return 0
+
+    def raw_cuEventRecord(self, ev, stream):
+        self.calls.append("cuEventRecord")
+        return 0
+
+    def raw_cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
+        """Runs copy_runs as the GPU would, block by block in the kernel's order (kernels/tensors.cu)."""
+        self.calls.append("cuLaunchKernel")
+        assert f.value == 0x6E00 and gy == gz == by == bz == 1 and stream and stream.value
+        table = ctypes.c_uint64.from_address(params[0]).value
+        runs = ctypes.c_uint32.from_address(params[1]).value
+        chunks = ctypes.c_uint64.from_address(params[2]).value
+        chunk_bytes = ctypes.c_uint64.from_address(params[3]).value
+        self._find(table)
+        rows = [tuple((ctypes.c_uint64 * 4).from_address(table + 32 * i)) for i in range(runs)]
+        for block in range(gx):
+            r = 0
+            for c in range(block, chunks, gx):
+                lo, hi = r, runs - 1
+                while lo < hi:
+                    mid = lo + (hi - lo + 1) // 2
+                    if rows[mid][3] <= c:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                r = lo
+                dst, src, n, first = rows[r]
+                begin = (c - first) * chunk_bytes
+                assert begin < n, "a chunk past its run"
+                end = min(begin + chunk_bytes, n)
+                self._find(dst + begin)
+                self._find(src + begin)
+                ctypes.memmove(dst + begin, src + begin, end - begin)
+        self.launches.append(("copy_runs", gx, bx, runs, chunks))
+        return 0
+
     def cuMemFree(self, ptr):
+        if getattr(ptr, "value", ptr) in self.own_allocs:
+            self.own_allocs.discard(ptr.value)
+            self.freed.append(ptr.value)
+            return
         assert self.imported.get(ptr, 0) > 0, "freeing a pointer that was not imported"
         self.imported[ptr] -= 1
         self.freed.append(ptr)

@@ -10,7 +10,10 @@ import unittest
 
 from cuda_ipc import HostArray, HostBuffer, IpcError, TensorSet, share_tensors, update_in_place
 from cuda_ipc.memory import cache as memory_mod
+from cuda_ipc import copy_kernels
 from cuda_ipc import tensor_set as ts_mod
+from cuda_ipc import update as update_mod
+from cuda_ipc.copy_kernels import ROW, plan_runs
 from cuda_ipc.tensor_wire import KIND_HOST, decode_table, encode_set, encode_table, parse_set
 
 from . import fake_cuda
@@ -228,6 +231,9 @@ class DeviceSetTests(unittest.TestCase):
     def fill(self, ptr, values):
         ctypes.memmove(ptr, struct.pack(f"<{len(values)}f", *values), 4 * len(values))
 
+    def fill_bytes(self, ptr, data):
+        ctypes.memmove(ptr, data, len(data))
+
     def weights(self):
         """Six float32 tensors in two allocations (as a caching allocator's segments hold several)."""
         seg1 = self.fake.alloc(1 << 16)
@@ -294,7 +300,7 @@ class DeviceSetTests(unittest.TestCase):
         self.assertEqual(got.view("layers.0.weight").ptr, other)
         got.close()
 
-    def test_update_in_place_is_one_batched_driver_call_for_contiguous_pairs(self):
+    def test_update_in_place_batch_is_one_batched_driver_call_for_contiguous_pairs(self):
         seg1, seg2, named = self.weights()
         del named["head.weight.T"]  # the strided pair needs torch (see the GPU tests)
         self.la.send(share_tensors(named))
@@ -302,19 +308,114 @@ class DeviceSetTests(unittest.TestCase):
         memory_mod._local_exports.clear()
         dst_seg = self.fake.alloc(1 << 16)
         mine = {n: fake_cuda.FakeArray(dst_seg + 1024 * k, a.shape, "<f4") for k, (n, a) in enumerate(named.items())}
-        r = update_in_place(mine, got)
+        r = update_in_place(mine, got, method="batch")
         self.assertEqual((r.copied, r.operations, r.method, r.bytes), (5, 1, "batch", 5 * 64 * 4 - 48 * 4))
         self.assertEqual(self.fake.batches, [5])
         self.assertEqual(self.fake.created_streams, [(r.stream, 0)], "a blocking stream of our own, not the legacy one")
         for n, a in named.items():
             self.assertEqual(ctypes.string_at(mine[n].ptr, 16), ctypes.string_at(a.ptr, 16), n)
         # A repeated update of the same parameters from the same layout reuses the plan.
-        r2 = update_in_place(mine, got)
+        r2 = update_in_place(mine, got, method="batch")
         self.assertEqual((r2.operations, self.fake.batches), (1, [5, 5]))
         # Strided pairs without torch: named, not silently skipped.
         with self.assertRaisesRegex(IpcError, "needs torch"):
             update_in_place({"x": fake_cuda.FakeArray(dst_seg, (4, 4), "<f4", strides=(4, 16))}, {"x": fake_cuda.FakeArray(seg2, (4, 4), "<f4")})
         got.close()
+
+    def test_update_in_place_is_one_copy_runs_launch_and_a_repeat_uploads_nothing(self):
+        # Many tensors of odd sizes at odd offsets (some sharing a misalignment with their
+        # destination, some not), in two segments; the fake driver runs copy_runs block by block.
+        src1 = self.fake.alloc(1 << 20)
+        src2 = self.fake.alloc(1 << 18)
+        named, mine = {}, {}
+        dst_seg = self.fake.alloc(1 << 21)
+        at_src, at_dst = [0, 0], 0
+        for i in range(300):
+            n = 1 + (i * 37) % 701 + (70000 if i % 97 == 0 else 0)  # bytes; a few span several 64 KiB chunks
+            seg = i % 2
+            base = (src1, src2)[seg]
+            off = at_src[seg] + (i % 5)
+            at_src[seg] = off + n
+            self.fill_bytes(base + off, bytes((i + k) % 251 for k in range(n)))
+            named[f"t.{i}"] = fake_cuda.FakeArray(base + off, (n,), "|u1")
+            doff = at_dst + (i % 3 if i % 4 else (off % 16))
+            mine[f"t.{i}"] = fake_cuda.FakeArray(dst_seg + doff, (n,), "|u1")
+            at_dst = doff + n
+        self.assertLess(max(at_src[1], 0), 1 << 18)
+        self.la.send(share_tensors(named))
+        got = self.lb.receive(timeout=5)
+        memory_mod._local_exports.clear()
+        r = update_in_place(mine, got)
+        self.assertEqual((r.copied, r.operations, r.method), (300, 1, "kernel"))
+        self.assertEqual(len(self.fake.launches), 1)
+        _, grid, block, runs, chunks = self.fake.launches[0]
+        self.assertEqual((grid, block), (min(chunks, 4 * copy_kernels.BLOCKS_PER_SM), copy_kernels.BLOCK_THREADS))
+        self.assertGreaterEqual(runs, 300)
+        self.assertEqual(self.fake.batches, [], "no cuMemcpyBatchAsync")
+        for n, a in named.items():
+            self.assertEqual(ctypes.string_at(mine[n].ptr, a.shape[0]), ctypes.string_at(a.ptr, a.shape[0]), n)
+        self.assertEqual(len(self.fake.uploads), 1)
+        self.assertEqual(set(r.timings or {}), {"plan", "table", "launch", "sync", "uploaded"})
+        self.assertEqual(r.timings["uploaded"], runs * 32)
+        # The next step's weights: the same mappings, so the same table: no upload, one launch.
+        for a in named.values():
+            self.fill_bytes(a.ptr, bytes(255 - b for b in ctypes.string_at(a.ptr, a.shape[0])))
+        r2 = update_in_place(mine, got)
+        self.assertEqual((r2.operations, len(self.fake.uploads), len(self.fake.launches), r2.timings["uploaded"]), (1, 1, 2, 0))
+        for n, a in named.items():
+            self.assertEqual(ctypes.string_at(mine[n].ptr, a.shape[0]), ctypes.string_at(a.ptr, a.shape[0]), n)
+        got.close()
+        # The plan (and its device table) goes with the cache: its memory is freed.
+        update_mod._plans.clear()
+        gc.collect()
+        self.assertEqual(self.fake.own_allocs, set())
+
+
+class CopyRunsTableTests(unittest.TestCase):
+    """The copy_runs table (copy_kernels.plan_runs), built on the host: no driver needed."""
+
+    def rows(self, table):
+        return [ROW.unpack_from(table.data, i * ROW.size) for i in range(table.runs)]
+
+    def test_rows_name_each_run_with_its_first_chunk(self):
+        t = plan_runs([0x1000, 0x20000, 0x90000], [0x5000, 0x60000, 0xA0000], [100, 3 * 4096 + 1, 4096], chunk_bytes=4096)
+        self.assertEqual(self.rows(t), [(0x1000, 0x5000, 100, 0), (0x20000, 0x60000, 3 * 4096 + 1, 1), (0x90000, 0xA0000, 4096, 5)])
+        self.assertEqual((t.runs, t.chunks, len(t.data)), (3, 6, 3 * 32))
+
+    def test_a_shared_misalignment_is_split_off_so_the_rest_is_16_aligned(self):
+        t = plan_runs([0x1003], [0x7013], [100], chunk_bytes=64)
+        self.assertEqual(self.rows(t), [(0x1003, 0x7013, 13, 0), (0x1010, 0x7020, 87, 1)])
+        self.assertEqual(t.chunks, 3)
+        # Different misalignments cannot both be aligned: one row, copied with narrower loads.
+        self.assertEqual(self.rows(plan_runs([0x1003], [0x7001], [100])), [(0x1003, 0x7001, 100, 0)])
+        # A run shorter than its head stays one row.
+        self.assertEqual(self.rows(plan_runs([0x1003], [0x2003], [5])), [(0x1003, 0x2003, 5, 0)])
+
+    def test_empty_runs_are_left_out_and_chunk_bytes_must_be_a_multiple_of_16(self):
+        t = plan_runs([0x1000, 0x2000], [0x3000, 0x4000], [0, 16])
+        self.assertEqual(self.rows(t), [(0x2000, 0x4000, 16, 0)])
+        self.assertEqual(plan_runs([], [], []), (b"", 0, 0))
+        for bad in (0, 24, -16):
+            with self.assertRaises(ValueError):
+                plan_runs([0], [0], [1], chunk_bytes=bad)
+
+    def test_many_runs_cover_every_byte_once(self):
+        sizes = [1 + (i * 7919) % 300000 for i in range(3000)]
+        t = plan_runs([i << 20 for i in range(3000)], [(i << 20) + 0x8000_0000 for i in range(3000)], sizes)
+        rows = self.rows(t)
+        self.assertEqual(sum(r[2] for r in rows), sum(sizes))
+        firsts = [r[3] for r in rows]
+        self.assertEqual(firsts, sorted(firsts))
+        self.assertEqual(t.chunks, sum(-(-n // copy_kernels.CHUNK_BYTES) for n in sizes))
+
+    def test_grid_fills_the_sms_and_never_exceeds_the_chunks(self):
+        self.assertEqual(copy_kernels.grid_for(3, 132), 3)
+        self.assertEqual(copy_kernels.grid_for(10**6, 132), 132 * copy_kernels.BLOCKS_PER_SM)
+        self.assertEqual(copy_kernels.grid_for(0, 132), 1)
+
+    def test_the_package_ships_the_kernels_ptx(self):
+        ptx = copy_kernels.PTX_FILE.read_text()
+        self.assertIn(".entry copy_runs(", ptx)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 // updateInPlace: copies received tensors into your own, matched by name, with as few GPU
 // operations as the driver allows: every pair that is one run of bytes on both sides in one
-// cuMemcpyBatchAsync, the other pairs in one copy_strided launch, all on one stream. Names, dtypes
-// and shapes are checked before anything is copied; what does not match is named.
+// copy_runs launch (or, on request, one cuMemcpyBatchAsync), the other pairs in one copy_strided
+// launch, all on one stream. Names, dtypes and shapes are checked before anything is copied; what
+// does not match is named.
 import { driver, whenStreamDone } from '../cuda/driver.js';
 import type { Device } from '../cuda/device.js';
 import type { Stream } from '../cuda/stream.js';
@@ -24,6 +25,12 @@ export interface UpdateOptions {
    * A dtype or shape mismatch fails either way (as torch's load_state_dict does).
    */
   strict?: boolean;
+  /**
+   * How the pairs that are one run of bytes are copied: 'kernel' (default) in one copy_runs launch
+   * over a table of runs (reused, not uploaded again, while the same tensors are updated); 'batch'
+   * in one cuMemcpyBatchAsync (one cuMemcpyDtoDAsync each on a driver older than 12.8).
+   */
+  method?: 'kernel' | 'batch';
 }
 
 /** What updateInPlace() copied, and how. */
@@ -38,8 +45,14 @@ export interface UpdateResult {
   unexpected: string[];
   /** GPU operations queued (driver calls and kernel launches); 0 for host memory. */
   operations: number;
-  /** 'batch': cuMemcpyBatchAsync; 'per-copy': one cuMemcpyDtoDAsync per pair (a driver older than 12.8); 'host': host memory. */
-  method: 'batch' | 'per-copy' | 'host';
+  /** 'kernel': one copy_runs launch; 'batch': cuMemcpyBatchAsync; 'per-copy': one cuMemcpyDtoDAsync per pair (a driver older than 12.8); 'host': host memory. */
+  method: 'kernel' | 'batch' | 'per-copy' | 'host';
+  /**
+   * Where the call's time went, in microseconds: plan (matching names, checking, the pairs), launch
+   * (the run table built and, where it changed, uploaded; the copies queued), sync (until the
+   * stream passed them); and the run table's bytes uploaded (0 when the device's table was reused).
+   */
+  timings?: { plan: number; launch: number; sync: number; uploaded: number };
 }
 
 /** Named tensors: a TensorMap, or a Map of DeviceArrays / HostArrays. */
@@ -121,7 +134,10 @@ function list(names: readonly string[]): string {
  * Throws ERR_TENSOR_MISMATCH, before copying anything, naming what does not match.
  */
 export async function updateInPlace(params: NamedTensors, received: NamedTensors, options: UpdateOptions = {}): Promise<UpdateResult> {
+  const started = performance.now();
   const strict = options.strict ?? true;
+  const method = options.method ?? 'kernel';
+  if (method !== 'kernel' && method !== 'batch') throw invalidArgValue(`updateInPlace: options.method must be 'kernel' or 'batch', got ${JSON.stringify(method)}`);
   const dstMap = params instanceof TensorMap ? new Map(params.entries()) as ReadonlyMap<string, TensorArray> : params;
   const src = sourceOf(received);
   const missing: string[] = [];
@@ -160,7 +176,7 @@ export async function updateInPlace(params: NamedTensors, received: NamedTensors
       const p = pairs.find((x) => x.dst.host !== x.src.host)!;
       throw new IpcError('ERR_UNSUPPORTED', `updateInPlace copies device to device or host to host; a tensor here is in ${p.dst.host ? 'host' : 'device'} memory and received in ${p.src.host ? 'host' : 'device'} memory`);
     }
-    return { ...result, ...(await copyOnDevice(pairs, options.stream)) };
+    return { ...result, ...(await copyOnDevice(pairs, options.stream, method, started)) };
   }
   for (const p of pairs) copyOnHost(p.dst, p.src);
   return result;
@@ -190,7 +206,8 @@ function copyOnHost(dst: Ref, src: Ref): void {
   forEachOffset(dst.shape, dst.strides, (at, i) => d.set(s.subarray(srcOffsets[i]!, srcOffsets[i]! + itemsize), at));
 }
 
-async function copyOnDevice(pairs: ReadonlyArray<{ dst: Ref; src: Ref }>, stream: Stream | undefined): Promise<Pick<UpdateResult, 'operations' | 'method'>> {
+async function copyOnDevice(pairs: ReadonlyArray<{ dst: Ref; src: Ref }>, stream: Stream | undefined, method: 'kernel' | 'batch',
+  started: number): Promise<Pick<UpdateResult, 'operations' | 'method' | 'timings'>> {
   const device = pairs[0]!.dst.device!;
   if (pairs.some((p) => p.dst.device !== device)) {
     throw new IpcError('ERR_UNSUPPORTED', 'updateInPlace: the parameters live on several devices; update each device\'s parameters in its own call');
@@ -222,15 +239,23 @@ async function copyOnDevice(pairs: ReadonlyArray<{ dst: Ref; src: Ref }>, stream
   const handle = stream ? stream.handle : own!;
   const scratch: bigint[] = [];
   let done = false;
+  let queued: ReturnType<typeof queueDeviceCopies> | undefined;
+  const planned = performance.now();
   try {
-    const queued = queueDeviceCopies(device, handle, dsts, srcs, sizes, strided, scratch);
+    queued = queueDeviceCopies(device, handle, dsts, srcs, sizes, strided, scratch, method);
+    const launched = performance.now();
     await whenStreamDone(handle);
     done = true;
-    return { operations: queued.operations, method: queued.method };
+    const us = (a: number, b: number) => Math.round((b - a) * 1000);
+    return {
+      operations: queued.operations, method: queued.method,
+      timings: { plan: us(started, planned), launch: us(planned, launched), sync: us(launched, performance.now()), uploaded: queued.uploaded },
+    };
   } finally {
     device.activate();
-    // After a failure, copies already queued may still read the op tables: let them finish.
-    if (!done && scratch.length) driver.streamSynchronize(handle);
+    // After a failure, copies already queued may still read the tables: let them finish.
+    if (!done) driver.streamSynchronize(handle);
+    queued?.release();
     for (const p of scratch) driver.memFree(p);
     if (own) driver.streamDestroy(own);
   }

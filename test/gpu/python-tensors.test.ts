@@ -93,8 +93,9 @@ describe('tensor sets with PyTorch on a GPU', { skip }, () => {
         const sent = await ask(trainer.link, { op: 'send' });
         const r = await ask(receiver.link, { op: 'apply' });
         assert.equal(r.ok, true, `sync ${sync}: the parameters equal torch's load_state_dict of what arrived`);
-        assert.equal(r.method, 'batch');
-        assert.equal(r.operations, 2, 'one batched copy for the contiguous pairs, one torch copy for the strided destination');
+        assert.equal(r.method, 'kernel');
+        assert.equal(r.operations, 2, 'one copy_runs launch for the contiguous pairs, one torch copy for the strided destination');
+        if (sync > 0) assert.equal(r.uploaded, 0, 'a repeated sync: the plan keeps its run table on the device');
         opened.push(r.opened);
         if (sync === 0) assert.ok(sent.handle_exports >= 1);
         await ask(trainer.link, { op: 'step' });
@@ -114,6 +115,18 @@ describe('tensor sets with PyTorch on a GPU', { skip }, () => {
       await trainer.link.end();
       await receiver.link.end();
       await Promise.all(exits);
+    }
+  });
+
+  test('update_in_place: 3000 odd-sized, oddly aligned pairs in one copy_runs launch, values right, nothing between them written', async () => {
+    const child = await spawnPython(CHILD);
+    const exit = once(child.child, 'exit');
+    try {
+      const r = await ask(child.link, { op: 'odd-update' });
+      assert.deepEqual(r, { ok: true, method: 'kernel', operations: 1, copied: 3000 });
+    } finally {
+      await child.link.end();
+      await exit;
     }
   });
 

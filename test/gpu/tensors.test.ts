@@ -1,7 +1,8 @@
 // Tensor sets, in-place updates and safetensors on a GPU, Node to a Node child: device tensors in
 // legacy and pool allocations (views, a transposed one) cross in one message and read back right;
 // a repeated send opens no handle; closing lets the mappings go at once (no idle mapping holds the
-// sender's memory); the child's updateInPlace is one batched copy plus one strided launch; a
+// sender's memory); the child's updateInPlace is one copy_runs launch plus one strided launch;
+// thousands of odd-sized, oddly aligned pairs copy right in one launch and a repeat uploads nothing; a
 // checkpoint loads into one pool allocation through small staging chunks; a child killed while
 // holding a set leaks nothing. Skips without a GPU, saying why.
 import { describe, test, after } from 'node:test';
@@ -105,7 +106,7 @@ describe('tensor sets on a GPU', { skip: noGpu }, () => {
     }
   });
 
-  test('updateInPlace in the child: one batched copy for the contiguous pairs and one launch for the strided ones', async () => {
+  test('updateInPlace in the child: one copy_runs launch for the contiguous pairs and one launch for the strided ones', async () => {
     const device = Device.get(0);
     const t = deviceTensors(device);
     const expected = Object.fromEntries([...t.map].map(([n, a]) => [n, numbers(a)]));
@@ -115,12 +116,69 @@ describe('tensor sets on a GPU', { skip: noGpu }, () => {
       const r = await ask(link, { op: 'update', weights: t.map });
       assert.deepEqual(r.values, expected);
       assert.equal(r.result.copied, 7);
-      assert.equal(r.result.method, 'batch', 'driver 580 has cuMemcpyBatchAsync');
-      assert.equal(r.result.operations, 2, 'one cuMemcpyBatchAsync + one copy_strided launch');
+      assert.equal(r.result.method, 'kernel');
+      assert.equal(r.result.operations, 2, 'one copy_runs launch + one copy_strided launch');
     } finally {
       await link.end();
       await exited;
       t.close();
+    }
+  });
+
+  test('updateInPlace: 3000 odd-sized pairs at odd offsets in one copy_runs launch, values right, a repeat uploads nothing', async () => {
+    const device = Device.get(0);
+    // Sizes from 1 byte to a few chunks (64 KiB each); offsets that share a misalignment with their
+    // destination (split off on the host), that differ (narrower loads), and 16-aligned ones.
+    const n = 3000;
+    const sizes = Array.from({ length: n }, (_, i) => (i % 211 === 0 ? 200_000 + i : 1 + ((i * 7919) % 3001)));
+    const srcOffsets: number[] = [];
+    const dstOffsets: number[] = [];
+    let s = 0;
+    let d = 0;
+    sizes.forEach((size, i) => {
+      s += i % 7;
+      d += i % 3 === 0 ? (s - d) & 15 : i % 5;
+      srcOffsets.push(s);
+      dstOffsets.push(d);
+      s += size;
+      d += size;
+    });
+    const srcBuf = DeviceBuffer.allocate(s + 64, { device });
+    const dstBuf = DeviceBuffer.allocate(d + 64, { device });
+    const pattern = (seed: number) => Uint8Array.from({ length: s + 64 }, (_, k) => (k * 31 + seed) & 255);
+    srcBuf.write(pattern(1));
+    dstBuf.write(new Uint8Array(d + 64));
+    const src = new Map(sizes.map((size, i) => [`t${i}`, new DeviceArray(srcBuf.view(srcOffsets[i]!, size), { dtype: 'uint8', shape: [size] })]));
+    const dst = new Map(sizes.map((size, i) => [`t${i}`, new DeviceArray(dstBuf.view(dstOffsets[i]!, size), { dtype: 'uint8', shape: [size] })]));
+    const check = (seed: number) => {
+      const want = pattern(seed);
+      const got = dstBuf.read() as Uint8Array;
+      const gaps = new Uint8Array(d + 64);
+      sizes.forEach((size, i) => {
+        const a = got.subarray(dstOffsets[i]!, dstOffsets[i]! + size);
+        const b = want.subarray(srcOffsets[i]!, srcOffsets[i]! + size);
+        assert.ok(Buffer.compare(a, b) === 0, `t${i} (${size} bytes, src at ${srcOffsets[i]}, dst at ${dstOffsets[i]}) differs`);
+        gaps.fill(1, dstOffsets[i]!, dstOffsets[i]! + size);
+      });
+      got.forEach((v, k) => { if (!gaps[k]) assert.equal(v, 0, `byte ${k} between tensors was written`); });
+    };
+    try {
+      const r1 = await updateInPlace(dst, src);
+      assert.equal(r1.method, 'kernel');
+      assert.equal(r1.operations, 1, 'one launch for 3000 pairs');
+      assert.equal(r1.copied, n);
+      check(1);
+      srcBuf.write(pattern(2));  // the next training step, same memory
+      const r2 = await updateInPlace(dst, src);
+      assert.equal(r2.timings?.uploaded, 0, 'the same pairs: the device keeps the table');
+      check(2);
+      srcBuf.write(pattern(3));
+      const r3 = await updateInPlace(dst, src, { method: 'batch' });
+      assert.equal(r3.method, 'batch');
+      check(3);
+    } finally {
+      srcBuf.close();
+      dstBuf.close();
     }
   });
 

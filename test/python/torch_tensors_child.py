@@ -21,6 +21,8 @@ trainer -> receiver flows (listen / connect):
   {op: 'free'}                      trainer: drops its model and the shared set, empties torch's cache,
                                     waits for the peer's releases -> {reserved, leases}
   {op: 'mem'}                       empties torch's cache -> {free (device-wide), reserved, legacy}
+  {op: 'odd-update'}                in this process: 3000 uint8/bf16 tensors of odd sizes at odd offsets,
+                                    update_in_place (copy_runs) from a dict, twice -> {ok, method, operations}
 """
 import copy
 import gc
@@ -44,6 +46,7 @@ model = None
 shared = None
 kept = None
 strided_target = None
+apply_target = None
 
 
 def make_model(seed):
@@ -61,6 +64,51 @@ def make_model(seed):
 def c_bytes(t):
     """A tensor's bytes in C order, as hex."""
     return bytes(t.detach().contiguous().cpu().view(torch.uint8).reshape(-1).tolist()).hex()
+
+
+def step(m):
+    # In a function: a loop variable at module level (this loop used to be one) is a global that
+    # keeps the last parameter, so its 2 MiB caching-allocator segment, alive after 'free' dropped
+    # the model (memory_reserved() was 2097152 there, not 0).
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(1)
+
+
+def odd_update():
+    """Sizes from 1 byte to several 64 KiB chunks; sources at offsets sharing the destination's
+    misalignment, differing from it, or aligned; bf16 views among them. Values compared with torch."""
+    n = 3000
+    sizes = [200_000 + i if i % 211 == 0 else 1 + (i * 7919) % 3001 for i in range(n)]
+    src_store = torch.randint(0, 256, (sum(sizes) + 16 * n + 64,), dtype=torch.uint8, device=dev)
+    dst_store = torch.zeros(sum(sizes) + 16 * n + 64, dtype=torch.uint8, device=dev)  # offsets grow by < 16 a tensor
+    src, dst = {}, {}
+    s = d = 0
+    for i, size in enumerate(sizes):
+        s += i % 7
+        d += (s - d) % 16 if i % 3 == 0 else i % 5
+        if i % 10 == 9 and size % 2 == 0:  # bf16 views need even offsets and sizes
+            s += s % 2
+            d += d % 2
+            src[f"t{i}"] = src_store[s:s + size].view(torch.bfloat16)
+            dst[f"t{i}"] = dst_store[d:d + size].view(torch.bfloat16)
+        else:
+            src[f"t{i}"] = src_store[s:s + size]
+            dst[f"t{i}"] = dst_store[d:d + size]
+        s += size
+        d += size
+    ok = True
+    for _ in range(2):
+        r = update_in_place(dst, src, sync=True)
+        ok = ok and all(torch.equal(dst[k].view(torch.uint8), src[k].view(torch.uint8)) for k in src)
+        src_store.add_(1)
+    written = torch.zeros_like(dst_store, dtype=torch.bool)
+    for t in dst.values():
+        u = t.view(torch.uint8)
+        off = u.data_ptr() - dst_store.data_ptr()
+        written[off:off + u.numel()] = True
+    ok = ok and int(dst_store[~written].count_nonzero()) == 0
+    return {"ok": bool(ok), "method": r.method, "operations": r.operations, "copied": r.copied}
 
 
 for msg in link:
@@ -125,15 +173,15 @@ for msg in link:
         peer.send({"weights": shared})
         link.send({"handle_exports": tensor_set.handle_exports})
     elif op == "step":
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(1)
+        step(model)
         link.send({})
     elif op == "apply":
         ts = peer.receive(timeout=30)["weights"]
-        target = dict(model.state_dict(keep_vars=True))
-        if strided_target is not None:
-            target["extra"] = strided_target
+        if apply_target is None:  # made once, as a trainer's receiver would: the update's plan is kept for it
+            apply_target = dict(model.state_dict(keep_vars=True))
+            if strided_target is not None:
+                apply_target["extra"] = strided_target
+        target = apply_target
         r = update_in_place(target, ts, sync=True)
         reference = copy.deepcopy(model)
         reference.load_state_dict({n: ts[n] for n in ts})
@@ -142,7 +190,8 @@ for msg in link:
         if kept is not None:
             kept.close()
         kept = ts
-        link.send({"ok": ok, "copied": r.copied, "operations": r.operations, "method": r.method, "opened": legacy_cache_stats()["opened"]})
+        link.send({"ok": ok, "copied": r.copied, "operations": r.operations, "method": r.method, "opened": legacy_cache_stats()["opened"],
+                   "uploaded": r.timings["uploaded"] if r.timings else -1})
     elif op == "hold":
         kept = peer.receive(timeout=30)["weights"]
         _ = [kept[n] for n in kept]
@@ -173,6 +222,9 @@ for msg in link:
         torch.cuda.synchronize()
         torch.cuda.empty_cache()  # what this process freed itself (the load_state_dict references) goes back
         link.send({"free": torch.cuda.mem_get_info()[0], "reserved": torch.cuda.memory_reserved(), "legacy": legacy_cache_stats()})
+
+    elif op == "odd-update":
+        link.send(odd_update())
 
 if kept is not None:
     kept.close()
