@@ -381,14 +381,15 @@ export class LinkTransport implements NativeSocket {
           break;
         }
         if (r.kind === EntryKind.Socket) {
-          if (mode === Drain.UntilSocket) {
+          if (this.#credits > 0) {
+            // The entry of a socket frame handled already (it came before its entry): entries
+            // are in order, so the first owed entry is the oldest credit's. Frames behind it go on.
+            this.#credits--;
             r.consume();
-            break;
+            continue;
           }
-          if (this.#credits === 0) break;  // its frame is still on its way through the socket
-          this.#credits--;
-          r.consume();
-          continue;
+          if (mode === Drain.UntilSocket) r.consume();  // the entry of the socket frame in hand
+          break;  // otherwise its frame is still on its way through the socket
         }
         const length = r.frameLength;
         const buffer = this.#ringBuffer!;
