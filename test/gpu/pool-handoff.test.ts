@@ -73,15 +73,17 @@ describe('fresh pool buffers: prepared exports and recycled blocks', { skip: noG
       let sameData = 0;
       for (let i = 0; i < 50; i++) {
         const a = pool.allocate(MiB);
-        const aBase = owner(a).base;
+        const aOwner = owner(a);  // (a closed buffer no longer hands out its memory)
+        const aBase = aOwner.base;
         if (i % 2) await sleep(2);  // sometimes prepared by the send, sometimes not
         await handOver(link, a, 1000 + i);
-        const aData = owner(a).exportData!;
+        const aData = aOwner.exportData!;
         assert.deepEqual(pool.recycled, { blocks: 0, bytes: 0 });
         const b = pool.allocate(MiB);
-        if (owner(b).base === aBase) sameAddress++;
+        const bOwner = owner(b);
+        if (bOwner.base === aBase) sameAddress++;
         await handOver(link, b, 5000 + i);
-        if (Buffer.compare(owner(b).exportData!, aData) === 0) sameData++;
+        if (Buffer.compare(bOwner.exportData!, aData) === 0) sameData++;
       }
       t.diagnostic(`address reused ${sameAddress}/50 times; identical export data ${sameData}/50 times`);
     });
