@@ -104,13 +104,17 @@ describe('tensor sets with PyTorch on a GPU', { skip }, () => {
       assert.equal(opened[1], opened[0], 'nor does the second');
 
       assert.deepEqual(await ask(receiver.link, { op: 'drop' }), { mappings: 0 }, 'closing the set closed its mappings');
+      // Device memory while the trainer still has its weights, after every kernel either process
+      // loads lazily on first use (torch's among them: measured from `before`, they add ~94 MiB).
+      const held = await ask(receiver.link, { op: 'mem' });
       const freed = await ask(trainer.link, { op: 'free' });
       assert.equal(freed.leases, 0, 'the receiver released everything it was sent');
       assert.equal(freed.reserved, 0, 'the trainer\'s memory went back to the driver');
       const after = await ask(receiver.link, { op: 'mem' });
-      // The trainer's weights are 128 MiB and more: held anywhere, they would show here.
-      assert.ok(Math.abs(after.free - before.free) < 32 << 20,
-        `device memory is back (free ${before.free} before, ${after.free} after): no process holds the trainer's weights`);
+      // The trainer's weights are 128 MiB and more: mapped anywhere still, the driver could not
+      // take them back and free memory would not rise by their size.
+      assert.ok(after.free - held.free >= 120 << 20,
+        `device memory is back (free ${held.free} with the trainer's weights, ${after.free} after it freed them; from the start ${before.free}): no process holds them`);
     } finally {
       await trainer.link.end();
       await receiver.link.end();
