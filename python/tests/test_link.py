@@ -310,6 +310,13 @@ class LinkTests(unittest.TestCase):
             ("second hello", fr.hello_frame(), []),
             ("record past the end", fr.header(fr.MESSAGE, fr.ENC_JSON_WITH_RECORDS, 6, 0) + struct.pack("<IH", 50, 1), []),
             ("bad JSON", fr.header(fr.MESSAGE, fr.ENC_JSON, 3, 0) + b"{x}", []),
+            ("NaN in the JSON", fr.header(fr.MESSAGE, fr.ENC_JSON, 3, 0) + b"NaN", []),
+            ("unknown protocol version", fr.header(fr.MESSAGE, fr.ENC_JSON, 2, 0)[:4] + b"\x03" + fr.header(fr.MESSAGE, fr.ENC_JSON, 2, 0)[5:] + b"{}", []),
+            ("payload length that lies", fr.header(fr.MESSAGE, fr.ENC_JSON, 100, 0) + b"{}", []),
+            ("fd count that lies (header 2, 1 sent)", fr.header(fr.MESSAGE, fr.ENC_JSON_WITH_RECORDS, 2, 2) + b"{}", "fd"),
+            ("oversized record (150 KiB)", fr.header(fr.MESSAGE, fr.ENC_RAW, 150 * 1024, 0) + bytes(150 * 1024), []),
+            ("RELEASE of a negative id (2^64-1)", fr.header(fr.RELEASE, 0, 16, 0) + struct.pack("<IIQ", 1, 0, 2**64 - 1), []),
+            ("unknown message flags", fr.header(fr.MESSAGE, 0x0200, 2, 0) + b"{}", []),
         ]
         for name, data, fds in cases:
             with self.subTest(name):

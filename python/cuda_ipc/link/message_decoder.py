@@ -48,8 +48,8 @@ def decode_message(encoding: int, buf: memoryview, fds: list[int], link: Link, l
         if len(buf) == 0:
             return None, None
         try:
-            return json.loads(bytes(buf)), None
-        except ValueError:
+            return _json_decode(bytes(buf).decode("utf-8")), None
+        except ValueError:  # UnicodeDecodeError and NaN/Infinity (not JSON) included
             raise Malformed("the JSON does not parse") from None
     try:
         return _decode_with_records(buf, fds, link, leases)
@@ -62,7 +62,14 @@ _U32 = struct.Struct("<I").unpack_from
 _U16 = struct.Struct("<H").unpack_from
 _TAIL = RECORD_TAIL.unpack_from
 _TAIL_SIZE = RECORD_TAIL.size
-_json_decode = json.JSONDecoder().decode
+
+
+def _not_json(constant: str) -> Any:
+    # NaN, Infinity and -Infinity are not JSON: Node's JSON.parse refuses them, and so does this side.
+    raise ValueError(f"{constant} is not JSON")
+
+
+_json_decode = json.JSONDecoder(parse_constant=_not_json).decode
 
 
 def _parse_records(buf: memoryview) -> tuple[Any, list[Record], int]:
