@@ -336,6 +336,26 @@ class LinkTests(unittest.TestCase):
                 self.assertLessEqual(open_fds() - before, set(), "every fd that came with the frame was closed")
                 raw.close()
 
+    def test_two_records_for_one_placeholder_close_the_link_and_their_fds(self):
+        # The second record would replace the first one's value, stranding its fd: malformed.
+        la, raw = raw_pair()
+        js = b"[null]"
+        rec = bytes([11]) + b"host-buffer" + bytes([1]) + struct.pack("<BI", 0, 0) + struct.pack("<BQI", 1, 0, 24) + struct.pack("<QQQ", 10, 0, 10)
+        payload = struct.pack("<I", len(js)) + js + struct.pack("<H", 2) + rec + rec
+        r1, w1 = os.pipe()
+        r2, w2 = os.pipe()
+        before = open_fds() - {str(r1), str(w1), str(r2), str(w2)}
+        raw.sendmsg([fr.header(fr.MESSAGE, fr.ENC_JSON_WITH_RECORDS, len(payload), 2) + payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [r1, r2]))])
+        for fd in (r1, w1, r2, w2):
+            os.close(fd)
+        with self.assertRaises(IpcError) as cm:
+            la.receive(timeout=5)
+        self.assertEqual(cm.exception.code, "ERR_FRAME_INVALID")
+        self.assertIn("same placeholder", str(cm.exception))
+        self.assertTrue(la.closed)
+        self.assertEqual(open_fds() - before, set(), "both fds that came with the frame were closed")
+        raw.close()
+
     def test_a_leased_record_with_garbage_fds_is_closed(self):
         la, raw = raw_pair()
         # A host-buffer record whose fd is a pipe: not sealed -> this message fails, the fd is closed.

@@ -222,6 +222,7 @@ function decodeWithRecords(
   // Check every placement before decoding anything, so a bad path never strands a decoded value.
   const holder: unknown[] = [root];
   const slots: Array<{ parent: Record<string | number, unknown>; key: Segment }> = [];
+  const placed = new Map<object, Set<Segment>>();
   for (const rec of records) {
     let parent: unknown = holder;
     let key: Segment = 0;
@@ -234,6 +235,11 @@ function decodeWithRecords(
     }
     const p = parent as Record<string | number, unknown>;
     if (!Object.hasOwn(p, key) || p[key] !== null) return malformed('a record path does not point at a null placeholder');
+    // Two records for one placeholder: the second would replace the first value, stranding its fds.
+    let taken = placed.get(p);
+    if (!taken) placed.set(p, (taken = new Set()));
+    if (taken.has(key)) return malformed('two records point at the same placeholder');
+    taken.add(key);
     slots.push({ parent: p, key });
   }
 

@@ -108,6 +108,7 @@ const CASES: HostileCase[] = [
   { name: 'fd count that lies (header 2, 1 sent)', expect: 'closed ERR_FRAME_INVALID', send: () => [{ bytes: header(2, 2, 0, 2), fds: [memfdWith(new Uint8Array(16))] }] },
   { name: 'record fd counts that lie (records 2, frame 1)', expect: 'closed ERR_FRAME_INVALID', send: () => [{ bytes: hostRecord(goodHostData, 2).map((b, i) => (i === 12 ? 1 : b)), fds: [memfdWith(new Uint8Array(65536), SIZE_SEALS)] }] },
   { name: 'JSON length past the payload', expect: 'closed ERR_FRAME_INVALID', send: () => [{ bytes: hostRecord(goodHostData, 0).map((b, i) => (i === 16 ? 200 : b)) }] },
+  { name: 'two records for one placeholder (the second would strand the first)', expect: 'closed ERR_FRAME_INVALID', send: () => [{ bytes: buildRecordsFrame('{"x":null}', [0, 1].map(() => ({ kind: 'host-buffer', path: ['x'], fds: 1, lease: 0, data: goodHostData }))), fds: [0, 1].map(() => memfdWith(new Uint8Array(65536), SIZE_SEALS)) }] },
   { name: 'NaN in the JSON', expect: 'closed ERR_FRAME_INVALID', send: () => [{ bytes: json('{"x":NaN}') }] },
   { name: 'RELEASE of a negative id (2^64-1)', expect: 'closed ERR_FRAME_INVALID', send: () => [{ bytes: header(5, 0, 16, 0, (v) => { v.setUint32(16, 1, true); v.setBigUint64(24, 2n ** 64n - 1n, true); }) }] },
   { name: 'RELEASE of a lease never granted', expect: 'closed ERR_FRAME_INVALID', send: () => [{ bytes: header(5, 0, 16, 0, (v) => { v.setUint32(16, 1, true); v.setBigUint64(24, 77n, true); }) }] },

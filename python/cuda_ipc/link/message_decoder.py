@@ -167,6 +167,7 @@ def _decode_with_records(buf: memoryview, fds: list[int], link: Link, leases: In
     seen: set[int] = set()
     holder = [root]
     slots = []
+    placed: set[tuple[int, object]] = set()
     for kind, path, _n, lease_id, _s, _e in records:
         if lease_id:
             if kind in ("@bigint", "@typed-array"):
@@ -197,6 +198,11 @@ def _decode_with_records(buf: memoryview, fds: list[int], link: Link, leases: In
             ok = key in parent and parent[key] is None
         if not ok:
             raise Malformed("a record path does not point at a null placeholder")
+        # Two records for one placeholder: the second would replace the first value, stranding its fds.
+        spot = (id(parent), key)
+        if spot in placed:
+            raise Malformed("two records point at the same placeholder")
+        placed.add(spot)
         slots.append((parent, key))
 
     # From here every lease is open: a failure must end them all.
