@@ -72,7 +72,7 @@ class TestHub:
                 result["error"] = e
         t = threading.Thread(target=peer)
         t.start()
-        hub_side.send({ch.PROTOCOL: "attach", "version": 3, "index": k, "role": role, "control": self.control,
+        hub_side.send({ch.PROTOCOL: "attach", "version": ch.ATTACH_VERSION, "index": k, "role": role, "control": self.control,
                        "slots": self.slots, "doorbells": self.bells})
         reply = hub_side.receive(timeout=10)
         if reply.get(ch.PROTOCOL) == "ready":

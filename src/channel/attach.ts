@@ -1,7 +1,7 @@
 // The attach protocol: how the hub hands a channel to the process at the other end of a link.
 // Three link messages, all objects with the key '@cuda-ipc/channel' naming the step:
 //
-//   hub  -> peer  { '@cuda-ipc/channel': 'attach', version: 3, index, role, control, slots, doorbells }
+//   hub  -> peer  { '@cuda-ipc/channel': 'attach', version: 4, index, role, control, slots, doorbells }
 //                   index: the participant entry the hub reserved (state 4, its role written);
 //                   control: the control block (HostBuffer); slots: HostBuffer or DeviceBuffer
 //                   (slotCount x slotBytes); doorbells: every participant entry's eventfd.
@@ -23,7 +23,7 @@ import { Doorbells } from './doorbells.js';
 import { delay, type ChannelRole } from './options.js';
 
 export const PROTOCOL = '@cuda-ipc/channel';
-export const ATTACH_VERSION = 3;
+export const ATTACH_VERSION = 4;
 const RETRY_MS = 2;
 
 /** What a hub tells a peer it attaches. */

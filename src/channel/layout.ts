@@ -1,17 +1,19 @@
 // The channel control block: a shared-memory file (memfd) that every participant maps.
 // docs/channel-protocol.md describes it for other implementations; this comment is the summary.
 //
-// Layout version 3 (version 2 counted sleepers and woke them with futexes; version 1 ordered
-// device slots with interprocess events). All integers little-endian; every byte not named here
+// Layout version 4 (version 3 kept the data sequence on the consumers' line and the space
+// sequence on the producers' line, so every publish and every release pulled the other side's line;
+// version 2 counted sleepers and woke them with futexes; version 1 ordered device slots with
+// interprocess events). All integers little-endian; every byte not named here
 // is zero when the block is created, and the header's reserved bytes are checked to be zero by
 // importers. Offsets of the tables follow from (slotCount, metaBytes, maxParticipants, device)
 // alone, and an importer recomputes them and refuses a block that disagrees.
 //
-// Header, 256 bytes (four 64-byte lines, so that producers' and consumers' hot words do not
-// share a cache line):
+// Header, 320 bytes (five 64-byte lines; each hot line is written by one side only on the hot
+// path, so that a message moves as few lines between cores as it can):
 //   0   u32  magic 0x4c4e4843 ("CHNL")
-//   4   u16  version (3)
-//   6   u16  header bytes (256)
+//   4   u16  version (4)
+//   6   u16  header bytes (320)
 //   8   u32  flags: bit 0 device slots, bit 1 broadcast; other bits zero
 //   12  u32  slot count
 //   16  u64  slot bytes
@@ -24,20 +26,21 @@
 //   48  u64  total bytes
 //   56  u32  expected producers (consumers end only after this many attached and all left)
 //   60  u32  expected consumers
-//   -- producer line
+//   -- publish line (producers write it on every publish; a consumer reads it once per batch)
 //   64  u64  tail: the next ring position to publish
 //   72  u32  publish lock: 0 free, else participant index + 1
-//   76  u32  space sequence: bumped when a slot is freed or membership changes (spinners watch it)
-//   80  u32  space sleepers: bit k set while participant k sleeps until a slot frees up
+//   76  u32  data sequence: bumped on every publish and membership change (spinners watch it)
+//   80  u32  data sleepers: bit k set while participant k sleeps until a message comes
 //   84  u32  consumer mask: bit i set while participant i is an attached consumer
-//   -- consumer line
+//   -- take line (work-sharing consumers)
 //   128 u64  head: the next ring position to take (work sharing; may lag, anyone advances it)
-//   136 u32  data sequence: bumped on every publish and membership change (spinners watch it)
-//   140 u32  data sleepers: bit k set while participant k sleeps until a message comes
 //   -- counters
 //   192 u32  producers attached (ever)   196 u32 producers live   200 u32 producers died
 //   204 u32  consumers attached (ever)   208 u32 consumers live   212 u32 consumers died
 //   220 u32  fences offset (device slots; 0 for host slots)
+//   -- space line (consumers write it on every release; a producer reads it when it waits)
+//   256 u32  space sequence: bumped when a slot is freed or membership changes (spinners watch it)
+//   260 u32  space sleepers: bit k set while participant k sleeps until a slot frees up
 //
 // Waking: participant k sleeps on its doorbell, eventfd k of the set the hub made with the block
 // (one per participant entry, handed to every participant at attach). To sleep it sets its bit in
@@ -46,7 +49,7 @@
 // and-not and rings the doorbell of each participant whose bit it cleared. Both sides use
 // sequentially consistent operations, so at least one of them sees the other: no lost wake-up.
 //
-// Participants, maxParticipants x 64 bytes at 256 (entry 0 is the hub):
+// Participants, maxParticipants x 64 bytes at 320 (entry 0 is the hub):
 //   0   u32  state: 0 empty, 1 alive, 2 ended, 3 dead, 4 being recovered (or attaching)
 //   4   u32  role: 1 producer, 2 consumer, 3 the hub (neither)
 //   8   u32  pid
@@ -85,8 +88,8 @@ import { IpcError } from '../errors.js';
 import { outOfRange } from '../arg-errors.js';
 
 export const MAGIC = 0x4c4e4843;
-export const VERSION = 3;
-export const HEADER_BYTES = 256;
+export const VERSION = 4;
+export const HEADER_BYTES = 320;
 export const PARTICIPANT_BYTES = 64;
 export const SLOT_HEADER_BYTES = 64;
 
@@ -111,12 +114,10 @@ export const H = {
   expectConsumers: 60,
   tail: 64,
   lock: 72,
-  spaceSeq: 76,
-  spaceSleepers: 80,
+  dataSeq: 76,
+  dataSleepers: 80,
   consumerMask: 84,
   head: 128,
-  dataSeq: 136,
-  dataSleepers: 140,
   producersAttached: 192,
   producersLive: 196,
   producersDied: 200,
@@ -124,10 +125,12 @@ export const H = {
   consumersLive: 208,
   consumersDied: 212,
   fencesOffset: 220,
+  spaceSeq: 256,
+  spaceSleepers: 260,
 } as const;
 
 /** Header byte ranges that must stay zero (reserved). */
-const RESERVED: ReadonlyArray<readonly [number, number]> = [[88, 128], [144, 192], [216, 220], [224, 256]];
+const RESERVED: ReadonlyArray<readonly [number, number]> = [[88, 128], [136, 192], [216, 220], [224, 256], [264, 320]];
 
 export const P = { state: 0, role: 4, pid: 8, flags: 12, cursor: 16, generation: 24 } as const;
 /** Participant flag: an end in the hub's process, recovered by the peers together with the hub. */

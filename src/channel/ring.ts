@@ -62,6 +62,10 @@ export class Ring {
   /** Work sharing: the slot after the one this participant took last (where the next message
    * most likely is). */
   #nextTake = 0;
+  /** Consumers: the tail this participant read last. Tail only grows, so positions below it stay
+   * published (or taken): the publish line is read again only once they are used up, which lets a
+   * consumer that is behind take a batch of messages without pulling the producer's line each time. */
+  #tailSeen = 0;
 
   constructor(words: NativeSharedWords, bytes: Uint8Array, layout: Layout, bells: Bells, me = 0) {
     this.w = words;
@@ -200,7 +204,8 @@ export class Ring {
    */
   publish(s: number): PublishResult {
     const w = this.w;
-    if (!w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) return 'busy';
+    // A free lock is taken with one swap in JS; only a busy one pays for the native spin.
+    if (w.cas32(H.lock, 0, this.me + 1) !== 0 && !w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) return 'busy';
     let result: PublishResult = 'ok';
     try {
       const so = this.slotOff(s);
@@ -251,12 +256,16 @@ export class Ring {
     w.load32(this.slotOff(this.#nextTake) + S.state);
     // Bounded: each round either takes, or advances head past a taken position; a peer that
     // keeps rewinding head cannot hold us here.
+    let t = this.#tailSeen;
     for (let round = 0; round < 4 * this.n + 64; round++) {
-      // Tail first: both only grow, so a head read after it is at least as fresh, and then
-      // t - h <= slots (every position in [head, tail) holds a slot of its own).
-      const t = this.#pos(H.tail, 'tail');
-      const h = this.#pos(H.head, 'head');
-      if (h >= t) return -1;
+      let h = this.#pos(H.head, 'head');
+      if (h >= t) {
+        // Tail first, then head again: both only grow, so a head read after it is at least as
+        // fresh, and then t - h <= slots (every position in [head, tail) holds a slot of its own).
+        t = this.#tailSeen = this.#pos(H.tail, 'tail');
+        h = this.#pos(H.head, 'head');
+        if (h >= t) return -1;
+      }
       if (t - h > this.n) throw corrupt(`${t - h} messages in a ring of ${this.n} slots`);
       const s = w.load32(this.ringOff(h));
       if (s >= this.n) throw corrupt(`ring entry names slot ${s} of ${this.n}`);
@@ -285,8 +294,11 @@ export class Ring {
   /** Broadcast: the slot published at `cursor`; -1 when nothing is there yet, -2 when the message
    * at cursor is not held for this participant (skip it). */
   peekAt(cursor: number): number {
-    const t = this.#pos(H.tail, 'tail');
-    if (cursor >= t) return -1;
+    let t = this.#tailSeen;
+    if (cursor >= t) {
+      t = this.#tailSeen = this.#pos(H.tail, 'tail');
+      if (cursor >= t) return -1;
+    }
     if (t - cursor > this.n) throw corrupt(`${t - cursor} messages ahead of a consumer in a ring of ${this.n} slots`);
     const s = this.w.load32(this.ringOff(cursor));
     if (s >= this.n) throw corrupt(`ring entry names slot ${s} of ${this.n}`);

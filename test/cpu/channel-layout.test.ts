@@ -36,10 +36,12 @@ test('readHeader accepts what writeHeader wrote and refuses every single-field c
     f(new DataView(b.buffer));
     return () => readHeader(new DataView(b.buffer), b.byteLength);
   };
-  for (const version of [2, 4]) assert.throws(mutate(H.version, (v) => v.setUint16(H.version, version, true)), code('ERR_DESCRIPTOR_VERSION'));
+  for (const version of [2, 3, 5]) assert.throws(mutate(H.version, (v) => v.setUint16(H.version, version, true)), code('ERR_DESCRIPTOR_VERSION'));
+  // A block of the previous layout (3) is refused with both versions named.
+  assert.throws(mutate(H.version, (v) => v.setUint16(H.version, 3, true)), /layout version 3; this cuda-ipc reads version 4/);
   for (const [off, val] of [[H.magic, 1], [H.flags, 4], [H.slotCount, 0], [H.slotCount, 9], [H.metaBytes, 7], [H.maxParticipants, 1],
     [H.maxParticipants, 33], [H.ringOffset, 0], [H.slotRecordsOffset, 1], [H.slotRecordBytes, 64], [H.participantsOffset, 0],
-    [96, 1], [150, 1], [216, 1], [250, 1], [H.expectProducers, 99], [H.expectConsumers, 0], [H.fencesOffset, 64]] as const) {
+    [96, 1], [150, 1], [216, 1], [250, 1], [300, 1], [H.expectProducers, 99], [H.expectConsumers, 0], [H.fencesOffset, 64]] as const) {
     assert.throws(mutate(off, (v) => v.setUint32(off, val, true)), code('ERR_DESCRIPTOR_INVALID'), `offset ${off} = ${val}`);
   }
   assert.throws(mutate(H.totalBytes, (v) => v.setBigUint64(H.totalBytes, 1n << 62n, true)), code('ERR_DESCRIPTOR_INVALID'));
@@ -215,7 +217,7 @@ test('acceptChannel refuses forged attaches: bad header, wrong entry, short slot
   using doorbells = Doorbells.create(4);
   using fewBells = Doorbells.create(3);
   const attach = (control: unknown, slots: unknown, extra: object = {}) => ({
-    '@cuda-ipc/channel': 'attach', version: 3, index: 1, role: 'consumer', control, slots, doorbells, ...extra,
+    '@cuda-ipc/channel': 'attach', version: 4, index: 1, role: 'consumer', control, slots, doorbells, ...extra,
   });
   const ask = async (m: unknown) => {
     c.link.send(m);
@@ -237,6 +239,7 @@ test('acceptChannel refuses forged attaches: bad header, wrong entry, short slot
     assert.equal(await ask(attach(control, slots, { role: 'observer' })), 'ERR_DESCRIPTOR_INVALID');
     assert.equal(await ask(attach(control, slots, { index: 99 })), 'ERR_DESCRIPTOR_INVALID');
     assert.equal(await ask(attach(control, slots, { version: 2 })), 'ERR_DESCRIPTOR_VERSION');
+    assert.equal(await ask(attach(control, slots, { version: 3 })), 'ERR_DESCRIPTOR_VERSION');
     assert.equal(await ask(attach(control, slots, { doorbells: fewBells })), 'ERR_DESCRIPTOR_INVALID', 'a doorbell missing');
     assert.equal(await ask(attach(control, slots, { doorbells: undefined })), 'ERR_DESCRIPTOR_INVALID', 'no doorbells');
     assert.equal(await ask(attach(control, slots, { role: 'producer' })), 'ERR_DESCRIPTOR_INVALID', 'the entry waits for a consumer');

@@ -2,7 +2,7 @@
 channel to this process over a link. Three link messages, all dicts with the key PROTOCOL naming
 the step:
 
-  hub  -> peer  {PROTOCOL: 'attach', version: 3, index, role, control, slots, doorbells}
+  hub  -> peer  {PROTOCOL: 'attach', version: 4, index, role, control, slots, doorbells}
   peer -> hub   {PROTOCOL: 'ready', index}     (or 'refused', message)
   hub  -> peer  {PROTOCOL: 'active', index}
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..link.link import Link
 
 PROTOCOL = "@cuda-ipc/channel"
-ATTACH_VERSION = 3
+ATTACH_VERSION = 4
 
 
 @overload

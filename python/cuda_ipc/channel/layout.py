@@ -1,4 +1,4 @@
-"""The channel control block, layout version 3 (docs/channel-protocol.md section 3; the Node side
+"""The channel control block, layout version 4 (docs/channel-protocol.md section 3; the Node side
 is src/channel/layout.ts): constants, offsets, and the checks of a received block's header.
 """
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import NamedTuple
 from ..errors import IpcError
 
 MAGIC = 0x4C4E4843
-VERSION = 3
-HEADER_BYTES = 256
+VERSION = 4
+HEADER_BYTES = 320
 PARTICIPANT_BYTES = 64
 SLOT_HEADER_BYTES = 64
 FLAG_DEVICE = 1
@@ -21,12 +21,14 @@ H_MAGIC, H_VERSION, H_HEADER_BYTES, H_FLAGS, H_SLOT_COUNT, H_SLOT_BYTES = 0, 4, 
 H_META_BYTES, H_MAX_PARTICIPANTS, H_PARTICIPANTS_OFFSET, H_RING_OFFSET = 24, 28, 32, 36
 H_SLOT_RECORDS_OFFSET, H_SLOT_RECORD_BYTES, H_TOTAL_BYTES = 40, 44, 48
 H_EXPECT_PRODUCERS, H_EXPECT_CONSUMERS = 56, 60
-H_TAIL, H_LOCK, H_SPACE_SEQ, H_SPACE_SLEEPERS, H_CONSUMER_MASK = 64, 72, 76, 80, 84
-H_HEAD, H_DATA_SEQ, H_DATA_SLEEPERS = 128, 136, 140
+# The publish line (64), the take line (128), the counters (192), the space line (256).
+H_TAIL, H_LOCK, H_DATA_SEQ, H_DATA_SLEEPERS, H_CONSUMER_MASK = 64, 72, 76, 80, 84
+H_HEAD = 128
 H_PRODUCERS_ATTACHED, H_PRODUCERS_LIVE, H_PRODUCERS_DIED = 192, 196, 200
 H_CONSUMERS_ATTACHED, H_CONSUMERS_LIVE, H_CONSUMERS_DIED = 204, 208, 212
 H_FENCES_OFFSET = 220
-_RESERVED = ((88, 128), (144, 192), (216, 220), (224, 256))
+H_SPACE_SEQ, H_SPACE_SLEEPERS = 256, 260
+_RESERVED = ((88, 128), (136, 192), (216, 220), (224, 256), (264, 320))
 
 # Participant entry fields.
 P_STATE, P_ROLE, P_PID, P_FLAGS, P_CURSOR, P_GENERATION = 0, 4, 8, 12, 16, 24

@@ -1,0 +1,101 @@
+// One-way channel throughput with a Python end, beside Node's rows of the same run (issue 18:
+// a Python end should reach at least half of Node's one-way rate, host slots, both directions).
+// Node -> Python: a Node producer and a Python consumer (bench/python/channel_oneway.py sink);
+// Python -> Node: a Python producer and a Node consumer. Rates per batch of 2000 messages, timed on
+// the Node side (the producer's publishes, or the consumer's receipts).
+import { fileURLToPath } from 'node:url';
+import { spawnSync } from 'node:child_process';
+import { spawnPython, pythonPackageDirectory } from '../src/link/index.js';
+import { createChannel, type WaitMode } from '../src/channel/index.js';
+import { summarize, type Summary } from './stats.js';
+
+const python = process.env.CUDA_IPC_PYTHON ?? 'python3';
+const SCRIPT = fileURLToPath(new URL('../../bench/python/channel_oneway.py', import.meta.url));
+const BATCH = 2000;
+const LENGTH = 8;
+
+export interface PythonOneWay {
+  direction: 'node->python' | 'python->node';
+  wait: WaitMode;
+  slotBytes: number;
+  msgsPerSec: Summary;
+  slowest1pct: number;
+  cpuUsPerMsg: number;
+}
+
+/** Why Python rows cannot run here, or undefined when they can. */
+export function pythonChannelUnavailable(): string | undefined {
+  const r = spawnSync(python, ['-c', 'import cuda_ipc.channel'], { encoding: 'utf8', env: { ...process.env, PYTHONPATH: pythonPackageDirectory() } });
+  if (r.error) return `${python} is not available (${r.error.message})`;
+  if (r.status !== 0) return (r.stderr || r.stdout).trim().split('\n').pop() ?? `exit ${r.status}`;
+  return undefined;
+}
+
+const cpuOf = (u: NodeJS.CpuUsage) => u.user + u.system;
+
+function result(direction: PythonOneWay['direction'], wait: WaitMode, slotBytes: number, rates: number[], cpuUsPerMsg: number): PythonOneWay {
+  const sorted = rates.slice().sort((a, b) => a - b);
+  return { direction, wait, slotBytes, msgsPerSec: summarize(rates), slowest1pct: sorted[Math.floor(sorted.length * 0.01)]!, cpuUsPerMsg };
+}
+
+/** A Node producer, a Python consumer, for about `ms`. */
+export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: number, ms: number): Promise<PythonOneWay> {
+  const { child, link } = await spawnPython(SCRIPT, ['sink', wait], { stdio: ['ignore', 'inherit', 'inherit'] });
+  const ch = await createChannel(link, { role: 'producer', slots, slotBytes, memory: 'host', wait });
+  const rates: number[] = [];
+  let total = 0;
+  let mine = 0;
+  try {
+    const cpu0 = process.cpuUsage();
+    const end = performance.now() + ms;
+    while (performance.now() < end || rates.length < 5) {
+      const t0 = process.hrtime.bigint();
+      for (let i = 0; i < BATCH; i++) {
+        const slot = await ch.acquire();
+        slot.bytes[0] = 1;
+        ch.publish(slot, { length: LENGTH });
+      }
+      rates.push(BATCH / (Number(process.hrtime.bigint() - t0) / 1e9));
+      total += BATCH;
+    }
+    await ch.end();
+    mine = cpuOf(process.cpuUsage(cpu0));
+  } finally {
+    if (!ch.closed) ch.close();
+  }
+  const r = (await link.receive({ timeout: 60_000 })) as { n: number; sum: number; cpu: number };
+  await new Promise((resolve) => (child.exitCode !== null ? resolve(undefined) : child.once('exit', resolve)));
+  if (r.n !== total || r.sum !== total) throw new Error(`Node -> Python one way: the Python consumer saw ${r.n} of ${total} messages (byte sum ${r.sum})`);
+  return result('node->python', wait, slotBytes, rates, (mine + r.cpu) / total);
+}
+
+/** A Python producer of `count` messages, a Node consumer. */
+export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: number, count: number): Promise<PythonOneWay> {
+  const { child, link } = await spawnPython(SCRIPT, ['source', wait, String(count)], { stdio: ['ignore', 'inherit', 'inherit'] });
+  const ch = await createChannel(link, { role: 'consumer', slots, slotBytes, memory: 'host', wait });
+  const rates: number[] = [];
+  let n = 0;
+  let sum = 0;
+  let mine = 0;
+  try {
+    const cpu0 = process.cpuUsage();
+    let t0 = process.hrtime.bigint();
+    for await (const msg of ch) {
+      sum += msg.bytes[0]!;
+      msg.release();
+      if (++n % BATCH === 0) {
+        const t1 = process.hrtime.bigint();
+        // The first batch includes the Python producer's start: left out.
+        if (n > BATCH) rates.push(BATCH / (Number(t1 - t0) / 1e9));
+        t0 = t1;
+      }
+    }
+    mine = cpuOf(process.cpuUsage(cpu0));
+  } finally {
+    if (!ch.closed) ch.close();
+  }
+  const r = (await link.receive({ timeout: 60_000 })) as { cpu: number };
+  await new Promise((resolve) => (child.exitCode !== null ? resolve(undefined) : child.once('exit', resolve)));
+  if (n !== count || sum !== count) throw new Error(`Python -> Node one way: the Node consumer saw ${n} of ${count} messages (byte sum ${sum})`);
+  return result('python->node', wait, slotBytes, rates, (mine + r.cpu) / count);
+}
