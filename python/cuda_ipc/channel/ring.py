@@ -9,11 +9,12 @@ a bad one raises ERR_CHANNEL_CORRUPT. Loops over shared state are bounded.
 """
 from __future__ import annotations
 
+import struct
 import time
 from typing import TYPE_CHECKING, Any
 
 from .layout import (
-    FLAG_REDELIVERED, GEN_MASK, H_CONSUMER_MASK, H_CONSUMERS_ATTACHED, H_CONSUMERS_DIED, H_CONSUMERS_LIVE, H_DATA_SEQ,
+    FLAG_REDELIVERED, GEN_MASK, GEN_SHIFT, H_CONSUMER_MASK, H_CONSUMERS_ATTACHED, H_CONSUMERS_DIED, H_CONSUMERS_LIVE, H_DATA_SEQ,
     H_DATA_SLEEPERS, H_HEAD, H_LOCK, H_PRODUCERS_ATTACHED, H_PRODUCERS_DIED, H_PRODUCERS_LIVE, H_SPACE_SEQ,
     H_SPACE_SLEEPERS, H_TAIL, KIND_FREE, KIND_PUBLISHED, KIND_TAKEN, KIND_WRITING, META_BYTES, META_NONE, P_CURSOR,
     P_FLAGS, P_GENERATION, P_PID, P_ROLE, P_STATE, PFLAG_HUB_LOCAL, ROLE_CONSUMER, ROLE_PRODUCER, S_DELIVERIES,
@@ -31,6 +32,12 @@ if TYPE_CHECKING:
 #: How long a publisher spins for the publish lock before retrying later (seconds).
 LOCK_SPIN = 200e-6
 _MASK32 = 0xFFFFFFFF
+_MAX_U53 = 2**53
+#: A slot record from S_POSITION: position, length, meta length, meta kind, publisher, last holders,
+#: deliveries, ticket (layout.py's S_* offsets 8..44).
+_RECORD = struct.Struct("<QQIIIIII")
+#: What a producer writes of its message from S_LENGTH: length, meta length, meta kind.
+_MESSAGE = struct.Struct("<QII")
 
 
 def corrupt(what: str) -> IpcError:
@@ -54,6 +61,9 @@ class Ring:
         self._record_bytes = layout.slot_record_bytes
         self._ring = layout.ring_offset
         self._parts = layout.participants_offset
+        #: Consumers: the tail read last. Tail only grows, so positions below it stay published (or
+        #: taken): the publish line is read again only once they are used up (ring.ts, #tailSeen).
+        self._tail_seen = 0
 
     def slot_off(self, s: int) -> int:
         return self._records + s * self._record_bytes
@@ -167,16 +177,22 @@ class Ring:
         """'ok', 'busy' (the lock stayed taken: nothing changed, try again), 'dropped' (broadcast, no
         consumer: the slot was freed) or 'detached' (recovery took the slot back)."""
         w = self.w
-        if not self.spin_lock():
+        me = self.me
+        # A free lock is taken with one swap; only a busy one pays for the spin.
+        if w.cas32(H_LOCK, 0, me + 1) != 0 and not self.spin_lock():
             return "busy"
         result = "ok"
-        writing = slot_word(KIND_WRITING, self.me)
+        writing = KIND_WRITING | (me << 8)
         try:
-            so = self.slot_off(s)
-            t = self._pos(H_TAIL, "tail")
-            w.set_plain32(so + S_PUBLISHER, self.me)
+            so = self._records + s * self._record_bytes
+            t = w.load64(H_TAIL)
+            if t < 0:
+                raise corrupt("tail out of range")
+            w.set_plain32(so + S_PUBLISHER, me)
             w.set_plain32(so + S_DELIVERIES, 0)
-            w.store64(so + S_POSITION, t)
+            # Release stores: the commit's swap below, and signal_data's add after the unlock, are
+            # the locked operations that order them before every load that follows.
+            w.release_store64(so + S_POSITION, t)
             if self.l.broadcast:
                 mask = w.load32(H_CONSUMER_MASK)
                 w.set_plain32(so + S_LAST_HOLDERS, mask)
@@ -185,13 +201,13 @@ class Ring:
                     result = "dropped" if w.cas32(so + S_STATE, writing, KIND_FREE) == writing else "detached"
                     return result
             # The commit point: a swap, so that a slot recovery took back is never published over.
-            if w.cas32(so + S_STATE, writing, slot_word(KIND_PUBLISHED, self.me, gen_of(t))) != writing:
+            if w.cas32(so + S_STATE, writing, (KIND_PUBLISHED | (me << 8) | (t % 0x8000) << GEN_SHIFT) & _MASK32) != writing:
                 result = "detached"
                 return result
-            w.store32(self.ring_off(t), s)
-            w.store64(H_TAIL, t + 1)
+            w.release_store32(self._ring + (t % self.n) * 4, s)
+            w.release_store64(H_TAIL, t + 1)
         finally:
-            w.store32(H_LOCK, 0)
+            w.release_store32(H_LOCK, 0)
             if result == "dropped":
                 self.signal_space()
         if result == "ok":
@@ -209,10 +225,7 @@ class Ring:
         so = self._records + s * self._record_bytes
         if meta:
             w.write_bytes(so + S_META, meta)
-        w.set_plain32(so + S_LENGTH, length & 0xFFFFFFFF)
-        w.set_plain32(so + S_LENGTH + 4, length >> 32)
-        w.set_plain32(so + S_META_LENGTH, len(meta))
-        w.set_plain32(so + S_META_KIND, meta_kind)
+        w.pack(_MESSAGE, so + S_LENGTH, length, len(meta), meta_kind)
 
     def next_ticket(self, s: int) -> int:
         """Producer, holding slot ``s`` (writing, device slots): the ticket of the message it is about to
@@ -229,15 +242,14 @@ class Ring:
         w = self.w
         l = self.l
         so = self._records + s * self._record_bytes
-        length = w.plain32(so + S_LENGTH) | w.plain32(so + S_LENGTH + 4) << 32
-        meta_length = w.plain32(so + S_META_LENGTH)
-        meta_kind = w.plain32(so + S_META_KIND)
+        # One unpack of the record's fields (S_POSITION .. S_TICKET); only its publisher wrote them,
+        # before the state word change that handed the slot on.
+        position, length, meta_length, meta_kind, publisher, _last, _deliveries, ticket = w.unpack(_RECORD, so + S_POSITION)
         if length > l.slot_bytes or meta_length > l.meta_bytes or meta_kind > META_BYTES:
             raise corrupt(f"message in slot {s}: length {length}, meta {meta_length} bytes of kind {meta_kind}")
         meta = w.read_bytes(so + S_META, meta_length) if meta_kind != META_NONE else b""
         word = self.taken_words[s] if not l.broadcast else 0
-        return (w.load64(so + S_POSITION), length, meta_kind, meta, w.plain32(so + S_PUBLISHER), bool(word & FLAG_REDELIVERED),
-                w.plain32(so + S_TICKET))
+        return (position if position <= _MAX_U53 else -1, length, meta_kind, meta, publisher, bool(word & FLAG_REDELIVERED), ticket)
 
     def note_release(self, s: int, ticket: int) -> None:
         """Work sharing, device slots: this consumer releases ``ticket`` of slot ``s`` (its producer's
@@ -270,37 +282,51 @@ class Ring:
 
     def take(self) -> int:
         """Work sharing: takes the oldest published message; -1 when there is none."""
+        # The hot path of a Python consumer: words and methods bound to locals, helpers inlined.
         w = self.w
         n = self.n
+        load32 = w.load32
+        load64 = w.load64
+        cas64 = w.cas64
+        ring = self._ring
+        records = self._records
+        record_bytes = self._record_bytes
+        t = self._tail_seen
         for _ in range(4 * n + 64):
-            t = self._pos(H_TAIL, "tail")
-            h = self._pos(H_HEAD, "head")
-            if h >= t:
-                return -1
+            h = load64(H_HEAD)
+            if h >= t or h < 0:
+                # Tail first, then head again: both only grow, so t - h <= slots.
+                t = self._tail_seen = self._pos(H_TAIL, "tail")
+                h = self._pos(H_HEAD, "head")
+                if h >= t:
+                    return -1
             if t - h > n:
                 raise corrupt(f"{t - h} messages in a ring of {n} slots")
-            s = w.load32(self._ring + (h % n) * 4)
+            s = load32(ring + (h % n) * 4)
             if s >= n:
                 raise corrupt(f"ring entry names slot {s} of {n}")
-            so = self._records + s * self._record_bytes
-            word = w.load32(so)
-            if word & 0xFF == KIND_PUBLISHED and word & GEN_MASK == gen_of(h) and w.load64(so + S_POSITION) == h:
-                taken = slot_word(KIND_TAKEN, self.me, word & 0xFFFF0000)
+            so = records + s * record_bytes
+            word = load32(so)
+            # The generation in the word ties it to position h (no ABA; layout.gen_of).
+            if word & 0xFF == KIND_PUBLISHED and word & GEN_MASK == (h % 0x8000) << GEN_SHIFT and load64(so + S_POSITION) == h:
+                taken = (KIND_TAKEN | (self.me << 8) | (word & 0xFFFF0000)) & _MASK32
                 if w.cas32(so, word, taken) == word:
                     self.taken_words[s] = taken
-                    w.cas64(H_HEAD, h, h + 1)
+                    cas64(H_HEAD, h, h + 1)
                     w.set_plain32(so + S_DELIVERIES, w.plain32(so + S_DELIVERIES) + 1)
                     return s
                 continue
-            w.cas64(H_HEAD, h, h + 1)  # position h was taken (its taker may not have advanced head yet)
+            cas64(H_HEAD, h, h + 1)  # position h was taken (its taker may not have advanced head yet)
         return -1
 
     def peek_at(self, cursor: int) -> int:
         """Broadcast: the slot published at ``cursor``; -1 nothing there yet, -2 not held for us (skip)."""
         w = self.w
-        t = self._pos(H_TAIL, "tail")
+        t = self._tail_seen
         if cursor >= t:
-            return -1
+            t = self._tail_seen = self._pos(H_TAIL, "tail")
+            if cursor >= t:
+                return -1
         if t - cursor > self.n:
             raise corrupt(f"{t - cursor} messages ahead of a consumer in a ring of {self.n} slots")
         s = w.load32(self.ring_off(cursor))
