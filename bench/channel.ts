@@ -17,6 +17,7 @@ import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
 import { addon } from '../src/native.js';
 import { printTable, summarize, type Row, type Summary } from './stats.js';
+import { nodeToPython, pythonToNode, pythonChannelUnavailable, type PythonOneWay } from './channel-python.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
 const WAITS: readonly WaitMode[] = ['adaptive', 'sleep', 'spin'];
@@ -35,6 +36,8 @@ export const TARGETS = {
   oneWayHostMsgsPerSec: 1_000_000,
   oneWayDeviceMsgsPerSec: 200_000,
   kernelRatio: 0.95,
+  /** A Python end's one-way rate against Node -> Node's (host slots, adaptive, same slot size). */
+  pythonVsNode: 0.5,
 } as const;
 
 type Memory = 'host' | 'device';
@@ -74,6 +77,8 @@ export interface ChannelResults {
   roundTrip: Record<string, RoundTrip>;
   oneWay: Record<string, OneWay>;
   workSharing: Record<string, { consumers: number; msgsPerSec: number }>;
+  /** One way with a Python end (host slots, 4 KiB, adaptive), or why it did not run. */
+  python?: { rows: PythonOneWay[] } | { skipped: string };
   kernel?: { sharedUs: Summary; localUs: Summary; ratio: number };
 }
 
@@ -225,6 +230,9 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
   return { us: summarize(times), cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: cpuPlacement(ranOn, theirs.ranOn) };
 }
 
+/** The slot size of the rows with a Python end (compared with Node's row of the same size). */
+const PYTHON_SLOT_BYTES = 4 << 10;
+
 /** Bytes each one-way message says it uses (the producer writes one of them, on host slots). */
 const ONE_WAY_LENGTH = 8;
 
@@ -320,7 +328,7 @@ async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: 
   }
 }
 
-export async function channelBenchmarks(iterations: number, warmup: number, device: Device | undefined): Promise<ChannelResults> {
+export async function channelBenchmarks(iterations: number, warmup: number, device: Device | undefined, options: { python?: boolean } = {}): Promise<ChannelResults> {
   progress('floor: doorbell round trip (no channel)');
   const floor = await doorbellFloor(iterations, Math.max(warmup, 2000));
   progress('floor: spin round trip (shared word, no channel)');
@@ -351,6 +359,20 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       progress(name);
       const r = await oneWay(m, wait, size, 8, 700);
       res.oneWay[name] = { memory, wait, slotBytes: size, msgsPerSec: r.msgsPerSec, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg };
+    }
+  }
+  if (options.python !== false) {
+    const why = pythonChannelUnavailable();
+    if (why) {
+      res.python = { skipped: `no usable python3 with cuda_ipc: ${why}` };
+    } else {
+      progress('one way, Node -> Python (host slots)');
+      const a = await nodeToPython('adaptive', PYTHON_SLOT_BYTES, 8, 700);
+      progress('one way, Python -> Node (host slots)');
+      // As many messages as Node -> Python moved in its time: about as long.
+      const count = Math.max(20_000, Math.min(2_000_000, Math.round(a.msgsPerSec.median * 0.7)));
+      const b = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count);
+      res.python = { rows: [a, b] };
     }
   }
   for (const consumers of [1, 2, 4, 8]) {
@@ -424,6 +446,21 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     if (o.wait === 'adaptive') notes.push(`target >= ${fmtRate(target)} msg/s: ${met(o.msgsPerSec.median >= target)}`);
     notes.push(cpuNote(o.cpuUsPerMsg));
     throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes });
+  }
+  if (r.python && 'rows' in r.python) {
+    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES);
+    for (const p of r.python.rows) {
+      const notes = [p.direction === 'node->python' ? 'a Node producer, a Python consumer' : 'a Python producer, a Node consumer'];
+      if (node) {
+        const ratio = p.msgsPerSec.median / node.msgsPerSec.median;
+        notes.push(`${(ratio * 100).toFixed(0)}% of Node -> Node's ${fmtRate(node.msgsPerSec.median)} msg/s (target >= ${TARGETS.pythonVsNode * 100}%): ${met(ratio >= TARGETS.pythonVsNode)}`);
+      }
+      notes.push(cpuNote(p.cpuUsPerMsg));
+      const name = `one way, ${fmtBytes(p.slotBytes)} slots, ${p.wait}, ${p.direction === 'node->python' ? 'Node -> Python' : 'Python -> Node'} (host slots)`;
+      throughput.push({ name, unit: 'msg/s', median: p.msgsPerSec.median, p99: p.slowest1pct, n: p.msgsPerSec.n, notes });
+    }
+  } else if (r.python) {
+    throughput.push({ name: 'one way with a Python end', unit: 'msg/s', median: NaN, notes: [`skipped: ${r.python.skipped}`] });
   }
   for (const [name, w] of Object.entries(r.workSharing)) {
     throughput.push({ name, unit: 'msg/s', median: w.msgsPerSec, notes: ['all consumers together'] });

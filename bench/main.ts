@@ -175,7 +175,7 @@ if (targets.length) {
 // Channels: after the handoff table.
 let channels: ChannelResults | undefined;
 if (!values['no-channels']) {
-  channels = await channelBenchmarks(iterations, warmup, device);
+  channels = await channelBenchmarks(iterations, warmup, device, { python: !values['no-python'] });
   printChannelTables(channels, iterations, warmup, device);
 }
 
