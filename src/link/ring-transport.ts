@@ -191,7 +191,7 @@ export class LinkTransport implements NativeSocket {
   }
 
   // ------------------------------------------------------------------------------------------
-  // Agreeing on the rings (link.ts calls these).
+  // Agreeing on the rings (link-sender.ts offers, frame-dispatch.ts accepts and starts).
 
   /** HELLO's features from this side. */
   get features(): number {
