@@ -84,13 +84,16 @@ class Ring:
 
     def signal_data(self, all_: bool = False) -> None:
         w = self.w
+        # A locked add: it also orders publish()'s release stores (tail) before the sleepers' load.
         w.add32(H_DATA_SEQ, 1)
         if w.load32(H_DATA_SLEEPERS) != 0:
             self._wake(H_DATA_SLEEPERS, all_ or self.l.broadcast)
 
     def signal_space(self) -> None:
         w = self.w
-        w.add32(H_SPACE_SEQ, 1)
+        # No locked add: every caller freed the slot with a locked operation just before, which
+        # orders that change before the sleepers' load (shared_words.bump32).
+        w.bump32(H_SPACE_SEQ)
         if w.load32(H_SPACE_SLEEPERS) != 0:
             self._wake(H_SPACE_SLEEPERS, True)
 

@@ -190,9 +190,22 @@ class SharedWords:
             if not 0 <= value <= MAX_U53:
                 raise ValueError("a 64-bit shared word holds 0..2^53")
             self._u64[off >> 3] = value
+        def bump32(self, off: int) -> None:
+            """Changes a change counter (a channel's data or space sequence): its value + 1 with a
+            release store, no locked add. Two racing bumps may store the same value; that is enough,
+            as the counter only tells spinners that something changed, and each bump follows its own
+            locked operation (the state change it announces), which orders it (x86-64, TSO)."""
+            if off & 3:
+                raise IndexError(f"shared word at {off} is not aligned")
+            u32 = self._u32
+            i = off >> 2
+            u32[i] = (u32[i] + 1) & 0xFFFFFFFF
     else:  # pragma: no cover - other architectures: sequentially consistent, as store32
         def release_store32(self, off: int, value: int) -> None:
             self.store32(off, value)
+
+        def bump32(self, off: int) -> None:
+            self.add32(off, 1)
 
         def release_store64(self, off: int, value: int) -> None:
             self.store64(off, value)
@@ -200,17 +213,17 @@ class SharedWords:
     def cas32(self, off: int, expected: int, desired: int) -> int:
         """Compare-and-swap; returns the value seen (== expected when it swapped)."""
         e = c_uint32(expected & 0xFFFFFFFF)
-        self._cas4(self._a32(off), byref(e), desired & 0xFFFFFFFF, SEQ_CST, SEQ_CST)
+        self._cas4(self._p32.get(off) or self._a32(off), byref(e), desired & 0xFFFFFFFF, SEQ_CST, SEQ_CST)
         return e.value
 
     def add32(self, off: int, delta: int) -> int:
-        return self._add4(self._a32(off), delta & 0xFFFFFFFF, SEQ_CST)
+        return self._add4(self._p32.get(off) or self._a32(off), delta & 0xFFFFFFFF, SEQ_CST)
 
     def and32(self, off: int, mask: int) -> int:
-        return self._and4(self._a32(off), mask & 0xFFFFFFFF, SEQ_CST)
+        return self._and4(self._p32.get(off) or self._a32(off), mask & 0xFFFFFFFF, SEQ_CST)
 
     def or32(self, off: int, mask: int) -> int:
-        return self._or4(self._a32(off), mask & 0xFFFFFFFF, SEQ_CST)
+        return self._or4(self._p32.get(off) or self._a32(off), mask & 0xFFFFFFFF, SEQ_CST)
 
     # -- 64-bit (values below 2^53) --
 
@@ -223,7 +236,7 @@ class SharedWords:
         if not (0 <= expected <= MAX_U53 and 0 <= desired <= MAX_U53):
             raise ValueError("a 64-bit shared word holds 0..2^53")
         e = c_uint64(expected)
-        self._cas8(self._a64(off), byref(e), c_uint64(desired), SEQ_CST, SEQ_CST)
+        self._cas8(self._p64.get(off) or self._a64(off), byref(e), c_uint64(desired), SEQ_CST, SEQ_CST)
         v = e.value
         return v if v <= MAX_U53 else -1
 
