@@ -1,5 +1,6 @@
 // stats(): what this process shares and holds right now, for dashboards and leak hunting.
 import { readdirSync } from 'node:fs';
+import { fdLimitError } from './errors.js';
 import { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
 import { legacyCacheStats, type ImportCacheStats } from './ipc/legacy.js';
 import { leaseStats, type LeaseStats } from './link/lease.js';
@@ -16,12 +17,16 @@ export interface Stats {
   openFds: number;
 }
 
-/** Accounting of this process: device memory, leases per peer, the legacy import cache, open fds. */
+/**
+ * Accounting of this process: device memory, leases per peer, the legacy import cache, open fds.
+ * Throws ERR_FD_LIMIT when the process has no fd left to count its fds with.
+ */
 export function stats(): Stats {
-  return {
-    device: deviceMemoryStats(),
-    leases: leaseStats(),
-    importCache: legacyCacheStats(),
-    openFds: readdirSync('/proc/self/fd').length - 1, // less the one readdir itself opened
-  };
+  let openFds: number;
+  try {
+    openFds = readdirSync('/proc/self/fd').length - 1; // less the one readdir itself opened
+  } catch (e) {
+    throw fdLimitError(e, 'stats'); // counting fds takes one: ERR_FD_LIMIT when none is left
+  }
+  return { device: deviceMemoryStats(), leases: leaseStats(), importCache: legacyCacheStats(), openFds };
 }

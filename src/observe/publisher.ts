@@ -30,6 +30,10 @@ export interface StatusSources {
 }
 
 const FIRST_DELAY_MS = 20;
+const fdsExhausted = (e: unknown): boolean => {
+  const code = (e as { code?: unknown })?.code;
+  return code === 'EMFILE' || code === 'ENFILE';
+};
 const MIN_INTERVAL_MS = 250;
 /** While channels are registered, their slot states are sampled this often. */
 const CHANNEL_SAMPLE_MS = 500;
@@ -51,6 +55,7 @@ class Publisher implements StatusPublisher {
   #written = false;
   #stopped = false;
   #removeOnExit = false;
+  #openFds = 0;
 
   constructor(sources: StatusSources, directory: string, startTime: string) {
     this.#sources = sources;
@@ -70,7 +75,14 @@ class Publisher implements StatusPublisher {
     this.#timer = undefined;
     if (this.#stopped) return;
     this.#sources.takeChange();
-    const record = this.#record();
+    let record: StatusRecord;
+    try {
+      record = this.#record();
+    } catch (e) {
+      // Status is a view: running out of fds must not take the process down, nor end the records.
+      if (fdsExhausted(e)) return this.#retryLater();
+      throw e;
+    }
     const { updatedAt: _, ...rest } = record;
     const body = JSON.stringify(rest);
     this.#manageSampler();
@@ -81,6 +93,7 @@ class Publisher implements StatusPublisher {
     try {
       this.#writeFile(text);
     } catch (e) {
+      if (fdsExhausted(e)) return this.#retryLater();
       if ((e as { code?: string }).code !== 'ENOENT') return this.#stop(e);
       // The folder went away (a temp-directory cleaner): make it again, once. If even the
       // directory above the socket directory is gone, no one can be reading records there.
@@ -95,6 +108,13 @@ class Publisher implements StatusPublisher {
     this.#written = true;
     this.#lastWrite = Date.now();
   };
+
+  /** No fd to spare now (EMFILE/ENFILE): the same record is tried again later, not dropped. */
+  #retryLater(): void {
+    this.#lastWrite = Date.now();
+    this.#written = false;
+    this.schedule();
+  }
 
   #writeFile(text: string): void {
     writeFileSync(this.#tmp, text, { mode: 0o600 });
@@ -170,8 +190,18 @@ class Publisher implements StatusPublisher {
       ...(linksNotListed ? { linksNotListed } : {}),
       ...(channelsNotListed ? { channelsNotListed } : {}),
       importCache: addon.legacyCacheStats(),
-      openFds: readdirSync('/proc/self/fd').length - 1, // less the one readdir itself opened
+      openFds: this.#countFds(),
     };
+  }
+
+  /** Open fds of this process; when none is left to read /proc/self/fd with, the last count. */
+  #countFds(): number {
+    try {
+      this.#openFds = readdirSync('/proc/self/fd').length - 1; // less the one readdir itself opened
+    } catch (e) {
+      if (!fdsExhausted(e)) throw e;
+    }
+    return this.#openFds;
   }
 
   #manageSampler(): void {

@@ -75,7 +75,7 @@ test('a listener holds at most maxPending connections before accept(); more are 
   l.close();
 });
 
-test('out of fds: HostBuffer.allocate and a received buffer fail with ERR_FD_LIMIT; plain messages, and everything once fds are back, work', { timeout: 60_000 }, async () => {
+test('out of fds: HostBuffer.allocate, stats() and a received buffer fail with ERR_FD_LIMIT; the status timer keeps quiet; plain messages, and everything once fds are back, work', { timeout: 60_000 }, async () => {
   const child = fileURLToPath(new URL('../fixtures/fd-limit-child.js', import.meta.url));
   const { child: proc, link } = await startLinkedChild('/bin/sh', ['-c', 'ulimit -n 200 && exec "$0" "$@"', process.execPath, child], { stdio: 'inherit' }, 'fd-limit child');
   try {
@@ -94,6 +94,8 @@ test('out of fds: HostBuffer.allocate and a received buffer fail with ERR_FD_LIM
     assert.equal(report.allocate, 'ERR_FD_LIMIT');
     assert.equal(report.bufferWhileFull, 'ERR_FD_LIMIT');
     assert.equal(report.plainWhileFull, '{"plain":"still flows"}');
+    assert.equal(report.survivedFullTable, true);
+    assert.equal(report.statsWhileFull, 'ERR_FD_LIMIT');
     assert.equal(report.bufferAfterFreeing, '9,8,7,6');
     assert.equal(report.allocateAfterFreeing, 'ok');
   } finally {

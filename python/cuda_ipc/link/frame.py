@@ -73,6 +73,11 @@ def pack_header_into(buf: bytearray, frame_type: int, flags: int, payload_length
     _HEADER.pack_into(buf, 0, FRAME_MAGIC, FRAME_VERSION, frame_type, flags, payload_length, fd_count, 0)
 
 
+def declared_fds(buf: Buffer) -> int:
+    """The fd count a record's header announces (read before the header is checked against it)."""
+    return int(_HEADER.unpack_from(buf, 0)[5])
+
+
 def parse_header(buf: Buffer, length: int, fd_count: int) -> tuple[int, int, int]:
     """Checks the header of a ``length``-byte record that arrived with ``fd_count`` fds.
 

@@ -34,7 +34,7 @@ from .large_message import (
     DEFAULT_MAX_MESSAGE_BYTES, check_large_length, check_max_message_bytes, check_message_length, large_frame_length,
     read_large_payload, write_large_payload,
 )
-from .message_decoder import decode_message
+from .message_decoder import decode_message, lease_ids_of
 from .message_encoder import encode_message
 from .message_format import Malformed
 from .outbox import Outbox, flusher
@@ -333,12 +333,49 @@ class Link:
             return True
         if flags & _TRUNCATED:
             close_fds(fds)
+            if (flags & _TRUNCATED) == _CTRUNC and self._fds_lost_here(nbytes):
+                return True
             self._shutdown(
                 IpcError("ERR_FDS_TRUNCATED", f"the {self._peer_name} sent a message with more fds than a link accepts; they were closed")
                 if flags & _CTRUNC else
                 IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a record larger than {fr.MAX_FRAME_BYTES} bytes"), "local")
             return True
         self._on_record(nbytes, fds)
+        return True
+
+    def _fds_lost_here(self, length: int) -> bool:
+        """A record arrived whole but without (some of) its fds, which the kernel closed (MSG_CTRUNC).
+        When its header is sound and announces no more fds than a record may carry, they were lost
+        here, as this process (or the system) had no descriptor left: that message alone fails with
+        ERR_FD_LIMIT and its leases go back to the sender; the link goes on. False for anything
+        else (the caller closes the link). As frame-dispatch.ts #fdsLostHere."""
+        buf = self._rview
+        if length < fr.HEADER_BYTES:
+            return False
+        declared = fr.declared_fds(buf)
+        try:
+            ftype, flags, _ = fr.parse_header(buf, length, declared)
+        except IpcError:
+            return False
+        if ftype != fr.MESSAGE or declared == 0 or declared > fr.MAX_FDS or self._state != "open":
+            return False
+        error = IpcError(
+            "ERR_FD_LIMIT",
+            f"a message from the {self._peer_name} carried {declared} fds, and this process had no descriptor left for them "
+            "(EMFILE/ENFILE: see `ulimit -n`); the message was dropped and its leases returned. Close buffers, links or "
+            "channels you no longer need")
+        if flags & fr.LARGE_PAYLOAD:
+            # Its payload was in the lost memfd: which leases it granted is unknowable, so only
+            # closing the link (which ends them all) gives them back.
+            self._shutdown(error, "local")
+            return True
+        ids = lease_ids_of(buf[fr.HEADER_BYTES:length]) if (flags & fr.ENCODING_MASK) == fr.ENC_JSON_WITH_RECORDS else []
+        if ids is None:
+            return False
+        for lease_id in ids:
+            if not self._leases_in.is_live(lease_id):
+                self._leases_in.open(lease_id).end()
+        self._inbox.append((False, error))
         return True
 
     def _on_record(self, length: int, fds: list[int]) -> None:

@@ -159,6 +159,17 @@ def _parse_records(buf: memoryview) -> tuple[Any, list[Record], int]:
     return root, records, fd_total
 
 
+def lease_ids_of(buf: memoryview) -> list[int] | None:
+    """The lease ids a records payload grants; None when it does not parse or names an id twice
+    (message_decoder.ts leaseIdsOf)."""
+    try:
+        _root, records, _fds = _parse_records(buf)
+    except Malformed:
+        return None
+    ids = [r[3] for r in records if r[3]]
+    return ids if len(set(ids)) == len(ids) else None
+
+
 def _decode_with_records(buf: memoryview, fds: list[int], link: Link, leases: IncomingLeases | None) -> tuple[Any, list[object] | None]:
     root, records, fd_total = _parse_records(buf)
     if fd_total != len(fds):
