@@ -29,7 +29,7 @@ export const hostBufferTransfer: TransferHandler<HostBuffer> = {
     writeU64(scratchView, 0, mappingLength);
     writeU64(scratchView, 8, buffer.byteOffset);
     writeU64(scratchView, 16, buffer.byteLength);
-    return { data: scratch, fds: [buffer.fd], hold: { release: leaseHostBuffer(buffer), bytes: buffer.byteLength } };
+    return { data: scratch, fds: [buffer.fd], hold: { release: leaseHostBuffer(buffer), bytes: buffer.byteLength, fds: 1 } };
   },
   decode(data, fds, _link, lease) {
     if (data.byteLength !== DATA_BYTES || fds.length !== 1) {

@@ -18,6 +18,8 @@ export interface LeaseHold {
   release(): void;
   /** Bytes the lease keeps alive, for accounting (link.leases, leaseStats()); default 0. */
   readonly bytes?: number;
+  /** File descriptors the lease keeps open in this process (LinkOptions.leases.fds); default 0. */
+  readonly fds?: number;
 }
 
 /** The receiving side of one lease, given to TransferHandler.decode(). */
@@ -83,6 +85,7 @@ export interface LeasingLink {
 export class OutgoingLeases {
   readonly #holds = new Map<number, LeaseHold>();
   #bytes = 0;
+  #fds = 0;
   #closed = false;
 
   constructor(readonly link: LeasingLink) {}
@@ -92,6 +95,10 @@ export class OutgoingLeases {
   }
   get bytes(): number {
     return this.#bytes;
+  }
+  /** Fds the outstanding leases keep open here. */
+  get fds(): number {
+    return this.#fds;
   }
 
   /** Records a committed lease. On a closed link the hold is released at once (no one has it). */
@@ -103,6 +110,7 @@ export class OutgoingLeases {
     if (this.#holds.size === 0) withLeases.add(this);
     this.#holds.set(id, hold);
     this.#bytes += hold.bytes ?? 0;
+    this.#fds += hold.fds ?? 0;
     noteChange(); // for `cuda-ipc status`: a flag test
   }
 
@@ -116,8 +124,10 @@ export class OutgoingLeases {
       if (!hold) return id;
       this.#holds.delete(id);
       this.#bytes -= hold.bytes ?? 0;
+      this.#fds -= hold.fds ?? 0;
       if (this.#holds.size === 0) {
         this.#bytes = 0;
+        this.#fds = 0;
         withLeases.delete(this);
       }
       releaseHold(hold);
@@ -132,6 +142,7 @@ export class OutgoingLeases {
     const holds = [...this.#holds.values()];
     this.#holds.clear();
     this.#bytes = 0;
+    this.#fds = 0;
     withLeases.delete(this);
     for (const hold of holds) releaseHold(hold);
   }

@@ -1,6 +1,7 @@
 // The bounds a link puts on what one peer can make it hold, given to spawn(), connect(), listen()
 // and parentLink(), checked once when the link is made.
 import { constants as bufferConstants } from 'node:buffer';
+import { readFileSync } from 'node:fs';
 import { checkObject, optionalInteger } from '../arg-errors.js';
 import { DEFAULT_MAX_MESSAGE_BYTES } from './large-message.js';
 
@@ -21,11 +22,13 @@ export interface LinkOptions {
   sendQueue?: { messages?: number; bytes?: number; fds?: number };
   /**
    * Bounds of what the peer may hold of this link's sends at once: leases (received values it
-   * has not released) and the bytes they keep alive here (default 16384 leases, no byte bound).
-   * send() returns false while the peer holds half of either; a message that would pass one
-   * throws ERR_LIMIT_REACHED.
+   * has not released), the bytes they keep alive here and the fds they keep open here (a host
+   * buffer's memfd stays open until the peer releases it, even once closed here). Defaults: 16384
+   * leases, no byte bound, a quarter of this process's fd limit (`ulimit -n`, at least 16), so
+   * that a sender told to wait slows down before its fds run out. send() returns false while the
+   * peer holds half of any; a message that would pass one throws ERR_LIMIT_REACHED.
    */
-  leases?: { count?: number; bytes?: number };
+  leases?: { count?: number; bytes?: number; fds?: number };
   /**
    * Bounds of the messages received and not yet consumed (receive(), 'message'), counted in
    * messages, bytes and the fds their values hold (default 1024 messages, 256 MiB, 1024 fds).
@@ -45,15 +48,34 @@ export interface LinkOptions {
 export interface LinkLimits {
   readonly maxMessageBytes: number;
   readonly sendQueue: { readonly messages: number; readonly bytes: number; readonly fds: number };
-  readonly leases: { readonly count: number; readonly bytes: number };
+  readonly leases: { readonly count: number; readonly bytes: number; readonly fds: number };
   readonly inbox: { readonly messages: number; readonly bytes: number; readonly fds: number };
   readonly importedPools: number;
+}
+
+/**
+ * This process's soft limit on open files (`ulimit -n`) from /proc/self/limits; undefined where
+ * it cannot be read or is unlimited.
+ */
+export function openFileLimit(): number | undefined {
+  try {
+    const line = /^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'latin1'));
+    return line ? Number(line[1]) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** leases.fds by default: a quarter of the fd limit, so that backpressure comes before EMFILE. */
+function defaultLeaseFds(): number {
+  const limit = openFileLimit();
+  return limit === undefined ? Number.MAX_SAFE_INTEGER : Math.max(16, Math.floor(limit / 4));
 }
 
 export const DEFAULT_LINK_LIMITS: LinkLimits = {
   maxMessageBytes: DEFAULT_MAX_MESSAGE_BYTES,
   sendQueue: { messages: 4096, bytes: 64 * 2 ** 20, fds: 1024 },
-  leases: { count: 16384, bytes: Number.MAX_SAFE_INTEGER },
+  leases: { count: 16384, bytes: Number.MAX_SAFE_INTEGER, fds: defaultLeaseFds() },
   inbox: { messages: 1024, bytes: 256 * 2 ** 20, fds: 1024 },
   importedPools: 64,
 };
@@ -76,6 +98,7 @@ export function linkLimits(options: LinkOptions | undefined, what: string): Link
     leases: {
       count: optionalInteger(l.count, `${what}.leases.count`, d.leases.count, 1),
       bytes: optionalInteger(l.bytes, `${what}.leases.bytes`, d.leases.bytes, 1),
+      fds: optionalInteger(l.fds, `${what}.leases.fds`, d.leases.fds, 1),
     },
     sendQueue: {
       messages: optionalInteger(q.messages, `${what}.sendQueue.messages`, d.sendQueue.messages, 1),

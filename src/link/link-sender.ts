@@ -118,27 +118,33 @@ export class LinkSender {
   #checkLeaseRoom(holds: ReadonlyArray<{ hold: LeaseHold }>, ownedFds: readonly number[]): void {
     const l = this.#limits.leases;
     let bytes = 0;
-    for (const { hold } of holds) bytes += hold.bytes ?? 0;
+    let fds = 0;
+    for (const { hold } of holds) {
+      bytes += hold.bytes ?? 0;
+      fds += hold.fds ?? 0;
+    }
     const count = this.#leases.count;
     const over =
       count + holds.length > l.count ? { limit: 'leases.count', what: `${l.count} leases` }
       : this.#leases.bytes + bytes > l.bytes ? { limit: 'leases.bytes', what: `${l.bytes} bytes of leases` }
+      : fds > 0 && this.#leases.fds + fds > l.fds ? { limit: 'leases.fds', what: `${l.fds} fds kept open by leases` }
       : undefined;
     if (!over) return;
     closeFds(ownedFds);
     throw new IpcError(
       'ERR_LIMIT_REACHED',
-      `link.send: the ${this.#peerName} holds ${count} leases (${this.#leases.bytes} bytes) of what this link sent and has not ` +
+      `link.send: the ${this.#peerName} holds ${count} leases (${this.#leases.bytes} bytes, ${this.#leases.fds} fds) of what this link sent and has not ` +
         `released them; this message would pass the bound of ${over.what} (${over.limit}). Wait for 'drain' (send() returned false ` +
         'once the peer held half of it), make the peer close what it received, or raise the bound',
       { limit: over.limit },
     );
   }
 
-  /** The peer holds at least half the leases (count or bytes) the link allows. */
+  /** The peer holds at least half the leases (count, bytes or fds) the link allows. */
   #leasesHigh(): boolean {
     const l = this.#limits.leases;
-    return this.#leases.count * 2 >= l.count || this.#leases.bytes * 2 >= l.bytes;
+    const o = this.#leases;
+    return o.count * 2 >= l.count || o.bytes * 2 >= l.bytes || o.fds * 2 >= l.fds;
   }
 
   /** 'drain' once the link is no longer behind: the queue is empty and the peer below half its leases. */

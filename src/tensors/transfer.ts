@@ -103,7 +103,7 @@ function encodeAllocation(a: Allocation, link: Link, out: Encoded, poolsAttached
     const v = new DataView(data.buffer);
     v.setBigUint64(0, BigInt(mappingLength), true);
     v.setBigUint64(16, BigInt(mappingLength), true);
-    out.holds.push({ release: leaseHostBuffer(b), bytes: mappingLength });
+    out.holds.push({ release: leaseHostBuffer(b), bytes: mappingLength, fds: 1 });
     out.fds.push(addon.dup(b.fd));  // every fd of the record is owned (closed after the send)
     out.entries.push({ kind: AllocationKind.Host, fdCount: 1, data });
     return;

@@ -4,6 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
+import { spawnSync } from 'node:child_process';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import '../../src/link/index.js';
@@ -164,6 +165,46 @@ test('the leases a peer holds are bounded: send() returns false at half, ERR_LIM
     c.close();
     d.close();
   }
+});
+
+test('fds kept open by leases are bounded (leases.fds): a sender of fresh buffers is told to wait before its fds run out', async () => {
+  const [a, b] = await linkPair({ leases: { fds: 8 } });
+  const kept: HostBuffer[] = [];
+  b.on('message', (m) => {
+    if (m instanceof HostBuffer) kept.push(m);
+  });
+  const before = fdCount();
+  try {
+    const results: boolean[] = [];
+    for (let i = 0; i < 8; i++) {
+      const h = HostBuffer.allocate(4096); // closed here at once: its lease keeps the memfd open
+      results.push(a.send(h));
+      h.close();
+    }
+    assert.deepEqual(results, [true, true, true, false, false, false, false, false], 'behind once the peer holds half of the 8 fds');
+    assert.equal(a.leases.count, 8);
+    const ninth = HostBuffer.allocate(4096);
+    assert.throws(() => a.send(ninth), limited('ERR_LIMIT_REACHED', 'leases.fds'));
+    ninth.close();
+    assert.ok(a.send({ plain: 'no fds' }) === false, 'a message without fds still goes (the link stays behind)');
+    await new Promise((r) => setTimeout(r, 20));
+    assert.equal(kept.length, 8);
+    const drained = once(a, 'drain');
+    for (const k of kept.splice(0)) k.close();
+    await drained;
+    assert.equal(a.leases.count, 0);
+    assert.ok(fdCount() <= before + 1, 'the sender closed the fds its leases kept');
+  } finally {
+    a.close();
+    b.close();
+  }
+});
+
+test('leases.fds defaults to a quarter of the process fd limit (ulimit -n)', () => {
+  const program = `import('${new URL('../../src/link/link-options.js', import.meta.url).href}').then((m) => console.log(m.DEFAULT_LINK_LIMITS.leases.fds))`;
+  const r = spawnSync('/bin/sh', ['-c', 'ulimit -n 256 && exec "$0" --input-type=module -e "$1"', process.execPath, program], { encoding: 'utf8' });
+  assert.equal(r.status, 0, r.stderr);
+  assert.equal(r.stdout.trim(), '64');
 });
 
 test('flush() waits for the queue to empty, and gives up on timeout or abort', async () => {
