@@ -141,9 +141,11 @@ class ChannelProducer(ChannelEnd):
 
     def _commit(self, s: int) -> None:
         e = self._end
+        r = e.ring.publish(s)
+        if r == "ok":
+            return
         started = time.monotonic()
         while True:
-            r = e.ring.publish(s)
             if r == "ok" or r == "dropped":
                 return
             if r == "detached":
@@ -154,6 +156,7 @@ class ChannelProducer(ChannelEnd):
                 raise IpcError("ERR_TIMEOUT", f"publish: the channel's publish lock stayed held for {RECOVERY_GIVE_UP} s (a process died inside it and was not repaired)")
             time.sleep(RETRY)
             e.service()
+            r = e.ring.publish(s)
 
     def discard(self, slot: "Slot") -> None:
         """Gives back a slot acquired and not published."""
