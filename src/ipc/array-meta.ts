@@ -3,7 +3,8 @@
 // array never reaches before its start and every element is aligned to its own size.
 
 import { ARG as ARG_CODE, at, checkArray, checkCount, checkKeys, checkPlainObject, describe, fail, type Field } from './checks.js';
-import { dtypeInfo, isDType, DTYPES, type DType } from './dtype.js';
+import { dtypeInfo, isDType, DTYPES, type DType, type HostArrayTypes } from './dtype.js';
+import { invalidArgValue, outOfRange } from '../arg-errors.js';
 
 /** At most 32 dimensions, NumPy's own limit before 2.0 and the binary format's bound. */
 export const MAX_NDIM = 32;
@@ -64,6 +65,55 @@ export function isCContiguous(meta: ArrayMeta): boolean {
 export function extentBytes(meta: ArrayMeta): number {
   const m = checkArrayMeta(meta, ARG);
   return extentOf(m, ARG);
+}
+
+/** The layout of a typed view over `byteLength` bytes (DeviceArray, HostArray). */
+export interface ViewLayout {
+  readonly meta: ArrayMeta;
+  /** Number of elements. */
+  readonly size: number;
+  /** Bytes from the first element to the end of the last. */
+  readonly extent: number;
+  readonly contiguous: boolean;
+}
+
+/** Checks `init` for a view over `byteLength` bytes: RangeError ERR_OUT_OF_RANGE when they are too few. */
+export function viewLayout(init: ArrayMetaInit, byteLength: number): ViewLayout {
+  const meta = arrayMeta(init);
+  const extent = extentBytes(meta);
+  if (extent > byteLength) {
+    throw outOfRange(`an array of shape [${meta.shape}] ${meta.dtype} with strides [${meta.strides}] needs ${extent} bytes, but the buffer has ${byteLength}`);
+  }
+  return { meta, size: elementCount(meta.shape), extent, contiguous: isCContiguous(meta) };
+}
+
+/** `values` as the bytes to write into a view of `size` elements of `meta` (TypeError when it does not fit). */
+export function bytesToWrite<T extends DType>(values: HostArrayTypes[T], meta: ArrayMeta, size: number): Uint8Array {
+  const info = dtypeInfo(meta.dtype);
+  const src = values as ArrayBufferView;
+  if (!(src instanceof info.hostArray) || (src as unknown as { length: number }).length !== size) {
+    throw invalidArgValue(`write expects a ${info.hostArray.name} of ${size} elements for a ${meta.dtype} array of shape [${meta.shape}]`);
+  }
+  return new Uint8Array(src.buffer, src.byteOffset, src.byteLength);
+}
+
+/** Calls fn(byteOffset, cIndex) for every element, in C order. */
+export function forEachOffset(shape: readonly number[], strides: readonly number[], fn: (byteOffset: number, index: number) => void): void {
+  const nd = shape.length;
+  let size = 1;
+  for (const d of shape) size *= d;
+  const idx = new Array<number>(nd).fill(0);
+  let offset = 0;
+  for (let i = 0; i < size; i++) {
+    fn(offset, i);
+    for (let d = nd - 1; d >= 0; d--) {
+      idx[d]!++;
+      offset += strides[d]!;
+      if (idx[d]! < shape[d]!) break;
+      offset -= strides[d]! * shape[d]!;
+      idx[d] = 0;
+    }
+  }
 }
 
 // ---- internals shared with the descriptor codecs ------------------------------------------

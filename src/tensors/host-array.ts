@@ -3,9 +3,8 @@
 // safetensors) runs on machines without a GPU and with the same code paths.
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/host-buffer.js';
-import { arrayMeta, elementCount, extentBytes, isCContiguous, type ArrayMeta, type ArrayMetaInit } from '../ipc/array-meta.js';
+import { bytesToWrite, elementCount, forEachOffset, viewLayout, type ArrayMeta, type ArrayMetaInit } from '../ipc/array-meta.js';
 import { dtypeInfo, type DType, type HostArrayTypes } from '../ipc/dtype.js';
-import { invalidArgValue } from '../arg-errors.js';
 
 /** A typed view (dtype, shape, byte strides) over shared host memory: DeviceArray's host twin. */
 export class HostArray<T extends DType = DType> implements Disposable {
@@ -22,19 +21,14 @@ export class HostArray<T extends DType = DType> implements Disposable {
 
   /** A typed view over `buffer`, whose first byte is the first element. */
   constructor(buffer: HostBuffer, meta: ArrayMetaInit & { dtype: T }) {
-    const m = arrayMeta(meta);
-    const extent = extentBytes(m);
-    if (extent > buffer.byteLength) {
-      throw new IpcError('ERR_OUT_OF_RANGE',
-        `an array of shape [${m.shape}] ${m.dtype} with strides [${m.strides}] needs ${extent} bytes, but the buffer has ${buffer.byteLength}`);
-    }
+    const v = viewLayout(meta, buffer.byteLength);
     this.buffer = buffer;
     this.dtype = meta.dtype;
-    this.shape = m.shape;
-    this.strides = m.strides;
-    this.size = elementCount(m.shape);
-    this.#contiguous = isCContiguous(m);
-    this.#extent = extent;
+    this.shape = v.meta.shape;
+    this.strides = v.meta.strides;
+    this.size = v.size;
+    this.#contiguous = v.contiguous;
+    this.#extent = v.extent;
   }
 
   /** A new zeroed C-contiguous array in its own shared memory (a memfd). */
@@ -79,18 +73,14 @@ export class HostArray<T extends DType = DType> implements Disposable {
 
   /** Writes all elements from `values` in C order. */
   write(values: HostArrayTypes[T]): void {
-    const info = dtypeInfo(this.dtype);
-    const src = values as ArrayBufferView;
-    if (!(src instanceof info.hostArray) || (src as unknown as { length: number }).length !== this.size) {
-      throw invalidArgValue(`write expects a ${info.hostArray.name} of ${this.size} elements for a ${this.dtype} array of shape [${this.shape}]`);
-    }
-    const bytes = new Uint8Array(src.buffer, src.byteOffset, src.byteLength);
+    const bytes = bytesToWrite(values, this.meta, this.size);
     if (this.#contiguous) {
       this.buffer.write(bytes, 0);
       return;
     }
+    const itemsize = dtypeInfo(this.dtype).itemsize;
     const dst = this.buffer.bytes;
-    forEachOffset(this.shape, this.strides, (at, i) => dst.set(bytes.subarray(i * info.itemsize, (i + 1) * info.itemsize), at));
+    forEachOffset(this.shape, this.strides, (at, i) => dst.set(bytes.subarray(i * itemsize, (i + 1) * itemsize), at));
   }
 
   /** Closes the array's HostBuffer. */
@@ -98,23 +88,4 @@ export class HostArray<T extends DType = DType> implements Disposable {
 
   /** Same as close(). */
   [Symbol.dispose](): void { this.close(); }
-}
-
-/** Calls fn(byteOffset, cIndex) for every element, in C order. */
-export function forEachOffset(shape: readonly number[], strides: readonly number[], fn: (byteOffset: number, index: number) => void): void {
-  const nd = shape.length;
-  let size = 1;
-  for (const d of shape) size *= d;
-  const idx = new Array<number>(nd).fill(0);
-  let offset = 0;
-  for (let i = 0; i < size; i++) {
-    fn(offset, i);
-    for (let d = nd - 1; d >= 0; d--) {
-      idx[d]!++;
-      offset += strides[d]!;
-      if (idx[d]! < shape[d]!) break;
-      offset -= strides[d]! * shape[d]!;
-      idx[d] = 0;
-    }
-  }
 }

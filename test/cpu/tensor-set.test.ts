@@ -345,3 +345,15 @@ test('a tensor set whose table lies fails that message only: the sender gets its
     rx.close();
   }
 });
+
+test('HostArray checks its arguments as DeviceArray does: RangeError for too few bytes, TypeError for values that do not fit', () => {
+  using b = HostBuffer.allocate(64);
+  assert.throws(() => new HostArray(b.view(0, 64), { dtype: 'float32', shape: [4, 5] }),
+    (e: unknown) => e instanceof RangeError && (e as { code?: string }).code === 'ERR_OUT_OF_RANGE' && /needs 80 bytes, but the buffer has 64/.test(e.message));
+  const a = new HostArray(b.view(0, 64), { dtype: 'float32', shape: [2, 2], strides: [16, 4] });
+  assert.throws(() => a.write(new Float32Array(3)), (e: unknown) => e instanceof TypeError && (e as { code?: string }).code === 'ERR_INVALID_ARG_VALUE');
+  a.write(new Float32Array([1, 2, 3, 4]));
+  assert.deepEqual([...a.read()], [1, 2, 3, 4]);
+  assert.deepEqual([...new Float32Array(b.read(0, 32).buffer)], [1, 2, 0, 0, 3, 4, 0, 0]);
+  a.close();
+});
