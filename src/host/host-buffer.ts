@@ -12,9 +12,10 @@ const { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL } = addon.posixConstants;
 /** Seals of every buffer allocate() makes: its size can never change. */
 const SEALED = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
-/** For the transfer handler (not exported by the package): the whole mapping's length, and
- * whether the file is sealed against shrinking. */
-export let describeHostBuffer: (buffer: HostBuffer) => { mappingLength: number; sealed: boolean };
+/** For the transfer handler (not exported by the package): the whole mapping's length, whether
+ * the file is sealed against shrinking, and the mapping itself (one per fd: buffers and views
+ * sharing memory share it). */
+export let describeHostBuffer: (buffer: HostBuffer) => { mappingLength: number; sealed: boolean; mapping: object };
 /**
  * For the transfer handler: keeps the buffer's memory mapped (and its fd open) until the returned
  * function runs (once; later calls do nothing), even if every HostBuffer over it is closed.
@@ -364,7 +365,7 @@ export class HostBuffer implements Disposable {
   static {
     describeHostBuffer = (buffer) => {
       const m = buffer.#open('describe');
-      return { mappingLength: m.length, sealed: m.sealed };
+      return { mappingLength: m.length, sealed: m.sealed, mapping: m };
     };
     leaseHostBuffer = (buffer) => buffer.#open('lease').lease();
     whenHostBufferReleased = (buffer, done) => buffer.#shared.whenReleased(done);

@@ -18,7 +18,7 @@ export const hostBufferTransfer: TransferHandler<HostBuffer> = {
   canTransfer: (value): value is HostBuffer => value instanceof HostBuffer,
   encode(buffer) {
     if (buffer.closed) throw new IpcError('ERR_CLOSED', 'link.send: the HostBuffer is closed; send it before closing it');
-    const { mappingLength, sealed } = describeHostBuffer(buffer);
+    const { mappingLength, sealed, mapping } = describeHostBuffer(buffer);
     if (!sealed) {
       throw new IpcError(
         'ERR_NOT_TRANSFERABLE',
@@ -29,7 +29,7 @@ export const hostBufferTransfer: TransferHandler<HostBuffer> = {
     writeU64(scratchView, 0, mappingLength);
     writeU64(scratchView, 8, buffer.byteOffset);
     writeU64(scratchView, 16, buffer.byteLength);
-    return { data: scratch, fds: [buffer.fd], hold: { release: leaseHostBuffer(buffer), bytes: buffer.byteLength, fds: 1 } };
+    return { data: scratch, fds: [buffer.fd], hold: { release: leaseHostBuffer(buffer), bytes: buffer.byteLength, fd: mapping } };
   },
   decode(data, fds, _link, lease) {
     if (data.byteLength !== DATA_BYTES || fds.length !== 1) {

@@ -18,8 +18,11 @@ export interface LeaseHold {
   release(): void;
   /** Bytes the lease keeps alive, for accounting (link.leases, leaseStats()); default 0. */
   readonly bytes?: number;
-  /** File descriptors the lease keeps open in this process (LinkOptions.leases.fds); default 0. */
-  readonly fds?: number;
+  /**
+   * Names the file descriptor the lease keeps open in this process (LinkOptions.leases.fds counts
+   * them): any object standing for it; leases naming the same object count it once. Default none.
+   */
+  readonly fd?: object;
 }
 
 /** The receiving side of one lease, given to TransferHandler.decode(). */
@@ -85,7 +88,8 @@ export interface LeasingLink {
 export class OutgoingLeases {
   readonly #holds = new Map<number, LeaseHold>();
   #bytes = 0;
-  #fds = 0;
+  /** Outstanding leases per fd they keep open (LeaseHold.fd). */
+  readonly #fdUsers = new Map<object, number>();
   #closed = false;
 
   constructor(readonly link: LeasingLink) {}
@@ -98,7 +102,12 @@ export class OutgoingLeases {
   }
   /** Fds the outstanding leases keep open here. */
   get fds(): number {
-    return this.#fds;
+    return this.#fdUsers.size;
+  }
+
+  /** Whether a lease on `fd` would add an fd to what the leases keep open. */
+  addsFd(fd: object | undefined): boolean {
+    return fd !== undefined && !this.#fdUsers.has(fd);
   }
 
   /** Records a committed lease. On a closed link the hold is released at once (no one has it). */
@@ -110,7 +119,7 @@ export class OutgoingLeases {
     if (this.#holds.size === 0) withLeases.add(this);
     this.#holds.set(id, hold);
     this.#bytes += hold.bytes ?? 0;
-    this.#fds += hold.fds ?? 0;
+    if (hold.fd) this.#fdUsers.set(hold.fd, (this.#fdUsers.get(hold.fd) ?? 0) + 1);
     noteChange(); // for `cuda-ipc status`: a flag test
   }
 
@@ -124,10 +133,14 @@ export class OutgoingLeases {
       if (!hold) return id;
       this.#holds.delete(id);
       this.#bytes -= hold.bytes ?? 0;
-      this.#fds -= hold.fds ?? 0;
+      if (hold.fd) {
+        const users = this.#fdUsers.get(hold.fd)! - 1;
+        if (users > 0) this.#fdUsers.set(hold.fd, users);
+        else this.#fdUsers.delete(hold.fd);
+      }
       if (this.#holds.size === 0) {
         this.#bytes = 0;
-        this.#fds = 0;
+        this.#fdUsers.clear();
         withLeases.delete(this);
       }
       releaseHold(hold);
@@ -142,7 +155,7 @@ export class OutgoingLeases {
     const holds = [...this.#holds.values()];
     this.#holds.clear();
     this.#bytes = 0;
-    this.#fds = 0;
+    this.#fdUsers.clear();
     withLeases.delete(this);
     for (const hold of holds) releaseHold(hold);
   }

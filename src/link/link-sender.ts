@@ -118,11 +118,12 @@ export class LinkSender {
   #checkLeaseRoom(holds: ReadonlyArray<{ hold: LeaseHold }>, ownedFds: readonly number[]): void {
     const l = this.#limits.leases;
     let bytes = 0;
-    let fds = 0;
+    const newFds = new Set<object>();
     for (const { hold } of holds) {
       bytes += hold.bytes ?? 0;
-      fds += hold.fds ?? 0;
+      if (this.#leases.addsFd(hold.fd)) newFds.add(hold.fd!);
     }
+    const fds = newFds.size;
     const count = this.#leases.count;
     const over =
       count + holds.length > l.count ? { limit: 'leases.count', what: `${l.count} leases` }

@@ -95,7 +95,7 @@ function releaseAll(e: Encoded): void {
 function encodeAllocation(a: Allocation, link: Link, out: Encoded, poolsAttached: Set<string>): void {
   if ('host' in a) {
     const b = a.host;
-    const { mappingLength, sealed } = describeHostBuffer(b);
+    const { mappingLength, sealed, mapping } = describeHostBuffer(b);
     if (!sealed) {
       throw new IpcError('ERR_NOT_TRANSFERABLE', 'link.send: a tensor lives in a HostBuffer whose file is not sealed against shrinking; use HostBuffer.allocate() memory');
     }
@@ -103,7 +103,7 @@ function encodeAllocation(a: Allocation, link: Link, out: Encoded, poolsAttached
     const v = new DataView(data.buffer);
     v.setBigUint64(0, BigInt(mappingLength), true);
     v.setBigUint64(16, BigInt(mappingLength), true);
-    out.holds.push({ release: leaseHostBuffer(b), bytes: mappingLength, fds: 1 });
+    out.holds.push({ release: leaseHostBuffer(b), bytes: mappingLength, fd: mapping });
     out.fds.push(addon.dup(b.fd));  // every fd of the record is owned (closed after the send)
     out.entries.push({ kind: AllocationKind.Host, fdCount: 1, data });
     return;
