@@ -24,8 +24,8 @@ export interface LinkOptions {
    * Bounds of what the peer may hold of this link's sends at once: leases (received values it
    * has not released), the bytes they keep alive here and the fds they keep open here (a host
    * buffer's memfd stays open until the peer releases it, even once closed here). Defaults: 16384
-   * leases, no byte bound, a quarter of this process's fd limit (`ulimit -n`, at least 16), so
-   * that a sender told to wait slows down before its fds run out. send() returns false while the
+   * leases, no byte bound, half this process's fd limit (`ulimit -n`, at least 16), so that a
+   * sender told to wait (at a quarter of the limit) slows down before its fds run out. send() returns false while the
    * peer holds half of any; a message that would pass one throws ERR_LIMIT_REACHED.
    */
   leases?: { count?: number; bytes?: number; fds?: number };
@@ -66,10 +66,10 @@ export function openFileLimit(): number | undefined {
   }
 }
 
-/** leases.fds by default: a quarter of the fd limit, so that backpressure comes before EMFILE. */
+/** leases.fds by default: half the fd limit, so that send() says to wait at a quarter of it, long before EMFILE. */
 function defaultLeaseFds(): number {
   const limit = openFileLimit();
-  return limit === undefined ? Number.MAX_SAFE_INTEGER : Math.max(16, Math.floor(limit / 4));
+  return limit === undefined ? Number.MAX_SAFE_INTEGER : Math.max(16, Math.floor(limit / 2));
 }
 
 export const DEFAULT_LINK_LIMITS: LinkLimits = {

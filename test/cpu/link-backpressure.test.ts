@@ -206,11 +206,11 @@ test('fds kept open by leases are bounded (leases.fds): a sender of fresh buffer
   }
 });
 
-test('leases.fds defaults to a quarter of the process fd limit (ulimit -n)', () => {
+test('leases.fds defaults to half the process fd limit (ulimit -n)', () => {
   const program = `import('${new URL('../../src/link/link-options.js', import.meta.url).href}').then((m) => console.log(m.DEFAULT_LINK_LIMITS.leases.fds))`;
   const r = spawnSync('/bin/sh', ['-c', 'ulimit -n 256 && exec "$0" --input-type=module -e "$1"', process.execPath, program], { encoding: 'utf8' });
   assert.equal(r.status, 0, r.stderr);
-  assert.equal(r.stdout.trim(), '64');
+  assert.equal(r.stdout.trim(), '128');
 });
 
 test('flush() waits for the queue to empty, and gives up on timeout or abort', async () => {
