@@ -24,9 +24,10 @@ export interface LinkOptions {
    * Bounds of what the peer may hold of this link's sends at once: leases (received values it
    * has not released), the bytes they keep alive here and the fds they keep open here (a host
    * buffer's memfd stays open until the peer releases it, even once closed here). Defaults: 16384
-   * leases, no byte bound, half this process's fd limit (`ulimit -n`, at least 16), so that a
-   * sender told to wait (at a quarter of the limit) slows down before its fds run out. send() returns false while the
-   * peer holds half of any; a message that would pass one throws ERR_LIMIT_REACHED.
+   * leases, no byte bound, half this process's fd limit (`ulimit -n`, at least 16). send() returns
+   * false while the peer holds half of any (so a sender of fresh buffers is told to wait at a
+   * quarter of its fd limit, before it runs out); a message that would pass one throws
+   * ERR_LIMIT_REACHED.
    */
   leases?: { count?: number; bytes?: number; fds?: number };
   /**

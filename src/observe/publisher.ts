@@ -30,11 +30,12 @@ export interface StatusSources {
 }
 
 const FIRST_DELAY_MS = 20;
+const MIN_INTERVAL_MS = 250;
+/** No fd left in this process or the system: a record waits for one instead of failing for good. */
 const fdsExhausted = (e: unknown): boolean => {
   const code = (e as { code?: unknown })?.code;
   return code === 'EMFILE' || code === 'ENFILE';
 };
-const MIN_INTERVAL_MS = 250;
 /** While channels are registered, their slot states are sampled this often. */
 const CHANNEL_SAMPLE_MS = 500;
 const MAX_ARGS = 32;
