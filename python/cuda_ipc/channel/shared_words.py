@@ -190,6 +190,7 @@ class SharedWords:
             if not 0 <= value <= MAX_U53:
                 raise ValueError("a 64-bit shared word holds 0..2^53")
             self._u64[off >> 3] = value
+
         def bump32(self, off: int) -> None:
             """Changes a change counter (a channel's data or space sequence): its value + 1 with a
             release store, no locked add. Two racing bumps may store the same value; that is enough,
