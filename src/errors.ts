@@ -83,14 +83,20 @@ export class IpcError extends Error {
 /** Errno codes that mean this process (or the system) has no fd to spare. */
 const FD_EXHAUSTED = new Set(['EMFILE', 'ENFILE', 'ETOOMANYREFS']);
 
+/** Whether `e` says no file descriptor was available (EMFILE, ENFILE, ETOOMANYREFS). */
+export function fdsExhausted(e: unknown): boolean {
+  const code = (e as { code?: unknown })?.code;
+  return typeof code === 'string' && FD_EXHAUSTED.has(code);
+}
+
 /**
  * `e` as the error the user sees from `what` (e.g. 'HostBuffer.allocate'): running out of file
  * descriptors (EMFILE, ENFILE, ETOOMANYREFS) becomes an IpcError ERR_FD_LIMIT that says so;
  * anything else is returned unchanged.
  */
 export function fdLimitError(e: unknown, what: string): unknown {
-  const code = (e as { code?: unknown })?.code;
-  if (typeof code !== 'string' || !FD_EXHAUSTED.has(code)) return e;
+  if (!fdsExhausted(e)) return e;
+  const code = (e as { code: string }).code;
   const why =
     code === 'EMFILE' ? 'this process has as many files open as its limit allows (EMFILE; see `ulimit -n`)'
     : code === 'ENFILE' ? 'the system has as many files open as it allows (ENFILE)'

@@ -1,6 +1,6 @@
 // stats(): what this process shares and holds right now, for dashboards and leak hunting.
-import { readdirSync } from 'node:fs';
 import { fdLimitError } from './errors.js';
+import { openFdCount } from './observe/record.js';
 import { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
 import { legacyCacheStats, type ImportCacheStats } from './ipc/legacy.js';
 import { leaseStats, type LeaseStats } from './link/lease.js';
@@ -24,7 +24,7 @@ export interface Stats {
 export function stats(): Stats {
   let openFds: number;
   try {
-    openFds = readdirSync('/proc/self/fd').length - 1; // less the one readdir itself opened
+    openFds = openFdCount();
   } catch (e) {
     throw fdLimitError(e, 'stats'); // counting fds takes one: ERR_FD_LIMIT when none is left
   }

@@ -118,12 +118,12 @@ export class LinkSender {
   #checkLeaseRoom(holds: ReadonlyArray<{ hold: LeaseHold }>, ownedFds: readonly number[]): void {
     const l = this.#limits.leases;
     let bytes = 0;
-    const newFds = new Set<object>();
+    let newFds: Set<object> | undefined; // fds these holds add (one buffer twice in a message counts once)
     for (const { hold } of holds) {
       bytes += hold.bytes ?? 0;
-      if (this.#leases.addsFd(hold.fd)) newFds.add(hold.fd!);
+      if (this.#leases.addsFd(hold.fd)) (newFds ??= new Set()).add(hold.fd!);
     }
-    const fds = newFds.size;
+    const fds = newFds?.size ?? 0;
     const count = this.#leases.count;
     const over =
       count + holds.length > l.count ? { limit: 'leases.count', what: `${l.count} leases` }

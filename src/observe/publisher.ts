@@ -6,12 +6,13 @@
 // its record behind: readers see that its pid is gone and remove it (reader.ts).
 // What it writes comes from the sources hooks.ts hands it, and the import cache's figures straight
 // from the addon: it imports no layer above observe.
-import { mkdirSync, readdirSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { addon } from '../native.js';
+import { fdsExhausted } from '../errors.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
 import type { ChannelStatus, ChannelStatusSource, DeviceMemoryStats, ObservedLink } from './reports.js';
-import { MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
+import { MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, openFdCount, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
 
 /** What the publisher provides once started. */
 export interface StatusPublisher {
@@ -31,11 +32,6 @@ export interface StatusSources {
 
 const FIRST_DELAY_MS = 20;
 const MIN_INTERVAL_MS = 250;
-/** No fd left in this process or the system: a record waits for one instead of failing for good. */
-const fdsExhausted = (e: unknown): boolean => {
-  const code = (e as { code?: unknown })?.code;
-  return code === 'EMFILE' || code === 'ENFILE';
-};
 /** While channels are registered, their slot states are sampled this often. */
 const CHANNEL_SAMPLE_MS = 500;
 const MAX_ARGS = 32;
@@ -198,7 +194,7 @@ class Publisher implements StatusPublisher {
   /** Open fds of this process; when none is left to read /proc/self/fd with, the last count. */
   #countFds(): number {
     try {
-      this.#openFds = readdirSync('/proc/self/fd').length - 1; // less the one readdir itself opened
+      this.#openFds = openFdCount();
     } catch (e) {
       if (!fdsExhausted(e)) throw e;
     }

@@ -105,3 +105,8 @@ export function removeStaleRecords(directory: string, names: readonly string[] =
   }
   return gone;
 }
+
+/** This process's open fds, less the one the count itself opens; throws what readdir throws (EMFILE). */
+export function openFdCount(): number {
+  return readdirSync('/proc/self/fd').length - 1;
+}

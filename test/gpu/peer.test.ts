@@ -125,13 +125,11 @@ async function killedConsumers(resident: Device, user: Device, cycles: number): 
 
 /**
  * A child working on `childDevice` allocates a pool buffer there and sends it; this process maps
- * it for `here` (the link's working device), the child is SIGKILLed, a kernel here still reads
- * the buffer, and once it is closed the child's GPU gets its memory back.
- */
-/**
- * `readable`: whether the buffer is read after its exporter died. On one GPU the driver keeps a dead
- * exporter's memory for its importers; across GPUs it does not (two H200s over NVLink: the read
- * fails with CUDA_ERROR_CONTAINED, which ends the reader's context), so there it is only closed.
+ * it for `here` (the link's working device), the child is SIGKILLed, then (`readable`) a kernel here
+ * still reads the buffer, and once it is closed the child's GPU gets its memory back. On one GPU the
+ * driver keeps a dead exporter's memory for its importers; across GPUs it does not (two H200s over
+ * NVLink: the read fails with CUDA_ERROR_CONTAINED, which ends the reader's context), so there the
+ * buffer is only closed.
  */
 async function killedProducer(here: Device, childDevice: Device, readable: boolean): Promise<void> {
   {
