@@ -4,10 +4,9 @@ import { DeviceBuffer } from '../cuda/buffer.js';
 import { Device } from '../cuda/device.js';
 import { IpcError } from '../errors.js';
 import { dtypeInfo, type DType, type HostArrayTypes } from './dtype.js';
-import { arrayMeta, isCContiguous, extentBytes, elementCount, type ArrayMeta, type ArrayMetaInit } from './array-meta.js';
+import { bytesToWrite, elementCount, forEachOffset, viewLayout, type ArrayMeta, type ArrayMetaInit } from './array-meta.js';
 import { openIpcHandle, toLegacyDescriptor } from './legacy.js';
 import type { LegacyHandleDescriptor } from './descriptor.js';
-import { invalidArgValue, outOfRange } from '../arg-errors.js';
 
 /**
  * A typed view of device memory: dtype, shape and strides over a DeviceBuffer; `read()`/`write()`
@@ -27,19 +26,14 @@ export class DeviceArray<T extends DType = DType> {
 
   /** A typed view over `buffer` (which the array then owns: closing the array closes it). */
   constructor(buffer: DeviceBuffer, meta: ArrayMetaInit & { dtype: T }) {
-    const m = arrayMeta(meta);
-    const extent = extentBytes(m);
-    if (extent > buffer.byteLength) {
-      throw outOfRange(
-        `an array of shape [${m.shape}] ${m.dtype} with strides [${m.strides}] needs ${extent} bytes, but the buffer has ${buffer.byteLength}`);
-    }
+    const v = viewLayout(meta, buffer.byteLength);
     this.buffer = buffer;
     this.dtype = meta.dtype;
-    this.shape = m.shape;
-    this.strides = m.strides;
-    this.size = elementCount(m.shape);
-    this.#contiguous = isCContiguous(m);
-    this.#extent = extent;
+    this.shape = v.meta.shape;
+    this.strides = v.meta.strides;
+    this.size = v.size;
+    this.#contiguous = v.contiguous;
+    this.#extent = v.extent;
   }
 
   /** A new C-contiguous array on the device (default device 0). */
@@ -64,7 +58,7 @@ export class DeviceArray<T extends DType = DType> {
     const span = new Uint8Array(this.#extent);
     this.buffer.read(span, 0);
     const dst = new Uint8Array((out as ArrayBufferView).buffer);
-    this.#forEachOffset((src, i) => dst.set(span.subarray(src, src + info.itemsize), i * info.itemsize));
+    forEachOffset(this.shape, this.strides, (src, i) => dst.set(span.subarray(src, src + info.itemsize), i * info.itemsize));
     return out;
   }
 
@@ -73,38 +67,17 @@ export class DeviceArray<T extends DType = DType> {
    * are read and written back unchanged (so do not write them concurrently from elsewhere).
    */
   write(values: HostArrayTypes[T]): void {
-    const info = dtypeInfo(this.dtype);
-    const src = values as ArrayBufferView;
-    if (!(src instanceof info.hostArray) || (src as unknown as { length: number }).length !== this.size) {
-      throw invalidArgValue(`write expects a ${info.hostArray.name} of ${this.size} elements for a ${this.dtype} array of shape [${this.shape}]`);
-    }
+    const bytes = bytesToWrite(values, this.meta, this.size);
     if (this.size === 0) return;
     if (this.#contiguous) {
-      this.buffer.write(src, 0);
+      this.buffer.write(bytes, 0);
       return;
     }
+    const itemsize = dtypeInfo(this.dtype).itemsize;
     const span = new Uint8Array(this.#extent);
     this.buffer.read(span, 0);
-    const bytes = new Uint8Array(src.buffer, src.byteOffset, src.byteLength);
-    this.#forEachOffset((dst, i) => span.set(bytes.subarray(i * info.itemsize, (i + 1) * info.itemsize), dst));
+    forEachOffset(this.shape, this.strides, (dst, i) => span.set(bytes.subarray(i * itemsize, (i + 1) * itemsize), dst));
     this.buffer.write(span, 0);
-  }
-
-  // Calls fn(byteOffset, cIndex) for every element, in C order.
-  #forEachOffset(fn: (byteOffset: number, index: number) => void): void {
-    const nd = this.shape.length;
-    const idx = new Array<number>(nd).fill(0);
-    let offset = 0;
-    for (let i = 0; i < this.size; i++) {
-      fn(offset, i);
-      for (let d = nd - 1; d >= 0; d--) {
-        idx[d]!++;
-        offset += this.strides[d]!;
-        if (idx[d]! < this.shape[d]!) break;
-        offset -= this.strides[d]! * this.shape[d]!;
-        idx[d] = 0;
-      }
-    }
   }
 
   /** A descriptor carrying this array's dtype, shape and strides. */
