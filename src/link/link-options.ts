@@ -58,7 +58,7 @@ export interface LinkLimits {
  * This process's soft limit on open files (`ulimit -n`) from /proc/self/limits; undefined where
  * it cannot be read or is unlimited.
  */
-export function openFileLimit(): number | undefined {
+function openFileLimit(): number | undefined {
   try {
     const line = /^Max open files\s+(\d+)/m.exec(readFileSync('/proc/self/limits', 'latin1'));
     return line ? Number(line[1]) : undefined;

@@ -48,21 +48,21 @@ class ChannelConsumer(ChannelEnd):
         published, when a producer died; ERR_TIMEOUT after ``timeout`` seconds."""
         e = self._end
         e.assert_open("receive")
+        deadline = None  # read from the clock only once a wait begins (not in the usual case)
         with e.lock:
-            m = self._poll()
-            if m is not None or self._ended or e.closed:
-                return m  # the usual case: no clock read, no wait
-            deadline = None if timeout is None else time.monotonic() + timeout
             while True:
-                if deadline is not None and time.monotonic() >= deadline:
-                    # A wake-up meant for this end must not be lost with its timeout: pass it on.
-                    if not e.closed and not e.ring.is_empty(self._cursor):
-                        e.ring.signal_data()
-                    raise IpcError("ERR_TIMEOUT", "channel receive: no message within the timeout")
-                e.park(self._can_receive, deadline)
                 m = self._poll()
                 if m is not None or self._ended or e.closed:
                     return m
+                if timeout is not None:
+                    if deadline is None:
+                        deadline = time.monotonic() + timeout
+                    if time.monotonic() >= deadline:
+                        # A wake-up meant for this end must not be lost with its timeout: pass it on.
+                        if not e.closed and not e.ring.is_empty(self._cursor):
+                            e.ring.signal_data()
+                        raise IpcError("ERR_TIMEOUT", "channel receive: no message within the timeout")
+                e.park(self._can_receive, deadline)
 
     def poll(self) -> "Message | None":
         """A message now, or None when there is none (or the channel ended: see ``ended``)."""

@@ -141,22 +141,21 @@ class ChannelProducer(ChannelEnd):
 
     def _commit(self, s: int) -> None:
         e = self._end
-        r = e.ring.publish(s)
-        if r == "ok":
-            return
-        started = time.monotonic()
+        started = None  # read from the clock only once a retry begins (not in the usual case)
         while True:
+            r = e.ring.publish(s)
             if r == "ok" or r == "dropped":
                 return
             if r == "detached":
                 raise e.detached_error("publish")
             # The lock stays taken: a live publisher holds it for microseconds, a dead one is
             # repaired by the hub (or by us, once the hub is gone).
-            if time.monotonic() - started > RECOVERY_GIVE_UP:
+            if started is None:
+                started = time.monotonic()
+            elif time.monotonic() - started > RECOVERY_GIVE_UP:
                 raise IpcError("ERR_TIMEOUT", f"publish: the channel's publish lock stayed held for {RECOVERY_GIVE_UP} s (a process died inside it and was not repaired)")
             time.sleep(RETRY)
             e.service()
-            r = e.ring.publish(s)
 
     def discard(self, slot: "Slot") -> None:
         """Gives back a slot acquired and not published."""

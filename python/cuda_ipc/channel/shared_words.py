@@ -211,6 +211,9 @@ class SharedWords:
         def release_store64(self, off: int, value: int) -> None:
             self.store64(off, value)
 
+    # The read-modify-writes below look their word's cached address up inline rather than through
+    # _a32/_a64: on the channel's hot path a method call costs as much as the lookup.
+
     def cas32(self, off: int, expected: int, desired: int) -> int:
         """Compare-and-swap; returns the value seen (== expected when it swapped)."""
         e = c_uint32(expected & 0xFFFFFFFF)
