@@ -3,8 +3,9 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  decodeNcclBuffer, decodeNcclTensorSet, encodeNcclBuffer, encodeNcclTensorSet, encodePackedTable, type CommReference,
-} from '../../src/nccl/records.js';
+  decodeNcclBuffer, encodeNcclBuffer, type CommReference,
+} from '../../src/link/nccl-records.js';
+import { decodeNcclTensorSet, encodeNcclTensorSet, encodePackedTable } from '../../src/tensors/nccl-wire.js';
 
 const id = Uint8Array.from({ length: 16 }, (_, i) => i + 1);
 const uniqueId = Uint8Array.from({ length: 128 }, (_, i) => (i * 7) & 0xff);

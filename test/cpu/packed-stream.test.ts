@@ -2,7 +2,7 @@
 // alignment, the receiver's checks, and each side's chunk routes (direct or through staging).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { checkPackedLayout, packOffsets, routeChunks, type ChunkRoute, type PlacedTensor } from '../../src/nccl/packed-stream.js';
+import { checkPackedLayout, packOffsets, routeChunks, type ChunkRoute, type PlacedTensor } from '../../src/tensors/packed-stream.js';
 
 const A = {};
 const B = {};
