@@ -8,7 +8,8 @@
         "native/posix.cc",
         "native/nvrtc.cc",
         "native/channel.cc",
-        "native/copy.cc"
+        "native/copy.cc",
+        "native/nccl.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED", "NAPI_CPP_EXCEPTIONS"],

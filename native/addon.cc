@@ -7,6 +7,7 @@ void InitPosix(Napi::Env env, Napi::Object exports);
 void InitNvrtc(Napi::Env env, Napi::Object exports);
 void InitChannel(Napi::Env env, Napi::Object exports);
 void InitCopy(Napi::Env env, Napi::Object exports);  // [tensors hook] native/copy.cc
+void InitNccl(Napi::Env env, Napi::Object exports);  // native/nccl.cc
 }  // namespace cuda_ipc
 
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {
@@ -15,6 +16,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   cuda_ipc::InitNvrtc(env, exports);
   cuda_ipc::InitChannel(env, exports);
   cuda_ipc::InitCopy(env, exports);
+  cuda_ipc::InitNccl(env, exports);
   return exports;
 }
 
