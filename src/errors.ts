@@ -57,6 +57,8 @@ export type IpcErrorCode =
   | 'ERR_ADDRESS_IN_USE'
   | 'ERR_SOCKET_DIR_UNSAFE'
   | 'ERR_NOT_SPAWNED'
+  // TCP links: the peer did not prove the shared token (or there is none to prove)
+  | 'ERR_AUTH_FAILED'
   // channels
   | 'ERR_CHANNEL_CLOSED'
   | 'ERR_CHANNEL_CORRUPT'

@@ -1,4 +1,5 @@
-// listen() and connect(): links between unrelated processes through a named Unix socket.
+// listen() and connect(): links between unrelated processes through a named Unix socket; a
+// tcp:// or tls:// URL instead of a name goes to tcp-listener.ts / tcp-connect.ts.
 import { EventEmitter } from 'node:events';
 import { chmodSync, statSync, unlinkSync } from 'node:fs';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -15,6 +16,9 @@ const ENFILE = 23;
 import { Queue } from './queue.js';
 import { socketPath } from './socket-path.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
+import { isLinkUrl, type LinkUrl } from './link-url.js';
+import { listenTcp, type TcpListener, type TcpListenOptions } from './tcp-listener.js';
+import { connectTcp, type TcpConnectOptions } from './tcp-connect.js';
 
 /** Options of listen(); the LinkOptions bound each accepted link. */
 export interface ListenOptions extends LinkOptions {
@@ -285,11 +289,20 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
 }
 
 /**
+ * Listens for links from other machines at `url` (`tcp://HOST:PORT` or `tls://HOST:PORT`, HOST an
+ * IP address: the listener binds exactly it; port 0 picks a free one, which `listener.url` then
+ * names). Resolves once it listens. Every connection must prove the shared token
+ * (`options.token` or CUDA_IPC_TOKEN); without one this rejects with ERR_AUTH_FAILED.
+ */
+export function listen(url: LinkUrl, options?: TcpListenOptions): Promise<TcpListener>;
+/**
  * Listens for links on `name` (a socket file in a private per-user directory, or in
  * `options.directory`). A stale socket file left by a dead listener is replaced; a live one
  * makes this throw ERR_ADDRESS_IN_USE.
  */
-export function listen(name: string, options: ListenOptions = {}): Listener {
+export function listen(name: string, options?: ListenOptions): Listener;
+export function listen(name: string, options: ListenOptions = {}): Listener | Promise<TcpListener> {
+  if (isLinkUrl(name)) return listenTcp(name, options as TcpListenOptions);
   linkLimits(options, 'options');
   const path = socketPath(name, options.directory);
   if (options.directory === undefined) ensurePrivateDirectory(path.slice(0, path.lastIndexOf('/')));
@@ -333,12 +346,18 @@ const RETRY_FIRST_MS = 5;
 const RETRY_MOST_MS = 250;
 
 /**
- * Connects to the listener named `name`; resolves once the handshake succeeded. Waits for the
- * listener to appear, up to `options.timeout` (see ConnectOptions). `In`/`Out` type the link:
- * what this process receives, and what it sends.
+ * Connects to the listener named `name`, or at the URL `name` (`tcp://HOST:PORT`,
+ * `tls://HOST:PORT`: a link to another machine, options TcpConnectOptions); resolves once the
+ * handshake succeeded. Waits for the listener to appear, up to `options.timeout` (see
+ * ConnectOptions). `In`/`Out` type the link: what this process receives, and what it sends.
  */
-export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions): Promise<Link<In, Out>>;
-export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {
+export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions | TcpConnectOptions): Promise<Link<In, Out>>;
+export async function connect(name: string, options: ConnectOptions | TcpConnectOptions = {}): Promise<Link> {
+  if (isLinkUrl(name)) return connectTcp(name, options as TcpConnectOptions);
+  return connectUnix(name, options as ConnectOptions);
+}
+
+async function connectUnix(name: string, options: ConnectOptions): Promise<Link> {
   const limits = linkLimits(options, 'options');
   const signal = checkSignal(options.signal);
   const timeoutMs = checkTimeout(options.timeout ?? options.timeoutMs, options.timeout !== undefined ? 'options.timeout' : 'options.timeoutMs') ?? 10_000;
