@@ -9,8 +9,9 @@
 //   recv, staged chunk k:                    nccl: wait free[s], recv -> s, record full[s]
 //                                            copy: wait full[s], scatter s, record free[s]
 //
-// One ChunkMover per communicator: its transfers run one after another, in the order they were
-// asked for (NCCL matches operations by order), and reuse the slots, events and run table.
+// One ChunkMover per communicator: its transfers are queued one after another (the communicator's
+// TransferOrder, link/nccl-comms.ts, starts each once the one before it was queued) and reuse the
+// slots, events and run table.
 import { DeviceBuffer } from '../cuda/buffer.js';
 import type { Device } from '../cuda/device.js';
 import { driver } from '../cuda/driver.js';
@@ -46,15 +47,17 @@ export class ChunkMover {
   readonly #done: Event;
   /** The run table in device memory, and the bytes uploaded last (a repeated sync uploads nothing). */
   #table = { ptr: 0n, capacity: 0, data: new Uint8Array(0) };
-  #tail: Promise<unknown> = Promise.resolve();
+  /** The last transfer's completion (close() waits for it). */
+  #last: Promise<void> = Promise.resolve();
   #closed = false;
   /** Bytes moved by this side (sent or received), for stats. */
   bytes = 0;
 
-  constructor(device: Device, chunkBytes: number) {
+  /** `ncclStream`: the communicator's own stream (every NCCL operation of a communicator on one stream). */
+  constructor(device: Device, ncclStream: Stream, chunkBytes: number) {
     this.device = device;
     this.#chunkBytes = chunkBytes;
-    this.ncclStream = Stream.create(device);
+    this.ncclStream = ncclStream;
     this.copyStream = Stream.create(device);
     this.#free = [Event.create(device), Event.create(device)];
     this.#full = [Event.create(device), Event.create(device)];
@@ -66,16 +69,11 @@ export class ChunkMover {
   }
 
   /**
-   * Queues every chunk of one transfer after the transfers asked for before it, and resolves once
-   * its last byte was sent or received (and scattered). `routes` are this side's (routeChunks).
+   * Queues every chunk of one transfer (`routes`: this side's, from routeChunks); resolves once
+   * they are queued, with `done`: resolves once the last byte was sent or received (and scattered).
+   * One transfer at a time: the caller queues the next after this one resolved.
    */
-  transfer(comm: NcclCommunicator, how: ChunkOperation, routes: readonly ChunkRoute[]): Promise<void> {
-    const run = this.#tail.then(() => this.#transfer(comm, how, routes));
-    this.#tail = run.catch(() => {});
-    return run;
-  }
-
-  async #transfer(comm: NcclCommunicator, how: ChunkOperation, routes: readonly ChunkRoute[]): Promise<void> {
+  async queue(comm: NcclCommunicator, how: ChunkOperation, routes: readonly ChunkRoute[]): Promise<{ done: Promise<void> }> {
     if (this.#closed) throw new IpcError('ERR_CLOSED', 'the NCCL transfer was dropped: its link closed');
     const sending = how.op === 'send' || (how.op === 'broadcast' && comm.rank === how.root);
     if (routes.some((r) => !r.direct)) this.#ensureSlots();
@@ -117,9 +115,12 @@ export class ChunkMover {
     // Done when both streams passed this transfer's work.
     this.#done.record(this.copyStream);
     this.ncclStream.waitEvent(this.#done);
-    await this.ncclStream.synchronize();
-    if (comm.closed) throw new IpcError('ERR_NCCL', 'the NCCL transfer was cut short: its communicator was aborted');
-    for (const r of routes) this.bytes += r.bytes;
+    const done = this.ncclStream.synchronize().then(() => {
+      if (comm.closed) throw new IpcError('ERR_NCCL', 'the NCCL transfer was cut short: its communicator was aborted');
+      for (const r of routes) this.bytes += r.bytes;
+    });
+    this.#last = done.catch(() => {});
+    return { done };
   }
 
   /** The run table of the staged chunks: gathers (addresses -> slot) or scatters (slot -> addresses). */
@@ -192,7 +193,7 @@ export class ChunkMover {
   async close(): Promise<void> {
     if (this.#closed) return;
     this.#closed = true;
-    await this.#tail;
+    await this.#last;
     try {
       await Promise.all([this.ncclStream.synchronize(), this.copyStream.synchronize()]);
     } finally {
@@ -204,7 +205,6 @@ export class ChunkMover {
         this.#table.ptr = 0n;
       }
       for (const e of [...this.#free, ...this.#full, this.#done]) e.close();
-      this.ncclStream.close();
       this.copyStream.close();
     }
   }
