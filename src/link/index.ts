@@ -26,3 +26,4 @@ export { leaseStats, type LeaseHold, type ReceivedLease, type LeaseCounts, type 
 import './host-transfer.js';
 import './host-bytes-transfer.js';
 import './device-transfers.js';
+import './nccl-buffer-transfer.js';

@@ -40,7 +40,6 @@ export class ChunkMover {
   readonly ncclStream: Stream;
   /** The stream gathers and scatters run on. */
   readonly copyStream: Stream;
-  readonly #chunkBytes: number;
   #slots: DeviceBuffer[] = [];
   readonly #free: Event[];
   readonly #full: Event[];
@@ -54,18 +53,13 @@ export class ChunkMover {
   bytes = 0;
 
   /** `ncclStream`: the communicator's own stream (every NCCL operation of a communicator on one stream). */
-  constructor(device: Device, ncclStream: Stream, chunkBytes: number) {
+  constructor(device: Device, ncclStream: Stream) {
     this.device = device;
-    this.#chunkBytes = chunkBytes;
     this.ncclStream = ncclStream;
     this.copyStream = Stream.create(device);
     this.#free = [Event.create(device), Event.create(device)];
     this.#full = [Event.create(device), Event.create(device)];
     this.#done = Event.create(device);
-  }
-
-  get chunkBytes(): number {
-    return this.#chunkBytes;
   }
 
   /**
@@ -76,7 +70,9 @@ export class ChunkMover {
   async queue(comm: NcclCommunicator, how: ChunkOperation, routes: readonly ChunkRoute[]): Promise<{ done: Promise<void> }> {
     if (this.#closed) throw new IpcError('ERR_CLOSED', 'the NCCL transfer was dropped: its link closed');
     const sending = how.op === 'send' || (how.op === 'broadcast' && comm.rank === how.root);
-    if (routes.some((r) => !r.direct)) this.#ensureSlots();
+    let largest = 0;
+    for (const r of routes) if (!r.direct && r.bytes > largest) largest = r.bytes;
+    if (largest > 0) this.#ensureSlots(largest);
     const plan = this.#plan(routes, sending);
     this.#upload(plan.data);
     const options = { stream: this.ncclStream };
@@ -157,9 +153,17 @@ export class ChunkMover {
     return { data, chunks };
   }
 
-  #ensureSlots(): void {
-    if (this.#slots.length === 2) return;
-    this.#slots = [DeviceBuffer.allocate(this.#chunkBytes, { device: this.device }), DeviceBuffer.allocate(this.#chunkBytes, { device: this.device })];
+  /** Two staging slots of at least `bytes` each (kept for the next transfer; larger ones replace them). */
+  #ensureSlots(bytes: number): void {
+    if (this.#slots.length === 2 && this.#slots[0]!.byteLength >= bytes) return;
+    if (this.#slots.length) {
+      // Work queued by the transfer before may still use them.
+      driver.streamSynchronize(this.copyStream.handle);
+      driver.streamSynchronize(this.ncclStream.handle);
+      for (const b of this.#slots) b.close();
+      this.#slots = [];
+    }
+    this.#slots = [DeviceBuffer.allocate(bytes, { device: this.device }), DeviceBuffer.allocate(bytes, { device: this.device })];
   }
 
   #upload(data: Uint8Array): void {
