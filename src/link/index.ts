@@ -12,6 +12,8 @@ export { TcpListener, type TcpListenOptions } from './tcp-listener.js';
 export { type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions } from './tcp-connect.js';
 export { type LinkUrl } from './link-url.js';
 export { socketPath } from './socket-path.js';
+export { Fanout } from './fanout.js';
+export { preloadNccl } from './nccl-comms.js';
 export { defaultSocketDirectory } from '../runtime-directory.js';
 export {
   registerTransferHandler,

@@ -10,18 +10,19 @@ import { DeviceArray } from '../ipc/array.js';
 import { countTraffic, type TrafficLink } from '../observe/traffic.js';
 import { DeferredValue } from './handlers.js';
 import type { Link } from './link.js';
-import { commReference, committedOn, incomingComm, outgoingComm, type LinkComm } from './nccl-comms.js';
+import { beginOutgoing, incomingComm, type LinkComm } from './nccl-comms.js';
 import { decodeNcclBuffer, encodeNcclBuffer, NCCL_BUFFER_KIND } from './nccl-records.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 
 type DeviceValue = DeviceBuffer | DeviceArray;
 
-/** Queues `bytes` of `pointer` to or from rank `peer` on `comm`'s stream; resolves once queued, with its completion. */
-async function queueOne(comm: LinkComm, op: 'send' | 'recv', pointer: bigint, bytes: number, peer: number): Promise<{ done: Promise<void> }> {
+/** Queues `bytes` at `pointer` to or from rank `peer` (or a broadcast from it) on `comm`'s stream; resolves once queued, with its completion. */
+async function queueOne(comm: LinkComm, op: 'send' | 'recv' | 'broadcast', pointer: bigint, bytes: number, peer: number): Promise<{ done: Promise<void> }> {
   const c = await comm.communicator();
   const stream = comm.stream;
   if (op === 'send') await c.send(pointer, bytes, peer, { stream });
-  else await c.recv(pointer, bytes, peer, { stream });
+  else if (op === 'recv') await c.recv(pointer, bytes, peer, { stream });
+  else await c.broadcast(pointer, bytes, peer, { stream });
   const done = stream.synchronize().then(() => {
     if (c.closed) throw comm.ended ?? new IpcError('ERR_NCCL', 'the NCCL transfer was cut short: its communicator was aborted');
   });
@@ -41,10 +42,9 @@ export const ncclBufferTransfer: TransferHandler<DeviceValue> = {
     if (buffer.closed) throw new IpcError('ERR_CLOSED', 'link.send: the DeviceBuffer is closed; send it before closing it');
     const pointer = buffer.devicePointer;
     const bytes = buffer.byteLength;
-    const comm = outgoingComm(l, buffer.device);
-    const sequence = comm.sequence++;
+    const out = beginOutgoing(l, buffer.device);
     const array = value instanceof DeviceArray ? { dtype: value.dtype, shape: value.shape } : undefined;
-    const data = encodeNcclBuffer({ comm: commReference(l, comm, 1), sequence, byteLength: bytes, deviceUuid: buffer.device.uuidBytes, array });
+    const data = encodeNcclBuffer({ comm: out.reference, sequence: out.sequence, byteLength: bytes, deviceUuid: buffer.device.uuidBytes, array });
     // The memory stays until the peer has it (its RELEASE) and NCCL is done reading it (the send
     // finished, or was aborted with the link), whichever is later.
     const release = buffer.memory.lease();
@@ -55,20 +55,17 @@ export const ncclBufferTransfer: TransferHandler<DeviceValue> = {
       hold: {
         bytes,
         release: () => {
-          // A send that failed never committed: its sequence number goes back for the next one.
-          if (!committed) comm.sequence = Math.min(comm.sequence, sequence);
+          if (!committed) out.abandoned();
           void sent.finally(release);
         },
       },
       onCommit: () => {
         committed = true;
-        committedOn(l, comm);
-        sent = new Promise<void>((resolve) => {
-          comm.submit(sequence, async () => {
-            const q = await queueOne(comm, 'send', pointer, bytes, 1);
-            q.done.then(() => countTraffic(l as TrafficLink, 'ncclSent', bytes), () => {}).finally(resolve);
-            return q;
-          }, () => resolve());
+        const comm = out.comm;
+        sent = out.committed(async () => {
+          const q = await queueOne(comm, comm.broadcast ? 'broadcast' : 'send', pointer, bytes, comm.broadcast ? 0 : 1);
+          q.done.then(() => countTraffic(l as TrafficLink, 'ncclSent', bytes), () => {});
+          return q;
         });
       },
     };
@@ -89,7 +86,7 @@ export const ncclBufferTransfer: TransferHandler<DeviceValue> = {
     const value = r.array ? new DeviceArray(buffer, { dtype: r.array.dtype, shape: r.array.shape }) : buffer;
     const ready = new Promise<void>((resolve, reject) => {
       comm.submit(r.sequence, async () => {
-        const q = await queueOne(comm, 'recv', buffer.devicePointer, r.byteLength, 0);
+        const q = await queueOne(comm, comm.broadcast ? 'broadcast' : 'recv', buffer.devicePointer, r.byteLength, 0);
         q.done.then(() => {
           countTraffic(l as TrafficLink, 'ncclReceived', r.byteLength);
           resolve();

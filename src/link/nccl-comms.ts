@@ -406,3 +406,79 @@ export function incomingComm(link: Link, ref: CommReference, sequence: number): 
   comm.sequence++;
   return comm;
 }
+
+// ------------------------------------------------------------------------------------------------
+// Sending: one transfer's place on a communicator, alone or as part of a Fanout.
+
+/** What a handler's encode gets for one NCCL transfer it sends. */
+export interface OutgoingTransfer {
+  readonly comm: LinkComm;
+  readonly sequence: number;
+  /** How the record names the communicator on this link. */
+  readonly reference: CommReference;
+  /** The message went out: queue the NCCL work in its turn. Resolves once it is done or failed. */
+  committed(start: (comm: NcclCommunicator) => Promise<Queued>): Promise<void>;
+  /** The message did not go out: the sequence number goes back for the next one. */
+  abandoned(): void;
+}
+
+/** A Fanout sending one message to several links (fanout.ts): the communicator and rank per link. */
+export interface FanoutContext {
+  /** The broadcast communicator for `device` (made on first use, spanning every link of the fanout). */
+  commFor(device: Device): LinkComm;
+  /** The receiver's rank on `link`. */
+  rankOf(link: Link): number;
+  /** Queues `sequence`'s work on `comm` once, after the message went to every link; the same promise for each link. */
+  shared(comm: LinkComm, sequence: number, start: (comm: NcclCommunicator) => Promise<Queued>): Promise<void>;
+}
+
+let activeFanout: FanoutContext | undefined;
+
+/** @internal Runs `fn` (a link.send) as part of `fanout`. */
+export function withFanout<T>(fanout: FanoutContext, fn: () => T): T {
+  const outer = activeFanout;
+  activeFanout = fanout;
+  try {
+    return fn();
+  } finally {
+    activeFanout = outer;
+  }
+}
+
+/** Queues `start` in `sequence`'s turn on `comm`; resolves once its work is done or failed (never rejects). */
+export function queueInTurn(comm: LinkComm, sequence: number, start: (comm: NcclCommunicator) => Promise<Queued>): Promise<void> {
+  return new Promise<void>((resolve) => {
+    comm.submit(sequence, async (c) => {
+      const q = await start(c);
+      q.done.then(resolve, () => resolve());
+      return q;
+    }, () => resolve());
+  });
+}
+
+/** The next transfer `link` sends of `device`'s memory: on the link's own communicator, or a fanout's. */
+export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
+  const fan = activeFanout;
+  if (fan) {
+    const comm = fan.commFor(device);
+    const sequence = comm.sequence++;
+    return {
+      comm, sequence, reference: commReference(link, comm, fan.rankOf(link)),
+      committed: (start) => {
+        committedOn(link, comm);
+        return fan.shared(comm, sequence, start);
+      },
+      abandoned: () => {},  // the fanout gives up as a whole (fanout.ts)
+    };
+  }
+  const comm = outgoingComm(link, device);
+  const sequence = comm.sequence++;
+  return {
+    comm, sequence, reference: commReference(link, comm, 1),
+    committed: (start) => {
+      committedOn(link, comm);
+      return queueInTurn(comm, sequence, start);
+    },
+    abandoned: () => { comm.sequence = Math.min(comm.sequence, sequence); },
+  };
+}

@@ -12,7 +12,7 @@ import { DeviceArray } from '../ipc/array.js';
 import { dtypeInfo } from '../ipc/dtype.js';
 import type { ReceivedLease } from '../link/lease.js';
 import type { Link } from '../link/link.js';
-import { commReference, committedOn, incomingComm, outgoingComm, type LinkComm } from '../link/nccl-comms.js';
+import { beginOutgoing, incomingComm, type LinkComm } from '../link/nccl-comms.js';
 import { registerTransferHandler, type TransferHandler } from '../link/transfer.js';
 import { countTraffic, type TrafficLink } from '../observe/traffic.js';
 import { ChunkMover, type ChunkOperation } from './chunk-pipeline.js';
@@ -267,9 +267,8 @@ export const ncclTensorSetTransfer: TransferHandler<TensorMap | Map<string, Tens
   encode(value, link) {
     const l = link as Link;
     const plan = planOf(value);
-    const comm = outgoingComm(l, plan.device);
-    const sequence = comm.sequence++;
-    const data = encodeNcclTensorSet({ comm: commReference(l, comm, 1), sequence }, plan.table, plan.count, plan.packedLength, plan.chunkBytes);
+    const out = beginOutgoing(l, plan.device);
+    const data = encodeNcclTensorSet({ comm: out.reference, sequence: out.sequence }, plan.table, plan.count, plan.packedLength, plan.chunkBytes);
     const releases = plan.memories.map((m) => m.lease());
     let committed = false;
     let sent: Promise<void> = Promise.resolve();
@@ -278,15 +277,20 @@ export const ncclTensorSetTransfer: TransferHandler<TensorMap | Map<string, Tens
       hold: {
         bytes: plan.packedLength,
         release: () => {
-          if (!committed) comm.sequence = Math.min(comm.sequence, sequence);
+          if (!committed) out.abandoned();
           // The memory goes back once NCCL is done reading it too (sent, or aborted with the link).
           void sent.finally(() => { for (const r of releases) r(); });
         },
       },
       onCommit: () => {
         committed = true;
-        committedOn(l, comm);
-        sent = moveChunks(comm, sequence, { op: 'send', peer: 1 }, plan.routes, (bytes) => countTraffic(l as TrafficLink, 'ncclSent', bytes)).catch(() => {});
+        const comm = out.comm;
+        const how: ChunkOperation = comm.broadcast ? { op: 'broadcast', root: 0 } : { op: 'send', peer: 1 };
+        sent = out.committed(async (c) => {
+          const q = await moverOf(comm).queue(c, how, plan.routes);
+          q.done.then(() => countTraffic(l as TrafficLink, 'ncclSent', plan.packedLength), () => {});
+          return q;
+        });
       },
     };
   },
