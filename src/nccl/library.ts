@@ -117,6 +117,11 @@ export async function loadNccl(options?: LoadNcclOptions): Promise<NcclLibrary> 
   return await p;
 }
 
+/** @internal Forgets what loadNccl found (tests change the environment it searches); libraries stay loaded. */
+export function forgetDiscoveries(): void {
+  loading.clear();
+}
+
 async function discover(chosen: NcclCandidate | undefined, python: string): Promise<NcclLibrary> {
   const attempts: NcclAttempt[] = [];
   const tryAll = async (candidates: NcclCandidate[]): Promise<NcclLibrary | undefined> => {
