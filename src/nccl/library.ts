@@ -153,6 +153,11 @@ export function loadNcclSync(): NcclLibrary {
   throw new NcclUnavailableError(`the search for NCCL failed: its process ${r.error ? `could not run (${r.error.message})` : `ended with ${r.signal ?? `status ${r.status}`}`}`, []);
 }
 
+/** @internal Forgets what loadNccl found (tests change the environment it searches); libraries stay loaded. */
+export function forgetDiscoveries(): void {
+  loading.clear();
+}
+
 async function discover(chosen: NcclCandidate | undefined, python: string): Promise<NcclLibrary> {
   const attempts: NcclAttempt[] = [];
   const tryAll = async (candidates: NcclCandidate[]): Promise<NcclLibrary | undefined> => {

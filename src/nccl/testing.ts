@@ -3,6 +3,7 @@
 import type { Device } from '../cuda/device.js';
 import { addStandInDevice } from './device-context.js';
 import { nccl } from './native.js';
+export { forgetDiscoveries } from './library.js';
 
 /**
  * A stand-in for a Device that NcclCommunicator.init accepts where there is no driver: NCCL calls
