@@ -17,7 +17,8 @@
         "native/fd.cc",
         "native/socket.cc",
         "native/shared_memory.cc",
-        "native/channel.cc"
+        "native/channel.cc",
+        "native/nccl.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED", "NAPI_CPP_EXCEPTIONS"],

@@ -18,6 +18,8 @@ void InitFds(Napi::Env env, Napi::Object exports);
 void InitSockets(Napi::Env env, Napi::Object exports);
 void InitSharedMemory(Napi::Env env, Napi::Object exports);
 void InitChannel(Napi::Env env, Napi::Object exports);
+// NCCL (nccl.cc): libnccl.so.2, dlopened by path on first use.
+void InitNccl(Napi::Env env, Napi::Object exports);
 }  // namespace cuda_ipc
 
 static Napi::Object Init(Napi::Env env, Napi::Object exports) {
@@ -35,6 +37,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   cuda_ipc::InitSockets(env, exports);
   cuda_ipc::InitSharedMemory(env, exports);
   cuda_ipc::InitChannel(env, exports);
+  cuda_ipc::InitNccl(env, exports);
   return exports;
 }
 

@@ -62,7 +62,10 @@ export type IpcErrorCode =
   | 'ERR_CHANNEL_CORRUPT'
   // tensors (src/tensors)
   | 'ERR_TENSOR_MISMATCH'
-  | 'ERR_SAFETENSORS_INVALID';
+  | 'ERR_SAFETENSORS_INVALID'
+  // NCCL (src/nccl): no usable libnccl.so.2 was found; an NCCL call failed (see NcclError)
+  | 'ERR_NCCL_UNAVAILABLE'
+  | 'ERR_NCCL';
 
 /** A cuda-ipc usage or protocol error with a stable `code`. */
 export class IpcError extends Error {

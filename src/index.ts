@@ -64,5 +64,11 @@ export {
   type AcquireOptions, type PublishOptions, type PublishArgs, type ReleaseOptions, type ReceiveOptions, type ChannelStats,
   type Pipeline, type PipelineOptions, type PipelineStage,
 } from './channel/index.js';
+export {
+  loadNccl, ncclUniqueId, asNcclUniqueId, formatNcclVersion, NcclLibrary, NcclCommunicator, NcclError, NcclUnavailableError, NcclResult, ncclResultName,
+  NCCL_UNIQUE_ID_BYTES, NCCL_LIBRARY_ENV,
+  type LoadNcclOptions, type NcclInitOptions, type NcclCallOptions, type NcclOperation, type NcclBuffer, type NcclResultName, type NcclAttempt,
+  type NcclUniqueId, type NcclSource,
+} from './nccl/index.js';
 // [tensors] named tensors over links, in-place updates, safetensors (issue 21).
 export * from './tensors/index.js';

@@ -12,6 +12,9 @@ with Node without copies:
 * CUDA tensors and arrays (PyTorch, CuPy, anything with ``__cuda_array_interface__``, cuda.core
   buffers) put in a message are shared zero-copy and kept alive until the peer releases them.
 
+* NCCL: ``load_nccl()`` and ``NcclCommunicator`` (cuda_ipc.nccl) move device bytes between processes
+  and machines, the same layer as Node's, with libnccl.so.2 found at run time.
+
 The core uses only the standard library (ctypes for libcuda); the wire protocol is documented in
 docs/PROTOCOL.md of the cuda-ipc repository.
 """
@@ -32,6 +35,7 @@ from .host_array import HostArray
 from .tensor_set import SharedTensors, TensorSet, share_tensors
 from .update import UpdateResult, update_in_place
 from .link import Listener, listen
+from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 
 __all__ = [
     "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",
@@ -42,5 +46,6 @@ __all__ = [
     "accept_channel", "ChannelConsumer", "ChannelProducer", "Message", "Slot", "working_device", "set_working_device",
     "configure_import_cache", "legacy_cache_stats",
     "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
+    "NcclCommunicator", "NcclError", "NcclLibrary", "NcclUnavailableError", "load_nccl",
 ]
 __version__ = "0.1.0"

@@ -24,14 +24,14 @@ export const commands: readonly CommandSpec[] = [
   {
     name: 'info',
     summary: 'devices, capabilities and driver',
-    description: 'What this machine offers for GPU sharing: the driver, each device (UUID, memory, IPC pools, IPC events, ...) and peer access between devices. Without a driver it says why.',
+    description: 'What this machine offers for GPU sharing: the driver, each device (UUID, memory, IPC pools, IPC events, ...), peer access between devices, and the NCCL library found (or where it looked). Without a driver it says why.',
     options: { json },
     positionals: [],
     examples: ['cuda-ipc info', 'cuda-ipc info --json | jq .devices[0].uuid'],
     exitNotes: 'A machine without a driver or GPU is reported, not an error: 0.',
     async run(args) {
       const { collectInfo, formatInfo } = await import('./info.js');
-      const report = collectInfo();
+      const report = await collectInfo();
       console.log(args.values.json ? JSON.stringify(report, null, 2) : formatInfo(report));
       return 0;
     },

@@ -1,6 +1,7 @@
 // `cuda-ipc info`: what this machine offers for GPU sharing, as a table or JSON.
 import { probeDriver } from '../cuda/driver.js';
 import { Device, peerAccessMatrix, peerLinks } from '../cuda/device.js';
+import { loadNccl, NcclUnavailableError, type NcclAttempt, type NcclSource } from '../nccl/index.js';
 
 const GiB = 1024 ** 3;
 
@@ -11,7 +12,14 @@ export interface InfoReport {
   peerAccess: boolean[][];
   /** Every directed pair of distinct devices, as cuDeviceGetP2PAttribute reports it (none with one device). */
   peers: PeerReport[];
+  /** The NCCL library loadNccl() finds, or why there is none. */
+  nccl: NcclReport;
 }
+
+/** NCCL as `cuda-ipc info` reports it: the library found, or the error and every place looked in. */
+export type NcclReport =
+  | { available: true; version: string; versionCode: number; path: string; source: NcclSource }
+  | { available: false; error: { code: string; message: string }; attempts: NcclAttempt[] };
 
 export interface PeerReport {
   from: number;
@@ -27,7 +35,21 @@ function versionString(v: number): string {
   return `${Math.floor(v / 1000)}.${Math.floor((v % 1000) / 10)}`;
 }
 
-export function collectInfo(): InfoReport {
+/** What loadNccl() finds; never throws. */
+export async function collectNcclInfo(): Promise<NcclReport> {
+  try {
+    return { available: true, ...(await loadNccl()).toJSON() };
+  } catch (err) {
+    const e = err as Error & { code?: string };
+    return { available: false, error: { code: e.code ?? 'ERROR', message: e.message }, attempts: err instanceof NcclUnavailableError ? [...err.attempts] : [] };
+  }
+}
+
+export async function collectInfo(): Promise<InfoReport> {
+  return { ...collectCudaInfo(), nccl: await collectNcclInfo() };
+}
+
+function collectCudaInfo(): Omit<InfoReport, 'nccl'> {
   const probe = probeDriver();
   if (!probe.ok) {
     const e = probe.error as Error & { code?: string };
@@ -61,6 +83,8 @@ export function formatInfo(r: InfoReport): string {
     lines.push('');
     lines.push('Host shared memory (HostBuffer), links and host-memory channels work without a GPU;');
     lines.push('sharing device memory needs an NVIDIA GPU and its driver on this machine.');
+    lines.push('');
+    lines.push(...formatNccl(r.nccl));
     return lines.join('\n');
   }
   lines.push(`CUDA driver: ${r.driverVersion}`);
@@ -89,8 +113,27 @@ export function formatInfo(r: InfoReport): string {
   }
   lines.push('');
   lines.push(...formatPeers(r));
+  lines.push('');
+  lines.push(...formatNccl(r.nccl));
   return lines.join('\n');
 }
+
+/** The NCCL lines: version and file, or why none was found and where it looked. */
+export function formatNccl(n: NcclReport): string[] {
+  if (n.available) return [`NCCL: ${n.version} (${n.path}, found ${NCCL_SOURCES[n.source]})`];
+  const lines = [`NCCL: not available (${n.error.code})`];
+  if (n.attempts.length === 0) return [...lines, `  ${n.error.message}`];
+  for (const a of n.attempts) lines.push(`  ${NCCL_SOURCES[a.source]}: ${a.path}: ${a.error}`);
+  lines.push('  Moving device memory between machines needs NCCL 2.14 or newer; name the file with CUDA_IPC_NCCL_LIBRARY.');
+  return lines;
+}
+
+const NCCL_SOURCES: Record<NcclSource, string> = {
+  option: 'at the path given',
+  env: 'by CUDA_IPC_NCCL_LIBRARY',
+  system: 'on the system\'s library path',
+  wheel: 'in PyTorch\'s wheel',
+};
 
 /** The peer table: one row per directed pair of devices (cuDeviceGetP2PAttribute). */
 export function formatPeers(r: Pick<InfoReport, 'devices' | 'peers'>): string[] {

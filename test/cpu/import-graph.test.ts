@@ -18,7 +18,7 @@ const TOP_RANK = 7;
 
 /**
  * The layers, lowest first. A file may import files of its own layer and of layers with a lower
- * rank. host and ipc share a rank and stand beside each other: neither imports the other.
+ * rank. host, ipc and nccl share a rank and stand beside each other: none imports another.
  */
 const LAYERS: ReadonlyArray<{ name: string; rank: number; files: RegExp }> = [
   // The addon and the small things every layer uses: errors, leak tracking, the private directory.
@@ -28,6 +28,8 @@ const LAYERS: ReadonlyArray<{ name: string; rank: number; files: RegExp }> = [
   { name: 'cuda', rank: 2, files: /^src\/cuda\// },
   { name: 'host', rank: 3, files: /^src\/host\// },
   { name: 'ipc', rank: 3, files: /^src\/ipc\// },
+  // NCCL: device bytes over libnccl (dlopened), beside host and ipc; links and tensors build on it.
+  { name: 'nccl', rank: 3, files: /^src\/nccl\// },
   { name: 'link', rank: 4, files: /^src\/link\// },
   { name: 'channel', rank: 5, files: /^src\/channel\// },
   { name: 'tensors', rank: 6, files: /^src\/tensors\// },

@@ -6,6 +6,7 @@ import {
   HostBuffer, DeviceBuffer, Device, Link, Listener, IpcError, ChannelHub, ChannelProducer, ChannelConsumer, ChannelMessage,
   spawn, parentLink, connect, listen, createChannel, acceptChannel, pipelineStage, setLinkWorkingDevice,
   type SlotBuffer, type LinkEvents,
+  NcclCommunicator, loadNccl, asNcclUniqueId, type NcclUniqueId, type NcclResultName,
 } from 'cuda-ipc';
 
 /** Compiles only when A and B are the same type. */
@@ -112,4 +113,21 @@ export async function channels(link: Link, device: Device): Promise<void> {
 export function disposal(): number {
   using buffer = HostBuffer.allocate(16);
   return buffer.byteLength;
+}
+
+export async function nccl(link: Link<{ id: Uint8Array }>, device: Device, buffer: DeviceBuffer): Promise<void> {
+  const library = await loadNccl();
+  const id = library.uniqueId();
+  assertType<Equal<typeof id, NcclUniqueId>>();
+  const { id: received } = await link.receive();
+  // @ts-expect-error received bytes become an id through asNcclUniqueId, which checks their length
+  await NcclCommunicator.init({ uniqueId: received, nranks: 2, rank: 1, device });
+  await using comm = await NcclCommunicator.init({ uniqueId: asNcclUniqueId(received), nranks: 2, rank: 1, device, timeout: 1000 });
+  await comm.send(buffer, buffer.byteLength, 0);
+  await comm.recv(buffer.devicePointer, 16n, 0);
+  await comm.group([{ op: 'send', buffer, bytes: 8, peer: 0 }, { op: 'broadcast', buffer, bytes: 8, root: 0 }]);
+  // @ts-expect-error a broadcast has a root, not a peer
+  await comm.group([{ op: 'broadcast', buffer, bytes: 8, peer: 0 }]);
+  const state = comm.asyncError();
+  assertType<Equal<typeof state, NcclResultName>>();
 }
