@@ -15,6 +15,15 @@
       "cflags_cc": ["-std=c++17", "-fexceptions", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
       "cflags_cc!": ["-fno-exceptions"],
       "libraries": ["-ldl", "-lpthread"]
+    },
+    {
+      "target_name": "cuda_ipc_py",
+      "type": "shared_library",
+      "product_prefix": "",
+      "product_dir": "<(PRODUCT_DIR)",
+      "sources": ["native/py/channel_ring.c"],
+      "cflags_c": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
+      "ldflags": ["-Wl,--as-needed", "-Wl,-z,now"]
     }
   ]
 }

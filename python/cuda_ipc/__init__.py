@@ -32,6 +32,7 @@ from .host_array import HostArray
 from .tensor_set import SharedTensors, TensorSet, share_tensors
 from .update import UpdateResult, update_in_place
 from .link import Listener, listen
+from .native import NativeHelper, native_helper
 
 __all__ = [
     "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",
@@ -42,5 +43,6 @@ __all__ = [
     "accept_channel", "ChannelConsumer", "ChannelProducer", "Message", "Slot", "working_device", "set_working_device",
     "configure_import_cache", "legacy_cache_stats",
     "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
+    "NativeHelper", "native_helper",
 ]
 __version__ = "0.1.0"
