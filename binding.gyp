@@ -21,9 +21,11 @@
       "type": "shared_library",
       "product_prefix": "",
       "product_dir": "<(PRODUCT_DIR)",
-      "sources": ["native/py/channel_ring.c"],
+      "sources": ["native/py/channel_ring.c", "native/py/torch_pool.cc"],
       "cflags_c": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
-      "ldflags": ["-Wl,--as-needed", "-Wl,-z,now"]
+      "cflags_cc": ["-std=c++17", "-fno-exceptions", "-fno-rtti", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
+      "ldflags": ["-Wl,--as-needed", "-Wl,-z,now"],
+      "libraries": ["-ldl", "-lpthread"]
     }
   ]
 }

@@ -33,6 +33,7 @@ from .tensor_set import SharedTensors, TensorSet, share_tensors
 from .update import UpdateResult, update_in_place
 from .link import Listener, listen
 from .native import NativeHelper, native_helper
+from .torch_pool import ipc_mem_pool
 
 __all__ = [
     "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",
@@ -43,6 +44,6 @@ __all__ = [
     "accept_channel", "ChannelConsumer", "ChannelProducer", "Message", "Slot", "working_device", "set_working_device",
     "configure_import_cache", "legacy_cache_stats",
     "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
-    "NativeHelper", "native_helper",
+    "NativeHelper", "native_helper", "ipc_mem_pool",
 ]
 __version__ = "0.1.0"
