@@ -102,10 +102,23 @@ class ChannelConsumer(ChannelEnd):
             return self._poll()
 
     def __iter__(self) -> Iterator["Message"]:
+        e = self._end
         while True:
-            m = self.receive()
+            m = None
+            if not self._broadcast and not e.closed:
+                # receive()'s steps for a message that is there now (the usual case), written out: a
+                # call per step costs as much as the step. Anything else goes through receive().
+                with e.lock:
+                    if self._end_error is None and not self._ended and not e.closed and not (e.hub_lost or e._pending or e._fence_repairs):
+                        s = e.ring.take_checked()
+                        if s >= TAKEN_DETACHED:
+                            self._detached([s & ~TAKEN_DETACHED])
+                        if s >= 0:
+                            m = self._message(s)
             if m is None:
-                return
+                m = self.receive()
+                if m is None:
+                    return
             yield m
 
     def _raise_end_error(self) -> NoReturn:
@@ -320,7 +333,12 @@ class Message:
         """Host slots: the message's bytes (zero-copy; valid until release())."""
         if self._released:
             self._check("memory")
-        return self._consumer._slots.memory(self.index, self.length)
+        slots = self._consumer._slots
+        base = slots._base
+        if base is None:  # (device slots: it says so)
+            return slots.memory(self.index, self.length)
+        start = self.index * slots.bytes
+        return base[start:start + self.length]
 
     @property
     def buffer(self) -> HostBuffer | DeviceBuffer:

@@ -128,7 +128,7 @@ class NativeRing(Ring):
         self._signal_space(self._p)
 
     def spin_while(self, off: int, expected: int, seconds: float) -> bool:
-        rc: int = self._spin(self._p, off, expected, int(seconds * 1e9))
+        rc: int = self._spin(self._p, off, expected, min(int(seconds * 1e9), 0xFFFFFFFF))
         if rc < 0:
             raise self._fail(rc)
         return rc == 1
