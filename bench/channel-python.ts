@@ -16,7 +16,8 @@ const BATCH = 2000;
 const LENGTH = 8;
 
 export interface PythonOneWay {
-  direction: 'node->python' | 'python->node';
+  /** 'node->python batch': the Python consumer takes up to PYTHON_BATCH messages per call (receive_many). */
+  direction: 'node->python' | 'python->node' | 'node->python batch';
   wait: WaitMode;
   slotBytes: number;
   msgsPerSec: Summary;
@@ -51,8 +52,11 @@ function result(direction: PythonOneWay['direction'], wait: WaitMode, slotBytes:
 }
 
 /** A Node producer, a Python consumer, for about `ms`. */
-export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv = process.env): Promise<PythonOneWay> {
-  const { child, link } = await spawnPython(SCRIPT, ['sink', wait], { stdio: ['ignore', 'inherit', 'inherit'], env });
+/** The batch of the 'node->python batch' row's receive_many. */
+export const PYTHON_BATCH = 64;
+
+export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv = process.env, batch = 0): Promise<PythonOneWay> {
+  const { child, link } = await spawnPython(SCRIPT, ['sink', wait, ...(batch ? [String(batch)] : [])], { stdio: ['ignore', 'inherit', 'inherit'], env });
   const ch = await createChannel(link, { role: 'producer', slots, slotBytes, memory: 'host', wait });
   const rates: number[] = [];
   let total = 0;
@@ -78,7 +82,7 @@ export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: num
   const r = (await link.receive({ timeout: 60_000 })) as PythonReport & { n: number; sum: number };
   await new Promise((resolve) => (child.exitCode !== null ? resolve(undefined) : child.once('exit', resolve)));
   if (r.n !== total || r.sum !== total) throw new Error(`Node -> Python one way: the Python consumer saw ${r.n} of ${total} messages (byte sum ${r.sum})`);
-  return result('node->python', wait, slotBytes, rates, mine, r, total);
+  return result(batch ? 'node->python batch' : 'node->python', wait, slotBytes, rates, mine, r, total);
 }
 
 /** A Python producer of `count` messages, a Node consumer. */

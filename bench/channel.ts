@@ -23,7 +23,7 @@ import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
 import { addon } from '../src/native.js';
 import { summarize, type Summary } from './stats.js';
-import { nodeToPython, pythonToNode, pythonChannelUnavailable, type PythonOneWay } from './channel-python.js';
+import { nodeToPython, pythonToNode, pythonChannelUnavailable, PYTHON_BATCH, type PythonOneWay } from './channel-python.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
 const WAITS: readonly WaitMode[] = ['adaptive', 'sleep', 'spin'];
@@ -385,7 +385,7 @@ export const ROW = {
   socket: 'reference: Node Unix socket round trip, 64 bytes',
   roundTrip: (wait: WaitMode, memory: Memory) => `round trip, ${wait} (${memory} slots)`,
   oneWay: (size: number, wait: WaitMode, memory: Memory) => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots)`,
-  python: (direction: PythonOneWay['direction']) => `one way, ${fmtBytes(PYTHON_SLOT_BYTES)} slots, adaptive, ${direction === 'node->python' ? 'Node -> Python' : 'Python -> Node'} (host slots)`,
+  python: (direction: PythonOneWay['direction']) => `one way, ${fmtBytes(PYTHON_SLOT_BYTES)} slots, adaptive, ${direction === 'python->node' ? 'Python -> Node' : 'Node -> Python'}${direction === 'node->python batch' ? `, receive_many(${PYTHON_BATCH})` : ''} (host slots)`,
   workSharing: (consumers: number) => `work sharing, ${consumers} consumer${consumers > 1 ? 's' : ''} (host slots)`,
 };
 
@@ -423,13 +423,17 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     }
   }
   const lastPython: Partial<Record<PythonOneWay['direction'], PythonOneWay>> = {};
-  if (options.python !== false && (want(ROW.python('node->python')) || want(ROW.python('python->node')))) {
+  if (options.python !== false && (['node->python', 'node->python batch', 'python->node'] as const).some((d) => want(ROW.python(d)))) {
     const why = pythonChannelUnavailable();
     if (why) {
       res.python = { skipped: `no usable python3 with cuda_ipc: ${why}` };
     } else {
       row(ROW.python('node->python'), async (r) => {
         const a = lastPython['node->python'] = await nodeToPython('adaptive', PYTHON_SLOT_BYTES, 8, 700, env);
+        r.add(a.rates, a.cpuUsPerMsg);
+      });
+      row(ROW.python('node->python batch'), async (r) => {
+        const a = lastPython['node->python batch'] = await nodeToPython('adaptive', PYTHON_SLOT_BYTES, 8, 700, env, PYTHON_BATCH);
         r.add(a.rates, a.cpuUsPerMsg);
       });
       row(ROW.python('python->node'), async (r) => {
@@ -472,7 +476,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     }
   }
   const py: Array<PythonOneWay & { runs: Spread }> = [];
-  for (const direction of ['node->python', 'python->node'] as const) {
+  for (const direction of ['node->python', 'node->python batch', 'python->node'] as const) {
     const r = rows.find((x) => x.name === ROW.python(direction))?.runs;
     const last = lastPython[direction];
     if (r && last) py.push({ ...last, rates: r.samples, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread });
