@@ -25,6 +25,17 @@
       "cflags_cc": ["-std=c++17", "-fexceptions", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
       "cflags_cc!": ["-fno-exceptions"],
       "libraries": ["-ldl", "-lpthread"]
+    },
+    {
+      "target_name": "cuda_ipc_py",
+      "type": "shared_library",
+      "product_prefix": "",
+      "product_dir": "<(PRODUCT_DIR)",
+      "sources": ["native/py/channel_ring.c", "native/py/torch_pool.cc"],
+      "cflags_c": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
+      "cflags_cc": ["-std=c++17", "-fno-exceptions", "-fno-rtti", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
+      "ldflags": ["-Wl,--as-needed", "-Wl,-z,now"],
+      "libraries": ["-ldl", "-lpthread"]
     }
   ]
 }

@@ -1,6 +1,8 @@
 #!/usr/bin/env node
 // Builds the prebuilt addons the package ships: prebuilds/linux-x64 and prebuilds/linux-arm64
-// (glibc), with prebuildify (N-API, so one build serves every Node version). The machine's own
+// (glibc), with prebuildify (N-API, so one build serves every Node version), each with the Python
+// package's native helper next to it (cuda_ipc_py.so, binding.gyp's second target, loaded by
+// python/cuda_ipc/native.py with ctypes). The machine's own
 // architecture is built natively; the other is cross-compiled with Debian's toolchain
 // (g++-aarch64-linux-gnu or g++-x86-64-linux-gnu): Node's N-API headers do not depend on the
 // architecture. Each build runs in a staging copy of binding.gyp and native/, so the
@@ -17,6 +19,8 @@ import { delimiter, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+/** The Python package's native helper, built by binding.gyp beside the addon. */
+const PY_HELPER = 'cuda_ipc_py.so';
 const TARGETS = {
   x64: { triple: 'x86_64-linux-gnu', debianPackage: 'g++-x86-64-linux-gnu', elfMachine: 62 },
   arm64: { triple: 'aarch64-linux-gnu', debianPackage: 'g++-aarch64-linux-gnu', elfMachine: 183 },
@@ -142,12 +146,18 @@ function build(arch, out) {
     if (files.length !== 1) fail(`linux-${arch}: expected one .node file from prebuildify, got ${files.join(', ') || 'none'}`);
     const machine = elfMachine(join(made, files[0]));
     if (machine !== TARGETS[arch].elfMachine) fail(`linux-${arch}: ${files[0]} was built for ELF machine ${machine}, not ${TARGETS[arch].elfMachine}`);
+    // prebuildify copies the build's shared libraries (the Python helper) next to the addon.
+    if (!existsSync(join(made, PY_HELPER))) fail(`linux-${arch}: the build made no ${PY_HELPER} (binding.gyp's cuda_ipc_py target)`);
+    const helperMachine = elfMachine(join(made, PY_HELPER));
+    if (helperMachine !== TARGETS[arch].elfMachine) fail(`linux-${arch}: ${PY_HELPER} was built for ELF machine ${helperMachine}, not ${TARGETS[arch].elfMachine}`);
     const dest = join(out, `linux-${arch}`);
     rmSync(dest, { recursive: true, force: true });
     mkdirSync(dest, { recursive: true });
-    cpSync(join(made, files[0]), join(dest, files[0]));
-    const glibc = glibcNeeded(join(dest, files[0]));
-    console.log(`prebuild: linux-${arch}: ${join(dest, files[0])}${glibc ? `, needs glibc ${glibc} or newer` : ''}`);
+    for (const f of [files[0], PY_HELPER]) {
+      cpSync(join(made, f), join(dest, f));
+      const glibc = glibcNeeded(join(dest, f));
+      console.log(`prebuild: linux-${arch}: ${join(dest, f)}${glibc ? `, needs glibc ${glibc} or newer` : ''}`);
+    }
   } finally {
     rmSync(stage, { recursive: true, force: true });
   }

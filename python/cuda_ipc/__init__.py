@@ -36,6 +36,8 @@ from .tensor_set import SharedTensors, TensorSet, share_tensors
 from .update import UpdateResult, update_in_place
 from .link import Listener, listen
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
+from .native import NativeHelper, native_helper
+from .torch_pool import ipc_mem_pool
 
 __all__ = [
     "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",
@@ -47,5 +49,6 @@ __all__ = [
     "configure_import_cache", "legacy_cache_stats",
     "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
     "NcclCommunicator", "NcclError", "NcclLibrary", "NcclUnavailableError", "load_nccl",
+    "NativeHelper", "native_helper", "ipc_mem_pool",
 ]
 __version__ = "0.1.0"

@@ -19,6 +19,7 @@ import { delimiter, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { readmeExamples, strictUserTsconfig, writePrograms, type ReadmeProgram } from '../helpers/readme.js';
 import { noNpmRegistry } from '../helpers/tools.js';
+import { noPython, PYTHON } from '../helpers/python.js';
 
 const root = fileURLToPath(new URL('../../../', import.meta.url));
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { name: string; version: string };
@@ -82,10 +83,12 @@ describe('the packed package, as a new user installs it', { skip: skipAll }, () 
 
   test('the tarball holds the README\'s links, the LICENSE, both prebuilds, the Python package, and the sources its maps name', () => {
     for (const f of ['README.md', 'LICENSE', 'package.json', 'docs/PROTOCOL.md', 'docs/channel-protocol.md', 'dist/src/index.js', 'dist/src/index.d.ts',
-      'python/cuda_ipc/__init__.py', 'python/pyproject.toml', `prebuilds/linux-${host}/cuda-ipc.glibc.node`, 'binding.gyp']) {
+      'python/cuda_ipc/__init__.py', 'python/pyproject.toml', `prebuilds/linux-${host}/cuda-ipc.glibc.node`, `prebuilds/linux-${host}/cuda_ipc_py.so`,
+      'native/py/channel_ring.c', 'binding.gyp']) {
       assert.ok(tarFiles.includes(f), `the tarball lacks ${f}`);
     }
     if (haveCross) assert.ok(tarFiles.includes(`prebuilds/linux-${other}/cuda-ipc.glibc.node`), `the tarball lacks the linux-${other} prebuild`);
+    if (haveCross) assert.ok(tarFiles.includes(`prebuilds/linux-${other}/cuda_ipc_py.so`), `the tarball lacks the linux-${other} Python helper`);
     assert.ok(!tarFiles.some((f) => f.startsWith('test/') || f.startsWith('dist/test/') || f.startsWith('build/')), 'no tests or local build in the tarball');
     // The whole Python package, subpackages and typing marker (py.typed) included.
     const python = readdirSync(join(root, 'python', 'cuda_ipc'), { recursive: true, encoding: 'utf8' })
@@ -126,20 +129,29 @@ describe('the packed package, as a new user installs it', { skip: skipAll }, () 
     assert.deepEqual(out.addons.map((p) => p.slice(p.indexOf('prebuilds/'))), [`prebuilds/linux-${host}/cuda-ipc.glibc.node`]);
   });
 
-  test(`the linux-${other} prebuild is a shared object for that machine`, { skip: noCross }, () => {
-    const file = join(app, installed, 'prebuilds', `linux-${other}`, 'cuda-ipc.glibc.node');
-    const h = Buffer.alloc(20);
-    const fd = openSync(file, 'r');
-    try {
-      readSync(fd, h, 0, 20, 0);
-    } finally {
-      closeSync(fd);
+  test(`the linux-${other} prebuild and Python helper are shared objects for that machine`, { skip: noCross }, () => {
+    for (const name of ['cuda-ipc.glibc.node', 'cuda_ipc_py.so']) {
+      const file = join(app, installed, 'prebuilds', `linux-${other}`, name);
+      const h = Buffer.alloc(20);
+      const fd = openSync(file, 'r');
+      try {
+        readSync(fd, h, 0, 20, 0);
+      } finally {
+        closeSync(fd);
+      }
+      assert.equal(h.readUInt32BE(0), 0x7f454c46, `${name}: ELF magic`);
+      assert.equal(h[4], 2, `${name}: 64-bit`);
+      assert.equal(h[5], 1, `${name}: little-endian`);
+      assert.equal(h.readUInt16LE(16), 3, `${name}: a shared object (ET_DYN)`);
+      assert.equal(h.readUInt16LE(18), other === 'arm64' ? 183 : 62, `${name}: e_machine ${other === 'arm64' ? 'EM_AARCH64' : 'EM_X86_64'}`);
     }
-    assert.equal(h.readUInt32BE(0), 0x7f454c46, 'ELF magic');
-    assert.equal(h[4], 2, '64-bit');
-    assert.equal(h[5], 1, 'little-endian');
-    assert.equal(h.readUInt16LE(16), 3, 'a shared object (ET_DYN)');
-    assert.equal(h.readUInt16LE(18), other === 'arm64' ? 183 : 62, `e_machine ${other === 'arm64' ? 'EM_AARCH64' : 'EM_X86_64'}`);
+  });
+
+  test('the installed package\'s Python companion loads its prebuilt native helper', { skip: noPython }, () => {
+    const r = run(PYTHON, ['-c', 'import cuda_ipc, json; h = cuda_ipc.native_helper(); print(json.dumps(h._asdict()))'], app, { PYTHONPATH: join(app, installed, 'python') });
+    const h = JSON.parse(must(r, 'importing cuda_ipc from the installed package').trim()) as { active: boolean; path: string; reason: string };
+    assert.equal(h.active, true, h.reason);
+    assert.ok(h.path.endsWith(`prebuilds/linux-${host}/cuda_ipc_py.so`), h.path);
   });
 
   test('where no prebuild fits, importing fails with ERR_NO_NATIVE_BUILD and says how to build from source', () => {
