@@ -1,5 +1,5 @@
 // A producer's end of a channel: acquire a free slot, write it, publish it; end() when done.
-import { IpcError } from '../errors.js';
+import { IpcError, checkViewBytes } from '../errors.js';
 import { raceWait, type WaitOptions } from '../abort.js';
 import { HostBuffer } from '../host/index.js';
 import type { Stream } from '../cuda/stream.js';
@@ -345,11 +345,16 @@ export class ChannelSlot<B extends SlotBuffer = SlotBuffer> {
     return this.buffer.byteLength;
   }
 
-  /** Host slots: the slot's bytes (zero-copy). */
+  /**
+   * Host slots: the slot's bytes (zero-copy).
+   * @throws IpcError ERR_UNSUPPORTED for a device slot; ERR_VIEW_TOO_LARGE for a slot larger than
+   * one typed array can be (`buffer.constants.MAX_LENGTH`, 4 GiB on Node 20).
+   */
   get bytes(): Uint8Array {
     if (!(this.buffer instanceof HostBuffer)) {
       throw new IpcError('ERR_UNSUPPORTED', 'slot.bytes: this slot is device memory; write it with slot.buffer (kernels, copies)');
     }
+    checkViewBytes(this.buffer.byteLength, 'slot.bytes', 'write it with slot.buffer.write(src, offset) in pieces');
     return this.buffer.bytes;
   }
 

@@ -7,7 +7,7 @@ import { driver, Flags, HandleType } from '../cuda/driver.js';
 import { Device, assertPeerReachable, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
 import { Stream, streamHandle } from '../cuda/stream.js';
-import { CudaError, IpcError, fdLimitError } from '../errors.js';
+import { CudaError, IpcError, fdLimitError, outOfMemoryError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { addon } from '../native.js';
 import { BlockStash } from './block-stash.js';
@@ -319,9 +319,14 @@ export class IpcPool {
       base = driver.memAllocFromPoolAsync(bytes, pool, stream);
     } catch (e) {
       // Stashed blocks are memory the pool could otherwise hand out: give them back, try again.
-      if (!(e instanceof CudaError && e.code === 'CUDA_ERROR_OUT_OF_MEMORY') || this.#stash.count === 0) throw e;
+      const what = `pool.allocate on device ${this.device.ordinal}`;
+      if (!(e instanceof CudaError && e.code === 'CUDA_ERROR_OUT_OF_MEMORY') || this.#stash.count === 0) throw outOfMemoryError(e, what, bytes);
       this.#freeBlocks(this.#stash.drain());
-      base = driver.memAllocFromPoolAsync(bytes, pool, stream);
+      try {
+        base = driver.memAllocFromPoolAsync(bytes, pool, stream);
+      } catch (again) {
+        throw outOfMemoryError(again, what, bytes);
+      }
     }
     this.#users++;
     const owner = new PoolAllocation(this, this.device, base, bytes);
