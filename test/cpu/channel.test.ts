@@ -6,7 +6,7 @@ import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
 import {
   ChannelHub, createChannel, acceptChannel, type ChannelProducer, type ChannelSlot, type WaitMode,
 } from '../../src/channel/index.js';
-import { waitStatsOf } from '../../src/channel/testing.js';
+import { waitStatsOf } from '../helpers/channel-internals.js';
 import { writePayload, readPayload } from '../fixtures/channel-payload.js';
 import { randomPauses } from '../fixtures/channel-pauses.js';
 import { argError } from '../helpers/arg-error.js';
