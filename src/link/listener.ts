@@ -6,8 +6,8 @@ import { IpcError, fdLimitError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeAcceptor } from '../posix-types.js';
 import { Link, kCreate, kOpened } from './link.js';
-import { linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
-import { checkSignal, optionalInteger, invalidArgValue } from '../arg-errors.js';
+import { LINK_OPTION_KEYS, linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
+import { checkOptionKeys, checkSignal, optionalInteger, invalidArgValue } from '../arg-errors.js';
 import { abortError, armWait, checkTimeout, raceWait, type WaitOptions } from '../abort.js';
 
 const EMFILE = 24;
@@ -34,6 +34,10 @@ export interface ListenOptions extends LinkOptions {
   maxPending?: number;
 }
 
+const LISTEN_OPTION_KEYS: Readonly<Record<keyof ListenOptions, true>> = {
+  ...LINK_OPTION_KEYS, allowUids: true, directory: true, backlog: true, handshakeTimeoutMs: true, maxPending: true,
+};
+
 /** Options of connect(); the LinkOptions bound the link. */
 export interface ConnectOptions extends LinkOptions {
   /** Other uids the listening process may run as (yours always may). */
@@ -51,6 +55,10 @@ export interface ConnectOptions extends LinkOptions {
   /** Gives up when it aborts: the promise rejects with an AbortError (code ABORT_ERR). */
   signal?: AbortSignal;
 }
+
+const CONNECT_OPTION_KEYS: Readonly<Record<keyof ConnectOptions, true>> = {
+  ...LINK_OPTION_KEYS, allowUids: true, directory: true, timeout: true, timeoutMs: true, signal: true,
+};
 
 function closeQuietly(fd: number): void {
   try {
@@ -290,6 +298,8 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
  * makes this throw ERR_ADDRESS_IN_USE.
  */
 export function listen(name: string, options: ListenOptions = {}): Listener {
+  const waitHint = 'listen() does not wait; pass it to listener.accept({ signal, timeout }) (handshakeTimeoutMs bounds each connection\'s handshake)';
+  checkOptionKeys(options, LISTEN_OPTION_KEYS, 'listen', { timeout: waitHint, signal: waitHint });
   linkLimits(options, 'options');
   const path = socketPath(name, options.directory);
   if (options.directory === undefined) ensurePrivateDirectory(path.slice(0, path.lastIndexOf('/')));
@@ -339,6 +349,7 @@ const RETRY_MOST_MS = 250;
  */
 export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions): Promise<Link<In, Out>>;
 export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {
+  checkOptionKeys(options, CONNECT_OPTION_KEYS, 'connect', { handshakeTimeoutMs: 'connect() takes timeout (ms) for the whole wait, handshake included' });
   const limits = linkLimits(options, 'options');
   const signal = checkSignal(options.signal);
   const timeoutMs = checkTimeout(options.timeout ?? options.timeoutMs, options.timeout !== undefined ? 'options.timeout' : 'options.timeoutMs') ?? 10_000;
