@@ -364,6 +364,21 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer, Meta = unknown> i
     return this.buffer.bytes.subarray(0, this.length);
   }
 
+  /**
+   * Host slots: a DataView over the message's slot (the same object every time this slot comes
+   * round; the message is its first `length` bytes), for numbers at byte offsets:
+   * `msg.dataView.getFloat64(8, true)`. Valid until release().
+   * @throws IpcError as `bytes`; ERR_VIEW_TOO_LARGE for a slot larger than one typed array can be.
+   */
+  get dataView(): DataView {
+    if (!(this.buffer instanceof HostBuffer)) {
+      throw new IpcError('ERR_UNSUPPORTED', 'msg.dataView: this message is in device memory; use msg.buffer with msg.waitOn(stream)');
+    }
+    if (this.#released) throw new IpcError('ERR_CLOSED', 'msg.dataView: the message was released');
+    checkViewBytes(this.buffer.byteLength, 'msg.dataView', 'copy the message out in pieces with msg.buffer.read(dst, offset)');
+    return this.buffer.dataView;
+  }
+
   get released(): boolean {
     return this.#released;
   }

@@ -162,6 +162,7 @@ export class HostBuffer implements Disposable {
   readonly #shared: Mapping;
   /** Made on first use: a buffer that is only sent on never needs a JS view of its memory. */
   #bytes: Uint8Array | undefined;
+  #dataView: DataView | undefined;
   readonly #offset: number;
   readonly #length: number;
   readonly #leak: LeakToken;
@@ -280,6 +281,16 @@ export class HostBuffer implements Disposable {
    */
   get bytes(): Uint8Array {
     return this.#view(this.#open('bytes'));
+  }
+  /**
+   * A DataView over the buffer (the same object every time, like `bytes`): numbers at byte
+   * offsets without a new view per use, e.g. `slot.buffer.dataView.setUint32(0, n, true)`. Once
+   * the buffer is closed its memory is detached and the DataView throws a TypeError on use.
+   * @throws as `bytes` (ERR_VIEW_TOO_LARGE, ERR_CLOSED).
+   */
+  get dataView(): DataView {
+    const bytes = this.bytes;
+    return (this.#dataView ??= new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength));
   }
   /** True once closed, or once its memory was unmapped by a forced close of a buffer sharing it. */
   get closed(): boolean {
