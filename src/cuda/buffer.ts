@@ -297,14 +297,17 @@ export class DeviceBuffer {
     driver.streamSynchronize(0n);
   }
 
+  /** A new Uint8Array holding a copy of every byte. */
+  read(): Uint8Array;
+  /** Fills `destination` (as many bytes as it holds) from `offset` of the buffer. */
+  read(destination: HostView, offset?: number): void;
   /**
    * Copies from the buffer at `offset` into `destination` (blocking); with no argument, returns a
    * copy of all bytes.
    * @throws IpcError ERR_VIEW_TOO_LARGE (no argument) for a buffer larger than one typed array can
-   * be (`buffer.constants.MAX_LENGTH`, 4 GiB on Node 20): read it in pieces with read(dst, offset).
+   * be (`buffer.constants.MAX_LENGTH`, 4 GiB on Node 20): read it in pieces with read(dst, offset);
+   * ERR_CLOSED once closed. RangeError ERR_OUT_OF_RANGE for a range outside the buffer.
    */
-  read(): Uint8Array;
-  read(destination: HostView, offset?: number): void;
   read(destination?: HostView, offset = 0): Uint8Array | void {
     const dst = destination ?? this.#copyOfAll();
     driver.memcpyDtoH(dst, this.#range(offset, byteLengthOf(dst), 'a read'));

@@ -216,6 +216,10 @@ export class HostBuffer implements Disposable {
   /**
    * Maps `bytes` (default: the whole file) of a shared-memory fd, e.g. one received from another
    * process. Takes ownership of `fd` when it returns; if it throws, the fd is still the caller's.
+   * @throws RangeError ERR_OUT_OF_RANGE for more bytes than the file holds (a mapping past its end
+   * would fault); TypeError ERR_INVALID_ARG_VALUE for an empty file; IpcError ERR_OUT_OF_MEMORY
+   * when the mapping does not fit (ENOMEM); the system error (EBADF, ...) for an fd that is not a
+   * mappable file.
    */
   static fromFd(fd: number, bytes?: number | bigint): HostBuffer {
     if (!Number.isInteger(fd) || fd < 0) throw badNumber(fd, `fd must be a non-negative integer; got ${String(fd)}`);
@@ -313,7 +317,11 @@ export class HostBuffer implements Disposable {
     return raceWait(this.#shared.released(), options, 'HostBuffer.released');
   }
 
-  /** Copies `src` into the buffer at `offset`. */
+  /**
+   * Copies `src` into the buffer at `offset`.
+   * @throws RangeError ERR_OUT_OF_RANGE when it does not fit; TypeError ERR_INVALID_ARG_TYPE for a
+   * `src` that is no ArrayBuffer or view; IpcError ERR_CLOSED once closed.
+   */
   write(src: ArrayBufferView | ArrayBuffer, offset = 0): void {
     const m = this.#open('write');
     const b = asBytes(src, 'HostBuffer.write(src)');
@@ -326,6 +334,12 @@ export class HostBuffer implements Disposable {
   read<T extends ArrayBufferView>(dst: T, offset?: number): T;
   /** Returns a new Uint8Array holding a copy of `length` bytes at `offset` (default: to the end). */
   read(offset?: number, length?: number): Uint8Array;
+  /**
+   * Copies out of the buffer, into `dst` or a new Uint8Array.
+   * @throws RangeError ERR_OUT_OF_RANGE for a range outside the buffer; IpcError ERR_CLOSED once
+   * closed; ERR_VIEW_TOO_LARGE for a new array larger than one typed array can be (read into
+   * arrays of your own, in pieces); ERR_OUT_OF_MEMORY when there is no memory for the new array.
+   */
   read(a?: ArrayBufferView | number, b?: number): ArrayBufferView {
     // Copied natively, without making `bytes`: an external ArrayBuffer over the mapping costs more
     // than a small read, and a wake-up of the event loop when it is released (Node finalizes it
@@ -372,7 +386,11 @@ export class HostBuffer implements Disposable {
     }
   }
 
-  /** A HostBuffer over `length` bytes at `offset` (default: to the end) of this one. Close it too. */
+  /**
+   * A HostBuffer over `length` bytes at `offset` (default: to the end) of this one. Close it too.
+   * @throws RangeError ERR_OUT_OF_RANGE for a range outside the buffer; IpcError ERR_CLOSED once
+   * closed.
+   */
   view(offset: number, length?: number): HostBuffer {
     const m = this.#open('view');
     checkOffset(offset, 'view: offset');

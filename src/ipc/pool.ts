@@ -300,6 +300,9 @@ export class IpcPool {
    * A buffer of `bytes` from the pool, allocated in stream order (the legacy default stream when
    * none is given): work queued on that stream may use it at once. On the default stream it may be
    * a released block of the same size (block-stash.ts), with its old contents.
+   * @throws CudaError CUDA_ERROR_OUT_OF_MEMORY (its message names the size) when the device (or
+   * the pool's maxSize) has not that much; RangeError ERR_OUT_OF_RANGE for a size that is not a
+   * positive safe integer; IpcError ERR_IMPORTED_POOL on a pool another process made.
    */
   allocate(bytes: number, options?: { stream?: Stream }): DeviceBuffer {
     if (this.imported) {

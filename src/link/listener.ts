@@ -296,6 +296,11 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
  * Listens for links on `name` (a socket file in a private per-user directory, or in
  * `options.directory`). A stale socket file left by a dead listener is replaced; a live one
  * makes this throw ERR_ADDRESS_IN_USE.
+ * @throws IpcError ERR_ADDRESS_IN_USE when another process listens on `name`;
+ * ERR_SOCKET_DIR_UNSAFE when the private directory is not this user's alone; ERR_FD_LIMIT when
+ * no fd is left; the system error (EACCES, ENOENT, ...) for a `directory` it cannot bind in.
+ * @throws TypeError ERR_INVALID_ARG_VALUE for an option listen does not know (it does not wait:
+ * `accept({ signal, timeout })` does), a bad name; TypeError / RangeError for a bad option value.
  */
 export function listen(name: string, options: ListenOptions = {}): Listener {
   const waitHint = 'listen() does not wait; pass it to listener.accept({ signal, timeout }) (handshakeTimeoutMs bounds each connection\'s handshake)';
@@ -346,6 +351,13 @@ const RETRY_MOST_MS = 250;
  * Connects to the listener named `name`; resolves once the handshake succeeded. Waits for the
  * listener to appear, up to `options.timeout` (see ConnectOptions). `In`/`Out` type the link:
  * what this process receives, and what it sends.
+ * @throws IpcError (the promise rejects) ERR_TIMEOUT when no listener appeared, or the handshake
+ * did not finish, within `options.timeout` (10 s); ERR_NO_LISTENER with `timeout: 0` and nobody
+ * listening; ERR_PEER_REFUSED when the socket belongs to another user or the listener runs as a
+ * uid not in `allowUids` (or refused ours); ERR_FD_LIMIT when no fd is left; an AbortError on
+ * `options.signal`.
+ * @throws TypeError ERR_INVALID_ARG_VALUE for an option connect does not know, a bad name;
+ * TypeError / RangeError for a bad option value.
  */
 export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions): Promise<Link<In, Out>>;
 export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {

@@ -101,6 +101,10 @@ async function readIndex(path: string): Promise<{ files: string[]; weightMap: Ma
   return { files, weightMap };
 }
 
+/** Into host memory (`memory: 'host'`): a map of HostArrays over one HostBuffer. */
+export async function loadSafetensors(source: string | readonly string[], options: LoadSafetensorsOptions & { memory: 'host' }): Promise<TensorMap<HostArray>>;
+/** Into device memory (the default): a map of DeviceArrays over one pool allocation. */
+export async function loadSafetensors(source: string | readonly string[], options?: LoadSafetensorsOptions): Promise<TensorMap<DeviceArray>>;
 /**
  * Loads a safetensors checkpoint: a file, several shard files, or a model.safetensors.index.json
  * (shards are found beside it). Every header is checked before anything is allocated or read.
@@ -115,8 +119,6 @@ async function readIndex(path: string): Promise<{ files: string[]; weightMap: Ma
  * @throws IpcError ERR_OUT_OF_MEMORY (host) / CudaError CUDA_ERROR_OUT_OF_MEMORY (device) when the
  * checkpoint does not fit.
  */
-export async function loadSafetensors(source: string | readonly string[], options: LoadSafetensorsOptions & { memory: 'host' }): Promise<TensorMap<HostArray>>;
-export async function loadSafetensors(source: string | readonly string[], options?: LoadSafetensorsOptions): Promise<TensorMap<DeviceArray>>;
 export async function loadSafetensors(source: string | readonly string[], options: LoadSafetensorsOptions = {}): Promise<TensorMap<DeviceArray> | TensorMap<HostArray>> {
   const memory = options.memory ?? 'device';
   if (memory !== 'device' && memory !== 'host') throw invalidArgValue(`memory must be 'device' or 'host', got ${JSON.stringify(memory)}`);
