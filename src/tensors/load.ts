@@ -10,7 +10,7 @@ import { readFile } from 'node:fs/promises';
 import { driver, whenStreamDone } from '../cuda/driver.js';
 import { Device, defaultDevice } from '../cuda/device.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
-import { IpcError } from '../errors.js';
+import { IpcError, MAX_VIEW_BYTES } from '../errors.js';
 import { HostBuffer } from '../host/host-buffer.js';
 import { DeviceArray } from '../ipc/array.js';
 import type { IpcPool } from '../ipc/pool.js';
@@ -236,7 +236,9 @@ async function loadIntoDevice(layout: Layout, options: LoadSafetensorsOptions): 
 /** file -> pinned staging (two halves) -> device, the read of one chunk overlapping the copy of the last. */
 async function copyFilesToDevice(layout: Layout, whole: DeviceBuffer, device: Device, chunk: number): Promise<void> {
   const { headers, placements, bases } = layout;
-  if (!Number.isSafeInteger(chunk) || chunk < 4096) throw outOfRange(`stagingBytes must be an integer of at least 4096, got ${chunk}`);
+  if (!Number.isSafeInteger(chunk) || chunk < 4096 || 2 * chunk > MAX_VIEW_BYTES) {
+    throw outOfRange(`stagingBytes must be an integer in 4096..${MAX_VIEW_BYTES / 2} (its two halves are one typed array), got ${chunk}`);
+  }
   device.activate();
   const pinned = driver.memAllocHost(2 * chunk);
   let staging: ArrayBuffer | undefined;
