@@ -29,6 +29,12 @@ struct Region;
 struct BufferRecord {
   Region* region;
   napi_ref weak;  // to the ArrayBuffer, for detaching on close()
+  // Node runs the finalizer of an external buffer it refuses (longer than
+  // buffer.constants.MAX_LENGTH) before napi_create_external_arraybuffer returns, or, in some
+  // versions, later from an immediate. These say which, so the record is freed exactly once.
+  bool creating = false;  // inside napi_create_external_arraybuffer
+  bool finalized = false;  // the finalizer ran while creating
+  bool refused = false;  // creation failed: a finalizer that runs later only frees the record
 };
 struct Region {
   Region(uint8_t* a, size_t n) : addr(a), length(n) {}
@@ -105,6 +111,16 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
 
   static void OnBufferFinalize(napi_env env, void* data, void* hint) {
     auto* rec = static_cast<BufferRecord*>(hint);
+    // A refused buffer never counted on the region: only the record is left to free (by
+    // ArrayBuffer() itself when this runs during the creation).
+    if (rec->creating) {
+      rec->finalized = true;
+      return;
+    }
+    if (rec->refused) {
+      delete rec;
+      return;
+    }
     rec->region->buffers.erase(rec);
     napi_delete_reference(env, rec->weak);
     Region* r = rec->region;
@@ -122,9 +138,17 @@ class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
       throw Napi::RangeError::New(env, "arrayBuffer: range outside the mapping");
     auto* rec = new BufferRecord{r, nullptr};
     napi_value ab;
-    if (napi_create_external_arraybuffer(env, r->addr + offset, length, OnBufferFinalize, rec, &ab) != napi_ok) {
-      delete rec;
-      throw Napi::Error::New(env, "napi_create_external_arraybuffer failed");
+    rec->creating = true;
+    napi_status status = napi_create_external_arraybuffer(env, r->addr + offset, length, OnBufferFinalize, rec, &ab);
+    rec->creating = false;
+    if (status != napi_ok) {
+      // Freed here if its finalizer already ran, else by the finalizer if it runs later (one that
+      // never runs leaves this small record behind; callers check the length first, see
+      // HostBuffer.bytes). Deleting it here regardless freed it twice: Node's finalizer for a
+      // refused buffer (over 4 GiB on Node 20) runs inside the call.
+      if (rec->finalized) delete rec;
+      else rec->refused = true;
+      throw Napi::Error::New(env);  // Node's own error when it set one (ERR_BUFFER_TOO_LARGE)
     }
     // From here the finalizer owns rec; count it before anything else can fail.
     r->counts++;

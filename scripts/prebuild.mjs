@@ -8,10 +8,13 @@
 // architecture. Each build runs in a staging copy of binding.gyp and native/, so the
 // developer's build/ (which node-gyp-build prefers) is never replaced by a foreign binary.
 //
-//   npm run prebuild                       both targets (what `npm pack` runs)
-//   npm run prebuild -- --arch x64         one target
-//   CUDA_IPC_PREBUILD_ARCHS=x64 npm pack   the same through an environment variable
+//   npm run prebuilds                      both targets (what `npm pack` runs)
+//   npm run prebuilds -- --arch x64        one target
+//   CUDA_IPC_PREBUILD_ARCHS=x64 npm pack   pack with one target (`npm pack` passes no arguments
+//                                          to this script, so the choice goes in the environment)
 //   ... --out DIR                          write DIR/linux-<arch>/ instead of prebuilds/
+// Every target's toolchain is checked before anything is built, and a missing one fails with the
+// command that works from where the script was started (npm pack, or npm run prebuilds).
 import { spawnSync } from 'node:child_process';
 import { cpSync, existsSync, mkdirSync, mkdtempSync, openSync, readSync, closeSync, readdirSync, rmSync, symlinkSync } from 'node:fs';
 import { arch as hostArch, tmpdir } from 'node:os';
@@ -60,7 +63,7 @@ function nodeGyp() {
   if (onPath('node-gyp')) return 'node-gyp';
   const bundled = join(dirname(process.execPath), '..', 'lib', 'node_modules', 'npm', 'node_modules', 'node-gyp', 'bin', 'node-gyp.js');
   if (existsSync(bundled)) return bundled;
-  fail('node-gyp not found: run this as `npm run prebuild`, or install node-gyp');
+  fail('node-gyp not found: run this as `npm run prebuilds`, or install node-gyp');
 }
 
 /**
@@ -75,6 +78,15 @@ function nodeHeaders() {
     join(process.env.XDG_CACHE_HOME ?? join(process.env.HOME ?? '', '.cache'), 'node-gyp', process.versions.node),
   ];
   return candidates.find((d) => existsSync(join(d, 'include', 'node', 'node_api.h')));
+}
+
+/** What to run to build only this machine's target, from where this script was started. */
+function onlyThisMachine() {
+  const lifecycle = process.env.npm_lifecycle_event;
+  if (lifecycle === 'prepack' || lifecycle === 'prepublishOnly') {
+    return `pack with this machine's target only (the tarball then has no other prebuild; installs there build from source): CUDA_IPC_PREBUILD_ARCHS=${hostArch()} npm pack`;
+  }
+  return `build only this machine's target: npm run prebuilds -- --arch ${hostArch()} (for npm pack: CUDA_IPC_PREBUILD_ARCHS=${hostArch()} npm pack)`;
 }
 
 /** The compilers for `arch`: the host's own, or the cross toolchain (an error that says how to get it). */
@@ -92,7 +104,7 @@ function toolchain(arch) {
       fail(
         `linux-${arch} is cross-compiled on this ${hostArch()} machine and ${tool} is not installed. ` +
           `On Debian or Ubuntu: apt-get install -y ${t.debianPackage}; or set CXX_${arch} / STRIP_${arch}; ` +
-          `or build only this machine's target: npm run prebuild -- --arch ${hostArch()}`,
+          `or ${onlyThisMachine()}`,
       );
     }
   }
@@ -166,6 +178,7 @@ function build(arch, out) {
 try {
   const { archs, out } = parseArgs(process.argv.slice(2));
   if (process.platform !== 'linux') fail(`the prebuilds are Linux binaries; this is ${process.platform}`);
+  for (const arch of archs) toolchain(arch);  // all checked before the first build starts
   for (const arch of archs) build(arch, out);
   noteLeftovers(archs, out);
 } catch (e) {

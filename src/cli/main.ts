@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // The `cuda-ipc` command. Exit status: 0 success, 1 the command failed, 2 usage error.
-import { closest, parseArgv, UsageError, wantsHelp } from './args.js';
+import { parseArgv, UsageError, wantsHelp } from './args.js';
+import { closest } from '../arg-errors.js';
 import { commands, findCommand } from './commands.js';
 import { commandHelp, mainHelp, packageVersion } from './help.js';
 

@@ -280,6 +280,10 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   /**
    * The next message (see the class notes for who gets which message). `T` narrows what this
    * one message is expected to be (`In` by default); it is not checked at run time.
+   * @throws IpcError (the promise rejects) ERR_LINK_CLOSED once the link closed cleanly and every
+   * message was taken; ERR_PEER_GONE when the peer died or closed with an error; the error a
+   * message's decoding raised (ERR_FRAME_INVALID, ERR_MESSAGE_TOO_LARGE, ERR_LIMIT_REACHED, ...);
+   * ERR_TIMEOUT after `options.timeout`, an AbortError on `options.signal`.
    */
   receive<T extends In = In>(options?: ReceiveOptions): Promise<T> {
     const entry = this.#inbox.take();

@@ -6,8 +6,8 @@ import { IpcError, fdLimitError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeAcceptor } from '../posix-types.js';
 import { Link, kCreate, kOpened } from './link.js';
-import { linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
-import { checkSignal, optionalInteger, invalidArgValue } from '../arg-errors.js';
+import { LINK_OPTION_KEYS, linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
+import { checkOptionKeys, checkSignal, optionalInteger, invalidArgValue } from '../arg-errors.js';
 import { abortError, armWait, checkTimeout, raceWait, type WaitOptions } from '../abort.js';
 
 const EMFILE = 24;
@@ -34,6 +34,10 @@ export interface ListenOptions extends LinkOptions {
   maxPending?: number;
 }
 
+const LISTEN_OPTION_KEYS: Readonly<Record<keyof ListenOptions, true>> = {
+  ...LINK_OPTION_KEYS, allowUids: true, directory: true, backlog: true, handshakeTimeoutMs: true, maxPending: true,
+};
+
 /** Options of connect(); the LinkOptions bound the link. */
 export interface ConnectOptions extends LinkOptions {
   /** Other uids the listening process may run as (yours always may). */
@@ -51,6 +55,10 @@ export interface ConnectOptions extends LinkOptions {
   /** Gives up when it aborts: the promise rejects with an AbortError (code ABORT_ERR). */
   signal?: AbortSignal;
 }
+
+const CONNECT_OPTION_KEYS: Readonly<Record<keyof ConnectOptions, true>> = {
+  ...LINK_OPTION_KEYS, allowUids: true, directory: true, timeout: true, timeoutMs: true, signal: true,
+};
 
 function closeQuietly(fd: number): void {
   try {
@@ -288,8 +296,15 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
  * Listens for links on `name` (a socket file in a private per-user directory, or in
  * `options.directory`). A stale socket file left by a dead listener is replaced; a live one
  * makes this throw ERR_ADDRESS_IN_USE.
+ * @throws IpcError ERR_ADDRESS_IN_USE when another process listens on `name`;
+ * ERR_SOCKET_DIR_UNSAFE when the private directory is not this user's alone; ERR_FD_LIMIT when
+ * no fd is left; the system error (EACCES, ENOENT, ...) for a `directory` it cannot bind in.
+ * @throws TypeError ERR_INVALID_ARG_VALUE for an option listen does not know (it does not wait:
+ * `accept({ signal, timeout })` does), a bad name; TypeError / RangeError for a bad option value.
  */
 export function listen(name: string, options: ListenOptions = {}): Listener {
+  const waitHint = 'listen() does not wait; pass it to listener.accept({ signal, timeout }) (handshakeTimeoutMs bounds each connection\'s handshake)';
+  checkOptionKeys(options, LISTEN_OPTION_KEYS, 'listen', { timeout: waitHint, signal: waitHint });
   linkLimits(options, 'options');
   const path = socketPath(name, options.directory);
   if (options.directory === undefined) ensurePrivateDirectory(path.slice(0, path.lastIndexOf('/')));
@@ -336,9 +351,17 @@ const RETRY_MOST_MS = 250;
  * Connects to the listener named `name`; resolves once the handshake succeeded. Waits for the
  * listener to appear, up to `options.timeout` (see ConnectOptions). `In`/`Out` type the link:
  * what this process receives, and what it sends.
+ * @throws IpcError (the promise rejects) ERR_TIMEOUT when no listener appeared, or the handshake
+ * did not finish, within `options.timeout` (10 s); ERR_NO_LISTENER with `timeout: 0` and nobody
+ * listening; ERR_PEER_REFUSED when the socket belongs to another user or the listener runs as a
+ * uid not in `allowUids` (or refused ours); ERR_FD_LIMIT when no fd is left; an AbortError on
+ * `options.signal`.
+ * @throws TypeError ERR_INVALID_ARG_VALUE for an option connect does not know, a bad name;
+ * TypeError / RangeError for a bad option value.
  */
 export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions): Promise<Link<In, Out>>;
 export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {
+  checkOptionKeys(options, CONNECT_OPTION_KEYS, 'connect', { handshakeTimeoutMs: 'connect() takes timeout (ms) for the whole wait, handshake included' });
   const limits = linkLimits(options, 'options');
   const signal = checkSignal(options.signal);
   const timeoutMs = checkTimeout(options.timeout ?? options.timeoutMs, options.timeout !== undefined ? 'options.timeout' : 'options.timeoutMs') ?? 10_000;

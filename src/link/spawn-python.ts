@@ -5,8 +5,8 @@ import { existsSync } from 'node:fs';
 import { delimiter, isAbsolute, resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { IpcError } from '../errors.js';
-import { startLinkedChild, type SpawnOptions, type SpawnedChild } from './spawn.js';
-import { invalidArgValue } from '../arg-errors.js';
+import { SPAWN_OPTION_KEYS, startLinkedChild, type SpawnOptions, type SpawnedChild } from './spawn.js';
+import { checkOptionKeys, invalidArgValue } from '../arg-errors.js';
 
 /** Options of spawnPython(): those of spawn() but execArgv, and the interpreter. */
 export interface SpawnPythonOptions extends Omit<SpawnOptions, 'execArgv'> {
@@ -25,14 +25,28 @@ export function pythonPackageDirectory(): string {
   return fileURLToPath(new URL('../../../python', import.meta.url));
 }
 
+/** The keys of SpawnPythonOptions: any other is refused (a misspelt option would do nothing). */
+const SPAWN_PYTHON_OPTION_KEYS: Readonly<Record<keyof SpawnPythonOptions, true>> = (() => {
+  const { execArgv: _, ...keys } = SPAWN_OPTION_KEYS;
+  return { ...keys, python: true, pythonArgs: true, addPythonPath: true };
+})();
+
 /**
- * Starts `python3 -m <module> ...args` (or `python3 <file.py> ...args` when `module` is a path
- * ending in .py) with a link to this process, and resolves once the child called
- * `cuda_ipc.parent_link()`. Failures as for spawn(): ERR_PEER_GONE (the child exited first, e.g.
- * an ImportError), ERR_PEER_REFUSED, ERR_TIMEOUT. `In`/`Out` type the link (see spawn()).
+ * Starts `python3 <file.py> ...args` (`module` a URL, or a path ending in .py) or
+ * `python3 -m <module> ...args` (a module name, `pkg.worker`) with a link to this process, and
+ * resolves once the child called `cuda_ipc.parent_link()`. Files are found as spawn() finds them:
+ * a URL (`new URL('./worker.py', import.meta.url)`: beside the calling module) or a path relative
+ * to the working directory (`process.cwd()`). `In`/`Out` type the link (see spawn()).
+ *
+ * @throws IpcError (the promise rejects; the child is killed), as for spawn(): ERR_PEER_GONE when
+ * the child exits first (an ImportError, a missing interpreter: the message says which),
+ * ERR_PEER_REFUSED, ERR_TIMEOUT after `options.timeout` (30 s), an AbortError on `options.signal`.
+ * @throws TypeError ERR_INVALID_ARG_VALUE for a .py file that does not exist, a `module` that is
+ * neither a file nor a module name, or an option spawnPython does not know.
  */
 export function spawnPython<In = unknown, Out = unknown>(module: string | URL, args?: readonly string[], options?: SpawnPythonOptions): Promise<SpawnedChild<In, Out>>;
 export async function spawnPython(module: string | URL, args: readonly string[] = [], options: SpawnPythonOptions = {}): Promise<SpawnedChild> {
+  checkOptionKeys(options, SPAWN_PYTHON_OPTION_KEYS, 'spawnPython', { execArgv: 'arguments for the interpreter go in pythonArgs' });
   const python = options.python ?? process.env.CUDA_IPC_PYTHON ?? 'python3';
   let target: string[];
   let what: string;

@@ -74,6 +74,14 @@ export async function channels(link: Link, device: Device): Promise<void> {
   host.publish(slot, { meta: { seq: 'one' } });
   // @ts-expect-error this channel's messages carry a meta, so publish needs one
   host.publish(slot);
+  // @ts-expect-error even one that only sets the length
+  host.publish(slot, { length: 8 });
+  slot.dataView.setUint32(0, 7, true);  // numbers into the slot, no DataView of one's own
+
+  // Meta that only some messages carry: say so in the type, and publish may leave it out.
+  const sometimes = await createChannel<{ seq: number } | undefined>(link, { role: 'producer', slots: 4, slotBytes: 4096 });
+  sometimes.publish(await sometimes.acquire(), { length: 8 });
+  sometimes.publish(await sometimes.acquire(), { meta: { seq: 2 } });
 
   const untyped = await createChannel(link, { role: 'producer', slots: 4, slotBytes: 4096, memory: 'host' });
   untyped.publish(await untyped.acquire());  // Meta unknown: meta is optional
