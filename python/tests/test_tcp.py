@@ -19,7 +19,9 @@ import unittest
 
 import cuda_ipc
 from cuda_ipc import HostArray, HostBuffer, IpcError, share_tensors
-from cuda_ipc.link import TOKEN_ENV, NcclAbort, frame as fr, on_nccl_abort, send_nccl_abort
+from cuda_ipc.link import TOKEN_ENV, NcclAbort, frame as fr, on_nccl_abort, peer_takes_nccl, send_nccl_abort
+from cuda_ipc.link.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
+from cuda_ipc.link.lease import Hold
 from cuda_ipc.link.tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, challenge, proof, read_challenge
 
 from .test_link import open_fds, pair
@@ -295,6 +297,53 @@ class TcpLinkTests(unittest.TestCase):
             with self.assertRaises(IpcError) as cm:
                 send_nccl_abort(ua, comm, 1)
             self.assertEqual(cm.exception.code, "ERR_UNSUPPORTED")
+
+    def test_leases_work_on_tcp_for_a_handler_that_serves_it(self):
+        # How the NCCL layer's records travel: a handler of the 'tcp' transport, leased to the peer.
+        released = []
+
+        class Ticket:
+            def __init__(self, n, lease=None):
+                self.n, self.lease = n, lease
+
+            def close(self):
+                self.lease.end()
+
+        class TicketTransfer(TransferHandler):
+            kind = "tcp-ticket-test"
+            transports = frozenset({"tcp"})
+
+            def can_transfer(self, value):
+                return isinstance(value, Ticket)
+
+            def encode(self, value, link):
+                return TransferEncoding(data=bytes([value.n]), hold=Hold(lambda: released.append(value.n), 1))
+
+            def decode(self, data, fds, link, lease):
+                return Ticket(data[0], lease)
+
+        register_transfer_handler(TicketTransfer())
+        try:
+            a, b = linked(self.server)
+            with a, b:
+                self.assertTrue(peer_takes_nccl(a) and peer_takes_nccl(b))
+                a.send({"t": Ticket(7), "u": Ticket(8)})
+                got = b.receive(timeout=5)
+                self.assertEqual((got["t"].n, got["u"].n, a.leases.count, b.received_leases), (7, 8, 2, 2))
+                got["t"].close()
+                b.poll()
+                deadline = time.monotonic() + 5
+                while a.leases.count != 1 and time.monotonic() < deadline:
+                    select.select([a], [], [], 0.05)
+                    a.poll()
+                self.assertEqual((released, a.leases.count), ([7], 1), "the RELEASE crossed")
+                ua, ub = pair()
+                with ua, ub, self.assertRaises(IpcError) as cm:
+                    ua.send(Ticket(1))  # not a handler of Unix links
+                self.assertEqual(cm.exception.code, "ERR_NOT_TRANSFERABLE")
+            self.assertEqual(sorted(released), [7, 8], "closing the link ended the other lease")
+        finally:
+            unregister_transfer_handler("tcp-ticket-test")
 
     def test_backpressure_a_send_that_times_out_sends_nothing_and_the_link_goes_on(self):
         a, b = linked(self.server)
@@ -614,6 +663,13 @@ class TlsTests(unittest.TestCase):
                 while True:
                     b.receive(timeout=5)
             self.assertEqual(cm.exception.code, "ERR_LINK_CLOSED")
+            b.close()
+            a, b = linked(server, ca=cert)
+            b._sock.close()  # gone without GOODBYE (and without a TLS close_notify)
+            with self.assertRaises(IpcError) as cm:
+                a.receive(timeout=5)
+            self.assertEqual(cm.exception.code, "ERR_PEER_GONE")
+            a.close()
             b.close()
 
 

@@ -20,7 +20,7 @@ from .handlers import TransferEncoding, TransferHandler, register_transfer_handl
 from .link import _CREATE, LeaseCounts, Link, PeerCredentials
 from .listener import Listener
 from .endpoints import connect, listen
-from .nccl_abort import NcclAbort, on_nccl_abort, send_nccl_abort
+from .nccl_abort import NcclAbort, on_nccl_abort, peer_takes_nccl, send_nccl_abort
 from .stream import RemoteAddress
 from .tcp import TcpListener
 from .tcp_auth import TOKEN_ENV
@@ -31,4 +31,5 @@ __all__ = [
     "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "listen", "Listener", "socket_path",
     "default_socket_directory", "LINK_FD_ENV", "TransferEncoding", "TransferHandler", "register_transfer_handler",
     "unregister_transfer_handler", "TcpListener", "RemoteAddress", "TOKEN_ENV", "NcclAbort", "on_nccl_abort", "send_nccl_abort",
+    "peer_takes_nccl",
 ]

@@ -2,8 +2,8 @@
 communicator tells the peer, which aborts its end too and fails the transfers queued on it.
 
 Only on TCP links, only to a peer whose HELLO announced NCCL (feature bit 3), never before its
-HELLO. ``on_nccl_abort(link, hook)`` subscribes to the peer's frames (without a subscriber they are
-ignored); ``send_nccl_abort(link, communicator, reason, text)`` sends one.
+HELLO (``peer_takes_nccl(link)``). ``on_nccl_abort(link, hook)`` subscribes to the peer's frames
+(without a subscriber they are ignored); ``send_nccl_abort(link, communicator, reason, text)`` sends one.
 """
 from __future__ import annotations
 
@@ -37,6 +37,12 @@ class NcclAbort(NamedTuple):
 NcclAbortHook = Callable[["Link", NcclAbort], None]
 
 
+def peer_takes_nccl(link: Link) -> bool:
+    """Whether the peer announced that it takes device memory over NCCL (HELLO feature bit 3): an open
+    TCP link to a peer that set it. NCCL records and NCCL_ABORT go only to such a peer."""
+    return link.transport == "tcp" and link.state == "open" and bool(link._peer_features & fr.FEATURE_NCCL)
+
+
 def on_nccl_abort(link: Link, hook: NcclAbortHook) -> Callable[[], None]:
     """Runs ``hook(link, abort)`` for each NCCL_ABORT frame the peer sends on ``link``. Returns a function
     that removes the hook."""
@@ -61,7 +67,7 @@ def send_nccl_abort(link: Link, communicator: bytes, reason: int, text: str = ""
         raise TypeError("send_nccl_abort: text must be a str")
     if link.closed:
         raise link._closed_error("send NCCL_ABORT")
-    if link.transport != "tcp" or link.state != "open" or not link._peer_features & fr.FEATURE_NCCL:
+    if not peer_takes_nccl(link):
         raise IpcError("ERR_UNSUPPORTED", f"send_nccl_abort: the {link._peer_name} does not take NCCL transfers on this link "
                        "(only an open TCP link whose peer announced them does)")
     data = text.encode("utf-8")[:fr.MAX_NCCL_ABORT_TEXT].decode("utf-8", "ignore").encode("utf-8")

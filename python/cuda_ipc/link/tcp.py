@@ -214,10 +214,10 @@ class TcpListener:
         with self._accept_lock:
             try:
                 while True:
-                    if self._ready:
-                        return self._ready.popleft()
                     if self._closed:
                         raise IpcError("ERR_LINK_CLOSED", f"the listener at {self.url} is closed")
+                    if self._ready:
+                        return self._ready.popleft()
                     if deadline is not None and time.monotonic() >= deadline and timeout != 0:
                         raise IpcError("ERR_TIMEOUT", f"no link to {self.url} completed its handshake within {timeout} s")
                     self._turn(deadline)
