@@ -113,7 +113,6 @@ class HostileTcpPeerTests(unittest.TestCase):
             "reason 0": nccl_abort(reason=0),
             "reason 4": nccl_abort(reason=4),
             "reserved bits": nccl_abort(reserved=1),
-            "text that is not UTF-8": nccl_abort(text=b"\xff\xfe"),
             "text over 1024 bytes": nccl_abort(text=b"x" * 1025),
             "shorter than its head": fr.header(fr.NCCL_ABORT, 0, 20, 0) + bytes(20),
             "flags": nccl_abort(flags=1),
@@ -126,9 +125,11 @@ class HostileTcpPeerTests(unittest.TestCase):
             seen = []
             cuda_ipc.link.on_nccl_abort(link, lambda _link, abort: seen.append(abort))
             comm = secrets.token_bytes(16)
-            raw.sendall(nccl_abort(reason=3, text="no NCCL here ✓".encode(), communicator=comm) + message(b'"next"', fr.ENC_JSON))
+            raw.sendall(nccl_abort(reason=3, text="no NCCL here ✓".encode(), communicator=comm)
+                        + nccl_abort(reason=2, text=b"bad \xff bytes") + message(b'"next"', fr.ENC_JSON))
             self.assertEqual(link.receive(timeout=5), "next")
-            self.assertEqual(seen, [cuda_ipc.link.NcclAbort(comm, 3, "no NCCL here ✓")])
+            self.assertEqual(seen, [cuda_ipc.link.NcclAbort(comm, 3, "no NCCL here ✓"), cuda_ipc.link.NcclAbort(bytes(16), 2, "bad \ufffd bytes")],
+                             "text that is not UTF-8 is read as REFUSE's is")
             raw.close()
 
     def test_nccl_abort_on_a_unix_link_closes_it(self):
@@ -182,6 +183,26 @@ class HostileTcpPeerTests(unittest.TestCase):
             self.assertEqual(cm.exception.code, "ERR_NOT_TRANSFERABLE")
             raw.send(message(b"7", fr.ENC_JSON))
             self.assertEqual(link.receive(timeout=5), 7)
+            raw.close()
+
+    def test_frames_that_arrive_in_pieces_are_put_back_together(self):
+        rng = random.Random(7)
+        link, raw = raw_accepted(self.server)
+        with link:
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            blob = bytes(rng.randrange(256) for _ in range(200_000))
+            data = (message(records(b'{"a":null}', [("@bigint", "a", 0, b"98765432109876543210")]))
+                    + message(blob, fr.ENC_RAW) + message(b'"last"', fr.ENC_JSON))
+            at = 0
+            while at < len(data):
+                n = rng.choice((1, 2, 7, 15, 16, 17, 300, 5000))
+                raw.sendall(data[at:at + n])
+                at += n
+                if at < 40:
+                    self.assertEqual(link.poll(), 0, "a frame in part is not a message")
+            self.assertEqual(link.receive(timeout=5), {"a": 98765432109876543210})
+            self.assertEqual(link.receive(timeout=5), blob)
+            self.assertEqual(link.receive(timeout=5), "last")
             raw.close()
 
     def test_a_stream_cut_in_the_middle_of_a_frame(self):

@@ -1,15 +1,19 @@
 // TCP links between Node and Python on 127.0.0.1 (docs/PROTOCOL.md 1.1, 2.3): a Python listener and a
 // Node connector, a Node listener and a Python connector, messages and host buffers (copies) both
 // ways, the token (Python reads CUDA_IPC_TOKEN), a wrong token refused on both sides, a Python peer
-// SIGKILLed. Written against the package's TCP API (`listen('tcp://127.0.0.1:0', { token })`,
-// `listener.url`, `connect(url, { token })`): where dist/src/index.js has no TCP links yet (before the
-// Node side of issue 26 is merged) every test skips with that reason. Python<->Python TCP tests are
-// in python/tests/test_tcp*.py (run by python-link.test.ts).
+// SIGKILLed, TLS both ways. Written against the package's TCP API (`listen('tcp://127.0.0.1:0',
+// { token })`, `listener.url`, `connect(url, { token })`; TLS as `{ tls: { cert, key } }` /
+// `{ tls: { ca } }` with PEM contents): where dist/src/index.js has no TCP links yet (before the Node
+// side of issue 26 is merged) every test skips with that reason. Python<->Python TCP tests are in
+// python/tests/test_tcp*.py (run by python-link.test.ts).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
-import { spawn as spawnProcess, type ChildProcessByStdio } from 'node:child_process';
+import { spawn as spawnProcess, spawnSync, type ChildProcessByStdio } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { createInterface } from 'node:readline';
 import type { Readable } from 'node:stream';
 import * as pkg from '../../src/index.js';
@@ -26,9 +30,10 @@ interface TcpListener {
   accept(options?: { signal?: AbortSignal }): Promise<Link>;
   close(): unknown;
 }
+interface TlsOptions { cert?: Buffer; key?: Buffer; ca?: Buffer }
 interface TcpApi {
-  listen(address: string, options: { token: string }): TcpListener | Promise<TcpListener>;
-  connect(address: string, options: { token: string; timeout?: number }): Promise<Link>;
+  listen(address: string, options: { token: string; tls?: TlsOptions }): TcpListener | Promise<TcpListener>;
+  connect(address: string, options: { token: string; timeout?: number; tls?: TlsOptions }): Promise<Link>;
 }
 const tcp = pkg as unknown as TcpApi;
 
@@ -72,10 +77,10 @@ function closeReason(link: Link): Promise<{ code?: string } | undefined> {
 }
 
 /** What the link's peer says about the link, messages both ways, and host buffers as copies. */
-async function exercise(link: Link): Promise<void> {
+async function exercise(link: Link, tls = false): Promise<void> {
   const where = await ask(link, { op: 'where' });
   assert.equal(where.transport, 'tcp');
-  assert.equal(where.tls, false);
+  assert.equal(where.tls, tls);
   assert.equal(where.peer, 'ERR_UNSUPPORTED', 'link.peer on a TCP link points at link.remote');
   assert.deepEqual(where.remote.slice(0, 1).concat(where.remote.slice(2)), ['127.0.0.1', 'IPv4']);
 
@@ -168,5 +173,55 @@ test('a Python peer SIGKILLed on a TCP link: ERR_PEER_GONE', { skip }, async () 
   } finally {
     child.kill('SIGKILL');
     if (child.exitCode === null && child.signalCode === null) await once(child, 'exit');
+  }
+});
+
+/** A self-signed certificate for 127.0.0.1 made with the openssl command (undefined without one). */
+function testCertificate(): { dir: string; cert: string; key: string } | undefined {
+  const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-tls-'));
+  const cert = join(dir, 'cert.pem');
+  const key = join(dir, 'key.pem');
+  const r = spawnSync('openssl', ['req', '-x509', '-newkey', 'ec', '-pkeyopt', 'ec_paramgen_curve:prime256v1', '-nodes', '-keyout', key,
+    '-out', cert, '-days', '2', '-subj', '/CN=localhost', '-addext', 'subjectAltName=IP:127.0.0.1,DNS:localhost'], { stdio: 'ignore' });
+  if (r.status === 0) return { dir, cert, key };
+  rmSync(dir, { recursive: true, force: true });
+  return undefined;
+}
+
+test('TLS between Node and Python, each side listening once', { skip }, async (t) => {
+  const files = testCertificate();
+  if (!files) return t.skip('no openssl command to make a test certificate');
+  const cert = readFileSync(files.cert);
+  try {
+    const listener = await tcp.listen('tls://127.0.0.1:0', { token: TOKEN, tls: { cert, key: readFileSync(files.key) } });
+    try {
+      const accepted = listener.accept({ signal: AbortSignal.timeout(20_000) });
+      const { child, first } = await startPeer(['connect', listener.url, files.cert]);
+      try {
+        assert.deepEqual(first, { connected: true });
+        const link = await accepted;
+        await exercise(link, true);
+        await link.end();
+        await once(child, 'exit');
+      } finally {
+        child.kill('SIGKILL');
+      }
+    } finally {
+      await listener.close();
+    }
+
+    const { child, first } = await startPeer(['listen-tls', files.cert, files.key]);
+    try {
+      assert.match(first.url as string, /^tls:\/\/127\.0\.0\.1:[0-9]+$/);
+      const link = await tcp.connect(first.url as string, { token: TOKEN, tls: { ca: cert } });
+      await exercise(link, true);
+      await link.end();
+      await once(child, 'exit');
+      assert.equal(child.exitCode, 0);
+    } finally {
+      child.kill('SIGKILL');
+    }
+  } finally {
+    rmSync(files.dir, { recursive: true, force: true });
   }
 });

@@ -1,8 +1,10 @@
 """Python end of the Node<->Python TCP link tests (test/cpu/python-tcp.test.ts). The token comes from
 CUDA_IPC_TOKEN (as a user's would).
 
-  tcp_peer.py listen           listens on tcp://127.0.0.1:0, prints {"url": ...}, serves one link
-  tcp_peer.py connect URL      connects to URL and serves the link; a failure prints {"error": code}
+  tcp_peer.py listen                    listens on tcp://127.0.0.1:0, prints {"url": ...}, serves one link
+  tcp_peer.py listen-tls CERT KEY       the same on tls://127.0.0.1:0 with that certificate
+  tcp_peer.py connect URL [CA]          connects to URL (a tls:// one checked against CA) and serves the
+                                        link; prints {"connected": true}, or {"error": code} on failure
 
 Answers one reply per command until the peer closes the link:
 
@@ -49,14 +51,16 @@ def serve(link):
 
 
 def main() -> None:
-    if sys.argv[1] == "listen":
-        with cuda_ipc.listen("tcp://127.0.0.1:0") as server:
+    if sys.argv[1] in ("listen", "listen-tls"):
+        tls = sys.argv[1] == "listen-tls"
+        with (cuda_ipc.listen("tls://127.0.0.1:0", cert=sys.argv[2], key=sys.argv[3]) if tls
+              else cuda_ipc.listen("tcp://127.0.0.1:0")) as server:
             print(json.dumps({"url": server.url}), flush=True)
             with server.accept(timeout=30) as link:
                 serve(link)
         return
     try:
-        link = cuda_ipc.connect(sys.argv[2], timeout=10)
+        link = cuda_ipc.connect(sys.argv[2], timeout=10, **({"ca": sys.argv[3]} if len(sys.argv) > 3 else {}))
     except IpcError as e:
         print(json.dumps({"error": e.code}), flush=True)
         sys.exit(2)

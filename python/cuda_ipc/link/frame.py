@@ -228,14 +228,12 @@ def nccl_abort_frame(communicator: bytes, reason: int, text: bytes) -> bytes:
 
 def read_nccl_abort(buf: Buffer, payload_length: int) -> tuple[bytes, int, str]:
     """(communicator id, reason, text) of an NCCL_ABORT frame whose header parse_header checked;
-    ERR_FRAME_INVALID for an unknown reason, reserved bits set or text that is not UTF-8."""
+    ERR_FRAME_INVALID for an unknown reason or reserved bits set. The text is advice, read as REFUSE's
+    is (bytes that are not UTF-8 become U+FFFD), as the Node side reads it."""
     at = HEADER_BYTES
     communicator = bytes(buf[at:at + 16])
     reason, reserved = struct.unpack_from("<II", buf, at + 16)
     if reason not in NCCL_ABORT_REASONS or reserved != 0:
         raise frame_invalid(f"NCCL_ABORT with reason {reason} and reserved {reserved}")
-    try:
-        text = bytes(buf[at + NCCL_ABORT_HEAD_BYTES:at + payload_length]).decode("utf-8")
-    except UnicodeDecodeError:
-        raise frame_invalid("NCCL_ABORT text that is not UTF-8") from None
+    text = bytes(buf[at + NCCL_ABORT_HEAD_BYTES:at + payload_length]).decode("utf-8", "replace")
     return communicator, reason, text

@@ -102,6 +102,8 @@ class StreamSocket:
                 self.want = POLLIN
             except ssl.SSLWantWriteError:
                 self.want = POLLOUT
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return 0  # the TLS stream ended (with or without close_notify)
             except ValueError:  # the link closed the socket meanwhile (SSLSocket.shutdown drops the TLS state)
                 return 0
             return None
@@ -248,7 +250,8 @@ class FrameReader:
         """Reads more into the buffer (moving the partial frame to its start first); False at the deadline."""
         if self._start:
             n = self._end - self._start
-            self._buf[:n] = self._view[self._start:self._end]
+            # Through a copy: the two ranges may overlap, and bytearray copies with memcpy.
+            self._buf[:n] = bytes(self._view[self._start:self._end])
             self._start, self._end = 0, n
         while True:
             got = self._recv(self._view[self._end:], deadline)
