@@ -197,6 +197,7 @@ class TcpListener:
         self.last_refusal: IpcError | None = None
         # One thread runs the handshakes at a time (the one in accept()); close() from another wakes it.
         self._accept_lock = threading.Lock()
+        self._pid = os.getpid()
 
     @property
     def closed(self) -> bool:
@@ -312,10 +313,11 @@ class TcpListener:
         if self._closed:
             return
         self._closed = True
-        try:
-            self._sock.shutdown(socket.SHUT_RDWR)  # wakes a poll() in accept()
-        except OSError:
-            pass
+        if os.getpid() == self._pid:  # (a forked child's copy must not stop its parent's socket)
+            try:
+                self._sock.shutdown(socket.SHUT_RDWR)  # wakes a poll() in accept()
+            except OSError:
+                pass
         if self._accept_lock.acquire(blocking=False):
             try:
                 self._clear()
