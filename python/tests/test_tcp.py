@@ -514,6 +514,17 @@ class TcpListenerTests(unittest.TestCase):
             server.accept(timeout=1)
         self.assertEqual(cm.exception.code, "ERR_LINK_CLOSED")
 
+    def test_a_forked_child_closing_its_copy_leaves_the_listener_working(self):
+        with cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN) as server:
+            pid = os.fork()
+            if pid == 0:
+                server.close()
+                os._exit(0)
+            self.assertEqual(os.waitpid(pid, 0)[1], 0)
+            a, b = linked(server)
+            a.close()
+            b.close()
+
     def test_addresses_are_checked_and_written_out(self):
         for bad in ("tcp://localhost:0", "tcp://127.0.0.1", "tcp://127.0.0.1:70000", "tcp://::1:5000", "udp://127.0.0.1:1",
                     "tcp://[::g]:1", "tcp://user@127.0.0.1:1", "tcp://127.0.0.1:1/path"):
