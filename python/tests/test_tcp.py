@@ -158,6 +158,13 @@ class TcpLinkTests(unittest.TestCase):
             self.assertEqual(b.remote, cuda_ipc.RemoteAddress("127.0.0.1", port, "IPv4"))
             self.assertEqual((a.remote.address, a.remote.family), ("127.0.0.1", "IPv4"))
             self.assertEqual(a.remote.port, b._conn.sock.getsockname()[1])
+            for link in (a, b):  # PROTOCOL.md 1.1: keepalive 10 s idle, 5 s apart, 3 probes; no Nagle
+                sock = link._conn.sock
+                self.assertEqual([sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) != 0,
+                                  sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE),
+                                  sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL),
+                                  sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT),
+                                  sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0], [True, 10, 5, 3, True])
             for link in (a, b):
                 with self.assertRaises(IpcError) as cm:
                     link.peer
@@ -297,6 +304,10 @@ class TcpLinkTests(unittest.TestCase):
             with self.assertRaises(IpcError) as cm:
                 send_nccl_abort(ua, comm, 1)
             self.assertEqual(cm.exception.code, "ERR_UNSUPPORTED")
+        s1, s2 = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with s2, cuda_ipc.Link(s1, peer_name="raw", _token=cuda_ipc.link._CREATE):
+            self.assertEqual(s2.recv(100), fr.hello_frame(fr.OUR_FEATURES), "a Unix link's HELLO: bits 0 and 1, not 3")
+            self.assertEqual(fr.OUR_FEATURES, 3)
 
     def test_leases_work_on_tcp_for_a_handler_that_serves_it(self):
         # How the NCCL layer's records travel: a handler of the 'tcp' transport, leased to the peer.
