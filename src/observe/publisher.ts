@@ -6,13 +6,19 @@
 // its record behind: readers see that its pid is gone and remove it (reader.ts).
 // What it writes comes from the sources hooks.ts hands it, and the import cache's figures straight
 // from the addon: it imports no layer above observe.
-import { mkdirSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, mkdirSync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { addon } from '../native.js';
 import { fdsExhausted } from '../errors.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
 import type { ChannelStatus, ChannelStatusSource, DeviceMemoryStats, ObservedLink } from './reports.js';
-import { MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, openFdCount, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
+import {
+  MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, openFdCount, openStatusDirectory, processStartTime, recordName, removeStaleRecords,
+  type LinkRecord, type StatusRecord,
+} from './record.js';
+
+/** The temporary is this process's own name in a private folder; O_NOFOLLOW all the same. */
+const TMP_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW;
 
 /** What the publisher provides once started. */
 export interface StatusPublisher {
@@ -114,7 +120,14 @@ class Publisher implements StatusPublisher {
   }
 
   #writeFile(text: string): void {
-    writeFileSync(this.#tmp, text, { mode: 0o600 });
+    const fd = openSync(this.#tmp, TMP_FLAGS, 0o600);
+    try {
+      const bytes = Buffer.from(text);
+      let done = 0;
+      while (done < bytes.byteLength) done += writeSync(fd, bytes, done, bytes.byteLength - done);
+    } finally {
+      closeSync(fd);
+    }
     renameSync(this.#tmp, this.#path);
   }
 
@@ -126,12 +139,18 @@ class Publisher implements StatusPublisher {
     } catch (e) {
       if ((e as { code?: string }).code !== 'EEXIST') throw e;
     }
-    if (!this.#removeOnExit) {
-      this.#removeOnExit = true;
-      process.on('exit', this.#remove);
-      // Records of killed processes wait for a reader; each new publisher sweeps them too, so
-      // they never pile up where no one runs `cuda-ipc status`. One readdir, once.
-      removeStaleRecords(this.#directory);
+    // The folder itself must be private too (not a symlink, this user's, mode 0700).
+    const dirFd = openStatusDirectory(this.#directory, true);
+    try {
+      if (!this.#removeOnExit) {
+        this.#removeOnExit = true;
+        process.on('exit', this.#remove);
+        // Records of killed processes wait for a reader; each new publisher sweeps them too, so
+        // they never pile up where no one runs `cuda-ipc status`. One readdir, once.
+        removeStaleRecords(dirFd);
+      }
+    } finally {
+      closeSync(dirFd);
     }
   }
 
