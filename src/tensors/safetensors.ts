@@ -6,8 +6,7 @@
 // against shape x itemsize, the ranges tiling the data section exactly (sorted, no gap, no overlap,
 // to its end), and each tensor aligned to its element size. A failure is ERR_SAFETENSORS_INVALID
 // naming the file and the tensor. Also a writer, for tests and examples. Pure but for file reads.
-import { closeSync, openSync, writeSync } from 'node:fs';
-import { open } from 'node:fs/promises';
+import { openRegularFileHandle, writeFileAtomic } from '../safe-files.js';
 import { IpcError } from '../errors.js';
 import { dtypeInfo, type DType } from '../ipc/dtype.js';
 import { invalidArgValue } from '../arg-errors.js';
@@ -140,7 +139,7 @@ export function parseSafetensorsHeader(json: Uint8Array, fileSize: number, path 
 
 /** Reads and checks the header of a file (two reads: the length, then the header). */
 export async function readSafetensorsHeader(path: string): Promise<SafetensorsHeader> {
-  const fh = await open(path, 'r');
+  const fh = await openRegularFileHandle(path, 'the safetensors file');
   try {
     const { size } = await fh.stat();
     const first = new Uint8Array(8);
@@ -189,16 +188,12 @@ export function safetensorsBytes(tensors: Iterable<readonly [string, Safetensors
   return { header, chunks };
 }
 
-/** Writes a safetensors file (synchronously; for tests, examples and small checkpoints). */
+/**
+ * Writes a safetensors file (synchronously; for tests, examples and small checkpoints): into a new
+ * temporary beside `path`, renamed over it, so that a reader never sees half a file and a symlink
+ * planted at `path` is replaced, not written through.
+ */
 export function writeSafetensors(path: string, tensors: Iterable<readonly [string, SafetensorsInput]>, metadata?: Readonly<Record<string, string>>): void {
   const { header, chunks } = safetensorsBytes(tensors, metadata);
-  const fd = openSync(path, 'w');
-  try {
-    for (const c of [header, ...chunks]) {
-      let done = 0;
-      while (done < c.byteLength) done += writeSync(fd, c, done, c.byteLength - done);
-    }
-  } finally {
-    closeSync(fd);
-  }
+  writeFileAtomic(path, [header, ...chunks], 0o666);
 }
