@@ -396,6 +396,7 @@ export async function connect(name: string, options: ConnectOptions = {}): Promi
   const deadline = Date.now() + timeoutMs;
   if (signal?.aborted) throw abortError(signal.reason, 'connect');
   const pause = { ms: RETRY_FIRST_MS };
+  let busy: IpcError | undefined;
   for (;;) {
     const fd = await reachListener(name, path, deadline, timeoutMs, signal, pause);
     const link = new Link(kCreate, {
@@ -413,11 +414,14 @@ export async function connect(name: string, options: ConnectOptions = {}): Promi
       return link;
     } catch (e) {
       // Too many connections waiting there (maxPending, or maxPendingPerUid for this uid): as for
-      // a full backlog, try again until the deadline.
-      if (!(e instanceof IpcError && e.code === 'ERR_LISTENER_BUSY')) throw e;
+      // a full backlog, try again until the deadline. A last try that the deadline cut short is
+      // still that listener being busy.
+      const stillBusy = busy && e instanceof IpcError && e.code === 'ERR_TIMEOUT';
+      if (!(e instanceof IpcError && e.code === 'ERR_LISTENER_BUSY') && !stillBusy) throw e;
+      if (!stillBusy) busy = e;
       const left = deadline - Date.now();
       if (timeoutMs === 0) throw e;
-      if (left <= 0) throw new IpcError('ERR_LISTENER_BUSY', `connect: ${e.message}; it stayed so for ${timeoutMs} ms (the timeout option)`, { cause: e });
+      if (left <= 0 || stillBusy) throw new IpcError('ERR_LISTENER_BUSY', `connect: ${busy!.message}; it stayed so for ${timeoutMs} ms (the timeout option)`, { cause: busy });
       await pauseFor(Math.min(pause.ms, left), signal);
       pause.ms = Math.min(pause.ms * 2, RETRY_MOST_MS);
     }

@@ -232,6 +232,7 @@ def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int
     path = socket_path(name, directory)
     deadline = time.monotonic() + timeout
     pause = [0.005]
+    busy: IpcError | None = None
     while True:
         sock = _reach(name, path, deadline, timeout, pause)
         link = Link(sock, peer_name=f"listener '{name}'", verify_peer=True, allow_uids=allow_uids,
@@ -242,11 +243,15 @@ def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int
             link._wait_open(max(0.001, deadline - time.monotonic()))
             return link
         except IpcError as e:
-            if e.code != "ERR_LISTENER_BUSY" or timeout == 0:
+            # A last try that the deadline cut short is still that listener being busy.
+            still_busy = busy is not None and e.code == "ERR_TIMEOUT"
+            if (e.code != "ERR_LISTENER_BUSY" and not still_busy) or timeout == 0:
                 raise
+            if not still_busy:
+                busy = e
             left = deadline - time.monotonic()
-            if left <= 0:
-                raise IpcError("ERR_LISTENER_BUSY", f"connect: {e}; it stayed so for {timeout} s (the timeout)") from None
+            if left <= 0 or still_busy:
+                raise IpcError("ERR_LISTENER_BUSY", f"connect: {busy}; it stayed so for {timeout} s (the timeout)") from None
             time.sleep(min(pause[0], left))
             pause[0] = min(pause[0] * 2, 0.25)
 
