@@ -88,12 +88,17 @@ for (const mode of [0o1777, 0o777] as const) {
   });
 }
 
-/** Waits until the attacker's flood has been answered: every connection past its uid's bound told busy. */
-async function floodAnswered(mallory: Mallory, bound: number): Promise<{ held: number; busy: number }> {
-  for (let i = 0; ; i++) {
+/**
+ * Waits until the attacker's flood has been answered (every connection past its uid's bound told
+ * busy, as the attacker sees it, and `refused()` says the listener's side when it can), for at
+ * most 60 s, and returns what the attacker saw.
+ */
+async function floodAnswered(mallory: Mallory, bound: number, refused?: () => number): Promise<{ held: number; busy: number; refused?: number }> {
+  const end = Date.now() + 60_000;
+  for (;;) {
     const c = await mallory.ask<{ held: number; busy: number }>({ op: 'count-busy' });
-    if (c.busy >= c.held - bound || i >= 200) return c;
-    await sleep(25);
+    if (c.busy >= c.held - bound || Date.now() > end) return { ...c, ...(refused ? { refused: refused() } : {}) };
+    await sleep(50);
   }
 }
 
@@ -106,8 +111,8 @@ test('an allowed peer floods a Node listener with silent connections: the victim
   const mallory = await Mallory.start();
   try {
     const flood = await mallory.ask<{ held: number; failed: number }>({ op: 'flood', path: listener.path, count: 200 });
-    const told = await floodAnswered(mallory, 16);
-    assert.equal(told.busy, told.held - 16, 'all but maxPendingPerUid (16) of the flood were refused as busy');
+    const told = await floodAnswered(mallory, 16, () => refused.length);
+    assert.equal(told.busy, told.held - 16, `all but maxPendingPerUid (16) of the flood were refused as busy (${JSON.stringify(told)})`);
     // The victim's own connection gets through at once, the flood notwithstanding.
     const [mine, accepted] = await Promise.all([connect('flood', { directory: dir, timeout: 5000 }), listener.accept({ timeout: 5000 })]);
     assert.equal(accepted.peer.uid, process.getuid!());
