@@ -6,11 +6,12 @@
 // its record behind: readers see that its pid is gone and remove it (reader.ts).
 // What it writes comes from the sources hooks.ts hands it, and the import cache's figures straight
 // from the addon: it imports no layer above observe.
-import { closeSync, constants, mkdirSync, openSync, renameSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, constants, fstatSync, mkdirSync, openSync, renameSync, writeSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { addon } from '../native.js';
 import { fdsExhausted } from '../errors.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
+import { identityOf, removeIfSame, type FileIdentity } from '../safe-files.js';
 import type { ChannelStatus, ChannelStatusSource, DeviceMemoryStats, ObservedLink } from './reports.js';
 import {
   MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, openFdCount, openStatusDirectory, processStartTime, recordName, removeStaleRecords,
@@ -58,6 +59,8 @@ class Publisher implements StatusPublisher {
   #written = false;
   #stopped = false;
   #removeOnExit = false;
+  /** The record file this process last wrote (renamed into place). */
+  #file: FileIdentity | undefined;
   #openFds = 0;
 
   constructor(sources: StatusSources, directory: string, startTime: string) {
@@ -121,14 +124,17 @@ class Publisher implements StatusPublisher {
 
   #writeFile(text: string): void {
     const fd = openSync(this.#tmp, TMP_FLAGS, 0o600);
+    let written: FileIdentity;
     try {
       const bytes = Buffer.from(text);
       let done = 0;
       while (done < bytes.byteLength) done += writeSync(fd, bytes, done, bytes.byteLength - done);
+      written = identityOf(fstatSync(fd));
     } finally {
       closeSync(fd);
     }
     renameSync(this.#tmp, this.#path);
+    this.#file = written;
   }
 
   /** Creates the folder (and the private socket directory) if needed; throws if unsafe. */
@@ -252,14 +258,10 @@ class Publisher implements StatusPublisher {
     );
   }
 
+  /** Removes this process's record (only the file it last wrote there) and a temporary left by a failed write. */
   readonly #remove = (): void => {
-    for (const p of [this.#path, this.#tmp]) {
-      try {
-        unlinkSync(p);
-      } catch {
-        // Never written, or already gone.
-      }
-    }
+    if (this.#file) removeIfSame(this.#path, this.#file);
+    removeIfSame(this.#tmp, undefined);
   };
 }
 
