@@ -59,8 +59,11 @@ export type IpcErrorCode =
   | 'ERR_NOT_TRANSFERABLE'
   | 'ERR_NO_LISTENER'
   | 'ERR_ADDRESS_IN_USE'
+  | 'ERR_LISTENER_BUSY'
   | 'ERR_SOCKET_DIR_UNSAFE'
   | 'ERR_NOT_SPAWNED'
+  // files in shared places: a name that is not a regular file, or too large (src/safe-files.ts)
+  | 'ERR_FILE_UNSAFE'
   // channels
   | 'ERR_CHANNEL_CLOSED'
   | 'ERR_CHANNEL_CORRUPT'

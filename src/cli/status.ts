@@ -4,6 +4,7 @@ import { basename } from 'node:path';
 import { collectStatus, type PeerShare, type ProcessStatus, type StatusSnapshot } from '../observe/reader.js';
 import type { ChannelStatus } from '../observe/hooks.js';
 import { stringValue, UsageError, type ParsedArgs } from './args.js';
+import { terminalSafe, terminalSafeJson } from './terminal-text.js';
 
 export function formatBytes(n: number): string {
   if (n < 1024) return `${n} B`;
@@ -100,7 +101,8 @@ export function formatStatus(s: StatusSnapshot): string[] {
     out.push('', `Removed the records of ${plural(s.stale.length, 'process', 'processes')} that are gone (killed or crashed): ${shown}${more}.`);
   }
   for (const u of s.unreadable) out.push('', `Could not use the record ${u.file}: ${u.reason}.`);
-  return out;
+  // Everything above may hold text from a record: printed as is, it could drive the terminal.
+  return out.map(terminalSafe);
 }
 
 /** The `--dir` a user gave, checked; undefined for the default. */
@@ -119,6 +121,6 @@ export function directoryOption(args: ParsedArgs): string | undefined {
 
 export function status(args: ParsedArgs): number {
   const snapshot = collectStatus({ directory: directoryOption(args) });
-  console.log(args.values.json ? JSON.stringify(snapshot, null, 2) : formatStatus(snapshot).join('\n'));
+  console.log(args.values.json ? terminalSafeJson(JSON.stringify(snapshot, null, 2)) : formatStatus(snapshot).join('\n'));
   return 0;
 }

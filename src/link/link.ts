@@ -157,12 +157,15 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     }
     observeLink(this, this.#leasesIn); // listed by `cuda-ipc status` until it closes
     if (setup.handshakeTimeoutMs !== undefined) {
-      this.#handshakeTimer = setTimeout(() => {
+      // Fired, it waits for the loop's next poll phase (setImmediate): a HELLO that came while the
+      // loop was busy past the timeout is read first, and does not lose the race to the timer.
+      this.#handshakeTimer = setTimeout(() => setImmediate(() => {
+        if (this.#state !== 'handshaking') return;
         this.#shutdown(
           new IpcError('ERR_TIMEOUT', `the ${setup.peerName} did not complete the link handshake within ${setup.handshakeTimeoutMs} ms`),
           'local',
         );
-      }, setup.handshakeTimeoutMs).unref();
+      }), setup.handshakeTimeoutMs).unref();
     }
     this.on('newListener', (event: string | symbol) => {
       if (event === 'message' && this.#inbox.length > 0) process.nextTick(() => this.#inbox.drainToListeners());

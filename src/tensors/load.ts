@@ -4,9 +4,8 @@
 // workers costs each of them one pool import, and no copy anywhere. The data goes file -> pinned
 // staging -> device in chunks, double-buffered: the file read of one chunk overlaps the copy of
 // the one before. With { memory: 'host' } the files are read straight into one HostBuffer.
-import { open } from 'node:fs/promises';
 import { dirname, isAbsolute, join, normalize, sep } from 'node:path';
-import { readFile } from 'node:fs/promises';
+import { openRegularFileHandle, readRegularFileAsync } from '../safe-files.js';
 import { driver, whenStreamDone } from '../cuda/driver.js';
 import { Device, defaultDevice } from '../cuda/device.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
@@ -77,11 +76,15 @@ function invalid(path: string, why: string): IpcError {
   return new IpcError('ERR_SAFETENSORS_INVALID', `${path}: ${why}`);
 }
 
+/** The largest model.safetensors.index.json read (real ones are well under a megabyte). */
+const MAX_INDEX_BYTES = 64 * 2 ** 20;
+
 /** The shard files an index names (in first-use order) and which file each tensor must be in. */
 async function readIndex(path: string): Promise<{ files: string[]; weightMap: Map<string, string> }> {
   let root: unknown;
   try {
-    root = JSON.parse(await readFile(path, 'utf8'));
+    // Regular files only, bounded: a FIFO or /dev/zero named here must not hang or grow this process.
+    root = JSON.parse((await readRegularFileAsync(path, MAX_INDEX_BYTES, 'the index')).toString('utf8'));
   } catch (e) {
     throw invalid(path, `the index is not JSON (${(e as Error).message})`);
   }
@@ -195,7 +198,7 @@ async function loadIntoHost(layout: Layout): Promise<TensorMap<HostArray>> {
     for (let f = 0; f < headers.length; f++) {
       const h = headers[f]!;
       if (h.dataBytes === 0) continue;
-      const fh = await open(h.path, 'r');
+      const fh = await openRegularFileHandle(h.path, 'the safetensors file');
       try {
         for (const run of placements[f]!.runs) {
           // Pieces of a view each: the allocation may be larger than one typed array can be.
@@ -254,7 +257,7 @@ async function copyFilesToDevice(layout: Layout, whole: DeviceBuffer, device: De
     for (let f = 0; f < headers.length; f++) {
       const h = headers[f]!;
       if (h.dataBytes === 0) continue;
-      const fh = await open(h.path, 'r');
+      const fh = await openRegularFileHandle(h.path, 'the safetensors file');
       try {
         for (const run of placements[f]!.runs) {
           for (let at = run.from; at < run.to; at += chunk) {

@@ -8,8 +8,7 @@
 // format does not align tensors (the reference writer packs them back to back, so whatever follows
 // an odd-length U8 tensor is misaligned): loadSafetensors places each one aligned in memory. Also a
 // writer, for tests and examples. Pure but for file reads.
-import { closeSync, openSync, writeSync } from 'node:fs';
-import { open } from 'node:fs/promises';
+import { openRegularFileHandle, writeFileAtomic } from '../safe-files.js';
 import { IpcError } from '../errors.js';
 import { dtypeInfo, type DType } from '../ipc/dtype.js';
 import { invalidArgValue } from '../arg-errors.js';
@@ -141,7 +140,7 @@ export function parseSafetensorsHeader(json: Uint8Array, fileSize: number, path 
 
 /** Reads and checks the header of a file (two reads: the length, then the header). */
 export async function readSafetensorsHeader(path: string): Promise<SafetensorsHeader> {
-  const fh = await open(path, 'r');
+  const fh = await openRegularFileHandle(path, 'the safetensors file');
   try {
     const { size } = await fh.stat();
     const first = new Uint8Array(8);
@@ -191,16 +190,12 @@ export function safetensorsBytes(tensors: Iterable<readonly [string, Safetensors
   return { header, chunks };
 }
 
-/** Writes a safetensors file (synchronously; for tests, examples and small checkpoints). */
+/**
+ * Writes a safetensors file (synchronously; for tests, examples and small checkpoints): into a new
+ * temporary beside `path`, renamed over it, so that a reader never sees half a file and a symlink
+ * planted at `path` is replaced, not written through.
+ */
 export function writeSafetensors(path: string, tensors: Iterable<readonly [string, SafetensorsInput]>, metadata?: Readonly<Record<string, string>>): void {
   const { header, chunks } = safetensorsBytes(tensors, metadata);
-  const fd = openSync(path, 'w');
-  try {
-    for (const c of [header, ...chunks]) {
-      let done = 0;
-      while (done < c.byteLength) done += writeSync(fd, c, done, c.byteLength - done);
-    }
-  } finally {
-    closeSync(fd);
-  }
+  writeFileAtomic(path, [header, ...chunks], 0o666);
 }

@@ -55,6 +55,8 @@ MAX_LEASE_ID = 2**53 - 1
 REFUSE_UID = 1
 REFUSE_PROTOCOL = 2
 REFUSE_TOO_LARGE = 3
+#: The listener holds as many connections in their handshake as it takes (from this uid, or in all).
+REFUSE_BUSY = 4
 
 #: HELLO feature bits: 1 = accepts large messages (PROTOCOL.md 3.1; inline on TCP); 2 = accepts GONE
 #: frames (3.2); 8 = takes device memory over NCCL (section 8), set on TCP links only.

@@ -335,7 +335,13 @@ class Link:
                     raise IpcError("ERR_TIMEOUT", f"link.receive: no message from the {self._peer_name} within the timeout")
                 return False
         try:
-            nbytes, anc, flags, _ = self._sock.recvmsg_into([self._rbuf], _ANC_BYTES, _CLOEXEC)
+            try:
+                nbytes, anc, flags, _ = self._sock.recvmsg_into([self._rbuf], _ANC_BYTES, _CLOEXEC)
+            except ConnectionResetError:
+                # The peer closed with records of ours unread: the kernel says so before the records
+                # the peer sent us (a GOODBYE or REFUSE among them); reading on returns them, then
+                # EOF (as the Node side's reader does).
+                nbytes, anc, flags, _ = self._sock.recvmsg_into([self._rbuf], _ANC_BYTES, _CLOEXEC)
         except InterruptedError:
             return True
         except OSError as e:
@@ -494,6 +500,9 @@ class Link:
             if reason == fr.REFUSE_TOO_LARGE:
                 self._shutdown(IpcError("ERR_MESSAGE_TOO_LARGE", f"the {self._peer_name} refused a message: {text}", limit="max_message_bytes"), "peer")
                 return
+            if reason == fr.REFUSE_BUSY:
+                self._shutdown(IpcError("ERR_LISTENER_BUSY", f"the {self._peer_name} is busy: {text}"), "peer")
+                return
             self._shutdown(IpcError("ERR_PEER_REFUSED", f"the {self._peer_name} refused the link: {text}"), "peer")
 
     def _peer_gone(self, detail: str) -> None:
@@ -504,6 +513,16 @@ class Link:
 
     def _peer_label(self) -> str:
         return f"pid {self._peer.pid}"
+
+    def _handshake_step(self) -> None:
+        """Reads what has arrived of the handshake, without waiting (a listener's accept() runs many side by side)."""
+        with self._recv_lock:
+            try:
+                while self._state == "handshaking":
+                    if not self._read_one(time.monotonic(), want_message=False):
+                        break
+            finally:
+                self._close_socket_if_closed()
 
     def _wait_open(self, timeout: float) -> None:
         """Reads until the peer's HELLO (connect)."""
