@@ -12,6 +12,7 @@ import { addon } from '../native.js';
 import { fdsExhausted } from '../errors.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
 import type { ChannelStatus, ChannelStatusSource, DeviceMemoryStats, ObservedLink } from './reports.js';
+import { linkTraffic } from './traffic.js';
 import { MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, openFdCount, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
 
 /** What the publisher provides once started. */
@@ -159,6 +160,12 @@ class Publisher implements StatusPublisher {
       if (sq.messages > 0) entry.sendQueue = { messages: sq.messages, bytes: sq.bytes, fds: sq.fds };
       const rq = link.receiveQueue;
       if (rq.messages > 0 || rq.paused) entry.receiveQueue = { messages: rq.messages, bytes: rq.bytes, fds: rq.fds, paused: rq.paused };
+      const remote = link.transport === 'tcp' ? link.remote : undefined;
+      if (remote) {
+        entry.transport = 'tcp';
+        entry.remote = { address: remote.address, port: remote.port, family: remote.family, tls: remote.tls };
+        entry.traffic = linkTraffic(link);
+      }
       links.push(entry);
     }
     const channels: ChannelStatus[] = [];
