@@ -311,6 +311,7 @@ export class TcpTransport implements FrameTransport {
           if (!this.#startFrame()) return;
         } else {
           const n = Math.min(this.#length - this.#have, available);
+          if (this.#have + n > this.#frame.byteLength) this.#grow(this.#have + n);
           chunk.copy(this.#frame, this.#have, this.#at, this.#at + n);
           this.#consumed(n);
           this.#have += n;
@@ -340,7 +341,8 @@ export class TcpTransport implements FrameTransport {
       if (error.code === 'ERR_MESSAGE_TOO_LARGE') {
         // The one refusal the sender can act on: tell it why, before the link closes.
         try {
-          this.send(encodeRefuse(RefuseReason.TooLarge, error.message), HEADER_BYTES, null, null);
+          const refusal = encodeRefuse(RefuseReason.TooLarge, error.message);
+          this.send(refusal, refusal.byteLength, null, null);
         } catch {
           // The peer learns from the close either way.
         }
@@ -354,16 +356,24 @@ export class TcpTransport implements FrameTransport {
       this.#frame = this.#recv;
       this.#frameView = this.#recvView;
     } else {
-      this.#frame = Buffer.allocUnsafe(this.#length);
-      this.#frameView = new DataView(this.#frame.buffer, this.#frame.byteOffset, this.#length);
+      // Grown as the bytes come (#grow): a header alone never makes this side hold what it announces.
+      this.#frame = Buffer.allocUnsafe(MAX_FRAME_BYTES);
       this.#recv.copy(this.#frame, 0, 0, HEADER_BYTES);
     }
     return true;
   }
 
+  /** A larger buffer for the large message being assembled, holding what arrived: at least `need`, at most its length. */
+  #grow(need: number): void {
+    const next = Buffer.allocUnsafe(Math.min(this.#length, Math.max(need, 2 * this.#frame.byteLength)));
+    this.#frame.copy(next, 0, 0, this.#have);
+    this.#frame = next;
+  }
+
   #deliver(): void {
     const length = this.#length;
     const source = this.#frame === this.#recv ? RecordSource.Socket : RecordSource.Ring;
+    if (source === RecordSource.Ring) this.#frameView = new DataView(this.#frame.buffer, this.#frame.byteOffset, length);
     this.#have = 0;
     this.#length = 0;
     this.#onRecord(0, length, undefined, undefined, source);
