@@ -45,7 +45,7 @@ export {
   spawnPython, pythonPackageDirectory, type SpawnPythonOptions,
   type LinkEvents, type ListenerEvents, type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
-  TcpListener, type TcpListenOptions, type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions, type LinkUrl, type RemoteEndpoint,
+  TcpListener, type TcpListenOptions, type TcpListenerEvents, type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions, type LinkUrl, type RemoteEndpoint,
   type LinkTransportKind,
 } from './link/index.js';
 export { type LinkOptions, type LinkLimits, type InboxCounts, type SendQueueCounts } from './link/index.js';

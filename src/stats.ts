@@ -4,9 +4,9 @@ import { openFdCount } from './observe/record.js';
 import { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
 import { legacyCacheStats, type ImportCacheStats } from './ipc/legacy.js';
 import { leaseStats, type LeaseStats } from './link/lease.js';
-import { processTraffic, trafficByLink, type LinkTraffic } from './observe/traffic.js';
+import { processTraffic, trafficByLink, type LinkTraffic } from './observe/hooks.js';
 
-export type { LinkTraffic } from './observe/traffic.js';
+export type { LinkTraffic } from './observe/hooks.js';
 
 /**
  * What links carried by value instead of sharing it: host memory copied into messages on TCP

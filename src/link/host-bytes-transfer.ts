@@ -2,13 +2,13 @@
 // its bytes are copied into the message at send() and the receiver makes a new HostBuffer (a
 // memfd, as HostBuffer.allocate) holding them. Nothing is leased: the sender's buffer is free to
 // change or close at once, and the two copies never see each other's writes. The bytes count in
-// the link's and the process's bytesCopied (observe/traffic.ts). On a Unix-socket link a
+// the link's and the process's bytesCopied (countTraffic, observe/hooks.ts). On a Unix-socket link a
 // HostBuffer is shared instead ('host-buffer', host-transfer.ts).
 //
 //   data = u64 length n (1..2^53-1) | n bytes
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/host-buffer.js';
-import { countTraffic, type TrafficLink } from '../observe/traffic.js';
+import { countTraffic, type TrafficLink } from '../observe/hooks.js';
 import { readU64, writeU64 } from './frame.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 

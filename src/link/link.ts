@@ -25,7 +25,7 @@ import { TcpTransport, closeGracefully } from './tcp-transport.js';
 import type { FrameTransport, LinkTransportKind } from './frame-transport.js';
 import { FEATURE_NCCL } from './frame.js';
 import { NcclAbortHooks, encodeNcclAbort, type NcclAbort, type NcclAbortReason } from './nccl-abort.js';
-import { linkTraffic } from '../observe/traffic.js';
+import { linkTraffic } from '../observe/hooks.js';
 import { invalidArgValue } from '../arg-errors.js';
 import { LinkSender } from './link-sender.js';
 import { FrameDispatch } from './frame-dispatch.js';

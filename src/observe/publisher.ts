@@ -12,7 +12,6 @@ import { addon } from '../native.js';
 import { fdsExhausted } from '../errors.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
 import type { ChannelStatus, ChannelStatusSource, DeviceMemoryStats, ObservedLink } from './reports.js';
-import { linkTraffic } from './traffic.js';
 import { MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, openFdCount, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
 
 /** What the publisher provides once started. */
@@ -29,6 +28,8 @@ export interface StatusSources {
   links(): Iterable<{ link: ObservedLink; received: number }>;
   channels(): ReadonlySet<ChannelStatusSource>;
   deviceMemory(): DeviceMemoryStats;
+  /** What a link carried by value (hooks.ts's counters). */
+  traffic(link: object): { copiedSent: number; copiedReceived: number; ncclSent: number; ncclReceived: number };
 }
 
 const FIRST_DELAY_MS = 20;
@@ -164,7 +165,7 @@ class Publisher implements StatusPublisher {
       if (remote) {
         entry.transport = 'tcp';
         entry.remote = { address: remote.address, port: remote.port, family: remote.family, tls: remote.tls };
-        entry.traffic = linkTraffic(link);
+        entry.traffic = this.#sources.traffic(link);
       }
       links.push(entry);
     }
