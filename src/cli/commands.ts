@@ -132,7 +132,7 @@ export const commands: readonly CommandSpec[] = [
       'can read (--token-file of produce and consume; the token option of listen() and connect()). It never crosses the wire: each side proves it holds it.',
     options: {},
     positionals: [],
-    examples: ['export CUDA_IPC_TOKEN=$(cuda-ipc token)', '(umask 077; cuda-ipc token > ~/.cuda-ipc-token)'],
+    examples: ['cuda-ipc token', 'export CUDA_IPC_TOKEN=$(cuda-ipc token)', '(umask 077; cuda-ipc token > ~/.cuda-ipc-token)'],
     async run() {
       return (await import('./tcp-handoff.js')).printToken();
     },

@@ -277,8 +277,9 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   }
 
   /**
-   * Resolves once every sent frame is in the kernel (the queue is empty); rejects if the link
-   * closes first, or with an AbortError / ERR_TIMEOUT per `options`.
+   * Resolves once every sent frame is in the kernel (the queue is empty, and on TCP the socket's
+   * own write buffer too); rejects if the link closes first, or with an AbortError / ERR_TIMEOUT
+   * per `options`.
    */
   flush(options?: WaitOptions): Promise<void> {
     return new Promise<void>((resolve, reject) => {
@@ -288,8 +289,22 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
         reject(error);
       });
       waiter.resolve = () => {
-        disarm();
-        resolve();
+        const written = this.#sock.whenWritten?.();
+        if (!written) {
+          disarm();
+          resolve();
+          return;
+        }
+        written.then(
+          () => {
+            disarm();
+            resolve();
+          },
+          () => {
+            disarm();
+            reject(this.#closedError('flush'));
+          },
+        );
       };
       waiter.reject = (e: unknown) => {
         disarm();

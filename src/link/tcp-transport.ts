@@ -41,6 +41,8 @@ import { checkMessageLength } from './large-message.js';
 /** How long a closed link's socket keeps reading (and dropping) what its peer still sends. */
 const LINGER_MS = 2000;
 
+const EMPTY = Buffer.alloc(0);
+
 const NO_RINGS: RingState = Object.freeze({ sending: false, receiving: false });
 
 /**
@@ -191,6 +193,14 @@ export class TcpTransport implements FrameTransport {
     if (b) out.set(b, headLength);
     if (!this.#socket.write(out)) this.#needDrain = true;
     return true;
+  }
+
+  /** Resolves once what was written is in the kernel (node:net writes in order, so an empty write's callback says so). */
+  whenWritten(): Promise<void> | undefined {
+    if (this.#closed || this.#socket.writableLength === 0) return undefined;
+    return new Promise<void>((resolve, reject) => {
+      this.#socket.write(EMPTY, (e) => (e ? reject(closedError()) : resolve()));
+    });
   }
 
   setInterest(readable: boolean, writable: boolean): void {
