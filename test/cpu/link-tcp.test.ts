@@ -21,6 +21,7 @@ import { stats } from '../../src/stats.js';
 import { collectStatus } from '../../src/observe/reader.js';
 import { formatStatus } from '../../src/cli/status.js';
 import { linkPair } from '../fixtures/link-pair.js';
+import { fdCount } from '../fixtures/fd-count.js';
 import { TOKEN, tcpPair } from '../fixtures/tcp-peer.js';
 
 // This process's status records go to a folder of its own.
@@ -74,6 +75,31 @@ test('connect to a port nobody listens on: ERR_NO_LISTENER at once with timeout 
   await new Promise<void>((r) => free.close(() => r()));
   await assert.rejects(connect(`tcp://127.0.0.1:${port}`, { token: TOKEN, timeout: 0 }), code('ERR_NO_LISTENER'));
   await assert.rejects(connect(`tcp://127.0.0.1:${port}`, { token: TOKEN, timeout: 200 }), code('ERR_TIMEOUT'));
+});
+
+test('connect gives up on its signal (AbortError) or its timeout (ERR_TIMEOUT) while the other side never answers, leaving nothing open', async () => {
+  const silent: net.Socket[] = [];
+  const server = net.createServer((s) => silent.push(s)); // accepts, never says a word
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const url = `tcp://127.0.0.1:${(server.address() as net.AddressInfo).port}` as const;
+  const fds0 = fdCount();
+  try {
+    const ac = new AbortController();
+    setTimeout(() => ac.abort(new Error('enough')), 50);
+    await assert.rejects(connect(url, { token: TOKEN, signal: ac.signal }), (e: unknown) => {
+      assert.equal((e as Error).name, 'AbortError');
+      assert.equal((e as { code?: string }).code, 'ABORT_ERR');
+      return true;
+    });
+    await assert.rejects(connect(url, { token: TOKEN, timeout: 100 }), code('ERR_TIMEOUT'));
+    await assert.rejects(connect(url, { token: TOKEN, signal: AbortSignal.abort() }), { name: 'AbortError' });
+    for (const s of silent) s.destroy();
+    for (let i = 0; i < 100 && fdCount() > fds0; i++) await sleep(20);
+    assert.equal(fdCount(), fds0, 'the connections given up were closed');
+  } finally {
+    for (const s of silent) s.destroy();
+    server.close();
+  }
 });
 
 test('messages of every encoding cross a TCP link both ways, large ones inline', async () => {
