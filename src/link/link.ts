@@ -426,8 +426,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
       return;
     }
     const detail = what === 'eof' ? '' : ` (socket error ${errno})`;
-    const r = this.#setup.tcp?.remote;
-    const pid = this.#peer ? ` (pid ${this.#peer.pid})` : r ? ` (${r.family === 'IPv6' ? `[${r.address}]` : r.address}:${r.port})` : '';
+    const pid = this.#peer ? ` (pid ${this.#peer.pid})` : ''; // a TCP peer's name holds its address
     this.#shutdown(
       new IpcError(
         'ERR_PEER_GONE',

@@ -137,12 +137,17 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
     this.#pending.add(entry);
     const timer = setTimeout(() => {
       this.#giveUp(entry, new IpcError('ERR_TIMEOUT', `listener ${this.url} closed a connection from ${raw.remoteAddress} that did not complete TLS, the token exchange and the handshake within ${this.#handshakeTimeoutMs} ms`));
-    }, this.#handshakeTimeoutMs);
+    }, this.#handshakeTimeoutMs).unref(); // the connection itself keeps the process alive, or listener.unref() lets it go
     const started = Date.now();
     let where = `${raw.remoteAddress}:${raw.remotePort}`;
     try {
       tuneSocket(raw);
-      const remote = remoteOf(raw, this.#tls !== undefined);
+      let remote;
+      try {
+        remote = remoteOf(raw, this.#tls !== undefined);
+      } catch (e) {
+        throw Object.assign(e as IpcError, { silent: true }); // gone before it said a word
+      }
       where = formatLinkUrl('tcp', remote.address, remote.port).slice('tcp://'.length);
       const socket = this.#tls ? await this.#secure(raw) : raw;
       entry.socket = socket;
