@@ -22,8 +22,8 @@ export const hostBytesTransfer: TransferHandler<HostBuffer> = {
     if (buffer.closed) throw new IpcError('ERR_CLOSED', 'link.send: the HostBuffer is closed; send it before closing it');
     const n = buffer.byteLength;
     if (n === 0) throw new IpcError('ERR_NOT_TRANSFERABLE', 'link.send: an empty HostBuffer view cannot cross a TCP link (a host-bytes record holds 1 byte or more); send an empty Uint8Array instead');
-    const data = new Uint8Array(LENGTH_BYTES + n);
-    writeU64(new DataView(data.buffer), 0, n);
+    const data = Buffer.allocUnsafeSlow(LENGTH_BYTES + n); // every byte is written below
+    writeU64(new DataView(data.buffer, data.byteOffset, LENGTH_BYTES), 0, n);
     buffer.read(data.subarray(LENGTH_BYTES));
     return { data, onCommit: () => countTraffic(link as TrafficLink, 'copiedSent', n) };
   },

@@ -38,6 +38,9 @@ import type { FrameTransport, RingState } from './frame-transport.js';
 import { RecordSource, type RecordHandler, type StateHandler } from './ring-transport.js';
 import { checkMessageLength } from './large-message.js';
 
+/** A large message's buffer is made whole up to this size as soon as its header checked out; past it, it grows as its bytes come. */
+const LARGE_UPFRONT_BYTES = 64 * 2 ** 20;
+
 /** How long a closed link's socket keeps reading (and dropping) what its peer still sends. */
 const LINGER_MS = 2000;
 
@@ -366,8 +369,9 @@ export class TcpTransport implements FrameTransport {
       this.#frame = this.#recv;
       this.#frameView = this.#recvView;
     } else {
-      // Grown as the bytes come (#grow): a header alone never makes this side hold what it announces.
-      this.#frame = Buffer.allocUnsafe(MAX_FRAME_BYTES);
+      // Past LARGE_UPFRONT_BYTES grown as the bytes come (#grow), so that a header alone never
+      // makes this side reserve what it announces.
+      this.#frame = Buffer.allocUnsafeSlow(Math.min(this.#length, LARGE_UPFRONT_BYTES));
       this.#recv.copy(this.#frame, 0, 0, HEADER_BYTES);
     }
     return true;
@@ -375,7 +379,7 @@ export class TcpTransport implements FrameTransport {
 
   /** A larger buffer for the large message being assembled, holding what arrived: at least `need`, at most its length. */
   #grow(need: number): void {
-    const next = Buffer.allocUnsafe(Math.min(this.#length, Math.max(need, 2 * this.#frame.byteLength)));
+    const next = Buffer.allocUnsafeSlow(Math.min(this.#length, Math.max(need, 2 * this.#frame.byteLength)));
     this.#frame.copy(next, 0, 0, this.#have);
     this.#frame = next;
   }
