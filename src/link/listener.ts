@@ -291,8 +291,10 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
 /**
  * Listens for links from other machines at `url` (`tcp://HOST:PORT` or `tls://HOST:PORT`, HOST an
  * IP address: the listener binds exactly it; port 0 picks a free one, which `listener.url` then
- * names). Resolves once it listens. Every connection must prove the shared token
- * (`options.token` or CUDA_IPC_TOKEN); without one this rejects with ERR_AUTH_FAILED.
+ * names). Resolves once it listens (Node binds asynchronously, so unlike listen(name) this is a
+ * Promise). Every connection must prove the shared token (`options.token` or CUDA_IPC_TOKEN);
+ * without one this rejects with ERR_AUTH_FAILED. A URL held in a plain `string` type-checks as
+ * a name: give it the type LinkUrl (`url as LinkUrl`) to get this overload.
  */
 export function listen(url: LinkUrl, options?: TcpListenOptions): Promise<TcpListener>;
 /**
