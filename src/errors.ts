@@ -64,6 +64,8 @@ export type IpcErrorCode =
   | 'ERR_NOT_SPAWNED'
   // files in shared places: a name that is not a regular file, or too large (src/safe-files.ts)
   | 'ERR_FILE_UNSAFE'
+  // TCP links: the peer did not prove the shared token (or there is none to prove)
+  | 'ERR_AUTH_FAILED'
   // channels
   | 'ERR_CHANNEL_CLOSED'
   | 'ERR_CHANNEL_CORRUPT'

@@ -6,13 +6,16 @@ import { IpcError } from '../errors.js';
 import { openIpcArray } from '../ipc/array.js';
 import { parseDescriptorJson } from '../ipc/descriptor.js';
 import { Deadline, writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
-import { secondsOption, type ParsedArgs } from './args.js';
+import { secondsOption, UsageError, type ParsedArgs } from './args.js';
+import { isLinkUrl } from '../link/link-url.js';
 import { whyNoGpu } from './availability.js';
 import { findMismatch, firstFive } from './pattern.js';
 import { consumeOnHost, isHostDescriptor } from './host-handoff.js';
 
 export async function consume(args: ParsedArgs): Promise<number> {
   const file = args.positionals[0]!; // required by the parser
+  if (isLinkUrl(file)) return (await import('./tcp-handoff.js')).consumeOverTcp(args, file);
+  if (args.values['token-file'] !== undefined) throw new UsageError('--token-file goes with a tcp://HOST:PORT producer; FILE is shared on this machine');
   const deadline = new Deadline(secondsOption(args, 'timeout', 60));
   checkFileArgument(file, 'FILE', `cuda-ipc consume ${file.replace(/\/+$/, '')}/handle.json`, { writes: true });
   const ack = (ok: boolean, message?: string) => writeFileAtomic(`${file}.done`, JSON.stringify({ ok, pid: process.pid, message }) + '\n');

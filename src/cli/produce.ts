@@ -5,7 +5,7 @@ import { Device } from '../cuda/device.js';
 import { DeviceArray } from '../ipc/array.js';
 import { descriptorToJson } from '../ipc/descriptor.js';
 import { Deadline, leftover, removeIfSame, writeFileAtomic, waitForFile, checkFileArgument, type FileIdentity } from './files.js';
-import { countOption, ordinalOption, secondsOption, stringValue, type ParsedArgs } from './args.js';
+import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive } from './pattern.js';
 import { produceOnHost } from './host-handoff.js';
@@ -26,7 +26,11 @@ function parseAck(text: string, path: string): { ok: boolean; pid: number; messa
 }
 
 export async function produce(args: ParsedArgs): Promise<number> {
-  const out = stringValue(args, 'out')!; // required by the parser
+  const listenAt = stringValue(args, 'listen');
+  if (listenAt !== undefined) return (await import('./tcp-handoff.js')).produceOverTcp(args, listenAt);
+  const out = stringValue(args, 'out');
+  if (out === undefined) throw new UsageError('missing --out FILE: where to write the descriptor, e.g. --out handle.json (or --listen tcp://HOST:PORT to serve another machine)');
+  if (args.values['token-file'] !== undefined) throw new UsageError('--token-file goes with --listen (a TCP link); --out shares on this machine');
   const doneFile = `${out}.done`;
   const n = countOption(args, 'elements', 1 << 20);
   const deadline = new Deadline(secondsOption(args, 'timeout', 600));

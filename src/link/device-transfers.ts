@@ -188,12 +188,16 @@ function readPoolRef(data: Uint8Array, view: DataView, fds: number[], link: Link
   return known;
 }
 
+/** What a TCP link's sender is told instead (PROTOCOL.md 1.1): these kinds pass fds or same-machine handles. */
+const DEVICE_MEMORY_HINT = 'Device memory crosses machines over NCCL (PROTOCOL.md 8) where the NCCL layer is loaded; otherwise copy its bytes into a HostBuffer, which a TCP link carries as a copy';
+
 function isPoolBuffer(value: unknown): value is DeviceBuffer {
   return value instanceof DeviceBuffer && (value.kind === 'pool' || value.kind === 'pool-import');
 }
 
 registerTransferHandler<DeviceBuffer>({
   kind: 'pool-buffer',
+  transportHint: DEVICE_MEMORY_HINT,
   canTransfer: isPoolBuffer,
   encode(buffer, link) {
     const { pool, exportData, allocationSize } = exportPoolBuffer(buffer);
@@ -219,6 +223,7 @@ registerTransferHandler<DeviceBuffer>({
 
 registerTransferHandler<IpcPool>({
   kind: 'ipc-pool',
+  transportHint: "A pool is this machine's (it travels as its fd): send buffers, not pools, to another machine",
   canTransfer: (v): v is IpcPool => v instanceof IpcPool,
   encode(pool, link) {
     return writePoolRef(poolRefView, poolRefScratch, pool, link, () => ({ release: pool.hold() }));
@@ -254,6 +259,7 @@ function announceLegacyGone(memory: SharedMemory, link: Link, handle: Uint8Array
 
 registerTransferHandler<DeviceBuffer>({
   kind: 'legacy-buffer',
+  transportHint: DEVICE_MEMORY_HINT,
   canTransfer: (v): v is DeviceBuffer => v instanceof DeviceBuffer && (v.kind === 'device' || v.kind === 'legacy-import'),
   encode: (buffer, link) => {
     const data = legacyTransferBytes(buffer);
@@ -267,6 +273,7 @@ registerTransferHandler<DeviceBuffer>({
 
 registerTransferHandler<Event>({
   kind: 'ipc-event',
+  transportHint: 'An interprocess event orders GPU work on one machine; to another machine, send a message once the work is done (after stream.synchronize())',
   canTransfer: (v): v is Event => v instanceof Event,
   encode: (event) => ({ data: encodeDescriptor(event.ipcHandle()), hold: { release: event.hold() } }),
   decode: (data, _fds, _link, lease) => {

@@ -24,13 +24,15 @@ import type { LinkSender } from './link-sender.js';
 import type { LinkState } from './link-types.js';
 import { leaseIdsOf } from './message-decoder.js';
 import { probe, Probe } from './probe.js';
-import { RecordSource, type LinkTransport } from './ring-transport.js';
+import { RecordSource } from './ring-transport.js';
+import type { FrameTransport } from './frame-transport.js';
+import type { NcclAbort } from './nccl-abort.js';
 
 /** What a FrameDispatch acts on: the parts of its link (link.ts's Link), and the link's own two steps it may take. */
 export interface FrameDispatchParts {
   /** The link: its state, and what transfer and GONE handlers are given. */
   readonly link: { readonly state: LinkState };
-  readonly sock: LinkTransport;
+  readonly sock: FrameTransport;
   readonly sender: LinkSender;
   readonly inbox: Inbox;
   /** Leases granted to the peer, which its RELEASE frames end. */
@@ -45,12 +47,14 @@ export interface FrameDispatchParts {
   hello(cred: [number, number, number] | undefined, features: number): void;
   /** Closes the link: `reason` undefined for a clean close. */
   shutdown(reason: IpcError | undefined, by: 'local' | 'peer'): void;
+  /** The peer aborted an NCCL communicator of the link (a TCP link): its hooks hear of it. */
+  ncclAbort(abort: NcclAbort): void;
 }
 
 /** Acts on the records one link receives (see the module notes). */
 export class FrameDispatch {
   readonly #link: { readonly state: LinkState };
-  readonly #sock: LinkTransport;
+  readonly #sock: FrameTransport;
   readonly #sender: LinkSender;
   readonly #inbox: Inbox;
   readonly #leasesOut: OutgoingLeases;
@@ -73,7 +77,7 @@ export class FrameDispatch {
     this.#peerName = parts.peerName;
     this.#recvBuf = Buffer.from(parts.sock.recvBuffer);
     this.#recvView = new DataView(parts.sock.recvBuffer);
-    this.#inbound = { link: parts.link, leases: parts.leasesIn, maxMessageBytes: parts.maxMessageBytes };
+    this.#inbound = { link: parts.link, leases: parts.leasesIn, maxMessageBytes: parts.maxMessageBytes, transport: parts.sock.kind };
   }
 
   /**
@@ -108,7 +112,8 @@ export class FrameDispatch {
     }
     if (h.type !== FrameType.Hello && h.type !== FrameType.Refuse && h.type !== FrameType.Goodbye && this.#link.state !== 'open') {
       closeFds(fds);
-      const what = h.type === FrameType.Message ? 'message' : h.type === FrameType.Release ? 'RELEASE' : h.type === FrameType.Gone ? 'GONE' : h.type === FrameType.Ring ? 'RING' : 'RING_START';
+      const what = h.type === FrameType.Message ? 'message' : h.type === FrameType.Release ? 'RELEASE' : h.type === FrameType.Gone ? 'GONE'
+        : h.type === FrameType.Ring ? 'RING' : h.type === FrameType.RingStart ? 'RING_START' : 'NCCL_ABORT';
       this.#parts.shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#peerName} sent a ${what} before the link handshake`), 'local');
       return;
     }
@@ -168,6 +173,11 @@ export class FrameDispatch {
         return;
       case FrameType.Gone:
         dispatchGone(f.entries, this.#link);
+        return;
+      case FrameType.NcclAbort:
+        // Only TCP links have NCCL communicators (PROTOCOL.md 8); a correct peer sends none elsewhere.
+        if (this.#sock.kind !== 'tcp') this.#parts.shutdown(new IpcError('ERR_FRAME_INVALID', `the ${this.#peerName} sent NCCL_ABORT on a Unix-socket link`), 'local');
+        else this.#parts.ncclAbort(f.abort);
         return;
       case FrameType.Goodbye:
         this.#parts.shutdown(undefined, 'peer');

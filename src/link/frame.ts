@@ -4,7 +4,8 @@
 //   offset size  field
 //   0      4     magic 0x4C504943 ("CIPL")
 //   4      1     version (2: transfer records carry lease ids, RELEASE exists)
-//   5      1     type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE, 6 GONE, 7 RING, 8 RING_START
+//   5      1     type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE, 6 GONE, 7 RING, 8 RING_START,
+//                9 NCCL_ABORT
 //   6      2     flags: MESSAGE only: bits 0-7 the payload encoding (Encoding), bit 8 the
 //                payload is in the attached memfd (LARGE_PAYLOAD); 0 for other types
 //   8      4     payload length: exactly the record length minus 16
@@ -19,7 +20,9 @@
 // lease.ts): u32 count (1..16381), u32 reserved = 0, then count u64 lease ids, each 1..2^53-1;
 // exactly 8 + 8 * count bytes. GONE: gone.ts. RING (only between two sides whose HELLO set
 // FEATURE_RING; frame-ring.ts): u32 capacity, u32 reserved = 0, and exactly 2 fds (the ring's
-// memfd, the sender's doorbell eventfd); RING_START empty. Only MESSAGE and RING frames carry fds.
+// memfd, the sender's doorbell eventfd); RING_START empty. NCCL_ABORT (TCP links only,
+// nccl-abort.ts): 16-byte communicator id, u32 reason (1..3), u32 reserved = 0, UTF-8 text of at
+// most 1024 bytes. Only MESSAGE and RING frames carry fds (and none on TCP links).
 import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 
@@ -29,6 +32,8 @@ export const HEADER_BYTES = 16;
 /** Largest record (header included) a link sends or accepts. */
 export const MAX_FRAME_BYTES = 128 * 1024;
 export const MAX_PAYLOAD_BYTES = MAX_FRAME_BYTES - HEADER_BYTES;
+/** What a header's u32 payload length can say: the largest message a TCP link carries inline. */
+export const FRAME_MAX_PAYLOAD_LENGTH = 0xffff_ffff;
 /** Most fds in one message. */
 export const MAX_FDS: number = addon.posixConstants.MAX_FDS;
 
@@ -44,6 +49,8 @@ export const enum FrameType {
   Ring = 7,
   /** The sender's next frames go through the receiver's ring, in order (frame-ring.ts). */
   RingStart = 8,
+  /** TCP links: the sender aborted an NCCL communicator of the link (nccl-abort.ts). */
+  NcclAbort = 9,
 }
 
 export const enum Encoding {
@@ -75,7 +82,9 @@ export const FEATURE_GONE = 2;
  * peer's (frame-ring.ts). Announced only where the link was made with rings on (ring-transport.ts).
  */
 export const FEATURE_RING = 4;
-/** The features this build always announces in its HELLO (FEATURE_RING is added per link). */
+/** HELLO features: this side takes device memory over NCCL (PROTOCOL.md 8); announced on TCP links. */
+export const FEATURE_NCCL = 8;
+/** The features this build always announces in its HELLO (FEATURE_RING, FEATURE_NCCL are added per transport). */
 export const OUR_FEATURES = FEATURE_LARGE_MESSAGES | FEATURE_GONE;
 /** GONE: u32 count and u32 reserved before the entries. */
 export const GONE_HEAD_BYTES = 8;
@@ -83,6 +92,9 @@ export const GONE_HEAD_BYTES = 8;
 export const MAX_GONE_KEY_BYTES = 1024;
 /** RELEASE: u32 count and u32 reserved before the ids. */
 export const RELEASE_HEAD_BYTES = 8;
+/** NCCL_ABORT: 16-byte communicator id, u32 reason, u32 reserved, then at most 1024 bytes of text. */
+export const NCCL_ABORT_HEAD_BYTES = 24;
+export const NCCL_ABORT_TEXT_MAX = 1024;
 /** Most ids in one RELEASE frame. */
 export const MAX_RELEASE_IDS = Math.floor((MAX_PAYLOAD_BYTES - RELEASE_HEAD_BYTES) / 8);
 export const enum RefuseReason {
@@ -149,6 +161,15 @@ export function parseHeader(view: DataView, length: number, fdCount: number, out
     if (payloadLength !== RING_PAYLOAD_BYTES) throw invalid(`RING payload of ${payloadLength} bytes`);
     if (fdCount !== RING_FDS) throw invalid(`RING with ${fdCount} fds, not ${RING_FDS}`);
     if (view.getUint32(HEADER_BYTES + 4, true) !== 0) throw invalid('RING reserved bytes are not zero');
+  } else if (type === FrameType.NcclAbort) {
+    if (flags !== 0) throw invalid(`flags 0x${flags.toString(16)} on a control frame`);
+    if (fdCount !== 0) throw invalid('fds arrived with a control frame');
+    if (payloadLength < NCCL_ABORT_HEAD_BYTES || payloadLength > NCCL_ABORT_HEAD_BYTES + NCCL_ABORT_TEXT_MAX) {
+      throw invalid(`NCCL_ABORT payload of ${payloadLength} bytes (24 to ${NCCL_ABORT_HEAD_BYTES + NCCL_ABORT_TEXT_MAX})`);
+    }
+    const reason = view.getUint32(HEADER_BYTES + 16, true);
+    if (reason < 1 || reason > 3) throw invalid(`NCCL_ABORT reason ${reason} (1..3)`);
+    if (view.getUint32(HEADER_BYTES + 20, true) !== 0) throw invalid('NCCL_ABORT reserved bytes are not zero');
   } else if (type === FrameType.Hello || type === FrameType.Goodbye || type === FrameType.Refuse || type === FrameType.Release || type === FrameType.Gone || type === FrameType.RingStart) {
     if (flags !== 0) throw invalid(`flags 0x${flags.toString(16)} on a control frame`);
     if (fdCount !== 0) throw invalid('fds arrived with a control frame');
@@ -194,6 +215,17 @@ export function readU64(view: DataView, at: number): number {
 export function writeU64(view: DataView, at: number, n: number): void {
   view.setUint32(at, n % 0x1_0000_0000, true);
   view.setUint32(at + 4, Math.floor(n / 0x1_0000_0000), true);
+}
+
+/** A whole REFUSE frame: u16 `reason`, then `text` (its first 1000 characters, UTF-8). */
+export function encodeRefuse(reason: RefuseReason, text: string): Uint8Array {
+  const body = Buffer.from(text.slice(0, 1000));
+  const frame = new Uint8Array(HEADER_BYTES + 2 + body.byteLength);
+  const view = new DataView(frame.buffer);
+  writeHeader(view, FrameType.Refuse, 0, 2 + body.byteLength, 0);
+  view.setUint16(HEADER_BYTES, reason, true);
+  frame.set(body, HEADER_BYTES + 2);
+  return frame;
 }
 
 /**

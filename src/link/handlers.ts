@@ -4,6 +4,7 @@
 import { IpcError } from '../errors.js';
 import type { LeaseHold, ReceivedLease } from './lease.js';
 import { invalidArgValue } from '../arg-errors.js';
+import type { LinkTransportKind } from './frame-transport.js';
 
 /** What encode() returns for one value. */
 export interface TransferEncoding {
@@ -36,6 +37,10 @@ export interface TransferEncoding {
 /** A registered handler as the encoder and decoder call it (see TransferHandler in transfer.ts). */
 export interface RegisteredHandler {
   readonly kind: string;
+  /** The link transports it serves (default ['unix']). */
+  readonly transports?: readonly LinkTransportKind[];
+  /** What to send instead on a link whose transport it does not serve. */
+  readonly transportHint?: string;
   canTransfer(value: unknown): boolean;
   encode(value: object, link: object): TransferEncoding;
   decode(data: Uint8Array, fds: number[], link: object, lease: ReceivedLease | undefined): unknown;
@@ -45,11 +50,17 @@ const byKind = new Map<string, RegisteredHandler>();
 let handlers: RegisteredHandler[] = [];
 
 const KIND_RE = /^[\x21-\x7e]{1,64}$/;
+const TRANSPORTS: readonly LinkTransportKind[] = ['unix', 'tcp'];
+const UNIX_ONLY: readonly LinkTransportKind[] = ['unix'];
 
 export function addHandler(handler: RegisteredHandler): void {
   const kind = handler?.kind;
   if (typeof kind !== 'string' || !KIND_RE.test(kind) || kind.startsWith('@')) {
     throw invalidArgValue(`transfer handler kind ${JSON.stringify(kind)} must be 1..64 printable ASCII characters not starting with '@'`);
+  }
+  const t = handler.transports;
+  if (t !== undefined && (!Array.isArray(t) || t.length === 0 || !t.every((x) => TRANSPORTS.includes(x)))) {
+    throw invalidArgValue(`transfer handler '${kind}': transports must be a non-empty array of ${TRANSPORTS.map((x) => `'${x}'`).join(', ')}`);
   }
   if (byKind.has(kind)) {
     throw invalidArgValue(`a transfer handler for '${kind}' is already registered; unregister it first to replace it`);
@@ -66,8 +77,23 @@ export function removeHandler(kind: string): boolean {
   return true;
 }
 
-/** The handler that sends `value`, if any. */
-export function handlerForValue(value: object): RegisteredHandler | undefined {
+/** Whether `h` serves links of `transport`. */
+export function serves(h: RegisteredHandler, transport: LinkTransportKind): boolean {
+  return (h.transports ?? UNIX_ONLY).includes(transport);
+}
+
+/**
+ * The handler that sends `value` on a link of `transport` (default 'unix'): the first registered
+ * one that takes the value and serves the transport (a HostBuffer: 'host-buffer' on Unix links,
+ * 'host-bytes' on TCP links).
+ */
+export function handlerForValue(value: object, transport: LinkTransportKind = 'unix'): RegisteredHandler | undefined {
+  for (const h of handlers) if (serves(h, transport) && h.canTransfer(value)) return h;
+  return undefined;
+}
+
+/** The first handler that takes `value` on some transport (for the error where none serves the link's). */
+export function handlerOnOtherTransport(value: object): RegisteredHandler | undefined {
   for (const h of handlers) if (h.canTransfer(value)) return h;
   return undefined;
 }

@@ -15,6 +15,8 @@ const scratchView = new DataView(scratch.buffer);
 
 export const hostBufferTransfer: TransferHandler<HostBuffer> = {
   kind: 'host-buffer',
+  // Its memfd cannot cross machines: on a TCP link a HostBuffer travels as 'host-bytes' (host-bytes-transfer.ts).
+  transports: ['unix'],
   canTransfer: (value): value is HostBuffer => value instanceof HostBuffer,
   encode(buffer) {
     if (buffer.closed) throw new IpcError('ERR_CLOSED', 'link.send: the HostBuffer is closed; send it before closing it');

@@ -8,6 +8,8 @@ import { ENCODING_MASK, FrameType, HEADER_BYTES, LARGE_PAYLOAD, parseHeader, rea
 import type { IncomingLeases } from './lease.js';
 import { closeFd, closeFds } from './fds.js';
 import { DEFAULT_MAX_MESSAGE_BYTES, checkLargeLength, checkMessageLength, readLargePayload } from './large-message.js';
+import { readNcclAbort, type NcclAbort } from './nccl-abort.js';
+import type { LinkTransportKind } from './frame-transport.js';
 
 /** A received message: its value (and the decoded objects it owns), or why only it failed. */
 export type ReceivedMessage = { ok: true; value: unknown; owned: object[] | undefined } | { ok: false; error: IpcError };
@@ -22,7 +24,9 @@ export type InboundFrame =
   | { type: FrameType.Message; message: ReceivedMessage; bytes: number; fds: number }
   /** The peer's inbound ring: `fds` (its memfd, then its doorbell eventfd) belong to the caller. */
   | { type: FrameType.Ring; capacity: number; fds: [number, number] }
-  | { type: FrameType.RingStart };
+  | { type: FrameType.RingStart }
+  /** The peer aborted an NCCL communicator of the link (TCP links; nccl-abort.ts). */
+  | { type: FrameType.NcclAbort; abort: NcclAbort };
 
 /** What decoding needs from the link the record arrived on. */
 export interface InboundContext {
@@ -32,6 +36,8 @@ export interface InboundContext {
   readonly leases: IncomingLeases;
   /** The largest message payload accepted (default DEFAULT_MAX_MESSAGE_BYTES). */
   readonly maxMessageBytes?: number;
+  /** What carries the link (default 'unix'): records of kinds it never carries fail their message. */
+  readonly transport?: LinkTransportKind;
 }
 
 /** Longest REFUSE text kept (the rest is dropped). */
@@ -56,7 +62,7 @@ export function readPayload(
         closeFds(fds);
         checkMessageLength(h.payloadLength, ctx.maxMessageBytes);
       }
-      const d = decodeMessage(h.flags, buf, HEADER_BYTES, length, fds, ctx.link, ctx.leases, view);
+      const d = decodeMessage(h.flags, buf, HEADER_BYTES, length, fds, ctx.link, ctx.leases, view, ctx.transport);
       if (d.ok) return { type: FrameType.Message, message: d, bytes: h.payloadLength, fds: h.fdCount };
       if (d.fatal) throw d.error;
       return { type: FrameType.Message, message: { ok: false, error: d.error }, bytes: 0, fds: 0 };
@@ -79,6 +85,8 @@ export function readPayload(
       };
     case FrameType.Hello:
       return { type: FrameType.Hello, features: view.getUint32(HEADER_BYTES, true) };
+    case FrameType.NcclAbort:
+      return { type: FrameType.NcclAbort, abort: readNcclAbort(buf, view, h.payloadLength) };
     case FrameType.Goodbye:
       return { type: FrameType.Goodbye };
   }
@@ -102,7 +110,7 @@ function readLargeMessage(h: FrameHeader, view: DataView, fds: number[], ctx: In
   }
   closeFd(fds[0]!);
   const rest = fds.length > 1 ? fds.slice(1) : undefined;
-  const d = decodeMessage(h.flags & ENCODING_MASK, payload, 0, length, rest, ctx.link, ctx.leases);
+  const d = decodeMessage(h.flags & ENCODING_MASK, payload, 0, length, rest, ctx.link, ctx.leases, undefined, ctx.transport);
   if (d.ok) return { type: FrameType.Message, message: d, bytes: length, fds: fds.length - 1 };
   if (d.fatal) throw d.error;
   return { type: FrameType.Message, message: { ok: false, error: d.error }, bytes: 0, fds: 0 };

@@ -1,5 +1,5 @@
 // Public surface of the link layer.
-export { Link, type LinkEvents, type LinkState, type PeerCredentials, type ReceiveOptions } from './link.js';
+export { Link, type LinkEvents, type LinkState, type PeerCredentials, type ReceiveOptions, type RemoteEndpoint, type LinkTransportKind } from './link.js';
 export { type LinkOptions, type LinkLimits } from './link-options.js';
 export { type InboxCounts } from './inbox.js';
 export { type SendQueueCounts } from './outbox.js';
@@ -8,6 +8,9 @@ export { spawn, parentLink, type SpawnOptions, type SpawnedChild } from './spawn
 export { setLinkWorkingDevice, linkWorkingDevice } from './working-device.js';
 export { spawnPython, pythonPackageDirectory, type SpawnPythonOptions } from './spawn-python.js';
 export { listen, connect, Listener, type ListenerEvents, type ListenOptions, type ConnectOptions } from './listener.js';
+export { TcpListener, type TcpListenOptions, type TcpListenerEvents } from './tcp-listener.js';
+export { type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions } from './tcp-connect.js';
+export { type LinkUrl } from './link-url.js';
 export { socketPath } from './socket-path.js';
 export { defaultSocketDirectory } from '../runtime-directory.js';
 export {
@@ -21,4 +24,5 @@ export { leaseStats, type LeaseHold, type ReceivedLease, type LeaseCounts, type 
 // Host buffers, device buffers, pools and events travel over every link once the link layer is
 // loaded: the handlers register here, so no receiving process can miss one.
 import './host-transfer.js';
+import './host-bytes-transfer.js';
 import './device-transfers.js';

@@ -6,6 +6,7 @@ import { IpcError } from '../errors.js';
 import { noteChange } from '../observe/hooks.js';
 import { closeFds } from './fds.js';
 import {
+  FRAME_MAX_PAYLOAD_LENGTH,
   FrameType,
   HEADER_BYTES,
   HELLO_PAYLOAD_BYTES,
@@ -15,6 +16,7 @@ import {
   MAX_PAYLOAD_BYTES,
   OUR_FEATURES,
   encodeGone,
+  encodeRefuse,
   writeHeader,
   writeU64,
   type GoneEntry,
@@ -27,7 +29,7 @@ import type { LinkState } from './link-types.js';
 import { acquireEncoder, type MessageLimit } from './message-encoder.js';
 import { Outbox } from './outbox.js';
 import { probe, Probe } from './probe.js';
-import type { LinkTransport } from './ring-transport.js';
+import type { FrameTransport } from './frame-transport.js';
 import type { SocketInterest } from './socket-interest.js';
 
 // Sent frames are copied by the kernel, or by the outbox when they must wait: one scratch serves.
@@ -46,7 +48,7 @@ export class LinkSender {
   /** The frames waiting for room in the socket; the Link flushes it, drops it on close and drains it when writable. */
   readonly outbox: Outbox;
   readonly #link: SendingLink;
-  readonly #sock: LinkTransport;
+  readonly #sock: FrameTransport;
   readonly #leases: OutgoingLeases;
   readonly #limits: LinkLimits;
   readonly #peerName: string;
@@ -57,7 +59,7 @@ export class LinkSender {
   #helloSent = false;
   #goodbyeSent = false;
 
-  constructor(link: SendingLink, sock: LinkTransport, interest: SocketInterest, leases: OutgoingLeases, limits: LinkLimits, peerName: string) {
+  constructor(link: SendingLink, sock: FrameTransport, interest: SocketInterest, leases: OutgoingLeases, limits: LinkLimits, peerName: string) {
     this.#link = link;
     this.#sock = sock;
     this.#leases = leases;
@@ -76,12 +78,15 @@ export class LinkSender {
     const enc = acquireEncoder();
     enc.busy = true;
     try {
-      const m = enc.encode(value, this.#link, this.#sendLimit);
+      const m = enc.encode(value, this.#link, this.#sendLimit, this.#sock.kind);
       const payloadLength = m.headLength - HEADER_BYTES + (m.body?.byteLength ?? 0);
       let sent: boolean;
       try {
+        if (m.fds.length > 0 && this.#sock.kind !== 'unix') this.#noFdsHere(m.ownedFds);
         if (m.holds.length > 0) this.#checkLeaseRoom(m.holds, m.ownedFds);
-        if (payloadLength <= MAX_PAYLOAD_BYTES) {
+        if (payloadLength <= MAX_PAYLOAD_BYTES || this.#sock.inlineLarge) {
+          // On TCP a message of any size is one frame in the stream (PROTOCOL.md 1.1); its length field is a u32.
+          if (payloadLength > FRAME_MAX_PAYLOAD_LENGTH) this.#tooLongForAFrame(payloadLength, m.ownedFds);
           writeHeader(enc.view, FrameType.Message, m.encoding, payloadLength, m.fds.length);
           sent = this.outbox.send(enc.scratch, m.headLength, m.body, m.fds, m.ownedFds);
         } else {
@@ -112,6 +117,21 @@ export class LinkSender {
       enc.busy = false;
       enc.shrink();
     }
+  }
+
+  /** A transfer handler of a TCP link handed over fds (a handler that claims to serve it, wrongly): refused, closing `ownedFds`. */
+  #noFdsHere(ownedFds: readonly number[]): never {
+    closeFds(ownedFds);
+    throw new IpcError('ERR_NOT_TRANSFERABLE', `link.send: a transfer handler passed fds for a message on a TCP link, which carries no fds (to the ${this.#peerName}); nothing was sent`);
+  }
+
+  #tooLongForAFrame(payloadLength: number, ownedFds: readonly number[]): never {
+    closeFds(ownedFds);
+    throw new IpcError(
+      'ERR_MESSAGE_TOO_LARGE',
+      `link.send: the encoded message needs ${payloadLength} bytes; a frame on a TCP link holds at most ${FRAME_MAX_PAYLOAD_LENGTH}; split it into several messages`,
+      { limit: 'maxMessageBytes' },
+    );
   }
 
   /** Throws ERR_LIMIT_REACHED (closing `ownedFds`) when `holds` would pass LinkOptions.leases. */
@@ -199,6 +219,11 @@ export class LinkSender {
     for (const frame of encodeGone(entries)) this.outbox.send(frame, frame.byteLength, null, [], [], 0, true);
   }
 
+  /** Queues an NCCL_ABORT frame (nccl-abort.ts); the Link checks first that the peer takes it. */
+  sendNcclAbort(frame: Uint8Array): void {
+    this.outbox.send(frame, frame.byteLength, null, [], [], 0, true);
+  }
+
   /** Tells the peer that this process is done with the values it leased under `ids`. */
   sendRelease(ids: readonly number[]): void {
     if (this.#link.state !== 'open') return;
@@ -269,12 +294,7 @@ export class LinkSender {
 
   /** A REFUSE with `reason` and `text` (at most 1024 bytes kept), straight to the socket, best effort. */
   sendRefusal(reason: RefuseReason, text: string): void {
-    const body = Buffer.from(text.slice(0, 1000));
-    const frame = new Uint8Array(HEADER_BYTES + 2 + body.byteLength);
-    const view = new DataView(frame.buffer);
-    writeHeader(view, FrameType.Refuse, 0, 2 + body.byteLength, 0);
-    view.setUint16(HEADER_BYTES, reason, true);
-    frame.set(body, HEADER_BYTES + 2);
+    const frame = encodeRefuse(reason, text);
     try {
       this.#sock.send(frame, frame.byteLength, null, null);
     } catch {

@@ -1,6 +1,7 @@
 // The types a Link's users and openers name: who the peer is, where the link is in its life, the
 // events it emits, and how an opener configures it. Kept apart from link.ts so that the modules
 // the Link is made of can name them without importing the Link itself.
+import type { Socket } from 'node:net';
 import type { IpcError } from '../errors.js';
 import type { WaitOptions } from '../abort.js';
 import type { LinkLimits } from './link-options.js';
@@ -12,16 +13,40 @@ export interface PeerCredentials {
   readonly gid: number;
 }
 
+/**
+ * Where the peer of a TCP link is (`link.remote`): its address as the connection sees it. A TCP
+ * link knows no pid or uid of its peer, which may be on another machine.
+ */
+export interface RemoteEndpoint {
+  /** The peer's IP address, e.g. '10.0.0.2' or '::1'. */
+  readonly address: string;
+  readonly port: number;
+  readonly family: 'IPv4' | 'IPv6';
+  /** The link runs inside TLS (a tls:// URL). */
+  readonly tls: boolean;
+}
+
 /** Where a link is in its life: the handshake, open, or closed. */
 export type LinkState = 'handshaking' | 'open' | 'closed';
 
 /** Options of `link.receive()`: `signal` gives up when it aborts (AbortError, code ABORT_ERR); `timeout` after that many ms (ERR_TIMEOUT). */
 export type ReceiveOptions = WaitOptions;
 
+/** @internal A TCP link's connection, authenticated (tcp-connect.ts, tcp-listener.ts). */
+export interface TcpSetup {
+  /** The connected socket (net or tls), paused; the link owns it from the constructor call on. */
+  socket: Socket;
+  /** What the peer sent after its authentication proof: its first frames. */
+  leftover: Buffer | undefined;
+  remote: RemoteEndpoint;
+}
+
 /** @internal How the opener configures a link. */
 export interface LinkSetup {
-  /** The connected socket; the link owns it from the constructor call on, even if that throws. */
+  /** The connected socket; the link owns it from the constructor call on, even if that throws (-1 with `tcp`). */
   fd: number;
+  /** A TCP link: its connection instead of `fd` (peerFrom, verifyPeer and allowUids then play no part). */
+  tcp?: TcpSetup;
   /**
    * Where the peer's credentials come from: 'socket' = SO_PEERCRED (accept/connect, and a child's
    * view of its parent); 'hello' = credentials the kernel attaches to the peer's HELLO (the

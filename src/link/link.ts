@@ -1,5 +1,6 @@
-// Link: one connection between two processes over a Unix SOCK_SEQPACKET socket, carrying
-// structured messages with file descriptors. Made by spawn()/parentLink(), listen()/connect().
+// Link: one connection between two processes, carrying structured messages: over a Unix
+// SOCK_SEQPACKET socket with file descriptors (ring-transport.ts), or over TCP between machines
+// (tcp-transport.ts). Made by spawn()/parentLink(), listen()/connect().
 // The link holds the state and runs the handshake and the close; its parts do one job each:
 // sending (link-sender.ts, over outbox.ts), acting on received frames (frame-dispatch.ts),
 // handing messages to consumers (inbox.ts), encoding and decoding messages (message-encoder.ts,
@@ -20,12 +21,18 @@ import type { Waiter } from './queue.js';
 import { observeLink } from '../observe/hooks.js';
 import { probe, Probe } from './probe.js';
 import { FRAME_RING_DEFAULT, LinkTransport, type RingState } from './ring-transport.js';
+import { TcpTransport, closeGracefully } from './tcp-transport.js';
+import type { FrameTransport, LinkTransportKind } from './frame-transport.js';
+import { FEATURE_NCCL } from './frame.js';
+import { NcclAbortHooks, encodeNcclAbort, type NcclAbort, type NcclAbortReason } from './nccl-abort.js';
+import { linkTraffic } from '../observe/hooks.js';
 import { invalidArgValue } from '../arg-errors.js';
 import { LinkSender } from './link-sender.js';
 import { FrameDispatch } from './frame-dispatch.js';
-import type { LinkEvents, LinkSetup, LinkState, PeerCredentials, ReceiveOptions } from './link-types.js';
+import type { LinkEvents, LinkSetup, LinkState, PeerCredentials, ReceiveOptions, RemoteEndpoint } from './link-types.js';
 
-export type { LinkEvents, LinkSetup, LinkState, PeerCredentials, ReceiveOptions } from './link-types.js';
+export type { LinkEvents, LinkSetup, LinkState, PeerCredentials, ReceiveOptions, RemoteEndpoint } from './link-types.js';
+export type { LinkTransportKind } from './frame-transport.js';
 
 /** @internal */
 export const kCreate: unique symbol = Symbol('cuda-ipc.link.create');
@@ -87,7 +94,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   /** Unique in this process; stable for the link's life. */
   readonly id = nextLinkId++;
   readonly #setup: LinkSetup;
-  readonly #sock: LinkTransport;
+  readonly #sock: FrameTransport;
   #state: LinkState = 'handshaking';
   #peer: PeerCredentials | undefined;
   /** The features of the peer's HELLO; undefined until it arrived. */
@@ -109,6 +116,8 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   readonly #leasesOut = new OutgoingLeases(this);
   /** Leases the peer granted: ended ones go back in RELEASE frames. */
   readonly #leasesIn = new IncomingLeases((ids) => this.#sender.sendRelease(ids));
+  /** What the NCCL layer runs when the peer aborts a communicator (TCP links). */
+  readonly #ncclAbortHooks = new NcclAbortHooks();
 
   /** @internal Use spawn(), parentLink(), listen() or connect(). */
   constructor(token: typeof kCreate, setup: LinkSetup) {
@@ -118,18 +127,17 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     }
     this.#setup = setup;
     this.#limits = setup.limits ?? DEFAULT_LINK_LIMITS;
+    // The transport exists before the dispatcher that reads its buffers: records reach it through this arrow.
+    const onRecord = (status: number, length: number, fds: number[] | undefined, cred: [number, number, number] | undefined, source: number) =>
+      this.#dispatch.record(status, length, fds, cred, source);
+    const fail = (e: IpcError) => this.#shutdown(e, 'local');
     try {
-      // The transport exists before the dispatcher that reads its buffers: records reach it through this arrow.
-      this.#sock = new LinkTransport(
-        setup.fd,
-        MAX_FRAME_BYTES,
-        (status, length, fds, cred, source) => this.#dispatch.record(status, length, fds, cred, source),
-        this.#onState,
-        (e) => this.#shutdown(e, 'local'),
-        setup.frameRing ?? FRAME_RING_DEFAULT,
-      );
+      this.#sock = setup.tcp
+        ? new TcpTransport(setup.tcp.socket, setup.tcp.leftover, this.#limits.maxMessageBytes, onRecord, this.#onState, fail)
+        : new LinkTransport(setup.fd, MAX_FRAME_BYTES, onRecord, this.#onState, fail, setup.frameRing ?? FRAME_RING_DEFAULT);
     } catch (e) {
-      closeFds([setup.fd]);
+      if (setup.tcp) closeGracefully(setup.tcp.socket);
+      else closeFds([setup.fd]);
       throw e;
     }
     this.#interest = new SocketInterest(this.#sock);
@@ -147,9 +155,12 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
       peerName: setup.peerName,
       hello: (cred, features) => this.#onHello(cred, features),
       shutdown: (reason, by) => this.#shutdown(reason, by),
+      ncclAbort: (abort) => this.#ncclAbortHooks.run(abort),
     });
     try {
-      if (setup.peerFrom === 'hello') addon.setPassCred(setup.fd, true);
+      if (setup.tcp) {
+        // No credentials across machines: the token proved the peer (tcp-auth.ts); link.remote says where it is.
+      } else if (setup.peerFrom === 'hello') addon.setPassCred(setup.fd, true);
       else this.#peer = addon.peerCred(setup.fd);
     } catch (e) {
       this.#sock.close();
@@ -182,10 +193,37 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     return this.#limits;
   }
 
-  /** The peer's pid/uid/gid (SO_PEERCRED, or for a spawned child the credentials of its HELLO). */
+  /**
+   * The peer's pid/uid/gid (SO_PEERCRED, or for a spawned child the credentials of its HELLO). A
+   * TCP link has none (its peer may be on another machine): there it throws ERR_UNSUPPORTED; use
+   * `link.remote`, or check `link.transport` first.
+   */
   get peer(): PeerCredentials {
+    if (this.#setup.tcp) {
+      const r = this.#setup.tcp.remote;
+      throw new IpcError('ERR_UNSUPPORTED', `link.peer: a TCP link knows no pid or uid of its peer (it may be on another machine); link.remote says where it is (${r.address} port ${r.port})`);
+    }
     if (!this.#peer) throw new IpcError('ERR_INVALID_STATE', 'link.peer is not known before the handshake completes; await the link (spawn/connect resolve once it did)');
     return this.#peer;
+  }
+
+  /** What carries the link: 'unix' (a Unix socket, one machine) or 'tcp' (TCP or TLS, between machines). */
+  get transport(): LinkTransportKind {
+    return this.#sock.kind;
+  }
+
+  /** Where the peer of a TCP link is (address, port, family, tls); undefined on a Unix-socket link. */
+  get remote(): RemoteEndpoint | undefined {
+    return this.#setup.tcp?.remote;
+  }
+
+  /**
+   * Host memory this link copied rather than shared: HostBuffers sent on a TCP link travel as a
+   * copy of their bytes (and arrive as new HostBuffers). 0 on a Unix-socket link, where they are shared.
+   */
+  get bytesCopied(): { sent: number; received: number } {
+    const t = linkTraffic(this);
+    return { sent: t.copiedSent, received: t.copiedReceived };
   }
   get state(): LinkState {
     return this.#state;
@@ -242,8 +280,9 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   }
 
   /**
-   * Resolves once every sent frame is in the kernel (the queue is empty); rejects if the link
-   * closes first, or with an AbortError / ERR_TIMEOUT per `options`.
+   * Resolves once every sent frame is in the kernel (the queue is empty, and on TCP the socket's
+   * own write buffer too); rejects if the link closes first, or with an AbortError / ERR_TIMEOUT
+   * per `options`.
    */
   flush(options?: WaitOptions): Promise<void> {
     return new Promise<void>((resolve, reject) => {
@@ -253,8 +292,22 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
         reject(error);
       });
       waiter.resolve = () => {
-        disarm();
-        resolve();
+        const written = this.#sock.whenWritten?.();
+        if (!written) {
+          disarm();
+          resolve();
+          return;
+        }
+        written.then(
+          () => {
+            disarm();
+            resolve();
+          },
+          () => {
+            disarm();
+            reject(this.#closedError('flush'));
+          },
+        );
       };
       waiter.reject = (e: unknown) => {
         disarm();
@@ -269,6 +322,33 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   /** True while the link is open and its peer takes GONE notices (its HELLO said so). */
   get acceptsGone(): boolean {
     return this.#state === 'open' && ((this.#peerFeatures ?? 0) & FEATURE_GONE) !== 0;
+  }
+
+  /** @internal Whether the peer takes device memory over NCCL: an open TCP link whose peer's HELLO set feature bit 3 (PROTOCOL.md 8). */
+  get peerTakesNccl(): boolean {
+    return this.#state === 'open' && this.#sock.kind === 'tcp' && ((this.#peerFeatures ?? 0) & FEATURE_NCCL) !== 0;
+  }
+
+  /**
+   * @internal Runs `hook` for each NCCL_ABORT the peer sends (PROTOCOL.md 8.4); without a hook
+   * such frames are ignored. Returns a function that removes it. Hooks are dropped when the link closes.
+   */
+  onNcclAbort(hook: (abort: NcclAbort) => void): () => void {
+    return this.#ncclAbortHooks.add(hook);
+  }
+
+  /**
+   * @internal Tells the peer that this side aborted the NCCL communicator `id` (16 bytes) for
+   * `reason` (1 could not take a transfer, 2 NCCL failed, 3 the communicator could not be made).
+   * Returns false, sending nothing, where the peer does not take it (see peerTakesNccl); throws
+   * ERR_LINK_CLOSED / ERR_PEER_GONE once the link is closed.
+   */
+  sendNcclAbort(id: Uint8Array, reason: NcclAbortReason, text: string): boolean {
+    const frame = encodeNcclAbort(id, reason, text);
+    if (this.#state === 'closed') throw this.#closedError('send NCCL_ABORT');
+    if (!this.peerTakesNccl) return false;
+    this.#sender.sendNcclAbort(frame);
+    return true;
   }
 
   /** @internal Sends GONE frames for `entries` (gone.ts batches them; see announceGone). */
@@ -353,7 +433,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
       return;
     }
     const detail = what === 'eof' ? '' : ` (socket error ${errno})`;
-    const pid = this.#peer ? ` (pid ${this.#peer.pid})` : '';
+    const pid = this.#peer ? ` (pid ${this.#peer.pid})` : ''; // a TCP peer's name holds its address
     this.#shutdown(
       new IpcError(
         'ERR_PEER_GONE',
@@ -493,6 +573,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
       }
     }
     this.#closeHooks.clear();
+    this.#ncclAbortHooks.clear();
     if (!wasOpen && openWaiters.length > 0) return;  // the opener reports it; the user never saw this link
     if (reason && this.listenerCount('error') > 0) this.emit('error', reason);
     this.emit('close', reason);

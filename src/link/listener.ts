@@ -1,4 +1,5 @@
-// listen() and connect(): links between unrelated processes through a named Unix socket.
+// listen() and connect(): links between unrelated processes through a named Unix socket; a
+// tcp:// or tls:// URL instead of a name goes to tcp-listener.ts / tcp-connect.ts.
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError, fdLimitError } from '../errors.js';
@@ -19,6 +20,9 @@ import { ensurePrivateDirectory } from '../runtime-directory.js';
 import { removeIfSame, type FileIdentity } from '../safe-files.js';
 
 const myUid = process.getuid?.() ?? -1;
+import { isLinkUrl, type LinkUrl } from './link-url.js';
+import { listenTcp, type TcpListener, type TcpListenOptions } from './tcp-listener.js';
+import { connectTcp, type TcpConnectOptions } from './tcp-connect.js';
 
 /** Options of listen(); the LinkOptions bound each accepted link. */
 export interface ListenOptions extends LinkOptions {
@@ -347,6 +351,15 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
 }
 
 /**
+ * Listens for links from other machines at `url` (`tcp://HOST:PORT` or `tls://HOST:PORT`, HOST an
+ * IP address: the listener binds exactly it; port 0 picks a free one, which `listener.url` then
+ * names). Resolves once it listens (Node binds asynchronously, so unlike listen(name) this is a
+ * Promise). Every connection must prove the shared token (`options.token` or CUDA_IPC_TOKEN);
+ * without one this rejects with ERR_AUTH_FAILED. A URL held in a plain `string` type-checks as
+ * a name: give it the type LinkUrl (`url as LinkUrl`) to get this overload.
+ */
+export function listen(url: LinkUrl, options?: TcpListenOptions): Promise<TcpListener>;
+/**
  * Listens for links on `name` (a socket file in a private per-user directory, or in
  * `options.directory`). A stale socket file left by a dead listener is replaced; a live one
  * makes this throw ERR_ADDRESS_IN_USE.
@@ -356,7 +369,9 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
  * @throws TypeError ERR_INVALID_ARG_VALUE for an option listen does not know (it does not wait:
  * `accept({ signal, timeout })` does), a bad name; TypeError / RangeError for a bad option value.
  */
-export function listen(name: string, options: ListenOptions = {}): Listener {
+export function listen(name: string, options?: ListenOptions): Listener;
+export function listen(name: string, options: ListenOptions = {}): Listener | Promise<TcpListener> {
+  if (isLinkUrl(name)) return listenTcp(name, options as TcpListenOptions);
   const waitHint = 'listen() does not wait; pass it to listener.accept({ signal, timeout }) (handshakeTimeoutMs bounds each connection\'s handshake)';
   checkOptionKeys(options, LISTEN_OPTION_KEYS, 'listen', { timeout: waitHint, signal: waitHint });
   linkLimits(options, 'options');
@@ -398,19 +413,26 @@ const RETRY_FIRST_MS = 5;
 const RETRY_MOST_MS = 250;
 
 /**
- * Connects to the listener named `name`; resolves once the handshake succeeded. Waits for the
- * listener to appear, up to `options.timeout` (see ConnectOptions). `In`/`Out` type the link:
- * what this process receives, and what it sends.
+ * Connects to the listener named `name`, or at the URL `name` (`tcp://HOST:PORT`,
+ * `tls://HOST:PORT`: a link to another machine, options TcpConnectOptions); resolves once the
+ * handshake succeeded. Waits for the listener to appear, up to `options.timeout` (see
+ * ConnectOptions). `In`/`Out` type the link: what this process receives, and what it sends.
  * @throws IpcError (the promise rejects) ERR_TIMEOUT when no listener appeared, or the handshake
  * did not finish, within `options.timeout` (10 s); ERR_NO_LISTENER with `timeout: 0` and nobody
- * listening; ERR_PEER_REFUSED when the socket belongs to another user or the listener runs as a
- * uid not in `allowUids` (or refused ours); ERR_FD_LIMIT when no fd is left; an AbortError on
- * `options.signal`.
+ * listening; ERR_LISTENER_BUSY when the listener kept refusing for want of room; ERR_PEER_REFUSED
+ * when the socket belongs to another user or the listener runs as a uid not in `allowUids` (or
+ * refused ours); ERR_AUTH_FAILED on a TCP link whose token is missing or not the listener's;
+ * ERR_FD_LIMIT when no fd is left; an AbortError on `options.signal`.
  * @throws TypeError ERR_INVALID_ARG_VALUE for an option connect does not know, a bad name;
  * TypeError / RangeError for a bad option value.
  */
-export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions): Promise<Link<In, Out>>;
-export async function connect(name: string, options: ConnectOptions = {}): Promise<Link> {
+export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions | TcpConnectOptions): Promise<Link<In, Out>>;
+export async function connect(name: string, options: ConnectOptions | TcpConnectOptions = {}): Promise<Link> {
+  if (isLinkUrl(name)) return connectTcp(name, options as TcpConnectOptions);
+  return connectUnix(name, options as ConnectOptions);
+}
+
+async function connectUnix(name: string, options: ConnectOptions): Promise<Link> {
   checkOptionKeys(options, CONNECT_OPTION_KEYS, 'connect', { handshakeTimeoutMs: 'connect() takes timeout (ms) for the whole wait, handshake included' });
   const limits = linkLimits(options, 'options');
   const signal = checkSignal(options.signal);

@@ -5,7 +5,8 @@
 import { IpcError } from '../errors.js';
 import { Encoding, readU64 } from './frame.js';
 import type { IncomingLeases, ReceivedLease } from './lease.js';
-import { handlerForKind } from './handlers.js';
+import { handlerForKind, serves } from './handlers.js';
+import type { LinkTransportKind } from './frame-transport.js';
 import { DATA_VIEW_TAG, RECORD_TAIL_BYTES, TYPED_ARRAYS, type Segment } from './message-format.js';
 import { closeFd } from './fds.js';
 import { probe, Probe } from './probe.js';
@@ -60,7 +61,8 @@ export function disposeValues(values: readonly object[] | undefined): void {
  * Decodes the payload buf[start, end) of a MESSAGE frame that arrived with `fds` (owned by this
  * function from the call on: every fd ends up in a decoded value or closed). `link` is passed on
  * to transfer handlers; `leases` is the link's table of leases received from its peer; without
- * one (tests), a leased record is refused.
+ * one (tests), a leased record is refused. `transport` is the link's: a record whose handler does
+ * not serve it fails the message (a 'legacy-buffer' on a TCP link, a 'host-bytes' on a Unix one).
  * Never throws: a failure is returned, fatal when the payload is out of spec.
  */
 export function decodeMessage(
@@ -72,6 +74,7 @@ export function decodeMessage(
   link: object,
   leases: IncomingLeases | undefined,
   view: DataView = new DataView(buf.buffer, buf.byteOffset, buf.byteLength),
+  transport: LinkTransportKind = 'unix',
 ): Decoded {
   if (encoding === Encoding.Raw) return { ok: true, value: copyBytes(buf, start, end), owned: undefined };
   if (encoding === Encoding.Json) {
@@ -83,7 +86,7 @@ export function decodeMessage(
     }
   }
   const all = fds ?? [];
-  const r = decodeWithRecords(buf, view, start, end, all, link, leases);
+  const r = decodeWithRecords(buf, view, start, end, all, link, leases, transport);
   // On failure every fd not taken by a handler (marked -1) is closed here.
   if (!r.ok) for (const fd of all) if (fd >= 0) closeFd(fd);
   return r;
@@ -192,6 +195,7 @@ function decodeWithRecords(
   fds: number[],
   link: object,
   leases: IncomingLeases | undefined,
+  transport: LinkTransportKind,
 ): Decoded {
   const records: ParsedRecord[] = [];
   const parsed = parseRecords(buf, v, start, end, records);
@@ -217,7 +221,7 @@ function decodeWithRecords(
     }
   }
 
-  if (records.length === 1 && records[0]!.path.length === 0) return decodeSole(records[0]!, root, buf, fds, link, leases);
+  if (records.length === 1 && records[0]!.path.length === 0) return decodeSole(records[0]!, root, buf, fds, link, leases, transport);
 
   // Check every placement before decoding anything, so a bad path never strands a decoded value.
   const holder: unknown[] = [root];
@@ -253,7 +257,7 @@ function decodeWithRecords(
     const mine = fds.slice(fdAt, fdAt + rec.fdCount);
     let value: unknown;
     try {
-      value = decodeRecord(rec, buf, mine, link, received[i]);
+      value = decodeRecord(rec, buf, mine, link, received[i], transport);
     } catch (e) {
       // A handler marks the fds it already took or closed with -1; the rest are closed for it.
       for (let k = 0; k < rec.fdCount; k++) fds[fdAt + k] = mine[k]!;
@@ -273,7 +277,7 @@ function decodeWithRecords(
  * A message that is one value (link.send(buffer)): its JSON must be null, the placeholder the
  * record replaces, and the record owns every fd. No placement to walk or make.
  */
-function decodeSole(rec: ParsedRecord, root: unknown, buf: Buffer, fds: number[], link: object, leases: IncomingLeases | undefined): Decoded {
+function decodeSole(rec: ParsedRecord, root: unknown, buf: Buffer, fds: number[], link: object, leases: IncomingLeases | undefined, transport: LinkTransportKind): Decoded {
   if (root !== null) return malformed('a record path does not point at a null placeholder');
   // The lease is open from here: if decoding fails, ending it gives the sender its resource back.
   const lease = rec.leaseId !== 0 ? leases!.open(rec.leaseId) : undefined;
@@ -281,7 +285,7 @@ function decodeSole(rec: ParsedRecord, root: unknown, buf: Buffer, fds: number[]
   try {
     // Every fd is this record's (the caller checked the count); on failure, those the handler did
     // not take (marked -1) are closed by the caller.
-    value = decodeRecord(rec, buf, fds, link, lease);
+    value = decodeRecord(rec, buf, fds, link, lease, transport);
   } catch (e) {
     lease?.end();
     return recordFailed(rec, e);
@@ -310,7 +314,7 @@ function fatal(why: string): IpcError {
   return Object.assign(new IpcError('ERR_FRAME_INVALID', why), { fatal: true });
 }
 
-function decodeRecord(rec: ParsedRecord, buf: Buffer, fds: number[], link: object, lease: ReceivedLease | undefined): unknown {
+function decodeRecord(rec: ParsedRecord, buf: Buffer, fds: number[], link: object, lease: ReceivedLease | undefined, transport: LinkTransportKind): unknown {
   if (rec.kind === '@bigint') {
     const text = buf.toString('latin1', rec.dataStart, rec.dataEnd);
     if (rec.fdCount !== 0 || !/^-?[0-9]{1,10000}$/.test(text)) throw fatal('received a malformed bigint record');
@@ -333,6 +337,12 @@ function decodeRecord(rec: ParsedRecord, buf: Buffer, fds: number[], link: objec
       'ERR_NOT_TRANSFERABLE',
       `received a '${rec.kind}' but no transfer handler for it is registered in this process; import the module that ` +
         'provides it (the whole cuda-ipc package registers all of them) before receiving',
+    );
+  }
+  if (!serves(handler, transport)) {
+    throw new IpcError(
+      'ERR_NOT_TRANSFERABLE',
+      `received a '${rec.kind}' on a ${transport === 'tcp' ? 'TCP' : 'Unix-socket'} link, which never carries that kind (PROTOCOL.md 1.1); the message was dropped`,
     );
   }
   probe?.(Probe.ImportStart);

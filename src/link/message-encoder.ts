@@ -5,13 +5,16 @@
 import { IpcError } from '../errors.js';
 import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES, writeU64 } from './frame.js';
 import { nextLeaseId, releaseHold, type LeaseHold } from './lease.js';
-import { handlerForValue, type RegisteredHandler } from './handlers.js';
+import { handlerForValue, handlerOnOtherTransport, type RegisteredHandler } from './handlers.js';
+import type { LinkTransportKind } from './frame-transport.js';
 import { RECORD_TAIL_BYTES, typedArrayTag, type Segment } from './message-format.js';
 import { closeFd } from './fds.js';
 import { probe, Probe } from './probe.js';
 import { invalidArgValue, invalidArgType, outOfRange, badNumber } from '../arg-errors.js';
 
 const MAX_DEPTH = 255;
+/** A last record's data from this size on is sent from where it is, not copied into the scratch frame. */
+const BODY_MIN_BYTES = 64 * 1024;
 
 /** A value found by the scan that travels as a record. */
 interface Found {
@@ -32,11 +35,34 @@ function notTransferable(what: string, path: readonly Segment[]): IpcError {
   );
 }
 
+const TRANSPORT_NAMES: Record<LinkTransportKind, string> = { unix: 'a Unix-socket link (one machine)', tcp: 'a TCP link (between machines)' };
+
+/** `value`'s handler on `transport`; ERR_NOT_TRANSFERABLE when only handlers of other transports take it (naming what would do). */
+function handlerOn(value: object, transport: LinkTransportKind, path: readonly Segment[]): RegisteredHandler | undefined {
+  const h = handlerForValue(value, transport);
+  if (h) return h;
+  const other = handlerOnOtherTransport(value);
+  if (!other) return undefined;
+  const where = path.length ? ` at ${path.map((s) => (typeof s === 'number' ? `[${s}]` : `.${s}`)).join('')}` : '';
+  const on = (other.transports ?? ['unix']).map((t) => TRANSPORT_NAMES[t]).join(' or ');
+  const why = transport === 'tcp' ? ' (it passes fds or handles that mean nothing on another machine)' : '';
+  throw new IpcError(
+    'ERR_NOT_TRANSFERABLE',
+    `link.send: cannot send ${articled((value as object).constructor?.name ?? 'object')}${where} on ${TRANSPORT_NAMES[transport]}: ` +
+      `it travels as '${other.kind}', which only ${on} carries${why}. ` +
+      (other.transportHint ?? (transport === 'tcp' ? 'Send its bytes instead (e.g. copied into a HostBuffer, which a TCP link carries as a copy)' : 'Send it on a link of that kind')),
+  );
+}
+
+function articled(name: string): string {
+  return `${/^[AEIOU]/i.test(name) ? 'an' : 'a'} ${name}`;
+}
+
 /**
  * Walks `v` looking for values JSON cannot carry. Returns `v` itself when its subtree has none,
  * otherwise a copy (made only along the paths that changed) with those values replaced by null.
  */
-function scan(v: unknown, path: Segment[], found: Found[]): unknown {
+function scan(v: unknown, path: Segment[], found: Found[], transport: LinkTransportKind): unknown {
   switch (typeof v) {
     case 'string':
     case 'number':
@@ -61,7 +87,7 @@ function scan(v: unknown, path: Segment[], found: Found[]): unknown {
       const e: unknown = v[i];
       if (e === null || (typeof e !== 'object' && typeof e !== 'bigint' && typeof e !== 'function' && typeof e !== 'symbol')) continue;
       path.push(i);
-      const s = scan(e, path, found);
+      const s = scan(e, path, found, transport);
       path.pop();
       if (s !== e) (copy ??= v.slice())[i] = s;
     }
@@ -75,7 +101,7 @@ function scan(v: unknown, path: Segment[], found: Found[]): unknown {
       const e = obj[key];
       if (e === null || (typeof e !== 'object' && typeof e !== 'bigint' && typeof e !== 'function' && typeof e !== 'symbol')) continue;
       path.push(key);
-      const s = scan(e, path, found);
+      const s = scan(e, path, found, transport);
       path.pop();
       if (s !== e) (copy ??= { ...obj })[key] = s;
     }
@@ -86,7 +112,7 @@ function scan(v: unknown, path: Segment[], found: Found[]): unknown {
     found.push({ path: path.slice(), view: v });
     return null;
   }
-  const handler = handlerForValue(v);
+  const handler = handlerOn(v, transport, path);
   if (!handler) throw notTransferable(`an object of class ${(v as object).constructor?.name ?? 'unknown'} (no transfer handler is registered for it)`, path);
   found.push({ path: path.slice(), handler, value: v });
   return null;
@@ -96,11 +122,11 @@ function scan(v: unknown, path: Segment[], found: Found[]): unknown {
  * The transfer handler of `value` when the value itself travels as a record: an object that is
  * not a plain object, array or typed array (what scan() would hand to handlerForValue).
  */
-function soleTransferable(value: unknown): RegisteredHandler | undefined {
+function soleTransferable(value: unknown, transport: LinkTransportKind): RegisteredHandler | undefined {
   if (typeof value !== 'object' || value === null || Array.isArray(value) || ArrayBuffer.isView(value)) return undefined;
   const proto: unknown = Object.getPrototypeOf(value);
   if (proto === Object.prototype || proto === null) return undefined;
-  return handlerForValue(value);
+  return handlerOn(value, transport, []);
 }
 
 /** How a message's size is bounded: the link's maxMessageBytes, or a frame (a peer without large messages). */
@@ -162,12 +188,13 @@ export class MessageEncoder {
 
   /**
    * Encodes `value` for `link` (passed on to transfer handlers), at most `limit.bytes` of payload
-   * (default: one frame). The result (and scratch) are valid until the next encode. A result
-   * longer than a frame (headLength + body > MAX_FRAME_BYTES) is sent as a large message. If this
-   * throws, every fd a handler handed over with closeFdsAfterSend has already been closed and
-   * every hold a handler returned has been released.
+   * (default: one frame), with the transfer handlers that serve `transport` (the link's). The
+   * result (and scratch) are valid until the next encode. A result longer than a frame
+   * (headLength + body > MAX_FRAME_BYTES) is sent as a large message. If this throws, every fd a
+   * handler handed over with closeFdsAfterSend has already been closed and every hold a handler
+   * returned has been released.
    */
-  encode(value: unknown, link: object, limit: MessageLimit = FRAME_LIMIT): EncodedMessage {
+  encode(value: unknown, link: object, limit: MessageLimit = FRAME_LIMIT, transport: LinkTransportKind = 'unix'): EncodedMessage {
     const out = this.#out;
     this.#limit = limit;
     out.body = null;
@@ -186,8 +213,8 @@ export class MessageEncoder {
     const found: Found[] = [];
     // The commonest message with records is one transferable object (link.send(buffer)): its
     // JSON is null and its one record has an empty path, with no walk to find that out.
-    const handler = soleTransferable(value);
-    const substitute = handler ? null : scan(value, [], found);
+    const handler = soleTransferable(value, transport);
+    const substitute = handler ? null : scan(value, [], found, transport);
     if (handler) found.push({ path: [], handler, value: value as object });
     if (found.length === 0) {
       out.encoding = Encoding.Json;
@@ -201,7 +228,7 @@ export class MessageEncoder {
       this.#room(jsonEnd, 2);
       this.view.setUint16(jsonEnd, found.length, true);
       let at = jsonEnd + 2;
-      for (const f of found) at = this.#writeRecord(f, at, link, out);
+      for (let i = 0; i < found.length; i++) at = this.#writeRecord(found[i]!, at, link, out, i === found.length - 1);
       out.headLength = at;
       return out;
     } catch (e) {
@@ -265,7 +292,11 @@ export class MessageEncoder {
     return this.#writeString(s, at + 1);  // kinds are ASCII (registerTransferHandler checks)
   }
 
-  #writeRecord(f: Found, at: number, link: object, out: EncodedMessage): number {
+  /**
+   * Writes record `f` at `at`; returns where the next starts. The last record's data, when large,
+   * is not copied: it becomes the message's body (read during send(), as a Raw message's is).
+   */
+  #writeRecord(f: Found, at: number, link: object, out: EncodedMessage, last: boolean): number {
     let data: Uint8Array | undefined;
     let fds: readonly number[] | undefined;
     let kind: string;
@@ -327,13 +358,19 @@ export class MessageEncoder {
     }
     if (fds) out.fds.push(...fds);
     const dataLength = data.byteLength + (tag ? 1 : 0);
-    this.#room(at, RECORD_TAIL_BYTES + dataLength);
+    const asBody = last && data.byteLength >= BODY_MIN_BYTES;
+    if (asBody && at + RECORD_TAIL_BYTES + dataLength - HEADER_BYTES > this.#limit.bytes) throw tooLarge(at + RECORD_TAIL_BYTES + dataLength - HEADER_BYTES, this.#limit);
+    this.#room(at, RECORD_TAIL_BYTES + (asBody ? 1 : dataLength));
     const v = this.view;
     v.setUint8(at, nfds);
     writeU64(v, at + 1, leaseId);
     v.setUint32(at + 9, dataLength, true);
     at += RECORD_TAIL_BYTES;
     if (tag) v.setUint8(at++, tag);
+    if (asBody) {
+      out.body = data;
+      return at;
+    }
     this.scratch.set(data, at);
     return at + data.byteLength;
   }

@@ -24,11 +24,15 @@ import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 import type { NativeDoorbell } from '../channel-types.js';
 import type { NativeOwnedFd, NativeSocket } from '../posix-types.js';
+import type { FrameTransport, RingState } from './frame-transport.js';
 import { FEATURE_RING, FrameType, HEADER_BYTES, RING_FDS, RING_PAYLOAD_BYTES, writeHeader } from './frame.js';
 import { EntryKind, RingReader, RingWriter } from './frame-ring.js';
 import { closeFds } from './fds.js';
 
-/** Where a record the link is given lies: the socket's receive buffer or the ring's. */
+/**
+ * Where a record the link is given lies: the socket's receive buffer, or the transport's own
+ * buffer (ringBuffer: a frame ring's copy, or a TCP frame too large for the receive buffer).
+ */
 export const enum RecordSource {
   Socket = 0,
   Ring = 1,
@@ -66,15 +70,13 @@ const enum Drain {
   All = 2,
 }
 
-/** What the link learns from the transport about its rings (tests, status). */
-export interface RingState {
-  /** This side sends through the peer's ring. */
-  readonly sending: boolean;
-  /** This side reads its own ring. */
-  readonly receiving: boolean;
-}
+export type { RingState } from './frame-transport.js';
 
-export class LinkTransport implements NativeSocket {
+/** The transport of a link on one machine: a Unix socket, with frame rings where both sides take them. */
+export class LinkTransport implements FrameTransport {
+  readonly kind = 'unix';
+  /** Messages larger than a frame travel in a sealed memfd (large-message.ts). */
+  readonly inlineLarge = false;
   readonly #sock: NativeSocket;
   readonly #onRecord: RecordHandler;
   readonly #onState: StateHandler;

@@ -5,8 +5,9 @@
 import type { Link } from './link.js';
 import type { ReceivedLease } from './lease.js';
 import { addHandler, removeHandler, type TransferEncoding } from './handlers.js';
+import type { LinkTransportKind } from './frame-transport.js';
 
-export type { TransferEncoding };
+export type { TransferEncoding, LinkTransportKind };
 
 /**
  * How values of a kind of your own travel over links (registerTransferHandler): which objects it
@@ -15,6 +16,21 @@ export type { TransferEncoding };
 export interface TransferHandler<T extends object = object> {
   /** Wire name, e.g. 'host-buffer'; 1..64 ASCII characters, not starting with '@' (built-ins). */
   readonly kind: string;
+  /**
+   * The link transports this handler serves (default `['unix']`): `'unix'` for links between
+   * processes of one machine, where fds and CUDA IPC handles work; `'tcp'` for links between
+   * machines (TCP or TLS), which carry bytes only (a handler for them returns no fds). Sending a
+   * value on a link whose transport none of the handlers that take it serves throws
+   * ERR_NOT_TRANSFERABLE; receiving a record of this kind on such a link fails that message. Two
+   * handlers may take the same values on different transports (a HostBuffer travels as
+   * 'host-buffer' on Unix links and as 'host-bytes', a copy, on TCP links).
+   */
+  readonly transports?: readonly LinkTransportKind[];
+  /**
+   * What to send instead where this handler does not serve the link's transport, for the message
+   * of that ERR_NOT_TRANSFERABLE, e.g. "copy the bytes into a HostBuffer".
+   */
+  readonly transportHint?: string;
   /**
    * True for values this handler sends. Asked only about objects that are not plain objects,
    * arrays or typed arrays (class instances), in registration order; the first yes wins.

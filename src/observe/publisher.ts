@@ -35,6 +35,8 @@ export interface StatusSources {
   links(): Iterable<{ link: ObservedLink; received: number }>;
   channels(): ReadonlySet<ChannelStatusSource>;
   deviceMemory(): DeviceMemoryStats;
+  /** What a link carried by value (hooks.ts's counters). */
+  traffic(link: object): { copiedSent: number; copiedReceived: number; ncclSent: number; ncclReceived: number };
 }
 
 const FIRST_DELAY_MS = 20;
@@ -184,6 +186,12 @@ class Publisher implements StatusPublisher {
       if (sq.messages > 0) entry.sendQueue = { messages: sq.messages, bytes: sq.bytes, fds: sq.fds };
       const rq = link.receiveQueue;
       if (rq.messages > 0 || rq.paused) entry.receiveQueue = { messages: rq.messages, bytes: rq.bytes, fds: rq.fds, paused: rq.paused };
+      const remote = link.transport === 'tcp' ? link.remote : undefined;
+      if (remote) {
+        entry.transport = 'tcp';
+        entry.remote = { address: remote.address, port: remote.port, family: remote.family, tls: remote.tls };
+        entry.traffic = this.#sources.traffic(link);
+      }
       links.push(entry);
     }
     const channels: ChannelStatus[] = [];

@@ -71,6 +71,21 @@ function link(v: unknown, where: string): LinkRecord {
   };
   if (o.sendQueue !== undefined) l.sendQueue = queue(o.sendQueue, `${where}.sendQueue`, false);
   if (o.receiveQueue !== undefined) l.receiveQueue = queue(o.receiveQueue, `${where}.receiveQueue`, true) as LinkRecord['receiveQueue'];
+  if (o.transport !== undefined) l.transport = oneOf(o.transport, `${where}.transport`, ['tcp'] as const);
+  if (o.remote !== undefined) {
+    const r = object(o.remote, `${where}.remote`);
+    if (typeof r.tls !== 'boolean') fail(`${where}.remote.tls`, 'not true or false');
+    const port = count(r.port, `${where}.remote.port`);
+    if (port > 65535) fail(`${where}.remote.port`, 'not a port number');
+    l.remote = { address: text(r.address, `${where}.remote.address`), port, family: text(r.family, `${where}.remote.family`), tls: r.tls };
+  }
+  if (o.traffic !== undefined) {
+    const t = object(o.traffic, `${where}.traffic`);
+    l.traffic = {
+      copiedSent: count(t.copiedSent, `${where}.traffic.copiedSent`), copiedReceived: count(t.copiedReceived, `${where}.traffic.copiedReceived`),
+      ncclSent: count(t.ncclSent, `${where}.traffic.ncclSent`), ncclReceived: count(t.ncclReceived, `${where}.traffic.ncclReceived`),
+    };
+  }
   return l;
 }
 

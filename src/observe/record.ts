@@ -31,6 +31,15 @@ export interface LinkRecord {
   sendQueue?: { messages: number; bytes: number; fds: number };
   /** Messages received and not yet consumed here, and whether reading is paused (absent when none). */
   receiveQueue?: { messages: number; bytes: number; fds: number; paused: boolean };
+  /** 'tcp' for a link between machines (absent for a Unix-socket link); its peerPid is 0. */
+  transport?: 'tcp';
+  /** Where the peer of a TCP link is. */
+  remote?: { address: string; port: number; family: string; tls: boolean };
+  /**
+   * What a TCP link carried by value: host memory copied into and out of its messages, device
+   * memory moved over NCCL for it (bytes, since it opened).
+   */
+  traffic?: { copiedSent: number; copiedReceived: number; ncclSent: number; ncclReceived: number };
 }
 
 export interface StatusRecord {

@@ -158,6 +158,8 @@ function tableOf(map: TensorMap | Map<string, TensorArray>, gathered: ReturnType
 
 export const tensorSetTransfer: TransferHandler<TensorMap | Map<string, TensorArray>> = {
   kind: TENSOR_SET_KIND,
+  // Each allocation travels as its fd or handle: one machine only (PROTOCOL.md 1.1).
+  transportHint: "Tensor sets cross machines over NCCL (PROTOCOL.md 8.3) where the NCCL layer is loaded; otherwise send each tensor's bytes in a HostBuffer",
   canTransfer: isTensorSetValue,
   encode(value, link) {
     let allocations: Allocation[];
