@@ -25,8 +25,9 @@ import { arg } from '../src/cuda/kernel-args.js';
 import { addon } from '../src/native.js';
 import type { HostBuffer } from '../src/host/index.js';
 import { JsWords } from '../src/channel/js-words.js';
-import { onCpu } from './placement.js';
+import { onCpu, pinFromEnv } from './placement.js';
 
+pinFromEnv();  // on the CPU the bench named (placement.ts)
 const link = parentLink();
 const mode = process.argv[2];
 const wait = (process.argv[3] as WaitMode | undefined) ?? 'adaptive';

@@ -2,7 +2,8 @@
 // a Python end should reach at least half of Node's one-way rate, host slots, both directions).
 // Node -> Python: a Node producer and a Python consumer (bench/python/channel_oneway.py sink);
 // Python -> Node: a Python producer and a Node consumer. Rates per batch of 2000 messages, timed on
-// the Node side (the producer's publishes, or the consumer's receipts).
+// the Node side (the producer's publishes, or the consumer's receipts). The Python end says which
+// hot path it ran (cuda_ipc.native_helper(): the C library, or the standard library alone).
 import { fileURLToPath } from 'node:url';
 import { spawnSync } from 'node:child_process';
 import { spawnPython, pythonPackageDirectory } from '../src/link/index.js';
@@ -15,13 +16,22 @@ const BATCH = 2000;
 const LENGTH = 8;
 
 export interface PythonOneWay {
-  direction: 'node->python' | 'python->node';
+  /** 'node->python batch': the Python consumer takes up to PYTHON_BATCH messages per call (receive_many). */
+  direction: 'node->python' | 'python->node' | 'node->python batch';
   wait: WaitMode;
   slotBytes: number;
   msgsPerSec: Summary;
   slowest1pct: number;
+  /** Per-batch rates. */
+  rates: number[];
   cpuUsPerMsg: number;
+  /** The Python process's CPU per message alone. */
+  pythonCpuUsPerMsg: number;
+  /** 'native (<library>)' or 'python (<why not native>)'. */
+  hotPath: string;
 }
+
+interface PythonReport { cpu: number; hot_path: string; native: string }
 
 /** Why Python rows cannot run here, or undefined when they can. */
 export function pythonChannelUnavailable(): string | undefined {
@@ -33,14 +43,20 @@ export function pythonChannelUnavailable(): string | undefined {
 
 const cpuOf = (u: NodeJS.CpuUsage) => u.user + u.system;
 
-function result(direction: PythonOneWay['direction'], wait: WaitMode, slotBytes: number, rates: number[], cpuUsPerMsg: number): PythonOneWay {
+function result(direction: PythonOneWay['direction'], wait: WaitMode, slotBytes: number, rates: number[], mine: number, theirs: PythonReport, total: number): PythonOneWay {
   const sorted = rates.slice().sort((a, b) => a - b);
-  return { direction, wait, slotBytes, msgsPerSec: summarize(rates), slowest1pct: sorted[Math.floor(sorted.length * 0.01)]!, cpuUsPerMsg };
+  return {
+    direction, wait, slotBytes, msgsPerSec: summarize(rates), slowest1pct: sorted[Math.floor(sorted.length * 0.01)]!, rates,
+    cpuUsPerMsg: (mine + theirs.cpu) / total, pythonCpuUsPerMsg: theirs.cpu / total, hotPath: `${theirs.hot_path} (${theirs.native})`,
+  };
 }
 
 /** A Node producer, a Python consumer, for about `ms`. */
-export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: number, ms: number): Promise<PythonOneWay> {
-  const { child, link } = await spawnPython(SCRIPT, ['sink', wait], { stdio: ['ignore', 'inherit', 'inherit'] });
+/** The batch of the 'node->python batch' row's receive_many. */
+export const PYTHON_BATCH = 64;
+
+export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv = process.env, batch = 0): Promise<PythonOneWay> {
+  const { child, link } = await spawnPython(SCRIPT, ['sink', wait, ...(batch ? [String(batch)] : [])], { stdio: ['ignore', 'inherit', 'inherit'], env });
   const ch = await createChannel(link, { role: 'producer', slots, slotBytes, memory: 'host', wait });
   const rates: number[] = [];
   let total = 0;
@@ -63,15 +79,15 @@ export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: num
   } finally {
     if (!ch.closed) ch.close();
   }
-  const r = (await link.receive({ timeout: 60_000 })) as { n: number; sum: number; cpu: number };
+  const r = (await link.receive({ timeout: 60_000 })) as PythonReport & { n: number; sum: number };
   await new Promise((resolve) => (child.exitCode !== null ? resolve(undefined) : child.once('exit', resolve)));
   if (r.n !== total || r.sum !== total) throw new Error(`Node -> Python one way: the Python consumer saw ${r.n} of ${total} messages (byte sum ${r.sum})`);
-  return result('node->python', wait, slotBytes, rates, (mine + r.cpu) / total);
+  return result(batch ? 'node->python batch' : 'node->python', wait, slotBytes, rates, mine, r, total);
 }
 
 /** A Python producer of `count` messages, a Node consumer. */
-export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: number, count: number): Promise<PythonOneWay> {
-  const { child, link } = await spawnPython(SCRIPT, ['source', wait, String(count)], { stdio: ['ignore', 'inherit', 'inherit'] });
+export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: number, count: number, env: NodeJS.ProcessEnv = process.env): Promise<PythonOneWay> {
+  const { child, link } = await spawnPython(SCRIPT, ['source', wait, String(count)], { stdio: ['ignore', 'inherit', 'inherit'], env });
   const ch = await createChannel(link, { role: 'consumer', slots, slotBytes, memory: 'host', wait });
   const rates: number[] = [];
   let n = 0;
@@ -94,8 +110,8 @@ export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: num
   } finally {
     if (!ch.closed) ch.close();
   }
-  const r = (await link.receive({ timeout: 60_000 })) as { cpu: number };
+  const r = (await link.receive({ timeout: 60_000 })) as PythonReport;
   await new Promise((resolve) => (child.exitCode !== null ? resolve(undefined) : child.once('exit', resolve)));
   if (n !== count || sum !== count) throw new Error(`Python -> Node one way: the Node consumer saw ${n} of ${count} messages (byte sum ${sum})`);
-  return result('python->node', wait, slotBytes, rates, (mine + r.cpu) / count);
+  return result('python->node', wait, slotBytes, rates, mine, r, count);
 }

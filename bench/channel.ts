@@ -3,11 +3,17 @@
 // slots), one-way throughput for slots of 4 KiB to 64 MiB, work sharing with 1 to 8 consumers,
 // and (on a GPU) a consumer kernel on shared slots against the same kernel on its own memory.
 // Every channel figure comes with the CPU time both processes spent per message.
+//
+// Stability (issue 30): every row runs `runs` times (3 by default), the rows taking turns (round
+// robin, so that a change of the machine's state hits every row alike), each run in fresh child
+// processes; a row's figure is the median of all its runs' samples, printed with the spread of the
+// runs' medians. The bench process and its children are pinned to CPUs of one NUMA node (the GPU's),
+// each on a physical core of its own (placement.ts), and the round-trip rows say where they ran.
 import { createServer, type Socket } from 'node:net';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { HostBuffer } from '../src/host/index.js';
 import { JsWords } from '../src/channel/js-words.js';
-import { cpuPlacement, onCpu } from './placement.js';
+import { childEnv, cpuPlacement, onCpu, type PinPlan } from './placement.js';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { spawn, type Link } from '../src/link/index.js';
@@ -16,8 +22,8 @@ import { Doorbells } from '../src/channel/doorbells.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
 import { addon } from '../src/native.js';
-import { printTable, summarize, type Row, type Summary } from './stats.js';
-import { nodeToPython, pythonToNode, pythonChannelUnavailable, type PythonOneWay } from './channel-python.js';
+import { summarize, type Summary } from './stats.js';
+import { nodeToPython, pythonToNode, pythonChannelUnavailable, PYTHON_BATCH, type PythonOneWay } from './channel-python.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
 const WAITS: readonly WaitMode[] = ['adaptive', 'sleep', 'spin'];
@@ -48,8 +54,9 @@ export interface RoundTrip {
   us: Summary;
   /** CPU time (user + system) of both processes per message; a round trip is two messages. */
   cpuUsPerMsg: number;
-  /** Where the two processes ran when timing began (CPUs, NUMA nodes). */
+  /** Where the two processes ran when timing began (CPUs, NUMA nodes), each run. */
   placement: string;
+  runs: Spread;
 }
 
 export interface OneWay {
@@ -63,22 +70,39 @@ export interface OneWay {
    * in place, so nothing is copied and its size does not change the work per message. */
   bytesWrittenPerMsg: number;
   cpuUsPerMsg: number;
+  runs: Spread;
+}
+
+/** One row's runs: each run's median, and their spread, (max - min) / median of the medians. */
+export interface Spread { medians: number[]; spread: number }
+
+export interface ChannelOptions {
+  /** Rows with a Python end (default true). */
+  python?: boolean;
+  /** Only the rows whose names match (a row's references too, where they match). */
+  only?: RegExp;
+  /** Runs of each row, taking turns (default 3). */
+  runs?: number;
+  /** Where the processes run (placement.ts); undefined: not pinned. */
+  pin?: PinPlan;
 }
 
 export interface ChannelResults {
+  /** Runs of each row; where the processes were pinned (or why not). */
+  runs: number;
+  pinned: string;
   floor: {
-    doorbellUs: Summary; doorbellCpuUsPerMsg: number; socketUs: Summary;
+    doorbell?: { us: Summary; cpuUsPerMsg: number; runs: Spread };
+    socket?: { us: Summary; runs: Spread };
     /** A shared word bounced between two processes, each spinning natively (no channel): the
-     * floor under spin mode, two cache-line transfers and a JS turn each way. */
-    spinUs: Summary;
-    /** Where the two processes of the spin floor ran: CPU numbers and their NUMA nodes. */
-    spinPlacement: string;
+     * floor under spin mode, two cache-line transfers and a JS turn each way; where they ran. */
+    spin?: { us: Summary; placement: string; runs: Spread };
   };
   roundTrip: Record<string, RoundTrip>;
   oneWay: Record<string, OneWay>;
-  workSharing: Record<string, { consumers: number; msgsPerSec: number }>;
+  workSharing: Record<string, { consumers: number; msgsPerSec: number; runs: Spread }>;
   /** One way with a Python end (host slots, 4 KiB, adaptive), or why it did not run. */
-  python?: { rows: PythonOneWay[] } | { skipped: string };
+  python?: { rows: Array<PythonOneWay & { runs: Spread }> } | { skipped: string };
   kernel?: { sharedUs: Summary; localUs: Summary; ratio: number };
 }
 
@@ -90,8 +114,8 @@ const cpuOf = (u: NodeJS.CpuUsage) => u.user + u.system;
 
 /** The floor: two processes bounce a wake-up through a pair of eventfd doorbells, each polled by
  * the other process's event loop, with no channel (what a sleeping channel end costs, both ways). */
-async function doorbellFloor(iterations: number, warmup: number): Promise<{ us: Summary; cpuUsPerMsg: number }> {
-  const { child, link } = await spawn(CHILD, ['doorbell-echo'], { stdio: 'inherit' });
+async function doorbellFloor(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; cpuUsPerMsg: number }> {
+  const { child, link } = await spawn(CHILD, ['doorbell-echo'], { stdio: 'inherit', env });
   const bells = Doorbells.create(2);
   const times = new Float64Array(iterations);
   let resolve: (() => void) | undefined;
@@ -112,7 +136,7 @@ async function doorbellFloor(iterations: number, warmup: number): Promise<{ us: 
     const mine = cpuOf(process.cpuUsage(cpu0));
     link.send({ done: true });
     const theirs = ((await link.receive()) as { cpu: number }).cpu;
-    return { us: summarize(times), cpuUsPerMsg: (mine + theirs) / (2 * iterations) };
+    return { us: times, cpuUsPerMsg: (mine + theirs) / (2 * iterations) };
   } finally {
     bell.close();
     bells.close();
@@ -128,8 +152,8 @@ const SPIN_FLOOR_LIMIT_MS = 20_000;
 
 /** The floor under spin mode: two processes bounce a shared word, each spinning in the addon on
  * the word the other bumps (what a spinning channel end does, with no channel around it). */
-async function spinFloor(iterations: number, warmup: number): Promise<{ us: Summary; placement: string }> {
-  const { child, link } = await spawn(CHILD, ['spin-echo'], { stdio: 'inherit' });
+async function spinFloor(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; placement: string }> {
+  const { child, link } = await spawn(CHILD, ['spin-echo'], { stdio: 'inherit', env });
   const buffer = HostBuffer.allocate(4096);
   const words = new JsWords(new addon.SharedWords(buffer.fd, 4096), buffer.bytes);
   const times = new Float64Array(iterations);
@@ -147,7 +171,7 @@ async function spinFloor(iterations: number, warmup: number): Promise<{ us: Summ
     }
     const mine = onCpu();
     const theirs = ((await link.receive()) as { cpu: number }).cpu;
-    return { us: summarize(times), placement: cpuPlacement(mine, theirs) };
+    return { us: times, placement: cpuPlacement(mine, theirs) };
   } finally {
     words.close();
     buffer.close();
@@ -156,13 +180,13 @@ async function spinFloor(iterations: number, warmup: number): Promise<{ us: Summ
 }
 
 /** The reference: a 64-byte round trip over a Unix socket between two Node processes (node:net). */
-async function socketRoundTrip(iterations: number, warmup: number): Promise<Summary> {
+async function socketRoundTrip(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<Float64Array> {
   const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-bench-'));
   const path = join(dir, 'echo.sock');
   const server = createServer();
   await new Promise<void>((r) => server.listen(path, r));
   const connected = new Promise<Socket>((r) => server.once('connection', r));
-  const { child } = await spawn(CHILD, ['socket-echo', path], { stdio: 'inherit' });
+  const { child } = await spawn(CHILD, ['socket-echo', path], { stdio: 'inherit', env });
   const socket = await connected;
   socket.setNoDelay(true);
   const payload = Buffer.alloc(64, 7);
@@ -190,12 +214,12 @@ async function socketRoundTrip(iterations: number, warmup: number): Promise<Summ
     await waitExit(child);
     rmSync(dir, { recursive: true, force: true });
   }
-  return summarize(times);
+  return times;
 }
 
 /** Median and p99 of per-iteration microseconds through out -> child -> back. */
-async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number): Promise<{ us: Summary; cpuUsPerMsg: number; placement: string }> {
-  const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit' });
+async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; cpuUsPerMsg: number; placement: string }> {
+  const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit', env });
   const opts = { slots: 4, slotBytes: 4096, memory, wait } as const;
   const out = await createChannel(link, { ...opts, role: 'producer' });
   const back = await createChannel(link, { ...opts, role: 'consumer' });
@@ -227,18 +251,18 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
   }
   const theirs = (await link.receive()) as { cpu: number; ranOn: number };
   await waitExit(child);
-  return { us: summarize(times), cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: cpuPlacement(ranOn, theirs.ranOn) };
+  return { us: times, cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: cpuPlacement(ranOn, theirs.ranOn) };
 }
 
 /** The slot size of the rows with a Python end (compared with Node's row of the same size). */
-const PYTHON_SLOT_BYTES = 4 << 10;
+export const PYTHON_SLOT_BYTES = 4 << 10;
 
 /** Bytes each one-way message says it uses (the producer writes one of them, on host slots). */
 const ONE_WAY_LENGTH = 8;
 
 /** One way for about `ms`: rates per batch of 2000 messages, and CPU per message. */
-async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number) {
-  const { child, link } = await spawn(CHILD, ['sink', wait], { stdio: 'inherit' });
+async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv) {
+  const { child, link } = await spawn(CHILD, ['sink', wait], { stdio: 'inherit', env });
   const ch = await createChannel(link, { role: 'producer', slots, slotBytes, memory, wait });
   const stream = ch.device ? Stream.create(ch.device) : undefined;
   const rates: number[] = [];
@@ -267,11 +291,10 @@ async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, 
   const r = (await link.receive()) as { n: number; sum: number; cpu: number };
   await waitExit(child);
   if (r.n !== total || (!stream && r.sum !== total)) throw new Error(`one-way benchmark: the consumer saw ${r.n} of ${total} messages`);
-  const sorted = rates.slice().sort((a, b) => a - b);
-  return { msgsPerSec: summarize(rates), slowest1pct: sorted[Math.floor(sorted.length * 0.01)]!, cpuUsPerMsg: (mine + r.cpu) / total };
+  return { rates, cpuUsPerMsg: (mine + r.cpu) / total };
 }
 
-async function workSharing(memory: ChannelMemory, consumers: number, ms: number): Promise<number> {
+async function workSharing(memory: ChannelMemory, consumers: number, ms: number, pin: PinPlan | undefined): Promise<number> {
   const hub = ChannelHub.create({ slots: 16, slotBytes: 4096, memory, consumers, maxPeers: consumers + 1 });
   const ch = hub.producer();
   const kids: Array<{ child: Parameters<typeof waitExit>[0]; link: Link }> = [];
@@ -279,7 +302,7 @@ async function workSharing(memory: ChannelMemory, consumers: number, ms: number)
   let total = 0;
   try {
     for (let i = 0; i < consumers; i++) {
-      const k = await spawn(CHILD, ['worker'], { stdio: 'inherit' });
+      const k = await spawn(CHILD, ['worker'], { stdio: 'inherit', env: childEnv(pin, i) });
       await hub.attach(k.link, { role: 'consumer' });
       kids.push(k);
     }
@@ -328,58 +351,142 @@ async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: 
   }
 }
 
-export async function channelBenchmarks(iterations: number, warmup: number, device: Device | undefined, options: { python?: boolean } = {}): Promise<ChannelResults> {
-  progress('floor: doorbell round trip (no channel)');
-  const floor = await doorbellFloor(iterations, Math.max(warmup, 2000));
-  progress('floor: spin round trip (shared word, no channel)');
-  const spin = await spinFloor(iterations, Math.max(warmup, 2000));
-  progress('reference: Node Unix socket round trip');
-  const socketUs = await socketRoundTrip(iterations, Math.max(warmup, 2000));
+/** The samples of one row's runs. */
+class Runs {
+  samples: number[] = [];
+  medians: number[] = [];
+  cpu: number[] = [];
+  placements: string[] = [];
+
+  add(samples: ArrayLike<number>, cpuUsPerMsg?: number, placement?: string): void {
+    for (let i = 0; i < samples.length; i++) this.samples.push(samples[i]!);
+    this.medians.push(summarize(samples).median);
+    if (cpuUsPerMsg !== undefined) this.cpu.push(cpuUsPerMsg);
+    if (placement !== undefined) this.placements.push(placement);
+  }
+
+  get summary(): Summary { return summarize(this.samples); }
+  /** The slowest 1% of the samples (rates: the low end). */
+  get slowest1pct(): number { return this.samples.slice().sort((a, b) => a - b)[Math.floor(this.samples.length * 0.01)]!; }
+  get cpuUsPerMsg(): number { return this.cpu.reduce((a, b) => a + b, 0) / Math.max(1, this.cpu.length); }
+  get placement(): string { return [...new Set(this.placements)].join('; '); }
+  get spread(): Spread { return spreadOf(this.medians); }
+}
+
+export function spreadOf(medians: number[]): Spread {
+  const m = summarize(medians).median;
+  return { medians, spread: medians.length > 1 && m > 0 ? (Math.max(...medians) - Math.min(...medians)) / m : 0 };
+}
+
+/** Row names, as the tables print them (--only matches these). */
+export const ROW = {
+  doorbell: 'floor: doorbell round trip (eventfd + event loop, no channel)',
+  spin: 'floor: spin round trip (a shared word, two processes, no channel)',
+  socket: 'reference: Node Unix socket round trip, 64 bytes',
+  roundTrip: (wait: WaitMode, memory: Memory) => `round trip, ${wait} (${memory} slots)`,
+  oneWay: (size: number, wait: WaitMode, memory: Memory) => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots)`,
+  python: (direction: PythonOneWay['direction']) => `one way, ${fmtBytes(PYTHON_SLOT_BYTES)} slots, adaptive, ${direction === 'python->node' ? 'Python -> Node' : 'Node -> Python'}${direction === 'node->python batch' ? `, receive_many(${PYTHON_BATCH})` : ''} (host slots)`,
+  workSharing: (consumers: number) => `work sharing, ${consumers} consumer${consumers > 1 ? 's' : ''} (host slots)`,
+};
+
+export async function channelBenchmarks(iterations: number, warmup: number, device: Device | undefined, options: ChannelOptions = {}): Promise<ChannelResults> {
+  const runs = options.runs ?? 3;
+  const pin = options.pin;
+  const env = childEnv(pin);
+  const want = (name: string) => !options.only || options.only.test(name);
   const res: ChannelResults = {
-    floor: { doorbellUs: floor.us, doorbellCpuUsPerMsg: floor.cpuUsPerMsg, socketUs, spinUs: spin.us, spinPlacement: spin.placement },
-    roundTrip: {}, oneWay: {}, workSharing: {},
+    runs, pinned: pin ? `CPUs of NUMA node ${pin.node} (${pin.why}), each process on a core of its own` : 'not pinned',
+    floor: {}, roundTrip: {}, oneWay: {}, workSharing: {},
   };
+  // Each row: its name, its samples, and one run of it. Rows run in this order, `runs` rounds.
+  const rows: Array<{ name: string; runs: Runs; run: (r: Runs) => Promise<void> }> = [];
+  const row = (name: string, run: (r: Runs) => Promise<void>) => {
+    if (want(name)) rows.push({ name, runs: new Runs(), run });
+  };
+  const long = Math.max(warmup, 2000);
+  row(ROW.doorbell, async (r) => { const f = await doorbellFloor(iterations, long, env); r.add(f.us, f.cpuUsPerMsg); });
+  row(ROW.spin, async (r) => { const f = await spinFloor(iterations, long, env); r.add(f.us, undefined, f.placement); });
+  row(ROW.socket, async (r) => r.add(await socketRoundTrip(iterations, long, env)));
   const memories: Array<[Memory, ChannelMemory]> = [['host', 'host']];
   if (device) memories.push(['device', { device }]);
   for (const [memory, m] of memories) {
     for (const wait of WAITS) {
-      const name = `round trip, ${wait} (${memory} slots)`;
-      progress(name);
       // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state),
       // and the adaptive spin must have learned the gaps.
-      const r = await roundTrip(m, wait, iterations, Math.max(warmup, 2000));
-      res.roundTrip[name] = { memory, wait, us: r.us, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement };
+      row(ROW.roundTrip(wait, memory), async (r) => { const t = await roundTrip(m, wait, iterations, long, env); r.add(t.us, t.cpuUsPerMsg, t.placement); });
     }
   }
   const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
   for (const [memory, m] of memories) {
-    const runs: Array<[WaitMode, number]> = [...sizes.map((s) => ['adaptive', s] as [WaitMode, number]), ['sleep', 4 << 10], ['spin', 4 << 10]];
-    for (const [wait, size] of runs) {
-      const name = `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots)`;
-      progress(name);
-      const r = await oneWay(m, wait, size, 8, 700);
-      res.oneWay[name] = { memory, wait, slotBytes: size, msgsPerSec: r.msgsPerSec, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg };
+    for (const [wait, size] of [...sizes.map((s) => ['adaptive', s] as [WaitMode, number]), ['sleep', 4 << 10], ['spin', 4 << 10]] as Array<[WaitMode, number]>) {
+      row(ROW.oneWay(size, wait, memory), async (r) => { const o = await oneWay(m, wait, size, 8, 700, env); r.add(o.rates, o.cpuUsPerMsg); });
     }
   }
-  if (options.python !== false) {
+  const lastPython: Partial<Record<PythonOneWay['direction'], PythonOneWay>> = {};
+  if (options.python !== false && (['node->python', 'node->python batch', 'python->node'] as const).some((d) => want(ROW.python(d)))) {
     const why = pythonChannelUnavailable();
     if (why) {
       res.python = { skipped: `no usable python3 with cuda_ipc: ${why}` };
     } else {
-      progress('one way, Node -> Python (host slots)');
-      const a = await nodeToPython('adaptive', PYTHON_SLOT_BYTES, 8, 700);
-      progress('one way, Python -> Node (host slots)');
-      // As many messages as Node -> Python moved in its time: about as long.
-      const count = Math.max(20_000, Math.min(2_000_000, Math.round(a.msgsPerSec.median * 0.7)));
-      const b = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count);
-      res.python = { rows: [a, b] };
+      row(ROW.python('node->python'), async (r) => {
+        const a = lastPython['node->python'] = await nodeToPython('adaptive', PYTHON_SLOT_BYTES, 8, 700, env);
+        r.add(a.rates, a.cpuUsPerMsg);
+      });
+      row(ROW.python('node->python batch'), async (r) => {
+        const a = lastPython['node->python batch'] = await nodeToPython('adaptive', PYTHON_SLOT_BYTES, 8, 700, env, PYTHON_BATCH);
+        r.add(a.rates, a.cpuUsPerMsg);
+      });
+      row(ROW.python('python->node'), async (r) => {
+        // As many messages as Node -> Python moved in its time (about as long), or 140k.
+        const to = lastPython['node->python'];
+        const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * 0.7)));
+        const b = lastPython['python->node'] = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count, env);
+        r.add(b.rates, b.cpuUsPerMsg);
+      });
     }
   }
   for (const consumers of [1, 2, 4, 8]) {
-    progress(`work sharing, ${consumers}`);
-    res.workSharing[`work sharing, ${consumers} consumer${consumers > 1 ? 's' : ''} (host slots)`] = { consumers, msgsPerSec: await workSharing('host', consumers, 700) };
+    row(ROW.workSharing(consumers), async (r) => r.add([await workSharing('host', consumers, 700, pin)]));
   }
-  if (device) {
+
+  for (let round = 0; round < runs; round++) {
+    for (const r of rows) {
+      progress(`${r.name}${runs > 1 ? ` (run ${round + 1} of ${runs})` : ''}`);
+      await r.run(r.runs);
+    }
+  }
+
+  for (const { name, runs: r } of rows) {
+    if (name === ROW.doorbell) res.floor.doorbell = { us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread };
+    else if (name === ROW.spin) res.floor.spin = { us: r.summary, placement: r.placement, runs: r.spread };
+    else if (name === ROW.socket) res.floor.socket = { us: r.summary, runs: r.spread };
+  }
+  for (const [memory] of memories) {
+    for (const wait of WAITS) {
+      const r = rows.find((x) => x.name === ROW.roundTrip(wait, memory))?.runs;
+      if (r) res.roundTrip[ROW.roundTrip(wait, memory)] = { memory, wait, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread };
+    }
+    for (const [wait, size] of [...sizes.map((s) => ['adaptive', s] as [WaitMode, number]), ['sleep', 4 << 10], ['spin', 4 << 10]] as Array<[WaitMode, number]>) {
+      const r = rows.find((x) => x.name === ROW.oneWay(size, wait, memory))?.runs;
+      if (r) {
+        res.oneWay[ROW.oneWay(size, wait, memory)] = {
+          memory, wait, slotBytes: size, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread,
+        };
+      }
+    }
+  }
+  const py: Array<PythonOneWay & { runs: Spread }> = [];
+  for (const direction of ['node->python', 'node->python batch', 'python->node'] as const) {
+    const r = rows.find((x) => x.name === ROW.python(direction))?.runs;
+    const last = lastPython[direction];
+    if (r && last) py.push({ ...last, rates: r.samples, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread });
+  }
+  if (py.length) res.python = { rows: py };
+  for (const consumers of [1, 2, 4, 8]) {
+    const r = rows.find((x) => x.name === ROW.workSharing(consumers))?.runs;
+    if (r) res.workSharing[ROW.workSharing(consumers)] = { consumers, msgsPerSec: r.summary.median, runs: r.spread };
+  }
+  if (device && want('checksum kernel on a 256 MiB shared slot')) {
     progress('consumer kernel on slots vs local memory');
     // Bounded: a stuck comparison must not cost the other figures.
     let timer: NodeJS.Timeout | undefined;
@@ -403,87 +510,6 @@ function progress(what: string): void {
   process.stderr.write(`  [+${((performance.now() - started) / 1000).toFixed(1)} s] measuring ${what}\n`);
 }
 
-function fmtBytes(n: number): string {
+export function fmtBytes(n: number): string {
   return n >= 1 << 20 ? `${n / 1048576} MiB` : `${n / 1024} KiB`;
-}
-
-const fmtRate = (v: number) => (v >= 1e9 ? `${(v / 1e9).toFixed(1)} G` : v >= 1e6 ? `${(v / 1e6).toFixed(2)} M` : `${(v / 1e3).toFixed(0)} k`);
-const met = (ok: boolean) => (ok ? 'MET' : 'MISSED');
-const cpuNote = (us: number) => `CPU ${us.toFixed(2)} us/msg (both processes)`;
-
-/** The rows of the channel tables, each figure against its target. */
-export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Row[]; kernel: Row[] } {
-  const socket = r.floor.socketUs.median;
-  const latency: Row[] = [
-    { name: 'floor: doorbell round trip (eventfd + event loop, no channel)', unit: 'us', median: r.floor.doorbellUs.median, p99: r.floor.doorbellUs.p99, n: r.floor.doorbellUs.n,
-      notes: [`${(r.floor.doorbellUs.median / socket).toFixed(2)}x the socket round trip`, cpuNote(r.floor.doorbellCpuUsPerMsg)] },
-    { name: 'floor: spin round trip (a shared word, two processes, no channel)', unit: 'us', median: r.floor.spinUs.median, p99: r.floor.spinUs.p99, n: r.floor.spinUs.n,
-      notes: [r.floor.spinPlacement] },
-    { name: 'reference: Node Unix socket round trip, 64 bytes', unit: 'us', median: socket, p99: r.floor.socketUs.p99, n: r.floor.socketUs.n },
-  ];
-  for (const [name, t] of Object.entries(r.roundTrip)) {
-    const notes: string[] = [];
-    if (t.wait === 'adaptive') {
-      const target = t.memory === 'host' ? TARGETS.rttDefaultHostUs : TARGETS.rttDefaultDeviceUs;
-      const ratio = t.us.median / socket;
-      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`, `${ratio.toFixed(2)}x socket (target <= ${TARGETS.rttDefaultVsSocket}x): ${met(ratio <= TARGETS.rttDefaultVsSocket)}`);
-    } else if (t.wait === 'spin') {
-      const target = t.memory === 'host' ? TARGETS.rttSpinHostUs : TARGETS.rttSpinDeviceUs;
-      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`, `${(t.us.median / r.floor.spinUs.median).toFixed(1)}x the spin floor`, t.placement);
-    } else {
-      notes.push('no spinning');
-    }
-    notes.push(cpuNote(t.cpuUsPerMsg));
-    latency.push({ name, unit: 'us', median: t.us.median, p99: t.us.p99, n: t.us.n, notes });
-  }
-  const throughput: Row[] = [];
-  for (const [name, o] of Object.entries(r.oneWay)) {
-    const target = o.memory === 'host' ? TARGETS.oneWayHostMsgsPerSec : TARGETS.oneWayDeviceMsgsPerSec;
-    // What was measured is messages: a slot changes hands in place, nothing is copied (the
-    // producer writes one byte of a host slot), so a "bytes per second" of slot size times
-    // messages would read as a bandwidth that no copy ever achieved.
-    const notes = [`${o.memory === 'host' ? `${o.bytesWrittenPerMsg} byte written per message` : 'no byte written by the CPU'}, the ${fmtBytes(o.slotBytes)} slot handed over in place (no copy)`];
-    if (o.wait === 'adaptive') notes.push(`target >= ${fmtRate(target)} msg/s: ${met(o.msgsPerSec.median >= target)}`);
-    notes.push(cpuNote(o.cpuUsPerMsg));
-    throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes });
-  }
-  if (r.python && 'rows' in r.python) {
-    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES);
-    for (const p of r.python.rows) {
-      const notes = [p.direction === 'node->python' ? 'a Node producer, a Python consumer' : 'a Python producer, a Node consumer'];
-      if (node) {
-        const ratio = p.msgsPerSec.median / node.msgsPerSec.median;
-        notes.push(`${(ratio * 100).toFixed(0)}% of Node -> Node's ${fmtRate(node.msgsPerSec.median)} msg/s (target >= ${TARGETS.pythonVsNode * 100}%): ${met(ratio >= TARGETS.pythonVsNode)}`);
-      }
-      notes.push(cpuNote(p.cpuUsPerMsg));
-      const name = `one way, ${fmtBytes(p.slotBytes)} slots, ${p.wait}, ${p.direction === 'node->python' ? 'Node -> Python' : 'Python -> Node'} (host slots)`;
-      throughput.push({ name, unit: 'msg/s', median: p.msgsPerSec.median, p99: p.slowest1pct, n: p.msgsPerSec.n, notes });
-    }
-  } else if (r.python) {
-    throughput.push({ name: 'one way with a Python end', unit: 'msg/s', median: NaN, notes: [`skipped: ${r.python.skipped}`] });
-  }
-  for (const [name, w] of Object.entries(r.workSharing)) {
-    throughput.push({ name, unit: 'msg/s', median: w.msgsPerSec, notes: ['all consumers together'] });
-  }
-  const kernel: Row[] = [];
-  if (r.kernel) {
-    const k = r.kernel;
-    kernel.push({ name: 'checksum kernel on a 256 MiB shared slot', unit: 'us', median: k.sharedUs.median, p99: k.sharedUs.p99, n: k.sharedUs.n,
-      notes: [`${(k.ratio * 100).toFixed(1)}% of local speed; target >= ${TARGETS.kernelRatio * 100}%: ${met(k.ratio >= TARGETS.kernelRatio)}`] });
-    kernel.push({ name: 'same kernel on its own memory', unit: 'us', median: k.localUs.median, p99: k.localUs.p99, n: k.localUs.n });
-  }
-  return { latency, throughput, kernel };
-}
-
-/** Prints the channel tables (bench/main.ts). */
-export function printChannelTables(r: ChannelResults, iterations: number, warmup: number, device: Device | undefined): void {
-  const t = channelRows(r);
-  console.log(`\nchannels: ${device ? 'host and device slots' : 'host slots only (no GPU)'}; round trips ${iterations} timed after ${Math.max(warmup, 2000)} warm-up, ` +
-    'one way and work sharing about 0.7 s each; wait modes: adaptive (the default), sleep, spin');
-  printTable('Channel round trip: a message to a child through one channel and back through another ' +
-    `(targets: adaptive <= ${TARGETS.rttDefaultHostUs} us host / ${TARGETS.rttDefaultDeviceUs} us device and <= ${TARGETS.rttDefaultVsSocket}x socket; ` +
-    `spin <= ${TARGETS.rttSpinHostUs} / ${TARGETS.rttSpinDeviceUs} us)`, t.latency);
-  printTable('Channel throughput in messages per second (higher is better; one way: median of 2000-message batches, "p99" column = slowest 1% of batches; ' +
-    'slots change hands in place, so these are not copy bandwidths)', t.throughput);
-  if (t.kernel.length) printTable('Consumer kernel on shared slots (lower is better)', t.kernel);
 }

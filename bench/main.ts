@@ -1,6 +1,11 @@
-// `npm run bench [-- --iterations N] [--json FILE] [--breakdown] [--python-phases] [--no-python] [--no-python-link] [--no-c] [--no-handoff] [--no-channels] [--no-peer]`:
+// `npm run bench [-- --iterations N] [--json FILE] [--breakdown] [--python-phases] [--no-python] [--no-python-link] [--no-c] [--no-handoff] [--no-channels] [--no-peer]
+//   [--runs N] [--only REGEX] [--no-pin]`:
 // the project's benchmarks as a table (median, p99, comparison with the references measured in the
 // same run: C, PyTorch, CuPy), optionally a per-phase breakdown of one handoff, optionally JSON.
+// Channel rows run --runs times each (default 3, rows taking turns) and print the spread of the
+// runs; --only runs the channel rows whose names match (e.g. --only 'one way, 4 KiB slots, adaptive \(host|Python'
+// --no-handoff --no-python-link --no-peer for the Python rows and the Node row they compare with).
+// The processes are pinned to CPUs of the GPU's NUMA node (node 0 without a GPU; --no-pin: not).
 import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
 import { hostname } from 'node:os';
@@ -11,9 +16,11 @@ import { printBreakdown, PHASES, type Breakdown } from './breakdown.js';
 import { buildCReference, runCReference, type CBuild, type CMode, type CReference } from './c-reference.js';
 import { pythonHandoffRefs, type PythonRef } from './python-refs.js';
 import { printTable, type Row } from './stats.js';
-import { channelBenchmarks, printChannelTables, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
+import { channelBenchmarks, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
+import { printChannelTables } from './channel-tables.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
 import { pythonLinkBenchmarks, type PythonLinkResults } from './python-link.js';
+import { pinPlan, pinProcess } from './placement.js';
 
 const { values } = parseArgs({
   options: {
@@ -28,12 +35,23 @@ const { values } = parseArgs({
     'no-peer': { type: 'boolean', default: false },
     'no-python-link': { type: 'boolean', default: false },
     'python-phases': { type: 'boolean', default: false },
+    runs: { type: 'string', default: '3' },
+    only: { type: 'string' },
+    'no-pin': { type: 'boolean', default: false },
   },
 });
 const iterations = Number(values.iterations);
 const warmup = Number(values.warmup);
-if (!Number.isSafeInteger(iterations) || iterations < 1 || !Number.isSafeInteger(warmup) || warmup < 0) {
-  console.error('bench: --iterations must be a positive integer and --warmup a non-negative one');
+const runs = Number(values.runs);
+if (!Number.isSafeInteger(iterations) || iterations < 1 || !Number.isSafeInteger(warmup) || warmup < 0 || !Number.isSafeInteger(runs) || runs < 1) {
+  console.error('bench: --iterations and --runs must be positive integers and --warmup a non-negative one');
+  process.exit(2);
+}
+let only: RegExp | undefined;
+try {
+  only = values.only === undefined ? undefined : new RegExp(values.only);
+} catch (e) {
+  console.error(`bench: --only: ${(e as Error).message}`);
   process.exit(2);
 }
 
@@ -60,6 +78,14 @@ const probe = probeDriver();
 const gpu = probe.ok && Device.all().length > 0;
 const device = gpu ? Device.get(0) : undefined;
 console.log(`cuda-ipc benchmarks on ${hostname()}: ${device ? `${device.name} (CUDA driver ${probe.ok ? probe.version : '?'})` : 'no GPU (host buffers only)'}; Node ${process.version}`);
+
+// Every thread of this process (and so its children) on CPUs of one NUMA node; the channel rows
+// pin further (placement.ts).
+const plan = values['no-pin'] ? { skipped: '--no-pin' } : pinPlan(device?.pciBusId);
+const pin = 'skipped' in plan ? undefined : plan;
+if (pin && !pinProcess(process.pid, pin.cpuList)) console.log(`pinning: taskset failed; not pinned`);
+console.log(pin ? `pinning: CPUs ${pin.cpuList} of NUMA node ${pin.node} (${pin.why}); channel rows: this process on CPU ${pin.cores[0]}, each child on a core of its own`
+  : `pinning: none (${'skipped' in plan ? plan.skipped : ''})`);
 
 let handoff: HandoffResult[] = [];
 let cBuild: CBuild | undefined;
@@ -175,7 +201,10 @@ if (targets.length) {
 // Channels: after the handoff table.
 let channels: ChannelResults | undefined;
 if (!values['no-channels']) {
-  channels = await channelBenchmarks(iterations, warmup, device, { python: !values['no-python'] });
+  // The main thread on a core of its own while the channel rows run (their children pin themselves).
+  if (pin) pinProcess(process.pid, pin.cpuList, pin.cores[0]);
+  channels = await channelBenchmarks(iterations, warmup, device, { python: !values['no-python'], only, runs, pin });
+  if (pin) pinProcess(process.pid, pin.cpuList);
   printChannelTables(channels, iterations, warmup, device);
 }
 

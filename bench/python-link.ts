@@ -46,8 +46,10 @@ const TO_PYTHON_PHASES = [
   'Node: encode + sendmsg',
   'sendmsg to Python having the message (wake-up, receive, decode)',
   'Python: view (memoryview / torch.as_tensor)',
+  'of which mapping the buffer (pool import / handle open: buf.ptr)',
   'Python: read one value',
   'Python: close (unmap, release)',
+  "of which dropping torch's tensor (its deleter)",
   'ack: Python send start to Node resuming (encode, sendmsg, wake-up, decode)',
   "of which Python's link.send() (then its RELEASE), until it returns",
 ] as const;
@@ -207,16 +209,17 @@ async function measurePhases(link: Link, n: number, device: Device | undefined, 
     const r = await link.receive({ signal: AbortSignal.timeout(60_000) }) as { stamps: Array<Array<number | bigint>> };
     return r.stamps.map((s) => s.map((v) => BigInt(v)));
   };
-  const kinds: Array<[string, string, () => HostBuffer | DeviceBuffer]> = [['host', 'host', () => HostBuffer.allocate(BYTES)]];
+  const kinds: Array<[string, string, () => HostBuffer | DeviceBuffer, boolean?]> = [['host', 'host', () => HostBuffer.allocate(BYTES)]];
   if (device && pool) {
-    kinds.push(['pool', 'torch', () => pool.allocate(BYTES)], ['legacy', 'torch', () => DeviceBuffer.allocate(BYTES, { device })]);
+    kinds.push(['pool', 'torch', () => pool.allocate(BYTES)], ['pool, from_dlpack', 'torch', () => pool.allocate(BYTES), true],
+      ['legacy', 'torch', () => DeviceBuffer.allocate(BYTES, { device })]);
   }
-  for (const [kind, op, make] of kinds) {
+  for (const [kind, op, make, dlpack] of kinds) {
     const node: bigint[][] = [];
     for (let i = 0; i < n; i++) {
       const b = make();
       const t0 = now();
-      link.send({ op, buffer: b, stamp: true });
+      link.send({ op, buffer: b, stamp: true, dlpack: dlpack === true });
       const t1 = now();
       b.close();
       await link.receive({ signal: AbortSignal.timeout(60_000) });
@@ -224,9 +227,12 @@ async function measurePhases(link: Link, n: number, device: Device | undefined, 
     }
     const py = await fetchStamps();
     const cols: number[][] = TO_PYTHON_PHASES.map(() => []);
-    py.forEach(([received, viewed, read, closed, ackStart, acked], i) => {
+    py.forEach(([received, viewed, read, closed, ackStart, acked, mapped, dropped], i) => {
       const [t0, t1, t2] = node[i]!;
-      [us(t0!, t1!), us(t1!, received!), us(received!, viewed!), us(viewed!, read!), us(read!, closed!), us(ackStart!, t2!), us(ackStart!, acked!)]
+      // Host buffers: no mapping step and no tensor (0).
+      const map = mapped !== undefined ? us(received!, mapped) : 0;
+      const drop = dropped !== undefined ? us(read!, dropped) : 0;
+      [us(t0!, t1!), us(t1!, received!), us(received!, viewed!), map, us(viewed!, read!), us(read!, closed!), drop, us(ackStart!, t2!), us(ackStart!, acked!)]
         .forEach((v, j) => cols[j]!.push(v));
     });
     out[kind] = Object.fromEntries(TO_PYTHON_PHASES.map((name, j) => [name, median(cols[j]!)]));

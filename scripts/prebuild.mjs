@@ -1,15 +1,20 @@
 #!/usr/bin/env node
 // Builds the prebuilt addons the package ships: prebuilds/linux-x64 and prebuilds/linux-arm64
-// (glibc), with prebuildify (N-API, so one build serves every Node version). The machine's own
+// (glibc), with prebuildify (N-API, so one build serves every Node version), each with the Python
+// package's native helper next to it (cuda_ipc_py.so, binding.gyp's second target, loaded by
+// python/cuda_ipc/native.py with ctypes). The machine's own
 // architecture is built natively; the other is cross-compiled with Debian's toolchain
 // (g++-aarch64-linux-gnu or g++-x86-64-linux-gnu): Node's N-API headers do not depend on the
 // architecture. Each build runs in a staging copy of binding.gyp and native/, so the
 // developer's build/ (which node-gyp-build prefers) is never replaced by a foreign binary.
 //
-//   npm run prebuild                       both targets (what `npm pack` runs)
-//   npm run prebuild -- --arch x64         one target
-//   CUDA_IPC_PREBUILD_ARCHS=x64 npm pack   the same through an environment variable
+//   npm run prebuilds                      both targets (what `npm pack` runs)
+//   npm run prebuilds -- --arch x64        one target
+//   CUDA_IPC_PREBUILD_ARCHS=x64 npm pack   pack with one target (`npm pack` passes no arguments
+//                                          to this script, so the choice goes in the environment)
 //   ... --out DIR                          write DIR/linux-<arch>/ instead of prebuilds/
+// Every target's toolchain is checked before anything is built, and a missing one fails with the
+// command that works from where the script was started (npm pack, or npm run prebuilds).
 import { spawnSync } from 'node:child_process';
 import { cpSync, existsSync, mkdirSync, mkdtempSync, openSync, readSync, closeSync, readdirSync, rmSync, symlinkSync } from 'node:fs';
 import { arch as hostArch, tmpdir } from 'node:os';
@@ -17,6 +22,8 @@ import { delimiter, dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 const root = resolve(dirname(fileURLToPath(import.meta.url)), '..');
+/** The Python package's native helper, built by binding.gyp beside the addon. */
+const PY_HELPER = 'cuda_ipc_py.so';
 const TARGETS = {
   x64: { triple: 'x86_64-linux-gnu', debianPackage: 'g++-x86-64-linux-gnu', elfMachine: 62 },
   arm64: { triple: 'aarch64-linux-gnu', debianPackage: 'g++-aarch64-linux-gnu', elfMachine: 183 },
@@ -56,7 +63,7 @@ function nodeGyp() {
   if (onPath('node-gyp')) return 'node-gyp';
   const bundled = join(dirname(process.execPath), '..', 'lib', 'node_modules', 'npm', 'node_modules', 'node-gyp', 'bin', 'node-gyp.js');
   if (existsSync(bundled)) return bundled;
-  fail('node-gyp not found: run this as `npm run prebuild`, or install node-gyp');
+  fail('node-gyp not found: run this as `npm run prebuilds`, or install node-gyp');
 }
 
 /**
@@ -71,6 +78,15 @@ function nodeHeaders() {
     join(process.env.XDG_CACHE_HOME ?? join(process.env.HOME ?? '', '.cache'), 'node-gyp', process.versions.node),
   ];
   return candidates.find((d) => existsSync(join(d, 'include', 'node', 'node_api.h')));
+}
+
+/** What to run to build only this machine's target, from where this script was started. */
+function onlyThisMachine() {
+  const lifecycle = process.env.npm_lifecycle_event;
+  if (lifecycle === 'prepack' || lifecycle === 'prepublishOnly') {
+    return `pack with this machine's target only (the tarball then has no other prebuild; installs there build from source): CUDA_IPC_PREBUILD_ARCHS=${hostArch()} npm pack`;
+  }
+  return `build only this machine's target: npm run prebuilds -- --arch ${hostArch()} (for npm pack: CUDA_IPC_PREBUILD_ARCHS=${hostArch()} npm pack)`;
 }
 
 /** The compilers for `arch`: the host's own, or the cross toolchain (an error that says how to get it). */
@@ -88,7 +104,7 @@ function toolchain(arch) {
       fail(
         `linux-${arch} is cross-compiled on this ${hostArch()} machine and ${tool} is not installed. ` +
           `On Debian or Ubuntu: apt-get install -y ${t.debianPackage}; or set CXX_${arch} / STRIP_${arch}; ` +
-          `or build only this machine's target: npm run prebuild -- --arch ${hostArch()}`,
+          `or ${onlyThisMachine()}`,
       );
     }
   }
@@ -121,6 +137,8 @@ function glibcNeeded(file) {
 
 function build(arch, out) {
   const { env, strip } = toolchain(arch);
+  // node-gyp compiles the native files (one per concept) in parallel unless JOBS says otherwise.
+  if (!process.env.JOBS) env.JOBS = 'max';
   const stage = mkdtempSync(join(tmpdir(), `cuda-ipc-prebuild-${arch}-`));
   try {
     for (const f of ['binding.gyp', 'package.json', 'native']) cpSync(join(root, f), join(stage, f), { recursive: true });
@@ -140,12 +158,18 @@ function build(arch, out) {
     if (files.length !== 1) fail(`linux-${arch}: expected one .node file from prebuildify, got ${files.join(', ') || 'none'}`);
     const machine = elfMachine(join(made, files[0]));
     if (machine !== TARGETS[arch].elfMachine) fail(`linux-${arch}: ${files[0]} was built for ELF machine ${machine}, not ${TARGETS[arch].elfMachine}`);
+    // prebuildify copies the build's shared libraries (the Python helper) next to the addon.
+    if (!existsSync(join(made, PY_HELPER))) fail(`linux-${arch}: the build made no ${PY_HELPER} (binding.gyp's cuda_ipc_py target)`);
+    const helperMachine = elfMachine(join(made, PY_HELPER));
+    if (helperMachine !== TARGETS[arch].elfMachine) fail(`linux-${arch}: ${PY_HELPER} was built for ELF machine ${helperMachine}, not ${TARGETS[arch].elfMachine}`);
     const dest = join(out, `linux-${arch}`);
     rmSync(dest, { recursive: true, force: true });
     mkdirSync(dest, { recursive: true });
-    cpSync(join(made, files[0]), join(dest, files[0]));
-    const glibc = glibcNeeded(join(dest, files[0]));
-    console.log(`prebuild: linux-${arch}: ${join(dest, files[0])}${glibc ? `, needs glibc ${glibc} or newer` : ''}`);
+    for (const f of [files[0], PY_HELPER]) {
+      cpSync(join(made, f), join(dest, f));
+      const glibc = glibcNeeded(join(dest, f));
+      console.log(`prebuild: linux-${arch}: ${join(dest, f)}${glibc ? `, needs glibc ${glibc} or newer` : ''}`);
+    }
   } finally {
     rmSync(stage, { recursive: true, force: true });
   }
@@ -154,6 +178,7 @@ function build(arch, out) {
 try {
   const { archs, out } = parseArgs(process.argv.slice(2));
   if (process.platform !== 'linux') fail(`the prebuilds are Linux binaries; this is ${process.platform}`);
+  for (const arch of archs) toolchain(arch);  // all checked before the first build starts
   for (const arch of archs) build(arch, out);
   noteLeftovers(archs, out);
 } catch (e) {

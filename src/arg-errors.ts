@@ -80,3 +80,48 @@ export function checkSignal(value: unknown, name = 'options.signal'): AbortSigna
   if (!(value instanceof AbortSignal)) throw invalidArgType(`The "${name}" property must be an instance of AbortSignal. ${received(value)}`);
   return value;
 }
+
+function distance(a: string, b: string): number {
+  const d = Array.from({ length: b.length + 1 }, (_, j) => j);
+  for (let i = 1; i <= a.length; i++) {
+    let prev = d[0]!;
+    d[0] = i;
+    for (let j = 1; j <= b.length; j++) {
+      const cur = d[j]!;
+      d[j] = Math.min(d[j]! + 1, d[j - 1]! + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
+      prev = cur;
+    }
+  }
+  return d[b.length]!;
+}
+
+/** The known name closest to `name`, if it is close enough to be a typo. */
+export function closest(name: string, known: readonly string[]): string | undefined {
+  let best: string | undefined;
+  let bestD = Infinity;
+  for (const k of known) {
+    const d = k.startsWith(name) && name.length >= 2 ? 0 : distance(name, k);
+    if (d < bestD) {
+      bestD = d;
+      best = k;
+    }
+  }
+  return bestD <= Math.max(1, Math.floor(name.length / 3)) ? best : undefined;
+}
+
+/**
+ * Checks that `options` has only the keys of `known` (a record over the options type's keys, so
+ * that the compiler keeps it complete): a misspelt or misplaced option from JavaScript would
+ * otherwise be ignored without a word. TypeError ERR_INVALID_ARG_VALUE naming the key and what it
+ * may have meant (`hints[key]`, else the closest known key). Keys set to undefined pass.
+ */
+export function checkOptionKeys(options: unknown, known: Readonly<Record<string, true>>, what: string, hints: Readonly<Record<string, string>> = {}): void {
+  if (typeof options !== 'object' || options === null) return;
+  for (const [key, value] of Object.entries(options)) {
+    if (Object.hasOwn(known, key) || value === undefined) continue;
+    const names = Object.keys(known);
+    const guess = closest(key, names);
+    const why = Object.hasOwn(hints, key) ? `: ${hints[key]}` : guess ? ` (did you mean '${guess}'?)` : '';
+    throw invalidArgValue(`${what}: unknown option '${key}'${why}; the options are ${names.join(', ')}`);
+  }
+}

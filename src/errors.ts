@@ -1,5 +1,6 @@
 // Typed errors. CudaError mirrors a failed driver call; IpcError carries a stable `code` that
 // programs can switch on, and a message that says what went wrong and what to do instead.
+import { constants as bufferConstants } from 'node:buffer';
 
 /** A CUDA driver call failed. `code` is the driver's name for the status. */
 export class CudaError extends Error {
@@ -40,6 +41,9 @@ export type IpcErrorCode =
   | 'ERR_INVALID_STATE'
   | 'ERR_TIMEOUT'
   | 'ERR_COMPILE'
+  // memory: too much for this machine (ENOMEM), or for one typed array of this Node.js
+  | 'ERR_OUT_OF_MEMORY'
+  | 'ERR_VIEW_TOO_LARGE'
   // installation: no native addon fits this machine (build it with `npm rebuild cuda-ipc`)
   | 'ERR_NO_NATIVE_BUILD'
   // links
@@ -55,8 +59,11 @@ export type IpcErrorCode =
   | 'ERR_NOT_TRANSFERABLE'
   | 'ERR_NO_LISTENER'
   | 'ERR_ADDRESS_IN_USE'
+  | 'ERR_LISTENER_BUSY'
   | 'ERR_SOCKET_DIR_UNSAFE'
   | 'ERR_NOT_SPAWNED'
+  // files in shared places: a name that is not a regular file, or too large (src/safe-files.ts)
+  | 'ERR_FILE_UNSAFE'
   // TCP links: the peer did not prove the shared token (or there is none to prove)
   | 'ERR_AUTH_FAILED'
   // channels
@@ -107,4 +114,40 @@ export function fdLimitError(e: unknown, what: string): unknown {
     : code === 'ENFILE' ? 'the system has as many files open as it allows (ENFILE)'
     : 'too many file descriptors are in flight to peers that have not read them yet (ETOOMANYREFS)';
   return new IpcError('ERR_FD_LIMIT', `${what}: no file descriptor available: ${why}; close buffers, links or channels you no longer need, or raise the limit`, { cause: e });
+}
+
+/**
+ * The most bytes one typed array (or Buffer) can span in this Node.js: `buffer.constants.MAX_LENGTH`,
+ * 2^32 on Node 20 and 2^53 - 1 from Node 22. Memory larger than this is still served (mapped,
+ * copied, sent); only a single JavaScript view of all of it cannot be made.
+ */
+export const MAX_VIEW_BYTES: number = bufferConstants.MAX_LENGTH;
+
+/**
+ * Throws IpcError ERR_VIEW_TOO_LARGE when `bytes` do not fit in one typed array here; `what` names
+ * the call, `instead` says what to use (a smaller view, copies in pieces).
+ */
+export function checkViewBytes(bytes: number, what: string, instead: string): void {
+  if (bytes > MAX_VIEW_BYTES) {
+    throw new IpcError('ERR_VIEW_TOO_LARGE',
+      `${what}: ${bytes} bytes are more than one typed array can hold in this Node.js (${MAX_VIEW_BYTES} bytes, buffer.constants.MAX_LENGTH); ${instead}`);
+  }
+}
+
+/**
+ * `e` as the error the user sees when `what` could not get `bytes` of memory: ENOMEM (from mmap,
+ * memfd, or a typed array V8 could not allocate) becomes IpcError ERR_OUT_OF_MEMORY naming the size;
+ * CUDA_ERROR_OUT_OF_MEMORY stays a CudaError and says the size too; anything else is unchanged.
+ */
+export function outOfMemoryError(e: unknown, what: string, bytes: number): unknown {
+  if (e instanceof CudaError) {
+    if (e.code !== 'CUDA_ERROR_OUT_OF_MEMORY') return e;
+    return new CudaError(e.status, e.code, e.description, e.call, `${what} asked for ${bytes} bytes`);
+  }
+  const code = (e as { code?: unknown })?.code;
+  const v8Refused = e instanceof RangeError && /allocation failed/i.test(e.message);
+  if (code !== 'ENOMEM' && !v8Refused) return e;
+  return new IpcError('ERR_OUT_OF_MEMORY',
+    `${what}: cannot get ${bytes} bytes of memory (${code === 'ENOMEM' ? 'ENOMEM' : (e as Error).message}): the system has not that much memory or address space to give; ask for less`,
+    { cause: e });
 }

@@ -45,12 +45,12 @@ export {
   spawnPython, pythonPackageDirectory, type SpawnPythonOptions,
   type LinkEvents, type ListenerEvents, type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
-  TcpListener, type TcpListenOptions, type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions, type LinkUrl, type RemoteEndpoint,
+  TcpListener, type TcpListenOptions, type TcpListenerEvents, type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions, type LinkUrl, type RemoteEndpoint,
   type LinkTransportKind, Fanout, preloadNccl,
 } from './link/index.js';
 export { type LinkOptions, type LinkLimits, type InboxCounts, type SendQueueCounts } from './link/index.js';
 export { type WaitOptions } from './abort.js';
-export { stats, type Stats } from './stats.js';
+export { stats, type Stats, type TrafficStats, type LinkTraffic } from './stats.js';
 export { collectStatus, type StatusSnapshot, type ProcessStatus, type PeerShare, type CollectOptions } from './observe/reader.js';
 export type { ChannelStatus, ChannelPeerStatus, ChannelSlotCounts } from './observe/hooks.js';
 export type { LinkRecord } from './observe/record.js';

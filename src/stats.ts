@@ -4,6 +4,19 @@ import { openFdCount } from './observe/record.js';
 import { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
 import { legacyCacheStats, type ImportCacheStats } from './ipc/legacy.js';
 import { leaseStats, type LeaseStats } from './link/lease.js';
+import { processTraffic, trafficByLink, type LinkTraffic } from './observe/hooks.js';
+
+export type { LinkTraffic } from './observe/hooks.js';
+
+/**
+ * What links carried by value instead of sharing it: host memory copied into messages on TCP
+ * links (a HostBuffer crosses machines as a copy of its bytes) and device memory moved over NCCL
+ * (0 where no NCCL layer moved any). Totals since the process started, closed links included;
+ * `links` lists the open links that carried any.
+ */
+export interface TrafficStats extends LinkTraffic {
+  links: Array<LinkTraffic & { linkId: number }>;
+}
 
 /** What stats() reports for this process (this thread for device memory). */
 export interface Stats {
@@ -15,10 +28,13 @@ export interface Stats {
   importCache: ImportCacheStats;
   /** Open file descriptors of the process. */
   openFds: number;
+  /** Bytes links copied (HostBuffers on TCP links) or moved over NCCL, per open link and in total. */
+  traffic: TrafficStats;
 }
 
 /**
- * Accounting of this process: device memory, leases per peer, the legacy import cache, open fds.
+ * Accounting of this process: device memory, leases per peer, the legacy import cache, open fds,
+ * what links copied or moved over NCCL.
  * Throws ERR_FD_LIMIT when the process has no fd left to count its fds with.
  */
 export function stats(): Stats {
@@ -28,5 +44,6 @@ export function stats(): Stats {
   } catch (e) {
     throw fdLimitError(e, 'stats'); // counting fds takes one: ERR_FD_LIMIT when none is left
   }
-  return { device: deviceMemoryStats(), leases: leaseStats(), importCache: legacyCacheStats(), openFds };
+  const traffic: TrafficStats = { ...processTraffic(), links: trafficByLink().map(({ linkId, traffic: t }) => ({ linkId, ...t })) };
+  return { device: deviceMemoryStats(), leases: leaseStats(), importCache: legacyCacheStats(), openFds, traffic };
 }

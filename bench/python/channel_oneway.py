@@ -1,15 +1,19 @@
 """One-way channel throughput with a Python end (bench/channel.ts, the Python rows).
 
-    channel_oneway.py sink <wait>           consumer: reads the first byte of each message,
-                                             releases it; ends with {"n", "sum", "cpu"}
+    channel_oneway.py sink <wait> [batch]   consumer: reads the first byte of each message,
+                                             releases it; ends with {"n", "sum", "cpu", ...}.
+                                             With a batch size, receives with receive_many(batch)
     channel_oneway.py source <wait> <count> producer: writes one byte and publishes `count`
-                                             messages of 8 bytes, then ends; sends {"cpu"}
-cpu: this process's CPU time (user + system, microseconds) over the messages.
+                                             messages of 8 bytes, then ends; sends {"cpu", ...}
+cpu: this process's CPU time (user + system, microseconds) over the messages; hot_path and native:
+which hot path the channel end ran (cuda_ipc.native_helper()). Pins itself to the CPU the bench
+names (CUDA_IPC_BENCH_CPU), as the Node children do (bench/placement.ts).
 """
+import os
 import sys
 import time
 
-from cuda_ipc import parent_link
+from cuda_ipc import native_helper, parent_link
 from cuda_ipc.channel import accept_channel
 
 
@@ -18,21 +22,47 @@ def cpu_us() -> float:
     return t * 1e6
 
 
+def pin() -> None:
+    cpu = os.environ.get("CUDA_IPC_BENCH_CPU")
+    if cpu is not None and cpu.isdigit() and hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(0, {int(cpu)})
+        except OSError:
+            pass
+
+
+def report(end, **values) -> dict:
+    info = native_helper()
+    return {**values, "hot_path": end.hot_path, "native": info.path if info.active else info.reason}
+
+
 def main() -> None:
+    pin()
     mode, wait = sys.argv[1], sys.argv[2]
     link = parent_link()
     if mode == "sink":
+        batch = int(sys.argv[3]) if len(sys.argv) > 3 else 0
         consumer = accept_channel(link, role="consumer", wait=wait)
         n = 0
         total = 0
         c0 = cpu_us()
-        for msg in consumer:
-            total += msg.memory[0]
-            n += 1
-            msg.release()
+        if batch:
+            while True:
+                msgs = consumer.receive_many(batch)
+                if not msgs:
+                    break
+                for msg in msgs:
+                    total += msg.memory[0]
+                    n += 1
+                    msg.release()
+        else:
+            for msg in consumer:
+                total += msg.memory[0]
+                n += 1
+                msg.release()
         cpu = cpu_us() - c0
         consumer.close()
-        link.send({"n": n, "sum": total, "cpu": cpu})
+        link.send(report(consumer, n=n, sum=total, cpu=cpu))
     elif mode == "source":
         count = int(sys.argv[3])
         producer = accept_channel(link, role="producer", wait=wait)
@@ -44,7 +74,7 @@ def main() -> None:
         producer.end()
         cpu = cpu_us() - c0
         producer.close()
-        link.send({"cpu": cpu})
+        link.send(report(producer, cpu=cpu))
     else:
         raise SystemExit(f"channel_oneway.py: unknown mode {mode!r}")
     link.close()

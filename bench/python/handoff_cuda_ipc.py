@@ -13,7 +13,10 @@ message: read one value of what arrived and acknowledge with it, or hand a fresh
 
 Timestamps (time.monotonic_ns: CLOCK_MONOTONIC, the clock of Node's process.hrtime, so the parent
 can line them up with its own) are taken only for messages with 'stamp': true:
-  host/torch: [received, viewed, read, closed, ack send started, ack send returned];
+  host: [received, viewed, read, closed, ack send started, ack send returned];
+  torch: [received, viewed, read, closed, ack send started, ack send returned, mapped, tensor dropped]:
+         'mapped' (after buf.ptr: the pool import or handle open) lies between received and viewed,
+         'tensor dropped' (after `del t`: torch's deleter) between read and closed;
   give: [received, allocated, send returned].
 """
 import sys
@@ -48,6 +51,10 @@ for msg in link:
         if torch is None:
             import torch
         buf = msg["buffer"]
+        stamp = msg.get("stamp")
+        if stamp:
+            buf.ptr  # (maps it now, to time the import apart from torch's part)
+        tm = now()
         if msg.get("dlpack"):
             t = torch.from_dlpack(buf.view("float32"))
         else:
@@ -56,12 +63,13 @@ for msg in link:
         value = t[0].item()  # synchronizes: nothing of ours is queued on the memory after this
         t2 = now()
         del t
+        td = now()
         buf.close(sync=False)
         t3 = now()
         t4 = now()
         link.send(value)
-        if msg.get("stamp"):
-            stamps.append([t0, t1, t2, t3, t4, now()])
+        if stamp:
+            stamps.append([t0, t1, t2, t3, t4, now(), tm, td])
     elif op == "give":
         if torch is None:
             import torch

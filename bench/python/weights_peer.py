@@ -5,15 +5,20 @@ it into its own parameters with update_in_place. Times are taken in the trainer,
 receiver's acknowledgement, which it sends once its copies finished (stream synchronized); the
 receiver splits that time into phases from the trainer's send timestamp (both read CLOCK_MONOTONIC).
 
-  {op: 'build', tensors, gib, seed}      the synthetic state dict -> {count, bytes, checksum}
+  {op: 'build', tensors, gib, seed, ipc_pool}   the synthetic state dict (with ipc_pool, allocated in
+                                         cuda_ipc.ipc_mem_pool(); the previous one is freed first)
+                                         -> {count, bytes, checksum, segments, pool}
   {op: 'listen', name} / {op: 'connect', name}
   {op: 'limit', syncs}                   trainer: torch._foreach_copy_ of the same bytes in this process -> {times}
   {op: 'run', syncs, fresh, split}       trainer: `syncs` sends -> {times, exports, send}
   {op: 'serve', syncs, fresh, split, method}   receiver: `syncs` updates -> {opened, phases, bytes, operations, method}
   {op: 'checksum'} -> {checksum};  {op: 'free'} -> {}
 
-fresh: every sync starts cold (the trainer asks for its handles again and encodes anew; the receiver
-closed its mappings, forgot its decoded tables and plans): the first sync of a pair of processes.
+fresh: every sync starts cold (the trainer asks for its handles again and encodes anew, and sends its
+pool's fd again; the receiver closed its mappings and imported pools, forgot its decoded tables and
+plans): the first sync of a pair of processes.
+The receiver acknowledges once its copies finished, then closes the previous sync's sets (off the
+critical path: the trainer's next step runs meanwhile); 'close' is that time.
 split: the state dict goes as that many sets (messages); 1 (the default) sends it whole, in one large
 message (docs/PROTOCOL.md section 3.1), which Python sends and receives once its large messages are in.
 """
@@ -24,8 +29,10 @@ import time
 
 import torch
 
-from cuda_ipc import IpcError, connect, legacy_cache_stats, listen, parent_link, share_tensors, tensor_set, update_in_place
+from cuda_ipc import IpcError, connect, ipc_mem_pool, legacy_cache_stats, listen, parent_link, share_tensors, tensor_set, update_in_place
+from cuda_ipc import driver as _drv
 from cuda_ipc import memory as _mem
+from cuda_ipc.memory import cache as _cache
 from cuda_ipc import update as _update
 
 import weights_model as wm
@@ -46,6 +53,7 @@ def _timed(key, fn):
 
 
 tensor_set._device_alloc = _timed("allocations", tensor_set._device_alloc)
+tensor_set._ask_handles = _timed("allocations", tensor_set._ask_handles)
 tensor_set.encode_table = _timed("table", tensor_set.encode_table)
 
 link = parent_link()
@@ -56,6 +64,7 @@ sd = None
 kept = []
 shared = None
 targets = None
+mem_pool = None  # the trainer's ipc_mem_pool(), kept while its state dict lives
 
 
 def chunks(names, split):
@@ -68,11 +77,21 @@ def now():
 
 
 def handle(msg):
-    global peer, sd, kept, shared, targets
+    global peer, sd, kept, shared, targets, mem_pool
     op = msg["op"]
     if op == "build":
-        sd = wm.build(torch, msg["tensors"], msg["gib"], msg["seed"])
-        link.send({"count": len(sd), "bytes": wm.nbytes(sd), "checksum": wm.checksum(torch, sd)})
+        sd = shared = None
+        gc.collect()
+        torch.cuda.empty_cache()
+        if msg.get("ipc_pool"):
+            mem_pool = ipc_mem_pool()
+            with torch.cuda.use_mem_pool(mem_pool):
+                sd = wm.build(torch, msg["tensors"], msg["gib"], msg["seed"])
+        else:
+            sd = wm.build(torch, msg["tensors"], msg["gib"], msg["seed"])
+        facts = [_drv.pointer_facts(t.data_ptr()) for t in sd.values()]
+        link.send({"count": len(sd), "bytes": wm.nbytes(sd), "checksum": wm.checksum(torch, sd),
+                   "segments": len({f.base for f in facts}), "pool": all(f.pool for f in facts)})
     elif op == "listen":
         server = listen(msg["name"])
 
@@ -114,6 +133,7 @@ def handle(msg):
                 shared = [share_tensors({n: sd[n] for n in part}) for part in parts]
                 if msg["fresh"]:
                     _mem._export_handles.clear()  # ask the driver for every handle again
+                    peer.handler_state.pop(_cache._POOLS_SENT, None)  # and send the pool's fd again
             e0 = tensor_set.handle_exports
             _spent["allocations"] = _spent["table"] = 0.0
             t0 = now()
@@ -136,13 +156,15 @@ def handle(msg):
         if targets is None or len(targets) != split:
             targets = [{n: sd[n] for n in part} for part in chunks(names, split)]
         opened, result = [], None
-        phases = {"receive": [], "map": [], "plan": [], "table": [], "launch": [], "sync": []}
+        phases = {"receive": [], "map": [], "plan": [], "table": [], "launch": [], "sync": [], "close (after the ack)": []}
         for i in range(msg["syncs"]):
             if msg["fresh"]:
                 for ts in kept:
                     ts.close()
                 kept = []
                 peer.handler_state.pop("cuda_ipc.tensor_set.layouts", None)
+                for pool in peer.handler_state.pop(_cache._POOLS_RECEIVED, {}).values():
+                    pool.release()  # the pool is imported again from the fd the trainer sends again
                 _update._plans.clear()
                 gc.collect()
             o0 = legacy_cache_stats()["opened"]
@@ -163,10 +185,13 @@ def handle(msg):
             t3 = now()
             torch.cuda.synchronize()  # the copies (on the update's stream) and anything before them
             t4 = now()
-            for ts in kept:  # the previous sync's sets: closed once this sync's are mapped
+            peer.send({"ack": i})
+            # The previous sync's sets, closed once this sync's are mapped (their mappings stay
+            # open for these), after the ack: the trainer goes on meanwhile.
+            for ts in kept:
                 ts.close(sync=False)
             kept = sets
-            peer.send({"ack": i})
+            t5 = now()
             opened.append(legacy_cache_stats()["opened"] - o0)
             phases["receive"].append((t1 - t0) / 1000)
             phases["map"].append((t2 - t1) / 1000)
@@ -176,6 +201,7 @@ def handle(msg):
                 phases[k].append(v)
             phases["plan"][-1] += max(0.0, (t3 - t2) / 1000 - sum(spent.values()))
             phases["sync"].append((t4 - t3) / 1000)
+            phases["close (after the ack)"].append((t5 - t4) / 1000)
         link.send({"opened": opened, "phases": phases, "bytes": sum(r.nbytes for r in kept), "operations": ops, "method": result.method})
     elif op == "checksum":
         link.send({"checksum": wm.checksum(torch, sd)})

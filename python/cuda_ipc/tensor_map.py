@@ -24,7 +24,7 @@ from .host_array import HostArray
 from .resource import Resource
 from .link.handlers import handler_for_kind
 from .memory import cache
-from .memory.buffer import _CREATE as _DEVICE_BUFFER, ArrayView, DeviceBuffer, _Origin
+from .memory.buffer import _CREATE as _DEVICE_BUFFER, ArrayView, DeviceBuffer, _Origin, map_buffers
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
 
 if TYPE_CHECKING:
@@ -118,9 +118,14 @@ class TensorSet(Resource, Mapping[str, Any]):
         return i
 
     def bases(self) -> list[int]:
-        """Addresses of the allocations in this process (mapping device memory on first use)."""
+        """Addresses of the allocations in this process, mapping device memory not mapped yet as one
+        batch (memory/buffer.py map_buffers: the legacy handles of a first sync opened several at once)."""
         self._check()
-        return [a.ptr if not isinstance(a, HostBuffer) else host_address(a) for a in self._allocs]
+        allocs = self._allocs
+        unmapped = [a for a in allocs if type(a) is DeviceBuffer and a._origin.base is None]
+        if unmapped:
+            map_buffers(unmapped)
+        return [a.ptr if not isinstance(a, HostBuffer) else host_address(a) for a in allocs]
 
     # -- views --
 

@@ -37,6 +37,7 @@ from .link.handlers import TransferEncoding, TransferHandler, register_transfer_
 from .link.lease import Hold, release_hold
 from .memory.buffer import ArrayView, DeviceBuffer
 from .memory.exports import _describe_array, legacy_handle_of, pool_export_of
+from .parallel import each
 from .tensor_map import TensorSet, decode_tensor_set
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TENSOR_SET_KIND, encode_set, encode_table
 
@@ -60,7 +61,7 @@ __all__ = ["SharedTensors", "TensorSet", "share_tensors", "handle_exports"]
 class _Alloc:
     """One allocation of a set to send: how to write its entry on a link."""
 
-    __slots__ = ("kind", "key", "size", "data", "pool_id", "pool_fd", "uuid", "export", "mapping", "ordinal")
+    __slots__ = ("kind", "key", "size", "data", "pool_id", "pool_fd", "uuid", "export", "mapping", "ordinal", "name")
 
     def __init__(self, kind: int, key: tuple[Any, ...], size: int):
         self.kind = kind
@@ -73,12 +74,14 @@ class _Alloc:
         self.export = b""
         self.mapping: _Mapping | None = None  # host: its mapping
         self.ordinal: int | None = None  # device: its ordinal
+        self.name = ""  # the first tensor found in it (for errors)
 
 
 class _Encoding:
-    """What a set's tensors were when last encoded: their pointers, allocations and table."""
+    """What a set's tensors were when last encoded: their pointers, allocations and table; and the
+    record last sent for them without fds (a repeated send sends the same bytes again)."""
 
-    __slots__ = ("pointers", "allocs", "table", "count", "nbytes", "syncs")
+    __slots__ = ("pointers", "allocs", "table", "count", "nbytes", "syncs", "record")
 
     def __init__(self, pointers: list[int], allocs: list[_Alloc], table: bytes, count: int, nbytes: int, syncs: list[Sync]):
         self.pointers = pointers
@@ -87,6 +90,7 @@ class _Encoding:
         self.count = count
         self.nbytes = nbytes
         self.syncs = syncs
+        self.record: tuple[list[Entry], bytes] | None = None
 
 
 def _pointer(obj: Any) -> int:
@@ -242,6 +246,7 @@ def _describe(st: SharedTensors) -> _Encoding:
         offsets.append(offset)
         alloc_of.append(a)
         nbytes += meta.itemsize * numel(meta.shape)
+    _ask_handles(allocs)
     table = encode_table(names, dtypes, shapes, strides, offsets, alloc_of, len(allocs))
     pointers = _pointers(st._objs)
     return _Encoding(pointers, allocs, table, len(names), nbytes, sorted(syncs, key=repr))
@@ -252,10 +257,10 @@ handle_exports = 0
 
 
 def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
-    """The allocation holding ``ptr``: one driver query, its handle or export data from the
+    """The allocation holding ``ptr``: one driver query, and its pool export data from the
     per-allocation cache of memory/exports.py (checked against the allocation's unique id, so a
-    freed and reallocated segment at the same address gets a fresh handle)."""
-    global handle_exports
+    freed and reallocated segment at the same address gets fresh data). A legacy allocation's handle
+    is asked later, with the others' (_ask_handles)."""
     dev = Device.get(ordinal)
     with dev.activate():
         facts = drv.pointer_facts(ptr)
@@ -269,14 +274,32 @@ def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
         else:
             if facts.managed or facts.memory_type != drv.CU_MEMORYTYPE_DEVICE:
                 raise IpcError("ERR_NOT_EXPORTABLE", f"tensor {name!r} is managed or host memory, which CUDA IPC handles cannot share; use HostArray for host memory")
-            handle, asked = legacy_handle_of(base, facts.buffer_id, f"tensor {name!r}")
-            if asked:
-                handle_exports += 1
             a = _Alloc(KIND_LEGACY, ("legacy", base, facts.buffer_id), size)
-            a.data = encode_descriptor(LegacyHandleDescriptor(handle, 0, size, dev.uuid, os.getpid(), None))
         a.uuid = dev.uuid
         a.ordinal = ordinal
+        a.name = name
         return a
+
+
+def _ask_handles(allocs: list[_Alloc]) -> None:
+    """The entries of the legacy allocations _describe found: their handles from the per-allocation
+    cache of memory/exports.py, those it lacks asked of the driver several at once (parallel.py: a
+    first sync asks one per caching-allocator segment)."""
+    global handle_exports
+    todo = [a for a in allocs if a.kind == KIND_LEGACY and not a.data]
+
+    def ask(a: _Alloc) -> tuple[bytes, bool]:
+        assert a.ordinal is not None, "a device allocation has its ordinal"
+        with Device.get(a.ordinal).activate():
+            return legacy_handle_of(a.key[1], a.key[2], f"tensor {a.name!r}")
+    pid = os.getpid()
+    for a, r in zip(todo, each(ask, todo)):
+        if isinstance(r, BaseException):
+            raise r
+        handle, asked = r
+        if asked:
+            handle_exports += 1
+        a.data = encode_descriptor(LegacyHandleDescriptor(handle, 0, a.size, a.uuid, pid, None))
 
 
 def _pointers(objs: list[Any]) -> list[int]:
@@ -355,7 +378,14 @@ def _encode_shared(st: SharedTensors, link: Link) -> TransferEncoding:
     entries, fds, commits = _entries_for_link(enc.allocs, link)
     try:
         hold = _hold_for(enc.allocs, st._objs, enc.nbytes) if enc.count else None
-        data = encode_set(entries, enc.table, enc.count)
+        # A repeated send of the same allocations without fds is the same record: kept, not rebuilt.
+        last = enc.record
+        if last is not None and not fds and last[0] == entries:
+            data = last[1]
+        else:
+            data = encode_set(entries, enc.table, enc.count)
+            if not fds:
+                enc.record = (entries, data)
     except BaseException:
         for fd in fds:
             os.close(fd)

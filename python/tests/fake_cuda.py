@@ -4,6 +4,7 @@ handles or pool buffers, receiving, mapping lazily, views, unmapping, leases) ru
 bookkept so that tests can check what was opened, imported, freed and synchronized."""
 import ctypes
 import os
+import threading
 
 from cuda_ipc import device as device_mod
 from cuda_ipc import driver as drv
@@ -28,7 +29,7 @@ class FakeDriver:
         self.destroyed = []
         self.syncs = 0
         self.stream_syncs = []
-        self.ctx_stack = []
+        self._threads = threading.local()  # each thread's context stack, as the driver keeps them
         self.calls = []
         self._next_pool = 0x5000
         self.buffer_ids = {}  # base -> CU_POINTER_ATTRIBUTE_BUFFER_ID (unique per allocation)
@@ -46,6 +47,14 @@ class FakeDriver:
         self.uploads = []  # bytes per cuMemcpyHtoDAsync
         self.launches = []  # (kernel name, grid, block, runs, chunks) per cuLaunchKernel
         self.events = 0
+
+    @property
+    def ctx_stack(self) -> list:
+        """The calling thread's stack of current contexts."""
+        stack = self._threads.__dict__.get("stack")
+        if stack is None:
+            stack = self._threads.stack = []
+        return stack
 
     # -- what tests use --
 
@@ -395,7 +404,7 @@ def install() -> FakeDriver:
     memory_mod._local_exports.clear()
     memory_mod._local_pool_exports.clear()
     memory_mod._local_pools.clear()
-    memory_mod._legacy_maps.clear()
+    memory_mod._reset_legacy()
     memory_mod._export_handles.clear()
     return fake
 
@@ -411,5 +420,5 @@ def uninstall(fake: FakeDriver) -> None:
     for _, fd in memory_mod._local_pools.values():
         os.close(fd)
     memory_mod._local_pools.clear()
-    memory_mod._legacy_maps.clear()
+    memory_mod._reset_legacy()
     memory_mod._export_handles.clear()

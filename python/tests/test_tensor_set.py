@@ -5,7 +5,10 @@ updates with the errors that name what does not match."""
 import array
 import ctypes
 import gc
+import os
 import struct
+import threading
+import time
 import unittest
 
 from cuda_ipc import HostArray, HostBuffer, IpcError, TensorSet, share_tensors, update_in_place
@@ -282,6 +285,61 @@ class DeviceSetTests(unittest.TestCase):
         second.close()
         self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (0, 0),
                          "a set's mappings are closed with it, not left idle holding the sender's memory")
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 0)
+
+    def test_a_first_sync_asks_and_opens_its_handles_several_at_once_each_once(self):
+        segs = [self.fake.alloc(4096) for _ in range(40)]
+        named = {f"layers.{i}.w": fake_cuda.FakeArray(seg + 64, (4,), "<f4") for i, seg in enumerate(segs)}
+        threads = set()
+        open_handle = self.fake.cuIpcOpenMemHandle
+
+        def counted(*args):
+            threads.add(threading.get_ident())
+            time.sleep(0.001)  # as a driver call, without the GIL
+            return open_handle(*args)
+        self.fake.cuIpcOpenMemHandle = counted
+        saved = os.environ.get("CUDA_IPC_DRIVER_THREADS")
+        os.environ["CUDA_IPC_DRIVER_THREADS"] = "4"
+        self.addCleanup(lambda: os.environ.pop("CUDA_IPC_DRIVER_THREADS") if saved is None else os.environ.__setitem__("CUDA_IPC_DRIVER_THREADS", saved))
+        before = ts_mod.handle_exports
+        shared = share_tensors(named, sync=False)
+        self.la.send({"weights": shared})
+        self.assertEqual(ts_mod.handle_exports - before, 40, "each allocation's handle asked once")
+        first = self.lb.receive(timeout=5)["weights"]
+        memory_mod._local_exports.clear()  # as in another process
+        self.assertEqual(first.bases(), segs)
+        self.assertEqual([self.fake.opened[s] for s in segs], [1] * 40)
+        self.assertGreater(len(threads), 1, "the opens ran on several threads")
+        self.assertEqual(memory_mod.legacy_cache_stats()["references"], 40)
+        # The next sync while the first set is open: the same record, no handle opened again.
+        record = shared._encoding.record
+        self.la.send({"weights": shared})
+        self.assertIs(shared._encoding.record, record, "a repeated send reuses the record it built")
+        second = self.lb.receive(timeout=5)["weights"]
+        self.assertEqual(second.bases(), segs)
+        self.assertEqual([self.fake.opened[s] for s in segs], [1] * 40)
+        first.close()
+        second.close()
+        self.assertEqual([self.fake.opened[s] for s in segs], [0] * 40, "closed with the last set that used them")
+        self.assertEqual(memory_mod.legacy_cache_stats()["mappings"], 0)
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 0)
+
+    def test_a_stale_handle_in_a_batch_fails_the_batch_and_leaks_no_mapping(self):
+        segs = [self.fake.alloc(4096) for _ in range(12)]
+        named = {f"t{i}": fake_cuda.FakeArray(seg, (4,), "<f4") for i, seg in enumerate(segs)}
+        self.la.send({"weights": share_tensors(named, sync=False)})
+        got = self.lb.receive(timeout=5)["weights"]
+        memory_mod._local_exports.clear()
+        gone = [h for h, b in self.fake.handles.items() if b == segs[5]][0]
+        del self.fake.handles[gone]  # its exporter freed it
+        with self.assertRaises(IpcError) as e:
+            got.bases()
+        self.assertEqual(e.exception.code, "ERR_HANDLE_STALE")
+        self.assertEqual(sum(self.fake.opened.get(s, 0) for s in segs), 11, "the others were mapped")
+        got.close()
+        self.assertEqual(sum(self.fake.opened.get(s, 0) for s in segs), 0, "and closed with the set")
         deliver_releases(self.lb, self.la)
         self.assertEqual(self.la.leases.count, 0)
 

@@ -1,7 +1,7 @@
 // A consumer's end of a channel: receive messages (or iterate), release each once done with it.
-import { IpcError } from '../errors.js';
+import { IpcError, checkViewBytes, MAX_VIEW_BYTES } from '../errors.js';
 import { raceWait, type WaitOptions } from '../abort.js';
-import { HostBuffer } from '../host/index.js';
+import { HostBuffer, hostBufferRange } from '../host/host-buffer.js';
 import type { Stream } from '../cuda/stream.js';
 import { H, P, S, MetaKind, FLAG_REDELIVERED, publishFence, releaseFence } from './layout.js';
 import { corrupt } from './ring.js';
@@ -327,6 +327,8 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer, Meta = unknown> i
   readonly redelivered: boolean;
   readonly #owner: MessageOwner;
   #released = false;
+  /** msg.bytes of a slot too large for one typed array (a view of its own). */
+  #bytes: Uint8Array | undefined;
   /** @internal */
   readonly [kTicket]: number;
   /** @internal */
@@ -345,13 +347,36 @@ export class ChannelMessage<B extends SlotBuffer = SlotBuffer, Meta = unknown> i
     this.redelivered = init.redelivered;
   }
 
-  /** Host slots: the message's bytes, `length` of them (zero-copy, valid until release()). */
+  /**
+   * Host slots: the message's bytes, `length` of them (zero-copy, valid until release()).
+   * @throws IpcError ERR_UNSUPPORTED for a device slot; ERR_CLOSED once released;
+   * ERR_VIEW_TOO_LARGE for a message larger than one typed array can be
+   * (`buffer.constants.MAX_LENGTH`, 4 GiB on Node 20).
+   */
   get bytes(): Uint8Array {
     if (!(this.buffer instanceof HostBuffer)) {
       throw new IpcError('ERR_UNSUPPORTED', 'msg.bytes: this message is in device memory; use msg.buffer with msg.waitOn(stream)');
     }
     if (this.#released) throw new IpcError('ERR_CLOSED', 'msg.bytes: the message was released');
+    checkViewBytes(this.length, 'msg.bytes', 'copy it out in pieces with msg.buffer.read(dst, offset)');
+    // A slot too large for one typed array still gives a view of a message that fits.
+    if (this.buffer.byteLength > MAX_VIEW_BYTES) return (this.#bytes ??= hostBufferRange(this.buffer, 0, this.length));
     return this.buffer.bytes.subarray(0, this.length);
+  }
+
+  /**
+   * Host slots: a DataView over the message's slot (the same object every time this slot comes
+   * round; the message is its first `length` bytes), for numbers at byte offsets:
+   * `msg.dataView.getFloat64(8, true)`. Valid until release().
+   * @throws IpcError as `bytes`; ERR_VIEW_TOO_LARGE for a slot larger than one typed array can be.
+   */
+  get dataView(): DataView {
+    if (!(this.buffer instanceof HostBuffer)) {
+      throw new IpcError('ERR_UNSUPPORTED', 'msg.dataView: this message is in device memory; use msg.buffer with msg.waitOn(stream)');
+    }
+    if (this.#released) throw new IpcError('ERR_CLOSED', 'msg.dataView: the message was released');
+    checkViewBytes(this.buffer.byteLength, 'msg.dataView', 'copy the message out in pieces with msg.buffer.read(dst, offset)');
+    return this.buffer.dataView;
   }
 
   get released(): boolean {

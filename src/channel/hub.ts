@@ -68,13 +68,23 @@ export class ChannelHub<B extends SlotBuffer = SlotBuffer, Meta = unknown> exten
     this.#recoveries = new Recoveries(this.#ring);
   }
 
+  /** Device slots (`memory: { device }` or `{ pool }`): DeviceBuffer slots. */
+  static create<Meta = unknown>(options: ChannelOptions & { memory: { pool: IpcPool } | { device: Device } }): ChannelHub<DeviceBuffer, Meta>;
+  /** Host slots (`memory: 'host'` or left out): HostBuffer slots. */
+  static create<Meta = unknown>(options: ChannelOptions & { memory?: 'host' }): ChannelHub<HostBuffer, Meta>;
+  /** Slots of the kind `memory` says at run time. */
+  static create<Meta = unknown>(options: ChannelOptions): ChannelHub<SlotBuffer, Meta>;
   /**
    * Creates a channel: allocates its slots, control block and doorbells in this process. The
    * slot type follows `memory`: DeviceBuffer for `{ device }` / `{ pool }`, else HostBuffer.
+   *
+   * @throws TypeError ERR_INVALID_ARG_VALUE for a bad `topology` or `memory` (ERR_INVALID_ARG_TYPE
+   * for a `memory` of the wrong type); RangeError ERR_OUT_OF_RANGE for `slots`, `slotBytes`,
+   * `metaBytes`, `maxPeers`, `producers` or `consumers` out of range.
+   * @throws IpcError ERR_OUT_OF_MEMORY (host) or CudaError CUDA_ERROR_OUT_OF_MEMORY (device) when
+   * the slots do not fit; ERR_IMPORTED_POOL for a pool another process made; ERR_FD_LIMIT when no
+   * file descriptor is left.
    */
-  static create<Meta = unknown>(options: ChannelOptions & { memory: { pool: IpcPool } | { device: Device } }): ChannelHub<DeviceBuffer, Meta>;
-  static create<Meta = unknown>(options: ChannelOptions & { memory?: 'host' }): ChannelHub<HostBuffer, Meta>;
-  static create<Meta = unknown>(options: ChannelOptions): ChannelHub<SlotBuffer, Meta>;
   static create<M extends ChannelMemory | undefined = undefined, Meta = unknown>(options: ChannelOptions & { memory?: M }): ChannelHub<any, Meta> {
     const topology = options.topology ?? 'queue';
     if (topology !== 'queue' && topology !== 'broadcast') {

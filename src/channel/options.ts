@@ -20,7 +20,8 @@ export type ChannelMemory = 'host' | { pool: IpcPool } | { device: Device };
 /** What a slot is: shared host memory or device memory. */
 export type SlotBuffer = HostBuffer | DeviceBuffer;
 /** publish()'s options argument: required, with `meta`, when the channel's `Meta` type does not
- * include undefined (so that every message carries what consumers are typed to read). */
+ * include undefined (so that every message carries what consumers are typed to read); type the
+ * channel `Meta | undefined` for messages that carry meta only sometimes. */
 export type PublishArgs<Meta> = undefined extends Meta ? [options?: PublishOptions<Meta>] : [options: PublishOptions<Meta> & { meta: Meta }];
 /** The slot type a `memory` option gives. */
 export type SlotBufferFor<M> = [M] extends ['host'] ? HostBuffer : [M] extends [undefined] ? HostBuffer : [M] extends [{ pool: IpcPool } | { device: Device }] ? DeviceBuffer : SlotBuffer;

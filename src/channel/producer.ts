@@ -1,5 +1,5 @@
 // A producer's end of a channel: acquire a free slot, write it, publish it; end() when done.
-import { IpcError } from '../errors.js';
+import { IpcError, checkViewBytes } from '../errors.js';
 import { raceWait, type WaitOptions } from '../abort.js';
 import { HostBuffer } from '../host/index.js';
 import type { Stream } from '../cuda/stream.js';
@@ -146,6 +146,17 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer, Meta = unknown> 
    * Publishes `slot`: the consumers can take it at once. With device slots the slot's publish
    * fence is raised once the work queued on `stream` so far is done, so consumers that waitOn()
    * the message see everything queued there.
+   *
+   * `meta` is required on every publish when the channel's `Meta` type excludes undefined
+   * (`createChannel<{ seq: number }>`): consumers read `msg.meta` as that type, and a message
+   * without meta would break it. For a channel whose messages carry meta only sometimes, say so
+   * in its type, `createChannel<{ seq: number } | undefined>`, and consumers check `msg.meta`.
+   *
+   * @throws TypeError ERR_INVALID_ARG_VALUE for a slot this producer did not acquire or already
+   * published; RangeError ERR_OUT_OF_RANGE for a `length` outside 0..slotBytes.
+   * @throws IpcError ERR_MESSAGE_TOO_LARGE for meta larger than the channel's metaBytes once
+   * encoded; ERR_NOT_TRANSFERABLE for meta that is not JSON-serialisable; ERR_CHANNEL_CLOSED once
+   * this end is closed.
    */
   publish(slot: ChannelSlot<B>, ...options: PublishArgs<Meta>): void;
   publish(slot: ChannelSlot<B>, options: PublishOptions = {}): void {
@@ -345,12 +356,29 @@ export class ChannelSlot<B extends SlotBuffer = SlotBuffer> {
     return this.buffer.byteLength;
   }
 
-  /** Host slots: the slot's bytes (zero-copy). */
+  /**
+   * Host slots: the slot's bytes (zero-copy).
+   * @throws IpcError ERR_UNSUPPORTED for a device slot; ERR_VIEW_TOO_LARGE for a slot larger than
+   * one typed array can be (`buffer.constants.MAX_LENGTH`, 4 GiB on Node 20).
+   */
   get bytes(): Uint8Array {
+    return this.#host('slot.bytes').bytes;
+  }
+
+  /**
+   * Host slots: a DataView over the slot (the same object every time this slot comes round), for
+   * numbers at byte offsets: `slot.dataView.setFloat64(8, x, true)`. Errors as `bytes`.
+   */
+  get dataView(): DataView {
+    return this.#host('slot.dataView').dataView;
+  }
+
+  #host(what: string): HostBuffer {
     if (!(this.buffer instanceof HostBuffer)) {
-      throw new IpcError('ERR_UNSUPPORTED', 'slot.bytes: this slot is device memory; write it with slot.buffer (kernels, copies)');
+      throw new IpcError('ERR_UNSUPPORTED', `${what}: this slot is device memory; write it with slot.buffer (kernels, copies)`);
     }
-    return this.buffer.bytes;
+    checkViewBytes(this.buffer.byteLength, what, 'write it with slot.buffer.write(src, offset) in pieces');
+    return this.buffer;
   }
 
   /** Device slots: GPU work queued on `stream` after this waits until the consumers' work on the

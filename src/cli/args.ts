@@ -2,6 +2,7 @@
 // and every mistake becomes a UsageError whose message names the argument and says what to do.
 // Hand-written rather than util.parseArgs, whose messages speak of "ambiguous" arguments where a
 // user typed `--elements -5`.
+import { closest } from '../arg-errors.js';
 
 /** A mistake in the command line: main prints it with a pointer to --help and exits 2. */
 export class UsageError extends Error {
@@ -43,34 +44,6 @@ export function wantsHelp(argv: readonly string[]): boolean {
     if (a === '--help' || a === '-h') return true;
   }
   return false;
-}
-
-function distance(a: string, b: string): number {
-  const d = Array.from({ length: b.length + 1 }, (_, j) => j);
-  for (let i = 1; i <= a.length; i++) {
-    let prev = d[0]!;
-    d[0] = i;
-    for (let j = 1; j <= b.length; j++) {
-      const cur = d[j]!;
-      d[j] = Math.min(d[j]! + 1, d[j - 1]! + 1, prev + (a[i - 1] === b[j - 1] ? 0 : 1));
-      prev = cur;
-    }
-  }
-  return d[b.length]!;
-}
-
-/** The known name closest to `name`, if it is close enough to be a typo. */
-export function closest(name: string, known: readonly string[]): string | undefined {
-  let best: string | undefined;
-  let bestD = Infinity;
-  for (const k of known) {
-    const d = k.startsWith(name) && name.length >= 2 ? 0 : distance(name, k);
-    if (d < bestD) {
-      bestD = d;
-      best = k;
-    }
-  }
-  return bestD <= Math.max(1, Math.floor(name.length / 3)) ? best : undefined;
 }
 
 const optionList = (spec: ArgsSpec): string =>

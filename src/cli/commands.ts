@@ -17,6 +17,7 @@ export interface CommandSpec extends ArgsSpec {
 const device = { type: 'string', value: 'D', help: 'device ordinal (default 0); where there is no GPU, giving it is a usage error' } as const;
 const json = { type: 'boolean', help: 'print JSON instead of text, for scripts' } as const;
 const dir = { type: 'string', value: 'DIR', help: 'read the records in DIR instead of this user\'s default (see ENVIRONMENT in cuda-ipc --help)' } as const;
+const tokenFile = { type: 'string', value: 'FILE', help: 'over TCP: read the shared token from FILE instead of CUDA_IPC_TOKEN (a token is never taken from the command line)' } as const;
 const NO_GPU = 'Without a usable GPU it prints why and exits 0 (the CUDA samples\' convention), so scripts can tell "not here" from "failed".';
 const ON_HOST = 'Without a usable GPU it says why and runs on host shared memory: 0 when it succeeds there. --device on a machine without a GPU is a usage error (2).';
 
@@ -86,15 +87,19 @@ export const commands: readonly CommandSpec[] = [
     description:
       'The producer of the two-terminal example: allocates float32 device memory, fills a known pattern, writes a descriptor (JSON with a legacy IPC handle) to --out, ' +
       'waits for `cuda-ipc consume` to double the values, verifies them and removes its files. Without a usable GPU it says why and shares host shared memory ' +
-      '(a memfd) instead: it listens on a link and writes the link\'s name to --out; the consumer connects and gets the memory over it.',
+      '(a memfd) instead: it listens on a link and writes the link\'s name to --out; the consumer connects and gets the memory over it. ' +
+      'With --listen tcp://HOST:PORT instead of --out it serves a consumer on another machine over a TCP link (host memory, copied: the consumer doubles its copy ' +
+      'and sends it back); both sides need the same token, from CUDA_IPC_TOKEN or --token-file.',
     options: {
-      out: { type: 'string', value: 'FILE', required: true, help: 'where to write the descriptor, e.g. --out handle.json' },
+      out: { type: 'string', value: 'FILE', help: 'where to write the descriptor, e.g. --out handle.json (this machine)' },
+      listen: { type: 'string', value: 'URL', help: 'serve another machine instead: listen at tcp://HOST:PORT, HOST an address of this machine (0.0.0.0: all; port 0: any free one)' },
+      'token-file': tokenFile,
       elements: { type: 'string', value: 'N', help: 'float32 elements (default 1048576)' },
       device,
       timeout: { type: 'string', value: 'SECONDS', help: 'how long to wait for a consumer (default 600)' },
     },
     positionals: [],
-    examples: ['cuda-ipc produce --out handle.json', 'cuda-ipc produce --out /tmp/h.json --elements 1000 --timeout 60'],
+    examples: ['cuda-ipc produce --out handle.json', 'cuda-ipc produce --out /tmp/h.json --elements 1000 --timeout 60', 'CUDA_IPC_TOKEN=$(cat ~/.cuda-ipc-token) cuda-ipc produce --listen tcp://0.0.0.0:5000'],
     exitNotes: ON_HOST,
     async run(args) {
       return (await import('./produce.js')).produce(args);
@@ -106,13 +111,30 @@ export const commands: readonly CommandSpec[] = [
     description:
       'The consumer of the two-terminal example: waits for FILE (the producer may start later), opens the memory it describes, verifies every element, ' +
       'doubles them in place and tells the producer (through FILE.done, or over the link when FILE describes host memory). GPU memory needs a GPU here; ' +
-      'host memory (what produce shares where it has no GPU) does not.',
-    options: { timeout: { type: 'string', value: 'SECONDS', help: 'how long to wait for FILE to appear (default 60)' } },
-    positionals: [{ name: 'FILE', required: true, help: 'give the descriptor file the producer writes, e.g. cuda-ipc consume handle.json' }],
-    examples: ['cuda-ipc consume handle.json', 'cuda-ipc consume /tmp/h.json --timeout 10'],
+      'host memory (what produce shares where it has no GPU) does not. Given tcp://HOST:PORT instead of FILE, it connects to `cuda-ipc produce --listen` on ' +
+      'another machine, with the same token (CUDA_IPC_TOKEN or --token-file), and gets a copy of its host memory.',
+    options: {
+      timeout: { type: 'string', value: 'SECONDS', help: 'how long to wait for FILE to appear, or for the producer to listen (default 60)' },
+      'token-file': tokenFile,
+    },
+    positionals: [{ name: 'FILE', required: true, help: 'give the descriptor file the producer writes, e.g. cuda-ipc consume handle.json, or tcp://HOST:PORT of a producer started with --listen' }],
+    examples: ['cuda-ipc consume handle.json', 'cuda-ipc consume /tmp/h.json --timeout 10', 'cuda-ipc consume tcp://10.0.0.2:5000 --token-file ~/.cuda-ipc-token'],
     exitNotes: 'A FILE that does not appear within --timeout, is not a producer\'s descriptor, or describes GPU memory on a machine without a usable GPU: 1.',
     async run(args) {
       return (await import('./consume.js')).consume(args);
+    },
+  },
+  {
+    name: 'token',
+    summary: 'print a fresh random token for TCP links (CUDA_IPC_TOKEN)',
+    description:
+      'Prints 32 random bytes (base64url): a token for links between machines. Give the same one to both sides, as CUDA_IPC_TOKEN or in a file only you ' +
+      'can read (--token-file of produce and consume; the token option of listen() and connect()). It never crosses the wire: each side proves it holds it.',
+    options: {},
+    positionals: [],
+    examples: ['cuda-ipc token', 'export CUDA_IPC_TOKEN=$(cuda-ipc token)', '(umask 077; cuda-ipc token > ~/.cuda-ipc-token)'],
+    async run() {
+      return (await import('./tcp-handoff.js')).printToken();
     },
   },
   {

@@ -5,27 +5,34 @@ import { existsSync } from 'node:fs';
 import { IpcError } from '../errors.js';
 import { openIpcArray } from '../ipc/array.js';
 import { parseDescriptorJson } from '../ipc/descriptor.js';
-import { writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
-import { secondsOption, type ParsedArgs } from './args.js';
+import { Deadline, writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
+import { secondsOption, UsageError, type ParsedArgs } from './args.js';
+import { isLinkUrl } from '../link/link-url.js';
 import { whyNoGpu } from './availability.js';
 import { findMismatch, firstFive } from './pattern.js';
 import { consumeOnHost, isHostDescriptor } from './host-handoff.js';
 
 export async function consume(args: ParsedArgs): Promise<number> {
   const file = args.positionals[0]!; // required by the parser
-  const timeoutMs = secondsOption(args, 'timeout', 60);
+  if (isLinkUrl(file)) return (await import('./tcp-handoff.js')).consumeOverTcp(args, file);
+  if (args.values['token-file'] !== undefined) throw new UsageError('--token-file goes with a tcp://HOST:PORT producer; FILE is shared on this machine');
+  const deadline = new Deadline(secondsOption(args, 'timeout', 60));
   checkFileArgument(file, 'FILE', `cuda-ipc consume ${file.replace(/\/+$/, '')}/handle.json`, { writes: true });
   const ack = (ok: boolean, message?: string) => writeFileAtomic(`${file}.done`, JSON.stringify({ ok, pid: process.pid, message }) + '\n');
 
-  if (!existsSync(file)) console.log(`consume: waiting up to ${timeoutMs / 1000} s for ${file} (start \`cuda-ipc produce --out ${file}\` in another terminal)`);
-  const text = await waitForFile(file, timeoutMs, `start the producer first (cuda-ipc produce --out ${file}), or raise --timeout`);
+  if (!existsSync(file)) console.log(`consume: waiting up to ${deadline.ms / 1000} s for ${file} (start \`cuda-ipc produce --out ${file}\` in another terminal)`);
+  // The user named FILE: a symlink there is followed, but only to a regular file of a descriptor's size.
+  const { text } = await waitForFile(file, deadline, `start the producer first (cuda-ipc produce --out ${file}), or raise --timeout`, {
+    followSymlinks: true,
+    what: 'the descriptor',
+  });
   let parsed: unknown;
   try {
     parsed = JSON.parse(text);
   } catch {
     throw new IpcError('ERR_DESCRIPTOR_INVALID', `${file} is not JSON; give the file that \`cuda-ipc produce --out FILE\` writes`);
   }
-  if (isHostDescriptor(parsed)) return consumeOnHost(parsed, file);
+  if (isHostDescriptor(parsed)) return consumeOnHost(parsed, file, deadline);
   let desc;
   try {
     desc = parseDescriptorJson(parsed, 'cuda-legacy-handle');

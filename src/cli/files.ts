@@ -1,16 +1,37 @@
-// File handoff for the two-terminal example: atomic writes and bounded waits.
-import { readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
+// File handoff for the two-terminal example: atomic writes, bounded reads, and waits that end at
+// the command's --timeout. The files may sit in a shared directory: a temporary is a new file of a
+// random name (O_EXCL), what is read must be a regular file of a descriptor's size (a FIFO, a
+// device or /dev/zero is refused at once), and only what this process wrote is removed.
+import { lstatSync, statSync } from 'node:fs';
 import { dirname } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../errors.js';
 import { UsageError } from './args.js';
 import { invalidArgValue } from '../arg-errors.js';
+import { identityOf, readRegularFile, sameFile, type FileIdentity } from '../safe-files.js';
 
-/** Writes via a temporary name and a rename, so a reader never sees half a file. */
-export function writeFileAtomic(path: string, text: string): void {
-  const tmp = `${path}.tmp-${process.pid}`;
-  writeFileSync(tmp, text, { mode: 0o600 });
-  renameSync(tmp, path);
+export { removeIfSame, writeFileAtomic, type FileIdentity } from '../safe-files.js';
+
+/** Descriptors and reports are a few hundred bytes: anything this large was not written by cuda-ipc. */
+export const MAX_HANDOFF_BYTES = 1 << 20;
+
+/** The end of a command's waits, all of them together: its --timeout counted from the start. */
+export class Deadline {
+  readonly #end: number;
+  readonly ms: number;
+  constructor(ms: number) {
+    this.ms = ms;
+    this.#end = Date.now() + ms;
+  }
+  /** Milliseconds left, at least 1 while any is left, 0 once it passed. */
+  left(): number {
+    const left = this.#end - Date.now();
+    return left > 0 ? Math.max(1, left) : 0;
+  }
+  /** How the bound reads in messages: '2 s (--timeout)'. */
+  toString(): string {
+    return `${this.ms / 1000} s (--timeout)`;
+  }
 }
 
 /**
@@ -37,21 +58,43 @@ export function checkFileArgument(path: string, what: string, example: string, o
   }
 }
 
-/** Resolves with the file's text once it exists; rejects with ERR_TIMEOUT after `timeoutMs`. */
-export async function waitForFile(path: string, timeoutMs: number, hint: string): Promise<string> {
-  const deadline = Date.now() + timeoutMs;
+export interface WaitForFileOptions {
+  /** A file already there that does not count (a report left by an earlier run). */
+  ignore?: FileIdentity;
+  /** Follow a symlink at `path` (a name the user gave); default false (a name this command made up). */
+  followSymlinks?: boolean;
+  /** Names the file in messages. */
+  what: string;
+}
+
+/**
+ * Resolves with the file's text once it exists (a regular file of at most MAX_HANDOFF_BYTES);
+ * rejects with ERR_TIMEOUT when `deadline` passes, ERR_FILE_UNSAFE at once for anything else at
+ * `path` (a FIFO, a device, a directory, a symlink where none is followed, a large file).
+ */
+export async function waitForFile(path: string, deadline: Deadline, hint: string, options: WaitForFileOptions): Promise<{ text: string; identity: FileIdentity }> {
   for (;;) {
     try {
-      return readFileSync(path, 'utf8');
+      const { bytes, identity } = readRegularFile(path, { maxBytes: MAX_HANDOFF_BYTES, followSymlinks: options.followSymlinks ?? false, what: options.what });
+      if (!options.ignore || !sameFile(identity, options.ignore)) return { text: bytes.toString('utf8'), identity };
     } catch (e) {
       const code = (e as { code?: string }).code;
-      if (code === 'EISDIR') throw invalidArgValue(`${path} is a directory, not the descriptor file; ${hint}`);
+      if (code === 'ERR_FILE_UNSAFE') throw e;
       if (code === 'EACCES') throw invalidArgValue(`${path} exists but this user may not read it (permission denied); check its owner and mode`);
       if (code !== 'ENOENT') throw invalidArgValue(`cannot read ${path}: ${(e as Error).message}`);
     }
-    if (Date.now() >= deadline) {
-      throw new IpcError('ERR_TIMEOUT', `nothing appeared at ${path} within ${timeoutMs / 1000} s: ${hint}`);
-    }
-    await sleep(25);
+    const left = deadline.left();
+    if (left === 0) throw new IpcError('ERR_TIMEOUT', `nothing appeared at ${path} within ${deadline}: ${hint}`);
+    await sleep(Math.min(25, left));
+  }
+}
+
+/** The identity of the regular file at `path` now (not followed), if there is one: a leftover to ignore. */
+export function leftover(path: string): FileIdentity | undefined {
+  try {
+    const st = lstatSync(path);
+    return st.isFile() ? identityOf(st) : undefined;
+  } catch {
+    return undefined;
   }
 }

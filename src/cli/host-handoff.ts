@@ -2,12 +2,12 @@
 // listens on a link and writes the link's name to FILE; the consumer connects, receives the
 // memory (a memfd, passed over the link: nothing is copied), verifies and doubles it in place,
 // closes its mapping and says so; the producer verifies in its own memory.
-import { rmSync } from 'node:fs';
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/index.js';
 import { connect, listen, type Link, type Listener } from '../link/index.js';
-import { writeFileAtomic } from './files.js';
+import { removeIfSame, writeFileAtomic, type Deadline, type FileIdentity } from './files.js';
 import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
+import { terminalSafe } from './terminal-text.js';
 
 /** What `produce` writes to FILE when it shares host memory. */
 export interface HostDescriptor {
@@ -28,42 +28,69 @@ interface Ack {
   message?: string;
 }
 
-export function isHostDescriptor(value: unknown): value is HostDescriptor {
-  const d = value as Partial<HostDescriptor> | null;
-  return typeof d === 'object' && d !== null && d.memory === 'host' && typeof d.link === 'string';
+/** Whether FILE says it describes host memory (checkHostDescriptor then checks the rest). */
+export function isHostDescriptor(value: unknown): value is { memory: 'host' } {
+  const d = value as { memory?: unknown } | null;
+  return typeof d === 'object' && d !== null && d.memory === 'host';
+}
+
+/** `value` as a HostDescriptor, every field checked: FILE may have been written by anyone who can write its directory. */
+function checkHostDescriptor(value: { memory: 'host' }, file: string): HostDescriptor {
+  const d = value as Partial<Record<keyof HostDescriptor, unknown>>;
+  const n = Array.isArray(d.shape) && d.shape.length === 1 ? d.shape[0] : undefined;
+  if (typeof d.link !== 'string' || !Number.isSafeInteger(d.pid) || (d.pid as number) <= 0 || d.dtype !== 'float32' || !Number.isSafeInteger(n) || (n as number) < 0) {
+    throw new IpcError('ERR_DESCRIPTOR_INVALID', `${file} is not a descriptor that \`cuda-ipc produce\` writes: a host descriptor has a link name, a pid, dtype float32 and a shape of one length`);
+  }
+  return { memory: 'host', link: d.link, dtype: 'float32', shape: [n as number], pid: d.pid as number };
 }
 
 const floats = (b: HostBuffer) => new Float32Array(b.bytes.buffer, b.bytes.byteOffset, Math.floor(b.byteLength / 4));
 
-function acceptWithin(listener: Listener, ms: number, hint: string): Promise<Link> {
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new IpcError('ERR_TIMEOUT', `no consumer connected within ${ms / 1000} s: ${hint}`)), ms);
-    listener.accept().then(
-      (link) => { clearTimeout(timer); resolve(link); },
-      (e: unknown) => { clearTimeout(timer); reject(e); },
-    );
+function acceptWithin(listener: Listener, deadline: Deadline, hint: string): Promise<Link> {
+  return listener.accept({ timeout: deadline.left() }).catch((e: unknown) => {
+    if ((e as { code?: string }).code !== 'ERR_TIMEOUT') throw e;
+    throw new IpcError('ERR_TIMEOUT', `no consumer connected within ${deadline}: ${hint}`, { cause: e });
   });
 }
 
-export async function produceOnHost(out: string, n: number, timeoutMs: number): Promise<number> {
+/** `wait` with what is left of `deadline`; its ERR_TIMEOUT says the real bound (--timeout) and `what` did not happen. */
+async function within<T>(deadline: Deadline, what: string, wait: (timeout: number) => Promise<T>): Promise<T> {
+  const left = deadline.left();
+  if (left === 0) throw new IpcError('ERR_TIMEOUT', `${what} within ${deadline}`);
+  try {
+    return await wait(left);
+  } catch (e) {
+    if ((e as { code?: string }).code !== 'ERR_TIMEOUT') throw e;
+    const why = ((e as { cause?: unknown }).cause as Error | undefined)?.message;
+    throw new IpcError('ERR_TIMEOUT', `${what} within ${deadline}${why ? ` (${why})` : ''}`, { cause: e });
+  }
+}
+
+export async function produceOnHost(out: string, n: number, deadline: Deadline): Promise<number> {
   using buffer = HostBuffer.allocate(n * 4);
   const values = floats(buffer);
   fillPattern(values);
   const name = `cuda-ipc-produce-${process.pid}`;
   const listener = listen(name);
-  const cleanup = () => { listener.close(); rmSync(out, { force: true }); };
+  let written: FileIdentity | undefined;
+  // Only the descriptor this process wrote is removed, and only while it is still that file.
+  const cleanup = () => { listener.close(); if (written) removeIfSame(out, written); };
   process.once('SIGINT', () => { cleanup(); process.exit(130); });
   try {
     const descriptor: HostDescriptor = { memory: 'host', link: name, dtype: 'float32', shape: [n], pid: process.pid };
-    writeFileAtomic(out, JSON.stringify(descriptor, null, 2) + '\n');
+    written = writeFileAtomic(out, JSON.stringify(descriptor, null, 2) + '\n');
     console.log(`producer ${process.pid}: ${n} float32 in host shared memory (memfd): ${firstFive(values)}, ...`);
     console.log(`descriptor written to ${out}; waiting for a consumer: cuda-ipc consume ${out}`);
-    const link = (await acceptWithin(listener, timeoutMs, `run \`cuda-ipc consume ${out}\``)) as Link<Ack, Handoff>;
+    const link = (await acceptWithin(listener, deadline, `run \`cuda-ipc consume ${out}\``)) as Link<Ack, Handoff>;
     try {
       link.send({ buffer, elements: n });
-      const ack = await link.receive();
+      const ack = await within(deadline, `consumer ${link.peer.pid} did not report back`, (timeout) => link.receive({ timeout }));
+      if (typeof ack !== 'object' || ack === null || typeof ack.ok !== 'boolean') {
+        console.error(`producer: consumer ${link.peer.pid} sent something that is not a report`);
+        return 1;
+      }
       if (!ack.ok) {
-        console.error(`producer: consumer ${link.peer.pid} reported a failure: ${ack.message}`);
+        console.error(terminalSafe(`producer: consumer ${link.peer.pid} reported a failure: ${String(ack.message)}`));
         return 1;
       }
       const bad = findMismatch(values, 2);
@@ -81,11 +108,12 @@ export async function produceOnHost(out: string, n: number, timeoutMs: number): 
   }
 }
 
-export async function consumeOnHost(d: HostDescriptor, file: string): Promise<number> {
-  console.log(`consumer ${process.pid}: ${file} describes host shared memory of process ${d.pid}; connecting to its link '${d.link}'`);
-  const link = await connect<Handoff, Ack>(d.link);
+export async function consumeOnHost(value: { memory: 'host' }, file: string, deadline: Deadline): Promise<number> {
+  const d = checkHostDescriptor(value, file);
+  console.log(terminalSafe(`consumer ${process.pid}: ${file} describes host shared memory of process ${d.pid}; connecting to its link '${d.link}'`));
+  const link = await within(deadline, `could not reach the producer (pid ${d.pid}) on its link '${d.link}'`, (timeout) => connect<Handoff, Ack>(d.link, { timeout }));
   try {
-    const { buffer } = await link.receive();
+    const { buffer } = await within(deadline, `the producer (pid ${d.pid}) sent no memory`, (timeout) => link.receive({ timeout }));
     let ack: Ack;
     try {
       const values = floats(buffer);
@@ -101,7 +129,7 @@ export async function consumeOnHost(d: HostDescriptor, file: string): Promise<nu
       buffer.close(); // release the mapping before the producer learns we are done
     }
     link.send(ack);
-    await link.end();
+    await within(deadline, `the producer (pid ${d.pid}) did not take the report`, (timeout) => link.end({ timeout }));
     if (!ack.ok) throw new Error(ack.message);
     return 0;
   } finally {

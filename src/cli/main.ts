@@ -1,15 +1,17 @@
 #!/usr/bin/env node
 // The `cuda-ipc` command. Exit status: 0 success, 1 the command failed, 2 usage error.
-import { closest, parseArgv, UsageError, wantsHelp } from './args.js';
+import { parseArgv, UsageError, wantsHelp } from './args.js';
+import { closest } from '../arg-errors.js';
 import { commands, findCommand } from './commands.js';
 import { commandHelp, mainHelp, packageVersion } from './help.js';
+import { terminalSafe } from './terminal-text.js';
 
 const EXIT_OK = 0;
 const EXIT_FAILED = 1;
 const EXIT_USAGE = 2;
 
 function usageError(where: string, message: string, helpCommand: string, what = 'the options and an example'): number {
-  console.error(`${where}: ${message}`);
+  console.error(terminalSafe(`${where}: ${message}`));
   console.error(`Run '${helpCommand}' for ${what}.`);
   return EXIT_USAGE;
 }
@@ -59,7 +61,8 @@ async function main(argv: string[]): Promise<number> {
   } catch (e) {
     if (e instanceof UsageError) return usageError(`cuda-ipc ${name}`, e.message, `cuda-ipc ${name} --help`);
     const err = e as Error & { code?: string };
-    console.error(`cuda-ipc ${name}: ${err.code ? `[${err.code}] ` : ''}${err.message ?? String(e)}`);
+    // Messages may quote a file or a peer: nothing in them may drive the terminal.
+    console.error(terminalSafe(`cuda-ipc ${name}: ${err.code ? `[${err.code}] ` : ''}${err.message ?? String(e)}`));
     return EXIT_FAILED;
   }
 }

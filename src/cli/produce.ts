@@ -1,47 +1,75 @@
 // `cuda-ipc produce --out FILE`: allocate, fill a known pattern, write the descriptor, wait for a
 // consumer to double the values, verify them. Without a usable GPU it says why and shares host
 // shared memory through a link instead (host-handoff.ts).
-import { rmSync } from 'node:fs';
 import { Device } from '../cuda/device.js';
 import { DeviceArray } from '../ipc/array.js';
 import { descriptorToJson } from '../ipc/descriptor.js';
-import { writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
-import { countOption, ordinalOption, secondsOption, stringValue, type ParsedArgs } from './args.js';
+import { Deadline, leftover, removeIfSame, writeFileAtomic, waitForFile, checkFileArgument, type FileIdentity } from './files.js';
+import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive } from './pattern.js';
 import { produceOnHost } from './host-handoff.js';
+import { terminalSafe } from './terminal-text.js';
+
+/** The consumer's report in FILE.done: what `consume` writes, checked (it may come from anyone who can write there). */
+function parseAck(text: string, path: string): { ok: boolean; pid: number; message?: string } {
+  let v: { ok?: unknown; pid?: unknown; message?: unknown } | null;
+  try {
+    v = JSON.parse(text) as typeof v;
+  } catch {
+    v = null;
+  }
+  if (typeof v !== 'object' || v === null || typeof v.ok !== 'boolean' || !Number.isSafeInteger(v.pid) || (v.message !== undefined && typeof v.message !== 'string')) {
+    return { ok: false, pid: 0, message: `${path} is not a report that \`cuda-ipc consume\` writes` };
+  }
+  return { ok: v.ok, pid: v.pid as number, ...(v.message !== undefined ? { message: v.message as string } : {}) };
+}
 
 export async function produce(args: ParsedArgs): Promise<number> {
-  const out = stringValue(args, 'out')!; // required by the parser
+  const listenAt = stringValue(args, 'listen');
+  if (listenAt !== undefined) return (await import('./tcp-handoff.js')).produceOverTcp(args, listenAt);
+  const out = stringValue(args, 'out');
+  if (out === undefined) throw new UsageError('missing --out FILE: where to write the descriptor, e.g. --out handle.json (or --listen tcp://HOST:PORT to serve another machine)');
+  if (args.values['token-file'] !== undefined) throw new UsageError('--token-file goes with --listen (a TCP link); --out shares on this machine');
   const doneFile = `${out}.done`;
   const n = countOption(args, 'elements', 1 << 20);
-  const timeoutMs = secondsOption(args, 'timeout', 600);
+  const deadline = new Deadline(secondsOption(args, 'timeout', 600));
   const ordinal = ordinalOption(args, 'device');
   checkFileArgument(out, '--out', `--out ${out.replace(/\/+$/, '')}/handle.json`, { writes: true });
   checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'share host shared memory instead');
   const why = whyNoGpu(ordinal);
   if (why !== undefined) {
     console.log(`produce: no usable GPU here (${why}); sharing host shared memory (memfd) through a link instead`);
-    return produceOnHost(out, n, timeoutMs);
+    return produceOnHost(out, n, deadline);
   }
   const device = Device.get(ordinal);
 
-  rmSync(doneFile, { force: true });
+  // A report left by an earlier run is not this consumer's: it is ignored, not deleted (it is not
+  // this process's file).
+  const stale = leftover(doneFile);
   using array = DeviceArray.allocate('float32', [n], { device });
   const host = new Float32Array(n);
   fillPattern(host);
   array.write(host);
-  const cleanup = () => { rmSync(out, { force: true }); rmSync(doneFile, { force: true }); };
+  // Only what this process wrote (the descriptor) and read (this consumer's report) is removed.
+  let written: FileIdentity | undefined;
+  let report: FileIdentity | undefined;
+  const cleanup = () => {
+    if (written) removeIfSame(out, written);
+    if (report) removeIfSame(doneFile, report);
+  };
   process.once('SIGINT', () => { cleanup(); process.exit(130); });
 
-  writeFileAtomic(out, JSON.stringify(descriptorToJson(array.ipcHandle()), null, 2) + '\n');
+  written = writeFileAtomic(out, JSON.stringify(descriptorToJson(array.ipcHandle()), null, 2) + '\n');
   console.log(`producer ${process.pid}: ${n} float32 on device ${device.ordinal} (${device.name}): ${firstFive(host)}, ...`);
   console.log(`descriptor written to ${out}; waiting for a consumer: cuda-ipc consume ${out}`);
 
   try {
-    const ack = JSON.parse(await waitForFile(doneFile, timeoutMs, `no consumer finished; run \`cuda-ipc consume ${out}\``)) as { ok: boolean; pid: number; message?: string };
+    const done = await waitForFile(doneFile, deadline, `no consumer finished; run \`cuda-ipc consume ${out}\``, { what: 'the consumer\'s report', ...(stale ? { ignore: stale } : {}) });
+    report = done.identity;
+    const ack = parseAck(done.text, doneFile);
     if (!ack.ok) {
-      console.error(`producer: consumer ${ack.pid} reported a failure: ${ack.message}`);
+      console.error(terminalSafe(`producer: consumer ${ack.pid} reported a failure: ${ack.message}`));
       return 1;
     }
     const back = array.read() as Float32Array;

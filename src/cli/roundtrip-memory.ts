@@ -30,19 +30,33 @@ export function devicePatternMemory(buffer: DeviceBuffer, stream: Stream): Patte
   };
 }
 
+/** Host memory is filled and checked this many int32 at a time (a buffer larger than one typed
+ * array can be, 4 GiB on Node 20, has no single view). */
+const HOST_PIECE_ELEMENTS = 2 ** 26;
+
 export function hostPatternMemory(buffer: HostBuffer): PatternMemory {
-  const values = () => new Int32Array(buffer.bytes.buffer, buffer.bytes.byteOffset, buffer.byteLength / 4);
+  const elements = Math.floor(buffer.byteLength / 4);
+  /** Calls fn(values, firstIndex) for each piece of the buffer, as int32 over a view of it. */
+  const pieces = (fn: (values: Int32Array, first: number) => void): void => {
+    for (let first = 0; first < elements; first += HOST_PIECE_ELEMENTS) {
+      const count = Math.min(HOST_PIECE_ELEMENTS, elements - first);
+      using piece = buffer.view(first * 4, count * 4);
+      fn(new Int32Array(piece.bytes.buffer, piece.bytes.byteOffset, count), first);
+    }
+  };
   return {
     async fill(a, b) {
-      const v = values();
-      for (let i = 0; i < v.length; i++) v[i] = a + i * b;
+      pieces((v, first) => {
+        for (let i = 0; i < v.length; i++) v[i] = a + (first + i) * b;
+      });
     },
     async mismatches(a, b) {
-      const v = values();
       let bad = 0;
-      for (let i = 0; i < v.length; i++) if (v[i] !== ((a + i * b) | 0)) bad++;
+      pieces((v, first) => {
+        for (let i = 0; i < v.length; i++) if (v[i] !== ((a + (first + i) * b) | 0)) bad++;
+      });
       return bad;
     },
-    firstFive: () => Array.from(values().subarray(0, 5)),
+    firstFive: () => Array.from(buffer.read(new Int32Array(Math.min(5, elements)), 0)),
   };
 }

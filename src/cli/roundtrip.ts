@@ -1,12 +1,13 @@
 // `cuda-ipc roundtrip`: hand a buffer from an IPC pool to a spawned child and back. The parent
 // fills 100, 101, ...; the child verifies and writes 0, -1, -2, ...; the parent verifies.
 // Where CUDA IPC is not available it says why and runs the same round trip on host shared memory.
+import { totalmem } from 'node:os';
 import { Device } from '../cuda/device.js';
 import { Stream } from '../cuda/stream.js';
 import { IpcPool } from '../ipc/pool.js';
 import { HostBuffer } from '../host/index.js';
 import { spawn } from '../link/index.js';
-import { countOption, ordinalOption, type ParsedArgs } from './args.js';
+import { countOption, ordinalOption, UsageError, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { devicePatternMemory, hostPatternMemory, type PatternMemory } from './roundtrip-memory.js';
 
@@ -46,6 +47,10 @@ export async function roundtrip(args: ParsedArgs): Promise<number> {
   if (why !== undefined) {
     console.log(`CUDA IPC is not available here: ${why}`);
     console.log('Running the same round trip on host shared memory (memfd) instead.');
+    // Both processes touch every page: more than the machine has would end in the OOM killer.
+    if (bytes > totalmem()) {
+      throw new UsageError(`--elements ${elements} needs ${bytes} bytes of host memory, more than this machine has (${totalmem()}); ask for fewer`);
+    }
     using host = HostBuffer.allocate(bytes);
     const code = await exchange(host, elements, hostPatternMemory(host), 'host shared memory');
     if (code === 0) console.log('IPC round-trip: OK (host shared memory; no GPU memory was shared)');

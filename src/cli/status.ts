@@ -2,8 +2,10 @@
 import { statSync } from 'node:fs';
 import { basename } from 'node:path';
 import { collectStatus, type PeerShare, type ProcessStatus, type StatusSnapshot } from '../observe/reader.js';
+import type { LinkRecord } from '../observe/record.js';
 import type { ChannelStatus } from '../observe/hooks.js';
 import { stringValue, UsageError, type ParsedArgs } from './args.js';
+import { terminalSafe, terminalSafeJson } from './terminal-text.js';
 
 export function formatBytes(n: number): string {
   if (n < 1024) return `${n} B`;
@@ -23,6 +25,33 @@ const plural = (n: number, one: string, many = `${one}s`) => `${n} ${n === 1 ? o
 export function commandLine(argv: readonly string[]): string {
   if (argv.length === 0) return '?';
   return [basename(argv[0]!), ...argv.slice(1)].join(' ');
+}
+
+/**
+ * `s` safe to print on a terminal: control characters (C0, DEL, C1) as \xNN, at most `max`
+ * characters. Records are files any process of this user may write.
+ */
+export function printable(s: unknown, max = 100): string {
+  const t = String(s);
+  const cut = t.length > max ? `${t.slice(0, max)}...` : t;
+  return cut.replace(/[\x00-\x1f\x7f-\x9f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, '0')}`);
+}
+
+/** Where the peer of a TCP link is, as `tcp 10.0.0.2:5000` (`tls [::1]:5000`). */
+function remoteText(l: LinkRecord): string {
+  const r = l.remote;
+  if (!r) return 'tcp, peer unknown';
+  const address = printable(r.address, 64);
+  return `${r.tls ? 'tls' : 'tcp'} ${r.family === 'IPv6' ? `[${address}]` : address}:${printable(r.port, 8)}`;
+}
+
+/** Who is at the other end of `l`: a pid, a TCP address, or nobody yet. */
+function peerText(l: LinkRecord): string {
+  return l.transport === 'tcp' ? remoteText(l) : l.peerPid ? `pid ${l.peerPid}` : 'peer not known yet';
+}
+
+function bytesOrZero(n: unknown): string {
+  return typeof n === 'number' && Number.isSafeInteger(n) && n >= 0 ? formatBytes(n) : '?';
 }
 
 function share(s: PeerShare): string {
@@ -54,13 +83,20 @@ export function processLines(p: ProcessStatus): string[] {
   if (p.leasedTo.length) rows.push(['leased to', p.leasedTo.map(share)]);
   if (p.importedFrom.length) rows.push(['holds from', p.importedFrom.map(share)]);
   if (p.links.length) {
-    const links = p.links.map((l) => `#${l.id} ${l.peerPid ? `pid ${l.peerPid}` : 'peer not known yet'} ${l.state}`);
+    const links = p.links.map((l) => `#${l.id} ${peerText(l)} ${printable(l.state, 16)}`);
     const more = p.linksNotListed ? ` and ${p.linksNotListed} more` : '';
     rows.push(['links', [`${p.links.length} open${more}: ${links.join(', ')}`]]);
     // A peer that stopped reading shows here: what waits for it, and what waits for us.
     const backlog: string[] = [];
+    // Links between machines: what they copied (host memory) and moved over NCCL (device memory).
+    const tcp = p.links.filter((l) => l.transport === 'tcp').map((l) => {
+      const t = l.traffic;
+      return `#${l.id} ${remoteText(l)}: host memory copied ${bytesOrZero(t?.copiedSent)} sent, ${bytesOrZero(t?.copiedReceived)} received; ` +
+        `device memory over NCCL ${bytesOrZero(t?.ncclSent)} sent, ${bytesOrZero(t?.ncclReceived)} received`;
+    });
+    if (tcp.length) rows.push(['over TCP', tcp]);
     for (const l of p.links) {
-      const who = `#${l.id}${l.peerPid ? ` (pid ${l.peerPid})` : ''}`;
+      const who = `#${l.id}${l.transport === 'tcp' ? ` (${remoteText(l)})` : l.peerPid ? ` (pid ${l.peerPid})` : ''}`;
       const q = l.sendQueue;
       if (q && q.messages > 0) backlog.push(`${who}: ${plural(q.messages, 'message')} (${formatBytes(q.bytes)}, ${plural(q.fds, 'fd')}) queued to send: the peer is not reading`);
       const r = l.receiveQueue;
@@ -100,7 +136,8 @@ export function formatStatus(s: StatusSnapshot): string[] {
     out.push('', `Removed the records of ${plural(s.stale.length, 'process', 'processes')} that are gone (killed or crashed): ${shown}${more}.`);
   }
   for (const u of s.unreadable) out.push('', `Could not use the record ${u.file}: ${u.reason}.`);
-  return out;
+  // Everything above may hold text from a record: printed as is, it could drive the terminal.
+  return out.map(terminalSafe);
 }
 
 /** The `--dir` a user gave, checked; undefined for the default. */
@@ -119,6 +156,6 @@ export function directoryOption(args: ParsedArgs): string | undefined {
 
 export function status(args: ParsedArgs): number {
   const snapshot = collectStatus({ directory: directoryOption(args) });
-  console.log(args.values.json ? JSON.stringify(snapshot, null, 2) : formatStatus(snapshot).join('\n'));
+  console.log(args.values.json ? terminalSafeJson(JSON.stringify(snapshot, null, 2)) : formatStatus(snapshot).join('\n'));
   return 0;
 }

@@ -34,14 +34,26 @@ export async function top(args: ParsedArgs): Promise<number> {
   const out = process.stdout;
   const input = process.stdin;
   const tty = out.isTTY === true;
+  // A folder that cannot be read (not private, say) fails here, before the terminal is taken over.
+  collectStatus({ directory, removeStale: false });
 
-  return new Promise<number>((resolve) => {
+  return new Promise<number>((resolve, reject) => {
     let shown = 0;
     let timer: NodeJS.Timeout | undefined;
     let done = false;
 
     const render = (): void => {
       if (done) return;
+      try {
+        draw();
+      } catch (e) {
+        // Give the terminal back before saying what went wrong.
+        finish(1);
+        reject(e);
+      }
+    };
+
+    const draw = (): void => {
       if (tty) {
         const lines = frame(directory, intervalMs, out.columns || 80, out.rows || 24);
         lines[0] = INVERSE + lines[0]! + CLEAR_LINE_END + PLAIN;

@@ -4,7 +4,7 @@
 import { driver, whenStreamDone } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
-import { IpcError } from '../errors.js';
+import { IpcError, checkViewBytes, outOfMemoryError } from '../errors.js';
 import { raceWait, type WaitOptions } from '../abort.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { noteChange, reportDeviceMemory, type DeviceMemoryStats } from '../observe/hooks.js';
@@ -211,13 +211,23 @@ export class DeviceBuffer {
     this.#leak = trackLeak(this, 'A DeviceBuffer', memory, origin, byteLength);
   }
 
-  /** Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context (default: the working device, else device 0). */
+  /**
+   * Allocates `bytes` of device memory (cuMemAlloc) in the device's primary context (default: the
+   * working device, else device 0).
+   * @throws CudaError CUDA_ERROR_OUT_OF_MEMORY (its message names the size) when the device has not
+   * that much free; RangeError ERR_OUT_OF_RANGE for a size that is not a positive safe integer.
+   */
   static allocate(bytes: number, options: { device?: Device } = {}): DeviceBuffer {
     checkCount(bytes, 'bytes');
     if (bytes === 0) throw outOfRange('cannot allocate 0 bytes; ask for at least 1');
     const device = options.device ?? defaultDevice();
     device.activate();
-    const base = driver.memAlloc(bytes);
+    let base: bigint;
+    try {
+      base = driver.memAlloc(bytes);
+    } catch (e) {
+      throw outOfMemoryError(e, `DeviceBuffer.allocate on device ${device.ordinal}`, bytes);
+    }
     const owner: MemoryOwner = { kind: 'device', device, base, byteLength: bytes, release: () => driver.memFree(base) };
     return new DeviceBuffer(new SharedMemory(owner), 0, bytes);
   }
@@ -268,6 +278,17 @@ export class DeviceBuffer {
     return offset === 0 ? this.#pointer : this.#pointer + BigInt(offset);
   }
 
+  /** A host array for read() of every byte: typed errors where one cannot be made. */
+  #copyOfAll(): Uint8Array {
+    this.#assertOpen();
+    checkViewBytes(this.byteLength, 'DeviceBuffer.read()', 'read into arrays of your own in pieces with read(dst, offset)');
+    try {
+      return new Uint8Array(this.byteLength);
+    } catch (e) {
+      throw outOfMemoryError(e, 'DeviceBuffer.read()', this.byteLength);
+    }
+  }
+
   /** Copies host bytes into the buffer at `offset`; returns once they are in device memory. */
   write(source: HostView, offset = 0): void {
     driver.memcpyHtoD(this.#range(offset, byteLengthOf(source), 'a write'), source);
@@ -276,11 +297,19 @@ export class DeviceBuffer {
     driver.streamSynchronize(0n);
   }
 
-  /** Copies from the buffer at `offset` into `destination` (blocking); with no argument, returns a copy of all bytes. */
+  /** A new Uint8Array holding a copy of every byte. */
   read(): Uint8Array;
+  /** Fills `destination` (as many bytes as it holds) from `offset` of the buffer. */
   read(destination: HostView, offset?: number): void;
+  /**
+   * Copies from the buffer at `offset` into `destination` (blocking); with no argument, returns a
+   * copy of all bytes.
+   * @throws IpcError ERR_VIEW_TOO_LARGE (no argument) for a buffer larger than one typed array can
+   * be (`buffer.constants.MAX_LENGTH`, 4 GiB on Node 20): read it in pieces with read(dst, offset);
+   * ERR_CLOSED once closed. RangeError ERR_OUT_OF_RANGE for a range outside the buffer.
+   */
   read(destination?: HostView, offset = 0): Uint8Array | void {
-    const dst = destination ?? new Uint8Array(this.byteLength);
+    const dst = destination ?? this.#copyOfAll();
     driver.memcpyDtoH(dst, this.#range(offset, byteLengthOf(dst), 'a read'));
     if (!destination) return dst as Uint8Array;
   }

@@ -1,7 +1,9 @@
 // Modules and kernels: load PTX or cubin, look up functions, launch them with typed arguments.
 // CUDA C can be compiled at run time through NVRTC where the library is installed.
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { readRegularFile } from '../safe-files.js';
 import { driver } from './driver.js';
 import { Device, defaultDevice } from './device.js';
 import { Stream, streamHandle } from './stream.js';
@@ -76,9 +78,13 @@ export class Module extends DriverObject {
     return new Module(device, driver.moduleLoadData(bytes));
   }
 
-  /** Loads a PTX or cubin file on `device` (default: the working device, else device 0). */
+  /**
+   * Loads a PTX or cubin file on `device` (default: the working device, else device 0). The file
+   * must be a regular file of at most 1 GiB (ERR_FILE_UNSAFE otherwise: a FIFO or a device is not read).
+   */
   static loadFile(path: string | URL, device: Device = defaultDevice()): Module {
-    return Module.load(readFileSync(path), device);
+    const file = path instanceof URL ? fileURLToPath(path) : path;
+    return Module.load(readRegularFile(file, { maxBytes: MAX_MODULE_FILE_BYTES, followSymlinks: true, what: 'the module file' }).bytes, device);
   }
 
   /** The kernel with this (unmangled, extern "C") name. */
@@ -92,6 +98,9 @@ export class Module extends DriverObject {
     return k;
   }
 }
+
+/** The largest module file loadFile() reads. */
+const MAX_MODULE_FILE_BYTES = 2 ** 30;
 
 // Where NVRTC may live: an explicit override, the toolkit, then the loader's search path.
 function nvrtcCandidates(): string[] {

@@ -3,7 +3,7 @@
 // when it is given the fd (send the HostBuffer over a link).
 import { addon } from '../native.js';
 import type { NativeSharedMemory } from '../posix-types.js';
-import { IpcError, fdLimitError } from '../errors.js';
+import { IpcError, checkViewBytes, fdLimitError, outOfMemoryError, MAX_VIEW_BYTES } from '../errors.js';
 import { raceWait, type WaitOptions } from '../abort.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { invalidArgValue, invalidArgType, badNumber, outOfRange } from '../arg-errors.js';
@@ -27,6 +27,11 @@ export let leaseHostBuffer: (buffer: HostBuffer) => () => void;
  * for the life of the link). At once if it is unmapped already.
  */
 export let whenHostBufferReleased: (buffer: HostBuffer, done: () => void) => void;
+/**
+ * For channel messages in slots larger than one typed array: a new Uint8Array over `length` bytes
+ * at `offset` of the buffer (detached when its memory is unmapped, like `bytes`).
+ */
+export let hostBufferRange: (buffer: HostBuffer, offset: number, length: number) => Uint8Array;
 
 /** Runs the callbacks of a mapping that was garbage-collected without being unmapped. */
 const collected = new FinalizationRegistry<Array<() => void>>((callbacks) => runAll(callbacks));
@@ -114,6 +119,8 @@ class Mapping {
 
 
 const nothingToRelease = (): void => {};
+/** fill() of a buffer larger than one typed array goes this many bytes at a time. */
+const FILL_PIECE_BYTES = 2 ** 30;
 
 function toSize(bytes: number | bigint, what: string): number {
   const n = typeof bytes === 'bigint' ? Number(bytes) : bytes;
@@ -155,6 +162,7 @@ export class HostBuffer implements Disposable {
   readonly #shared: Mapping;
   /** Made on first use: a buffer that is only sent on never needs a JS view of its memory. */
   #bytes: Uint8Array | undefined;
+  #dataView: DataView | undefined;
   readonly #offset: number;
   readonly #length: number;
   readonly #leak: LeakToken;
@@ -170,29 +178,48 @@ export class HostBuffer implements Disposable {
 
   /** The Uint8Array over this buffer's range, made on first use. */
   #view(m: Mapping): Uint8Array {
-    return (this.#bytes ??= new Uint8Array(m.native.arrayBuffer(this.#offset, this.#length)));
+    if (this.#bytes) return this.#bytes;
+    checkViewBytes(this.#length, 'HostBuffer.bytes',
+      'use view(offset, length).bytes for a part of it, or copy in pieces with read(dst, offset) and write(src, offset)');
+    return (this.#bytes = new Uint8Array(m.native.arrayBuffer(this.#offset, this.#length)));
   }
 
-  /** Allocates `bytes` of zeroed shared memory in a new memfd, sealed against resizing. */
+  /**
+   * Allocates `bytes` of zeroed shared memory in a new memfd, sealed against resizing.
+   *
+   * Pages are taken when first touched, as with malloc: a buffer larger than the free memory is
+   * served, and touching more of it than the system can give ends in the kernel's out-of-memory
+   * handling, not in an error here. Buffers larger than `buffer.constants.MAX_LENGTH` (4 GiB on
+   * Node 20) work with every method except `bytes` (use `view()` for parts of them).
+   *
+   * @throws RangeError ERR_OUT_OF_RANGE when `bytes` is not a positive safe integer;
+   * TypeError ERR_INVALID_ARG_TYPE when it is no number or bigint.
+   * @throws IpcError ERR_OUT_OF_MEMORY when the system cannot map that many bytes (ENOMEM);
+   * ERR_FD_LIMIT when no file descriptor is left.
+   */
   static allocate(bytes: number | bigint): HostBuffer {
     const size = toSize(bytes, 'HostBuffer.allocate(bytes)');
     let fd: number;
     try {
       fd = addon.memfdCreate('cuda-ipc-host', size, SEALED);
     } catch (e) {
-      throw fdLimitError(e, 'HostBuffer.allocate');
+      throw outOfMemoryError(fdLimitError(e, 'HostBuffer.allocate'), 'HostBuffer.allocate', size);
     }
     try {
       return new HostBuffer(new Mapping(new addon.SharedMemory(fd, size), fd, size, true), 0, size);
     } catch (e) {
       addon.close(fd);
-      throw e;
+      throw outOfMemoryError(e, 'HostBuffer.allocate', size);
     }
   }
 
   /**
    * Maps `bytes` (default: the whole file) of a shared-memory fd, e.g. one received from another
    * process. Takes ownership of `fd` when it returns; if it throws, the fd is still the caller's.
+   * @throws RangeError ERR_OUT_OF_RANGE for more bytes than the file holds (a mapping past its end
+   * would fault); TypeError ERR_INVALID_ARG_VALUE for an empty file; IpcError ERR_OUT_OF_MEMORY
+   * when the mapping does not fit (ENOMEM); the system error (EBADF, ...) for an fd that is not a
+   * mappable file.
    */
   static fromFd(fd: number, bytes?: number | bigint): HostBuffer {
     if (!Number.isInteger(fd) || fd < 0) throw badNumber(fd, `fd must be a non-negative integer; got ${String(fd)}`);
@@ -209,7 +236,13 @@ export class HostBuffer implements Disposable {
     } catch {
       // Not a sealable file (EINVAL): it has no seals.
     }
-    return new HostBuffer(new Mapping(new addon.SharedMemory(fd, size), fd, size, (seals & F_SEAL_SHRINK) !== 0), 0, size);
+    let native: NativeSharedMemory;
+    try {
+      native = new addon.SharedMemory(fd, size);
+    } catch (e) {
+      throw outOfMemoryError(e, 'HostBuffer.fromFd', size);
+    }
+    return new HostBuffer(new Mapping(native, fd, size, (seals & F_SEAL_SHRINK) !== 0), 0, size);
   }
 
   #open(what: string): Mapping {
@@ -243,9 +276,25 @@ export class HostBuffer implements Disposable {
   get address(): bigint {
     return this.#open('address').native.address + BigInt(this.#offset);
   }
-  /** A zero-copy Uint8Array over the buffer (the same object every time); empty once closed. */
+  /**
+   * A zero-copy Uint8Array over the buffer (the same object every time); empty once closed.
+   *
+   * @throws IpcError ERR_VIEW_TOO_LARGE for a buffer larger than one typed array can be here
+   * (`buffer.constants.MAX_LENGTH`: 4 GiB on Node 20): use `view(offset, length).bytes` for a part
+   * of it, or `read(dst, offset)` / `write(src, offset)` in pieces. ERR_CLOSED once closed.
+   */
   get bytes(): Uint8Array {
     return this.#view(this.#open('bytes'));
+  }
+  /**
+   * A DataView over the buffer (the same object every time, like `bytes`): numbers at byte
+   * offsets without a new view per use, e.g. `slot.buffer.dataView.setUint32(0, n, true)`. Once
+   * the buffer is closed its memory is detached and the DataView throws a TypeError on use.
+   * @throws as `bytes` (ERR_VIEW_TOO_LARGE, ERR_CLOSED).
+   */
+  get dataView(): DataView {
+    const bytes = this.bytes;
+    return (this.#dataView ??= new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength));
   }
   /** True once closed, or once its memory was unmapped by a forced close of a buffer sharing it. */
   get closed(): boolean {
@@ -268,7 +317,11 @@ export class HostBuffer implements Disposable {
     return raceWait(this.#shared.released(), options, 'HostBuffer.released');
   }
 
-  /** Copies `src` into the buffer at `offset`. */
+  /**
+   * Copies `src` into the buffer at `offset`.
+   * @throws RangeError ERR_OUT_OF_RANGE when it does not fit; TypeError ERR_INVALID_ARG_TYPE for a
+   * `src` that is no ArrayBuffer or view; IpcError ERR_CLOSED once closed.
+   */
   write(src: ArrayBufferView | ArrayBuffer, offset = 0): void {
     const m = this.#open('write');
     const b = asBytes(src, 'HostBuffer.write(src)');
@@ -281,6 +334,12 @@ export class HostBuffer implements Disposable {
   read<T extends ArrayBufferView>(dst: T, offset?: number): T;
   /** Returns a new Uint8Array holding a copy of `length` bytes at `offset` (default: to the end). */
   read(offset?: number, length?: number): Uint8Array;
+  /**
+   * Copies out of the buffer, into `dst` or a new Uint8Array.
+   * @throws RangeError ERR_OUT_OF_RANGE for a range outside the buffer; IpcError ERR_CLOSED once
+   * closed; ERR_VIEW_TOO_LARGE for a new array larger than one typed array can be (read into
+   * arrays of your own, in pieces); ERR_OUT_OF_MEMORY when there is no memory for the new array.
+   */
   read(a?: ArrayBufferView | number, b?: number): ArrayBufferView {
     // Copied natively, without making `bytes`: an external ArrayBuffer over the mapping costs more
     // than a small read, and a wake-up of the event loop when it is released (Node finalizes it
@@ -292,7 +351,13 @@ export class HostBuffer implements Disposable {
       const length = b ?? this.#length - offset;
       checkOffset(length, 'read: length');
       this.#range(offset, length, 'read');
-      const out = new Uint8Array(length);
+      checkViewBytes(length, 'HostBuffer.read', 'read into arrays of your own in pieces with read(dst, offset)');
+      let out: Uint8Array;
+      try {
+        out = new Uint8Array(length);
+      } catch (e) {
+        throw outOfMemoryError(e, 'HostBuffer.read', length);
+      }
       if (length > 0) m.native.copyOut(this.#offset + offset, out);
       return out;
     }
@@ -309,10 +374,23 @@ export class HostBuffer implements Disposable {
     if (!Number.isInteger(byte) || byte < 0 || byte > 255) {
       throw badNumber(byte, `HostBuffer.fill(byte): byte must be an integer 0..255; got ${String(byte)}`);
     }
-    this.#view(m).fill(byte);
+    if (this.#length <= MAX_VIEW_BYTES) {
+      this.#view(m).fill(byte);
+      return;
+    }
+    // Larger than one typed array: a piece at a time, each view detached once filled.
+    for (let at = 0; at < this.#length; at += FILL_PIECE_BYTES) {
+      const piece = m.native.arrayBuffer(this.#offset + at, Math.min(FILL_PIECE_BYTES, this.#length - at));
+      new Uint8Array(piece).fill(byte);
+      addon.detachArrayBuffer(piece);
+    }
   }
 
-  /** A HostBuffer over `length` bytes at `offset` (default: to the end) of this one. Close it too. */
+  /**
+   * A HostBuffer over `length` bytes at `offset` (default: to the end) of this one. Close it too.
+   * @throws RangeError ERR_OUT_OF_RANGE for a range outside the buffer; IpcError ERR_CLOSED once
+   * closed.
+   */
   view(offset: number, length?: number): HostBuffer {
     const m = this.#open('view');
     checkOffset(offset, 'view: offset');
@@ -369,5 +447,12 @@ export class HostBuffer implements Disposable {
     };
     leaseHostBuffer = (buffer) => buffer.#open('lease').lease();
     whenHostBufferReleased = (buffer, done) => buffer.#shared.whenReleased(done);
+    hostBufferRange = (buffer, offset, length) => {
+      const m = buffer.#open('bytes');
+      buffer.#range(offset, length, 'bytes');
+      checkViewBytes(length, 'HostBuffer.bytes', 'copy it in pieces with read(dst, offset)');
+      if (length === 0) return new Uint8Array(0);
+      return new Uint8Array(m.native.arrayBuffer(buffer.#offset + offset, length));
+    };
   }
 }

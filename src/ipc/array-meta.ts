@@ -5,6 +5,7 @@
 import { ARG as ARG_CODE, at, checkArray, checkCount, checkKeys, checkPlainObject, describe, fail, type Field } from './checks.js';
 import { dtypeInfo, isDType, DTYPES, type DType, type HostArrayTypes } from './dtype.js';
 import { invalidArgValue, outOfRange } from '../arg-errors.js';
+import { checkViewBytes, outOfMemoryError } from '../errors.js';
 
 /** At most 32 dimensions, NumPy's own limit before 2.0 and the binary format's bound. */
 export const MAX_NDIM = 32;
@@ -95,6 +96,19 @@ export function bytesToWrite<T extends DType>(values: HostArrayTypes[T], meta: A
     throw invalidArgValue(`write expects a ${info.hostArray.name} of ${size} elements for a ${meta.dtype} array of shape [${meta.shape}]`);
   }
   return new Uint8Array(src.buffer, src.byteOffset, src.byteLength);
+}
+
+/**
+ * A new typed array of `size` elements for read(): ERR_VIEW_TOO_LARGE past what one typed array
+ * holds here, ERR_OUT_OF_MEMORY when V8 cannot allocate it.
+ */
+export function newHostArray<A>(make: new (length: number) => A, size: number, itemsize: number, what: string): A {
+  checkViewBytes(size * itemsize, what, 'read parts of it through arrays over views of its buffer');
+  try {
+    return new make(size);
+  } catch (e) {
+    throw outOfMemoryError(e, what, size * itemsize);
+  }
 }
 
 /** Calls fn(byteOffset, cIndex) for every element, in C order. */

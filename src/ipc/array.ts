@@ -4,7 +4,7 @@ import { DeviceBuffer } from '../cuda/buffer.js';
 import { Device } from '../cuda/device.js';
 import { IpcError } from '../errors.js';
 import { dtypeInfo, type DType, type HostArrayTypes } from './dtype.js';
-import { bytesToWrite, elementCount, forEachOffset, viewLayout, type ArrayMeta, type ArrayMetaInit } from './array-meta.js';
+import { bytesToWrite, elementCount, forEachOffset, newHostArray, viewLayout, type ArrayMeta, type ArrayMetaInit } from './array-meta.js';
 import { openIpcHandle, toLegacyDescriptor } from './legacy.js';
 import type { LegacyHandleDescriptor } from './descriptor.js';
 
@@ -49,13 +49,13 @@ export class DeviceArray<T extends DType = DType> {
   /** All elements in C (row-major) order, copied to the host. float16/bfloat16 come as raw bits. */
   read(): HostArrayTypes[T] {
     const info = dtypeInfo(this.dtype);
-    const out = new info.hostArray(this.size) as HostArrayTypes[T];
+    const out = newHostArray(info.hostArray, this.size, info.itemsize, 'DeviceArray.read()');
     if (this.size === 0) return out;
     if (this.#contiguous) {
       this.buffer.read(out as ArrayBufferView, 0);
       return out;
     }
-    const span = new Uint8Array(this.#extent);
+    const span = newHostArray(Uint8Array, this.#extent, 1, 'DeviceArray.read()');
     this.buffer.read(span, 0);
     const dst = new Uint8Array((out as ArrayBufferView).buffer);
     forEachOffset(this.shape, this.strides, (src, i) => dst.set(span.subarray(src, src + info.itemsize), i * info.itemsize));
@@ -74,7 +74,7 @@ export class DeviceArray<T extends DType = DType> {
       return;
     }
     const itemsize = dtypeInfo(this.dtype).itemsize;
-    const span = new Uint8Array(this.#extent);
+    const span = newHostArray(Uint8Array, this.#extent, 1, 'DeviceArray.write()');
     this.buffer.read(span, 0);
     forEachOffset(this.shape, this.strides, (dst, i) => span.set(bytes.subarray(i * itemsize, (i + 1) * itemsize), dst));
     this.buffer.write(span, 0);

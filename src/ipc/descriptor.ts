@@ -147,13 +147,18 @@ export function ipcEventDescriptor(init: IpcEventDescriptorInit): IpcEventDescri
   return validateDescriptor({ ...init, kind: 'cuda-ipc-event', version: DESCRIPTOR_VERSION }, 'cuda-ipc-event');
 }
 
+/** Any kind of descriptor. */
+export function validateDescriptor(value: unknown): Descriptor;
+/** Only a descriptor of `expectedKind` (ERR_DESCRIPTOR_KIND otherwise), typed as that kind. */
+export function validateDescriptor<K extends DescriptorKind>(value: unknown, expectedKind: K): DescriptorOf<K>;
 /**
  * Checks an in-memory descriptor (handles as Uint8Array) and returns a normalised copy that
  * shares no buffers with `value`. Fields this version does not know are dropped. With
  * `expectedKind`, any other kind fails with ERR_DESCRIPTOR_KIND.
+ *
+ * @throws IpcError ERR_DESCRIPTOR_INVALID naming the field that is wrong, ERR_DESCRIPTOR_VERSION,
+ * ERR_DESCRIPTOR_KIND.
  */
-export function validateDescriptor(value: unknown): Descriptor;
-export function validateDescriptor<K extends DescriptorKind>(value: unknown, expectedKind: K): DescriptorOf<K>;
 export function validateDescriptor(value: unknown, expectedKind?: DescriptorKind): Descriptor {
   if (typeof value !== 'object' || value === null || Array.isArray(value)) {
     fail(ROOT, `must be a descriptor object, got ${describe(value)}`);
@@ -171,14 +176,19 @@ export function descriptorToJson<D extends Descriptor>(desc: D): DescriptorJsonO
   return (CODECS[checked.kind] as KindCodec<DescriptorKind>).toJson(checked) as DescriptorJsonOf<D['kind']>;
 }
 
+/** Any kind of descriptor. */
+export function parseDescriptorJson(input: unknown): Descriptor;
+/** Only a descriptor of `expectedKind` (ERR_DESCRIPTOR_KIND otherwise), typed as that kind. */
+export function parseDescriptorJson<K extends DescriptorKind>(input: unknown, expectedKind: K): DescriptorOf<K>;
 /**
  * Parses a JSON descriptor, given as text or as an already parsed value, strictly: unknown or
  * missing keys, wrong types, out-of-range numbers, bad hex or UUIDs and inconsistent array
  * metadata all fail with an IpcError (codes above). With `expectedKind`, any other kind fails
  * with ERR_DESCRIPTOR_KIND.
+ *
+ * @throws IpcError ERR_DESCRIPTOR_INVALID naming the field that is wrong, ERR_DESCRIPTOR_VERSION,
+ * ERR_DESCRIPTOR_KIND.
  */
-export function parseDescriptorJson(input: unknown): Descriptor;
-export function parseDescriptorJson<K extends DescriptorKind>(input: unknown, expectedKind: K): DescriptorOf<K>;
 export function parseDescriptorJson(input: unknown, expectedKind?: DescriptorKind): Descriptor {
   let value = input;
   if (typeof input === 'string') {
@@ -220,13 +230,18 @@ export function encodeCheckedDescriptor(checked: Descriptor): Uint8Array {
   return out.finish();
 }
 
+/** Any kind of descriptor. */
+export function decodeDescriptor(bytes: Uint8Array): Descriptor;
+/** Only a descriptor of `expectedKind` (ERR_DESCRIPTOR_KIND otherwise), typed as that kind. */
+export function decodeDescriptor<K extends DescriptorKind>(bytes: Uint8Array, expectedKind: K): DescriptorOf<K>;
 /**
  * Decodes a binary descriptor; the whole input must be exactly one descriptor. The result
  * shares no memory with `bytes`. With `expectedKind`, any other kind fails with
  * ERR_DESCRIPTOR_KIND.
+ *
+ * @throws IpcError ERR_DESCRIPTOR_INVALID (truncated, trailing bytes, a field out of range),
+ * ERR_DESCRIPTOR_VERSION, ERR_DESCRIPTOR_KIND.
  */
-export function decodeDescriptor(bytes: Uint8Array): Descriptor;
-export function decodeDescriptor<K extends DescriptorKind>(bytes: Uint8Array, expectedKind: K): DescriptorOf<K>;
 export function decodeDescriptor(bytes: Uint8Array, expectedKind?: DescriptorKind): Descriptor {
   if (!(bytes instanceof Uint8Array)) fail(ROOT, `must be a Uint8Array, got ${describe(bytes)}`);
   if (bytes.byteLength < DESCRIPTOR_HEADER_BYTES) {

@@ -7,7 +7,7 @@ import { driver, Flags, HandleType } from '../cuda/driver.js';
 import { Device, assertPeerReachable, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
 import { Stream, streamHandle } from '../cuda/stream.js';
-import { CudaError, IpcError, fdLimitError } from '../errors.js';
+import { CudaError, IpcError, fdLimitError, outOfMemoryError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
 import { addon } from '../native.js';
 import { BlockStash } from './block-stash.js';
@@ -300,6 +300,9 @@ export class IpcPool {
    * A buffer of `bytes` from the pool, allocated in stream order (the legacy default stream when
    * none is given): work queued on that stream may use it at once. On the default stream it may be
    * a released block of the same size (block-stash.ts), with its old contents.
+   * @throws CudaError CUDA_ERROR_OUT_OF_MEMORY (its message names the size) when the device (or
+   * the pool's maxSize) has not that much; RangeError ERR_OUT_OF_RANGE for a size that is not a
+   * positive safe integer; IpcError ERR_IMPORTED_POOL on a pool another process made.
    */
   allocate(bytes: number, options?: { stream?: Stream }): DeviceBuffer {
     if (this.imported) {
@@ -319,9 +322,14 @@ export class IpcPool {
       base = driver.memAllocFromPoolAsync(bytes, pool, stream);
     } catch (e) {
       // Stashed blocks are memory the pool could otherwise hand out: give them back, try again.
-      if (!(e instanceof CudaError && e.code === 'CUDA_ERROR_OUT_OF_MEMORY') || this.#stash.count === 0) throw e;
+      const what = `pool.allocate on device ${this.device.ordinal}`;
+      if (!(e instanceof CudaError && e.code === 'CUDA_ERROR_OUT_OF_MEMORY') || this.#stash.count === 0) throw outOfMemoryError(e, what, bytes);
       this.#freeBlocks(this.#stash.drain());
-      base = driver.memAllocFromPoolAsync(bytes, pool, stream);
+      try {
+        base = driver.memAllocFromPoolAsync(bytes, pool, stream);
+      } catch (again) {
+        throw outOfMemoryError(again, what, bytes);
+      }
     }
     this.#users++;
     const owner = new PoolAllocation(this, this.device, base, bytes);

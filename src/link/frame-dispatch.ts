@@ -186,7 +186,9 @@ export class FrameDispatch {
         this.#parts.shutdown(
           f.reason === RefuseReason.TooLarge
             ? new IpcError('ERR_MESSAGE_TOO_LARGE', `the ${this.#peerName} closed the link on a message larger than it accepts: ${f.text}`, { limit: 'maxMessageBytes' })
-            : new IpcError('ERR_PEER_REFUSED', `the ${this.#peerName} refused the link: ${f.text}`),
+            : f.reason === RefuseReason.Busy
+              ? new IpcError('ERR_LISTENER_BUSY', `the ${this.#peerName} is busy: ${f.text}`)
+              : new IpcError('ERR_PEER_REFUSED', `the ${this.#peerName} refused the link: ${f.text}`),
           'peer',
         );
         return;

@@ -43,4 +43,9 @@ export interface FrameTransport extends NativeSocket {
   acceptOffer(capacity: number, fds: [number, number]): boolean;
   /** The peer's RING_START arrived. */
   startReceiving(): void;
+  /**
+   * Where send() hands frames to a buffer of its own rather than to the kernel (TCP): resolves
+   * once everything sent is in the kernel; undefined when it is already.
+   */
+  whenWritten?(): Promise<void> | undefined;
 }

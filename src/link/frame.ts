@@ -102,6 +102,8 @@ export const enum RefuseReason {
   Protocol = 2,
   /** A message was larger than the receiver's maxMessageBytes. */
   TooLarge = 3,
+  /** The listener holds as many connections in their handshake as it takes (from this uid, or in all); try again later. */
+  Busy = 4,
 }
 
 export interface FrameHeader {

@@ -2,13 +2,13 @@
 // its bytes are copied into the message at send() and the receiver makes a new HostBuffer (a
 // memfd, as HostBuffer.allocate) holding them. Nothing is leased: the sender's buffer is free to
 // change or close at once, and the two copies never see each other's writes. The bytes count in
-// the link's and the process's bytesCopied (observe/traffic.ts). On a Unix-socket link a
+// the link's and the process's bytesCopied (countTraffic, observe/hooks.ts). On a Unix-socket link a
 // HostBuffer is shared instead ('host-buffer', host-transfer.ts).
 //
 //   data = u64 length n (1..2^53-1) | n bytes
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/host-buffer.js';
-import { countTraffic, type TrafficLink } from '../observe/traffic.js';
+import { countTraffic, type TrafficLink } from '../observe/hooks.js';
 import { readU64, writeU64 } from './frame.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 
@@ -22,8 +22,8 @@ export const hostBytesTransfer: TransferHandler<HostBuffer> = {
     if (buffer.closed) throw new IpcError('ERR_CLOSED', 'link.send: the HostBuffer is closed; send it before closing it');
     const n = buffer.byteLength;
     if (n === 0) throw new IpcError('ERR_NOT_TRANSFERABLE', 'link.send: an empty HostBuffer view cannot cross a TCP link (a host-bytes record holds 1 byte or more); send an empty Uint8Array instead');
-    const data = new Uint8Array(LENGTH_BYTES + n);
-    writeU64(new DataView(data.buffer), 0, n);
+    const data = Buffer.allocUnsafeSlow(LENGTH_BYTES + n); // every byte is written below
+    writeU64(new DataView(data.buffer, data.byteOffset, LENGTH_BYTES), 0, n);
     buffer.read(data.subarray(LENGTH_BYTES));
     return { data, onCommit: () => countTraffic(link as TrafficLink, 'copiedSent', n) };
   },

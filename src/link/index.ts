@@ -8,7 +8,7 @@ export { spawn, parentLink, type SpawnOptions, type SpawnedChild } from './spawn
 export { setLinkWorkingDevice, linkWorkingDevice } from './working-device.js';
 export { spawnPython, pythonPackageDirectory, type SpawnPythonOptions } from './spawn-python.js';
 export { listen, connect, Listener, type ListenerEvents, type ListenOptions, type ConnectOptions } from './listener.js';
-export { TcpListener, type TcpListenOptions } from './tcp-listener.js';
+export { TcpListener, type TcpListenOptions, type TcpListenerEvents } from './tcp-listener.js';
 export { type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions } from './tcp-connect.js';
 export { type LinkUrl } from './link-url.js';
 export { socketPath } from './socket-path.js';

@@ -3,7 +3,7 @@
 // length. The receiver checks the seals and the size before reading, so a peer can neither lie
 // about the length nor change the bytes while they are decoded, and reading (pread, no mapping)
 // can never fault.
-import { IpcError, fdLimitError } from '../errors.js';
+import { IpcError, fdLimitError, outOfMemoryError } from '../errors.js';
 import { addon } from '../native.js';
 import { MAX_PAYLOAD_BYTES, invalid } from './frame.js';
 import { closeFd } from './fds.js';
@@ -60,7 +60,12 @@ export function readLargePayload(fd: number, length: number): Buffer {
   }
   const size = addon.fstatSize(fd);
   if (size !== length) throw invalid(`a large message announces ${length} bytes but its memfd holds ${size}`);
-  const payload = Buffer.allocUnsafe(length);
+  let payload: Buffer;
+  try {
+    payload = Buffer.allocUnsafe(length);
+  } catch (e) {
+    throw outOfMemoryError(e, 'receiving a large message', length);
+  }
   let at = 0;
   while (at < length) {
     const n = addon.pread(fd, payload.subarray(at), at);

@@ -45,6 +45,11 @@ export interface LinkOptions {
   importedPools?: number;
 }
 
+/** The keys of LinkOptions, for the option checks of spawn(), connect(), listen() and parentLink(). */
+export const LINK_OPTION_KEYS: Readonly<Record<keyof LinkOptions, true>> = {
+  maxMessageBytes: true, sendQueue: true, leases: true, inbox: true, importedPools: true,
+};
+
 /** LinkOptions with every default filled in. */
 export interface LinkLimits {
   readonly maxMessageBytes: number;

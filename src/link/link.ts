@@ -25,7 +25,7 @@ import { TcpTransport, closeGracefully } from './tcp-transport.js';
 import type { FrameTransport, LinkTransportKind } from './frame-transport.js';
 import { FEATURE_NCCL } from './frame.js';
 import { NcclAbortHooks, encodeNcclAbort, type NcclAbort, type NcclAbortReason } from './nccl-abort.js';
-import { linkTraffic } from '../observe/traffic.js';
+import { linkTraffic } from '../observe/hooks.js';
 import { invalidArgValue } from '../arg-errors.js';
 import { LinkSender } from './link-sender.js';
 import { FrameDispatch } from './frame-dispatch.js';
@@ -168,12 +168,15 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     }
     observeLink(this, this.#leasesIn); // listed by `cuda-ipc status` until it closes
     if (setup.handshakeTimeoutMs !== undefined) {
-      this.#handshakeTimer = setTimeout(() => {
+      // Fired, it waits for the loop's next poll phase (setImmediate): a HELLO that came while the
+      // loop was busy past the timeout is read first, and does not lose the race to the timer.
+      this.#handshakeTimer = setTimeout(() => setImmediate(() => {
+        if (this.#state !== 'handshaking') return;
         this.#shutdown(
           new IpcError('ERR_TIMEOUT', `the ${setup.peerName} did not complete the link handshake within ${setup.handshakeTimeoutMs} ms`),
           'local',
         );
-      }, setup.handshakeTimeoutMs).unref();
+      }), setup.handshakeTimeoutMs).unref();
     }
     this.on('newListener', (event: string | symbol) => {
       if (event === 'message' && this.#inbox.length > 0) process.nextTick(() => this.#inbox.drainToListeners());
@@ -277,8 +280,9 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   }
 
   /**
-   * Resolves once every sent frame is in the kernel (the queue is empty); rejects if the link
-   * closes first, or with an AbortError / ERR_TIMEOUT per `options`.
+   * Resolves once every sent frame is in the kernel (the queue is empty, and on TCP the socket's
+   * own write buffer too); rejects if the link closes first, or with an AbortError / ERR_TIMEOUT
+   * per `options`.
    */
   flush(options?: WaitOptions): Promise<void> {
     return new Promise<void>((resolve, reject) => {
@@ -288,8 +292,22 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
         reject(error);
       });
       waiter.resolve = () => {
-        disarm();
-        resolve();
+        const written = this.#sock.whenWritten?.();
+        if (!written) {
+          disarm();
+          resolve();
+          return;
+        }
+        written.then(
+          () => {
+            disarm();
+            resolve();
+          },
+          () => {
+            disarm();
+            reject(this.#closedError('flush'));
+          },
+        );
       };
       waiter.reject = (e: unknown) => {
         disarm();
@@ -345,6 +363,10 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   /**
    * The next message (see the class notes for who gets which message). `T` narrows what this
    * one message is expected to be (`In` by default); it is not checked at run time.
+   * @throws IpcError (the promise rejects) ERR_LINK_CLOSED once the link closed cleanly and every
+   * message was taken; ERR_PEER_GONE when the peer died or closed with an error; the error a
+   * message's decoding raised (ERR_FRAME_INVALID, ERR_MESSAGE_TOO_LARGE, ERR_LIMIT_REACHED, ...);
+   * ERR_TIMEOUT after `options.timeout`, an AbortError on `options.signal`.
    */
   receive<T extends In = In>(options?: ReceiveOptions): Promise<T> {
     const entry = this.#inbox.take();
@@ -411,8 +433,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
       return;
     }
     const detail = what === 'eof' ? '' : ` (socket error ${errno})`;
-    const r = this.#setup.tcp?.remote;
-    const pid = this.#peer ? ` (pid ${this.#peer.pid})` : r ? ` (${r.family === 'IPv6' ? `[${r.address}]` : r.address}:${r.port})` : '';
+    const pid = this.#peer ? ` (pid ${this.#peer.pid})` : ''; // a TCP peer's name holds its address
     this.#shutdown(
       new IpcError(
         'ERR_PEER_GONE',

@@ -13,6 +13,8 @@ import { probe, Probe } from './probe.js';
 import { invalidArgValue, invalidArgType, outOfRange, badNumber } from '../arg-errors.js';
 
 const MAX_DEPTH = 255;
+/** A last record's data from this size on is sent from where it is, not copied into the scratch frame. */
+const BODY_MIN_BYTES = 64 * 1024;
 
 /** A value found by the scan that travels as a record. */
 interface Found {
@@ -226,7 +228,7 @@ export class MessageEncoder {
       this.#room(jsonEnd, 2);
       this.view.setUint16(jsonEnd, found.length, true);
       let at = jsonEnd + 2;
-      for (const f of found) at = this.#writeRecord(f, at, link, out);
+      for (let i = 0; i < found.length; i++) at = this.#writeRecord(found[i]!, at, link, out, i === found.length - 1);
       out.headLength = at;
       return out;
     } catch (e) {
@@ -290,7 +292,11 @@ export class MessageEncoder {
     return this.#writeString(s, at + 1);  // kinds are ASCII (registerTransferHandler checks)
   }
 
-  #writeRecord(f: Found, at: number, link: object, out: EncodedMessage): number {
+  /**
+   * Writes record `f` at `at`; returns where the next starts. The last record's data, when large,
+   * is not copied: it becomes the message's body (read during send(), as a Raw message's is).
+   */
+  #writeRecord(f: Found, at: number, link: object, out: EncodedMessage, last: boolean): number {
     let data: Uint8Array | undefined;
     let fds: readonly number[] | undefined;
     let kind: string;
@@ -352,13 +358,19 @@ export class MessageEncoder {
     }
     if (fds) out.fds.push(...fds);
     const dataLength = data.byteLength + (tag ? 1 : 0);
-    this.#room(at, RECORD_TAIL_BYTES + dataLength);
+    const asBody = last && data.byteLength >= BODY_MIN_BYTES;
+    if (asBody && at + RECORD_TAIL_BYTES + dataLength - HEADER_BYTES > this.#limit.bytes) throw tooLarge(at + RECORD_TAIL_BYTES + dataLength - HEADER_BYTES, this.#limit);
+    this.#room(at, RECORD_TAIL_BYTES + (asBody ? 1 : dataLength));
     const v = this.view;
     v.setUint8(at, nfds);
     writeU64(v, at + 1, leaseId);
     v.setUint32(at + 9, dataLength, true);
     at += RECORD_TAIL_BYTES;
     if (tag) v.setUint8(at++, tag);
+    if (asBody) {
+      out.body = data;
+      return at;
+    }
     this.scratch.set(data, at);
     return at + data.byteLength;
   }

@@ -57,7 +57,7 @@ export function encodeNcclAbort(id: Uint8Array, reason: NcclAbortReason, text: s
 /** The payload of an NCCL_ABORT frame whose header parseHeader() accepted (length, reason and reserved bytes checked there). */
 export function readNcclAbort(buf: Buffer, view: DataView, payloadLength: number): NcclAbort {
   return {
-    id: Uint8Array.prototype.slice.call(buf, HEADER_BYTES, HEADER_BYTES + NCCL_COMM_ID_BYTES),
+    id: new Uint8Array(buf.subarray(HEADER_BYTES, HEADER_BYTES + NCCL_COMM_ID_BYTES)),
     reason: view.getUint32(HEADER_BYTES + 16, true) as NcclAbortReason,
     text: buf.toString('utf8', HEADER_BYTES + NCCL_ABORT_HEAD_BYTES, HEADER_BYTES + payloadLength),
   };

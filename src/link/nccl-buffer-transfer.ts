@@ -7,7 +7,7 @@
 import { DeviceBuffer } from '../cuda/buffer.js';
 import { IpcError } from '../errors.js';
 import { DeviceArray } from '../ipc/array.js';
-import { countTraffic, type TrafficLink } from '../observe/traffic.js';
+import { countTraffic, type TrafficLink } from '../observe/hooks.js';
 import { DeferredValue } from './handlers.js';
 import type { Link } from './link.js';
 import { beginOutgoing, incomingComm, type LinkComm } from './nccl-comms.js';

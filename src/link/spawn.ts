@@ -9,9 +9,9 @@ import { Device, WORKING_DEVICE_ENV } from '../cuda/device.js';
 import { checkDeviceUuid } from '../ipc/device-uuid.js';
 import { ARG } from '../ipc/checks.js';
 import { Link, kCreate, kOpened } from './link.js';
-import { linkLimits, type LinkOptions } from './link-options.js';
-import { checkSignal } from '../arg-errors.js';
-import { abortError, raceWait } from '../abort.js';
+import { LINK_OPTION_KEYS, linkLimits, type LinkOptions } from './link-options.js';
+import { checkOptionKeys, checkSignal } from '../arg-errors.js';
+import { abortError, checkTimeout, raceWait } from '../abort.js';
 
 /** The environment variable telling a spawned child which fd is its link. */
 export const LINK_FD_ENV = 'CUDA_IPC_LINK_FD';
@@ -32,7 +32,10 @@ export interface SpawnOptions extends LinkOptions {
   gid?: number;
   /** uids other than ours that the child may run as. */
   allowUids?: readonly number[];
-  /** How long the child has to call parentLink() (default 30 s); then the promise rejects with ERR_TIMEOUT. */
+  /** How long the child has to call parentLink(), in ms (default 30000); then the child is
+   * killed and the promise rejects with ERR_TIMEOUT. */
+  timeout?: number;
+  /** The older name of `timeout`. */
   handshakeTimeoutMs?: number;
   /** Gives up when it aborts: the child is killed and the promise rejects with an AbortError. */
   signal?: AbortSignal;
@@ -56,6 +59,15 @@ export interface SpawnedChild<In = unknown, Out = unknown> {
   child: ChildProcess;
   link: Link<In, Out>;
 }
+
+/** The keys of SpawnOptions: any other is refused (a misspelt option would do nothing). */
+export const SPAWN_OPTION_KEYS: Readonly<Record<keyof SpawnOptions, true>> = {
+  ...LINK_OPTION_KEYS, execArgv: true, env: true, cwd: true, stdio: true, uid: true, gid: true, allowUids: true,
+  timeout: true, handshakeTimeoutMs: true, signal: true, device: true, frameRing: true,
+};
+
+/** The default of spawn()'s `timeout`: how long a child has to call parentLink(). */
+const SPAWN_TIMEOUT_MS = 30_000;
 
 const DROP_FLAGS = /^(--inspect|--debug|--test|--experimental-test|--watch|--eval|-e$|--print|-p$|-pe$|--input-type|--check|-c$|--interactive|-i$)/;
 const FLAGS_WITH_VALUE = new Set([
@@ -87,12 +99,21 @@ function modulePath(module: string | URL): string {
 
 /**
  * Starts `node <module> ...args` with a link to this process, and resolves once the child has
- * called parentLink(). If the child exits first, is refused (another uid), or does not connect in
- * time, the child is killed and the promise rejects (ERR_PEER_GONE / ERR_PEER_REFUSED / ERR_TIMEOUT).
- * `In`/`Out` type the link: what this process receives from the child, and what it sends.
+ * called parentLink(). `module` is a URL (`new URL('./worker.js', import.meta.url)`: relative to
+ * the calling module) or a path (relative to the working directory, `process.cwd()`), the rule
+ * spawnPython() follows too. `In`/`Out` type the link: what this process receives from the child,
+ * and what it sends.
+ *
+ * @throws IpcError (the promise rejects; the child is killed): ERR_PEER_GONE when the child exits
+ * or closes its link before calling parentLink() (or cannot start), ERR_PEER_REFUSED when it runs
+ * as a uid not allowed (`allowUids`), ERR_TIMEOUT when it has not called parentLink() within
+ * `options.timeout` (30 s), an AbortError on `options.signal`.
+ * @throws TypeError ERR_INVALID_ARG_VALUE for an option spawn does not know (a misspelt one would
+ * otherwise do nothing); TypeError / RangeError for a bad option value.
  */
 export function spawn<In = unknown, Out = unknown>(module: string | URL, args?: readonly string[], options?: SpawnOptions): Promise<SpawnedChild<In, Out>>;
 export async function spawn(module: string | URL, args: readonly string[] = [], options: SpawnOptions = {}): Promise<SpawnedChild> {
+  checkOptionKeys(options, SPAWN_OPTION_KEYS, 'spawn');
   const path = modulePath(module);
   return startLinkedChild(process.execPath, [...(options.execArgv ?? inheritableExecArgv()), path, ...args], options, path);
 }
@@ -107,6 +128,9 @@ export async function startLinkedChild(command: string, argv: readonly string[],
   const deviceEnv = options.device === undefined ? {} : { [WORKING_DEVICE_ENV]: workingDeviceUuid(options.device) };
   const limits = linkLimits(options, 'options');
   const signal = checkSignal(options.signal);
+  // undefined: no bound (Infinity).
+  const timeout = options.timeout !== undefined ? checkTimeout(options.timeout, 'options.timeout')
+    : options.handshakeTimeoutMs !== undefined ? checkTimeout(options.handshakeTimeoutMs, 'options.handshakeTimeoutMs') : SPAWN_TIMEOUT_MS;
   if (signal?.aborted) throw abortError(signal.reason, 'spawn');
   let parentFd: number;
   let childFd: number;
@@ -124,7 +148,7 @@ export async function startLinkedChild(command: string, argv: readonly string[],
       verifyPeer: true,
       allowUids: options.allowUids ?? [],
       helloFirst: false,
-      handshakeTimeoutMs: options.handshakeTimeoutMs ?? 30_000,
+      ...(timeout !== undefined ? { handshakeTimeoutMs: timeout } : {}),
       peerName: 'child process',
       frameRing: options.frameRing,
       limits,
@@ -170,6 +194,9 @@ export async function startLinkedChild(command: string, argv: readonly string[],
     if (e instanceof IpcError && e.code === 'ERR_PEER_GONE' && !e.message.startsWith('could not start')) {
       throw new IpcError('ERR_PEER_GONE', `the child process (pid ${child.pid}) running ${path} exited or closed its link before calling parentLink() (parent_link() in Python)`, { cause: e });
     }
+    if (e instanceof IpcError && e.code === 'ERR_TIMEOUT') {
+      throw new IpcError('ERR_TIMEOUT', `the child process (pid ${child.pid}) running ${path} did not call parentLink() (parent_link() in Python) within ${timeout} ms (the timeout option); it was killed`, { cause: e });
+    }
     throw e;
   }
   spawnError.catch(() => {});
@@ -189,10 +216,18 @@ let parent: Link | undefined;
  * The link to the process that started this one with spawn(). The same Link every call (its
  * `options` are those of the first call). The parent is trusted as such (it chose how to start
  * us), so its uid is not checked. `In`/`Out` type the link: what this process receives from its
- * parent, and what it sends.
+ * parent, and what it sends. It does not wait: the link opens in the background, and the first
+ * `receive()` (which takes `{ signal, timeout }`) waits for the parent's messages.
+ *
+ * @throws IpcError ERR_NOT_SPAWNED when this process was not started by spawn() / spawnPython's
+ * Node counterpart (no link fd in its environment, or the fd is not a link socket).
+ * @throws TypeError ERR_INVALID_ARG_VALUE for an option that is not a LinkOptions key;
+ * TypeError / RangeError for a bad option value.
  */
 export function parentLink<In = unknown, Out = unknown>(options?: LinkOptions): Link<In, Out>;
 export function parentLink(options?: LinkOptions): Link {
+  const waitHint = 'parentLink() does not wait; pass it to link.receive({ signal, timeout })';
+  checkOptionKeys(options, LINK_OPTION_KEYS, 'parentLink', { timeout: waitHint, signal: waitHint });
   if (parent) return parent;
   const limits = linkLimits(options, 'options');
   const value = process.env[LINK_FD_ENV];

@@ -154,7 +154,10 @@ export async function connectTcp(urlText: LinkUrl, options: TcpConnectOptions = 
   const url = parseLinkUrl(urlText, 'connect');
   const limits = linkLimits(o, 'options');
   const signal = checkSignal(o.signal);
-  const timeoutMs = checkTimeout(o.timeout, 'options.timeout') ?? 10_000;
+  const given0 = checkTimeout(o.timeout, 'options.timeout') ?? 10_000;
+  // 0: one try to connect; the token exchange and the handshake still get the default time.
+  const once = given0 === 0;
+  const timeoutMs = once ? 10_000 : given0;
   const tlsOptions = tlsOptionsFor(url, o, 'connect');
   // Before anything goes out: no token, nothing sent.
   const token = resolveToken(o.token, 'connect');
@@ -179,7 +182,7 @@ export async function connectTcp(urlText: LinkUrl, options: TcpConnectOptions = 
         if (cancel.signal.aborted) throw cancel.signal.reason;
         const error = openError(e, shown);
         // Nobody there yet: wait for the listener, until the deadline (as connect(name) does).
-        if ((e as { code?: string }).code !== 'ECONNREFUSED' || timeoutMs === 0) throw error;
+        if ((e as { code?: string }).code !== 'ECONNREFUSED' || once) throw error;
         const left = deadline - Date.now();
         if (left <= 0) throw new IpcError('ERR_TIMEOUT', `connect: nothing listens at ${shown}, and no listener appeared within ${timeoutMs} ms (the timeout option)`, { cause: error });
         try {

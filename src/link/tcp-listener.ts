@@ -17,7 +17,6 @@ import { Queue } from './queue.js';
 import { AuthRole, authenticate, resolveToken } from './tcp-auth.js';
 import { remoteOf, tlsContextOptions, tlsOptionsFor, tuneSocket, type TcpLinkOptions } from './tcp-connect.js';
 import { closeGracefully } from './tcp-transport.js';
-import type { ListenerEvents } from './listener.js';
 
 /** Options of listen(url) for a tcp:// or tls:// URL; the LinkOptions bound each accepted link. */
 export interface TcpListenOptions extends TcpLinkOptions {
@@ -33,17 +32,33 @@ export interface TcpListenOptions extends TcpLinkOptions {
   maxPending?: number;
 }
 
+/** The events of a TcpListener and the arguments their listeners get (as a Listener's). */
+export interface TcpListenerEvents {
+  /** A link whose token exchange and handshake succeeded and that no pending accept() took. */
+  connection: [link: Link];
+  /** A connection that failed TLS, the token exchange or its handshake, or went past maxPending; it was closed. */
+  refused: [error: IpcError];
+  /** The listening socket failed; emitted only when someone listens for it. */
+  error: [error: Error];
+  /** The listener closed. */
+  close: [];
+  /** EventEmitter's own: a listener is about to be added. */
+  newListener: [event: string | symbol, listener: (...args: any[]) => void];
+  /** EventEmitter's own: a listener was removed. */
+  removeListener: [event: string | symbol, listener: (...args: any[]) => void];
+}
+
 export interface TcpListener {
-  /** Adds a listener for `event` (see ListenerEvents). */
-  on<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener for `event` (see TcpListenerEvents). */
+  on<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
   /** Adds a listener called once for `event`. */
-  once<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  once<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
   /** Removes a listener. */
-  off<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  off<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
   /** Same as on(). */
-  addListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  addListener<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
   /** Same as off(). */
-  removeListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  removeListener<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
 }
 
 interface Pending {
@@ -122,12 +137,17 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
     this.#pending.add(entry);
     const timer = setTimeout(() => {
       this.#giveUp(entry, new IpcError('ERR_TIMEOUT', `listener ${this.url} closed a connection from ${raw.remoteAddress} that did not complete TLS, the token exchange and the handshake within ${this.#handshakeTimeoutMs} ms`));
-    }, this.#handshakeTimeoutMs);
+    }, this.#handshakeTimeoutMs).unref(); // the connection itself keeps the process alive, or listener.unref() lets it go
     const started = Date.now();
     let where = `${raw.remoteAddress}:${raw.remotePort}`;
     try {
       tuneSocket(raw);
-      const remote = remoteOf(raw, this.#tls !== undefined);
+      let remote;
+      try {
+        remote = remoteOf(raw, this.#tls !== undefined);
+      } catch (e) {
+        throw Object.assign(e as IpcError, { silent: true }); // gone before it said a word
+      }
       where = formatLinkUrl('tcp', remote.address, remote.port).slice('tcp://'.length);
       const socket = this.#tls ? await this.#secure(raw) : raw;
       entry.socket = socket;

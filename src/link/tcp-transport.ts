@@ -38,8 +38,13 @@ import type { FrameTransport, RingState } from './frame-transport.js';
 import { RecordSource, type RecordHandler, type StateHandler } from './ring-transport.js';
 import { checkMessageLength } from './large-message.js';
 
+/** A large message's buffer is made whole up to this size as soon as its header checked out; past it, it grows as its bytes come. */
+const LARGE_UPFRONT_BYTES = 64 * 2 ** 20;
+
 /** How long a closed link's socket keeps reading (and dropping) what its peer still sends. */
 const LINGER_MS = 2000;
+
+const EMPTY = Buffer.alloc(0);
 
 const NO_RINGS: RingState = Object.freeze({ sending: false, receiving: false });
 
@@ -193,6 +198,14 @@ export class TcpTransport implements FrameTransport {
     return true;
   }
 
+  /** Resolves once what was written is in the kernel (node:net writes in order, so an empty write's callback says so). */
+  whenWritten(): Promise<void> | undefined {
+    if (this.#closed || this.#socket.writableLength === 0) return undefined;
+    return new Promise<void>((resolve, reject) => {
+      this.#socket.write(EMPTY, (e) => (e ? reject(closedError()) : resolve()));
+    });
+  }
+
   setInterest(readable: boolean, writable: boolean): void {
     if (this.#closed) return;
     this.#wantWritable = writable;
@@ -311,6 +324,7 @@ export class TcpTransport implements FrameTransport {
           if (!this.#startFrame()) return;
         } else {
           const n = Math.min(this.#length - this.#have, available);
+          if (this.#have + n > this.#frame.byteLength) this.#grow(this.#have + n);
           chunk.copy(this.#frame, this.#have, this.#at, this.#at + n);
           this.#consumed(n);
           this.#have += n;
@@ -340,7 +354,8 @@ export class TcpTransport implements FrameTransport {
       if (error.code === 'ERR_MESSAGE_TOO_LARGE') {
         // The one refusal the sender can act on: tell it why, before the link closes.
         try {
-          this.send(encodeRefuse(RefuseReason.TooLarge, error.message), HEADER_BYTES, null, null);
+          const refusal = encodeRefuse(RefuseReason.TooLarge, error.message);
+          this.send(refusal, refusal.byteLength, null, null);
         } catch {
           // The peer learns from the close either way.
         }
@@ -354,16 +369,25 @@ export class TcpTransport implements FrameTransport {
       this.#frame = this.#recv;
       this.#frameView = this.#recvView;
     } else {
-      this.#frame = Buffer.allocUnsafe(this.#length);
-      this.#frameView = new DataView(this.#frame.buffer, this.#frame.byteOffset, this.#length);
+      // Past LARGE_UPFRONT_BYTES grown as the bytes come (#grow), so that a header alone never
+      // makes this side reserve what it announces.
+      this.#frame = Buffer.allocUnsafeSlow(Math.min(this.#length, LARGE_UPFRONT_BYTES));
       this.#recv.copy(this.#frame, 0, 0, HEADER_BYTES);
     }
     return true;
   }
 
+  /** A larger buffer for the large message being assembled, holding what arrived: at least `need`, at most its length. */
+  #grow(need: number): void {
+    const next = Buffer.allocUnsafeSlow(Math.min(this.#length, Math.max(need, 2 * this.#frame.byteLength)));
+    this.#frame.copy(next, 0, 0, this.#have);
+    this.#frame = next;
+  }
+
   #deliver(): void {
     const length = this.#length;
     const source = this.#frame === this.#recv ? RecordSource.Socket : RecordSource.Ring;
+    if (source === RecordSource.Ring) this.#frameView = new DataView(this.#frame.buffer, this.#frame.byteOffset, length);
     this.#have = 0;
     this.#length = 0;
     this.#onRecord(0, length, undefined, undefined, source);

@@ -43,7 +43,7 @@ export interface TransferHandler<T extends object = object> {
    * valid only during the call: copy what you keep. On return the handler owns `fds`. If it
    * throws, the link closes every fd still in `fds`: a handler that already took ownership of
    * (or closed) some fd before throwing sets that entry to -1.
-   * Values with close() or [Symbol.dispose]() are disposed by the link if the message can't be
+   * Values with `close()` or `[Symbol.dispose]()` are disposed by the link if the message can't be
    * delivered (decode of a later value failed, or the link closed with the message unread).
    *
    * `lease` is set when the sender leased the value (its encode() returned a hold). The decoded

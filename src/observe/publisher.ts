@@ -6,13 +6,20 @@
 // its record behind: readers see that its pid is gone and remove it (reader.ts).
 // What it writes comes from the sources hooks.ts hands it, and the import cache's figures straight
 // from the addon: it imports no layer above observe.
-import { mkdirSync, renameSync, unlinkSync, writeFileSync } from 'node:fs';
+import { closeSync, constants, fstatSync, mkdirSync, openSync, renameSync, writeSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { addon } from '../native.js';
 import { fdsExhausted } from '../errors.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
+import { identityOf, removeIfSame, type FileIdentity } from '../safe-files.js';
 import type { ChannelStatus, ChannelStatusSource, DeviceMemoryStats, ObservedLink } from './reports.js';
-import { MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, openFdCount, processStartTime, recordName, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
+import {
+  MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, openFdCount, openStatusDirectory, processStartTime, recordName, removeStaleRecords,
+  type LinkRecord, type StatusRecord,
+} from './record.js';
+
+/** The temporary is this process's own name in a private folder; O_NOFOLLOW all the same. */
+const TMP_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW;
 
 /** What the publisher provides once started. */
 export interface StatusPublisher {
@@ -28,6 +35,8 @@ export interface StatusSources {
   links(): Iterable<{ link: ObservedLink; received: number }>;
   channels(): ReadonlySet<ChannelStatusSource>;
   deviceMemory(): DeviceMemoryStats;
+  /** What a link carried by value (hooks.ts's counters). */
+  traffic(link: object): { copiedSent: number; copiedReceived: number; ncclSent: number; ncclReceived: number };
 }
 
 const FIRST_DELAY_MS = 20;
@@ -52,6 +61,8 @@ class Publisher implements StatusPublisher {
   #written = false;
   #stopped = false;
   #removeOnExit = false;
+  /** The record file this process last wrote (renamed into place). */
+  #file: FileIdentity | undefined;
   #openFds = 0;
 
   constructor(sources: StatusSources, directory: string, startTime: string) {
@@ -114,8 +125,18 @@ class Publisher implements StatusPublisher {
   }
 
   #writeFile(text: string): void {
-    writeFileSync(this.#tmp, text, { mode: 0o600 });
+    const fd = openSync(this.#tmp, TMP_FLAGS, 0o600);
+    let written: FileIdentity;
+    try {
+      const bytes = Buffer.from(text);
+      let done = 0;
+      while (done < bytes.byteLength) done += writeSync(fd, bytes, done, bytes.byteLength - done);
+      written = identityOf(fstatSync(fd));
+    } finally {
+      closeSync(fd);
+    }
     renameSync(this.#tmp, this.#path);
+    this.#file = written;
   }
 
   /** Creates the folder (and the private socket directory) if needed; throws if unsafe. */
@@ -126,12 +147,18 @@ class Publisher implements StatusPublisher {
     } catch (e) {
       if ((e as { code?: string }).code !== 'EEXIST') throw e;
     }
-    if (!this.#removeOnExit) {
-      this.#removeOnExit = true;
-      process.on('exit', this.#remove);
-      // Records of killed processes wait for a reader; each new publisher sweeps them too, so
-      // they never pile up where no one runs `cuda-ipc status`. One readdir, once.
-      removeStaleRecords(this.#directory);
+    // The folder itself must be private too (not a symlink, this user's, mode 0700).
+    const dirFd = openStatusDirectory(this.#directory, true);
+    try {
+      if (!this.#removeOnExit) {
+        this.#removeOnExit = true;
+        process.on('exit', this.#remove);
+        // Records of killed processes wait for a reader; each new publisher sweeps them too, so
+        // they never pile up where no one runs `cuda-ipc status`. One readdir, once.
+        removeStaleRecords(dirFd);
+      }
+    } finally {
+      closeSync(dirFd);
     }
   }
 
@@ -159,6 +186,12 @@ class Publisher implements StatusPublisher {
       if (sq.messages > 0) entry.sendQueue = { messages: sq.messages, bytes: sq.bytes, fds: sq.fds };
       const rq = link.receiveQueue;
       if (rq.messages > 0 || rq.paused) entry.receiveQueue = { messages: rq.messages, bytes: rq.bytes, fds: rq.fds, paused: rq.paused };
+      const remote = link.transport === 'tcp' ? link.remote : undefined;
+      if (remote) {
+        entry.transport = 'tcp';
+        entry.remote = { address: remote.address, port: remote.port, family: remote.family, tls: remote.tls };
+        entry.traffic = this.#sources.traffic(link);
+      }
       links.push(entry);
     }
     const channels: ChannelStatus[] = [];
@@ -233,14 +266,10 @@ class Publisher implements StatusPublisher {
     );
   }
 
+  /** Removes this process's record (only the file it last wrote there) and a temporary left by a failed write. */
   readonly #remove = (): void => {
-    for (const p of [this.#path, this.#tmp]) {
-      try {
-        unlinkSync(p);
-      } catch {
-        // Never written, or already gone.
-      }
-    }
+    if (this.#file) removeIfSame(this.#path, this.#file);
+    removeIfSame(this.#tmp, undefined);
   };
 }
 

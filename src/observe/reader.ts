@@ -2,11 +2,15 @@
 // `top`. Reading only reads: the publishers are never signalled or waited on. Records of
 // processes that are gone (killed, crashed: they could not remove their own) are recognised by
 // their pid and start time, and removed.
-import { readdirSync, readFileSync, statSync } from 'node:fs';
-import { join } from 'node:path';
+import { closeSync, readdirSync } from 'node:fs';
 import type { ImportCacheStats } from '../cuda/driver-types.js';
+import { inDirectory, readRegularFile } from '../safe-files.js';
 import type { ChannelStatus, DeviceMemoryStats } from './reports.js';
-import { MAX_RECORD_BYTES, RECORD_VERSION, defaultStatusDirectory, isStale, removeStaleRecords, type LinkRecord, type StatusRecord } from './record.js';
+import { checkRecord } from './record-check.js';
+import {
+  MAX_RECORD_BYTES, RECORD_NAME_RE, RECORD_VERSION, defaultStatusDirectory, isStale, namesIn, openStatusDirectory, removeStaleRecords,
+  type LinkRecord, type StatusRecord,
+} from './record.js';
 
 /** What one process holds of another's, or lends to it. */
 export interface PeerShare {
@@ -62,7 +66,10 @@ export interface StatusSnapshot {
 
 /** Options of collectStatus(). */
 export interface CollectOptions {
-  /** Where the records are; default: the `status` folder of this user's socket directory. */
+  /**
+   * Where the records are; default: the `status` folder of this user's socket directory. Either
+   * must be a directory of this user that no one else may enter (ERR_SOCKET_DIR_UNSAFE if not).
+   */
   directory?: string;
   /** Remove records of processes that are gone (default true). */
   removeStale?: boolean;
@@ -76,65 +83,36 @@ function countFds(pid: number): number | undefined {
   }
 }
 
-function isRecord(v: unknown): v is StatusRecord {
-  const r = v as StatusRecord;
-  return typeof r === 'object' && r !== null && r.version === RECORD_VERSION && Number.isSafeInteger(r.pid) &&
-    Array.isArray(r.links) && Array.isArray(r.channels) && typeof r.device === 'object' && Array.isArray(r.argv);
-}
-
 /** Reads the records in `directory`; see CollectOptions. */
 export function collectStatus(options: CollectOptions = {}): StatusSnapshot {
   const directory = options.directory ?? defaultStatusDirectory();
   const removeStale = options.removeStale ?? true;
   const now = Date.now();
   const snapshot: StatusSnapshot = { version: RECORD_VERSION, takenAt: new Date(now).toISOString(), directory, processes: [], stale: [], unreadable: [] };
-  let names: string[];
+  let dirFd: number;
   try {
-    names = readdirSync(directory).sort();
+    dirFd = openStatusDirectory(directory, options.directory === undefined);
   } catch (e) {
     if ((e as { code?: string }).code === 'ENOENT') return snapshot; // nothing ever published here
     throw e;
   }
   const records: StatusRecord[] = [];
-  if (removeStale) snapshot.stale = removeStaleRecords(directory, names);
-  for (const name of names) {
-    const s = isStale(name);
-    if (!s) continue;
-    if (s.stale) {
-      if (!removeStale && !s.temporary) snapshot.stale.push(s.pid);
-      continue;
-    }
-    if (s.temporary) continue; // a live writer's temporary file
-    const path = join(directory, name);
-    let text: string;
-    try {
-      const size = statSync(path).size;
-      if (size > MAX_RECORD_BYTES) {
-        snapshot.unreadable.push({ file: name, reason: `${size} bytes, more than a status record holds (${MAX_RECORD_BYTES})` });
+  try {
+    const names = namesIn(dirFd).sort();
+    if (removeStale) snapshot.stale = removeStaleRecords(dirFd, names);
+    for (const name of names) {
+      const s = isStale(name);
+      if (!s) continue;
+      if (s.stale) {
+        if (!removeStale && !s.temporary) snapshot.stale.push(s.pid);
         continue;
       }
-      text = readFileSync(path, 'utf8');
-    } catch (e) {
-      if ((e as { code?: string }).code === 'ENOENT') continue; // the process exited just now
-      snapshot.unreadable.push({ file: name, reason: (e as Error).message });
-      continue;
+      if (s.temporary) continue; // a live writer's temporary file
+      const record = readRecord(dirFd, name, s.pid, snapshot.unreadable);
+      if (record) records.push(record);
     }
-    let parsed: unknown;
-    try {
-      parsed = JSON.parse(text);
-    } catch (e) {
-      snapshot.unreadable.push({ file: name, reason: `not JSON: ${(e as Error).message}` });
-      continue;
-    }
-    if (!isRecord(parsed)) {
-      const v = (parsed as { version?: unknown })?.version;
-      snapshot.unreadable.push({
-        file: name,
-        reason: v !== RECORD_VERSION ? `written by another version of cuda-ipc (record version ${String(v)}, this one reads ${RECORD_VERSION})` : 'not a status record',
-      });
-      continue;
-    }
-    records.push(parsed);
+  } finally {
+    closeSync(dirFd);
   }
   const byPid = new Map(records.map((r) => [r.pid, r]));
   for (const r of records) {
@@ -157,6 +135,44 @@ export function collectStatus(options: CollectOptions = {}): StatusSnapshot {
   }
   snapshot.processes.sort((a, b) => a.pid - b.pid);
   return snapshot;
+}
+
+/**
+ * The record `name` of the directory open as `dirFd`, checked; undefined (and the reason in
+ * `unreadable`) when it is not a regular file of this user (a symlink, a FIFO, a device are not
+ * opened, or opened without blocking and refused), is larger than a record, or does not parse.
+ */
+function readRecord(dirFd: number, name: string, pid: number, unreadable: StatusSnapshot['unreadable']): StatusRecord | undefined {
+  let text: string;
+  try {
+    const { bytes, stats } = readRegularFile(inDirectory(dirFd, name), { maxBytes: MAX_RECORD_BYTES, what: 'the status record' });
+    if (stats.uid !== process.getuid?.()) {
+      unreadable.push({ file: name, reason: `it belongs to uid ${stats.uid}, not to this user` });
+      return undefined;
+    }
+    text = bytes.toString('utf8');
+  } catch (e) {
+    if ((e as { code?: string }).code === 'ENOENT') return undefined; // the process exited just now
+    // The message names the /proc/self/fd path: say what it was instead.
+    const reason = (e as { code?: string }).code === 'ERR_FILE_UNSAFE'
+      ? String((e as Error).message).replace(/^the status record \S+ /, '')
+      : `cannot be read (${(e as { code?: string }).code ?? String(e)})`;
+    unreadable.push({ file: name, reason });
+    return undefined;
+  }
+  let parsed: unknown;
+  try {
+    parsed = JSON.parse(text);
+  } catch {
+    unreadable.push({ file: name, reason: 'not JSON' });
+    return undefined;
+  }
+  const record = checkRecord(parsed, pid, RECORD_NAME_RE.exec(name)![2]!);
+  if (typeof record === 'string') {
+    unreadable.push({ file: name, reason: record });
+    return undefined;
+  }
+  return record;
 }
 
 /** Sums `f` over the links of `r` by peer pid (links whose peer is not known yet are left out). */

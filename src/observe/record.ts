@@ -3,9 +3,10 @@
 // this user's private runtime directory (runtime-directory.ts). The start time is the process's
 // start in clock ticks since boot (/proc/<pid>/stat, field 22): with it in the name, a record of
 // a dead process is never mistaken for one of a new process that got the same pid.
-import { readdirSync, readFileSync, unlinkSync } from 'node:fs';
-import { join } from 'node:path';
-import { defaultSocketDirectory } from '../runtime-directory.js';
+import { lstatSync, readdirSync, readFileSync, unlinkSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import { checkPrivateDirectory, defaultSocketDirectory, openPrivateDirectory } from '../runtime-directory.js';
+import { inDirectory } from '../safe-files.js';
 import type { ImportCacheStats } from '../cuda/driver-types.js';
 import type { ChannelStatus, DeviceMemoryStats } from './reports.js';
 
@@ -30,6 +31,15 @@ export interface LinkRecord {
   sendQueue?: { messages: number; bytes: number; fds: number };
   /** Messages received and not yet consumed here, and whether reading is paused (absent when none). */
   receiveQueue?: { messages: number; bytes: number; fds: number; paused: boolean };
+  /** 'tcp' for a link between machines (absent for a Unix-socket link); its peerPid is 0. */
+  transport?: 'tcp';
+  /** Where the peer of a TCP link is. */
+  remote?: { address: string; port: number; family: string; tls: boolean };
+  /**
+   * What a TCP link carried by value: host memory copied into and out of its messages, device
+   * memory moved over NCCL for it (bytes, since it opened).
+   */
+  traffic?: { copiedSent: number; copiedReceived: number; ncclSent: number; ncclReceived: number };
 }
 
 export interface StatusRecord {
@@ -90,15 +100,37 @@ export function isStale(name: string): { pid: number; stale: boolean; temporary:
   return { pid, stale: processStartTime(pid) !== m[2], temporary: m[3] !== undefined };
 }
 
-/** Removes the records (and temporaries) of processes that are gone; returns their pids. */
-export function removeStaleRecords(directory: string, names: readonly string[] = readdirSync(directory)): number[] {
+/**
+ * Opens the folder of records `directory` for reading or sweeping, as an fd (the caller closes
+ * it): never through a symlink, and only a directory of this user that no one else may enter (for
+ * the default folder, its parent too), so that nothing another user planted is read or deleted.
+ * Throws ERR_SOCKET_DIR_UNSAFE when it is not; ENOENT when it does not exist.
+ */
+export function openStatusDirectory(directory: string, isDefault: boolean): number {
+  const hint = 'remove it (or the files in it are not to be trusted), or pass another directory';
+  if (isDefault) checkPrivateDirectory(dirname(directory), 'the socket directory', hint);
+  return openPrivateDirectory(directory, 'the status directory', hint);
+}
+
+/** The names in the directory open as `dirFd`. */
+export const namesIn = (dirFd: number): string[] => readdirSync(`/proc/self/fd/${dirFd}`);
+
+/**
+ * Removes the records (and temporaries) of processes that are gone from the directory open as
+ * `dirFd` (openStatusDirectory); returns their pids. Only regular files of this user are removed.
+ */
+export function removeStaleRecords(dirFd: number, names: readonly string[] = namesIn(dirFd)): number[] {
   const gone: number[] = [];
+  const uid = process.getuid?.();
   for (const name of names) {
     const s = isStale(name);
     if (!s?.stale) continue;
-    if (!s.temporary) gone.push(s.pid);
+    const path = inDirectory(dirFd, name);
     try {
-      unlinkSync(join(directory, name));
+      const st = lstatSync(path);
+      if (!st.isFile() || st.uid !== uid) continue;
+      if (!s.temporary) gone.push(s.pid);
+      unlinkSync(path);
     } catch {
       // Another reader removed it first.
     }

@@ -23,8 +23,15 @@ export interface ObservedLink {
   readonly id: number;
   readonly closed: boolean;
   readonly state: 'handshaking' | 'open' | 'closed';
-  /** Throws while the peer is not known yet (before the handshake of a spawned child's parent end). */
+  /**
+   * Throws while the peer is not known yet (before the handshake of a spawned child's parent
+   * end), and on a TCP link, which knows no pid (see remote).
+   */
   readonly peer: { readonly pid: number };
+  /** What carries it: 'unix' (one machine) or 'tcp' (between machines). */
+  readonly transport?: 'unix' | 'tcp';
+  /** Where the peer of a TCP link is. */
+  readonly remote?: { readonly address: string; readonly port: number; readonly family: string; readonly tls: boolean } | undefined;
   /** Leases this process holds for the peer. */
   readonly leases: { readonly count: number; readonly bytes: number };
   /** Messages waiting for room in the socket: the peer is not reading. */

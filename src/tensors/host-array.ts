@@ -1,9 +1,9 @@
 // Typed views over shared host memory: the host twin of DeviceArray (dtype, shape, byte strides
 // over a HostBuffer), so that the tensor machinery (sets over links, in-place updates,
 // safetensors) runs on machines without a GPU and with the same code paths.
-import { IpcError } from '../errors.js';
+import { IpcError, checkViewBytes } from '../errors.js';
 import { HostBuffer } from '../host/host-buffer.js';
-import { bytesToWrite, elementCount, forEachOffset, viewLayout, type ArrayMeta, type ArrayMetaInit } from '../ipc/array-meta.js';
+import { bytesToWrite, elementCount, forEachOffset, newHostArray, viewLayout, type ArrayMeta, type ArrayMetaInit } from '../ipc/array-meta.js';
 import { dtypeInfo, type DType, type HostArrayTypes } from '../ipc/dtype.js';
 
 /** A typed view (dtype, shape, byte strides) over shared host memory: DeviceArray's host twin. */
@@ -52,6 +52,7 @@ export class HostArray<T extends DType = DType> implements Disposable {
   values(): HostArrayTypes[T] {
     const info = dtypeInfo(this.dtype);
     if (!this.#contiguous) throw new IpcError('ERR_INVALID_STATE', `values() needs a C-contiguous array; this one has strides [${this.strides}]: use read()`);
+    checkViewBytes(this.buffer.byteLength, 'HostArray.values()', 'make arrays over parts of it: new HostArray(buffer.view(offset, length), { dtype, shape })');
     const bytes = this.buffer.bytes;
     if (bytes.byteOffset % info.itemsize !== 0) throw new IpcError('ERR_INVALID_STATE', `the array starts at byte ${bytes.byteOffset}, not aligned to its ${info.itemsize}-byte elements: use read()`);
     return new info.hostArray(bytes.buffer as ArrayBuffer, bytes.byteOffset, this.size) as HostArrayTypes[T];
@@ -60,7 +61,7 @@ export class HostArray<T extends DType = DType> implements Disposable {
   /** All elements in C (row-major) order, copied. */
   read(): HostArrayTypes[T] {
     const info = dtypeInfo(this.dtype);
-    const out = new info.hostArray(this.size) as HostArrayTypes[T];
+    const out = newHostArray(info.hostArray, this.size, info.itemsize, 'HostArray.read()');
     const dst = new Uint8Array((out as ArrayBufferView).buffer);
     if (this.#contiguous) {
       this.buffer.read(dst, 0);

@@ -1,4 +1,4 @@
-// The tensor layer's own kernels (kernels/tensors.cu, shipped as kernels/tensors.ptx) and the
+// The tensor layer's own kernels (kernels/tensors.cu, compiled to kernels/tensors.ptx) and the
 // device copies of an in-place update: contiguous pairs in one copy_runs launch (a table of runs in
 // device memory, kept per device and uploaded only when it changed), or on request in one
 // cuMemcpyBatchAsync (CUDA 12.8+; one cuMemcpyDtoDAsync each on older drivers); the rest in
@@ -13,8 +13,12 @@ import { IpcError } from '../errors.js';
 import { addon } from '../native.js';
 import { invalidArgValue } from '../arg-errors.js';
 
-/** The PTX file of these kernels, relative to the package root. */
-export const TENSORS_PTX_FILE = 'kernels/tensors.ptx';
+/**
+ * The PTX file of these kernels, relative to the package root: the Python package's copy of
+ * kernels/tensors.ptx (scripts/gen-ptx.sh writes both; a test checks they agree). The Python
+ * package must carry its own (`pip install ./python`), so the npm package ships that one only.
+ */
+export const TENSORS_PTX_FILE = 'python/cuda_ipc/tensors.ptx';
 
 export const TENSOR_KERNELS: ReadonlyArray<{ name: 'copy_runs' | 'copy_strided'; params: readonly KernelParam[]; description: string }> = [
   {

@@ -4,13 +4,12 @@
 // workers costs each of them one pool import, and no copy anywhere. The data goes file -> pinned
 // staging -> device in chunks, double-buffered: the file read of one chunk overlaps the copy of
 // the one before. With { memory: 'host' } the files are read straight into one HostBuffer.
-import { open } from 'node:fs/promises';
 import { dirname, isAbsolute, join, normalize, sep } from 'node:path';
-import { readFile } from 'node:fs/promises';
+import { openRegularFileHandle, readRegularFileAsync } from '../safe-files.js';
 import { driver, whenStreamDone } from '../cuda/driver.js';
 import { Device, defaultDevice } from '../cuda/device.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
-import { IpcError } from '../errors.js';
+import { IpcError, MAX_VIEW_BYTES } from '../errors.js';
 import { HostBuffer } from '../host/host-buffer.js';
 import { DeviceArray } from '../ipc/array.js';
 import type { IpcPool } from '../ipc/pool.js';
@@ -19,6 +18,7 @@ import { addon } from '../native.js';
 import { HostArray } from './host-array.js';
 import { copyAddon } from './kernels.js';
 import { readSafetensorsHeader, type SafetensorsHeader } from './safetensors.js';
+import { dtypeInfo } from '../ipc/dtype.js';
 import { TensorMap, setTensorMapMetadata } from './tensor-map.js';
 import { invalidArgValue, outOfRange } from '../arg-errors.js';
 
@@ -34,19 +34,57 @@ export interface LoadSafetensorsOptions {
   stagingBytes?: number;
 }
 
-/** Each file's data section starts on this boundary in the allocation, so every tensor stays aligned. */
+/** Each file's data section starts on this boundary in the allocation. */
 const FILE_ALIGN = 256;
 const DEFAULT_STAGING = 64 << 20;
+/** Host loads read into views of at most this many bytes (one typed array each). */
+const HOST_READ_BYTES = 2 ** 30;
+
+/**
+ * Where a file's tensors go in the allocation, relative to the file's base there. The format packs
+ * tensors back to back without aligning them; in memory each starts at a multiple of its element
+ * size, moved up from its place in the file by as little as that takes. Tensors moved by the same
+ * amount form one run, read from the file in one piece (for an aligned file: one run, the whole
+ * data section).
+ */
+interface Placement {
+  /** Offset of each tensor (header order) from the file's base in the allocation. */
+  readonly offsets: number[];
+  /** [from, to) of the data section, going to from + shift. */
+  readonly runs: Array<{ from: number; to: number; shift: number }>;
+  /** Bytes the file takes in the allocation. */
+  readonly bytes: number;
+}
+
+function placeTensors(h: SafetensorsHeader): Placement {
+  const order = h.tensors.map((t, i) => ({ t, i })).sort((a, b) => a.t.begin - b.t.begin || a.t.end - b.t.end);
+  const offsets = new Array<number>(h.tensors.length);
+  const runs: Placement['runs'] = [];
+  let shift = 0;
+  for (const { t, i } of order) {
+    const itemsize = dtypeInfo(t.dtype).itemsize;
+    if (t.end > t.begin) shift += (itemsize - ((t.begin + shift) % itemsize)) % itemsize;
+    offsets[i] = t.begin + shift;
+    const last = runs[runs.length - 1];
+    if (last && last.shift === shift) last.to = t.end;
+    else if (t.end > t.begin) runs.push({ from: t.begin, to: t.end, shift });
+  }
+  return { offsets, runs, bytes: h.dataBytes + shift };
+}
 
 function invalid(path: string, why: string): IpcError {
   return new IpcError('ERR_SAFETENSORS_INVALID', `${path}: ${why}`);
 }
 
+/** The largest model.safetensors.index.json read (real ones are well under a megabyte). */
+const MAX_INDEX_BYTES = 64 * 2 ** 20;
+
 /** The shard files an index names (in first-use order) and which file each tensor must be in. */
 async function readIndex(path: string): Promise<{ files: string[]; weightMap: Map<string, string> }> {
   let root: unknown;
   try {
-    root = JSON.parse(await readFile(path, 'utf8'));
+    // Regular files only, bounded: a FIFO or /dev/zero named here must not hang or grow this process.
+    root = JSON.parse((await readRegularFileAsync(path, MAX_INDEX_BYTES, 'the index')).toString('utf8'));
   } catch (e) {
     throw invalid(path, `the index is not JSON (${(e as Error).message})`);
   }
@@ -66,13 +104,24 @@ async function readIndex(path: string): Promise<{ files: string[]; weightMap: Ma
   return { files, weightMap };
 }
 
-/**
- * Loads a safetensors checkpoint: a file, several shard files, or a model.safetensors.index.json.
- * Every header is checked before anything is allocated or read (ERR_SAFETENSORS_INVALID naming the
- * file and the tensor). Tensor names must be unique across the files.
- */
+/** Into host memory (`memory: 'host'`): a map of HostArrays over one HostBuffer. */
 export async function loadSafetensors(source: string | readonly string[], options: LoadSafetensorsOptions & { memory: 'host' }): Promise<TensorMap<HostArray>>;
+/** Into device memory (the default): a map of DeviceArrays over one pool allocation. */
 export async function loadSafetensors(source: string | readonly string[], options?: LoadSafetensorsOptions): Promise<TensorMap<DeviceArray>>;
+/**
+ * Loads a safetensors checkpoint: a file, several shard files, or a model.safetensors.index.json
+ * (shards are found beside it). Every header is checked before anything is allocated or read.
+ * Tensor names must be unique across the files. Each tensor starts at a multiple of its element
+ * size in the allocation, also where the file packs it at an odd offset (the format does not align
+ * tensors, and the reference writer packs them back to back).
+ *
+ * @throws IpcError ERR_SAFETENSORS_INVALID naming the file and the tensor for a file that breaks
+ * the format, an index that does not match its shards, or an index naming a shard that cannot be
+ * read (the message names the index and the shard); the fs error (ENOENT, ...) for a file named
+ * directly that cannot be read.
+ * @throws IpcError ERR_OUT_OF_MEMORY (host) / CudaError CUDA_ERROR_OUT_OF_MEMORY (device) when the
+ * checkpoint does not fit.
+ */
 export async function loadSafetensors(source: string | readonly string[], options: LoadSafetensorsOptions = {}): Promise<TensorMap<DeviceArray> | TensorMap<HostArray>> {
   const memory = options.memory ?? 'device';
   if (memory !== 'device' && memory !== 'host') throw invalidArgValue(`memory must be 'device' or 'host', got ${JSON.stringify(memory)}`);
@@ -82,7 +131,15 @@ export async function loadSafetensors(source: string | readonly string[], option
   else files = typeof source === 'string' ? [source] : [...source];
   if (files.length === 0) throw invalidArgValue('loadSafetensors needs at least one file');
   const headers: SafetensorsHeader[] = [];
-  for (const f of files) headers.push(await readSafetensorsHeader(f));
+  for (const f of files) {
+    try {
+      headers.push(await readSafetensorsHeader(f));
+    } catch (e) {
+      const code = (e as { code?: unknown })?.code;
+      if (!weightMap || (code !== 'ENOENT' && code !== 'EACCES' && code !== 'EISDIR')) throw e;
+      throw invalid(source as string, `the index names the shard ${f}, which cannot be read (${code}: ${(e as Error).message})`);
+    }
+  }
 
   // Names unique across shards, and where an index names their shard, in that shard.
   const seen = new Map<string, string>();
@@ -99,16 +156,18 @@ export async function loadSafetensors(source: string | readonly string[], option
   if (weightMap) for (const [name, file] of weightMap) if (!seen.has(name)) throw invalid(file, `tensor ${JSON.stringify(name)} of the index's weight_map is not in this file`);
 
   const bases: number[] = [];
+  const placements = headers.map(placeTensors);
   let total = 0;
-  for (const h of headers) {
+  for (const p of placements) {
     total = Math.ceil(total / FILE_ALIGN) * FILE_ALIGN;
     bases.push(total);
-    total += h.dataBytes;
+    total += p.bytes;
   }
   const metadata: Record<string, string> = {};
   for (const h of headers) for (const [k, v] of Object.entries(h.metadata)) if (!(k in metadata)) metadata[k] = v;
 
-  const map = memory === 'host' ? await loadIntoHost(headers, bases, total) : await loadIntoDevice(headers, bases, total, options);
+  const layout: Layout = { headers, placements, bases, total };
+  const map = memory === 'host' ? await loadIntoHost(layout) : await loadIntoDevice(layout, options);
   setTensorMapMetadata(map, metadata);
   return map;
 }
@@ -123,48 +182,66 @@ async function readExact(fh: import('node:fs/promises').FileHandle, path: string
   }
 }
 
-async function loadIntoHost(headers: SafetensorsHeader[], bases: number[], total: number): Promise<TensorMap<HostArray>> {
-  const whole = HostBuffer.allocate(Math.max(total, 1));
+/** The checked headers, where each file's tensors go, and the allocation they all go into. */
+interface Layout {
+  readonly headers: SafetensorsHeader[];
+  readonly placements: Placement[];
+  /** Where each file starts in the allocation. */
+  readonly bases: number[];
+  readonly total: number;
+}
+
+async function loadIntoHost(layout: Layout): Promise<TensorMap<HostArray>> {
+  const { headers, placements, bases } = layout;
+  const whole = HostBuffer.allocate(Math.max(layout.total, 1));
   try {
-    const bytes = whole.bytes;
     for (let f = 0; f < headers.length; f++) {
       const h = headers[f]!;
       if (h.dataBytes === 0) continue;
-      const fh = await open(h.path, 'r');
+      const fh = await openRegularFileHandle(h.path, 'the safetensors file');
       try {
-        await readExact(fh, h.path, bytes.subarray(bases[f]!, bases[f]! + h.dataBytes), h.dataOffset);
+        for (const run of placements[f]!.runs) {
+          // Pieces of a view each: the allocation may be larger than one typed array can be.
+          for (let at = run.from; at < run.to; at += HOST_READ_BYTES) {
+            using piece = whole.view(bases[f]! + at + run.shift, Math.min(HOST_READ_BYTES, run.to - at));
+            await readExact(fh, h.path, piece.bytes, h.dataOffset + at);
+          }
+        }
       } finally {
         await fh.close();
       }
     }
     // A HostBuffer view has at least one byte: a tensor without elements gets one it never reads.
-    return viewsOf(headers, bases, (offset, length) => whole.view(Math.min(offset, whole.byteLength - 1), Math.max(length, 1)),
+    return viewsOf(layout, (offset, length) => whole.view(Math.min(offset, whole.byteLength - 1), Math.max(length, 1)),
       (b, meta) => new HostArray(b as HostBuffer, meta));
   } finally {
     whole.close();  // the views keep the memory
   }
 }
 
-async function loadIntoDevice(headers: SafetensorsHeader[], bases: number[], total: number, options: LoadSafetensorsOptions): Promise<TensorMap<DeviceArray>> {
+async function loadIntoDevice(layout: Layout, options: LoadSafetensorsOptions): Promise<TensorMap<DeviceArray>> {
   const device = options.device ?? options.pool?.device ?? defaultDevice();
   const ownPool = options.pool ? undefined : device.createIpcPool();
   let whole: DeviceBuffer;
   try {
-    whole = (options.pool ?? ownPool!).allocate(Math.max(total, 1));
+    whole = (options.pool ?? ownPool!).allocate(Math.max(layout.total, 1));
   } finally {
     ownPool?.close();  // destroyed once the last buffer of it is closed
   }
   try {
-    await copyFilesToDevice(headers, bases, whole, device, options.stagingBytes ?? DEFAULT_STAGING);
-    return viewsOf(headers, bases, (offset, length) => whole.view(offset, length), (b, meta) => new DeviceArray(b as DeviceBuffer, meta));
+    await copyFilesToDevice(layout, whole, device, options.stagingBytes ?? DEFAULT_STAGING);
+    return viewsOf(layout, (offset, length) => whole.view(offset, length), (b, meta) => new DeviceArray(b as DeviceBuffer, meta));
   } finally {
     whole.close();  // the views keep the memory
   }
 }
 
 /** file -> pinned staging (two halves) -> device, the read of one chunk overlapping the copy of the last. */
-async function copyFilesToDevice(headers: SafetensorsHeader[], bases: number[], whole: DeviceBuffer, device: Device, chunk: number): Promise<void> {
-  if (!Number.isSafeInteger(chunk) || chunk < 4096) throw outOfRange(`stagingBytes must be an integer of at least 4096, got ${chunk}`);
+async function copyFilesToDevice(layout: Layout, whole: DeviceBuffer, device: Device, chunk: number): Promise<void> {
+  const { headers, placements, bases } = layout;
+  if (!Number.isSafeInteger(chunk) || chunk < 4096 || 2 * chunk > MAX_VIEW_BYTES) {
+    throw outOfRange(`stagingBytes must be an integer in 4096..${MAX_VIEW_BYTES / 2} (its two halves are one typed array), got ${chunk}`);
+  }
   device.activate();
   const pinned = driver.memAllocHost(2 * chunk);
   let staging: ArrayBuffer | undefined;
@@ -180,17 +257,19 @@ async function copyFilesToDevice(headers: SafetensorsHeader[], bases: number[], 
     for (let f = 0; f < headers.length; f++) {
       const h = headers[f]!;
       if (h.dataBytes === 0) continue;
-      const fh = await open(h.path, 'r');
+      const fh = await openRegularFileHandle(h.path, 'the safetensors file');
       try {
-        for (let at = 0; at < h.dataBytes; at += chunk) {
-          const n = Math.min(chunk, h.dataBytes - at);
-          await busy[k];  // the copy out of this half has finished
-          const half = halves[k]!.subarray(0, n);
-          await readExact(fh, h.path, half, h.dataOffset + at);
-          device.activate();
-          driver.memcpyHtoDAsync(base + BigInt(bases[f]! + at), half, stream);
-          busy[k] = whenStreamDone(stream);
-          k ^= 1;
+        for (const run of placements[f]!.runs) {
+          for (let at = run.from; at < run.to; at += chunk) {
+            const n = Math.min(chunk, run.to - at);
+            await busy[k];  // the copy out of this half has finished
+            const half = halves[k]!.subarray(0, n);
+            await readExact(fh, h.path, half, h.dataOffset + at);
+            device.activate();
+            driver.memcpyHtoDAsync(base + BigInt(bases[f]! + at + run.shift), half, stream);
+            busy[k] = whenStreamDone(stream);
+            k ^= 1;
+          }
         }
       } finally {
         await fh.close();
@@ -206,20 +285,20 @@ async function copyFilesToDevice(headers: SafetensorsHeader[], bases: number[], 
   }
 }
 
-function viewsOf<B, A extends DeviceArray | HostArray>(headers: SafetensorsHeader[], bases: number[], view: (offset: number, length: number) => B,
+function viewsOf<B, A extends DeviceArray | HostArray>(layout: Layout, view: (offset: number, length: number) => B,
   make: (buffer: B, meta: { dtype: A['dtype']; shape: readonly number[] }) => A): TensorMap<A> {
   const map = new TensorMap<A>();
   try {
-    headers.forEach((h, f) => {
-      for (const t of h.tensors) {
-        const b = view(bases[f]! + t.begin, t.end - t.begin);
+    layout.headers.forEach((h, f) => {
+      h.tensors.forEach((t, i) => {
+        const b = view(layout.bases[f]! + layout.placements[f]!.offsets[i]!, t.end - t.begin);
         try {
           map.set(t.name, make(b, { dtype: t.dtype, shape: t.shape }));
         } catch (e) {
           (b as { close(): void }).close();
           throw e;
         }
-      }
+      });
     });
     return map;
   } catch (e) {

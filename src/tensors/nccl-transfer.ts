@@ -14,7 +14,7 @@ import type { ReceivedLease } from '../link/lease.js';
 import type { Link } from '../link/link.js';
 import { beginOutgoing, incomingComm, type LinkComm } from '../link/nccl-comms.js';
 import { registerTransferHandler, type TransferHandler } from '../link/transfer.js';
-import { countTraffic, type TrafficLink } from '../observe/traffic.js';
+import { countTraffic, type TrafficLink } from '../observe/hooks.js';
 import { ChunkMover, type ChunkOperation } from './chunk-pipeline.js';
 import { HostArray } from './host-array.js';
 import { NCCL_TENSOR_SET_KIND, decodeNcclTensorSet, decodePackedTable, encodeNcclTensorSet, encodePackedTable, type NcclTensorSetRecord } from './nccl-wire.js';

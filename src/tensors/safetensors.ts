@@ -3,11 +3,12 @@
 // section that follows) plus an optional "__metadata__" map of strings, then the data, little-
 // endian. Checked: the header length against the file (and the reference implementation's 100 MB
 // limit), the JSON (an object starting with '{'), every dtype, shape and range, each range's size
-// against shape x itemsize, the ranges tiling the data section exactly (sorted, no gap, no overlap,
-// to its end), and each tensor aligned to its element size. A failure is ERR_SAFETENSORS_INVALID
-// naming the file and the tensor. Also a writer, for tests and examples. Pure but for file reads.
-import { closeSync, openSync, writeSync } from 'node:fs';
-import { open } from 'node:fs/promises';
+// against shape x itemsize, and the ranges tiling the data section exactly (sorted, no gap, no
+// overlap, to its end). A failure is ERR_SAFETENSORS_INVALID naming the file and the tensor. The
+// format does not align tensors (the reference writer packs them back to back, so whatever follows
+// an odd-length U8 tensor is misaligned): loadSafetensors places each one aligned in memory. Also a
+// writer, for tests and examples. Pure but for file reads.
+import { openRegularFileHandle, writeFileAtomic } from '../safe-files.js';
 import { IpcError } from '../errors.js';
 import { dtypeInfo, type DType } from '../ipc/dtype.js';
 import { invalidArgValue } from '../arg-errors.js';
@@ -122,7 +123,6 @@ export function parseSafetensorsHeader(json: Uint8Array, fileSize: number, path 
     if (end > dataBytes) bad(`has data_offsets [${begin}, ${end}] past the end of the data (${dataBytes} bytes); the file is truncated or the header lies`);
     const { itemsize } = dtypeInfo(dtype!);
     if (end - begin !== elements * itemsize) bad(`has ${end - begin} bytes of data, but shape ${JSON.stringify(shape)} of ${entry.dtype} needs ${elements * itemsize}`);
-    if (begin % itemsize !== 0 && end > begin) bad(`starts at byte ${begin} of the data, not aligned to its ${itemsize}-byte elements`);
     tensors.push({ name, dtype: dtype!, shape: shape as number[], begin, end });
   }
   // The ranges must tile the data section: sorted, no gap, no overlap, to its end.
@@ -140,7 +140,7 @@ export function parseSafetensorsHeader(json: Uint8Array, fileSize: number, path 
 
 /** Reads and checks the header of a file (two reads: the length, then the header). */
 export async function readSafetensorsHeader(path: string): Promise<SafetensorsHeader> {
-  const fh = await open(path, 'r');
+  const fh = await openRegularFileHandle(path, 'the safetensors file');
   try {
     const { size } = await fh.stat();
     const first = new Uint8Array(8);
@@ -163,9 +163,10 @@ export interface SafetensorsInput {
 }
 
 /**
- * The bytes of a safetensors file holding `tensors` in the given order (data laid out in that
- * order; callers keep each tensor aligned by ordering larger elements first), with the header
- * padded with spaces so that the data starts 8-byte aligned, as the reference writer does.
+ * The bytes of a safetensors file holding `tensors` in the given order, data packed back to back
+ * in that order as the reference writer does (order larger elements first to keep every tensor
+ * aligned in the file; loadSafetensors aligns them in memory either way), with the header padded
+ * with spaces so that the data starts 8-byte aligned.
  */
 export function safetensorsBytes(tensors: Iterable<readonly [string, SafetensorsInput]>, metadata?: Readonly<Record<string, string>>): { header: Uint8Array; chunks: Uint8Array[] } {
   const head: Record<string, unknown> = {};
@@ -189,16 +190,12 @@ export function safetensorsBytes(tensors: Iterable<readonly [string, Safetensors
   return { header, chunks };
 }
 
-/** Writes a safetensors file (synchronously; for tests, examples and small checkpoints). */
+/**
+ * Writes a safetensors file (synchronously; for tests, examples and small checkpoints): into a new
+ * temporary beside `path`, renamed over it, so that a reader never sees half a file and a symlink
+ * planted at `path` is replaced, not written through.
+ */
 export function writeSafetensors(path: string, tensors: Iterable<readonly [string, SafetensorsInput]>, metadata?: Readonly<Record<string, string>>): void {
   const { header, chunks } = safetensorsBytes(tensors, metadata);
-  const fd = openSync(path, 'w');
-  try {
-    for (const c of [header, ...chunks]) {
-      let done = 0;
-      while (done < c.byteLength) done += writeSync(fd, c, done, c.byteLength - done);
-    }
-  } finally {
-    closeSync(fd);
-  }
+  writeFileAtomic(path, [header, ...chunks], 0o666);
 }

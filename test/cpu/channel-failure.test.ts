@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
 import { ChannelHub, acceptChannel, type ChannelProducer } from '../../src/channel/index.js';
-import { waitStatsOf } from '../../src/channel/testing.js';
+import { waitStatsOf } from '../helpers/channel-internals.js';
 import { writePayload, readPayload } from '../fixtures/channel-payload.js';
 
 const CHILD = new URL('../fixtures/channel-child.js', import.meta.url);

@@ -9,7 +9,7 @@ import { addon } from '../../src/native.js';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { ChannelHub } from '../../src/channel/index.js';
-import { controlBytesOf } from '../../src/channel/testing.js';
+import { controlBytesOf } from '../helpers/channel-internals.js';
 import { Doorbells } from '../../src/channel/doorbells.js';
 import { spawn } from '../../src/link/index.js';
 import { computeLayout, readHeader, writeHeader, H, S, P, Kind, HEADER_BYTES } from '../../src/channel/layout.js';

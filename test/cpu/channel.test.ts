@@ -6,7 +6,7 @@ import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
 import {
   ChannelHub, createChannel, acceptChannel, type ChannelProducer, type ChannelSlot, type WaitMode,
 } from '../../src/channel/index.js';
-import { waitStatsOf } from '../../src/channel/testing.js';
+import { waitStatsOf } from '../helpers/channel-internals.js';
 import { writePayload, readPayload } from '../fixtures/channel-payload.js';
 import { randomPauses } from '../fixtures/channel-pauses.js';
 import { argError } from '../helpers/arg-error.js';
@@ -349,5 +349,34 @@ test('acceptChannel refuses a link whose first message is not a channel', async 
   } finally {
     await c.link.end();
     await exited(c);
+  }
+});
+
+test('slot.dataView and msg.dataView: numbers in place, one DataView per slot for every message through it', async () => {
+  using hub = ChannelHub.create({ slots: 2, slotBytes: 16 });
+  const producer = hub.producer();
+  const consumer = hub.consumer();
+  try {
+    const seen = new Map<number, DataView>();
+    for (let i = 0; i < 6; i++) {
+      const slot = await producer.acquire();
+      const view = slot.dataView;
+      assert.equal(view.byteLength, 16);
+      if (seen.has(slot.index)) assert.equal(view, seen.get(slot.index), 'the same DataView each time the slot comes round');
+      seen.set(slot.index, view);
+      view.setFloat64(0, i * 1.5, true);
+      view.setUint32(8, 1000 + i, true);
+      producer.publish(slot, { length: 12 });
+      const msg = await consumer.receive();
+      assert.ok(msg);
+      assert.equal(msg.dataView.getFloat64(0, true), i * 1.5);
+      assert.equal(msg.dataView.getUint32(8, true), 1000 + i);
+      msg.release();
+      assert.throws(() => msg.dataView, code('ERR_CLOSED'));
+    }
+    assert.equal(seen.size, 2);
+  } finally {
+    producer.close();
+    consumer.close();
   }
 });

@@ -54,7 +54,7 @@ test('produce without a GPU and no consumer gives up after --timeout (1) and rem
   const file = join(dir, 'handle.json');
   const p = await run(['produce', '--out', file, '--elements', '16', '--timeout', '0.5']);
   assert.equal(p.code, 1, p.out + p.err);
-  assert.match(p.err, /\[ERR_TIMEOUT\] no consumer connected within 0\.5 s: run `cuda-ipc consume .*handle\.json`/);
+  assert.match(p.err, /\[ERR_TIMEOUT\] no consumer connected within 0\.5 s \(--timeout\): run `cuda-ipc consume .*handle\.json`/);
   assert.equal(existsSync(file), false);
 }));
 
@@ -63,7 +63,7 @@ test('consume of a file that never appears fails (1) after --timeout, without lo
   const r = await run(['consume', file, '--timeout', '0.5']);
   assert.equal(r.code, 1, r.out + r.err);
   assert.match(r.out, /consume: waiting up to 0\.5 s for .*nonexistent\.json \(start `cuda-ipc produce --out .*nonexistent\.json` in another terminal\)/);
-  assert.match(r.err, /\[ERR_TIMEOUT\] nothing appeared at .*nonexistent\.json within 0\.5 s: start the producer first/);
+  assert.match(r.err, /\[ERR_TIMEOUT\] nothing appeared at .*nonexistent\.json within 0\.5 s \(--timeout\): start the producer first/);
   assert.doesNotMatch(r.out + r.err, /GPU/);
 }));
 

@@ -92,3 +92,15 @@ test('bad arguments exit 2 with a message that names the argument and points to 
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('roundtrip past the memory there is: a usage error on host memory, the out-of-memory error naming the size on a GPU', () => {
+  const elements = 2 ** 48;  // 2^50 bytes
+  const r = run('roundtrip', '--elements', String(elements));
+  if (r.stdout.includes('CUDA IPC is not available here')) {
+    assert.equal(r.status, 2, r.stderr);
+    assert.match(r.stderr, new RegExp(`--elements ${elements} needs ${elements * 4} bytes of host memory, more than this machine has`));
+  } else {
+    assert.equal(r.status, 1, r.stderr);
+    assert.match(r.stderr, new RegExp(`CUDA_ERROR_OUT_OF_MEMORY.*asked for ${elements * 4} bytes`));
+  }
+});

@@ -63,12 +63,12 @@ test('Node and Python build the same table from the same runs', (t) => {
   assert.equal(ours.chunks, rows(ours).reduce((s, r) => s + Math.ceil(Number(r[2]) / CHUNK_BYTES), 0));
 });
 
-test('the tensors PTX declares TENSOR_KERNELS, and the Python package ships the same file', () => {
+test('the tensors PTX (the Python package\'s copy, which both languages load) declares TENSOR_KERNELS and is kernels/tensors.ptx', () => {
   const ptx = readFileSync(`${root}${TENSORS_PTX_FILE}`, 'utf8');
   const declared = new Map([...ptx.matchAll(/\.entry\s+(\w+)\s*\(([^)]*)\)/g)].map((m) => [m[1]!, (m[2]!.match(/\.param\s+\.\w+/g) ?? []).map((p) => p.split(/\s+/)[1])]));
   const ptxType = { ptr: '.u64', u64: '.u64', u32: '.u32' } as Record<string, string>;
   assert.deepEqual([...declared.keys()].sort(), TENSOR_KERNELS.map((k) => k.name).sort());
   for (const k of TENSOR_KERNELS) assert.deepEqual(declared.get(k.name), k.params.map((p) => ptxType[p.type]), k.name);
-  assert.equal(readFileSync(`${root}python/cuda_ipc/tensors.ptx`, 'utf8'), ptx,
-    'python/cuda_ipc/tensors.ptx differs from kernels/tensors.ptx: run scripts/gen-ptx.sh (it writes both)');
+  assert.equal(readFileSync(`${root}kernels/tensors.ptx`, 'utf8'), ptx,
+    `${TENSORS_PTX_FILE} differs from kernels/tensors.ptx: run scripts/gen-ptx.sh (it writes both)`);
 });

@@ -49,6 +49,22 @@ test('write, read (copy and into dst) and fill', () => {
   assert.throws(() => b.write(new Uint8Array(1), -1), argError('ERR_OUT_OF_RANGE'));
 });
 
+test('dataView: one DataView over the buffer (a view: its own range), unusable once closed', () => {
+  const b = HostBuffer.allocate(64);
+  const view = b.dataView;
+  assert.equal(b.dataView, view, 'the same object every time');
+  view.setUint32(4, 0xdeadbeef, true);
+  assert.deepEqual([...b.read(4, 4)], [0xef, 0xbe, 0xad, 0xde]);
+  {
+    using part = b.view(4, 8);
+    assert.equal(part.dataView.byteLength, 8);
+    assert.equal(part.dataView.getUint32(0, true), 0xdeadbeef);
+  }
+  b.close();
+  assert.throws(() => view.getUint32(0), TypeError, 'detached with the buffer');
+  assert.throws(() => b.dataView, code('ERR_CLOSED'));
+});
+
 test('close detaches bytes so stale views read as empty, closes the fd, and is idempotent', () => {
   const b = HostBuffer.allocate(4096);
   const fd = b.fd;

@@ -22,7 +22,7 @@ const TOP_RANK = 7;
  */
 const LAYERS: ReadonlyArray<{ name: string; rank: number; files: RegExp }> = [
   // The addon and the small things every layer uses: errors, leak tracking, the private directory.
-  { name: 'base', rank: 0, files: /^src\/(native|posix-types|channel-types|errors|arg-errors|abort|leak|half-float|runtime-directory)\.ts$|^src\/cuda\/driver-types\.ts$/ },
+  { name: 'base', rank: 0, files: /^src\/(native|posix-types|channel-types|errors|arg-errors|abort|leak|half-float|runtime-directory|safe-files)\.ts$|^src\/cuda\/driver-types\.ts$/ },
   // The status record: a leaf the layers report to through the small interface of hooks.ts.
   { name: 'observe', rank: 1, files: /^src\/observe\// },
   { name: 'cuda', rank: 2, files: /^src\/cuda\// },

@@ -38,12 +38,20 @@ test(`mutated and random link frames are rejected with IpcErrors, leak no fd and
   assert.ok(stats.slowestCaseMs < 1000, `case ${stats.slowestCase} took ${stats.slowestCaseMs} ms`);
   // The cases reach every frame type, deep payload checks, handler failures and leased values.
   const seen = (key: string): number => stats.outcomes[key] ?? 0;
-  for (const type of ['HELLO', 'GOODBYE', 'REFUSE', 'RELEASE', 'GONE', 'MESSAGE']) assert.ok(seen(`accepted ${type}`) > 0, `no ${type} accepted`);
+  for (const type of ['HELLO', 'GOODBYE', 'REFUSE', 'RELEASE', 'GONE', 'MESSAGE', 'NCCL_ABORT']) assert.ok(seen(`accepted ${type}`) > 0, `no ${type} accepted`);
   assert.ok(seen('rejected ERR_FRAME_INVALID') > cases / 2);
   assert.ok(seen('message error ERR_DESCRIPTOR_INVALID') > 0 && seen('message error ERR_NOT_TRANSFERABLE') > 0);
   assert.ok(stats.leasesOpened > 0, 'some leased values were decoded (and their leases ended on disposal)');
   assert.ok(seen('accepted MESSAGE (large)') > 0 && seen('rejected ERR_FRAME_INVALID (large)') > 0, 'large messages were decoded and refused');
   assert.ok(stats.casesWithFds > cases / 10 && stats.wrongFdCount > cases / 50);
+});
+
+test(`decoded as a TCP link decodes (host-bytes taken, fd kinds refused): no untyped error, no leak (seed ${seed})`, { timeout: 120_000 }, () => {
+  const stats = runFrameFuzz({ cases: 10_000, seed, transport: 'tcp', stopAtFirstFailure: false });
+  assert.deepEqual(Object.keys(stats.failures), [], Object.values(stats.failures).map((f) => f.first).join('\n'));
+  assert.ok((stats.outcomes['message error ERR_NOT_TRANSFERABLE'] ?? 0) > 0, 'fd kinds are refused on TCP');
+  assert.ok((stats.outcomes['message error ERR_DESCRIPTOR_INVALID'] ?? 0) > 0, 'malformed host-bytes fail their message');
+  assert.ok((stats.outcomes['accepted MESSAGE'] ?? 0) > 0);
 });
 
 test('device-kind records never leak their fds', () => {

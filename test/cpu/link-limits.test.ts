@@ -55,21 +55,23 @@ test('an inbox at its byte bound stops reading until consumed', async () => {
   }
 });
 
-test('a listener holds at most maxPending connections before accept(); more are refused with ERR_LIMIT_REACHED', async () => {
+test('a listener holds at most maxPending connections before accept(); more are refused, and connect() says the listener is busy', async () => {
   const name = `limits-${process.pid}`;
   const l = listen(name, { maxPending: 2 });
   const refused: IpcError[] = [];
   l.on('refused', (e) => refused.push(e));
   const links = await Promise.all([connect(name), connect(name)]);
   await sleep(30);
-  // The third gets its connection closed before the handshake: its connect fails.
-  await assert.rejects(connect(name, { timeoutMs: 2000 }), (e: unknown) => e instanceof IpcError);
+  // The third is told the listener is busy (a REFUSE, not a closed connection), tries again until its timeout, and says so.
+  await assert.rejects(connect(name, { timeoutMs: 300 }), (e: unknown) => e instanceof IpcError && e.code === 'ERR_LISTENER_BUSY' && /maxPending/.test(e.message));
   assert.ok(refused.length >= 1);
   assert.equal(refused[0]!.code, 'ERR_LIMIT_REACHED');
   assert.equal(refused[0]!.limit, 'maxPending');
+  // One that is waiting gets in as soon as accept() makes room.
+  const waiting = connect(name, { timeout: 10_000 });
+  await sleep(50);
   const accepted = await l.accept();
-  const fourth = connect(name);
-  const ok = await fourth;
+  const ok = await waiting;
   assert.equal(ok.state, 'open', 'accept() made room');
   for (const x of [...links, ok, accepted]) x.close();
   l.close();

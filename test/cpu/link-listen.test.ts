@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
-import { chmodSync, existsSync, mkdtempSync, rmSync, statSync } from 'node:fs';
+import { chmodSync, existsSync, lstatSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { HostBuffer } from '../../src/host/index.js';
@@ -122,6 +122,27 @@ test('a live listener is not stolen, and its liveness probe is not reported as r
     assert.equal(refused, 0);
     link.close();
     server.close();
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('the socket file appears with its final mode, nothing planted at the name is followed, close() removes only its own file', () => {
+  const dir = tempDir();
+  try {
+    const victim = join(dir, 'victim');
+    writeFileSync(victim, 'mine', { mode: 0o600 });
+    symlinkSync(victim, join(dir, 'planted.sock'));
+    assert.throws(() => listen('planted', { directory: dir, allowUids: [12345] }), (e: unknown) => code('ERR_ADDRESS_IN_USE')(e) && /symbolic link of uid \d+, not a socket this user left/.test((e as Error).message));
+    assert.equal(statSync(victim).mode & 0o777, 0o600, 'the symlink was not followed');
+    const l = listen('open', { directory: dir, allowUids: [12345] });
+    assert.equal(lstatSync(l.path).mode & 0o777, 0o666);
+    assert.deepEqual(readdirSync(dir).sort(), ['open.sock', 'planted.sock', 'victim'], 'no private folder left behind');
+    // Someone else's file at the name by the time it closes: left alone.
+    unlinkSync(l.path);
+    writeFileSync(l.path, 'theirs');
+    l.close();
+    assert.equal(readFileSync(l.path, 'utf8'), 'theirs');
   } finally {
     rmSync(dir, { recursive: true, force: true });
   }

@@ -2,7 +2,12 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { HostBuffer } from '../../src/host/index.js';
-import { parentLink, spawn, type Link } from '../../src/link/index.js';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { IpcError } from '../../src/errors.js';
+import { connect, listen, parentLink, spawn, spawnPython, type Link } from '../../src/link/index.js';
+import { noPython, PYTHON } from '../helpers/python.js';
 
 const CHILD = new URL('../fixtures/link-child.js', import.meta.url);
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
@@ -78,6 +83,62 @@ test('a peer killed with SIGKILL is seen as ERR_PEER_GONE', async (t) => {
 
 test('parentLink() outside a spawned child throws ERR_NOT_SPAWNED', () => {
   assert.throws(() => parentLink(), code('ERR_NOT_SPAWNED'));
+});
+
+/** Resolves once no process has this pid (the one an error message names). */
+async function gone(message: string): Promise<void> {
+  const pid = Number(/\(pid (\d+)\)/.exec(message)?.[1]);
+  assert.ok(pid > 0, `no pid in: ${message}`);
+  for (;;) {
+    try {
+      process.kill(pid, 0);
+    } catch {
+      return;
+    }
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+test('spawn and spawnPython take { timeout } as every wait does: ERR_TIMEOUT naming the option, the child killed', async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-spawn-timeout-'));
+  try {
+    const idlePy = join(dir, 'idle.py');
+    writeFileSync(idlePy, 'import time\ntime.sleep(60)\n');
+    const starts: Array<[string, () => Promise<unknown>]> = [
+      ['spawn', () => spawn(new URL('../fixtures/idle-child.js', import.meta.url), [], { timeout: 300 })],
+      ...(noPython ? [] : [['spawnPython', () => spawnPython(idlePy, [], { timeout: 300, python: PYTHON })] as [string, () => Promise<unknown>]]),
+    ];
+    for (const [what, start] of starts) {
+      let message = '';
+      await assert.rejects(start(), (e: unknown) => {
+        assert.ok(e instanceof IpcError, `${what}: ${String(e)}`);
+        assert.equal(e.code, 'ERR_TIMEOUT', what);
+        assert.match(e.message, /did not call parentLink\(\) .*within 300 ms \(the timeout option\); it was killed/, what);
+        message = e.message;
+        return true;
+      });
+      await gone(message);
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('spawn, spawnPython, connect, listen and parentLink refuse options they do not know, saying what was meant', async () => {
+  const unknown = (pattern: RegExp) => (e: unknown) => {
+    assert.ok(e instanceof TypeError, String(e));
+    assert.equal((e as { code?: string }).code, 'ERR_INVALID_ARG_VALUE');
+    assert.match(e.message, pattern);
+    return true;
+  };
+  const idle = new URL('../fixtures/idle-child.js', import.meta.url);
+  await assert.rejects(spawn(idle, [], { timout: 300 } as never), unknown(/^spawn: unknown option 'timout' \(did you mean 'timeout'\?\); the options are .*timeout/));
+  await assert.rejects(spawnPython('pkg.worker', [], { execArgv: ['-X'] } as never), unknown(/spawnPython: unknown option 'execArgv': arguments for the interpreter go in pythonArgs/));
+  await assert.rejects(connect('x', { handshakeTimeoutMs: 5 } as never), unknown(/connect: unknown option 'handshakeTimeoutMs': connect\(\) takes timeout/));
+  assert.throws(() => listen('x', { timeout: 5 } as never), unknown(/listen: unknown option 'timeout': listen\(\) does not wait; pass it to listener.accept/));
+  assert.throws(() => parentLink({ timeout: 5 } as never), unknown(/parentLink: unknown option 'timeout': parentLink\(\) does not wait/));
+  // An option set to undefined is no option (objects built with spreads carry such keys).
+  assert.throws(() => parentLink({ timeout: undefined } as never), code('ERR_NOT_SPAWNED'));
 });
 
 test('spawn rejects when the child dies or never connects, and kills it', async () => {

@@ -1,7 +1,7 @@
 // The package as a new user gets it: `npm pack` (which builds the prebuilds), the tarball installed
 // with --ignore-scripts into a fresh app next to the newest TypeScript and @types/node from the
 // registry (and TypeScript 6 and 5.9), then:
-// - the tarball holds what the README links and promises, and no source map points outside it;
+// - the tarball holds what its docs link and the README promises, no tests, maps or sources;
 // - the addon that loads is the prebuilt one for this machine; the other architecture's is an
 //   ELF for that machine; without one that fits, the error says how to build from source;
 // - the README's examples and test/types/api.ts type-check with each TypeScript's `tsc --init`
@@ -19,6 +19,8 @@ import { delimiter, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { readmeExamples, strictUserTsconfig, writePrograms, type ReadmeProgram } from '../helpers/readme.js';
 import { noNpmRegistry } from '../helpers/tools.js';
+import { noPython, PYTHON } from '../helpers/python.js';
+import { brokenLinks } from '../helpers/doc-links.js';
 
 const root = fileURLToPath(new URL('../../../', import.meta.url));
 const pkg = JSON.parse(readFileSync(join(root, 'package.json'), 'utf8')) as { name: string; version: string };
@@ -80,36 +82,36 @@ describe('the packed package, as a new user installs it', { skip: skipAll }, () 
     if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
-  test('the tarball holds the README\'s links, the LICENSE, both prebuilds, the Python package, and the sources its maps name', () => {
-    for (const f of ['README.md', 'LICENSE', 'package.json', 'docs/PROTOCOL.md', 'docs/channel-protocol.md', 'dist/src/index.js', 'dist/src/index.d.ts',
-      'python/cuda_ipc/__init__.py', 'python/pyproject.toml', `prebuilds/linux-${host}/cuda-ipc.glibc.node`, 'binding.gyp']) {
+  test('the tarball holds what its docs link, the LICENSE, both prebuilds and the Python package; no tests, maps or sources; each file once', () => {
+    for (const f of ['README.md', 'LICENSE', 'package.json', 'docs/PROTOCOL.md', 'docs/channel-protocol.md', 'docs/api/README.md', 'dist/src/index.js', 'dist/src/index.d.ts',
+      'python/cuda_ipc/__init__.py', 'python/pyproject.toml', 'python/cuda_ipc/tensors.ptx', 'kernels/builtin.ptx', `prebuilds/linux-${host}/cuda-ipc.glibc.node`,
+      `prebuilds/linux-${host}/cuda_ipc_py.so`, 'native/py/channel_ring.c', 'binding.gyp']) {
       assert.ok(tarFiles.includes(f), `the tarball lacks ${f}`);
     }
     if (haveCross) assert.ok(tarFiles.includes(`prebuilds/linux-${other}/cuda-ipc.glibc.node`), `the tarball lacks the linux-${other} prebuild`);
+    if (haveCross) assert.ok(tarFiles.includes(`prebuilds/linux-${other}/cuda_ipc_py.so`), `the tarball lacks the linux-${other} Python helper`);
     assert.ok(!tarFiles.some((f) => f.startsWith('test/') || f.startsWith('dist/test/') || f.startsWith('build/')), 'no tests or local build in the tarball');
+    // Test-only helpers live under test/; every module of dist/src is built from src/ now (prepack
+    // removed what an earlier build left).
+    for (const f of tarFiles.filter((x) => x.startsWith('dist/src/') && x.endsWith('.js'))) {
+      assert.ok(existsSync(join(root, f.replace(/^dist\//, '').replace(/\.js$/, '.ts'))), `${f} has no source in src/: a leftover of an earlier build`);
+    }
+    // No maps and no TypeScript sources (tsconfig.package.json): nothing for a map to point at.
+    assert.deepEqual(tarFiles.filter((f) => f.endsWith('.map') || f.startsWith('src/')), []);
+    for (const f of tarFiles.filter((x) => x.startsWith('dist/src/'))) {
+      assert.doesNotMatch(readFileSync(join(app, installed, f), 'utf8'), /sourceMappingURL/, `${f} names a source map the package does not ship`);
+    }
+    // The copy kernels' PTX once (the Python package's copy, which the TypeScript side loads too).
+    assert.deepEqual(tarFiles.filter((f) => f.endsWith('tensors.ptx')), ['python/cuda_ipc/tensors.ptx']);
     // The whole Python package, subpackages and typing marker (py.typed) included.
     const python = readdirSync(join(root, 'python', 'cuda_ipc'), { recursive: true, encoding: 'utf8' })
       .filter((f) => !f.includes('__pycache__') && /(\.pyi?|py\.typed)$/.test(f)).map((f) => `python/cuda_ipc/${f}`);
     assert.ok(python.length > 0);
     for (const f of python) assert.ok(tarFiles.includes(f), `the tarball lacks ${f}`);
     assert.match(readFileSync(join(root, 'LICENSE'), 'utf8'), /^MIT License/);
-    // Every relative link of the README to a file of the repository is in the tarball, or is one
-    // the README says is repository-only (docs/api, the examples).
-    const readme = readFileSync(join(root, 'README.md'), 'utf8');
-    for (const [, target] of readme.matchAll(/\]\(((?!https?:|#)[^)#]+)(#[^)]*)?\)/g)) {
-      if (target!.startsWith('docs/api/')) continue;
-      assert.ok(tarFiles.includes(target!), `README links ${target}, which the tarball lacks`);
-    }
-    // Source and declaration maps point at sources in the tarball.
-    const maps = tarFiles.filter((f) => f.endsWith('.map'));
-    assert.ok(maps.length > 0);
-    for (const m of maps) {
-      const { sources } = JSON.parse(readFileSync(join(app, installed, m), 'utf8')) as { sources: string[] };
-      for (const s of sources) {
-        const target = join(m, '..', s);
-        assert.ok(tarFiles.includes(target), `${m} points at ${target}, which the tarball lacks`);
-      }
-    }
+    // Every link of the shipped Markdown resolves inside the tarball, or is a public URL.
+    const broken = brokenLinks(tarFiles, (f) => readFileSync(join(app, installed, f), 'utf8'));
+    assert.deepEqual(broken, [], broken.map((b) => `${b.file}: (${b.target}) ${b.why}`).join('\n'));
   });
 
   test('installed with --ignore-scripts, the package loads its prebuilt addon for this machine', () => {
@@ -126,20 +128,29 @@ describe('the packed package, as a new user installs it', { skip: skipAll }, () 
     assert.deepEqual(out.addons.map((p) => p.slice(p.indexOf('prebuilds/'))), [`prebuilds/linux-${host}/cuda-ipc.glibc.node`]);
   });
 
-  test(`the linux-${other} prebuild is a shared object for that machine`, { skip: noCross }, () => {
-    const file = join(app, installed, 'prebuilds', `linux-${other}`, 'cuda-ipc.glibc.node');
-    const h = Buffer.alloc(20);
-    const fd = openSync(file, 'r');
-    try {
-      readSync(fd, h, 0, 20, 0);
-    } finally {
-      closeSync(fd);
+  test(`the linux-${other} prebuild and Python helper are shared objects for that machine`, { skip: noCross }, () => {
+    for (const name of ['cuda-ipc.glibc.node', 'cuda_ipc_py.so']) {
+      const file = join(app, installed, 'prebuilds', `linux-${other}`, name);
+      const h = Buffer.alloc(20);
+      const fd = openSync(file, 'r');
+      try {
+        readSync(fd, h, 0, 20, 0);
+      } finally {
+        closeSync(fd);
+      }
+      assert.equal(h.readUInt32BE(0), 0x7f454c46, `${name}: ELF magic`);
+      assert.equal(h[4], 2, `${name}: 64-bit`);
+      assert.equal(h[5], 1, `${name}: little-endian`);
+      assert.equal(h.readUInt16LE(16), 3, `${name}: a shared object (ET_DYN)`);
+      assert.equal(h.readUInt16LE(18), other === 'arm64' ? 183 : 62, `${name}: e_machine ${other === 'arm64' ? 'EM_AARCH64' : 'EM_X86_64'}`);
     }
-    assert.equal(h.readUInt32BE(0), 0x7f454c46, 'ELF magic');
-    assert.equal(h[4], 2, '64-bit');
-    assert.equal(h[5], 1, 'little-endian');
-    assert.equal(h.readUInt16LE(16), 3, 'a shared object (ET_DYN)');
-    assert.equal(h.readUInt16LE(18), other === 'arm64' ? 183 : 62, `e_machine ${other === 'arm64' ? 'EM_AARCH64' : 'EM_X86_64'}`);
+  });
+
+  test('the installed package\'s Python companion loads its prebuilt native helper', { skip: noPython }, () => {
+    const r = run(PYTHON, ['-c', 'import cuda_ipc, json; h = cuda_ipc.native_helper(); print(json.dumps(h._asdict()))'], app, { PYTHONPATH: join(app, installed, 'python') });
+    const h = JSON.parse(must(r, 'importing cuda_ipc from the installed package').trim()) as { active: boolean; path: string; reason: string };
+    assert.equal(h.active, true, h.reason);
+    assert.ok(h.path.endsWith(`prebuilds/linux-${host}/cuda_ipc_py.so`), h.path);
   });
 
   test('where no prebuild fits, importing fails with ERR_NO_NATIVE_BUILD and says how to build from source', () => {

@@ -2,7 +2,8 @@
 // Node; a Python consumer SIGKILLed holding messages (redelivered to another consumer, flagged; the
 // producer gets ERR_PEER_GONE once no consumer is left); a Python producer SIGKILLed (its consumer
 // gets what it published, then ERR_PEER_GONE); and the Python side noticing the death of its hub.
-// Runs with the machine's python3 (>= 3.10, standard library only); skips where there is none.
+// Runs with the machine's python3 (>= 3.10, standard library only); skips where there is none. The
+// relay runs on both Python hot paths: the native helper (where it is built) and the standard library.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
@@ -12,7 +13,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { spawnPython, spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
 import { ChannelHub, createChannel } from '../../src/channel/index.js';
-import { noPython, pythonFixture } from '../helpers/python.js';
+import { noPython, PYTHON_HOT_PATHS, pythonFixture } from '../helpers/python.js';
 
 const CHILD = pythonFixture('channel_child.py');
 const skip = noPython;
@@ -36,9 +37,9 @@ async function exited(s: SpawnedChild): Promise<number | null> {
 /** Payload byte j of message i. */
 const byteOf = (i: number, j: number) => (i * 31 + j * 7) & 0xff;
 
-test('Node -> Python -> Node on host slots: 100,000 checksummed messages, in order, values checked', { skip, timeout: 240_000 }, async (t) => {
+for (const path of PYTHON_HOT_PATHS) test(`Node -> Python -> Node on host slots: 100,000 checksummed messages, in order, values checked (Python hot path: ${path.name})`, { skip: path.skip, timeout: 240_000 }, async (t) => {
   const total = 100_000;
-  const py = await spawnPython(CHILD, ['relay'], { stdio: ['ignore', 'inherit', 'inherit'] });
+  const py = await spawnPython(CHILD, ['relay'], { stdio: ['ignore', 'inherit', 'inherit'], env: { ...process.env, ...path.env } });
   try {
     const toPy = await createChannel(py.link, { role: 'producer', slots: 32, slotBytes: 512, memory: 'host' });
     const fromPy = await createChannel(py.link, { role: 'consumer', slots: 32, slotBytes: 512, memory: 'host' });
@@ -85,6 +86,7 @@ test('Node -> Python -> Node on host slots: 100,000 checksummed messages, in ord
     const done = await reply(py.link);
     assert.equal(done.done, total);
     assert.equal(done.wait_stats.rescued, 0, 'no wake-up was lost on the Python side');
+    assert.deepEqual(done.hot_paths, [path.name, path.name], 'both Python ends ran the hot path asked for');
     t.diagnostic(`${total} round trips in ${ms.toFixed(0)} ms (${((ms * 1000) / total).toFixed(1)} us each); Python waits: ${JSON.stringify(done.wait_stats)}`);
     assert.equal(await exited(py), 0);
   } finally {

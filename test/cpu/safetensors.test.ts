@@ -101,6 +101,57 @@ test('sharded checkpoints: an index.json or a list of files gives one map; the i
   await assert.rejects(loadSafetensors([a, a], { memory: 'host' }), /tensor "s1.embed.weight" is also in/);
 });
 
+/** Tensors packed back to back as the reference writer does: all but the first misaligned in the file. */
+function misaligned(seed: number): Array<[string, SafetensorsInput]> {
+  return [
+    [`m${seed}.odd`, { dtype: 'uint8', shape: [3], data: Uint8Array.from([seed, seed + 1, seed + 2]) }],
+    [`m${seed}.f64`, { dtype: 'float64', shape: [2], data: Float64Array.from([Math.PI * seed, -1e300]) }],
+    [`m${seed}.u8b`, { dtype: 'uint8', shape: [1], data: Uint8Array.from([9]) }],
+    [`m${seed}.f32`, { dtype: 'float32', shape: [3], data: Float32Array.from([1.5, -2.25, seed]) }],
+    [`m${seed}.empty`, { dtype: 'int64', shape: [0], data: new BigInt64Array(0) }],
+    [`m${seed}.bf16`, { dtype: 'bfloat16', shape: [1, 3], data: Uint16Array.from([0x3f80, 0xc000, 0x7f80 + seed]) }],
+    [`m${seed}.i64`, { dtype: 'int64', shape: [2], data: BigInt64Array.from([-(2n ** 62n), BigInt(seed)]) }],
+  ];
+}
+
+test('misaligned tensors (packed back to back) load, each aligned to its elements in memory', async () => {
+  const one = join(dir, 'misaligned-1.safetensors');
+  const two = join(dir, 'misaligned-2.safetensors');
+  writeSafetensors(one, misaligned(1));
+  writeSafetensors(two, misaligned(2));
+  const header = await readSafetensorsHeader(one);
+  assert.deepEqual(header.tensors.map((t) => t.begin), [0, 3, 19, 20, 32, 32, 38], 'the file really is misaligned');
+  const index = join(dir, 'misaligned.safetensors.index.json');
+  writeFileSync(index, JSON.stringify({ weight_map: Object.fromEntries([
+    ...misaligned(1).map(([n]) => [n, 'misaligned-1.safetensors']), ...misaligned(2).map(([n]) => [n, 'misaligned-2.safetensors'])]) }));
+  for (const source of [one, [one, two], index]) {
+    const map = await loadSafetensors(source, { memory: 'host' });
+    try {
+      for (const [name, t] of [...misaligned(1), ...(source === one ? [] : misaligned(2))]) {
+        const a = map.get(name)!;
+        const itemsize = t.data.byteLength / Math.max(1, t.shape.reduce((x, y) => x * y, 1));
+        assert.deepEqual(a.shape, t.shape, name);
+        if (a.size === 0) continue;
+        assert.equal(a.buffer.address % BigInt(itemsize), 0n, `${name} is aligned to its ${itemsize}-byte elements`);
+        assert.deepEqual(Array.from(a.values() as ArrayLike<number | bigint>), Array.from(t.data as unknown as ArrayLike<number | bigint>), name);
+      }
+    } finally {
+      map.close();
+    }
+  }
+});
+
+test('an index naming a shard that is not there fails naming the index and the shard', async () => {
+  const index = join(dir, 'missing.safetensors.index.json');
+  writeFileSync(index, JSON.stringify({ weight_map: { w: 'model-00009-of-00009.safetensors' } }));
+  await assert.rejects(loadSafetensors(index, { memory: 'host' }), (e: IpcError) => {
+    assert.equal(e.code, 'ERR_SAFETENSORS_INVALID');
+    assert.ok(e.message.startsWith(index), e.message);
+    assert.match(e.message, /names the shard .*model-00009-of-00009\.safetensors, which cannot be read \(ENOENT/);
+    return true;
+  });
+});
+
 /** A file from a header object (JSON-encoded here) and `data` bytes. */
 function rawFile(name: string, header: unknown, data: number, opts: { headerText?: string; lengthField?: bigint } = {}): string {
   const json = Buffer.from(opts.headerText ?? JSON.stringify(header), 'utf8');
@@ -130,7 +181,6 @@ test('corrupt files: every rule is checked and the error names the file and the 
     ['overlap', () => rawFile('overlap', { a: { dtype: 'U8', shape: [8], data_offsets: [0, 8] }, b: { dtype: 'U8', shape: [4], data_offsets: [4, 8] } }, 8), /tensor "b" overlaps the tensor before it/],
     ['gap', () => rawFile('gap', { a: { dtype: 'U8', shape: [4], data_offsets: [0, 4] }, b: { dtype: 'U8', shape: [4], data_offsets: [8, 12] } }, 12), /bytes 4\.\.8 of the data belong to no tensor \(before "b"\)/],
     ['tail', () => rawFile('tail', ok, 16), /the tensors cover 12 bytes of data but the file has 16/],
-    ['aligned', () => rawFile('aligned', { b: { dtype: 'U8', shape: [2], data_offsets: [0, 2] }, a: { dtype: 'F32', shape: [1], data_offsets: [2, 6] } }, 6), /tensor "a" starts at byte 2 of the data, not aligned to its 4-byte elements/],
     ['metadata', () => rawFile('metadata', { __metadata__: { n: 1 }, ...ok }, 12), /"__metadata__" entry "n" is not a string/],
     ['field', () => rawFile('field', { a: { dtype: 'F32', shape: [2], data_offsets: [0, 8], extra: 1 }, b: ok.b }, 12), /tensor "a" has an unknown field "extra"/],
   ];

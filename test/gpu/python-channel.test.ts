@@ -3,14 +3,15 @@
 // reads it in place and writes 3x+7 into a slot of the answer channel, and Node's kernel checks every
 // answer, then holds the slot a while before releasing it (so that an unordered Python producer would
 // overwrite it early). All ordering is by the channels' fences on the streams, no CPU sync. Then the
-// Python example runs and prints OK. Needs a GPU and python3 with torch.
+// Python example runs and prints OK. The Python end runs on both of its hot paths (the native helper,
+// where it is built, and the standard library). Needs a GPU and python3 with torch.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
 import { noGpu } from '../helpers/gpu.js';
-import { noPython, pythonFixture, pythonLacks } from '../helpers/python.js';
+import { noPython, PYTHON_HOT_PATHS, pythonFixture, pythonLacks } from '../helpers/python.js';
 import { Device } from '../../src/cuda/device.js';
 import { Stream } from '../../src/cuda/stream.js';
 import type { DeviceBuffer } from '../../src/cuda/buffer.js';
@@ -22,9 +23,9 @@ const skip = noGpu ?? noPython ?? pythonLacks('torch');
 const reply = (link: Link, ms = 120_000): Promise<any> => link.receive({ signal: AbortSignal.timeout(ms) });
 
 describe('Python channel ends on device slots', { skip }, () => {
-  test('a PyTorch kernel on the Python consumer reads each request slot in place and answers into a device slot; values checked', { timeout: 300_000 }, async (t) => {
+  for (const path of PYTHON_HOT_PATHS) test(`a PyTorch kernel on the Python consumer reads each request slot in place and answers into a device slot; values checked (Python hot path: ${path.name})`, { timeout: 300_000, skip: path.skip }, async (t) => {
     const device = Device.get(0);
-    const py = await spawnPython(pythonFixture('gpu_channel_child.py'), [], { stdio: ['ignore', 'inherit', 'inherit'] });
+    const py = await spawnPython(pythonFixture('gpu_channel_child.py'), [], { stdio: ['ignore', 'inherit', 'inherit'], env: { ...process.env, ...path.env } });
     using stream = Stream.create(device);
     using checkStream = Stream.create(device);
     const kernels = BuiltinKernels.for(device);

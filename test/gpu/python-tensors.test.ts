@@ -122,6 +122,33 @@ describe('tensor sets with PyTorch on a GPU', { skip }, () => {
     }
   });
 
+  test('a trainer whose model lives in ipc_mem_pool(): its set travels as pool buffers, the receiver opens no legacy handle, values equal load_state_dict', async () => {
+    const trainer = await spawnPython(CHILD);
+    const receiver = await spawnPython(CHILD);
+    const exits = [once(trainer.child, 'exit'), once(receiver.child, 'exit')];
+    const name = `weights-pool-${process.pid}`;
+    try {
+      await ask(receiver.link, { op: 'listen', name });
+      await ask(trainer.link, { op: 'connect', name });
+      await ask(receiver.link, { op: 'model', seed: 2 });
+      const built = await ask(trainer.link, { op: 'model', seed: 1, ipc_pool: true });
+      assert.equal(built.pools, built.names.length, 'every tensor of the trainer\'s model lies in a CUDA memory pool');
+      for (let sync = 0; sync < 2; sync++) {
+        await ask(trainer.link, { op: 'send' });
+        const r = await ask(receiver.link, { op: 'apply' });
+        assert.equal(r.ok, true, `sync ${sync}: the parameters equal torch's load_state_dict of what arrived`);
+        assert.deepEqual(r.kinds, ['pool'], 'every allocation came as a pool buffer');
+        assert.equal(r.opened, 0, 'no legacy handle was opened');
+        await ask(trainer.link, { op: 'step' });
+      }
+      assert.deepEqual(await ask(receiver.link, { op: 'drop' }), { mappings: 0 });
+    } finally {
+      await trainer.link.end();
+      await receiver.link.end();
+      await Promise.all(exits);
+    }
+  });
+
   test('update_in_place: 3000 odd-sized, oddly aligned pairs in one copy_runs launch, values right, nothing between them written', async () => {
     const child = await spawnPython(CHILD);
     const exit = once(child.child, 'exit');

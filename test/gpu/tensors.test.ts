@@ -244,6 +244,31 @@ describe('tensor sets on a GPU', { skip: noGpu }, () => {
     }
   });
 
+  test('misaligned tensors (packed back to back) load to the device, each aligned, across staging chunks', async () => {
+    const odd = Uint8Array.from({ length: 5001 }, (_, i) => i & 0xff);
+    const f64 = Float64Array.from({ length: 3000 }, (_, i) => i / 7);
+    const f32 = Float32Array.from({ length: 2001 }, (_, i) => -i);
+    const entries: Array<[string, SafetensorsInput]> = [
+      ['odd', { dtype: 'uint8', shape: [5001], data: odd }],
+      ['f64', { dtype: 'float64', shape: [3000], data: f64 }],  // starts at 5001
+      ['one', { dtype: 'uint8', shape: [1], data: Uint8Array.from([7]) }],
+      ['f32', { dtype: 'float32', shape: [2001], data: f32 }],  // starts at 29002
+    ];
+    const path = join(dir, 'misaligned.safetensors');
+    writeSafetensors(path, entries);
+    const map = await loadSafetensors(path, { stagingBytes: 4096 });
+    try {
+      for (const [name, t] of entries) {
+        const a = map.get(name)!;
+        const itemsize = t.data.byteLength / t.shape[0]!;
+        assert.equal(a.buffer.devicePointer % BigInt(itemsize), 0n, `${name} is aligned to its ${itemsize}-byte elements`);
+        assert.deepEqual(numbers(a), Array.from(t.data as unknown as ArrayLike<number>), name);
+      }
+    } finally {
+      map.close();
+    }
+  });
+
   test('a child killed while it holds a set leaks nothing here', async () => {
     const device = Device.get(0);
     const t = deviceTensors(device);

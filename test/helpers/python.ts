@@ -33,3 +33,16 @@ export function pythonLacks(modules: string): string | undefined {
   const p = probe(`import ${modules}`);
   return p.ok ? undefined : `python3 lacks ${modules}: ${p.why}`;
 }
+
+/** undefined where python3's cuda_ipc loads its native helper (the C library next to the addon:
+ * build/Release/cuda_ipc_py.so or a prebuilt one); otherwise why not. */
+export const noPythonNative: string | undefined = noPython ?? (() => {
+  const p = probe('import cuda_ipc; h = cuda_ipc.native_helper(); assert h.active, h.reason');
+  return p.ok ? undefined : `cuda_ipc's native helper does not load: ${p.why}`;
+})();
+
+/** The Python hot paths to test, each with its environment and the reason it is skipped (if so). */
+export const PYTHON_HOT_PATHS = [
+  { name: 'native', env: { CUDA_IPC_PY_NATIVE: '1' }, skip: noPythonNative },
+  { name: 'python', env: { CUDA_IPC_PY_NATIVE: '0' }, skip: noPython },
+] as const;

@@ -3,7 +3,8 @@ first argument says what it does:
 
   relay      accept a consumer end, then a producer end (host slots); for every message check its
              checksum, answer with u32 index, u32 crc32 of the payload, the payload xor 0x5a (meta
-             echoed); end the producer once the consumer ended; then send {done: n, wait_stats}.
+             echoed); end the producer once the consumer ended; then send {done: n, wait_stats,
+             hot_paths: [the consumer's, the producer's]}.
   hold N     accept a consumer end, take N messages without releasing them, send {held: [positions]},
              then wait (to be killed).
   produce N  accept a producer end, publish N messages (u32 index), send {published: N}, then wait
@@ -44,7 +45,7 @@ if mode == "relay":
             del mem, payload, out
         n += 1
     producer.end(timeout=30)
-    link.send({"done": n, "wait_stats": consumer.wait_stats})
+    link.send({"done": n, "wait_stats": consumer.wait_stats, "hot_paths": [consumer.hot_path, producer.hot_path]})
     consumer.close()
 elif mode == "hold":
     consumer = accept_channel(link, role="consumer")

@@ -9,13 +9,15 @@ trainer -> receiver flows (listen / connect):
                                     bytes of each tensor -> {weights, bytes, segments}
   {op: 'check-back', weights}       a set of our own tensors sent back: same pointers, same values -> {ok}
   {op: 'listen', name} / {op: 'connect', name}    the link between the two children
-  {op: 'model', seed}               builds the model (trainer or receiver) -> {names}
+  {op: 'model', seed, ipc_pool}     builds the model (trainer or receiver); with ipc_pool, under
+                                    torch.cuda.use_mem_pool(cuda_ipc.ipc_mem_pool()) -> {names, pools:
+                                    how many of its tensors' allocations lie in a CUDA memory pool}
   {op: 'send'}                      trainer: sends share_tensors(state_dict) on the peer link (the same
                                     SharedTensors each time) -> {handle_exports}
   {op: 'step'}                      trainer: adds 1 to every parameter in place -> {}
   {op: 'apply', keep}               receiver: receives a set, update_in_place into its parameters (one
                                     strided destination among them), checks against load_state_dict ->
-                                    {ok, copied, operations, method, opened}; keeps the set until the next
+                                    {ok, copied, operations, method, opened, kinds}; keeps the set until the next
   {op: 'hold'}                      receiver: receives a set and keeps it (to be killed holding it)
   {op: 'drop'}                      receiver: closes what it keeps -> {mappings}
   {op: 'free'}                      trainer: drops its model and the shared set, empties torch's cache,
@@ -32,7 +34,7 @@ import time
 
 import torch
 
-from cuda_ipc import Device, connect, legacy_cache_stats, listen, parent_link, share_tensors, tensor_set, update_in_place
+from cuda_ipc import Device, connect, ipc_mem_pool, legacy_cache_stats, listen, parent_link, share_tensors, tensor_set, update_in_place
 from cuda_ipc import copy_kernels
 from cuda_ipc import driver as drv
 
@@ -162,7 +164,14 @@ for msg in link:
     elif op == "model":
         if listener is not None:
             accepted.wait(30)
-        model = make_model(msg["seed"])
+        if msg.get("ipc_pool"):
+            mem_pool = ipc_mem_pool()
+            with torch.cuda.use_mem_pool(mem_pool):
+                model = make_model(msg["seed"])
+        else:
+            model = make_model(msg["seed"])
+        with Device.get(0).activate():
+            pools = sum(1 for t in model.state_dict().values() if drv.pointer_facts(t.data_ptr()).pool)
         if msg.get("strided_extra"):
             # Our 'extra' is a transposed view of storage of our own: a strided destination.
             store = torch.zeros(8, 16, device=dev)
@@ -180,7 +189,7 @@ for msg in link:
                 warm.close()
             assert bool((warm_dst == warm_src).all()), "the warm-up copy copied"
             del warm_src, warm_dst
-        link.send({"names": list(model.state_dict())})
+        link.send({"names": list(model.state_dict()), "pools": pools})
     elif op == "send":
         if shared is None:
             shared = share_tensors(model.state_dict())
@@ -205,7 +214,7 @@ for msg in link:
             kept.close()
         kept = ts
         link.send({"ok": ok, "copied": r.copied, "operations": r.operations, "method": r.method, "opened": legacy_cache_stats()["opened"],
-                   "uploaded": r.timings["uploaded"] if r.timings else -1})
+                   "uploaded": r.timings["uploaded"] if r.timings else -1, "kinds": sorted({a.kind for a in ts.allocations})})
     elif op == "hold":
         kept = peer.receive(timeout=30)["weights"]
         _ = [kept[n] for n in kept]

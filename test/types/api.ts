@@ -5,7 +5,7 @@
 import {
   HostBuffer, DeviceBuffer, Device, Link, Listener, IpcError, ChannelHub, ChannelProducer, ChannelConsumer, ChannelMessage,
   spawn, parentLink, connect, listen, createChannel, acceptChannel, pipelineStage, setLinkWorkingDevice,
-  type SlotBuffer, type LinkEvents,
+  type SlotBuffer, type LinkEvents, type TcpListener, type RemoteEndpoint, type LinkTransportKind, type LinkUrl,
   NcclCommunicator, loadNccl, asNcclUniqueId, type NcclUniqueId, type NcclResultName,
 } from 'cuda-ipc';
 
@@ -61,6 +61,21 @@ export async function links(link: Link): Promise<void> {
   // @ts-expect-error 'connect' is not an event of a Listener
   server.on('connect', () => {});
   server.close();
+
+  // Across machines: a tcp:// or tls:// URL listens asynchronously (a TcpListener) and takes a token.
+  const tcp = await listen('tcp://127.0.0.1:0', { token: 'at-least-sixteen-bytes' });
+  assertType<Equal<typeof tcp, TcpListener>>();
+  assertType<Equal<typeof tcp.url, LinkUrl>>();
+  tcp.on('refused', (e) => assertType<Equal<typeof e, IpcError>>());
+  const remote = await connect<Done, Job>(tcp.url, { token: new Uint8Array(16), timeout: 1000 });
+  assertType<Equal<Awaited<ReturnType<typeof remote.receive>>, Done>>();
+  assertType<Equal<typeof remote.remote, RemoteEndpoint | undefined>>();
+  assertType<Equal<typeof remote.transport, LinkTransportKind>>();
+  // @ts-expect-error a token is a string or bytes
+  await listen('tcp://127.0.0.1:0', { token: 42 });
+  // @ts-expect-error a TcpListener is not a Unix Listener (no socket path)
+  tcp.path;
+  tcp.close();
 }
 
 export async function channels(link: Link, device: Device): Promise<void> {
@@ -74,6 +89,14 @@ export async function channels(link: Link, device: Device): Promise<void> {
   host.publish(slot, { meta: { seq: 'one' } });
   // @ts-expect-error this channel's messages carry a meta, so publish needs one
   host.publish(slot);
+  // @ts-expect-error even one that only sets the length
+  host.publish(slot, { length: 8 });
+  slot.dataView.setUint32(0, 7, true);  // numbers into the slot, no DataView of one's own
+
+  // Meta that only some messages carry: say so in the type, and publish may leave it out.
+  const sometimes = await createChannel<{ seq: number } | undefined>(link, { role: 'producer', slots: 4, slotBytes: 4096 });
+  sometimes.publish(await sometimes.acquire(), { length: 8 });
+  sometimes.publish(await sometimes.acquire(), { meta: { seq: 2 } });
 
   const untyped = await createChannel(link, { role: 'producer', slots: 4, slotBytes: 4096, memory: 'host' });
   untyped.publish(await untyped.acquire());  // Meta unknown: meta is optional

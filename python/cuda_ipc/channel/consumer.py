@@ -8,15 +8,16 @@ import json
 import time
 import warnings
 from collections.abc import Sequence
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 from ..errors import IpcError
 from ..host import HostBuffer
 from ..memory import ArrayView, DeviceBuffer
-from .endpoint import Endpoint, cuda_array_interface, typed_view
+from .endpoint import Endpoint, closed_error, cuda_array_interface, typed_view
 from .fences import Stream
 from .layout import H_PRODUCERS_DIED, META_BYTES, META_NONE
 from .part import ChannelEnd
+from .native_ring import TAKEN_DETACHED
 from .ring import corrupt
 
 
@@ -31,7 +32,10 @@ class ChannelConsumer(ChannelEnd):
         self._held: dict[int, Message] = {}
         self._ended = False
         self._end_error: IpcError | None = None
+        self._deferred = False  # _end_error is receive_many's deferred error, raised once
         self._cursor = end.ring.cursor() if end.layout.broadcast else 0
+        self._fences = end.block.fences
+        self._broadcast = end.layout.broadcast
 
     @property
     def ended(self) -> bool:
@@ -47,7 +51,8 @@ class ChannelConsumer(ChannelEnd):
         messages were taken) or this end was closed. Raises ERR_PEER_GONE, after the messages already
         published, when a producer died; ERR_TIMEOUT after ``timeout`` seconds."""
         e = self._end
-        e.assert_open("receive")
+        if e.closed:
+            raise closed_error("receive")
         deadline = None  # read from the clock only once a wait begins (not in the usual case)
         with e.lock:
             while True:
@@ -64,6 +69,31 @@ class ChannelConsumer(ChannelEnd):
                         raise IpcError("ERR_TIMEOUT", "channel receive: no message within the timeout")
                 e.park(self._can_receive, deadline)
 
+    def receive_many(self, max_count: int = 64, timeout: float | None = None) -> "list[Message]":
+        """Every message there is now, up to ``max_count`` (taken with one call where the native helper
+        runs), oldest first; blocks until there is at least one. An empty list once the channel ended
+        cleanly or this end was closed; raises as receive() does. Release each message (in any order).
+        A work-sharing consumer takes them all at once: other consumers get the messages after them."""
+        e = self._end
+        if e.closed:
+            raise closed_error("receive_many")
+        if type(max_count) is not int or max_count < 1:
+            raise IpcError("ERR_OUT_OF_RANGE", f"receive_many: max_count must be a positive int; got {max_count!r}")
+        deadline = None
+        with e.lock:
+            while True:
+                ms = self._poll_many(max_count)
+                if ms or self._ended or e.closed:
+                    return ms
+                if timeout is not None:
+                    if deadline is None:
+                        deadline = time.monotonic() + timeout
+                    if time.monotonic() >= deadline:
+                        if not e.closed and not e.ring.is_empty(self._cursor):
+                            e.ring.signal_data()
+                        raise IpcError("ERR_TIMEOUT", "channel receive_many: no message within the timeout")
+                e.park(self._can_receive, deadline)
+
     def poll(self) -> "Message | None":
         """A message now, or None when there is none (or the channel ended: see ``ended``)."""
         e = self._end
@@ -72,19 +102,41 @@ class ChannelConsumer(ChannelEnd):
             return self._poll()
 
     def __iter__(self) -> Iterator["Message"]:
+        e = self._end
         while True:
-            m = self.receive()
+            m = None
+            if not self._broadcast and not e.closed:
+                # receive()'s steps for a message that is there now (the usual case), written out: a
+                # call per step costs as much as the step. Anything else goes through receive().
+                with e.lock:
+                    if self._end_error is None and not self._ended and not e.closed and not (e.hub_lost or e._pending or e._fence_repairs):
+                        s = e.ring.take_checked()
+                        if s >= TAKEN_DETACHED:
+                            self._detached([s & ~TAKEN_DETACHED])
+                        if s >= 0:
+                            m = self._message(s)
             if m is None:
-                return
+                m = self.receive()
+                if m is None:
+                    return
             yield m
+
+    def _raise_end_error(self) -> NoReturn:
+        err = self._end_error
+        assert err is not None
+        if self._deferred:  # (receive_many's: raised once)
+            self._end_error = None
+            self._deferred = False
+        raise err
 
     def _poll(self) -> Message | None:
         if self._end_error is not None:
-            raise self._end_error
+            self._raise_end_error()
         e = self._end
         if self._ended or e.closed:
             return None
-        e.service()
+        if e.hub_lost or e._pending or e._fence_repairs:
+            e.service()
         m = self._take_one()
         if m is not None:
             return m
@@ -93,27 +145,52 @@ class ChannelConsumer(ChannelEnd):
         m = self._take_one()  # every producer left: drain what they published, then end
         if m is not None:
             return m
+        self._end_now()
+        return None
+
+    def _poll_many(self, most: int) -> list[Message]:
+        if self._end_error is not None:
+            self._raise_end_error()
+        e = self._end
+        if self._ended or e.closed:
+            return []
+        if e.hub_lost or e._pending or e._fence_repairs:
+            e.service()
+        ms = self._take_many(most)
+        if ms or not e.ring.producers_gone():
+            return ms
+        ms = self._take_many(most)  # every producer left: drain what they published, then end
+        if not ms:
+            self._end_now()
+        return ms
+
+    def _end_now(self) -> None:
+        """Nothing left to take and every producer left: the end (ERR_PEER_GONE if one died)."""
         self._ended = True
-        died = e.ring.counter(H_PRODUCERS_DIED)
+        died = self._end.ring.counter(H_PRODUCERS_DIED)
         if died > 0:
             self._end_error = IpcError("ERR_PEER_GONE", f"the channel's producer{'s' if died > 1 else ''} died ({died}); every message published before was delivered")
             raise self._end_error
-        return None
+
+    def _detached(self, slots: list[int]) -> NoReturn:
+        """Detached while taking (a recovery already ran for us): hand them back, then stop."""
+        e = self._end
+        for s in slots:
+            if not e.ring.return_taken(s):
+                warnings.warn(f"cuda_ipc channel: a message taken after this end was detached could not be handed back (slot {s})", RuntimeWarning, stacklevel=4)
+        raise e.detached_error("receive")
 
     def _take_one(self) -> Message | None:
         e = self._end
         ring = e.ring
         if not e.layout.broadcast:
-            s = ring.take()
+            s = ring.take_checked()  # the slot, with TAKEN_DETACHED set when this end is detached now
             if s < 0:
                 if not e.alive():
                     raise e.detached_error("receive")
                 return None
-            if not e.alive():
-                # Detached while taking (a recovery already ran for us): hand it back, then stop.
-                if not ring.return_taken(s):
-                    warnings.warn(f"cuda_ipc channel: a message taken after this end was detached could not be handed back (slot {s})", RuntimeWarning, stacklevel=3)
-                raise e.detached_error("receive")
+            if s >= TAKEN_DETACHED:
+                self._detached([s & ~TAKEN_DETACHED])
             return self._message(s)
         while True:
             s = ring.peek_at(self._cursor)
@@ -125,6 +202,35 @@ class ChannelConsumer(ChannelEnd):
             if s == -2:
                 continue  # not ours (published before we attached, or we were removed)
             return self._message(s)
+
+    def _take_many(self, most: int) -> list[Message]:
+        e = self._end
+        if e.layout.broadcast:
+            ms: list[Message] = []
+            while len(ms) < most and (m := self._take_one()) is not None:
+                ms.append(m)
+            return ms
+        slots, detached = e.ring.take_many(most)
+        if not slots:
+            if not e.alive():
+                raise e.detached_error("receive")
+            return []
+        if detached:
+            self._detached(slots)
+        ms = []
+        for i, s in enumerate(slots):
+            try:
+                ms.append(self._message(s))
+            except IpcError as err:
+                # A message that does not check out (_message gave its slot back): the ones after it go
+                # back to the channel (redelivered); the error comes now, or after the ones before it.
+                for later in slots[i + 1:]:
+                    e.ring.return_taken(later)
+                if not ms:
+                    raise
+                self._end_error, self._deferred = err, True
+                break
+        return ms
 
     def _message(self, s: int) -> "Message":
         try:
@@ -155,13 +261,14 @@ class ChannelConsumer(ChannelEnd):
     def _release(self, m: Message, stream: Stream, streamed: bool) -> None:
         e = self._end
         with e.lock:
-            if self._held.get(m.index) is not m:
+            held = self._held
+            if held.get(m.index) is not m:
                 return
-            del self._held[m.index]
+            del held[m.index]
             if e.closed:
                 return
             ring = e.ring
-            f = e.block.fences
+            f = self._fences
             if f is not None:
                 l = e.layout
                 if not l.broadcast:
@@ -171,7 +278,7 @@ class ChannelConsumer(ChannelEnd):
                 if m._waited is not True and (not streamed or m._waited != stream) and not f.reached(publish, m.ticket):
                     f.wait_on(stream, publish, m.ticket)
                 f.signal(stream, l.release_fence(m.index, e.index), m.ticket)
-            if e.layout.broadcast:
+            if self._broadcast:
                 ring.release_held(m.index)
             else:
                 ring.release_taken(m.index)
@@ -224,8 +331,14 @@ class Message:
     @property
     def memory(self) -> memoryview:
         """Host slots: the message's bytes (zero-copy; valid until release())."""
-        self._check("memory")
-        return self._consumer._slots.memory(self.index, self.length)
+        if self._released:
+            self._check("memory")
+        slots = self._consumer._slots
+        base = slots._base
+        if base is None:  # (device slots: it says so)
+            return slots.memory(self.index, self.length)
+        start = self.index * slots.bytes
+        return base[start:start + self.length]
 
     @property
     def buffer(self) -> HostBuffer | DeviceBuffer:

@@ -16,8 +16,8 @@ from ..host import HostBuffer
 from ..memory import ArrayView, DeviceBuffer
 from .block import Block
 from .layout import ST_ALIVE
+from .native_ring import make_ring
 from .recovery import Recoveries
-from .ring import Ring
 from .waiter import Waiter, WaitPolicy
 
 if TYPE_CHECKING:
@@ -37,7 +37,8 @@ class Endpoint:
         self.layout = block.layout
         self.index = index
         self.role = role
-        self.ring = Ring(block.words, block.layout, block.bells, index)
+        # ring.py's Ring, or NativeRing (the per-message operations in C) where the native helper loaded.
+        self.ring = make_ring(block.words, block.layout, block.bells, index)
         self.w = block.words
         self.closed = False
         self.hub_lost = False
@@ -112,6 +113,7 @@ class Endpoint:
             finally:
                 self.waiter.unwatch_link()
                 self._link = None
+                self.ring.close()  # (NativeRing: before the block and the doorbells it uses go)
                 self.block.close()
 
 

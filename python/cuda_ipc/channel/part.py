@@ -57,6 +57,12 @@ class ChannelEnd(Resource):
         return self._end.closed
 
     @property
+    def hot_path(self) -> str:
+        """'native' when this end's per-message operations run in the native helper (cuda_ipc.native_helper()
+        says which file), 'python' when the standard library alone runs them."""
+        return self._end.ring.hot_path
+
+    @property
     def wait_stats(self) -> dict[str, int]:
         """How this end's waits ended: spin_hits, sleeps, rung, rescued (a lost wake-up: should stay 0)."""
         return dict(self._end.waiter.stats)

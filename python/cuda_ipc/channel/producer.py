@@ -41,16 +41,14 @@ class ChannelProducer(ChannelEnd):
         e = self._end
         if self._ending:
             raise closed_error("acquire (end() was called)")
-        e.service()
-        if not e.alive():
-            raise e.detached_error("acquire")
-        if e.ring.consumers_gone():
-            raise self._gone_error("acquire")
-        if e.layout.broadcast and e.ring.consumers_missing():
-            return None
-        s = e.ring.claim_slot()
+        if e.hub_lost or e._pending or e._fence_repairs:
+            e.service()
+        # This end alive, the consumers not all gone, (broadcast) all attached, a slot claimed: one call.
+        s = e.ring.acquire_slot()
         if s < 0:
-            return None
+            if s == -1:
+                return None
+            raise e.detached_error("acquire") if s == -2 else self._gone_error("acquire")
         slot = Slot(self, s)
         self._writing[s] = slot
         return slot
@@ -70,18 +68,24 @@ class ChannelProducer(ChannelEnd):
         consumers' work on the slot's previous message; without, this waits on the CPU."""
         # The same loop as ChannelConsumer.receive's, written out: a shared one would cost a call per message.
         e = self._end
-        e.assert_open("acquire")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        if e.closed:
+            raise closed_error("acquire")
+        deadline = None  # read from the clock only once a wait begins (not in the usual case)
         with e.lock:
             while True:
                 slot = self._try_acquire()
                 if slot is not None:
                     break
                 e.assert_open("acquire")
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise IpcError("ERR_TIMEOUT", "channel acquire: no free slot within the timeout")
+                if timeout is not None:
+                    if deadline is None:
+                        deadline = time.monotonic() + timeout
+                    if time.monotonic() >= deadline:
+                        raise IpcError("ERR_TIMEOUT", "channel acquire: no free slot within the timeout")
                 e.park(self._can_acquire, deadline)
         if e.block.fences is not None:
+            if timeout is not None and deadline is None:
+                deadline = time.monotonic() + timeout
             try:
                 if stream is not None:
                     slot.wait_on(stream)
@@ -106,7 +110,8 @@ class ChannelProducer(ChannelEnd):
         once encoded). Device slots: the consumers' GPU work waits for the work queued on ``stream``
         (default: the legacy default stream) so far."""
         e = self._end
-        e.assert_open("publish")
+        if e.closed:
+            raise closed_error("publish")
         with e.lock:
             s = getattr(slot, "index", -1)
             if not isinstance(slot, Slot) or self._writing.get(s) is not slot:
@@ -130,20 +135,21 @@ class ChannelProducer(ChannelEnd):
                     kind = META_JSON
                 if len(raw) > l.meta_bytes:
                     raise IpcError("ERR_MESSAGE_TOO_LARGE", f"publish: meta takes {len(raw)} bytes; this channel holds {l.meta_bytes} per message (metaBytes)")
-            e.ring.write_message(s, length, kind, raw)
             f = e.block.fences
             if f is not None:
                 # The slot is ours (writing) until the commit below: nobody else touches its ticket.
                 f.signal(stream, l.publish_fence(s), e.ring.next_ticket(s))
             del self._writing[s]
             slot._done = True
-            self._commit(s)
+            r = e.ring.publish_message(s, length, kind, raw)  # the message's length and meta, then the commit
+            if r != "ok" and r != "dropped":
+                self._commit(s, r)
 
-    def _commit(self, s: int) -> None:
+    def _commit(self, s: int, r: str) -> None:
+        """A publish that did not go through at once (``r``: 'busy' or 'detached'): retried while busy."""
         e = self._end
         started = None  # read from the clock only once a retry begins (not in the usual case)
         while True:
-            r = e.ring.publish(s)
             if r == "ok" or r == "dropped":
                 return
             if r == "detached":
@@ -156,6 +162,7 @@ class ChannelProducer(ChannelEnd):
                 raise IpcError("ERR_TIMEOUT", f"publish: the channel's publish lock stayed held for {RECOVERY_GIVE_UP} s (a process died inside it and was not repaired)")
             time.sleep(RETRY)
             e.service()
+            r = e.ring.publish(s)
 
     def discard(self, slot: "Slot") -> None:
         """Gives back a slot acquired and not published."""
@@ -233,7 +240,8 @@ class Slot:
         """Host slots: the slot's bytes (zero-copy)."""
         if self._done:
             raise IpcError("ERR_CLOSED", "slot.memory: the slot was published or discarded")
-        return self._producer._slots.memory(self.index, self._producer._end.layout.slot_bytes)
+        slots = self._producer._slots
+        return slots.memory(self.index, slots.bytes)
 
     @property
     def buffer(self) -> HostBuffer | DeviceBuffer:

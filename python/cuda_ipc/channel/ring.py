@@ -45,7 +45,10 @@ def corrupt(what: str) -> IpcError:
 
 
 class Ring:
-    """The ring protocol as participant ``me`` over ``words`` (SharedWords of the control block)."""
+    """The ring protocol as participant ``me`` over ``words`` (SharedWords of the control block).
+    NativeRing (native_ring.py) does the per-message operations in C: ``hot_path`` says which runs."""
+
+    hot_path = "python"
 
     def __init__(self, words: SharedWords, layout: Layout, bells: Doorbells, me: int):
         self.w = words
@@ -64,6 +67,9 @@ class Ring:
         #: Consumers: the tail read last. Tail only grows, so positions below it stay published (or
         #: taken): the publish line is read again only once they are used up (ring.ts, #tailSeen).
         self._tail_seen = 0
+
+    def close(self) -> None:
+        """The end is closing (NativeRing detaches its C state)."""
 
     def slot_off(self, s: int) -> int:
         return self._records + s * self._record_bytes
@@ -159,6 +165,44 @@ class Ring:
             if w.load32(self._records + s * self._record_bytes) & 0xFF == KIND_FREE:
                 return True
         return False
+
+    def acquire_slot(self) -> int:
+        """producer.py's checks, then claim_slot: the slot; -1 none free (or, broadcast, a consumer not
+        attached yet); -2 this end is not alive; -3 every expected consumer attached and left."""
+        if self.participant_state(self.me) != ST_ALIVE:
+            return -2
+        if self.consumers_gone():
+            return -3
+        return -1 if self.l.broadcast and self.consumers_missing() else self.claim_slot()
+
+    def publish_message(self, s: int, length: int, meta_kind: int, meta: bytes) -> str:
+        self.write_message(s, length, meta_kind, meta)
+        return self.publish(s)
+
+    def take_checked(self) -> int:
+        """take(), with 1 << 24 set on the slot when this end is found detached right after taking it."""
+        s = self.take()
+        return s | (1 << 24) if s >= 0 and self.participant_state(self.me) != ST_ALIVE else s
+
+    def take_many(self, most: int) -> tuple[list[int], bool]:
+        """Up to ``most`` takes (oldest first), and whether this end was found detached after them."""
+        got: list[int] = []
+        try:
+            while len(got) < most and (s := self.take()) >= 0:
+                got.append(s)
+        except IpcError:
+            if not got:
+                raise
+        return got, bool(got) and self.participant_state(self.me) != ST_ALIVE
+
+    def spin_while(self, off: int, expected: int, seconds: float) -> bool:
+        """Spins while the word at ``off`` holds ``expected``, up to ``seconds``: True once it changed."""
+        load32, clock = self.w.load32, time.perf_counter
+        end = clock() + seconds
+        while load32(off) == expected:
+            if clock() >= end:
+                return False
+        return True
 
     def discard(self, s: int) -> None:
         word = slot_word(KIND_WRITING, self.me)
@@ -348,9 +392,7 @@ class Ring:
         return True
 
     def release_held(self, s: int, k: int | None = None) -> bool:
-        if k is None:
-            k = self.me
-        bit = 1 << k
+        bit = 1 << (self.me if k is None else k)
         so = self.slot_off(s)
         old = self.w.and32(so + S_HOLDERS, ~bit)
         if not old & bit:
@@ -377,13 +419,11 @@ class Ring:
 
     def producers_gone(self) -> bool:
         """Every producer the channel expects attached, and all left."""
-        w = self.w
-        return w.load32(H_PRODUCERS_LIVE) == 0 and w.load32(H_PRODUCERS_ATTACHED) >= self.l.expect_producers
+        return self.w.load32(H_PRODUCERS_LIVE) == 0 and self.w.load32(H_PRODUCERS_ATTACHED) >= self.l.expect_producers
 
     def consumers_gone(self) -> bool:
         """Every consumer the channel expects attached, and all left."""
-        w = self.w
-        return w.load32(H_CONSUMERS_LIVE) == 0 and w.load32(H_CONSUMERS_ATTACHED) >= self.l.expect_consumers
+        return self.w.load32(H_CONSUMERS_LIVE) == 0 and self.w.load32(H_CONSUMERS_ATTACHED) >= self.l.expect_consumers
 
     def consumers_missing(self) -> bool:
         """Fewer consumers attached so far than the channel expects (a broadcast producer waits)."""

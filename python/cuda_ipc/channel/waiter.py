@@ -102,13 +102,10 @@ class Waiter:
             return False
         budget = self._budget()
         t0 = time.perf_counter() if self.policy.mode == "adaptive" else 0.0
-        if budget > 0:
-            end = t0 + budget if t0 else time.perf_counter() + budget
-            while time.perf_counter() < end:
-                if w.load32(seq_off) != seq:
-                    self.stats["spin_hits"] += 1
-                    self._learn(True)
-                    return False
+        if budget > 0 and self.ring.spin_while(seq_off, seq, budget):
+            self.stats["spin_hits"] += 1
+            self._learn(True)
+            return False
         self.ring.enter_sleep(self.sleepers_off)
         try:
             if ready() or self.closed:

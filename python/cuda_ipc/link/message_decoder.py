@@ -6,7 +6,9 @@ handlers (handlers.py) rebuild the objects that own resources.
 from __future__ import annotations
 
 import array
+import itertools
 import json
+import re
 import struct
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -48,7 +50,7 @@ def decode_message(encoding: int, buf: memoryview, fds: list[int], link: Link, l
         if len(buf) == 0:
             return None, None
         try:
-            return _json_decode(bytes(buf).decode("utf-8")), None
+            return _json_decode(bytes(buf)), None
         except ValueError:  # UnicodeDecodeError and NaN/Infinity (not JSON) included
             raise Malformed("the JSON does not parse") from None
     try:
@@ -69,7 +71,45 @@ def _not_json(constant: str) -> Any:
     raise ValueError(f"{constant} is not JSON")
 
 
-_json_decode = json.JSONDecoder(parse_constant=_not_json).decode
+_json_decode_unchecked = json.JSONDecoder(parse_constant=_not_json).decode
+
+#: Deepest nesting of arrays and objects accepted in a message. Python's json parses recursively
+#: (the interpreter's recursion limit, 1000 frames by default, ends it with a RecursionError); Node's
+#: JSON.stringify overflows its stack a few thousand levels down, so no honest Node sender goes much
+#: deeper either. Deeper is a malformed message: the link closes with ERR_FRAME_INVALID.
+MAX_JSON_DEPTH = 512
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+#: Brackets to '(' and ')', every other byte deleted.
+_BRACKETS = bytes.maketrans(b"[{]}", b"(())")
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_DEPTH_STEP = {ord("("): 1, ord(")"): -1}
+
+
+def _nests_deeper_than(raw: bytes, limit: int) -> bool:
+    """Whether the JSON text ``raw`` (UTF-8: no multi-byte sequence holds an ASCII byte) nests arrays
+    and objects deeper than ``limit``, brackets inside strings not counted."""
+    # Strings out: split at quotes where no escape can hide one, else the string pattern.
+    outside = _JSON_STRING.sub(b"", raw) if b"\\" in raw else b"".join(raw.split(b'"')[::2])
+    brackets = outside.translate(_BRACKETS, _NOT_BRACKETS)
+    # Shallow JSON (the usual) empties in a few passes that each remove the innermost pairs.
+    for _ in range(min(limit, 8)):
+        if not brackets:
+            return False
+        brackets = brackets.replace(b"()", b"")
+    return max(itertools.accumulate(map(_DEPTH_STEP.__getitem__, brackets)), default=0) > limit - min(limit, 8)
+
+
+def _json_decode(raw: bytes, errors: str = "strict") -> Any:
+    """The JSON text ``raw`` (UTF-8) decoded; ValueError if it does not parse; Malformed if it nests
+    deeper than MAX_JSON_DEPTH (or than this thread's stack allows)."""
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and _nests_deeper_than(raw, MAX_JSON_DEPTH):
+        raise Malformed(f"the JSON nests deeper than {MAX_JSON_DEPTH} levels")
+    text = raw.decode("utf-8", errors)
+    try:
+        return _json_decode_unchecked(text)
+    except RecursionError:
+        # Within the bound, but this thread was already deep in its stack.
+        raise Malformed("the JSON nests deeper than this thread's stack allows") from None
 
 
 def _parse_records(buf: memoryview) -> tuple[Any, list[Record], int]:
@@ -83,7 +123,7 @@ def _parse_records(buf: memoryview) -> tuple[Any, list[Record], int]:
     if at > end:
         raise Malformed("JSON length past the end")
     try:
-        root = _json_decode(bytes(buf[4:at]).decode("utf-8", "surrogatepass"))
+        root = _json_decode(bytes(buf[4:at]), "surrogatepass")
     except ValueError:  # UnicodeDecodeError included
         raise Malformed("the JSON does not parse") from None
     if at + 2 > end:
@@ -270,4 +310,7 @@ def _decode_record(kind: str, data: memoryview, fds: list[int], link: Link, leas
             f"received a '{kind}' but no transfer handler for it is registered in this process; import the module "
             "that provides it (import cuda_ipc registers all of its own) before receiving",
         )
+    if link.transport not in handler.transports:
+        raise IpcError("ERR_NOT_TRANSFERABLE", f"received a '{kind}' on a {link.transport.upper()} link, where that kind "
+                       "never travels (PROTOCOL.md 1.1); the message was dropped")
     return handler.decode(data, fds, link, lease)

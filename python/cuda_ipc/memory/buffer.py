@@ -21,7 +21,7 @@ from ..device import Device, importing_device
 from ..dlpack import DL_CUDA, make_capsule
 from ..errors import IpcError
 from ..resource import Resource
-from .legacy import open_legacy
+from .legacy import open_legacy, open_legacy_many
 from .pool import PoolImport
 from .pool_interop import CudaCoreImport, _cuda_core, ipc_buffer_descriptor
 
@@ -81,6 +81,14 @@ class _Origin:
                 self.user = user
                 self.base = base
             return self.base
+
+    def adopt(self, base: int, unmap: Callable[[], None], user: Device) -> None:
+        """Takes a mapping a batch made for it (map_buffers); one it no longer wants is undone."""
+        with self._lock:
+            if self.base is None and self.users > 0:
+                self.base, self._unmap, self.user = base, unmap, user
+                return
+        unmap()
 
     def retain(self) -> None:
         with self._lock:
@@ -303,6 +311,38 @@ class DeviceBuffer(Resource):
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.DeviceBuffer {self.kind} {self._length} bytes{' closed' if self._closed else ''}>"
+
+
+def map_buffers(buffers: Sequence[DeviceBuffer]) -> None:
+    """Maps the buffers not mapped yet, as one batch (a tensor set's allocations): legacy handles
+    through open_legacy_many (those open already found under one lock, the others opened several at
+    once), pool buffers one by one (an import takes about a microsecond). Raises the first failure,
+    after mapping the rest."""
+    legacy: list[tuple[_Origin, Device]] = []
+    wanted: list[tuple[LegacyHandleDescriptor, Device]] = []
+    users: dict[str, Device] = {}
+    for b in buffers:
+        o = b._origin
+        if o.base is not None or b._closed:
+            continue
+        if o.kind != "legacy" or o.descriptor is None:
+            o.map()
+            continue
+        user = users.get(o.device_uuid)
+        if user is None:
+            user = users[o.device_uuid] = importing_device(Device.by_uuid(o.device_uuid))
+        legacy.append((o, user))
+        wanted.append((o.descriptor, user))
+    if not legacy:
+        return
+    first: BaseException | None = None
+    for (o, user), r in zip(legacy, open_legacy_many(wanted)):
+        if isinstance(r, BaseException):
+            first = first or r
+        else:
+            o.adopt(r[0], r[1], user)
+    if first is not None:
+        raise first
 
 
 class ArrayView:

@@ -42,69 +42,136 @@ class _LegacyMapping:
 
 _legacy_lock = threading.Lock()
 _legacy_maps: dict[tuple[bytes, str], _LegacyMapping] = {}  # (handle, device uuid) -> mapping
+# Indexes kept with _legacy_maps (under _legacy_lock), so that no open or release walks every
+# mapping (a tensor set of a few hundred allocations opens and releases them all at once):
+_legacy_by_base: dict[tuple[str, int], tuple[bytes, str]] = {}  # (device uuid, base) -> key
+_legacy_idle: set[tuple[bytes, str]] = set()  # keys of mappings nobody uses (refs == 0)
+# Opens in progress: a second acquire of the same key waits for the first one's mapping; opens of
+# different handles run at once (the driver call is made without _legacy_lock).
+_legacy_opening: dict[tuple[bytes, str], threading.Event] = {}
 _legacy_clock = 0
 _legacy_idle_limit = 16
 _legacy_opens = 0  # [tensors hook] cuIpcOpenMemHandle calls made (legacy_cache_stats()["opened"])
 
 
+def _reset_legacy() -> None:
+    """Forgets every mapping without closing any (tests with a fake driver)."""
+    with _legacy_lock:
+        _legacy_maps.clear()
+        _legacy_by_base.clear()
+        _legacy_idle.clear()
+        _legacy_gone.clear()
+
+
+def _forget(key: tuple[bytes, str]) -> _LegacyMapping:
+    """With _legacy_lock held: removes the mapping of ``key`` from the cache and its indexes."""
+    m = _legacy_maps.pop(key)
+    _legacy_idle.discard(key)
+    if _legacy_by_base.get((key[1], m.base)) == key:
+        del _legacy_by_base[(key[1], m.base)]
+    return m
+
+
 def _legacy_acquire(handle: bytes, user: Device) -> tuple[int, int]:
-    """(base, allocation size) of the mapping of ``handle`` for ``user``, opened if need be."""
+    """(base, allocation size) of the mapping of ``handle`` for ``user``, opened if need be. Threads
+    opening different handles do so at once (TensorSet.bases() opens a set's handles in parallel)."""
     global _legacy_clock, _legacy_opens
     key = (handle, user.uuid)
-    with _legacy_lock:
-        m = _legacy_maps.get(key)
-        if m is not None:
-            m.refs += 1
-            _legacy_clock += 1
-            m.last_use = _legacy_clock
-            return m.base, m.size
+    while True:
+        with _legacy_lock:
+            m = _legacy_maps.get(key)
+            if m is not None:
+                if m.refs == 0:
+                    _legacy_idle.discard(key)
+                m.refs += 1
+                _legacy_clock += 1
+                m.last_use = _legacy_clock
+                return m.base, m.size
+            opening = _legacy_opening.get(key)
+            if opening is None:
+                opening = _legacy_opening[key] = threading.Event()
+                break
+        opening.wait()  # another thread opens it: take its mapping (or open it, if that failed)
+    try:
         with user.activate():
             base = drv.ipc_open_mem_handle(handle)
-            _legacy_opens += 1
             try:
                 size = drv.address_range(base)[1]
             except BaseException:
                 drv.driver().call("cuIpcCloseMemHandle", base)
                 raise
-        # An idle entry of this device at the same address belongs to an allocation the driver no
-        # longer maps here (its handle differs, or the lookup above would have found it): stale.
-        for k, old in list(_legacy_maps.items()):
-            if old.base == base and old.device is user and old.refs == 0:
-                del _legacy_maps[k]
-        m = _LegacyMapping(base, size, user)
-        _legacy_clock += 1
-        m.last_use = _legacy_clock
-        _legacy_maps[key] = m
-        return base, size
+        with _legacy_lock:
+            _legacy_opens += 1
+            # An idle entry of this device at the same address belongs to an allocation the driver no
+            # longer maps here (its handle differs, or the lookup above would have found it): stale.
+            old_key = _legacy_by_base.get((user.uuid, base))
+            if old_key is not None and old_key != key:
+                old = _legacy_maps.get(old_key)
+                if old is not None and old.base == base and old.refs == 0:
+                    _forget(old_key)
+            m = _LegacyMapping(base, size, user)
+            _legacy_clock += 1
+            m.last_use = _legacy_clock
+            _legacy_maps[key] = m
+            _legacy_by_base[(user.uuid, base)] = key
+            return base, size
+    finally:
+        with _legacy_lock:
+            del _legacy_opening[key]
+        opening.set()
+
+
+def _legacy_acquire_open(wanted: list[tuple[bytes, Device]]) -> list[tuple[int, int] | None]:
+    """_legacy_acquire of each (handle, device) whose mapping is open now, under one lock; None for
+    the others (nothing acquired for them)."""
+    global _legacy_clock
+    out: list[tuple[int, int] | None] = []
+    with _legacy_lock:
+        for handle, user in wanted:
+            key = (handle, user.uuid)
+            m = _legacy_maps.get(key)
+            if m is None:
+                out.append(None)
+                continue
+            if m.refs == 0:
+                _legacy_idle.discard(key)
+            m.refs += 1
+            _legacy_clock += 1
+            m.last_use = _legacy_clock
+            out.append((m.base, m.size))
+    return out
 
 
 def _legacy_release(handle: bytes, user: Device) -> None:
+    key = (handle, user.uuid)
     with _legacy_lock:
-        m = _legacy_maps.get((handle, user.uuid))
+        m = _legacy_maps.get(key)
         if m is None or m.refs == 0:
             return
         m.refs -= 1
         if m.refs == 0:
             if handle in _legacy_gone:
                 # Its exporter freed it: an idle mapping would keep the whole allocation resident.
-                del _legacy_maps[(handle, user.uuid)]
+                _forget(key)
                 if not any(k[0] == handle for k in _legacy_maps):
                     _legacy_gone.discard(handle)
                 with m.device.activate():
                     drv.driver().call("cuIpcCloseMemHandle", m.base)
                 return
-            _trim_idle(_legacy_idle_limit)
+            _legacy_idle.add(key)
+            if len(_legacy_idle) > _legacy_idle_limit:
+                _trim_idle(_legacy_idle_limit)
 
 
 def _trim_idle(keep: int) -> None:
     """With _legacy_lock held: closes idle mappings, least recently used first, until ``keep`` remain."""
-    idle = [(m.last_use, k) for k, m in _legacy_maps.items() if m.refs == 0]
+    idle = [(_legacy_maps[k].last_use, k) for k in _legacy_idle if k in _legacy_maps]
     if len(idle) <= keep:
         return
     idle.sort()
     first: BaseException | None = None
     for _, k in idle[:len(idle) - keep]:
-        m = _legacy_maps.pop(k)
+        m = _forget(k)
         try:
             with m.device.activate():
                 drv.driver().call("cuIpcCloseMemHandle", m.base)
@@ -130,7 +197,7 @@ def forget_legacy_allocation(handle: bytes) -> int:
             if m.refs:
                 _legacy_gone.add(handle)
                 continue
-            del _legacy_maps[k]
+            _forget(k)
             try:
                 with m.device.activate():
                     drv.driver().call("cuIpcCloseMemHandle", m.base)
@@ -150,7 +217,7 @@ def _legacy_drop(handle: bytes, user: Device) -> bool:
         m = _legacy_maps.get((handle, user.uuid))
         if m is None or m.refs:
             return False
-        del _legacy_maps[(handle, user.uuid)]
+        _forget((handle, user.uuid))
         with m.device.activate():
             drv.driver().call("cuIpcCloseMemHandle", m.base)
         return True
@@ -173,7 +240,7 @@ def legacy_cache_stats() -> dict[str, int]:
     (handles opened so far: a mapping found in the cache opens none)."""
     with _legacy_lock:
         refs = sum(m.refs for m in _legacy_maps.values())
-        idle = sum(1 for m in _legacy_maps.values() if m.refs == 0)
+        idle = len(_legacy_idle)
         return {"mappings": len(_legacy_maps), "idle": idle, "idle_limit": _legacy_idle_limit, "references": refs, "opened": _legacy_opens}
 
 

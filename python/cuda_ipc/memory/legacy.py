@@ -11,6 +11,7 @@ from .. import driver as drv
 from ..descriptor import LegacyHandleDescriptor
 from ..device import Device
 from ..errors import CudaError, IpcError
+from ..parallel import each
 from . import cache
 
 
@@ -46,6 +47,38 @@ def open_legacy(desc: LegacyHandleDescriptor, user: Device) -> tuple[int, Callab
     except BaseException:
         close()
         raise
+    return base, close
+
+
+def open_legacy_many(wanted: list[tuple[LegacyHandleDescriptor, Device]]) -> list[tuple[int, Callable[[], None]] | BaseException]:
+    """open_legacy for each (descriptor, device), as one batch: the mappings already open are found
+    under one lock, the others opened several at once (parallel.py: a first sync's opens). Each
+    result is (base, unmap) or the error of that one."""
+    out: list[tuple[int, Callable[[], None]] | BaseException | None] = [None] * len(wanted)
+    rest: list[int] = []
+    hits = cache._legacy_acquire_open([(d.handle, u) for d, u in wanted])
+    for i, ((desc, user), hit) in enumerate(zip(wanted, hits)):
+        if hit is None or desc.handle in cache._local_exports:
+            if hit is not None:
+                cache._legacy_release(desc.handle, user)
+            rest.append(i)
+            continue
+        out[i] = _mapped(desc, user, hit[0], hit[1])
+    for i, r in zip(rest, each(lambda i: open_legacy(*wanted[i]), rest)):
+        out[i] = r
+    return [r for r in out if r is not None]
+
+
+def _mapped(desc: LegacyHandleDescriptor, user: Device, base: int, size: int) -> tuple[int, Callable[[], None]] | BaseException:
+    handle = desc.handle
+
+    def close() -> None:
+        cache._legacy_release(handle, user)
+    try:
+        _check_range(desc, size)
+    except IpcError as e:
+        close()
+        return e
     return base, close
 
 

@@ -1,10 +1,10 @@
-// For tests and benchmarks only (not exported from the package): what the public classes keep
+// For tests only (not in the package): what the public channel classes keep
 // to themselves.
-import { IpcError } from '../errors.js';
-import { endpointOf, blockOf } from './internal.js';
-import type { WaitStats } from './waiter.js';
-import type { Endpoint } from './endpoint.js';
-import { invalidArgValue } from '../arg-errors.js';
+import { IpcError } from '../../src/errors.js';
+import { endpointOf, blockOf } from '../../src/channel/internal.js';
+import type { WaitStats } from '../../src/channel/waiter.js';
+import type { Endpoint } from '../../src/channel/endpoint.js';
+import { invalidArgValue } from '../../src/arg-errors.js';
 
 function endpoint(end: object): Endpoint {
   const e = endpointOf.get(end);

@@ -1,0 +1,101 @@
+// The channel benchmarks' tables (bench/channel.ts measures): each figure against its target, with
+// the CPU per message, where the processes ran, and the spread of the runs.
+import type { Device } from '../src/cuda/device.js';
+import { printTable, type Row } from './stats.js';
+import { fmtBytes, PYTHON_SLOT_BYTES, ROW, TARGETS, type ChannelResults, type Spread } from './channel.js';
+
+const fmtRate = (v: number) => (v >= 1e9 ? `${(v / 1e9).toFixed(1)} G` : v >= 1e6 ? `${(v / 1e6).toFixed(2)} M` : `${(v / 1e3).toFixed(0)} k`);
+const met = (ok: boolean) => (ok ? 'MET' : 'MISSED');
+const cpuNote = (us: number) => `CPU ${us.toFixed(2)} us/msg (both processes)`;
+
+/** The rows of the channel tables, each figure against its target. */
+const spreadNote = (x: Spread) => (x.medians.length > 1 ? `runs ${x.medians.map((v) => fmtNum(v)).join(' / ')}, spread ${(x.spread * 100).toFixed(0)}%` : '');
+const fmtNum = (v: number) => (v >= 10_000 ? fmtRate(v) : v >= 100 ? v.toFixed(0) : v.toFixed(1));
+const withSpread = (notes: string[], x: Spread) => {
+  const n = spreadNote(x);
+  if (n) notes.push(n);
+  return notes;
+};
+
+/** The rows of the channel tables, each figure against its target. */
+export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Row[]; kernel: Row[] } {
+  const f = r.floor;
+  const socket = f.socket?.us.median;
+  const latency: Row[] = [];
+  if (f.doorbell) {
+    latency.push({ name: ROW.doorbell, unit: 'us', median: f.doorbell.us.median, p99: f.doorbell.us.p99, n: f.doorbell.us.n,
+      notes: withSpread([...(socket ? [`${(f.doorbell.us.median / socket).toFixed(2)}x the socket round trip`] : []), cpuNote(f.doorbell.cpuUsPerMsg)], f.doorbell.runs) });
+  }
+  if (f.spin) latency.push({ name: ROW.spin, unit: 'us', median: f.spin.us.median, p99: f.spin.us.p99, n: f.spin.us.n, notes: withSpread([f.spin.placement], f.spin.runs) });
+  if (f.socket) latency.push({ name: ROW.socket, unit: 'us', median: f.socket.us.median, p99: f.socket.us.p99, n: f.socket.us.n, notes: withSpread([], f.socket.runs) });
+  for (const [name, t] of Object.entries(r.roundTrip)) {
+    const notes: string[] = [];
+    if (t.wait === 'adaptive') {
+      const target = t.memory === 'host' ? TARGETS.rttDefaultHostUs : TARGETS.rttDefaultDeviceUs;
+      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`);
+      if (socket) {
+        const ratio = t.us.median / socket;
+        notes.push(`${ratio.toFixed(2)}x socket (target <= ${TARGETS.rttDefaultVsSocket}x): ${met(ratio <= TARGETS.rttDefaultVsSocket)}`);
+      }
+    } else if (t.wait === 'spin') {
+      const target = t.memory === 'host' ? TARGETS.rttSpinHostUs : TARGETS.rttSpinDeviceUs;
+      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`);
+      if (f.spin) notes.push(`${(t.us.median / f.spin.us.median).toFixed(1)}x the spin floor`);
+      notes.push(t.placement);
+    } else {
+      notes.push('no spinning');
+    }
+    notes.push(cpuNote(t.cpuUsPerMsg));
+    latency.push({ name, unit: 'us', median: t.us.median, p99: t.us.p99, n: t.us.n, notes: withSpread(notes, t.runs) });
+  }
+  const throughput: Row[] = [];
+  for (const [name, o] of Object.entries(r.oneWay)) {
+    const target = o.memory === 'host' ? TARGETS.oneWayHostMsgsPerSec : TARGETS.oneWayDeviceMsgsPerSec;
+    // What was measured is messages: a slot changes hands in place, nothing is copied (the
+    // producer writes one byte of a host slot), so a "bytes per second" of slot size times
+    // messages would read as a bandwidth that no copy ever achieved.
+    const notes = [`${o.memory === 'host' ? `${o.bytesWrittenPerMsg} byte written per message` : 'no byte written by the CPU'}, the ${fmtBytes(o.slotBytes)} slot handed over in place (no copy)`];
+    if (o.wait === 'adaptive') notes.push(`target >= ${fmtRate(target)} msg/s: ${met(o.msgsPerSec.median >= target)}`);
+    notes.push(cpuNote(o.cpuUsPerMsg));
+    throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes: withSpread(notes, o.runs) });
+  }
+  if (r.python && 'rows' in r.python) {
+    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES);
+    for (const p of r.python.rows) {
+      const notes = [`${p.direction === 'python->node' ? 'a Python producer, a Node consumer' : 'a Node producer, a Python consumer'} (Python hot path: ${p.hotPath})`];
+      if (node) {
+        const ratio = p.msgsPerSec.median / node.msgsPerSec.median;
+        notes.push(`${(ratio * 100).toFixed(0)}% of Node -> Node's ${fmtRate(node.msgsPerSec.median)} msg/s (target >= ${TARGETS.pythonVsNode * 100}%): ${met(ratio >= TARGETS.pythonVsNode)}`);
+      }
+      notes.push(cpuNote(p.cpuUsPerMsg), `Python's CPU ${p.pythonCpuUsPerMsg.toFixed(2)} us/msg`);
+      throughput.push({ name: ROW.python(p.direction), unit: 'msg/s', median: p.msgsPerSec.median, p99: p.slowest1pct, n: p.msgsPerSec.n, notes: withSpread(notes, p.runs) });
+    }
+  } else if (r.python) {
+    throughput.push({ name: 'one way with a Python end', unit: 'msg/s', median: NaN, notes: [`skipped: ${r.python.skipped}`] });
+  }
+  for (const [name, w] of Object.entries(r.workSharing)) {
+    throughput.push({ name, unit: 'msg/s', median: w.msgsPerSec, notes: withSpread(['all consumers together'], w.runs) });
+  }
+  const kernel: Row[] = [];
+  if (r.kernel) {
+    const k = r.kernel;
+    kernel.push({ name: 'checksum kernel on a 256 MiB shared slot', unit: 'us', median: k.sharedUs.median, p99: k.sharedUs.p99, n: k.sharedUs.n,
+      notes: [`${(k.ratio * 100).toFixed(1)}% of local speed; target >= ${TARGETS.kernelRatio * 100}%: ${met(k.ratio >= TARGETS.kernelRatio)}`] });
+    kernel.push({ name: 'same kernel on its own memory', unit: 'us', median: k.localUs.median, p99: k.localUs.p99, n: k.localUs.n });
+  }
+  return { latency, throughput, kernel };
+}
+
+/** Prints the channel tables (bench/main.ts). */
+export function printChannelTables(r: ChannelResults, iterations: number, warmup: number, device: Device | undefined): void {
+  const t = channelRows(r);
+  console.log(`\nchannels: ${device ? 'host and device slots' : 'host slots only (no GPU)'}; round trips ${iterations} timed after ${Math.max(warmup, 2000)} warm-up, ` +
+    `one way and work sharing about 0.7 s each; wait modes: adaptive (the default), sleep, spin; each row ${r.runs} time(s), rows taking turns, ` +
+    `figures over all runs with each run's median and their spread; processes ${r.pinned}`);
+  printTable('Channel round trip: a message to a child through one channel and back through another ' +
+    `(targets: adaptive <= ${TARGETS.rttDefaultHostUs} us host / ${TARGETS.rttDefaultDeviceUs} us device and <= ${TARGETS.rttDefaultVsSocket}x socket; ` +
+    `spin <= ${TARGETS.rttSpinHostUs} / ${TARGETS.rttSpinDeviceUs} us)`, t.latency);
+  printTable('Channel throughput in messages per second (higher is better; one way: median of 2000-message batches, "p99" column = slowest 1% of batches; ' +
+    'slots change hands in place, so these are not copy bandwidths)', t.throughput);
+  if (t.kernel.length) printTable('Consumer kernel on shared slots (lower is better)', t.kernel);
+}

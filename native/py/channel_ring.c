@@ -1,0 +1,485 @@
+// The hot path of a Python channel end, in C: one call per channel operation (acquire, publish,
+// take, a batch of takes, release) instead of several ctypes calls to libatomic and tens of Python
+// steps each. Loaded by python/cuda_ipc/_native.py with ctypes; the Python package keeps its own
+// pure standard-library path (python/cuda_ipc/channel/ring.py) for where this library is missing,
+// and each function here is the same steps as the method of the same name there, with the same
+// memory orders (docs/channel-protocol.md sections 4 and 5):
+//  - every word another process may change concurrently: sequentially consistent atomics;
+//  - where ring.py uses a release store (x86-64 only: the publish's position, ring entry, tail and
+//    lock, and the space sequence's bump after a freeing compare-and-swap), so does this file, on
+//    x86-64 only; elsewhere those are sequentially consistent, as ring.py's fallbacks are;
+//  - plain fields (written only by the slot's owner before the state change that hands it on):
+//    relaxed atomics, which compile to plain loads and stores.
+//
+// The state of one end lives in a struct cip_ring that Python allocates and fills (ctypes): the
+// control block's address and layout, this participant's index, the doorbell fds, and the work
+// sharing consumer's taken words (a Python-owned array, so that the pure Python code of the slow
+// paths sees them too). Python checks the layout when it attaches; cip_ring_init checks again that
+// every offset stays inside the mapping, and every function checks slot indices and positions read
+// from the control block, which is never trusted: a bad value is an error code, never an access
+// outside the mapping.
+//
+// Threads: Python calls these under the end's lock. cip_ring_detach (at close, also under the lock)
+// zeroes the address and the doorbells; every call after it returns CIP_CLOSED and rings nothing.
+#include <errno.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define CIP_EXPORT __attribute__((visibility("default")))
+
+// Bumped with every change of a signature or of struct cip_ring: Python refuses another version.
+#define CIP_ABI_VERSION 1
+
+// Layout version 4 (docs/channel-protocol.md section 3; python/cuda_ipc/channel/layout.py).
+enum {
+  H_TAIL = 64, H_LOCK = 72, H_DATA_SEQ = 76, H_DATA_SLEEPERS = 80, H_CONSUMER_MASK = 84, H_HEAD = 128,
+  H_PRODUCERS_ATTACHED = 192, H_PRODUCERS_LIVE = 196, H_CONSUMERS_ATTACHED = 204, H_CONSUMERS_LIVE = 208,
+  H_SPACE_SEQ = 256, H_SPACE_SLEEPERS = 260, HEADER_BYTES = 320,
+  P_STATE = 0, ST_ALIVE = 1,
+  S_STATE = 0, S_HOLDERS = 4, S_POSITION = 8, S_LENGTH = 16, S_META_LENGTH = 24, S_META_KIND = 28,
+  S_PUBLISHER = 32, S_LAST_HOLDERS = 36, S_DELIVERIES = 40, S_META = 64,
+  KIND_FREE = 0, KIND_WRITING = 1, KIND_PUBLISHED = 2, KIND_TAKEN = 3,
+  GEN_SHIFT = 17,
+};
+#define GEN_MASK (0x7FFFu << GEN_SHIFT)
+#define MAX_U53 (UINT64_C(1) << 53)
+
+// Results (negative) shared with Python (channel/native_ring.py names them).
+enum {
+  CIP_NONE = -1,            // nothing to take / no free slot
+  CIP_NOT_ALIVE = -2,       // this participant's entry is no longer alive (detached)
+  CIP_CONSUMERS_GONE = -3,  // every consumer the channel expects attached, and all left
+  CIP_CORRUPT = -4,         // the control block is inconsistent: r->error says what
+  CIP_SKIP = -5,            // broadcast: the message at the cursor is not held for us
+  CIP_INVALID = -6,         // a bad argument (a slot index, a length): a bug of the caller
+  CIP_CLOSED = -100,        // detached (the end was closed)
+};
+// publish: 0 ok, 1 busy (the lock stayed taken: nothing changed), 2 dropped, 3 detached.
+enum { PUB_OK = 0, PUB_BUSY = 1, PUB_DROPPED = 2, PUB_DETACHED = 3 };
+// take / take_many: set on a result when this participant is no longer alive after taking.
+#define CIP_TAKEN_DETACHED (1 << 24)
+// What r->error says about CIP_CORRUPT (Python formats the message from it and error_a/error_b).
+enum { ERR_TAIL = 1, ERR_HEAD = 2, ERR_SPAN = 3, ERR_RING_SLOT = 4, ERR_AHEAD = 5 };
+
+struct cip_ring {
+  uint64_t base;         // the control block's address here; 0 once detached
+  uint64_t length;       // bytes mapped
+  uint64_t taken;        // address of slot_count uint32 words: work sharing, the word each taken slot was set to
+  uint64_t tail_seen;    // consumers: the tail read last (tail only grows)
+  uint64_t error_a;      // CIP_CORRUPT: values for the message
+  uint64_t error_b;
+  uint32_t slot_count;
+  uint32_t me;
+  uint32_t max_participants;
+  uint32_t broadcast;
+  uint32_t participants_offset;
+  uint32_t ring_offset;
+  uint32_t slot_records_offset;
+  uint32_t slot_record_bytes;
+  uint32_t meta_bytes;
+  uint32_t expect_consumers;
+  uint32_t hint;         // producers: where the next claim starts
+  uint32_t rotor;        // which sleeping consumer a wake-one starts at
+  uint32_t error;        // CIP_CORRUPT: ERR_*
+  uint32_t nbells;       // doorbells in bells[] (0 once detached)
+  int32_t bells[32];     // participant k's eventfd
+};
+
+CIP_EXPORT int cip_abi_version(void) { return CIP_ABI_VERSION; }
+CIP_EXPORT int cip_ring_size(void) { return (int)sizeof(struct cip_ring); }
+
+// ---- words ----------------------------------------------------------------------------------
+
+static inline uint32_t* w32(const struct cip_ring* r, uint64_t off) { return (uint32_t*)(uintptr_t)(r->base + off); }
+static inline uint64_t* w64(const struct cip_ring* r, uint64_t off) { return (uint64_t*)(uintptr_t)(r->base + off); }
+
+static inline uint32_t load32(const struct cip_ring* r, uint64_t off) { return __atomic_load_n(w32(r, off), __ATOMIC_SEQ_CST); }
+static inline void store32(const struct cip_ring* r, uint64_t off, uint32_t v) { __atomic_store_n(w32(r, off), v, __ATOMIC_SEQ_CST); }
+// A 64-bit position or counter; -1 when it is at or above 2^53 (corrupt), as SharedWords.load64.
+static inline int64_t load64(const struct cip_ring* r, uint64_t off) {
+  uint64_t v = __atomic_load_n(w64(r, off), __ATOMIC_SEQ_CST);
+  return v <= MAX_U53 ? (int64_t)v : -1;
+}
+static inline uint32_t cas32(const struct cip_ring* r, uint64_t off, uint32_t expected, uint32_t desired) {
+  __atomic_compare_exchange_n(w32(r, off), &expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return expected;  // the value seen: == expected when it swapped
+}
+static inline void cas64(const struct cip_ring* r, uint64_t off, uint64_t expected, uint64_t desired) {
+  __atomic_compare_exchange_n(w64(r, off), &expected, desired, 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+}
+static inline uint32_t add32(const struct cip_ring* r, uint64_t off, uint32_t v) { return __atomic_fetch_add(w32(r, off), v, __ATOMIC_SEQ_CST); }
+static inline uint32_t and32(const struct cip_ring* r, uint64_t off, uint32_t v) { return __atomic_fetch_and(w32(r, off), v, __ATOMIC_SEQ_CST); }
+static inline uint32_t plain32(const struct cip_ring* r, uint64_t off) { return __atomic_load_n(w32(r, off), __ATOMIC_RELAXED); }
+static inline void set_plain32(const struct cip_ring* r, uint64_t off, uint32_t v) { __atomic_store_n(w32(r, off), v, __ATOMIC_RELAXED); }
+
+#if defined(__x86_64__)
+// shared_words.py's release_store32/64 and bump32: a plain store on x86-64 (TSO), where a locked
+// operation follows before any load that must not pass it (ring.py says which).
+static inline void release_store32(const struct cip_ring* r, uint64_t off, uint32_t v) { __atomic_store_n(w32(r, off), v, __ATOMIC_RELEASE); }
+static inline void release_store64(const struct cip_ring* r, uint64_t off, uint64_t v) { __atomic_store_n(w64(r, off), v, __ATOMIC_RELEASE); }
+static inline void bump32(const struct cip_ring* r, uint64_t off) {
+  __atomic_store_n(w32(r, off), __atomic_load_n(w32(r, off), __ATOMIC_RELAXED) + 1, __ATOMIC_RELEASE);
+}
+#else
+static inline void release_store32(const struct cip_ring* r, uint64_t off, uint32_t v) { store32(r, off, v); }
+static inline void release_store64(const struct cip_ring* r, uint64_t off, uint64_t v) { __atomic_store_n(w64(r, off), v, __ATOMIC_SEQ_CST); }
+static inline void bump32(const struct cip_ring* r, uint64_t off) { add32(r, off, 1); }
+#endif
+
+static inline uint64_t slot_off(const struct cip_ring* r, uint32_t s) { return r->slot_records_offset + (uint64_t)s * r->slot_record_bytes; }
+static inline uint64_t part_off(const struct cip_ring* r, uint32_t k) { return r->participants_offset + (uint64_t)k * 64; }
+static inline uint64_t ring_off(const struct cip_ring* r, uint64_t p) { return r->ring_offset + (p % r->slot_count) * 4; }
+static inline uint32_t* taken_words(const struct cip_ring* r) { return (uint32_t*)(uintptr_t)r->taken; }
+
+static int corrupt(struct cip_ring* r, uint32_t what, uint64_t a, uint64_t b) {
+  r->error = what;
+  r->error_a = a;
+  r->error_b = b;
+  return CIP_CORRUPT;
+}
+
+static inline int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield" ::: "memory");
+#else
+  __asm__ __volatile__("" ::: "memory");
+#endif
+}
+
+// ---- setup ----------------------------------------------------------------------------------
+
+// 0 when every offset the functions below derive stays inside the mapping; else CIP_INVALID.
+CIP_EXPORT int cip_ring_init(struct cip_ring* r) {
+  uint64_t n = r->slot_count;
+  if (!r->base || r->base % 8 || !r->taken || n < 1 || n > 65536 || r->max_participants < 2 || r->max_participants > 32 ||
+      r->me >= r->max_participants || r->nbells > 32 || r->slot_record_bytes < S_META + (uint64_t)r->meta_bytes ||
+      r->slot_record_bytes % 8 || r->participants_offset % 64 || r->ring_offset % 64 || r->slot_records_offset % 64)
+    return CIP_INVALID;
+  if (r->length < HEADER_BYTES || r->participants_offset < HEADER_BYTES ||
+      r->participants_offset + (uint64_t)r->max_participants * 64 > r->length ||
+      r->ring_offset + n * 4 > r->length || r->slot_records_offset + n * r->slot_record_bytes > r->length)
+    return CIP_INVALID;
+  r->hint %= r->slot_count;
+  r->rotor &= 31;
+  return 0;
+}
+
+// The end is closing: every later call returns CIP_CLOSED and rings no doorbell (their fds close next).
+CIP_EXPORT void cip_ring_detach(struct cip_ring* r) {
+  r->base = 0;
+  r->nbells = 0;
+}
+
+// ---- wake-ups (section 5) -------------------------------------------------------------------
+
+static void ring_bell(const struct cip_ring* r, uint32_t k) {
+  if (k >= r->nbells || r->bells[k] < 0) return;
+  uint64_t one = 1;
+  // EAGAIN: the count is at its maximum, readable already; EBADF: nobody polls it any more.
+  ssize_t done = write(r->bells[k], &one, sizeof one);
+  (void)done;
+}
+
+static void wake(struct cip_ring* r, uint64_t mask_off, int all) {
+  if (all) {
+    uint32_t m = and32(r, mask_off, 0);
+    for (uint32_t k = 0; m; k++, m >>= 1)
+      if (m & 1) ring_bell(r, k);
+    return;
+  }
+  uint32_t m = load32(r, mask_off);
+  while (m) {
+    uint32_t high = m & ~((UINT32_C(1) << r->rotor) - 1);
+    uint32_t pick = high ? high : m;
+    uint32_t k = (uint32_t)__builtin_ctz(pick);
+    uint32_t bit = UINT32_C(1) << k;
+    uint32_t old = and32(r, mask_off, ~bit);
+    if (old & bit) {
+      r->rotor = k + 1 == 32 ? 0 : k + 1;
+      ring_bell(r, k);
+      return;
+    }
+    m = old & ~bit;  // someone else woke k: try another
+  }
+}
+
+static void signal_data(struct cip_ring* r, int all) {
+  // A locked add: it also orders the publish's release stores (tail) before the sleepers' load.
+  add32(r, H_DATA_SEQ, 1);
+  if (load32(r, H_DATA_SLEEPERS) != 0) wake(r, H_DATA_SLEEPERS, all || r->broadcast);
+}
+
+static void signal_space(struct cip_ring* r) {
+  // Every caller freed the slot with a locked operation just before (ring.py, signal_space).
+  bump32(r, H_SPACE_SEQ);
+  if (load32(r, H_SPACE_SLEEPERS) != 0) wake(r, H_SPACE_SLEEPERS, 1);
+}
+
+CIP_EXPORT int cip_signal_data(struct cip_ring* r, int all) {
+  if (!r->base) return CIP_CLOSED;
+  signal_data(r, all);
+  return 0;
+}
+
+CIP_EXPORT int cip_signal_space(struct cip_ring* r) {
+  if (!r->base) return CIP_CLOSED;
+  signal_space(r);
+  return 0;
+}
+
+// ---- producers ------------------------------------------------------------------------------
+
+static int claim_slot(struct cip_ring* r) {
+  uint32_t n = r->slot_count, s = r->hint;
+  uint32_t desired = KIND_WRITING | (r->me << 8);
+  for (uint32_t i = 0; i < n; i++) {
+    uint64_t off = slot_off(r, s) + S_STATE;
+    uint32_t v = load32(r, off);
+    if ((v & 0xFF) == KIND_FREE && cas32(r, off, v, desired) == v) {
+      r->hint = s + 1 == n ? 0 : s + 1;
+      return (int)s;
+    }
+    s = s + 1 == n ? 0 : s + 1;
+  }
+  return CIP_NONE;
+}
+
+// A free slot claimed for writing, after producer.py's checks, in its order: this end alive, the
+// consumers not all gone, (broadcast) every expected consumer attached. CIP_NONE: wait for space.
+CIP_EXPORT int cip_acquire(struct cip_ring* r) {
+  if (!r->base) return CIP_CLOSED;
+  if (load32(r, part_off(r, r->me) + P_STATE) != ST_ALIVE) return CIP_NOT_ALIVE;
+  if (load32(r, H_CONSUMERS_LIVE) == 0 && load32(r, H_CONSUMERS_ATTACHED) >= r->expect_consumers) return CIP_CONSUMERS_GONE;
+  if (r->broadcast && load32(r, H_CONSUMERS_ATTACHED) < r->expect_consumers) return CIP_NONE;
+  return claim_slot(r);
+}
+
+// 1 when some slot is free (a scan that changes nothing).
+CIP_EXPORT int cip_has_free(struct cip_ring* r) {
+  if (!r->base) return CIP_CLOSED;
+  for (uint32_t s = 0; s < r->slot_count; s++)
+    if ((load32(r, slot_off(r, s) + S_STATE) & 0xFF) == KIND_FREE) return 1;
+  return 0;
+}
+
+static int spin_lock(struct cip_ring* r, int64_t spin_ns) {
+  uint32_t mine = r->me + 1;
+  if (cas32(r, H_LOCK, 0, mine) == 0) return 1;
+  int64_t deadline = now_ns() + spin_ns;
+  for (uint32_t i = 1;; i++) {
+    if (load32(r, H_LOCK) == 0 && cas32(r, H_LOCK, 0, mine) == 0) return 1;
+    cpu_relax();
+    if ((i & 63) == 0 && now_ns() >= deadline) return 0;
+  }
+}
+
+// Writes the message's length and meta into slot s (this producer's, state writing), then
+// publishes it (ring.py: write_message, then publish). PUB_* or CIP_CORRUPT / CIP_INVALID / CIP_CLOSED.
+// A length of 2^32 or more comes as two words. meta: meta_len bytes (NULL when 0).
+CIP_EXPORT int cip_publish(struct cip_ring* r, uint32_t s, uint32_t length_lo, uint32_t length_hi, uint32_t meta_kind,
+                           const uint8_t* meta, uint32_t meta_len) {
+  if (!r->base) return CIP_CLOSED;
+  if (s >= r->slot_count || meta_len > r->meta_bytes || (meta_len && !meta) || meta_kind > 2) return CIP_INVALID;
+  uint64_t so = slot_off(r, s);
+  uint64_t length = (uint64_t)length_hi << 32 | length_lo;
+  if (meta_len) memcpy((uint8_t*)(uintptr_t)(r->base + so + S_META), meta, meta_len);
+  __atomic_store_n(w64(r, so + S_LENGTH), length, __ATOMIC_RELAXED);
+  set_plain32(r, so + S_META_LENGTH, meta_len);
+  set_plain32(r, so + S_META_KIND, meta_kind);
+  uint32_t me = r->me;
+  // A free lock is taken with one swap; only a busy one pays for the spin (200 us, LOCK_SPIN).
+  if (cas32(r, H_LOCK, 0, me + 1) != 0 && !spin_lock(r, 200000)) return PUB_BUSY;
+  int result = PUB_OK;
+  uint32_t writing = KIND_WRITING | (me << 8);
+  int64_t t = load64(r, H_TAIL);
+  if (t < 0) {
+    result = corrupt(r, ERR_TAIL, 0, 0);
+  } else {
+    set_plain32(r, so + S_PUBLISHER, me);
+    set_plain32(r, so + S_DELIVERIES, 0);
+    // Release stores: the commit's swap below, and signal_data's add after the unlock, are the
+    // locked operations that order them before every load that follows.
+    release_store64(r, so + S_POSITION, (uint64_t)t);
+    int done = 0;
+    if (r->broadcast) {
+      uint32_t mask = load32(r, H_CONSUMER_MASK);
+      set_plain32(r, so + S_LAST_HOLDERS, mask);
+      store32(r, so + S_HOLDERS, mask);
+      if (mask == 0) {
+        result = cas32(r, so + S_STATE, writing, KIND_FREE) == writing ? PUB_DROPPED : PUB_DETACHED;
+        done = 1;
+      }
+    }
+    if (!done) {
+      // The commit point: a swap, so that a slot recovery took back is never published over.
+      uint32_t published = KIND_PUBLISHED | (me << 8) | (uint32_t)((uint64_t)t % 0x8000) << GEN_SHIFT;
+      if (cas32(r, so + S_STATE, writing, published) != writing) {
+        result = PUB_DETACHED;
+      } else {
+        release_store32(r, ring_off(r, (uint64_t)t), s);
+        release_store64(r, H_TAIL, (uint64_t)t + 1);
+      }
+    }
+  }
+  release_store32(r, H_LOCK, 0);
+  if (result == PUB_DROPPED) signal_space(r);
+  else if (result == PUB_OK) signal_data(r, 0);
+  return result;
+}
+
+// Gives back a claimed slot not published.
+CIP_EXPORT int cip_discard(struct cip_ring* r, uint32_t s) {
+  if (!r->base) return CIP_CLOSED;
+  if (s >= r->slot_count) return CIP_INVALID;
+  uint32_t word = KIND_WRITING | (r->me << 8);
+  if (cas32(r, slot_off(r, s) + S_STATE, word, KIND_FREE) == word) signal_space(r);
+  return 0;
+}
+
+// ---- consumers ------------------------------------------------------------------------------
+
+static int64_t pos(struct cip_ring* r, uint64_t off) { return load64(r, off); }
+
+// Work sharing: takes the oldest published message (ring.py take). The slot, CIP_NONE or CIP_CORRUPT.
+static int take_one(struct cip_ring* r) {
+  uint32_t n = r->slot_count;
+  uint32_t* taken = taken_words(r);
+  int64_t t = (int64_t)r->tail_seen;
+  for (uint32_t round = 0; round < 4 * n + 64; round++) {
+    int64_t h = load64(r, H_HEAD);
+    if (h >= t || h < 0) {
+      // Tail first, then head again: both only grow, so t - h <= slots.
+      t = pos(r, H_TAIL);
+      if (t < 0) return corrupt(r, ERR_TAIL, 0, 0);
+      r->tail_seen = (uint64_t)t;
+      h = pos(r, H_HEAD);
+      if (h < 0) return corrupt(r, ERR_HEAD, 0, 0);
+      if (h >= t) return CIP_NONE;
+    }
+    if ((uint64_t)(t - h) > n) return corrupt(r, ERR_SPAN, (uint64_t)(t - h), n);
+    uint32_t s = load32(r, ring_off(r, (uint64_t)h));
+    if (s >= n) return corrupt(r, ERR_RING_SLOT, s, n);
+    uint64_t so = slot_off(r, s);
+    uint32_t word = load32(r, so);
+    // The generation in the word ties it to position h (no ABA).
+    if ((word & 0xFF) == KIND_PUBLISHED && (word & GEN_MASK) == (uint32_t)((uint64_t)h % 0x8000) << GEN_SHIFT &&
+        load64(r, so + S_POSITION) == h) {
+      uint32_t mine = KIND_TAKEN | (r->me << 8) | (word & 0xFFFF0000u);
+      if (cas32(r, so, word, mine) == word) {
+        taken[s] = mine;
+        cas64(r, H_HEAD, (uint64_t)h, (uint64_t)h + 1);
+        set_plain32(r, so + S_DELIVERIES, plain32(r, so + S_DELIVERIES) + 1);
+        return (int)s;
+      }
+      continue;
+    }
+    cas64(r, H_HEAD, (uint64_t)h, (uint64_t)h + 1);  // position h was taken (its taker may not have advanced head yet)
+  }
+  return CIP_NONE;
+}
+
+static inline int alive(const struct cip_ring* r) { return load32(r, part_off(r, r->me) + P_STATE) == ST_ALIVE; }
+
+// Work sharing: the slot taken, with CIP_TAKEN_DETACHED set when this end was found detached
+// right after taking it (consumer.py hands it back then); CIP_NONE, CIP_CORRUPT, CIP_CLOSED.
+CIP_EXPORT int cip_take(struct cip_ring* r) {
+  if (!r->base) return CIP_CLOSED;
+  int s = take_one(r);
+  if (s >= 0 && !alive(r)) s |= CIP_TAKEN_DETACHED;
+  return s;
+}
+
+// Work sharing: takes up to max messages into out[] (their slots, oldest first); the count, with
+// CIP_TAKEN_DETACHED set when this end was found detached after taking them. CIP_CORRUPT only
+// when it took none (a later call meets the inconsistency again).
+CIP_EXPORT int cip_take_many(struct cip_ring* r, uint32_t* out, uint32_t max) {
+  if (!r->base) return CIP_CLOSED;
+  if (!out || max > 65536) return CIP_INVALID;
+  uint32_t got = 0;
+  while (got < max) {
+    int s = take_one(r);
+    if (s < 0) {
+      if (s == CIP_CORRUPT && got == 0) return s;
+      break;
+    }
+    out[got++] = (uint32_t)s;
+  }
+  if (got && !alive(r)) return (int)got | CIP_TAKEN_DETACHED;
+  return (int)got;
+}
+
+// Work sharing: frees a slot this participant took: 1, or 0 when it no longer held it.
+CIP_EXPORT int cip_release(struct cip_ring* r, uint32_t s) {
+  if (!r->base) return CIP_CLOSED;
+  if (s >= r->slot_count) return CIP_INVALID;
+  uint32_t word = taken_words(r)[s];
+  if (cas32(r, slot_off(r, s) + S_STATE, word, KIND_FREE) != word) return 0;
+  signal_space(r);
+  return 1;
+}
+
+// Broadcast: the slot published at cursor (lo | hi << 32); CIP_NONE nothing there yet, CIP_SKIP
+// not held for this participant (skip it), CIP_CORRUPT.
+CIP_EXPORT int cip_peek(struct cip_ring* r, uint32_t cursor_lo, uint32_t cursor_hi) {
+  if (!r->base) return CIP_CLOSED;
+  uint64_t cursor = (uint64_t)cursor_hi << 32 | cursor_lo;
+  uint64_t t = r->tail_seen;
+  if (cursor >= t) {
+    int64_t tt = pos(r, H_TAIL);
+    if (tt < 0) return corrupt(r, ERR_TAIL, 0, 0);
+    t = r->tail_seen = (uint64_t)tt;
+    if (cursor >= t) return CIP_NONE;
+  }
+  if (t - cursor > r->slot_count) return corrupt(r, ERR_AHEAD, t - cursor, r->slot_count);
+  uint32_t s = load32(r, ring_off(r, cursor));
+  if (s >= r->slot_count) return corrupt(r, ERR_RING_SLOT, s, r->slot_count);
+  uint64_t so = slot_off(r, s);
+  if (load64(r, so + S_POSITION) != (int64_t)cursor || !(load32(r, so + S_HOLDERS) & (UINT32_C(1) << r->me))) return CIP_SKIP;
+  return (int)s;
+}
+
+// Broadcast: drops participant k's hold on slot s; the last holder frees it. 1, or 0 when k held none.
+CIP_EXPORT int cip_release_held(struct cip_ring* r, uint32_t s, uint32_t k) {
+  if (!r->base) return CIP_CLOSED;
+  if (s >= r->slot_count || k >= 32) return CIP_INVALID;
+  uint32_t bit = UINT32_C(1) << k;
+  uint64_t so = slot_off(r, s);
+  uint32_t old = and32(r, so + S_HOLDERS, ~bit);
+  if (!(old & bit)) return 0;
+  if (!(old & ~bit)) {
+    uint32_t word = load32(r, so + S_STATE);
+    if ((word & 0xFF) == KIND_PUBLISHED) cas32(r, so + S_STATE, word, KIND_FREE);
+    signal_space(r);
+  }
+  return 1;
+}
+
+// ---- waiting --------------------------------------------------------------------------------
+
+// Spins while the 32-bit word at off equals expected, up to ns nanoseconds: 1 when it changed, 0
+// when the time ran out (waiter.py's spin before sleeping). Called without the GIL. Loads between
+// pauses keep the pauses far apart: a hypervisor may take a run of close pauses for a vCPU spinning
+// on a descheduled lock holder and exit to the host (native/channel.cc, SpinWhileEqual).
+CIP_EXPORT int cip_spin_while_equal(struct cip_ring* r, uint32_t off, uint32_t expected, uint32_t ns) {
+  if (!r->base) return CIP_CLOSED;
+  if (off % 4 || (uint64_t)off + 4 > r->length) return CIP_INVALID;
+  const uint32_t* w = w32(r, off);
+  if (__atomic_load_n(w, __ATOMIC_SEQ_CST) != expected) return 1;
+  int64_t deadline = now_ns() + (int64_t)(ns > 100000000u ? 100000000u : ns);
+  for (uint32_t round = 1;; round++) {
+    for (int i = 0; i < 256; i++)
+      if (__atomic_load_n(w, __ATOMIC_SEQ_CST) != expected) return 1;
+    cpu_relax();
+    if (round % 8 == 0 && now_ns() >= deadline) return 0;
+  }
+}

@@ -1,0 +1,206 @@
+"""The ring protocol's hot path through the native helper (cuda_ipc/native.py, native/py/channel_ring.c):
+``NativeRing`` is a ``Ring`` whose per-message operations (acquire, publish, take, a batch of takes,
+release, the wake-ups, the spin before sleeping) are one C call each, the same steps with the same
+memory orders as ring.py's methods of the same names; everything else (leaving, recovery,
+membership, stats) is ring.py's own. ``make_ring`` picks it where the library loaded.
+
+The C side keeps its state in a ``_RingState`` this object owns: the control block's address and
+layout, this participant's index, the doorbells' fds, and the taken words (``taken_words``, shared
+with ring.py's code of the slow paths). ``close()`` detaches it (every later call fails, no doorbell
+is rung) before the end unmaps the block and closes the doorbells.
+
+Calls pass no argtypes (a ctypes call converts each argument through its argtypes entry, which costs
+more than the call): the state as a cached ``c_void_p``, 32-bit values as Python ints (C ints), a
+64-bit value as two of them.
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import c_int32, c_uint32, c_uint64, c_void_p
+from typing import TYPE_CHECKING, Any
+
+from ..errors import IpcError
+from ..native import library
+from .layout import Layout
+from .ring import Ring, corrupt
+
+if TYPE_CHECKING:
+    from .doorbells import Doorbells
+    from .shared_words import SharedWords
+
+# Results of the C functions (channel_ring.c).
+NONE, NOT_ALIVE, CONSUMERS_GONE, CORRUPT, SKIP, INVALID, CLOSED = -1, -2, -3, -4, -5, -6, -100
+#: Set on take / take_many results when this end was found detached right after taking.
+TAKEN_DETACHED = 1 << 24
+_PUBLISH = ("ok", "busy", "dropped", "detached")
+
+
+class _RingState(ctypes.Structure):
+    """struct cip_ring (channel_ring.c), field for field."""
+    _fields_ = [
+        ("base", c_uint64), ("length", c_uint64), ("taken", c_uint64), ("tail_seen", c_uint64),
+        ("error_a", c_uint64), ("error_b", c_uint64),
+        ("slot_count", c_uint32), ("me", c_uint32), ("max_participants", c_uint32), ("broadcast", c_uint32),
+        ("participants_offset", c_uint32), ("ring_offset", c_uint32), ("slot_records_offset", c_uint32),
+        ("slot_record_bytes", c_uint32), ("meta_bytes", c_uint32), ("expect_consumers", c_uint32), ("hint", c_uint32),
+        ("rotor", c_uint32), ("error", c_uint32), ("nbells", c_uint32), ("bells", c_int32 * 32),
+    ]
+
+
+def make_ring(words: SharedWords, layout: Layout, bells: Doorbells, me: int) -> Ring:
+    """A NativeRing where the native helper loaded, else ring.py's Ring."""
+    lib = library("channels")
+    if lib is None:
+        return Ring(words, layout, bells, me)
+    return NativeRing(words, layout, bells, me, lib)
+
+
+class NativeRing(Ring):
+    """ring.py's Ring with its per-message operations in C (see the module notes)."""
+
+    hot_path = "native"
+
+    def __init__(self, words: SharedWords, layout: Layout, bells: Doorbells, me: int, lib: tuple[Any, Any]):
+        super().__init__(words, layout, bells, me)
+        fast, waits = lib
+        if fast.cip_ring_size() != ctypes.sizeof(_RingState):
+            raise IpcError("ERR_UNSUPPORTED", f"the native helper's ring state is {fast.cip_ring_size()} bytes, this package's {ctypes.sizeof(_RingState)}: rebuild it")
+        n = layout.slot_count
+        self._taken = (c_uint32 * n)()
+        self.taken_words = memoryview(self._taken).cast("B").cast("I")  # type: ignore[assignment]
+        self._out = (c_uint32 * n)()  # take_many's slots
+        st = self._st = _RingState()
+        st.base, st.length, st.taken = words.address, words.length, ctypes.addressof(self._taken)
+        st.slot_count, st.me, st.max_participants, st.broadcast = n, me, layout.max_participants, int(layout.broadcast)
+        st.participants_offset, st.ring_offset = layout.participants_offset, layout.ring_offset
+        st.slot_records_offset, st.slot_record_bytes = layout.slot_records_offset, layout.slot_record_bytes
+        st.meta_bytes, st.expect_consumers = layout.meta_bytes, layout.expect_consumers
+        fds = bells.fds[:32]
+        st.nbells = len(fds)
+        for k, fd in enumerate(fds):
+            st.bells[k] = fd
+        self._p = c_void_p(ctypes.addressof(st))
+        if fast.cip_ring_init(self._p) != 0:
+            raise IpcError("ERR_UNSUPPORTED", "the native helper refused the channel's layout (an offset outside the control block)")
+        self._acquire = fast.cip_acquire
+        self._has_free = fast.cip_has_free
+        self._publish = fast.cip_publish
+        self._discard = fast.cip_discard
+        self._take = fast.cip_take
+        self._take_many = fast.cip_take_many
+        self._release = fast.cip_release
+        self._release_held = fast.cip_release_held
+        self._peek = fast.cip_peek
+        self._signal_data = fast.cip_signal_data
+        self._signal_space = fast.cip_signal_space
+        self._detach = fast.cip_ring_detach
+        self._spin = waits.cip_spin_while_equal
+
+    def close(self) -> None:
+        self._detach(self._p)
+
+    def _fail(self, rc: int) -> IpcError:
+        """The error of a negative result other than NONE / SKIP."""
+        if rc == CORRUPT:
+            st = self._st
+            what, a, b = st.error, st.error_a, st.error_b
+            if what == 1:
+                return corrupt("tail out of range")
+            if what == 2:
+                return corrupt("head out of range")
+            if what == 3:
+                return corrupt(f"{a} messages in a ring of {b} slots")
+            if what == 4:
+                return corrupt(f"ring entry names slot {a} of {b}")
+            if what == 5:
+                return corrupt(f"{a} messages ahead of a consumer in a ring of {b} slots")
+            return corrupt("unknown")
+        if rc == CLOSED:
+            return IpcError("ERR_CHANNEL_CLOSED", "the channel end is closed")
+        return IpcError("ERR_INVALID_ARG", f"the native channel helper refused a call ({rc}): a bug of cuda_ipc")
+
+    # -- wake-ups --
+
+    def signal_data(self, all_: bool = False) -> None:
+        self._signal_data(self._p, 1 if all_ else 0)
+
+    def signal_space(self) -> None:
+        self._signal_space(self._p)
+
+    def spin_while(self, off: int, expected: int, seconds: float) -> bool:
+        rc: int = self._spin(self._p, off, expected, min(int(seconds * 1e9), 0xFFFFFFFF))
+        if rc < 0:
+            raise self._fail(rc)
+        return rc == 1
+
+    # -- producers --
+
+    def acquire_slot(self) -> int:
+        rc: int = self._acquire(self._p)
+        if rc < NONE and rc not in (NOT_ALIVE, CONSUMERS_GONE):
+            raise self._fail(rc)
+        return rc
+
+    def claim_slot(self) -> int:
+        # (the checks acquire_slot adds only read the control block)
+        rc = self.acquire_slot()
+        return rc if rc >= 0 else -1
+
+    def has_free(self) -> bool:
+        rc: int = self._has_free(self._p)
+        if rc < 0:
+            raise self._fail(rc)
+        return rc == 1
+
+    def discard(self, s: int) -> None:
+        rc: int = self._discard(self._p, s)
+        if rc < 0:
+            raise self._fail(rc)
+
+    def publish_message(self, s: int, length: int, meta_kind: int, meta: bytes) -> str:
+        rc: int = self._publish(self._p, s, length & 0xFFFFFFFF, length >> 32, meta_kind, meta or None, len(meta))
+        if rc < 0:
+            raise self._fail(rc)
+        return _PUBLISH[rc]
+
+    # -- consumers --
+
+    def take(self) -> int:
+        rc: int = self._take(self._p)
+        if rc < NONE:
+            raise self._fail(rc)
+        return rc & ~TAKEN_DETACHED if rc >= 0 else rc
+
+    def take_checked(self) -> int:
+        rc: int = self._take(self._p)
+        if rc < NONE:
+            raise self._fail(rc)
+        return rc
+
+    def take_many(self, most: int) -> tuple[list[int], bool]:
+        out = self._out
+        rc: int = self._take_many(self._p, out, min(most, len(out)))
+        if rc < 0:
+            raise self._fail(rc)
+        n = rc & ~TAKEN_DETACHED
+        return out[:n], bool(rc & TAKEN_DETACHED)
+
+    def release_taken(self, s: int) -> bool:
+        rc: int = self._release(self._p, s)
+        if rc < 0:
+            raise self._fail(rc)
+        return rc == 1
+
+    def release_held(self, s: int, k: int | None = None) -> bool:
+        rc: int = self._release_held(self._p, s, self.me if k is None else k)
+        if rc < 0:
+            raise self._fail(rc)
+        return rc == 1
+
+    def peek_at(self, cursor: int) -> int:
+        rc: int = self._peek(self._p, cursor & 0xFFFFFFFF, cursor >> 32)
+        if rc >= 0 or rc == NONE:
+            return rc
+        if rc == SKIP:
+            return -2
+        raise self._fail(rc)

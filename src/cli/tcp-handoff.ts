@@ -1,0 +1,154 @@
+// The two-terminal example across machines: `cuda-ipc produce --listen tcp://HOST:PORT` on one,
+// `cuda-ipc consume tcp://HOST:PORT` on the other, both with the same token (CUDA_IPC_TOKEN or
+// --token-file; never on the command line, where other users see it in the process list). Host
+// memory: a TCP link carries a copy of the producer's buffer; the consumer verifies it, doubles
+// its copy and sends it back (another copy); the producer verifies what came back and that its own
+// buffer is unchanged, which is what "copied" means. Device memory over TCP comes with NCCL.
+import { randomBytes } from 'node:crypto';
+import { readFileSync, statSync } from 'node:fs';
+import { IpcError } from '../errors.js';
+import { HostBuffer } from '../host/index.js';
+import { connect, listen, type Link } from '../link/index.js';
+import { isLinkUrl, type LinkUrl } from '../link/link-url.js';
+import { TOKEN_ENV } from '../link/tcp-auth.js';
+import { countOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
+import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
+
+/** What the producer sends: its buffer (it arrives as a copy) and how many float32 it holds. */
+interface Handoff {
+  buffer: HostBuffer;
+  elements: number;
+}
+/** What the consumer answers: its doubled copy, or why it failed. */
+type Reply = { ok: true; buffer: HostBuffer } | { ok: false; message: string };
+
+/** Most bytes a token file may hold: it holds one token. */
+const TOKEN_FILE_MAX = 4096;
+
+const floats = (b: HostBuffer) => new Float32Array(b.bytes.buffer, b.bytes.byteOffset, Math.floor(b.byteLength / 4));
+
+/** `cuda-ipc token`: a fresh random token (32 bytes, base64url), for CUDA_IPC_TOKEN or a token file. */
+export function printToken(): number {
+  console.log(randomBytes(32).toString('base64url'));
+  return 0;
+}
+
+/**
+ * The token given by --token-file FILE (its text, surrounding whitespace removed), or undefined to
+ * take CUDA_IPC_TOKEN. A file others may read is used, with a warning.
+ */
+export function tokenFromArgs(args: ParsedArgs): string | undefined {
+  const path = stringValue(args, 'token-file');
+  if (path === undefined) return undefined;
+  let st;
+  try {
+    st = statSync(path);
+  } catch (e) {
+    throw new IpcError('ERR_AUTH_FAILED', `cannot read the token file ${path}: ${(e as Error).message}`, { cause: e });
+  }
+  if (!st.isFile()) throw new IpcError('ERR_AUTH_FAILED', `the token file ${path} is not a regular file`);
+  if (st.size > TOKEN_FILE_MAX) throw new IpcError('ERR_AUTH_FAILED', `the token file ${path} is ${st.size} bytes; a token file holds one token (cuda-ipc token prints one)`);
+  if ((st.mode & 0o077) !== 0) {
+    console.error(`warning: the token file ${path} may be read by other users (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
+  }
+  const token = readFileSync(path, 'utf8').trim();
+  if (token === '') throw new IpcError('ERR_AUTH_FAILED', `the token file ${path} is empty; put a token in it: (umask 077; cuda-ipc token > ${path})`);
+  return token;
+}
+
+/** The URL of --listen or consume's argument, checked: tcp:// only in the CLI. */
+function cliUrl(value: string, what: string): LinkUrl {
+  if (!isLinkUrl(value) || value.startsWith('tls://')) {
+    throw new UsageError(`${what} takes tcp://HOST:PORT, e.g. tcp://0.0.0.0:5000 (tls:// needs certificates: use listen()/connect() with their tls options); got '${value}'`);
+  }
+  return value;
+}
+
+export async function produceOverTcp(args: ParsedArgs, listenAt: string): Promise<number> {
+  if (stringValue(args, 'out') !== undefined) throw new UsageError('give --out FILE (this machine) or --listen tcp://HOST:PORT (another machine), not both');
+  if (args.values.device !== undefined) throw new UsageError('--device does not go with --listen: over TCP the producer shares host memory (device memory over TCP comes with NCCL)');
+  const url = cliUrl(listenAt, '--listen');
+  const n = countOption(args, 'elements', 1 << 20);
+  const timeoutMs = secondsOption(args, 'timeout', 600);
+  const token = tokenFromArgs(args);
+  using buffer = HostBuffer.allocate(n * 4);
+  const values = floats(buffer);
+  fillPattern(values);
+  const listener = await listen(url, token !== undefined ? { token } : {});
+  let link: Link<Reply, Handoff> | undefined;
+  try {
+    const any = /^tcp:\/\/(0\.0\.0\.0|\[::\]):/.test(listener.url);
+    console.log(`producer ${process.pid}: ${n} float32 in host memory: ${firstFive(values)}, ...`);
+    console.log(
+      `listening at ${listener.url}; on the other machine, with the same token (${TOKEN_ENV} or --token-file): ` +
+        `cuda-ipc consume ${any ? `tcp://THIS-MACHINE:${listener.port}` : listener.url}`,
+    );
+    try {
+      link = (await listener.accept({ timeout: timeoutMs })) as Link<Reply, Handoff>;
+    } catch (e) {
+      if ((e as IpcError).code === 'ERR_TIMEOUT') throw new IpcError('ERR_TIMEOUT', `no consumer connected within ${timeoutMs / 1000} s: run \`cuda-ipc consume ${listener.url}\` with the same token`);
+      throw e;
+    }
+    listener.close(); // one consumer
+    const at = `${link.remote!.address} port ${link.remote!.port}`;
+    console.log(`producer: consumer connected from ${at}; sending the buffer (a TCP link carries a copy of its bytes)`);
+    link.send({ buffer, elements: n });
+    const reply = await link.receive();
+    if (!reply.ok) {
+      console.error(`producer: the consumer reported a failure: ${reply.message}`);
+      return 1;
+    }
+    try {
+      const back = floats(reply.buffer);
+      const bad = back.length === n ? findMismatch(back, 2) : 0;
+      if (bad >= 0) {
+        console.error(`producer: element ${bad} of the copy that came back is ${back[bad]}, expected ${patternValue(bad) * 2}`);
+        return 1;
+      }
+      const mine = findMismatch(values);
+      if (mine >= 0) {
+        console.error(`producer: element ${mine} of this side's buffer changed (${values[mine]}): a TCP link must copy, not share`);
+        return 1;
+      }
+      console.log(`producer: the consumer doubled its copy and sent it back: ${firstFive(back)}, ...; this side's buffer is unchanged: ${firstFive(values)}, ... OK`);
+      console.log(`producer: copied ${link.bytesCopied.sent} bytes out and ${link.bytesCopied.received} bytes in over TCP`);
+      return 0;
+    } finally {
+      reply.buffer.close();
+    }
+  } finally {
+    link?.close();
+    listener.close();
+  }
+}
+
+export async function consumeOverTcp(args: ParsedArgs, url: string): Promise<number> {
+  const target = cliUrl(url, 'consume');
+  const timeoutMs = secondsOption(args, 'timeout', 60);
+  const token = tokenFromArgs(args);
+  console.log(`consumer ${process.pid}: connecting to ${target} (waiting up to ${timeoutMs / 1000} s for the producer: cuda-ipc produce --listen ...)`);
+  const link = await connect<Handoff, Reply>(target, { timeout: timeoutMs, ...(token !== undefined ? { token } : {}) });
+  try {
+    const { buffer, elements } = await link.receive();
+    let reply: Reply;
+    try {
+      const values = floats(buffer);
+      console.log(`consumer ${process.pid}: received a copy of ${values.length} float32 (${buffer.byteLength} bytes over TCP): ${firstFive(values)}, ...`);
+      if (values.length !== elements) throw new Error(`the producer announced ${elements} elements and sent ${values.length}`);
+      const bad = findMismatch(values);
+      if (bad >= 0) throw new Error(`element ${bad} is ${values[bad]}, which is not the producer's pattern`);
+      for (let i = 0; i < values.length; i++) values[i]! *= 2;
+      console.log(`consumer: verified every element and doubled them in its copy: ${firstFive(values)}, ...; sending it back`);
+      reply = { ok: true, buffer };
+    } catch (e) {
+      reply = { ok: false, message: (e as Error).message };
+    }
+    link.send(reply);
+    buffer.close();
+    await link.end();
+    if (!reply.ok) throw new Error(reply.message);
+    return 0;
+  } finally {
+    link.close();
+  }
+}
