@@ -3,24 +3,32 @@
 // --token-file; never on the command line, where other users see it in the process list). Host
 // memory: a TCP link carries a copy of the producer's buffer; the consumer verifies it, doubles
 // its copy and sends it back (another copy); the producer verifies what came back and that its own
-// buffer is unchanged, which is what "copied" means. Device memory over TCP comes with NCCL.
+// buffer is unchanged, which is what "copied" means. Device memory, where both machines have a GPU
+// (the consumer says whether it has one first): a DeviceArray moved over NCCL into memory of the
+// consumer's own GPU, doubled there and sent back the same way.
 import { randomBytes } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/index.js';
-import { connect, listen, type Link } from '../link/index.js';
+import { Device } from '../cuda/device.js';
+import { BuiltinKernels } from '../cuda/builtins.js';
+import { DeviceArray } from '../ipc/array.js';
+import { connect, listen, setLinkWorkingDevice, type Link } from '../link/index.js';
 import { isLinkUrl, type LinkUrl } from '../link/link-url.js';
 import { TOKEN_ENV } from '../link/tcp-auth.js';
-import { countOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
+import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
+import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
 
-/** What the producer sends: its buffer (it arrives as a copy) and how many float32 it holds. */
-interface Handoff {
-  buffer: HostBuffer;
-  elements: number;
+/** The consumer's first message: whether it can take device memory (a GPU and NCCL), and why not. */
+interface Ready {
+  device: boolean;
+  why?: string;
 }
+/** What the producer sends: its buffer (it arrives as a copy) or its array (moved over NCCL), and how many float32. */
+type Handoff = { buffer: HostBuffer; elements: number } | { array: DeviceArray<'float32'>; elements: number };
 /** What the consumer answers: its doubled copy, or why it failed. */
-type Reply = { ok: true; buffer: HostBuffer } | { ok: false; message: string };
+type Reply = { ok: true; buffer: HostBuffer } | { ok: true; array: DeviceArray<'float32'> } | { ok: false; message: string };
 
 /** Most bytes a token file may hold: it holds one token. */
 const TOKEN_FILE_MAX = 4096;
@@ -66,89 +74,158 @@ function cliUrl(value: string, what: string): LinkUrl {
 
 export async function produceOverTcp(args: ParsedArgs, listenAt: string): Promise<number> {
   if (stringValue(args, 'out') !== undefined) throw new UsageError('give --out FILE (this machine) or --listen tcp://HOST:PORT (another machine), not both');
-  if (args.values.device !== undefined) throw new UsageError('--device does not go with --listen: over TCP the producer shares host memory (device memory over TCP comes with NCCL)');
   const url = cliUrl(listenAt, '--listen');
   const n = countOption(args, 'elements', 1 << 20);
   const timeoutMs = secondsOption(args, 'timeout', 600);
+  const ordinal = ordinalOption(args, 'device');
+  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'share host memory instead');
   const token = tokenFromArgs(args);
-  using buffer = HostBuffer.allocate(n * 4);
-  const values = floats(buffer);
-  fillPattern(values);
+  const noGpu = whyNoGpu(ordinal);
   const listener = await listen(url, token !== undefined ? { token } : {});
-  let link: Link<Reply, Handoff> | undefined;
+  let link: Link<Ready | Reply, Handoff> | undefined;
   try {
     const any = /^tcp:\/\/(0\.0\.0\.0|\[::\]):/.test(listener.url);
-    console.log(`producer ${process.pid}: ${n} float32 in host memory: ${firstFive(values)}, ...`);
+    console.log(`producer ${process.pid}: ${n} float32, ${noGpu ? `in host memory (no GPU here: ${noGpu})` : `on device ${ordinal} if the consumer has a GPU too`}`);
     console.log(
       `listening at ${listener.url}; on the other machine, with the same token (${TOKEN_ENV} or --token-file): ` +
         `cuda-ipc consume ${any ? `tcp://THIS-MACHINE:${listener.port}` : listener.url}`,
     );
     try {
-      link = (await listener.accept({ timeout: timeoutMs })) as Link<Reply, Handoff>;
+      link = (await listener.accept({ timeout: timeoutMs })) as Link<Ready | Reply, Handoff>;
     } catch (e) {
       if ((e as IpcError).code === 'ERR_TIMEOUT') throw new IpcError('ERR_TIMEOUT', `no consumer connected within ${timeoutMs / 1000} s: run \`cuda-ipc consume ${listener.url}\` with the same token`);
       throw e;
     }
     listener.close(); // one consumer
     const at = `${link.remote!.address} port ${link.remote!.port}`;
-    console.log(`producer: consumer connected from ${at}; sending the buffer (a TCP link carries a copy of its bytes)`);
-    link.send({ buffer, elements: n });
-    const reply = await link.receive();
-    if (!reply.ok) {
-      console.error(`producer: the consumer reported a failure: ${reply.message}`);
-      return 1;
-    }
-    try {
-      const back = floats(reply.buffer);
-      const bad = back.length === n ? findMismatch(back, 2) : 0;
-      if (bad >= 0) {
-        console.error(`producer: element ${bad} of the copy that came back is ${back[bad]}, expected ${patternValue(bad) * 2}`);
-        return 1;
-      }
-      const mine = findMismatch(values);
-      if (mine >= 0) {
-        console.error(`producer: element ${mine} of this side's buffer changed (${values[mine]}): a TCP link must copy, not share`);
-        return 1;
-      }
-      console.log(`producer: the consumer doubled its copy and sent it back: ${firstFive(back)}, ...; this side's buffer is unchanged: ${firstFive(values)}, ... OK`);
-      console.log(`producer: copied ${link.bytesCopied.sent} bytes out and ${link.bytesCopied.received} bytes in over TCP`);
-      return 0;
-    } finally {
-      reply.buffer.close();
-    }
+    const ready = await link.receive<Ready>({ timeout: timeoutMs });
+    if (noGpu === undefined && ready.device) return await produceDevice(link, at, Device.get(ordinal), n);
+    if (noGpu === undefined) console.log(`producer: the consumer at ${at} takes no device memory (${ready.why ?? 'no reason given'}); sharing host memory`);
+    return await produceHost(link, at, n);
   } finally {
     link?.close();
     listener.close();
   }
 }
 
+async function produceHost(link: Link<Ready | Reply, Handoff>, at: string, n: number): Promise<number> {
+  using buffer = HostBuffer.allocate(n * 4);
+  const values = floats(buffer);
+  fillPattern(values);
+  console.log(`producer: consumer connected from ${at}; sending ${firstFive(values)}, ... in host memory (a TCP link carries a copy of its bytes)`);
+  link.send({ buffer, elements: n });
+  const reply = await link.receive<Reply>();
+  if (!reply.ok) {
+    console.error(`producer: the consumer reported a failure: ${reply.message}`);
+    return 1;
+  }
+  if (!('buffer' in reply)) throw new IpcError('ERR_FRAME_INVALID', 'the consumer answered host memory with device memory');
+  try {
+    const back = floats(reply.buffer);
+    const bad = back.length === n ? findMismatch(back, 2) : 0;
+    if (bad >= 0) {
+      console.error(`producer: element ${bad} of the copy that came back is ${back[bad]}, expected ${patternValue(bad) * 2}`);
+      return 1;
+    }
+    const mine = findMismatch(values);
+    if (mine >= 0) {
+      console.error(`producer: element ${mine} of this side's buffer changed (${values[mine]}): a TCP link must copy, not share`);
+      return 1;
+    }
+    console.log(`producer: the consumer doubled its copy and sent it back: ${firstFive(back)}, ...; this side's buffer is unchanged: ${firstFive(values)}, ... OK`);
+    console.log(`producer: copied ${link.bytesCopied.sent} bytes out and ${link.bytesCopied.received} bytes in over TCP`);
+    return 0;
+  } finally {
+    reply.buffer.close();
+  }
+}
+
+async function produceDevice(link: Link<Ready | Reply, Handoff>, at: string, device: Device, n: number): Promise<number> {
+  using array = DeviceArray.allocate('float32', [n], { device });
+  const host = new Float32Array(n);
+  fillPattern(host);
+  array.write(host);
+  console.log(`producer: consumer connected from ${at}; sending ${firstFive(host)}, ... from device ${device.ordinal} (${device.name}) over NCCL`);
+  link.send({ array, elements: n });
+  const reply = await link.receive<Reply>();
+  if (!reply.ok) {
+    console.error(`producer: the consumer reported a failure: ${reply.message}`);
+    return 1;
+  }
+  if (!('array' in reply)) throw new IpcError('ERR_FRAME_INVALID', 'the consumer answered device memory with host memory');
+  try {
+    const back = reply.array.read() as Float32Array;
+    const bad = back.length === n ? findMismatch(back, 2) : 0;
+    if (bad >= 0) {
+      console.error(`producer: element ${bad} of what came back is ${back[bad]}, expected ${patternValue(bad) * 2}`);
+      return 1;
+    }
+    const mine = findMismatch(array.read() as Float32Array);
+    if (mine >= 0) {
+      console.error(`producer: element ${mine} of this side's array changed: the consumer must have received a copy of its own`);
+      return 1;
+    }
+    const traffic = link.bytesMoved;
+    console.log(`producer: the consumer doubled its copy on its GPU and sent it back: ${firstFive(back)}, ...; this side's array is unchanged. OK`);
+    console.log(`producer: moved ${traffic.sent} bytes out and ${traffic.received} bytes in over NCCL`);
+    return 0;
+  } finally {
+    reply.array.buffer.close();
+  }
+}
+
 export async function consumeOverTcp(args: ParsedArgs, url: string): Promise<number> {
   const target = cliUrl(url, 'consume');
   const timeoutMs = secondsOption(args, 'timeout', 60);
+  const ordinal = ordinalOption(args, 'device');
+  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'take host memory instead');
   const token = tokenFromArgs(args);
   console.log(`consumer ${process.pid}: connecting to ${target} (waiting up to ${timeoutMs / 1000} s for the producer: cuda-ipc produce --listen ...)`);
-  const link = await connect<Handoff, Reply>(target, { timeout: timeoutMs, ...(token !== undefined ? { token } : {}) });
+  const link = await connect<Handoff, Ready | Reply>(target, { timeout: timeoutMs, ...(token !== undefined ? { token } : {}) });
   try {
-    const { buffer, elements } = await link.receive();
-    let reply: Reply;
-    try {
-      const values = floats(buffer);
-      console.log(`consumer ${process.pid}: received a copy of ${values.length} float32 (${buffer.byteLength} bytes over TCP): ${firstFive(values)}, ...`);
-      if (values.length !== elements) throw new Error(`the producer announced ${elements} elements and sent ${values.length}`);
-      const bad = findMismatch(values);
-      if (bad >= 0) throw new Error(`element ${bad} is ${values[bad]}, which is not the producer's pattern`);
-      for (let i = 0; i < values.length; i++) values[i]! *= 2;
-      console.log(`consumer: verified every element and doubled them in its copy: ${firstFive(values)}, ...; sending it back`);
-      reply = { ok: true, buffer };
-    } catch (e) {
-      reply = { ok: false, message: (e as Error).message };
-    }
+    const why = whyNoGpu(ordinal);
+    if (why === undefined) setLinkWorkingDevice(link, Device.get(ordinal));
+    link.send(why === undefined ? { device: true } : { device: false, why });
+    const handoff = await link.receive({ timeout: timeoutMs });
+    const reply = 'array' in handoff ? await consumeDevice(handoff.array, handoff.elements) : consumeHost(handoff.buffer, handoff.elements);
     link.send(reply);
-    buffer.close();
+    if ('array' in handoff) handoff.array.buffer.close();
+    else handoff.buffer.close();
     await link.end();
     if (!reply.ok) throw new Error(reply.message);
     return 0;
   } finally {
     link.close();
+  }
+}
+
+function consumeHost(buffer: HostBuffer, elements: number): Reply {
+  try {
+    const values = floats(buffer);
+    console.log(`consumer ${process.pid}: received a copy of ${values.length} float32 (${buffer.byteLength} bytes over TCP): ${firstFive(values)}, ...`);
+    if (values.length !== elements) throw new Error(`the producer announced ${elements} elements and sent ${values.length}`);
+    const bad = findMismatch(values);
+    if (bad >= 0) throw new Error(`element ${bad} is ${values[bad]}, which is not the producer's pattern`);
+    for (let i = 0; i < values.length; i++) values[i]! *= 2;
+    console.log(`consumer: verified every element and doubled them in its copy: ${firstFive(values)}, ...; sending it back`);
+    return { ok: true, buffer };
+  } catch (e) {
+    return { ok: false, message: (e as Error).message };
+  }
+}
+
+async function consumeDevice(array: DeviceArray<'float32'>, elements: number): Promise<Reply> {
+  try {
+    const values = array.read() as Float32Array;
+    console.log(`consumer ${process.pid}: received ${values.length} float32 over NCCL into device ${array.buffer.device.ordinal}: ${firstFive(values)}, ...`);
+    if (values.length !== elements) throw new Error(`the producer announced ${elements} elements and sent ${values.length}`);
+    const bad = findMismatch(values);
+    if (bad >= 0) throw new Error(`element ${bad} is ${values[bad]}, which is not the producer's pattern`);
+    BuiltinKernels.for(array.buffer.device).scale(array.buffer, 'f32', 2);
+    array.buffer.device.synchronize();
+    console.log('consumer: verified every element and doubled them on this GPU; sending them back over NCCL');
+    return { ok: true, array };
+  } catch (e) {
+    return { ok: false, message: (e as Error).message };
   }
 }

@@ -34,6 +34,15 @@ export interface TransferEncoding {
   readonly hold?: LeaseHold;
 }
 
+/**
+ * What decode() returns for a value that is not usable yet: its bytes still arriving (an NCCL
+ * receive). The link delivers the message, in its place among the others, once `ready` resolved;
+ * if it rejects, the message fails with that error and its values are disposed.
+ */
+export class DeferredValue {
+  constructor(readonly value: unknown, readonly ready: Promise<void>) {}
+}
+
 /** A registered handler as the encoder and decoder call it (see TransferHandler in transfer.ts). */
 export interface RegisteredHandler {
   readonly kind: string;

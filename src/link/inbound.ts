@@ -12,7 +12,10 @@ import { readNcclAbort, type NcclAbort } from './nccl-abort.js';
 import type { LinkTransportKind } from './frame-transport.js';
 
 /** A received message: its value (and the decoded objects it owns), or why only it failed. */
-export type ReceivedMessage = { ok: true; value: unknown; owned: object[] | undefined } | { ok: false; error: IpcError };
+export type ReceivedMessage =
+  /** ready: delivered only once it resolves (DeferredValue); a rejection fails the message. */
+  | { ok: true; value: unknown; owned: object[] | undefined; ready?: Promise<void> }
+  | { ok: false; error: IpcError };
 
 export type InboundFrame =
   | { type: FrameType.Hello; features: number }

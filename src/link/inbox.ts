@@ -3,7 +3,8 @@
 // `for await` read. A queue at one of its bounds (LinkOptions.inbox: messages, bytes, fds) pauses
 // reading, so that the kernel (and then the sender, whose send() returns false) holds the backlog
 // instead of this heap and this fd table; reading resumes once the queue is down to a quarter of
-// its message bound and half of the others.
+// its message bound and half of the others. A message whose values are still arriving (a
+// DeferredValue's ready promise) waits in order with the ones behind it until it is ready.
 import type { EventEmitter } from 'node:events';
 import { IpcError } from '../errors.js';
 import type { ReceivedMessage } from './inbound.js';
@@ -41,6 +42,8 @@ export class Inbox {
   readonly #interest: SocketInterest;
   readonly #limits: InboxLimits;
   readonly #queue = new Queue<Queued>();
+  /** Messages not ready yet (the first one's values still arriving) and those behind them, in order. */
+  readonly #staged = new Queue<Queued>();
   #bytes = 0;
   #fds = 0;
   #waiters: Waiter[] = [];
@@ -102,8 +105,58 @@ export class Inbox {
     });
   }
 
-  /** Hands a received message (`bytes` long, holding `fds` fds) to its consumer. */
+  /** Hands a received message (`bytes` long, holding `fds` fds) to its consumer, once it is ready. */
   deliver(entry: ReceivedMessage, bytes: number, fds: number): void {
+    if (this.#staged.length > 0 || (entry.ok && entry.ready)) {
+      this.#staged.push({ entry, bytes, fds });
+      this.#bytes += bytes;
+      this.#fds += fds;
+      if (this.#staged.length === 1) this.#awaitReady();
+      this.#checkBounds();
+      return;
+    }
+    this.#deliverNow(entry, bytes, fds);
+  }
+
+  /** Waits for the first staged message, then delivers it and every ready one behind it. */
+  #awaitReady(): void {
+    const head = this.#staged.peek()!;
+    const ready = head.entry.ok ? head.entry.ready : undefined;
+    const next = (failure?: unknown): void => {
+      if (this.#staged.peek() !== head) return;  // disposed meanwhile (the link closed)
+      this.#staged.shift();
+      this.#bytes -= head.bytes;
+      this.#fds -= head.fds;
+      let entry = head.entry;
+      if (failure !== undefined && entry.ok) {
+        disposeValues(entry.owned);
+        const error = failure instanceof IpcError ? failure : new IpcError('ERR_DESCRIPTOR_INVALID', `a received value could not be completed: ${String((failure as Error)?.message ?? failure)}`, { cause: failure });
+        entry = { ok: false, error };
+      } else if (entry.ok) {
+        entry = { ok: true, value: entry.value, owned: entry.owned };
+      }
+      this.#deliverNow(entry, failure !== undefined ? 0 : head.bytes, failure !== undefined ? 0 : head.fds);
+      while (this.#staged.length > 0) {
+        const h = this.#staged.peek()!;
+        if (h.entry.ok && h.entry.ready) {
+          this.#awaitReady();
+          return;
+        }
+        this.#staged.shift();
+        this.#bytes -= h.bytes;
+        this.#fds -= h.fds;
+        this.#deliverNow(h.entry, h.bytes, h.fds);
+      }
+      this.#maybeResumeReading();
+    };
+    if (!ready) {
+      queueMicrotask(() => next());
+      return;
+    }
+    ready.then(() => next(), (e: unknown) => next(e ?? new Error('rejected')));
+  }
+
+  #deliverNow(entry: ReceivedMessage, bytes: number, fds: number): void {
     const w = this.#waiters.shift();
     if (w) {
       if (entry.ok) w.resolve(entry.value);
@@ -128,8 +181,13 @@ export class Inbox {
     this.#queue.push({ entry, bytes, fds });
     this.#bytes += bytes;
     this.#fds += fds;
+    this.#checkBounds();
+  }
+
+  #checkBounds(): void {
     const l = this.#limits;
-    if ((this.#queue.length >= l.messages || this.#bytes >= l.bytes || this.#fds >= l.fds) && !this.#interest.readingPaused && !this.#interest.closed) {
+    const messages = this.#queue.length + this.#staged.length;
+    if ((messages >= l.messages || this.#bytes >= l.bytes || this.#fds >= l.fds) && !this.#interest.readingPaused && !this.#interest.closed) {
       // Let the kernel queue (and then the sender) hold the backlog instead of our heap.
       this.#interest.setReading(false);
       noteChange(); // `cuda-ipc status` shows the pause
@@ -158,13 +216,14 @@ export class Inbox {
   /** Drops the messages no one will read, releasing their fds and decoded buffers. */
   disposeUnread(): void {
     for (const { entry } of this.#queue.drain()) if (entry.ok) disposeValues(entry.owned);
+    for (const { entry } of this.#staged.drain()) if (entry.ok) disposeValues(entry.owned);
     this.#bytes = 0;
     this.#fds = 0;
   }
 
   #maybeResumeReading(): void {
     const l = this.#limits;
-    if (this.#interest.readingPaused && !this.#interest.closed && this.#queue.length * 4 <= l.messages && this.#bytes * 2 <= l.bytes && this.#fds * 2 <= l.fds) {
+    if (this.#interest.readingPaused && !this.#interest.closed && (this.#queue.length + this.#staged.length) * 4 <= l.messages && this.#bytes * 2 <= l.bytes && this.#fds * 2 <= l.fds) {
       this.#interest.setReading(true);
       noteChange();
     }

@@ -12,6 +12,8 @@ export { TcpListener, type TcpListenOptions, type TcpListenerEvents } from './tc
 export { type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions } from './tcp-connect.js';
 export { type LinkUrl } from './link-url.js';
 export { socketPath } from './socket-path.js';
+export { Fanout } from './fanout.js';
+export { preloadNccl } from './nccl-comms.js';
 export { defaultSocketDirectory } from '../runtime-directory.js';
 export {
   registerTransferHandler,
@@ -26,3 +28,4 @@ export { leaseStats, type LeaseHold, type ReceivedLease, type LeaseCounts, type 
 import './host-transfer.js';
 import './host-bytes-transfer.js';
 import './device-transfers.js';
+import './nccl-buffer-transfer.js';

@@ -225,6 +225,13 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     const t = linkTraffic(this);
     return { sent: t.copiedSent, received: t.copiedReceived };
   }
+
+  /** Device memory this link moved over NCCL (DeviceBuffers, DeviceArrays, TensorMaps on a TCP link), by this side. */
+  get bytesMoved(): { sent: number; received: number } {
+    const t = linkTraffic(this);
+    return { sent: t.ncclSent, received: t.ncclReceived };
+  }
+
   get state(): LinkState {
     return this.#state;
   }

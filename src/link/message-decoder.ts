@@ -5,14 +5,15 @@
 import { IpcError } from '../errors.js';
 import { Encoding, readU64 } from './frame.js';
 import type { IncomingLeases, ReceivedLease } from './lease.js';
-import { handlerForKind, serves } from './handlers.js';
+import { DeferredValue, handlerForKind, serves } from './handlers.js';
 import type { LinkTransportKind } from './frame-transport.js';
 import { DATA_VIEW_TAG, RECORD_TAIL_BYTES, TYPED_ARRAYS, type Segment } from './message-format.js';
 import { closeFd } from './fds.js';
 import { probe, Probe } from './probe.js';
 
 export type Decoded =
-  | { ok: true; value: unknown; owned: object[] | undefined }
+  /** ready: the message is usable once it resolves (values still arriving, see DeferredValue). */
+  | { ok: true; value: unknown; owned: object[] | undefined; ready?: Promise<void> }
   /** fatal: the payload is malformed (the link must close); otherwise only this message failed. */
   | { ok: false; error: IpcError; fatal: boolean };
 
@@ -251,6 +252,7 @@ function decodeWithRecords(
   // end theirs when disposed; the rest never will), so that the sender gets its resources back.
   const received: Array<ReceivedLease | undefined> = records.map((rec) => (rec.leaseId !== 0 ? leases!.open(rec.leaseId) : undefined));
   const owned: object[] = [];
+  const pending: Array<Promise<void>> = [];
   let fdAt = 0;
   for (let i = 0; i < records.length; i++) {
     const rec = records[i]!;
@@ -267,10 +269,20 @@ function decodeWithRecords(
     }
     for (let k = fdAt; k < fdAt + rec.fdCount; k++) fds[k] = -1;  // handed over
     fdAt += rec.fdCount;
+    if (value instanceof DeferredValue) {
+      pending.push(value.ready);
+      value = value.value;
+    }
     if (rec.kind !== '@bigint' && rec.kind !== '@typed-array' && typeof value === 'object' && value !== null) owned.push(value);
     slots[i]!.parent[slots[i]!.key] = value;
   }
-  return { ok: true, value: holder[0], owned: owned.length ? owned : undefined };
+  return { ok: true, value: holder[0], owned: owned.length ? owned : undefined, ...readiness(pending) };
+}
+
+/** A message's readiness: every deferred value's ready promise (none: usable at once). */
+function readiness(pending: Array<Promise<void>>): { ready?: Promise<void> } {
+  if (pending.length === 0) return {};
+  return { ready: pending.length === 1 ? pending[0]! : Promise.all(pending).then(() => {}) };
 }
 
 /**
@@ -290,8 +302,13 @@ function decodeSole(rec: ParsedRecord, root: unknown, buf: Buffer, fds: number[]
     lease?.end();
     return recordFailed(rec, e);
   }
+  let ready: Promise<void> | undefined;
+  if (value instanceof DeferredValue) {
+    ready = value.ready;
+    value = value.value;
+  }
   const owns = rec.kind !== '@bigint' && rec.kind !== '@typed-array' && typeof value === 'object' && value !== null;
-  return { ok: true, value, owned: owns ? [value as object] : undefined };
+  return { ok: true, value, owned: owns ? [value as object] : undefined, ...(ready ? { ready } : {}) };
 }
 
 /** What a message whose record `rec` could not be decoded fails with. */

@@ -1,9 +1,11 @@
 // Finding and loading NCCL: loadNccl() probes the candidates of discovery.ts in a throw-away
 // process (probe.ts), then loads the first that loaded there, by the path the loader chose.
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { nccl } from './native.js';
 import { NcclError, NcclResult, NcclUnavailableError, type NcclAttempt } from './errors.js';
 import { NCCL_LIBRARY_ENV, SYSTEM_NCCL, chosenCandidate, pythonFor, wheelLibraries, type NcclCandidate, type NcclSource } from './discovery.js';
-import { probeLibraries } from './probe.js';
+import { PROBE_TIMEOUT_MS, probeLibraries } from './probe.js';
 import { NCCL_UNIQUE_ID_BYTES, type NcclUniqueId } from './unique-id.js';
 import { checkObject, invalidArgType, received } from '../arg-errors.js';
 
@@ -115,6 +117,40 @@ export async function loadNccl(options?: LoadNcclOptions): Promise<NcclLibrary> 
     p.catch(() => loading.delete(key));  // failures are looked into again next time
   }
   return await p;
+}
+
+/**
+ * The NCCL library this process loaded first, if any (no search, no wait): what a synchronous
+ * caller (a link's send) uses. undefined until some loadNccl() resolved.
+ */
+export function loadedNcclLibrary(): NcclLibrary | undefined {
+  return libraries.values().next().value;
+}
+
+const DISCOVER_CHILD = fileURLToPath(new URL('./discover-child.js', import.meta.url));
+
+/**
+ * loadNccl() for a caller that cannot wait (a link's send: its first NCCL record must carry a unique
+ * id): the library loaded already, else the search runs in a child process while this one waits
+ * (once per process; `await loadNccl()` beforehand avoids the wait). Throws NcclUnavailableError.
+ */
+export function loadNcclSync(): NcclLibrary {
+  const loaded = loadedNcclLibrary();
+  if (loaded) return loaded;
+  const r = spawnSync(process.execPath, [DISCOVER_CHILD], { encoding: 'utf8', timeout: 2 * PROBE_TIMEOUT_MS, maxBuffer: 1 << 20 });
+  let answer: { ok?: boolean; path?: unknown; source?: unknown; message?: unknown; attempts?: unknown } | undefined;
+  for (const line of (r.stdout ?? '').split('\n')) {
+    try {
+      answer = JSON.parse(line) as typeof answer;
+    } catch {
+      // a library may print while it loads
+    }
+  }
+  if (answer?.ok === true && typeof answer.path === 'string' && typeof answer.source === 'string') {
+    return open(answer.path, answer.source as NcclSource);
+  }
+  if (answer?.ok === false) throw new NcclUnavailableError(String(answer.message), Array.isArray(answer.attempts) ? answer.attempts as NcclAttempt[] : []);
+  throw new NcclUnavailableError(`the search for NCCL failed: its process ${r.error ? `could not run (${r.error.message})` : `ended with ${r.signal ?? `status ${r.status}`}`}`, []);
 }
 
 /** @internal Forgets what loadNccl found (tests change the environment it searches); libraries stay loaded. */

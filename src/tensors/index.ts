@@ -1,5 +1,5 @@
 // Public surface of the tensor layer: named tensors over links (tensor sets), in-place updates,
-// safetensors. Importing it registers the 'tensor-set' transfer handler (the receiving process
+// safetensors. Importing it registers the 'tensor-set' and 'nccl-tensor-set' transfer handlers (the receiving process
 // needs it too; the package index imports it).
 export { TensorMap, type TensorArray, type TensorMemory } from './tensor-map.js';
 export { HostArray } from './host-array.js';
@@ -10,3 +10,4 @@ export {
   type SafetensorsHeader, type SafetensorsEntry, type SafetensorsInput,
 } from './safetensors.js';
 import './transfer.js';
+import './nccl-transfer.js';

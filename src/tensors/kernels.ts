@@ -283,6 +283,18 @@ export function queueDeviceCopies(device: Device, stream: bigint, dsts: BigUint6
   return out;
 }
 
+/**
+ * Launches copy_runs over `runs` rows of a run table already in device memory at `table` (rows
+ * made by planRuns, their first-chunk column counted from 0 at this row): the chunk pipeline of an
+ * NCCL transfer (src/nccl) gathers and scatters each chunk with one launch over its own rows.
+ */
+export function launchCopyRuns(device: Device, stream: bigint, table: bigint, runs: number, chunks: number): void {
+  if (runs === 0) return;
+  const args = [arg.ptr(table), arg.u32(runs), arg.u64(BigInt(chunks)), arg.u64(BigInt(CHUNK_BYTES))];
+  driver.launchKernel(tensorKernel(device, 'copy_runs').handle, runGrid(chunks, device.multiprocessors), 1, 1, RUN_BLOCK_THREADS, 1, 1, 0, stream,
+    packKernelArgs(args), Uint32Array.from(kernelArgLayout(args.map((a) => a.type)).offsets));
+}
+
 function queueStrided(device: Device, stream: bigint, strided: readonly StridedCopy[], scratch: bigint[], out: QueuedCopies): void {
   for (let first = 0; first < strided.length; first += OPS_PER_LAUNCH) {
     const ops = strided.slice(first, first + OPS_PER_LAUNCH);

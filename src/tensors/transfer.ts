@@ -166,6 +166,9 @@ export const tensorSetTransfer: TransferHandler<TensorMap | Map<string, TensorAr
     let table: Uint8Array;
     let count: number;
     const c = value instanceof TensorMap ? tensorMapContents(value) : undefined;
+    if (c?.kind === 'remote') {
+      throw new IpcError('ERR_INVALID_STATE', 'link.send: this TensorMap came over a TCP link and its bytes are still on its sender: `await map.fetch()` before sending it on');
+    }
     if (c?.kind === 'received') {
       // Sent on as it came: the same allocations in the same order, so the same table.
       const r = c.received;

@@ -12,7 +12,7 @@ import { dtypeInfo, type DType } from '../ipc/dtype.js';
 import { HostArray } from './host-array.js';
 import { forEachOffset } from '../ipc/array-meta.js';
 import { queueDeviceCopies, type StridedCopy } from './kernels.js';
-import { TensorMap, tensorMapContents, type TensorArray } from './tensor-map.js';
+import { TensorMap, consumeRemote, tensorMapContents, type RemoteTensors, type TensorArray } from './tensor-map.js';
 import { isCOrder, isDense } from './wire.js';
 import { invalidArgValue } from '../arg-errors.js';
 
@@ -46,8 +46,13 @@ export interface UpdateResult {
   unexpected: string[];
   /** GPU operations queued (driver calls and kernel launches); 0 for host memory. */
   operations: number;
-  /** 'kernel': one copy_runs launch; 'batch': cuMemcpyBatchAsync; 'per-copy': one cuMemcpyDtoDAsync per pair (a driver older than 12.8); 'host': host memory. */
-  method: 'kernel' | 'batch' | 'per-copy' | 'host';
+  /**
+   * 'kernel': one copy_runs launch; 'batch': cuMemcpyBatchAsync; 'per-copy': one cuMemcpyDtoDAsync
+   * per pair (a driver older than 12.8); 'host': host memory; 'nccl': a set that came over a TCP link,
+   * received straight into the parameters (`operations` NCCL operations, one per chunk; chunks not
+   * one run in the parameters go through a staging buffer).
+   */
+  method: 'kernel' | 'batch' | 'per-copy' | 'host' | 'nccl';
   /**
    * Where the call's time went, in microseconds: plan (matching names, checking, the pairs), launch
    * (the run table built and, where it changed, uploaded; the copies queued), sync (until the
@@ -115,9 +120,27 @@ function sourceOf(map: NamedTensors): Source {
         },
       };
     }
+    if (c.kind === 'remote') return sourceOfRemote(c.remote);
     return sourceOfMap(c.entries);
   }
   return sourceOfMap(map);
+}
+
+/** A set whose bytes are still on the sender: its table only (no pointers). */
+function sourceOfRemote(remote: RemoteTensors): Source {
+  const { layout } = remote;
+  return {
+    names: () => layout.names,
+    has: (n) => layout.index.has(n),
+    ref(n) {
+      const i = layout.index.get(n);
+      if (i === undefined) return undefined;
+      return {
+        dtype: layout.dtypes[i]!, shape: layout.shapes[i]!, strides: layout.strides[i]!, nbytes: layout.nbytes[i]!,
+        extent: layout.extents[i]!, contiguous: true, host: false, device: remote.device,
+      };
+    },
+  };
 }
 
 function sourceOfMap(m: ReadonlyMap<string, TensorArray>): Source {
@@ -144,7 +167,7 @@ export async function updateInPlace(params: NamedTensors, received: NamedTensors
   const missing: string[] = [];
   const unexpected: string[] = [];
   const mismatched: string[] = [];
-  const pairs: Array<{ dst: Ref; src: Ref }> = [];
+  const pairs: Array<{ name: string; dst: Ref; src: Ref }> = [];
   for (const [name, array] of dstMap) {
     const s = src.ref(name);
     if (!s) {
@@ -155,7 +178,7 @@ export async function updateInPlace(params: NamedTensors, received: NamedTensors
     if (d.dtype !== s.dtype) mismatched.push(`${JSON.stringify(name)}: dtype ${s.dtype} received, ${d.dtype} here`);
     else if (d.shape.length !== s.shape.length || d.shape.some((n, k) => n !== s.shape[k])) {
       mismatched.push(`${JSON.stringify(name)}: shape [${s.shape}] received, [${d.shape}] here`);
-    } else pairs.push({ dst: d, src: s });
+    } else pairs.push({ name, dst: d, src: s });
   }
   for (const name of src.names()) if (!dstMap.has(name)) unexpected.push(name);
   if (mismatched.length || (strict && (missing.length || unexpected.length))) {
@@ -170,6 +193,16 @@ export async function updateInPlace(params: NamedTensors, received: NamedTensors
   let bytes = 0;
   for (const p of pairs) bytes += p.dst.nbytes;
   const result: UpdateResult = { copied: pairs.length, bytes, missing: strict ? [] : missing, unexpected: strict ? [] : unexpected, operations: 0, method: 'host' };
+  const remote = received instanceof TensorMap ? tensorMapContents(received) : undefined;
+  if (remote?.kind === 'remote') {
+    // Over a TCP link: straight into the parameters where each is one run of bytes on the device
+    // the bytes land on; otherwise into memory of this process first, then copied as any set.
+    if (!remote.remote.fetchStarted && pairs.every((p) => !p.dst.host && p.dst.device === remote.remote.device && oneRun(p.dst, p.src) !== undefined)) {
+      return { ...result, ...(await receiveStraight(received as TensorMap, remote.remote, pairs, started)) };
+    }
+    await (received as TensorMap).fetch();
+    return updateInPlace(params, received, options);
+  }
   if (pairs.length === 0) return result;
   const hostPairs = pairs.filter((p) => p.dst.host && p.src.host);
   if (hostPairs.length !== pairs.length) {
@@ -181,6 +214,17 @@ export async function updateInPlace(params: NamedTensors, received: NamedTensors
   }
   for (const p of pairs) copyOnHost(p.dst, p.src);
   return result;
+}
+
+/** Receives a remote set straight into the parameters of `pairs` (the set's other tensors are dropped). */
+async function receiveStraight(map: TensorMap, remote: RemoteTensors, pairs: ReadonlyArray<{ name: string; dst: Ref }>, started: number): Promise<Pick<UpdateResult, 'operations' | 'method' | 'timings'>> {
+  const targets = new Array<bigint | undefined>(remote.layout.count);
+  for (const p of pairs) targets[remote.layout.index.get(p.name)!] = p.dst.pointer;
+  consumeRemote(map);
+  const planned = performance.now();
+  const r = await remote.receiveInto(targets);
+  const us = (a: number, b: number) => Math.round((b - a) * 1000);
+  return { operations: r.operations, method: 'nccl', timings: { plan: us(started, planned), launch: 0, sync: us(planned, performance.now()), uploaded: 0 } };
 }
 
 /** Both layouts the same and dense: one run of bytes. Both C-contiguous: one run too. */

@@ -7,12 +7,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { noGpu } from '../helpers/gpu.js';
+import { driver } from '../../src/cuda/driver.js';
 
 const cli = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 
-function run(args: string[]): Promise<{ code: number | null; out: string; err: string }> {
+function run(args: string[], env: NodeJS.ProcessEnv = process.env): Promise<{ code: number | null; out: string; err: string }> {
   return new Promise((resolve) => {
-    const p = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+    const p = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env });
     let out = '';
     let err = '';
     p.stdout.on('data', (d) => { out += d; });
@@ -62,5 +63,38 @@ describe('cli on a GPU', { skip: noGpu }, () => {
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }
+  });
+});
+
+const twoGpus = noGpu ?? (driver.deviceGetCount() < 2 ? 'needs two GPUs (NCCL takes one GPU per process)' : undefined);
+
+describe('cli across machines on two GPUs', { skip: twoGpus }, () => {
+  test('produce --listen and consume tcp:// move a device array over NCCL both ways, each side\'s values checked', async () => {
+    const env = { ...process.env, CUDA_IPC_TOKEN: 'a token for the cli test, 32 b.', NCCL_NVLS_ENABLE: '0' };
+    let url!: string;
+    const listening = new Promise<void>((resolve) => {
+      const p = spawn(process.execPath, [cli, 'produce', '--listen', 'tcp://127.0.0.1:0', '--device', '0', '--elements', '4000000', '--timeout', '120'], { stdio: ['ignore', 'pipe', 'pipe'], env });
+      let out = '';
+      let err = '';
+      p.stdout.on('data', (d) => {
+        out += d;
+        const m = /listening at (tcp:\/\/127\.0\.0\.1:\d+);/.exec(out);
+        if (m && !url) {
+          url = m[1]!;
+          resolve();
+        }
+      });
+      p.stderr.on('data', (d) => { err += d; });
+      producerDone = new Promise((r) => p.on('exit', (code) => r({ code, out, err })));
+    });
+    let producerDone!: Promise<{ code: number | null; out: string; err: string }>;
+    await listening;
+    const c = await run(['consume', url, '--device', '1', '--timeout', '120'], env);
+    const p = await producerDone;
+    assert.equal(c.code, 0, `consumer: ${c.out}${c.err}`);
+    assert.equal(p.code, 0, `producer: ${p.out}${p.err}`);
+    assert.match(c.out, /received 4000000 float32 over NCCL into device 1: 0\.5, 1\.5/);
+    assert.match(p.out, /doubled its copy on its GPU and sent it back: 1, 3, 5, 7, 9, \.\.\.; this side's array is unchanged\. OK/);
+    assert.match(p.out, /moved 16000000 bytes out and 16000000 bytes in over NCCL/);
   });
 });
