@@ -151,6 +151,8 @@ export class LinkComm {
   #ended: IpcError | undefined;
   #poll: NodeJS.Timeout | undefined;
   #stream: Stream | undefined;
+  /** Aborted with the communicator: a pending init gives up. */
+  readonly #giveUp = new AbortController();
   /** Sender: the next sequence number to hand out. Receiver: the one the next record must carry. */
   sequence = 0;
 
@@ -181,7 +183,8 @@ export class LinkComm {
     this.#comm ??= (async () => {
       const library = await loadNccl();
       if (this.#ended) throw this.#ended;
-      const comm = await NcclCommunicator.init({ uniqueId, nranks: this.nranks, rank: this.rank, device: this.device, library });
+      // A peer that dies before it joined never completes the init: abort() gives up on it.
+      const comm = await NcclCommunicator.init({ uniqueId, nranks: this.nranks, rank: this.rank, device: this.device, library, signal: this.#giveUp.signal });
       this.#resolved = comm;
       if (this.#ended) {
         void comm.abort();
@@ -236,6 +239,7 @@ export class LinkComm {
     if (this.#ended) return;
     this.#ended = reason;
     this.#stopPolling();
+    this.#giveUp.abort(reason);
     this.#order.fail(reason);
     for (const link of this.#links) {
       forget(link, this);

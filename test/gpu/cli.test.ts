@@ -72,6 +72,7 @@ describe('cli across machines on two GPUs', { skip: twoGpus }, () => {
   test('produce --listen and consume tcp:// move a device array over NCCL both ways, each side\'s values checked', async () => {
     const env = { ...process.env, CUDA_IPC_TOKEN: 'a token for the cli test, 32 b.', NCCL_NVLS_ENABLE: '0' };
     let url!: string;
+    let producerDone!: Promise<{ code: number | null; out: string; err: string }>;
     const listening = new Promise<void>((resolve) => {
       const p = spawn(process.execPath, [cli, 'produce', '--listen', 'tcp://127.0.0.1:0', '--device', '0', '--elements', '4000000', '--timeout', '120'], { stdio: ['ignore', 'pipe', 'pipe'], env });
       let out = '';
@@ -87,7 +88,6 @@ describe('cli across machines on two GPUs', { skip: twoGpus }, () => {
       p.stderr.on('data', (d) => { err += d; });
       producerDone = new Promise((r) => p.on('exit', (code) => r({ code, out, err })));
     });
-    let producerDone!: Promise<{ code: number | null; out: string; err: string }>;
     await listening;
     const c = await run(['consume', url, '--device', '1', '--timeout', '120'], env);
     const p = await producerDone;
