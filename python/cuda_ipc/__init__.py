@@ -2,7 +2,8 @@
 
 A Python process joins a cuda-ipc link (``parent_link()`` when Node started it with ``spawnPython``,
 ``connect(name)`` to a Node ``listen(name)``) and exchanges messages, host buffers and GPU memory
-with Node without copies:
+with Node without copies; ``listen('tcp://...')`` / ``connect('tcp://...', token=...)`` link
+processes on different machines (messages and copies of host buffers):
 
 * received device buffers expose ``__cuda_array_interface__`` and DLPack, so ``torch.as_tensor``,
   ``cupy.asarray`` and ``numba.cuda.as_cuda_array`` view them; received host buffers expose a
@@ -34,7 +35,7 @@ from .channel import ChannelConsumer, ChannelProducer, Message, Slot, accept_cha
 from .host_array import HostArray
 from .tensor_set import SharedTensors, TensorSet, share_tensors
 from .update import UpdateResult, update_in_place
-from .link import Listener, listen
+from .link import Listener, RemoteAddress, TcpListener, listen
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 
 __all__ = [
@@ -47,5 +48,6 @@ __all__ = [
     "configure_import_cache", "legacy_cache_stats",
     "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
     "NcclCommunicator", "NcclError", "NcclLibrary", "NcclUnavailableError", "load_nccl",
+    "TcpListener", "RemoteAddress",
 ]
 __version__ = "0.1.0"

@@ -118,6 +118,10 @@ class _DeviceMemoryTransfer(TransferHandler[Any]):
 
     kind = "cuda-ipc.device-memory"  # local name only: records go out as 'pool-buffer' or 'legacy-buffer'
 
+    def instead(self, transport: str) -> str:
+        return ("device memory crosses machines over NCCL (PROTOCOL.md 8), which needs a transfer handler for TCP links "
+                "that this process does not have; copy it to host memory first (bytes, or a HostBuffer, which a TCP link copies)")
+
     def can_transfer(self, value: object) -> bool:
         return _is_device_array(value)
 

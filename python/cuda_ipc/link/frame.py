@@ -1,10 +1,12 @@
 """The link's wire format (docs/PROTOCOL.md; the Node side is src/link/frame.ts).
 
-Every SOCK_SEQPACKET record is one frame: a 16-byte header and a payload, little-endian::
+Every SOCK_SEQPACKET record is one frame, and a TCP link's byte stream carries them back to back
+(stream.py): a 16-byte header and a payload, little-endian::
 
     0  4  magic 0x4C504943 ("CIPL")
     4  1  version (2)
-    5  1  type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE
+    5  1  type: 1 HELLO, 2 MESSAGE, 3 GOODBYE, 4 REFUSE, 5 RELEASE, 6 GONE, (7 RING, 8 RING_START:
+          Node's frame rings, never announced by this package), 9 NCCL_ABORT (TCP links only)
     6  2  flags: MESSAGE only: bits 0-7 the payload encoding, bit 8 (0x0100) the payload is in the
           attached memfd (large_message.py); 0 for other types
     8  4  payload length: exactly the record length minus 16
@@ -36,6 +38,9 @@ GOODBYE = 3
 REFUSE = 4
 RELEASE = 5
 GONE = 6
+RING = 7
+RING_START = 8
+NCCL_ABORT = 9
 
 # MESSAGE encodings (the header's flags).
 ENC_JSON = 0
@@ -51,9 +56,11 @@ REFUSE_UID = 1
 REFUSE_PROTOCOL = 2
 REFUSE_TOO_LARGE = 3
 
-#: HELLO feature bits: 1 = accepts large messages (PROTOCOL.md 3.1); 2 = accepts GONE frames (3.2).
+#: HELLO feature bits: 1 = accepts large messages (PROTOCOL.md 3.1; inline on TCP); 2 = accepts GONE
+#: frames (3.2); 8 = takes device memory over NCCL (section 8), set on TCP links only.
 FEATURE_LARGE_MESSAGES = 1
 FEATURE_GONE = 2
+FEATURE_NCCL = 8
 OUR_FEATURES = FEATURE_LARGE_MESSAGES | FEATURE_GONE
 GONE_HEAD_BYTES = 8
 MAX_GONE_KEY_BYTES = 1024
@@ -61,6 +68,13 @@ MAX_GONE_KEY_BYTES = 1024
 ENCODING_MASK = 0xFF
 LARGE_PAYLOAD = 0x0100
 LARGE_INLINE_BYTES = 8
+
+#: NCCL_ABORT: 16-byte communicator id, u32 reason, u32 reserved, then at most 1024 bytes of UTF-8.
+NCCL_ABORT_HEAD_BYTES = 24
+MAX_NCCL_ABORT_TEXT = 1024
+#: NCCL_ABORT reasons: the receiver could not take the transfer, NCCL failed, the communicator
+#: could not be made (PROTOCOL.md 8.4).
+NCCL_ABORT_REASONS = (1, 2, 3)
 
 _HEADER = struct.Struct("<IBBHIHH")
 
@@ -108,7 +122,7 @@ def parse_header(buf: Buffer, length: int, fd_count: int) -> tuple[int, int, int
             raise frame_invalid(f"a large message must carry an 8-byte length and its memfd (got {payload_length} bytes, {fd_count} fds)")
         if (fd_count - 1 if large else fd_count) > 0 and encoding != ENC_JSON_WITH_RECORDS:
             raise frame_invalid("fds arrived with a message that has no transfer records")
-    elif ftype in (HELLO, GOODBYE, REFUSE, RELEASE, GONE):
+    elif ftype in (HELLO, GOODBYE, REFUSE, RELEASE, GONE, NCCL_ABORT):
         if flags != 0:
             raise frame_invalid(f"flags 0x{flags:x} on a control frame")
         if fd_count != 0:
@@ -130,6 +144,8 @@ def parse_header(buf: Buffer, length: int, fd_count: int) -> tuple[int, int, int
                 raise frame_invalid("RELEASE reserved bytes are not zero")
         elif ftype == GONE and payload_length < GONE_HEAD_BYTES:
             raise frame_invalid(f"GONE payload of {payload_length} bytes")
+        elif ftype == NCCL_ABORT and not NCCL_ABORT_HEAD_BYTES <= payload_length <= NCCL_ABORT_HEAD_BYTES + MAX_NCCL_ABORT_TEXT:
+            raise frame_invalid(f"NCCL_ABORT payload of {payload_length} bytes")
     else:
         raise frame_invalid(f"unknown frame type {ftype}")
     return ftype, flags, payload_length
@@ -202,3 +218,24 @@ def read_gone_entries(buf: Buffer, payload_length: int) -> list[tuple[str, bytes
     if at != end:
         raise frame_invalid("GONE frame with bytes after its last entry")
     return entries
+
+
+def nccl_abort_frame(communicator: bytes, reason: int, text: bytes) -> bytes:
+    """A whole NCCL_ABORT frame (arguments checked by the caller)."""
+    payload = communicator + struct.pack("<II", reason, 0) + text
+    return header(NCCL_ABORT, 0, len(payload), 0) + payload
+
+
+def read_nccl_abort(buf: Buffer, payload_length: int) -> tuple[bytes, int, str]:
+    """(communicator id, reason, text) of an NCCL_ABORT frame whose header parse_header checked;
+    ERR_FRAME_INVALID for an unknown reason, reserved bits set or text that is not UTF-8."""
+    at = HEADER_BYTES
+    communicator = bytes(buf[at:at + 16])
+    reason, reserved = struct.unpack_from("<II", buf, at + 16)
+    if reason not in NCCL_ABORT_REASONS or reserved != 0:
+        raise frame_invalid(f"NCCL_ABORT with reason {reason} and reserved {reserved}")
+    try:
+        text = bytes(buf[at + NCCL_ABORT_HEAD_BYTES:at + payload_length]).decode("utf-8")
+    except UnicodeDecodeError:
+        raise frame_invalid("NCCL_ABORT text that is not UTF-8") from None
+    return communicator, reason, text

@@ -3,6 +3,12 @@
 messages. A handler turns a value into bytes plus fds on the sending side (``encode``) and rebuilds
 it on the receiving side (``decode``); the registry here is what the message encoder and decoder
 look values and record kinds up in.
+
+Each handler says which links it serves (``transports``): 'unix' links between processes of one
+machine pass fds and CUDA IPC handles; 'tcp' links between machines carry neither (PROTOCOL.md 1.1),
+so a HostBuffer travels there as a copy of its bytes (host_bytes.py) and device memory needs a
+handler that moves it over NCCL. A value no handler of the link's transport takes is refused with
+ERR_NOT_TRANSFERABLE, and the message names what to send instead (``instead``).
 """
 from __future__ import annotations
 
@@ -45,6 +51,14 @@ class TransferHandler(Generic[T]):
     a ``TransferHandler[T]`` sends values of type T (those ``can_transfer`` says yes to)."""
 
     kind: str = ""
+    #: The links this handler's records travel on: 'unix' (one machine) and/or 'tcp' (between
+    #: machines, TLS included: no fds, and nothing that only means something on this machine).
+    transports: frozenset[str] = frozenset({"unix"})
+
+    def instead(self, transport: str) -> str:
+        """What to send instead of this handler's values on a ``transport`` link it does not serve."""
+        return (f"a '{self.kind}' carries file descriptors or handles that only mean something on this machine; "
+                "copy the data into bytes or a HostBuffer (a TCP link copies those)")
 
     def can_transfer(self, value: object) -> bool:
         raise NotImplementedError
@@ -83,10 +97,20 @@ def unregister_transfer_handler(kind: str) -> bool:
     return True
 
 
-def handler_for_value(value: object) -> TransferHandler[Any] | None:
+def handler_for_value(value: object, transport: str = "unix") -> TransferHandler[Any] | None:
+    """The first handler (in registration order) that serves ``transport`` and takes ``value``."""
     for h in _handlers:
-        if h.can_transfer(value):
+        if transport in h.transports and h.can_transfer(value):
             return h
+    return None
+
+
+def not_on_transport(value: object, transport: str) -> str | None:
+    """Why ``value`` cannot travel on a ``transport`` link though a handler of another transport takes
+    it, and what to send instead (None when no handler takes it at all)."""
+    for h in _handlers:
+        if transport not in h.transports and h.can_transfer(value):
+            return h.instead(transport)
     return None
 
 

@@ -1,11 +1,12 @@
 """Link: one connection between two processes over a Unix SOCK_SEQPACKET socket, carrying structured
 messages with file descriptors, the same protocol as the Node side (docs/PROTOCOL.md; src/link/link.ts).
+Between machines a TcpLink (stream.py) carries the same frames over TCP, without fds.
 
 ``parent_link()`` in a process started by Node's ``spawnPython``/``spawn`` (spawn.py); ``connect(name)``
-to a Node ``listen(name)`` (listener.py). The API is synchronous: ``send`` writes one frame, ``receive``
-blocks (with an optional timeout) and processes control frames (RELEASE, GOODBYE, ...) as they come. A
-process that only sends can call ``poll()`` now and then so that the peer's releases and departure
-are noticed.
+to a Node ``listen(name)`` (listener.py); ``connect('tcp://host:port', token=...)`` (tcp.py). The API is
+synchronous: ``send`` writes one frame, ``receive`` blocks (with an optional timeout) and processes
+control frames (RELEASE, GOODBYE, ...) as they come. A process that only sends can call ``poll()`` now
+and then so that the peer's releases and departure are noticed.
 
 The link holds the state and runs the handshake, the reading and the close; its parts do one job
 each: sending (outbox.py), messages read ahead of receive() (inbox.py), encoding and decoding
@@ -22,7 +23,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Iterator, NamedTuple
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 from ..errors import IpcError
 from . import frame as fr
@@ -37,8 +38,12 @@ from .large_message import (
 from .message_decoder import decode_message, lease_ids_of
 from .message_encoder import encode_message
 from .message_format import Malformed
+from .nccl_abort import NcclAbortHook, dispatch_nccl_abort
 from .outbox import Outbox, flusher
 from .socket_path import MY_UID as _MY_UID
+
+if TYPE_CHECKING:
+    from .stream import RemoteAddress
 
 _ANC_BYTES = socket.CMSG_SPACE(4 * fr.MAX_FDS) + socket.CMSG_SPACE(struct.calcsize("3i"))
 # Plain ints: the socket module's IntFlag members cost microseconds per operation.
@@ -83,19 +88,22 @@ class Link:
     ERR_PEER_GONE.
     """
 
+    #: The HELLO feature bits this side sends (PROTOCOL.md 3).
+    _features = fr.OUR_FEATURES
+
     def __init__(self, sock: socket.socket, *, peer_name: str, verify_peer: bool = False,
                  allow_uids: Iterable[int] = (), max_message_bytes: int | None = None, _token: object = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "Link cannot be constructed directly; use parent_link() or connect()")
         self._sock = sock
         self._fd = sock.fileno()
-        self._peer_name = peer_name
+        self._peer_name: str = peer_name
         self._allow_uids = tuple(allow_uids)
         #: The largest message (payload bytes) this link sends or accepts; larger than a frame, it
         #: travels in a sealed memfd (PROTOCOL.md 3.1).
         self.max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES if max_message_bytes is None else check_max_message_bytes(max_message_bytes)
         #: The peer's HELLO features; until it arrives (a child may send first) large messages are assumed.
-        self._peer_features = fr.FEATURE_LARGE_MESSAGES
+        self._peer_features: int = fr.FEATURE_LARGE_MESSAGES
         self._state = "handshaking"
         self._reason: IpcError | None = None
         self._closed_by: str | None = None
@@ -107,11 +115,8 @@ class Link:
         #: poll() stops reading ahead at this many unreceived messages: the rest waits in the socket
         #: (and the peer's sends wait), so a peer that floods cannot grow this process without bound.
         self.inbox_limit = INBOX_LIMIT
-        self._rbuf = bytearray(fr.MAX_FRAME_BYTES)
-        self._rview = memoryview(self._rbuf)
         self._leases_out = OutgoingLeases()
         self._leases_in = IncomingLeases(self._lease_ended)
-        self._outbox = Outbox(sock, peer_name, self._leases_in)
         # The thread that received the last message and has not used the link since: the releases
         # of what it closes meanwhile go out after its next link call (its reply first), as Node
         # sends them on a microtask after the handler's reply.
@@ -119,6 +124,15 @@ class Link:
         #: Per-link state of transfer handlers (pools sent/received), dropped at close.
         self.handler_state: dict[str, Any] = {}
         self._close_hooks: list[CloseHook] = []
+        #: What receives the peer's NCCL_ABORT frames (nccl_abort.py; TCP links only).
+        self._nccl_abort_hooks: list[NcclAbortHook] = []
+        self._start(sock, verify_peer)
+
+    def _start(self, sock: socket.socket, verify_peer: bool) -> None:
+        """The socket's own part of __init__: the peer's credentials, the uid check, HELLO (a TcpLink's differs)."""
+        self._rbuf = bytearray(fr.MAX_FRAME_BYTES)
+        self._rview = memoryview(self._rbuf)
+        self._outbox: Outbox = Outbox(sock, self._peer_name, self._leases_in)
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         self._peer = PeerCredentials(*struct.unpack("3i", raw))
         if verify_peer and self._peer.uid != _MY_UID and self._peer.uid not in self._allow_uids:
@@ -132,6 +146,21 @@ class Link:
     def peer(self) -> PeerCredentials:
         """The peer's pid/uid/gid (SO_PEERCRED)."""
         return self._peer
+
+    @property
+    def remote(self) -> RemoteAddress | None:
+        """A TCP link's peer: (address, port, family 'IPv4' or 'IPv6'); None on a Unix socket."""
+        return None
+
+    @property
+    def transport(self) -> str:
+        """'unix' (a Unix socket: fds pass, memory is shared) or 'tcp' (TLS included: no fds, bytes are copied)."""
+        return "unix"
+
+    @property
+    def tls(self) -> bool:
+        """True for a TCP link inside TLS (a tls:// address)."""
+        return False
 
     @property
     def state(self) -> str:
@@ -230,7 +259,7 @@ class Link:
     def _send_hello(self) -> None:
         self._hello_sent = True
         try:
-            self._outbox.send(fr.hello_frame())
+            self._outbox.send(fr.hello_frame(self._features))
         except IpcError:
             pass  # the peer is gone already; the receive side reports it
 
@@ -340,7 +369,7 @@ class Link:
                 if flags & _CTRUNC else
                 IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a record larger than {fr.MAX_FRAME_BYTES} bytes"), "local")
             return True
-        self._on_record(nbytes, fds)
+        self._on_record(self._rview, nbytes, fds)
         return True
 
     def _fds_lost_here(self, length: int) -> bool:
@@ -378,17 +407,17 @@ class Link:
         self._inbox.append((False, error))
         return True
 
-    def _on_record(self, length: int, fds: list[int]) -> None:
-        buf = self._rview
+    def _on_record(self, buf: memoryview, length: int, fds: list[int]) -> None:
+        """Handles one frame of ``length`` bytes in ``buf`` that came with ``fds`` (owned from here)."""
         try:
             ftype, flags, payload_length = fr.parse_header(buf, length, len(fds))
         except IpcError as e:
             close_fds(fds)
             self._shutdown(e, "local")
             return
-        if ftype in (fr.MESSAGE, fr.RELEASE, fr.GONE) and self._state != "open":
+        if ftype in (fr.MESSAGE, fr.RELEASE, fr.GONE, fr.NCCL_ABORT) and self._state != "open":
             close_fds(fds)
-            what = "message" if ftype == fr.MESSAGE else "RELEASE" if ftype == fr.RELEASE else "GONE"
+            what = {fr.MESSAGE: "message", fr.RELEASE: "RELEASE", fr.GONE: "GONE"}.get(ftype, "NCCL_ABORT")
             self._shutdown(IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a {what} before the link handshake"), "local")
             return
         if ftype == fr.MESSAGE:
@@ -440,6 +469,11 @@ class Link:
                 return
             dispatch_gone(entries, self)
             return
+        if ftype == fr.NCCL_ABORT:
+            error = dispatch_nccl_abort(self, buf, payload_length)
+            if error is not None:
+                self._shutdown(error, "local")
+            return
         if ftype == fr.HELLO:
             if self._state != "handshaking":
                 self._shutdown(IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a second HELLO"), "local")
@@ -465,8 +499,11 @@ class Link:
     def _peer_gone(self, detail: str) -> None:
         self._shutdown(IpcError(
             "ERR_PEER_GONE",
-            f"the {self._peer_name} (pid {self._peer.pid}) went away without closing the link{detail}: it exited, crashed or was killed"),
+            f"the {self._peer_name} ({self._peer_label()}) went away without closing the link{detail}: it exited, crashed or was killed"),
             "peer")
+
+    def _peer_label(self) -> str:
+        return f"pid {self._peer.pid}"
 
     def _wait_open(self, timeout: float) -> None:
         """Reads until the peer's HELLO (connect)."""
@@ -545,7 +582,7 @@ class Link:
             self._sock.close()
 
     def __repr__(self) -> str:
-        return f"<cuda_ipc.Link {self._state} with the {self._peer_name} (pid {self._peer.pid})>"
+        return f"<cuda_ipc.Link {self._state} with the {self._peer_name} ({self._peer_label()})>"
 
 
 _CREATE = object()

@@ -270,4 +270,7 @@ def _decode_record(kind: str, data: memoryview, fds: list[int], link: Link, leas
             f"received a '{kind}' but no transfer handler for it is registered in this process; import the module "
             "that provides it (import cuda_ipc registers all of its own) before receiving",
         )
+    if link.transport not in handler.transports:
+        raise IpcError("ERR_NOT_TRANSFERABLE", f"received a '{kind}' on a {link.transport.upper()} link, where that kind "
+                       "never travels (PROTOCOL.md 1.1); the message was dropped")
     return handler.decode(data, fds, link, lease)

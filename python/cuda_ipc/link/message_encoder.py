@@ -16,7 +16,7 @@ from ..errors import IpcError
 from .fds import close_fds
 from .frame import ENC_JSON, ENC_JSON_WITH_RECORDS, ENC_RAW, HEADER_BYTES, MAX_FDS
 from .large_message import too_large_to_send
-from .handlers import TransferHandler, handler_for_value
+from .handlers import TransferHandler, handler_for_value, not_on_transport
 from .lease import next_lease_id, release_hold
 from .message_format import FORMAT_TAG, MAX_DEPTH, RECORD_TAIL, SAFE_INT, TAG_UINT8
 
@@ -28,11 +28,15 @@ if TYPE_CHECKING:
 Path = Sequence[Union[str, int]]
 
 
-def _not_transferable(what: str, path: Path) -> IpcError:
+def _where(path: Path) -> str:
     where = "".join(f"[{s}]" if isinstance(s, int) else f".{s}" for s in path)
+    return f" at {where}" if where else ""
+
+
+def _not_transferable(what: str, path: Path) -> IpcError:
     return IpcError(
         "ERR_NOT_TRANSFERABLE",
-        f"link.send: cannot send {what}{' at ' + where if where else ''}. Messages hold JSON data (dict with str "
+        f"link.send: cannot send {what}{_where(path)}. Messages hold JSON data (dict with str "
         "keys, list, tuple, str, int, finite float, bool, None), bytes, array.array, memoryview and objects with a "
         "registered transfer handler (HostBuffer, received buffers, CUDA tensors and arrays); convert other values first",
     )
@@ -67,9 +71,9 @@ class _Found:
 _PLAIN = (str, float, bool, type(None))
 
 
-def _scan(v: Any, path: list[str | int], found: list[_Found]) -> Any:
+def _scan(v: Any, path: list[str | int], found: list[_Found], transport: str) -> Any:
     """Returns ``v`` when its subtree is plain JSON, else a copy with non-JSON values replaced by None
-    (recorded in ``found`` with their paths)."""
+    (recorded in ``found`` with their paths); objects go to a handler of the link's ``transport``."""
     t = type(v)
     if t is str or t is bool or v is None:
         return v
@@ -93,7 +97,7 @@ def _scan(v: Any, path: list[str | int], found: list[_Found]) -> Any:
             if type(e) in _PLAIN or (type(e) is int and -SAFE_INT <= e <= SAFE_INT):
                 continue
             path.append(k)
-            s = _scan(e, path, found)
+            s = _scan(e, path, found, transport)
             path.pop()
             if s is not e:
                 if copy is None:
@@ -106,9 +110,13 @@ def _scan(v: Any, path: list[str | int], found: list[_Found]) -> Any:
         found.append(_Found(list(path), "@typed-array", v))
         return None
     if isinstance(v, int):  # an int subclass (e.g. IntEnum): its value
-        return _scan(int(v), path, found)
-    h = handler_for_value(v)
+        return _scan(int(v), path, found, transport)
+    h = handler_for_value(v, transport)
     if h is None:
+        elsewhere = not_on_transport(v, transport)
+        if elsewhere is not None:
+            raise IpcError("ERR_NOT_TRANSFERABLE", f"link.send: cannot send a {t.__module__}.{t.__qualname__}{_where(path)} "
+                           f"on a {transport.upper()} link: {elsewhere}")
         raise _not_transferable(f"an object of type {t.__module__}.{t.__qualname__} (no transfer handler is registered for it)", path)
     found.append(_Found(list(path), h.kind, v, h))
     return None
@@ -162,7 +170,7 @@ def encode_message(value: Any, link: Link) -> EncodedMessage:
         out += payload
         return EncodedMessage(out, [], [], [], [])
     found: list[_Found] = []
-    root = _scan(value, [], found)
+    root = _scan(value, [], found, link.transport)
     if not found:
         payload = _dumps(root)
         if len(payload) > link.max_message_bytes:
@@ -219,6 +227,9 @@ def _write_record(f: _Found, out: bytearray, msg: EncodedMessage, link: Link) ->
             msg.holds.append((lease_id, enc.hold))
         if enc.on_commit is not None:
             msg.commits.append(enc.on_commit)
+        if fds and link.transport != "unix":
+            raise IpcError("ERR_NOT_TRANSFERABLE", f"link.send: the '{f.kind}' transfer handler returned file descriptors, "
+                           f"which a {link.transport.upper()} link cannot carry")
         data = bytes(enc.data)
         if enc.kind is not None:
             f.kind = enc.kind

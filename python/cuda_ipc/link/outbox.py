@@ -106,11 +106,15 @@ class Outbox:
                 ids = leases.take_pending()
                 for i in range(0, len(ids), fr.MAX_RELEASE_IDS):
                     try:
-                        self._sock.sendmsg([fr.release_frame(ids[i:i + fr.MAX_RELEASE_IDS])], [], _NOSIGNAL)
+                        self._write_release(fr.release_frame(ids[i:i + fr.MAX_RELEASE_IDS]))
                     except OSError:
                         return  # the link is going away: its close ends every lease on the sender's side
             finally:
                 self._lock.release()
+
+    def _write_release(self, frame: bytes) -> None:
+        """Writes one RELEASE frame, the send lock held (a stream link writes it its own way)."""
+        self._sock.sendmsg([frame], [], _NOSIGNAL)
 
 
 class ReleaseFlusher:

@@ -1,0 +1,677 @@
+"""TCP links between two Python ends on 127.0.0.1 (docs/PROTOCOL.md 1.1, 2.3): messages of every
+encoding and past a frame, host buffers arriving as copies, values that need fds refused, the token
+(wrong, missing, from the environment), a listener that silent connections do not hold up, a peer
+killed in the middle of a message, backpressure, TLS, and no fd left behind. Standard library only."""
+import array
+import gc
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+import cuda_ipc
+from cuda_ipc import HostArray, HostBuffer, IpcError, share_tensors
+from cuda_ipc.link import TOKEN_ENV, NcclAbort, frame as fr, on_nccl_abort, peer_takes_nccl, send_nccl_abort
+from cuda_ipc.link.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
+from cuda_ipc.link.lease import Hold
+from cuda_ipc.link.tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, challenge, proof, read_challenge
+
+from .test_link import open_fds, pair
+
+TOKEN = "test-token-" + "0123456789abcdef"
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def linked(server, token=TOKEN, **options):
+    """(the listener's link, the connector's link) of one connection to ``server``."""
+    out = {}
+
+    def dial():
+        try:
+            out["link"] = cuda_ipc.connect(server.url, token=token, timeout=5, **options)
+        except BaseException as e:  # noqa: BLE001 - reported by the caller
+            out["error"] = e
+    t = threading.Thread(target=dial)
+    t.start()
+    accepted = None
+    try:
+        deadline = time.monotonic() + 10
+        while accepted is None and time.monotonic() < deadline and (t.is_alive() or "link" in out):
+            try:
+                accepted = server.accept(timeout=0.1)
+            except IpcError as e:
+                if e.code != "ERR_TIMEOUT":
+                    raise
+    finally:
+        t.join(10)
+    if "error" in out:
+        if accepted is not None:
+            accepted.close()
+        raise out["error"]
+    assert accepted is not None, "the listener accepted no link"
+    return accepted, out["link"]
+
+
+class InThread:
+    """Runs ``fn()`` in a thread; ``result()`` joins it and returns its value (or raises its error)."""
+
+    def __init__(self, fn):
+        self._out = {}
+        self._thread = threading.Thread(target=self._run, args=(fn,))
+        self._thread.start()
+
+    def _run(self, fn):
+        try:
+            self._out["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised by result()
+            self._out["error"] = e
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self):
+        self._thread.join(60)
+        if "error" in self._out:
+            raise self._out["error"]
+        return self._out.get("value")
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise EOFError(f"the connection ended after {len(data)} of {n} bytes")
+        data += chunk
+    return data
+
+
+def read_to_end(sock: socket.socket) -> bytes:
+    """Everything until the peer closes (a reset counts as the end); fails after 5 s without the end."""
+    sock.settimeout(5)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    return data
+
+
+def raw_client(port: int, token: str = TOKEN, hello: bool = True) -> socket.socket:
+    """A raw socket that authenticates as a connector (PROTOCOL.md 2.3) and says HELLO."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    nonce = secrets.token_bytes(32)
+    s.sendall(challenge(ROLE_CONNECTOR, nonce))
+    listener_nonce = read_challenge(recv_exact(s, 48), ROLE_LISTENER, "listener")
+    secret = token.encode()
+    s.sendall(proof(secret, ROLE_CONNECTOR, listener_nonce, nonce))
+    assert recv_exact(s, 32) == proof(secret, ROLE_LISTENER, listener_nonce, nonce)
+    if hello:
+        s.sendall(fr.hello_frame(fr.OUR_FEATURES | fr.FEATURE_NCCL))
+    return s
+
+
+def raw_accepted(server, **kw):
+    """(the listener's link, a raw authenticated socket at the other end whose HELLO it read)."""
+    out = {}
+    t = threading.Thread(target=lambda: out.update(link=server.accept(timeout=5)))
+    t.start()
+    raw = raw_client(int(server.url.rsplit(":", 1)[1]), **kw)
+    t.join(10)
+    head = recv_exact(raw, 24)
+    assert head[5] == fr.HELLO and int.from_bytes(head[16:20], "little") == fr.OUR_FEATURES | fr.FEATURE_NCCL, head
+    return out["link"], raw
+
+
+class _FakeCudaArray:
+    """Looks like device memory to the encoder (it is never encoded: the TCP link refuses it first)."""
+
+    __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+
+class TcpLinkTests(unittest.TestCase):
+    def setUp(self):
+        self.fds = open_fds()
+        self.server = cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN)
+
+    def tearDown(self):
+        self.server.close()
+        gc.collect()
+        self.assertEqual(open_fds() - self.fds, set(), "fds leaked by the test")
+
+    def test_messages_of_every_encoding_cross_both_ways(self):
+        self.assertRegex(self.server.url, r"^tcp://127\.0\.0\.1:[0-9]+$")
+        a, b = linked(self.server)
+        with a, b:
+            self.assertEqual((a.transport, b.transport, a.tls), ("tcp", "tcp", False))
+            port = int(self.server.url.rsplit(":", 1)[1])
+            self.assertEqual(b.remote, cuda_ipc.RemoteAddress("127.0.0.1", port, "IPv4"))
+            self.assertEqual((a.remote.address, a.remote.family), ("127.0.0.1", "IPv4"))
+            self.assertEqual(a.remote.port, b._conn.sock.getsockname()[1])
+            for link in (a, b):
+                with self.assertRaises(IpcError) as cm:
+                    link.peer
+                self.assertEqual(cm.exception.code, "ERR_UNSUPPORTED")
+                self.assertIn("link.remote", str(cm.exception))
+            values = [
+                {"text": "héllo ✓", "n": 3.5, "neg": -7, "list": [1, "two", [3, {"four": 4}]], "none": None, "flag": True},
+                None, 42, 2.5, "just a string", [],
+                b"raw bytes \x00\xff", bytes(range(256)) * 4,
+                {"big": 2**80, "small": -(2**70), "f64": array.array("d", [1.5, -2.0]), "i16": array.array("h", [-3, 7]),
+                 "u8": b"\x01\x02", "deep": [[[{"x": array.array("I", [1, 2, 3])}]]]},
+            ]
+            for v in values:
+                a.send(v)
+                self.assertEqual(b.receive(timeout=5), v)
+                b.send(v)
+                self.assertEqual(a.receive(timeout=5), v)
+            self.assertEqual(a.leases.count + b.leases.count + a.received_leases + b.received_leases, 0)
+
+    def test_messages_past_a_frame_travel_inline_both_ways(self):
+        a, b = linked(self.server)
+        with a, b:
+            raw = os.urandom(5 << 20)
+            table = {f"layer.{i}.weight": {"shape": [i % 7 + 1, 64], "offset": i * 4096} for i in range(8000)}
+            mixed = {"blob": raw[:300_000], "n": 2**64, "table": table}
+            for v in (raw, table, mixed):
+                # A send past the socket buffers waits for the peer to read (nothing spills to a memfd).
+                sent = InThread(lambda: a.send(v))
+                self.assertEqual(b.receive(timeout=20), v)
+                sent.result()
+                sent = InThread(lambda: b.send(v))
+                self.assertEqual(a.receive(timeout=20), v)
+                sent.result()
+            # Many frames in flight at once, read back in order.
+            for i in range(200):
+                a.send({"i": i, "pad": "x" * (i * 37)})
+            self.assertEqual([b.receive(timeout=5)["i"] for _ in range(200)], list(range(200)))
+
+    def test_a_message_over_the_receivers_bound_is_refused_before_its_payload(self):
+        server = cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN, max_message_bytes=1 << 20)
+        with server:
+            a, b = linked(server)
+            with a, b:
+                b.send(b"x" * (2 << 20))  # b's own bound is 1 GiB
+                with self.assertRaises(IpcError) as cm:
+                    a.receive(timeout=5)
+                self.assertEqual(cm.exception.code, "ERR_MESSAGE_TOO_LARGE")
+                with self.assertRaises(IpcError) as cm:
+                    b.receive(timeout=5)
+                self.assertEqual(cm.exception.code, "ERR_MESSAGE_TOO_LARGE", "REFUSE reason 3 told the sender")
+                self.assertTrue(a.closed and b.closed)
+
+    def test_a_host_buffer_arrives_as_a_copy_with_its_bytes(self):
+        a, b = linked(self.server)
+        with a, b:
+            h = HostBuffer.allocate(1 << 20)
+            h.write(bytes(i & 255 for i in range(1 << 16)) * 16)
+            view = h.view(1000, 300_000)
+            a.send({"whole": h, "view": view, "pair": [view, 7]})
+            got = b.receive(timeout=10)
+            for name, sent in (("whole", h), ("view", view)):
+                r = got[name]
+                self.assertIsInstance(r, HostBuffer)
+                self.assertEqual(r.nbytes, sent.nbytes)
+                self.assertEqual(r.read(), sent.read(), name)
+                self.assertNotEqual(os.fstat(r.fd).st_ino, os.fstat(h.fd).st_ino, "a memfd of the receiver's own")
+            self.assertEqual(got["pair"][0].read(), view.read())
+            self.assertEqual(a.leases.count, 0, "a copy is not leased")
+            self.assertEqual(b.received_leases, 0)
+            got["whole"].fill(0)
+            self.assertNotEqual(h.read(0, 4), b"\x00" * 4, "the two buffers are unrelated")
+            h.fill(5)
+            self.assertEqual(got["view"].read(0, 4), bytes([1000 & 255, 1001 & 255, 1002 & 255, 1003 & 255]),
+                             "the copy holds the bytes of the moment it was sent")
+            for r in (got["whole"], got["view"], got["pair"][0]):
+                r.close()
+            view.close()
+            h.close()
+
+    def test_values_that_need_fds_are_refused_with_what_to_send_instead(self):
+        a, b = linked(self.server)
+        ha = HostArray.allocate("float32", (4,))
+        with a, b:
+            with self.assertRaises(IpcError) as cm:
+                a.send({"x": [_FakeCudaArray()]})
+            self.assertEqual(cm.exception.code, "ERR_NOT_TRANSFERABLE")
+            self.assertIn("NCCL", str(cm.exception))
+            self.assertIn(".x[0]", str(cm.exception))
+            with self.assertRaises(IpcError) as cm:
+                a.send(share_tensors({"w": ha}))
+            self.assertEqual(cm.exception.code, "ERR_NOT_TRANSFERABLE")
+            self.assertIn("HostBuffer", str(cm.exception))
+            a.send("still open")
+            self.assertEqual(b.receive(timeout=5), "still open")
+        ha.close()
+
+    def test_a_closed_peer_and_a_vanished_peer(self):
+        a, b = linked(self.server)
+        b.close()
+        with self.assertRaises(IpcError) as cm:
+            a.receive(timeout=5)
+        self.assertEqual(cm.exception.code, "ERR_LINK_CLOSED")
+        a.close()
+        link, raw = raw_accepted(self.server)
+        raw.close()  # no GOODBYE
+        with self.assertRaises(IpcError) as cm:
+            link.receive(timeout=5)
+        self.assertEqual(cm.exception.code, "ERR_PEER_GONE")
+        self.assertIn("127.0.0.1", str(cm.exception))
+        link.close()
+
+    def test_nccl_abort_reaches_the_peers_hook(self):
+        a, b = linked(self.server)
+        with a, b:
+            seen = []
+            remove = on_nccl_abort(b, lambda link, abort: seen.append((link, abort)))
+            comm = secrets.token_bytes(16)
+            send_nccl_abort(a, comm, 2, "ncclSend failed: " + "é" * 600)  # cut to 1024 bytes at a character
+            a.send("after")
+            self.assertEqual(b.receive(timeout=5), "after")
+            self.assertEqual(len(seen), 1)
+            link, abort = seen[0]
+            self.assertIs(link, b)
+            self.assertEqual(abort, NcclAbort(comm, 2, ("ncclSend failed: " + "é" * 600).encode()[:1024].decode("utf-8", "ignore")))
+            self.assertLessEqual(len(abort.text.encode()), 1024)
+            remove()
+            send_nccl_abort(a, comm, 1)  # nobody listens: ignored
+            a.send("again")
+            self.assertEqual(b.receive(timeout=5), "again")
+            self.assertEqual(len(seen), 1)
+            with self.assertRaises(ValueError):
+                send_nccl_abort(a, comm, 4)
+            with self.assertRaises(TypeError):
+                send_nccl_abort(a, comm[:8], 1)
+        ua, ub = pair()
+        with ua, ub:
+            with self.assertRaises(IpcError) as cm:
+                send_nccl_abort(ua, comm, 1)
+            self.assertEqual(cm.exception.code, "ERR_UNSUPPORTED")
+
+    def test_leases_work_on_tcp_for_a_handler_that_serves_it(self):
+        # How the NCCL layer's records travel: a handler of the 'tcp' transport, leased to the peer.
+        released = []
+
+        class Ticket:
+            def __init__(self, n, lease=None):
+                self.n, self.lease = n, lease
+
+            def close(self):
+                self.lease.end()
+
+        class TicketTransfer(TransferHandler):
+            kind = "tcp-ticket-test"
+            transports = frozenset({"tcp"})
+
+            def can_transfer(self, value):
+                return isinstance(value, Ticket)
+
+            def encode(self, value, link):
+                return TransferEncoding(data=bytes([value.n]), hold=Hold(lambda: released.append(value.n), 1))
+
+            def decode(self, data, fds, link, lease):
+                return Ticket(data[0], lease)
+
+        register_transfer_handler(TicketTransfer())
+        try:
+            a, b = linked(self.server)
+            with a, b:
+                self.assertTrue(peer_takes_nccl(a) and peer_takes_nccl(b))
+                a.send({"t": Ticket(7), "u": Ticket(8)})
+                got = b.receive(timeout=5)
+                self.assertEqual((got["t"].n, got["u"].n, a.leases.count, b.received_leases), (7, 8, 2, 2))
+                got["t"].close()
+                b.poll()
+                deadline = time.monotonic() + 5
+                while a.leases.count != 1 and time.monotonic() < deadline:
+                    select.select([a], [], [], 0.05)
+                    a.poll()
+                self.assertEqual((released, a.leases.count), ([7], 1), "the RELEASE crossed")
+                ua, ub = pair()
+                with ua, ub, self.assertRaises(IpcError) as cm:
+                    ua.send(Ticket(1))  # not a handler of Unix links
+                self.assertEqual(cm.exception.code, "ERR_NOT_TRANSFERABLE")
+            self.assertEqual(sorted(released), [7, 8], "closing the link ended the other lease")
+        finally:
+            unregister_transfer_handler("tcp-ticket-test")
+
+    def test_backpressure_a_send_that_times_out_sends_nothing_and_the_link_goes_on(self):
+        a, b = linked(self.server)
+        with a, b:
+            sent = 0
+            while True:
+                try:
+                    a.send({"i": sent, "pad": "p" * 200}, timeout=0.2)
+                except IpcError as e:
+                    self.assertEqual(e.code, "ERR_TIMEOUT")
+                    break
+                sent += 1
+                self.assertLess(sent, 10_000_000)
+            self.assertFalse(a.closed)
+            self.assertEqual([b.receive(timeout=5)["i"] for _ in range(sent)], list(range(sent)))
+            a.send("next")
+            self.assertEqual(b.receive(timeout=5), "next")
+
+
+class TcpTokenTests(unittest.TestCase):
+    def setUp(self):
+        self.fds = open_fds()
+        self.saved = os.environ.pop(TOKEN_ENV, None)
+
+    def tearDown(self):
+        if self.saved is not None:
+            os.environ[TOKEN_ENV] = self.saved
+        gc.collect()
+        self.assertEqual(open_fds() - self.fds, set(), "fds leaked by the test")
+
+    def test_a_wrong_token_fails_on_both_sides_and_nothing_is_delivered(self):
+        with cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN) as server:
+            out = {}
+            t = threading.Thread(target=lambda: out.update(accept=self._accept_error(server)))
+            t.start()
+            with self.assertRaises(IpcError) as cm:
+                cuda_ipc.connect(server.url, token="another-token-0123456789", timeout=5)
+            t.join(10)
+            self.assertEqual(cm.exception.code, "ERR_AUTH_FAILED")
+            self.assertEqual(out["accept"], "ERR_TIMEOUT", "no link came out of it")
+            self.assertEqual(server.refused, 1)
+            self.assertEqual(server.last_refusal.code, "ERR_AUTH_FAILED")
+            # A raw peer that proves a wrong token and sends a frame anyway: the listener closes
+            # before a byte of it is read, and sends no HELLO.
+            port = int(server.url.rsplit(":", 1)[1])
+            t = threading.Thread(target=lambda: out.update(accept=self._accept_error(server)))
+            t.start()
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            nonce = secrets.token_bytes(32)
+            s.sendall(challenge(ROLE_CONNECTOR, nonce))
+            listener_nonce = read_challenge(recv_exact(s, 48), ROLE_LISTENER, "listener")
+            s.sendall(proof(b"wrong-token-0123456789", ROLE_CONNECTOR, listener_nonce, nonce) + fr.hello_frame()
+                      + fr.header(fr.MESSAGE, fr.ENC_JSON, 2, 0) + b"{}")
+            rest = read_to_end(s)
+            s.close()
+            t.join(10)
+            self.assertEqual(len(rest), 32, "only the listener's proof came, then the connection closed")
+            self.assertEqual(out["accept"], "ERR_TIMEOUT")
+            self.assertEqual(server.last_refusal.code, "ERR_AUTH_FAILED")
+
+    def _accept_error(self, server) -> str:
+        try:
+            server.accept(timeout=1.0).close()
+            return "a link"
+        except IpcError as e:
+            return e.code
+
+    def test_a_missing_or_short_token_fails_at_once_and_sends_nothing(self):
+        raw = socket.socket()
+        raw.bind(("127.0.0.1", 0))
+        raw.listen(4)
+        raw.settimeout(0.2)
+        url = f"tcp://127.0.0.1:{raw.getsockname()[1]}"
+        try:
+            for token in (None, "", "short", b"15 bytes long!!"):
+                with self.subTest(token=token):
+                    with self.assertRaises(IpcError) as cm:
+                        cuda_ipc.connect(url, token=token)
+                    self.assertEqual(cm.exception.code, "ERR_AUTH_FAILED")
+                    with self.assertRaises(IpcError) as cm:
+                        cuda_ipc.listen("tcp://127.0.0.1:0", token=token)
+                    self.assertEqual(cm.exception.code, "ERR_AUTH_FAILED")
+            with self.assertRaises(socket.timeout):
+                raw.accept()  # no connection was even made
+        finally:
+            raw.close()
+
+    def test_the_token_comes_from_the_environment_and_an_argument_wins(self):
+        os.environ[TOKEN_ENV] = TOKEN
+        with cuda_ipc.listen("tcp://127.0.0.1:0") as server:
+            a, b = linked(server, token=None)
+            with a, b:
+                a.send("via the environment")
+                self.assertEqual(b.receive(timeout=5), "via the environment")
+            os.environ[TOKEN_ENV] = "not-the-listeners-token"
+            with self.assertRaises(IpcError) as cm:
+                linked(server, token=None)
+            self.assertEqual(cm.exception.code, "ERR_AUTH_FAILED")
+            a, b = linked(server, token=TOKEN.encode())
+            a.close()
+            b.close()
+
+
+class TcpListenerTests(unittest.TestCase):
+    def setUp(self):
+        self.fds = open_fds()
+
+    def tearDown(self):
+        gc.collect()
+        self.assertEqual(open_fds() - self.fds, set(), "fds leaked by the test")
+
+    def test_silent_connections_do_not_hold_up_another_client(self):
+        with cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN, handshake_timeout=2, max_pending=4) as server:
+            port = int(server.url.rsplit(":", 1)[1])
+            silent = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(2)]
+            silent[1].sendall(challenge(ROLE_CONNECTOR, bytes(32))[:20])  # half a challenge
+            half = InThread(lambda: raw_client(port, hello=False))  # authenticated, then nothing
+            a, b = linked(server)
+            a.send("through")
+            self.assertEqual(b.receive(timeout=5), "through")
+            a.close()
+            b.close()
+            while not half.done:
+                with self.assertRaises(IpcError):
+                    server.accept(timeout=0.05)  # the listener's side of the authentication runs in accept()
+            half = half.result()
+            silent.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            while server.pending < 4:
+                with self.assertRaises(IpcError):
+                    server.accept(timeout=0.05)
+            extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+            with self.assertRaises(IpcError):
+                server.accept(timeout=0.2)
+            self.assertEqual(extra.recv(100), b"", "over max_pending: closed at once")
+            self.assertEqual(server.last_refusal.code, "ERR_LIMIT_REACHED")
+            time.sleep(2.1)
+            with self.assertRaises(IpcError) as cm:
+                server.accept(timeout=0)
+            self.assertEqual(cm.exception.code, "ERR_TIMEOUT")
+            self.assertEqual(server.pending, 0, "each silent connection was dropped at its handshake timeout")
+            self.assertEqual(server.last_refusal.code, "ERR_TIMEOUT")
+            for s in silent:
+                self.assertEqual(len(read_to_end(s)), 48, "the listener's challenge, then the end: no HELLO")
+            self.assertEqual(read_to_end(half), fr.hello_frame(fr.OUR_FEATURES | fr.FEATURE_NCCL) + fr.goodbye_frame(),
+                             "after the proofs the listener's HELLO, then (no HELLO back) its GOODBYE and the end")
+            for s in silent + [half, extra]:
+                s.close()
+
+    def test_close_from_another_thread_ends_accept_and_iteration(self):
+        server = cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN)
+        got = []
+
+        def serve():
+            for link in server:
+                got.append(link.receive(timeout=5))
+                link.close()
+            got.append("done")
+        t = threading.Thread(target=serve)
+        t.start()
+        with cuda_ipc.connect(server.url, token=TOKEN) as link:
+            link.send("one")
+        time.sleep(0.1)
+        server.close()
+        t.join(5)
+        self.assertFalse(t.is_alive())
+        self.assertEqual(got, ["one", "done"])
+        with self.assertRaises(IpcError) as cm:
+            server.accept(timeout=1)
+        self.assertEqual(cm.exception.code, "ERR_LINK_CLOSED")
+
+    def test_addresses_are_checked_and_written_out(self):
+        for bad in ("tcp://localhost:0", "tcp://127.0.0.1", "tcp://127.0.0.1:70000", "tcp://::1:5000", "udp://127.0.0.1:1",
+                    "tcp://[::g]:1", "tcp://user@127.0.0.1:1", "tcp://127.0.0.1:1/path"):
+            with self.subTest(bad=bad):
+                with self.assertRaises(IpcError) as cm:
+                    cuda_ipc.listen(bad, token=TOKEN)
+                self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
+        with self.assertRaises(IpcError) as cm:
+            cuda_ipc.connect("tcp://127.0.0.1:0", token=TOKEN)
+        self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
+        with self.assertRaises(TypeError):
+            cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN, cert="x.pem")
+        with self.assertRaises(TypeError):
+            cuda_ipc.listen("a-name", token=TOKEN)
+        with cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN) as server:
+            with self.assertRaises(IpcError) as cm:
+                cuda_ipc.listen(server.url, token=TOKEN)
+            self.assertEqual(cm.exception.code, "ERR_ADDRESS_IN_USE")
+            port = server.url.rsplit(":", 1)[1]
+        with self.assertRaises(IpcError) as cm:
+            cuda_ipc.connect(f"tcp://127.0.0.1:{port}", token=TOKEN, timeout=0)
+        self.assertEqual(cm.exception.code, "ERR_NO_LISTENER")
+        with self.assertRaises(IpcError) as cm:
+            cuda_ipc.connect(f"tcp://127.0.0.1:{port}", token=TOKEN, timeout=0.2)
+        self.assertEqual(cm.exception.code, "ERR_TIMEOUT")
+
+    def test_ipv6_loopback(self):
+        try:
+            server = cuda_ipc.listen("tcp://[::1]:0", token=TOKEN)
+        except (IpcError, OSError) as e:
+            self.skipTest(f"no IPv6 loopback here: {e}")
+        with server:
+            self.assertRegex(server.url, r"^tcp://\[::1\]:[0-9]+$")
+            a, b = linked(server)
+            with a, b:
+                self.assertEqual(b.remote.family, "IPv6")
+                self.assertEqual(b.remote.address, "::1")
+                a.send({"over": "IPv6"})
+                self.assertEqual(b.receive(timeout=5), {"over": "IPv6"})
+
+    def test_many_links_leave_no_fd_behind(self):
+        with cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN) as server:
+            for i in range(40):
+                a, b = linked(server)
+                h = HostBuffer.allocate(4096)
+                h.fill(i)
+                b.send({"i": i, "h": h})
+                got = a.receive(timeout=5)
+                self.assertEqual(got["h"].read(0, 2), bytes([i, i]))
+                got["h"].close()
+                h.close()
+                (a if i % 2 else b).close()
+                (b if i % 2 else a).close()
+
+    def test_a_peer_killed_in_the_middle_of_a_message(self):
+        with cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN) as server:
+            code = ("import cuda_ipc\n"
+                    f"link = cuda_ipc.connect({server.url!r}, token={TOKEN!r})\n"
+                    "link.send(bytes(64 << 20))\n")
+            child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": PACKAGE_DIR})
+            try:
+                link = server.accept(timeout=10)
+                # Its message is arriving: the child waits in send() for this side to read on.
+                self.assertTrue(select.select([link], [], [], 10)[0])
+                time.sleep(0.1)
+                os.kill(child.pid, signal.SIGKILL)
+                child.wait(10)
+            finally:
+                if child.poll() is None:
+                    child.kill()
+                    child.wait()
+            with self.assertRaises(IpcError) as cm:
+                link.receive(timeout=10)
+            self.assertEqual(cm.exception.code, "ERR_PEER_GONE")
+            self.assertIn("middle of a frame", str(cm.exception))
+            link.close()
+
+
+def _openssl_cert(directory: str) -> tuple[str, str] | None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return None
+    cert, key = os.path.join(directory, "cert.pem"), os.path.join(directory, "key.pem")
+    r = subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                        "-keyout", key, "-out", cert, "-days", "2", "-subj", "/CN=localhost",
+                        "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"], capture_output=True)
+    return (cert, key) if r.returncode == 0 else None
+
+
+class TlsTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.mkdtemp()
+        cls.files = _openssl_cert(cls.dir)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.dir)
+
+    def setUp(self):
+        if self.files is None:
+            self.skipTest("no openssl command to make a test certificate")
+        self.fds = open_fds()
+
+    def tearDown(self):
+        gc.collect()
+        self.assertEqual(open_fds() - self.fds, set(), "fds leaked by the test")
+
+    def test_a_tls_link_carries_messages_and_host_buffers(self):
+        cert, key = self.files
+        with cuda_ipc.listen("tls://127.0.0.1:0", token=TOKEN, cert=cert, key=key) as server:
+            self.assertTrue(server.url.startswith("tls://127.0.0.1:"))
+            a, b = linked(server, ca=cert)
+            with a, b:
+                self.assertTrue(a.tls and b.tls)
+                self.assertEqual(a.transport, "tcp")
+                raw = os.urandom(3 << 20)
+                h = HostBuffer.allocate(100_000)
+                h.write(raw[:100_000])
+                b.send({"raw": raw, "h": h})
+                got = a.receive(timeout=20)
+                self.assertEqual(got["raw"], raw)
+                self.assertEqual(got["h"].read(), raw[:100_000])
+                got["h"].close()
+                h.close()
+                for i in range(300):
+                    a.send(i)
+                self.assertEqual([b.receive(timeout=5) for _ in range(300)], list(range(300)))
+            # A connector that does not trust the certificate fails, before authentication.
+            with self.assertRaises(IpcError) as cm:
+                linked(server)
+            self.assertEqual(cm.exception.code, "ERR_AUTH_FAILED")
+            self.assertIn("certificate", str(cm.exception).lower())
+            # The token is still checked inside TLS.
+            with self.assertRaises(IpcError) as cm:
+                linked(server, token="another-token-0123456789", ca=cert)
+            self.assertEqual(cm.exception.code, "ERR_AUTH_FAILED")
+
+    def test_a_tls_peer_closing_or_vanishing(self):
+        cert, key = self.files
+        with cuda_ipc.listen("tls://127.0.0.1:0", token=TOKEN, cert=cert, key=key) as server:
+            a, b = linked(server, ca=cert)
+            for i in range(20):
+                b.send({"unread": i})
+            a.close()
+            with self.assertRaises(IpcError) as cm:
+                while True:
+                    b.receive(timeout=5)
+            self.assertEqual(cm.exception.code, "ERR_LINK_CLOSED")
+            b.close()
+            a, b = linked(server, ca=cert)
+            b._sock.close()  # gone without GOODBYE (and without a TLS close_notify)
+            with self.assertRaises(IpcError) as cm:
+                a.receive(timeout=5)
+            self.assertEqual(cm.exception.code, "ERR_PEER_GONE")
+            a.close()
+            b.close()
+
+
+if __name__ == "__main__":
+    unittest.main()
