@@ -57,6 +57,16 @@ inline uint32_t ArgU32(const Napi::CallbackInfo& info, size_t i, const char* wha
   return info[i].As<Napi::Number>().Uint32Value();
 }
 
+inline bool ArgBool(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsBoolean()) ThrowType(info.Env(), std::string(what) + " must be a boolean");
+  return info[i].As<Napi::Boolean>().Value();
+}
+
+inline std::string ArgString(const Napi::CallbackInfo& info, size_t i, const char* what) {
+  if (info.Length() <= i || !info[i].IsString()) ThrowType(info.Env(), std::string(what) + " must be a string");
+  return info[i].As<Napi::String>().Utf8Value();
+}
+
 // A file descriptor: a non-negative integer.
 inline int CheckFd(Napi::Env env, const Napi::CallbackInfo& info, size_t i) {
   int fd = ArgI32(info, i, "fd");
@@ -107,5 +117,15 @@ inline Bytes ArgBytes(const Napi::CallbackInfo& info, size_t i, const char* what
 }
 
 inline Napi::BigInt U64(Napi::Env env, uint64_t v) { return Napi::BigInt::New(env, v); }
+
+// The object of constants `name` on exports that several files add to (posixConstants: fd.cc,
+// socket.cc, shared_memory.cc), made by the first of them.
+inline Napi::Object ConstantsObject(Napi::Env env, Napi::Object exports, const char* name) {
+  Napi::Value v = exports.Get(name);
+  if (v.IsObject()) return v.As<Napi::Object>();
+  Napi::Object o = Napi::Object::New(env);
+  exports.Set(name, o);
+  return o;
+}
 
 }  // namespace cuda_ipc

@@ -1,5 +1,9 @@
-// Bulk copies for tensors (src/tensors): thin bindings, each checked.
+// Copies and fills: thin bindings of the driver API (driver.h), each checked.
 //
+//  memcpy{HtoD,DtoH,DtoD}(destination, source[, bytes]) and their Async forms (with a stream),
+//    memsetD{8,32}(pointer, value, count) and theirs: one cuMemcpy* / cuMemset* call each.
+//
+// Bulk copies for tensors (src/tensors):
 //  memcpyBatchAsync(dsts, srcs, sizes, stream): cuMemcpyBatchAsync (CUDA 12.8+) over n copies in
 //    one driver call, stream-ordered, one attribute set for all (source read in stream order).
 //    Resolved at its own ABI version (cuda_abi.h) the first time it is used.
@@ -10,16 +14,77 @@
 #include <mutex>
 #include <string>
 
-#include "common.h"
-#include "cuda_abi.h"
+#include "driver.h"
 
 namespace cuda_ipc {
-// Defined in cuda.cc ([tensors hook]).
-void* ResolveDriverEntry(Napi::Env env, const char* name, int abiVersion);
-[[noreturn]] void ThrowCudaFailure(Napi::Env env, int status, const char* call);
-
 namespace {
 using namespace cuabi;
+
+// ---------------------------------------------------------------------------------------------
+// Copies and fills.
+
+Napi::Value MemcpyHtoD(const Napi::CallbackInfo& info) {
+  Bytes src = ArgBytes(info, 1, "source");
+  CU_CALL(info.Env(), cuMemcpyHtoD, ArgU64(info, 0, "destination"), src.data, src.length);
+  return info.Env().Undefined();
+}
+
+Napi::Value MemcpyDtoH(const Napi::CallbackInfo& info) {
+  Bytes dst = ArgBytes(info, 0, "destination");
+  CU_CALL(info.Env(), cuMemcpyDtoH, dst.data, ArgU64(info, 1, "source"), dst.length);
+  return info.Env().Undefined();
+}
+
+Napi::Value MemcpyDtoD(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemcpyDtoD, ArgU64(info, 0, "destination"), ArgU64(info, 1, "source"), ArgSize(info, 2, "bytes"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemcpyHtoDAsync(const Napi::CallbackInfo& info) {
+  Bytes src = ArgBytes(info, 1, "source");
+  CU_CALL(info.Env(), cuMemcpyHtoDAsync, ArgU64(info, 0, "destination"), src.data, src.length,
+          ArgHandle<CUstream>(info, 2, "stream"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemcpyDtoHAsync(const Napi::CallbackInfo& info) {
+  Bytes dst = ArgBytes(info, 0, "destination");
+  CU_CALL(info.Env(), cuMemcpyDtoHAsync, dst.data, ArgU64(info, 1, "source"), dst.length,
+          ArgHandle<CUstream>(info, 2, "stream"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemcpyDtoDAsync(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemcpyDtoDAsync, ArgU64(info, 0, "destination"), ArgU64(info, 1, "source"),
+          ArgSize(info, 2, "bytes"), ArgHandle<CUstream>(info, 3, "stream"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemsetD8(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemsetD8, ArgU64(info, 0, "pointer"), static_cast<unsigned char>(ArgU32(info, 1, "value")),
+          ArgSize(info, 2, "count"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemsetD32(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemsetD32, ArgU64(info, 0, "pointer"), ArgU32(info, 1, "value"), ArgSize(info, 2, "count"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemsetD8Async(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemsetD8Async, ArgU64(info, 0, "pointer"), static_cast<unsigned char>(ArgU32(info, 1, "value")),
+          ArgSize(info, 2, "count"), ArgHandle<CUstream>(info, 3, "stream"));
+  return info.Env().Undefined();
+}
+
+Napi::Value MemsetD32Async(const Napi::CallbackInfo& info) {
+  CU_CALL(info.Env(), cuMemsetD32Async, ArgU64(info, 0, "pointer"), ArgU32(info, 1, "value"), ArgSize(info, 2, "count"),
+          ArgHandle<CUstream>(info, 3, "stream"));
+  return info.Env().Undefined();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bulk copies for tensors.
 
 std::once_flag g_batchOnce;
 PFN_cuMemcpyBatchAsync_v12080 g_memcpyBatch = nullptr;
@@ -58,7 +123,7 @@ Napi::Value MemcpyBatchAsync(const Napi::CallbackInfo& info) {
   if (stream == nullptr) ThrowType(env, "memcpyBatchAsync needs a stream other than the legacy default stream (0)");
   if (nd == 0) return env.Undefined();
   PFN_cuMemcpyBatchAsync_v12080 fn = MemcpyBatchEntry(env);
-  if (!fn) ThrowCudaFailure(env, -2, "cuMemcpyBatchAsync (the driver is older than CUDA 12.8)");
+  if (!fn) ThrowCuda(env, -2, "cuMemcpyBatchAsync (the driver is older than CUDA 12.8)");
   CUmemcpyAttributes attrs{};
   attrs.srcAccessOrder = CU_MEMCPY_SRC_ACCESS_ORDER_STREAM;
   attrs.flags = CU_MEMCPY_FLAG_DEFAULT;
@@ -68,7 +133,7 @@ Napi::Value MemcpyBatchAsync(const Napi::CallbackInfo& info) {
                   &attrs, &attrsIdx, 1, &failIdx, stream);
   if (r != CUDA_SUCCESS) {
     std::string call = failIdx == SIZE_MAX ? "cuMemcpyBatchAsync" : "cuMemcpyBatchAsync (copy #" + std::to_string(failIdx) + ")";
-    ThrowCudaFailure(env, r, call.c_str());
+    ThrowCuda(env, r, call.c_str());
   }
   return env.Undefined();
 }
@@ -84,6 +149,16 @@ Napi::Value HostArrayBuffer(const Napi::CallbackInfo& info) {
 }  // namespace
 
 void InitCopy(Napi::Env env, Napi::Object exports) {
+  exports.Set("memcpyHtoD", Napi::Function::New(env, MemcpyHtoD, "memcpyHtoD"));
+  exports.Set("memcpyDtoH", Napi::Function::New(env, MemcpyDtoH, "memcpyDtoH"));
+  exports.Set("memcpyDtoD", Napi::Function::New(env, MemcpyDtoD, "memcpyDtoD"));
+  exports.Set("memcpyHtoDAsync", Napi::Function::New(env, MemcpyHtoDAsync, "memcpyHtoDAsync"));
+  exports.Set("memcpyDtoHAsync", Napi::Function::New(env, MemcpyDtoHAsync, "memcpyDtoHAsync"));
+  exports.Set("memcpyDtoDAsync", Napi::Function::New(env, MemcpyDtoDAsync, "memcpyDtoDAsync"));
+  exports.Set("memsetD8", Napi::Function::New(env, MemsetD8, "memsetD8"));
+  exports.Set("memsetD32", Napi::Function::New(env, MemsetD32, "memsetD32"));
+  exports.Set("memsetD8Async", Napi::Function::New(env, MemsetD8Async, "memsetD8Async"));
+  exports.Set("memsetD32Async", Napi::Function::New(env, MemsetD32Async, "memsetD32Async"));
   exports.Set("memcpyBatchAsync", Napi::Function::New(env, MemcpyBatchAsync, "memcpyBatchAsync"));
   exports.Set("hasMemcpyBatch", Napi::Function::New(env, HasMemcpyBatch, "hasMemcpyBatch"));
   exports.Set("hostArrayBuffer", Napi::Function::New(env, HostArrayBuffer, "hostArrayBuffer"));

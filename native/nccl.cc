@@ -33,13 +33,10 @@
 
 #include "common.h"
 #include "cuda_abi.h"
+#include "driver.h"
 #include "nccl_abi.h"
 
 namespace cuda_ipc {
-// Defined in cuda.cc ([tensors hook]): driver entry points once the driver is loaded, and
-// CudaErrors thrown the way every driver call there throws them.
-void* ResolveDriverEntry(Napi::Env env, const char* name, int abiVersion);
-[[noreturn]] void ThrowCudaFailure(Napi::Env env, int status, const char* call);
 
 namespace {
 using namespace ncclabi;
@@ -166,10 +163,10 @@ class ContextScope {
     if (!ctx) return;
     fns_ = Contexts(env);
     CUresult r = fns_.get(&previous_);
-    if (r != cuabi::CUDA_SUCCESS) ThrowCudaFailure(env, r, "cuCtxGetCurrent");
+    if (r != cuabi::CUDA_SUCCESS) ThrowCuda(env, r, "cuCtxGetCurrent");
     if (previous_ != ctx) {
       r = fns_.set(ctx);
-      if (r != cuabi::CUDA_SUCCESS) ThrowCudaFailure(env, r, "cuCtxSetCurrent");
+      if (r != cuabi::CUDA_SUCCESS) ThrowCuda(env, r, "cuCtxSetCurrent");
     }
     active_ = true;
   }
@@ -197,13 +194,13 @@ struct Comm {
 
 struct EndResult;
 
-struct EnvState {
+struct NcclEnvState {
   std::unordered_map<ncclComm_t, Comm> comms;
   // Threads running ncclCommAbort / ncclCommDestroy, by id; joined when they report, or at teardown.
   std::map<uint64_t, std::thread> ending;
   uint64_t nextEnding = 1;
 };
-thread_local EnvState* t_nccl = nullptr;
+thread_local NcclEnvState* t_nccl = nullptr;
 
 template <class T> T ArgPointer(const Napi::CallbackInfo& info, size_t i, const char* what) {
   return reinterpret_cast<T>(static_cast<uintptr_t>(ArgU64(info, i, what)));
@@ -456,7 +453,7 @@ Napi::Value CommsOpen(const Napi::CallbackInfo& info) {
 }
 
 void CleanupEnv(void* arg) {
-  auto* state = static_cast<EnvState*>(arg);
+  auto* state = static_cast<NcclEnvState*>(arg);
   for (auto& [id, thread] : state->ending) {
     if (thread.joinable()) thread.join();
   }
@@ -471,7 +468,7 @@ void CleanupEnv(void* arg) {
 }  // namespace
 
 void InitNccl(Napi::Env env, Napi::Object exports) {
-  t_nccl = new EnvState();
+  t_nccl = new NcclEnvState();
   napi_add_env_cleanup_hook(env, CleanupEnv, t_nccl);
 #define FN(jsName, fn) exports.Set(jsName, Napi::Function::New(env, fn, jsName));
   FN("ncclOpen", Open)

@@ -1,5 +1,5 @@
 // uv_poll readiness for native objects that watch an fd on their thread's event loop (Socket
-// and Acceptor in posix.cc, Doorbell in channel.cc), and calling back into JS from there.
+// and Acceptor in socket.cc, Doorbell in channel.cc), and calling back into JS from there.
 //
 // The uv_poll_t lives in a separate box because it must outlive the JS object until libuv's
 // close callback. Explicit close removes the async cleanup hook; on environment teardown the hook

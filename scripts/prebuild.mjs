@@ -121,6 +121,8 @@ function glibcNeeded(file) {
 
 function build(arch, out) {
   const { env, strip } = toolchain(arch);
+  // node-gyp compiles the native files (one per concept) in parallel unless JOBS says otherwise.
+  if (!process.env.JOBS) env.JOBS = 'max';
   const stage = mkdtempSync(join(tmpdir(), `cuda-ipc-prebuild-${arch}-`));
   try {
     for (const f of ['binding.gyp', 'package.json', 'native']) cpSync(join(root, f), join(stage, f), { recursive: true });

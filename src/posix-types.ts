@@ -1,5 +1,6 @@
-// Types of the addon's POSIX functions (native/posix.cc). Every function throws a Node-style
-// system error (`code` such as 'EAGAIN', `errno`, `syscall`) when its system call fails.
+// Types of the addon's POSIX functions (native/fd.cc, socket.cc, shared_memory.cc). Every function
+// throws a Node-style system error (`code` such as 'EAGAIN', `errno`, `syscall`) when its system
+// call fails.
 
 /** An mmap(MAP_SHARED) of an fd it owns (only once the constructor returned). */
 export interface NativeSharedMemory {

@@ -1,4 +1,5 @@
-// Types of the addon's CUDA driver functions (native/cuda.cc): near 1:1 with the driver API.
+// Types of the addon's CUDA driver functions (native/driver.cc and the files beside it, one per
+// concept: device.cc, memory.cc, stream.cc, ...): near 1:1 with the driver API.
 // Pointers and handles are bigint; every function throws CudaError on a failed driver call.
 
 export type Bytes = ArrayBufferView | ArrayBuffer;
@@ -117,7 +118,7 @@ export interface CudaAddon {
     sharedMemBytes: number, stream: bigint, packedArgs: Bytes, offsets: Uint32Array): void;
 }
 
-/** The process's legacy import cache (native/cuda.cc), shared by all its threads. */
+/** The process's legacy import cache (native/legacy_ipc.cc), shared by all its threads. */
 export interface ImportCacheStats {
   /** Allocations mapped from other processes through legacy handles. */
   mappings: number;

@@ -1,11 +1,11 @@
 // Prepared pool exports: the 64 bytes of cuMemPoolExportPointer made by the addon's worker thread
-// right after an allocation (native/cuda.cc, "Prepared pool exports"), so that sending a fresh
-// pool buffer finds them ready instead of paying the driver call (15-18 us on an H100) on the
-// event loop. The slots are an ArrayBuffer shared with that thread: this side writes a request
-// (pointer, context), marks it queued and posts it; the thread marks it running, exports, and marks
-// it ready (or failed). Each request is taken exactly once, by the send that needs the data or by
-// the release of the memory; both wait out a running export, so the driver never exports a pointer
-// whose memory was freed, and a freed allocation's slot never hands its data to another.
+// right after an allocation (native/pool_exports.cc), so that sending a fresh pool buffer finds
+// them ready instead of paying the driver call (15-18 us on an H100) on the event loop. The slots
+// are an ArrayBuffer shared with that thread: this side writes a request (pointer, context), marks
+// it queued and posts it; the thread marks it running, exports, and marks it ready (or failed).
+// Each request is taken exactly once, by the send that needs the data or by the release of the
+// memory; both wait out a running export, so the driver never exports a pointer whose memory was
+// freed, and a freed allocation's slot never hands its data to another.
 //
 // Stream order: the export runs after cuMemAllocFromPoolAsync returned, as an inline export at
 // send time would; it reads no memory. (The importer must still not touch the memory before the

@@ -8,7 +8,7 @@ import { Worker } from 'node:worker_threads';
 import { PreparedExports, SLOT_BYTES, SlotState } from '../../src/ipc/prepared-exports.js';
 import { BlockStash } from '../../src/ipc/block-stash.js';
 
-// The stand-in export thread: what native/cuda.cc's RunExportWorker does, with the driver call
+// The stand-in export thread: what native/pool_exports.cc's RunExportWorker does, with the driver call
 // replaced by a pause of `delay` ms and export data derived from the pointer (pointer 0 fails).
 const FAKE_WORKER = `
 const { parentPort, workerData } = require('node:worker_threads');

@@ -1,24 +1,18 @@
-// POSIX primitives: memfd + mmap, Unix sockets with fd passing, uv_poll readiness.
-//
-// Thin on purpose: every function is close to one system call, checked, and throws a Node-style
-// system error (code/errno/syscall) on failure. Framing, handshakes and message types live in
-// TypeScript (src/link/). The three classes exist because their resources need native lifetime
-// handling: SharedMemory (a mapping that JS views point into), Socket and Acceptor (fds watched
-// by uv_poll that must be stopped before the fd is closed).
+// Unix SOCK_SEQPACKET sockets with fd passing: the calls that make, bind and connect them (near
+// 1:1 system calls, each checked, throwing a Node-style system error), and the two classes whose
+// fds are watched by uv_poll (polled.h), which must be stopped before the fd is closed: Socket (a
+// connection) and Acceptor (a listener). Framing, handshakes and message types live in TypeScript
+// (src/link/).
 #include "common.h"
 #include "polled.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include <uv.h>
 
+#include <cstddef>
 #include <memory>
-#include <unordered_set>
-#include <vector>
 
 namespace cuda_ipc {
 namespace {
@@ -27,16 +21,6 @@ namespace {
 constexpr int kMaxFds = 64;
 // Messages drained per readiness callback before yielding back to the loop.
 constexpr int kDrainBudget = 64;
-
-bool ArgBool(const Napi::CallbackInfo& info, size_t i, const char* what) {
-  if (info.Length() <= i || !info[i].IsBoolean()) ThrowType(info.Env(), std::string(what) + " must be a boolean");
-  return info[i].As<Napi::Boolean>().Value();
-}
-
-std::string ArgString(const Napi::CallbackInfo& info, size_t i, const char* what) {
-  if (info.Length() <= i || !info[i].IsString()) ThrowType(info.Env(), std::string(what) + " must be a string");
-  return info[i].As<Napi::String>().Utf8Value();
-}
 
 sockaddr_un UnixAddress(Napi::Env env, const std::string& path, socklen_t* len) {
   sockaddr_un addr{};
@@ -63,135 +47,6 @@ int ArgFdList(Napi::Env env, Napi::Value v, int* out) {
     out[i] = fd;
   }
   return static_cast<int>(n);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Free functions: near 1:1 system calls.
-
-// memfdCreate(name, size?, seals?): memfd_create, then (when given) ftruncate to size and
-// F_ADD_SEALS, the three calls a new shared buffer always makes; the fd is closed if one fails.
-Napi::Value MemfdCreate(const Napi::CallbackInfo& info) {
-  Napi::Env env = info.Env();
-  std::string name = ArgString(info, 0, "name");
-  bool sized = info.Length() > 1 && !info[1].IsUndefined();
-  size_t size = sized ? ArgSize(info, 1, "size") : 0;
-  int seals = info.Length() > 2 && !info[2].IsUndefined() ? ArgI32(info, 2, "seals") : 0;
-  int fd = memfd_create(name.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING);
-  if (fd < 0) ThrowErrno(env, "memfd_create", errno);
-  if (sized) {
-    int r;
-    do r = ftruncate(fd, static_cast<off_t>(size)); while (r < 0 && errno == EINTR);
-    if (r < 0) {
-      int err = errno;
-      close(fd);
-      ThrowErrno(env, "ftruncate", err);
-    }
-  }
-  if (seals != 0 && fcntl(fd, F_ADD_SEALS, seals) < 0) {
-    int err = errno;
-    close(fd);
-    ThrowErrno(env, "fcntl(F_ADD_SEALS)", err);
-  }
-  return Napi::Number::New(env, fd);
-}
-
-Napi::Value Ftruncate(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  size_t size = ArgSize(info, 1, "size");
-  int r;
-  do r = ftruncate(fd, static_cast<off_t>(size)); while (r < 0 && errno == EINTR);
-  if (r < 0) ThrowErrno(info.Env(), "ftruncate", errno);
-  return info.Env().Undefined();
-}
-
-Napi::Value FstatSize(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  struct stat st;
-  if (fstat(fd, &st) < 0) ThrowErrno(info.Env(), "fstat", errno);
-  return Napi::Number::New(info.Env(), static_cast<double>(st.st_size));
-}
-
-// pread(fd, target, offset) -> bytes read (0 at the end of the file): one pread(2) into a
-// typed array. Reading a file never faults, whatever its owner does to it meanwhile.
-Napi::Value Pread(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  Bytes dst = ArgBytes(info, 1, "target");
-  size_t offset = ArgSize(info, 2, "offset");
-  ssize_t r;
-  do r = pread(fd, dst.data, dst.length, static_cast<off_t>(offset)); while (r < 0 && errno == EINTR);
-  if (r < 0) ThrowErrno(info.Env(), "pread", errno);
-  return Napi::Number::New(info.Env(), static_cast<double>(r));
-}
-
-// pwrite(fd, source, offset) -> bytes written: one pwrite(2) from a typed array.
-Napi::Value Pwrite(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  Bytes src = ArgBytes(info, 1, "source");
-  size_t offset = ArgSize(info, 2, "offset");
-  ssize_t r;
-  do r = pwrite(fd, src.data, src.length, static_cast<off_t>(offset)); while (r < 0 && errno == EINTR);
-  if (r < 0) ThrowErrno(info.Env(), "pwrite", errno);
-  return Napi::Number::New(info.Env(), static_cast<double>(r));
-}
-
-// fileKind(fd) -> 'file' | 'directory' | 'fifo' | 'socket' | 'character' | 'block' | 'link' |
-// 'unknown': what fstat says the fd is, for receivers that must refuse what they cannot map.
-Napi::Value FileKind(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  struct stat st;
-  if (fstat(fd, &st) < 0) ThrowErrno(info.Env(), "fstat", errno);
-  const char* kind = S_ISREG(st.st_mode) ? "file" : S_ISDIR(st.st_mode) ? "directory" : S_ISFIFO(st.st_mode) ? "fifo"
-                     : S_ISSOCK(st.st_mode) ? "socket" : S_ISCHR(st.st_mode) ? "character" : S_ISBLK(st.st_mode) ? "block"
-                     : S_ISLNK(st.st_mode) ? "link" : "unknown";
-  return Napi::String::New(info.Env(), kind);
-}
-
-Napi::Value GetSeals(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  int r = fcntl(fd, F_GET_SEALS);
-  if (r < 0) ThrowErrno(info.Env(), "fcntl(F_GET_SEALS)", errno);
-  return Napi::Number::New(info.Env(), r);
-}
-
-Napi::Value AddSeals(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  int seals = ArgI32(info, 1, "seals");
-  if (fcntl(fd, F_ADD_SEALS, seals) < 0) ThrowErrno(info.Env(), "fcntl(F_ADD_SEALS)", errno);
-  return info.Env().Undefined();
-}
-
-Napi::Value Dup(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  int r = fcntl(fd, F_DUPFD_CLOEXEC, 0);
-  if (r < 0) ThrowErrno(info.Env(), "fcntl(F_DUPFD_CLOEXEC)", errno);
-  return Napi::Number::New(info.Env(), r);
-}
-
-Napi::Value Close(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  // Linux releases the fd even when close reports EINTR; retrying could close a reused number.
-  if (close(fd) < 0 && errno != EINTR) ThrowErrno(info.Env(), "close", errno);
-  return info.Env().Undefined();
-}
-
-Napi::Value SetCloexec(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  bool on = ArgBool(info, 1, "on");
-  int flags = fcntl(fd, F_GETFD);
-  if (flags < 0) ThrowErrno(info.Env(), "fcntl(F_GETFD)", errno);
-  flags = on ? (flags | FD_CLOEXEC) : (flags & ~FD_CLOEXEC);
-  if (fcntl(fd, F_SETFD, flags) < 0) ThrowErrno(info.Env(), "fcntl(F_SETFD)", errno);
-  return info.Env().Undefined();
-}
-
-Napi::Value SetNonblocking(const Napi::CallbackInfo& info) {
-  int fd = CheckFd(info.Env(), info, 0);
-  bool on = ArgBool(info, 1, "on");
-  int flags = fcntl(fd, F_GETFL);
-  if (flags < 0) ThrowErrno(info.Env(), "fcntl(F_GETFL)", errno);
-  flags = on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK);
-  if (fcntl(fd, F_SETFL, flags) < 0) ThrowErrno(info.Env(), "fcntl(F_SETFL)", errno);
-  return info.Env().Undefined();
 }
 
 Napi::Value Socketpair(const Napi::CallbackInfo& info) {
@@ -263,197 +118,6 @@ Napi::Value SocketType(const Napi::CallbackInfo& info) {
   if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) < 0) ThrowErrno(info.Env(), "getsockopt(SO_TYPE)", errno);
   return Napi::Number::New(info.Env(), type);
 }
-
-Napi::Value DetachArrayBuffer(const Napi::CallbackInfo& info) {
-  if (info.Length() < 1 || !info[0].IsArrayBuffer()) ThrowType(info.Env(), "argument must be an ArrayBuffer");
-  napi_status s = napi_detach_arraybuffer(info.Env(), info[0]);
-  if (s != napi_ok) throw Napi::Error::New(info.Env(), "napi_detach_arraybuffer failed");
-  return info.Env().Undefined();
-}
-
-// ---------------------------------------------------------------------------------------------
-// SharedMemory: an mmap(MAP_SHARED) of an fd that it owns, and the external ArrayBuffers over it.
-//
-// Lifetime: the Region (address range) is counted: one count for the open SharedMemory and one
-// per live ArrayBuffer. close() detaches every ArrayBuffer it made (JS views then read as empty)
-// and unmaps at once. Without close() (GC backstop, worker teardown) the fd is closed but the
-// memory stays mapped until the last ArrayBuffer over it is garbage-collected, so no JS view can
-// ever point at unmapped memory.
-struct Region;
-struct BufferRecord {
-  Region* region;
-  napi_ref weak;  // to the ArrayBuffer, for detaching on close()
-};
-struct Region {
-  Region(uint8_t* a, size_t n) : addr(a), length(n) {}
-  uint8_t* addr;
-  size_t length;
-  size_t counts = 1;
-  bool unmapped = false;
-  std::unordered_set<BufferRecord*> buffers;
-
-  void Unmap() {
-    if (!unmapped) munmap(addr, length);
-    unmapped = true;
-  }
-  void Release() {
-    if (--counts == 0) {
-      Unmap();
-      delete this;
-    }
-  }
-};
-
-class SharedMemory : public Napi::ObjectWrap<SharedMemory> {
- public:
-  static Napi::Function Define(Napi::Env env) {
-    return DefineClass(env, "SharedMemory",
-                       {InstanceMethod<&SharedMemory::ArrayBuffer>("arrayBuffer"),
-                        InstanceMethod<&SharedMemory::CopyOut>("copyOut"),
-                        InstanceMethod<&SharedMemory::CopyIn>("copyIn"),
-                        InstanceMethod<&SharedMemory::Close>("close"),
-                        InstanceMethod<&SharedMemory::CloseFd>("closeFd"),
-                        InstanceAccessor<&SharedMemory::Address>("address"),
-                        InstanceAccessor<&SharedMemory::Fd>("fd"),
-                        InstanceAccessor<&SharedMemory::ByteLength>("byteLength")});
-  }
-
-  // new SharedMemory(fd, length): maps `length` bytes of fd. Takes ownership of fd only on success.
-  explicit SharedMemory(const Napi::CallbackInfo& info) : Napi::ObjectWrap<SharedMemory>(info) {
-    Napi::Env env = info.Env();
-    int fd = CheckFd(env, info, 0);
-    size_t length = ArgSize(info, 1, "length");
-    if (length == 0) ThrowErrno(env, "mmap", EINVAL);
-    void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) ThrowErrno(env, "mmap", errno);
-    region_ = new Region(static_cast<uint8_t*>(p), length);
-    fd_ = fd;
-    env_ = env;
-    napi_add_env_cleanup_hook(env, OnEnvCleanup, this);
-  }
-
-  ~SharedMemory() override { Release(/*from_cleanup=*/false); }
-
- private:
-  // Drops the fd and this object's count on the region (the backstop path: no detaching).
-  void Release(bool from_cleanup) {
-    if (fd_ >= 0) {
-      close(fd_);
-      fd_ = -1;
-    }
-    if (region_) {
-      Region* r = region_;
-      region_ = nullptr;
-      r->Release();
-    }
-    if (!from_cleanup && env_) napi_remove_env_cleanup_hook(env_, OnEnvCleanup, this);
-    env_ = nullptr;
-  }
-
-  static void OnEnvCleanup(void* arg) { static_cast<SharedMemory*>(arg)->Release(/*from_cleanup=*/true); }
-
-  Region* Open(Napi::Env env) {
-    if (!region_) ThrowErrno(env, "SharedMemory", EBADF);
-    return region_;
-  }
-
-  static void OnBufferFinalize(napi_env env, void* data, void* hint) {
-    auto* rec = static_cast<BufferRecord*>(hint);
-    rec->region->buffers.erase(rec);
-    napi_delete_reference(env, rec->weak);
-    Region* r = rec->region;
-    delete rec;
-    r->Release();
-  }
-
-  // arrayBuffer(offset, length): an external ArrayBuffer over [offset, offset + length).
-  Napi::Value ArrayBuffer(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    Region* r = Open(env);
-    size_t offset = ArgSize(info, 0, "offset");
-    size_t length = ArgSize(info, 1, "length");
-    if (offset > r->length || length > r->length - offset || length == 0)
-      throw Napi::RangeError::New(env, "arrayBuffer: range outside the mapping");
-    auto* rec = new BufferRecord{r, nullptr};
-    napi_value ab;
-    if (napi_create_external_arraybuffer(env, r->addr + offset, length, OnBufferFinalize, rec, &ab) != napi_ok) {
-      delete rec;
-      throw Napi::Error::New(env, "napi_create_external_arraybuffer failed");
-    }
-    // From here the finalizer owns rec; count it before anything else can fail.
-    r->counts++;
-    r->buffers.insert(rec);
-    if (napi_create_reference(env, ab, 0, &rec->weak) != napi_ok) {
-      rec->weak = nullptr;
-      throw Napi::Error::New(env, "napi_create_reference failed");
-    }
-    return Napi::Value(env, ab);
-  }
-
-  // copyOut(offset, destination) / copyIn(offset, source): copies between the mapping at
-  // `offset` and a typed array, as many bytes as it holds, without an ArrayBuffer over the
-  // mapping (one costs far more than a small copy, and a wake-up of the event loop when it goes).
-  Napi::Value CopyOut(const Napi::CallbackInfo& info) {
-    Region* r = Open(info.Env());
-    size_t offset = ArgSize(info, 0, "offset");
-    Bytes dst = ArgBytes(info, 1, "destination");
-    if (offset > r->length || dst.length > r->length - offset) throw Napi::RangeError::New(info.Env(), "copyOut: range outside the mapping");
-    std::memmove(dst.data, r->addr + offset, dst.length);  // the destination may be a view of this mapping
-    return info.Env().Undefined();
-  }
-  Napi::Value CopyIn(const Napi::CallbackInfo& info) {
-    Region* r = Open(info.Env());
-    size_t offset = ArgSize(info, 0, "offset");
-    Bytes src = ArgBytes(info, 1, "source");
-    if (offset > r->length || src.length > r->length - offset) throw Napi::RangeError::New(info.Env(), "copyIn: range outside the mapping");
-    std::memmove(r->addr + offset, src.data, src.length);
-    return info.Env().Undefined();
-  }
-
-  // close(): detach every ArrayBuffer over the mapping, unmap, close the fd.
-  Napi::Value Close(const Napi::CallbackInfo& info) {
-    Napi::Env env = info.Env();
-    if (!region_) return env.Undefined();
-    for (BufferRecord* rec : region_->buffers) {
-      napi_value ab = nullptr;
-      bool reachable = rec->weak && napi_get_reference_value(env, rec->weak, &ab) == napi_ok;
-      if (!reachable || ab != nullptr) {
-        if (!reachable || napi_detach_arraybuffer(env, ab) != napi_ok) {
-          // Never unmap under a view that could not be detached: leave the memory mapped.
-          Release(false);
-          throw Napi::Error::New(env, "napi_detach_arraybuffer failed; the mapping is left in place");
-        }
-      }
-    }
-    region_->Unmap();
-    Release(false);
-    return env.Undefined();
-  }
-
-  // closeFd(): closes the fd now; the mapping stays until close() (a mapping needs no fd, and a
-  // link's frame rings would otherwise hold one each for their whole life). Idempotent.
-  Napi::Value CloseFd(const Napi::CallbackInfo& info) {
-    if (fd_ >= 0) {
-      int fd = fd_;
-      fd_ = -1;
-      // Linux releases the fd even when close reports EINTR.
-      if (close(fd) < 0 && errno != EINTR) ThrowErrno(info.Env(), "close", errno);
-    }
-    return info.Env().Undefined();
-  }
-
-  Napi::Value Address(const Napi::CallbackInfo& info) {
-    return U64(info.Env(), reinterpret_cast<uint64_t>(Open(info.Env())->addr));
-  }
-  Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
-  Napi::Value ByteLength(const Napi::CallbackInfo& info) {
-    return Napi::Number::New(info.Env(), static_cast<double>(region_ ? region_->length : 0));
-  }
-
-  napi_env env_ = nullptr;
-  Region* region_ = nullptr;
-  int fd_ = -1;
-};
 
 // ---------------------------------------------------------------------------------------------
 // Socket: a connected SOCK_SEQPACKET socket. Owns its fd.
@@ -760,60 +424,9 @@ class Acceptor : public Napi::ObjectWrap<Acceptor>, public PolledFd {
   std::unique_ptr<Napi::AsyncContext> ctx_;
 };
 
-// ---------------------------------------------------------------------------------------------
-// OwnedFd(fd): owns an fd that no other native object owns (a link's eventfds), so that it is
-// closed by close(), by the finalizer, or at environment teardown (a worker that exits with the
-// link open). Takes ownership only once constructed.
-class OwnedFd : public Napi::ObjectWrap<OwnedFd> {
- public:
-  static Napi::Function Define(Napi::Env env) {
-    return DefineClass(env, "OwnedFd", {InstanceMethod<&OwnedFd::Close>("close"), InstanceAccessor<&OwnedFd::Fd>("fd")});
-  }
-
-  explicit OwnedFd(const Napi::CallbackInfo& info) : Napi::ObjectWrap<OwnedFd>(info) {
-    Napi::Env env = info.Env();
-    int fd = CheckFd(env, info, 0);
-    if (napi_add_env_cleanup_hook(env, OnEnvCleanup, this) != napi_ok) throw Napi::Error::New(env, "napi_add_env_cleanup_hook failed");
-    fd_ = fd;
-    env_ = env;
-  }
-
-  ~OwnedFd() override { Release(/*from_cleanup=*/false); }
-
- private:
-  void Release(bool from_cleanup) {
-    if (fd_ >= 0) close(fd_);  // Linux releases the fd even when close reports EINTR
-    fd_ = -1;
-    if (!from_cleanup && env_) napi_remove_env_cleanup_hook(env_, OnEnvCleanup, this);
-    env_ = nullptr;
-  }
-  static void OnEnvCleanup(void* arg) { static_cast<OwnedFd*>(arg)->Release(/*from_cleanup=*/true); }
-
-  Napi::Value Close(const Napi::CallbackInfo& info) {
-    Release(false);
-    return info.Env().Undefined();
-  }
-  Napi::Value Fd(const Napi::CallbackInfo& info) { return Napi::Number::New(info.Env(), fd_); }
-
-  napi_env env_ = nullptr;
-  int fd_ = -1;
-};
-
 }  // namespace
 
-void InitPosix(Napi::Env env, Napi::Object exports) {
-  exports.Set("memfdCreate", Napi::Function::New(env, MemfdCreate, "memfdCreate"));
-  exports.Set("ftruncate", Napi::Function::New(env, Ftruncate, "ftruncate"));
-  exports.Set("fstatSize", Napi::Function::New(env, FstatSize, "fstatSize"));
-  exports.Set("getSeals", Napi::Function::New(env, GetSeals, "getSeals"));
-  exports.Set("pread", Napi::Function::New(env, Pread, "pread"));
-  exports.Set("pwrite", Napi::Function::New(env, Pwrite, "pwrite"));
-  exports.Set("fileKind", Napi::Function::New(env, FileKind, "fileKind"));
-  exports.Set("addSeals", Napi::Function::New(env, AddSeals, "addSeals"));
-  exports.Set("dup", Napi::Function::New(env, Dup, "dup"));
-  exports.Set("close", Napi::Function::New(env, Close, "close"));
-  exports.Set("setCloexec", Napi::Function::New(env, SetCloexec, "setCloexec"));
-  exports.Set("setNonblocking", Napi::Function::New(env, SetNonblocking, "setNonblocking"));
+void InitSockets(Napi::Env env, Napi::Object exports) {
   exports.Set("socketpair", Napi::Function::New(env, Socketpair, "socketpair"));
   exports.Set("socket", Napi::Function::New(env, SocketCreate, "socket"));
   exports.Set("bind", Napi::Function::New(env, Bind, "bind"));
@@ -822,21 +435,12 @@ void InitPosix(Napi::Env env, Napi::Object exports) {
   exports.Set("peerCred", Napi::Function::New(env, PeerCred, "peerCred"));
   exports.Set("setPassCred", Napi::Function::New(env, SetPassCred, "setPassCred"));
   exports.Set("socketType", Napi::Function::New(env, SocketType, "socketType"));
-  exports.Set("detachArrayBuffer", Napi::Function::New(env, DetachArrayBuffer, "detachArrayBuffer"));
-  exports.Set("SharedMemory", SharedMemory::Define(env));
   exports.Set("Socket", Socket::Define(env));
   exports.Set("Acceptor", Acceptor::Define(env));
-  exports.Set("OwnedFd", OwnedFd::Define(env));
 
-  auto c = Napi::Object::New(env);
-  c.Set("F_SEAL_SEAL", Napi::Number::New(env, F_SEAL_SEAL));
-  c.Set("F_SEAL_SHRINK", Napi::Number::New(env, F_SEAL_SHRINK));
-  c.Set("F_SEAL_GROW", Napi::Number::New(env, F_SEAL_GROW));
-  c.Set("F_SEAL_WRITE", Napi::Number::New(env, F_SEAL_WRITE));
+  Napi::Object c = ConstantsObject(env, exports, "posixConstants");
   c.Set("SOCK_SEQPACKET", Napi::Number::New(env, SOCK_SEQPACKET));
   c.Set("MAX_FDS", Napi::Number::New(env, kMaxFds));
-  c.Set("PAGE_SIZE", Napi::Number::New(env, static_cast<double>(sysconf(_SC_PAGESIZE))));
-  exports.Set("posixConstants", c);
 }
 
 }  // namespace cuda_ipc
