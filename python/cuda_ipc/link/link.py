@@ -38,6 +38,7 @@ from .large_message import (
 from .message_decoder import decode_message, lease_ids_of
 from .message_encoder import encode_message
 from .message_format import Malformed
+from .deferred import Completion, PendingMessage
 from .nccl_abort import NcclAbortHook, dispatch_nccl_abort
 from .outbox import Outbox, flusher
 from .socket_path import MY_UID as _MY_UID
@@ -110,6 +111,7 @@ class Link:
         self._hello_sent = False
         self._goodbye_sent = False
         self._recv_lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._state_lock = threading.RLock()
         self._inbox = Inbox()
         #: poll() stops reading ahead at this many unreceived messages: the rest waits in the socket
@@ -126,6 +128,8 @@ class Link:
         self._close_hooks: list[CloseHook] = []
         #: What receives the peer's NCCL_ABORT frames (nccl_abort.py; TCP links only).
         self._nccl_abort_hooks: list[NcclAbortHook] = []
+        #: What wakes a receive() waiting for a message's values to arrive (made on first use).
+        self._wake: _Wake | None = None
         self._start(sock, verify_peer)
 
     def _start(self, sock: socket.socket, verify_peer: bool) -> None:
@@ -208,22 +212,25 @@ class Link:
         self._defer_thread = None
         if self._state == "closed":
             raise self._closed_error("send")
-        msg = encode_message(value, self)
-        try:
-            if len(msg.frame) - fr.HEADER_BYTES > fr.MAX_PAYLOAD_BYTES:
-                self._send_large(msg.frame, msg.fds, timeout)
-            else:
-                self._outbox.send(msg.frame, msg.fds, timeout)
-        except BaseException:
-            for _, hold in msg.holds:
-                release_hold(hold)  # nothing was leased: the peer never sees these ids
-            raise
-        finally:
-            close_fds(msg.owned_fds)
-        for lease_id, hold in msg.holds:
-            self._leases_out.add(lease_id, hold)
-        for commit in msg.commits:
-            commit()
+        # One message at a time from encode to commit: records that number what they carry per link
+        # (NCCL transfers' sequence numbers, a communicator's first record) go out in that order.
+        with self._send_lock:
+            msg = encode_message(value, self)
+            try:
+                if len(msg.frame) - fr.HEADER_BYTES > fr.MAX_PAYLOAD_BYTES:
+                    self._send_large(msg.frame, msg.fds, timeout)
+                else:
+                    self._outbox.send(msg.frame, msg.fds, timeout)
+            except BaseException:
+                for _, hold in msg.holds:
+                    release_hold(hold)  # nothing was leased: the peer never sees these ids
+                raise
+            finally:
+                close_fds(msg.owned_fds)
+            for lease_id, hold in msg.holds:
+                self._leases_out.add(lease_id, hold)
+            for commit in msg.commits:
+                commit()
 
     def _send_large(self, frame: bytearray, fds: list[int], timeout: float | None) -> None:
         """Sends an encoded frame too large for the socket: its payload in a sealed memfd."""
@@ -286,6 +293,10 @@ class Link:
             try:
                 while True:
                     if self._inbox:
+                        waiting = self._inbox.waiting()
+                        if waiting is not None:
+                            self._wait_arriving(waiting, deadline)
+                            continue
                         value = self._inbox.take()
                         self._defer_thread = threading.get_ident()
                         return value
@@ -295,15 +306,50 @@ class Link:
             finally:
                 self._close_socket_if_closed()
 
+    def _wait_arriving(self, waiting: Completion, deadline: float | None) -> None:
+        """The oldest message's values are still arriving (deferred.py): waits until they did, the
+        deadline passed (ERR_TIMEOUT; the message stays first), or a frame came, which is read (the
+        peer's NCCL_ABORT, GOODBYE or death end what is arriving). With the receive lock held."""
+        wake: _Wake = self._wake or _Wake()
+        self._wake = wake
+        fd = wake.fd
+        waiting.add_callback(lambda _c: wake.ring())
+        while not waiting.settled:
+            reading = self._state != "closed" and len(self._inbox) < self.inbox_limit
+            if reading and self._has_buffered():
+                self._read_one(0.0, want_message=False)
+                continue
+            p = select.poll()
+            p.register(fd, select.POLLIN)
+            if reading:
+                p.register(self._fd, select.POLLIN)
+            ms = -1 if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
+            events = dict(p.poll(ms))
+            if events.get(fd):
+                try:
+                    _eventfd_read(fd)
+                except BlockingIOError:
+                    pass
+            if reading and events.get(self._fd):
+                self._read_one(0.0, want_message=False)
+            elif not events and deadline is not None and not waiting.settled:
+                raise IpcError("ERR_TIMEOUT", f"link.receive: the {self._peer_name}'s message is still arriving (device memory over NCCL) "
+                               "at the timeout; it stays next")
+
+    def _has_buffered(self) -> bool:
+        """Whether a whole frame was read ahead already (a stream link's buffer)."""
+        return False
+
     def poll(self) -> int:
         """Processes whatever the peer sent without blocking (releases, goodbye, messages go to the
-        inbox for receive()). Returns the number of messages waiting. Does nothing while another
-        thread is in receive() (which processes them anyway)."""
+        inbox for receive()). Returns the number of messages receive() can take at once (a message
+        whose device memory is still arriving over NCCL, and those behind it, are not counted yet).
+        Does nothing while another thread is in receive() (which processes them anyway)."""
         self._defer_thread = None
         if self._leases_in.has_pending:
             self._outbox.flush_releases()
         if not self._recv_lock.acquire(blocking=False):
-            return len(self._inbox)
+            return self._inbox.ready_count()
         try:
             while self._state != "closed" and len(self._inbox) < self.inbox_limit:
                 if not self._read_one(0.0, want_message=False):
@@ -311,7 +357,7 @@ class Link:
         finally:
             self._close_socket_if_closed()
             self._recv_lock.release()
-        return len(self._inbox)
+        return self._inbox.ready_count()
 
     def __iter__(self) -> Iterator[Any]:
         """Yields messages until the link closes cleanly; raises if it closed with an error."""
@@ -439,15 +485,16 @@ class Link:
                     self._outbox.send_now(fr.refuse_frame(fr.REFUSE_TOO_LARGE, str(e)))
                 self._shutdown(e, "local")
                 return
+            waits: list[Completion] = []
             try:
-                value, owned = decode_message(flags & fr.ENCODING_MASK, payload, fds, self, self._leases_in)
+                value, owned = decode_message(flags & fr.ENCODING_MASK, payload, fds, self, self._leases_in, waits)
             except Malformed as e:
                 self._shutdown(e, "local")
                 return
             except IpcError as e:
                 self._inbox.append((False, e))
                 return
-            self._inbox.append((True, value))
+            self._inbox.append((True, PendingMessage(value, owned, waits) if waits else value))
             return
         if ftype == fr.RELEASE:
             try:
@@ -577,12 +624,47 @@ class Link:
                 pass
 
     def _close_socket_if_closed(self) -> None:
-        """With the receive lock held: the socket goes once the link is closed."""
+        """With the receive lock held: the socket goes once the link is closed (and the wake-up fd)."""
         if self._state == "closed":
             self._sock.close()
+            wake, self._wake = self._wake, None
+            if wake is not None:
+                wake.close()
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.Link {self._state} with the {self._peer_name} ({self._peer_label()})>"
+
+
+# os.eventfd and its helpers, typed here (mypy 1.0's typeshed predates them).
+_eventfd_read: Callable[[int], int] = getattr(os, "eventfd_read")
+_eventfd_write: Callable[[int, int], None] = getattr(os, "eventfd_write")
+_EFD_CLOEXEC: int = getattr(os, "EFD_CLOEXEC")
+_EFD_NONBLOCK: int = getattr(os, "EFD_NONBLOCK")
+
+
+class _Wake:
+    """An eventfd that wakes a receive() waiting in _wait_arriving; ringing it after close() does
+    nothing (the number may belong to another file by then)."""
+
+    __slots__ = ("fd", "_lock")
+
+    def __init__(self) -> None:
+        self.fd: int = getattr(os, "eventfd")(0, _EFD_CLOEXEC | _EFD_NONBLOCK)
+        self._lock = threading.Lock()
+
+    def ring(self) -> None:
+        with self._lock:
+            if self.fd >= 0:
+                try:
+                    _eventfd_write(self.fd, 1)
+                except BlockingIOError:
+                    pass  # rung many times before a read: it is still readable
+
+    def close(self) -> None:
+        with self._lock:
+            fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 _CREATE = object()
