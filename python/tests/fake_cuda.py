@@ -46,6 +46,9 @@ class FakeDriver:
         self.uploads = []  # bytes per cuMemcpyHtoDAsync
         self.launches = []  # (kernel name, grid, block, runs, chunks) per cuLaunchKernel
         self.events = 0
+        self.destroyed_streams = []
+        self.stream_waits = []  # (stream, event) per cuStreamWaitEvent
+        self.recorded = []  # (event, stream) per cuEventRecord
 
     # -- what tests use --
 
@@ -194,6 +197,16 @@ class FakeDriver:
     def cuStreamSynchronize(self, s):
         self.stream_syncs.append(s.value)
 
+    def cuStreamDestroy(self, s):
+        self.destroyed_streams.append(s.value)
+
+    def cuStreamWaitEvent(self, s, ev, flags):
+        assert flags == 0
+        self.stream_waits.append((s.value, ev.value))
+
+    def cuEventQuery(self, ev):
+        pass
+
     def _find(self, ptr):
         for base, (_, size, pool) in self.allocs.items():
             if base <= ptr < base + size:
@@ -317,11 +330,13 @@ class FakeDriver:
     def raw_cuEventCreate(self, out, flags):
         self.calls.append("cuEventCreate")
         self.events += 1
-        out._obj.value = 0x6F00 + self.events
+        self._next_event = getattr(self, "_next_event", 0x6F00) + 1
+        out._obj.value = self._next_event
         return 0
 
     def raw_cuEventRecord(self, ev, stream):
         self.calls.append("cuEventRecord")
+        self.recorded.append((ev.value, stream.value))
         return 0
 
     def raw_cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
