@@ -35,6 +35,8 @@ from .channel import ChannelConsumer, ChannelProducer, Message, Slot, accept_cha
 from .host_array import HostArray
 from .tensor_set import SharedTensors, TensorSet, share_tensors
 from .update import UpdateResult, update_in_place
+from .nccl_tensor_set import RemoteTensorSet  # tensor sets over TCP links (NCCL)
+from .link.fanout import Fanout
 from .link import Listener, RemoteAddress, TcpListener, listen
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 
@@ -48,6 +50,6 @@ __all__ = [
     "configure_import_cache", "legacy_cache_stats",
     "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
     "NcclCommunicator", "NcclError", "NcclLibrary", "NcclUnavailableError", "load_nccl",
-    "TcpListener", "RemoteAddress",
+    "TcpListener", "RemoteAddress", "RemoteTensorSet", "Fanout",
 ]
 __version__ = "0.1.0"
