@@ -61,11 +61,13 @@ class RemoteTensorSet(TensorSet):
     still on the sender; ``fetch()`` receives them into memory of this process's own (blocking), as
     does the first tensor asked for; ``update_in_place`` receives them straight into parameters."""
 
-    def __init__(self, comm: LinkComm, record: NcclTensorSetRecord, lease: ReceivedLease | None, _token: object = None):
+    def __init__(self, comm: LinkComm, record: NcclTensorSetRecord, lease: ReceivedLease | None, link: Link, _token: object = None):
         if _token is not _REMOTE:
             raise IpcError("ERR_INVALID_ARG", "RemoteTensorSet objects come from TCP links (receive)")
         super().__init__(record.layout, [], _CREATE)
         self._comm = comm
+        #: The link it came on: read while waiting for the bytes (the sender's NCCL_ABORT or death ends the wait).
+        self._link = link
         self._record = record
         self._lease = lease
         self._remote_lock = threading.Lock()
@@ -103,10 +105,8 @@ class RemoteTensorSet(TensorSet):
         was already); returns the set. Raises the transfer's error (the link closed: ERR_PEER_GONE,
         NCCL failed: ERR_NCCL), ERR_TIMEOUT after ``timeout`` seconds (it keeps arriving)."""
         self._check()
-        if self._consumed:
-            raise _consumed()
         c = self._start_fetch()
-        if not c.wait(timeout):
+        if not self._link._await(c, timeout):
             raise IpcError("ERR_TIMEOUT", f"TensorSet.fetch: the set's bytes did not arrive within {timeout} s")
         c.result()
         return self
@@ -229,10 +229,13 @@ class RemoteTensorSet(TensorSet):
 
     # -- the TensorSet views: the bytes must be here --
 
-    def _ensure(self) -> None:
-        self._check()
+    def _check(self) -> None:
+        super()._check()
         if self._consumed:
             raise _consumed()
+
+    def _ensure(self) -> None:
+        self._check()
         if self._buffer is None:
             self.fetch()
 
@@ -310,6 +313,9 @@ def update_from_remote(dst: Mapping[str, Any], ts: TensorSet, *, stream: Any, st
     if not isinstance(ts, RemoteTensorSet):
         return None
     ts._check()
+    if ts._fetching is not None:  # being received into memory of its own (forced by a later transfer): copy from there
+        ts.fetch()
+        return None
     t0 = time.perf_counter()
     rp = _remote_plan(dst, ts, strict)
     if not rp.direct:
@@ -329,6 +335,7 @@ def update_from_remote(dst: Mapping[str, Any], ts: TensorSet, *, stream: Any, st
     times: dict[str, float] = {}
     t1 = time.perf_counter()
     done = ts._receive_into(rp.routes, (ev,), times)
+    ts._link._await(done)
     done.result()
     t2 = time.perf_counter()
     started, queued = times.get("started", t1), times.get("queued", t1)
@@ -380,7 +387,7 @@ class _NcclTensorSetTransfer(TransferHandler[Union[SharedTensors, TensorSet]]):
             raise IpcError("ERR_DESCRIPTOR_INVALID", "received an nccl-tensor-set record with fds")
         record = decode_nccl_tensor_set(data, _cached_decode(link))
         comm = incoming_comm(link, record.comm, record.sequence)
-        return RemoteTensorSet(comm, record, lease, _REMOTE)
+        return RemoteTensorSet(comm, record, lease, link, _REMOTE)
 
 
 register_transfer_handler(_NcclTensorSetTransfer())

@@ -399,8 +399,20 @@ class FakeArray:
                 "version": 3, "stream": self.stream}
 
 
+def _forget_driver_state() -> None:
+    """What the package keeps per driver (streams, loaded kernels, plans holding device tables): a new
+    fake starts without them."""
+    from cuda_ipc import copy_kernels, nccl_tensor_set, update
+    update._streams.clear()
+    update._plans.clear()
+    copy_kernels._functions.clear()
+    copy_kernels._sms.clear()
+    nccl_tensor_set._remote_plans.clear()
+
+
 def install() -> FakeDriver:
     """Routes cuda_ipc's driver calls to a new FakeDriver (undo with uninstall())."""
+    _forget_driver_state()
     fake = FakeDriver()
     drv._driver = fake
     device_mod._devices = None
@@ -416,6 +428,7 @@ def install() -> FakeDriver:
 
 
 def uninstall(fake: FakeDriver) -> None:
+    _forget_driver_state()
     fake.close()
     drv._driver = None
     device_mod._devices = None

@@ -295,7 +295,9 @@ class Link:
                     if self._inbox:
                         waiting = self._inbox.waiting()
                         if waiting is not None:
-                            self._wait_arriving(waiting, deadline)
+                            if not self._wait_settled(waiting, deadline):
+                                raise IpcError("ERR_TIMEOUT", f"link.receive: the {self._peer_name}'s message is still arriving "
+                                               "(device memory over NCCL) at the timeout; it stays next")
                             continue
                         value = self._inbox.take()
                         self._defer_thread = threading.get_ident()
@@ -306,10 +308,30 @@ class Link:
             finally:
                 self._close_socket_if_closed()
 
-    def _wait_arriving(self, waiting: Completion, deadline: float | None) -> None:
-        """The oldest message's values are still arriving (deferred.py): waits until they did, the
-        deadline passed (ERR_TIMEOUT; the message stays first), or a frame came, which is read (the
-        peer's NCCL_ABORT, GOODBYE or death end what is arriving). With the receive lock held."""
+    def _await(self, done: Completion, timeout: float | None = None) -> bool:
+        """Waits until ``done`` settled (a transfer this link's frames may end: the peer's NCCL_ABORT,
+        GOODBYE or death), reading the link meanwhile unless another thread does (its receive()).
+        Frames read go where they always go (messages to the inbox). False at the timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done.settled:
+            if self._recv_lock.acquire(blocking=False):
+                try:
+                    if not self._wait_settled(done, deadline):
+                        return False
+                finally:
+                    self._close_socket_if_closed()
+                    self._recv_lock.release()
+            else:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return done.settled
+                done.wait(0.05 if remaining is None else min(0.05, remaining))
+        return True
+
+    def _wait_settled(self, waiting: Completion, deadline: float | None) -> bool:
+        """Waits until ``waiting`` settled (the oldest message's values arriving, deferred.py, or another
+        transfer of this link), reading the frames that come meanwhile (the peer's NCCL_ABORT,
+        GOODBYE or death end what is arriving). False at the deadline. With the receive lock held."""
         wake: _Wake = self._wake or _Wake()
         self._wake = wake
         fd = wake.fd
@@ -333,8 +355,8 @@ class Link:
             if reading and events.get(self._fd):
                 self._read_one(0.0, want_message=False)
             elif not events and deadline is not None and not waiting.settled:
-                raise IpcError("ERR_TIMEOUT", f"link.receive: the {self._peer_name}'s message is still arriving (device memory over NCCL) "
-                               "at the timeout; it stays next")
+                return False
+        return True
 
     def _has_buffered(self) -> bool:
         """Whether a whole frame was read ahead already (a stream link's buffer)."""

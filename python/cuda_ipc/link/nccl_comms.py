@@ -254,19 +254,18 @@ class LinkComm:
 
     def check(self) -> None:
         """The watchdog's look: NCCL's asynchronous error, and links whose peer hung up (read, so that they close)."""
-        comm = self._comm
-        if comm is not None and not comm.closed and self._ended is None:
-            try:
-                state = comm.async_error()
-            except IpcError:
-                state = "ncclSuccess"  # aborted meanwhile
-            if state not in ("ncclSuccess", "ncclInProgress"):
-                self.abort(IpcError("ERR_NCCL", f"NCCL reported {state} on the communicator of this link's transfers ({self._peers()}); "
-                                    "the transfers in flight failed, a later transfer makes a new communicator"), ABORT_NCCL_FAILED)
-                return
         for link in list(self.links):
             if _hung_up(link):
                 link.poll()  # reads to the end: the link closes, and its close aborts this
+        comm = self._comm
+        if comm is not None and not comm.closed and self._ended is None:
+            try:
+                state = comm.poll_async_error()  # None: the worker is in a call, which reports NCCL's errors itself
+            except IpcError:
+                state = None  # aborted meanwhile
+            if state is not None and state not in ("ncclSuccess", "ncclInProgress"):
+                self.abort(IpcError("ERR_NCCL", f"NCCL reported {state} on the communicator of this link's transfers ({self._peers()}); "
+                                    "the transfers in flight failed, a later transfer makes a new communicator"), ABORT_NCCL_FAILED)
 
     def _peers(self) -> str:
         out = []
@@ -339,7 +338,10 @@ class _LinkState:
         self.lock = threading.Lock()
         self.by_id: dict[bytes, LinkComm] = {}
         self.outgoing: dict[str, LinkComm] = {}  # by device UUID
+        #: Communicators whose unique id went out on the link.
         self.announced: set[bytes] = set()
+        #: ... or goes in the message being sent (its later records for the same communicator need not carry it).
+        self.announcing: set[bytes] = set()
 
 
 _states_lock = threading.Lock()
@@ -426,16 +428,28 @@ def add_broadcast_comm(link: Link, comm: LinkComm) -> None:
 
 
 def comm_reference(link: Link, comm: LinkComm, rank: int) -> CommReference:
-    """How a record names ``comm`` on ``link`` for the receiver of ``rank``: the first one carries its unique id."""
-    sent = comm.id in state_of(link).announced
-    return CommReference(comm.id, comm.nranks, rank, comm.broadcast, None if sent else comm.unique_id)
+    """How a record names ``comm`` on ``link`` for the receiver of ``rank``: the first one carries its
+    unique id (the first of the message being encoded, when none went out yet; Link.send encodes one
+    message at a time)."""
+    s = state_of(link)
+    if comm.id in s.announced or comm.id in s.announcing:
+        return CommReference(comm.id, comm.nranks, rank, comm.broadcast, None)
+    s.announcing.add(comm.id)
+    return CommReference(comm.id, comm.nranks, rank, comm.broadcast, comm.unique_id)
 
 
 def committed_on(link: Link, comm: LinkComm) -> None:
     """A record naming ``comm`` went out on ``link``: later ones there need not carry its unique id, and its NCCL side starts."""
-    state_of(link).announced.add(comm.id)
+    s = state_of(link)
+    s.announced.add(comm.id)
+    s.announcing.discard(comm.id)
     assert comm.unique_id is not None, "the side that made a communicator has its unique id"
     comm.start(comm.unique_id)
+
+
+def not_sent(link: Link, comm: LinkComm) -> None:
+    """The message naming ``comm`` did not go out: the next one carries its unique id again, if it had to."""
+    state_of(link).announcing.discard(comm.id)
 
 
 def receiving_device() -> Device:
@@ -565,7 +579,8 @@ def begin_outgoing(link: Link, device: Device) -> OutgoingTransfer:
         def committed_fan(start: StartWork) -> Completion:
             committed_on(link, comm)
             return fan.shared(comm, sequence, start)
-        return OutgoingTransfer(comm, sequence, comm_reference(link, comm, fan.rank_of(link)), committed_fan, lambda: None)
+        # Abandoned: the fanout gives up as a whole (fanout.py), and its communicator with it.
+        return OutgoingTransfer(comm, sequence, comm_reference(link, comm, fan.rank_of(link)), committed_fan, lambda: not_sent(link, comm))
     comm = outgoing_comm(link, device)
     sequence = comm.sequence
     comm.sequence += 1
@@ -576,4 +591,5 @@ def begin_outgoing(link: Link, device: Device) -> OutgoingTransfer:
 
     def abandoned() -> None:
         comm.sequence = min(comm.sequence, sequence)
+        not_sent(link, comm)
     return OutgoingTransfer(comm, sequence, comm_reference(link, comm, 1), committed, abandoned)

@@ -249,6 +249,16 @@ class NcclCommunicator:
         with self._lock:
             return result_name(_async_state(self.library, self._open_handle("NcclCommunicator.async_error")))
 
+    def poll_async_error(self) -> str | None:
+        """async_error() without waiting: None while another thread is in a call of this communicator
+        (which reports NCCL's errors itself)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return result_name(_async_state(self.library, self._open_handle("NcclCommunicator.poll_async_error")))
+        finally:
+            self._lock.release()
+
     def abort(self) -> None:
         """Aborts the communicator (ncclCommAbort): local, never waits for another rank; stops NCCL's
         kernels and threads and frees what it holds. For a communicator whose peer died or may have.
