@@ -113,6 +113,13 @@ class NcclBufferTests(NcclCase):
         mine.close()
         buf.close()
 
+    def test_two_device_values_in_the_first_message_name_the_new_communicator_once(self) -> None:
+        a, b = self.array([1.0, 2.0]), self.array([3.0, 4.0, 5.0])
+        self.a.send({"a": a, "b": b})
+        got = self.b.receive(timeout=10)
+        self.assertEqual((read_f32(got["a"].ptr, 2), read_f32(got["b"].ptr, 3)), ([1.0, 2.0], [3.0, 4.0, 5.0]))
+        self.assertEqual(len(self.lines("init ")), 2)
+
     def test_the_sender_refuses_what_cannot_cross(self) -> None:
         strided = fake_cuda.FakeArray(self.fake.alloc(64), (4, 2), "<f4", strides=(16, 4))
         empty = fake_cuda.FakeArray(self.fake.alloc(4), (0,), "<f4")

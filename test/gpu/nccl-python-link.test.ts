@@ -167,20 +167,23 @@ describe(`Node <-> Python over a TCP link, NCCL's ${path}`, { skip }, () => {
     await listener?.close();
   });
 
-  test('Node -> Python: a DeviceBuffer and a DeviceArray arrive as torch tensors with the same values', async () => {
+  test('Node -> Python: a DeviceBuffer and a DeviceArray in one message (the first: a new communicator) arrive as torch tensors', async () => {
     const buffer = DeviceBuffer.allocate(256 * MiB, { device: here() });
     kernels().fillPattern(buffer, 'u32', 1000, 1);
-    here().synchronize();
-    let got = ask(py, { op: 'recv-tensor' });
-    data.send({ t: buffer, seed: 1000 });
-    buffer.close();  // leased until Python has the bytes
-    let r = await got;
-    assert.deepEqual([r.bad, r.dtype, r.shape, r.device], [0, 'torch.uint8', [256 * MiB], 1]);
     const array = DeviceArray.allocate('int32', [1024, 512], { device: here() });
     kernels().fillPattern(array.buffer, 'u32', 55, 1);
     here().synchronize();
+    let got = ask(py, { op: 'recv-tensor' });
+    // Two records naming the communicator this message makes: only the first carries its unique id.
+    data.send({ t: buffer, seed: 1000, u: array, useed: 55 });
+    buffer.close();  // leased until Python has the bytes
+    let r = await got;
+    assert.deepEqual([r.bad, r.dtype, r.shape, r.device], [0, 'torch.uint8', [256 * MiB], 1]);
+    assert.deepEqual([r.u.bad, r.u.dtype, r.u.shape, r.u.device], [0, 'torch.int32', [1024, 512], 1]);
+    kernels().fillPattern(array.buffer, 'u32', 77, 1);
+    here().synchronize();
     got = ask(py, { op: 'recv-tensor' });
-    data.send({ t: array, seed: 55 });
+    data.send({ t: array, seed: 77 });
     r = await got;
     array.buffer.close();
     assert.deepEqual([r.bad, r.dtype, r.shape], [0, 'torch.int32', [1024, 512]]);

@@ -7,7 +7,8 @@ do, one reply per command: {ok: true, ...} or {ok: false, error: traceback}.
   {op: 'connect', url, token}
   {op: 'accepted'}
   {op: 'send-tensor', numel, seed, dtype}   int32/float32/bfloat16 seed + i (mod 2^20 for the floats) -> {}
-  {op: 'recv-tensor'}                   the next message's 't' checked against its 'seed' -> {bad, dtype, shape, device, kind}
+  {op: 'recv-tensor'}                   the next message's 't' checked against its 'seed' (and 'u' against 'useed')
+                                        -> {bad, dtype, shape, device, kind, u?}
   {op: 'model', seed}                   a model (embedding, attention-like linears, norms, an MoE-like spread of sizes)
   {op: 'sync', step}                    sender: one training step (in place), then the state dict sent as one set -> {}
   {op: 'update', step, via}             receiver: the next set into this model's parameters ('inplace': update_in_place,
@@ -76,6 +77,17 @@ def train_step(m: torch.nn.Module, step: int) -> None:
     m.step.add_(step)  # type: ignore[operator]
 
 
+def check(t: object, seed: int) -> dict:
+    """A received tensor against seed + i (a uint8 tensor: its int32 words)."""
+    kind = type(t).__module__ + "." + type(t).__qualname__
+    if not isinstance(t, torch.Tensor):
+        return {"bad": -1, "kind": kind}
+    flat = t.reshape(-1)
+    words = flat.view(torch.int32) if t.dtype == torch.uint8 else flat
+    bad = int((words != expected(words.numel(), seed, words.dtype)).sum().item())
+    return {"bad": bad, "dtype": str(t.dtype), "shape": list(t.shape), "device": t.device.index, "kind": kind}
+
+
 def mismatches(a: torch.nn.Module, b: torch.nn.Module) -> int:
     sa, sb = a.state_dict(), b.state_dict()
     assert list(sa) == list(sb)
@@ -114,15 +126,10 @@ def handle(msg: dict) -> dict:  # noqa: C901 - one branch per command
         return {}
     if op == "recv-tensor":
         m = data.receive(timeout=300)
-        t = m["t"]
-        kind = type(t).__module__ + "." + type(t).__qualname__
-        if isinstance(t, torch.Tensor):
-            flat = t.reshape(-1)
-            want = expected(flat.numel() if t.dtype != torch.uint8 else flat.numel() // 4, m["seed"], t.dtype if t.dtype != torch.uint8 else torch.int32)
-            got = flat if t.dtype != torch.uint8 else flat.view(torch.int32)
-            bad = int((got != want).sum().item())
-            return {"bad": bad, "dtype": str(t.dtype), "shape": list(t.shape), "device": t.device.index, "kind": kind}
-        return {"bad": -1, "kind": kind}
+        out = check(m["t"], m["seed"])
+        if "u" in m:  # a second device value of the same message
+            out["u"] = check(m["u"], m["useed"])
+        return out
     if op == "model":
         model_seed = msg["seed"]
         model = make_model(model_seed)
