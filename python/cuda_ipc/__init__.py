@@ -14,7 +14,11 @@ processes on different machines (messages and copies of host buffers):
   buffers) put in a message are shared zero-copy and kept alive until the peer releases them.
 
 * NCCL: ``load_nccl()`` and ``NcclCommunicator`` (cuda_ipc.nccl) move device bytes between processes
-  and machines, the same layer as Node's, with libnccl.so.2 found at run time.
+  and machines, the same layer as Node's, with libnccl.so.2 found at run time. On a TCP link, CUDA
+  tensors and ``share_tensors`` sets put in a message move over NCCL (the link sets up the
+  communicators): received into memory of the receiver's own, or straight into its parameters by
+  ``update_in_place`` (a ``RemoteTensorSet``); ``Fanout`` sends one message to many links, its device
+  bytes broadcast once.
 
 The core uses only the standard library (ctypes for libcuda); the wire protocol is documented in
 docs/PROTOCOL.md of the cuda-ipc repository.
