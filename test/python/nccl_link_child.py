@@ -197,8 +197,8 @@ def handle(msg: dict) -> dict:  # noqa: C901 - one branch per command
         threading.Thread(target=lambda: data.receive(timeout=600), daemon=True).start()  # type: ignore[union-attr]
         return {}
     if op == "state":
-        gc.collect()
-        torch.cuda.synchronize()
+        data.poll()  # what the peer sent meanwhile (releases, its end), as a sender reads its link now and then
+        gc.collect()  # (no device synchronize: a stream NCCL still holds must not hang this answer)
         threads = [t.name for t in threading.enumerate() if t.name.startswith("cuda-ipc nccl ") and "watchdog" not in t.name]
         reason = data._reason.code if data._reason is not None else None
         return {"allocated": torch.cuda.memory_allocated(ordinal), "leases": data.leases.count, "link_closed": data.closed,
