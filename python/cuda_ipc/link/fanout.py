@@ -96,7 +96,9 @@ class Fanout:
         if comm is not None and comm.ended is None:
             return comm
         library = load_nccl()
-        comm = LinkComm(os.urandom(16), device, len(self.links) + 1, 0, True, library.unique_id())
+        with device.activate():
+            uid = library.unique_id()
+        comm = LinkComm(os.urandom(16), device, len(self.links) + 1, 0, True, uid)
         for link in self.links:
             add_broadcast_comm(link, comm)
         self._comms[device.uuid] = comm

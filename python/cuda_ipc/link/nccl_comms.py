@@ -411,7 +411,9 @@ def outgoing_comm(link: Link, device: Device) -> LinkComm:
         if comm is not None and comm.ended is None:
             return comm
     library = load_nccl()
-    comm = LinkComm(os.urandom(16), device, 2, 0, False, library.unique_id())
+    with device.activate():  # as Node: NCCL may touch CUDA making the id; let it find this device's context
+        uid = library.unique_id()
+    comm = LinkComm(os.urandom(16), device, 2, 0, False, uid)
     comm.add_link(link)
     with s.lock:
         s.outgoing[device.uuid] = comm
