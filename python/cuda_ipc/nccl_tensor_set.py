@@ -29,6 +29,7 @@ from . import update as upd
 from .chunk_pipeline import ChunkOperation, mover_of
 from .device import Device
 from .errors import IpcError
+from .link.arriving import await_settled
 from .link.deferred import Completion
 from .link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from .link.nccl_abort import ABORT_CANNOT_TAKE
@@ -106,7 +107,7 @@ class RemoteTensorSet(TensorSet):
         NCCL failed: ERR_NCCL), ERR_TIMEOUT after ``timeout`` seconds (it keeps arriving)."""
         self._check()
         c = self._start_fetch()
-        if not self._link._await(c, timeout):
+        if not await_settled(self._link, c, timeout):
             raise IpcError("ERR_TIMEOUT", f"TensorSet.fetch: the set's bytes did not arrive within {timeout} s")
         c.result()
         return self
@@ -335,7 +336,7 @@ def update_from_remote(dst: Mapping[str, Any], ts: TensorSet, *, stream: Any, st
     times: dict[str, float] = {}
     t1 = time.perf_counter()
     done = ts._receive_into(rp.routes, (ev,), times)
-    ts._link._await(done)
+    await_settled(ts._link, done, None)
     done.result()
     t2 = time.perf_counter()
     started, queued = times.get("started", t1), times.get("queued", t1)

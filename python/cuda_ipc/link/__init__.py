@@ -11,7 +11,8 @@ transfer-handler registry), lease (what a sent value keeps alive until the peer 
 host_transfer, host_bytes and device_transfers (how host and device memory travel), nccl_abort (the
 NCCL layer's abort frames), nccl_order / nccl_comms (the NCCL communicators of TCP links and the order
 of their transfers), nccl_buffer (device memory over NCCL), fanout (one message to several TCP links,
-its device memory broadcast once), deferred (values still arriving when their message is read).
+its device memory broadcast once), deferred / arriving (values still arriving when their message is
+read, and waiting for them while reading the link).
 """
 # Their transfer handlers, registered for every link, host memory first (a value goes to the first
 # handler that takes it).

@@ -38,6 +38,7 @@ from .large_message import (
 from .message_decoder import decode_message, lease_ids_of
 from .message_encoder import encode_message
 from .message_format import Malformed
+from . import arriving
 from .deferred import Completion, PendingMessage
 from .nccl_abort import NcclAbortHook, dispatch_nccl_abort
 from .outbox import Outbox, flusher
@@ -97,7 +98,7 @@ class Link:
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "Link cannot be constructed directly; use parent_link() or connect()")
         self._sock = sock
-        self._fd = sock.fileno()
+        self._fd: int = sock.fileno()
         self._peer_name: str = peer_name
         self._allow_uids = tuple(allow_uids)
         #: The largest message (payload bytes) this link sends or accepts; larger than a frame, it
@@ -105,18 +106,18 @@ class Link:
         self.max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES if max_message_bytes is None else check_max_message_bytes(max_message_bytes)
         #: The peer's HELLO features; until it arrives (a child may send first) large messages are assumed.
         self._peer_features: int = fr.FEATURE_LARGE_MESSAGES
-        self._state = "handshaking"
+        self._state: str = "handshaking"
         self._reason: IpcError | None = None
         self._closed_by: str | None = None
         self._hello_sent = False
         self._goodbye_sent = False
-        self._recv_lock = threading.Lock()
+        self._recv_lock: threading.Lock = threading.Lock()
         self._send_lock = threading.Lock()
         self._state_lock = threading.RLock()
-        self._inbox = Inbox()
+        self._inbox: Inbox = Inbox()
         #: poll() stops reading ahead at this many unreceived messages: the rest waits in the socket
         #: (and the peer's sends wait), so a peer that floods cannot grow this process without bound.
-        self.inbox_limit = INBOX_LIMIT
+        self.inbox_limit: int = INBOX_LIMIT
         self._leases_out = OutgoingLeases()
         self._leases_in = IncomingLeases(self._lease_ended)
         # The thread that received the last message and has not used the link since: the releases
@@ -129,7 +130,7 @@ class Link:
         #: What receives the peer's NCCL_ABORT frames (nccl_abort.py; TCP links only).
         self._nccl_abort_hooks: list[NcclAbortHook] = []
         #: What wakes a receive() waiting for a message's values to arrive (made on first use).
-        self._wake: _Wake | None = None
+        self._wake: arriving.Wake | None = None
         self._start(sock, verify_peer)
 
     def _start(self, sock: socket.socket, verify_peer: bool) -> None:
@@ -293,9 +294,9 @@ class Link:
             try:
                 while True:
                     if self._inbox:
-                        waiting = self._inbox.waiting()
+                        waiting = self._inbox.waiting()  # its values still arriving (deferred.py): reads meanwhile
                         if waiting is not None:
-                            if not self._wait_settled(waiting, deadline):
+                            if not arriving.wait_settled(self, waiting, deadline):
                                 raise IpcError("ERR_TIMEOUT", f"link.receive: the {self._peer_name}'s message is still arriving "
                                                "(device memory over NCCL) at the timeout; it stays next")
                             continue
@@ -307,56 +308,6 @@ class Link:
                     self._read_one(deadline, want_message=True)
             finally:
                 self._close_socket_if_closed()
-
-    def _await(self, done: Completion, timeout: float | None = None) -> bool:
-        """Waits until ``done`` settled (a transfer this link's frames may end: the peer's NCCL_ABORT,
-        GOODBYE or death), reading the link meanwhile unless another thread does (its receive()).
-        Frames read go where they always go (messages to the inbox). False at the timeout."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not done.settled:
-            if self._recv_lock.acquire(blocking=False):
-                try:
-                    if not self._wait_settled(done, deadline):
-                        return False
-                finally:
-                    self._close_socket_if_closed()
-                    self._recv_lock.release()
-            else:
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return done.settled
-                done.wait(0.05 if remaining is None else min(0.05, remaining))
-        return True
-
-    def _wait_settled(self, waiting: Completion, deadline: float | None) -> bool:
-        """Waits until ``waiting`` settled (the oldest message's values arriving, deferred.py, or another
-        transfer of this link), reading the frames that come meanwhile (the peer's NCCL_ABORT,
-        GOODBYE or death end what is arriving). False at the deadline. With the receive lock held."""
-        wake: _Wake = self._wake or _Wake()
-        self._wake = wake
-        fd = wake.fd
-        waiting.add_callback(lambda _c: wake.ring())
-        while not waiting.settled:
-            reading = self._state != "closed" and len(self._inbox) < self.inbox_limit
-            if reading and self._has_buffered():
-                self._read_one(0.0, want_message=False)
-                continue
-            p = select.poll()
-            p.register(fd, select.POLLIN)
-            if reading:
-                p.register(self._fd, select.POLLIN)
-            ms = -1 if deadline is None else max(0.0, deadline - time.monotonic()) * 1000
-            events = dict(p.poll(ms))
-            if events.get(fd):
-                try:
-                    _eventfd_read(fd)
-                except BlockingIOError:
-                    pass
-            if reading and events.get(self._fd):
-                self._read_one(0.0, want_message=False)
-            elif not events and deadline is not None and not waiting.settled:
-                return False
-        return True
 
     def _has_buffered(self) -> bool:
         """Whether a whole frame was read ahead already (a stream link's buffer)."""
@@ -655,38 +606,6 @@ class Link:
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.Link {self._state} with the {self._peer_name} ({self._peer_label()})>"
-
-
-# os.eventfd and its helpers, typed here (mypy 1.0's typeshed predates them).
-_eventfd_read: Callable[[int], int] = getattr(os, "eventfd_read")
-_eventfd_write: Callable[[int, int], None] = getattr(os, "eventfd_write")
-_EFD_CLOEXEC: int = getattr(os, "EFD_CLOEXEC")
-_EFD_NONBLOCK: int = getattr(os, "EFD_NONBLOCK")
-
-
-class _Wake:
-    """An eventfd that wakes a receive() waiting in _wait_arriving; ringing it after close() does
-    nothing (the number may belong to another file by then)."""
-
-    __slots__ = ("fd", "_lock")
-
-    def __init__(self) -> None:
-        self.fd: int = getattr(os, "eventfd")(0, _EFD_CLOEXEC | _EFD_NONBLOCK)
-        self._lock = threading.Lock()
-
-    def ring(self) -> None:
-        with self._lock:
-            if self.fd >= 0:
-                try:
-                    _eventfd_write(self.fd, 1)
-                except BlockingIOError:
-                    pass  # rung many times before a read: it is still readable
-
-    def close(self) -> None:
-        with self._lock:
-            fd, self.fd = self.fd, -1
-        if fd >= 0:
-            os.close(fd)
 
 
 _CREATE = object()
