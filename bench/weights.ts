@@ -1,4 +1,5 @@
 // `npm run bench:weights [-- --tensors 3000] [--gib 8] [--syncs 3] [--repeats 5] [--split N] [--json FILE] [--no-references] [--no-pool]`
+// (`-- --remote`: the same state dict between machines, over a TCP link and NCCL: bench/weights-remote.ts)
 //
 // Whole models across processes (issue 21): a synthetic bf16 MoE-like state dict (about 8 GiB in
 // about 3,000 tensors, a few large and many small) goes from a PyTorch trainer process to a
@@ -22,6 +23,10 @@
 // target says which step holds it; the first sync also says how much of it is handle opens.
 // Needs a GPU and python3 with PyTorch; says why and exits 0 otherwise.
 import { parseArgs } from 'node:util';
+if (process.argv.includes('--remote')) {
+  // Between machines (issue 26): a TCP link with NCCL (bench/weights-remote.ts), its own options.
+  await import('./weights-remote.js');
+}
 import { spawnSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';

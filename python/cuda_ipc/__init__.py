@@ -14,7 +14,11 @@ processes on different machines (messages and copies of host buffers):
   buffers) put in a message are shared zero-copy and kept alive until the peer releases them.
 
 * NCCL: ``load_nccl()`` and ``NcclCommunicator`` (cuda_ipc.nccl) move device bytes between processes
-  and machines, the same layer as Node's, with libnccl.so.2 found at run time.
+  and machines, the same layer as Node's, with libnccl.so.2 found at run time. On a TCP link, CUDA
+  tensors and ``share_tensors`` sets put in a message move over NCCL (the link sets up the
+  communicators): received into memory of the receiver's own, or straight into its parameters by
+  ``update_in_place`` (a ``RemoteTensorSet``); ``Fanout`` sends one message to many links, its device
+  bytes broadcast once.
 
 The core uses only the standard library (ctypes for libcuda); the wire protocol is documented in
 docs/PROTOCOL.md of the cuda-ipc repository.
@@ -35,6 +39,8 @@ from .channel import ChannelConsumer, ChannelProducer, Message, Slot, accept_cha
 from .host_array import HostArray
 from .tensor_set import SharedTensors, TensorSet, share_tensors
 from .update import UpdateResult, update_in_place
+from .nccl_tensor_set import RemoteTensorSet  # tensor sets over TCP links (NCCL)
+from .link.fanout import Fanout
 from .link import Listener, RemoteAddress, TcpListener, listen
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 from .native import NativeHelper, native_helper
@@ -50,6 +56,6 @@ __all__ = [
     "configure_import_cache", "legacy_cache_stats",
     "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
     "NcclCommunicator", "NcclError", "NcclLibrary", "NcclUnavailableError", "load_nccl",
-    "NativeHelper", "native_helper", "ipc_mem_pool", "TcpListener", "RemoteAddress",
+    "NativeHelper", "native_helper", "ipc_mem_pool", "TcpListener", "RemoteAddress", "RemoteTensorSet", "Fanout",
 ]
 __version__ = "0.1.0"

@@ -101,6 +101,7 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
     "cuEventQuery": (CUevent,),
     "cuStreamWaitEvent": (CUstream, CUevent, c_uint),
     "cuStreamSynchronize": (CUstream,),
+    "cuStreamDestroy": (CUstream,),
     "cuMemPoolImportFromShareableHandle": (POINTER(CUmemoryPool), c_void_p, c_int, c_ulonglong),
     "cuMemPoolExportToShareableHandle": (c_void_p, CUmemoryPool, c_int, c_ulonglong),
     "cuMemPoolSetAccess": (CUmemoryPool, POINTER(CUmemAccessDesc), c_size_t),

@@ -92,6 +92,12 @@ class TensorSet(Resource, Mapping[str, Any]):
         return self._closed
 
     @property
+    def pending(self) -> bool:
+        """True for a set that came over a TCP link whose bytes are still on the sender
+        (nccl_tensor_set.RemoteTensorSet); a set received over a Unix link never is."""
+        return False
+
+    @property
     def memory(self) -> str:
         """'device', 'host' or 'mixed'."""
         host = any(isinstance(a, HostBuffer) for a in self._allocs)

@@ -115,7 +115,7 @@ class SharedTensors:
     """Named tensors marked for sending as one tensor set (``share_tensors``). Send it as often as you
     like: while every tensor still starts where it did, the encoding is reused."""
 
-    __slots__ = ("_names", "_objs", "_sync", "_encoding", "_lock")
+    __slots__ = ("_names", "_objs", "_sync", "_encoding", "_lock", "__weakref__")  # weakref: other transports' plans (nccl_tensor_send.py)
 
     def __init__(self, names: list[str], objs: list[Any], sync: bool):
         self._names = names

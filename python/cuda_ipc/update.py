@@ -46,14 +46,16 @@ class UpdateResult(NamedTuple):
     #: GPU operations queued (driver calls, torch copies); 0 for host memory
     operations: int
     #: 'kernel' (one copy_runs launch), 'batch' (cuMemcpyBatchAsync), 'copy' (one cuMemcpyDtoDAsync per pair),
-    #: 'foreach' (torch._foreach_copy_), 'host'
+    #: 'foreach' (torch._foreach_copy_), 'host', 'nccl' (a set from a TCP link received straight into the parameters:
+    #: ``operations`` NCCL operations, one per chunk; returns once the bytes are there)
     method: str
     #: the stream the copies were queued on (0 for host memory); synchronize it (or pass sync=True) before reusing the sources
     stream: int
     #: where the call's time went, in microseconds: 'plan' (matching names, the plan or its reuse, source
     #: addresses), 'table' (building and uploading the run table), 'launch' (queueing the copies), 'sync'
     #: (waiting for them, sync=True only); and 'uploaded': the run table's bytes uploaded (0 when the
-    #: plan's table was reused)
+    #: plan's table was reused). Method 'nccl': 'plan', 'wait' (until the transfer's turn on its
+    #: communicator), 'queue' (queueing its chunks), 'transfer' (until the bytes were there), 'uploaded'
     timings: Optional[dict[str, float]] = None
 
 
@@ -351,6 +353,13 @@ def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, str
     clock = time.perf_counter_ns
     t0 = clock()
     dst = _targets(target)
+    if isinstance(received, TensorSet) and received.pending:
+        # Came over a TCP link, its bytes still on the sender: received by NCCL straight into the
+        # parameters where each takes it (method 'nccl'), else fetched first and copied as below.
+        from .nccl_tensor_set import update_from_remote
+        remote = update_from_remote(dst, received, stream=stream, strict=strict)
+        if remote is not None:
+            return remote
     if isinstance(received, TensorSet):
         received._check()
         p = _plan_for_set(dst, received, strict)

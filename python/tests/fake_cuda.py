@@ -47,6 +47,9 @@ class FakeDriver:
         self.uploads = []  # bytes per cuMemcpyHtoDAsync
         self.launches = []  # (kernel name, grid, block, runs, chunks) per cuLaunchKernel
         self.events = 0
+        self.destroyed_streams = []
+        self.stream_waits = []  # (stream, event) per cuStreamWaitEvent
+        self.recorded = []  # (event, stream) per cuEventRecord
 
     @property
     def ctx_stack(self) -> list:
@@ -203,6 +206,16 @@ class FakeDriver:
     def cuStreamSynchronize(self, s):
         self.stream_syncs.append(s.value)
 
+    def cuStreamDestroy(self, s):
+        self.destroyed_streams.append(s.value)
+
+    def cuStreamWaitEvent(self, s, ev, flags):
+        assert flags == 0
+        self.stream_waits.append((s.value, ev.value))
+
+    def cuEventQuery(self, ev):
+        pass
+
     def _find(self, ptr):
         for base, (_, size, pool) in self.allocs.items():
             if base <= ptr < base + size:
@@ -326,11 +339,13 @@ class FakeDriver:
     def raw_cuEventCreate(self, out, flags):
         self.calls.append("cuEventCreate")
         self.events += 1
-        out._obj.value = 0x6F00 + self.events
+        self._next_event = getattr(self, "_next_event", 0x6F00) + 1
+        out._obj.value = self._next_event
         return 0
 
     def raw_cuEventRecord(self, ev, stream):
         self.calls.append("cuEventRecord")
+        self.recorded.append((ev.value, stream.value))
         return 0
 
     def raw_cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra):
@@ -393,8 +408,20 @@ class FakeArray:
                 "version": 3, "stream": self.stream}
 
 
+def _forget_driver_state() -> None:
+    """What the package keeps per driver (streams, loaded kernels, plans holding device tables): a new
+    fake starts without them."""
+    from cuda_ipc import copy_kernels, nccl_tensor_set, update
+    update._streams.clear()
+    update._plans.clear()
+    copy_kernels._functions.clear()
+    copy_kernels._sms.clear()
+    nccl_tensor_set._remote_plans.clear()
+
+
 def install() -> FakeDriver:
     """Routes cuda_ipc's driver calls to a new FakeDriver (undo with uninstall())."""
+    _forget_driver_state()
     fake = FakeDriver()
     drv._driver = fake
     device_mod._devices = None
@@ -410,6 +437,7 @@ def install() -> FakeDriver:
 
 
 def uninstall(fake: FakeDriver) -> None:
+    _forget_driver_state()
     fake.close()
     drv._driver = None
     device_mod._devices = None

@@ -129,7 +129,8 @@ def raw_accepted(server, **kw):
 
 
 class _FakeCudaArray:
-    """Looks like device memory to the encoder (it is never encoded: the TCP link refuses it first)."""
+    """Looks like device memory to the encoder, without any (device memory crosses a TCP link over NCCL:
+    test_nccl_link.py; this one is refused before NCCL is asked for anything)."""
 
     __cuda_array_interface__ = {"shape": (4,), "typestr": "<f4", "data": (0, False), "version": 3}
 
@@ -246,8 +247,7 @@ class TcpLinkTests(unittest.TestCase):
             with self.assertRaises(IpcError) as cm:
                 a.send({"x": [_FakeCudaArray()]})
             self.assertEqual(cm.exception.code, "ERR_NOT_TRANSFERABLE")
-            self.assertIn("NCCL", str(cm.exception))
-            self.assertIn(".x[0]", str(cm.exception))
+            self.assertIn("no bytes to send", str(cm.exception))
             with self.assertRaises(IpcError) as cm:
                 a.send(share_tensors({"w": ha}))
             self.assertEqual(cm.exception.code, "ERR_NOT_TRANSFERABLE")

@@ -107,6 +107,7 @@ export class Fanout {
     this.#comms.clear();
   }
 
+  /** Same as close(). */
   [Symbol.dispose](): void {
     this.close();
   }

@@ -365,10 +365,17 @@ export function addBroadcastComm(link: Link, comm: LinkComm): void {
 
 /** Which uniqueIds went out on which link: the first record naming a communicator on a link carries it. */
 const announced = new WeakMap<Link, Set<string>>();
+/** ... or go in the message being encoded (its later records naming the same communicator must not carry it again). */
+const announcing = new WeakMap<Link, Set<string>>();
 
 /** The reference a record names `comm` by on `link` for the receiver of `rank`. */
 export function commReference(link: Link, comm: LinkComm, rank: number): CommReference {
-  const sent = announced.get(link)?.has(comm.key) ?? false;
+  const sent = (announced.get(link)?.has(comm.key) ?? false) || (announcing.get(link)?.has(comm.key) ?? false);
+  if (!sent) {
+    let pending = announcing.get(link);
+    if (!pending) announcing.set(link, (pending = new Set()));
+    pending.add(comm.key);
+  }
   return { id: comm.id, nranks: comm.nranks, rank, broadcast: comm.broadcast, uniqueId: sent ? undefined : comm.uniqueId };
 }
 
@@ -377,7 +384,13 @@ export function committedOn(link: Link, comm: LinkComm): void {
   let sent = announced.get(link);
   if (!sent) announced.set(link, (sent = new Set()));
   sent.add(comm.key);
+  announcing.get(link)?.delete(comm.key);
   comm.start(comm.uniqueId!);
+}
+
+/** The message naming `comm` did not go out on `link`: the next one carries its unique id again (if it had to). */
+function notSent(link: Link, comm: LinkComm): void {
+  announcing.get(link)?.delete(comm.key);
 }
 
 /**
@@ -472,7 +485,7 @@ export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
         committedOn(link, comm);
         return fan.shared(comm, sequence, start);
       },
-      abandoned: () => {},  // the fanout gives up as a whole (fanout.ts)
+      abandoned: () => notSent(link, comm),  // the fanout gives up as a whole (fanout.ts)
     };
   }
   const comm = outgoingComm(link, device);
@@ -483,6 +496,9 @@ export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
       committedOn(link, comm);
       return queueInTurn(comm, sequence, start);
     },
-    abandoned: () => { comm.sequence = Math.min(comm.sequence, sequence); },
+    abandoned: () => {
+      comm.sequence = Math.min(comm.sequence, sequence);
+      notSent(link, comm);
+    },
   };
 }

@@ -9,18 +9,23 @@ dialing, the token exchange, frames on a byte stream), socket_path, frame (the w
 message_format / message_encoder / message_decoder (message payloads), handlers (the
 transfer-handler registry), lease (what a sent value keeps alive until the peer releases it),
 host_transfer, host_bytes and device_transfers (how host and device memory travel), nccl_abort (the
-NCCL layer's abort frames).
+NCCL layer's abort frames), nccl_order / nccl_comms (the NCCL communicators of TCP links and the order
+of their transfers), nccl_buffer (device memory over NCCL), fanout (one message to several TCP links,
+its device memory broadcast once), deferred / arriving (values still arriving when their message is
+read, and waiting for them while reading the link).
 """
 # Their transfer handlers, registered for every link, host memory first (a value goes to the first
 # handler that takes it).
 from . import host_transfer  # noqa: F401, I001
 from . import device_transfers  # noqa: F401
 from . import host_bytes  # noqa: F401
+from . import nccl_buffer  # noqa: F401  (device memory on TCP links, over NCCL)
 from .handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from .link import _CREATE, LeaseCounts, Link, PeerCredentials
 from .listener import Listener
 from .endpoints import connect, listen
 from .nccl_abort import NcclAbort, on_nccl_abort, peer_takes_nccl, send_nccl_abort
+from .fanout import Fanout
 from .stream import RemoteAddress
 from .tcp import TcpListener
 from .tcp_auth import TOKEN_ENV
@@ -31,5 +36,5 @@ __all__ = [
     "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "listen", "Listener", "socket_path",
     "default_socket_directory", "LINK_FD_ENV", "TransferEncoding", "TransferHandler", "register_transfer_handler",
     "unregister_transfer_handler", "TcpListener", "RemoteAddress", "TOKEN_ENV", "NcclAbort", "on_nccl_abort", "send_nccl_abort",
-    "peer_takes_nccl",
+    "peer_takes_nccl", "Fanout",
 ]

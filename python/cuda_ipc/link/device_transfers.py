@@ -126,15 +126,43 @@ class _DeviceMemoryTransfer(TransferHandler[Any]):
         return _is_device_array(value)
 
     def encode(self, value: Any, link: Link) -> TransferEncoding:
-        if isinstance(value, ArrayView):
-            return self._resend(value.buffer, link, value.offset, value.meta.extent)
-        if isinstance(value, DeviceBuffer):
+        if isinstance(value, (ArrayView, DeviceBuffer)):
+            buf = value.buffer if isinstance(value, ArrayView) else value
+            if buf.kind == "owned":  # memory of this process's own (received over NCCL): shared as such
+                return self._send_owned(value, buf, link)
+            if isinstance(value, ArrayView):
+                return self._resend(value.buffer, link, value.offset, value.meta.extent)
             return self._resend(value, link, 0, value.nbytes)
         sync = True
         if isinstance(value, Shared):
             sync, value = value.sync, value.obj
             if isinstance(value, (DeviceBuffer, ArrayView)):
                 return self.encode(value, link)
+        return self._send_own(value, sync, link)
+
+    def _send_owned(self, value: DeviceBuffer | ArrayView, buf: DeviceBuffer, link: Link) -> TransferEncoding:
+        """An owned DeviceBuffer (or a view of one): this process's memory, kept until the peer released it."""
+        if buf.closed:
+            raise IpcError("ERR_CLOSED", "link.send: the DeviceBuffer is closed; send it before closing it")
+        o = buf._origin
+        o.retain()
+        try:
+            enc = self._send_own(value, True, link)
+        except BaseException:
+            o.release(False)
+            raise
+        inner = enc.hold
+
+        def release() -> None:
+            try:
+                if inner is not None:
+                    inner.release()
+            finally:
+                o.release(False)
+        enc.hold = Hold(release, inner.bytes if inner is not None else 0)
+        return enc
+
+    def _send_own(self, value: Any, sync: bool, link: Link) -> TransferEncoding:
         e = _describe_array(value, sync)
         if not e.ptr:
             raise IpcError("ERR_NOT_EXPORTABLE", "an empty tensor/array (no memory) cannot be shared; send its shape as data instead")

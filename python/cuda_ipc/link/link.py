@@ -38,6 +38,8 @@ from .large_message import (
 from .message_decoder import decode_message, lease_ids_of
 from .message_encoder import encode_message
 from .message_format import Malformed
+from . import arriving
+from .deferred import Completion, PendingMessage
 from .nccl_abort import NcclAbortHook, dispatch_nccl_abort
 from .outbox import Outbox, flusher
 from .socket_path import MY_UID as _MY_UID
@@ -96,7 +98,7 @@ class Link:
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "Link cannot be constructed directly; use parent_link() or connect()")
         self._sock = sock
-        self._fd = sock.fileno()
+        self._fd: int = sock.fileno()
         self._peer_name: str = peer_name
         self._allow_uids = tuple(allow_uids)
         #: The largest message (payload bytes) this link sends or accepts; larger than a frame, it
@@ -104,17 +106,18 @@ class Link:
         self.max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES if max_message_bytes is None else check_max_message_bytes(max_message_bytes)
         #: The peer's HELLO features; until it arrives (a child may send first) large messages are assumed.
         self._peer_features: int = fr.FEATURE_LARGE_MESSAGES
-        self._state = "handshaking"
+        self._state: str = "handshaking"
         self._reason: IpcError | None = None
         self._closed_by: str | None = None
         self._hello_sent = False
         self._goodbye_sent = False
-        self._recv_lock = threading.Lock()
+        self._recv_lock: threading.Lock = threading.Lock()
+        self._send_lock = threading.Lock()
         self._state_lock = threading.RLock()
-        self._inbox = Inbox()
+        self._inbox: Inbox = Inbox()
         #: poll() stops reading ahead at this many unreceived messages: the rest waits in the socket
         #: (and the peer's sends wait), so a peer that floods cannot grow this process without bound.
-        self.inbox_limit = INBOX_LIMIT
+        self.inbox_limit: int = INBOX_LIMIT
         self._leases_out = OutgoingLeases()
         self._leases_in = IncomingLeases(self._lease_ended)
         # The thread that received the last message and has not used the link since: the releases
@@ -126,6 +129,8 @@ class Link:
         self._close_hooks: list[CloseHook] = []
         #: What receives the peer's NCCL_ABORT frames (nccl_abort.py; TCP links only).
         self._nccl_abort_hooks: list[NcclAbortHook] = []
+        #: What wakes a receive() waiting for a message's values to arrive (made on first use).
+        self._wake: arriving.Wake | None = None
         self._start(sock, verify_peer)
 
     def _start(self, sock: socket.socket, verify_peer: bool) -> None:
@@ -208,22 +213,25 @@ class Link:
         self._defer_thread = None
         if self._state == "closed":
             raise self._closed_error("send")
-        msg = encode_message(value, self)
-        try:
-            if len(msg.frame) - fr.HEADER_BYTES > fr.MAX_PAYLOAD_BYTES:
-                self._send_large(msg.frame, msg.fds, timeout)
-            else:
-                self._outbox.send(msg.frame, msg.fds, timeout)
-        except BaseException:
-            for _, hold in msg.holds:
-                release_hold(hold)  # nothing was leased: the peer never sees these ids
-            raise
-        finally:
-            close_fds(msg.owned_fds)
-        for lease_id, hold in msg.holds:
-            self._leases_out.add(lease_id, hold)
-        for commit in msg.commits:
-            commit()
+        # One message at a time from encode to commit: records that number what they carry per link
+        # (NCCL transfers' sequence numbers, a communicator's first record) go out in that order.
+        with self._send_lock:
+            msg = encode_message(value, self)
+            try:
+                if len(msg.frame) - fr.HEADER_BYTES > fr.MAX_PAYLOAD_BYTES:
+                    self._send_large(msg.frame, msg.fds, timeout)
+                else:
+                    self._outbox.send(msg.frame, msg.fds, timeout)
+            except BaseException:
+                for _, hold in msg.holds:
+                    release_hold(hold)  # nothing was leased: the peer never sees these ids
+                raise
+            finally:
+                close_fds(msg.owned_fds)
+            for lease_id, hold in msg.holds:
+                self._leases_out.add(lease_id, hold)
+            for commit in msg.commits:
+                commit()
 
     def _send_large(self, frame: bytearray, fds: list[int], timeout: float | None) -> None:
         """Sends an encoded frame too large for the socket: its payload in a sealed memfd."""
@@ -286,6 +294,12 @@ class Link:
             try:
                 while True:
                     if self._inbox:
+                        waiting = self._inbox.waiting()  # its values still arriving (deferred.py): reads meanwhile
+                        if waiting is not None:
+                            if not arriving.wait_settled(self, waiting, deadline):
+                                raise IpcError("ERR_TIMEOUT", f"link.receive: the {self._peer_name}'s message is still arriving "
+                                               "(device memory over NCCL) at the timeout; it stays next")
+                            continue
                         value = self._inbox.take()
                         self._defer_thread = threading.get_ident()
                         return value
@@ -295,15 +309,20 @@ class Link:
             finally:
                 self._close_socket_if_closed()
 
+    def _has_buffered(self) -> bool:
+        """Whether a whole frame was read ahead already (a stream link's buffer)."""
+        return False
+
     def poll(self) -> int:
         """Processes whatever the peer sent without blocking (releases, goodbye, messages go to the
-        inbox for receive()). Returns the number of messages waiting. Does nothing while another
-        thread is in receive() (which processes them anyway)."""
+        inbox for receive()). Returns the number of messages receive() can take at once (a message
+        whose device memory is still arriving over NCCL, and those behind it, are not counted yet).
+        Does nothing while another thread is in receive() (which processes them anyway)."""
         self._defer_thread = None
         if self._leases_in.has_pending:
             self._outbox.flush_releases()
         if not self._recv_lock.acquire(blocking=False):
-            return len(self._inbox)
+            return self._inbox.ready_count()
         try:
             while self._state != "closed" and len(self._inbox) < self.inbox_limit:
                 if not self._read_one(0.0, want_message=False):
@@ -311,7 +330,7 @@ class Link:
         finally:
             self._close_socket_if_closed()
             self._recv_lock.release()
-        return len(self._inbox)
+        return self._inbox.ready_count()
 
     def __iter__(self) -> Iterator[Any]:
         """Yields messages until the link closes cleanly; raises if it closed with an error."""
@@ -445,15 +464,16 @@ class Link:
                     self._outbox.send_now(fr.refuse_frame(fr.REFUSE_TOO_LARGE, str(e)))
                 self._shutdown(e, "local")
                 return
+            waits: list[Completion] = []
             try:
-                value, owned = decode_message(flags & fr.ENCODING_MASK, payload, fds, self, self._leases_in)
+                value, owned = decode_message(flags & fr.ENCODING_MASK, payload, fds, self, self._leases_in, waits)
             except Malformed as e:
                 self._shutdown(e, "local")
                 return
             except IpcError as e:
                 self._inbox.append((False, e))
                 return
-            self._inbox.append((True, value))
+            self._inbox.append((True, PendingMessage(value, owned, waits) if waits else value))
             return
         if ftype == fr.RELEASE:
             try:
@@ -596,9 +616,12 @@ class Link:
                 pass
 
     def _close_socket_if_closed(self) -> None:
-        """With the receive lock held: the socket goes once the link is closed."""
+        """With the receive lock held: the socket goes once the link is closed (and the wake-up fd)."""
         if self._state == "closed":
             self._sock.close()
+            wake, self._wake = self._wake, None
+            if wake is not None:
+                wake.close()
 
     def __repr__(self) -> str:
         return f"<cuda_ipc.Link {self._state} with the {self._peer_name} ({self._peer_label()})>"

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IpcError
+from .deferred import Completion, DeferredValue
 from .fds import close_fds
 from .frame import ENC_JSON, ENC_RAW
 from .handlers import by_kind
@@ -38,12 +39,14 @@ def dispose_values(values: Iterable[object] | None) -> None:
                 pass
 
 
-def decode_message(encoding: int, buf: memoryview, fds: list[int], link: Link, leases: IncomingLeases | None) -> tuple[Any, list[object] | None]:
+def decode_message(encoding: int, buf: memoryview, fds: list[int], link: Link, leases: IncomingLeases | None,
+                   waits: list[Completion]) -> tuple[Any, list[object] | None]:
     """Decodes a MESSAGE payload ``buf`` that arrived with ``fds`` (owned from the call on).
 
     Returns ``(value, owned)`` where owned lists decoded objects holding resources; raises Malformed
     (the link must close) or an IpcError for this message only. Either way every fd is in a decoded
-    value or closed."""
+    value or closed. Values still arriving (a handler returned a DeferredValue) are in the message
+    already; what they wait for is appended to ``waits`` (the message is usable once all settled)."""
     if encoding == ENC_RAW:
         return bytes(buf), None
     if encoding == ENC_JSON:
@@ -54,7 +57,7 @@ def decode_message(encoding: int, buf: memoryview, fds: list[int], link: Link, l
         except ValueError:  # UnicodeDecodeError and NaN/Infinity (not JSON) included
             raise Malformed("the JSON does not parse") from None
     try:
-        return _decode_with_records(buf, fds, link, leases)
+        return _decode_with_records(buf, fds, link, leases, waits)
     except BaseException:
         close_fds(fds)
         raise
@@ -210,7 +213,8 @@ def lease_ids_of(buf: memoryview) -> list[int] | None:
     return ids if len(set(ids)) == len(ids) else None
 
 
-def _decode_with_records(buf: memoryview, fds: list[int], link: Link, leases: IncomingLeases | None) -> tuple[Any, list[object] | None]:
+def _decode_with_records(buf: memoryview, fds: list[int], link: Link, leases: IncomingLeases | None,
+                         waits: list[Completion]) -> tuple[Any, list[object] | None]:
     root, records, fd_total = _parse_records(buf)
     if fd_total != len(fds):
         raise Malformed(f"records claim {fd_total} fds but {len(fds)} arrived")
@@ -279,6 +283,9 @@ def _decode_with_records(buf: memoryview, fds: list[int], link: Link, leases: In
         for k in range(fd_at, fd_at + fd_count):
             fds[k] = -1
         fd_at += fd_count
+        if isinstance(value, DeferredValue):
+            waits.append(value.ready)
+            value = value.value
         if kind not in ("@bigint", "@typed-array") and value is not None and not isinstance(value, (int, str, float, bool)):
             owned.append(value)
         parent, key = slots[i]

@@ -422,6 +422,9 @@ class TcpLink(Link):
             f"the {self._peer_name} ({self._peer_label()}) went away without closing the link{detail}: it exited, crashed or "
             "was killed, or its machine or the network went down"), "peer")
 
+    def _has_buffered(self) -> bool:
+        return self._reader.buffered()
+
     def _send_large(self, frame: bytearray, fds: list[int], timeout: float | None) -> None:
         """A message over a frame travels inline on a TCP link, to a peer that takes large messages."""
         if not self._peer_features & fr.FEATURE_LARGE_MESSAGES:

@@ -33,14 +33,15 @@ class _Origin:
     """One received allocation range: the sender's lease, how to map it, and who still uses it (open
     DeviceBuffer handles and leases granted onward). Mapped on first use, for the working device
     (working_device(), else the device the memory lives on); unmapped, then the lease ended, once
-    nobody uses it."""
+    nobody uses it. Kind 'owned' (owned.py): memory this process allocated for bytes received over
+    NCCL, mapped from the start and freed once nobody uses it."""
 
     __slots__ = ("kind", "lease", "device_uuid", "allocation_size", "pool", "export_data", "descriptor", "users",
                  "base", "user", "_unmap", "handed_to_cuda_core", "_lock")
 
     def __init__(self, kind: str, lease: ReceivedLease | None, device_uuid: str, allocation_size: int, *, pool: PoolImport | None = None,
                  export_data: bytes = b"", descriptor: LegacyHandleDescriptor | None = None):
-        self.kind = kind  # 'pool' or 'legacy'
+        self.kind = kind  # 'pool', 'legacy' or 'owned'
         self.lease = lease
         self.device_uuid = device_uuid
         self.allocation_size = allocation_size
@@ -118,7 +119,8 @@ class _Origin:
 
 
 class DeviceBuffer(Resource):
-    """Device memory received over a link (a Node pool buffer or legacy buffer), or a view of it.
+    """Device memory received over a link (a Node pool buffer or legacy buffer, or over a TCP link
+    memory of this process's own that NCCL filled), or a view of it.
 
     ``ptr``, ``nbytes``, ``device``; ``__cuda_array_interface__`` and DLPack (uint8 bytes);
     ``view(dtype, shape, strides, offset)`` for a typed array; ``read``/``write`` copy to/from host;
@@ -141,7 +143,8 @@ class DeviceBuffer(Resource):
 
     @property
     def kind(self) -> str:
-        """'pool' (from an IPC pool) or 'legacy' (a legacy IPC handle)."""
+        """'pool' (from an IPC pool), 'legacy' (a legacy IPC handle) or 'owned' (memory of this
+        process's own holding bytes received over NCCL on a TCP link)."""
         return self._origin.kind
 
     # nbytes, len() and offset as HostBuffer has them: one interface over two kinds of memory.

@@ -70,15 +70,18 @@ def _pointer(buffer: Any, nbytes: int, name: str) -> int:
     return ptr
 
 
-def _wait(read: Callable[[], int], timeout: float | None, what: str) -> int:
+def _wait(read: Callable[[], int], timeout: float | None, what: str, stop: threading.Event | None = None) -> int:
     """Calls ``read`` (ncclCommGetAsyncError's state) until it is not ncclInProgress; returns that.
-    Sleeps between reads (1 ms, doubling to 10 ms). Raises ERR_TIMEOUT past ``timeout`` seconds."""
+    Sleeps between reads (1 ms, doubling to 10 ms). Raises ERR_TIMEOUT past ``timeout`` seconds, and
+    ERR_CLOSED once ``stop`` is set (another thread gave up on it)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = _FIRST_DELAY_S
     while True:
         state = read()
         if state != IN_PROGRESS:
             return state
+        if stop is not None and stop.is_set():
+            raise IpcError("ERR_CLOSED", f"{what} was given up: the communicator was aborted from another thread")
         if deadline is not None and time.monotonic() >= deadline:
             raise IpcError("ERR_TIMEOUT", f"{what} did not finish within {timeout:g} s (the timeout); wait longer, or find out "
                                           "why the other side is stuck")
@@ -106,15 +109,19 @@ class NcclCommunicator:
         self.cuda_device = cuda_device
         self._handle: int | None = handle
         self._lock = threading.RLock()
+        # Set by abort() before it takes the lock: a call of another thread polling a half-taken
+        # operation (ncclInProgress) gives up and aborts, instead of holding the lock forever.
+        self._aborting = threading.Event()
 
     @classmethod
     def init(cls, unique_id: bytes, nranks: int, rank: int, device: Device | int | None = None, *,
-             library: NcclLibrary | None = None, timeout: float | None = None) -> "NcclCommunicator":
+             library: NcclLibrary | None = None, timeout: float | None = None, cancel: threading.Event | None = None) -> "NcclCommunicator":
         """Creates this rank's communicator (ncclCommInitRankConfig, non-blocking, polled); returns once
         every rank joined. ``device``: a Device or ordinal, whose primary context is made current around
         each NCCL call (None: the thread's current device, e.g. torch.cuda.set_device's). ``library``:
-        default ``load_nccl()``. Past ``timeout`` seconds it aborts and raises ERR_TIMEOUT; NCCL's
-        failures raise NcclError (ERR_NCCL)."""
+        default ``load_nccl()``. Past ``timeout`` seconds it aborts and raises ERR_TIMEOUT; once
+        ``cancel`` is set (by another thread) it aborts and raises ERR_CLOSED; NCCL's failures raise
+        NcclError (ERR_NCCL)."""
         uid = bytes(unique_id)
         if len(uid) != NCCL_UNIQUE_ID_BYTES:
             raise ValueError(f"an NCCL unique id is {NCCL_UNIQUE_ID_BYTES} bytes; got {len(uid)}")
@@ -140,7 +147,7 @@ class NcclCommunicator:
                 _abort(lib, handle, dev)
             raise error
         try:
-            state = _wait(lambda: _async_state(lib, handle), timeout, "NcclCommunicator.init")
+            state = _wait(lambda: _async_state(lib, handle), timeout, "NcclCommunicator.init", cancel)
             lib.check(state, "ncclCommInitRankConfig", handle)
             facts = [_query(lib, handle, name) for name in ("ncclCommUserRank", "ncclCommCount", "ncclCommCuDevice")]
         except BaseException:
@@ -230,7 +237,7 @@ class NcclCommunicator:
             if r != IN_PROGRESS:
                 raise self.library.error(r, call, h)
             try:
-                state = _wait(lambda: _async_state(self.library, h), timeout, f"NcclCommunicator: {call}")
+                state = _wait(lambda: _async_state(self.library, h), timeout, f"NcclCommunicator: {call}", self._aborting)
             except BaseException:
                 self.abort()  # NCCL holds half-taken work: nothing but abort ends it safely
                 raise
@@ -242,10 +249,22 @@ class NcclCommunicator:
         with self._lock:
             return result_name(_async_state(self.library, self._open_handle("NcclCommunicator.async_error")))
 
+    def poll_async_error(self) -> str | None:
+        """async_error() without waiting: None while another thread is in a call of this communicator
+        (which reports NCCL's errors itself)."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return result_name(_async_state(self.library, self._open_handle("NcclCommunicator.poll_async_error")))
+        finally:
+            self._lock.release()
+
     def abort(self) -> None:
         """Aborts the communicator (ncclCommAbort): local, never waits for another rank; stops NCCL's
         kernels and threads and frees what it holds. For a communicator whose peer died or may have.
-        Idempotent."""
+        Idempotent. A call of another thread still waiting for NCCL to take an operation gives up
+        first (ERR_CLOSED)."""
+        self._aborting.set()
         with self._lock:
             h, self._handle = self._handle, None
             if h is not None:
