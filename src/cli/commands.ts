@@ -88,8 +88,8 @@ export const commands: readonly CommandSpec[] = [
       'The producer of the two-terminal example: allocates float32 device memory, fills a known pattern, writes a descriptor (JSON with a legacy IPC handle) to --out, ' +
       'waits for `cuda-ipc consume` to double the values, verifies them and removes its files. Without a usable GPU it says why and shares host shared memory ' +
       '(a memfd) instead: it listens on a link and writes the link\'s name to --out; the consumer connects and gets the memory over it. ' +
-      'With --listen tcp://HOST:PORT instead of --out it serves a consumer on another machine over a TCP link (host memory, copied: the consumer doubles its copy ' +
-      'and sends it back); both sides need the same token, from CUDA_IPC_TOKEN or --token-file.',
+      'With --listen tcp://HOST:PORT instead of --out it serves a consumer on another machine over a TCP link: device memory moved over NCCL where both machines ' +
+      'have a GPU, else host memory, copied; the consumer doubles its copy and sends it back. Both sides need the same token, from CUDA_IPC_TOKEN or --token-file.',
     options: {
       out: { type: 'string', value: 'FILE', help: 'where to write the descriptor, e.g. --out handle.json (this machine)' },
       listen: { type: 'string', value: 'URL', help: 'serve another machine instead: listen at tcp://HOST:PORT, HOST an address of this machine (0.0.0.0: all; port 0: any free one)' },
@@ -112,10 +112,12 @@ export const commands: readonly CommandSpec[] = [
       'The consumer of the two-terminal example: waits for FILE (the producer may start later), opens the memory it describes, verifies every element, ' +
       'doubles them in place and tells the producer (through FILE.done, or over the link when FILE describes host memory). GPU memory needs a GPU here; ' +
       'host memory (what produce shares where it has no GPU) does not. Given tcp://HOST:PORT instead of FILE, it connects to `cuda-ipc produce --listen` on ' +
-      'another machine, with the same token (CUDA_IPC_TOKEN or --token-file), and gets a copy of its host memory.',
+      'another machine, with the same token (CUDA_IPC_TOKEN or --token-file), and gets a copy of its memory: over NCCL into its GPU (--device) where it has one, ' +
+      'else in host memory.',
     options: {
       timeout: { type: 'string', value: 'SECONDS', help: 'how long to wait for FILE to appear, or for the producer to listen (default 60)' },
       'token-file': tokenFile,
+      device: { ...device, help: 'over TCP: the GPU to receive device memory on (default 0)' },
     },
     positionals: [{ name: 'FILE', required: true, help: 'give the descriptor file the producer writes, e.g. cuda-ipc consume handle.json, or tcp://HOST:PORT of a producer started with --listen' }],
     examples: ['cuda-ipc consume handle.json', 'cuda-ipc consume /tmp/h.json --timeout 10', 'cuda-ipc consume tcp://10.0.0.2:5000 --token-file ~/.cuda-ipc-token'],

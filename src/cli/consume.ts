@@ -16,6 +16,7 @@ export async function consume(args: ParsedArgs): Promise<number> {
   const file = args.positionals[0]!; // required by the parser
   if (isLinkUrl(file)) return (await import('./tcp-handoff.js')).consumeOverTcp(args, file);
   if (args.values['token-file'] !== undefined) throw new UsageError('--token-file goes with a tcp://HOST:PORT producer; FILE is shared on this machine');
+  if (args.values.device !== undefined) throw new UsageError('--device goes with a tcp://HOST:PORT producer; FILE names the device its memory is on');
   const deadline = new Deadline(secondsOption(args, 'timeout', 60));
   checkFileArgument(file, 'FILE', `cuda-ipc consume ${file.replace(/\/+$/, '')}/handle.json`, { writes: true });
   const ack = (ok: boolean, message?: string) => writeFileAtomic(`${file}.done`, JSON.stringify({ ok, pid: process.pid, message }) + '\n');
