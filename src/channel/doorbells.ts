@@ -7,7 +7,7 @@
 // On the wire (a link transfer record of kind 'channel-doorbells'): data is u32 count (LE), the
 // record carries `count` eventfds, entry k first. The receiver checks each is an eventfd.
 import { IpcError, fdLimitError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { registerTransferHandler, type TransferHandler } from '../link/index.js';
 
 export const DOORBELLS_KIND = 'channel-doorbells';

@@ -26,8 +26,8 @@
 // that a wake-up lost with a process that died while ringing costs a second, not a hang; a
 // backstop that finds the condition met is counted (`rescued`): it should never happen.
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
-import type { NativeDoorbell, NativeSharedWords } from '../channel-types.js';
+import { addon } from '../native/addon.js';
+import type { NativeDoorbell, NativeSharedWords } from '../native/channel-types.js';
 import type { Ring } from './ring.js';
 
 /** How an end waits: see ChannelWaitOptions.wait. */

@@ -9,7 +9,7 @@ import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js'
 import { Stream, streamHandle } from '../cuda/stream.js';
 import { CudaError, IpcError, fdLimitError, outOfMemoryError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { BlockStash } from './block-stash.js';
 import { PreparedExports } from './prepared-exports.js';
 import { invalidArgValue, badNumber } from '../arg-errors.js';

@@ -25,8 +25,8 @@
 // stores it: a peer that scribbles over the shared words can make this side read garbage frames
 // (which the frame checks refuse, closing the link), never read or write outside the mapping.
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
-import type { NativeSharedMemory } from '../posix-types.js';
+import { addon } from '../native/addon.js';
+import type { NativeSharedMemory } from '../native/posix-types.js';
 
 export const RING_MAGIC = 0x52504943;
 export const RING_VERSION = 1;

@@ -24,7 +24,7 @@
 // nccl-abort.ts): 16-byte communicator id, u32 reason (1..3), u32 reserved = 0, UTF-8 text of at
 // most 1024 bytes. Only MESSAGE and RING frames carry fds (and none on TCP links).
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 
 export const FRAME_MAGIC = 0x4c504943;
 export const FRAME_VERSION = 2;

@@ -3,7 +3,7 @@
 // The send leases the sender's mapping to the peer: it stays mapped until the receiver's last
 // view of what it got is closed (the lease ends), or the link closes.
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { readU64, writeU64 } from './frame.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 import { HostBuffer, describeHostBuffer, leaseHostBuffer, whenHostBufferReleased } from '../host/host-buffer.js';

@@ -7,7 +7,7 @@
 // inbound.ts and message-decoder.ts), leases (lease.ts). Its types are in link-types.ts.
 import { EventEmitter } from 'node:events';
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { FEATURE_GONE, FEATURE_LARGE_MESSAGES, FrameType, MAX_FRAME_BYTES, type GoneEntry } from './frame.js';
 import { DEFAULT_LINK_LIMITS, type LinkLimits } from './link-options.js';
 import { IncomingLeases, OutgoingLeases, type LeaseCounts } from './lease.js';

@@ -21,9 +21,9 @@
 // close, and frames sent before a crash are still delivered.
 import { endianness } from 'node:os';
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
-import type { NativeDoorbell } from '../channel-types.js';
-import type { NativeOwnedFd, NativeSocket } from '../posix-types.js';
+import { addon } from '../native/addon.js';
+import type { NativeDoorbell } from '../native/channel-types.js';
+import type { NativeOwnedFd, NativeSocket } from '../native/posix-types.js';
 import type { FrameTransport, RingState } from './frame-transport.js';
 import { FEATURE_RING, FrameType, HEADER_BYTES, RING_FDS, RING_PAYLOAD_BYTES, writeHeader } from './frame.js';
 import { EntryKind, RingReader, RingWriter } from './frame-ring.js';

@@ -14,7 +14,7 @@ import { HostBuffer } from '../host/host-buffer.js';
 import { DeviceArray } from '../ipc/array.js';
 import type { IpcPool } from '../ipc/pool.js';
 import '../ipc/pool.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { HostArray } from './host-array.js';
 import { copyAddon } from './kernels.js';
 import { readSafetensorsHeader, type SafetensorsHeader } from './safetensors.js';

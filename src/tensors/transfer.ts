@@ -13,7 +13,7 @@ import { IpcError } from '../errors.js';
 import { HostBuffer, describeHostBuffer, leaseHostBuffer } from '../host/host-buffer.js';
 import { DeviceArray } from '../ipc/array.js';
 import { legacyTransferBytes } from '../ipc/legacy.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { hostBufferTransfer } from '../link/host-transfer.js';
 import { releaseHold, type LeaseHold, type ReceivedLease } from '../link/lease.js';
 import { handlerForKind } from '../link/handlers.js';

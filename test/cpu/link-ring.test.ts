@@ -10,7 +10,7 @@ import { spawn, spawnPython, type Link } from '../../src/link/index.js';
 import { kRingState } from '../../src/link/link.js';
 import { EntryKind, RingReader, RingWriter, RING_DATA_OFFSET } from '../../src/link/frame-ring.js';
 import { endianness } from 'node:os';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { header, linkPair, linkWithRawPeer, makeLink, ringsUp } from '../fixtures/link-pair.js';
 import { noPython, pythonFixture } from '../helpers/python.js';
