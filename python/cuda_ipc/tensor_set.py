@@ -13,7 +13,7 @@ Receiving: a ``TensorSet`` (tensor_map.py), a read-only mapping of name to tenso
 ``view(name)`` always gives the cuda_ipc view. One lease per message: the sender gets its memory back
 once ``close()`` ran and no tensor made from the set is alive. Memory is mapped on first use.
 
-This module sends (src/tensors/transfer.ts): the record's handler encodes what ``share_tensors``
+This module sends (src/tensors/tensor-set-transfer.ts): the record's handler encodes what ``share_tensors``
 marked, and a received set sent on as it came; tensor_map.py decodes.
 """
 from __future__ import annotations

@@ -10,7 +10,7 @@ import { type HubLayout } from './layout.js';
 import { JsWords } from './js-words.js';
 import { Fences } from './fences.js';
 import type { Doorbells } from './doorbells.js';
-import { Ring } from './ring.js';
+import { Ring } from './slot-ring.js';
 import type { ChannelShape } from './options.js';
 
 export interface BlockParts {

@@ -1,5 +1,5 @@
 // The frame ring: one direction of a link's frames through shared memory instead of the socket,
-// woken by an eventfd doorbell (ring-transport.ts drives it; docs/PROTOCOL.md section 3.1 is the
+// woken by an eventfd doorbell (unix-transport.ts drives it; docs/PROTOCOL.md section 3.1 is the
 // byte-for-byte description). The reader of a ring creates it (a sealed memfd) and its doorbell,
 // and offers both to the writer in a RING frame; from then on the writer copies small frames
 // without fds into the ring and rings the reader's doorbell only when the reader said it will

@@ -79,7 +79,7 @@ export const FEATURE_LARGE_MESSAGES = 1;
 export const FEATURE_GONE = 2;
 /**
  * HELLO features: this side takes frames through a shared-memory ring and sends through the
- * peer's (frame-ring.ts). Announced only where the link was made with rings on (ring-transport.ts).
+ * peer's (frame-ring.ts). Announced only where the link was made with rings on (unix-transport.ts).
  */
 export const FEATURE_RING = 4;
 /** HELLO features: this side takes device memory over NCCL (PROTOCOL.md 8); announced on TCP links. */

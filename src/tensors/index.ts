@@ -9,5 +9,5 @@ export {
   readSafetensorsHeader, parseSafetensorsHeader, writeSafetensors, SAFETENSORS_DTYPES,
   type SafetensorsHeader, type SafetensorsEntry, type SafetensorsInput,
 } from './safetensors.js';
-import './transfer.js';
+import './tensor-set-transfer.js';
 import './nccl-transfer.js';

@@ -13,7 +13,7 @@ import { dtypeInfo } from '../ipc/dtype.js';
 import type { ReceivedLease } from '../link/lease.js';
 import type { Link } from '../link/link.js';
 import { beginOutgoing, incomingComm, type LinkComm } from '../link/nccl-comms.js';
-import { registerTransferHandler, type TransferHandler } from '../link/transfer.js';
+import { registerTransferHandler, type TransferHandler } from '../link/transfers/transfer.js';
 import { countTraffic, type TrafficLink } from '../observe/hooks.js';
 import { ChunkMover, type ChunkOperation } from './chunk-pipeline.js';
 import { HostArray } from './host-array.js';

@@ -7,7 +7,7 @@ import { MessageEncoder } from '../../src/link/message-encoder.js';
 import { decodeMessage } from '../../src/link/message-decoder.js';
 import { FrameType, parseHeader, writeHeader, type FrameHeader } from '../../src/link/frame.js';
 import type { Link } from '../../src/link/link.js';
-import { registerTransferHandler, unregisterTransferHandler } from '../../src/link/transfer.js';
+import { registerTransferHandler, unregisterTransferHandler } from '../../src/link/transfers/transfer.js';
 import { addon } from '../../src/native/addon.js';
 import { fdCount, fdIsOpen } from '../fixtures/fd-count.js';
 import { HELLO, header, linkFds, linkPair, linkWithRawPeer } from '../fixtures/link-pair.js';

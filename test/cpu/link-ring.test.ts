@@ -1,4 +1,4 @@
-// Frame rings (src/link/frame-ring.ts, ring-transport.ts): the ring itself (wrap-around, room,
+// Frame rings (src/link/frame-ring.ts, unix-transport.ts): the ring itself (wrap-around, room,
 // the doorbell protocol, a corrupt ring), links that agree on rings (order against socket frames
 // with fds, backpressure, a clean close and a killed peer through the ring), and peers that do
 // not take rings (a link with them off, a Python peer), and hostile RING frames.
@@ -17,7 +17,7 @@ import { noPython, pythonFixture } from '../helpers/python.js';
 
 const CHILD = new URL('../fixtures/ring-child.js', import.meta.url);
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
-// Rings are off by default (ring-transport.ts says why): every test here asks for them.
+// Rings are off by default (unix-transport.ts says why): every test here asks for them.
 const skip = endianness() === 'LE' ? undefined : 'frame rings need a little-endian machine';
 
 function pair(capacity = 4096): { reader: RingReader; writer: RingWriter } {

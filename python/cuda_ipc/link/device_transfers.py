@@ -1,4 +1,4 @@
-"""How device memory, pools and events travel over links (src/link/device-transfers.ts). Each is leased
+"""How device memory, pools and events travel over links (src/link/transfers/device-transfers.ts). Each is leased
 to the peer: the sender's memory, pool or event stays alive until the peer releases it or dies.
  - Pool buffers: the pool's fd goes once per link (in the first message that needs it); after that
    each buffer is 64 bytes of export data plus its size and range.
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .lease import ReceivedLease
     from .link import Link
 
-# Pool reference, shared by pool and pool-buffer records (src/link/device-transfers.ts):
+# Pool reference, shared by pool and pool-buffer records (src/link/transfers/device-transfers.ts):
 #   0 16 pool id | 16 16 device UUID | 32 8 pool maxSize | 40 4 flags (bit 0: fd attached) | 44 4 reserved
 POOL_REF_BYTES = 48
 # Pool buffer: a pool reference, then 48 64 export data | 112 8 allocation size | 120 8 offset | 128 8 length

@@ -1,4 +1,4 @@
-"""Device memory sent on a TCP link (docs/PROTOCOL.md 8.2, 'nccl-buffer'; src/link/nccl-buffer-transfer.ts):
+"""Device memory sent on a TCP link (docs/PROTOCOL.md 8.2, 'nccl-buffer'; src/link/transfers/nccl-buffer-transfer.ts):
 a torch CUDA tensor, a CUDA array (``__cuda_array_interface__``, C-contiguous), a cuda.core buffer or a
 received DeviceBuffer / ArrayView. The record says how many bytes (and an array's dtype and shape),
 the bytes follow over the link's NCCL communicator for the memory's device, one ncclSend / ncclRecv

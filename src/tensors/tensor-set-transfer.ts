@@ -14,10 +14,10 @@ import { HostBuffer, describeHostBuffer, leaseHostBuffer } from '../host/host-bu
 import { DeviceArray } from '../ipc/array.js';
 import { legacyTransferBytes } from '../ipc/legacy.js';
 import { addon } from '../native/addon.js';
-import { hostBufferTransfer } from '../link/host-transfer.js';
+import { hostBufferTransfer } from '../link/transfers/host-transfer.js';
 import { releaseHold, type LeaseHold, type ReceivedLease } from '../link/lease.js';
-import { handlerForKind } from '../link/handlers.js';
-import { registerTransferHandler, type TransferHandler } from '../link/transfer.js';
+import { handlerForKind } from '../link/transfers/handlers.js';
+import { registerTransferHandler, type TransferHandler } from '../link/transfers/transfer.js';
 import type { Link } from '../link/link.js';
 import { HostArray } from './host-array.js';
 import { TensorMap, receivedTensorMap, tensorMapContents, type TensorArray } from './tensor-map.js';
