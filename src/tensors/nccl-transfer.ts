@@ -8,7 +8,7 @@ import type { SharedMemory } from '../cuda/buffer.js';
 import { DeviceBuffer } from '../cuda/buffer.js';
 import type { Device } from '../cuda/device.js';
 import { IpcError } from '../errors.js';
-import { DeviceArray } from '../ipc/array.js';
+import { DeviceArray } from '../arrays/device-array.js';
 import { dtypeInfo } from '../ipc/dtype.js';
 import type { ReceivedLease } from '../link/lease.js';
 import type { Link } from '../link/link.js';
@@ -16,7 +16,7 @@ import { beginOutgoing, incomingComm, type LinkComm } from '../link/nccl-comms.j
 import { registerTransferHandler, type TransferHandler } from '../link/transfers/transfer.js';
 import { countTraffic, type TrafficLink } from '../observe/hooks.js';
 import { ChunkMover, type ChunkOperation } from './chunk-pipeline.js';
-import { HostArray } from './host-array.js';
+import { HostArray } from '../arrays/host-array.js';
 import { NCCL_TENSOR_SET_KIND, decodeNcclTensorSet, decodePackedTable, encodeNcclTensorSet, encodePackedTable, type NcclTensorSetRecord } from './nccl-wire.js';
 import { DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, PACK_ALIGN, packOffsets, routeChunks, type ChunkRoute } from './packed-stream.js';
 import { TensorMap, remoteTensorMap, tensorMapContents, type RemoteTensors, type TensorArray } from './tensor-map.js';

@@ -1,7 +1,8 @@
 // Imports run one way, down the layers (LAYERS below; docs/ARCHITECTURE.md draws them), and never
 // in a circle: a newcomer can read any folder knowing only the ones below it, and module
-// initialisation order never depends on who was imported first. Type-only imports count as edges like any other: a type that must
-// name something above it is a sign that an interface belongs lower down.
+// initialisation order never depends on who was imported first. Type-only imports count as edges
+// like any other: a type that must name something above it is a sign that an interface belongs
+// lower down.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
@@ -14,7 +15,7 @@ const root = fileURLToPath(new URL('../../..', import.meta.url));
  * are observe's own, read from the top (the CLI and the package's API) through reader.ts.
  */
 const OBSERVE_INTERFACE = 'src/observe/hooks.ts';
-const TOP_RANK = 8;
+const TOP_RANK = 9;
 
 /**
  * The layers, lowest first. A file may import files of its own layer and of layers with a lower
@@ -32,9 +33,11 @@ const LAYERS: ReadonlyArray<{ name: string; rank: number; files: RegExp }> = [
   { name: 'ipc', rank: 4, files: /^src\/ipc\// },
   // NCCL: device bytes over libnccl (dlopened), beside host and ipc; links and tensors build on it.
   { name: 'nccl', rank: 4, files: /^src\/nccl\// },
-  { name: 'link', rank: 5, files: /^src\/link\// },
-  { name: 'channel', rank: 6, files: /^src\/channel\// },
-  { name: 'tensors', rank: 7, files: /^src\/tensors\// },
+  // DeviceArray and HostArray over one base: typed views that links, channels and tensors carry.
+  { name: 'arrays', rank: 5, files: /^src\/arrays\// },
+  { name: 'link', rank: 6, files: /^src\/link\// },
+  { name: 'channel', rank: 7, files: /^src\/channel\// },
+  { name: 'tensors', rank: 8, files: /^src\/tensors\// },
   { name: 'cli', rank: TOP_RANK, files: /^src\/cli\// },
   // What the package exposes: everything below, gathered.
   { name: 'api', rank: TOP_RANK + 1, files: /^src\/(index|stats)\.ts$/ },
@@ -80,7 +83,7 @@ test('the checks find a planted circle and a planted climb', () => {
   ]);
   assert.deepEqual(findCircles(planted), [{ files: ['src/link/a.ts', 'src/link/b.ts', 'src/link/c.ts'], cycle: ['src/link/a.ts', 'src/link/b.ts', 'src/link/c.ts', 'src/link/a.ts'] }]);
   assert.deepEqual(layerViolations([edge('src/cuda/x.ts', 'src/link/y.ts', true), edge('src/ipc/x.ts', 'src/observe/publisher.ts'), edge('src/cuda/x.ts', 'src/observe/hooks.ts')]), [
-    'src/cuda/x.ts:1 -> src/link/y.ts (type-only): cuda (rank 3) must not import link (rank 5)',
+    'src/cuda/x.ts:1 -> src/link/y.ts (type-only): cuda (rank 3) must not import link (rank 6)',
     'src/ipc/x.ts:1 -> src/observe/publisher.ts: ipc reports to observe through src/observe/hooks.ts only',
   ]);
 });

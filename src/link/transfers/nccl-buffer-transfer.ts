@@ -6,7 +6,7 @@
 // shared instead ('pool-buffer', 'legacy-buffer': device-transfers.ts).
 import { DeviceBuffer } from '../../cuda/buffer.js';
 import { IpcError } from '../../errors.js';
-import { DeviceArray } from '../../ipc/array.js';
+import { DeviceArray } from '../../arrays/device-array.js';
 import { countTraffic, type TrafficLink } from '../../observe/hooks.js';
 import { DeferredValue } from './handlers.js';
 import type { Link } from '../link.js';
