@@ -22,7 +22,7 @@ from ..descriptor import LegacyHandleDescriptor, decode_descriptor, encode_descr
 from ..device import Device, format_uuid, uuid_bytes
 from ..errors import IpcError
 from ..memory import cache
-from ..memory.buffer import _CREATE, ArrayView, DeviceBuffer, _Origin
+from ..memory.buffer import _CREATE, DeviceArray, DeviceBuffer, _Origin
 from ..memory.event import IpcEvent
 from ..memory.exports import Shared, _describe_array, _Exported, _is_device_array, legacy_handle_of, pool_export_of
 from ..memory.pool import ImportedPool, PoolImport
@@ -126,21 +126,21 @@ class _DeviceMemoryTransfer(TransferHandler[Any]):
         return _is_device_array(value)
 
     def encode(self, value: Any, link: Link) -> TransferEncoding:
-        if isinstance(value, (ArrayView, DeviceBuffer)):
-            buf = value.buffer if isinstance(value, ArrayView) else value
+        if isinstance(value, (DeviceArray, DeviceBuffer)):
+            buf = value.buffer if isinstance(value, DeviceArray) else value
             if buf.kind == "owned":  # memory of this process's own (received over NCCL): shared as such
                 return self._send_owned(value, buf, link)
-            if isinstance(value, ArrayView):
+            if isinstance(value, DeviceArray):
                 return self._resend(value.buffer, link, value.offset, value.meta.extent)
             return self._resend(value, link, 0, value.nbytes)
         sync = True
         if isinstance(value, Shared):
             sync, value = value.sync, value.obj
-            if isinstance(value, (DeviceBuffer, ArrayView)):
+            if isinstance(value, (DeviceBuffer, DeviceArray)):
                 return self.encode(value, link)
         return self._send_own(value, sync, link)
 
-    def _send_owned(self, value: DeviceBuffer | ArrayView, buf: DeviceBuffer, link: Link) -> TransferEncoding:
+    def _send_owned(self, value: DeviceBuffer | DeviceArray, buf: DeviceBuffer, link: Link) -> TransferEncoding:
         """An owned DeviceBuffer (or a view of one): this process's memory, kept until the peer released it."""
         if buf.closed:
             raise IpcError("ERR_CLOSED", "link.send: the DeviceBuffer is closed; send it before closing it")
