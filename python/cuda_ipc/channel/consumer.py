@@ -17,8 +17,8 @@ from .endpoint import Endpoint, closed_error, cuda_array_interface, typed_view
 from .fences import Stream
 from .layout import H_PRODUCERS_DIED, META_BYTES, META_NONE
 from .part import ChannelEnd
-from .native_ring import TAKEN_DETACHED
-from .ring import corrupt
+from .native_slot_ring import TAKEN_DETACHED
+from .slot_ring import corrupt
 from .._renamed import renamed_attribute
 
 

@@ -16,7 +16,7 @@ from ..host import HostBuffer
 from ..memory import DeviceArray, DeviceBuffer
 from .block import Block
 from .layout import ST_ALIVE
-from .native_ring import make_ring
+from .native_slot_ring import make_ring
 from .recovery import Recoveries
 from .waiter import Waiter, WaitPolicy
 
@@ -37,7 +37,7 @@ class Endpoint:
         self.layout = block.layout
         self.index = index
         self.role = role
-        # ring.py's Ring, or NativeRing (the per-message operations in C) where the native helper loaded.
+        # slot_ring.py's Ring, or NativeRing (the per-message operations in C) where the native helper loaded.
         self.ring = make_ring(block.words, block.layout, block.bells, index)
         self.w = block.words
         self.closed = False

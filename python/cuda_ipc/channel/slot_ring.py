@@ -46,7 +46,7 @@ def corrupt(what: str) -> IpcError:
 
 class Ring:
     """The ring protocol as participant ``me`` over ``words`` (SharedWords of the control block).
-    NativeRing (native_ring.py) does the per-message operations in C: ``hot_path`` says which runs."""
+    NativeRing (native_slot_ring.py) does the per-message operations in C: ``hot_path`` says which runs."""
 
     hot_path = "python"
 
