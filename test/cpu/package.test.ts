@@ -64,7 +64,7 @@ const installed = join('node_modules', pkg.name);
 // Packing builds the addon once per target (twice where the cross compiler is here): minutes on a
 // 2-core machine, past the runner's 5-minute default for a test or hook.
 describe('the packed package, as a new user installs it', { skip: skipAll, timeout: 30 * 60_000 }, () => {
-  before({ timeout: 25 * 60_000 }, () => {
+  before(() => {
     dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-package-'));
     app = join(dir, 'app');
     mkdirSync(app);
@@ -78,7 +78,7 @@ describe('the packed package, as a new user installs it', { skip: skipAll, timeo
     for (const t of [...TYPESCRIPTS.map((x) => x.alias), '@types/node']) {
       console.log(`# ${t}: ${(JSON.parse(readFileSync(join(app, 'node_modules', t, 'package.json'), 'utf8')) as { version: string }).version}`);
     }
-  });
+  }, { timeout: 25 * 60_000 });
 
   after(() => {
     if (dir) rmSync(dir, { recursive: true, force: true });
