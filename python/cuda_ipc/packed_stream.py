@@ -18,7 +18,7 @@ PACK_ALIGN = 256
 #: Smallest chunk the protocol allows.
 MIN_CHUNK_BYTES = 1 << 20
 #: Chunk size a sender uses unless told otherwise (as Node's).
-DEFAULT_CHUNK_BYTES = 256 << 20
+DEFAULT_CHUNK_BYTES = 512 << 20
 
 
 class SourceTensor(NamedTuple):

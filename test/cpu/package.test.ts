@@ -61,14 +61,16 @@ function must(r: SpawnSyncReturns<string>, what: string): string {
 const tscOf = (alias: string) => join(app, 'node_modules', alias, 'bin', 'tsc');
 const installed = join('node_modules', pkg.name);
 
-describe('the packed package, as a new user installs it', { skip: skipAll }, () => {
+// Packing builds the addon once per target (twice where the cross compiler is here): minutes on a
+// 2-core machine, past the runner's 5-minute default for a test or hook.
+describe('the packed package, as a new user installs it', { skip: skipAll, timeout: 30 * 60_000 }, () => {
   before(() => {
     dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-package-'));
     app = join(dir, 'app');
     mkdirSync(app);
     // npm pack runs prepack: the TypeScript build and the prebuilds (both targets where the
     // cross compiler is here, else this machine's, as noCross says).
-    must(run('npm', ['pack', '--pack-destination', dir], root, haveCross ? {} : { CUDA_IPC_PREBUILD_ARCHS: host }, 600_000), 'npm pack');
+    must(run('npm', ['pack', '--pack-destination', dir], root, haveCross ? {} : { CUDA_IPC_PREBUILD_ARCHS: host }, 20 * 60_000), 'npm pack');
     tarball = join(dir, readdirSync(dir).find((f) => f.endsWith('.tgz'))!);
     tarFiles = must(run('tar', ['tzf', tarball], dir), 'tar tzf').split('\n').filter(Boolean).map((f) => f.replace(/^package\//, ''));
     writeFileSync(join(app, 'package.json'), JSON.stringify({ name: 'new-user-app', private: true, type: 'module' }, null, 2));
@@ -76,7 +78,7 @@ describe('the packed package, as a new user installs it', { skip: skipAll }, () 
     for (const t of [...TYPESCRIPTS.map((x) => x.alias), '@types/node']) {
       console.log(`# ${t}: ${(JSON.parse(readFileSync(join(app, 'node_modules', t, 'package.json'), 'utf8')) as { version: string }).version}`);
     }
-  });
+  }, { timeout: 25 * 60_000 });
 
   after(() => {
     if (dir) rmSync(dir, { recursive: true, force: true });

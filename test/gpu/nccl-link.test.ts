@@ -15,7 +15,7 @@ import { Device } from '../../src/cuda/device.js';
 import { DeviceBuffer, deviceMemoryStats } from '../../src/cuda/buffer.js';
 import { BuiltinKernels } from '../../src/cuda/builtins.js';
 import { DeviceArray } from '../../src/arrays/device-array.js';
-import { listen, spawn, type Link, type SpawnedChild, type TcpListener } from '../../src/link/index.js';
+import { Fanout, listen, spawn, type Link, type SpawnedChild, type TcpListener } from '../../src/link/index.js';
 import { IpcError } from '../../src/errors.js';
 import { TensorMap } from '../../src/tensors/tensor-map.js';
 import '../../src/tensors/index.js';
@@ -174,6 +174,23 @@ describe(`device memory over a TCP link, NCCL's ${path}`, { skip }, () => {
     } finally {
       set.close();
     }
+  });
+
+  test('a Fanout of one link: a buffer and a set go as NCCL broadcasts (the receiver joins as rank 1 of 2), values exact', async () => {
+    using fanout = new Fanout([rx.data]);
+    const buffer = DeviceBuffer.allocate(32 * MiB, { device: Device.get(0) });
+    kernels().fillPattern(buffer, 'u32', 41, 1);
+    Device.get(0).synchronize();
+    const reply = ask(rx.control, { op: 'buffer' });
+    fanout.send({ buffer, seed: 41 });
+    buffer.close();
+    assert.equal((await reply).bad, 0);
+    const set = makeSet(specs.slice(0, 30), 0, false);
+    const fetched = ask(rx.control, { op: 'fetch' });
+    fanout.send({ set });
+    const r = await fetched;
+    assert.deepEqual([r.bad, r.count], [0, 30]);
+    set.close();
   });
 
   test('a set closed unused is drained: the sender gets its memory back and the next transfer arrives whole', async () => {
