@@ -22,7 +22,7 @@ import { Stream } from '../src/cuda/stream.js';
 import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { BuiltinKernels } from '../src/cuda/builtins.js';
 import { arg } from '../src/cuda/kernel-args.js';
-import { addon } from '../src/native.js';
+import { addon } from '../src/native/addon.js';
 import type { HostBuffer } from '../src/host/index.js';
 import { JsWords } from '../src/channel/js-words.js';
 import { onCpu, pinFromEnv } from './placement.js';

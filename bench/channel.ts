@@ -21,7 +21,7 @@ import { ChannelHub, createChannel, type ChannelMemory, type WaitMode } from '..
 import { Doorbells } from '../src/channel/doorbells.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
-import { addon } from '../src/native.js';
+import { addon } from '../src/native/addon.js';
 import { summarize, type Summary } from './stats.js';
 import { nodeToPython, pythonToNode, pythonChannelUnavailable, PYTHON_BATCH, type PythonOneWay } from './channel-python.js';
 

@@ -5,7 +5,7 @@ import { Device } from '../src/cuda/device.js';
 import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { HostBuffer } from '../src/host/index.js';
 import { spawn, type Link } from '../src/link/index.js';
-import { FRAME_RING_DEFAULT } from '../src/link/ring-transport.js';
+import { FRAME_RING_DEFAULT } from '../src/link/unix-transport.js';
 import { summarize, type Summary } from './stats.js';
 import { analyze, Mark, Recorder, type Breakdown } from './breakdown.js';
 
@@ -102,7 +102,7 @@ export async function handoffBenchmarks(o: HandoffOptions): Promise<HandoffResul
   const childUrl = new URL('./handoff-child.js', import.meta.url);
   const { child, link: mainLink } = await spawn(childUrl, [], { stdio: 'inherit' });
   // The same child behind a link on the other path (frame rings on or off): what the rings buy
-  // or cost, next to the default rows in the same run (ring-transport.ts).
+  // or cost, next to the default rows in the same run (unix-transport.ts).
   const alt = await spawn(childUrl, [], { stdio: 'inherit', frameRing: ALT_RINGS });
   const results: HandoffResult[] = [];
   let pool: import('../src/ipc/pool.js').IpcPool | undefined;

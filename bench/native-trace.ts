@@ -2,7 +2,7 @@
 // system calls such as mmap, fstat, close), so that each phase can say how much of its time was
 // spent inside native calls and how many it made; the rest is JavaScript. Only while a recorder
 // is installed: the addon's functions are wrapped then and restored afterwards.
-import { addon } from '../src/native.js';
+import { addon } from '../src/native/addon.js';
 
 type Fn = (...args: unknown[]) => unknown;
 

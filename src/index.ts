@@ -22,7 +22,8 @@ export type { BuiltinKernelName } from './cuda/builtin-kernels.js';
 export {
   openIpcHandle, exportPointer, legacyCacheStats, configureImportCache, type IpcHandleOptions, type OpenIpcHandleOptions, type ImportCacheStats,
 } from './ipc/legacy.js';
-export { DeviceArray, openIpcArray } from './ipc/array.js';
+export { DeviceArray, openIpcArray } from './arrays/device-array.js';
+export { BufferArray, type ArrayMemory } from './arrays/buffer-array.js';
 export { IpcPool, type IpcPoolOptions } from './ipc/pool.js';
 export { poolBufferExport, importIpcPool, type PoolBufferExport, type ImportIpcPoolOptions } from './ipc/pool-interop.js';
 export {

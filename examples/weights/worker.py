@@ -37,7 +37,7 @@ def infer_host(x):
 
 for msg in link:
     if msg["op"] == "load":
-        weights = msg["weights"]  # a TensorSet: views into the server's allocation
+        weights = msg["weights"]  # a TensorMap: views into the server's allocation
         kind = "torch tensors" if memory == "device" else "HostArray views"
         link.send({"tensors": len(weights), "kind": kind})
     elif msg["op"] == "infer":

@@ -1,13 +1,13 @@
 // The hot path of a Python channel end, in C: one call per channel operation (acquire, publish,
 // take, a batch of takes, release) instead of several ctypes calls to libatomic and tens of Python
-// steps each. Loaded by python/cuda_ipc/_native.py with ctypes; the Python package keeps its own
-// pure standard-library path (python/cuda_ipc/channel/ring.py) for where this library is missing,
+// steps each. Loaded by python/cuda_ipc/native.py with ctypes; the Python package keeps its own
+// pure standard-library path (python/cuda_ipc/channel/slot_ring.py) for where this library is missing,
 // and each function here is the same steps as the method of the same name there, with the same
 // memory orders (docs/channel-protocol.md sections 4 and 5):
 //  - every word another process may change concurrently: sequentially consistent atomics;
-//  - where ring.py uses a release store (x86-64 only: the publish's position, ring entry, tail and
+//  - where slot_ring.py uses a release store (x86-64 only: the publish's position, ring entry, tail and
 //    lock, and the space sequence's bump after a freeing compare-and-swap), so does this file, on
-//    x86-64 only; elsewhere those are sequentially consistent, as ring.py's fallbacks are;
+//    x86-64 only; elsewhere those are sequentially consistent, as slot_ring.py's fallbacks are;
 //  - plain fields (written only by the slot's owner before the state change that hands it on):
 //    relaxed atomics, which compile to plain loads and stores.
 //
@@ -46,7 +46,7 @@ enum {
 #define GEN_MASK (0x7FFFu << GEN_SHIFT)
 #define MAX_U53 (UINT64_C(1) << 53)
 
-// Results (negative) shared with Python (channel/native_ring.py names them).
+// Results (negative) shared with Python (channel/native_slot_ring.py names them).
 enum {
   CIP_NONE = -1,            // nothing to take / no free slot
   CIP_NOT_ALIVE = -2,       // this participant's entry is no longer alive (detached)
@@ -116,7 +116,7 @@ static inline void set_plain32(const struct cip_ring* r, uint64_t off, uint32_t 
 
 #if defined(__x86_64__)
 // shared_words.py's release_store32/64 and bump32: a plain store on x86-64 (TSO), where a locked
-// operation follows before any load that must not pass it (ring.py says which).
+// operation follows before any load that must not pass it (slot_ring.py says which).
 static inline void release_store32(const struct cip_ring* r, uint64_t off, uint32_t v) { __atomic_store_n(w32(r, off), v, __ATOMIC_RELEASE); }
 static inline void release_store64(const struct cip_ring* r, uint64_t off, uint64_t v) { __atomic_store_n(w64(r, off), v, __ATOMIC_RELEASE); }
 static inline void bump32(const struct cip_ring* r, uint64_t off) {
@@ -220,7 +220,7 @@ static void signal_data(struct cip_ring* r, int all) {
 }
 
 static void signal_space(struct cip_ring* r) {
-  // Every caller freed the slot with a locked operation just before (ring.py, signal_space).
+  // Every caller freed the slot with a locked operation just before (slot_ring.py, signal_space).
   bump32(r, H_SPACE_SEQ);
   if (load32(r, H_SPACE_SLEEPERS) != 0) wake(r, H_SPACE_SLEEPERS, 1);
 }
@@ -284,7 +284,7 @@ static int spin_lock(struct cip_ring* r, int64_t spin_ns) {
 }
 
 // Writes the message's length and meta into slot s (this producer's, state writing), then
-// publishes it (ring.py: write_message, then publish). PUB_* or CIP_CORRUPT / CIP_INVALID / CIP_CLOSED.
+// publishes it (slot_ring.py: write_message, then publish). PUB_* or CIP_CORRUPT / CIP_INVALID / CIP_CLOSED.
 // A length of 2^32 or more comes as two words. meta: meta_len bytes (NULL when 0).
 CIP_EXPORT int cip_publish(struct cip_ring* r, uint32_t s, uint32_t length_lo, uint32_t length_hi, uint32_t meta_kind,
                            const uint8_t* meta, uint32_t meta_len) {
@@ -350,7 +350,7 @@ CIP_EXPORT int cip_discard(struct cip_ring* r, uint32_t s) {
 
 static int64_t pos(struct cip_ring* r, uint64_t off) { return load64(r, off); }
 
-// Work sharing: takes the oldest published message (ring.py take). The slot, CIP_NONE or CIP_CORRUPT.
+// Work sharing: takes the oldest published message (slot_ring.py take). The slot, CIP_NONE or CIP_CORRUPT.
 static int take_one(struct cip_ring* r) {
   uint32_t n = r->slot_count;
   uint32_t* taken = taken_words(r);

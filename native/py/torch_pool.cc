@@ -12,7 +12,7 @@
 // segments cached too); its release threshold is the maximum, so memory freed back to it stays
 // reserved instead of going back to the driver at each synchronization. The driver is opened with
 // dlopen on first use and its entry points resolved with cuGetProcAddress for the ABI version of
-// native/cuda_abi.h, as the addon does (native/cuda.cc); this file shares no state with the addon.
+// native/cuda_abi.h, as the addon does (native/driver.cc); this file shares no state with the addon.
 //
 // An allocation that fails returns NULL (PyTorch then raises its out-of-memory error);
 // cip_torch_last_error says what the driver answered. Every call is checked.

@@ -27,17 +27,17 @@ from .errors import CudaError, IpcError
 from .link import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from .link import Link, LeaseCounts, PeerCredentials, connect, default_socket_directory, parent_link, socket_path
 from .host import HostBuffer
-from .memory import DeviceBuffer, ArrayView, ImportedPool, IpcEvent, configure_import_cache, legacy_cache_stats, share
+from .memory import DeviceBuffer, DeviceArray, ImportedPool, IpcEvent, configure_import_cache, legacy_cache_stats, share
 from .descriptor import (
-    LegacyHandleDescriptor, IpcEventDescriptor, decode_descriptor, encode_descriptor, descriptor_from_json,
+    LegacyHandleDescriptor, IpcEventDescriptor, decode_descriptor, encode_descriptor, parse_descriptor_json,
     descriptor_to_json,
 )
 from .device import Device, set_working_device, working_device
 from .torch_handle import descriptor_from_torch, torch_storage_args
-from .channel import ChannelConsumer, ChannelProducer, Message, Slot, accept_channel
+from .channel import ChannelConsumer, ChannelProducer, ChannelMessage, ChannelSlot, accept_channel
 # [tensors] named tensors over links, in-place updates (issue 21)
 from .host_array import HostArray
-from .tensor_set import SharedTensors, TensorSet, share_tensors
+from .tensor_set import SharedTensors, TensorMap, share_tensors
 from .update import UpdateResult, update_in_place
 from .nccl_tensor_set import RemoteTensorSet  # tensor sets over TCP links (NCCL)
 from .link.fanout import Fanout
@@ -45,17 +45,24 @@ from .link import Listener, RemoteAddress, TcpListener, listen
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 from .native import NativeHelper, native_helper
 from .torch_pool import ipc_mem_pool
+from typing import Any
+from ._renamed import renamed_attribute
 
 __all__ = [
     "CudaError", "IpcError", "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "socket_path",
-    "default_socket_directory", "HostBuffer", "DeviceBuffer", "ArrayView", "ImportedPool", "IpcEvent", "share",
+    "default_socket_directory", "HostBuffer", "DeviceBuffer", "DeviceArray", "ImportedPool", "IpcEvent", "share",
     "Device", "LegacyHandleDescriptor", "IpcEventDescriptor", "encode_descriptor", "decode_descriptor",
-    "descriptor_to_json", "descriptor_from_json", "descriptor_from_torch", "torch_storage_args",
+    "descriptor_to_json", "parse_descriptor_json", "descriptor_from_torch", "torch_storage_args",
     "TransferHandler", "TransferEncoding", "register_transfer_handler", "unregister_transfer_handler",
-    "accept_channel", "ChannelConsumer", "ChannelProducer", "Message", "Slot", "working_device", "set_working_device",
+    "accept_channel", "ChannelConsumer", "ChannelProducer", "ChannelMessage", "ChannelSlot", "working_device", "set_working_device",
     "configure_import_cache", "legacy_cache_stats",
-    "HostArray", "SharedTensors", "TensorSet", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
+    "HostArray", "SharedTensors", "TensorMap", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
     "NcclCommunicator", "NcclError", "NcclLibrary", "NcclUnavailableError", "load_nccl",
     "NativeHelper", "native_helper", "ipc_mem_pool", "TcpListener", "RemoteAddress", "RemoteTensorSet", "Fanout",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # The old names of these (_renamed.py): each use warns, for one release.
+    return renamed_attribute(__name__, {"DeviceArray": DeviceArray, "ChannelMessage": ChannelMessage, "ChannelSlot": ChannelSlot, "TensorMap": TensorMap, "parse_descriptor_json": parse_descriptor_json}, name)

@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any, Literal, Union, overload
 
 from .errors import IpcError
+from ._renamed import renamed_attribute
 
 #: Bytes a parser accepts.
 BytesLike = Union[bytes, bytearray, memoryview]
@@ -317,7 +318,7 @@ def descriptor_to_json(desc: Descriptor) -> dict[str, Any]:
     raise IpcError("ERR_INVALID_ARG", f"not a descriptor: {desc!r}")
 
 
-def descriptor_from_json(value: Any) -> Descriptor:
+def parse_descriptor_json(value: Any) -> Descriptor:
     """Parses the JSON form (text or a parsed dict), strictly (unknown keys are rejected)."""
     if isinstance(value, (str, bytes)):
         try:
@@ -358,3 +359,8 @@ def descriptor_from_json(value: Any) -> Descriptor:
         if "typestr" in a and a["typestr"] != array.typestr:
             raise _invalid("array.typestr", f"must be {array.typestr!r} for dtype {array.dtype}")
     return LegacyHandleDescriptor(handle, fields.get("offset"), fields.get("byteLength"), fields.get("deviceUuid"), fields.get("pid"), array)
+
+
+def __getattr__(name: str) -> Any:
+    # The old names of these (_renamed.py): each use warns, for one release.
+    return renamed_attribute(__name__, {"parse_descriptor_json": parse_descriptor_json}, name)

@@ -1,4 +1,4 @@
-"""The NCCL records of a TCP link (docs/PROTOCOL.md 8), as src/nccl/records.ts: ``nccl-buffer`` (one
+"""The NCCL records of a TCP link (docs/PROTOCOL.md 8), as src/link/nccl-records.ts and src/tensors/nccl-wire.ts: ``nccl-buffer`` (one
 device buffer or array) and ``nccl-tensor-set`` (named tensors as a packed stream), each starting with a
 communicator reference and the transfer's sequence number. Pure: every field checked on decode (a lie
 fails the message with ERR_FRAME_INVALID)."""

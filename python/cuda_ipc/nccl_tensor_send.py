@@ -33,7 +33,7 @@ from .nccl import NcclCommunicator
 from .nccl_records import NCCL_TENSOR_SET_KIND, encode_nccl_tensor_set, encode_packed_table
 from .packed_stream import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, PACK_ALIGN, ChunkRoute, PlacedTensor, SourceTensor, pack_offsets, route_chunks
 from .streams import Event, after_producer, producer_stream
-from .tensor_map import TensorSet
+from .tensor_map import TensorMap
 from .tensor_set import SharedTensors, _pointers
 
 if TYPE_CHECKING:
@@ -162,10 +162,10 @@ def _plan_shared(st: SharedTensors) -> SendPlan:
         return plan
 
 
-def _plan_received(ts: TensorSet) -> tuple[SendPlan, list[Any]]:
+def _plan_received(ts: TensorMap) -> tuple[SendPlan, list[Any]]:
     """A received set sent on as it came (its device memory; mapped here or fetched): a plan made for this send."""
     if ts.pending:
-        raise IpcError("ERR_INVALID_STATE", "link.send: this TensorSet came over a TCP link and its bytes are still on its sender: "
+        raise IpcError("ERR_INVALID_STATE", "link.send: this TensorMap came over a TCP link and its bytes are still on its sender: "
                        "fetch() it before sending it on")
     ts._check()
     L = ts.layout
@@ -178,10 +178,10 @@ def _plan_received(ts: TensorSet) -> tuple[SendPlan, list[Any]]:
 
 
 def is_nccl_tensor_set_value(value: object) -> bool:
-    return type(value) is SharedTensors or isinstance(value, TensorSet)
+    return type(value) is SharedTensors or isinstance(value, TensorMap)
 
 
-def encode_tensor_set(value: SharedTensors | TensorSet, link: Link) -> TransferEncoding:
+def encode_tensor_set(value: SharedTensors | TensorMap, link: Link) -> TransferEncoding:
     """The 'nccl-tensor-set' encoding of ``value`` for ``link``; its chunks are queued once the message went out."""
     check_peer(link, "a tensor set")
     let_go: Callable[[], None] = _nothing

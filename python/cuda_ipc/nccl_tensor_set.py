@@ -1,7 +1,7 @@
 """Tensor sets over TCP links (docs/PROTOCOL.md 8.3, 'nccl-tensor-set'; src/tensors/nccl-transfer.ts):
 the handler of the record (sending: nccl_tensor_send.py), and the receiving side.
 
-A received set arrives at once as a ``RemoteTensorSet`` (a TensorSet): names, dtypes and shapes are
+A received set arrives at once as a ``RemoteTensorSet`` (a TensorMap): names, dtypes and shapes are
 there, the bytes are still on the sender (``pending``). They come over NCCL when the set is used:
 
 - ``update_in_place(params, ts)`` receives them straight into the parameters when each is a
@@ -34,7 +34,7 @@ from .link.deferred import Completion
 from .link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from .link.nccl_abort import ABORT_CANNOT_TAKE
 from .link.nccl_comms import LinkComm, incoming_comm
-from .memory.buffer import ArrayView, DeviceBuffer
+from .memory.buffer import DeviceArray, DeviceBuffer
 from .memory.owned import allocate_device_buffer, hold, unhold
 from .nccl import NcclCommunicator
 from .nccl_records import NCCL_TENSOR_SET_KIND, NcclTensorSetRecord, decode_nccl_tensor_set, decode_packed_table
@@ -42,7 +42,7 @@ from .nccl_tensor_send import encode_tensor_set, is_nccl_tensor_set_value
 from .packed_stream import ChunkRoute, PlacedTensor, route_chunks
 from .streams import Event
 from .host_array import HostArray
-from .tensor_map import _CREATE, TensorSet
+from .tensor_map import _CREATE, TensorMap
 from .tensor_set import SharedTensors
 from .tensor_wire import TensorLayout
 
@@ -54,10 +54,10 @@ __all__ = ["RemoteTensorSet"]
 
 
 def _consumed() -> IpcError:
-    return IpcError("ERR_INVALID_STATE", "this TensorSet was received straight into your tensors by update_in_place: it holds no bytes of its own")
+    return IpcError("ERR_INVALID_STATE", "this TensorMap was received straight into your tensors by update_in_place: it holds no bytes of its own")
 
 
-class RemoteTensorSet(TensorSet):
+class RemoteTensorSet(TensorMap):
     """A tensor set that came over a TCP link (see the module notes): ``pending`` while its bytes are
     still on the sender; ``fetch()`` receives them into memory of this process's own (blocking), as
     does the first tensor asked for; ``update_in_place`` receives them straight into parameters."""
@@ -108,7 +108,7 @@ class RemoteTensorSet(TensorSet):
         self._check()
         c = self._start_fetch()
         if not await_settled(self._link, c, timeout):
-            raise IpcError("ERR_TIMEOUT", f"TensorSet.fetch: the set's bytes did not arrive within {timeout} s")
+            raise IpcError("ERR_TIMEOUT", f"TensorMap.fetch: the set's bytes did not arrive within {timeout} s")
         c.result()
         return self
 
@@ -215,7 +215,7 @@ class RemoteTensorSet(TensorSet):
         self._submit(route_chunks([PlacedTensor(0, P, None)], P, self._record.chunk_bytes), settle)
 
     def close(self, sync: bool = True) -> None:
-        """Lets go of the set: its memory (a fetched set) as TensorSet.close does; a set never used is
+        """Lets go of the set: its memory (a fetched set) as TensorMap.close does; a set never used is
         received and dropped, so that the sender's transfer ends. Idempotent."""
         with self._remote_lock:
             if self._closed:
@@ -228,7 +228,7 @@ class RemoteTensorSet(TensorSet):
             return
         self._drop()
 
-    # -- the TensorSet views: the bytes must be here --
+    # -- the TensorMap views: the bytes must be here --
 
     def _check(self) -> None:
         super()._check()
@@ -244,7 +244,7 @@ class RemoteTensorSet(TensorSet):
         self._ensure()
         return super().bases()
 
-    def view(self, name: str) -> ArrayView | HostArray:
+    def view(self, name: str) -> DeviceArray | HostArray:
         self._ensure()
         return super().view(name)
 
@@ -307,7 +307,7 @@ def _remote_plan(dst: Mapping[str, Any], ts: RemoteTensorSet, strict: bool) -> _
     return made
 
 
-def update_from_remote(dst: Mapping[str, Any], ts: TensorSet, *, stream: Any, strict: bool) -> upd.UpdateResult | None:
+def update_from_remote(dst: Mapping[str, Any], ts: TensorMap, *, stream: Any, strict: bool) -> upd.UpdateResult | None:
     """update_in_place from a pending set: straight into the parameters (returns once the bytes are
     there), or None after fetching the set when they do not all take it directly (the caller then
     copies as from any set). Names, dtypes and shapes are checked first (ERR_TENSOR_MISMATCH)."""
@@ -369,18 +369,18 @@ def _cached_decode(link: Link) -> Any:
     return decode
 
 
-class _NcclTensorSetTransfer(TransferHandler[Union[SharedTensors, TensorSet]]):
+class _NcclTensorSetTransfer(TransferHandler[Union[SharedTensors, TensorMap]]):
     kind = NCCL_TENSOR_SET_KIND
     transports = frozenset({"tcp"})
 
     def instead(self, transport: str) -> str:
-        return ("a TensorSet received over a TCP link holds memory of this process's own, which a Unix link does not share; "
+        return ("a TensorMap received over a TCP link holds memory of this process's own, which a Unix link does not share; "
                 "send share_tensors(ts.tensors()) instead")
 
     def can_transfer(self, value: object) -> bool:
         return is_nccl_tensor_set_value(value)
 
-    def encode(self, value: SharedTensors | TensorSet, link: Link) -> TransferEncoding:
+    def encode(self, value: SharedTensors | TensorMap, link: Link) -> TransferEncoding:
         return encode_tensor_set(value, link)
 
     def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> RemoteTensorSet:

@@ -1,4 +1,4 @@
-"""The packed stream of an ``nccl-tensor-set`` (docs/PROTOCOL.md 8.3), as src/nccl/packed-stream.ts.
+"""The packed stream of an ``nccl-tensor-set`` (docs/PROTOCOL.md 8.3), as src/tensors/packed-stream.ts.
 
 A state dict's bytes laid out as the sender keeps them, cut into chunks of equal size, one NCCL
 operation each. Pure: offsets, the receiver's checks, and each side's route for each chunk (straight

@@ -1,10 +1,10 @@
-"""TensorSet: a tensor set as received (src/tensors/tensor-map.ts), a read-only mapping of name to
+"""TensorMap: a tensor set as received (src/tensors/tensor-map.ts), a read-only mapping of name to
 tensor. It holds the allocations the message brought (one mapping each) and makes each named tensor,
-a view into them, on first use: torch tensors when torch is importable, else ``ArrayView`` (device) /
+a view into them, on first use: torch tensors when torch is importable, else ``DeviceArray`` (device) /
 ``HostArray`` (host); ``view(name)`` always gives the cuda_ipc view. One lease per message: the
 sender gets its memory back once ``close()`` ran and no tensor made from the set is alive.
 
-Decoding the 'tensor-set' record (tensor_wire.py) into a TensorSet is here too: each allocation by
+Decoding the 'tensor-set' record (tensor_wire.py) into a TensorMap is here too: each allocation by
 the handler of its own kind, a legacy entry decoded once per bytes, a table decoded once per link
 while it repeats.
 """
@@ -24,8 +24,9 @@ from .host_array import HostArray
 from .resource import Resource
 from .link.handlers import handler_for_kind
 from .memory import cache
-from .memory.buffer import _CREATE as _DEVICE_BUFFER, ArrayView, DeviceBuffer, _Origin, map_buffers
+from .memory.buffer import _CREATE as _DEVICE_BUFFER, DeviceArray, DeviceBuffer, _Origin, map_buffers
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
+from ._renamed import renamed_attribute
 
 if TYPE_CHECKING:
     from .link.lease import ReceivedLease
@@ -54,15 +55,15 @@ def _torch_module() -> ModuleType | None:
     return _torch
 
 
-class TensorSet(Resource, Mapping[str, Any]):
+class TensorMap(Resource, Mapping[str, Any]):
     """Named tensors received in one message (see the module notes). ``ts[name]``: a torch tensor when
-    torch is importable (a view: no copy), else the cuda_ipc view; ``view(name)``: ``ArrayView``
+    torch is importable (a view: no copy), else the cuda_ipc view; ``view(name)``: ``DeviceArray``
     (device memory) or ``HostArray`` (host memory); ``close(sync=True)`` lets go of the set (the views
     from ``view()`` with it; torch tensors keep the memory alive on their own until they are gone)."""
 
     def __init__(self, layout: TensorLayout, allocations: list[Allocation], _token: object = None):
         if _token is not _CREATE:
-            raise IpcError("ERR_INVALID_ARG", "TensorSet objects come from links (receive)")
+            raise IpcError("ERR_INVALID_ARG", "TensorMap objects come from links (receive)")
         self.layout = layout
         self._allocs = allocations
         self._closed = False
@@ -115,7 +116,7 @@ class TensorSet(Resource, Mapping[str, Any]):
 
     def _check(self) -> None:
         if self._closed:
-            raise IpcError("ERR_CLOSED", "this TensorSet is closed")
+            raise IpcError("ERR_CLOSED", "this TensorMap is closed")
 
     def _index(self, name: str) -> int:
         i = self.layout.index.get(name)
@@ -135,8 +136,8 @@ class TensorSet(Resource, Mapping[str, Any]):
 
     # -- views --
 
-    def view(self, name: str) -> ArrayView | HostArray:
-        """The cuda_ipc view of a tensor: ``ArrayView`` (``__cuda_array_interface__``, DLPack) or ``HostArray``;
+    def view(self, name: str) -> DeviceArray | HostArray:
+        """The cuda_ipc view of a tensor: ``DeviceArray`` (``__cuda_array_interface__``, DLPack) or ``HostArray``;
         valid until the set is closed."""
         self._check()
         i = self._index(name)
@@ -147,7 +148,7 @@ class TensorSet(Resource, Mapping[str, Any]):
             if isinstance(buf, HostBuffer):
                 v = HostArray(buf, L.dtypes[i], L.shapes[i], L.strides[i], L.offsets[i])
             else:
-                v = ArrayView(buf, ArrayMeta.make(L.dtypes[i], L.shapes[i], L.strides[i]), L.offsets[i])
+                v = DeviceArray(buf, ArrayMeta.make(L.dtypes[i], L.shapes[i], L.strides[i]), L.offsets[i])
             self._views[i] = v
         return v
 
@@ -210,13 +211,13 @@ class TensorSet(Resource, Mapping[str, Any]):
             raise first
 
     def __repr__(self) -> str:
-        return f"<cuda_ipc.TensorSet {self.layout.count} tensors, {self.memory} memory{' closed' if self._closed else ''}>"
+        return f"<cuda_ipc.TensorMap {self.layout.count} tensors, {self.memory} memory{' closed' if self._closed else ''}>"
 
 
 _CREATE = object()
 
 
-def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorSet:
+def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorMap:
     allocations, table, count = parse_set(data, len(fds))
     sizes = [a[3] for a in allocations]
     layout = _cached_layout(link, table, count, sizes)
@@ -250,7 +251,7 @@ def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: Recei
             except Exception:  # noqa: BLE001 - being discarded
                 pass
         raise
-    return TensorSet(layout, buffers, _CREATE)
+    return TensorMap(layout, buffers, _CREATE)
 
 
 _KIND_NAMES = {KIND_LEGACY: "legacy-buffer", KIND_POOL: "pool-buffer", KIND_HOST: "host-buffer"}
@@ -352,3 +353,8 @@ def _cached_layout(link: Link, table: bytes, count: int, sizes: list[int]) -> Te
     while len(layouts) > _LAYOUTS_KEPT:
         layouts.popitem(last=False)
     return layout
+
+
+def __getattr__(name: str) -> Any:
+    # The old names of these (_renamed.py): each use warns, for one release.
+    return renamed_attribute(__name__, {"TensorMap": TensorMap}, name)

@@ -8,12 +8,12 @@ row of the set's table: name, dtype, shape, strides, byte offset. Nothing is cop
 ``share_tensors`` returns remembers its encoding: sending it again (the weights of the next training
 step) costs a pointer check per tensor and no driver call.
 
-Receiving: a ``TensorSet`` (tensor_map.py), a read-only mapping of name to tensor: torch tensors
-(views, no copy) when torch is importable, else ``ArrayView`` (device) / ``HostArray`` (host);
+Receiving: a ``TensorMap`` (tensor_map.py), a read-only mapping of name to tensor: torch tensors
+(views, no copy) when torch is importable, else ``DeviceArray`` (device) / ``HostArray`` (host);
 ``view(name)`` always gives the cuda_ipc view. One lease per message: the sender gets its memory back
 once ``close()`` ran and no tensor made from the set is alive. Memory is mapped on first use.
 
-This module sends (src/tensors/transfer.ts): the record's handler encodes what ``share_tensors``
+This module sends (src/tensors/tensor-set-transfer.ts): the record's handler encodes what ``share_tensors``
 marked, and a received set sent on as it came; tensor_map.py decodes.
 """
 from __future__ import annotations
@@ -35,11 +35,12 @@ from .host_array import HostArray
 from .link import device_transfers, host_transfer
 from .link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from .link.lease import Hold, release_hold
-from .memory.buffer import ArrayView, DeviceBuffer
+from .memory.buffer import DeviceArray, DeviceBuffer
 from .memory.exports import _describe_array, legacy_handle_of, pool_export_of
 from .parallel import each
-from .tensor_map import TensorSet, decode_tensor_set
+from .tensor_map import TensorMap, decode_tensor_set
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TENSOR_SET_KIND, encode_set, encode_table
+from ._renamed import renamed_attribute
 
 if TYPE_CHECKING:
     from .host import _Mapping
@@ -51,7 +52,7 @@ Sync = tuple[str, Any]
 #: An allocation's entry in the record: (kind, fd count, data).
 Entry = tuple[int, int, bytes]
 
-__all__ = ["SharedTensors", "TensorSet", "share_tensors", "handle_exports"]
+__all__ = ["SharedTensors", "TensorMap", "share_tensors", "handle_exports"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -151,8 +152,8 @@ def share_tensors(named: Mapping[str, Any] | Iterable[tuple[str, Any]], *, sync:
         if name in seen:
             raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} appears twice; names must be unique")
         seen.add(name)
-        if isinstance(obj, (ArrayView, DeviceBuffer)):
-            raise IpcError("ERR_NOT_TRANSFERABLE", f"tensor {name!r} was received from another process; send the received TensorSet itself, "
+        if isinstance(obj, (DeviceArray, DeviceBuffer)):
+            raise IpcError("ERR_NOT_TRANSFERABLE", f"tensor {name!r} was received from another process; send the received TensorMap itself, "
                            "or copy it into a tensor of your own (update_in_place)")
         names.append(name)
         objs.append(obj)
@@ -403,7 +404,7 @@ def _encoding(data: bytes, fds: list[int], commits: list[Callable[[], None]], ho
     return TransferEncoding(data=data, fds=fds, close_fds_after_send=True, on_commit=on_commit, hold=hold, kind=TENSOR_SET_KIND)
 
 
-def _encode_resend(ts: TensorSet, link: Link) -> TransferEncoding:
+def _encode_resend(ts: TensorMap, link: Link) -> TransferEncoding:
     """A received set sent on as it came: the same allocations, the same table."""
     ts._check()
     entries: list[Entry] = []
@@ -441,19 +442,24 @@ def _encode_resend(ts: TensorSet, link: Link) -> TransferEncoding:
     return _encoding(data, fds, commits, Hold(release, total) if holds else None)
 
 
-class _TensorSetTransfer(TransferHandler[Union[SharedTensors, TensorSet]]):
+class _TensorSetTransfer(TransferHandler[Union[SharedTensors, TensorMap]]):
     kind = TENSOR_SET_KIND
 
     def can_transfer(self, value: object) -> bool:
-        return type(value) is SharedTensors or type(value) is TensorSet
+        return type(value) is SharedTensors or type(value) is TensorMap
 
-    def encode(self, value: SharedTensors | TensorSet, link: Link) -> TransferEncoding:
-        if isinstance(value, TensorSet):  # (exactly: can_transfer admits these two types only)
+    def encode(self, value: SharedTensors | TensorMap, link: Link) -> TransferEncoding:
+        if isinstance(value, TensorMap):  # (exactly: can_transfer admits these two types only)
             return _encode_resend(value, link)
         return _encode_shared(value, link)
 
-    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorSet:
+    def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorMap:
         return decode_tensor_set(data, fds, link, lease)
 
 
 register_transfer_handler(_TensorSetTransfer())
+
+
+def __getattr__(name: str) -> Any:
+    # The old names of these (_renamed.py): each use warns, for one release.
+    return renamed_attribute(__name__, {"TensorMap": TensorMap}, name)

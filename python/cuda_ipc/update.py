@@ -30,7 +30,7 @@ from .errors import CudaError, IpcError
 from .host import HostBuffer, host_address
 from .host_array import HostArray, c_offsets
 from .memory import DeviceBuffer
-from .tensor_set import TensorSet
+from .tensor_set import TensorMap
 from .tensor_wire import is_c_order, is_dense
 
 
@@ -181,7 +181,7 @@ class _Plan:
     names: list[str]
     dst_objs: list[Any]
     dst_ptrs: list[int]
-    src_index: list[Any]  # the source of each pair: its index in the layout (a TensorSet) or its name (a dict)
+    src_index: list[Any]  # the source of each pair: its index in the layout (a TensorMap) or its name (a dict)
     src_strides: list[tuple[int, ...]]
     runs: list[int]  # pairs copied as one run of bytes
     run_sizes: list[int]
@@ -278,7 +278,7 @@ _plans: OrderedDict[tuple[int, int, bool], _Plan] = OrderedDict()
 _plans_lock = threading.Lock()
 
 
-def _plan_for_set(dst: Mapping[str, Any], ts: TensorSet, strict: bool) -> _Plan:
+def _plan_for_set(dst: Mapping[str, Any], ts: TensorMap, strict: bool) -> _Plan:
     """The plan of (these parameters, this layout), reused while each parameter is the same object
     at the same address."""
     layout = ts.layout
@@ -333,12 +333,12 @@ def _address(obj: Any) -> int:
 # The update
 
 
-def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, stream: Any = None, strict: bool = True, method: str = "auto",
+def update_in_place(target: Any, received: TensorMap | Mapping[str, Any], *, stream: Any = None, strict: bool = True, method: str = "auto",
                     sync: bool = False) -> UpdateResult:  # noqa: C901 - one path per copy method
     """Copies each received tensor into the parameter of the same name.
 
     ``target``: a dict of tensors (torch tensors, CUDA arrays, HostArray) or a torch module (its
-    state_dict). ``received``: a TensorSet (or a dict of tensors). ``strict`` (default): every parameter
+    state_dict). ``received``: a TensorMap (or a dict of tensors). ``strict`` (default): every parameter
     must be received and every received tensor must be a parameter; ``strict=False`` copies what
     matches and reports the rest. A dtype or shape mismatch fails either way, before anything is
     copied (ERR_TENSOR_MISMATCH, naming them). ``method``: 'auto' or 'kernel' (one copy_runs launch
@@ -347,20 +347,20 @@ def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, str
     copies are queued on ``stream`` (a torch stream or a CUstream; default torch's current stream, or a
     stream of cuda_ipc's own ordered with the legacy default stream) and the call returns then, as
     torch's copies do: keep ``received`` open until the stream passed them (``sync=True`` waits here;
-    ``TensorSet.close()`` waits for the device anyway)."""
+    ``TensorMap.close()`` waits for the device anyway)."""
     if method not in ("auto", "kernel", "batch", "copy", "foreach"):
         raise IpcError("ERR_INVALID_ARG", f"method must be 'auto', 'kernel', 'batch', 'copy' or 'foreach', got {method!r}")
     clock = time.perf_counter_ns
     t0 = clock()
     dst = _targets(target)
-    if isinstance(received, TensorSet) and received.pending:
+    if isinstance(received, TensorMap) and received.pending:
         # Came over a TCP link, its bytes still on the sender: received by NCCL straight into the
         # parameters where each takes it (method 'nccl'), else fetched first and copied as below.
         from .nccl_tensor_set import update_from_remote
         remote = update_from_remote(dst, received, stream=stream, strict=strict)
         if remote is not None:
             return remote
-    if isinstance(received, TensorSet):
+    if isinstance(received, TensorMap):
         received._check()
         p = _plan_for_set(dst, received, strict)
         src_ptrs = _source_pointers(p, received)
@@ -371,7 +371,7 @@ def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, str
         src_ptrs = [_address(received[n]) for n in p.names]
         src_obj = received.__getitem__
     else:
-        raise IpcError("ERR_INVALID_ARG", f"update_in_place: received must be a TensorSet or a dict of tensors, got {type(received).__qualname__}")
+        raise IpcError("ERR_INVALID_ARG", f"update_in_place: received must be a TensorMap or a dict of tensors, got {type(received).__qualname__}")
     missing = [] if strict else p.missing
     unexpected = [] if strict else p.unexpected
     t1 = clock()
@@ -406,7 +406,7 @@ def update_in_place(target: Any, received: TensorSet | Mapping[str, Any], *, str
     return UpdateResult(len(p.names), p.bytes, missing, unexpected, ops, used, handle, timings)
 
 
-def _source_pointers(p: _Plan, ts: TensorSet) -> list[int]:
+def _source_pointers(p: _Plan, ts: TensorMap) -> list[int]:
     """Source addresses of the plan's pairs in this message (cached while the allocations map to the
     same bases: a repeated send of the same segments)."""
     bases = tuple(ts.bases())

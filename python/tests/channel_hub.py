@@ -15,7 +15,7 @@ from cuda_ipc.channel.layout import (
     P_STATE, ROLE_CONSUMER, ROLE_HUB, ROLE_PRODUCER, ST_ALIVE, ST_EMPTY, ST_RECOVERING, VERSION, compute_layout,
 )
 from cuda_ipc.channel.doorbells import Doorbells
-from cuda_ipc.channel.ring import Ring
+from cuda_ipc.channel.slot_ring import Ring
 from cuda_ipc.channel.shared_words import SharedWords
 
 

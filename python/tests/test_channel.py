@@ -164,7 +164,7 @@ class ChannelTests(unittest.TestCase):
         self.assertEqual(cm.exception.code, "ERR_CHANNEL_CLOSED")
 
     def test_the_hubs_death_ends_a_consumer_after_what_was_published(self):
-        from cuda_ipc.channel.ring import Ring
+        from cuda_ipc.channel.slot_ring import Ring
         hub = self.hub(slots=8)
         # A producer in the hub's own process (flagged, so that peers repair it with the hub).
         k = hub.allocate("producer", PFLAG_HUB_LOCAL)

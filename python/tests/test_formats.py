@@ -9,7 +9,7 @@ import weakref
 from cuda_ipc import HostBuffer, IpcError, descriptor_from_torch, torch_storage_args
 from cuda_ipc import dlpack
 from cuda_ipc.descriptor import (
-    ArrayMeta, IpcEventDescriptor, LegacyHandleDescriptor, decode_descriptor, descriptor_from_json, descriptor_to_json,
+    ArrayMeta, IpcEventDescriptor, LegacyHandleDescriptor, decode_descriptor, parse_descriptor_json, descriptor_to_json,
     dtype_name, encode_descriptor,
 )
 from cuda_ipc.torch_handle import split_torch_handle, torch_handle
@@ -25,11 +25,11 @@ class DescriptorTests(unittest.TestCase):
             b = encode_descriptor(d)
             self.assertEqual(len(b), 128 + 16 * (len(array.shape) if array else 0))
             self.assertEqual(decode_descriptor(b), d)
-            self.assertEqual(descriptor_from_json(json.dumps(descriptor_to_json(d))), d)
+            self.assertEqual(parse_descriptor_json(json.dumps(descriptor_to_json(d))), d)
         e = IpcEventDescriptor(HANDLE, UUID, 99)
         self.assertEqual(len(encode_descriptor(e)), 104)
         self.assertEqual(decode_descriptor(encode_descriptor(e)), e)
-        self.assertEqual(descriptor_from_json(descriptor_to_json(e)), e)
+        self.assertEqual(parse_descriptor_json(descriptor_to_json(e)), e)
 
     def test_strict_decoding(self):
         good = encode_descriptor(LegacyHandleDescriptor(HANDLE, 0, 64, UUID, 1, ArrayMeta.make("uint8", (64,))))
@@ -55,12 +55,12 @@ class DescriptorTests(unittest.TestCase):
         j = descriptor_to_json(LegacyHandleDescriptor(HANDLE, 0, 64, UUID, 1))
         j["handle"] = "0263" + j["handle"]
         with self.assertRaises(IpcError) as cm:
-            descriptor_from_json(j)
+            parse_descriptor_json(j)
         self.assertIn("descriptor_from_torch", str(cm.exception))
         j = descriptor_to_json(LegacyHandleDescriptor(HANDLE, 0, 64, UUID, 1))
         j["extra"] = 1
         with self.assertRaises(IpcError):
-            descriptor_from_json(j)
+            parse_descriptor_json(j)
 
     def test_dtype_names(self):
         self.assertEqual(dtype_name("<f4"), "float32")

@@ -1,5 +1,5 @@
-"""The native helper's channel hot path (native/py/channel_ring.c, channel/native_ring.py) against
-ring.py's: the same random operations on two control blocks, one driven by ring.py's Ring and one by
+"""The native helper's channel hot path (native/py/channel_ring.c, channel/native_slot_ring.py) against
+slot_ring.py's: the same random operations on two control blocks, one driven by slot_ring.py's Ring and one by
 NativeRing, must leave the same bytes in both blocks, give the same results and errors, and ring the
 same doorbells; every operation of the hot path, work sharing and broadcast, with sleepers, meta,
 a detached end, and a corrupt block. Also: which path runs, and the environment variable that
@@ -12,8 +12,8 @@ import unittest
 from cuda_ipc import IpcError, native_helper
 from cuda_ipc import native as native_mod
 from cuda_ipc.channel.layout import H_DATA_SLEEPERS, H_HEAD, H_SPACE_SLEEPERS, P_STATE, ST_DEAD
-from cuda_ipc.channel.native_ring import NativeRing, make_ring
-from cuda_ipc.channel.ring import Ring
+from cuda_ipc.channel.native_slot_ring import NativeRing, make_ring
+from cuda_ipc.channel.slot_ring import Ring
 
 from .channel_hub import TestHub
 

@@ -18,7 +18,7 @@ import weakref
 from cuda_ipc import IpcError, share, share_tensors
 from cuda_ipc.link import on_nccl_abort
 from cuda_ipc.link.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
-from cuda_ipc.memory.buffer import ArrayView, DeviceBuffer
+from cuda_ipc.memory.buffer import DeviceArray, DeviceBuffer
 from cuda_ipc.memory.owned import allocate_device_buffer
 from cuda_ipc.nccl import NCCL_LIBRARY_ENV
 from cuda_ipc.nccl import library as library_mod
@@ -66,7 +66,7 @@ class NcclBufferTests(NcclCase):
         got = self.b.receive(timeout=10)
         self.assertEqual(got["step"], 1)
         x = got["x"]
-        self.assertIsInstance(x, ArrayView)  # no torch here: a typed view over an owned buffer
+        self.assertIsInstance(x, DeviceArray)  # no torch here: a typed view over an owned buffer
         self.assertEqual((x.dtype, x.shape, x.buffer.kind), ("float32", (16,), "owned"))
         self.assertNotEqual(x.ptr, src.ptr)
         self.assertEqual(read_f32(x.ptr, 16), values)

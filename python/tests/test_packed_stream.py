@@ -1,4 +1,4 @@
-"""The packed stream of an nccl-tensor-set: the same cases as test/cpu/nccl-packed.test.ts."""
+"""The packed stream of an nccl-tensor-set: the same cases as test/cpu/packed-stream.test.ts."""
 from __future__ import annotations
 
 import unittest

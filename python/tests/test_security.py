@@ -1,4 +1,4 @@
-"""Issue 29, the Python side, within one user (test/cpu/security.test.ts runs the attacks as a second
+"""Issue 29, the Python side, within one user (test/cpu/security-links.test.ts runs the attacks as a second
 user): deep JSON closes the link with ERR_FRAME_INVALID instead of a RecursionError; the listener
 handshakes side by side, so silent connections delay nobody, and refuses past its bounds with a
 REFUSE the connecting side reports as ERR_LISTENER_BUSY; the socket file appears with its final mode

@@ -11,7 +11,7 @@ import threading
 import time
 import unittest
 
-from cuda_ipc import HostArray, HostBuffer, IpcError, TensorSet, share_tensors, update_in_place
+from cuda_ipc import HostArray, HostBuffer, IpcError, TensorMap, share_tensors, update_in_place
 from cuda_ipc.memory import cache as memory_mod
 from cuda_ipc import copy_kernels
 from cuda_ipc import tensor_set as ts_mod
@@ -59,7 +59,7 @@ class HostSetTests(unittest.TestCase):
         msg = self.lb.receive(timeout=5)
         self.assertEqual(msg["step"], 3)
         got = msg["weights"]
-        self.assertIsInstance(got, TensorSet)
+        self.assertIsInstance(got, TensorMap)
         self.assertEqual(got.memory, "host")
         self.assertEqual(list(got), list(named))
         self.assertEqual(len(got.allocations), 2, "each allocation once")

@@ -2,7 +2,7 @@
 // doorbells and, for device slots, the control block's registration with the GPU (fences).
 // Shared by the hub and the ends it opened in its own process; refcounted, so that the memory
 // goes once the last of them is done with it.
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { HostBuffer } from '../host/index.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
 import type { IpcPool } from '../ipc/pool.js';
@@ -10,7 +10,7 @@ import { type HubLayout } from './layout.js';
 import { JsWords } from './js-words.js';
 import { Fences } from './fences.js';
 import type { Doorbells } from './doorbells.js';
-import { Ring } from './ring.js';
+import { Ring } from './slot-ring.js';
 import type { ChannelShape } from './options.js';
 
 export interface BlockParts {

@@ -4,7 +4,7 @@ import { raceWait, type WaitOptions } from '../abort.js';
 import { HostBuffer, hostBufferRange } from '../host/host-buffer.js';
 import type { Stream } from '../cuda/stream.js';
 import { H, P, S, MetaKind, FLAG_REDELIVERED, publishFence, releaseFence } from './layout.js';
-import { corrupt } from './ring.js';
+import { corrupt } from './slot-ring.js';
 import type { Fences } from './fences.js';
 import { Endpoint, type EndInit } from './endpoint.js';
 import { WaitQueue } from './wait-queue.js';

@@ -2,12 +2,12 @@
 // control block and hands all of it to every participant at attach (one link message, the fds in
 // its SCM_RIGHTS), so any participant can wake any other, including ones that attach later,
 // without a link between them. Participant k sleeps by polling eventfd k on its event loop
-// (waiter.ts); others ring it when the control block says k is asleep (ring.ts).
+// (waiter.ts); others ring it when the control block says k is asleep (slot-ring.ts).
 //
 // On the wire (a link transfer record of kind 'channel-doorbells'): data is u32 count (LE), the
 // record carries `count` eventfds, entry k first. The receiver checks each is an eventfd.
 import { IpcError, fdLimitError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { registerTransferHandler, type TransferHandler } from '../link/index.js';
 
 export const DOORBELLS_KIND = 'channel-doorbells';

@@ -7,7 +7,7 @@ import type { Link } from '../link/index.js';
 import type { HostBuffer } from '../host/index.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
 import { H, P, PState, PRole, PFLAG_HUB_LOCAL } from './layout.js';
-import { Ring } from './ring.js';
+import { Ring } from './slot-ring.js';
 import { Waiter, type WaitPolicy } from './waiter.js';
 import { Recoveries, repairFencesWhenGone } from './recovery.js';
 import type { Block } from './block.js';

@@ -21,7 +21,7 @@ import { driver, Flags, whenStreamDone } from '../cuda/driver.js';
 import type { Device } from '../cuda/device.js';
 import { streamHandle, type Stream } from '../cuda/stream.js';
 import { takeWaiterStream, returnWaiterStream } from '../cuda/waiter-streams.js';
-import type { NativeSharedWords } from '../channel-types.js';
+import type { NativeSharedWords } from '../native/channel-types.js';
 
 export type FenceWait = readonly [offset: number, value: number];
 

@@ -13,7 +13,7 @@ import { IpcPool } from '../ipc/pool.js';
 import { P, PState, PRole, PFLAG_HUB_LOCAL, checkParams, computeLayout, writeHeader, type HubLayout } from './layout.js';
 import { Block } from './block.js';
 import { Doorbells } from './doorbells.js';
-import type { Ring } from './ring.js';
+import type { Ring } from './slot-ring.js';
 import { Recoveries, processAlive, repairFencesWhenGone } from './recovery.js';
 import { channelStats } from './endpoint.js';
 import { offer, roleNumber } from './attach.js';

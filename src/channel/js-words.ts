@@ -14,7 +14,7 @@
 // detached and every typed array over it reads as length 0. Checking offsets against the arrays'
 // current lengths therefore also catches that (and close(), which swaps in empty arrays), at no
 // extra cost on the hot path; the slow path then says which it was.
-import type { NativeSharedWords } from '../channel-types.js';
+import type { NativeSharedWords } from '../native/channel-types.js';
 
 const MAX_U53 = 2 ** 53;
 const MAX_U53N = 2n ** 53n;

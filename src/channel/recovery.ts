@@ -1,5 +1,5 @@
 // Taking participants out of the control block: this end leaving, or someone else repairing a
-// participant that died (ring.ts, leave()). A repair needs the publish lock for microseconds at a
+// participant that died (slot-ring.ts, leave()). A repair needs the publish lock for microseconds at a
 // time; while a live publisher holds it, the repair is retried every few milliseconds, and given
 // up (with a warning) after RECOVERY_GIVE_UP_MS, when the lock belongs to a process that died
 // inside it and that nobody here can repair.
@@ -9,7 +9,7 @@
 import { readFileSync } from 'node:fs';
 import { IpcError } from '../errors.js';
 import { Kind, P, S, kindOf, publishFence, releaseFence } from './layout.js';
-import type { Ring } from './ring.js';
+import type { Ring } from './slot-ring.js';
 import type { Fences } from './fences.js';
 
 const RETRY_MS = 2;

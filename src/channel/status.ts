@@ -2,7 +2,7 @@
 // block when the status publisher samples it (a few times a second at most), never per message.
 import { registerChannel, type ChannelPeerStatus, type ChannelRegistration } from '../observe/hooks.js';
 import { P, PState, PRole } from './layout.js';
-import type { Ring } from './ring.js';
+import type { Ring } from './slot-ring.js';
 import type { Block } from './block.js';
 import type { ChannelRole } from './options.js';
 

@@ -22,13 +22,13 @@
 // core-to-core latency (the bench's spin floor measures it).
 //
 // Sleeping: set this end's bit in the sleepers word, re-check, then poll the doorbell; a waker
-// clears the bit and rings (ring.ts). A timer re-checks after WAIT_BACKSTOP_MS in any case, so
+// clears the bit and rings (slot-ring.ts). A timer re-checks after WAIT_BACKSTOP_MS in any case, so
 // that a wake-up lost with a process that died while ringing costs a second, not a hang; a
 // backstop that finds the condition met is counted (`rescued`): it should never happen.
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
-import type { NativeDoorbell, NativeSharedWords } from '../channel-types.js';
-import type { Ring } from './ring.js';
+import { addon } from '../native/addon.js';
+import type { NativeDoorbell, NativeSharedWords } from '../native/channel-types.js';
+import type { Ring } from './slot-ring.js';
 
 /** How an end waits: see ChannelWaitOptions.wait. */
 export type WaitMode = 'adaptive' | 'sleep' | 'spin';

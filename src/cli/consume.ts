@@ -3,7 +3,7 @@
 // legacy IPC handle; needs a GPU here) or host shared memory behind a link (host-handoff.ts).
 import { existsSync } from 'node:fs';
 import { IpcError } from '../errors.js';
-import { openIpcArray } from '../ipc/array.js';
+import { openIpcArray } from '../arrays/device-array.js';
 import { parseDescriptorJson } from '../ipc/descriptor.js';
 import { Deadline, writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
 import { secondsOption, UsageError, type ParsedArgs } from './args.js';

@@ -2,7 +2,7 @@
 // consumer to double the values, verify them. Without a usable GPU it says why and shares host
 // shared memory through a link instead (host-handoff.ts).
 import { Device } from '../cuda/device.js';
-import { DeviceArray } from '../ipc/array.js';
+import { DeviceArray } from '../arrays/device-array.js';
 import { descriptorToJson } from '../ipc/descriptor.js';
 import { Deadline, leftover, removeIfSame, writeFileAtomic, waitForFile, checkFileArgument, type FileIdentity } from './files.js';
 import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';

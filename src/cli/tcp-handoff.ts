@@ -12,7 +12,7 @@ import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/index.js';
 import { Device } from '../cuda/device.js';
 import { BuiltinKernels } from '../cuda/builtins.js';
-import { DeviceArray } from '../ipc/array.js';
+import { DeviceArray } from '../arrays/device-array.js';
 import { connect, listen, setLinkWorkingDevice, type Link } from '../link/index.js';
 import { isLinkUrl, type LinkUrl } from '../link/link-url.js';
 import { TOKEN_ENV } from '../link/tcp-auth.js';

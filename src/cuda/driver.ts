@@ -1,6 +1,6 @@
 // The CUDA part of the addon, ready to call: failed calls throw CudaError, and stream completions
 // resolve promises. Constants mirror native/cuda_abi.h.
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { CudaError } from '../errors.js';
 
 addon.setErrorClass(CudaError);

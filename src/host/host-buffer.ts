@@ -1,8 +1,8 @@
 // HostBuffer: shared host memory (memfd + mmap MAP_SHARED) with the same method names as a device
 // buffer: write / read / fill / view / close / byteLength. Another process maps the same bytes
 // when it is given the fd (send the HostBuffer over a link).
-import { addon } from '../native.js';
-import type { NativeSharedMemory } from '../posix-types.js';
+import { addon } from '../native/addon.js';
+import type { NativeSharedMemory } from '../native/posix-types.js';
 import { IpcError, checkViewBytes, fdLimitError, outOfMemoryError, MAX_VIEW_BYTES } from '../errors.js';
 import { raceWait, type WaitOptions } from '../abort.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';

@@ -5,7 +5,7 @@
 import { driver, PointerAttr, MemoryType } from '../cuda/driver.js';
 import { Device, defaultDevice, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
-import type { ImportCacheStats } from '../cuda/driver-types.js';
+import type { ImportCacheStats } from '../native/driver-types.js';
 import { CudaError, IpcError } from '../errors.js';
 import {
   legacyHandleDescriptor, validateDescriptor, parseDescriptorJson, decodeDescriptor, encodeCheckedDescriptor,

@@ -13,7 +13,7 @@ import { randomBytes } from 'node:crypto';
 import { Device } from '../cuda/device.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { IpcPool, exportPoolBuffer } from './pool.js';
 import { invalidArgValue, badNumber } from '../arg-errors.js';
 

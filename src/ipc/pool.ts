@@ -9,7 +9,7 @@ import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js'
 import { Stream, streamHandle } from '../cuda/stream.js';
 import { CudaError, IpcError, fdLimitError, outOfMemoryError } from '../errors.js';
 import { trackLeak, untrackLeak, type LeakToken } from '../leak.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { BlockStash } from './block-stash.js';
 import { PreparedExports } from './prepared-exports.js';
 import { invalidArgValue, badNumber } from '../arg-errors.js';
@@ -100,7 +100,7 @@ interface PoolMemoryOwner extends MemoryOwner {
 
 // For the owners below, which are not the pool's own code: a buffer over the pool went away.
 let dropPoolUser: (pool: IpcPool) => void;
-let forgetPoolImport: (pool: IpcPool, key: string) => void;
+let forgetPointerImport: (pool: IpcPool, key: string) => void;
 let releaseAllocation: (pool: IpcPool, block: PoolAllocation, forced: boolean) => void;
 
 // The memory owners of pool buffers, as classes rather than closures: one object per allocation.
@@ -124,7 +124,8 @@ class PoolAllocation implements PoolMemoryOwner {
   }
 }
 
-class PoolImport implements PoolMemoryOwner {
+/** One buffer of an imported pool, mapped in this process (Python: _PointerImport, memory/pool.py). */
+class PointerImport implements PoolMemoryOwner {
   readonly kind = 'pool-import' as const;
   constructor(
     readonly pool: IpcPool,
@@ -135,7 +136,7 @@ class PoolImport implements PoolMemoryOwner {
     readonly exportKey: string,
   ) {}
   release(): void {
-    forgetPoolImport(this.pool, this.exportKey);
+    forgetPointerImport(this.pool, this.exportKey);
     driver.memFree(this.base);
     dropPoolUser(this.pool);
   }
@@ -408,7 +409,7 @@ export class IpcPool {
       this.#users++;
       // One mapping per process, whichever device imported it first; the pool's access list says
       // which devices may use it.
-      memory = new SharedMemory(new PoolImport(this, user, this.device, base, byteLength, key));
+      memory = new SharedMemory(new PointerImport(this, user, this.device, base, byteLength, key));
       this.#imports.set(key, memory);
     }
     this.#importOrigin ??= `by importing from pool ${this.id}, e.g. out of a link message`;
@@ -484,7 +485,7 @@ export class IpcPool {
   static {
     dropPoolUser = (pool) => pool.#dropUser();
     releaseAllocation = (pool, block, forced) => pool.#releaseAllocation(block, forced);
-    forgetPoolImport = (pool, key) => { pool.#imports.delete(key); };
+    forgetPointerImport = (pool, key) => { pool.#imports.delete(key); };
   }
 }
 

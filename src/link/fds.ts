@@ -1,6 +1,6 @@
 // Closing file descriptors that arrived with (or were queued for) a frame, quietly: by the time
 // they are closed here, one that is gone already has nothing left to release.
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 
 export function closeFd(fd: number): void {
   try {

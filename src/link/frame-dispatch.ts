@@ -24,7 +24,7 @@ import type { LinkSender } from './link-sender.js';
 import type { LinkState } from './link-types.js';
 import { leaseIdsOf } from './message-decoder.js';
 import { probe, Probe } from './probe.js';
-import { RecordSource } from './ring-transport.js';
+import { RecordSource } from './unix-transport.js';
 import type { FrameTransport } from './frame-transport.js';
 import type { NcclAbort } from './nccl-abort.js';
 

@@ -1,5 +1,5 @@
 // The frame ring: one direction of a link's frames through shared memory instead of the socket,
-// woken by an eventfd doorbell (ring-transport.ts drives it; docs/PROTOCOL.md section 3.1 is the
+// woken by an eventfd doorbell (unix-transport.ts drives it; docs/PROTOCOL.md section 3.1 is the
 // byte-for-byte description). The reader of a ring creates it (a sealed memfd) and its doorbell,
 // and offers both to the writer in a RING frame; from then on the writer copies small frames
 // without fds into the ring and rings the reader's doorbell only when the reader said it will
@@ -25,8 +25,8 @@
 // stores it: a peer that scribbles over the shared words can make this side read garbage frames
 // (which the frame checks refuse, closing the link), never read or write outside the mapping.
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
-import type { NativeSharedMemory } from '../posix-types.js';
+import { addon } from '../native/addon.js';
+import type { NativeSharedMemory } from '../native/posix-types.js';
 
 export const RING_MAGIC = 0x52504943;
 export const RING_VERSION = 1;

@@ -1,9 +1,9 @@
 // What a Link and its parts (link-sender.ts, frame-dispatch.ts, outbox.ts, socket-interest.ts)
 // use of the thing that carries its frames: the native socket's face (send, setInterest, ref,
 // close, a receive buffer and a callback per record), plus the frame rings' agreement. Two
-// transports present it: the Unix socket with its optional frame rings (ring-transport.ts) and a
+// transports present it: the Unix socket with its optional frame rings (unix-transport.ts) and a
 // TCP connection, optionally inside TLS (tcp-transport.ts). Types only.
-import type { NativeSocket } from '../posix-types.js';
+import type { NativeSocket } from '../native/posix-types.js';
 
 /**
  * What carries a link: 'unix', a Unix socket between processes of one machine (fds and CUDA IPC

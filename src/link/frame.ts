@@ -24,7 +24,7 @@
 // nccl-abort.ts): 16-byte communicator id, u32 reason (1..3), u32 reserved = 0, UTF-8 text of at
 // most 1024 bytes. Only MESSAGE and RING frames carry fds (and none on TCP links).
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 
 export const FRAME_MAGIC = 0x4c504943;
 export const FRAME_VERSION = 2;
@@ -79,7 +79,7 @@ export const FEATURE_LARGE_MESSAGES = 1;
 export const FEATURE_GONE = 2;
 /**
  * HELLO features: this side takes frames through a shared-memory ring and sends through the
- * peer's (frame-ring.ts). Announced only where the link was made with rings on (ring-transport.ts).
+ * peer's (frame-ring.ts). Announced only where the link was made with rings on (unix-transport.ts).
  */
 export const FEATURE_RING = 4;
 /** HELLO features: this side takes device memory over NCCL (PROTOCOL.md 8); announced on TCP links. */

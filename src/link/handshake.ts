@@ -2,7 +2,7 @@
 // and what a refusal says, to the user here and to the peer in its REFUSE frame. link.ts runs the
 // exchange itself: HELLO both ways, then the link is open.
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { FrameType, HEADER_BYTES, RefuseReason, writeHeader } from './frame.js';
 
 const myUid = process.getuid?.() ?? -1;

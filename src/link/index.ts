@@ -20,12 +20,12 @@ export {
   unregisterTransferHandler,
   type TransferHandler,
   type TransferEncoding,
-} from './transfer.js';
+} from './transfers/transfer.js';
 export { leaseStats, type LeaseHold, type ReceivedLease, type LeaseCounts, type LeaseStats, type LinkLeaseStats } from './lease.js';
 
 // Host buffers, device buffers, pools and events travel over every link once the link layer is
 // loaded: the handlers register here, so no receiving process can miss one.
-import './host-transfer.js';
-import './host-bytes-transfer.js';
-import './device-transfers.js';
-import './nccl-buffer-transfer.js';
+import './transfers/host-transfer.js';
+import './transfers/host-bytes-transfer.js';
+import './transfers/device-transfers.js';
+import './transfers/nccl-buffer-transfer.js';

@@ -4,7 +4,7 @@
 // about the length nor change the bytes while they are decoded, and reading (pread, no mapping)
 // can never fault.
 import { IpcError, fdLimitError, outOfMemoryError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { MAX_PAYLOAD_BYTES, invalid } from './frame.js';
 import { closeFd } from './fds.js';
 

@@ -61,7 +61,7 @@ export interface LinkSetup {
   handshakeTimeoutMs?: number;
   /** For messages: who the peer is, e.g. "child process 1234". */
   peerName: string;
-  /** Offer frame rings (ring-transport.ts); default FRAME_RING_DEFAULT: off unless CUDA_IPC_LINK_RING=1. */
+  /** Offer frame rings (unix-transport.ts); default FRAME_RING_DEFAULT: off unless CUDA_IPC_LINK_RING=1. */
   frameRing?: boolean;
   /** The bounds of linkLimits(options) (default DEFAULT_LINK_LIMITS). */
   limits?: LinkLimits;

@@ -1,5 +1,5 @@
 // Link: one connection between two processes, carrying structured messages: over a Unix
-// SOCK_SEQPACKET socket with file descriptors (ring-transport.ts), or over TCP between machines
+// SOCK_SEQPACKET socket with file descriptors (unix-transport.ts), or over TCP between machines
 // (tcp-transport.ts). Made by spawn()/parentLink(), listen()/connect().
 // The link holds the state and runs the handshake and the close; its parts do one job each:
 // sending (link-sender.ts, over outbox.ts), acting on received frames (frame-dispatch.ts),
@@ -7,7 +7,7 @@
 // inbound.ts and message-decoder.ts), leases (lease.ts). Its types are in link-types.ts.
 import { EventEmitter } from 'node:events';
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { FEATURE_GONE, FEATURE_LARGE_MESSAGES, FrameType, MAX_FRAME_BYTES, type GoneEntry } from './frame.js';
 import { DEFAULT_LINK_LIMITS, type LinkLimits } from './link-options.js';
 import { IncomingLeases, OutgoingLeases, type LeaseCounts } from './lease.js';
@@ -20,7 +20,7 @@ import { uidAllowed, uidRefusal } from './handshake.js';
 import type { Waiter } from './queue.js';
 import { observeLink } from '../observe/hooks.js';
 import { probe, Probe } from './probe.js';
-import { FRAME_RING_DEFAULT, LinkTransport, type RingState } from './ring-transport.js';
+import { FRAME_RING_DEFAULT, UnixTransport, type RingState } from './unix-transport.js';
 import { TcpTransport, closeGracefully } from './tcp-transport.js';
 import type { FrameTransport, LinkTransportKind } from './frame-transport.js';
 import { FEATURE_NCCL } from './frame.js';
@@ -38,7 +38,7 @@ export type { LinkTransportKind } from './frame-transport.js';
 export const kCreate: unique symbol = Symbol('cuda-ipc.link.create');
 /** @internal Resolves when the handshake completed, rejects with the reason if it failed. */
 export const kOpened: unique symbol = Symbol('cuda-ipc.link.opened');
-/** @internal Which frame rings the link uses (ring-transport.ts). */
+/** @internal Which frame rings the link uses (unix-transport.ts). */
 export const kRingState: unique symbol = Symbol('cuda-ipc.link.ringState');
 
 let nextLinkId = 1;
@@ -134,7 +134,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     try {
       this.#sock = setup.tcp
         ? new TcpTransport(setup.tcp.socket, setup.tcp.leftover, this.#limits.maxMessageBytes, onRecord, this.#onState, fail)
-        : new LinkTransport(setup.fd, MAX_FRAME_BYTES, onRecord, this.#onState, fail, setup.frameRing ?? FRAME_RING_DEFAULT);
+        : new UnixTransport(setup.fd, MAX_FRAME_BYTES, onRecord, this.#onState, fail, setup.frameRing ?? FRAME_RING_DEFAULT);
     } catch (e) {
       if (setup.tcp) closeGracefully(setup.tcp.socket);
       else closeFds([setup.fd]);

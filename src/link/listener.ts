@@ -3,8 +3,8 @@
 import { EventEmitter } from 'node:events';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError, fdLimitError } from '../errors.js';
-import { addon } from '../native.js';
-import type { NativeAcceptor } from '../posix-types.js';
+import { addon } from '../native/addon.js';
+import type { NativeAcceptor } from '../native/posix-types.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { LINK_OPTION_KEYS, linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
 import { checkOptionKeys, checkSignal, optionalInteger, invalidArgValue } from '../arg-errors.js';

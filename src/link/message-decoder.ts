@@ -1,11 +1,11 @@
 // Decoding link messages: a MESSAGE frame's payload back into the value that was sent (the
 // format: message-format.ts). Records are checked whole before any value is rebuilt, so that a
 // malformed payload never strands a decoded value, an fd or a lease; transfer handlers
-// (handlers.ts) rebuild the objects that own resources.
+// (transfers/handlers.ts) rebuild the objects that own resources.
 import { IpcError } from '../errors.js';
 import { Encoding, readU64 } from './frame.js';
 import type { IncomingLeases, ReceivedLease } from './lease.js';
-import { DeferredValue, handlerForKind, serves } from './handlers.js';
+import { DeferredValue, handlerForKind, serves } from './transfers/handlers.js';
 import type { LinkTransportKind } from './frame-transport.js';
 import { DATA_VIEW_TAG, RECORD_TAIL_BYTES, TYPED_ARRAYS, type Segment } from './message-format.js';
 import { closeFd } from './fds.js';

@@ -1,11 +1,11 @@
 // Encoding link messages: link.send(value) as a MESSAGE frame's payload, written into a scratch
 // buffer that holds a whole frame (the format: message-format.ts). Values JSON cannot carry are
 // found by one walk and travel as records: bigints, typed arrays, and objects a transfer handler
-// sends (handlers.ts), whose fds and lease holds the result hands to the link.
+// sends (transfers/handlers.ts), whose fds and lease holds the result hands to the link.
 import { IpcError } from '../errors.js';
 import { Encoding, HEADER_BYTES, MAX_FDS, MAX_FRAME_BYTES, MAX_PAYLOAD_BYTES, writeU64 } from './frame.js';
 import { nextLeaseId, releaseHold, type LeaseHold } from './lease.js';
-import { handlerForValue, handlerOnOtherTransport, type RegisteredHandler } from './handlers.js';
+import { handlerForValue, handlerOnOtherTransport, type RegisteredHandler } from './transfers/handlers.js';
 import type { LinkTransportKind } from './frame-transport.js';
 import { RECORD_TAIL_BYTES, typedArrayTag, type Segment } from './message-format.js';
 import { closeFd } from './fds.js';

@@ -5,8 +5,8 @@
 // nothing queued is ever dropped while the link is open. Control frames (HELLO, RELEASE,
 // GOODBYE) always queue: they are small, and a lost RELEASE would pin the peer's memory.
 import { IpcError, fdLimitError } from '../errors.js';
-import { addon } from '../native.js';
-import type { NativeSocket } from '../posix-types.js';
+import { addon } from '../native/addon.js';
+import type { NativeSocket } from '../native/posix-types.js';
 import { closeFds } from './fds.js';
 import { MAX_RELEASE_IDS, encodeRelease } from './frame.js';
 import { Queue, type Waiter } from './queue.js';

@@ -14,7 +14,7 @@
 import { closeSync, chmodSync, fstatSync, linkSync, lstatSync, mkdtempSync, rmdirSync, unlinkSync } from 'node:fs';
 import { basename, dirname } from 'node:path';
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { describeEntry, identityOf, inDirectory, openDirectory, sameFile, type FileIdentity } from '../safe-files.js';
 
 function codeOf(e: unknown): string | undefined {

@@ -1,7 +1,7 @@
 // What a link's socket is polled for: readable unless the inbox is full (inbox.ts pauses reading
 // to let the kernel hold the backlog), writable while frames wait in the outbox (outbox.ts). Both
 // change the one native setting, so it lives here.
-import type { NativeSocket } from '../posix-types.js';
+import type { NativeSocket } from '../native/posix-types.js';
 
 export class SocketInterest {
   readonly #sock: NativeSocket;

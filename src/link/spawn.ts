@@ -4,7 +4,7 @@ import { spawn as spawnProcess, type ChildProcess, type StdioOptions } from 'nod
 import { resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { IpcError, fdLimitError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { Device, WORKING_DEVICE_ENV } from '../cuda/device.js';
 import { checkDeviceUuid } from '../ipc/device-uuid.js';
 import { ARG } from '../ipc/checks.js';

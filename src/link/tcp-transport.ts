@@ -35,7 +35,7 @@ import {
   invalid,
 } from './frame.js';
 import type { FrameTransport, RingState } from './frame-transport.js';
-import { RecordSource, type RecordHandler, type StateHandler } from './ring-transport.js';
+import { RecordSource, type RecordHandler, type StateHandler } from './unix-transport.js';
 import { checkMessageLength } from './large-message.js';
 
 /** A large message's buffer is made whole up to this size as soon as its header checked out; past it, it grows as its bytes come. */

@@ -1,7 +1,7 @@
 // The NCCL part of the addon (native/nccl.cc): near 1:1 with NCCL's API. Every call that NCCL
 // answers with an ncclResult_t returns that number (with its out-value, as a pair) for errors.ts
 // to check; only bad arguments and unknown handles throw here.
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 
 /** What ncclOpen found in a library file. */
 export interface NcclOpened {

@@ -8,7 +8,7 @@
 // from the addon: it imports no layer above observe.
 import { closeSync, constants, fstatSync, mkdirSync, openSync, renameSync, writeSync } from 'node:fs';
 import { dirname, join } from 'node:path';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { fdsExhausted } from '../errors.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
 import { identityOf, removeIfSame, type FileIdentity } from '../safe-files.js';

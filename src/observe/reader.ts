@@ -3,7 +3,7 @@
 // processes that are gone (killed, crashed: they could not remove their own) are recognised by
 // their pid and start time, and removed.
 import { closeSync, readdirSync } from 'node:fs';
-import type { ImportCacheStats } from '../cuda/driver-types.js';
+import type { ImportCacheStats } from '../native/driver-types.js';
 import { inDirectory, readRegularFile } from '../safe-files.js';
 import type { ChannelStatus, DeviceMemoryStats } from './reports.js';
 import { checkRecord } from './record-check.js';

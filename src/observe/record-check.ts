@@ -3,7 +3,7 @@
 // not private) may have written anything. A record that fails is skipped and named, never a
 // TypeError that ends the whole listing. Strings are bounded here and escaped where printed
 // (cli/terminal-text.ts).
-import type { ImportCacheStats } from '../cuda/driver-types.js';
+import type { ImportCacheStats } from '../native/driver-types.js';
 import type { ChannelPeerStatus, ChannelStatus, DeviceMemoryStats } from './reports.js';
 import { MAX_LISTED, RECORD_VERSION, type LinkRecord, type StatusRecord } from './record.js';
 

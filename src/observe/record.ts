@@ -7,7 +7,7 @@ import { lstatSync, readdirSync, readFileSync, unlinkSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { checkPrivateDirectory, defaultSocketDirectory, openPrivateDirectory } from '../runtime-directory.js';
 import { inDirectory } from '../safe-files.js';
-import type { ImportCacheStats } from '../cuda/driver-types.js';
+import type { ImportCacheStats } from '../native/driver-types.js';
 import type { ChannelStatus, DeviceMemoryStats } from './reports.js';
 
 export const RECORD_VERSION = 1;

@@ -2,12 +2,12 @@
 // safetensors. Importing it registers the 'tensor-set' and 'nccl-tensor-set' transfer handlers (the receiving process
 // needs it too; the package index imports it).
 export { TensorMap, type TensorArray, type TensorMemory } from './tensor-map.js';
-export { HostArray } from './host-array.js';
+export { HostArray } from '../arrays/host-array.js';
 export { updateInPlace, type UpdateOptions, type UpdateResult, type NamedTensors } from './update.js';
 export { loadSafetensors, type LoadSafetensorsOptions } from './load.js';
 export {
   readSafetensorsHeader, parseSafetensorsHeader, writeSafetensors, SAFETENSORS_DTYPES,
   type SafetensorsHeader, type SafetensorsEntry, type SafetensorsInput,
 } from './safetensors.js';
-import './transfer.js';
+import './tensor-set-transfer.js';
 import './nccl-transfer.js';

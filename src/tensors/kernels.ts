@@ -10,7 +10,7 @@ import type { Device } from '../cuda/device.js';
 import { Module, type Kernel } from '../cuda/module.js';
 import { arg, kernelArgLayout, packKernelArgs, type KernelParam } from '../cuda/kernel-args.js';
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
+import { addon } from '../native/addon.js';
 import { invalidArgValue } from '../arg-errors.js';
 
 /**

@@ -7,9 +7,9 @@ import type { DeviceBuffer } from '../cuda/buffer.js';
 import type { Device } from '../cuda/device.js';
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/host-buffer.js';
-import { DeviceArray } from '../ipc/array.js';
+import { DeviceArray } from '../arrays/device-array.js';
 import { dtypeInfo } from '../ipc/dtype.js';
-import { HostArray } from './host-array.js';
+import { HostArray } from '../arrays/host-array.js';
 import type { TensorLayout } from './wire.js';
 import { invalidArgType } from '../arg-errors.js';
 

@@ -9,7 +9,7 @@ import type { Stream } from '../cuda/stream.js';
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/host-buffer.js';
 import { dtypeInfo, type DType } from '../ipc/dtype.js';
-import { HostArray } from './host-array.js';
+import { HostArray } from '../arrays/host-array.js';
 import { forEachOffset } from '../ipc/array-meta.js';
 import { queueDeviceCopies, type StridedCopy } from './kernels.js';
 import { TensorMap, consumeRemote, tensorMapContents, type RemoteTensors, type TensorArray } from './tensor-map.js';

@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { Worker } from 'node:worker_threads';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { ChannelHub } from '../../src/channel/index.js';

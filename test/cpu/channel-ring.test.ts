@@ -3,9 +3,9 @@
 // and advancing head, halfway through a broadcast release).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { HostBuffer } from '../../src/host/index.js';
-import { Ring } from '../../src/channel/ring.js';
+import { Ring } from '../../src/channel/slot-ring.js';
 import { computeLayout, writeHeader, H, P, S, PRole, PState, Kind, slotWord } from '../../src/channel/layout.js';
 
 function block(slotCount: number, broadcast = false, producers = 1, consumers = 1) {

@@ -1,7 +1,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { HostBuffer } from '../../src/host/index.js';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { fdIsOpen } from '../fixtures/fd-count.js';
 import { argError } from '../helpers/arg-error.js';
 

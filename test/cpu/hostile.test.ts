@@ -15,7 +15,7 @@ import { ChannelHub, acceptChannel, type ChannelConsumer, type ChannelProducer }
 import { spawn } from '../../src/link/index.js';
 import { startLinkedChild } from '../../src/link/spawn.js';
 import type { Link } from '../../src/link/link.js';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { HELLO, header, linkPair, linkWithRawPeer, type PairOptions } from '../fixtures/link-pair.js';
 import { buildRecordsFrame } from '../fixtures/link-fuzzer.js';

@@ -1,7 +1,8 @@
-// Imports run one way, down the layers of shared/DESIGN.md, and never in a circle: a newcomer can
-// read any folder knowing only the ones below it, and module initialisation order never depends
-// on who was imported first. Type-only imports count as edges like any other: a type that must
-// name something above it is a sign that an interface belongs lower down.
+// Imports run one way, down the layers (LAYERS below; docs/ARCHITECTURE.md draws them), and never
+// in a circle: a newcomer can read any folder knowing only the ones below it, and module
+// initialisation order never depends on who was imported first. Type-only imports count as edges
+// like any other: a type that must name something above it is a sign that an interface belongs
+// lower down.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { fileURLToPath } from 'node:url';
@@ -14,25 +15,29 @@ const root = fileURLToPath(new URL('../../..', import.meta.url));
  * are observe's own, read from the top (the CLI and the package's API) through reader.ts.
  */
 const OBSERVE_INTERFACE = 'src/observe/hooks.ts';
-const TOP_RANK = 7;
+const TOP_RANK = 9;
 
 /**
  * The layers, lowest first. A file may import files of its own layer and of layers with a lower
  * rank. host, ipc and nccl share a rank and stand beside each other: none imports another.
  */
 const LAYERS: ReadonlyArray<{ name: string; rank: number; files: RegExp }> = [
-  // The addon and the small things every layer uses: errors, leak tracking, the private directory.
-  { name: 'base', rank: 0, files: /^src\/(native|posix-types|channel-types|errors|arg-errors|abort|leak|half-float|runtime-directory|safe-files)\.ts$|^src\/cuda\/driver-types\.ts$/ },
+  // The small things every layer uses: errors, leak tracking, the private directory.
+  { name: 'base', rank: 0, files: /^src\/(errors|arg-errors|abort|leak|half-float|runtime-directory|safe-files)\.ts$/ },
+  // The addon: its loader and the types of its functions (native/*.cc), one file per part.
+  { name: 'native', rank: 1, files: /^src\/native\// },
   // The status record: a leaf the layers report to through the small interface of hooks.ts.
-  { name: 'observe', rank: 1, files: /^src\/observe\// },
-  { name: 'cuda', rank: 2, files: /^src\/cuda\// },
-  { name: 'host', rank: 3, files: /^src\/host\// },
-  { name: 'ipc', rank: 3, files: /^src\/ipc\// },
+  { name: 'observe', rank: 2, files: /^src\/observe\// },
+  { name: 'cuda', rank: 3, files: /^src\/cuda\// },
+  { name: 'host', rank: 4, files: /^src\/host\// },
+  { name: 'ipc', rank: 4, files: /^src\/ipc\// },
   // NCCL: device bytes over libnccl (dlopened), beside host and ipc; links and tensors build on it.
-  { name: 'nccl', rank: 3, files: /^src\/nccl\// },
-  { name: 'link', rank: 4, files: /^src\/link\// },
-  { name: 'channel', rank: 5, files: /^src\/channel\// },
-  { name: 'tensors', rank: 6, files: /^src\/tensors\// },
+  { name: 'nccl', rank: 4, files: /^src\/nccl\// },
+  // DeviceArray and HostArray over one base: typed views that links, channels and tensors carry.
+  { name: 'arrays', rank: 5, files: /^src\/arrays\// },
+  { name: 'link', rank: 6, files: /^src\/link\// },
+  { name: 'channel', rank: 7, files: /^src\/channel\// },
+  { name: 'tensors', rank: 8, files: /^src\/tensors\// },
   { name: 'cli', rank: TOP_RANK, files: /^src\/cli\// },
   // What the package exposes: everything below, gathered.
   { name: 'api', rank: TOP_RANK + 1, files: /^src\/(index|stats)\.ts$/ },
@@ -78,7 +83,7 @@ test('the checks find a planted circle and a planted climb', () => {
   ]);
   assert.deepEqual(findCircles(planted), [{ files: ['src/link/a.ts', 'src/link/b.ts', 'src/link/c.ts'], cycle: ['src/link/a.ts', 'src/link/b.ts', 'src/link/c.ts', 'src/link/a.ts'] }]);
   assert.deepEqual(layerViolations([edge('src/cuda/x.ts', 'src/link/y.ts', true), edge('src/ipc/x.ts', 'src/observe/publisher.ts'), edge('src/cuda/x.ts', 'src/observe/hooks.ts')]), [
-    'src/cuda/x.ts:1 -> src/link/y.ts (type-only): cuda (rank 2) must not import link (rank 4)',
+    'src/cuda/x.ts:1 -> src/link/y.ts (type-only): cuda (rank 3) must not import link (rank 6)',
     'src/ipc/x.ts:1 -> src/observe/publisher.ts: ipc reports to observe through src/observe/hooks.ts only',
   ]);
 });

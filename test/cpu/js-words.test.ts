@@ -2,10 +2,10 @@
 // errors, the same memory, on every operation; and what happens once either side is closed.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { JsWords } from '../../src/channel/js-words.js';
-import type { NativeSharedWords } from '../../src/channel-types.js';
+import type { NativeSharedWords } from '../../src/native/channel-types.js';
 
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
 

@@ -10,8 +10,8 @@ import { leaseStats, type ReceivedLease } from '../../src/link/index.js';
 import { MessageEncoder } from '../../src/link/message-encoder.js';
 import { FrameType, encodeRelease, writeHeader } from '../../src/link/frame.js';
 import type { Link } from '../../src/link/link.js';
-import { registerTransferHandler, unregisterTransferHandler } from '../../src/link/transfer.js';
-import { addon } from '../../src/native.js';
+import { registerTransferHandler, unregisterTransferHandler } from '../../src/link/transfers/transfer.js';
+import { addon } from '../../src/native/addon.js';
 import { HELLO, header, linkPair, linkWithRawPeer, type RawPeer } from '../fixtures/link-pair.js';
 import { argError } from '../helpers/arg-error.js';
 

@@ -12,7 +12,7 @@ import type { Link } from '../../src/link/link.js';
 import type { LinkOptions } from '../../src/link/link-options.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { HELLO, linkPair, linkWithRawPeer, type RawPeer } from '../fixtures/link-pair.js';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 
 const limited = (code: string, limit: string) => (e: unknown) => {
   assert.ok(e instanceof IpcError, String(e));

@@ -8,7 +8,7 @@ import { HostBuffer } from '../../src/host/index.js';
 import { MessageEncoder } from '../../src/link/message-encoder.js';
 import { readFrame } from '../../src/link/inbound.js';
 import type { Link } from '../../src/link/link.js';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { HELLO, header, linkWithRawPeer } from '../fixtures/link-pair.js';
 import { FdTemplates, FrameFuzzFailure, Rng, buildRecordsFrame, frameCase, frameSeeds, runFrameFuzz } from '../fixtures/link-fuzzer.js';

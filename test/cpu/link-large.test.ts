@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import '../../src/link/index.js';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { HELLO, header, linkPair, linkWithRawPeer } from '../fixtures/link-pair.js';
 import { ALL_SEALS, OddFiles, memfdWith } from '../fixtures/odd-fds.js';

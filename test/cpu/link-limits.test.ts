@@ -12,7 +12,7 @@ import { connect, listen } from '../../src/link/index.js';
 import { startLinkedChild } from '../../src/link/spawn.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { linkPair } from '../fixtures/link-pair.js';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 
 test('an inbox at its fd bound stops reading; the sender is told to wait; every buffer arrives in order once consumed', async () => {
   const [a, b] = await linkPair(undefined, { inbox: { fds: 3 } });

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { HostBuffer } from '../../src/host/index.js';
 import { connect, defaultSocketDirectory, listen, spawn, type Link } from '../../src/link/index.js';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { argError } from '../helpers/arg-error.js';
 
 const CONNECT_CHILD = new URL('../fixtures/connect-child.js', import.meta.url);

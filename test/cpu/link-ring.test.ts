@@ -1,4 +1,4 @@
-// Frame rings (src/link/frame-ring.ts, ring-transport.ts): the ring itself (wrap-around, room,
+// Frame rings (src/link/frame-ring.ts, unix-transport.ts): the ring itself (wrap-around, room,
 // the doorbell protocol, a corrupt ring), links that agree on rings (order against socket frames
 // with fds, backpressure, a clean close and a killed peer through the ring), and peers that do
 // not take rings (a link with them off, a Python peer), and hostile RING frames.
@@ -10,14 +10,14 @@ import { spawn, spawnPython, type Link } from '../../src/link/index.js';
 import { kRingState } from '../../src/link/link.js';
 import { EntryKind, RingReader, RingWriter, RING_DATA_OFFSET } from '../../src/link/frame-ring.js';
 import { endianness } from 'node:os';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { header, linkPair, linkWithRawPeer, makeLink, ringsUp } from '../fixtures/link-pair.js';
 import { noPython, pythonFixture } from '../helpers/python.js';
 
 const CHILD = new URL('../fixtures/ring-child.js', import.meta.url);
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
-// Rings are off by default (ring-transport.ts says why): every test here asks for them.
+// Rings are off by default (unix-transport.ts says why): every test here asks for them.
 const skip = endianness() === 'LE' ? undefined : 'frame rings need a little-endian machine';
 
 function pair(capacity = 4096): { reader: RingReader; writer: RingWriter } {

@@ -17,7 +17,7 @@ import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { spawnPython } from '../../src/link/index.js';
 import { processStartTime } from '../../src/observe/record.js';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { Secret, attackTable, noSecondUser, nobody, report, sharedDirectory } from '../helpers/attacker.js';
 import { PYTHON, PYTHON_PACKAGE_DIR, noPython, pythonFixture } from '../helpers/python.js';
 

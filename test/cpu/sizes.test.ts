@@ -9,7 +9,7 @@ import { HostBuffer } from '../../src/host/index.js';
 import { HostArray } from '../../src/tensors/index.js';
 import { ChannelHub } from '../../src/channel/index.js';
 import { IpcError } from '../../src/errors.js';
-import { addon } from '../../src/native.js';
+import { addon } from '../../src/native/addon.js';
 import { fdCount, fdIsOpen } from '../fixtures/fd-count.js';
 import { linkPair } from '../fixtures/link-pair.js';
 

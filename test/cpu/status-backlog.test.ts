@@ -15,7 +15,7 @@ after(() => rmSync(runtime, { recursive: true, force: true }));
 const { collectStatus } = await import('../../src/observe/reader.js');
 const { formatStatus } = await import('../../src/cli/status.js');
 const { HELLO, linkPair, linkWithRawPeer } = await import('../fixtures/link-pair.js');
-const { addon } = await import('../../src/native.js');
+const { addon } = await import('../../src/native/addon.js');
 
 async function until<T>(what: string, get: () => T | undefined): Promise<T> {
   const deadline = Date.now() + 10_000;

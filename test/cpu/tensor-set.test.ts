@@ -313,7 +313,7 @@ test('tensor-set bytes: names are checked (empty, duplicate, not UTF-8, not shar
 test('a tensor set whose table lies fails that message only: the sender gets its lease back, the link stays open', async () => {
   const [tx, rx] = await linkPair();
   const { buffers, map } = hostTensors();
-  const { tensorSetTransfer } = await import('../../src/tensors/transfer.js');
+  const { tensorSetTransfer } = await import('../../src/tensors/tensor-set-transfer.js');
   const encode = tensorSetTransfer.encode;
   try {
     // A sender whose table claims a smaller second allocation than its tensors need.

@@ -3,7 +3,7 @@ import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { noGpu } from '../helpers/gpu.js';
 import { DeviceBuffer } from '../../src/cuda/buffer.js';
-import { DeviceArray, openIpcArray } from '../../src/ipc/array.js';
+import { DeviceArray, openIpcArray } from '../../src/arrays/device-array.js';
 import { descriptorToJson } from '../../src/ipc/descriptor.js';
 import { IpcError } from '../../src/errors.js';
 import { argError } from '../helpers/arg-error.js';

@@ -14,7 +14,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Device } from '../../src/cuda/device.js';
 import { DeviceBuffer, deviceMemoryStats } from '../../src/cuda/buffer.js';
 import { BuiltinKernels } from '../../src/cuda/builtins.js';
-import { DeviceArray } from '../../src/ipc/array.js';
+import { DeviceArray } from '../../src/arrays/device-array.js';
 import { Fanout, listen, spawn, type Link, type SpawnedChild, type TcpListener } from '../../src/link/index.js';
 import { IpcError } from '../../src/errors.js';
 import { TensorMap } from '../../src/tensors/tensor-map.js';

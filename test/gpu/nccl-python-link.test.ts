@@ -16,7 +16,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Device } from '../../src/cuda/device.js';
 import { DeviceBuffer } from '../../src/cuda/buffer.js';
 import { BuiltinKernels } from '../../src/cuda/builtins.js';
-import { DeviceArray } from '../../src/ipc/array.js';
+import { DeviceArray } from '../../src/arrays/device-array.js';
 import { listen, spawnPython, type Link, type SpawnedChild, type TcpListener } from '../../src/link/index.js';
 import { TensorMap } from '../../src/tensors/tensor-map.js';
 import { updateInPlace } from '../../src/tensors/update.js';

@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { noGpu } from '../helpers/gpu.js';
-import { DeviceArray, openIpcArray } from '../../src/ipc/array.js';
+import { DeviceArray, openIpcArray } from '../../src/arrays/device-array.js';
 import { descriptorToJson } from '../../src/ipc/descriptor.js';
 
 const script = fileURLToPath(new URL('../../../test/python/interop.py', import.meta.url));

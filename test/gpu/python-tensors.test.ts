@@ -12,7 +12,7 @@ import { noGpu } from '../helpers/gpu.js';
 import { pythonFixture, pythonLacks } from '../helpers/python.js';
 import { Device } from '../../src/cuda/device.js';
 import { DeviceBuffer } from '../../src/cuda/buffer.js';
-import { DeviceArray } from '../../src/ipc/array.js';
+import { DeviceArray } from '../../src/arrays/device-array.js';
 import '../../src/ipc/pool.js';
 import { spawnPython, type Link } from '../../src/link/index.js';
 import { TensorMap } from '../../src/tensors/index.js';

@@ -8,7 +8,7 @@ import { constants as bufferConstants } from 'node:buffer';
 import { noGpu } from '../helpers/gpu.js';
 import { DeviceBuffer } from '../../src/cuda/buffer.js';
 import { Device } from '../../src/cuda/device.js';
-import { DeviceArray } from '../../src/ipc/array.js';
+import { DeviceArray } from '../../src/arrays/device-array.js';
 import { ChannelHub } from '../../src/channel/index.js';
 import { CudaError, IpcError } from '../../src/errors.js';
 

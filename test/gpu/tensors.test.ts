@@ -15,7 +15,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { noGpu } from '../helpers/gpu.js';
 import { Device } from '../../src/cuda/device.js';
 import { DeviceBuffer, deviceMemoryStats } from '../../src/cuda/buffer.js';
-import { DeviceArray } from '../../src/ipc/array.js';
+import { DeviceArray } from '../../src/arrays/device-array.js';
 import '../../src/ipc/pool.js';
 import { spawn, type Link } from '../../src/link/index.js';
 import { TensorMap, loadSafetensors, updateInPlace, writeSafetensors, type SafetensorsInput } from '../../src/tensors/index.js';

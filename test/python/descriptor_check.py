@@ -6,7 +6,7 @@ one JSON line out, {"error": code} on failure."""
 import json
 import sys
 
-from cuda_ipc import IpcError, decode_descriptor, descriptor_from_json, descriptor_from_torch, descriptor_to_json, encode_descriptor
+from cuda_ipc import IpcError, decode_descriptor, parse_descriptor_json, descriptor_from_torch, descriptor_to_json, encode_descriptor
 
 for line in sys.stdin:
     req = json.loads(line)
@@ -19,7 +19,7 @@ for line in sys.stdin:
             d = descriptor_from_torch((bytes.fromhex(h), size, offset), req["uuid"], pid=req["pid"], byte_offset=req.get("byteOffset", 0))
             out = {"binary": encode_descriptor(d).hex()}
         else:
-            out = {"binary": encode_descriptor(descriptor_from_json(req["json"])).hex()}
+            out = {"binary": encode_descriptor(parse_descriptor_json(req["json"])).hex()}
     except IpcError as e:
         out = {"error": e.code, "message": str(e)}
     print(json.dumps(out), flush=True)

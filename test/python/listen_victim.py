@@ -1,4 +1,4 @@
-"""The Python listener as the victim of test/cpu/security.test.ts (run as root, the attacker as
+"""The Python listener as the victim of test/cpu/security-links.test.ts (run as root, the attacker as
 another user). argv: a mode, then its arguments; prints one JSON line per result.
 
 ``race DIR NAME SECONDS ALLOW_UID``: listens on NAME in DIR (allowing ALLOW_UID) and closes again, as

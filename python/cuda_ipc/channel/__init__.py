@@ -29,12 +29,19 @@ published, a producer's acquire raises ERR_PEER_GONE). An end is used by one thr
 ``close()`` may come from another thread and wakes a blocked call.
 
 The modules, as on the Node side (src/channel): attach (accept_channel), part (ChannelEnd, what both
-ends tell), consumer (ChannelConsumer, Message), producer (ChannelProducer, Slot), endpoint (what
+ends tell), consumer (ChannelConsumer, ChannelMessage), producer (ChannelProducer, ChannelSlot), endpoint (what
 both ends hold), waiter, recovery, block (what an end maps), ring (the protocol over the control
 block), layout, shared_words (its atomics), doorbells, fences (device slots).
 """
 from .attach import ATTACH_VERSION, PROTOCOL, accept_channel
-from .consumer import ChannelConsumer, Message
-from .producer import ChannelProducer, Slot
+from .consumer import ChannelConsumer, ChannelMessage
+from .producer import ChannelProducer, ChannelSlot
+from typing import Any
+from .._renamed import renamed_attribute
 
-__all__ = ["ATTACH_VERSION", "PROTOCOL", "accept_channel", "ChannelConsumer", "Message", "ChannelProducer", "Slot"]
+__all__ = ["ATTACH_VERSION", "PROTOCOL", "accept_channel", "ChannelConsumer", "ChannelMessage", "ChannelProducer", "ChannelSlot"]
+
+
+def __getattr__(name: str) -> Any:
+    # The old names of these (_renamed.py): each use warns, for one release.
+    return renamed_attribute(__name__, {"ChannelMessage": ChannelMessage, "ChannelSlot": ChannelSlot}, name)

@@ -12,13 +12,14 @@ from typing import Any, Iterator, NoReturn
 
 from ..errors import IpcError
 from ..host import HostBuffer
-from ..memory import ArrayView, DeviceBuffer
+from ..memory import DeviceArray, DeviceBuffer
 from .endpoint import Endpoint, closed_error, cuda_array_interface, typed_view
 from .fences import Stream
 from .layout import H_PRODUCERS_DIED, META_BYTES, META_NONE
 from .part import ChannelEnd
-from .native_ring import TAKEN_DETACHED
-from .ring import corrupt
+from .native_slot_ring import TAKEN_DETACHED
+from .slot_ring import corrupt
+from .._renamed import renamed_attribute
 
 
 class ChannelConsumer(ChannelEnd):
@@ -29,7 +30,7 @@ class ChannelConsumer(ChannelEnd):
 
     def __init__(self, end: Endpoint):
         super().__init__(end)
-        self._held: dict[int, Message] = {}
+        self._held: dict[int, ChannelMessage] = {}
         self._ended = False
         self._end_error: IpcError | None = None
         self._deferred = False  # _end_error is receive_many's deferred error, raised once
@@ -46,7 +47,7 @@ class ChannelConsumer(ChannelEnd):
         e = self._end
         return e.closed or e.hub_lost or not e.ring.is_empty(self._cursor) or e.ring.producers_gone() or not e.alive()
 
-    def receive(self, timeout: float | None = None) -> "Message | None":
+    def receive(self, timeout: float | None = None) -> "ChannelMessage | None":
         """The next message; None once the channel ended cleanly (every producer ended and all their
         messages were taken) or this end was closed. Raises ERR_PEER_GONE, after the messages already
         published, when a producer died; ERR_TIMEOUT after ``timeout`` seconds."""
@@ -69,7 +70,7 @@ class ChannelConsumer(ChannelEnd):
                         raise IpcError("ERR_TIMEOUT", "channel receive: no message within the timeout")
                 e.park(self._can_receive, deadline)
 
-    def receive_many(self, max_count: int = 64, timeout: float | None = None) -> "list[Message]":
+    def receive_many(self, max_count: int = 64, timeout: float | None = None) -> "list[ChannelMessage]":
         """Every message there is now, up to ``max_count`` (taken with one call where the native helper
         runs), oldest first; blocks until there is at least one. An empty list once the channel ended
         cleanly or this end was closed; raises as receive() does. Release each message (in any order).
@@ -94,14 +95,14 @@ class ChannelConsumer(ChannelEnd):
                         raise IpcError("ERR_TIMEOUT", "channel receive_many: no message within the timeout")
                 e.park(self._can_receive, deadline)
 
-    def poll(self) -> "Message | None":
+    def poll(self) -> "ChannelMessage | None":
         """A message now, or None when there is none (or the channel ended: see ``ended``)."""
         e = self._end
         e.assert_open("poll")
         with e.lock:
             return self._poll()
 
-    def __iter__(self) -> Iterator["Message"]:
+    def __iter__(self) -> Iterator["ChannelMessage"]:
         e = self._end
         while True:
             m = None
@@ -129,7 +130,7 @@ class ChannelConsumer(ChannelEnd):
             self._deferred = False
         raise err
 
-    def _poll(self) -> Message | None:
+    def _poll(self) -> ChannelMessage | None:
         if self._end_error is not None:
             self._raise_end_error()
         e = self._end
@@ -148,7 +149,7 @@ class ChannelConsumer(ChannelEnd):
         self._end_now()
         return None
 
-    def _poll_many(self, most: int) -> list[Message]:
+    def _poll_many(self, most: int) -> list[ChannelMessage]:
         if self._end_error is not None:
             self._raise_end_error()
         e = self._end
@@ -180,7 +181,7 @@ class ChannelConsumer(ChannelEnd):
                 warnings.warn(f"cuda_ipc channel: a message taken after this end was detached could not be handed back (slot {s})", RuntimeWarning, stacklevel=4)
         raise e.detached_error("receive")
 
-    def _take_one(self) -> Message | None:
+    def _take_one(self) -> ChannelMessage | None:
         e = self._end
         ring = e.ring
         if not e.layout.broadcast:
@@ -203,10 +204,10 @@ class ChannelConsumer(ChannelEnd):
                 continue  # not ours (published before we attached, or we were removed)
             return self._message(s)
 
-    def _take_many(self, most: int) -> list[Message]:
+    def _take_many(self, most: int) -> list[ChannelMessage]:
         e = self._end
         if e.layout.broadcast:
-            ms: list[Message] = []
+            ms: list[ChannelMessage] = []
             while len(ms) < most and (m := self._take_one()) is not None:
                 ms.append(m)
             return ms
@@ -232,7 +233,7 @@ class ChannelConsumer(ChannelEnd):
                 break
         return ms
 
-    def _message(self, s: int) -> "Message":
+    def _message(self, s: int) -> "ChannelMessage":
         try:
             position, length, meta_kind, raw, publisher, redelivered, ticket = self._end.ring.read_message(s)
         except IpcError:
@@ -248,7 +249,7 @@ class ChannelConsumer(ChannelEnd):
                 except ValueError:
                     self._abandon(s)
                     raise corrupt(f"message in slot {s}: its meta is not JSON") from None
-        m = Message(self, s, position, length, meta, publisher, redelivered, ticket)
+        m = ChannelMessage(self, s, position, length, meta, publisher, redelivered, ticket)
         self._held[s] = m
         return m
 
@@ -258,7 +259,7 @@ class ChannelConsumer(ChannelEnd):
         else:
             self._end.ring.release_taken(s)
 
-    def _release(self, m: Message, stream: Stream, streamed: bool) -> None:
+    def _release(self, m: ChannelMessage, stream: Stream, streamed: bool) -> None:
         e = self._end
         with e.lock:
             held = self._held
@@ -300,7 +301,7 @@ class ChannelConsumer(ChannelEnd):
         e.close(settle)
 
 
-class Message:
+class ChannelMessage:
     """A message a consumer received: ``memory`` (host slots: a memoryview of its ``length`` bytes),
     ``buffer`` (the whole slot: HostBuffer or DeviceBuffer), ``view(dtype, shape)``, ``meta``. Valid
     until ``release()``."""
@@ -347,8 +348,8 @@ class Message:
         return self._consumer._slots.buffer(self.index)
 
     def view(self, dtype: object = "uint8", shape: int | Sequence[int] | None = None, strides: Sequence[int] | None = None,
-             offset: int = 0) -> ArrayView | memoryview:
-        """A typed view of the slot: device slots an ArrayView (``__cuda_array_interface__`` and
+             offset: int = 0) -> DeviceArray | memoryview:
+        """A typed view of the slot: device slots a DeviceArray (``__cuda_array_interface__`` and
         DLPack); host slots a memoryview cast to the dtype's format. Default shape: as many elements
         as ``length`` holds."""
         return typed_view(self.buffer, self.length, dtype, shape, strides, offset)
@@ -363,7 +364,7 @@ class Message:
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
         if copy:
-            raise BufferError("Message.__dlpack__: copy=True is not supported; it shares memory")
+            raise BufferError("ChannelMessage.__dlpack__: copy=True is not supported; it shares memory")
         buf = self.buffer
         if isinstance(buf, DeviceBuffer):
             from ..dlpack import DL_CUDA, make_capsule
@@ -403,11 +404,16 @@ class Message:
         self._released = True
         self._consumer._release(self, stream, stream is not None)
 
-    def __enter__(self) -> "Message":
+    def __enter__(self) -> "ChannelMessage":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.release()
 
     def __repr__(self) -> str:
-        return f"<cuda_ipc.Message #{self.position} slot {self.index} {self.length} bytes{' released' if self._released else ''}>"
+        return f"<cuda_ipc.ChannelMessage #{self.position} slot {self.index} {self.length} bytes{' released' if self._released else ''}>"
+
+
+def __getattr__(name: str) -> Any:
+    # The old names of these (_renamed.py): each use warns, for one release.
+    return renamed_attribute(__name__, {"ChannelMessage": ChannelMessage}, name)

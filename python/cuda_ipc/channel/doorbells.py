@@ -1,7 +1,7 @@
 """Doorbells: one eventfd per participant entry of a channel (src/channel/doorbells.ts). The hub hands
 every participant the whole set at attach, so any participant can wake any other; participant k
 sleeps polling eventfd k (waiter.py), others ring it when the control block says k is asleep
-(ring.py).
+(slot_ring.py).
 
 On the wire (a link transfer record of kind 'channel-doorbells'): data is u32 count, the record
 carries that many eventfds, entry 0 first. The receiver checks each is an eventfd.

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Any
 from ..descriptor import DTYPES, dtype_name
 from ..errors import IpcError
 from ..host import HostBuffer
-from ..memory import ArrayView, DeviceBuffer
+from ..memory import DeviceArray, DeviceBuffer
 from .block import Block
 from .layout import ST_ALIVE
-from .native_ring import make_ring
+from .native_slot_ring import make_ring
 from .recovery import Recoveries
 from .waiter import Waiter, WaitPolicy
 
@@ -37,7 +37,7 @@ class Endpoint:
         self.layout = block.layout
         self.index = index
         self.role = role
-        # ring.py's Ring, or NativeRing (the per-message operations in C) where the native helper loaded.
+        # slot_ring.py's Ring, or NativeRing (the per-message operations in C) where the native helper loaded.
         self.ring = make_ring(block.words, block.layout, block.bells, index)
         self.w = block.words
         self.closed = False
@@ -164,8 +164,8 @@ class SlotViews:
 
 
 def typed_view(buf: HostBuffer | DeviceBuffer, length: int, dtype: object, shape: int | Sequence[int] | None,
-               strides: Sequence[int] | None, offset: int) -> ArrayView | memoryview:
-    """A typed view of a slot's buffer: device slots an ArrayView; host slots a memoryview cast to the
+               strides: Sequence[int] | None, offset: int) -> DeviceArray | memoryview:
+    """A typed view of a slot's buffer: device slots a DeviceArray; host slots a memoryview cast to the
     dtype's format. Default shape: as many elements as ``length`` holds."""
     if isinstance(buf, DeviceBuffer):
         if shape is None:

@@ -12,12 +12,13 @@ from typing import Any
 
 from ..errors import IpcError
 from ..host import HostBuffer
-from ..memory import ArrayView, DeviceBuffer
+from ..memory import DeviceArray, DeviceBuffer
 from .endpoint import Endpoint, closed_error, cuda_array_interface, typed_view
 from .fences import Stream
 from .layout import H_CONSUMERS_DIED, META_BYTES, META_JSON, META_NONE
 from .part import ChannelEnd
 from .recovery import RECOVERY_GIVE_UP, RETRY
+from .._renamed import renamed_attribute
 
 
 class ChannelProducer(ChannelEnd):
@@ -28,7 +29,7 @@ class ChannelProducer(ChannelEnd):
 
     def __init__(self, end: Endpoint):
         super().__init__(end)
-        self._writing: dict[int, Slot] = {}
+        self._writing: dict[int, ChannelSlot] = {}
         self._ending = False
 
     def _gone_error(self, what: str) -> IpcError:
@@ -37,7 +38,7 @@ class ChannelProducer(ChannelEnd):
             return IpcError("ERR_PEER_GONE", f"{what}: every consumer of the channel is gone ({died} died)")
         return IpcError("ERR_CHANNEL_CLOSED", f"{what}: every consumer has closed the channel")
 
-    def _try_acquire(self) -> Slot | None:
+    def _try_acquire(self) -> ChannelSlot | None:
         e = self._end
         if self._ending:
             raise closed_error("acquire (end() was called)")
@@ -49,7 +50,7 @@ class ChannelProducer(ChannelEnd):
             if s == -1:
                 return None
             raise e.detached_error("acquire") if s == -2 else self._gone_error("acquire")
-        slot = Slot(self, s)
+        slot = ChannelSlot(self, s)
         self._writing[s] = slot
         return slot
 
@@ -61,7 +62,7 @@ class ChannelProducer(ChannelEnd):
             return False
         return e.ring.has_free()
 
-    def acquire(self, timeout: float | None = None, stream: Stream = None) -> Slot:
+    def acquire(self, timeout: float | None = None, stream: Stream = None) -> ChannelSlot:
         """A free slot to write into; blocks while every slot is in flight (ERR_TIMEOUT after
         ``timeout`` seconds). Raises ERR_PEER_GONE once every consumer died (ERR_CHANNEL_CLOSED once
         they all left). Device slots: with ``stream``, GPU work queued there after this waits for the
@@ -96,7 +97,7 @@ class ChannelProducer(ChannelEnd):
                 raise
         return slot
 
-    def try_acquire(self) -> "Slot | None":
+    def try_acquire(self) -> "ChannelSlot | None":
         """A free slot now, or None when every slot is in flight. Device slots: order your writes
         after the consumers' work yourself (``slot.wait_on(stream)`` or ``slot.ready()``)."""
         e = self._end
@@ -104,7 +105,7 @@ class ChannelProducer(ChannelEnd):
         with e.lock:
             return self._try_acquire()
 
-    def publish(self, slot: Slot, length: int | None = None, meta: Any = None, stream: Stream = None) -> None:
+    def publish(self, slot: ChannelSlot, length: int | None = None, meta: Any = None, stream: Stream = None) -> None:
         """Publishes ``slot``: the consumers can take it at once. ``length``: bytes of the slot the
         message uses (default: all); ``meta``: JSON-serialisable data or bytes (at most meta_bytes
         once encoded). Device slots: the consumers' GPU work waits for the work queued on ``stream``
@@ -114,7 +115,7 @@ class ChannelProducer(ChannelEnd):
             raise closed_error("publish")
         with e.lock:
             s = getattr(slot, "index", -1)
-            if not isinstance(slot, Slot) or self._writing.get(s) is not slot:
+            if not isinstance(slot, ChannelSlot) or self._writing.get(s) is not slot:
                 raise IpcError("ERR_INVALID_ARG", "publish: that slot is not one this producer acquired and has not yet published")
             l = e.layout
             if length is None:
@@ -164,7 +165,7 @@ class ChannelProducer(ChannelEnd):
             e.service()
             r = e.ring.publish(s)
 
-    def discard(self, slot: "Slot") -> None:
+    def discard(self, slot: "ChannelSlot") -> None:
         """Gives back a slot acquired and not published."""
         e = self._end
         e.assert_open("discard")
@@ -219,7 +220,7 @@ class ChannelProducer(ChannelEnd):
         return e.ring.release_waits(s)
 
 
-class Slot:
+class ChannelSlot:
     """A slot a producer acquired: write into ``memory`` (host slots) or ``buffer`` / ``view()``
     (device slots), then publish it."""
 
@@ -255,8 +256,8 @@ class Slot:
         return self._producer._end.layout.slot_bytes
 
     def view(self, dtype: object = "uint8", shape: int | Sequence[int] | None = None, strides: Sequence[int] | None = None,
-             offset: int = 0) -> ArrayView | memoryview:
-        """A typed view of the slot (see Message.view)."""
+             offset: int = 0) -> DeviceArray | memoryview:
+        """A typed view of the slot (see ChannelMessage.view)."""
         return typed_view(self.buffer, self.nbytes, dtype, shape, strides, offset)
 
     @property
@@ -288,4 +289,9 @@ class Slot:
             f.synchronize(p._slot_waits(self.index), timeout)
 
     def __repr__(self) -> str:
-        return f"<cuda_ipc.Slot {self.index}{' done' if self._done else ''}>"
+        return f"<cuda_ipc.ChannelSlot {self.index}{' done' if self._done else ''}>"
+
+
+def __getattr__(name: str) -> Any:
+    # The old names of these (_renamed.py): each use warns, for one release.
+    return renamed_attribute(__name__, {"ChannelSlot": ChannelSlot}, name)

@@ -1,5 +1,5 @@
 """Taking participants out of the control block (src/channel/recovery.ts): this end leaving, or this
-end repairing others in the hub's place once the hub's link closed (ring.py, leave()). A repair needs
+end repairing others in the hub's place once the hub's link closed (slot_ring.py, leave()). A repair needs
 the publish lock for microseconds at a time; while a live publisher holds it, the repair is retried
 every RETRY seconds, and given up (with a warning) after RECOVERY_GIVE_UP, when the lock belongs to a
 process that died inside it and that nobody here can repair.
@@ -20,7 +20,7 @@ from .layout import ST_ALIVE, ST_EMPTY
 
 if TYPE_CHECKING:
     from .block import Block
-    from .ring import Ring
+    from .slot_ring import Ring
 
 RETRY = 0.002
 RECOVERY_GIVE_UP = 5.0

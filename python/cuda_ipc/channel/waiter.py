@@ -21,7 +21,7 @@ from .layout import H_DATA_SEQ, H_DATA_SLEEPERS, H_SPACE_SEQ, H_SPACE_SLEEPERS
 
 if TYPE_CHECKING:
     from ..link.link import Link
-    from .ring import Ring
+    from .slot_ring import Ring
     from .shared_words import SharedWords
 
 DEFAULT_ADAPTIVE_SPIN_US = 10

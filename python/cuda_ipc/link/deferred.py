@@ -1,4 +1,4 @@
-"""Values whose bytes are still arriving when their message is decoded (src/link/handlers.ts
+"""Values whose bytes are still arriving when their message is decoded (src/link/transfers/handlers.ts
 DeferredValue): a transfer handler's ``decode()`` returns ``DeferredValue(value, ready)`` for a value
 that is not usable yet (device memory received over NCCL), and the link hands the message to
 ``receive()`` only once ``ready`` settled: done, or failed (then the message fails with that error

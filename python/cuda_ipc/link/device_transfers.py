@@ -1,4 +1,4 @@
-"""How device memory, pools and events travel over links (src/link/device-transfers.ts). Each is leased
+"""How device memory, pools and events travel over links (src/link/transfers/device-transfers.ts). Each is leased
 to the peer: the sender's memory, pool or event stays alive until the peer releases it or dies.
  - Pool buffers: the pool's fd goes once per link (in the first message that needs it); after that
    each buffer is 64 bytes of export data plus its size and range.
@@ -22,7 +22,7 @@ from ..descriptor import LegacyHandleDescriptor, decode_descriptor, encode_descr
 from ..device import Device, format_uuid, uuid_bytes
 from ..errors import IpcError
 from ..memory import cache
-from ..memory.buffer import _CREATE, ArrayView, DeviceBuffer, _Origin
+from ..memory.buffer import _CREATE, DeviceArray, DeviceBuffer, _Origin
 from ..memory.event import IpcEvent
 from ..memory.exports import Shared, _describe_array, _Exported, _is_device_array, legacy_handle_of, pool_export_of
 from ..memory.pool import ImportedPool, PoolImport
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from .lease import ReceivedLease
     from .link import Link
 
-# Pool reference, shared by pool and pool-buffer records (src/link/device-transfers.ts):
+# Pool reference, shared by pool and pool-buffer records (src/link/transfers/device-transfers.ts):
 #   0 16 pool id | 16 16 device UUID | 32 8 pool maxSize | 40 4 flags (bit 0: fd attached) | 44 4 reserved
 POOL_REF_BYTES = 48
 # Pool buffer: a pool reference, then 48 64 export data | 112 8 allocation size | 120 8 offset | 128 8 length
@@ -126,21 +126,21 @@ class _DeviceMemoryTransfer(TransferHandler[Any]):
         return _is_device_array(value)
 
     def encode(self, value: Any, link: Link) -> TransferEncoding:
-        if isinstance(value, (ArrayView, DeviceBuffer)):
-            buf = value.buffer if isinstance(value, ArrayView) else value
+        if isinstance(value, (DeviceArray, DeviceBuffer)):
+            buf = value.buffer if isinstance(value, DeviceArray) else value
             if buf.kind == "owned":  # memory of this process's own (received over NCCL): shared as such
                 return self._send_owned(value, buf, link)
-            if isinstance(value, ArrayView):
+            if isinstance(value, DeviceArray):
                 return self._resend(value.buffer, link, value.offset, value.meta.extent)
             return self._resend(value, link, 0, value.nbytes)
         sync = True
         if isinstance(value, Shared):
             sync, value = value.sync, value.obj
-            if isinstance(value, (DeviceBuffer, ArrayView)):
+            if isinstance(value, (DeviceBuffer, DeviceArray)):
                 return self.encode(value, link)
         return self._send_own(value, sync, link)
 
-    def _send_owned(self, value: DeviceBuffer | ArrayView, buf: DeviceBuffer, link: Link) -> TransferEncoding:
+    def _send_owned(self, value: DeviceBuffer | DeviceArray, buf: DeviceBuffer, link: Link) -> TransferEncoding:
         """An owned DeviceBuffer (or a view of one): this process's memory, kept until the peer released it."""
         if buf.closed:
             raise IpcError("ERR_CLOSED", "link.send: the DeviceBuffer is closed; send it before closing it")

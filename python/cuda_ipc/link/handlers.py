@@ -1,4 +1,4 @@
-"""Transfer handlers (src/link/handlers.ts, transfer.ts): how objects that own OS or GPU resources
+"""Transfer handlers (src/link/transfers/handlers.ts, transfer.ts): how objects that own OS or GPU resources
 (HostBuffer, device buffers, pools, events, channel doorbells, tensor sets) travel inside link
 messages. A handler turns a value into bytes plus fds on the sending side (``encode``) and rebuilds
 it on the receiving side (``decode``); the registry here is what the message encoder and decoder

@@ -1,4 +1,4 @@
-"""Sending a HostBuffer over a link (src/link/host-transfer.ts) passes its memfd (borrowed for the send)
+"""Sending a HostBuffer over a link (src/link/transfers/host-transfer.ts) passes its memfd (borrowed for the send)
 and where the buffer lies in it; the receiver maps the same memory. Data: u64 file length, u64
 offset, u64 length. The send leases the sender's mapping to the peer: it stays mapped until the
 receiver's last view of what it got is closed (the lease ends), or the link closes.

@@ -9,8 +9,9 @@ control frames (RELEASE, GOODBYE, ...) as they come. A process that only sends c
 and then so that the peer's releases and departure are noticed.
 
 The link holds the state and runs the handshake, the reading and the close; its parts do one job
-each: sending (outbox.py), messages read ahead of receive() (inbox.py), encoding and decoding
-messages (message_encoder.py, message_decoder.py), leases (lease.py), the frame format (frame.py).
+each: sending (outbox.py), what each frame read does (frame_dispatch.py), messages read ahead of
+receive() (inbox.py), encoding and decoding messages (message_encoder.py, message_decoder.py), leases
+(lease.py), the frame format (frame.py).
 """
 from __future__ import annotations
 
@@ -28,19 +29,13 @@ from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 from ..errors import IpcError
 from . import frame as fr
 from .fds import close_fds
-from .gone import dispatch_gone
 from .inbox import Inbox
 from .lease import IncomingLeases, OutgoingLeases, release_hold
-from .large_message import (
-    DEFAULT_MAX_MESSAGE_BYTES, check_large_length, check_max_message_bytes, check_message_length, large_frame_length,
-    read_large_payload, write_large_payload,
-)
-from .message_decoder import decode_message, lease_ids_of
+from .large_message import DEFAULT_MAX_MESSAGE_BYTES, check_max_message_bytes, write_large_payload
 from .message_encoder import encode_message
-from .message_format import Malformed
 from . import arriving
-from .deferred import Completion, PendingMessage
-from .nccl_abort import NcclAbortHook, dispatch_nccl_abort
+from .frame_dispatch import dispatch_record, fds_lost_here
+from .nccl_abort import NcclAbortHook
 from .outbox import Outbox, flusher
 from .socket_path import MY_UID as _MY_UID
 
@@ -109,7 +104,7 @@ class Link:
         self._state: str = "handshaking"
         self._reason: IpcError | None = None
         self._closed_by: str | None = None
-        self._hello_sent = False
+        self._hello_sent: bool = False
         self._goodbye_sent = False
         self._recv_lock: threading.Lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -118,8 +113,8 @@ class Link:
         #: poll() stops reading ahead at this many unreceived messages: the rest waits in the socket
         #: (and the peer's sends wait), so a peer that floods cannot grow this process without bound.
         self.inbox_limit: int = INBOX_LIMIT
-        self._leases_out = OutgoingLeases()
-        self._leases_in = IncomingLeases(self._lease_ended)
+        self._leases_out: OutgoingLeases = OutgoingLeases()
+        self._leases_in: IncomingLeases = IncomingLeases(self._lease_ended)
         # The thread that received the last message and has not used the link since: the releases
         # of what it closes meanwhile go out after its next link call (its reply first), as Node
         # sends them on a microtask after the handler's reply.
@@ -398,132 +393,11 @@ class Link:
         return True
 
     def _fds_lost_here(self, length: int) -> bool:
-        """A record arrived whole but without (some of) its fds, which the kernel closed (MSG_CTRUNC).
-        When its header is sound and announces no more fds than a record may carry, they were lost
-        here, as this process (or the system) had no descriptor left: that message alone fails with
-        ERR_FD_LIMIT and its leases go back to the sender; the link goes on. False for anything
-        else (the caller closes the link). As frame-dispatch.ts #fdsLostHere."""
-        buf = self._rview
-        if length < fr.HEADER_BYTES:
-            return False
-        declared = fr.declared_fds(buf)
-        try:
-            ftype, flags, _ = fr.parse_header(buf, length, declared)
-        except IpcError:
-            return False
-        if ftype != fr.MESSAGE or declared == 0 or declared > fr.MAX_FDS or self._state != "open":
-            return False
-        error = IpcError(
-            "ERR_FD_LIMIT",
-            f"a message from the {self._peer_name} carried {declared} fds, and this process had no descriptor left for them "
-            "(EMFILE/ENFILE: see `ulimit -n`); the message was dropped and its leases returned. Close buffers, links or "
-            "channels you no longer need")
-        if flags & fr.LARGE_PAYLOAD:
-            # Its payload was in the lost memfd: which leases it granted is unknowable, so only
-            # closing the link (which ends them all) gives them back.
-            self._shutdown(error, "local")
-            return True
-        ids = lease_ids_of(buf[fr.HEADER_BYTES:length]) if (flags & fr.ENCODING_MASK) == fr.ENC_JSON_WITH_RECORDS else []
-        if ids is None:
-            return False
-        for lease_id in ids:
-            if not self._leases_in.is_live(lease_id):
-                self._leases_in.open(lease_id).end()
-        self._inbox.append((False, error))
-        return True
+        return fds_lost_here(self, length)
 
     def _on_record(self, buf: memoryview, length: int, fds: list[int]) -> None:
-        """Handles one frame of ``length`` bytes in ``buf`` that came with ``fds`` (owned from here)."""
-        try:
-            ftype, flags, payload_length = fr.parse_header(buf, length, len(fds))
-        except IpcError as e:
-            close_fds(fds)
-            self._shutdown(e, "local")
-            return
-        if ftype in (fr.MESSAGE, fr.RELEASE, fr.GONE, fr.NCCL_ABORT) and self._state != "open":
-            close_fds(fds)
-            what = {fr.MESSAGE: "message", fr.RELEASE: "RELEASE", fr.GONE: "GONE"}.get(ftype, "NCCL_ABORT")
-            self._shutdown(IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a {what} before the link handshake"), "local")
-            return
-        if ftype == fr.MESSAGE:
-            payload: memoryview = buf[fr.HEADER_BYTES:length]
-            try:
-                if flags & fr.LARGE_PAYLOAD:
-                    memfd, fds = fds[0], fds[1:]
-                    try:
-                        size = large_frame_length(buf, fr.HEADER_BYTES)
-                        check_large_length(size, self.max_message_bytes)
-                        payload = memoryview(read_large_payload(memfd, size))
-                    finally:
-                        os.close(memfd)
-                else:
-                    check_message_length(payload_length, self.max_message_bytes)
-            except IpcError as e:
-                close_fds(fds)
-                if e.code == "ERR_MESSAGE_TOO_LARGE":
-                    self._outbox.send_now(fr.refuse_frame(fr.REFUSE_TOO_LARGE, str(e)))
-                self._shutdown(e, "local")
-                return
-            waits: list[Completion] = []
-            try:
-                value, owned = decode_message(flags & fr.ENCODING_MASK, payload, fds, self, self._leases_in, waits)
-            except Malformed as e:
-                self._shutdown(e, "local")
-                return
-            except IpcError as e:
-                self._inbox.append((False, e))
-                return
-            self._inbox.append((True, PendingMessage(value, owned, waits) if waits else value))
-            return
-        if ftype == fr.RELEASE:
-            try:
-                ids = fr.read_release_ids(buf, payload_length)
-            except IpcError as e:
-                self._shutdown(e, "local")
-                return
-            unknown = self._leases_out.release(ids)
-            if unknown is not None:
-                self._shutdown(IpcError(
-                    "ERR_FRAME_INVALID",
-                    f"the {self._peer_name} released lease {unknown}, which this link never granted or had already ended"), "local")
-            return
-        if ftype == fr.GONE:
-            try:
-                entries = fr.read_gone_entries(buf, payload_length)
-            except IpcError as e:
-                self._shutdown(e, "local")
-                return
-            dispatch_gone(entries, self)
-            return
-        if ftype == fr.NCCL_ABORT:
-            error = dispatch_nccl_abort(self, buf, payload_length)
-            if error is not None:
-                self._shutdown(error, "local")
-            return
-        if ftype == fr.HELLO:
-            if self._state != "handshaking":
-                self._shutdown(IpcError("ERR_FRAME_INVALID", f"the {self._peer_name} sent a second HELLO"), "local")
-                return
-            self._peer_features = fr.hello_features(buf)
-            if not self._hello_sent:
-                self._send_hello()
-            if self._state != "closed":
-                self._state = "open"
-                self._outbox.open = True
-            return
-        if ftype == fr.GOODBYE:
-            self._shutdown(None, "peer")
-            return
-        if ftype == fr.REFUSE:
-            reason = struct.unpack_from("<H", buf, fr.HEADER_BYTES)[0]
-            text = bytes(buf[fr.HEADER_BYTES + 2:min(length, fr.HEADER_BYTES + 2 + 1024)]).decode("utf-8", "replace")
-            if reason == fr.REFUSE_TOO_LARGE:
-                self._shutdown(IpcError("ERR_MESSAGE_TOO_LARGE", f"the {self._peer_name} refused a message: {text}", limit="max_message_bytes"), "peer")
-                return
-            if reason == fr.REFUSE_BUSY:
-                self._shutdown(IpcError("ERR_LISTENER_BUSY", f"the {self._peer_name} is busy: {text}"), "peer")
-                return
-            self._shutdown(IpcError("ERR_PEER_REFUSED", f"the {self._peer_name} refused the link: {text}"), "peer")
+        """Handles one frame of ``length`` bytes in ``buf`` that came with ``fds`` (owned from here): frame_dispatch.py."""
+        dispatch_record(self, buf, length, fds)
 
     def _peer_gone(self, detail: str) -> None:
         self._shutdown(IpcError(

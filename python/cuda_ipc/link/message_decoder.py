@@ -204,7 +204,7 @@ def _parse_records(buf: memoryview) -> tuple[Any, list[Record], int]:
 
 def lease_ids_of(buf: memoryview) -> list[int] | None:
     """The lease ids a records payload grants; None when it does not parse or names an id twice
-    (message_decoder.ts leaseIdsOf)."""
+    (message-decoder.ts leaseIdsOf)."""
     try:
         _root, records, _fds = _parse_records(buf)
     except Malformed:

@@ -1,6 +1,6 @@
-"""Device memory sent on a TCP link (docs/PROTOCOL.md 8.2, 'nccl-buffer'; src/link/nccl-buffer-transfer.ts):
+"""Device memory sent on a TCP link (docs/PROTOCOL.md 8.2, 'nccl-buffer'; src/link/transfers/nccl-buffer-transfer.ts):
 a torch CUDA tensor, a CUDA array (``__cuda_array_interface__``, C-contiguous), a cuda.core buffer or a
-received DeviceBuffer / ArrayView. The record says how many bytes (and an array's dtype and shape),
+received DeviceBuffer / DeviceArray. The record says how many bytes (and an array's dtype and shape),
 the bytes follow over the link's NCCL communicator for the memory's device, one ncclSend / ncclRecv
 (or ncclBroadcast from a Fanout).
 
@@ -11,7 +11,7 @@ receiver has the bytes (its RELEASE) and NCCL is done reading it. Do not change 
 
 Receiving: memory of this process's own on the receiving device (nccl_comms.receiving_device): a torch
 tensor when torch is importable (uint8 for a plain buffer), else a DeviceBuffer of kind 'owned' (an
-ArrayView over it for an array). receive() returns the message once the bytes are there; the lease
+DeviceArray over it for an array). receive() returns the message once the bytes are there; the lease
 ends then. On a Unix link the same values are shared instead (device_transfers.py).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from .. import driver as drv
 from ..descriptor import DTYPES
 from ..device import Device, uuid_bytes
 from ..errors import IpcError
-from ..memory.buffer import ArrayView, DeviceBuffer
+from ..memory.buffer import DeviceArray, DeviceBuffer
 from ..memory.exports import Shared, _describe_array, _is_device_array
 from ..memory.owned import allocate_device_buffer, hold, unhold
 from ..nccl import NcclCommunicator
@@ -70,12 +70,12 @@ def describe_source(value: Any, what: str = "link.send") -> Source:
     sync = True
     if isinstance(value, Shared):
         sync, value = value.sync, value.obj
-    if isinstance(value, (DeviceBuffer, ArrayView)):
-        buf = value.buffer if isinstance(value, ArrayView) else value
+    if isinstance(value, (DeviceBuffer, DeviceArray)):
+        buf = value.buffer if isinstance(value, DeviceArray) else value
         if buf.closed:
             raise IpcError("ERR_CLOSED", f"{what}: the DeviceBuffer is closed; send it before closing it")
         array = None
-        if isinstance(value, ArrayView):
+        if isinstance(value, DeviceArray):
             if not value.meta.c_contiguous:
                 raise IpcError("ERR_NOT_TRANSFERABLE", f"{what}: a strided array cannot cross a TCP link (its bytes go as one NCCL "
                                "transfer); send a C-contiguous copy")

@@ -1,5 +1,5 @@
 """Device memory received from another process (src/cuda/buffer.ts): ``DeviceBuffer`` and its typed
-views, ``ArrayView``.
+views, ``DeviceArray``.
 
 A DeviceBuffer exposes ``__cuda_array_interface__`` (v3, bytes) and DLPack, so
 ``torch.as_tensor(buf, device='cuda')``, ``cupy.asarray(buf)``, ``numba.cuda.as_cuda_array(buf)`` and
@@ -24,6 +24,7 @@ from ..resource import Resource
 from .legacy import open_legacy, open_legacy_many
 from .pool import PoolImport
 from .pool_interop import CudaCoreImport, _cuda_core, ipc_buffer_descriptor
+from .._renamed import renamed_attribute
 
 if TYPE_CHECKING:
     from ..link.lease import ReceivedLease
@@ -212,7 +213,7 @@ class DeviceBuffer(Resource):
         return (DL_CUDA, self.device.ordinal)
 
     def view(self, dtype: object = "uint8", shape: int | Sequence[int] | None = None, strides: Sequence[int] | None = None,
-             offset: int = 0) -> ArrayView:
+             offset: int = 0) -> DeviceArray:
         """A typed array over the bytes (strides in bytes; default C-contiguous, shape default: as many
         elements as fit), exposing ``__cuda_array_interface__`` and DLPack; it keeps this buffer alive."""
         name = dtype_name(dtype)
@@ -228,7 +229,7 @@ class DeviceBuffer(Resource):
             raise IpcError("ERR_OUT_OF_RANGE", f"a {meta.dtype} array of shape {meta.shape} needs {meta.extent} bytes at offset {offset}; the buffer has {self._length}")
         if offset % itemsize:
             raise IpcError("ERR_INVALID_ARG", f"offset {offset} is not aligned to the {itemsize}-byte {meta.dtype} elements")
-        return ArrayView(self, meta, offset)
+        return DeviceArray(self, meta, offset)
 
     def to_cuda_core(self) -> Any:
         """A cuda.core ``Buffer`` over this memory (no copy) that keeps this buffer alive."""
@@ -348,7 +349,7 @@ def map_buffers(buffers: Sequence[DeviceBuffer]) -> None:
         raise first
 
 
-class ArrayView:
+class DeviceArray:
     """A typed array over a DeviceBuffer (``buf.view(...)``): ``__cuda_array_interface__`` and DLPack."""
 
     __slots__ = ("buffer", "meta", "offset", "_cai", "__weakref__")
@@ -391,8 +392,13 @@ class ArrayView:
         return (DL_CUDA, self.buffer.device.ordinal)
 
     def __repr__(self) -> str:
-        return f"<cuda_ipc.ArrayView {self.meta.dtype}{list(self.meta.shape)} of {self.buffer!r}>"
+        return f"<cuda_ipc.DeviceArray {self.meta.dtype}{list(self.meta.shape)} of {self.buffer!r}>"
 
 
 
 _CREATE = object()
+
+
+def __getattr__(name: str) -> Any:
+    # The old names of these (_renamed.py): each use warns, for one release.
+    return renamed_attribute(__name__, {"DeviceArray": DeviceArray}, name)

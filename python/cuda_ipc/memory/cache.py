@@ -74,7 +74,7 @@ def _forget(key: tuple[bytes, str]) -> _LegacyMapping:
 
 def _legacy_acquire(handle: bytes, user: Device) -> tuple[int, int]:
     """(base, allocation size) of the mapping of ``handle`` for ``user``, opened if need be. Threads
-    opening different handles do so at once (TensorSet.bases() opens a set's handles in parallel)."""
+    opening different handles do so at once (TensorMap.bases() opens a set's handles in parallel)."""
     global _legacy_clock, _legacy_opens
     key = (handle, user.uuid)
     while True:

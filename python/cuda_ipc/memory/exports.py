@@ -21,7 +21,7 @@ from .. import driver as drv
 from ..descriptor import ArrayMeta, dtype_name
 from ..errors import CudaError, IpcError
 from . import cache
-from .buffer import ArrayView, DeviceBuffer
+from .buffer import DeviceArray, DeviceBuffer
 
 
 class Shared:
@@ -102,7 +102,7 @@ def _describe_array(obj: Any, sync: bool) -> _Exported:
 
 
 def _is_device_array(v: object) -> bool:
-    if isinstance(v, (Shared, DeviceBuffer, ArrayView)):
+    if isinstance(v, (Shared, DeviceBuffer, DeviceArray)):
         return True
     mod = type(v).__module__ or ""
     if mod.startswith("torch") and hasattr(v, "is_cuda"):

@@ -24,7 +24,7 @@
 // Values read from shared memory are never trusted: slot indices and positions are range-checked
 // and a bad one raises ERR_CHANNEL_CORRUPT, so a hostile or broken peer cannot crash this process.
 import { IpcError } from '../errors.js';
-import type { NativeSharedWords } from '../channel-types.js';
+import type { NativeSharedWords } from '../native/channel-types.js';
 import {
   H, P, S, Kind, PState, PRole, FLAG_REDELIVERED, GEN_MASK, genOf, slotWord, kindOf, ownerOf, flagsOf, bitOf, type Layout,
 } from './layout.js';

@@ -2,11 +2,11 @@
 // lies in it; the receiver maps the same memory. Data: u64 file length, u64 offset, u64 length.
 // The send leases the sender's mapping to the peer: it stays mapped until the receiver's last
 // view of what it got is closed (the lease ends), or the link closes.
-import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
-import { readU64, writeU64 } from './frame.js';
+import { IpcError } from '../../errors.js';
+import { addon } from '../../native/addon.js';
+import { readU64, writeU64 } from '../frame.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
-import { HostBuffer, describeHostBuffer, leaseHostBuffer, whenHostBufferReleased } from '../host/host-buffer.js';
+import { HostBuffer, describeHostBuffer, leaseHostBuffer, whenHostBufferReleased } from '../../host/host-buffer.js';
 
 const DATA_BYTES = 24;
 // encode()'s data is copied into the frame before the next encode, so one scratch serves all.

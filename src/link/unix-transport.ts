@@ -1,4 +1,4 @@
-// A link's transport: the socket, and once both sides agreed (HELLO feature bit FEATURE_RING), a
+// A Unix link's transport (UnixTransport): the socket, and once both sides agreed (HELLO feature bit FEATURE_RING), a
 // frame ring each way (frame-ring.ts) for small frames without fds. It presents the native
 // socket's face (send, setInterest, ...) to the outbox and the link, so that what sends and
 // what receives frames does not know which path a frame took.
@@ -21,9 +21,9 @@
 // close, and frames sent before a crash are still delivered.
 import { endianness } from 'node:os';
 import { IpcError } from '../errors.js';
-import { addon } from '../native.js';
-import type { NativeDoorbell } from '../channel-types.js';
-import type { NativeOwnedFd, NativeSocket } from '../posix-types.js';
+import { addon } from '../native/addon.js';
+import type { NativeDoorbell } from '../native/channel-types.js';
+import type { NativeOwnedFd, NativeSocket } from '../native/posix-types.js';
 import type { FrameTransport, RingState } from './frame-transport.js';
 import { FEATURE_RING, FrameType, HEADER_BYTES, RING_FDS, RING_PAYLOAD_BYTES, writeHeader } from './frame.js';
 import { EntryKind, RingReader, RingWriter } from './frame-ring.js';
@@ -73,7 +73,7 @@ const enum Drain {
 export type { RingState } from './frame-transport.js';
 
 /** The transport of a link on one machine: a Unix socket, with frame rings where both sides take them. */
-export class LinkTransport implements FrameTransport {
+export class UnixTransport implements FrameTransport {
   readonly kind = 'unix';
   /** Messages larger than a frame travel in a sealed memfd (large-message.ts). */
   readonly inlineLarge = false;

@@ -3,46 +3,20 @@
 // safetensors) runs on machines without a GPU and with the same code paths.
 import { IpcError, checkViewBytes } from '../errors.js';
 import { HostBuffer } from '../host/host-buffer.js';
-import { bytesToWrite, elementCount, forEachOffset, newHostArray, viewLayout, type ArrayMeta, type ArrayMetaInit } from '../ipc/array-meta.js';
+import { bytesToWrite, elementCount, forEachOffset, newHostArray } from '../ipc/array-meta.js';
+import { BufferArray } from './buffer-array.js';
 import { dtypeInfo, type DType, type HostArrayTypes } from '../ipc/dtype.js';
 
 /** A typed view (dtype, shape, byte strides) over shared host memory: DeviceArray's host twin. */
-export class HostArray<T extends DType = DType> implements Disposable {
-  /** The bytes of the array, from its first element (the array owns it: closing the array closes it). */
-  readonly buffer: HostBuffer;
-  readonly dtype: T;
-  readonly shape: readonly number[];
-  /** Byte strides. */
-  readonly strides: readonly number[];
-  /** Number of elements. */
-  readonly size: number;
-  readonly #contiguous: boolean;
-  readonly #extent: number;
-
-  /** A typed view over `buffer`, whose first byte is the first element. */
-  constructor(buffer: HostBuffer, meta: ArrayMetaInit & { dtype: T }) {
-    const v = viewLayout(meta, buffer.byteLength);
-    this.buffer = buffer;
-    this.dtype = meta.dtype;
-    this.shape = v.meta.shape;
-    this.strides = v.meta.strides;
-    this.size = v.size;
-    this.#contiguous = v.contiguous;
-    this.#extent = v.extent;
-  }
-
+export class HostArray<T extends DType = DType> extends BufferArray<T, HostBuffer> {
   /** A new zeroed C-contiguous array in its own shared memory (a memfd). */
   static allocate<T extends DType>(dtype: T, shape: readonly number[]): HostArray<T> {
     const bytes = elementCount(shape) * dtypeInfo(dtype).itemsize;
     return new HostArray(HostBuffer.allocate(Math.max(bytes, 1)), { dtype, shape });
   }
 
-  get meta(): ArrayMeta { return { dtype: this.dtype, shape: this.shape, strides: this.strides }; }
-
-  get contiguous(): boolean { return this.#contiguous; }
-
   /** Bytes from the first element to the end of the last. */
-  get extent(): number { return this.#extent; }
+  get extent(): number { return this.viewExtent; }
 
   /**
    * A zero-copy typed array over the elements (raw bits for float16/bfloat16/float8): for
@@ -51,7 +25,7 @@ export class HostArray<T extends DType = DType> implements Disposable {
    */
   values(): HostArrayTypes[T] {
     const info = dtypeInfo(this.dtype);
-    if (!this.#contiguous) throw new IpcError('ERR_INVALID_STATE', `values() needs a C-contiguous array; this one has strides [${this.strides}]: use read()`);
+    if (!this.contiguous) throw new IpcError('ERR_INVALID_STATE', `values() needs a C-contiguous array; this one has strides [${this.strides}]: use read()`);
     checkViewBytes(this.buffer.byteLength, 'HostArray.values()', 'make arrays over parts of it: new HostArray(buffer.view(offset, length), { dtype, shape })');
     const bytes = this.buffer.bytes;
     if (bytes.byteOffset % info.itemsize !== 0) throw new IpcError('ERR_INVALID_STATE', `the array starts at byte ${bytes.byteOffset}, not aligned to its ${info.itemsize}-byte elements: use read()`);
@@ -63,7 +37,7 @@ export class HostArray<T extends DType = DType> implements Disposable {
     const info = dtypeInfo(this.dtype);
     const out = newHostArray(info.hostArray, this.size, info.itemsize, 'HostArray.read()');
     const dst = new Uint8Array((out as ArrayBufferView).buffer);
-    if (this.#contiguous) {
+    if (this.contiguous) {
       this.buffer.read(dst, 0);
       return out;
     }
@@ -75,7 +49,7 @@ export class HostArray<T extends DType = DType> implements Disposable {
   /** Writes all elements from `values` in C order. */
   write(values: HostArrayTypes[T]): void {
     const bytes = bytesToWrite(values, this.meta, this.size);
-    if (this.#contiguous) {
+    if (this.contiguous) {
       this.buffer.write(bytes, 0);
       return;
     }
@@ -83,10 +57,4 @@ export class HostArray<T extends DType = DType> implements Disposable {
     const dst = this.buffer.bytes;
     forEachOffset(this.shape, this.strides, (at, i) => dst.set(bytes.subarray(i * itemsize, (i + 1) * itemsize), at));
   }
-
-  /** Closes the array's HostBuffer. */
-  close(): void { this.buffer.close(); }
-
-  /** Same as close(). */
-  [Symbol.dispose](): void { this.close(); }
 }

@@ -9,21 +9,21 @@
 // mapped for the link's working device (linkWorkingDevice), with peer access where it lives on
 // another GPU; events are opened on the device they belong to.
 import { closeSync } from 'node:fs';
-import { DeviceBuffer, onBufferClose, type SharedMemory } from '../cuda/buffer.js';
-import { Device, importingDevice } from '../cuda/device.js';
-import { Event } from '../cuda/event.js';
-import { IpcPool, exportPoolBuffer } from '../ipc/pool.js';
-import { openIpcEvent } from '../ipc/event.js';
-import { forgetLegacyAllocation, legacyTransferBytes, openLegacyDescriptor } from '../ipc/legacy.js';
-import { encodeDescriptor, decodeDescriptor } from '../ipc/descriptor.js';
-import { deviceUuidFromBytes } from '../ipc/device-uuid.js';
-import { IpcError } from '../errors.js';
-import { readU64, writeU64 } from './frame.js';
+import { DeviceBuffer, onBufferClose, type SharedMemory } from '../../cuda/buffer.js';
+import { Device, importingDevice } from '../../cuda/device.js';
+import { Event } from '../../cuda/event.js';
+import { IpcPool, exportPoolBuffer } from '../../ipc/pool.js';
+import { openIpcEvent } from '../../ipc/event.js';
+import { forgetLegacyAllocation, legacyTransferBytes, openLegacyDescriptor } from '../../ipc/legacy.js';
+import { encodeDescriptor, decodeDescriptor } from '../../ipc/descriptor.js';
+import { deviceUuidFromBytes } from '../../ipc/device-uuid.js';
+import { IpcError } from '../../errors.js';
+import { readU64, writeU64 } from '../frame.js';
 import { registerTransferHandler, type TransferEncoding } from './transfer.js';
-import { linkWorkingDevice } from './working-device.js';
-import type { Link } from './link.js';
-import type { LeaseHold, ReceivedLease } from './lease.js';
-import { announceGone, registerGoneHandler } from './gone.js';
+import { linkWorkingDevice } from '../working-device.js';
+import type { Link } from '../link.js';
+import type { LeaseHold, ReceivedLease } from '../lease.js';
+import { announceGone, registerGoneHandler } from '../gone.js';
 
 // Pool reference, shared by pool and pool-buffer messages (little-endian, zero padding):
 //   0  16  pool id

@@ -6,10 +6,10 @@
 // HostBuffer is shared instead ('host-buffer', host-transfer.ts).
 //
 //   data = u64 length n (1..2^53-1) | n bytes
-import { IpcError } from '../errors.js';
-import { HostBuffer } from '../host/host-buffer.js';
-import { countTraffic, type TrafficLink } from '../observe/hooks.js';
-import { readU64, writeU64 } from './frame.js';
+import { IpcError } from '../../errors.js';
+import { HostBuffer } from '../../host/host-buffer.js';
+import { countTraffic, type TrafficLink } from '../../observe/hooks.js';
+import { readU64, writeU64 } from '../frame.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 
 const LENGTH_BYTES = 8;

@@ -11,15 +11,15 @@ import { DeviceBuffer, type SharedMemory } from '../cuda/buffer.js';
 import { driver } from '../cuda/driver.js';
 import { IpcError } from '../errors.js';
 import { HostBuffer, describeHostBuffer, leaseHostBuffer } from '../host/host-buffer.js';
-import { DeviceArray } from '../ipc/array.js';
+import { DeviceArray } from '../arrays/device-array.js';
 import { legacyTransferBytes } from '../ipc/legacy.js';
-import { addon } from '../native.js';
-import { hostBufferTransfer } from '../link/host-transfer.js';
+import { addon } from '../native/addon.js';
+import { hostBufferTransfer } from '../link/transfers/host-transfer.js';
 import { releaseHold, type LeaseHold, type ReceivedLease } from '../link/lease.js';
-import { handlerForKind } from '../link/handlers.js';
-import { registerTransferHandler, type TransferHandler } from '../link/transfer.js';
+import { handlerForKind } from '../link/transfers/handlers.js';
+import { registerTransferHandler, type TransferHandler } from '../link/transfers/transfer.js';
 import type { Link } from '../link/link.js';
-import { HostArray } from './host-array.js';
+import { HostArray } from '../arrays/host-array.js';
 import { TensorMap, receivedTensorMap, tensorMapContents, type TensorArray } from './tensor-map.js';
 import {
   ALLOCATION_KINDS, AllocationKind, TENSOR_SET_KIND, decodeTensorTable, encodeTensorSet, encodeTensorTable, parseTensorSet,

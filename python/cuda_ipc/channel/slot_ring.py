@@ -1,5 +1,5 @@
 """The ring protocol over a channel control block: every operation a participant performs on shared
-state (docs/channel-protocol.md section 4-6), the same steps as the Node side (src/channel/ring.ts),
+state (docs/channel-protocol.md section 4-6), the same steps as the Node side (src/channel/slot-ring.ts),
 so that a Python end and Node ends share one channel. Every read and write of the control block's
 words by a Python end is here (through SharedWords, shared_words.py), the fields of a slot record
 and of a participant entry included: the ends above name no offset.
@@ -46,7 +46,7 @@ def corrupt(what: str) -> IpcError:
 
 class Ring:
     """The ring protocol as participant ``me`` over ``words`` (SharedWords of the control block).
-    NativeRing (native_ring.py) does the per-message operations in C: ``hot_path`` says which runs."""
+    NativeRing (native_slot_ring.py) does the per-message operations in C: ``hot_path`` says which runs."""
 
     hot_path = "python"
 
@@ -65,7 +65,7 @@ class Ring:
         self._ring = layout.ring_offset
         self._parts = layout.participants_offset
         #: Consumers: the tail read last. Tail only grows, so positions below it stay published (or
-        #: taken): the publish line is read again only once they are used up (ring.ts, #tailSeen).
+        #: taken): the publish line is read again only once they are used up (slot-ring.ts, #tailSeen).
         self._tail_seen = 0
 
     def close(self) -> None:

@@ -1,12 +1,12 @@
 """The ring protocol's hot path through the native helper (cuda_ipc/native.py, native/py/channel_ring.c):
 ``NativeRing`` is a ``Ring`` whose per-message operations (acquire, publish, take, a batch of takes,
 release, the wake-ups, the spin before sleeping) are one C call each, the same steps with the same
-memory orders as ring.py's methods of the same names; everything else (leaving, recovery,
-membership, stats) is ring.py's own. ``make_ring`` picks it where the library loaded.
+memory orders as slot_ring.py's methods of the same names; everything else (leaving, recovery,
+membership, stats) is slot_ring.py's own. ``make_ring`` picks it where the library loaded.
 
 The C side keeps its state in a ``_RingState`` this object owns: the control block's address and
 layout, this participant's index, the doorbells' fds, and the taken words (``taken_words``, shared
-with ring.py's code of the slow paths). ``close()`` detaches it (every later call fails, no doorbell
+with slot_ring.py's code of the slow paths). ``close()`` detaches it (every later call fails, no doorbell
 is rung) before the end unmaps the block and closes the doorbells.
 
 Calls pass no argtypes (a ctypes call converts each argument through its argtypes entry, which costs
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import IpcError
 from ..native import library
 from .layout import Layout
-from .ring import Ring, corrupt
+from .slot_ring import Ring, corrupt
 
 if TYPE_CHECKING:
     from .doorbells import Doorbells
@@ -48,7 +48,7 @@ class _RingState(ctypes.Structure):
 
 
 def make_ring(words: SharedWords, layout: Layout, bells: Doorbells, me: int) -> Ring:
-    """A NativeRing where the native helper loaded, else ring.py's Ring."""
+    """A NativeRing where the native helper loaded, else slot_ring.py's Ring."""
     lib = library("channels")
     if lib is None:
         return Ring(words, layout, bells, me)
@@ -56,7 +56,7 @@ def make_ring(words: SharedWords, layout: Layout, bells: Doorbells, me: int) -> 
 
 
 class NativeRing(Ring):
-    """ring.py's Ring with its per-message operations in C (see the module notes)."""
+    """slot_ring.py's Ring with its per-message operations in C (see the module notes)."""
 
     hot_path = "native"
 

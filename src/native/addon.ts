@@ -5,8 +5,8 @@ import { createRequire } from 'node:module';
 import { fileURLToPath } from 'node:url';
 import { dirname, join } from 'node:path';
 import { existsSync, readdirSync } from 'node:fs';
-import { IpcError } from './errors.js';
-import type { CudaAddon } from './cuda/driver-types.js';
+import { IpcError } from '../errors.js';
+import type { CudaAddon } from './driver-types.js';
 import type { PosixAddon } from './posix-types.js';
 import type { ChannelAddon } from './channel-types.js';
 

@@ -4,14 +4,14 @@
 // its own on the link's working device and delivers the message once the bytes are there; it then
 // ends the lease, and the sender's memory is free to change. On a Unix link the same values are
 // shared instead ('pool-buffer', 'legacy-buffer': device-transfers.ts).
-import { DeviceBuffer } from '../cuda/buffer.js';
-import { IpcError } from '../errors.js';
-import { DeviceArray } from '../ipc/array.js';
-import { countTraffic, type TrafficLink } from '../observe/hooks.js';
+import { DeviceBuffer } from '../../cuda/buffer.js';
+import { IpcError } from '../../errors.js';
+import { DeviceArray } from '../../arrays/device-array.js';
+import { countTraffic, type TrafficLink } from '../../observe/hooks.js';
 import { DeferredValue } from './handlers.js';
-import type { Link } from './link.js';
-import { beginOutgoing, incomingComm, type LinkComm } from './nccl-comms.js';
-import { decodeNcclBuffer, encodeNcclBuffer, NCCL_BUFFER_KIND } from './nccl-records.js';
+import type { Link } from '../link.js';
+import { beginOutgoing, incomingComm, type LinkComm } from '../nccl-comms.js';
+import { decodeNcclBuffer, encodeNcclBuffer, NCCL_BUFFER_KIND } from '../nccl-records.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 
 type DeviceValue = DeviceBuffer | DeviceArray;

@@ -1,10 +1,10 @@
 // The transfer handlers registered in this process, as the message encoder and decoder look them
 // up. The link a handler is given is opaque here (transfer.ts's public TransferHandler names it
 // Link): this file sits below link.ts, and the encoder and decoder only pass the link on.
-import { IpcError } from '../errors.js';
-import type { LeaseHold, ReceivedLease } from './lease.js';
-import { invalidArgValue } from '../arg-errors.js';
-import type { LinkTransportKind } from './frame-transport.js';
+import { IpcError } from '../../errors.js';
+import type { LeaseHold, ReceivedLease } from '../lease.js';
+import { invalidArgValue } from '../../arg-errors.js';
+import type { LinkTransportKind } from '../frame-transport.js';
 
 /** What encode() returns for one value. */
 export interface TransferEncoding {

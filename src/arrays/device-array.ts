@@ -3,59 +3,34 @@
 import { DeviceBuffer } from '../cuda/buffer.js';
 import { Device } from '../cuda/device.js';
 import { IpcError } from '../errors.js';
-import { dtypeInfo, type DType, type HostArrayTypes } from './dtype.js';
-import { bytesToWrite, elementCount, forEachOffset, newHostArray, viewLayout, type ArrayMeta, type ArrayMetaInit } from './array-meta.js';
-import { openIpcHandle, toLegacyDescriptor } from './legacy.js';
-import type { LegacyHandleDescriptor } from './descriptor.js';
+import { dtypeInfo, type DType, type HostArrayTypes } from '../ipc/dtype.js';
+import { bytesToWrite, elementCount, forEachOffset, newHostArray } from '../ipc/array-meta.js';
+import { BufferArray } from './buffer-array.js';
+import { openIpcHandle, toLegacyDescriptor } from '../ipc/legacy.js';
+import type { LegacyHandleDescriptor } from '../ipc/descriptor.js';
 
 /**
  * A typed view of device memory: dtype, shape and strides over a DeviceBuffer; `read()`/`write()`
  * copy to and from typed arrays, `ipcHandle()` describes it for other processes (openIpcArray,
  * Python).
  */
-export class DeviceArray<T extends DType = DType> {
-  readonly buffer: DeviceBuffer;
-  readonly dtype: T;
-  readonly shape: readonly number[];
-  /** Byte strides. */
-  readonly strides: readonly number[];
-  /** Number of elements. */
-  readonly size: number;
-  readonly #contiguous: boolean;
-  readonly #extent: number;
-
-  /** A typed view over `buffer` (which the array then owns: closing the array closes it). */
-  constructor(buffer: DeviceBuffer, meta: ArrayMetaInit & { dtype: T }) {
-    const v = viewLayout(meta, buffer.byteLength);
-    this.buffer = buffer;
-    this.dtype = meta.dtype;
-    this.shape = v.meta.shape;
-    this.strides = v.meta.strides;
-    this.size = v.size;
-    this.#contiguous = v.contiguous;
-    this.#extent = v.extent;
-  }
-
+export class DeviceArray<T extends DType = DType> extends BufferArray<T, DeviceBuffer> {
   /** A new C-contiguous array on the device (default device 0). */
   static allocate<T extends DType>(dtype: T, shape: readonly number[], options: { device?: Device } = {}): DeviceArray<T> {
     const bytes = elementCount(shape) * dtypeInfo(dtype).itemsize;
     return new DeviceArray(DeviceBuffer.allocate(Math.max(bytes, 1), options), { dtype, shape });
   }
 
-  get meta(): ArrayMeta { return { dtype: this.dtype, shape: this.shape, strides: this.strides }; }
-
-  get contiguous(): boolean { return this.#contiguous; }
-
   /** All elements in C (row-major) order, copied to the host. float16/bfloat16 come as raw bits. */
   read(): HostArrayTypes[T] {
     const info = dtypeInfo(this.dtype);
     const out = newHostArray(info.hostArray, this.size, info.itemsize, 'DeviceArray.read()');
     if (this.size === 0) return out;
-    if (this.#contiguous) {
+    if (this.contiguous) {
       this.buffer.read(out as ArrayBufferView, 0);
       return out;
     }
-    const span = newHostArray(Uint8Array, this.#extent, 1, 'DeviceArray.read()');
+    const span = newHostArray(Uint8Array, this.viewExtent, 1, 'DeviceArray.read()');
     this.buffer.read(span, 0);
     const dst = new Uint8Array((out as ArrayBufferView).buffer);
     forEachOffset(this.shape, this.strides, (src, i) => dst.set(span.subarray(src, src + info.itemsize), i * info.itemsize));
@@ -69,12 +44,12 @@ export class DeviceArray<T extends DType = DType> {
   write(values: HostArrayTypes[T]): void {
     const bytes = bytesToWrite(values, this.meta, this.size);
     if (this.size === 0) return;
-    if (this.#contiguous) {
+    if (this.contiguous) {
       this.buffer.write(bytes, 0);
       return;
     }
     const itemsize = dtypeInfo(this.dtype).itemsize;
-    const span = newHostArray(Uint8Array, this.#extent, 1, 'DeviceArray.write()');
+    const span = newHostArray(Uint8Array, this.viewExtent, 1, 'DeviceArray.write()');
     this.buffer.read(span, 0);
     forEachOffset(this.shape, this.strides, (dst, i) => span.set(bytes.subarray(i * itemsize, (i + 1) * itemsize), dst));
     this.buffer.write(span, 0);
@@ -84,12 +59,6 @@ export class DeviceArray<T extends DType = DType> {
   ipcHandle(): LegacyHandleDescriptor {
     return this.buffer.ipcHandle({ array: this.meta });
   }
-
-  /** Closes the underlying buffer. */
-  close(): void { this.buffer.close(); }
-
-  /** Same as close(), for `using`. */
-  [Symbol.dispose](): void { this.close(); }
 }
 
 /** Opens a descriptor that carries array metadata as a typed array (Numba's open_ipc_array). */

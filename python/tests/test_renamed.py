@@ -1,0 +1,61 @@
+"""The old public names (before the names matched the Node side's) still work for one release:
+each use warns with DeprecationWarning and gives the same object as the new name."""
+import importlib
+import unittest
+import warnings
+
+OLD = [
+    ("cuda_ipc", "ArrayView", "DeviceArray"),
+    ("cuda_ipc", "Message", "ChannelMessage"),
+    ("cuda_ipc", "Slot", "ChannelSlot"),
+    ("cuda_ipc", "TensorSet", "TensorMap"),
+    ("cuda_ipc", "descriptor_from_json", "parse_descriptor_json"),
+    ("cuda_ipc.memory", "ArrayView", "DeviceArray"),
+    ("cuda_ipc.memory.buffer", "ArrayView", "DeviceArray"),
+    ("cuda_ipc.channel", "Message", "ChannelMessage"),
+    ("cuda_ipc.channel", "Slot", "ChannelSlot"),
+    ("cuda_ipc.channel.consumer", "Message", "ChannelMessage"),
+    ("cuda_ipc.channel.producer", "Slot", "ChannelSlot"),
+    ("cuda_ipc.tensor_map", "TensorSet", "TensorMap"),
+    ("cuda_ipc.tensor_set", "TensorSet", "TensorMap"),
+    ("cuda_ipc.descriptor", "descriptor_from_json", "parse_descriptor_json"),
+]
+
+
+class RenamedTest(unittest.TestCase):
+    def test_old_names_warn_and_give_the_new_object(self) -> None:
+        for module, old, new in OLD:
+            with self.subTest(f"{module}.{old}"):
+                m = importlib.import_module(module)
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    value = getattr(m, old)
+                self.assertIs(value, getattr(m, new))
+                self.assertEqual([w.category for w in seen], [DeprecationWarning])
+                self.assertIn(f"use {new}", str(seen[0].message))
+
+    def test_from_import_of_an_old_name_warns(self) -> None:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            from cuda_ipc import TensorSet  # noqa: F401
+        # (import may look the name up twice: once to ask whether it is a submodule)
+        self.assertTrue(seen)
+        self.assertEqual({w.category for w in seen}, {DeprecationWarning})
+
+    def test_unknown_names_still_raise(self) -> None:
+        import cuda_ipc
+        with self.assertRaises(AttributeError):
+            getattr(cuda_ipc, "NoSuchThing")
+        with self.assertRaises(AttributeError):  # an old name a module never had
+            getattr(importlib.import_module("cuda_ipc.descriptor"), "TensorSet")
+
+    def test_new_names_are_exported(self) -> None:
+        import cuda_ipc
+        for name in ("DeviceArray", "ChannelMessage", "ChannelSlot", "TensorMap", "parse_descriptor_json"):
+            self.assertIn(name, cuda_ipc.__all__)
+        for old in ("ArrayView", "Message", "Slot", "TensorSet", "descriptor_from_json"):
+            self.assertNotIn(old, cuda_ipc.__all__)
+
+
+if __name__ == "__main__":
+    unittest.main()
