@@ -14,7 +14,7 @@ import { IncomingLeases, OutgoingLeases, type LeaseCounts } from './lease.js';
 import { closeFds } from './fds.js';
 import { SocketInterest } from './socket-interest.js';
 import type { Outbox, SendQueueCounts } from './outbox.js';
-import { armWait, waitScope, type WaitOptions } from '../abort.js';
+import { armWait, raceWait, waitScope, type WaitOptions } from '../abort.js';
 import { Inbox, type InboxCounts } from './inbox.js';
 import { uidAllowed, uidRefusal } from './handshake.js';
 import type { Waiter } from './queue.js';
@@ -111,6 +111,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   readonly #dispatch: FrameDispatch;
   #openWaiters: Waiter[] = [];
   readonly #closeHooks = new Set<(link: Link, reason: IpcError | undefined) => void>();
+  readonly #drainHooks = new Set<() => Promise<void>>();
   #handshakeTimer: NodeJS.Timeout | undefined;
   /** Leases granted to the peer: what this process keeps alive for it. */
   readonly #leasesOut = new OutgoingLeases(this);
@@ -477,6 +478,15 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     return () => this.#closeHooks.delete(hook);
   }
 
+  /**
+   * @internal Registers `hook`, which end() awaits before it says goodbye: a layer that sends bytes
+   * beside the socket (NCCL transfers of device memory) resolves it once they all arrived.
+   */
+  onDrain(hook: () => Promise<void>): () => void {
+    this.#drainHooks.add(hook);
+    return () => this.#drainHooks.delete(hook);
+  }
+
   /** Keep the process alive while this link is open (the default). */
   ref(): this {
     if (this.#state !== 'closed') this.#sock.ref();
@@ -501,7 +511,8 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
   }
 
   /**
-   * Sends everything still queued, says goodbye, then closes. A peer that does not read keeps it
+   * Sends everything still queued (device memory sent over NCCL on a TCP link included: until the
+   * peer has it), says goodbye, then closes. A peer that does not read keeps it
    * waiting: `options.signal` / `options.timeout` give up (AbortError / ERR_TIMEOUT), and the
    * link is closed at once, what was still queued dropped.
    */
@@ -510,6 +521,11 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     if (this.#state !== 'closed') {
       try {
         await this.flush({ signal: scope.signal });
+        // Device memory sent over NCCL moves beside the socket: it must have arrived too.
+        if (this.#drainHooks.size > 0) {
+          for (const hook of [...this.#drainHooks]) await raceWait(hook(), { signal: scope.signal }, 'link.end');
+          await this.flush({ signal: scope.signal });
+        }
         if ((this.#state as LinkState) !== 'closed' && this.#sender.queueGoodbye()) await this.flush({ signal: scope.signal });
       } catch (e) {
         // The link closed meanwhile (close() below releases what is left), or the caller gave up.

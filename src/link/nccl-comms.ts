@@ -303,6 +303,8 @@ function asIpcError(e: unknown, what: string): IpcError {
 interface LinkState {
   readonly byId: Map<string, LinkComm>;
   readonly outgoing: Map<Device, LinkComm>;
+  /** Transfers this side sent on the link whose NCCL work has not settled (end() waits for them). */
+  readonly sending: Set<Promise<void>>;
 }
 const states = new WeakMap<Link, LinkState>();
 
@@ -310,7 +312,7 @@ function stateOf(link: Link): LinkState {
   let s = states.get(link);
   if (s) return s;
   if (link.transport !== 'tcp') throw new IpcError('ERR_UNSUPPORTED', 'NCCL transfers run on TCP links only (a Unix link shares the memory itself)');
-  s = { byId: new Map(), outgoing: new Map() };
+  s = { byId: new Map(), outgoing: new Map(), sending: new Set() };
   states.set(link, s);
   const state = s;
   link.onNcclAbort((a: NcclAbort) => {
@@ -318,6 +320,9 @@ function stateOf(link: Link): LinkState {
     if (!comm) return;  // already ended here (or never known): nothing to do
     const why = a.reason === 1 ? 'could not take a transfer' : a.reason === 2 ? 'saw NCCL fail' : 'could not make the communicator';
     comm.abort(new IpcError('ERR_NCCL', `the peer ${why} and aborted this link's NCCL communicator: ${a.text}`));
+  });
+  link.onDrain(async () => {
+    while (state.sending.size > 0) await Promise.all([...state.sending]);
   });
   link.onClose((_l, reason) => {
     const why = reason ?? new IpcError('ERR_LINK_CLOSED', 'the link closed before its NCCL transfers finished');
@@ -473,6 +478,14 @@ export function queueInTurn(comm: LinkComm, sequence: number, start: (comm: Nccl
   });
 }
 
+/** `sent` (a transfer's settling, which never rejects), counted among `link`'s transfers in flight until it settles. */
+function tracked(link: Link, sent: Promise<void>): Promise<void> {
+  const sending = stateOf(link).sending;
+  sending.add(sent);
+  void sent.finally(() => sending.delete(sent));
+  return sent;
+}
+
 /** The next transfer `link` sends of `device`'s memory: on the link's own communicator, or a fanout's. */
 export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
   const fan = activeFanout;
@@ -483,7 +496,7 @@ export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
       comm, sequence, reference: commReference(link, comm, fan.rankOf(link)),
       committed: (start) => {
         committedOn(link, comm);
-        return fan.shared(comm, sequence, start);
+        return tracked(link, fan.shared(comm, sequence, start));
       },
       abandoned: () => notSent(link, comm),  // the fanout gives up as a whole (fanout.ts)
     };
@@ -494,7 +507,7 @@ export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
     comm, sequence, reference: commReference(link, comm, 1),
     committed: (start) => {
       committedOn(link, comm);
-      return queueInTurn(comm, sequence, start);
+      return tracked(link, queueInTurn(comm, sequence, start));
     },
     abandoned: () => {
       comm.sequence = Math.min(comm.sequence, sequence);
