@@ -17,7 +17,8 @@
 // ncclCommAbort and ncclCommDestroy block until NCCL's threads are joined and its memory freed
 // (abort also waits for a pending init to give up): they run on a thread of their own and report
 // back through a thread-safe function, so neither the event loop nor a libuv pool thread waits.
-// The environment cleanup hook joins those threads and aborts every communicator still open.
+// The environment cleanup hook joins those threads and aborts every communicator still open, and
+// so does ncclEndAllNow, which TypeScript calls on process exit (where cleanup hooks do not run).
 #include <dlfcn.h>
 #include <napi.h>
 
@@ -452,15 +453,30 @@ Napi::Value CommsOpen(const Napi::CallbackInfo& info) {
   return Napi::Number::New(info.Env(), static_cast<double>(t_nccl->comms.size()));
 }
 
-void CleanupEnv(void* arg) {
-  auto* state = static_cast<NcclEnvState*>(arg);
+// Joins the threads still ending communicators and aborts those still open (never destroys: that
+// is collective and could wait forever for a peer that is gone or leaking its own). Returns how many
+// it aborted. Their callbacks never run (EndCallJs finds no thread and the loop is gone).
+size_t EndAllNow(NcclEnvState* state) {
   for (auto& [id, thread] : state->ending) {
     if (thread.joinable()) thread.join();
   }
-  // Leaked communicators: aborted (never destroyed: that is collective and could wait forever for
-  // a peer that is gone or leaking its own).
+  state->ending.clear();
+  size_t aborted = state->comms.size();
   for (auto& [comm, entry] : state->comms) EndOnThisThread(comm, entry, true, nullptr);
   state->comms.clear();
+  return aborted;
+}
+
+// ncclEndAllNow() -> communicators aborted. For process exit: exit() tears down CUDA and NCCL's
+// globals while NCCL's proxy threads (or ours, mid ncclCommDestroy) still run, which crashes the
+// process (SIGSEGV seen after a test file's last test). Blocks until every communicator is gone.
+Napi::Value EndAllNowJs(const Napi::CallbackInfo& info) {
+  return Napi::Number::New(info.Env(), static_cast<double>(EndAllNow(t_nccl)));
+}
+
+void CleanupEnv(void* arg) {
+  auto* state = static_cast<NcclEnvState*>(arg);
+  EndAllNow(state);
   if (t_nccl == state) t_nccl = nullptr;
   delete state;
 }
@@ -488,6 +504,7 @@ void InitNccl(Napi::Env env, Napi::Object exports) {
   FN("ncclGroupEnd", GroupEnd)
   FN("ncclCommEnd", CommEnd)
   FN("ncclCommsOpen", CommsOpen)
+  FN("ncclEndAllNow", EndAllNowJs)
 #undef FN
 }
 

@@ -290,6 +290,28 @@ class CommunicatorTests(FakeNcclCase):
         self.assertEqual(len(self.lines("abort")), 2)
         self.assertTrue(any(issubclass(w.category, ResourceWarning) and "NcclCommunicator" in str(w.message) for w in seen))
 
+    def test_one_still_open_at_exit_is_aborted_and_the_exit_code_kept(self) -> None:
+        # Held by a daemon thread, it is never collected: only the atexit hook aborts it.
+        code = "\n".join([
+            "import sys, threading, time",
+            "from cuda_ipc.nccl import NcclCommunicator, load_nccl",
+            "lib = load_nccl(sys.argv[1])",
+            "ready = threading.Event()",
+            "def hold():",
+            "    comm = NcclCommunicator.init(lib.unique_id(), 1, 0, library=lib)",
+            "    ready.set()",
+            "    while True: time.sleep(1)",
+            "threading.Thread(target=hold, daemon=True).start()",
+            "ready.wait()",
+            "sys.exit(7)",
+        ])
+        package = os.path.join(os.path.dirname(__file__), "..")
+        r = subprocess.run([sys.executable, "-c", code, path("good/libnccl.so.2")], capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "PYTHONPATH": package})
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertEqual(len(self.lines("abort")), 1)
+        self.assertEqual(self.lines("destroy"), [])
+
     def test_destroy_failing_is_reported(self) -> None:
         comm = self.init()
         self.fake(DESTROY_RESULT=3)

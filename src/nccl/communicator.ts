@@ -117,6 +117,7 @@ export class NcclCommunicator {
     try {
       const library = o.library ?? await raceWait(loadNccl(), { signal: scope.signal }, what);
       const context = contextOf(device);
+      endAllOnExit();
       const [r, handle] = nccl.ncclCommInitRankConfig(library.id, context, nranks, uniqueId, rank, false);
       if (r !== NcclResult.ncclSuccess && r !== NcclResult.ncclInProgress) {
         const error = library.error(r, 'ncclCommInitRankConfig', handle);
@@ -385,6 +386,19 @@ export class NcclCommunicator {
     }
     throw invalidArgValue(`${where}.op must be 'send', 'recv' or 'broadcast'. ${received((op as { op?: unknown }).op)}`);
   }
+}
+
+let endsOnExit = false;
+/**
+ * On process exit, communicators still open are aborted and those being ended are waited for,
+ * synchronously: exit() tears CUDA and NCCL down under NCCL's own threads otherwise, and the
+ * process dies of SIGSEGV instead of exiting with its code (environment cleanup hooks, which do
+ * this for a worker thread, do not run on process.exit()).
+ */
+function endAllOnExit(): void {
+  if (endsOnExit) return;
+  endsOnExit = true;
+  process.once('exit', () => nccl.ncclEndAllNow());
 }
 
 /** ncclCommGetAsyncError's state, checked. */

@@ -37,6 +37,8 @@ export interface NcclAddon {
   ncclCommEnd(comm: bigint, abort: boolean, callback: (result: number, lastError: string) => void): void;
   /** Communicators this thread registered and has not ended. */
   ncclCommsOpen(): number;
+  /** Joins the threads ending communicators and aborts every one still open, blocking; returns how many it aborted. For process exit. */
+  ncclEndAllNow(): number;
 }
 
 export const nccl = addon as unknown as NcclAddon;

@@ -9,6 +9,8 @@ import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { Worker } from 'node:worker_threads';
+import { spawn } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { fake, fakeNccl, noFakeNccl, resetFakeEnv } from '../helpers/fake-nccl.js';
 import {
   loadNccl, ncclUniqueId, asNcclUniqueId, NcclCommunicator, NcclError, NcclLibrary, type NcclUniqueId,
@@ -345,6 +347,29 @@ describe('NcclCommunicator (fake libnccl)', { skip: noFakeNccl }, () => {
     await waitFor(() => calls('abort').length === 1);
     assert.equal(calls('destroy').length, 0);
     assert.equal(openCommunicators(), 0, 'this thread\'s communicators are its own');
+  });
+
+  test('process.exit() with a communicator open and one being aborted: both ended before the process goes, its exit code kept', async () => {
+    const waitFile = join(f.dir, 'abort-may-return');
+    const child = spawn(process.execPath, [fileURLToPath(new URL('../fixtures/nccl-exit-child.js', import.meta.url)), f.lib], {
+      env: { ...process.env, FAKE_NCCL_ABORT_WAIT_FILE: waitFile }, stdio: ['ignore', 'pipe', 'inherit'],
+    });
+    try {
+      const exited = new Promise<[number | null, string | null]>((r) => child.once('exit', (code, signal) => r([code, signal])));
+      let out = '';
+      child.stdout.setEncoding('utf8').on('data', (d: string) => { out += d; });
+      await waitFor(() => out.includes('exiting'));
+      await new Promise((r) => setTimeout(r, 300));
+      assert.equal(child.exitCode, null, 'the process waits for the abort in progress');
+      assert.equal(calls('abort').length, 0);
+      writeFileSync(waitFile, '');
+      assert.deepEqual(await exited, [7, null]);
+      assert.deepEqual(calls('abort').map((l) => l.replace(/\d+$/, 'N')), ['abort comm=N', 'abort comm=N']);
+      assert.equal(new Set(calls('abort')).size, 2, 'each communicator aborted once');
+      assert.equal(calls('destroy').length, 0);
+    } finally {
+      child.kill('SIGKILL');
+    }
   });
 });
 

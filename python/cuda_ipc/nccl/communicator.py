@@ -4,12 +4,14 @@ still created non-blocking (ncclConfig_t.blocking = 0) and polled, so that a tim
 and a hung init can be aborted."""
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import math
 import threading
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 from ctypes import byref, c_int, c_void_p
 from typing import Any, Literal, TypedDict, Union
@@ -24,6 +26,8 @@ from .library import NcclLibrary, load_nccl
 _SPIN_S = 0.002
 _FIRST_DELAY_S = 0.001
 _MAX_DELAY_S = 0.010
+# How long exit waits for another thread to let go of a communicator before leaving it be.
+_EXIT_LOCK_S = 2.0
 
 
 class SendOp(TypedDict):
@@ -105,7 +109,8 @@ class NcclCommunicator:
 
     End it with ``close()`` on every rank (collective), or ``abort()`` (local: for a communicator whose
     peer died, or may have). ``with`` closes on a normal exit and aborts on an exception. One that is
-    garbage-collected while open is aborted, with a ResourceWarning."""
+    garbage-collected while open is aborted, with a ResourceWarning, and so is one still open when the
+    interpreter exits (a daemon thread's, say)."""
 
     def __init__(self, library: NcclLibrary, handle: int, device: Device | None, rank: int, nranks: int, cuda_device: int):
         """Use ``NcclCommunicator.init``."""
@@ -120,6 +125,7 @@ class NcclCommunicator:
         # Set by abort() before it takes the lock: a call of another thread polling a half-taken
         # operation (ncclInProgress) gives up and aborts, instead of holding the lock forever.
         self._aborting = threading.Event()
+        _open_communicators.add(self)
 
     @classmethod
     def init(cls, unique_id: bytes, nranks: int, rank: int, device: Device | int | None = None, *,
@@ -320,8 +326,36 @@ class NcclCommunicator:
                           ResourceWarning, stacklevel=2)
             self.abort()
 
+    def _abort_at_exit(self) -> None:
+        """abort() for interpreter exit: a thread still inside a call of this communicator that does
+        not give up within _EXIT_LOCK_S keeps it (aborting under it would free what it uses)."""
+        self._aborting.set()
+        if not self._lock.acquire(timeout=_EXIT_LOCK_S):
+            return
+        try:
+            h, self._handle = self._handle, None
+            if h is not None:
+                _abort(self.library, h, self.device)
+        finally:
+            self._lock.release()
+
     def __repr__(self) -> str:
         return f"<cuda_ipc.nccl.NcclCommunicator rank {self.rank} of {self.nranks}{' (closed)' if self.closed else ''}>"
+
+
+# Communicators not yet garbage-collected; those still open at interpreter exit are aborted.
+_open_communicators: "weakref.WeakSet[NcclCommunicator]" = weakref.WeakSet()
+
+
+@atexit.register
+def _abort_open_communicators() -> None:
+    """Aborts every communicator still open when the interpreter exits. One held by a daemon thread
+    (a link's) is never collected, and exit() tears CUDA and NCCL down under NCCL's own threads,
+    which can crash the process instead of letting it exit with its code. Registered on import,
+    so it runs after the atexit handlers of what imports this module (a link's close)."""
+    for comm in list(_open_communicators):
+        with contextlib.suppress(Exception):
+            comm._abort_at_exit()
 
 
 def _active(device: Device | None) -> Any:
