@@ -219,6 +219,7 @@ def encode_tensor_set(value: SharedTensors | TensorMap, link: Link) -> TransferE
             let_go()
 
     def release() -> None:
+        out.released()
         if not state["committed"]:
             out.abandoned()
             for ev in events:

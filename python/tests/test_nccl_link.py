@@ -113,6 +113,39 @@ class NcclBufferTests(NcclCase):
         mine.close()
         buf.close()
 
+    def test_end_right_after_send_lets_the_transfer_arrive_close_would_cut_it_short(self) -> None:
+        # Init takes a while here: end() comes before the worker sent anything.
+        os.environ["FAKE_NCCL_INIT_POLLS"] = "30"
+        values = [float(i) for i in range(8)]
+        self.a.send({"x": self.array(values)})
+        ended: list[BaseException | None] = []
+        ender = threading.Thread(target=lambda: ended.append(_raised(self.a.end)))
+        ender.start()
+        time.sleep(0.2)
+        self.assertTrue(ender.is_alive(), "end() waits for the receiver to have the bytes")
+        self.assertFalse(self.a.closed)
+        got = self.b.receive(timeout=10)["x"]
+        ender.join(10)
+        self.assertEqual(ended, [None])
+        self.assertTrue(self.a.closed)
+        self.assertEqual(read_f32(got.ptr, 8), values)
+        self.assertEqual(len(self.lines("send ")), 1)
+        got.buffer.close()
+
+    def test_end_whose_transfer_never_arrives_times_out_and_closes(self) -> None:
+        os.environ["FAKE_NCCL_OP_POLLS"] = str(10**9)  # NCCL never takes the send
+        self.a.send({"x": self.array([1.0])})
+        started = time.monotonic()
+        with self.assertRaises(IpcError) as caught:
+            self.a.end(timeout=0.3)
+        self.assertEqual(caught.exception.code, "ERR_TIMEOUT")
+        self.assertIn("had not arrived", str(caught.exception))
+        self.assertLess(time.monotonic() - started, 5)
+        self.assertTrue(self.a.closed, "closed at once, the transfer cut short")
+        with self.assertRaises(IpcError) as bad:
+            self.b.end(timeout=-1)
+        self.assertEqual(bad.exception.code, "ERR_INVALID_ARG")
+
     def test_two_device_values_in_the_first_message_name_the_new_communicator_once(self) -> None:
         a, b = self.array([1.0, 2.0]), self.array([3.0, 4.0, 5.0])
         self.a.send({"a": a, "b": b})
@@ -312,3 +345,12 @@ print("received", flush=True)
 import time
 time.sleep(60)
 """
+
+
+def _raised(fn: object) -> BaseException | None:
+    """What ``fn()`` raised, or None."""
+    try:
+        fn()  # type: ignore[operator]
+    except BaseException as e:  # noqa: BLE001 - handed to the test thread
+        return e
+    return None

@@ -438,8 +438,17 @@ export interface OutgoingTransfer {
   readonly sequence: number;
   /** How the record names the communicator on this link. */
   readonly reference: CommReference;
-  /** The message went out: queue the NCCL work in its turn. Resolves once it is done or failed. */
+  /**
+   * The message went out: queue the NCCL work in its turn. Resolves once it is done or failed.
+   * Until then and until released(), link.end() waits for it.
+   */
   committed(start: (comm: NcclCommunicator) => Promise<Queued>): Promise<void>;
+  /**
+   * The peer released the value (its bytes arrived there, or it gave up on them), or the link
+   * closed. A send that finished here may still be on its way (NCCL buffers the last bytes): only
+   * the peer's RELEASE says it arrived, so link.end() waits for both before it says goodbye.
+   */
+  released(): void;
   /** The message did not go out: the sequence number goes back for the next one. */
   abandoned(): void;
 }
@@ -478,17 +487,29 @@ export function queueInTurn(comm: LinkComm, sequence: number, start: (comm: Nccl
   });
 }
 
-/** `sent` (a transfer's settling, which never rejects), counted among `link`'s transfers in flight until it settles. */
-function tracked(link: Link, sent: Promise<void>): Promise<void> {
+/**
+ * `sent` (a transfer's settling, which never rejects), counted among `link`'s transfers in flight
+ * until it settled and `released` resolved (the peer's RELEASE, or the link's close).
+ */
+function tracked(link: Link, sent: Promise<void>, released: Promise<void>): Promise<void> {
   const sending = stateOf(link).sending;
-  sending.add(sent);
-  void sent.finally(() => sending.delete(sent));
+  const both = Promise.all([sent, released]).then(() => {});
+  sending.add(both);
+  void both.finally(() => sending.delete(both));
   return sent;
+}
+
+/** A promise and the function that resolves it. */
+function releaseSignal(): { released: Promise<void>; release: () => void } {
+  let release!: () => void;
+  const released = new Promise<void>((r) => { release = r; });
+  return { released, release };
 }
 
 /** The next transfer `link` sends of `device`'s memory: on the link's own communicator, or a fanout's. */
 export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
   const fan = activeFanout;
+  const { released, release } = releaseSignal();
   if (fan) {
     const comm = fan.commFor(device);
     const sequence = comm.sequence++;
@@ -496,8 +517,9 @@ export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
       comm, sequence, reference: commReference(link, comm, fan.rankOf(link)),
       committed: (start) => {
         committedOn(link, comm);
-        return tracked(link, fan.shared(comm, sequence, start));
+        return tracked(link, fan.shared(comm, sequence, start), released);
       },
+      released: release,
       abandoned: () => notSent(link, comm),  // the fanout gives up as a whole (fanout.ts)
     };
   }
@@ -507,8 +529,9 @@ export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
     comm, sequence, reference: commReference(link, comm, 1),
     committed: (start) => {
       committedOn(link, comm);
-      return tracked(link, queueInTurn(comm, sequence, start));
+      return tracked(link, queueInTurn(comm, sequence, start), released);
     },
+    released: release,
     abandoned: () => {
       comm.sequence = Math.min(comm.sequence, sequence);
       notSent(link, comm);

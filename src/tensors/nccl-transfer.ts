@@ -277,6 +277,7 @@ export const ncclTensorSetTransfer: TransferHandler<TensorMap | Map<string, Tens
       hold: {
         bytes: plan.packedLength,
         release: () => {
+          out.released();
           if (!committed) out.abandoned();
           // The memory goes back once NCCL is done reading it too (sent, or aborted with the link).
           void sent.finally(() => { for (const r of releases) r(); });

@@ -70,6 +70,9 @@ LeaseCounts = NamedTuple("LeaseCounts", [("count", int), ("bytes", int)])
 
 #: What runs once when a link closes: hook(link, reason or None).
 CloseHook = Callable[["Link", "IpcError | None"], None]
+#: What end() runs before it says goodbye: hook(deadline), where deadline is a time.monotonic() value
+#: or None. Returns once what the layer sent beside the socket arrived; raises ERR_TIMEOUT past deadline.
+DrainHook = Callable[["float | None"], None]
 
 
 class Link:
@@ -81,8 +84,9 @@ class Link:
     message; received buffers are leased from the peer until you close them (or they are collected).
     A buffer closed by the thread that received it, before that thread uses the link again, is
     released with that thread's next link call (``send``, ``receive``, ``poll``), after its frame: a
-    reply goes out first, as on the Node side. ``close()`` says goodbye; a peer that died shows as
-    ERR_PEER_GONE.
+    reply goes out first, as on the Node side. ``close()`` says goodbye now (``with`` does the same);
+    ``end(timeout=None)`` first waits for device memory sent over NCCL to arrive. A peer that died
+    shows as ERR_PEER_GONE.
     """
 
     #: The HELLO feature bits this side sends (PROTOCOL.md 3).
@@ -122,6 +126,7 @@ class Link:
         #: Per-link state of transfer handlers (pools sent/received), dropped at close.
         self.handler_state: dict[str, Any] = {}
         self._close_hooks: list[CloseHook] = []
+        self._drain_hooks: list[DrainHook] = []
         #: What receives the peer's NCCL_ABORT frames (nccl_abort.py; TCP links only).
         self._nccl_abort_hooks: list[NcclAbortHook] = []
         #: What wakes a receive() waiting for a message's values to arrive (made on first use).
@@ -196,6 +201,11 @@ class Link:
             hook(self, self._reason)
         else:
             self._close_hooks.append(hook)
+
+    def on_drain(self, hook: DrainHook) -> None:
+        """Registers ``hook``, which end() runs before it says goodbye: a layer that sends bytes beside
+        the socket (NCCL transfers of device memory) returns once they all arrived."""
+        self._drain_hooks.append(hook)
 
     # -- sending ----------------------------------------------------------------------------------
 
@@ -434,7 +444,8 @@ class Link:
     # -- closing ----------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Says goodbye and closes now; messages never received are dropped (their buffers closed).
+        """Says goodbye and closes now; messages never received are dropped (their buffers closed), and
+        device memory still on its way over NCCL (a TCP link) is cut short: end() waits for it.
         Idempotent."""
         if self._state != "closed" and self._hello_sent and not self._goodbye_sent:
             self._goodbye_sent = True
@@ -442,7 +453,23 @@ class Link:
         self._shutdown(None, "local")
         self._inbox.drain()
 
-    end = close
+    def end(self, timeout: float | None = None) -> None:
+        """Waits until the device memory this side sent over NCCL (a TCP link) arrived, then close(): a
+        sender that ends right after ``send()`` does not cut its own transfer short. A peer that does not
+        receive keeps it waiting; past ``timeout`` seconds it raises ERR_TIMEOUT and the link is closed at
+        once, the transfer cut short. A transfer that failed does not make it raise. On a Unix link
+        nothing moves beside the socket: end() is close(). Idempotent."""
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0):
+            raise IpcError("ERR_INVALID_ARG", f"link.end: timeout must be None or a number of seconds >= 0, got {timeout!r}")
+        if self._state != "closed":
+            deadline = None if timeout is None else time.monotonic() + timeout
+            try:
+                for hook in list(self._drain_hooks):
+                    hook(deadline)
+            except BaseException:
+                self.close()
+                raise
+        self.close()
 
     def __enter__(self) -> "Link":
         return self

@@ -176,6 +176,7 @@ def _sending(out: Any, src: Source, data: bytes, ready: Event | None) -> Transfe
             src.let_go()
 
     def release() -> None:
+        out.released()
         if not state["committed"]:
             out.abandoned()
             if ready is not None:

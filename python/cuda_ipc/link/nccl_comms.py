@@ -24,6 +24,7 @@ import queue
 import select
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -342,6 +343,45 @@ class _LinkState:
         self.announced: set[bytes] = set()
         #: ... or goes in the message being sent (its later records for the same communicator need not carry it).
         self.announcing: set[bytes] = set()
+        #: Transfers this link sent that have not both settled here and been released by the peer
+        #: (what end() waits for).
+        self.sending = 0
+        self.settled = threading.Condition(self.lock)
+
+    def track(self, sent: Completion, released: Completion) -> None:
+        """Counts a transfer in ``sending`` until ``sent`` (its NCCL work here) and ``released`` (the
+        peer's RELEASE: the bytes arrived there; or the link's close) both settled."""
+        with self.lock:
+            self.sending += 1
+        left = [2]
+
+        def one(_c: Completion) -> None:
+            with self.lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    self.sending -= 1
+                    self.settled.notify_all()
+        sent.add_callback(one)
+        released.add_callback(one)
+
+    def wait_sent(self, link: Link, deadline: float | None) -> None:
+        """end()'s drain hook: returns once nothing this link sent over NCCL is on its way; ERR_TIMEOUT
+        past ``deadline``. Reads the link meanwhile (poll): the peer's RELEASE says the bytes arrived."""
+        while True:
+            with self.lock:
+                if self.sending == 0:
+                    return
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise IpcError("ERR_TIMEOUT", f"link.end: {self.sending} transfer(s) of device memory over NCCL had not "
+                                                  "arrived at the timeout (the peer has not received them); the link was closed, "
+                                                  "cutting them short")
+                self.settled.wait(_DRAIN_POLL_S if left is None else min(left, _DRAIN_POLL_S))
+            link.poll()
+
+
+#: How often end() reads the link for the peer's RELEASE while it waits.
+_DRAIN_POLL_S = 0.005
 
 
 _states_lock = threading.Lock()
@@ -377,6 +417,7 @@ def state_of(link: Link) -> _LinkState:
             comm.abort(why)
     on_nccl_abort(link, on_abort)
     link.on_close(on_close)
+    link.on_drain(lambda deadline: state.wait_sent(link, deadline))
     return state
 
 
@@ -518,16 +559,31 @@ def _refuse(link: Link, comm_id: bytes, error: IpcError) -> None:
 class OutgoingTransfer:
     """What a handler's encode gets for one NCCL transfer it sends (begin_outgoing)."""
 
-    def __init__(self, comm: LinkComm, sequence: int, reference: CommReference, committed: Callable[[StartWork], Completion],
+    def __init__(self, link: Link, comm: LinkComm, sequence: int, reference: CommReference, queue: Callable[[StartWork], Completion],
                  abandoned: Callable[[], None]):
         self.comm = comm
         self.sequence = sequence
         #: How the record names the communicator on this link.
         self.reference = reference
-        #: The message went out: queue the NCCL work in its turn; the Completion settles once it is done or failed.
-        self.committed = committed
         #: The message did not go out: the sequence number goes back for the next one.
         self.abandoned = abandoned
+        self._link = link
+        self._queue = queue
+        self._released = Completion()
+
+    def committed(self, start: StartWork) -> Completion:
+        """The message went out: queue the NCCL work in its turn; the Completion settles once it is done
+        or failed. Until then and until released(), link.end() waits for it."""
+        committed_on(self._link, self.comm)
+        sent = self._queue(start)
+        state_of(self._link).track(sent, self._released)
+        return sent
+
+    def released(self) -> None:
+        """The peer released the value (its bytes arrived there, or it gave up on them), or the link
+        closed. A send that finished here may still be on its way (NCCL buffers the last bytes): only
+        the peer's RELEASE says it arrived, so link.end() waits for both before it says goodbye."""
+        self._released.settle()
 
 
 class FanoutContext:
@@ -577,21 +633,14 @@ def begin_outgoing(link: Link, device: Device) -> OutgoingTransfer:
         comm = fan.comm_for(device)
         sequence = comm.sequence
         comm.sequence += 1
-
-        def committed_fan(start: StartWork) -> Completion:
-            committed_on(link, comm)
-            return fan.shared(comm, sequence, start)
         # Abandoned: the fanout gives up as a whole (fanout.py), and its communicator with it.
-        return OutgoingTransfer(comm, sequence, comm_reference(link, comm, fan.rank_of(link)), committed_fan, lambda: not_sent(link, comm))
+        return OutgoingTransfer(link, comm, sequence, comm_reference(link, comm, fan.rank_of(link)),
+                                lambda start: fan.shared(comm, sequence, start), lambda: not_sent(link, comm))
     comm = outgoing_comm(link, device)
     sequence = comm.sequence
     comm.sequence += 1
 
-    def committed(start: StartWork) -> Completion:
-        committed_on(link, comm)
-        return queue_in_turn(comm, sequence, start)
-
     def abandoned() -> None:
         comm.sequence = min(comm.sequence, sequence)
         not_sent(link, comm)
-    return OutgoingTransfer(comm, sequence, comm_reference(link, comm, 1), committed, abandoned)
+    return OutgoingTransfer(link, comm, sequence, comm_reference(link, comm, 1), lambda start: queue_in_turn(comm, sequence, start), abandoned)

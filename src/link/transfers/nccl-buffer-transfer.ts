@@ -55,6 +55,7 @@ export const ncclBufferTransfer: TransferHandler<DeviceValue> = {
       hold: {
         bytes,
         release: () => {
+          out.released();
           if (!committed) out.abandoned();
           void sent.finally(release);
         },
