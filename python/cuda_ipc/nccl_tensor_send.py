@@ -25,7 +25,8 @@ from .host_array import HostArray
 from .link.deferred import Completion
 from .link.handlers import TransferEncoding
 from .link.lease import Hold
-from .link.nccl_comms import LinkComm, begin_outgoing, check_peer
+from .link.nccl_comms import LinkComm, check_peer
+from .link.nccl_outgoing import begin_outgoing
 from .chunk_pipeline import ChunkOperation, mover_of
 from .memory.buffer import DeviceBuffer
 from .memory.exports import _describe_array

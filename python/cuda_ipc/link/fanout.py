@@ -20,7 +20,8 @@ from ..nccl import load_nccl
 from .deferred import Completion
 from .link import Link
 from .nccl_abort import ABORT_CANNOT_TAKE
-from .nccl_comms import FanoutContext, LinkComm, StartWork, add_broadcast_comm, with_fanout
+from .nccl_comms import LinkComm, StartWork, add_broadcast_comm
+from .nccl_outgoing import FanoutContext, with_fanout
 
 
 class _Shared:

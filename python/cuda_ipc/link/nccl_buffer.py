@@ -33,7 +33,8 @@ from .deferred import Completion, DeferredValue
 from .handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from .lease import Hold
 from .nccl_abort import ABORT_CANNOT_TAKE
-from .nccl_comms import LinkComm, begin_outgoing, check_peer, incoming_comm
+from .nccl_comms import LinkComm, check_peer, incoming_comm
+from .nccl_outgoing import begin_outgoing
 
 if TYPE_CHECKING:
     from .lease import ReceivedLease
