@@ -8,7 +8,8 @@ import type { NativeAcceptor } from '../native/posix-types.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { LINK_OPTION_KEYS, linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
 import { checkOptionKeys, checkSignal, optionalInteger, invalidArgValue } from '../arg-errors.js';
-import { abortError, armWait, checkTimeout, raceWait, type WaitOptions } from '../abort.js';
+import { abortError, checkTimeout, raceWait, type WaitOptions } from '../abort.js';
+import { AcceptWaiters, acceptUntilClosed } from './accept-waiters.js';
 
 const EMFILE = 24;
 const ENFILE = 23;
@@ -146,7 +147,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
   /** Links in their handshake or waiting for accept(), by the peer's uid: what maxPending and maxPendingPerUid bound. */
   readonly #held = new Map<Link, { uid: number; forget: () => unknown }>();
   readonly #heldByUid = new Map<number, number>();
-  #waiters: Array<{ resolve(l: Link): void; reject(e: unknown): void }> = [];
+  readonly #waiters = new AcceptWaiters();
   #retryTimer: NodeJS.Timeout | undefined;
 
   /** @internal Use listen(). */
@@ -252,10 +253,9 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
   }
 
   #hand(link: Link): void {
-    const w = this.#waiters.shift();
-    if (w) {
+    if (this.#waiters.waiting) {
       this.#release(link);
-      w.resolve(link);
+      this.#waiters.hand(link);
     } else if (this.#ready.length === 0 && this.listenerCount('connection') > 0) {
       this.#release(link);
       this.emit('connection', link);
@@ -278,39 +278,12 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     const link = this.#takeReady();
     if (link) return Promise.resolve(link);
     if (this.closed) return Promise.reject(new IpcError('ERR_LINK_CLOSED', `the listener '${this.name}' is closed`));
-    return new Promise<Link>((resolve, reject) => {
-      const waiter: { resolve(l: Link): void; reject(e: unknown): void } = { resolve, reject };
-      let gaveUp = false;
-      const disarm = armWait(options, 'listener.accept', (error) => {
-        gaveUp = true;
-        this.#waiters = this.#waiters.filter((w) => w !== waiter);
-        reject(error);
-      });
-      if (gaveUp) return;
-      waiter.resolve = (l: Link) => {
-        disarm();
-        resolve(l);
-      };
-      waiter.reject = (e: unknown) => {
-        disarm();
-        reject(e);
-      };
-      this.#waiters.push(waiter);
-    });
+    return this.#waiters.wait(options);
   }
 
   /** Yields connections until the listener is closed. */
-  async *[Symbol.asyncIterator](): AsyncIterator<Link> {
-    for (;;) {
-      let link: Link;
-      try {
-        link = await this.accept();
-      } catch (e) {
-        if (e instanceof IpcError && e.code === 'ERR_LINK_CLOSED') return;
-        throw e;
-      }
-      yield link;
-    }
+  [Symbol.asyncIterator](): AsyncIterator<Link> {
+    return acceptUntilClosed(() => this.accept());
   }
 
   /** Keep the process alive while this listener is open (the default). */
@@ -340,7 +313,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     this.#held.clear();
     this.#heldByUid.clear();
     const err = new IpcError('ERR_LINK_CLOSED', `the listener '${this.name}' is closed`);
-    for (const w of this.#waiters.splice(0)) w.reject(err);
+    this.#waiters.rejectAll(err);
     this.emit('close');
   }
 

@@ -8,7 +8,8 @@ import { EventEmitter } from 'node:events';
 import net from 'node:net';
 import tls from 'node:tls';
 import { IpcError } from '../errors.js';
-import { armWait, type WaitOptions } from '../abort.js';
+import type { WaitOptions } from '../abort.js';
+import { AcceptWaiters, acceptUntilClosed } from './accept-waiters.js';
 import { checkObject, optionalInteger } from '../arg-errors.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { linkLimits, type LinkLimits } from './link-options.js';
@@ -90,7 +91,7 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
   readonly #maxPending: number;
   readonly #pending = new Set<Pending>();
   readonly #ready = new Queue<Link>();
-  #waiters: Array<{ resolve(l: Link): void; reject(e: unknown): void }> = [];
+  readonly #waiters = new AcceptWaiters();
 
   /** @internal Use listen(url). */
   constructor(
@@ -221,9 +222,8 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
       link.close();
       return;
     }
-    const w = this.#waiters.shift();
-    if (w) w.resolve(link);
-    else if (this.#ready.length === 0 && this.listenerCount('connection') > 0) this.emit('connection', link);
+    if (this.#waiters.hand(link)) return;
+    if (this.#ready.length === 0 && this.listenerCount('connection') > 0) this.emit('connection', link);
     else this.#ready.push(link);
   }
 
@@ -232,39 +232,12 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
     const link = this.#ready.shift();
     if (link) return Promise.resolve(link);
     if (this.closed) return Promise.reject(new IpcError('ERR_LINK_CLOSED', `the listener ${this.url} is closed`));
-    return new Promise<Link>((resolve, reject) => {
-      const waiter: { resolve(l: Link): void; reject(e: unknown): void } = { resolve, reject };
-      let gaveUp = false;
-      const disarm = armWait(options, 'listener.accept', (error) => {
-        gaveUp = true;
-        this.#waiters = this.#waiters.filter((w) => w !== waiter);
-        reject(error);
-      });
-      if (gaveUp) return;
-      waiter.resolve = (l: Link) => {
-        disarm();
-        resolve(l);
-      };
-      waiter.reject = (e: unknown) => {
-        disarm();
-        reject(e);
-      };
-      this.#waiters.push(waiter);
-    });
+    return this.#waiters.wait(options);
   }
 
   /** Yields connections until the listener is closed. */
-  async *[Symbol.asyncIterator](): AsyncIterator<Link> {
-    for (;;) {
-      let link: Link;
-      try {
-        link = await this.accept();
-      } catch (e) {
-        if (e instanceof IpcError && e.code === 'ERR_LINK_CLOSED') return;
-        throw e;
-      }
-      yield link;
-    }
+  [Symbol.asyncIterator](): AsyncIterator<Link> {
+    return acceptUntilClosed(() => this.accept());
   }
 
   /** Keep the process alive while this listener is open (the default). */
@@ -290,7 +263,7 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
     const closed = new IpcError('ERR_LINK_CLOSED', `the listener ${this.url} is closed`);
     for (const p of this.#pending) this.#giveUp(p, closed);
     for (const l of this.#ready.drain()) l.close();
-    for (const w of this.#waiters.splice(0)) w.reject(closed);
+    this.#waiters.rejectAll(closed);
     this.emit('close');
   }
 
