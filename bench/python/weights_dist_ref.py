@@ -26,22 +26,6 @@ import torch.multiprocessing as mp
 
 import weights_model as wm
 
-BUCKET = 1 << 30
-
-
-def buckets(sd):
-    out, cur, size = [], [], 0
-    for n, t in sd.items():
-        b = t.numel() * t.element_size()
-        if cur and size + b > BUCKET:
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(n)
-        size += b
-    if cur:
-        out.append(cur)
-    return out
-
 
 def run(rank, port, tensors, gib, syncs, modes, out):
     torch.cuda.set_device(rank)
@@ -50,7 +34,7 @@ def run(rank, port, tensors, gib, syncs, modes, out):
     sd = wm.build(torch, tensors, gib, 1 + rank, device=dev)
     total = wm.nbytes(sd)
     names = list(sd)
-    plan = buckets(sd)
+    plan = wm.buckets(sd)
     ack = torch.zeros(1, dtype=torch.int32, device=dev)
     flat_in = torch.empty(total, dtype=torch.uint8, device=dev) if "flat" in modes and rank == 1 else None
     flat_out = torch.empty(total, dtype=torch.uint8, device=dev) if "flat" in modes and rank == 0 else None

@@ -45,6 +45,25 @@ def build(torch, tensors: int, gib: float, seed: int, device="cuda"):
     return sd
 
 
+#: The packed-bucket references' bucket size (1 GiB, as the issue measured).
+BUCKET = 1 << 30
+
+
+def buckets(sd):
+    """The state dict's names in runs of at most BUCKET bytes (a bigger tensor alone), in order."""
+    out, cur, size = [], [], 0
+    for n, t in sd.items():
+        b = t.numel() * t.element_size()
+        if cur and size + b > BUCKET:
+            out.append(cur)
+            cur, size = [], 0
+        cur.append(n)
+        size += b
+    if cur:
+        out.append(cur)
+    return out
+
+
 def nbytes(sd) -> int:
     return sum(t.numel() * t.element_size() for t in sd.values())
 

@@ -21,22 +21,6 @@ from torch.multiprocessing.reductions import reduce_tensor
 
 import weights_model as wm
 
-BUCKET = 1 << 30
-
-
-def buckets(sd):
-    out, cur, size = [], [], 0
-    for n, t in sd.items():
-        b = t.numel() * t.element_size()
-        if cur and size + b > BUCKET:
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(n)
-        size += b
-    if cur:
-        out.append(cur)
-    return out
-
 
 def receiver(mode, tensors, gib, q, ack):
     torch.cuda.init()
@@ -74,7 +58,7 @@ def main():
     p.start()
     sd = wm.build(torch, tensors, gib, 1)
     assert ack.get(timeout=600) == "ready"
-    plan = buckets(sd)
+    plan = wm.buckets(sd)
     times, handles = [], []
     sender_copied = 0
     with torch.no_grad():
