@@ -19,7 +19,7 @@ import { ChunkMover, type ChunkOperation } from './chunk-pipeline.js';
 import { HostArray } from '../arrays/host-array.js';
 import { NCCL_TENSOR_SET_KIND, decodeNcclTensorSet, decodePackedTable, encodeNcclTensorSet, encodePackedTable, type NcclTensorSetRecord } from './nccl-wire.js';
 import { DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, PACK_ALIGN, packOffsets, routeChunks, type ChunkRoute } from './packed-stream.js';
-import { TensorMap, remoteTensorMap, tensorMapContents, type RemoteTensors, type TensorArray } from './tensor-map.js';
+import { TensorMap, isTensorSetValue, remoteTensorMap, tensorMapContents, type RemoteTensors, type TensorArray } from './tensor-map.js';
 import type { TensorLayout } from './wire.js';
 
 /** What sending one set takes, kept per TensorMap while it does not change. */
@@ -230,17 +230,6 @@ class RemoteSet implements RemoteTensors {
   #end(): void {
     this.#lease?.end();
   }
-}
-
-function isTensorArray(v: unknown): v is TensorArray {
-  return v instanceof DeviceArray || v instanceof HostArray;
-}
-
-function isTensorSetValue(v: unknown): v is TensorMap | Map<string, TensorArray> {
-  if (v instanceof TensorMap) return true;
-  if (!(v instanceof Map) || v.size === 0) return false;
-  for (const [k, a] of v) if (typeof k !== 'string' || !isTensorArray(a)) return false;
-  return true;
 }
 
 /** The last table each link decoded: a repeated sync sends the same one. */

@@ -16,6 +16,14 @@ import { invalidArgType } from '../arg-errors.js';
 /** A tensor of a TensorMap: a typed view of device memory or of shared host memory. */
 export type TensorArray = DeviceArray | HostArray;
 
+/** Whether `v` travels as a tensor set: a TensorMap, or a non-empty Map of names to DeviceArrays / HostArrays. */
+export function isTensorSetValue(v: unknown): v is TensorMap | Map<string, TensorArray> {
+  if (v instanceof TensorMap) return true;
+  if (!(v instanceof Map) || v.size === 0) return false;
+  for (const [k, a] of v) if (typeof k !== 'string' || !(a instanceof DeviceArray || a instanceof HostArray)) return false;
+  return true;
+}
+
 /** Where a map's tensors live: 'mixed' when some are on a device and some in host memory. */
 export type TensorMemory = 'device' | 'host' | 'mixed';
 

@@ -20,7 +20,7 @@ import { handlerForKind } from '../link/transfers/handlers.js';
 import { registerTransferHandler, type TransferHandler } from '../link/transfers/transfer.js';
 import type { Link } from '../link/link.js';
 import { HostArray } from '../arrays/host-array.js';
-import { TensorMap, receivedTensorMap, tensorMapContents, type TensorArray } from './tensor-map.js';
+import { TensorMap, isTensorSetValue, receivedTensorMap, tensorMapContents, type TensorArray } from './tensor-map.js';
 import {
   ALLOCATION_KINDS, AllocationKind, TENSOR_SET_KIND, decodeTensorTable, encodeTensorSet, encodeTensorTable, parseTensorSet,
   type AllocationEntry, type TensorLayout, type TensorSpec,
@@ -28,18 +28,6 @@ import {
 
 /** Offset of the pool reference's flags in pool-buffer data (bit 0: the pool's fd is attached). */
 const POOL_FLAGS_AT = 40;
-
-function isTensorArray(v: unknown): v is TensorArray {
-  return v instanceof DeviceArray || v instanceof HostArray;
-}
-
-/** A Map whose values are all DeviceArrays / HostArrays travels as a tensor set too. */
-function isTensorSetValue(v: unknown): v is TensorMap | Map<string, TensorArray> {
-  if (v instanceof TensorMap) return true;
-  if (!(v instanceof Map) || v.size === 0) return false;
-  for (const [k, a] of v) if (typeof k !== 'string' || !isTensorArray(a)) return false;
-  return true;
-}
 
 /** What one allocation of a set to send is: device memory (its shared owner) or a host mapping. */
 type Allocation = { device: SharedMemory; sample: DeviceBuffer } | { host: HostBuffer };
