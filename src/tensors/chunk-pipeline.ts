@@ -19,7 +19,7 @@ import { Event } from '../cuda/event.js';
 import { Stream } from '../cuda/stream.js';
 import { IpcError } from '../errors.js';
 import type { NcclCommunicator } from '../nccl/communicator.js';
-import { launchCopyRuns, planRuns } from './kernels.js';
+import { launchCopyRuns, planRuns, sameBytes } from './kernels.js';
 import type { ChunkRoute } from './packed-stream.js';
 
 /** What each chunk is on the communicator: a send to / receive from one rank, or a broadcast. */
@@ -49,8 +49,6 @@ export class ChunkMover {
   /** The last transfer's completion (close() waits for it). */
   #last: Promise<void> = Promise.resolve();
   #closed = false;
-  /** Bytes moved by this side (sent or received), for stats. */
-  bytes = 0;
 
   /** `ncclStream`: the communicator's own stream (every NCCL operation of a communicator on one stream). */
   constructor(device: Device, ncclStream: Stream) {
@@ -113,7 +111,6 @@ export class ChunkMover {
     this.ncclStream.waitEvent(this.#done);
     const done = this.ncclStream.synchronize().then(() => {
       if (comm.closed) throw new IpcError('ERR_NCCL', 'the NCCL transfer was cut short: its communicator was aborted');
-      for (const r of routes) this.bytes += r.bytes;
     });
     this.#last = done.catch(() => {});
     return { done };
@@ -168,8 +165,9 @@ export class ChunkMover {
 
   #upload(data: Uint8Array): void {
     const t = this.#table;
-    if (data.byteLength === 0 || (t.data.byteLength === data.byteLength && Buffer.compare(t.data, data) === 0)) return;
+    if (data.byteLength === 0 || sameBytes(t.data, data)) return;
     this.device.activate();
+    t.data = new Uint8Array(0);  // until the upload below went out: a failure leaves the table unknown
     if (t.capacity < data.byteLength) {
       // Launches still queued may read the old table: let them finish before it goes.
       if (t.ptr) {

@@ -200,7 +200,8 @@ function tensorKernel(device: Device, name: 'copy_runs' | 'copy_strided'): Kerne
 interface DeviceTable { ptr: bigint; capacity: number; data: Uint8Array; busy: boolean }
 const tables = new Map<Device, DeviceTable>();
 
-function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+/** Whether two run tables hold the same bytes (a repeated transfer uploads nothing). */
+export function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
   return a.byteLength === b.byteLength && Buffer.compare(a, b) === 0;
 }
 
@@ -249,13 +250,11 @@ export function queueDeviceCopies(device: Device, stream: bigint, dsts: BigUint6
       table.data = plan.data.slice();
       out.uploaded = plan.data.byteLength;
     }
-    const args = [arg.ptr(table.ptr), arg.u32(plan.runs), arg.u64(BigInt(plan.chunks)), arg.u64(BigInt(CHUNK_BYTES))];
     const t = table;
     t.busy = true;
     if (!own) out.release = () => { t.busy = false; };
     try {
-      driver.launchKernel(tensorKernel(device, 'copy_runs').handle, runGrid(plan.chunks, device.multiprocessors), 1, 1, RUN_BLOCK_THREADS, 1, 1, 0, stream,
-        packKernelArgs(args), Uint32Array.from(kernelArgLayout(args.map((a) => a.type)).offsets));
+      launchCopyRuns(device, stream, t.ptr, plan.runs, plan.chunks);
     } catch (e) {
       // Nothing reads it: the rows may be uploaded again by the next update.
       t.busy = false;
