@@ -45,7 +45,7 @@ export function printToken(): number {
  * The token given by --token-file FILE (its text, surrounding whitespace removed), or undefined to
  * take CUDA_IPC_TOKEN. A file others may read is used, with a warning.
  */
-export function tokenFromArgs(args: ParsedArgs): string | undefined {
+function tokenFromArgs(args: ParsedArgs): string | undefined {
   const path = stringValue(args, 'token-file');
   if (path === undefined) return undefined;
   let st;

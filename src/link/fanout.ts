@@ -3,14 +3,12 @@
 // per link. How checkpoint-engine and vLLM sync many inference engines: the trainer's bytes leave
 // once, NCCL's broadcast pipelines them down a chain or tree. Receivers need nothing special: they
 // receive as from a single sender (the record says it is a broadcast and gives their rank).
-import { randomBytes } from 'node:crypto';
 import type { Device } from '../cuda/device.js';
 import { IpcError } from '../errors.js';
 import { invalidArgType, invalidArgValue } from '../arg-errors.js';
-import { loadNcclSync } from '../nccl/library.js';
 import type { NcclCommunicator } from '../nccl/communicator.js';
 import type { Link } from './link.js';
-import { LinkComm, addBroadcastComm, queueInTurn, withFanout, type FanoutContext, type Queued } from './nccl-comms.js';
+import { addBroadcastComm, newRootComm, queueInTurn, withFanout, type FanoutContext, type LinkComm, type Queued } from './nccl-comms.js';
 
 /**
  * Sends each message to every link of the fanout; DeviceBuffers, DeviceArrays and TensorMaps in it
@@ -79,9 +77,7 @@ export class Fanout {
   #commFor(device: Device): LinkComm {
     let comm = this.#comms.get(device);
     if (comm && !comm.ended) return comm;
-    const library = loadNcclSync();
-    device.activate();
-    comm = new LinkComm(randomBytes(16), device, this.links.length + 1, 0, true, library.uniqueId());
+    comm = newRootComm(device, this.links.length + 1, true);
     for (const link of this.links) addBroadcastComm(link, comm);
     this.#comms.set(device, comm);
     return comm;

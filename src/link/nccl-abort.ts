@@ -7,6 +7,7 @@
 //   payload = 16-byte communicator id | u32 reason (1..3) | u32 reserved (0) | UTF-8 text (<= 1024 bytes)
 import { FrameType, HEADER_BYTES, NCCL_ABORT_HEAD_BYTES, NCCL_ABORT_TEXT_MAX, writeHeader } from './frame.js';
 import { invalidArgType, outOfRange } from '../arg-errors.js';
+import { COMM_ID_BYTES } from './nccl-records.js';
 
 /** @internal Why an NCCL communicator was aborted (PROTOCOL.md 3, NCCL_ABORT). */
 export type NcclAbortReason =
@@ -26,8 +27,6 @@ export interface NcclAbort {
   readonly text: string;
 }
 
-export const NCCL_COMM_ID_BYTES = 16;
-
 /** The longest prefix of `text`'s UTF-8 that fits `max` bytes without cutting a character. */
 function utf8Prefix(text: string, max: number): Buffer {
   const bytes = Buffer.from(text, 'utf8');
@@ -39,8 +38,8 @@ function utf8Prefix(text: string, max: number): Buffer {
 
 /** A whole NCCL_ABORT frame; TypeError/RangeError for an id that is not 16 bytes or a reason outside 1..3. */
 export function encodeNcclAbort(id: Uint8Array, reason: NcclAbortReason, text: string): Uint8Array {
-  if (!(id instanceof Uint8Array) || id.byteLength !== NCCL_COMM_ID_BYTES) {
-    throw invalidArgType(`an NCCL communicator id is a Uint8Array of ${NCCL_COMM_ID_BYTES} bytes`);
+  if (!(id instanceof Uint8Array) || id.byteLength !== COMM_ID_BYTES) {
+    throw invalidArgType(`an NCCL communicator id is a Uint8Array of ${COMM_ID_BYTES} bytes`);
   }
   if (reason !== 1 && reason !== 2 && reason !== 3) throw outOfRange(`an NCCL_ABORT reason is 1, 2 or 3; got ${String(reason)}`);
   if (typeof text !== 'string') throw invalidArgType('an NCCL_ABORT text is a string');
@@ -57,7 +56,7 @@ export function encodeNcclAbort(id: Uint8Array, reason: NcclAbortReason, text: s
 /** The payload of an NCCL_ABORT frame whose header parseHeader() accepted (length, reason and reserved bytes checked there). */
 export function readNcclAbort(buf: Buffer, view: DataView, payloadLength: number): NcclAbort {
   return {
-    id: new Uint8Array(buf.subarray(HEADER_BYTES, HEADER_BYTES + NCCL_COMM_ID_BYTES)),
+    id: new Uint8Array(buf.subarray(HEADER_BYTES, HEADER_BYTES + COMM_ID_BYTES)),
     reason: view.getUint32(HEADER_BYTES + 16, true) as NcclAbortReason,
     text: buf.toString('utf8', HEADER_BYTES + NCCL_ABORT_HEAD_BYTES, HEADER_BYTES + payloadLength),
   };

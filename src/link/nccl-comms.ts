@@ -283,15 +283,7 @@ export class LinkComm {
   }
 
   #peerText(): string {
-    const remotes = [...this.#links].map((l) => {
-      try {
-        const r = l.remote;
-        return r ? `${r.address}:${r.port}` : `link #${l.id}`;
-      } catch {
-        return `link #${l.id}`;
-      }
-    });
-    return remotes.join(', ');
+    return [...this.#links].map((l) => (l.remote ? `${l.remote.address}:${l.remote.port}` : `link #${l.id}`)).join(', ');
   }
 }
 
@@ -349,17 +341,25 @@ export function preloadNccl(): void {
  * The communicator `link` sends device memory of `device` on: rank 0 of 2, made on first use. Its
  * NCCL side starts once a record naming it went out (`committed`).
  */
-export function outgoingComm(link: Link, device: Device): LinkComm {
+function outgoingComm(link: Link, device: Device): LinkComm {
   const s = stateOf(link);
   let comm = s.outgoing.get(device);
   if (comm && !comm.ended) return comm;
-  const library = loadNcclSync();
-  device.activate();
-  comm = new LinkComm(randomBytes(16), device, 2, 0, false, library.uniqueId());
+  comm = newRootComm(device, 2, false);
   comm.addLink(link);
   s.outgoing.set(device, comm);
   s.byId.set(comm.key, comm);
   return comm;
+}
+
+/**
+ * @internal A communicator this side makes as rank 0 of `nranks` on `device` (a link's own, or a
+ * Fanout's broadcast): a fresh id, and a unique id for the records to carry. Loads NCCL if needed.
+ */
+export function newRootComm(device: Device, nranks: number, broadcast: boolean): LinkComm {
+  const library = loadNcclSync();
+  device.activate();
+  return new LinkComm(randomBytes(16), device, nranks, 0, broadcast, library.uniqueId());
 }
 
 /** @internal Registers a communicator this side made for a broadcast over several links. */
@@ -374,7 +374,7 @@ const announced = new WeakMap<Link, Set<string>>();
 const announcing = new WeakMap<Link, Set<string>>();
 
 /** The reference a record names `comm` by on `link` for the receiver of `rank`. */
-export function commReference(link: Link, comm: LinkComm, rank: number): CommReference {
+function commReference(link: Link, comm: LinkComm, rank: number): CommReference {
   const sent = (announced.get(link)?.has(comm.key) ?? false) || (announcing.get(link)?.has(comm.key) ?? false);
   if (!sent) {
     let pending = announcing.get(link);
@@ -385,7 +385,7 @@ export function commReference(link: Link, comm: LinkComm, rank: number): CommRef
 }
 
 /** A record naming `comm` went out on `link`: later ones there need not carry its unique id, and its NCCL side starts. */
-export function committedOn(link: Link, comm: LinkComm): void {
+function committedOn(link: Link, comm: LinkComm): void {
   let sent = announced.get(link);
   if (!sent) announced.set(link, (sent = new Set()));
   sent.add(comm.key);

@@ -6,11 +6,11 @@
 import { IpcError } from '../errors.js';
 import { MAX_NDIM } from '../ipc/array-meta.js';
 import { dtypeFromWireCode, dtypeInfo, type DType } from '../ipc/dtype.js';
+import { readU64, writeU64 } from './frame.js';
 
 export const NCCL_BUFFER_KIND = 'nccl-buffer';
 
 export const COMM_ID_BYTES = 16;
-export const UNIQUE_ID_BYTES = 128;
 /** Communicator reference, then the u64 sequence. */
 const COMM_REF_BYTES = 160;
 export const TRANSFER_HEAD_BYTES = COMM_REF_BYTES + 8;
@@ -52,14 +52,6 @@ export function malformedRecord(kind: string, why: string): IpcError {
   return new IpcError('ERR_FRAME_INVALID', `a received ${kind} is malformed: ${why}`);
 }
 
-export function readU64(v: DataView, at: number): number {
-  const high = v.getUint32(at + 4, true);
-  return high >= 0x20_0000 ? -1 : high * 0x1_0000_0000 + v.getUint32(at, true);
-}
-export function writeU64(v: DataView, at: number, n: number): void {
-  v.setUint32(at, n % 0x1_0000_0000, true);
-  v.setUint32(at + 4, Math.floor(n / 0x1_0000_0000), true);
-}
 
 /** Writes `head` at the start of `out` (which has room for it). */
 export function writeTransferHead(out: Uint8Array, head: TransferHead): void {

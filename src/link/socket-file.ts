@@ -22,7 +22,7 @@ function codeOf(e: unknown): string | undefined {
 }
 
 /** True when something accepts connections at `path` (a live listener, not a stale file). */
-export function someoneListens(path: string): boolean {
+function someoneListens(path: string): boolean {
   const fd = addon.socket();
   try {
     addon.connect(fd, path);

@@ -61,7 +61,7 @@ export function resolveToken(option: unknown, what: string): Buffer {
 }
 
 /** A 48-byte challenge of `role` with `nonce`. */
-export function encodeChallenge(role: AuthRole, nonce: Uint8Array): Buffer {
+function encodeChallenge(role: AuthRole, nonce: Uint8Array): Buffer {
   const c = Buffer.alloc(CHALLENGE_BYTES);
   c.writeUInt32LE(CHALLENGE_MAGIC, 0);
   c[4] = AUTH_VERSION;
@@ -71,7 +71,7 @@ export function encodeChallenge(role: AuthRole, nonce: Uint8Array): Buffer {
 }
 
 /** The proof a side of `role` sends (or should have sent): PROTOCOL.md 2.3 step 2. */
-export function authProof(token: Uint8Array, role: AuthRole, listenerNonce: Uint8Array, connectorNonce: Uint8Array): Buffer {
+function authProof(token: Uint8Array, role: AuthRole, listenerNonce: Uint8Array, connectorNonce: Uint8Array): Buffer {
   return createHmac('sha256', token).update(LABEL).update(Buffer.of(role)).update(listenerNonce).update(connectorNonce).digest();
 }
 

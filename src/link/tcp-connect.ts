@@ -54,7 +54,7 @@ export interface TcpConnectOptions extends TcpLinkOptions {
 }
 
 /** TCP keepalive (PROTOCOL.md 1.1): probes start after 10 s of silence. */
-export const KEEPALIVE_IDLE_MS = 10_000;
+const KEEPALIVE_IDLE_MS = 10_000;
 
 /**
  * Keepalive and no Nagle, as PROTOCOL.md 1.1 asks. Node sets the idle time; the probe interval

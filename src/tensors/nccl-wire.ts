@@ -3,10 +3,11 @@
 // (link/nccl-records.ts). The table is section 4.2's with the stream as its one allocation. Pure.
 import { dtypeInfo, type DType } from '../ipc/dtype.js';
 import {
-  TRANSFER_HEAD_BYTES as HEAD_BYTES, malformedRecord, readTransferHead, readU64, writeTransferHead, writeU64, type TransferHead,
+  TRANSFER_HEAD_BYTES as HEAD_BYTES, malformedRecord, readTransferHead, writeTransferHead, type TransferHead,
 } from '../link/nccl-records.js';
+import { readU64, writeU64 } from '../link/frame.js';
 import { checkChunkBytes, checkPackedLayout } from './packed-stream.js';
-import { decodeTensorTable, encodeTensorTable, type TensorLayout, type TensorSpec } from './wire.js';
+import { cStrides, decodeTensorTable, encodeTensorTable, type TensorLayout, type TensorSpec } from './wire.js';
 
 export const NCCL_TENSOR_SET_KIND = 'nccl-tensor-set';
 /** After the head: the 'CINT' header of 48 bytes, then the table. */
@@ -32,16 +33,9 @@ export interface PackedSpec {
 
 /** The table of a set to send (what a repeated send of the same tensors repeats byte for byte). */
 export function encodePackedTable(specs: readonly PackedSpec[]): Uint8Array {
-  const tensors: TensorSpec[] = specs.map((s) => {
-    const { itemsize } = dtypeInfo(s.dtype);
-    const strides = new Array<number>(s.shape.length);
-    let step = itemsize;
-    for (let d = s.shape.length - 1; d >= 0; d--) {
-      strides[d] = step;
-      step *= s.shape[d]!;
-    }
-    return { name: s.name, dtype: s.dtype, shape: s.shape, strides, offset: s.offset, allocation: 0 };
-  });
+  const tensors: TensorSpec[] = specs.map((s) => ({
+    name: s.name, dtype: s.dtype, shape: s.shape, strides: cStrides(s.shape, dtypeInfo(s.dtype).itemsize), offset: s.offset, allocation: 0,
+  }));
   return encodeTensorTable(tensors, 1);
 }
 

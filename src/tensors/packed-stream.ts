@@ -77,7 +77,7 @@ export function checkChunkBytes(chunkBytes: number, what: string): void {
 }
 
 /** Chunks of a stream of `length` bytes. */
-export function chunkCount(length: number, chunkBytes: number): number {
+function chunkCount(length: number, chunkBytes: number): number {
   return Math.ceil(length / chunkBytes);
 }
 
