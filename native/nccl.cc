@@ -78,8 +78,7 @@ Napi::Error LoadError(Napi::Env env, const std::string& code, const std::string&
 // ERR_NCCL_VERSION (ncclGetVersion failed).
 Napi::Value Open(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
-  if (info.Length() < 1 || !info[0].IsString()) ThrowType(env, "path must be a string");
-  std::string path = info[0].As<Napi::String>();
+  std::string path = ArgString(info, 0, "path");
   if (path.empty() || path.find('\0') != std::string::npos) ThrowType(env, "path must be a non-empty string without NUL");
   dlerror();
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -135,26 +134,6 @@ Napi::Value Open(const Napi::CallbackInfo& info) {
 // ---------------------------------------------------------------------------------------------
 // The CUDA context around calls.
 
-struct ContextFunctions {
-  cuabi::PFN_cuCtxGetCurrent get = nullptr;
-  cuabi::PFN_cuCtxSetCurrent set = nullptr;
-};
-std::mutex g_contextMutex;
-ContextFunctions g_context;
-
-// Resolved on first use (a missing driver throws CudaError and is asked again next time).
-ContextFunctions Contexts(Napi::Env env) {
-  std::lock_guard<std::mutex> lock(g_contextMutex);
-  if (!g_context.get) {
-    auto get = reinterpret_cast<cuabi::PFN_cuCtxGetCurrent>(ResolveDriverEntry(env, "cuCtxGetCurrent", cuabi::kCudaAbiVersion));
-    auto set = reinterpret_cast<cuabi::PFN_cuCtxSetCurrent>(ResolveDriverEntry(env, "cuCtxSetCurrent", cuabi::kCudaAbiVersion));
-    if (!get || !set) throw Napi::Error::New(env, "the CUDA driver does not provide cuCtxGetCurrent / cuCtxSetCurrent");
-    g_context.get = get;
-    g_context.set = set;
-  }
-  return g_context;
-}
-
 // Makes `ctx` current on this thread for the scope's life, then puts back what was current before
 // (also when NCCL changed it meanwhile). A null ctx leaves the thread alone: a communicator made
 // for tests with a stand-in device (src/nccl/testing.ts), where no driver is needed.
@@ -162,25 +141,19 @@ class ContextScope {
  public:
   ContextScope(Napi::Env env, CUcontext ctx) {
     if (!ctx) return;
-    fns_ = Contexts(env);
-    CUresult r = fns_.get(&previous_);
-    if (r != cuabi::CUDA_SUCCESS) ThrowCuda(env, r, "cuCtxGetCurrent");
-    if (previous_ != ctx) {
-      r = fns_.set(ctx);
-      if (r != cuabi::CUDA_SUCCESS) ThrowCuda(env, r, "cuCtxSetCurrent");
-    }
+    CU_CALL(env, cuCtxGetCurrent, &previous_);
+    if (previous_ != ctx) CU_CALL(env, cuCtxSetCurrent, ctx);
     active_ = true;
   }
   ~ContextScope() {
-    if (!active_) return;
+    if (!active_) return;  // active: the driver is loaded (the constructor called it)
     CUcontext now = nullptr;
-    if (fns_.get(&now) != cuabi::CUDA_SUCCESS || now != previous_) fns_.set(previous_);
+    if (g_driver.cuCtxGetCurrent(&now) != cuabi::CUDA_SUCCESS || now != previous_) g_driver.cuCtxSetCurrent(previous_);
   }
   ContextScope(const ContextScope&) = delete;
   ContextScope& operator=(const ContextScope&) = delete;
 
  private:
-  ContextFunctions fns_;
   CUcontext previous_ = nullptr;
   bool active_ = false;
 };
@@ -193,8 +166,6 @@ struct Comm {
   CUcontext ctx;
 };
 
-struct EndResult;
-
 struct NcclEnvState {
   std::unordered_map<ncclComm_t, Comm> comms;
   // Threads running ncclCommAbort / ncclCommDestroy, by id; joined when they report, or at teardown.
@@ -203,21 +174,13 @@ struct NcclEnvState {
 };
 thread_local NcclEnvState* t_nccl = nullptr;
 
-template <class T> T ArgPointer(const Napi::CallbackInfo& info, size_t i, const char* what) {
-  return reinterpret_cast<T>(static_cast<uintptr_t>(ArgU64(info, i, what)));
-}
-
-Napi::BigInt HandleValue(Napi::Env env, const void* p) {
-  return U64(env, static_cast<uint64_t>(reinterpret_cast<uintptr_t>(p)));
-}
-
 struct CommArg {
   ncclComm_t comm;
   Comm entry;
 };
 
 CommArg ArgComm(const Napi::CallbackInfo& info, size_t i) {
-  auto comm = ArgPointer<ncclComm_t>(info, i, "comm");
+  auto comm = ArgHandle<ncclComm_t>(info, i, "comm");
   auto it = t_nccl->comms.find(comm);
   if (comm == nullptr || it == t_nccl->comms.end()) {
     ThrowType(info.Env(), "comm is not an open NCCL communicator of this thread (it was aborted or destroyed)");
@@ -268,16 +231,13 @@ Napi::Value GetUniqueId(const Napi::CallbackInfo& info) {
 Napi::Value CommInitRankConfig(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Library* lib = ArgLibrary(info, 0);
-  auto ctx = ArgPointer<CUcontext>(info, 1, "context");
+  auto ctx = ArgHandle<CUcontext>(info, 1, "context");
   int nranks = ArgI32(info, 2, "nranks");
-  Bytes idBytes = ArgBytes(info, 3, "uniqueId");
-  if (idBytes.length != kUniqueIdBytes) ThrowType(env, "uniqueId must be exactly 128 bytes");
-  int rank = ArgI32(info, 4, "rank");
-  if (info.Length() < 6 || !info[5].IsBoolean()) ThrowType(env, "blocking must be a boolean");
-  bool blocking = info[5].As<Napi::Boolean>();
-
   ncclUniqueId id;
-  std::memcpy(id.internal, idBytes.data, kUniqueIdBytes);
+  ArgFixedBytes<kUniqueIdBytes>(info, 3, "uniqueId", id.internal);
+  int rank = ArgI32(info, 4, "rank");
+  bool blocking = ArgBool(info, 5, "blocking");
+
   ncclConfig_v21700 config;
   std::memset(&config, 0, sizeof config);
   config.size = sizeof config;
@@ -331,22 +291,22 @@ COMM_QUERY(CommUserRank, ncclCommUserRank)
 // ncclSend / ncclRecv(comm, pointer, count, datatype, peer, stream) -> result.
 Napi::Value Send(const Napi::CallbackInfo& info) {
   CommArg c = ArgComm(info, 0);
-  auto ptr = ArgPointer<const void*>(info, 1, "pointer");
+  auto ptr = ArgHandle<const void*>(info, 1, "pointer");
   size_t count = ArgSize(info, 2, "count");
   int datatype = ArgI32(info, 3, "datatype");
   int peer = ArgI32(info, 4, "peer");
-  auto stream = ArgPointer<cudaStream_t>(info, 5, "stream");
+  auto stream = ArgHandle<cudaStream_t>(info, 5, "stream");
   ContextScope scope(info.Env(), c.entry.ctx);
   return Napi::Number::New(info.Env(), c.entry.lib->ncclSend(ptr, count, datatype, peer, c.comm, stream));
 }
 
 Napi::Value Recv(const Napi::CallbackInfo& info) {
   CommArg c = ArgComm(info, 0);
-  auto ptr = ArgPointer<void*>(info, 1, "pointer");
+  auto ptr = ArgHandle<void*>(info, 1, "pointer");
   size_t count = ArgSize(info, 2, "count");
   int datatype = ArgI32(info, 3, "datatype");
   int peer = ArgI32(info, 4, "peer");
-  auto stream = ArgPointer<cudaStream_t>(info, 5, "stream");
+  auto stream = ArgHandle<cudaStream_t>(info, 5, "stream");
   ContextScope scope(info.Env(), c.entry.ctx);
   return Napi::Number::New(info.Env(), c.entry.lib->ncclRecv(ptr, count, datatype, peer, c.comm, stream));
 }
@@ -354,12 +314,12 @@ Napi::Value Recv(const Napi::CallbackInfo& info) {
 // ncclBroadcast(comm, sendPointer, recvPointer, count, datatype, root, stream) -> result.
 Napi::Value Broadcast(const Napi::CallbackInfo& info) {
   CommArg c = ArgComm(info, 0);
-  auto send = ArgPointer<const void*>(info, 1, "sendPointer");
-  auto recv = ArgPointer<void*>(info, 2, "recvPointer");
+  auto send = ArgHandle<const void*>(info, 1, "sendPointer");
+  auto recv = ArgHandle<void*>(info, 2, "recvPointer");
   size_t count = ArgSize(info, 3, "count");
   int datatype = ArgI32(info, 4, "datatype");
   int root = ArgI32(info, 5, "root");
-  auto stream = ArgPointer<cudaStream_t>(info, 6, "stream");
+  auto stream = ArgHandle<cudaStream_t>(info, 6, "stream");
   ContextScope scope(info.Env(), c.entry.ctx);
   return Napi::Number::New(info.Env(), c.entry.lib->ncclBroadcast(send, recv, count, datatype, root, c.comm, stream));
 }
@@ -405,9 +365,15 @@ void EndCallJs(napi_env env, napi_value callback, void* context, void* data) {
 }
 
 ncclResult_t EndOnThisThread(ncclComm_t comm, const Comm& c, bool abort, std::string* lastError) {
-  // A thread of our own has no current context; NCCL's teardown works on the communicator's device.
-  if (c.ctx && g_context.set) g_context.set(c.ctx);
+  // NCCL's teardown works on the communicator's device: its context current meanwhile (a thread of
+  // our own has none), then what was current put back (this may be the JavaScript thread, at exit or
+  // where no thread could start, whose current context src/cuda/device.ts caches). The driver is
+  // loaded: a communicator with a context was made inside a ContextScope.
+  CUcontext previous = nullptr;
+  bool switched = c.ctx && g_driver.cuCtxGetCurrent(&previous) == cuabi::CUDA_SUCCESS && previous != c.ctx &&
+                  g_driver.cuCtxSetCurrent(c.ctx) == cuabi::CUDA_SUCCESS;
   ncclResult_t r = abort ? c.lib->ncclCommAbort(comm) : c.lib->ncclCommDestroy(comm);
+  if (switched) g_driver.cuCtxSetCurrent(previous);
   if (r != ncclSuccess && lastError) {
     const char* s = c.lib->ncclGetLastError(nullptr);
     if (s) *lastError = s;
@@ -418,10 +384,8 @@ ncclResult_t EndOnThisThread(ncclComm_t comm, const Comm& c, bool abort, std::st
 Napi::Value CommEnd(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   CommArg c = ArgComm(info, 0);
-  if (info.Length() < 2 || !info[1].IsBoolean()) ThrowType(env, "abort must be a boolean");
-  bool abort = info[1].As<Napi::Boolean>();
+  bool abort = ArgBool(info, 1, "abort");
   if (info.Length() < 3 || !info[2].IsFunction()) ThrowType(env, "callback must be a function");
-  if (c.entry.ctx) Contexts(env);  // resolved here, where a failure can throw
   napi_threadsafe_function tsfn = nullptr;
   napi_value name = Napi::String::New(env, abort ? "cuda-ipc ncclCommAbort" : "cuda-ipc ncclCommDestroy");
   if (napi_create_threadsafe_function(env, info[2], nullptr, name, 0, 1, nullptr, nullptr, nullptr, EndCallJs, &tsfn) != napi_ok) {

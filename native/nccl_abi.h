@@ -28,7 +28,6 @@ constexpr ncclResult_t ncclInvalidArgument = 4;
 constexpr ncclResult_t ncclInvalidUsage = 5;
 constexpr ncclResult_t ncclRemoteError = 6;
 constexpr ncclResult_t ncclInProgress = 7;
-constexpr ncclResult_t ncclNumResults = 9;  // 2.28 has ncclTimeout = 8 too; names come from TypeScript
 
 typedef int ncclDataType_t;
 constexpr ncclDataType_t ncclInt8 = 0;
