@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 import time
 import warnings
-from collections.abc import Sequence
-from typing import Any, Iterator, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, Iterator, NoReturn, TypeVar
 
 from ..errors import IpcError
 from ..host import HostBuffer
@@ -20,6 +20,9 @@ from .part import ChannelEnd
 from .native_slot_ring import TAKEN_DETACHED
 from .slot_ring import corrupt
 from .._renamed import renamed_attribute
+
+#: What a consumer's poll gives: a message (or None), or a list of them.
+_Got = TypeVar("_Got")
 
 
 class ChannelConsumer(ChannelEnd):
@@ -51,24 +54,9 @@ class ChannelConsumer(ChannelEnd):
         """The next message; None once the channel ended cleanly (every producer ended and all their
         messages were taken) or this end was closed. Raises ERR_PEER_GONE, after the messages already
         published, when a producer died; ERR_TIMEOUT after ``timeout`` seconds."""
-        e = self._end
-        if e.closed:
+        if self._end.closed:
             raise closed_error("receive")
-        deadline = None  # read from the clock only once a wait begins (not in the usual case)
-        with e.lock:
-            while True:
-                m = self._poll()
-                if m is not None or self._ended or e.closed:
-                    return m
-                if timeout is not None:
-                    if deadline is None:
-                        deadline = time.monotonic() + timeout
-                    if time.monotonic() >= deadline:
-                        # A wake-up meant for this end must not be lost with its timeout: pass it on.
-                        if not e.closed and not e.ring.is_empty(self._cursor):
-                            e.ring.signal_data()
-                        raise IpcError("ERR_TIMEOUT", "channel receive: no message within the timeout")
-                e.park(self._can_receive, deadline)
+        return self._wait_for(self._poll, timeout, "receive")
 
     def receive_many(self, max_count: int = 64, timeout: float | None = None) -> "list[ChannelMessage]":
         """Every message there is now, up to ``max_count`` (taken with one call where the native helper
@@ -80,19 +68,26 @@ class ChannelConsumer(ChannelEnd):
             raise closed_error("receive_many")
         if type(max_count) is not int or max_count < 1:
             raise IpcError("ERR_OUT_OF_RANGE", f"receive_many: max_count must be a positive int; got {max_count!r}")
-        deadline = None
+        return self._wait_for(lambda: self._poll_many(max_count), timeout, "receive_many")
+
+    def _wait_for(self, poll: Callable[[], _Got], timeout: float | None, what: str) -> _Got:
+        """What ``poll()`` gives (a message, or a non-empty list of them), waiting until there is some;
+        an empty result once the channel ended cleanly or this end closed. ERR_TIMEOUT after ``timeout``."""
+        e = self._end
+        deadline = None  # read from the clock only once a wait begins (not in the usual case)
         with e.lock:
             while True:
-                ms = self._poll_many(max_count)
-                if ms or self._ended or e.closed:
-                    return ms
+                got = poll()
+                if got or self._ended or e.closed:
+                    return got
                 if timeout is not None:
                     if deadline is None:
                         deadline = time.monotonic() + timeout
                     if time.monotonic() >= deadline:
+                        # A wake-up meant for this end must not be lost with its timeout: pass it on.
                         if not e.closed and not e.ring.is_empty(self._cursor):
                             e.ring.signal_data()
-                        raise IpcError("ERR_TIMEOUT", "channel receive_many: no message within the timeout")
+                        raise IpcError("ERR_TIMEOUT", f"channel {what}: no message within the timeout")
                 e.park(self._can_receive, deadline)
 
     def poll(self) -> "ChannelMessage | None":
