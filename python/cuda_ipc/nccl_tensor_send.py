@@ -22,9 +22,7 @@ from .device import Device
 from .errors import IpcError
 from .host import HostBuffer
 from .host_array import HostArray
-from .link.deferred import Completion
 from .link.handlers import TransferEncoding
-from .link.lease import Hold
 from .link.nccl_comms import LinkComm, check_peer
 from .link.nccl_outgoing import begin_outgoing
 from .chunk_pipeline import ChunkOperation, mover_of
@@ -213,24 +211,6 @@ def encode_tensor_set(value: SharedTensors | TensorMap, link: Link) -> TransferE
         out.abandoned()
         let_go()
         raise
-    state: dict[str, Any] = {"committed": False, "sent": None, "keep": keep}
-
-    def gone(_c: object = None) -> None:
-        if state.pop("keep", _GONE) is not _GONE:  # once: the memory may go
-            let_go()
-
-    def release() -> None:
-        out.released()
-        if not state["committed"]:
-            out.abandoned()
-            for ev in events:
-                ev.close()
-        sent: Completion | None = state["sent"]
-        if sent is None:
-            gone()
-        else:
-            sent.add_callback(gone)
-
     def start(lc: LinkComm, c: NcclCommunicator) -> None:
         how = ChunkOperation("broadcast", 0) if lc.broadcast else ChunkOperation("send", 1)
         try:
@@ -239,14 +219,8 @@ def encode_tensor_set(value: SharedTensors | TensorMap, link: Link) -> TransferE
             for ev in events:
                 ev.close()
 
-    def on_commit() -> None:
-        state["committed"] = True
-        state["sent"] = out.committed(start)
-    return TransferEncoding(data=data, hold=Hold(release, plan.packed_length), on_commit=on_commit, kind=NCCL_TENSOR_SET_KIND)
+    return out.encoding(data, plan.packed_length, NCCL_TENSOR_SET_KIND, start, events, keep, let_go)
 
 
 def _nothing() -> None:
     pass
-
-
-_GONE = object()

@@ -40,7 +40,7 @@ from .nccl import NcclCommunicator
 from .nccl_records import NCCL_TENSOR_SET_KIND, NcclTensorSetRecord, decode_nccl_tensor_set, decode_packed_table
 from .nccl_tensor_send import encode_tensor_set, is_nccl_tensor_set_value
 from .packed_stream import ChunkRoute, PlacedTensor, route_chunks
-from .streams import Event
+from .streams import Event, after_producer
 from .host_array import HostArray
 from .tensor_map import _CREATE, TensorMap
 from .tensor_set import SharedTensors
@@ -327,15 +327,10 @@ def update_from_remote(dst: Mapping[str, Any], ts: TensorMap, *, stream: Any, st
     with device.activate():
         handle = upd._stream_handle(stream, device.ordinal)
     # The parameters may still be in use by work queued on the caller's stream: NCCL writes after it.
-    ev = Event(device)
-    try:
-        ev.record(handle)
-    except BaseException:
-        ev.close()
-        raise
+    ev = after_producer(device, handle)
     times: dict[str, float] = {}
     t1 = time.perf_counter()
-    done = ts._receive_into(rp.routes, (ev,), times)
+    done = ts._receive_into(rp.routes, () if ev is None else (ev,), times)
     await_settled(ts._link, done, None)
     done.result()
     t2 = time.perf_counter()

@@ -9,18 +9,16 @@ receive as from a single sender (the record says it is a broadcast and gives the
 """
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterable
 from typing import Any
 
 from ..device import Device
 from ..errors import IpcError
-from ..nccl import load_nccl
 from .deferred import Completion
 from .link import Link
 from .nccl_abort import ABORT_CANNOT_TAKE
-from .nccl_comms import LinkComm, StartWork, add_broadcast_comm
+from .nccl_comms import LinkComm, StartWork, add_broadcast_comm, new_root_comm
 from .nccl_outgoing import FanoutContext, with_fanout
 
 
@@ -96,10 +94,7 @@ class Fanout:
         comm = self._comms.get(device.uuid)
         if comm is not None and comm.ended is None:
             return comm
-        library = load_nccl()
-        with device.activate():
-            uid = library.unique_id()
-        comm = LinkComm(os.urandom(16), device, len(self.links) + 1, 0, True, uid)
+        comm = new_root_comm(device, len(self.links) + 1, True)
         for link in self.links:
             add_broadcast_comm(link, comm)
         self._comms[device.uuid] = comm

@@ -31,10 +31,9 @@ from ..nccl_records import NCCL_BUFFER_KIND, decode_nccl_buffer, encode_nccl_buf
 from ..streams import Event, after_producer, producer_stream
 from .deferred import Completion, DeferredValue
 from .handlers import TransferEncoding, TransferHandler, register_transfer_handler
-from .lease import Hold
 from .nccl_abort import ABORT_CANNOT_TAKE
 from .nccl_comms import LinkComm, check_peer, incoming_comm
-from .nccl_outgoing import begin_outgoing
+from .nccl_outgoing import OutgoingTransfer, begin_outgoing
 
 if TYPE_CHECKING:
     from .lease import ReceivedLease
@@ -62,8 +61,6 @@ class Source(NamedTuple):
 def _nothing() -> None:
     pass
 
-
-_GONE = object()
 
 
 def describe_source(value: Any, what: str = "link.send") -> Source:
@@ -167,26 +164,9 @@ class _NcclBufferTransfer(TransferHandler[Any]):
         return DeferredValue(value, ready)
 
 
-def _sending(out: Any, src: Source, data: bytes, ready: Event | None) -> TransferEncoding:
+def _sending(out: OutgoingTransfer, src: Source, data: bytes, ready: Event | None) -> TransferEncoding:
     """The encoding of one send: the memory kept until the peer has it and NCCL is done reading it."""
-    state: dict[str, Any] = {"committed": False, "sent": None, "keep": src.keep}
     ptr, nbytes = src.ptr, src.nbytes
-
-    def let_go(_c: object = None) -> None:
-        if state.pop("keep", _GONE) is not _GONE:  # once: the memory may go
-            src.let_go()
-
-    def release() -> None:
-        out.released()
-        if not state["committed"]:
-            out.abandoned()
-            if ready is not None:
-                ready.close()
-        sent: Completion | None = state["sent"]
-        if sent is None:
-            let_go()
-        else:
-            sent.add_callback(let_go)
 
     def start(lc: LinkComm, c: NcclCommunicator) -> None:
         if ready is not None:
@@ -196,11 +176,7 @@ def _sending(out: Any, src: Source, data: bytes, ready: Event | None) -> Transfe
             c.broadcast(ptr, nbytes, 0, stream=lc.stream.handle)
         else:
             c.send(ptr, nbytes, 1, stream=lc.stream.handle)
-
-    def on_commit() -> None:
-        state["committed"] = True
-        state["sent"] = out.committed(start)
-    return TransferEncoding(data=data, hold=Hold(release, nbytes), on_commit=on_commit, kind=NCCL_BUFFER_KIND)
+    return out.encoding(data, nbytes, NCCL_BUFFER_KIND, start, [] if ready is None else [ready], src.keep, src.let_go)
 
 
 def _allocate(nbytes: int, array: tuple[str, tuple[int, ...]] | None, device: Device) -> tuple[Any, int, Event | None, Callable[[], None]]:

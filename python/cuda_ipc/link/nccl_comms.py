@@ -443,6 +443,15 @@ def check_peer(link: Link, what: str) -> None:
                        "did not say so: an older cuda-ipc); copy it to host memory first (bytes, or a HostBuffer, which a TCP link copies)")
 
 
+def new_root_comm(device: Device, nranks: int, broadcast: bool) -> LinkComm:
+    """A communicator this side makes as rank 0 of ``nranks`` on ``device`` (a link's own, or a Fanout's
+    broadcast): a fresh id, and a unique id for the records to carry. Loads NCCL if needed."""
+    library = load_nccl()
+    with device.activate():  # as Node: NCCL may touch CUDA making the id; let it find this device's context
+        uid = library.unique_id()
+    return LinkComm(os.urandom(16), device, nranks, 0, broadcast, uid)
+
+
 def outgoing_comm(link: Link, device: Device) -> LinkComm:
     """The communicator ``link`` sends device memory of ``device`` on: rank 0 of 2, made on first use
     (ERR_NCCL_UNAVAILABLE when there is no NCCL). Its NCCL side starts once a record naming it went out."""
@@ -451,10 +460,7 @@ def outgoing_comm(link: Link, device: Device) -> LinkComm:
         comm = s.outgoing.get(device.uuid)
         if comm is not None and comm.ended is None:
             return comm
-    library = load_nccl()
-    with device.activate():  # as Node: NCCL may touch CUDA making the id; let it find this device's context
-        uid = library.unique_id()
-    comm = LinkComm(os.urandom(16), device, 2, 0, False, uid)
+    comm = new_root_comm(device, 2, False)
     comm.add_link(link)
     with s.lock:
         s.outgoing[device.uuid] = comm

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..device import Device
 from ..nccl_records import CommReference
 from .deferred import Completion
+from .handlers import TransferEncoding
+from .lease import Hold
 from .nccl_comms import LinkComm, StartWork, comm_reference, committed_on, not_sent, outgoing_comm, state_of
 
 if TYPE_CHECKING:
+    from ..streams import Event
     from .link import Link
+
+_GONE = object()
 
 
 
@@ -40,6 +45,35 @@ class OutgoingTransfer:
         sent = self._queue(start)
         state_of(self._link).track(sent, self._released)
         return sent
+
+    def encoding(self, data: bytes, nbytes: int, kind: str, start: StartWork, events: list[Event], keep: Any,
+                 let_go: Callable[[], None]) -> TransferEncoding:
+        """The message's encoding: once it went out, ``start`` queues the NCCL work in its turn (waiting
+        for ``events``, the producers' work, and closing them). Its hold keeps ``keep`` and calls
+        ``let_go`` once the peer released it and NCCL is done reading the memory (sent, or aborted with
+        the link); a message that never went out gives its sequence number back and closes ``events``."""
+        state: dict[str, Any] = {"committed": False, "sent": None, "keep": keep}
+
+        def gone(_c: object = None) -> None:
+            if state.pop("keep", _GONE) is not _GONE:  # once: the memory may go
+                let_go()
+
+        def release() -> None:
+            self.released()
+            if not state["committed"]:
+                self.abandoned()
+                for ev in events:
+                    ev.close()
+            sent: Completion | None = state["sent"]
+            if sent is None:
+                gone()
+            else:
+                sent.add_callback(gone)
+
+        def on_commit() -> None:
+            state["committed"] = True
+            state["sent"] = self.committed(start)
+        return TransferEncoding(data=data, hold=Hold(release, nbytes), on_commit=on_commit, kind=kind)
 
     def released(self) -> None:
         """The peer released the value (its bytes arrived there, or it gave up on them), or the link
