@@ -20,6 +20,7 @@ import { asNcclUniqueId, type NcclUniqueId } from '../nccl/unique-id.js';
 import type { Link } from './link.js';
 import type { NcclAbort, NcclAbortReason } from './nccl-abort.js';
 import type { CommReference } from './nccl-records.js';
+import type { TransferEncoding } from './transfers/handlers.js';
 import { linkWorkingDevice } from './working-device.js';
 
 /** How often a communicator with work in flight is asked for asynchronous errors. */
@@ -451,6 +452,32 @@ export interface OutgoingTransfer {
   released(): void;
   /** The message did not go out: the sequence number goes back for the next one. */
   abandoned(): void;
+}
+
+/**
+ * A handler's encoding of one NCCL transfer `out`: once the message went out, `start` queues the
+ * NCCL work in its turn; the hold (`bytes` for accounting) calls `letGo` once the peer released
+ * the value and NCCL is done reading the memory (sent, or aborted with the link).
+ */
+export function ncclEncoding(out: OutgoingTransfer, data: Uint8Array, bytes: number, letGo: () => void,
+  start: (comm: NcclCommunicator) => Promise<Queued>): TransferEncoding {
+  let committed = false;
+  let sent: Promise<void> = Promise.resolve();
+  return {
+    data,
+    hold: {
+      bytes,
+      release: () => {
+        out.released();
+        if (!committed) out.abandoned();
+        void sent.finally(letGo);
+      },
+    },
+    onCommit: () => {
+      committed = true;
+      sent = out.committed(start);
+    },
+  };
 }
 
 /** A Fanout sending one message to several links (fanout.ts): the communicator and rank per link. */

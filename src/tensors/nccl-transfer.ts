@@ -12,7 +12,7 @@ import { DeviceArray } from '../arrays/device-array.js';
 import { dtypeInfo } from '../ipc/dtype.js';
 import type { ReceivedLease } from '../link/lease.js';
 import type { Link } from '../link/link.js';
-import { beginOutgoing, incomingComm, type LinkComm } from '../link/nccl-comms.js';
+import { beginOutgoing, incomingComm, ncclEncoding, type LinkComm } from '../link/nccl-comms.js';
 import { registerTransferHandler, type TransferHandler } from '../link/transfers/transfer.js';
 import { countTraffic, type TrafficLink } from '../observe/hooks.js';
 import { ChunkMover, type ChunkOperation } from './chunk-pipeline.js';
@@ -259,30 +259,14 @@ export const ncclTensorSetTransfer: TransferHandler<TensorMap | Map<string, Tens
     const out = beginOutgoing(l, plan.device);
     const data = encodeNcclTensorSet({ comm: out.reference, sequence: out.sequence }, plan.table, plan.count, plan.packedLength, plan.chunkBytes);
     const releases = plan.memories.map((m) => m.lease());
-    let committed = false;
-    let sent: Promise<void> = Promise.resolve();
-    return {
-      data,
-      hold: {
-        bytes: plan.packedLength,
-        release: () => {
-          out.released();
-          if (!committed) out.abandoned();
-          // The memory goes back once NCCL is done reading it too (sent, or aborted with the link).
-          void sent.finally(() => { for (const r of releases) r(); });
-        },
-      },
-      onCommit: () => {
-        committed = true;
-        const comm = out.comm;
-        const how: ChunkOperation = comm.broadcast ? { op: 'broadcast', root: 0 } : { op: 'send', peer: 1 };
-        sent = out.committed(async (c) => {
-          const q = await moverOf(comm).queue(c, how, plan.routes);
-          q.done.then(() => countTraffic(l as TrafficLink, 'ncclSent', plan.packedLength), () => {});
-          return q;
-        });
-      },
-    };
+    const comm = out.comm;
+    const how: ChunkOperation = comm.broadcast ? { op: 'broadcast', root: 0 } : { op: 'send', peer: 1 };
+    // The memory goes back once the peer has it and NCCL is done reading it (sent, or aborted with the link).
+    return ncclEncoding(out, data, plan.packedLength, () => { for (const r of releases) r(); }, async (c) => {
+      const q = await moverOf(comm).queue(c, how, plan.routes);
+      q.done.then(() => countTraffic(l as TrafficLink, 'ncclSent', plan.packedLength), () => {});
+      return q;
+    });
   },
   decode(data, fds, link, lease) {
     const l = link as Link;

@@ -10,7 +10,7 @@ import { DeviceArray } from '../../arrays/device-array.js';
 import { countTraffic, type TrafficLink } from '../../observe/hooks.js';
 import { DeferredValue } from './handlers.js';
 import type { Link } from '../link.js';
-import { beginOutgoing, incomingComm, type LinkComm } from '../nccl-comms.js';
+import { beginOutgoing, incomingComm, ncclEncoding, type LinkComm } from '../nccl-comms.js';
 import { decodeNcclBuffer, encodeNcclBuffer, NCCL_BUFFER_KIND } from '../nccl-records.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 
@@ -47,29 +47,12 @@ export const ncclBufferTransfer: TransferHandler<DeviceValue> = {
     const data = encodeNcclBuffer({ comm: out.reference, sequence: out.sequence, byteLength: bytes, deviceUuid: buffer.device.uuidBytes, array });
     // The memory stays until the peer has it (its RELEASE) and NCCL is done reading it (the send
     // finished, or was aborted with the link), whichever is later.
-    const release = buffer.memory.lease();
-    let committed = false;
-    let sent: Promise<void> = Promise.resolve();
-    return {
-      data,
-      hold: {
-        bytes,
-        release: () => {
-          out.released();
-          if (!committed) out.abandoned();
-          void sent.finally(release);
-        },
-      },
-      onCommit: () => {
-        committed = true;
-        const comm = out.comm;
-        sent = out.committed(async () => {
-          const q = await queueOne(comm, comm.broadcast ? 'broadcast' : 'send', pointer, bytes, comm.broadcast ? 0 : 1);
-          q.done.then(() => countTraffic(l as TrafficLink, 'ncclSent', bytes), () => {});
-          return q;
-        });
-      },
-    };
+    const comm = out.comm;
+    return ncclEncoding(out, data, bytes, buffer.memory.lease(), async () => {
+      const q = await queueOne(comm, comm.broadcast ? 'broadcast' : 'send', pointer, bytes, comm.broadcast ? 0 : 1);
+      q.done.then(() => countTraffic(l as TrafficLink, 'ncclSent', bytes), () => {});
+      return q;
+    });
   },
   decode(data, fds, link, lease) {
     const l = link as Link;
