@@ -1,6 +1,6 @@
 // The hot path of a Python channel end, in C: one call per channel operation (acquire, publish,
 // take, a batch of takes, release) instead of several ctypes calls to libatomic and tens of Python
-// steps each. Loaded by python/cuda_ipc/native.py with ctypes; the Python package keeps its own
+// steps each; a take also reads the message's record, checked). Loaded by python/cuda_ipc/native.py with ctypes; the Python package keeps its own
 // pure standard-library path (python/cuda_ipc/channel/slot_ring.py) for where this library is missing,
 // and each function here is the same steps as the method of the same name there, with the same
 // memory orders (docs/channel-protocol.md sections 4 and 5):
@@ -30,7 +30,7 @@
 #define CIP_EXPORT __attribute__((visibility("default")))
 
 // Bumped with every change of a signature or of struct cip_ring: Python refuses another version.
-#define CIP_ABI_VERSION 1
+#define CIP_ABI_VERSION 2
 
 // Layout version 4 (docs/channel-protocol.md section 3; python/cuda_ipc/channel/layout.py).
 enum {
@@ -39,9 +39,9 @@ enum {
   H_SPACE_SEQ = 256, H_SPACE_SLEEPERS = 260, HEADER_BYTES = 320,
   P_STATE = 0, ST_ALIVE = 1,
   S_STATE = 0, S_HOLDERS = 4, S_POSITION = 8, S_LENGTH = 16, S_META_LENGTH = 24, S_META_KIND = 28,
-  S_PUBLISHER = 32, S_LAST_HOLDERS = 36, S_DELIVERIES = 40, S_META = 64,
+  S_PUBLISHER = 32, S_LAST_HOLDERS = 36, S_DELIVERIES = 40, S_TICKET = 44, S_META = 64,
   KIND_FREE = 0, KIND_WRITING = 1, KIND_PUBLISHED = 2, KIND_TAKEN = 3,
-  GEN_SHIFT = 17,
+  GEN_SHIFT = 17, FLAG_REDELIVERED = 1 << 16, META_KIND_MAX = 2,
 };
 #define GEN_MASK (0x7FFFu << GEN_SHIFT)
 #define MAX_U53 (UINT64_C(1) << 53)
@@ -58,8 +58,11 @@ enum {
 };
 // publish: 0 ok, 1 busy (the lock stayed taken: nothing changed), 2 dropped, 3 detached.
 enum { PUB_OK = 0, PUB_BUSY = 1, PUB_DROPPED = 2, PUB_DETACHED = 3 };
-// take / take_many: set on a result when this participant is no longer alive after taking.
+// take_message / take_messages: set on a result when this participant is no longer alive after taking.
 #define CIP_TAKEN_DETACHED (1 << 24)
+// take_message / take_messages: set on a result when the (last) message's record does not fit the
+// layout (a length over the slot, meta over meta_bytes, an unknown meta kind): the slot stays taken.
+#define CIP_TAKEN_BAD (1 << 25)
 // What r->error says about CIP_CORRUPT (Python formats the message from it and error_a/error_b).
 enum { ERR_TAIL = 1, ERR_HEAD = 2, ERR_SPAN = 3, ERR_RING_SLOT = 4, ERR_AHEAD = 5 };
 
@@ -79,6 +82,8 @@ struct cip_ring {
   uint32_t slot_records_offset;
   uint32_t slot_record_bytes;
   uint32_t meta_bytes;
+  uint32_t slot_bytes_lo;  // the data slots' size (a message's length is at most this)
+  uint32_t slot_bytes_hi;
   uint32_t expect_consumers;
   uint32_t hint;         // producers: where the next claim starts
   uint32_t rotor;        // which sleeping consumer a wake-one starts at
@@ -87,8 +92,27 @@ struct cip_ring {
   int32_t bells[32];     // participant k's eventfd
 };
 
+// What a consumer takes: the slot and its message's record (slot_ring.py read_message), filled by
+// cip_take_message / cip_take_messages, in the order of ChannelMessage's arguments (consumer.py).
+// position: -1 when at or above 2^53 (as read_message).
+struct cip_message {
+  uint32_t slot;         // take_message: with the result's CIP_TAKEN_* flags
+  uint32_t pad0;
+  int64_t position;
+  uint64_t length;
+  uint32_t publisher;
+  uint8_t redelivered;   // 0 or 1
+  uint8_t pad1[3];
+  uint32_t ticket;
+  uint32_t meta_kind;
+  uint32_t meta_length;
+  uint32_t pad2;
+};
+_Static_assert(sizeof(struct cip_message) == 48, "struct cip_message is 48 bytes (native_slot_ring.py _MESSAGE)");
+
 CIP_EXPORT int cip_abi_version(void) { return CIP_ABI_VERSION; }
 CIP_EXPORT int cip_ring_size(void) { return (int)sizeof(struct cip_ring); }
+CIP_EXPORT int cip_message_size(void) { return (int)sizeof(struct cip_message); }
 
 // ---- words ----------------------------------------------------------------------------------
 
@@ -390,32 +414,60 @@ static int take_one(struct cip_ring* r) {
 
 static inline int alive(const struct cip_ring* r) { return load32(r, part_off(r, r->me) + P_STATE) == ST_ALIVE; }
 
-// Work sharing: the slot taken, with CIP_TAKEN_DETACHED set when this end was found detached
-// right after taking it (consumer.py hands it back then); CIP_NONE, CIP_CORRUPT, CIP_CLOSED.
-CIP_EXPORT int cip_take(struct cip_ring* r) {
+// Fills m from slot s's record (s taken by this participant, so its publisher's fields stay put);
+// 0, or CIP_TAKEN_BAD (set in m->slot too) when they do not fit the layout.
+static int read_message(const struct cip_ring* r, uint32_t s, struct cip_message* m) {
+  uint64_t so = slot_off(r, s);
+  uint64_t slot_bytes = (uint64_t)r->slot_bytes_hi << 32 | r->slot_bytes_lo;
+  uint64_t position = __atomic_load_n(w64(r, so + S_POSITION), __ATOMIC_RELAXED);
+  memset(m, 0, sizeof *m);
+  m->slot = s;
+  m->position = position <= MAX_U53 ? (int64_t)position : -1;
+  m->length = __atomic_load_n(w64(r, so + S_LENGTH), __ATOMIC_RELAXED);
+  m->publisher = plain32(r, so + S_PUBLISHER);
+  m->redelivered = (taken_words(r)[s] & FLAG_REDELIVERED) != 0;
+  m->ticket = plain32(r, so + S_TICKET);
+  m->meta_kind = plain32(r, so + S_META_KIND);
+  m->meta_length = plain32(r, so + S_META_LENGTH);
+  if (m->length <= slot_bytes && m->meta_length <= r->meta_bytes && m->meta_kind <= META_KIND_MAX) return 0;
+  m->slot |= CIP_TAKEN_BAD;
+  return CIP_TAKEN_BAD;
+}
+
+// Work sharing: takes the oldest published message into *m (its slot and record): the slot, with
+// CIP_TAKEN_DETACHED set when this end was found detached right after taking it (consumer.py hands
+// it back then) and CIP_TAKEN_BAD when its record does not fit the layout (consumer.py gives the slot
+// back and raises); CIP_NONE, CIP_CORRUPT, CIP_CLOSED.
+CIP_EXPORT int cip_take_message(struct cip_ring* r, struct cip_message* m) {
   if (!r->base) return CIP_CLOSED;
+  if (!m) return CIP_INVALID;
   int s = take_one(r);
-  if (s >= 0 && !alive(r)) s |= CIP_TAKEN_DETACHED;
+  if (s < 0) return s;
+  s |= read_message(r, (uint32_t)s, m);
+  if (!alive(r)) s |= CIP_TAKEN_DETACHED;
+  m->slot = (uint32_t)s;
   return s;
 }
 
-// Work sharing: takes up to max messages into out[] (their slots, oldest first); the count, with
-// CIP_TAKEN_DETACHED set when this end was found detached after taking them. CIP_CORRUPT only
-// when it took none (a later call meets the inconsistency again).
-CIP_EXPORT int cip_take_many(struct cip_ring* r, uint32_t* out, uint32_t max) {
+// Work sharing: takes up to max messages into out[] (oldest first); the count, with
+// CIP_TAKEN_DETACHED set when this end was found detached after taking them, and CIP_TAKEN_BAD when
+// the last one's record does not fit the layout (it stops there; its slot has the flag too). CIP_CORRUPT only when it took none
+// (a later call meets the inconsistency again).
+CIP_EXPORT int cip_take_messages(struct cip_ring* r, struct cip_message* out, uint32_t max) {
   if (!r->base) return CIP_CLOSED;
   if (!out || max > 65536) return CIP_INVALID;
   uint32_t got = 0;
-  while (got < max) {
+  int flags = 0;
+  while (got < max && !flags) {
     int s = take_one(r);
     if (s < 0) {
       if (s == CIP_CORRUPT && got == 0) return s;
       break;
     }
-    out[got++] = (uint32_t)s;
+    flags = read_message(r, (uint32_t)s, &out[got++]);
   }
-  if (got && !alive(r)) return (int)got | CIP_TAKEN_DETACHED;
-  return (int)got;
+  if (got && !alive(r)) flags |= CIP_TAKEN_DETACHED;
+  return (int)got | flags;
 }
 
 // Work sharing: frees a slot this participant took: 1, or 0 when it no longer held it.

@@ -29,7 +29,7 @@ from typing import NamedTuple
 from .errors import IpcError
 
 #: The interface version this package speaks (CIP_ABI_VERSION in native/py/*.c).
-ABI_VERSION = 1
+ABI_VERSION = 2
 LIBRARY_NAME = "cuda_ipc_py.so"
 _ARCHS = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}
 

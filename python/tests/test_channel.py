@@ -265,6 +265,59 @@ class ChannelTests(unittest.TestCase):
         producer.close()
         consumer.close()
 
+    def test_a_message_that_does_not_check_out_through_iteration_and_receive_many(self):
+        hub = self.hub(slots=4)
+        producer = hub.attach("producer")
+        consumer = hub.attach("consumer")
+        l = hub.layout
+
+        def publish_three(bad: int) -> int:
+            """Three messages (4 bytes each, the first holds its number); the `bad`th one's record is spoiled."""
+            spoiled = -1
+            for i in range(3):
+                slot = producer.acquire(timeout=1)
+                struct.pack_into("<I", slot.memory, 0, i)
+                producer.publish(slot, length=4, meta=b"m" if i == 2 else None)
+                if i == bad:
+                    spoiled = slot.index
+                    hub.words.store64(l.slot_records_offset + slot.index * l.slot_record_bytes + S_LENGTH, l.slot_bytes + 1)
+            return spoiled
+
+        # Iteration: the first message, then the error (the spoiled slot given back), then the third.
+        s = publish_three(1)
+        it = iter(consumer)
+        first = next(it)
+        self.assertEqual(struct.unpack_from("<I", first.memory, 0)[0], 0)
+        first.release()
+        with self.assertRaises(IpcError) as cm:
+            next(it)
+        self.assertEqual(cm.exception.code, "ERR_CHANNEL_CORRUPT")
+        self.assertIn(f"message in slot {s}: length {l.slot_bytes + 1}", str(cm.exception))
+        self.assertEqual(hub.words.load32(l.slot_records_offset + s * l.slot_record_bytes + S_STATE), 0, "the slot was given back")
+        third = consumer.receive(timeout=1)
+        self.assertEqual((struct.unpack_from("<I", third.memory, 0)[0], third.meta, third.redelivered), (2, b"m", False))
+        third.release()
+        # receive_many: the messages before it, then the error once, then the ones after it.
+        s = publish_three(1)
+        got = consumer.receive_many(8, timeout=1)
+        self.assertEqual([struct.unpack_from("<I", m.memory, 0)[0] for m in got], [0])
+        with self.assertRaises(IpcError) as cm:
+            consumer.receive_many(8, timeout=1)
+        self.assertEqual(cm.exception.code, "ERR_CHANNEL_CORRUPT")
+        self.assertEqual(hub.words.load32(l.slot_records_offset + s * l.slot_record_bytes + S_STATE), 0, "the slot was given back")
+        rest = consumer.receive_many(8, timeout=1)
+        self.assertEqual([(struct.unpack_from("<I", m.memory, 0)[0], m.meta) for m in rest], [(2, b"m")])
+        for m in got + rest:
+            m.release()
+        # The first message spoiled: receive_many raises at once.
+        publish_three(0)
+        with self.assertRaises(IpcError) as cm:
+            consumer.receive_many(8, timeout=1)
+        self.assertEqual(cm.exception.code, "ERR_CHANNEL_CORRUPT")
+        self.assertEqual([struct.unpack_from("<I", m.memory, 0)[0] for m in consumer.receive_many(8, timeout=1)], [1, 2])
+        producer.close()
+        consumer.close()
+
 
 class _Forgetful(dict):
     def __setitem__(self, key, value):

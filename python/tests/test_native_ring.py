@@ -91,9 +91,9 @@ class NativeRingMatchesRingTests(unittest.TestCase):
                         if broadcast:
                             res = _outcome(lambda: r[c].peek_at(side.cursors[c]))
                         else:
-                            res = _outcome(r[c].take_checked)
+                            res = _outcome(r[c].take_message)
                     elif op == "take_many" and not broadcast:
-                        res = _outcome(lambda: r[c].take_many(1 + int(pick * 3)))
+                        res = _outcome(lambda: r[c].take_messages(1 + int(pick * 3)))
                     elif op == "release" and held[c]:
                         s = held[c][int(pick * len(held[c]))]
                         res = _outcome(lambda: r[c].release_held(s) if broadcast else r[c].release_taken(s))
@@ -102,7 +102,7 @@ class NativeRingMatchesRingTests(unittest.TestCase):
                         r[who].enter_sleep(H_SPACE_SLEEPERS if who == 0 else H_DATA_SLEEPERS)
                         res = ("ok", None)
                     elif op == "detach" and pick < 0.05:
-                        # The hub found consumer c dead: its state word leaves alive (take_checked says so).
+                        # The hub found consumer c dead: its state word leaves alive (take_message says so).
                         side.hub.words.store32(r[c].part_off(r[c].me) + P_STATE, ST_DEAD)
                         res = ("ok", None)
                     elif op == "corrupt":
@@ -111,7 +111,7 @@ class NativeRingMatchesRingTests(unittest.TestCase):
                         at = r[1].ring_off(side.cursors[c] if broadcast else w.load64(H_HEAD))
                         orig = w.load32(at)
                         w.store32(at, 1000)
-                        res = _outcome(lambda: r[c].peek_at(side.cursors[c]) if broadcast else r[c].take_checked())
+                        res = _outcome(lambda: r[c].peek_at(side.cursors[c]) if broadcast else r[c].take_message())
                         w.store32(at, orig)
                     else:
                         res = ("skip",)
@@ -132,10 +132,10 @@ class NativeRingMatchesRingTests(unittest.TestCase):
                         side.cursors[c] += 1
                     if value >= 0:
                         held[c].append(value)
-                elif op == "take" and not broadcast and value >= 0:
-                    held[c].append(value & 0xFFFFFF)
+                elif op == "take" and not broadcast and value[0] >= 0:
+                    held[c].append(value[0] & 0xFFFFFF)
                 elif op == "take_many":
-                    held[c].extend(value[0])
+                    held[c].extend(m[0] & 0xFFFFFF for m in value[0])
                 elif op == "release":
                     held[c].remove(s)
         finally:
@@ -159,7 +159,7 @@ class NativeRingMatchesRingTests(unittest.TestCase):
                 self.assertEqual(p.publish_message(s, 8, 0, b""), "ok")
                 side.hub.words.store32(p.ring_off(0), 77)
                 with self.assertRaises(IpcError) as e:
-                    c.take_checked()
+                    c.take_message()
                 self.assertEqual(e.exception.code, "ERR_CHANNEL_CORRUPT")
                 self.assertIn("ring entry names slot 77 of 4", str(e.exception))
             finally:

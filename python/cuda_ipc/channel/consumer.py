@@ -17,8 +17,7 @@ from .endpoint import Endpoint, closed_error, cuda_array_interface, typed_view
 from .fences import Stream
 from .layout import H_PRODUCERS_DIED, META_BYTES, META_NONE
 from .part import ChannelEnd
-from .native_slot_ring import TAKEN_DETACHED
-from .slot_ring import corrupt
+from .slot_ring import TAKEN_BAD, TAKEN_DETACHED, Taken, corrupt
 from .._renamed import renamed_attribute
 
 #: What a consumer's poll gives: a message (or None), or a list of them.
@@ -99,6 +98,7 @@ class ChannelConsumer(ChannelEnd):
 
     def __iter__(self) -> Iterator["ChannelMessage"]:
         e = self._end
+        held = self._held
         while True:
             m = None
             if not self._broadcast and not e.closed:
@@ -106,11 +106,12 @@ class ChannelConsumer(ChannelEnd):
                 # call per step costs as much as the step. Anything else goes through receive().
                 with e.lock:
                     if self._end_error is None and not self._ended and not e.closed and not (e.hub_lost or e._pending or e._fence_repairs):
-                        s = e.ring.take_checked()
-                        if s >= TAKEN_DETACHED:
-                            self._detached([s & ~TAKEN_DETACHED])
-                        if s >= 0:
-                            m = self._message(s)
+                        got = e.ring.take_message()
+                        s = got[0]
+                        if 0 <= s < TAKEN_DETACHED and not got[6]:  # (no meta)
+                            m = held[s] = ChannelMessage(self, s, got[1], got[2], got[3], got[4], got[5])
+                        elif s >= 0:
+                            m = self._taken(got)
             if m is None:
                 m = self.receive()
                 if m is None:
@@ -180,14 +181,12 @@ class ChannelConsumer(ChannelEnd):
         e = self._end
         ring = e.ring
         if not e.layout.broadcast:
-            s = ring.take_checked()  # the slot, with TAKEN_DETACHED set when this end is detached now
-            if s < 0:
+            got = ring.take_message()
+            if got[0] < 0:
                 if not e.alive():
                     raise e.detached_error("receive")
                 return None
-            if s >= TAKEN_DETACHED:
-                self._detached([s & ~TAKEN_DETACHED])
-            return self._message(s)
+            return self._taken(got)
         while True:
             s = ring.peek_at(self._cursor)
             if s == -1:
@@ -206,27 +205,48 @@ class ChannelConsumer(ChannelEnd):
             while len(ms) < most and (m := self._take_one()) is not None:
                 ms.append(m)
             return ms
-        slots, detached = e.ring.take_many(most)
-        if not slots:
+        got, detached = e.ring.take_messages(most)
+        if not got:
             if not e.alive():
                 raise e.detached_error("receive")
             return []
         if detached:
-            self._detached(slots)
+            self._detached([g[0] & ~TAKEN_BAD for g in got])
         ms = []
-        for i, s in enumerate(slots):
+        held = self._held
+        for i, g in enumerate(got):
+            s = g[0]
+            if s < TAKEN_DETACHED and not g[6]:  # (no meta: _taken's steps written out)
+                m = held[s] = ChannelMessage(self, s, g[1], g[2], g[3], g[4], g[5])
+                ms.append(m)
+                continue
             try:
-                ms.append(self._message(s))
+                ms.append(self._taken(g))
             except IpcError as err:
-                # A message that does not check out (_message gave its slot back): the ones after it go
+                # A message that does not check out (_taken gave its slot back): the ones after it go
                 # back to the channel (redelivered); the error comes now, or after the ones before it.
-                for later in slots[i + 1:]:
-                    e.ring.return_taken(later)
+                for later in got[i + 1:]:
+                    e.ring.return_taken(later[0])
                 if not ms:
                     raise
                 self._end_error, self._deferred = err, True
                 break
         return ms
+
+    def _taken(self, got: Taken) -> "ChannelMessage":
+        """The message of a take_message() (a slot, not NOTHING): raises when this end was detached
+        (the slot is handed back) or the message does not check out (its slot is given back)."""
+        s, position, length, publisher, redelivered, ticket, meta_kind, meta_length = got
+        if s >= TAKEN_DETACHED:
+            if s & TAKEN_DETACHED:
+                self._detached([s & ~(TAKEN_DETACHED | TAKEN_BAD)])
+            s &= ~TAKEN_BAD
+            self._abandon(s)
+            raise corrupt(f"message in slot {s}: length {length}, meta {meta_length} bytes of kind {meta_kind}")
+        meta = None if meta_kind == META_NONE else self._meta(s, meta_kind, self._end.ring.read_meta(s, meta_length))
+        m = ChannelMessage(self, s, position, length, publisher, redelivered, ticket, meta)
+        self._held[s] = m
+        return m
 
     def _message(self, s: int) -> "ChannelMessage":
         try:
@@ -234,19 +254,20 @@ class ChannelConsumer(ChannelEnd):
         except IpcError:
             self._abandon(s)
             raise
-        meta = None
-        if meta_kind != META_NONE:
-            if meta_kind == META_BYTES:
-                meta = raw
-            else:
-                try:
-                    meta = json.loads(raw)
-                except ValueError:
-                    self._abandon(s)
-                    raise corrupt(f"message in slot {s}: its meta is not JSON") from None
-        m = ChannelMessage(self, s, position, length, meta, publisher, redelivered, ticket)
+        meta = None if meta_kind == META_NONE else self._meta(s, meta_kind, raw)
+        m = ChannelMessage(self, s, position, length, publisher, redelivered, ticket, meta)
         self._held[s] = m
         return m
+
+    def _meta(self, s: int, kind: int, raw: bytes) -> Any:
+        """The meta of the message in slot ``s`` from its bytes; gives the slot back when it is not JSON."""
+        if kind == META_BYTES:
+            return raw
+        try:
+            return json.loads(raw)
+        except ValueError:
+            self._abandon(s)
+            raise corrupt(f"message in slot {s}: its meta is not JSON") from None
 
     def _abandon(self, s: int) -> None:
         if self._end.layout.broadcast:
@@ -303,8 +324,8 @@ class ChannelMessage:
 
     __slots__ = ("_consumer", "index", "position", "length", "meta", "producer", "redelivered", "ticket", "_released", "_waited")
 
-    def __init__(self, consumer: ChannelConsumer, index: int, position: int, length: int, meta: Any, producer: int,
-                 redelivered: bool, ticket: int):
+    def __init__(self, consumer: ChannelConsumer, index: int, position: int, length: int, producer: int, redelivered: bool,
+                 ticket: int, meta: Any = None):
         self._consumer = consumer
         self.index = index
         self.position = position

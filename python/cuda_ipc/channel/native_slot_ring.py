@@ -1,6 +1,6 @@
 """The ring protocol's hot path through the native helper (cuda_ipc/native.py, native/py/channel_ring.c):
-``NativeRing`` is a ``Ring`` whose per-message operations (acquire, publish, take, a batch of takes,
-release, the wake-ups, the spin before sleeping) are one C call each, the same steps with the same
+``NativeRing`` is a ``Ring`` whose per-message operations (acquire, publish, take with the message's
+record, a batch of them, release, the wake-ups, the spin before sleeping) are one C call each, the same steps with the same
 memory orders as slot_ring.py's methods of the same names; everything else (leaving, recovery,
 membership, stats) is slot_ring.py's own. ``make_ring`` picks it where the library loaded.
 
@@ -11,18 +11,20 @@ is rung) before the end unmaps the block and closes the doorbells.
 
 Calls pass no argtypes (a ctypes call converts each argument through its argtypes entry, which costs
 more than the call): the state as a cached ``c_void_p``, 32-bit values as Python ints (C ints), a
-64-bit value as two of them.
+64-bit value as two of them. A take fills records (struct cip_message) in a buffer this object owns,
+read back with one ``struct`` unpack.
 """
 from __future__ import annotations
 
 import ctypes
+import struct
 from ctypes import c_int32, c_uint32, c_uint64, c_void_p
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import IpcError
 from ..native import library
 from .layout import Layout
-from .slot_ring import Ring, corrupt
+from .slot_ring import NOTHING, TAKEN_DETACHED, Taken, Ring, corrupt
 
 if TYPE_CHECKING:
     from .doorbells import Doorbells
@@ -30,9 +32,10 @@ if TYPE_CHECKING:
 
 # Results of the C functions (channel_ring.c).
 NONE, NOT_ALIVE, CONSUMERS_GONE, CORRUPT, SKIP, INVALID, CLOSED = -1, -2, -3, -4, -5, -6, -100
-#: Set on take / take_many results when this end was found detached right after taking.
-TAKEN_DETACHED = 1 << 24
 _PUBLISH = ("ok", "busy", "dropped", "detached")
+#: struct cip_message (channel_ring.c): slot, position, length, publisher, redelivered, ticket, meta
+#: kind, meta length (slot_ring.py's Taken).
+_MESSAGE = struct.Struct("<I4xqQI?3xIII4x")
 
 
 class _RingState(ctypes.Structure):
@@ -42,7 +45,8 @@ class _RingState(ctypes.Structure):
         ("error_a", c_uint64), ("error_b", c_uint64),
         ("slot_count", c_uint32), ("me", c_uint32), ("max_participants", c_uint32), ("broadcast", c_uint32),
         ("participants_offset", c_uint32), ("ring_offset", c_uint32), ("slot_records_offset", c_uint32),
-        ("slot_record_bytes", c_uint32), ("meta_bytes", c_uint32), ("expect_consumers", c_uint32), ("hint", c_uint32),
+        ("slot_record_bytes", c_uint32), ("meta_bytes", c_uint32), ("slot_bytes_lo", c_uint32), ("slot_bytes_hi", c_uint32),
+        ("expect_consumers", c_uint32), ("hint", c_uint32),
         ("rotor", c_uint32), ("error", c_uint32), ("nbells", c_uint32), ("bells", c_int32 * 32),
     ]
 
@@ -65,16 +69,22 @@ class NativeRing(Ring):
         fast, waits = lib
         if fast.cip_ring_size() != ctypes.sizeof(_RingState):
             raise IpcError("ERR_UNSUPPORTED", f"the native helper's ring state is {fast.cip_ring_size()} bytes, this package's {ctypes.sizeof(_RingState)}: rebuild it")
+        if fast.cip_message_size() != _MESSAGE.size:
+            raise IpcError("ERR_UNSUPPORTED", f"the native helper's message record is {fast.cip_message_size()} bytes, this package's {_MESSAGE.size}: rebuild it")
         n = layout.slot_count
         self._taken = (c_uint32 * n)()
         self.taken_words = memoryview(self._taken).cast("B").cast("I")  # type: ignore[assignment]
-        self._out = (c_uint32 * n)()  # take_many's slots
+        # take_message's record (the first) and take_messages' (n of them)
+        self._messages = bytearray(n * _MESSAGE.size)
+        self._messages_view = memoryview(self._messages)
+        self._messages_p = c_void_p(ctypes.addressof((ctypes.c_char * len(self._messages)).from_buffer(self._messages)))
         st = self._st = _RingState()
         st.base, st.length, st.taken = words.address, words.length, ctypes.addressof(self._taken)
         st.slot_count, st.me, st.max_participants, st.broadcast = n, me, layout.max_participants, int(layout.broadcast)
         st.participants_offset, st.ring_offset = layout.participants_offset, layout.ring_offset
         st.slot_records_offset, st.slot_record_bytes = layout.slot_records_offset, layout.slot_record_bytes
         st.meta_bytes, st.expect_consumers = layout.meta_bytes, layout.expect_consumers
+        st.slot_bytes_lo, st.slot_bytes_hi = layout.slot_bytes & 0xFFFFFFFF, layout.slot_bytes >> 32
         fds = bells.fds[:32]
         st.nbells = len(fds)
         for k, fd in enumerate(fds):
@@ -86,8 +96,8 @@ class NativeRing(Ring):
         self._has_free = fast.cip_has_free
         self._publish = fast.cip_publish
         self._discard = fast.cip_discard
-        self._take = fast.cip_take
-        self._take_many = fast.cip_take_many
+        self._take_message = fast.cip_take_message
+        self._take_messages = fast.cip_take_messages
         self._release = fast.cip_release
         self._release_held = fast.cip_release_held
         self._peek = fast.cip_peek
@@ -165,25 +175,20 @@ class NativeRing(Ring):
 
     # -- consumers --
 
-    def take(self) -> int:
-        rc: int = self._take(self._p)
-        if rc < NONE:
+    def take_message(self) -> Taken:
+        rc: int = self._take_message(self._p, self._messages_p)
+        if rc < 0:
+            if rc == NONE:
+                return NOTHING
             raise self._fail(rc)
-        return rc & ~TAKEN_DETACHED if rc >= 0 else rc
+        return cast(Taken, _MESSAGE.unpack_from(self._messages))
 
-    def take_checked(self) -> int:
-        rc: int = self._take(self._p)
-        if rc < NONE:
-            raise self._fail(rc)
-        return rc
-
-    def take_many(self, most: int) -> tuple[list[int], bool]:
-        out = self._out
-        rc: int = self._take_many(self._p, out, min(most, len(out)))
+    def take_messages(self, most: int) -> tuple[list[Taken], bool]:
+        rc: int = self._take_messages(self._p, self._messages_p, min(most, self.n))
         if rc < 0:
             raise self._fail(rc)
-        n = rc & ~TAKEN_DETACHED
-        return out[:n], bool(rc & TAKEN_DETACHED)
+        n = rc & 0xFFFFFF
+        return cast("list[Taken]", list(_MESSAGE.iter_unpack(self._messages_view[:n * _MESSAGE.size]))), bool(rc & TAKEN_DETACHED)
 
     def release_taken(self, s: int) -> bool:
         rc: int = self._release(self._p, s)

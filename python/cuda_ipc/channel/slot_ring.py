@@ -32,12 +32,23 @@ if TYPE_CHECKING:
 #: How long a publisher spins for the publish lock before retrying later (seconds).
 LOCK_SPIN = 200e-6
 _MASK32 = 0xFFFFFFFF
+_SLOT = 0xFFFFFF
 _MAX_U53 = 2**53
 #: A slot record from S_POSITION: position, length, meta length, meta kind, publisher, last holders,
 #: deliveries, ticket (layout.py's S_* offsets 8..44).
 _RECORD = struct.Struct("<QQIIIIII")
 #: What a producer writes of its message from S_LENGTH: length, meta length, meta kind.
 _MESSAGE = struct.Struct("<QII")
+#: Set on a taken slot (take_message, take_messages) when this end was found detached right after taking it.
+TAKEN_DETACHED = 1 << 24
+#: Set on a taken slot when its message's record does not fit the layout (the slot stays taken).
+TAKEN_BAD = 1 << 25
+#: A message taken (take_message, take_messages): slot (with TAKEN_* flags), position, length,
+#: publisher, redelivered, ticket, meta kind, meta length; the first six in the order of
+#: ChannelMessage's arguments (consumer.py). The meta's bytes: read_meta.
+Taken = tuple[int, int, int, int, bool, int, int, int]
+#: take_message's result when there is nothing to take.
+NOTHING: Taken = (-1, 0, 0, 0, False, 0, 0, 0)
 
 
 def corrupt(what: str) -> IpcError:
@@ -179,21 +190,45 @@ class Ring:
         self.write_message(s, length, meta_kind, meta)
         return self.publish(s)
 
-    def take_checked(self) -> int:
-        """take(), with 1 << 24 set on the slot when this end is found detached right after taking it."""
+    def take_message(self) -> Taken:
+        """Work sharing: take() and the message's record (read_message's fields but the meta bytes);
+        its slot with TAKEN_BAD set when the record does not fit the layout, and TAKEN_DETACHED when
+        this end was found detached right after taking it. NOTHING when there is nothing to take."""
         s = self.take()
-        return s | (1 << 24) if s >= 0 and self.participant_state(self.me) != ST_ALIVE else s
+        if s < 0:
+            return NOTHING
+        m = self._taken_message(s)
+        if self.participant_state(self.me) != ST_ALIVE:
+            m = (m[0] | TAKEN_DETACHED,) + m[1:]
+        return m
 
-    def take_many(self, most: int) -> tuple[list[int], bool]:
-        """Up to ``most`` takes (oldest first), and whether this end was found detached after them."""
-        got: list[int] = []
+    def take_messages(self, most: int) -> tuple[list[Taken], bool]:
+        """Up to ``most`` take_message()s (oldest first; stops after one with TAKEN_BAD), and whether
+        this end was found detached after them (their slots have no TAKEN_DETACHED)."""
+        got: list[Taken] = []
         try:
             while len(got) < most and (s := self.take()) >= 0:
-                got.append(s)
+                m = self._taken_message(s)
+                got.append(m)
+                if m[0] != s:
+                    break
         except IpcError:
             if not got:
                 raise
         return got, bool(got) and self.participant_state(self.me) != ST_ALIVE
+
+    def _taken_message(self, s: int) -> Taken:
+        so = self._records + s * self._record_bytes
+        position, length, meta_length, meta_kind, publisher, _last, _deliveries, ticket = self.w.unpack(_RECORD, so + S_POSITION)
+        l = self.l
+        if length > l.slot_bytes or meta_length > l.meta_bytes or meta_kind > META_BYTES:
+            s |= TAKEN_BAD
+        return (s, position if position <= _MAX_U53 else -1, length, publisher, bool(self.taken_words[s & _SLOT] & FLAG_REDELIVERED),
+                ticket, meta_kind, meta_length)
+
+    def read_meta(self, s: int, length: int) -> bytes:
+        """The meta bytes of the message in slot ``s`` (held by this consumer; ``length`` checked)."""
+        return self.w.read_bytes(self.slot_off(s) + S_META, length)
 
     def spin_while(self, off: int, expected: int, seconds: float) -> bool:
         """Spins while the word at ``off`` holds ``expected``, up to ``seconds``: True once it changed."""
