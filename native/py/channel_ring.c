@@ -309,13 +309,11 @@ static int spin_lock(struct cip_ring* r, int64_t spin_ns) {
 
 // Writes the message's length and meta into slot s (this producer's, state writing), then
 // publishes it (slot_ring.py: write_message, then publish). PUB_* or CIP_CORRUPT / CIP_INVALID / CIP_CLOSED.
-// A length of 2^32 or more comes as two words. meta: meta_len bytes (NULL when 0).
-CIP_EXPORT int cip_publish(struct cip_ring* r, uint32_t s, uint32_t length_lo, uint32_t length_hi, uint32_t meta_kind,
-                           const uint8_t* meta, uint32_t meta_len) {
+// meta: meta_len bytes (NULL when 0).
+static int publish(struct cip_ring* r, uint32_t s, uint64_t length, uint32_t meta_kind, const uint8_t* meta, uint32_t meta_len) {
   if (!r->base) return CIP_CLOSED;
-  if (s >= r->slot_count || meta_len > r->meta_bytes || (meta_len && !meta) || meta_kind > 2) return CIP_INVALID;
+  if (s >= r->slot_count || meta_len > r->meta_bytes || (meta_len && !meta) || meta_kind > META_KIND_MAX) return CIP_INVALID;
   uint64_t so = slot_off(r, s);
-  uint64_t length = (uint64_t)length_hi << 32 | length_lo;
   if (meta_len) memcpy((uint8_t*)(uintptr_t)(r->base + so + S_META), meta, meta_len);
   __atomic_store_n(w64(r, so + S_LENGTH), length, __ATOMIC_RELAXED);
   set_plain32(r, so + S_META_LENGTH, meta_len);
@@ -359,6 +357,18 @@ CIP_EXPORT int cip_publish(struct cip_ring* r, uint32_t s, uint32_t length_lo, u
   if (result == PUB_DROPPED) signal_space(r);
   else if (result == PUB_OK) signal_data(r, 0);
   return result;
+}
+
+// publish(); a length of 2^32 or more comes as two words.
+CIP_EXPORT int cip_publish(struct cip_ring* r, uint32_t s, uint32_t length_lo, uint32_t length_hi, uint32_t meta_kind,
+                           const uint8_t* meta, uint32_t meta_len) {
+  return publish(r, s, (uint64_t)length_hi << 32 | length_lo, meta_kind, meta, meta_len);
+}
+
+// cip_publish of a message without meta and of a length below 2^31 (ctypes converts each argument: three cost less than seven).
+CIP_EXPORT int cip_publish_bare(struct cip_ring* r, uint32_t s, int32_t length) {
+  if (length < 0) return CIP_INVALID;
+  return publish(r, s, (uint64_t)length, 0, NULL, 0);
 }
 
 // Gives back a claimed slot not published.
