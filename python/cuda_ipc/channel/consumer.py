@@ -223,8 +223,9 @@ class ChannelConsumer(ChannelEnd):
             try:
                 ms.append(self._taken(g))
             except IpcError as err:
-                # A message that does not check out (_taken gave its slot back): the ones after it go
-                # back to the channel (redelivered); the error comes now, or after the ones before it.
+                # A message that does not check out (_taken gave its slot back; a bad record ends the
+                # batch, a meta that is not JSON may not): the ones after it go back to the channel
+                # (redelivered); the error comes now, or after the ones before it.
                 for later in got[i + 1:]:
                     e.ring.return_taken(later[0])
                 if not ms:

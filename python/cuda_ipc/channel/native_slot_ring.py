@@ -1,7 +1,7 @@
 """The ring protocol's hot path through the native helper (cuda_ipc/native.py, native/py/channel_ring.c):
 ``NativeRing`` is a ``Ring`` whose per-message operations (acquire, publish, take with the message's
-record, a batch of them, release, the wake-ups, the spin before sleeping) are one C call each, the same steps with the same
-memory orders as slot_ring.py's methods of the same names; everything else (leaving, recovery,
+record, a batch of them, release, the wake-ups, the spin before sleeping) are one C call each, the
+same steps with the same memory orders as slot_ring.py's methods of the same names; everything else (leaving, recovery,
 membership, stats) is slot_ring.py's own. ``make_ring`` picks it where the library loaded.
 
 The C side keeps its state in a ``_RingState`` this object owns: the control block's address and
@@ -74,10 +74,12 @@ class NativeRing(Ring):
         n = layout.slot_count
         self._taken = (c_uint32 * n)()
         self.taken_words = memoryview(self._taken).cast("B").cast("I")  # type: ignore[assignment]
-        # take_message's record (the first) and take_messages' (n of them)
+        # take_message's record (the first) and take_messages' (n of them): a bytearray, which struct
+        # unpacks fastest, never resized (the C array over it keeps it exported).
         self._messages = bytearray(n * _MESSAGE.size)
         self._messages_view = memoryview(self._messages)
-        self._messages_p = c_void_p(ctypes.addressof((ctypes.c_char * len(self._messages)).from_buffer(self._messages)))
+        self._messages_c = (ctypes.c_char * len(self._messages)).from_buffer(self._messages)
+        self._messages_p = c_void_p(ctypes.addressof(self._messages_c))
         st = self._st = _RingState()
         st.base, st.length, st.taken = words.address, words.length, ctypes.addressof(self._taken)
         st.slot_count, st.me, st.max_participants, st.broadcast = n, me, layout.max_participants, int(layout.broadcast)
