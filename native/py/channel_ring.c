@@ -1,7 +1,8 @@
 // The hot path of a Python channel end, in C: one call per channel operation (acquire, publish,
 // take, a batch of takes, release) instead of several ctypes calls to libatomic and tens of Python
-// steps each; a take also reads the message's record, checked). Loaded by python/cuda_ipc/native.py with ctypes; the Python package keeps its own
-// pure standard-library path (python/cuda_ipc/channel/slot_ring.py) for where this library is missing,
+// steps each; a take also reads the message's record, checked. Loaded by python/cuda_ipc/native.py
+// with ctypes; the Python package keeps its own pure standard-library path
+// (python/cuda_ipc/channel/slot_ring.py) for where this library is missing,
 // and each function here is the same steps as the method of the same name there, with the same
 // memory orders (docs/channel-protocol.md sections 4 and 5):
 //  - every word another process may change concurrently: sequentially consistent atomics;
