@@ -16,8 +16,9 @@ const BATCH = 2000;
 const LENGTH = 8;
 
 export interface PythonOneWay {
-  /** 'node->python batch': the Python consumer takes up to PYTHON_BATCH messages per call (receive_many). */
-  direction: 'node->python' | 'python->node' | 'node->python batch';
+  /** 'node->python batch': the Python consumer takes up to PYTHON_BATCH messages per call (receive_many);
+   * 'python->node batch': the Python producer acquires and publishes up to PYTHON_BATCH per call (acquire_many, publish_many). */
+  direction: 'node->python' | 'python->node' | 'node->python batch' | 'python->node batch';
   wait: WaitMode;
   slotBytes: number;
   msgsPerSec: Summary;
@@ -52,7 +53,7 @@ function result(direction: PythonOneWay['direction'], wait: WaitMode, slotBytes:
 }
 
 /** A Node producer, a Python consumer, for about `ms`. */
-/** The batch of the 'node->python batch' row's receive_many. */
+/** The batch of the 'node->python batch' row's receive_many and of the 'python->node batch' row's acquire_many. */
 export const PYTHON_BATCH = 64;
 
 export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv = process.env, batch = 0): Promise<PythonOneWay> {
@@ -85,9 +86,9 @@ export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: num
   return result(batch ? 'node->python batch' : 'node->python', wait, slotBytes, rates, mine, r, total);
 }
 
-/** A Python producer of `count` messages, a Node consumer. */
-export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: number, count: number, env: NodeJS.ProcessEnv = process.env): Promise<PythonOneWay> {
-  const { child, link } = await spawnPython(SCRIPT, ['source', wait, String(count)], { stdio: ['ignore', 'inherit', 'inherit'], env });
+/** A Python producer of `count` messages (`batch`: up to that many per acquire_many / publish_many), a Node consumer. */
+export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: number, count: number, env: NodeJS.ProcessEnv = process.env, batch = 0): Promise<PythonOneWay> {
+  const { child, link } = await spawnPython(SCRIPT, ['source', wait, String(count), ...(batch ? [String(batch)] : [])], { stdio: ['ignore', 'inherit', 'inherit'], env });
   const ch = await createChannel(link, { role: 'consumer', slots, slotBytes, memory: 'host', wait });
   const rates: number[] = [];
   let n = 0;
@@ -113,5 +114,5 @@ export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: num
   const r = (await link.receive({ timeout: 60_000 })) as PythonReport;
   await new Promise((resolve) => (child.exitCode !== null ? resolve(undefined) : child.once('exit', resolve)));
   if (n !== count || sum !== count) throw new Error(`Python -> Node one way: the Node consumer saw ${n} of ${count} messages (byte sum ${sum})`);
-  return result('python->node', wait, slotBytes, rates, mine, r, count);
+  return result(batch ? 'python->node batch' : 'python->node', wait, slotBytes, rates, mine, r, count);
 }

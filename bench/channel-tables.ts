@@ -62,7 +62,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
   if (r.python && 'rows' in r.python) {
     const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES);
     for (const p of r.python.rows) {
-      const notes = [`${p.direction === 'python->node' ? 'a Python producer, a Node consumer' : 'a Node producer, a Python consumer'} (Python hot path: ${p.hotPath})`];
+      const notes = [`${p.direction.startsWith('python->node') ? 'a Python producer, a Node consumer' : 'a Node producer, a Python consumer'} (Python hot path: ${p.hotPath})`];
       if (node) {
         const ratio = p.msgsPerSec.median / node.msgsPerSec.median;
         notes.push(`${(ratio * 100).toFixed(0)}% of Node -> Node's ${fmtRate(node.msgsPerSec.median)} msg/s (target >= ${TARGETS.pythonVsNode * 100}%): ${met(ratio >= TARGETS.pythonVsNode)}`);

@@ -385,7 +385,7 @@ export const ROW = {
   socket: 'reference: Node Unix socket round trip, 64 bytes',
   roundTrip: (wait: WaitMode, memory: Memory) => `round trip, ${wait} (${memory} slots)`,
   oneWay: (size: number, wait: WaitMode, memory: Memory) => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots)`,
-  python: (direction: PythonOneWay['direction']) => `one way, ${fmtBytes(PYTHON_SLOT_BYTES)} slots, adaptive, ${direction === 'python->node' ? 'Python -> Node' : 'Node -> Python'}${direction === 'node->python batch' ? `, receive_many(${PYTHON_BATCH})` : ''} (host slots)`,
+  python: (direction: PythonOneWay['direction']) => `one way, ${fmtBytes(PYTHON_SLOT_BYTES)} slots, adaptive, ${direction.startsWith('python->node') ? 'Python -> Node' : 'Node -> Python'}${direction === 'node->python batch' ? `, receive_many(${PYTHON_BATCH})` : direction === 'python->node batch' ? `, acquire_many/publish_many(${PYTHON_BATCH})` : ''} (host slots)`,
   workSharing: (consumers: number) => `work sharing, ${consumers} consumer${consumers > 1 ? 's' : ''} (host slots)`,
 };
 
@@ -423,7 +423,8 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     }
   }
   const lastPython: Partial<Record<PythonOneWay['direction'], PythonOneWay>> = {};
-  if (options.python !== false && (['node->python', 'node->python batch', 'python->node'] as const).some((d) => want(ROW.python(d)))) {
+  const pythonRows = ['node->python', 'node->python batch', 'python->node', 'python->node batch'] as const;
+  if (options.python !== false && pythonRows.some((d) => want(ROW.python(d)))) {
     const why = pythonChannelUnavailable();
     if (why) {
       res.python = { skipped: `no usable python3 with cuda_ipc: ${why}` };
@@ -441,6 +442,12 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
         const to = lastPython['node->python'];
         const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * 0.7)));
         const b = lastPython['python->node'] = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count, env);
+        r.add(b.rates, b.cpuUsPerMsg);
+      });
+      row(ROW.python('python->node batch'), async (r) => {
+        const to = lastPython['node->python batch'];
+        const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * 0.7)));
+        const b = lastPython['python->node batch'] = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count, env, PYTHON_BATCH);
         r.add(b.rates, b.cpuUsPerMsg);
       });
     }
@@ -476,7 +483,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     }
   }
   const py: Array<PythonOneWay & { runs: Spread }> = [];
-  for (const direction of ['node->python', 'node->python batch', 'python->node'] as const) {
+  for (const direction of pythonRows) {
     const r = rows.find((x) => x.name === ROW.python(direction))?.runs;
     const last = lastPython[direction];
     if (r && last) py.push({ ...last, rates: r.samples, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread });

@@ -3,8 +3,10 @@
     channel_oneway.py sink <wait> [batch]   consumer: reads the first byte of each message,
                                              releases it; ends with {"n", "sum", "cpu", ...}.
                                              With a batch size, receives with receive_many(batch)
-    channel_oneway.py source <wait> <count> producer: writes one byte and publishes `count`
-                                             messages of 8 bytes, then ends; sends {"cpu", ...}
+    channel_oneway.py source <wait> <count> [batch]
+                                             producer: writes one byte and publishes `count`
+                                             messages of 8 bytes, then ends; sends {"cpu", ...}.
+                                             With a batch size, acquire_many(batch) / publish_many
 cpu: this process's CPU time (user + system, microseconds) over the messages; hot_path and native:
 which hot path the channel end ran (cuda_ipc.native_helper()). Pins itself to the CPU the bench
 names (CUDA_IPC_BENCH_CPU), as the Node children do (bench/placement.ts).
@@ -65,12 +67,22 @@ def main() -> None:
         link.send(report(consumer, n=n, sum=total, cpu=cpu))
     elif mode == "source":
         count = int(sys.argv[3])
+        batch = int(sys.argv[4]) if len(sys.argv) > 4 else 0
         producer = accept_channel(link, role="producer", wait=wait)
         c0 = cpu_us()
-        for _ in range(count):
-            slot = producer.acquire()
-            slot.memory[0] = 1
-            producer.publish(slot, length=8)
+        if batch:
+            left = count
+            while left:
+                slots = producer.acquire_many(min(batch, left))
+                for slot in slots:
+                    slot.memory[0] = 1
+                producer.publish_many(slots, length=8)
+                left -= len(slots)
+        else:
+            for _ in range(count):
+                slot = producer.acquire()
+                slot.memory[0] = 1
+                producer.publish(slot, length=8)
         producer.end()
         cpu = cpu_us() - c0
         producer.close()

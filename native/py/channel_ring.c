@@ -289,6 +289,17 @@ CIP_EXPORT int cip_acquire(struct cip_ring* r) {
   return claim_slot(r);
 }
 
+// More free slots claimed for writing, up to max, into out[] (producer.py acquire_many, after an
+// acquire that made its checks): the count (0 when none is free).
+CIP_EXPORT int cip_claim_slots(struct cip_ring* r, uint32_t* out, uint32_t max) {
+  if (!r->base) return CIP_CLOSED;
+  if (!out || max > 65536) return CIP_INVALID;
+  uint32_t got = 0;
+  int s;
+  while (got < max && (s = claim_slot(r)) >= 0) out[got++] = (uint32_t)s;
+  return (int)got;
+}
+
 // 1 when some slot is free (a scan that changes nothing).
 CIP_EXPORT int cip_has_free(struct cip_ring* r) {
   if (!r->base) return CIP_CLOSED;
@@ -370,6 +381,23 @@ CIP_EXPORT int cip_publish(struct cip_ring* r, uint32_t s, uint32_t length_lo, u
 CIP_EXPORT int cip_publish_bare(struct cip_ring* r, uint32_t s, int32_t length) {
   if (length < 0) return CIP_INVALID;
   return publish(r, s, (uint64_t)length, 0, NULL, 0);
+}
+
+// cip_publish_bare for slots[0..count) in turn (producer.py publish_many), until one does not go
+// through (PUB_BUSY or PUB_DETACHED, or a negative result): the number that did (PUB_OK or
+// PUB_DROPPED), and the result of the one that stopped it in *stopped (PUB_OK when none did).
+CIP_EXPORT int cip_publish_many(struct cip_ring* r, const uint32_t* slots, uint32_t count, int32_t length, int32_t* stopped) {
+  if (!r->base) return CIP_CLOSED;
+  if (!slots || !stopped || length < 0 || count > 65536) return CIP_INVALID;
+  *stopped = PUB_OK;
+  for (uint32_t i = 0; i < count; i++) {
+    int rc = publish(r, slots[i], (uint64_t)length, 0, NULL, 0);
+    if (rc != PUB_OK && rc != PUB_DROPPED) {
+      *stopped = rc;
+      return (int)i;
+    }
+  }
+  return (int)count;
 }
 
 // Gives back a claimed slot not published.

@@ -3,6 +3,7 @@ and attaches ends as Node's hub does): ordering, meta, wake-ups, broadcast, a de
 messages redelivered, the hub's death, timeouts, refusals, a corrupt block, and device-slot fences
 with the fake driver. Node is the real hub in test/cpu/python-channel.test.ts."""
 import gc
+import os
 import struct
 import threading
 import time
@@ -316,6 +317,71 @@ class ChannelTests(unittest.TestCase):
         self.assertEqual(cm.exception.code, "ERR_CHANNEL_CORRUPT")
         self.assertEqual([struct.unpack_from("<I", m.memory, 0)[0] for m in consumer.receive_many(8, timeout=1)], [1, 2])
         producer.close()
+        consumer.close()
+
+    def test_acquire_many_and_publish_many_on_both_hot_paths(self):
+        from cuda_ipc import native as native_mod
+        saved = os.environ.get("CUDA_IPC_PY_NATIVE")
+        paths = ["python"] + (["native"] if native_mod.native_helper().active else [])
+        try:
+            for path in paths:
+                with self.subTest(path=path):
+                    os.environ["CUDA_IPC_PY_NATIVE"] = "0" if path == "python" else "1"
+                    native_mod._reset_for_tests()
+                    self._batches(path)
+        finally:
+            if saved is None:
+                os.environ.pop("CUDA_IPC_PY_NATIVE", None)
+            else:
+                os.environ["CUDA_IPC_PY_NATIVE"] = saved
+            native_mod._reset_for_tests()
+
+    def _batches(self, path: str):
+        hub = self.hub(slots=8, slot_bytes=64)
+        producer = hub.attach("producer")
+        consumer = hub.attach("consumer")
+        self.assertEqual((producer.hot_path, consumer.hot_path), (path, path))
+        for bad in (0, -1, 1.5, True, "2"):
+            with self.assertRaises(IpcError) as cm:
+                producer.acquire_many(bad)
+            self.assertEqual(cm.exception.code, "ERR_OUT_OF_RANGE")
+        # Five at once, published in their order, each its own message.
+        slots = producer.acquire_many(5, timeout=1)
+        self.assertEqual(len({s.index for s in slots}), 5)
+        for i, slot in enumerate(slots):
+            struct.pack_into("<I", slot.memory, 0, 100 + i)
+        producer.publish_many(slots, length=4)
+        self.assertTrue(all(not s.pending for s in slots))
+        got = consumer.receive_many(8, timeout=1)
+        self.assertEqual([(struct.unpack_from("<I", m.memory, 0)[0], m.length, m.meta) for m in got], [(100 + i, 4, None) for i in range(5)])
+        for m in got:
+            m.release()
+        # More than there are: every free slot, then none free within the timeout.
+        slots = producer.acquire_many(64, timeout=1)
+        self.assertEqual(len(slots), 8)
+        with self.assertRaises(IpcError) as cm:
+            producer.acquire_many(2, timeout=0.05)
+        self.assertEqual(cm.exception.code, "ERR_TIMEOUT")
+        # Checked before anything goes: a slot not ours, one listed twice, a bad length.
+        for args, code in (((slots[:2] + [object()],), "ERR_INVALID_ARG"), (([slots[0], slots[1], slots[0]],), "ERR_INVALID_ARG"),
+                           ((slots, 65), "ERR_OUT_OF_RANGE")):
+            with self.assertRaises(IpcError) as cm:
+                producer.publish_many(*args)
+            self.assertEqual(cm.exception.code, code)
+        self.assertIsNone(consumer.poll(), "nothing was published")
+        for i, slot in enumerate(slots):
+            struct.pack_into("<I", slot.memory, 0, 200 + i)
+        producer.publish_many(reversed(slots))  # the whole slot by default; any iterable
+        with self.assertRaises(IpcError) as cm:
+            producer.publish_many(slots[:1])
+        self.assertEqual(cm.exception.code, "ERR_INVALID_ARG", "a published slot cannot go again")
+        got = consumer.receive_many(64, timeout=1)
+        self.assertEqual([struct.unpack_from("<I", m.memory, 0)[0] for m in got], [207 - i for i in range(8)])
+        self.assertEqual({m.length for m in got}, {64})
+        for m in got:
+            m.release()
+        producer.end(timeout=1)
+        self.assertEqual(consumer.receive_many(8, timeout=1), [])
         consumer.close()
 
 

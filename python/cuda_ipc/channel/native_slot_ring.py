@@ -1,6 +1,6 @@
 """The ring protocol's hot path through the native helper (cuda_ipc/native.py, native/py/channel_ring.c):
 ``NativeRing`` is a ``Ring`` whose per-message operations (acquire, publish, take with the message's
-record, a batch of them, release, the wake-ups, the spin before sleeping) are one C call each, the
+record, a batch of them, release, the producer's batches, the wake-ups, the spin before sleeping) are one C call each, the
 same steps with the same memory orders as slot_ring.py's methods of the same names; everything else (leaving, recovery,
 membership, stats) is slot_ring.py's own. ``make_ring`` picks it where the library loaded.
 
@@ -80,6 +80,13 @@ class NativeRing(Ring):
         self._messages_view = memoryview(self._messages)
         self._messages_c = (ctypes.c_char * len(self._messages)).from_buffer(self._messages)
         self._messages_p = c_void_p(ctypes.addressof(self._messages_c))
+        # claim_slots' and publish_many's slot lists, and publish_many's stopping result.
+        self._claimed = (c_uint32 * n)()
+        self._claimed_p = c_void_p(ctypes.addressof(self._claimed))
+        self._publishing = (c_uint32 * n)()
+        self._publishing_p = c_void_p(ctypes.addressof(self._publishing))
+        self._stopped = c_int32()
+        self._stopped_p = c_void_p(ctypes.addressof(self._stopped))
         st = self._st = _RingState()
         st.base, st.length, st.taken = words.address, words.length, ctypes.addressof(self._taken)
         st.slot_count, st.me, st.max_participants, st.broadcast = n, me, layout.max_participants, int(layout.broadcast)
@@ -98,6 +105,8 @@ class NativeRing(Ring):
         self._has_free = fast.cip_has_free
         self._publish = fast.cip_publish
         self._publish_bare = fast.cip_publish_bare
+        self._claim_slots = fast.cip_claim_slots
+        self._publish_many = fast.cip_publish_many
         self._discard = fast.cip_discard
         self._take_message = fast.cip_take_message
         self._take_messages = fast.cip_take_messages
@@ -159,6 +168,12 @@ class NativeRing(Ring):
         rc = self.acquire_slot()
         return rc if rc >= 0 else -1
 
+    def claim_slots(self, most: int) -> list[int]:
+        rc: int = self._claim_slots(self._p, self._claimed_p, min(most, self.n))
+        if rc < 0:
+            raise self._fail(rc)
+        return self._claimed[:rc]
+
     def has_free(self) -> bool:
         rc: int = self._has_free(self._p)
         if rc < 0:
@@ -178,6 +193,19 @@ class NativeRing(Ring):
         if rc < 0:
             raise self._fail(rc)
         return _PUBLISH[rc]
+
+    def publish_many(self, slots: list[int], length: int) -> tuple[int, str]:
+        n = len(slots)
+        if length >= 0x80000000 or n > self.n:
+            return super().publish_many(slots, length)
+        self._publishing[:n] = slots  # type: ignore[assignment]  # (ctypes takes ints; the stubs ask for c_uint32 too)
+        rc: int = self._publish_many(self._p, self._publishing_p, n, length, self._stopped_p)
+        if rc < 0:
+            raise self._fail(rc)
+        stopped = self._stopped.value
+        if stopped < 0:
+            raise self._fail(stopped)
+        return rc, _PUBLISH[stopped]
 
     # -- consumers --
 

@@ -1,5 +1,5 @@
-"""A producer's end of a channel (src/channel/producer.ts): acquire a free slot, write it, publish it;
-``end()`` when done. Device slots: ``acquire(stream=...)`` orders your writes after the consumers'
+"""A producer's end of a channel (src/channel/producer.ts): acquire a free slot, write it, publish it
+(or several at once: acquire_many, publish_many); ``end()`` when done. Device slots: ``acquire(stream=...)`` orders your writes after the consumers'
 work on the slot's previous message, ``publish(slot, stream=...)`` makes the consumers' work wait for
 yours.
 """
@@ -87,15 +87,43 @@ class ChannelProducer(ChannelEnd):
         if e.block.fences is not None:
             if timeout is not None and deadline is None:
                 deadline = time.monotonic() + timeout
-            try:
+            self._after_consumers([slot], stream, deadline)
+        return slot
+
+    def _after_consumers(self, slots: list[ChannelSlot], stream: Stream, deadline: float | None) -> None:
+        """Device slots: orders the writes into ``slots`` after the consumers' work on their previous
+        messages (on ``stream``, else waiting here until ``deadline``); on failure they are all given back."""
+        try:
+            for slot in slots:
                 if stream is not None:
                     slot.wait_on(stream)
                 else:
                     slot.ready(None if deadline is None else max(0.0, deadline - time.monotonic()))
-            except BaseException:
+        except BaseException:
+            for slot in slots:
                 self.discard(slot)
-                raise
-        return slot
+            raise
+
+    def acquire_many(self, max_count: int = 64, timeout: float | None = None, stream: Stream = None) -> "list[ChannelSlot]":
+        """Up to ``max_count`` free slots at once: blocks as acquire() until one is free, then claims
+        the others free now (one call where the native helper runs). Write each, then publish_many()
+        them (or publish or discard each). Raises as acquire() does; device slots: as acquire()."""
+        if type(max_count) is not int or max_count < 1:
+            raise IpcError("ERR_OUT_OF_RANGE", f"acquire_many: max_count must be a positive int; got {max_count!r}")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        slots = [self.acquire(timeout, stream)]
+        if max_count == 1:
+            return slots
+        e = self._end
+        with e.lock:
+            more = [] if e.closed else e.ring.claim_slots(max_count - 1)
+            for s in more:
+                slot = ChannelSlot(self, s)
+                self._writing[s] = slot
+                slots.append(slot)
+        if more and e.block.fences is not None:
+            self._after_consumers(slots[1:], stream, deadline)
+        return slots
 
     def try_acquire(self) -> "ChannelSlot | None":
         """A free slot now, or None when every slot is in flight. Device slots: order your writes
@@ -145,6 +173,45 @@ class ChannelProducer(ChannelEnd):
             r = e.ring.publish_message(s, length, kind, raw)  # the message's length and meta, then the commit
             if r != "ok" and r != "dropped":
                 self._commit(s, r)
+
+    def publish_many(self, slots: Sequence[ChannelSlot], length: int | None = None, stream: Stream = None) -> None:
+        """Publishes ``slots`` in their order, each a message of ``length`` bytes (default: the whole
+        slot) without meta: one call where the native helper runs. Every slot is checked before any is
+        published (ERR_INVALID_ARG, nothing published); device slots: as publish()."""
+        e = self._end
+        if e.closed:
+            raise closed_error("publish_many")
+        slots = list(slots)
+        with e.lock:
+            l = e.layout
+            if length is None:
+                length = l.slot_bytes
+            if type(length) is not int or not 0 <= length <= l.slot_bytes:
+                raise IpcError("ERR_OUT_OF_RANGE", f"publish_many: length must be an int in 0..{l.slot_bytes}; got {length!r}")
+            writing = self._writing
+            indices = []
+            for i, slot in enumerate(slots):
+                s = getattr(slot, "index", -1)
+                if not isinstance(slot, ChannelSlot) or writing.get(s) is not slot:
+                    raise IpcError("ERR_INVALID_ARG", f"publish_many: slots[{i}] is not one this producer acquired and has not yet published")
+                indices.append(s)
+            if len(set(indices)) != len(indices):
+                raise IpcError("ERR_INVALID_ARG", "publish_many: a slot is listed twice")
+            f = e.block.fences
+            if f is not None:
+                for s in indices:
+                    f.signal(stream, l.publish_fence(s), e.ring.next_ticket(s))
+            for slot in slots:
+                del writing[slot.index]
+                slot._done = True
+            done, r = e.ring.publish_many(indices, length)
+            if done < len(indices):
+                # One did not go through at once (as publish(): retried while busy); then the rest one by one.
+                self._commit(indices[done], r)
+                for s in indices[done + 1:]:
+                    r = e.ring.publish_message(s, length, META_NONE, b"")
+                    if r != "ok" and r != "dropped":
+                        self._commit(s, r)
 
     def _commit(self, s: int, r: str) -> None:
         """A publish that did not go through at once (``r``: 'busy' or 'detached'): retried while busy."""

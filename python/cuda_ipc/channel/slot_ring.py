@@ -170,6 +170,13 @@ class Ring:
             s = 0 if s + 1 == n else s + 1
         return -1
 
+    def claim_slots(self, most: int) -> list[int]:
+        """Up to ``most`` claim_slot()s (fewer once no slot is free)."""
+        got: list[int] = []
+        while len(got) < most and (s := self.claim_slot()) >= 0:
+            got.append(s)
+        return got
+
     def has_free(self) -> bool:
         w = self.w
         for s in range(self.n):
@@ -189,6 +196,15 @@ class Ring:
     def publish_message(self, s: int, length: int, meta_kind: int, meta: bytes) -> str:
         self.write_message(s, length, meta_kind, meta)
         return self.publish(s)
+
+    def publish_many(self, slots: list[int], length: int) -> tuple[int, str]:
+        """publish_message() without meta for each of ``slots`` in turn until one does not go through:
+        how many did ('ok' or 'dropped'), and the result of the one that stopped ('ok' when none did)."""
+        for i, s in enumerate(slots):
+            r = self.publish_message(s, length, META_NONE, b"")
+            if r != "ok" and r != "dropped":
+                return i, r
+        return len(slots), "ok"
 
     def take_message(self) -> Taken:
         """Work sharing: take() and the message's record (read_message's fields but the meta bytes);
