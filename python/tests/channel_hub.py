@@ -2,11 +2,14 @@
 ChannelHub does (src/channel/hub.ts), hands it to Python ends over link pairs (the attach protocol
 of src/channel/attach.ts) and repairs ends as Node's hub would when their link closes. Lets the
 Python ends be tested without Node; the real hub is Node's (test/cpu/python-channel.test.ts)."""
+import contextlib
 import os
 import struct
 import threading
+from collections.abc import Iterator
 
 from cuda_ipc import HostBuffer
+from cuda_ipc import native as native_mod
 from cuda_ipc import channel as ch
 from cuda_ipc import link as link_mod
 from cuda_ipc.channel.layout import (
@@ -137,3 +140,18 @@ class TestHub:
             self.slots.close()
         self.bells.close()
 
+
+@contextlib.contextmanager
+def native_setting(value: str) -> Iterator[None]:
+    """CUDA_IPC_PY_NATIVE set to ``value`` (the hot path chosen again), put back after."""
+    saved = os.environ.get("CUDA_IPC_PY_NATIVE")
+    os.environ["CUDA_IPC_PY_NATIVE"] = value
+    native_mod._reset_for_tests()
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("CUDA_IPC_PY_NATIVE", None)
+        else:
+            os.environ["CUDA_IPC_PY_NATIVE"] = saved
+        native_mod._reset_for_tests()

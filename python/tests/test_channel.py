@@ -3,18 +3,17 @@ and attaches ends as Node's hub does): ordering, meta, wake-ups, broadcast, a de
 messages redelivered, the hub's death, timeouts, refusals, a corrupt block, and device-slot fences
 with the fake driver. Node is the real hub in test/cpu/python-channel.test.ts."""
 import gc
-import os
 import struct
 import threading
 import time
 import unittest
 
-from cuda_ipc import ChannelConsumer, ChannelProducer, IpcError, dlpack
+from cuda_ipc import ChannelConsumer, ChannelProducer, IpcError, dlpack, native_helper
 from cuda_ipc.memory import cache as memory_mod
 from cuda_ipc.channel.layout import PFLAG_HUB_LOCAL, S_META, S_LENGTH, S_META_KIND, S_META_LENGTH, S_STATE
 
 from . import fake_cuda
-from .channel_hub import TestHub
+from .channel_hub import TestHub, native_setting
 from .test_link import open_fds
 
 
@@ -320,21 +319,10 @@ class ChannelTests(unittest.TestCase):
         consumer.close()
 
     def test_acquire_many_and_publish_many_on_both_hot_paths(self):
-        from cuda_ipc import native as native_mod
-        saved = os.environ.get("CUDA_IPC_PY_NATIVE")
-        paths = ["python"] + (["native"] if native_mod.native_helper().active else [])
-        try:
-            for path in paths:
-                with self.subTest(path=path):
-                    os.environ["CUDA_IPC_PY_NATIVE"] = "0" if path == "python" else "1"
-                    native_mod._reset_for_tests()
-                    self._batches(path)
-        finally:
-            if saved is None:
-                os.environ.pop("CUDA_IPC_PY_NATIVE", None)
-            else:
-                os.environ["CUDA_IPC_PY_NATIVE"] = saved
-            native_mod._reset_for_tests()
+        paths = ["python"] + (["native"] if native_helper().active else [])
+        for path in paths:
+            with self.subTest(path=path), native_setting("0" if path == "python" else "1"):
+                self._batches(path)
 
     def _batches(self, path: str):
         hub = self.hub(slots=8, slot_bytes=64)

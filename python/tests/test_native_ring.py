@@ -15,7 +15,7 @@ from cuda_ipc.channel.layout import H_DATA_SLEEPERS, H_HEAD, H_SPACE_SLEEPERS, P
 from cuda_ipc.channel.native_slot_ring import NativeRing, make_ring
 from cuda_ipc.channel.slot_ring import Ring
 
-from .channel_hub import TestHub
+from .channel_hub import TestHub, native_setting
 
 HELPER = native_helper()
 NO_NATIVE = None if HELPER.active else f"the native helper is not in use: {HELPER.reason}"
@@ -181,10 +181,7 @@ class NativeRingMatchesRingTests(unittest.TestCase):
 
 class HotPathTests(unittest.TestCase):
     def test_the_environment_variable_turns_the_native_path_off_and_ends_say_which_runs(self):
-        saved = os.environ.get("CUDA_IPC_PY_NATIVE")
-        try:
-            os.environ["CUDA_IPC_PY_NATIVE"] = "0"
-            native_mod._reset_for_tests()
+        with native_setting("0"):
             info = native_helper()
             self.assertFalse(info.active)
             self.assertIn("CUDA_IPC_PY_NATIVE=0", info.reason)
@@ -196,12 +193,6 @@ class HotPathTests(unittest.TestCase):
                 end.close()
             finally:
                 hub.close()
-        finally:
-            if saved is None:
-                os.environ.pop("CUDA_IPC_PY_NATIVE", None)
-            else:
-                os.environ["CUDA_IPC_PY_NATIVE"] = saved
-            native_mod._reset_for_tests()
         self.assertEqual(native_helper(), HELPER)
 
     @unittest.skipIf(NO_NATIVE, NO_NATIVE)
