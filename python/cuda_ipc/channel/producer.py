@@ -1,7 +1,7 @@
 """A producer's end of a channel (src/channel/producer.ts): acquire a free slot, write it, publish it
-(or several at once: acquire_many, publish_many); ``end()`` when done. Device slots: ``acquire(stream=...)`` orders your writes after the consumers'
-work on the slot's previous message, ``publish(slot, stream=...)`` makes the consumers' work wait for
-yours.
+(or several at once: acquire_many, publish_many); ``end()`` when done. Device slots:
+``acquire(stream=...)`` orders your writes after the consumers' work on the slot's previous message,
+``publish(slot, stream=...)`` makes the consumers' work wait for yours.
 """
 from __future__ import annotations
 
