@@ -1,24 +1,8 @@
-// What both listeners share (listener.ts for socket names, tcp-listener.ts for TCP): their events,
-// and the accept() side: callers waiting for the next link, each giving up on its own signal or timeout.
+// The accept() side both listeners share (listener.ts for socket names, tcp-listener.ts for TCP):
+// callers waiting for the next link, each giving up on its own signal or timeout.
 import type { IpcError } from '../errors.js';
 import { armWait, type WaitOptions } from '../abort.js';
 import type { Link } from './link.js';
-
-/** The events of a Listener (and of a TcpListener) and the arguments their listeners get (no catch-all). */
-export interface ListenerEvents {
-  /** A link whose handshake succeeded and that no pending accept() took. */
-  connection: [link: Link];
-  /** A connection from a refused uid, or one that failed its handshake; it was closed. */
-  refused: [error: IpcError];
-  /** The listening socket failed; emitted only when someone listens for it. */
-  error: [error: Error];
-  /** The listener closed. */
-  close: [];
-  /** EventEmitter's own: a listener is about to be added. */
-  newListener: [event: string | symbol, listener: (...args: any[]) => void];
-  /** EventEmitter's own: a listener was removed. */
-  removeListener: [event: string | symbol, listener: (...args: any[]) => void];
-}
 
 interface Waiter {
   resolve(link: Link): void;

@@ -9,7 +9,7 @@ import { Link, kCreate, kOpened } from './link.js';
 import { LINK_OPTION_KEYS, linkLimits, type LinkLimits, type LinkOptions } from './link-options.js';
 import { checkOptionKeys, checkSignal, optionalInteger, invalidArgValue } from '../arg-errors.js';
 import { abortError, checkTimeout, raceWait, type WaitOptions } from '../abort.js';
-import { AcceptWaiters, acceptUntilClosed, type ListenerEvents } from './accept-waiters.js';
+import { AcceptWaiters, acceptUntilClosed } from './accept-waiters.js';
 
 const EMFILE = 24;
 const ENFILE = 23;
@@ -92,8 +92,38 @@ function codeOf(e: unknown): string | undefined {
   return (e as { code?: string })?.code;
 }
 
-export type { ListenerEvents };
+/** The events of a Listener and the arguments their listeners get (no catch-all). */
+export interface ListenerEvents {
+  /** A link whose handshake succeeded and that no pending accept() took. */
+  connection: [link: Link];
+  /** A connection from a refused uid, or one that failed its handshake; it was closed. */
+  refused: [error: IpcError];
+  /** The listening socket failed; emitted only when someone listens for it. */
+  error: [error: Error];
+  /** The listener closed. */
+  close: [];
+  /** EventEmitter's own: a listener is about to be added. */
+  newListener: [event: string | symbol, listener: (...args: any[]) => void];
+  /** EventEmitter's own: a listener was removed. */
+  removeListener: [event: string | symbol, listener: (...args: any[]) => void];
+}
 
+export interface Listener {
+  /** Adds a listener for `event` (see ListenerEvents). */
+  on<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener called once for `event`. */
+  once<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Removes a listener. */
+  off<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Same as on(). */
+  addListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Same as off(). */
+  removeListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener before the others. */
+  prependListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a once-listener before the others. */
+  prependOnceListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+}
 
 /**
  * A named socket accepting links. Each connection is handed over once its handshake succeeded:
@@ -101,7 +131,7 @@ export type { ListenerEvents };
  * `for await`. Connections from a refused uid, or that fail the handshake, are closed and
  * reported as 'refused' (a connection that hangs up before its handshake is dropped silently).
  */
-export class Listener extends EventEmitter<ListenerEvents> implements Disposable, AsyncIterable<Link> {
+export class Listener extends EventEmitter implements Disposable, AsyncIterable<Link> {
   readonly name: string;
   readonly path: string;
   #acceptor: NativeAcceptor | undefined;

@@ -9,7 +9,7 @@ import net from 'node:net';
 import tls from 'node:tls';
 import { IpcError } from '../errors.js';
 import type { WaitOptions } from '../abort.js';
-import { AcceptWaiters, acceptUntilClosed, type ListenerEvents } from './accept-waiters.js';
+import { AcceptWaiters, acceptUntilClosed } from './accept-waiters.js';
 import { checkObject, optionalInteger } from '../arg-errors.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { linkLimits, type LinkLimits } from './link-options.js';
@@ -33,9 +33,34 @@ export interface TcpListenOptions extends TcpLinkOptions {
   maxPending?: number;
 }
 
-/** The events of a TcpListener: a Listener's ('refused' also for a failed TLS or token exchange, a
- * handshake timeout, or a connection past maxPending). */
-export type TcpListenerEvents = ListenerEvents;
+/** The events of a TcpListener and the arguments their listeners get (as a Listener's). */
+export interface TcpListenerEvents {
+  /** A link whose token exchange and handshake succeeded and that no pending accept() took. */
+  connection: [link: Link];
+  /** A connection that failed TLS, the token exchange or its handshake, or went past maxPending; it was closed. */
+  refused: [error: IpcError];
+  /** The listening socket failed; emitted only when someone listens for it. */
+  error: [error: Error];
+  /** The listener closed. */
+  close: [];
+  /** EventEmitter's own: a listener is about to be added. */
+  newListener: [event: string | symbol, listener: (...args: any[]) => void];
+  /** EventEmitter's own: a listener was removed. */
+  removeListener: [event: string | symbol, listener: (...args: any[]) => void];
+}
+
+export interface TcpListener {
+  /** Adds a listener for `event` (see TcpListenerEvents). */
+  on<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
+  /** Adds a listener called once for `event`. */
+  once<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
+  /** Removes a listener. */
+  off<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
+  /** Same as on(). */
+  addListener<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
+  /** Same as off(). */
+  removeListener<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
+}
 
 interface Pending {
   socket: net.Socket;
@@ -51,7 +76,7 @@ interface Pending {
  * `for await`. A connection that fails any of them is closed and reported as 'refused' (with
  * ERR_AUTH_FAILED for a wrong token, ERR_TIMEOUT, ERR_LIMIT_REACHED, ...).
  */
-export class TcpListener extends EventEmitter<TcpListenerEvents> implements Disposable, AsyncIterable<Link> {
+export class TcpListener extends EventEmitter implements Disposable, AsyncIterable<Link> {
   /** The bound address, e.g. tcp://127.0.0.1:40123 (a port 0 in the URL given is the port picked). */
   readonly url: LinkUrl;
   /** The bound IP address and port. */
