@@ -16,13 +16,15 @@ receiver splits that time into phases from the trainer's send timestamp (both re
 
 fresh: every sync starts cold (the trainer asks for its handles again and encodes anew, and sends its
 pool's fd again; the receiver closed its mappings and imported pools, forgot its decoded tables and
-plans): the first sync of a pair of processes.
+plans): the first sync of a pair of processes. The trainer's clock starts once the receiver says it is
+ready (its forgetting is not part of a sync).
 The receiver acknowledges once its copies finished, then closes the previous sync's sets (off the
 critical path: the trainer's next step runs meanwhile); 'close' is that time.
 split: the state dict goes as that many sets (messages); 1 (the default) sends it whole, in one large
 message (docs/PROTOCOL.md section 3.1), which Python sends and receives once its large messages are in.
 """
 import gc
+import os
 import sys
 import threading
 import time
@@ -33,6 +35,7 @@ from cuda_ipc import IpcError, connect, ipc_mem_pool, legacy_cache_stats, listen
 from cuda_ipc import driver as _drv
 from cuda_ipc import memory as _mem
 from cuda_ipc.memory import cache as _cache
+from cuda_ipc import tensor_map as _tensor_map
 from cuda_ipc import update as _update
 
 import weights_model as wm
@@ -134,6 +137,10 @@ def handle(msg):
                 if msg["fresh"]:
                     _mem._export_handles.clear()  # ask the driver for every handle again
                     peer.handler_state.pop(_cache._POOLS_SENT, None)  # and send the pool's fd again
+                    # The clock starts once the receiver finished forgetting (its gc.collect() alone
+                    # takes tens of ms): a first sync meets a receiver that waits for it.
+                    ready = peer.receive(timeout=120)
+                    assert ready == {"ready": i}, ready
             e0 = tensor_set.handle_exports
             _spent["allocations"] = _spent["table"] = 0.0
             t0 = now()
@@ -163,10 +170,13 @@ def handle(msg):
                     ts.close()
                 kept = []
                 peer.handler_state.pop("cuda_ipc.tensor_set.layouts", None)
+                peer.handler_state.pop("cuda_ipc.tensor_set.last_record", None)
+                _tensor_map._descriptors.clear()
                 for pool in peer.handler_state.pop(_cache._POOLS_RECEIVED, {}).values():
                     pool.release()  # the pool is imported again from the fd the trainer sends again
                 _update._plans.clear()
                 gc.collect()
+                peer.send({"ready": i})
             o0 = legacy_cache_stats()["opened"]
             msgs = [peer.receive(timeout=120) for _ in range(split)]
             t1 = now()
@@ -216,9 +226,36 @@ def handle(msg):
         link.send({})
 
 
+# CUDA_IPC_BENCH_PROFILE=FILE: each 'run' and 'serve' under cProfile, its busiest functions appended to
+# FILE.<pid> (where a phase's time goes, function by function, on the GPU machine).
+_profile_to = os.environ.get("CUDA_IPC_BENCH_PROFILE")
+_pool_built = False
+
+
+def profiled(msg):
+    global _pool_built
+    if msg["op"] == "build":
+        _pool_built = bool(msg.get("ipc_pool"))
+    if not _profile_to or msg["op"] not in ("run", "serve"):
+        return handle(msg)
+    import cProfile
+    import io
+    import pstats
+    prof = cProfile.Profile()
+    prof.enable()
+    try:
+        return handle(msg)
+    finally:
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
+        with open(f"{_profile_to}.{os.getpid()}", "a") as f:
+            f.write(f"=== {msg['op']} syncs={msg['syncs']} fresh={msg['fresh']} method={msg.get('method')} ipc_pool={_pool_built}\n{out.getvalue()}\n")
+
+
 for msg in link:
     try:
-        handle(msg)
+        profiled(msg)
     except IpcError as e:  # said to Node, which stops the run (e.g. a message too large for a frame)
         link.send({"error": f"{e.code}: {e}"})
 sys.exit(0)

@@ -33,7 +33,7 @@ from .nccl_records import NCCL_TENSOR_SET_KIND, encode_nccl_tensor_set, encode_p
 from .packed_stream import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, PACK_ALIGN, ChunkRoute, PlacedTensor, SourceTensor, pack_offsets, route_chunks
 from .streams import Event, after_producer, producer_stream
 from .tensor_map import TensorMap
-from .tensor_set import SharedTensors, _pointers
+from .tensor_set import SharedTensors, pointers_of
 
 if TYPE_CHECKING:
     from .link.link import Link
@@ -155,7 +155,7 @@ def _plan_shared(st: SharedTensors) -> SendPlan:
     """The plan of ``st``, reused while every tensor starts where it did."""
     with st._lock:
         plan = _plans.get(st)
-        if plan is not None and _pointers(st._objs) == plan.pointers:
+        if plan is not None and pointers_of(st) == plan.pointers:
             return plan
         plan = _plans[st] = _plan(st._names, st._objs, st._sync)
         return plan
@@ -189,7 +189,7 @@ def encode_tensor_set(value: SharedTensors | TensorMap, link: Link) -> TransferE
         keep: Any = list(value._objs)
     else:
         plan, keep = _plan_received(value)
-        retained = [a._origin for a in value._allocs if isinstance(a, DeviceBuffer)]
+        retained = [a._origin for a in value._buffers() if isinstance(a, DeviceBuffer)]
         for o in retained:
             o.retain()  # a received set's memory stays (and so its sender's lease) until the peer and NCCL are done
 

@@ -4,6 +4,11 @@ a view into them, on first use: torch tensors when torch is importable, else ``D
 ``HostArray`` (host); ``view(name)`` always gives the cuda_ipc view. One lease per message: the
 sender gets its memory back once ``close()`` ran and no tensor made from the set is alive.
 
+A legacy allocation stays its descriptor until something needs its buffer (a view, a tensor,
+``allocations``): ``bases()`` maps those through the cache of mappings as one batch, and ``close()``
+gives them back as one, so that a repeated sync of a few hundred allocations makes no object per
+allocation (update_in_place needs the addresses only).
+
 Decoding the 'tensor-set' record (tensor_wire.py) into a TensorMap is here too: each allocation by
 the handler of its own kind, a legacy entry decoded once per bytes, a table decoded once per link
 while it repeats.
@@ -23,8 +28,10 @@ from .host import HostBuffer, host_address
 from .host_array import HostArray
 from .resource import Resource
 from .link.handlers import handler_for_kind
+from .device import Device, importing_device
 from .memory import cache
 from .memory.buffer import _CREATE as _DEVICE_BUFFER, DeviceArray, DeviceBuffer, _Origin, map_buffers
+from .memory.legacy import LegacyRelease, open_legacy, open_legacy_many
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
 from ._renamed import renamed_attribute
 
@@ -34,8 +41,11 @@ if TYPE_CHECKING:
 
 #: What one allocation of a received set is in this process.
 Allocation = Union[HostBuffer, DeviceBuffer]
+#: An allocation as a set holds it: its buffer, or (legacy, no buffer made yet) its descriptor.
+Held = Union[HostBuffer, DeviceBuffer, LegacyHandleDescriptor]
 
 _LAYOUT_STATE = "cuda_ipc.tensor_set.layouts"
+_RECORD_STATE = "cuda_ipc.tensor_set.last_record"
 _LAYOUTS_KEPT = 16
 
 
@@ -61,12 +71,18 @@ class TensorMap(Resource, Mapping[str, Any]):
     (device memory) or ``HostArray`` (host memory); ``close(sync=True)`` lets go of the set (the views
     from ``view()`` with it; torch tensors keep the memory alive on their own until they are gone)."""
 
-    def __init__(self, layout: TensorLayout, allocations: list[Allocation], _token: object = None):
+    def __init__(self, layout: TensorLayout, allocations: list[Held], _token: object = None, whole: _PartLease | None = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "TensorMap objects come from links (receive)")
         self.layout = layout
         self._allocs = allocations
         self._closed = False
+        # The message's lease (one part per buffer made, and one the set holds until close()), when
+        # some allocations are still descriptors; the mappings the set holds for those (allocation ->
+        # (base, unmap, device)); the allocations' addresses once known.
+        self._whole = whole
+        self._held: dict[int, tuple[int, Callable[[], None], Device]] = {}
+        self._addresses: list[int] | None = None
         self._views: dict[int, Any] = {}
         self._tensors: dict[int, Any] = {}
         self._bases: dict[int, Any] = {}
@@ -112,7 +128,65 @@ class TensorMap(Resource, Mapping[str, Any]):
     @property
     def allocations(self) -> list[Allocation]:
         """The buffers over each allocation the message brought (DeviceBuffer or HostBuffer)."""
-        return list(self._allocs)
+        if self._closed:
+            return [a for a in self._allocs if type(a) is not LegacyHandleDescriptor]  # type: ignore[misc]
+        return self._buffers()
+
+    def _buffers(self) -> list[Allocation]:
+        """Every allocation's buffer (made now for those still descriptors)."""
+        return [self._allocation_buffer(a) for a in range(len(self._allocs))]
+
+    def _allocation_buffer(self, a: int) -> Allocation:
+        """Allocation ``a``'s buffer; a legacy one made now if need be, with a part of the message's
+        lease and a reference of its own on the mapping the set holds (it may outlive the set)."""
+        got = self._allocs[a]
+        if type(got) is not LegacyHandleDescriptor:
+            return got  # type: ignore[return-value]
+        with self._lock:
+            self._check()
+            desc = self._allocs[a]
+            if type(desc) is not LegacyHandleDescriptor:
+                return desc  # type: ignore[return-value]
+            assert self._whole is not None, "a set with descriptors has its lease parts"
+            self._whole.add_one()
+            part = _AllocationLease(self._whole)
+            origin = _Origin("legacy", part, desc.device_uuid, 0, descriptor=desc)
+            part.on_end = _dropper(origin)
+            buf = DeviceBuffer(origin, desc.offset, desc.byte_length, _DEVICE_BUFFER)
+            held = self._held.get(a)
+            if held is not None:
+                try:
+                    base, unmap = open_legacy(desc, held[2])  # found in the cache: the set holds it
+                except BaseException:
+                    buf.close(False)
+                    raise
+                origin.adopt(base, unmap, held[2])
+            self._allocs[a] = buf
+            return buf
+
+    def _placement(self) -> tuple[list[bool], list[int]]:
+        """Per allocation: whether it is host memory, and the ordinal of the device it is used on (0
+        for host memory), without making buffers."""
+        host: list[bool] = []
+        ordinals: list[int] = []
+        users: dict[str, int] = {}
+        for a, x in enumerate(self._allocs):
+            if isinstance(x, LegacyHandleDescriptor):
+                held = self._held.get(a)
+                if held is not None:
+                    ordinal = held[2].ordinal
+                else:
+                    u = users.get(x.device_uuid)
+                    ordinal = users[x.device_uuid] = importing_device(Device.by_uuid(x.device_uuid)).ordinal if u is None else u
+                host.append(False)
+                ordinals.append(ordinal)
+            elif isinstance(x, HostBuffer):
+                host.append(True)
+                ordinals.append(0)
+            else:
+                host.append(False)
+                ordinals.append(x.device.ordinal)
+        return host, ordinals
 
     def _check(self) -> None:
         if self._closed:
@@ -126,13 +200,52 @@ class TensorMap(Resource, Mapping[str, Any]):
 
     def bases(self) -> list[int]:
         """Addresses of the allocations in this process, mapping device memory not mapped yet as one
-        batch (memory/buffer.py map_buffers: the legacy handles of a first sync opened several at once)."""
+        batch (legacy handles through the cache of mappings, those not open yet opened several at
+        once: a first sync's opens)."""
         self._check()
+        known = self._addresses
+        if known is not None:
+            return list(known)
         allocs = self._allocs
-        unmapped = [a for a in allocs if type(a) is DeviceBuffer and a._origin.base is None]
+        pending = [a for a, x in enumerate(allocs) if type(x) is LegacyHandleDescriptor and a not in self._held]
+        if pending:
+            self._hold(pending)
+        unmapped = [x for x in allocs if type(x) is DeviceBuffer and x._origin.base is None]
         if unmapped:
             map_buffers(unmapped)
-        return [a.ptr if not isinstance(a, HostBuffer) else host_address(a) for a in allocs]
+        held = self._held
+        out = [held[a][0] if isinstance(x, LegacyHandleDescriptor) else host_address(x) if isinstance(x, HostBuffer) else x.ptr
+               for a, x in enumerate(allocs)]
+        self._addresses = out  # (a buffer made later maps the same mapping: the same address)
+        return list(out)
+
+    def _hold(self, pending: list[int]) -> None:
+        """Maps the legacy allocations ``pending`` (still descriptors) for the set itself; raises the
+        first failure, keeping the others (close() gives them back)."""
+        users: dict[str, Device] = {}
+        wanted: list[tuple[LegacyHandleDescriptor, Device]] = []
+        for a in pending:
+            d = self._allocs[a]
+            assert type(d) is LegacyHandleDescriptor
+            user = users.get(d.device_uuid)
+            if user is None:
+                user = users[d.device_uuid] = importing_device(Device.by_uuid(d.device_uuid))
+            wanted.append((d, user))
+        results = open_legacy_many(wanted)
+        first: BaseException | None = None
+        undo: list[Callable[[], None]] = []
+        with self._lock:
+            for a, (_, user), r in zip(pending, wanted, results):
+                if isinstance(r, BaseException):
+                    first = first or r
+                elif self._closed:
+                    undo.append(r[1])  # closed meanwhile (another thread): give it back
+                else:
+                    self._held[a] = (r[0], r[1], user)
+        for u in undo:
+            u()
+        if first is not None:
+            raise first
 
     # -- views --
 
@@ -144,7 +257,7 @@ class TensorMap(Resource, Mapping[str, Any]):
         v = self._views.get(i)
         if v is None:
             L = self.layout
-            buf = self._allocs[L.allocations[i]]
+            buf = self._allocation_buffer(L.allocations[i])
             if isinstance(buf, HostBuffer):
                 v = HostArray(buf, L.dtypes[i], L.shapes[i], L.strides[i], L.offsets[i])
             else:
@@ -178,7 +291,7 @@ class TensorMap(Resource, Mapping[str, Any]):
         made from it keep the memory mapped after the set is closed, until they are gone."""
         b = self._bases.get(a)
         if b is None:
-            buf = self._allocs[a]
+            buf = self._allocation_buffer(a)
             if isinstance(buf, HostBuffer):
                 b = torch.from_dlpack(buf.view(0, buf.nbytes))
             else:
@@ -201,12 +314,32 @@ class TensorMap(Resource, Mapping[str, Any]):
                 v.close()
         self._tensors = {}
         self._bases = {}
+        self._addresses = None
         first: Exception | None = None
-        for a in self._allocs:
+        with self._lock:
+            held, self._held = self._held, {}
+        if held:
             try:
-                a.close(sync) if not isinstance(a, HostBuffer) else a.close()
+                if sync:
+                    # Work queued on the memory must finish before the sender may reuse it.
+                    for user in {h[2] for h in held.values()}:
+                        user.synchronize()
+                batch = [(u.handle, u.user) for _, u, _ in held.values() if type(u) is LegacyRelease]
+                cache._legacy_release_many(batch, drop=True)  # dropped, not left idle: see _dropper
+                for _, u, _ in held.values():
+                    if type(u) is not LegacyRelease:
+                        u()
+            except Exception as e:  # noqa: BLE001 - close them all, report the first
+                first = e
+        for a in self._allocs:
+            if type(a) is LegacyHandleDescriptor:
+                continue
+            try:
+                a.close(sync) if not isinstance(a, HostBuffer) else a.close()  # type: ignore[union-attr]
             except Exception as e:  # noqa: BLE001 - close them all, report the first
                 first = first or e
+        if self._whole is not None:
+            self._whole.end_one()  # the set's own part
         if first is not None:
             raise first
 
@@ -218,40 +351,61 @@ _CREATE = object()
 
 
 def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorMap:
+    # A record of legacy allocations only that repeats the last one on this link byte for byte (a
+    # repeated sync of the same weights) decodes to what that one did: kept, not parsed again.
+    record = bytes(data) if not fds else b""
+    last: tuple[bytes, list[LegacyHandleDescriptor], TensorLayout] | None = link.handler_state.get(_RECORD_STATE)
+    if last is not None and record and record == last[0]:
+        return TensorMap(last[2], list(last[1]), _CREATE, _PartLease(lease, 1))
+    ts = _decode(data, fds, link, lease)
+    descriptors = [a for a in ts._allocs if isinstance(a, LegacyHandleDescriptor)]
+    if record and len(descriptors) == len(ts._allocs):
+        link.handler_state[_RECORD_STATE] = (record, descriptors, ts.layout)
+    return ts
+
+
+def _decode(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorMap:
     allocations, table, count = parse_set(data, len(fds))
     sizes = [a[3] for a in allocations]
     layout = _cached_layout(link, table, count, sizes)
-    # One lease for the message: it ends once every allocation it brought is released here.
-    whole = _PartLease(lease, len(allocations))
-    buffers: list[Allocation] = []
+    # One lease for the message: it ends once every allocation it brought is released here, and the
+    # set itself (legacy allocations stay descriptors, held by the set, until a buffer is asked for).
+    whole = _PartLease(lease, sum(1 for a in allocations if a[0] != KIND_LEGACY) + 1)
+    buffers: list[Held] = []
     at = 0
     try:
         for kind, fd_count, body, size in allocations:
+            if kind == KIND_LEGACY:
+                desc = _legacy_descriptor(body)
+                if desc.byte_length != size:
+                    raise IpcError("ERR_FRAME_INVALID", f"a received tensor set's allocation maps {desc.byte_length} bytes, not the {size} it announced")
+                buffers.append(desc)
+                continue
             handler = handler_for_kind(_KIND_NAMES[kind])
             if handler is None:
                 raise IpcError("ERR_NOT_TRANSFERABLE", f"received a tensor set with a '{_KIND_NAMES[kind]}' allocation but no handler for it is registered")
             mine = fds[at:at + fd_count]
             part = _AllocationLease(whole)
             try:
-                buf: Allocation = _decode_legacy(body, part) if kind == KIND_LEGACY else handler.decode(body, mine, link, part)
+                buf: Allocation = handler.decode(body, mine, link, part)
             finally:
                 fds[at:at + fd_count] = mine  # taken ones are -1; the rest stay the link's to close
             for k in range(at, at + fd_count):
                 fds[k] = -1
             at += fd_count
             buffers.append(buf)
-            if isinstance(buf, DeviceBuffer) and kind == KIND_LEGACY:
-                part.on_end = _dropper(buf._origin)
             if buf.nbytes != size:
                 raise IpcError("ERR_FRAME_INVALID", f"a received tensor set's allocation maps {buf.nbytes} bytes, not the {size} it announced")
     except BaseException:
         for b in buffers:
+            if type(b) is LegacyHandleDescriptor:
+                continue
             try:
-                b.close(False) if not isinstance(b, HostBuffer) else b.close()
+                b.close(False) if not isinstance(b, HostBuffer) else b.close()  # type: ignore[union-attr]
             except Exception:  # noqa: BLE001 - being discarded
                 pass
         raise
-    return TensorMap(layout, buffers, _CREATE)
+    return TensorMap(layout, buffers, _CREATE, whole)
 
 
 _KIND_NAMES = {KIND_LEGACY: "legacy-buffer", KIND_POOL: "pool-buffer", KIND_HOST: "host-buffer"}
@@ -262,8 +416,8 @@ _descriptors: "OrderedDict[bytes, LegacyHandleDescriptor]" = OrderedDict()
 _descriptors_lock = threading.Lock()
 
 
-def _decode_legacy(body: memoryview, lease: ReceivedLease) -> DeviceBuffer:
-    """What the 'legacy-buffer' handler makes of ``body``, with the canonical decode done once per bytes."""
+def _legacy_descriptor(body: memoryview) -> LegacyHandleDescriptor:
+    """The descriptor of a 'legacy-buffer' entry, decoded (and checked) once per bytes."""
     key = bytes(body)
     with _descriptors_lock:
         desc = _descriptors.get(key)
@@ -273,8 +427,7 @@ def _decode_legacy(body: memoryview, lease: ReceivedLease) -> DeviceBuffer:
             _descriptors[key] = desc
             while len(_descriptors) > 8192:
                 _descriptors.popitem(last=False)
-    origin = _Origin("legacy", lease, desc.device_uuid, 0, descriptor=desc)
-    return DeviceBuffer(origin, desc.offset, desc.byte_length, _DEVICE_BUFFER)
+    return desc
 
 
 class _PartLease:
@@ -286,6 +439,10 @@ class _PartLease:
         self._lease = lease
         self._open = count
         self._lock = threading.Lock()
+
+    def add_one(self) -> None:
+        with self._lock:
+            self._open += 1
 
     def end_one(self) -> None:
         with self._lock:

@@ -116,12 +116,17 @@ class SharedTensors:
     """Named tensors marked for sending as one tensor set (``share_tensors``). Send it as often as you
     like: while every tensor still starts where it did, the encoding is reused."""
 
-    __slots__ = ("_names", "_objs", "_sync", "_encoding", "_lock", "__weakref__")  # weakref: other transports' plans (nccl_tensor_send.py)
+    __slots__ = ("_names", "_objs", "_sync", "_encoding", "_lock", "_data_ptr", "__weakref__")  # weakref: other transports' plans (nccl_tensor_send.py)
 
     def __init__(self, names: list[str], objs: list[Any], sync: bool):
         self._names = names
         self._objs = objs
         self._sync = sync
+        # torch.Tensor.data_ptr when every value is a torch tensor (asked once: a send's pointer check
+        # is then one C call per tensor), else None.
+        torch = sys.modules.get("torch")
+        T = getattr(torch, "Tensor", None)
+        self._data_ptr: Callable[[Any], int] | None = T.data_ptr if T is not None and all(isinstance(o, T) for o in objs) else None
         self._encoding: _Encoding | None = None
         self._lock = threading.Lock()
 
@@ -249,7 +254,7 @@ def _describe(st: SharedTensors) -> _Encoding:
         nbytes += meta.itemsize * numel(meta.shape)
     _ask_handles(allocs)
     table = encode_table(names, dtypes, shapes, strides, offsets, alloc_of, len(allocs))
-    pointers = _pointers(st._objs)
+    pointers = pointers_of(st)
     return _Encoding(pointers, allocs, table, len(names), nbytes, sorted(syncs, key=repr))
 
 
@@ -313,12 +318,18 @@ def _pointers(objs: list[Any]) -> list[int]:
     return [_pointer(o) for o in objs]
 
 
+def pointers_of(st: SharedTensors) -> list[int]:
+    """Where each tensor of ``st`` starts now."""
+    f = st._data_ptr
+    return list(map(f, st._objs)) if f is not None else _pointers(st._objs)
+
+
 def _current(st: SharedTensors) -> _Encoding:
     """The set's encoding, reused while every tensor starts where it did."""
     with st._lock:
         enc = st._encoding
         if enc is not None:
-            if _pointers(st._objs) == enc.pointers:
+            if pointers_of(st) == enc.pointers:
                 return enc
         fresh = st._encoding = _describe(st)
         return fresh
@@ -412,7 +423,7 @@ def _encode_resend(ts: TensorMap, link: Link) -> TransferEncoding:
     commits: list[Callable[[], None]] = []
     holds: list[LeaseHold] = []
     try:
-        for buf in ts._allocs:
+        for buf in ts._buffers():
             if isinstance(buf, HostBuffer):
                 e = host_transfer._HostBufferTransfer().encode(buf, link)
                 assert e.hold is not None, "a host buffer's send holds its mapping"

@@ -176,11 +176,12 @@ def _targets(target: Any) -> Mapping[str, Any]:
 class _Plan:
     """What copying one received layout into one set of parameters takes, kept while both stay."""
 
-    __slots__ = ("names", "dst_objs", "dst_ptrs", "src_index", "src_strides", "runs", "run_sizes", "strided", "host", "ordinal",
+    __slots__ = ("names", "dst_objs", "dst_ptrs", "dst_data_ptr", "src_index", "src_strides", "runs", "run_sizes", "strided", "host", "ordinal",
                  "bytes", "unexpected", "missing", "length", "keep", "_arrays", "_bases", "_table", "_device_table")
     names: list[str]
     dst_objs: list[Any]
     dst_ptrs: list[int]
+    dst_data_ptr: Callable[[Any], int] | None  # torch.Tensor.data_ptr when every destination is a torch tensor
     src_index: list[Any]  # the source of each pair: its index in the layout (a TensorMap) or its name (a dict)
     src_strides: list[tuple[int, ...]]
     runs: list[int]  # pairs copied as one run of bytes
@@ -253,6 +254,9 @@ def _plan(dst: Mapping[str, Any], names_of_src: Iterable[str], ref_of_src: Calla
     _mismatch(mismatched, missing, unexpected, strict)
     p = _Plan()
     p.names, p.dst_objs, p.dst_ptrs, p.src_index = names, objs, ptrs, src_index
+    torch = sys.modules.get("torch")
+    T = getattr(torch, "Tensor", None)
+    p.dst_data_ptr = T.data_ptr if T is not None and all(isinstance(o, T) for o in objs) else None
     p.src_strides = [s.strides for _, s in refs]
     p.missing, p.unexpected = missing, unexpected
     p.length = len(dst)
@@ -286,14 +290,15 @@ def _plan_for_set(dst: Mapping[str, Any], ts: TensorMap, strict: bool) -> _Plan:
     with _plans_lock:
         p = _plans.get(key)
     if p is not None and p.length == len(dst):
-        get = dst.get
-        current = [get(n) for n in p.names]
-        if all(map(operator.is_, current, p.dst_objs)) and _addresses(current) == p.dst_ptrs:
-            return p
+        current = list(map(dst.get, p.names))
+        # The same objects (so the same types: the plan's data_ptr applies), each where it was.
+        if all(map(operator.is_, current, p.dst_objs)):
+            f = p.dst_data_ptr
+            if (list(map(f, current)) if f is not None else _addresses(current)) == p.dst_ptrs:
+                return p
     index = layout.index
     strides, shapes, dtypes, nbytes, extents = layout.strides, layout.shapes, layout.dtypes, layout.nbytes, layout.extents
-    host = [isinstance(a, HostBuffer) for a in ts._allocs]
-    ordinals = [a.device.ordinal if isinstance(a, DeviceBuffer) else 0 for a in ts._allocs]
+    host, ordinals = ts._placement()
 
     def ref(name: str) -> tuple[int | None, _Ref | None]:
         i = index.get(name)

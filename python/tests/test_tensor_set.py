@@ -14,6 +14,7 @@ import unittest
 from cuda_ipc import HostArray, HostBuffer, IpcError, TensorMap, share_tensors, update_in_place
 from cuda_ipc.memory import cache as memory_mod
 from cuda_ipc import copy_kernels
+from cuda_ipc import tensor_map as tensor_map_mod
 from cuda_ipc import tensor_set as ts_mod
 from cuda_ipc import update as update_mod
 from cuda_ipc.copy_kernels import ROW, plan_runs
@@ -287,6 +288,52 @@ class DeviceSetTests(unittest.TestCase):
                          "a set's mappings are closed with it, not left idle holding the sender's memory")
         deliver_releases(self.lb, self.la)
         self.assertEqual(self.la.leases.count, 0)
+
+    def test_a_repeated_record_decodes_from_the_last_and_a_buffer_made_from_it_outlives_the_set(self):
+        seg1, seg2, named = self.weights()
+        shared = share_tensors(named)
+        self.la.send({"weights": shared})
+        first = self.lb.receive(timeout=5)["weights"]
+        memory_mod._local_exports.clear()  # as in another process
+        self.assertEqual(first.bases(), [seg1, seg2])
+        parsed = []
+        parse = tensor_map_mod.parse_set
+        tensor_map_mod.parse_set = lambda *a: parsed.append(1) or parse(*a)
+        self.addCleanup(setattr, tensor_map_mod, "parse_set", parse)
+        self.la.send({"weights": shared})
+        second = self.lb.receive(timeout=5)["weights"]
+        self.assertEqual(parsed, [], "the same record as the last one on this link is not parsed again")
+        self.assertIs(second.layout, first.layout)
+        self.assertEqual(second.bases(), [seg1, seg2])
+        self.assertEqual(memory_mod.legacy_cache_stats()["references"], 4, "each set holds each mapping once")
+        self.assertEqual(struct.unpack("<2f", ctypes.string_at(second.view("layers.3.weight").ptr, 8)), (300.0, 301.0))
+        self.assertEqual(memory_mod.legacy_cache_stats()["references"], 5, "the buffer a view needs holds its own")
+        self.assertEqual(self.fake.opened[seg1], 1, "opened once for all of them")
+        first.close()
+        kept = second.allocations[0].slice(512, 256)  # outlives the set, as a torch tensor made from it does
+        second.close()
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 1, "the second message's lease lasts while memory it brought is used")
+        self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (1, 0), "only the allocation still used stays mapped")
+        self.assertEqual(struct.unpack("<f", ctypes.string_at(kept.ptr, 4)), (0.0,))
+        kept.close()
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 0)
+        self.assertEqual(self.fake.opened[seg1], 0)
+        self.assertEqual(memory_mod.legacy_cache_stats()["mappings"], 0)
+
+    def test_a_set_closed_unused_ends_its_lease_and_maps_nothing(self):
+        seg1, seg2, named = self.weights()
+        self.la.send({"weights": share_tensors(named)})
+        got = self.lb.receive(timeout=5)["weights"]
+        self.assertEqual(self.la.leases.count, 1)
+        got.close()
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 0)
+        self.assertEqual((self.fake.opened.get(seg1, 0), self.fake.opened.get(seg2, 0)), (0, 0))
+        with self.assertRaises(IpcError) as e:
+            got.bases()
+        self.assertEqual(e.exception.code, "ERR_CLOSED")
 
     def test_a_first_sync_asks_and_opens_its_handles_several_at_once_each_once(self):
         segs = [self.fake.alloc(4096) for _ in range(40)]

@@ -163,6 +163,38 @@ def _legacy_release(handle: bytes, user: Device) -> None:
                 _trim_idle(_legacy_idle_limit)
 
 
+def _legacy_release_many(keys: list[tuple[bytes, Device]], drop: bool) -> None:
+    """_legacy_release of each (handle, device) under one lock (a tensor set's mappings at its close);
+    with ``drop``, a mapping nobody uses any more is closed now rather than kept idle, as
+    _legacy_drop does (an idle mapping would keep its sender's memory after the sender freed it).
+    Closes them all, then raises the first failure."""
+    first: BaseException | None = None
+    with _legacy_lock:
+        for handle, user in keys:
+            key = (handle, user.uuid)
+            m = _legacy_maps.get(key)
+            if m is None or m.refs == 0:
+                continue
+            m.refs -= 1
+            if m.refs:
+                continue
+            if drop or handle in _legacy_gone:
+                _forget(key)
+                if handle in _legacy_gone and not any(k[0] == handle for k in _legacy_maps):
+                    _legacy_gone.discard(handle)
+                try:
+                    with m.device.activate():
+                        drv.driver().call("cuIpcCloseMemHandle", m.base)
+                except CudaError as e:
+                    first = first or e
+            else:
+                _legacy_idle.add(key)
+        if len(_legacy_idle) > _legacy_idle_limit:
+            _trim_idle(_legacy_idle_limit)
+    if first is not None:
+        raise first
+
+
 def _trim_idle(keep: int) -> None:
     """With _legacy_lock held: closes idle mappings, least recently used first, until ``keep`` remain."""
     idle = [(_legacy_maps[k].last_use, k) for k in _legacy_idle if k in _legacy_maps]

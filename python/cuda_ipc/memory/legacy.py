@@ -15,6 +15,21 @@ from ..parallel import each
 from . import cache
 
 
+class LegacyRelease:
+    """The unmap of a mapping from the cache: gives back one reference on (handle, device). An object
+    rather than a closure, so that a tensor set can give back hundreds at once
+    (cache._legacy_release_many)."""
+
+    __slots__ = ("handle", "user")
+
+    def __init__(self, handle: bytes, user: Device):
+        self.handle = handle
+        self.user = user
+
+    def __call__(self) -> None:
+        cache._legacy_release(self.handle, self.user)
+
+
 def open_legacy(desc: LegacyHandleDescriptor, user: Device) -> tuple[int, Callable[[], None]]:
     """Maps the allocation behind ``desc.handle`` for ``user``; returns (base, unmap)."""
     resident = Device.by_uuid(desc.device_uuid)
@@ -38,10 +53,7 @@ def open_legacy(desc: LegacyHandleDescriptor, user: Device) -> tuple[int, Callab
                 f"the exporting process {desc.pid} has exited, or freed the memory, or the bytes are not a CUDA IPC handle")
             raise IpcError("ERR_HANDLE_STALE", f"cannot open the IPC handle: {why}. Ask the exporter for a fresh descriptor") from e
         raise
-    handle = desc.handle
-
-    def close() -> None:
-        cache._legacy_release(handle, user)
+    close = LegacyRelease(desc.handle, user)
     try:
         _check_range(desc, size)
     except BaseException:
@@ -57,23 +69,23 @@ def open_legacy_many(wanted: list[tuple[LegacyHandleDescriptor, Device]]) -> lis
     out: list[tuple[int, Callable[[], None]] | BaseException | None] = [None] * len(wanted)
     rest: list[int] = []
     hits = cache._legacy_acquire_open([(d.handle, u) for d, u in wanted])
+    local = cache._local_exports
     for i, ((desc, user), hit) in enumerate(zip(wanted, hits)):
-        if hit is None or desc.handle in cache._local_exports:
+        if hit is None or desc.handle in local:
             if hit is not None:
                 cache._legacy_release(desc.handle, user)
             rest.append(i)
-            continue
-        out[i] = _mapped(desc, user, hit[0], hit[1])
+        elif desc.offset + desc.byte_length <= hit[1]:
+            out[i] = (hit[0], LegacyRelease(desc.handle, user))
+        else:
+            out[i] = _mapped(desc, user, hit[0], hit[1])  # (its range error, the reference given back)
     for i, r in zip(rest, each(lambda i: open_legacy(*wanted[i]), rest)):
         out[i] = r
     return [r for r in out if r is not None]
 
 
 def _mapped(desc: LegacyHandleDescriptor, user: Device, base: int, size: int) -> tuple[int, Callable[[], None]] | BaseException:
-    handle = desc.handle
-
-    def close() -> None:
-        cache._legacy_release(handle, user)
+    close = LegacyRelease(desc.handle, user)
     try:
         _check_range(desc, size)
     except IpcError as e:
