@@ -4,9 +4,9 @@ a view into them, on first use: torch tensors when torch is importable, else ``D
 ``HostArray`` (host); ``view(name)`` always gives the cuda_ipc view. One lease per message: the
 sender gets its memory back once ``close()`` ran and no tensor made from the set is alive.
 
-A legacy allocation stays its descriptor until something needs its buffer (a view, a tensor,
-``allocations``): ``bases()`` maps those through the cache of mappings as one batch, and ``close()``
-gives them back as one, so that a repeated sync of a few hundred allocations makes no object per
+A device allocation stays what the record said until something needs its buffer (a view, a
+tensor, ``allocations``): ``bases()`` maps them as one batch and ``close()`` gives them back as one
+(pending_allocations.py), so that a repeated sync of a few hundred allocations makes no object per
 allocation (update_in_place needs the addresses only).
 
 Decoding the 'tensor-set' record (tensor_wire.py) into a TensorMap is here too: each allocation by
@@ -18,7 +18,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Iterator, Union
 
@@ -28,10 +28,10 @@ from .host import HostBuffer, host_address
 from .host_array import HostArray
 from .resource import Resource
 from .link.handlers import handler_for_kind
-from .device import Device, importing_device
-from .memory import cache
-from .memory.buffer import _CREATE as _DEVICE_BUFFER, DeviceArray, DeviceBuffer, _Origin, map_buffers
-from .memory.legacy import LegacyRelease, open_legacy, open_legacy_many
+from .device import Device
+from .link.device_transfers import read_pool_buffer
+from .memory.buffer import DeviceArray, DeviceBuffer, map_buffers
+from .pending_allocations import AllocationLease, HeldMapping, PartLease, Pending, PendingPool, hold, make_buffer, release, user_of
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
 from ._renamed import renamed_attribute
 
@@ -41,8 +41,9 @@ if TYPE_CHECKING:
 
 #: What one allocation of a received set is in this process.
 Allocation = Union[HostBuffer, DeviceBuffer]
-#: An allocation as a set holds it: its buffer, or (legacy, no buffer made yet) its descriptor.
-Held = Union[HostBuffer, DeviceBuffer, LegacyHandleDescriptor]
+#: An allocation as a set holds it: its buffer, or (device memory, no buffer made yet) what the record said.
+Held = Union[HostBuffer, DeviceBuffer, LegacyHandleDescriptor, PendingPool]
+_PENDING = (LegacyHandleDescriptor, PendingPool)
 
 _LAYOUT_STATE = "cuda_ipc.tensor_set.layouts"
 _RECORD_STATE = "cuda_ipc.tensor_set.last_record"
@@ -71,18 +72,21 @@ class TensorMap(Resource, Mapping[str, Any]):
     (device memory) or ``HostArray`` (host memory); ``close(sync=True)`` lets go of the set (the views
     from ``view()`` with it; torch tensors keep the memory alive on their own until they are gone)."""
 
-    def __init__(self, layout: TensorLayout, allocations: list[Held], _token: object = None, whole: _PartLease | None = None):
+    def __init__(self, layout: TensorLayout, allocations: list[Held], _token: object = None, whole: PartLease | None = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "TensorMap objects come from links (receive)")
         self.layout = layout
         self._allocs = allocations
         self._closed = False
-        # The message's lease (one part per buffer made, and one the set holds until close()), when
-        # some allocations are still descriptors; the mappings the set holds for those (allocation ->
-        # (base, unmap, device)); the allocations' addresses once known.
+        # The message's lease (a part per buffer made, and one the set holds until close()); the
+        # mappings the set holds for allocations still pending; the allocations' addresses once known.
         self._whole = whole
-        self._held: dict[int, tuple[int, Callable[[], None], Device]] = {}
+        self._held: dict[int, HeldMapping] = {}
         self._addresses: list[int] | None = None
+        # The pools of pending pool buffers, held by the set until close() (the link may go first).
+        self._pools = [x.pool for x in allocations if type(x) is PendingPool]
+        for pool in self._pools:
+            pool.retain()
         self._views: dict[int, Any] = {}
         self._tensors: dict[int, Any] = {}
         self._bases: dict[int, Any] = {}
@@ -129,38 +133,25 @@ class TensorMap(Resource, Mapping[str, Any]):
     def allocations(self) -> list[Allocation]:
         """The buffers over each allocation the message brought (DeviceBuffer or HostBuffer)."""
         if self._closed:
-            return [a for a in self._allocs if type(a) is not LegacyHandleDescriptor]  # type: ignore[misc]
+            return [a for a in self._allocs if isinstance(a, (HostBuffer, DeviceBuffer))]
         return self._buffers()
 
     def _buffers(self) -> list[Allocation]:
-        """Every allocation's buffer (made now for those still descriptors)."""
+        """Every allocation's buffer (made now for those still pending)."""
         return [self._allocation_buffer(a) for a in range(len(self._allocs))]
 
     def _allocation_buffer(self, a: int) -> Allocation:
-        """Allocation ``a``'s buffer; a legacy one made now if need be, with a part of the message's
-        lease and a reference of its own on the mapping the set holds (it may outlive the set)."""
+        """Allocation ``a``'s buffer, made now if it is still pending (pending_allocations.make_buffer)."""
         got = self._allocs[a]
-        if type(got) is not LegacyHandleDescriptor:
-            return got  # type: ignore[return-value]
+        if not isinstance(got, _PENDING):
+            return got
         with self._lock:
             self._check()
-            desc = self._allocs[a]
-            if type(desc) is not LegacyHandleDescriptor:
-                return desc  # type: ignore[return-value]
-            assert self._whole is not None, "a set with descriptors has its lease parts"
-            self._whole.add_one()
-            part = _AllocationLease(self._whole)
-            origin = _Origin("legacy", part, desc.device_uuid, 0, descriptor=desc)
-            part.on_end = _dropper(origin)
-            buf = DeviceBuffer(origin, desc.offset, desc.byte_length, _DEVICE_BUFFER)
-            held = self._held.get(a)
-            if held is not None:
-                try:
-                    base, unmap = open_legacy(desc, held[2])  # found in the cache: the set holds it
-                except BaseException:
-                    buf.close(False)
-                    raise
-                origin.adopt(base, unmap, held[2])
+            item = self._allocs[a]
+            if not isinstance(item, _PENDING):
+                return item
+            assert self._whole is not None, "a set with pending allocations has its lease parts"
+            buf = make_buffer(item, self._whole, self._held.get(a))
             self._allocs[a] = buf
             return buf
 
@@ -169,22 +160,17 @@ class TensorMap(Resource, Mapping[str, Any]):
         for host memory), without making buffers."""
         host: list[bool] = []
         ordinals: list[int] = []
-        users: dict[str, int] = {}
+        users: dict[str, Device] = {}
         for a, x in enumerate(self._allocs):
-            if isinstance(x, LegacyHandleDescriptor):
-                held = self._held.get(a)
-                if held is not None:
-                    ordinal = held[2].ordinal
-                else:
-                    u = users.get(x.device_uuid)
-                    ordinal = users[x.device_uuid] = importing_device(Device.by_uuid(x.device_uuid)).ordinal if u is None else u
-                host.append(False)
-                ordinals.append(ordinal)
-            elif isinstance(x, HostBuffer):
+            if isinstance(x, HostBuffer):
                 host.append(True)
                 ordinals.append(0)
+                continue
+            host.append(False)
+            if isinstance(x, _PENDING):
+                held = self._held.get(a)
+                ordinals.append((held[2] if held is not None else user_of(x, users)).ordinal)
             else:
-                host.append(False)
                 ordinals.append(x.device.ordinal)
         return host, ordinals
 
@@ -201,49 +187,40 @@ class TensorMap(Resource, Mapping[str, Any]):
     def bases(self) -> list[int]:
         """Addresses of the allocations in this process, mapping device memory not mapped yet as one
         batch (legacy handles through the cache of mappings, those not open yet opened several at
-        once: a first sync's opens)."""
+        once: a first sync's opens; pool buffers under their pool's lock)."""
         self._check()
         known = self._addresses
         if known is not None:
             return list(known)
         allocs = self._allocs
-        pending = [a for a, x in enumerate(allocs) if type(x) is LegacyHandleDescriptor and a not in self._held]
+        pending = [a for a, x in enumerate(allocs) if isinstance(x, _PENDING) and a not in self._held]
         if pending:
             self._hold(pending)
         unmapped = [x for x in allocs if type(x) is DeviceBuffer and x._origin.base is None]
         if unmapped:
             map_buffers(unmapped)
         held = self._held
-        out = [held[a][0] if isinstance(x, LegacyHandleDescriptor) else host_address(x) if isinstance(x, HostBuffer) else x.ptr
+        out = [held[a][0] if isinstance(x, _PENDING) else host_address(x) if isinstance(x, HostBuffer) else x.ptr
                for a, x in enumerate(allocs)]
         self._addresses = out  # (a buffer made later maps the same mapping: the same address)
         return list(out)
 
     def _hold(self, pending: list[int]) -> None:
-        """Maps the legacy allocations ``pending`` (still descriptors) for the set itself; raises the
-        first failure, keeping the others (close() gives them back)."""
-        users: dict[str, Device] = {}
-        wanted: list[tuple[LegacyHandleDescriptor, Device]] = []
-        for a in pending:
-            d = self._allocs[a]
-            assert type(d) is LegacyHandleDescriptor
-            user = users.get(d.device_uuid)
-            if user is None:
-                user = users[d.device_uuid] = importing_device(Device.by_uuid(d.device_uuid))
-            wanted.append((d, user))
-        results = open_legacy_many(wanted)
+        """Maps the allocations ``pending`` for the set itself; raises the first failure, keeping the
+        others (close() gives them back)."""
+        items = [x for x in (self._allocs[a] for a in pending) if isinstance(x, _PENDING)]
+        results = hold(items, {})
         first: BaseException | None = None
-        undo: list[Callable[[], None]] = []
+        undo: list[HeldMapping] = []
         with self._lock:
-            for a, (_, user), r in zip(pending, wanted, results):
+            for a, r in zip(pending, results):
                 if isinstance(r, BaseException):
                     first = first or r
                 elif self._closed:
-                    undo.append(r[1])  # closed meanwhile (another thread): give it back
+                    undo.append(r)  # closed meanwhile (another thread): give it back
                 else:
-                    self._held[a] = (r[0], r[1], user)
-        for u in undo:
-            u()
+                    self._held[a] = r
+        release(undo, False)
         if first is not None:
             raise first
 
@@ -318,26 +295,20 @@ class TensorMap(Resource, Mapping[str, Any]):
         first: Exception | None = None
         with self._lock:
             held, self._held = self._held, {}
-        if held:
-            try:
-                if sync:
-                    # Work queued on the memory must finish before the sender may reuse it.
-                    for user in {h[2] for h in held.values()}:
-                        user.synchronize()
-                batch = [(u.handle, u.user) for _, u, _ in held.values() if type(u) is LegacyRelease]
-                cache._legacy_release_many(batch, drop=True)  # dropped, not left idle: see _dropper
-                for _, u, _ in held.values():
-                    if type(u) is not LegacyRelease:
-                        u()
-            except Exception as e:  # noqa: BLE001 - close them all, report the first
-                first = e
+        try:
+            release(list(held.values()), sync)
+        except Exception as e:  # noqa: BLE001 - close them all, report the first
+            first = e
         for a in self._allocs:
-            if type(a) is LegacyHandleDescriptor:
+            if isinstance(a, _PENDING):
                 continue
             try:
-                a.close(sync) if not isinstance(a, HostBuffer) else a.close()  # type: ignore[union-attr]
+                a.close(sync) if not isinstance(a, HostBuffer) else a.close()
             except Exception as e:  # noqa: BLE001 - close them all, report the first
                 first = first or e
+        pools, self._pools = self._pools, []
+        for pool in pools:
+            pool.release()
         if self._whole is not None:
             self._whole.end_one()  # the set's own part
         if first is not None:
@@ -351,16 +322,17 @@ _CREATE = object()
 
 
 def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorMap:
-    # A record of legacy allocations only that repeats the last one on this link byte for byte (a
-    # repeated sync of the same weights) decodes to what that one did: kept, not parsed again.
+    # A record without fds that repeats the last one on this link byte for byte (a repeated sync of
+    # the same weights) decodes to what that one did: its pending allocations and layout are kept,
+    # not parsed again (a pool it names stays this link's while the link lives).
     record = bytes(data) if not fds else b""
-    last: tuple[bytes, list[LegacyHandleDescriptor], TensorLayout] | None = link.handler_state.get(_RECORD_STATE)
+    last: tuple[bytes, list[Pending], TensorLayout] | None = link.handler_state.get(_RECORD_STATE)
     if last is not None and record and record == last[0]:
-        return TensorMap(last[2], list(last[1]), _CREATE, _PartLease(lease, 1))
+        return TensorMap(last[2], list(last[1]), _CREATE, PartLease(lease, 1))
     ts = _decode(data, fds, link, lease)
-    descriptors = [a for a in ts._allocs if isinstance(a, LegacyHandleDescriptor)]
-    if record and len(descriptors) == len(ts._allocs):
-        link.handler_state[_RECORD_STATE] = (record, descriptors, ts.layout)
+    pending: list[Pending] = [a for a in ts._allocs if isinstance(a, _PENDING)]
+    if record and len(pending) == len(ts._allocs):
+        link.handler_state[_RECORD_STATE] = (record, pending, ts.layout)
     return ts
 
 
@@ -369,43 +341,45 @@ def _decode(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease |
     sizes = [a[3] for a in allocations]
     layout = _cached_layout(link, table, count, sizes)
     # One lease for the message: it ends once every allocation it brought is released here, and the
-    # set itself (legacy allocations stay descriptors, held by the set, until a buffer is asked for).
-    whole = _PartLease(lease, sum(1 for a in allocations if a[0] != KIND_LEGACY) + 1)
-    buffers: list[Held] = []
+    # set itself (device allocations stay pending, held by the set, until a buffer is asked for).
+    whole = PartLease(lease, sum(1 for a in allocations if a[0] == KIND_HOST) + 1)
+    items: list[Held] = []
     at = 0
     try:
         for kind, fd_count, body, size in allocations:
-            if kind == KIND_LEGACY:
-                desc = _legacy_descriptor(body)
-                if desc.byte_length != size:
-                    raise IpcError("ERR_FRAME_INVALID", f"a received tensor set's allocation maps {desc.byte_length} bytes, not the {size} it announced")
-                buffers.append(desc)
-                continue
-            handler = handler_for_kind(_KIND_NAMES[kind])
-            if handler is None:
-                raise IpcError("ERR_NOT_TRANSFERABLE", f"received a tensor set with a '{_KIND_NAMES[kind]}' allocation but no handler for it is registered")
             mine = fds[at:at + fd_count]
-            part = _AllocationLease(whole)
             try:
-                buf: Allocation = handler.decode(body, mine, link, part)
+                if kind == KIND_LEGACY:
+                    desc = _legacy_descriptor(body)
+                    items.append(desc)
+                    mapped = desc.byte_length
+                elif kind == KIND_POOL:
+                    pool, export, allocation_size, offset, length = read_pool_buffer(body, mine, link)
+                    items.append(PendingPool(pool, export, allocation_size, offset, length))
+                    mapped = length
+                else:
+                    handler = handler_for_kind(_KIND_NAMES[kind])
+                    if handler is None:
+                        raise IpcError("ERR_NOT_TRANSFERABLE", f"received a tensor set with a '{_KIND_NAMES[kind]}' allocation but no handler for it is registered")
+                    buf: Allocation = handler.decode(body, mine, link, AllocationLease(whole))
+                    items.append(buf)
+                    mapped = buf.nbytes
             finally:
                 fds[at:at + fd_count] = mine  # taken ones are -1; the rest stay the link's to close
             for k in range(at, at + fd_count):
                 fds[k] = -1
             at += fd_count
-            buffers.append(buf)
-            if buf.nbytes != size:
-                raise IpcError("ERR_FRAME_INVALID", f"a received tensor set's allocation maps {buf.nbytes} bytes, not the {size} it announced")
+            if mapped != size:
+                raise IpcError("ERR_FRAME_INVALID", f"a received tensor set's allocation maps {mapped} bytes, not the {size} it announced")
     except BaseException:
-        for b in buffers:
-            if type(b) is LegacyHandleDescriptor:
-                continue
-            try:
-                b.close(False) if not isinstance(b, HostBuffer) else b.close()  # type: ignore[union-attr]
-            except Exception:  # noqa: BLE001 - being discarded
-                pass
+        for b in items:
+            if isinstance(b, HostBuffer):
+                try:
+                    b.close()
+                except Exception:  # noqa: BLE001 - being discarded
+                    pass
         raise
-    return TensorMap(layout, buffers, _CREATE, whole)
+    return TensorMap(layout, items, _CREATE, whole)
 
 
 _KIND_NAMES = {KIND_LEGACY: "legacy-buffer", KIND_POOL: "pool-buffer", KIND_HOST: "host-buffer"}
@@ -428,67 +402,6 @@ def _legacy_descriptor(body: memoryview) -> LegacyHandleDescriptor:
             while len(_descriptors) > 8192:
                 _descriptors.popitem(last=False)
     return desc
-
-
-class _PartLease:
-    """Counts a message's allocations: its lease (if any) ends with the last of them."""
-
-    __slots__ = ("_lease", "_open", "_lock")
-
-    def __init__(self, lease: ReceivedLease | None, count: int):
-        self._lease = lease
-        self._open = count
-        self._lock = threading.Lock()
-
-    def add_one(self) -> None:
-        with self._lock:
-            self._open += 1
-
-    def end_one(self) -> None:
-        with self._lock:
-            self._open -= 1
-            last = self._open == 0
-        if last and self._lease is not None:
-            self._lease.end()
-
-
-class _AllocationLease:
-    """What one allocation's handler sees as its lease: its end counts towards the message's, after
-    ``on_end`` (a legacy mapping is closed then rather than left idle)."""
-
-    __slots__ = ("_whole", "_ended", "on_end")
-
-    def __init__(self, whole: _PartLease):
-        self._whole = whole
-        self._ended = False
-        self.on_end: Callable[[], None] | None = None
-
-    @property
-    def id(self) -> int:
-        return self._whole._lease.id if self._whole._lease is not None else 0
-
-    @property
-    def ended(self) -> bool:
-        return self._ended
-
-    def end(self) -> None:
-        if self._ended:
-            return
-        self._ended = True
-        try:
-            if self.on_end is not None:
-                self.on_end()
-        finally:
-            self._whole.end_one()
-
-
-def _dropper(origin: _Origin) -> Callable[[], None]:
-    """Closes a legacy mapping once its set let go of it, unless something else here still uses it:
-    an idle mapping would keep the sender's memory after the sender freed it."""
-    def drop() -> None:
-        if origin.user is not None and origin.descriptor is not None:  # (a legacy origin has its descriptor)
-            cache._legacy_drop(origin.descriptor.handle, origin.user)
-    return drop
 
 
 def _cached_layout(link: Link, table: bytes, count: int, sizes: list[int]) -> TensorLayout:

@@ -27,11 +27,10 @@ from .copy_kernels import CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, CUmemcpyAttributes,
 from .descriptor import DTYPES, dtype_name, numel
 from .device import Device
 from .errors import CudaError, IpcError
-from .host import HostBuffer, host_address
+from .host import host_address
 from .host_array import HostArray, c_offsets
-from .memory import DeviceBuffer
 from .tensor_set import TensorMap
-from .tensor_wire import is_c_order, is_dense
+from .tensor_wire import c_strides, is_c_order, is_dense
 
 
 class UpdateResult(NamedTuple):
@@ -112,10 +111,27 @@ class _Ref(NamedTuple):
     extent: int
     host: bool
     ordinal: int  # device (0 for host memory)
+    c_order: bool | None = None  # C-contiguous (None: not known; worked out from shape and strides)
+
+
+#: torch dtype -> (cuda-ipc dtype name, item size): asked of torch once per dtype.
+_torch_dtypes: dict[Any, tuple[str, int]] = {}
 
 
 def _describe(obj: Any) -> tuple[_Ref, int]:
     """(_Ref, address) of a destination or source tensor: torch tensors, HostArray, CUDA arrays."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor) and obj.is_contiguous() and obj.numel():
+        # The common case, in as few calls into torch as there are facts (a first update of a model
+        # describes thousands of parameters).
+        info = _torch_dtypes.get(obj.dtype)
+        if info is None:
+            name = dtype_name(obj.dtype)
+            info = _torch_dtypes[obj.dtype] = (name, DTYPES[name][0])
+        shape = tuple(obj.shape)
+        n = obj.numel() * info[1]
+        device = obj.get_device()
+        return _Ref(info[0], shape, c_strides(shape, info[1]), n, n, device < 0, max(device, 0), True), obj.data_ptr()
     if type(obj) is HostArray:
         m = obj.meta
         n = m.itemsize * numel(m.shape)
@@ -151,7 +167,8 @@ def _describe(obj: Any) -> tuple[_Ref, int]:
 def _one_run(d: _Ref, s: _Ref) -> int | None:
     """Bytes of the single run that copies s into d, or None when the pair needs an element-wise copy."""
     itemsize = DTYPES[d.dtype][0]
-    if is_c_order(d.shape, d.strides, itemsize) and is_c_order(s.shape, s.strides, itemsize):
+    dc = d.c_order if d.c_order is not None else is_c_order(d.shape, d.strides, itemsize)
+    if dc and (s.c_order if s.c_order is not None else is_c_order(s.shape, s.strides, itemsize)):
         return d.nbytes
     if d.strides == s.strides and is_dense(d.shape, d.strides, itemsize):
         return d.extent
@@ -297,7 +314,7 @@ def _plan_for_set(dst: Mapping[str, Any], ts: TensorMap, strict: bool) -> _Plan:
             if (list(map(f, current)) if f is not None else _addresses(current)) == p.dst_ptrs:
                 return p
     index = layout.index
-    strides, shapes, dtypes, nbytes, extents = layout.strides, layout.shapes, layout.dtypes, layout.nbytes, layout.extents
+    strides, shapes, dtypes, nbytes, extents, contiguous = layout.strides, layout.shapes, layout.dtypes, layout.nbytes, layout.extents, layout.contiguous
     host, ordinals = ts._placement()
 
     def ref(name: str) -> tuple[int | None, _Ref | None]:
@@ -305,7 +322,7 @@ def _plan_for_set(dst: Mapping[str, Any], ts: TensorMap, strict: bool) -> _Plan:
         if i is None:
             return None, None
         a = layout.allocations[i]
-        return i, _Ref(dtypes[i], shapes[i], strides[i], nbytes[i], extents[i], host[a], ordinals[a])
+        return i, _Ref(dtypes[i], shapes[i], strides[i], nbytes[i], extents[i], host[a], ordinals[a], contiguous[i])
     p = _plan(dst, layout.names, ref, strict)
     p.keep = (dst, layout)  # the ids in the key stay theirs while the plan is cached
     with _plans_lock:

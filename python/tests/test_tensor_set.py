@@ -322,6 +322,43 @@ class DeviceSetTests(unittest.TestCase):
         self.assertEqual(self.fake.opened[seg1], 0)
         self.assertEqual(memory_mod.legacy_cache_stats()["mappings"], 0)
 
+    def test_pool_backed_tensors_import_once_per_allocation_and_a_repeat_reuses_the_imports(self):
+        pool = self.fake.create_pool()
+        seg1 = self.fake.alloc(1 << 16, pool)
+        seg2 = self.fake.alloc(4096, pool)
+        named = {}
+        for i in range(3):
+            self.fill(seg1 + 4096 * i, [i * 10 + k for k in range(16)])
+            named[f"layers.{i}.weight"] = fake_cuda.FakeArray(seg1 + 4096 * i, (4, 4), "<f4")
+        self.fill(seg2, [-1.0, -2.0])
+        named["head.bias"] = fake_cuda.FakeArray(seg2, (2,), "<f4")
+        shared = share_tensors(named, sync=False)
+        self.la.send({"weights": shared})
+        first = self.lb.receive(timeout=5)["weights"]
+        memory_mod._local_pool_exports.clear()  # as in another process
+        self.assertEqual(first.bases(), [seg1, seg2])
+        self.assertEqual((self.fake.imported[seg1], self.fake.imported[seg2]), (1, 1))
+        self.la.send({"weights": shared})  # the next step: no fd this time, the same record
+        second = self.lb.receive(timeout=5)["weights"]
+        self.assertIs(second.layout, first.layout)
+        self.assertEqual(second.bases(), [seg1, seg2])
+        self.assertEqual((self.fake.imported[seg1], self.fake.imported[seg2]), (1, 1), "imported once, shared by both sets")
+        self.assertEqual(struct.unpack("<2f", ctypes.string_at(second.view("layers.2.weight").ptr, 8)), (20.0, 21.0))
+        self.assertEqual(len(self.lb.handler_state[memory_mod._POOLS_RECEIVED]), 1, "one pool, its fd sent once")
+        first.close()
+        kept = second.allocations[0].slice(0, 64)
+        second.close()
+        self.assertEqual((self.fake.imported[seg1], self.fake.imported[seg2]), (1, 0), "only the allocation still used stays imported")
+        self.assertEqual(struct.unpack("<f", ctypes.string_at(kept.ptr, 4)), (0.0,))
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 1, "the second message's lease lasts while memory it brought is used")
+        kept.close()
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 0)
+        self.assertEqual(self.fake.imported[seg1], 0)
+        self.lb.close()
+        self.assertEqual(len(self.fake.destroyed), 1, "the imported pool is destroyed once the link and the sets let go")
+
     def test_a_set_closed_unused_ends_its_lease_and_maps_nothing(self):
         seg1, seg2, named = self.weights()
         self.la.send({"weights": share_tensors(named)})

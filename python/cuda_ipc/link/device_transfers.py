@@ -92,6 +92,18 @@ def _read_pool_ref(data: memoryview, fds: list[int], link: Link) -> PoolImport:
     return known
 
 
+def read_pool_buffer(data: memoryview, fds: list[int], link: Link) -> tuple[PoolImport, bytes, int, int, int]:
+    """(pool, export data, allocation size, offset, length) of a 'pool-buffer' record's data; the pool's
+    fd, when attached, is taken from ``fds`` (its slot set to -1)."""
+    if len(data) != POOL_BUFFER_BYTES:
+        raise _frame_error("pool buffer")
+    pool = _read_pool_ref(data, fds, link)
+    size, offset, length = struct.unpack_from("<QQQ", data, 112)
+    if size == 0 or offset + length > size:
+        raise IpcError("ERR_OUT_OF_RANGE", f"a range of {length} bytes at {offset} does not fit a pool buffer of {size} bytes")
+    return pool, bytes(data[48:112]), size, offset, length
+
+
 def pool_buffer_bytes(pool_id: bytes, device_uuid: str, max_size: int, attach: bool, export_data: bytes, size: int, offset: int,
                       length: int) -> bytes:
     """A 'pool-buffer' record's data: the pool reference, then the allocation's export data and size,
@@ -252,13 +264,8 @@ class _PoolBufferTransfer(_ReceivedKind):
     kind = "pool-buffer"
 
     def decode(self, data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> DeviceBuffer:
-        if len(data) != POOL_BUFFER_BYTES:
-            raise _frame_error("pool buffer")
-        pool = _read_pool_ref(data, fds, link)
-        size, offset, length = struct.unpack_from("<QQQ", data, 112)
-        if size == 0 or offset + length > size:
-            raise IpcError("ERR_OUT_OF_RANGE", f"a range of {length} bytes at {offset} does not fit a pool buffer of {size} bytes")
-        origin = _Origin("pool", lease, pool.device_uuid, size, pool=pool, export_data=bytes(data[48:112]))
+        pool, export, size, offset, length = read_pool_buffer(data, fds, link)
+        origin = _Origin("pool", lease, pool.device_uuid, size, pool=pool, export_data=export)
         return DeviceBuffer(origin, offset, length, _CREATE)
 
 

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Union
 
 from .. import driver as drv
 from ..descriptor import ArrayMeta, dtype_name
+from ..tensor_wire import c_strides
 from ..errors import CudaError, IpcError
 from . import cache
 from .buffer import DeviceArray, DeviceBuffer
@@ -55,22 +56,36 @@ class _Exported(NamedTuple):
     whole: bool = False  # the object is a whole allocation (ptr is its base, extent its size)
 
 
+#: torch dtype -> (cuda-ipc dtype name, item size), for the dtypes a tensor set can carry.
+_torch_dtypes: dict[Any, tuple[str, int]] = {}
+
+
 def _describe_array(obj: Any, sync: bool) -> _Exported:
     """Pointer, extent, array metadata and how to wait for the producer, of a tensor/array."""
     mod = type(obj).__module__ or ""
     if mod.startswith("torch") and hasattr(obj, "data_ptr") and hasattr(obj, "is_cuda"):
-        if not obj.is_cuda:
+        device = obj.get_device()
+        if device < 0:
             raise IpcError("ERR_NOT_EXPORTABLE", "a CPU tensor cannot be shared as device memory; send a HostBuffer view (torch.frombuffer(hb.memory, ...)) instead")
+        torch = sys.modules["torch"]
+        waiter: ProducerSync = (lambda: torch.cuda.current_stream(device).synchronize()) if sync else None
+        info = _torch_dtypes.get(obj.dtype)
+        meta: ArrayMeta | None
+        if info is not None and obj.is_contiguous() and obj.numel():
+            # The common case in a few calls into torch (a first sync describes thousands of tensors).
+            shape = tuple(obj.shape)
+            meta = ArrayMeta.make(info[0], shape, c_strides(shape, info[1]))
+            return _Exported(obj.data_ptr(), meta.extent, meta, obj, waiter, device)
         itemsize = obj.element_size()
         try:
-            meta = ArrayMeta.make(dtype_name(obj.dtype), tuple(obj.shape), tuple(s * itemsize for s in obj.stride()))
+            name = dtype_name(obj.dtype)
+            _torch_dtypes[obj.dtype] = (name, itemsize)
+            meta = ArrayMeta.make(name, tuple(obj.shape), tuple(s * itemsize for s in obj.stride()))
             extent = meta.extent
         except IpcError:
             meta = None
             extent = (sum((d - 1) * s for d, s in zip(obj.shape, obj.stride())) + 1) * itemsize if obj.numel() else 0
-        torch = sys.modules["torch"]
-        waiter: ProducerSync = (lambda: torch.cuda.current_stream(obj.device).synchronize()) if sync else None
-        return _Exported(obj.data_ptr(), extent, meta, obj, waiter, obj.device.index)
+        return _Exported(obj.data_ptr(), extent, meta, obj, waiter, device)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
         ptr = cai["data"][0]

@@ -122,6 +122,30 @@ class PoolImport:
             self.users += 1
             return base
 
+    def import_pointers(self, exports: list[bytes], user: Device) -> list[int | BaseException]:
+        """import_pointer of each, under one hold of the lock (a tensor set's buffers of this pool):
+        its base, or its error (the others are imported all the same)."""
+        out: list[int | BaseException] = []
+        with self._lock:
+            for export in exports:
+                try:
+                    out.append(self.import_pointer(export, user))
+                except BaseException as e:  # noqa: BLE001 - handed to the caller
+                    out.append(e)
+        return out
+
+    def unmap_many(self, exports: list[bytes]) -> None:
+        """unmap of each, under one hold of the lock; all of them, then the first failure raised."""
+        first: BaseException | None = None
+        with self._lock:
+            for export in exports:
+                try:
+                    self.unmap(export)
+                except BaseException as e:  # noqa: BLE001 - the others must still go
+                    first = first or e
+        if first is not None:
+            raise first
+
     def unmap(self, export_data: bytes) -> None:
         with self._lock:
             entry = self._imports[export_data]

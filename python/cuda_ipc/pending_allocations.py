@@ -1,0 +1,225 @@
+"""The device allocations of a received tensor set before anything needs their buffers (tensor_map.py).
+
+A set of a few hundred allocations (a model's caching-allocator segments, or its IPC pool's) made a
+DeviceBuffer, a lease part and a mapping reference per allocation on every message; a repeated sync
+then spent milliseconds of Python on objects that update_in_place never touches (it needs the
+addresses only). So a received set keeps each device allocation as what the record said (a legacy
+descriptor, or a ``PendingPool``), maps them for itself as one batch per kind (``hold``: the legacy
+handles through the cache of mappings, the pool buffers under their pool's lock), gives them back as
+one (``release``), and makes a DeviceBuffer only for the allocation a view or a tensor needs
+(``make_buffer``), with a lease part and a mapping reference of its own: it may outlive the set.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Union
+
+from .descriptor import LegacyHandleDescriptor
+from .device import Device, importing_device
+from .memory import cache
+from .memory.buffer import _CREATE, DeviceBuffer, _Origin
+from .memory.legacy import LegacyRelease, open_legacy, open_legacy_many
+from .memory.pool import PoolImport
+
+if TYPE_CHECKING:
+    from .link.lease import ReceivedLease
+
+
+class PendingPool:
+    """A pool buffer of a received set (its pool, retained by the set, and export data), not yet a
+    DeviceBuffer."""
+
+    __slots__ = ("pool", "export", "size", "offset", "length")
+
+    def __init__(self, pool: PoolImport, export: bytes, size: int, offset: int, length: int):
+        self.pool = pool
+        self.export = export
+        self.size = size
+        self.offset = offset
+        self.length = length
+
+    @property
+    def device_uuid(self) -> str:
+        return self.pool.device_uuid
+
+
+class PoolRelease:
+    """The unmap of a pool buffer the set imported: gives back one reference on the import (an object,
+    so that ``release`` can give back a pool's buffers under one hold of its lock)."""
+
+    __slots__ = ("pool", "export")
+
+    def __init__(self, pool: PoolImport, export: bytes):
+        self.pool = pool
+        self.export = export
+
+    def __call__(self) -> None:
+        self.pool.unmap(self.export)
+
+
+#: An allocation still pending.
+Pending = Union[LegacyHandleDescriptor, PendingPool]
+#: A mapping a set holds for a pending allocation: (base, its unmap, the device it is mapped for).
+HeldMapping = tuple[int, Callable[[], None], Device]
+
+
+class PartLease:
+    """Counts a message's allocations: its lease (if any) ends with the last of them."""
+
+    __slots__ = ("_lease", "_open", "_lock")
+
+    def __init__(self, lease: ReceivedLease | None, count: int):
+        self._lease = lease
+        self._open = count
+        self._lock = threading.Lock()
+
+    def add_one(self) -> None:
+        with self._lock:
+            self._open += 1
+
+    def end_one(self) -> None:
+        with self._lock:
+            self._open -= 1
+            last = self._open == 0
+        if last and self._lease is not None:
+            self._lease.end()
+
+
+class AllocationLease:
+    """What one allocation's handler sees as its lease: its end counts towards the message's, after
+    ``on_end`` (a legacy mapping is closed then rather than left idle)."""
+
+    __slots__ = ("_whole", "_ended", "on_end")
+
+    def __init__(self, whole: PartLease):
+        self._whole = whole
+        self._ended = False
+        self.on_end: Callable[[], None] | None = None
+
+    @property
+    def id(self) -> int:
+        return self._whole._lease.id if self._whole._lease is not None else 0
+
+    @property
+    def ended(self) -> bool:
+        return self._ended
+
+    def end(self) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            if self.on_end is not None:
+                self.on_end()
+        finally:
+            self._whole.end_one()
+
+
+def dropper(origin: _Origin) -> Callable[[], None]:
+    """Closes a legacy mapping once its set let go of it, unless something else here still uses it:
+    an idle mapping would keep the sender's memory after the sender freed it."""
+    def drop() -> None:
+        if origin.user is not None and origin.descriptor is not None:  # (a legacy origin has its descriptor)
+            cache._legacy_drop(origin.descriptor.handle, origin.user)
+    return drop
+
+
+def user_of(item: Pending, users: dict[str, Device]) -> Device:
+    """The device ``item`` is mapped for (the working device, else where it lives), via ``users``: a
+    cache by device UUID for a batch."""
+    uuid = item.device_uuid
+    user = users.get(uuid)
+    if user is None:
+        user = users[uuid] = importing_device(Device.by_uuid(uuid))
+    return user
+
+
+def hold(items: list[Pending], users: dict[str, Device]) -> list[HeldMapping | BaseException]:
+    """Maps every item for the set itself, as one batch per kind: the mapping of each, or its error
+    (the others are mapped all the same; the caller gives back what it does not keep)."""
+    out: list[HeldMapping | BaseException | None] = [None] * len(items)
+    legacy: list[tuple[int, LegacyHandleDescriptor, Device]] = []
+    pools: dict[int, list[tuple[int, PendingPool]]] = {}  # by id(pool)
+    for i, item in enumerate(items):
+        if isinstance(item, LegacyHandleDescriptor):
+            legacy.append((i, item, user_of(item, users)))
+        else:
+            pools.setdefault(id(item.pool), []).append((i, item))
+    if legacy:
+        for (i, _, user), r in zip(legacy, open_legacy_many([(d, u) for _, d, u in legacy])):
+            out[i] = r if isinstance(r, BaseException) else (r[0], r[1], user)
+    for members in pools.values():
+        pool = members[0][1].pool
+        user = user_of(members[0][1], users)
+        for (i, p), base in zip(members, pool.import_pointers([p.export for _, p in members], user)):
+            out[i] = base if isinstance(base, BaseException) else (base, PoolRelease(pool, p.export), user)
+    return [r for r in out if r is not None]
+
+
+def release(mappings: list[HeldMapping], sync: bool) -> None:
+    """Gives back mappings ``hold`` made, as one batch per kind, after the queued work on their devices
+    (``sync``): a legacy mapping nobody uses any more is closed now rather than kept idle (it would
+    keep the sender's memory after the sender freed it). Gives them all back, then raises the first
+    failure."""
+    if not mappings:
+        return
+    if sync:
+        for user in {m[2] for m in mappings}:
+            user.synchronize()
+    first: BaseException | None = None
+    legacy: list[tuple[bytes, Device]] = []
+    pools: dict[int, tuple[PoolImport, list[bytes]]] = {}
+    others: list[Callable[[], None]] = []
+    for _, unmap, _ in mappings:
+        if isinstance(unmap, LegacyRelease):
+            legacy.append((unmap.handle, unmap.user))
+        elif isinstance(unmap, PoolRelease):
+            pools.setdefault(id(unmap.pool), (unmap.pool, []))[1].append(unmap.export)
+        else:
+            others.append(unmap)  # this process's own memory sent back to it: nothing mapped
+    try:
+        cache._legacy_release_many(legacy, drop=True)
+    except BaseException as e:  # noqa: BLE001 - give them all back, raise the first
+        first = e
+    for pool, exports in pools.values():
+        try:
+            pool.unmap_many(exports)
+        except BaseException as e:  # noqa: BLE001
+            first = first or e
+    for unmap in others:
+        try:
+            unmap()
+        except BaseException as e:  # noqa: BLE001
+            first = first or e
+    if first is not None:
+        raise first
+
+
+def make_buffer(item: Pending, lease: PartLease, held: HeldMapping | None) -> DeviceBuffer:
+    """A DeviceBuffer over ``item`` with a part of ``lease`` of its own, and, when the set holds the
+    mapping (``held``), its own reference on it."""
+    lease.add_one()
+    part = AllocationLease(lease)
+    if type(item) is LegacyHandleDescriptor:
+        origin = _Origin("legacy", part, item.device_uuid, 0, descriptor=item)
+        part.on_end = dropper(origin)
+        buf = DeviceBuffer(origin, item.offset, item.byte_length, _CREATE)
+    else:
+        assert type(item) is PendingPool
+        origin = _Origin("pool", part, item.pool.device_uuid, item.size, pool=item.pool, export_data=item.export)
+        buf = DeviceBuffer(origin, item.offset, item.length, _CREATE)
+    if held is not None:
+        user = held[2]
+        unmap: Callable[[], None]
+        try:
+            if isinstance(item, LegacyHandleDescriptor):
+                base, unmap = open_legacy(item, user)  # found in the cache: the set holds it
+            else:
+                base = item.pool.import_pointer(item.export, user)  # the set's import: one more user of it
+                unmap = PoolRelease(item.pool, item.export)
+        except BaseException:
+            buf.close(False)
+            raise
+        origin.adopt(base, unmap, user)
+    return buf
