@@ -68,7 +68,7 @@ class _Alloc:
         self.kind = kind
         self.key = key
         self.size = size
-        self.data = b""  # the entry data when it does not depend on the link (legacy, host)
+        self.data = b""  # the entry data when it does not depend on the link (legacy, host, pool without its fd)
         self.pool_id = b""
         self.pool_fd = -1
         self.uuid = ""
@@ -340,7 +340,7 @@ def _entries_for_link(allocs: list[_Alloc], link: Link) -> tuple[list[Entry], li
     entries: list[Entry] = []
     fds: list[int] = []
     commits: list[Callable[[], None]] = []
-    attached: set[bytes] = set()
+    pools_seen: set[bytes] = set()  # the pool's fd goes with the first of its entries, if the link lacks it
     try:
         for a in allocs:
             if a.kind == KIND_HOST:
@@ -350,18 +350,19 @@ def _entries_for_link(allocs: list[_Alloc], link: Link) -> tuple[list[Entry], li
             elif a.kind == KIND_LEGACY:
                 entries.append((KIND_LEGACY, 0, a.data))
             else:
-                attach, pfds, commit = device_transfers.pool_fd_for_link(link, a.pool_id, a.pool_fd)
-                if attach and a.pool_id in attached:  # the fd already goes with an earlier entry
-                    for fd in pfds:
-                        os.close(fd)
-                    attach, pfds, commit = False, [], None
-                if attach:
-                    attached.add(a.pool_id)
-                data = device_transfers.pool_buffer_bytes(a.pool_id, a.uuid, 0, attach, a.export, a.size, 0, a.size)
-                fds.extend(pfds)
-                if commit is not None:
-                    commits.append(commit)
-                entries.append((KIND_POOL, len(pfds), data))
+                if a.pool_id not in pools_seen:
+                    pools_seen.add(a.pool_id)
+                    attach, pfds, commit = device_transfers.pool_fd_for_link(link, a.pool_id, a.pool_fd)
+                    if attach:
+                        fds.extend(pfds)
+                        if commit is not None:
+                            commits.append(commit)
+                        data = device_transfers.pool_buffer_bytes(a.pool_id, a.uuid, 0, True, a.export, a.size, 0, a.size)
+                        entries.append((KIND_POOL, len(pfds), data))
+                        continue
+                if not a.data:  # without the fd the entry is the same on every link: made once
+                    a.data = device_transfers.pool_buffer_bytes(a.pool_id, a.uuid, 0, False, a.export, a.size, 0, a.size)
+                entries.append((KIND_POOL, 0, a.data))
     except BaseException:
         for fd in fds:
             os.close(fd)
