@@ -6,7 +6,7 @@ sender gets its memory back once ``close()`` ran and no tensor made from the set
 
 A device allocation stays what the record said until something needs its buffer (a view, a
 tensor, ``allocations``): ``bases()`` maps them as one batch and ``close()`` gives them back as one
-(pending_allocations.py), so that a repeated sync of a few hundred allocations makes no object per
+(lazy_allocations.py), so that a repeated sync of a few hundred allocations makes no object per
 allocation (update_in_place needs the addresses only).
 
 Decoding the 'tensor-set' record (tensor_wire.py) into a TensorMap is here too: each allocation by
@@ -31,7 +31,7 @@ from .link.handlers import handler_for_kind
 from .device import Device
 from .link.device_transfers import read_pool_buffer
 from .memory.buffer import DeviceArray, DeviceBuffer, map_buffers
-from .pending_allocations import AllocationLease, HeldMapping, PartLease, Pending, PendingPool, hold, make_buffer, release, user_of
+from .lazy_allocations import AllocationLease, HeldMapping, PartLease, Lazy, LazyPool, hold, make_buffer, release, user_of
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
 from ._renamed import renamed_attribute
 
@@ -42,8 +42,8 @@ if TYPE_CHECKING:
 #: What one allocation of a received set is in this process.
 Allocation = Union[HostBuffer, DeviceBuffer]
 #: An allocation as a set holds it: its buffer, or (device memory, no buffer made yet) what the record said.
-Held = Union[HostBuffer, DeviceBuffer, LegacyHandleDescriptor, PendingPool]
-_PENDING = (LegacyHandleDescriptor, PendingPool)
+Held = Union[HostBuffer, DeviceBuffer, LegacyHandleDescriptor, LazyPool]
+_LAZY = (LegacyHandleDescriptor, LazyPool)
 
 _LAYOUT_STATE = "cuda_ipc.tensor_set.layouts"
 _RECORD_STATE = "cuda_ipc.tensor_set.last_record"
@@ -79,12 +79,12 @@ class TensorMap(Resource, Mapping[str, Any]):
         self._allocs = allocations
         self._closed = False
         # The message's lease (a part per buffer made, and one the set holds until close()); the
-        # mappings the set holds for allocations still pending; the allocations' addresses once known.
+        # mappings the set holds for its lazy allocations; the allocations' addresses once known.
         self._whole = whole
         self._held: dict[int, HeldMapping] = {}
         self._addresses: list[int] | None = None
-        # The pools of pending pool buffers, held by the set until close() (the link may go first).
-        self._pools = [x.pool for x in allocations if type(x) is PendingPool]
+        # The pools of its lazy pool buffers, held by the set until close() (the link may go first).
+        self._pools = list({id(x.pool): x.pool for x in allocations if type(x) is LazyPool}.values())
         for pool in self._pools:
             pool.retain()
         self._views: dict[int, Any] = {}
@@ -137,20 +137,20 @@ class TensorMap(Resource, Mapping[str, Any]):
         return self._buffers()
 
     def _buffers(self) -> list[Allocation]:
-        """Every allocation's buffer (made now for those still pending)."""
+        """Every allocation's buffer (made now for the lazy ones)."""
         return [self._allocation_buffer(a) for a in range(len(self._allocs))]
 
     def _allocation_buffer(self, a: int) -> Allocation:
-        """Allocation ``a``'s buffer, made now if it is still pending (pending_allocations.make_buffer)."""
+        """Allocation ``a``'s buffer, made now if it is lazy (lazy_allocations.make_buffer)."""
         got = self._allocs[a]
-        if not isinstance(got, _PENDING):
+        if not isinstance(got, _LAZY):
             return got
         with self._lock:
             self._check()
             item = self._allocs[a]
-            if not isinstance(item, _PENDING):
+            if not isinstance(item, _LAZY):
                 return item
-            assert self._whole is not None, "a set with pending allocations has its lease parts"
+            assert self._whole is not None, "a set with lazy allocations has its lease parts"
             buf = make_buffer(item, self._whole, self._held.get(a))
             self._allocs[a] = buf
             return buf
@@ -167,7 +167,7 @@ class TensorMap(Resource, Mapping[str, Any]):
                 ordinals.append(0)
                 continue
             host.append(False)
-            if isinstance(x, _PENDING):
+            if isinstance(x, _LAZY):
                 held = self._held.get(a)
                 ordinals.append((held[2] if held is not None else user_of(x, users)).ordinal)
             else:
@@ -193,27 +193,27 @@ class TensorMap(Resource, Mapping[str, Any]):
         if known is not None:
             return list(known)
         allocs = self._allocs
-        pending = [a for a, x in enumerate(allocs) if isinstance(x, _PENDING) and a not in self._held]
-        if pending:
-            self._hold(pending)
+        unheld = [a for a, x in enumerate(allocs) if isinstance(x, _LAZY) and a not in self._held]
+        if unheld:
+            self._hold(unheld)
         unmapped = [x for x in allocs if type(x) is DeviceBuffer and x._origin.base is None]
         if unmapped:
             map_buffers(unmapped)
         held = self._held
-        out = [held[a][0] if isinstance(x, _PENDING) else host_address(x) if isinstance(x, HostBuffer) else x.ptr
+        out = [held[a][0] if isinstance(x, _LAZY) else host_address(x) if isinstance(x, HostBuffer) else x.ptr
                for a, x in enumerate(allocs)]
         self._addresses = out  # (a buffer made later maps the same mapping: the same address)
         return list(out)
 
-    def _hold(self, pending: list[int]) -> None:
-        """Maps the allocations ``pending`` for the set itself; raises the first failure, keeping the
+    def _hold(self, indexes: list[int]) -> None:
+        """Maps the lazy allocations ``indexes`` for the set itself; raises the first failure, keeping the
         others (close() gives them back)."""
-        items = [x for x in (self._allocs[a] for a in pending) if isinstance(x, _PENDING)]
+        items = [x for x in (self._allocs[a] for a in indexes) if isinstance(x, _LAZY)]
         results = hold(items, {})
         first: BaseException | None = None
         undo: list[HeldMapping] = []
         with self._lock:
-            for a, r in zip(pending, results):
+            for a, r in zip(indexes, results):
                 if isinstance(r, BaseException):
                     first = first or r
                 elif self._closed:
@@ -300,7 +300,7 @@ class TensorMap(Resource, Mapping[str, Any]):
         except Exception as e:  # noqa: BLE001 - close them all, report the first
             first = e
         for a in self._allocs:
-            if isinstance(a, _PENDING):
+            if isinstance(a, _LAZY):
                 continue
             try:
                 a.close(sync) if not isinstance(a, HostBuffer) else a.close()
@@ -323,16 +323,16 @@ _CREATE = object()
 
 def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorMap:
     # A record without fds that repeats the last one on this link byte for byte (a repeated sync of
-    # the same weights) decodes to what that one did: its pending allocations and layout are kept,
+    # the same weights) decodes to what that one did: its lazy allocations and layout are kept,
     # not parsed again (a pool it names stays this link's while the link lives).
     record = bytes(data) if not fds else b""
-    last: tuple[bytes, list[Pending], TensorLayout] | None = link.handler_state.get(_RECORD_STATE)
+    last: tuple[bytes, list[Lazy], TensorLayout] | None = link.handler_state.get(_RECORD_STATE)
     if last is not None and record and record == last[0]:
         return TensorMap(last[2], list(last[1]), _CREATE, PartLease(lease, 1))
     ts = _decode(data, fds, link, lease)
-    pending: list[Pending] = [a for a in ts._allocs if isinstance(a, _PENDING)]
-    if record and len(pending) == len(ts._allocs):
-        link.handler_state[_RECORD_STATE] = (record, pending, ts.layout)
+    lazy: list[Lazy] = [a for a in ts._allocs if isinstance(a, _LAZY)]
+    if record and len(lazy) == len(ts._allocs):
+        link.handler_state[_RECORD_STATE] = (record, lazy, ts.layout)
     return ts
 
 
@@ -341,7 +341,7 @@ def _decode(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease |
     sizes = [a[3] for a in allocations]
     layout = _cached_layout(link, table, count, sizes)
     # One lease for the message: it ends once every allocation it brought is released here, and the
-    # set itself (device allocations stay pending, held by the set, until a buffer is asked for).
+    # set itself (device allocations stay lazy, held by the set, until a buffer is asked for).
     whole = PartLease(lease, sum(1 for a in allocations if a[0] == KIND_HOST) + 1)
     items: list[Held] = []
     at = 0
@@ -355,7 +355,7 @@ def _decode(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease |
                     mapped = desc.byte_length
                 elif kind == KIND_POOL:
                     pool, export, allocation_size, offset, length = read_pool_buffer(body, mine, link)
-                    items.append(PendingPool(pool, export, allocation_size, offset, length))
+                    items.append(LazyPool(pool, export, allocation_size, offset, length))
                     mapped = length
                 else:
                     handler = handler_for_kind(_KIND_NAMES[kind])

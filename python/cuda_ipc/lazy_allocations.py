@@ -1,12 +1,12 @@
 """The device allocations of a received tensor set before anything needs their buffers (tensor_map.py).
 
-A set of a few hundred allocations (a model's caching-allocator segments, or its IPC pool's) made a
-DeviceBuffer, a lease part and a mapping reference per allocation on every message; a repeated sync
-then spent milliseconds of Python on objects that update_in_place never touches (it needs the
-addresses only). So a received set keeps each device allocation as what the record said (a legacy
-descriptor, or a ``PendingPool``), maps them for itself as one batch per kind (``hold``: the legacy
-handles through the cache of mappings, the pool buffers under their pool's lock), gives them back as
-one (``release``), and makes a DeviceBuffer only for the allocation a view or a tensor needs
+A DeviceBuffer, a lease part and a mapping reference per allocation, made for every message, cost a
+repeated sync of a few hundred allocations (a model's caching-allocator segments, or its IPC pool's)
+milliseconds of Python that update_in_place never uses: it needs the addresses only. So a received
+set keeps each device allocation as what the record said (a legacy descriptor, or a
+``LazyPool``), maps them for itself as one batch per kind (``hold``: the legacy handles through
+the cache of mappings, the pool buffers under their pool's lock), gives them back as one
+(``release``), and makes a DeviceBuffer only for an allocation a view or a tensor needs
 (``make_buffer``), with a lease part and a mapping reference of its own: it may outlive the set.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .link.lease import ReceivedLease
 
 
-class PendingPool:
+class LazyPool:
     """A pool buffer of a received set (its pool, retained by the set, and export data), not yet a
     DeviceBuffer."""
 
@@ -58,9 +58,9 @@ class PoolRelease:
         self.pool.unmap(self.export)
 
 
-#: An allocation still pending.
-Pending = Union[LegacyHandleDescriptor, PendingPool]
-#: A mapping a set holds for a pending allocation: (base, its unmap, the device it is mapped for).
+#: A device allocation of a received set with no buffer made yet.
+Lazy = Union[LegacyHandleDescriptor, LazyPool]
+#: A mapping a set holds for a lazy allocation: (base, its unmap, the device it is mapped for).
 HeldMapping = tuple[int, Callable[[], None], Device]
 
 
@@ -125,7 +125,7 @@ def dropper(origin: _Origin) -> Callable[[], None]:
     return drop
 
 
-def user_of(item: Pending, users: dict[str, Device]) -> Device:
+def user_of(item: Lazy, users: dict[str, Device]) -> Device:
     """The device ``item`` is mapped for (the working device, else where it lives), via ``users``: a
     cache by device UUID for a batch."""
     uuid = item.device_uuid
@@ -135,12 +135,12 @@ def user_of(item: Pending, users: dict[str, Device]) -> Device:
     return user
 
 
-def hold(items: list[Pending], users: dict[str, Device]) -> list[HeldMapping | BaseException]:
+def hold(items: list[Lazy], users: dict[str, Device]) -> list[HeldMapping | BaseException]:
     """Maps every item for the set itself, as one batch per kind: the mapping of each, or its error
     (the others are mapped all the same; the caller gives back what it does not keep)."""
     out: list[HeldMapping | BaseException | None] = [None] * len(items)
     legacy: list[tuple[int, LegacyHandleDescriptor, Device]] = []
-    pools: dict[int, list[tuple[int, PendingPool]]] = {}  # by id(pool)
+    pools: dict[int, list[tuple[int, LazyPool]]] = {}  # by id(pool)
     for i, item in enumerate(items):
         if isinstance(item, LegacyHandleDescriptor):
             legacy.append((i, item, user_of(item, users)))
@@ -196,7 +196,7 @@ def release(mappings: list[HeldMapping], sync: bool) -> None:
         raise first
 
 
-def make_buffer(item: Pending, lease: PartLease, held: HeldMapping | None) -> DeviceBuffer:
+def make_buffer(item: Lazy, lease: PartLease, held: HeldMapping | None) -> DeviceBuffer:
     """A DeviceBuffer over ``item`` with a part of ``lease`` of its own, and, when the set holds the
     mapping (``held``), its own reference on it."""
     lease.add_one()
@@ -206,7 +206,7 @@ def make_buffer(item: Pending, lease: PartLease, held: HeldMapping | None) -> De
         part.on_end = dropper(origin)
         buf = DeviceBuffer(origin, item.offset, item.byte_length, _CREATE)
     else:
-        assert type(item) is PendingPool
+        assert type(item) is LazyPool
         origin = _Origin("pool", part, item.pool.device_uuid, item.size, pool=item.pool, export_data=item.export)
         buf = DeviceBuffer(origin, item.offset, item.length, _CREATE)
     if held is not None:
