@@ -164,10 +164,13 @@ def release(mappings: list[HeldMapping], sync: bool) -> None:
     failure."""
     if not mappings:
         return
+    first: BaseException | None = None
     if sync:
         for user in {m[2] for m in mappings}:
-            user.synchronize()
-    first: BaseException | None = None
+            try:
+                user.synchronize()
+            except BaseException as e:  # noqa: BLE001 - still give them back
+                first = first or e
     legacy: list[tuple[bytes, Device]] = []
     pools: dict[int, tuple[PoolImport, list[bytes]]] = {}
     others: list[Callable[[], None]] = []

@@ -216,8 +216,8 @@ class TensorMap(Resource, Mapping[str, Any]):
             for a, r in zip(indexes, results):
                 if isinstance(r, BaseException):
                     first = first or r
-                elif self._closed:
-                    undo.append(r)  # closed meanwhile (another thread): give it back
+                elif self._closed or a in self._held:
+                    undo.append(r)  # closed, or mapped by another thread, meanwhile: give it back
                 else:
                     self._held[a] = r
         release(undo, False)
