@@ -12,7 +12,7 @@ the cache of mappings, the pool buffers under their pool's lock), gives them bac
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Union
 
 from .descriptor import LegacyHandleDescriptor
@@ -155,6 +155,47 @@ def hold(items: list[Lazy], users: dict[str, Device]) -> list[HeldMapping | Base
         for (i, p), base in zip(members, pool.import_pointers([p.export for _, p in members], user)):
             out[i] = base if isinstance(base, BaseException) else (base, PoolRelease(pool, p.export), user)
     return [r for r in out if r is not None]
+
+
+def needs_driver(item: Lazy, users: dict[str, Device]) -> bool:
+    """Whether mapping ``item`` takes a driver call now: not mapped in this process yet, and not this
+    process's own memory sent back to it."""
+    if isinstance(item, LegacyHandleDescriptor):
+        return item.handle not in cache._local_exports and (item.handle, user_of(item, users).uuid) not in cache._legacy_maps
+    return item.export not in cache._local_pool_exports and item.export not in item.pool._imports
+
+
+class MapAhead:
+    """``hold`` of some of a set's lazy allocations on a thread of its own, started as the set is
+    decoded: a first sync's handle opens and pool imports (tens of milliseconds in the driver, without
+    the GIL) then run while the table is decoded and the update planned."""
+
+    def __init__(self, indexes: list[int], items: list[Lazy]):
+        self.indexes = indexes
+        self._results: list[HeldMapping | BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(items,), name="cuda_ipc-map-ahead", daemon=True)
+        self._thread.start()
+
+    def _run(self, items: list[Lazy]) -> None:
+        try:
+            self._results = hold(items, {})
+        except BaseException as e:  # noqa: BLE001 - each item's answer, for whoever collects them
+            self._results = [e] * len(items)
+
+    def results(self) -> list[HeldMapping | BaseException]:
+        """Waits for the mappings: each one's, or its error."""
+        self._thread.join()
+        return self._results
+
+
+def map_ahead(items: Sequence[object]) -> MapAhead | None:
+    """A MapAhead for the lazy allocations among ``items`` that take a driver call to map, or None when
+    there are none (a repeated sync: everything is mapped already)."""
+    users: dict[str, Device] = {}
+    indexes = [i for i, x in enumerate(items) if isinstance(x, (LegacyHandleDescriptor, LazyPool)) and needs_driver(x, users)]
+    if not indexes:
+        return None
+    return MapAhead(indexes, [x for x in (items[i] for i in indexes) if isinstance(x, (LegacyHandleDescriptor, LazyPool))])
 
 
 def release(mappings: list[HeldMapping], sync: bool) -> None:

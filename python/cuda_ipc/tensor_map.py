@@ -31,7 +31,7 @@ from .link.handlers import handler_for_kind
 from .device import Device
 from .link.device_transfers import read_pool_buffer
 from .memory.buffer import DeviceArray, DeviceBuffer, map_buffers
-from .lazy_allocations import AllocationLease, HeldMapping, PartLease, Lazy, LazyPool, hold, make_buffer, release, user_of
+from .lazy_allocations import AllocationLease, HeldMapping, Lazy, LazyPool, MapAhead, PartLease, hold, make_buffer, map_ahead, release, user_of
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
 from ._renamed import renamed_attribute
 
@@ -72,7 +72,8 @@ class TensorMap(Resource, Mapping[str, Any]):
     (device memory) or ``HostArray`` (host memory); ``close(sync=True)`` lets go of the set (the views
     from ``view()`` with it; torch tensors keep the memory alive on their own until they are gone)."""
 
-    def __init__(self, layout: TensorLayout, allocations: list[Held], _token: object = None, whole: PartLease | None = None):
+    def __init__(self, layout: TensorLayout, allocations: list[Held], _token: object = None, whole: PartLease | None = None,
+                 ahead: MapAhead | None = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "TensorMap objects come from links (receive)")
         self.layout = layout
@@ -83,6 +84,7 @@ class TensorMap(Resource, Mapping[str, Any]):
         self._whole = whole
         self._held: dict[int, HeldMapping] = {}
         self._addresses: list[int] | None = None
+        self._ahead = ahead  # the mappings started as the set was decoded (a first sync's), until collected
         # The pools of its lazy pool buffers, held by the set until close() (the link may go first).
         self._pools = list({id(x.pool): x.pool for x in allocations if type(x) is LazyPool}.values())
         for pool in self._pools:
@@ -193,9 +195,12 @@ class TensorMap(Resource, Mapping[str, Any]):
         if known is not None:
             return list(known)
         allocs = self._allocs
-        unheld = [a for a, x in enumerate(allocs) if isinstance(x, _LAZY) and a not in self._held]
+        failed, first = self._collect_ahead()
+        unheld = [a for a, x in enumerate(allocs) if isinstance(x, _LAZY) and a not in self._held and a not in failed]
         if unheld:
             self._hold(unheld)
+        if first is not None:
+            raise first
         unmapped = [x for x in allocs if type(x) is DeviceBuffer and x._origin.base is None]
         if unmapped:
             map_buffers(unmapped)
@@ -209,20 +214,36 @@ class TensorMap(Resource, Mapping[str, Any]):
         """Maps the lazy allocations ``indexes`` for the set itself; raises the first failure, keeping the
         others (close() gives them back)."""
         items = [x for x in (self._allocs[a] for a in indexes) if isinstance(x, _LAZY)]
-        results = hold(items, {})
+        first = self._install(indexes, hold(items, {}))[1]
+        if first is not None:
+            raise first
+
+    def _collect_ahead(self) -> tuple[set[int], BaseException | None]:
+        """Waits for the mappings started at decode (MapAhead) and takes them into the set's hold:
+        the allocations that failed, and the first failure."""
+        with self._lock:
+            ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return set(), None
+        return self._install(ahead.indexes, ahead.results())
+
+    def _install(self, indexes: list[int], results: list[HeldMapping | BaseException]) -> tuple[set[int], BaseException | None]:
+        """Keeps the mappings made for allocations ``indexes`` (those the set holds already, or all of
+        them once it is closed, given back): the allocations that failed, and the first failure."""
+        failed: set[int] = set()
         first: BaseException | None = None
         undo: list[HeldMapping] = []
         with self._lock:
             for a, r in zip(indexes, results):
                 if isinstance(r, BaseException):
+                    failed.add(a)
                     first = first or r
                 elif self._closed or a in self._held:
                     undo.append(r)  # closed, or mapped by another thread, meanwhile: give it back
                 else:
                     self._held[a] = r
         release(undo, False)
-        if first is not None:
-            raise first
+        return failed, first
 
     # -- views --
 
@@ -293,6 +314,7 @@ class TensorMap(Resource, Mapping[str, Any]):
         self._bases = {}
         self._addresses = None
         first: Exception | None = None
+        self._collect_ahead()  # (closed: what it mapped is given back)
         with self._lock:
             held, self._held = self._held, {}
         try:
@@ -339,7 +361,6 @@ def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: Recei
 def _decode(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorMap:
     allocations, table, count = parse_set(data, len(fds))
     sizes = [a[3] for a in allocations]
-    layout = _cached_layout(link, table, count, sizes)
     # One lease for the message: it ends once every allocation it brought is released here, and the
     # set itself (device allocations stay lazy, held by the set, until a buffer is asked for).
     whole = PartLease(lease, sum(1 for a in allocations if a[0] == KIND_HOST) + 1)
@@ -371,6 +392,14 @@ def _decode(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease |
             at += fd_count
             if mapped != size:
                 raise IpcError("ERR_FRAME_INVALID", f"a received tensor set's allocation maps {mapped} bytes, not the {size} it announced")
+        # The allocations not mapped here yet start mapping now, while the table is decoded.
+        ahead = map_ahead(items)
+        try:
+            layout = _cached_layout(link, table, count, sizes)
+        except BaseException:
+            if ahead is not None:
+                release([r for r in ahead.results() if not isinstance(r, BaseException)], False)
+            raise
     except BaseException:
         for b in items:
             if isinstance(b, HostBuffer):
@@ -379,7 +408,7 @@ def _decode(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease |
                 except Exception:  # noqa: BLE001 - being discarded
                     pass
         raise
-    return TensorMap(layout, items, _CREATE, whole)
+    return TensorMap(layout, items, _CREATE, whole, ahead)
 
 
 _KIND_NAMES = {KIND_LEGACY: "legacy-buffer", KIND_POOL: "pool-buffer", KIND_HOST: "host-buffer"}

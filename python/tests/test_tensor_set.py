@@ -359,7 +359,59 @@ class DeviceSetTests(unittest.TestCase):
         self.lb.close()
         self.assertEqual(len(self.fake.destroyed), 1, "the imported pool is destroyed once the link and the sets let go")
 
-    def test_a_set_closed_unused_ends_its_lease_and_maps_nothing(self):
+    def test_a_first_sync_maps_as_it_is_received_off_the_receiving_thread(self):
+        segs = [self.fake.alloc(4096) for _ in range(12)]
+        named = {f"layers.{i}.w": fake_cuda.FakeArray(seg + 64, (4,), "<f4") for i, seg in enumerate(segs)}
+        opened_on = set()
+        open_handle = self.fake.cuIpcOpenMemHandle
+
+        def counted(*args):
+            opened_on.add(threading.get_ident())
+            return open_handle(*args)
+        self.fake.cuIpcOpenMemHandle = counted
+        self.la.send({"weights": share_tensors(named, sync=False)})
+        memory_mod._local_exports.clear()  # as in another process, before it arrives
+        got = self.lb.receive(timeout=5)["weights"]
+        self.assertEqual(got.bases(), segs)
+        self.assertEqual([self.fake.opened[s] for s in segs], [1] * 12, "each opened once")
+        self.assertNotIn(threading.get_ident(), opened_on, "opened while the set was decoded, on other threads")
+        self.la.send({"weights": share_tensors(named, sync=False)})
+        again = self.lb.receive(timeout=5)["weights"]
+        self.assertEqual(again.bases(), segs)
+        self.assertEqual([self.fake.opened[s] for s in segs], [1] * 12, "mapped already: nothing opened for the next set")
+        got.close()
+        again.close()
+        self.assertEqual([self.fake.opened[s] for s in segs], [0] * 12)
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 0)
+
+    def test_a_set_closed_before_use_gives_back_what_was_mapped_as_it_arrived(self):
+        segs = [self.fake.alloc(4096) for _ in range(3)]
+        named = {f"t{i}": fake_cuda.FakeArray(seg, (4,), "<f4") for i, seg in enumerate(segs)}
+        self.la.send({"weights": share_tensors(named, sync=False)})
+        memory_mod._local_exports.clear()
+        gone = [h for h, b in self.fake.handles.items() if b == segs[1]][0]
+        del self.fake.handles[gone]  # its exporter freed it before the message arrived
+        got = self.lb.receive(timeout=5)["weights"]
+        with self.assertRaises(IpcError) as e:
+            got.bases()
+        self.assertEqual(e.exception.code, "ERR_HANDLE_STALE")
+        self.assertEqual([self.fake.opened.get(s, 0) for s in segs], [1, 0, 1], "the others were mapped")
+        got.close()
+        self.assertEqual([self.fake.opened.get(s, 0) for s in segs], [0, 0, 0])
+        opens = []
+        open_handle = self.fake.cuIpcOpenMemHandle
+        self.fake.cuIpcOpenMemHandle = lambda *args: opens.append(1) or open_handle(*args)
+        self.la.send({"weights": share_tensors({"t0": named["t0"]}, sync=False)})
+        memory_mod._local_exports.clear()
+        unused = self.lb.receive(timeout=5)["weights"]
+        unused.close()
+        self.assertEqual(opens, [1], "mapped as it arrived")
+        self.assertEqual(self.fake.opened.get(segs[0], 0), 0, "closed unused: what it mapped on arrival given back")
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 0)
+
+    def test_a_set_closed_unused_ends_its_lease_and_leaves_nothing_mapped(self):
         seg1, seg2, named = self.weights()
         self.la.send({"weights": share_tensors(named)})
         got = self.lb.receive(timeout=5)["weights"]
