@@ -143,7 +143,7 @@ try {
     rows[label] = {
       summary: summarize(ms(run.times)), handles: serve.opened, senderCopied: 0, receiverCopied: serve.bytes, phases,
       note: `${serve.method}, ${serve.operations} GPU operation(s); handles asked by the trainer: ${run.exports.join('/')}` +
-        (opens > 0 ? `; handle opens: ${opens} in ${phases.map!.toFixed(1)} ms (${(1000 * phases.map! / opens).toFixed(0)} us each, map phase)` : ''),
+        (opens > 0 ? `; handle opens: ${opens}, ${phases.map!.toFixed(1)} ms waited for (map phase)` : ''),
     };
   };
   try {
@@ -245,13 +245,14 @@ const poolRepeated = get(POOL_REPEATED);
 for (const [label, m] of [['first sync', first], ['repeated sync', repeated], ['first sync, trainer in ipc_mem_pool', poolFirst], ['repeated sync, trainer in ipc_mem_pool', poolRepeated]] as const) {
   if (!m?.phases) continue;
   console.log(`\nours, ${label}: where a sync goes (median ms): ` + Object.entries(m.phases).map(([k, v]) => `${k} ${v.toFixed(2)}`).join('; ') +
-    ' (receive: trainer send start -> receiver decoded the message(s); map: mapping allocations not mapped yet (handle opens or pool imports); ' +
+    ' (receive: trainer send start -> receiver decoded the message(s); map: waiting for the allocations not mapped yet (handle opens or pool imports, ' +
+    'started as the set was decoded: what the decode and the plan did not hide); ' +
     'plan: matching names / reusing the plan; table: building + uploading the copy_runs table; launch: queueing the copies; sync: until the GPU finished them; ' +
     'close: the previous sync\'s sets closed after the ack, off the critical path)');
   if (label.startsWith('first sync')) {
     const total = m.summary.median;
     const map = m.phases.map ?? 0;
-    console.log(`ours, first sync: handle opens (map phase) ${map.toFixed(1)} ms of ${total.toFixed(1)} ms; the rest ${(total - map).toFixed(1)} ms ` +
+    console.log(`ours, first sync: waiting for handle opens (map phase) ${map.toFixed(1)} ms of ${total.toFixed(1)} ms; the rest ${(total - map).toFixed(1)} ms ` +
       `(of which trainer encode + send ${(m.phases['trainer: encode + send'] ?? 0).toFixed(1)} ms)`);
   }
 }
