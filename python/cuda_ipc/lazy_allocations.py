@@ -157,6 +157,58 @@ def hold(items: list[Lazy], users: dict[str, Device]) -> list[HeldMapping | Base
     return [r for r in out if r is not None]
 
 
+class HeldMappings:
+    """The mappings held for the lazy allocations of received sets (allocation index -> mapping), and
+    their addresses once all are known: one set's, or shared by the sets decoded from one record
+    while they overlap (a repeated sync's next set arrives while the last one is open), so that such
+    a set takes all of them with one reference. Given back when the last set leaves."""
+
+    __slots__ = ("by_index", "addresses", "_users", "_lock")
+
+    def __init__(self) -> None:
+        self.by_index: dict[int, HeldMapping] = {}
+        #: every allocation's address (the sets sharing these have only lazy allocations, so the same ones)
+        self.addresses: list[int] | None = None
+        self._users = 1
+        self._lock = threading.Lock()
+
+    def join(self) -> bool:
+        """One more set shares these; False once the last one left (nothing held any more)."""
+        with self._lock:
+            if self._users <= 0:
+                return False
+            self._users += 1
+            return True
+
+    def keep(self, indexes: list[int], results: list[HeldMapping | BaseException], closing: bool) -> tuple[list[HeldMapping], set[int], BaseException | None]:
+        """Keeps the mappings made for allocations ``indexes`` (none when ``closing``; none that is held
+        already): (what to give back, the allocations that failed, the first failure)."""
+        undo: list[HeldMapping] = []
+        failed: set[int] = set()
+        first: BaseException | None = None
+        with self._lock:
+            for a, r in zip(indexes, results):
+                if isinstance(r, BaseException):
+                    failed.add(a)
+                    first = first or r
+                elif closing or self._users <= 0 or a in self.by_index:
+                    undo.append(r)
+                else:
+                    self.by_index[a] = r
+        return undo, failed, first
+
+    def leave(self) -> list[HeldMapping]:
+        """One set lets go: every mapping, to give back, when it was the last one; else none."""
+        with self._lock:
+            self._users -= 1
+            if self._users > 0:
+                return []
+            out = list(self.by_index.values())
+            self.by_index = {}
+            self.addresses = None
+            return out
+
+
 def needs_driver(item: Lazy, users: dict[str, Device]) -> bool:
     """Whether mapping ``item`` takes a driver call now: not mapped in this process yet, and not this
     process's own memory sent back to it."""

@@ -31,7 +31,7 @@ from .link.handlers import handler_for_kind
 from .device import Device
 from .link.device_transfers import read_pool_buffer
 from .memory.buffer import DeviceArray, DeviceBuffer, map_buffers
-from .lazy_allocations import AllocationLease, HeldMapping, Lazy, LazyPool, MapAhead, PartLease, hold, make_buffer, map_ahead, release, user_of
+from .lazy_allocations import AllocationLease, HeldMapping, HeldMappings, Lazy, LazyPool, MapAhead, PartLease, hold, make_buffer, map_ahead, release, user_of
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
 from ._renamed import renamed_attribute
 
@@ -73,17 +73,17 @@ class TensorMap(Resource, Mapping[str, Any]):
     from ``view()`` with it; torch tensors keep the memory alive on their own until they are gone)."""
 
     def __init__(self, layout: TensorLayout, allocations: list[Held], _token: object = None, whole: PartLease | None = None,
-                 ahead: MapAhead | None = None):
+                 ahead: MapAhead | None = None, held: HeldMappings | None = None):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "TensorMap objects come from links (receive)")
         self.layout = layout
         self._allocs = allocations
         self._closed = False
         # The message's lease (a part per buffer made, and one the set holds until close()); the
-        # mappings the set holds for its lazy allocations; the allocations' addresses once known.
+        # mappings held for its lazy allocations (its own, or shared with the open sets of the same
+        # record: joined already), with the allocations' addresses once known.
         self._whole = whole
-        self._held: dict[int, HeldMapping] = {}
-        self._addresses: list[int] | None = None
+        self._held = held if held is not None else HeldMappings()
         self._ahead = ahead  # the mappings started as the set was decoded (a first sync's), until collected
         # The pools of its lazy pool buffers, held by the set until close() (the link may go first).
         self._pools = list({id(x.pool): x.pool for x in allocations if type(x) is LazyPool}.values())
@@ -153,7 +153,7 @@ class TensorMap(Resource, Mapping[str, Any]):
             if not isinstance(item, _LAZY):
                 return item
             assert self._whole is not None, "a set with lazy allocations has its lease parts"
-            buf = make_buffer(item, self._whole, self._held.get(a))
+            buf = make_buffer(item, self._whole, self._held.by_index.get(a))
             self._allocs[a] = buf
             return buf
 
@@ -170,7 +170,7 @@ class TensorMap(Resource, Mapping[str, Any]):
                 continue
             host.append(False)
             if isinstance(x, _LAZY):
-                held = self._held.get(a)
+                held = self._held.by_index.get(a)
                 ordinals.append((held[2] if held is not None else user_of(x, users)).ordinal)
             else:
                 ordinals.append(x.device.ordinal)
@@ -191,12 +191,13 @@ class TensorMap(Resource, Mapping[str, Any]):
         batch (legacy handles through the cache of mappings, those not open yet opened several at
         once: a first sync's opens; pool buffers under their pool's lock)."""
         self._check()
-        known = self._addresses
+        known = self._held.addresses
         if known is not None:
             return list(known)
         allocs = self._allocs
         failed, first = self._collect_ahead()
-        unheld = [a for a, x in enumerate(allocs) if isinstance(x, _LAZY) and a not in self._held and a not in failed]
+        by_index = self._held.by_index
+        unheld = [a for a, x in enumerate(allocs) if isinstance(x, _LAZY) and a not in by_index and a not in failed]
         if unheld:
             self._hold(unheld)
         if first is not None:
@@ -204,10 +205,11 @@ class TensorMap(Resource, Mapping[str, Any]):
         unmapped = [x for x in allocs if type(x) is DeviceBuffer and x._origin.base is None]
         if unmapped:
             map_buffers(unmapped)
-        held = self._held
-        out = [held[a][0] if isinstance(x, _LAZY) else host_address(x) if isinstance(x, HostBuffer) else x.ptr
+        by_index = self._held.by_index
+        out = [by_index[a][0] if isinstance(x, _LAZY) else host_address(x) if isinstance(x, HostBuffer) else x.ptr
                for a, x in enumerate(allocs)]
-        self._addresses = out  # (a buffer made later maps the same mapping: the same address)
+        if len(by_index) == len(allocs):  # all held here (a buffer made later maps the same mapping: the same address)
+            self._held.addresses = out
         return list(out)
 
     def _hold(self, indexes: list[int]) -> None:
@@ -228,20 +230,9 @@ class TensorMap(Resource, Mapping[str, Any]):
         return self._install(ahead.indexes, ahead.results())
 
     def _install(self, indexes: list[int], results: list[HeldMapping | BaseException]) -> tuple[set[int], BaseException | None]:
-        """Keeps the mappings made for allocations ``indexes`` (those the set holds already, or all of
-        them once it is closed, given back): the allocations that failed, and the first failure."""
-        failed: set[int] = set()
-        first: BaseException | None = None
-        undo: list[HeldMapping] = []
-        with self._lock:
-            for a, r in zip(indexes, results):
-                if isinstance(r, BaseException):
-                    failed.add(a)
-                    first = first or r
-                elif self._closed or a in self._held:
-                    undo.append(r)  # closed, or mapped by another thread, meanwhile: give it back
-                else:
-                    self._held[a] = r
+        """Keeps the mappings made for allocations ``indexes`` (those held already, or all of them once
+        the set is closed, given back): the allocations that failed, and the first failure."""
+        undo, failed, first = self._held.keep(indexes, results, self._closed)
         release(undo, False)
         return failed, first
 
@@ -312,15 +303,21 @@ class TensorMap(Resource, Mapping[str, Any]):
                 v.close()
         self._tensors = {}
         self._bases = {}
-        self._addresses = None
         first: Exception | None = None
         self._collect_ahead()  # (closed: what it mapped is given back)
-        with self._lock:
-            held, self._held = self._held, {}
+        held = self._held
         try:
-            release(list(held.values()), sync)
+            if sync:
+                # Work queued on the memory must finish before the sender may reuse it (the lease
+                # ends below, whether or not another set still maps it).
+                for user in {m[2] for m in list(held.by_index.values())}:
+                    user.synchronize()
         except Exception as e:  # noqa: BLE001 - close them all, report the first
             first = e
+        try:
+            release(held.leave(), False)
+        except Exception as e:  # noqa: BLE001 - close them all, report the first
+            first = first or e
         for a in self._allocs:
             if isinstance(a, _LAZY):
                 continue
@@ -347,14 +344,19 @@ def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: Recei
     # A record without fds that repeats the last one on this link byte for byte (a repeated sync of
     # the same weights) decodes to what that one did: its lazy allocations and layout are kept,
     # not parsed again (a pool it names stays this link's while the link lives).
+    # While a set of that record is open, the new one shares its mappings (one reference for all).
     record = bytes(data) if not fds else b""
-    last: tuple[bytes, list[Lazy], TensorLayout] | None = link.handler_state.get(_RECORD_STATE)
+    last: tuple[bytes, list[Lazy], TensorLayout, HeldMappings] | None = link.handler_state.get(_RECORD_STATE)
     if last is not None and record and record == last[0]:
-        return TensorMap(last[2], list(last[1]), _CREATE, PartLease(lease, 1))
+        shared = last[3] if last[3].join() else None
+        ts = TensorMap(last[2], list(last[1]), _CREATE, PartLease(lease, 1), held=shared)
+        if shared is None:
+            link.handler_state[_RECORD_STATE] = (last[0], last[1], last[2], ts._held)
+        return ts
     ts = _decode(data, fds, link, lease)
     lazy: list[Lazy] = [a for a in ts._allocs if isinstance(a, _LAZY)]
     if record and len(lazy) == len(ts._allocs):
-        link.handler_state[_RECORD_STATE] = (record, lazy, ts.layout)
+        link.handler_state[_RECORD_STATE] = (record, lazy, ts.layout, ts._held)
     return ts
 
 

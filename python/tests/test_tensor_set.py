@@ -305,11 +305,13 @@ class DeviceSetTests(unittest.TestCase):
         self.assertEqual(parsed, [], "the same record as the last one on this link is not parsed again")
         self.assertIs(second.layout, first.layout)
         self.assertEqual(second.bases(), [seg1, seg2])
-        self.assertEqual(memory_mod.legacy_cache_stats()["references"], 4, "each set holds each mapping once")
+        self.assertEqual(memory_mod.legacy_cache_stats()["references"], 2, "the second set shares the open first one's mappings")
         self.assertEqual(struct.unpack("<2f", ctypes.string_at(second.view("layers.3.weight").ptr, 8)), (300.0, 301.0))
-        self.assertEqual(memory_mod.legacy_cache_stats()["references"], 5, "the buffer a view needs holds its own")
+        self.assertEqual(memory_mod.legacy_cache_stats()["references"], 3, "the buffer a view needs holds its own")
         self.assertEqual(self.fake.opened[seg1], 1, "opened once for all of them")
         first.close()
+        self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (1, 1), "the second set still maps what it shared")
+        self.assertEqual(second.bases(), [seg1, seg2])
         kept = second.allocations[0].slice(512, 256)  # outlives the set, as a torch tensor made from it does
         second.close()
         deliver_releases(self.lb, self.la)
@@ -321,6 +323,14 @@ class DeviceSetTests(unittest.TestCase):
         self.assertEqual(self.la.leases.count, 0)
         self.assertEqual(self.fake.opened[seg1], 0)
         self.assertEqual(memory_mod.legacy_cache_stats()["mappings"], 0)
+        # The same record once more, with no set of it open: mapped anew, and given back with it.
+        self.la.send({"weights": shared})
+        memory_mod._local_exports.clear()
+        third = self.lb.receive(timeout=5)["weights"]
+        self.assertEqual(third.bases(), [seg1, seg2])
+        self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (1, 1))
+        third.close()
+        self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (0, 0))
 
     def test_pool_backed_tensors_import_once_per_allocation_and_a_repeat_reuses_the_imports(self):
         pool = self.fake.create_pool()
