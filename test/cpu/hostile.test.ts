@@ -164,10 +164,15 @@ async function servesHonestly(link: Link, raw: ReturnType<typeof linkWithRawPeer
 test('hostile frames and fds: each gets a typed error, and the receiver serves an honest peer after it, with fds and RSS back', { timeout: 120_000 }, async (t) => {
   const odd = new OddFiles();
   try {
-    // Warm up every path once, then take the baseline.
-    for (let round = 0; round < 2; round++) {
+    // Every case, twelve times over: fds must come back after each round, exactly. RSS climbs for
+    // several rounds even after a GC (malloc arenas, backing stores freed at a later GC) and then
+    // swings by tens of MiB around a plateau (measured: 67 MiB after round 0, about 107 by round 4,
+    // 83-107 after), so a leak shows as a floor that keeps rising: the smallest RSS after the last
+    // three rounds against the largest after rounds 1-5.
+    const ROUNDS = 12;
+    const after: number[] = [];
+    for (let round = 0; round < ROUNDS; round++) {
       const fds0 = fdCount();
-      const rss0 = rss();
       const rows: string[] = [];
       for (const c of CASES) {
         const { link, raw } = linkWithRawPeer(c.options);
@@ -205,14 +210,15 @@ test('hostile frames and fds: each gets a typed error, and the receiver serves a
         rows.push(`| ${c.name} | ${got} | ${served} |`);
       }
       await sleep(20);
-      const grew = rss() - rss0;
+      after.push(rss());
       assert.equal(fdCount(), fds0, 'every fd of every case was closed');
-      if (round === 1) {
-        assert.ok(grew < 16 * MiB, `RSS grew by ${(grew / MiB).toFixed(1)} MiB over the cases`);
+      if (round === ROUNDS - 1) {
+        const grew = Math.min(...after.slice(-3)) - Math.max(...after.slice(1, 6));
+        assert.ok(grew < 16 * MiB, `RSS after the last three rounds of the cases is ${(grew / MiB).toFixed(1)} MiB above the most after rounds 1-5`);
         t.diagnostic('| case | got | honest peer served on |');
         t.diagnostic('| --- | --- | --- |');
         for (const r of rows) t.diagnostic(r);
-        t.diagnostic(`fds ${fds0} before and after; RSS ${grew >= 0 ? '+' : ''}${(grew / MiB).toFixed(1)} MiB`);
+        t.diagnostic(`fds ${fds0} before and after each round; RSS after the last three rounds ${grew >= 0 ? '+' : ''}${(grew / MiB).toFixed(1)} MiB from the most after rounds 1-5 (${after.map((b) => (b / MiB).toFixed(0)).join(', ')} MiB)`);
       }
     }
   } finally {
