@@ -11,7 +11,8 @@ step) costs a pointer check per tensor and no driver call.
 Receiving: a ``TensorMap`` (tensor_map.py), a read-only mapping of name to tensor: torch tensors
 (views, no copy) when torch is importable, else ``DeviceArray`` (device) / ``HostArray`` (host);
 ``view(name)`` always gives the cuda_ipc view. One lease per message: the sender gets its memory back
-once ``close()`` ran and no tensor made from the set is alive. Memory is mapped on first use.
+once ``close()`` ran and no tensor made from the set is alive. Device memory this process has not
+mapped yet starts mapping as the message arrives (tensor_map.py), on a thread of its own.
 
 This module sends (src/tensors/tensor-set-transfer.ts): the record's handler encodes what ``share_tensors``
 marked, and a received set sent on as it came; tensor_map.py decodes.
