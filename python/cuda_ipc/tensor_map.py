@@ -215,8 +215,8 @@ class TensorMap(Resource, Mapping[str, Any]):
     def _hold(self, indexes: list[int]) -> None:
         """Maps the lazy allocations ``indexes`` for the set itself; raises the first failure, keeping the
         others (close() gives them back)."""
-        items = [x for x in (self._allocs[a] for a in indexes) if isinstance(x, _LAZY)]
-        first = self._install(indexes, hold(items, {}))[1]
+        lazy = [(a, x) for a, x in ((a, self._allocs[a]) for a in indexes) if isinstance(x, _LAZY)]  # (one made a buffer meanwhile: left out)
+        first = self._install([a for a, _ in lazy], hold([x for _, x in lazy], {}))[1]
         if first is not None:
             raise first
 
