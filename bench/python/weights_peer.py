@@ -41,8 +41,9 @@ from cuda_ipc import update as _update
 import weights_model as wm
 
 # Where a trainer's encode goes (measured, not changed): the allocations looked up (one driver query
-# each, and the legacy handle asked of the driver on a first sync) and the table encoded.
-_spent = {"allocations": 0.0, "table": 0.0}
+# each, and the legacy handle asked of the driver on a first sync) and the table encoded; and where a
+# receiver's update waits for its mappings (TensorMap.bases()).
+_spent = {"allocations": 0.0, "table": 0.0, "map": 0.0}
 
 
 def _timed(key, fn):
@@ -56,20 +57,7 @@ def _timed(key, fn):
 
 
 tensor_set._device_alloc = _timed("allocations", tensor_set._device_alloc)
-# Where a receiver's update waits for its mappings (TensorMap.bases()).
-_mapping = {"us": 0.0}
-_bases = _tensor_map.TensorMap.bases
-
-
-def _timed_bases(self):
-    t = time.perf_counter_ns()
-    try:
-        return _bases(self)
-    finally:
-        _mapping["us"] += (time.perf_counter_ns() - t) / 1000
-
-
-_tensor_map.TensorMap.bases = _timed_bases
+_tensor_map.TensorMap.bases = _timed("map", _tensor_map.TensorMap.bases)
 tensor_set._ask_handles = _timed("allocations", tensor_set._ask_handles)
 tensor_set.encode_table = _timed("table", tensor_set.encode_table)
 
@@ -184,7 +172,7 @@ def handle(msg):
                     ts.close()
                 kept = []
                 peer.handler_state.pop("cuda_ipc.tensor_set.layouts", None)
-                peer.handler_state.pop("cuda_ipc.tensor_set.last_record", None)
+                peer.handler_state.pop("cuda_ipc.tensor_set.records", None)
                 _tensor_map._descriptors.clear()
                 for pool in peer.handler_state.pop(_cache._POOLS_RECEIVED, {}).values():
                     pool.release()  # the pool is imported again from the fd the trainer sends again
@@ -199,7 +187,7 @@ def handle(msg):
             t2 = now()
             ops = 0
             spent = {"plan": 0.0, "table": 0.0, "launch": 0.0}
-            _mapping["us"] = 0.0
+            _spent["map"] = 0.0
             for target, ts in zip(targets, sets):
                 # As a user's call: the plan first, then the addresses (TensorMap.bases(), timed: the
                 # handle opens or pool imports of a first sync, started as the set was decoded, waited for).
@@ -219,13 +207,13 @@ def handle(msg):
             t5 = now()
             opened.append(legacy_cache_stats()["opened"] - o0)
             phases["receive"].append((t1 - t0) / 1000)
-            phases["map"].append((t2 - t1) / 1000 + _mapping["us"])
+            phases["map"].append((t2 - t1) / 1000 + _spent["map"])
             # plan / table / launch as update_in_place measured them (its plan less the wait in bases());
             # the rest of t2..t3 (Python around the calls) goes to plan
-            spent["plan"] -= _mapping["us"]
+            spent["plan"] -= _spent["map"]
             for k, v in spent.items():
                 phases[k].append(v)
-            phases["plan"][-1] += max(0.0, (t3 - t2) / 1000 - sum(spent.values()) - _mapping["us"])
+            phases["plan"][-1] += max(0.0, (t3 - t2) / 1000 - sum(spent.values()) - _spent["map"])
             phases["sync"].append((t4 - t3) / 1000)
             phases["close (after the ack)"].append((t5 - t4) / 1000)
         link.send({"opened": opened, "phases": phases, "bytes": sum(r.nbytes for r in kept), "operations": ops, "method": result.method})

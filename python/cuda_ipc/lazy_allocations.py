@@ -12,7 +12,7 @@ the cache of mappings, the pool buffers under their pool's lock), gives them bac
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Union
 
 from .descriptor import LegacyHandleDescriptor
@@ -60,6 +60,8 @@ class PoolRelease:
 
 #: A device allocation of a received set with no buffer made yet.
 Lazy = Union[LegacyHandleDescriptor, LazyPool]
+#: The types of Lazy, for isinstance.
+LAZY_TYPES = (LegacyHandleDescriptor, LazyPool)
 #: A mapping a set holds for a lazy allocation: (base, its unmap, the device it is mapped for).
 HeldMapping = tuple[int, Callable[[], None], Device]
 
@@ -138,7 +140,7 @@ def user_of(item: Lazy, users: dict[str, Device]) -> Device:
 def hold(items: list[Lazy], users: dict[str, Device]) -> list[HeldMapping | BaseException]:
     """Maps every item for the set itself, as one batch per kind: the mapping of each, or its error
     (the others are mapped all the same; the caller gives back what it does not keep)."""
-    out: list[HeldMapping | BaseException | None] = [None] * len(items)
+    out: dict[int, HeldMapping | BaseException] = {}
     legacy: list[tuple[int, LegacyHandleDescriptor, Device]] = []
     pools: dict[int, list[tuple[int, LazyPool]]] = {}  # by id(pool)
     for i, item in enumerate(items):
@@ -154,7 +156,7 @@ def hold(items: list[Lazy], users: dict[str, Device]) -> list[HeldMapping | Base
         user = user_of(members[0][1], users)
         for (i, p), base in zip(members, pool.import_pointers([p.export for _, p in members], user)):
             out[i] = base if isinstance(base, BaseException) else (base, PoolRelease(pool, p.export), user)
-    return [r for r in out if r is not None]
+    return [out[i] for i in range(len(items))]
 
 
 class HeldMappings:
@@ -213,8 +215,8 @@ def needs_driver(item: Lazy, users: dict[str, Device]) -> bool:
     """Whether mapping ``item`` takes a driver call now: not mapped in this process yet, and not this
     process's own memory sent back to it."""
     if isinstance(item, LegacyHandleDescriptor):
-        return item.handle not in cache._local_exports and (item.handle, user_of(item, users).uuid) not in cache._legacy_maps
-    return item.export not in cache._local_pool_exports and item.export not in item.pool._imports
+        return item.handle not in cache._local_exports and not cache._legacy_is_open(item.handle, user_of(item, users))
+    return item.export not in cache._local_pool_exports and not item.pool.is_imported(item.export)
 
 
 class MapAhead:
@@ -244,10 +246,20 @@ def map_ahead(items: Sequence[object]) -> MapAhead | None:
     """A MapAhead for the lazy allocations among ``items`` that take a driver call to map, or None when
     there are none (a repeated sync: everything is mapped already)."""
     users: dict[str, Device] = {}
-    indexes = [i for i, x in enumerate(items) if isinstance(x, (LegacyHandleDescriptor, LazyPool)) and needs_driver(x, users)]
-    if not indexes:
-        return None
-    return MapAhead(indexes, [x for x in (items[i] for i in indexes) if isinstance(x, (LegacyHandleDescriptor, LazyPool))])
+    wanted = [(i, x) for i, x in enumerate(items) if isinstance(x, LAZY_TYPES) and needs_driver(x, users)]
+    return MapAhead([i for i, _ in wanted], [x for _, x in wanted]) if wanted else None
+
+
+def synchronize(mappings: Iterable[HeldMapping]) -> BaseException | None:
+    """Waits for the work queued on the devices ``mappings`` are mapped for (each device once), so
+    that the memory's sender may reuse it: the first failure, if any (the caller goes on)."""
+    first: BaseException | None = None
+    for user in {m[2] for m in mappings}:
+        try:
+            user.synchronize()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            first = first or e
+    return first
 
 
 def release(mappings: list[HeldMapping], sync: bool) -> None:
@@ -257,13 +269,7 @@ def release(mappings: list[HeldMapping], sync: bool) -> None:
     failure."""
     if not mappings:
         return
-    first: BaseException | None = None
-    if sync:
-        for user in {m[2] for m in mappings}:
-            try:
-                user.synchronize()
-            except BaseException as e:  # noqa: BLE001 - still give them back
-                first = first or e
+    first = synchronize(mappings) if sync else None
     legacy: list[tuple[bytes, Device]] = []
     pools: dict[int, tuple[PoolImport, list[bytes]]] = {}
     others: list[Callable[[], None]] = []
@@ -297,12 +303,11 @@ def make_buffer(item: Lazy, lease: PartLease, held: HeldMapping | None) -> Devic
     mapping (``held``), its own reference on it."""
     lease.add_one()
     part = AllocationLease(lease)
-    if type(item) is LegacyHandleDescriptor:
+    if isinstance(item, LegacyHandleDescriptor):
         origin = _Origin("legacy", part, item.device_uuid, 0, descriptor=item)
         part.on_end = dropper(origin)
         buf = DeviceBuffer(origin, item.offset, item.byte_length, _CREATE)
     else:
-        assert type(item) is LazyPool
         origin = _Origin("pool", part, item.pool.device_uuid, item.size, pool=item.pool, export_data=item.export)
         buf = DeviceBuffer(origin, item.offset, item.length, _CREATE)
     if held is not None:

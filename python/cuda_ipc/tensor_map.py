@@ -31,7 +31,8 @@ from .link.handlers import handler_for_kind
 from .device import Device
 from .link.device_transfers import read_pool_buffer
 from .memory.buffer import DeviceArray, DeviceBuffer, map_buffers
-from .lazy_allocations import AllocationLease, HeldMapping, HeldMappings, Lazy, LazyPool, MapAhead, PartLease, hold, make_buffer, map_ahead, release, user_of
+from .lazy_allocations import (LAZY_TYPES as _LAZY, AllocationLease, HeldMapping, HeldMappings, Lazy, LazyPool, MapAhead, PartLease, hold, make_buffer,
+                               map_ahead, release, synchronize, user_of)
 from .tensor_wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
 from ._renamed import renamed_attribute
 
@@ -43,10 +44,9 @@ if TYPE_CHECKING:
 Allocation = Union[HostBuffer, DeviceBuffer]
 #: An allocation as a set holds it: its buffer, or (device memory, no buffer made yet) what the record said.
 Held = Union[HostBuffer, DeviceBuffer, LegacyHandleDescriptor, LazyPool]
-_LAZY = (LegacyHandleDescriptor, LazyPool)
 
 _LAYOUT_STATE = "cuda_ipc.tensor_set.layouts"
-_RECORD_STATE = "cuda_ipc.tensor_set.last_record"
+_RECORD_STATE = "cuda_ipc.tensor_set.records"
 _LAYOUTS_KEPT = 16
 
 
@@ -205,7 +205,6 @@ class TensorMap(Resource, Mapping[str, Any]):
         unmapped = [x for x in allocs if type(x) is DeviceBuffer and x._origin.base is None]
         if unmapped:
             map_buffers(unmapped)
-        by_index = self._held.by_index
         out = [by_index[a][0] if isinstance(x, _LAZY) else host_address(x) if isinstance(x, HostBuffer) else x.ptr
                for a, x in enumerate(allocs)]
         if len(by_index) == len(allocs):  # all held here (a buffer made later maps the same mapping: the same address)
@@ -303,17 +302,13 @@ class TensorMap(Resource, Mapping[str, Any]):
                 v.close()
         self._tensors = {}
         self._bases = {}
-        first: Exception | None = None
+        first: BaseException | None = None
         self._collect_ahead()  # (closed: what it mapped is given back)
         held = self._held
-        try:
-            if sync:
-                # Work queued on the memory must finish before the sender may reuse it (the lease
-                # ends below, whether or not another set still maps it).
-                for user in {m[2] for m in list(held.by_index.values())}:
-                    user.synchronize()
-        except Exception as e:  # noqa: BLE001 - close them all, report the first
-            first = e
+        if sync:
+            # Work queued on the memory must finish before the sender may reuse it (the lease ends
+            # below, whether or not another set still maps it).
+            first = synchronize(list(held.by_index.values()))
         try:
             release(held.leave(), False)
         except Exception as e:  # noqa: BLE001 - close them all, report the first
@@ -341,22 +336,29 @@ _CREATE = object()
 
 
 def decode_tensor_set(data: memoryview, fds: list[int], link: Link, lease: ReceivedLease | None) -> TensorMap:
-    # A record without fds that repeats the last one on this link byte for byte (a repeated sync of
-    # the same weights) decodes to what that one did: its lazy allocations and layout are kept,
-    # not parsed again (a pool it names stays this link's while the link lives).
-    # While a set of that record is open, the new one shares its mappings (one reference for all).
+    # A record without fds that repeats one this link decoded lately byte for byte (a repeated sync of
+    # the same weights; the last few are kept, as layouts are, so that a state dict sent as several
+    # sets hits too) decodes to what that one did: its lazy allocations and layout are kept, not
+    # parsed again (a pool it names stays this link's while the link lives). While a set of that
+    # record is open, the new one shares its mappings (one reference for all).
     record = bytes(data) if not fds else b""
-    last: tuple[bytes, list[Lazy], TensorLayout, HeldMappings] | None = link.handler_state.get(_RECORD_STATE)
-    if last is not None and record and record == last[0]:
-        shared = last[3] if last[3].join() else None
-        ts = TensorMap(last[2], list(last[1]), _CREATE, PartLease(lease, 1), held=shared)
-        if shared is None:
-            link.handler_state[_RECORD_STATE] = (last[0], last[1], last[2], ts._held)
+    records: OrderedDict[bytes, tuple[list[Lazy], TensorLayout, HeldMappings]] | None = link.handler_state.get(_RECORD_STATE)
+    if records is None:
+        records = link.handler_state[_RECORD_STATE] = OrderedDict()
+    known = records.get(record) if record else None
+    if known is not None:
+        lazy, layout, held = known
+        shared = held if held.join() else None
+        ts = TensorMap(layout, list(lazy), _CREATE, PartLease(lease, 1), held=shared)
+        records[record] = (lazy, layout, ts._held)
+        records.move_to_end(record)
         return ts
     ts = _decode(data, fds, link, lease)
-    lazy: list[Lazy] = [a for a in ts._allocs if isinstance(a, _LAZY)]
+    lazy = [a for a in ts._allocs if isinstance(a, _LAZY)]
     if record and len(lazy) == len(ts._allocs):
-        link.handler_state[_RECORD_STATE] = (record, lazy, ts.layout, ts._held)
+        records[record] = (lazy, ts.layout, ts._held)
+        while len(records) > _LAYOUTS_KEPT:
+            records.popitem(last=False)
     return ts
 
 

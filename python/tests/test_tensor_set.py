@@ -332,6 +332,34 @@ class DeviceSetTests(unittest.TestCase):
         third.close()
         self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (0, 0))
 
+    def test_a_state_dict_sent_as_several_sets_is_parsed_once_per_set(self):
+        seg1, seg2, named = self.weights()
+        names = list(named)
+        halves = [share_tensors({n: named[n] for n in names[:3]}), share_tensors({n: named[n] for n in names[3:]})]
+        parsed = []
+        parse = tensor_map_mod.parse_set
+        tensor_map_mod.parse_set = lambda *a: parsed.append(1) or parse(*a)
+        self.addCleanup(setattr, tensor_map_mod, "parse_set", parse)
+        rounds = []
+        for _ in range(3):
+            for h in halves:
+                self.la.send(h)
+            rounds.append([self.lb.receive(timeout=5), self.lb.receive(timeout=5)])
+        self.assertEqual(len(parsed), 2, "each set's record parsed once; the repeats, taken turn about, are not")
+        memory_mod._local_exports.clear()
+        for got in rounds:
+            self.assertEqual([list(g) for g in got], [names[:3], names[3:]])
+            self.assertEqual(got[0].bases(), [seg1])
+            self.assertEqual(got[1].bases(), [seg1, seg2])
+        self.assertEqual(memory_mod.legacy_cache_stats()["references"], 3, "the open sets of one record share its mappings")
+        self.assertEqual((self.fake.opened[seg1], self.fake.opened[seg2]), (1, 1))
+        for got in rounds:
+            for g in got:
+                g.close()
+        self.assertEqual((self.fake.opened.get(seg1, 0), self.fake.opened.get(seg2, 0)), (0, 0))
+        deliver_releases(self.lb, self.la)
+        self.assertEqual(self.la.leases.count, 0)
+
     def test_pool_backed_tensors_import_once_per_allocation_and_a_repeat_reuses_the_imports(self):
         pool = self.fake.create_pool()
         seg1 = self.fake.alloc(1 << 16, pool)

@@ -143,31 +143,20 @@ def _legacy_acquire_open(wanted: list[tuple[bytes, Device]]) -> list[tuple[int, 
 
 
 def _legacy_release(handle: bytes, user: Device) -> None:
-    key = (handle, user.uuid)
-    with _legacy_lock:
-        m = _legacy_maps.get(key)
-        if m is None or m.refs == 0:
-            return
-        m.refs -= 1
-        if m.refs == 0:
-            if handle in _legacy_gone:
-                # Its exporter freed it: an idle mapping would keep the whole allocation resident.
-                _forget(key)
-                if not any(k[0] == handle for k in _legacy_maps):
-                    _legacy_gone.discard(handle)
-                with m.device.activate():
-                    drv.driver().call("cuIpcCloseMemHandle", m.base)
-                return
-            _legacy_idle.add(key)
-            if len(_legacy_idle) > _legacy_idle_limit:
-                _trim_idle(_legacy_idle_limit)
+    _legacy_release_many([(handle, user)], drop=False)
+
+
+def _legacy_is_open(handle: bytes, user: Device) -> bool:
+    """Whether the mapping of ``handle`` for ``user`` is open (in use or idle)."""
+    return (handle, user.uuid) in _legacy_maps
 
 
 def _legacy_release_many(keys: list[tuple[bytes, Device]], drop: bool) -> None:
-    """_legacy_release of each (handle, device) under one lock (a tensor set's mappings at its close);
-    with ``drop``, a mapping nobody uses any more is closed now rather than kept idle, as
-    _legacy_drop does (an idle mapping would keep its sender's memory after the sender freed it).
-    Closes them all, then raises the first failure."""
+    """Gives back one reference on the mapping of each (handle, device), under one lock (one, or a
+    tensor set's at its close). A mapping nobody uses any more stays open, idle (the least recently
+    used closed beyond the idle limit), unless its exporter freed it or ``drop`` asks to close it now,
+    as _legacy_drop does (an idle mapping would keep its sender's memory after the sender freed it).
+    Gives them all back, then raises the first failure."""
     first: BaseException | None = None
     with _legacy_lock:
         for handle, user in keys:

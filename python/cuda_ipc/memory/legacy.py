@@ -75,10 +75,8 @@ def open_legacy_many(wanted: list[tuple[LegacyHandleDescriptor, Device]]) -> lis
             if hit is not None:
                 cache._legacy_release(desc.handle, user)
             rest.append(i)
-        elif desc.offset + desc.byte_length <= hit[1]:
-            out[i] = (hit[0], LegacyRelease(desc.handle, user))
         else:
-            out[i] = _mapped(desc, user, hit[0], hit[1])  # (its range error, the reference given back)
+            out[i] = _mapped(desc, user, hit[0], hit[1])
     for i, r in zip(rest, each(lambda i: open_legacy(*wanted[i]), rest)):
         out[i] = r
     return [r for r in out if r is not None]

@@ -122,6 +122,10 @@ class PoolImport:
             self.users += 1
             return base
 
+    def is_imported(self, export_data: bytes) -> bool:
+        """Whether the buffer of ``export_data`` is mapped in this process."""
+        return export_data in self._imports
+
     def import_pointers(self, exports: list[bytes], user: Device) -> list[int | BaseException]:
         """import_pointer of each, under one hold of the lock (a tensor set's buffers of this pool):
         its base, or its error (the others are imported all the same)."""
