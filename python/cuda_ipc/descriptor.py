@@ -77,6 +77,26 @@ def dtype_name(dtype: object) -> str:
     raise IpcError("ERR_INVALID_ARG", f"unknown dtype {dtype!r}; use one of {', '.join(DTYPES)} (or a NumPy typestr such as '<f4')")
 
 
+#: torch dtype -> (cuda-ipc dtype name, item size), or None for a dtype cuda-ipc cannot describe.
+_torch_dtypes: dict[Any, tuple[str, int] | None] = {}
+
+
+def torch_dtype(dtype: Any) -> tuple[str, int] | None:
+    """(cuda-ipc dtype name, item size) of a torch dtype, or None for one cuda-ipc cannot describe:
+    worked out once per dtype (a first sync describes thousands of tensors)."""
+    try:
+        return _torch_dtypes[dtype]
+    except KeyError:
+        pass
+    try:
+        name = dtype_name(dtype)
+        info: tuple[str, int] | None = (name, DTYPES[name][0])
+    except IpcError:
+        info = None
+    _torch_dtypes[dtype] = info
+    return info
+
+
 @dataclass(frozen=True)
 class ArrayMeta:
     """What a shared byte range holds: dtype, shape, strides in bytes (non-negative multiples of the

@@ -123,11 +123,8 @@ class SharedTensors:
         self._names = names
         self._objs = objs
         self._sync = sync
-        # torch.Tensor.data_ptr when every value is a torch tensor (asked once: a send's pointer check
-        # is then one C call per tensor), else None.
-        torch = sys.modules.get("torch")
-        T = getattr(torch, "Tensor", None)
-        self._data_ptr: Callable[[Any], int] | None = T.data_ptr if T is not None and all(isinstance(o, T) for o in objs) else None
+        # Asked once: a send's pointer check is then one C call per tensor.
+        self._data_ptr = torch_data_ptr(objs)
         self._encoding: _Encoding | None = None
         self._lock = threading.Lock()
 
@@ -309,14 +306,18 @@ def _ask_handles(allocs: list[_Alloc]) -> None:
         a.data = encode_descriptor(LegacyHandleDescriptor(handle, 0, a.size, a.uuid, pid, None))
 
 
-def _pointers(objs: list[Any]) -> list[int]:
-    """Where each tensor starts now: for torch tensors one C method call each."""
+def torch_data_ptr(objs: list[Any]) -> Callable[[Any], int] | None:
+    """``torch.Tensor.data_ptr`` when every one of ``objs`` is a torch tensor (their addresses are then
+    one C method call each), else None."""
     torch = sys.modules.get("torch")
-    if torch is not None:
-        T = torch.Tensor
-        if all(type(o) is T or isinstance(o, T) for o in objs):
-            return list(map(T.data_ptr, objs))
-    return [_pointer(o) for o in objs]
+    T = getattr(torch, "Tensor", None)
+    return T.data_ptr if T is not None and all(isinstance(o, T) for o in objs) else None
+
+
+def _pointers(objs: list[Any]) -> list[int]:
+    """Where each tensor starts now."""
+    f = torch_data_ptr(objs)
+    return list(map(f, objs)) if f is not None else [_pointer(o) for o in objs]
 
 
 def pointers_of(st: SharedTensors) -> list[int]:

@@ -24,12 +24,12 @@ from typing import Any, NamedTuple, Optional
 from . import copy_kernels
 from . import driver as drv
 from .copy_kernels import CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, CUmemcpyAttributes, DeviceTable, RunTable, plan_runs
-from .descriptor import DTYPES, dtype_name, numel
+from .descriptor import DTYPES, dtype_name, numel, torch_dtype
 from .device import Device
 from .errors import CudaError, IpcError
 from .host import host_address
 from .host_array import HostArray, c_offsets
-from .tensor_set import TensorMap
+from .tensor_set import TensorMap, torch_data_ptr
 from .tensor_wire import c_strides, is_c_order, is_dense
 
 
@@ -114,20 +114,13 @@ class _Ref(NamedTuple):
     c_order: bool | None = None  # C-contiguous (None: not known; worked out from shape and strides)
 
 
-#: torch dtype -> (cuda-ipc dtype name, item size): asked of torch once per dtype.
-_torch_dtypes: dict[Any, tuple[str, int]] = {}
-
-
 def _describe(obj: Any) -> tuple[_Ref, int]:
     """(_Ref, address) of a destination or source tensor: torch tensors, HostArray, CUDA arrays."""
     torch = sys.modules.get("torch")
-    if torch is not None and isinstance(obj, torch.Tensor) and obj.is_contiguous() and obj.numel():
+    info = torch_dtype(obj.dtype) if torch is not None and isinstance(obj, torch.Tensor) else None
+    if info is not None and obj.is_contiguous() and obj.numel():
         # The common case, in as few calls into torch as there are facts (a first update of a model
         # describes thousands of parameters).
-        info = _torch_dtypes.get(obj.dtype)
-        if info is None:
-            name = dtype_name(obj.dtype)
-            info = _torch_dtypes[obj.dtype] = (name, DTYPES[name][0])
         shape = tuple(obj.shape)
         n = obj.numel() * info[1]
         device = obj.get_device()
@@ -271,9 +264,7 @@ def _plan(dst: Mapping[str, Any], names_of_src: Iterable[str], ref_of_src: Calla
     _mismatch(mismatched, missing, unexpected, strict)
     p = _Plan()
     p.names, p.dst_objs, p.dst_ptrs, p.src_index = names, objs, ptrs, src_index
-    torch = sys.modules.get("torch")
-    T = getattr(torch, "Tensor", None)
-    p.dst_data_ptr = T.data_ptr if T is not None and all(isinstance(o, T) for o in objs) else None
+    p.dst_data_ptr = torch_data_ptr(objs)
     p.src_strides = [s.strides for _, s in refs]
     p.missing, p.unexpected = missing, unexpected
     p.length = len(dst)
@@ -334,13 +325,9 @@ def _plan_for_set(dst: Mapping[str, Any], ts: TensorMap, strict: bool) -> _Plan:
 
 
 def _addresses(objs: list[Any]) -> list[int]:
-    """Where each tensor starts now: for torch tensors one C method call each."""
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        T = torch.Tensor
-        if all(isinstance(o, T) for o in objs):
-            return list(map(T.data_ptr, objs))
-    return [_address(o) for o in objs]
+    """Where each tensor starts now."""
+    f = torch_data_ptr(objs)
+    return list(map(f, objs)) if f is not None else [_address(o) for o in objs]
 
 
 def _address(obj: Any) -> int:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Union
 
 from .. import driver as drv
-from ..descriptor import ArrayMeta, dtype_name
+from ..descriptor import ArrayMeta, dtype_name, torch_dtype
 from ..tensor_wire import c_strides
 from ..errors import CudaError, IpcError
 from . import cache
@@ -56,10 +56,6 @@ class _Exported(NamedTuple):
     whole: bool = False  # the object is a whole allocation (ptr is its base, extent its size)
 
 
-#: torch dtype -> (cuda-ipc dtype name, item size), for the dtypes a tensor set can carry.
-_torch_dtypes: dict[Any, tuple[str, int]] = {}
-
-
 def _describe_array(obj: Any, sync: bool) -> _Exported:
     """Pointer, extent, array metadata and how to wait for the producer, of a tensor/array."""
     mod = type(obj).__module__ or ""
@@ -69,7 +65,7 @@ def _describe_array(obj: Any, sync: bool) -> _Exported:
             raise IpcError("ERR_NOT_EXPORTABLE", "a CPU tensor cannot be shared as device memory; send a HostBuffer view (torch.frombuffer(hb.memory, ...)) instead")
         torch = sys.modules["torch"]
         waiter: ProducerSync = (lambda: torch.cuda.current_stream(device).synchronize()) if sync else None
-        info = _torch_dtypes.get(obj.dtype)
+        info = torch_dtype(obj.dtype)
         meta: ArrayMeta | None
         if info is not None and obj.is_contiguous() and obj.numel():
             # The common case in a few calls into torch (a first sync describes thousands of tensors).
@@ -78,9 +74,7 @@ def _describe_array(obj: Any, sync: bool) -> _Exported:
             return _Exported(obj.data_ptr(), meta.extent, meta, obj, waiter, device)
         itemsize = obj.element_size()
         try:
-            name = dtype_name(obj.dtype)
-            _torch_dtypes[obj.dtype] = (name, itemsize)
-            meta = ArrayMeta.make(name, tuple(obj.shape), tuple(s * itemsize for s in obj.stride()))
+            meta = ArrayMeta.make(dtype_name(obj.dtype), tuple(obj.shape), tuple(s * itemsize for s in obj.stride()))
             extent = meta.extent
         except IpcError:
             meta = None
