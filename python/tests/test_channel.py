@@ -10,7 +10,7 @@ import unittest
 
 from cuda_ipc import ChannelConsumer, ChannelProducer, IpcError, dlpack, native_helper
 from cuda_ipc.memory import cache as memory_mod
-from cuda_ipc.channel.layout import PFLAG_HUB_LOCAL, S_META, S_LENGTH, S_META_KIND, S_META_LENGTH, S_STATE
+from cuda_ipc.channel.layout import H_LOCK, PFLAG_HUB_LOCAL, S_META, S_LENGTH, S_META_KIND, S_META_LENGTH, S_STATE
 
 from . import fake_cuda
 from .channel_hub import TestHub, native_setting
@@ -366,6 +366,23 @@ class ChannelTests(unittest.TestCase):
         got = consumer.receive_many(64, timeout=1)
         self.assertEqual([struct.unpack_from("<I", m.memory, 0)[0] for m in got], [207 - i for i in range(8)])
         self.assertEqual({m.length for m in got}, {64})
+        for m in got:
+            m.release()
+        # The publish lock held a while by another live participant: the batch waits for it, then
+        # every message goes, in its order.
+        slots = producer.acquire_many(3, timeout=1)
+        for i, slot in enumerate(slots):
+            struct.pack_into("<I", slot.memory, 0, 300 + i)
+        w = producer._end.ring.w
+        w.store32(H_LOCK, consumer._end.ring.me + 1)
+        unlock = threading.Timer(0.05, w.store32, (H_LOCK, 0))
+        unlock.start()
+        started = time.monotonic()
+        producer.publish_many(slots, length=4)
+        self.assertGreaterEqual(time.monotonic() - started, 0.04, "it waited for the lock")
+        unlock.join()
+        got = consumer.receive_many(8, timeout=1)
+        self.assertEqual([struct.unpack_from("<I", m.memory, 0)[0] for m in got], [300, 301, 302])
         for m in got:
             m.release()
         producer.end(timeout=1)

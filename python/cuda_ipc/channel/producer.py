@@ -204,14 +204,12 @@ class ChannelProducer(ChannelEnd):
             for slot in slots:
                 del writing[slot.index]
                 slot._done = True
-            done, r = e.ring.publish_many(indices, length)
-            if done < len(indices):
-                # One did not go through at once (as publish(): retried while busy); then the rest one by one.
-                self._commit(indices[done], r)
-                for s in indices[done + 1:]:
-                    r = e.ring.publish_message(s, length, META_NONE, b"")
-                    if r != "ok" and r != "dropped":
-                        self._commit(s, r)
+            while indices:
+                done, r = e.ring.publish_many(indices, length)
+                if done == len(indices):
+                    break
+                self._commit(indices[done], r)  # it did not go through at once: as publish(), retried while busy
+                indices = indices[done + 1:]
 
     def _commit(self, s: int, r: str) -> None:
         """A publish that did not go through at once (``r``: 'busy' or 'detached'): retried while busy."""
