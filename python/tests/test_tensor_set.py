@@ -238,6 +238,14 @@ class DeviceSetTests(unittest.TestCase):
     def fill_bytes(self, ptr, data):
         ctypes.memmove(ptr, data, len(data))
 
+    def count_parses(self):
+        """A list that grows by one for every tensor-set record parsed from now to the test's end."""
+        parsed = []
+        parse = tensor_map_mod.parse_set
+        tensor_map_mod.parse_set = lambda *a: parsed.append(1) or parse(*a)
+        self.addCleanup(setattr, tensor_map_mod, "parse_set", parse)
+        return parsed
+
     def weights(self):
         """Six float32 tensors in two allocations (as a caching allocator's segments hold several)."""
         seg1 = self.fake.alloc(1 << 16)
@@ -296,10 +304,7 @@ class DeviceSetTests(unittest.TestCase):
         first = self.lb.receive(timeout=5)["weights"]
         memory_mod._local_exports.clear()  # as in another process
         self.assertEqual(first.bases(), [seg1, seg2])
-        parsed = []
-        parse = tensor_map_mod.parse_set
-        tensor_map_mod.parse_set = lambda *a: parsed.append(1) or parse(*a)
-        self.addCleanup(setattr, tensor_map_mod, "parse_set", parse)
+        parsed = self.count_parses()
         self.la.send({"weights": shared})
         second = self.lb.receive(timeout=5)["weights"]
         self.assertEqual(parsed, [], "the same record as the last one on this link is not parsed again")
@@ -336,10 +341,7 @@ class DeviceSetTests(unittest.TestCase):
         seg1, seg2, named = self.weights()
         names = list(named)
         halves = [share_tensors({n: named[n] for n in names[:3]}), share_tensors({n: named[n] for n in names[3:]})]
-        parsed = []
-        parse = tensor_map_mod.parse_set
-        tensor_map_mod.parse_set = lambda *a: parsed.append(1) or parse(*a)
-        self.addCleanup(setattr, tensor_map_mod, "parse_set", parse)
+        parsed = self.count_parses()
         rounds = []
         for _ in range(3):
             for h in halves:
