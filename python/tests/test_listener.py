@@ -35,7 +35,10 @@ class ListenerTests(unittest.TestCase):
                     out["values"] = ts.view("w").tolist()
                     ts.close()
                     link.send({"done": True})
-                    link.receive(timeout=5)  # until the listener's side closes
+                    try:
+                        link.receive(timeout=5)  # until the listener's side closes
+                    except IpcError as e:
+                        out["end"] = e.code
             t = threading.Thread(target=client)
             t.start()
             link = server.accept(timeout=5)
@@ -55,7 +58,9 @@ class ListenerTests(unittest.TestCase):
             link.close()
             t.join(5)
             a.close()
+            self.assertFalse(t.is_alive())
             self.assertEqual(out["values"], [0, 7, 14, 21])
+            self.assertEqual(out.get("end"), "ERR_LINK_CLOSED", "the client saw the listener close its side")
         self.assertFalse(os.path.exists(os.path.join(self.dir, "weights-test.sock")), "close removed the socket file")
 
     def test_a_live_name_is_refused_and_a_stale_socket_replaced(self):

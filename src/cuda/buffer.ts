@@ -89,10 +89,17 @@ export class SharedMemory {
   /** Run just after (e.g. tell the exporting peer that this process no longer maps it). */
   get afterRelease(): Array<() => void> { return (this.#afterRelease ??= []); }
 
-  acquire(): void { this.refs++; }
+  acquire(): void {
+    this.refs++;
+    // While peers lease it, whether only their leases keep it (status's heldBytes) just changed.
+    if (this.leases > 0) noteChange();
+  }
 
   drop(): void {
-    if (--this.refs > 0 || this.released) return;
+    if (--this.refs > 0 || this.released) {
+      if (this.leases > 0 && !this.released) noteChange();
+      return;
+    }
     this.#release();
   }
 

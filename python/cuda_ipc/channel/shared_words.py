@@ -24,7 +24,7 @@ import ctypes
 import platform
 import struct
 from collections.abc import Callable
-from ctypes import byref, c_int, c_uint32, c_uint64, c_void_p
+from ctypes import byref, c_uint32, c_uint64, c_void_p
 
 from typing import Any
 
