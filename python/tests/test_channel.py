@@ -484,6 +484,32 @@ class DeviceChannelTests(unittest.TestCase):
         finally:
             hub.close()
 
+    def test_acquire_many_that_times_out_on_a_device_slot_gives_every_slot_back(self):
+        pool = self.fake.create_pool()
+        ptr = self.fake.alloc(2 * 256, pool=pool)
+        hub = TestHub(slots=2, slot_bytes=256, device_slots=fake_cuda.FakeArray(ptr, (512,), "|u1"))
+        try:
+            producer = hub.attach("producer", memory="device")
+            consumer = hub.attach("consumer")
+            producer.publish_many(producer.acquire_many(2, timeout=1, stream=5), length=8, stream=5)
+            first, second = consumer.receive_many(2, timeout=1)
+            first.release()  # its release fence reached now
+            self.fake.busy_streams.add(9)
+            second.release(stream=9)  # its release fence queued on a busy stream, not reached
+            with self.assertRaises(IpcError) as cm:
+                producer.acquire_many(2, timeout=0.05)  # the first is ready, the second never gets there
+            self.assertEqual(cm.exception.code, "ERR_TIMEOUT")
+            self.assertEqual(producer._writing, {}, "the slot acquired before the wait was given back too")
+            self.fake.run_stream_writes()
+            again = producer.acquire_many(2, timeout=1)
+            self.assertEqual(sorted(s.index for s in again), [first.index, second.index], "both slots free again")
+            for slot in again:
+                producer.discard(slot)
+            consumer.close()
+            producer.close()
+        finally:
+            hub.close()
+
     def test_device_slots_are_arrays_to_cuda_libraries_and_host_slots_are_not(self):
         pool = self.fake.create_pool()
         ptr = self.fake.alloc(2 * 256, pool=pool)

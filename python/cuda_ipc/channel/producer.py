@@ -122,7 +122,11 @@ class ChannelProducer(ChannelEnd):
                 self._writing[s] = slot
                 slots.append(slot)
         if more and e.block.fences is not None:
-            self._after_consumers(slots[1:], stream, deadline)
+            try:
+                self._after_consumers(slots[1:], stream, deadline)  # (gives those back on failure)
+            except BaseException:
+                self.discard(slots[0])  # the caller never sees it: nobody else would give it back
+                raise
         return slots
 
     def try_acquire(self) -> "ChannelSlot | None":
