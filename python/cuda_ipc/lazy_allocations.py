@@ -283,7 +283,7 @@ def release(mappings: list[HeldMapping], sync: bool) -> None:
     try:
         cache._legacy_release_many(legacy, drop=True)
     except BaseException as e:  # noqa: BLE001 - give them all back, raise the first
-        first = e
+        first = first or e
     for pool, exports in pools.values():
         try:
             pool.unmap_many(exports)

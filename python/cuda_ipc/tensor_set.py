@@ -314,16 +314,10 @@ def torch_data_ptr(objs: list[Any]) -> Callable[[Any], int] | None:
     return T.data_ptr if T is not None and all(isinstance(o, T) for o in objs) else None
 
 
-def _pointers(objs: list[Any]) -> list[int]:
-    """Where each tensor starts now."""
-    f = torch_data_ptr(objs)
-    return list(map(f, objs)) if f is not None else [_pointer(o) for o in objs]
-
-
 def pointers_of(st: SharedTensors) -> list[int]:
-    """Where each tensor of ``st`` starts now."""
+    """Where each tensor of ``st`` starts now: one C call each when all are torch tensors."""
     f = st._data_ptr
-    return list(map(f, st._objs)) if f is not None else _pointers(st._objs)
+    return list(map(f, st._objs)) if f is not None else [_pointer(o) for o in st._objs]
 
 
 def _current(st: SharedTensors) -> _Encoding:

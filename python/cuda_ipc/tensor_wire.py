@@ -12,8 +12,9 @@ import array
 import struct
 import sys
 from collections.abc import Sequence
+from typing import Any
 
-from .descriptor import DTYPES, MAX_NDIM, SAFE, _BY_CODE
+from .descriptor import DTYPES, MAX_NDIM, SAFE, _BY_CODE, torch_dtype
 from .errors import IpcError
 
 TENSOR_SET_KIND = "tensor-set"
@@ -58,6 +59,20 @@ def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
             _c_strides_cache.clear()
         _c_strides_cache[key] = s
     return s
+
+
+def torch_contiguous(t: Any) -> tuple[str, tuple[int, ...], tuple[int, ...], int] | None:
+    """(dtype name, shape, byte strides, bytes) of a torch tensor that is C-contiguous, not empty and of a
+    dtype cuda-ipc describes, in a few calls into torch (a first sync or update describes thousands of
+    tensors); None for any other (described the long way)."""
+    info = torch_dtype(t.dtype)
+    if info is None or not t.is_contiguous():
+        return None
+    n = t.numel()
+    if not n:
+        return None
+    shape = tuple(t.shape)
+    return info[0], shape, c_strides(shape, info[1]), n * info[1]
 
 
 def is_c_order(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> bool:

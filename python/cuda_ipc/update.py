@@ -24,13 +24,13 @@ from typing import Any, NamedTuple, Optional
 from . import copy_kernels
 from . import driver as drv
 from .copy_kernels import CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, CUmemcpyAttributes, DeviceTable, RunTable, plan_runs
-from .descriptor import DTYPES, dtype_name, numel, torch_dtype
+from .descriptor import DTYPES, dtype_name, numel
 from .device import Device
 from .errors import CudaError, IpcError
 from .host import host_address
 from .host_array import HostArray, c_offsets
 from .tensor_set import TensorMap, torch_data_ptr
-from .tensor_wire import c_strides, is_c_order, is_dense
+from .tensor_wire import is_c_order, is_dense, torch_contiguous
 
 
 class UpdateResult(NamedTuple):
@@ -117,14 +117,11 @@ class _Ref(NamedTuple):
 def _describe(obj: Any) -> tuple[_Ref, int]:
     """(_Ref, address) of a destination or source tensor: torch tensors, HostArray, CUDA arrays."""
     torch = sys.modules.get("torch")
-    info = torch_dtype(obj.dtype) if torch is not None and isinstance(obj, torch.Tensor) else None
-    if info is not None and obj.is_contiguous() and obj.numel():
-        # The common case, in as few calls into torch as there are facts (a first update of a model
-        # describes thousands of parameters).
-        shape = tuple(obj.shape)
-        n = obj.numel() * info[1]
+    fast = torch_contiguous(obj) if torch is not None and isinstance(obj, torch.Tensor) else None
+    if fast is not None:
+        name, shape, strides, n = fast
         device = obj.get_device()
-        return _Ref(info[0], shape, c_strides(shape, info[1]), n, n, device < 0, max(device, 0), True), obj.data_ptr()
+        return _Ref(name, shape, strides, n, n, device < 0, max(device, 0), True), obj.data_ptr()
     if type(obj) is HostArray:
         m = obj.meta
         n = m.itemsize * numel(m.shape)
@@ -302,7 +299,7 @@ def _plan_for_set(dst: Mapping[str, Any], ts: TensorMap, strict: bool) -> _Plan:
         # The same objects (so the same types: the plan's data_ptr applies), each where it was.
         if all(map(operator.is_, current, p.dst_objs)):
             f = p.dst_data_ptr
-            if (list(map(f, current)) if f is not None else _addresses(current)) == p.dst_ptrs:
+            if (list(map(f, current)) if f is not None else [_address(o) for o in current]) == p.dst_ptrs:
                 return p
     index = layout.index
     strides, shapes, dtypes, nbytes, extents, contiguous = layout.strides, layout.shapes, layout.dtypes, layout.nbytes, layout.extents, layout.contiguous

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from typing import Any, NamedTuple, Union
 
 from .. import driver as drv
-from ..descriptor import ArrayMeta, dtype_name, torch_dtype
-from ..tensor_wire import c_strides
+from ..descriptor import ArrayMeta, dtype_name
+from ..tensor_wire import torch_contiguous
 from ..errors import CudaError, IpcError
 from . import cache
 from .buffer import DeviceArray, DeviceBuffer
@@ -65,13 +65,11 @@ def _describe_array(obj: Any, sync: bool) -> _Exported:
             raise IpcError("ERR_NOT_EXPORTABLE", "a CPU tensor cannot be shared as device memory; send a HostBuffer view (torch.frombuffer(hb.memory, ...)) instead")
         torch = sys.modules["torch"]
         waiter: ProducerSync = (lambda: torch.cuda.current_stream(device).synchronize()) if sync else None
-        info = torch_dtype(obj.dtype)
         meta: ArrayMeta | None
-        if info is not None and obj.is_contiguous() and obj.numel():
-            # The common case in a few calls into torch (a first sync describes thousands of tensors).
-            shape = tuple(obj.shape)
-            meta = ArrayMeta.make(info[0], shape, c_strides(shape, info[1]))
-            return _Exported(obj.data_ptr(), meta.extent, meta, obj, waiter, device)
+        fast = torch_contiguous(obj)
+        if fast is not None:
+            meta = ArrayMeta.make(fast[0], fast[1], fast[2])
+            return _Exported(obj.data_ptr(), fast[3], meta, obj, waiter, device)
         itemsize = obj.element_size()
         try:
             meta = ArrayMeta.make(dtype_name(obj.dtype), tuple(obj.shape), tuple(s * itemsize for s in obj.stride()))
