@@ -1,13 +1,13 @@
 // The CUDA context NCCL works in: the device's primary context (the one every allocation and
 // stream of this package lives in), made current by the addon around each NCCL call. Tests
-// without a GPU use stand-in devices (testing.ts) whose context is none: the addon then leaves the
+// without a GPU use stand-in devices (test/helpers/nccl-testing.ts) whose context is none: the addon then leaves the
 // thread's context alone.
 import { Device } from '../cuda/device.js';
 import { invalidArgType, received } from '../arg-errors.js';
 
 const standIns = new WeakSet<object>();
 
-/** @internal Registers a stand-in device (testing.ts). */
+/** @internal Registers a stand-in device (test/helpers/nccl-testing.ts). */
 export function addStandInDevice(device: object): void {
   standIns.add(device);
 }

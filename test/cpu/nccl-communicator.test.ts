@@ -15,7 +15,7 @@ import { fake, fakeNccl, noFakeNccl, resetFakeEnv } from '../helpers/fake-nccl.j
 import {
   loadNccl, ncclUniqueId, asNcclUniqueId, NcclCommunicator, NcclError, NcclLibrary, type NcclUniqueId,
 } from '../../src/nccl/index.js';
-import { standInDevice, openCommunicators } from '../../src/nccl/testing.js';
+import { standInDevice, openCommunicators } from '../helpers/nccl-testing.js';
 import { IpcError } from '../../src/errors.js';
 
 setFlagsFromString('--expose-gc');

@@ -12,7 +12,7 @@ import { fakeNccl, noFakeNccl, resetFakeEnv } from '../helpers/fake-nccl.js';
 import { PYTHON } from '../helpers/python.js';
 import { loadNccl, formatNcclVersion, NcclUnavailableError, NCCL_LIBRARY_ENV } from '../../src/nccl/index.js';
 import { probeLibraries } from '../../src/nccl/probe.js';
-import { forgetDiscoveries } from '../../src/nccl/testing.js';
+import { forgetDiscoveries } from '../helpers/nccl-testing.js';
 
 const cli = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 const saved = { env: process.env[NCCL_LIBRARY_ENV], ld: process.env.LD_LIBRARY_PATH, pythonPath: process.env.PYTHONPATH };

@@ -1,9 +1,9 @@
 // For tests only (not exported from the package): communicators without a GPU, over a fake
 // libnccl (test/fixtures/fake-nccl.c).
-import type { Device } from '../cuda/device.js';
-import { addStandInDevice } from './device-context.js';
-import { nccl } from './native.js';
-export { forgetDiscoveries } from './library.js';
+import type { Device } from '../../src/cuda/device.js';
+import { addStandInDevice } from '../../src/nccl/device-context.js';
+import { nccl } from '../../src/nccl/native.js';
+export { forgetDiscoveries } from '../../src/nccl/library.js';
 
 /**
  * A stand-in for a Device that NcclCommunicator.init accepts where there is no driver: NCCL calls
