@@ -4,7 +4,6 @@ so a peer that floods cannot grow the receiver without bound. Nothing is lost or
 import gc
 import os
 import resource
-import time
 import unittest
 
 from cuda_ipc import HostBuffer, IpcError
@@ -24,13 +23,11 @@ class BackpressureTests(unittest.TestCase):
         la, lb = pair()
         chunk = bytes(100_000)
         sent = 0
-        started = time.monotonic()
         with self.assertRaises(IpcError) as cm:
             for _ in range(10_000):
                 la.send({"seq": sent, "data": chunk}, timeout=0.2)
                 sent += 1
         self.assertEqual(cm.exception.code, "ERR_TIMEOUT")
-        self.assertLess(time.monotonic() - started, 30)
         self.assertGreater(sent, 0)
         # The receiver catches up: every message that went out arrives, in order; sending goes on.
         for seq in range(sent):

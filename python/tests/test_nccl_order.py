@@ -10,6 +10,15 @@ from cuda_ipc.errors import IpcError
 from cuda_ipc.link.nccl_order import TransferOrder
 
 
+
+def waiting_in_take(order: TransferOrder) -> None:
+    """Returns once a thread waits in ``order.take(block=True)`` (on its condition), failing after 30 s."""
+    deadline = time.monotonic() + 30
+    while not order._cond._waiters:  # type: ignore[attr-defined]
+        if time.monotonic() > deadline:
+            raise AssertionError("no thread came to wait in take()")
+        time.sleep(0.001)
+
 class Recorder:
     def __init__(self):
         self.ran = []
@@ -94,7 +103,7 @@ class TransferOrderTests(unittest.TestCase):
         got = []
         t = threading.Thread(target=lambda: got.append(order.take(block=True)))
         t.start()
-        time.sleep(0.05)
+        waiting_in_take(order)
         self.assertTrue(t.is_alive())
         order.submit(0, r.start("a"), r.fail("a"))
         t.join(5)
@@ -103,7 +112,7 @@ class TransferOrderTests(unittest.TestCase):
         self.assertEqual(r.ran, ["a"])
         t = threading.Thread(target=lambda: got.append(order.take(block=True)))
         t.start()
-        time.sleep(0.05)
+        waiting_in_take(order)
         order.fail(IpcError("ERR_LINK_CLOSED", "closed"))
         t.join(5)
         self.assertFalse(t.is_alive())
@@ -115,7 +124,7 @@ class TransferOrderTests(unittest.TestCase):
         got = []
         t = threading.Thread(target=lambda: got.append(order.take(block=True)))
         t.start()
-        time.sleep(0.05)
+        waiting_in_take(order)
         self.assertTrue(t.is_alive(), "a deferred transfer alone does not start")
         order.submit(1, r.start("later"), r.fail("later"))
         t.join(5)

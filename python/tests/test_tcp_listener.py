@@ -56,7 +56,12 @@ class TcpListenerTests(unittest.TestCase):
                 server.accept(timeout=0.2)
             self.assertEqual(extra.recv(100), b"", "over max_pending: closed at once")
             self.assertEqual(server.last_refusal.code, "ERR_LIMIT_REACHED")
-            time.sleep(2.1)
+            # accept() runs the handshakes: called until each silent one was dropped at its timeout.
+            deadline = time.monotonic() + 30
+            while server.pending > 0:
+                self.assertLess(time.monotonic(), deadline, "the silent connections were never dropped")
+                with self.assertRaises(IpcError):
+                    server.accept(timeout=0.05)
             with self.assertRaises(IpcError) as cm:
                 server.accept(timeout=0)
             self.assertEqual(cm.exception.code, "ERR_TIMEOUT")
@@ -82,7 +87,10 @@ class TcpListenerTests(unittest.TestCase):
         t.start()
         with cuda_ipc.connect(server.url, token=TOKEN) as link:
             link.send("one")
-        time.sleep(0.1)
+        deadline = time.monotonic() + 30
+        while got != ["one"]:  # the serving thread took the link and its message
+            self.assertLess(time.monotonic(), deadline, "the serving thread never got the message")
+            time.sleep(0.001)
         server.close()
         t.join(5)
         self.assertFalse(t.is_alive())
@@ -165,8 +173,9 @@ class TcpListenerTests(unittest.TestCase):
             try:
                 link = server.accept(timeout=10)
                 # Its message is arriving: the child waits in send() for this side to read on.
+                # The frame (64 MiB) cannot all be in the socket buffers while this side does not read:
+                # once its first bytes are here, the child is in the middle of it.
                 self.assertTrue(select.select([link], [], [], 10)[0])
-                time.sleep(0.1)
                 os.kill(child.pid, signal.SIGKILL)
                 child.wait(10)
             finally:

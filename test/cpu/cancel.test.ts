@@ -7,12 +7,13 @@ import assert from 'node:assert/strict';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { connect, listen, spawn } from '../../src/link/index.js';
 import { ChannelHub } from '../../src/channel/index.js';
 import { linkPair } from '../fixtures/link-pair.js';
+import { waitUntil } from '../helpers/wait.js';
+import { addon } from '../../src/native/addon.js';
 
 const reason = new Error('my reason');
 const isAbort = (e: unknown) => e instanceof Error && e.name === 'AbortError' && (e as { code?: string }).code === 'ABORT_ERR' && e.cause === reason;
@@ -37,8 +38,24 @@ test('spawn: an abort kills the child that has not linked yet; an aborted signal
 test('connect waits for a listener that comes later, up to its timeout; abort and timeout give up', async () => {
   const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-cancel-'));
   try {
-    const late = connect('late', { directory: dir, timeout: 5000 });
-    await sleep(100);
+    // The listener comes once connect's first attempt found no socket (a refused addon.connect).
+    const realConnect = addon.connect;
+    let refusedAttempts = 0;
+    addon.connect = ((fd: number, path: string) => {
+      try {
+        return realConnect(fd, path);
+      } catch (e) {
+        refusedAttempts++;
+        throw e;
+      }
+    }) as typeof addon.connect;
+    let late: Promise<Awaited<ReturnType<typeof connect>>>;
+    try {
+      late = connect('late', { directory: dir, timeout: 5000 });
+      await waitUntil(() => refusedAttempts > 0, "connect's first attempt, before the listener exists");
+    } finally {
+      addon.connect = realConnect;
+    }
     const l = listen('late', { directory: dir });
     const [link, server] = await Promise.all([late, l.accept({ timeout: 5000 })]);
     link.send('hi');

@@ -7,6 +7,7 @@ import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
 import { ChannelHub, acceptChannel, type ChannelProducer } from '../../src/channel/index.js';
 import { waitStatsOf } from '../helpers/channel-internals.js';
 import { writePayload, readPayload } from '../fixtures/channel-payload.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const CHILD = new URL('../fixtures/channel-child.js', import.meta.url);
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
@@ -168,8 +169,10 @@ test('broadcast: a consumer SIGKILLed while holding slots no longer blocks the p
   assert.deepEqual((await reply(victim.link)).held, [0, 1]);
   // The victim stopped reading: every slot stays held for it, so the producer waits...
   let done = false;
+  const slept = waitStatsOf(ch).sleeps;
   const rest = produce(ch, 4, total).then(() => { done = true; });
-  await new Promise((r) => setTimeout(r, 200));
+  // The producer going to sleep for a slot is the event; then it must not have finished.
+  await waitUntil(() => waitStatsOf(ch).sleeps > slept || done, 'the producer to sleep waiting for a slot');
   assert.equal(done, false, 'the producer is held back by the stalled consumer');
   // ...until it dies and its holds are dropped.
   await kill(victim);
@@ -183,10 +186,13 @@ test('broadcast: a consumer SIGKILLed while holding slots no longer blocks the p
   }
 });
 
-/** Resolves once `end`'s waiter has gone to sleep (its bit set, polling its doorbell). */
+/**
+ * Resolves once `end`'s waiter has gone to sleep: it counts the sleep in the same synchronous step
+ * that set its sleeper bit and started polling its doorbell (waiter.ts sleep()), so nothing more
+ * needs to pass.
+ */
 async function asleep(end: object): Promise<void> {
-  while (waitStatsOf(end).sleeps === 0) await new Promise((r) => setTimeout(r, 5));
-  await new Promise((r) => setTimeout(r, 20));
+  await waitUntil(() => waitStatsOf(end).sleeps > 0, 'the end to sleep on its doorbell');
 }
 
 for (const wait of ['adaptive', 'sleep', 'spin'] as const) {

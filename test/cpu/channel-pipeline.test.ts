@@ -40,8 +40,9 @@ test('this process feeds the first stage and reads the last', async () => {
 });
 
 test('a middle stage SIGKILLed: the sink ends with ERR_PEER_GONE, done() rejects naming the stage', async () => {
-  const p = await pipeline([STAGE, STAGE, STAGE], { slots: 4, slotBytes: 64, args: [['source', '1000000'], ['relay', '1'], ['sink']] });
-  await new Promise((r) => setTimeout(r, 150));
+  const p = await pipeline([STAGE, STAGE, STAGE], { slots: 4, slotBytes: 64, args: [['source', '1000000'], ['relay', '1'], ['sink', 'announce']] });
+  // Killed once the sink has its first message (it says so), not after a guess at how long that takes.
+  assert.deepEqual(await p.stages[2]!.link.receive({ signal: AbortSignal.timeout(30_000) }), { started: true });
   p.stages[1]!.child.kill('SIGKILL');
   const r = (await p.stages[2]!.link.receive({ signal: AbortSignal.timeout(10_000) })) as { count: number; next: number; error?: string };
   assert.equal(r.error, 'ERR_PEER_GONE');

@@ -10,6 +10,7 @@ import { waitStatsOf } from '../helpers/channel-internals.js';
 import { writePayload, readPayload } from '../fixtures/channel-payload.js';
 import { randomPauses } from '../fixtures/channel-pauses.js';
 import { argError } from '../helpers/arg-error.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const CHILD = new URL('../fixtures/channel-child.js', import.meta.url);
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
@@ -165,8 +166,10 @@ test('backpressure: acquire waits while every slot is in flight and resumes on r
   assert.equal(ch.tryAcquire(), undefined, 'no free slot while the consumer holds all four');
   assert.deepEqual(ch.stats().slots, { free: 0, writing: 0, published: 0, taken: 4 });
   let acquired: ChannelSlot | undefined;
+  const slept = waitStatsOf(ch).sleeps;
   const pending = ch.acquire().then((s) => (acquired = s));
-  await new Promise((r) => setTimeout(r, 150));
+  // acquire going to sleep for a slot is the event; then it must not have got one.
+  await waitUntil(() => waitStatsOf(ch).sleeps > slept || acquired !== undefined, 'acquire to sleep waiting for a slot');
   assert.equal(acquired, undefined, 'acquire is still waiting');
   c.link.send({ release: true });
   const slot = await pending;

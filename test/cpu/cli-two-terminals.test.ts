@@ -14,12 +14,13 @@ import { hasGpu } from '../helpers/gpu.js';
 const cli = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 const noGpuOnly = hasGpu ? 'a GPU is present: test/gpu/cli.test covers the GPU flow' : undefined;
 
-function run(args: string[]): Promise<{ code: number | null; out: string; err: string }> {
+/** Runs the CLI; `onOut` sees its standard output so far after each chunk. */
+function run(args: string[], onOut?: (out: string) => void): Promise<{ code: number | null; out: string; err: string }> {
   return new Promise((resolve) => {
     const p = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'] });
     let out = '';
     let err = '';
-    p.stdout.on('data', (d) => { out += d; });
+    p.stdout.on('data', (d) => { out += d; onOut?.(out); });
     p.stderr.on('data', (d) => { err += d; });
     p.on('exit', (code) => resolve({ code, out, err }));
   });
@@ -36,8 +37,11 @@ async function inDir(fn: (dir: string) => Promise<void>): Promise<void> {
 
 test('produce and consume without a GPU share host memory through a link, consumer started first', { skip: noGpuOnly }, () => inDir(async (dir) => {
   const file = join(dir, 'handle.json');
-  const consumer = run(['consume', file, '--timeout', '60']);
-  await new Promise((r) => setTimeout(r, 300)); // the consumer is waiting for the file
+  let waiting!: () => void;
+  const saysWaiting = new Promise<void>((resolve) => { waiting = resolve; });
+  const consumer = run(['consume', file, '--timeout', '60'], (out) => { if (/consume: waiting up to 60 s for /.test(out)) waiting(); });
+  // The producer starts once the consumer said it waits for the file (or exited: its output says why).
+  await Promise.race([saysWaiting, consumer]);
   const producer = run(['produce', '--out', file, '--elements', '100000', '--timeout', '60']);
   const [c, p] = await Promise.all([consumer, producer]);
   assert.equal(p.code, 0, `producer: ${p.out}${p.err}`);

@@ -21,6 +21,7 @@ import { HELLO, header, linkPair, linkWithRawPeer, type PairOptions } from '../f
 import { buildRecordsFrame } from '../fixtures/link-fuzzer.js';
 import { ALL_SEALS, OddFiles, memfdWith } from '../fixtures/odd-fds.js';
 import { writePayload } from '../fixtures/channel-payload.js';
+import { waitUntil } from '../helpers/wait.js';
 
 setFlagsFromString('--expose-gc');
 const gc = runInNewContext('gc') as () => void;
@@ -209,7 +210,7 @@ test('hostile frames and fds: each gets a typed error, and the receiver serves a
         assert.notEqual(served, 'NO', c.name);
         rows.push(`| ${c.name} | ${got} | ${served} |`);
       }
-      await sleep(20);
+      await waitUntil(() => fdCount() === fds0, `every fd of every case to be closed (${fdCount()} open, ${fds0} before)`);
       after.push(rss());
       assert.equal(fdCount(), fds0, 'every fd of every case was closed');
       if (round === ROUNDS - 1) {
@@ -231,7 +232,7 @@ test('a peer that sends 10,000 requests and never reads the replies: the replies
   const rss0 = rss();
   const { link, raw } = linkWithRawPeer();
   raw.send(HELLO(3));
-  await sleep(10);
+  await waitUntil(() => link.acceptsGone, 'the link to take the raw peer\'s HELLO');
   raw.socket.setInterest(false, false);  // it reads nothing, ever
   const refused: Record<string, number> = {};
   let replied = 0;
@@ -274,7 +275,7 @@ test('a peer that sends 10,000 requests and never reads the replies: the replies
   assert.ok(await servesHonestly(fresh.link, fresh.raw));
   fresh.link.close();
   fresh.raw.socket.close();
-  await sleep(20);
+  await waitUntil(() => fdCount() === fds0, `the fds to be closed (${fdCount()} open, ${fds0} before)`);
   assert.equal(fdCount(), fds0);
 });
 
@@ -297,7 +298,7 @@ test('more fds than `ulimit -n` allows, sent to a receiver that is not reading: 
     assert.equal(report.delivered + report.errors.ERR_FD_LIMIT, 12, 'every message was delivered or failed with ERR_FD_LIMIT');
     assert.equal(report.honest, '5,6,7,8', 'the link went on serving');
     assert.equal(report.after, report.baseline + 0, 'the receiver is back to its fds');
-    await sleep(100);
+    await waitUntil(() => link.leases.count === 0, `every lease to come back (${link.leases.count} left)`);
     assert.equal(link.leases.count, 0, 'every lease came back, those of the failed messages too');
   } finally {
     link.close();
@@ -381,7 +382,7 @@ test('a hub SIGKILLed while its producer and consumer wait: both waits end by th
     consumer.close();
     hubChild.link.close();
   }
-  await sleep(50);
+  await waitUntil(() => fdCount() === fds0, `the fds to be closed (${fdCount()} open, ${fds0} before)`);
   assert.equal(fdCount(), fds0);
 });
 

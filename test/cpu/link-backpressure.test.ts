@@ -13,6 +13,7 @@ import type { LinkOptions } from '../../src/link/link-options.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { HELLO, linkPair, linkWithRawPeer, type RawPeer } from '../fixtures/link-pair.js';
 import { addon } from '../../src/native/addon.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const limited = (code: string, limit: string) => (e: unknown) => {
   assert.ok(e instanceof IpcError, String(e));
@@ -25,8 +26,7 @@ const limited = (code: string, limit: string) => (e: unknown) => {
 async function stalledPeer(options?: LinkOptions): Promise<{ link: Link; raw: RawPeer; resume(): void; close(): void }> {
   const { link, raw } = linkWithRawPeer(options);
   raw.send(HELLO(1));
-  await new Promise((r) => setTimeout(r, 10));
-  assert.equal(link.state, 'open');
+  await waitUntil(() => link.state === 'open', "the link to take the raw peer's HELLO");
   raw.socket.setInterest(false, false);
   return {
     link,
@@ -58,9 +58,11 @@ test("send() returns false once the peer is behind, and 'drain' fires when it ca
     p.resume();
     await drained;
     assert.deepEqual(p.link.sendQueue, { messages: 0, bytes: 0, fds: 0 });
-    await new Promise((r) => setTimeout(r, 20));
-    assert.equal(p.raw.records.filter((r) => r.bytes[5] === 2).length, sent + 9, 'every message arrived');
+    // One more message, sent after all of them, arriving is the event: then every one is there.
+    const messages = () => p.raw.records.filter((r) => r.bytes[5] === 2).length;
     assert.equal(p.link.send({ after: true }), true);
+    await waitUntil(() => messages() >= sent + 10, `the messages to arrive (${messages()} of ${sent + 10})`);
+    assert.equal(messages(), sent + 10, 'every message arrived, the one after them last');
   } finally {
     p.close();
   }
@@ -98,8 +100,7 @@ test('a queue at its bound refuses the next message with ERR_SEND_QUEUE_FULL nam
       p.close();
       h.close();
     }
-    await new Promise((r) => setTimeout(r, 10));
-    assert.equal(fdCount(), before, `${limit}: the refused messages left no fd behind`);
+    await waitUntil(() => fdCount() === before, `${limit}: the fds to be closed (${fdCount()} open, ${before} before)`);
   }
 });
 
@@ -144,7 +145,7 @@ test('the leases a peer holds are bounded: send() returns false at half, ERR_LIM
     a.send(h);
     assert.throws(() => a.send({ x: [h] }), limited('ERR_LIMIT_REACHED', 'leases.count'));
     assert.equal(a.leases.count, 4);
-    await new Promise((r) => setTimeout(r, 20));
+    await waitUntil(() => kept.length >= 4, `the four buffers to arrive (${kept.length})`);
     assert.equal(kept.length, 4);
     const drained = once(a, 'drain');
     for (const k of kept.splice(0)) k.close();
@@ -186,8 +187,10 @@ test('fds kept open by leases are bounded (leases.fds): a sender of fresh buffer
     const ninth = HostBuffer.allocate(4096);
     assert.throws(() => a.send(ninth), limited('ERR_LIMIT_REACHED', 'leases.fds'));
     ninth.close();
+    let plain = false;
+    b.on('message', (m) => { if ((m as { plain?: string })?.plain === 'no fds') plain = true; });
     assert.ok(a.send({ plain: 'no fds' }) === false, 'a message without fds still goes (the link stays behind)');
-    await new Promise((r) => setTimeout(r, 20));
+    await waitUntil(() => plain, 'the message without fds, sent after the buffers, to arrive');
     assert.equal(kept.length, 8);
     const drained = once(a, 'drain');
     for (const k of kept.splice(0)) k.close();
@@ -198,7 +201,7 @@ test('fds kept open by leases are bounded (leases.fds): a sender of fresh buffer
     using same = HostBuffer.allocate(4096);
     for (let i = 0; i < 20; i++) assert.equal(a.send(same), true);
     assert.equal(a.leases.count, 20);
-    await new Promise((r) => setTimeout(r, 20));
+    await waitUntil(() => kept.length === 20, `the 20 buffers to arrive (${kept.length})`);
     for (const k of kept.splice(0)) k.close();
   } finally {
     a.close();

@@ -12,6 +12,7 @@ import { addon } from '../../src/native/addon.js';
 import { fdCount, fdIsOpen } from '../fixtures/fd-count.js';
 import { HELLO, header, linkFds, linkPair, linkWithRawPeer } from '../fixtures/link-pair.js';
 import { argError } from '../helpers/arg-error.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
 const out = (): FrameHeader => ({ type: 0 as FrameType, flags: 0, payloadLength: 0, fdCount: 0 });
@@ -231,7 +232,7 @@ test('close() releases unread messages; end() delivers everything before a clean
   const [c, d] = await linkPair();
   const base = fdCount();
   c.send({ buffer: h });
-  await new Promise((r) => setTimeout(r, 20));
+  await waitUntil(() => d.pendingReceives >= 1, 'the buffer to wait in the inbox');
   assert.equal(d.pendingReceives, 1);
   assert.equal(fdCount(), base + 1, 'the received buffer holds an fd');
   const held = linkFds(d);
@@ -264,7 +265,7 @@ test('receive can be aborted, and async iteration ends on a clean close', async 
 test('message listeners get what arrives, including what waited in the inbox', async () => {
   const [a, b] = await linkPair();
   a.send('early');
-  await new Promise((r) => setTimeout(r, 10));
+  await waitUntil(() => b.pendingReceives === 1, "'early' to wait in the inbox before a listener exists");
   const got: unknown[] = [];
   const done = new Promise<void>((resolve) =>
     b.on('message', (m) => {

@@ -3,12 +3,12 @@
 // (the built-in kinds, legacy mappings and imported pools, need a GPU: test/gpu/gone.test.ts).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../../src/errors.js';
 import { announceGone, registerGoneHandler } from '../../src/link/index.js';
 import { FrameType, encodeGone, readGoneEntries } from '../../src/link/frame.js';
 import { HELLO, header, linkPair, linkWithRawPeer } from '../fixtures/link-pair.js';
 import { argError } from '../helpers/arg-error.js';
+import { waitUntil } from '../helpers/wait.js';
 
 test('announced allocations reach the handlers of their kind on the peer, batched; unknown kinds are ignored', async () => {
   const [a, b] = await linkPair();
@@ -19,7 +19,7 @@ test('announced allocations reach the handlers of their kind on the peer, batche
     assert.equal(a.acceptsGone, true);
     for (let i = 0; i < 3; i++) assert.equal(announceGone(a, 'app-weights', new Uint8Array([i, 7])), true);
     assert.equal(announceGone(a, 'nobody-listens', new Uint8Array(4)), true);
-    await sleep(30);
+    await waitUntil(() => seen.length >= 6, `both handlers to see the three notices (${seen.length} calls)`);
     assert.deepEqual(seen.filter((s) => s[0] === 'app-weights'), [['app-weights', [0, 7], true], ['app-weights', [1, 7], true], ['app-weights', [2, 7], true]]);
     assert.equal(seen.filter((s) => s[0] === 'second').length, 3, 'every handler of the kind runs');
     assert.equal(b.closed, false);
@@ -39,10 +39,12 @@ test('a peer whose HELLO lacks feature bit 1 gets no GONE frame', async () => {
   const { link, raw } = linkWithRawPeer();
   try {
     raw.send(HELLO(1));  // large messages, no notices
-    await sleep(10);
+    await waitUntil(() => link.state === 'open', "the link to take the raw peer's HELLO");
     assert.equal(link.acceptsGone, false);
     assert.equal(announceGone(link, 'app', new Uint8Array(3)), false);
-    await sleep(10);
+    // A message sent after the notice would have been arriving is the later event.
+    link.send('after');
+    await waitUntil(() => raw.records.some((r) => r.bytes[5] === FrameType.Message), 'the message sent after the notice to arrive');
     assert.equal(raw.records.filter((r) => r.bytes[5] === FrameType.Gone).length, 0);
   } finally {
     link.close();

@@ -10,6 +10,7 @@ import { addon } from '../../src/native/addon.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { HELLO, header, linkPair, linkWithRawPeer } from '../fixtures/link-pair.js';
 import { ALL_SEALS, OddFiles, memfdWith } from '../fixtures/odd-fds.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const { F_SEAL_SHRINK, F_SEAL_GROW } = addon.posixConstants;
 
@@ -42,8 +43,7 @@ test('messages of any size up to maxMessageBytes arrive whole, with their buffer
     assert.deepEqual([...got.f], [1.5, -2]);
     assert.equal(a.leases.count, 1);
     got.buffer.close();
-    await new Promise((r) => setTimeout(r, 20));
-    assert.equal(a.leases.count, 0, 'the lease of a buffer in a large message ends like any other');
+    await waitUntil(() => a.leases.count === 0, `the lease to end (${a.leases.count} left)`);
 
     // One byte past a frame, in every encoding, and a string that is mostly multi-byte.
     a.send(new Uint8Array(128 * 1024 - 15));
@@ -95,8 +95,7 @@ test('to a peer whose HELLO does not offer large messages, a send past a frame f
   const { link, raw } = linkWithRawPeer();
   try {
     raw.send(HELLO(0));
-    await new Promise((r) => setTimeout(r, 20));
-    assert.equal(link.state, 'open');
+    await waitUntil(() => link.state === 'open', "the link to take the raw peer's HELLO");
     assert.throws(() => link.send(new Uint8Array(200_000)), (e: unknown) => {
       assert.ok(code('ERR_MESSAGE_TOO_LARGE')(e));
       assert.match((e as Error).message, /one frame/);
@@ -113,7 +112,7 @@ test('to a peer whose HELLO does not offer large messages, a send past a frame f
 test('this side announces large messages in its HELLO (features bit 0)', async () => {
   const { link, raw } = linkWithRawPeer();
   try {
-    await new Promise((r) => setTimeout(r, 20));
+    await waitUntil(() => raw.records.length > 0, "this side's HELLO to arrive");
     const hello = raw.records[0]!;
     assert.equal(hello.bytes[5], 1);
     assert.equal(new DataView(hello.bytes.buffer).getUint32(16, true) & 1, 1);

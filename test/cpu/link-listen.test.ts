@@ -8,6 +8,7 @@ import { HostBuffer } from '../../src/host/index.js';
 import { connect, defaultSocketDirectory, listen, spawn, type Link } from '../../src/link/index.js';
 import { addon } from '../../src/native/addon.js';
 import { argError } from '../helpers/arg-error.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const CONNECT_CHILD = new URL('../fixtures/connect-child.js', import.meta.url);
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
@@ -66,13 +67,13 @@ test('connections arrive as events and through async iteration; close() ends bot
     a.send(1);
     assert.equal(await recv(server), 1);
     listener.removeAllListeners('connection');
+    const taken: Link[] = [];
     const iterated = (async () => {
-      const got: Link[] = [];
-      for await (const l of listener) got.push(l);
-      return got;
+      for await (const l of listener) taken.push(l);
+      return taken;
     })();
     const b = await connect('events', { directory: dir });
-    await new Promise((r) => setTimeout(r, 20));
+    await waitUntil(() => taken.length > 0, 'the iterator to take the connection');
     listener.close();
     assert.equal(existsSync(join(dir, 'events.sock')), false, 'close() removes the socket file');
     const got = await iterated;

@@ -95,7 +95,13 @@ test('hostile peers before the token is proved: each is refused with a typed err
       let got: string;
       if (c.expect === 'nothing') {
         await raw.closed();
-        await sleep(100);
+        // An honest peer served after it is the later event by which a report would have come.
+        const { connect } = await import('../../src/link/index.js');
+        const [x, y] = await Promise.all([listener.accept(), connect(listener.url, { token: TOKEN })]);
+        y.send('after');
+        assert.equal(await x.receive(), 'after');
+        x.close();
+        y.close();
         got = refused.list.length ? `refused ${refused.list.map((e) => e.code).join()}` : 'nothing';
       } else {
         got = `refused ${(await refused.next()).code}`;
@@ -129,7 +135,8 @@ test('maxPending bounds the connections still authenticating: the next one is cl
   const refused = refusals(listener);
   const held = [await RawTcp.connect(listener.port), await RawTcp.connect(listener.port)];
   try {
-    await sleep(50);
+    // Each got its challenge: the listener holds both.
+    await Promise.all(held.map((h) => h.take(1)));
     const third = await RawTcp.connect(listener.port);
     const e = await refused.next();
     assert.equal(e.code, 'ERR_LIMIT_REACHED');

@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Worker } from 'node:worker_threads';
 import { fdCount } from '../fixtures/fd-count.js';
+import { waitUntil } from '../helpers/wait.js';
 
 test('workers that exit with buffers, links and listeners open release them and do not crash', async () => {
   const directory = mkdtempSync(join(tmpdir(), 'cuda-ipc-worker-'));
@@ -22,8 +23,7 @@ test('workers that exit with buffers, links and listeners open release them and 
     await new Promise((r) => setTimeout(r, 50));
     const before = fdCount();
     for (let i = 1; i <= 4; i++) await run(i, i % 2 ? 'terminate' : 'exit');
-    await new Promise((r) => setTimeout(r, 50));
-    assert.equal(fdCount(), before);
+    await waitUntil(() => fdCount() === before, `the workers' fds to be closed (${fdCount()} open, ${before} before)`);
   } finally {
     rmSync(directory, { recursive: true, force: true });
   }

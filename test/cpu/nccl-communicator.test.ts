@@ -263,7 +263,8 @@ describe('NcclCommunicator (fake libnccl)', { skip: noFakeNccl }, () => {
     const comm = await init();
     fake({ FINALIZE_HANG: 1 });
     const closing = comm.close();
-    await new Promise((r) => setTimeout(r, 20));
+    // close() is waiting: it called finalize and has polled the communicator since.
+    await waitFor(() => calls('finalize').length === 1 && f.lines().slice(f.lines().findIndex((l) => l.startsWith('finalize'))).some((l) => l.startsWith('asyncError')));
     await comm.abort();
     await closing;
     assert.deepEqual([calls('finalize').length, calls('destroy').length, calls('abort').length], [1, 0, 1]);
@@ -359,7 +360,10 @@ describe('NcclCommunicator (fake libnccl)', { skip: noFakeNccl }, () => {
       let out = '';
       child.stdout.setEncoding('utf8').on('data', (d: string) => { out += d; });
       await waitFor(() => out.includes('exiting'));
-      await new Promise((r) => setTimeout(r, 300));
+      // The abort on the addon's thread is held in the fake until the file exists. An exit that
+      // did not wait for it (and abort the open one) would cut it short: the two 'abort' lines
+      // asserted below, logged only once the file exists, are the proof; no pause is needed.
+      await waitFor(() => calls('waitingAbort').length >= 1);
       assert.equal(child.exitCode, null, 'the process waits for the abort in progress');
       assert.equal(calls('abort').length, 0);
       writeFileSync(waitFile, '');

@@ -104,8 +104,10 @@ test('Python -> Node: a set of 4,000 Python host tensors arrives in one message 
     }
     assert.deepEqual(await ask(link, { op: 'leases' }), { count: 1 }, 'one lease for the whole set');
     weights.close();
-    await new Promise((r) => setTimeout(r, 30));
-    assert.deepEqual(await ask(link, { op: 'leases' }), { count: 0 });
+    // Asked (in order behind our RELEASE) until Python saw it, with a deadline.
+    let leases: { count: number };
+    for (const until = Date.now() + 30_000; (leases = await ask(link, { op: 'leases' })).count !== 0 && Date.now() < until;);
+    assert.deepEqual(leases, { count: 0 });
   } finally {
     await link.end();
     await exited;

@@ -82,6 +82,8 @@ for (const mode of [0o1777, 0o777] as const) {
       report(`Python listen() in ${where}, name swapped for a symlink (${r.swaps} swaps, ${r.folders} private folders moved)`, tally(outcomes), `secret ${secret.state()}`);
       assert.equal(secret.state(), 'unchanged');
       assert.deepEqual(Object.keys(outcomes).filter((k) => k !== 'ok' && !k.startsWith('ERR_')), [], 'every failure is a typed error');
+      assert.ok(r.swaps > 0, 'the attacker did plant symlinks');
+      assert.ok(Object.values(outcomes).reduce((a, b) => a + b, 0) > 0, 'the victim listened while the attacker raced');
     } finally {
       await mallory.end();
     }

@@ -30,7 +30,7 @@ async function until<T>(what: string, get: () => T | undefined): Promise<T> {
 test('a peer that stops reading shows in status: the sender queue per link, and a receiver that paused', async () => {
   const { link, raw } = linkWithRawPeer();
   raw.send(HELLO(1));
-  await sleep(10);
+  await until("the link to take the raw peer's HELLO", () => (link.state === 'open' ? true : undefined));
   raw.socket.setInterest(false, false);
   let n = 0;
   while (link.send({ n: n++, pad: 'x'.repeat(100) }));

@@ -12,6 +12,7 @@ import { arg } from '../../src/cuda/kernel-args.js';
 import { expectedPatternValue, referenceChecksum } from '../../src/cuda/builtin-kernels.js';
 import { IpcError } from '../../src/errors.js';
 import { argError } from '../helpers/arg-error.js';
+import { waitUntil, within } from '../helpers/wait.js';
 
 describe('kernels', { skip: noGpu }, () => {
   test('fill, verify and scale patterns for every element type', async () => {
@@ -60,22 +61,32 @@ describe('kernels', { skip: noGpu }, () => {
     assert.throws(() => compileCuda('this is not C', { name: 'bad.cu' }), (e: unknown) => e instanceof IpcError && e.code === 'ERR_COMPILE' && /bad\.cu/.test(e.message));
   });
 
-  test('a timer keeps firing on schedule while await ev.synchronize() waits for a 500 ms kernel', async () => {
-    using s = Stream.create();
+  test('timers keep firing while await ev.synchronize() waits for an event held back on the GPU', async () => {
+    // The event waits behind a stream wait on a flag that only this test writes: it stays pending
+    // however slow the machine, so what is checked is that the event loop ran (30 timer ticks)
+    // while the wait was outstanding, never how late a tick came.
+    using flag = DeviceBuffer.allocate(64);
+    flag.fill(0);
+    using held = Stream.create();
+    using writer = Stream.create();
     using ev = Event.create();
-    BuiltinKernels.for().spin(500_000_000, s);
-    ev.record(s);
-    assert.equal(ev.query(), false, 'the event is pending while the kernel spins');
-    const ticks: number[] = [];
-    let last = performance.now();
-    const timer = setInterval(() => { const now = performance.now(); ticks.push(now - last); last = now; }, 10);
-    const t0 = performance.now();
-    await ev.synchronize();
-    const waited = performance.now() - t0;
-    clearInterval(timer);
-    assert.ok(waited >= 450, `waited ${waited} ms for a 500 ms kernel`);
-    assert.ok(ticks.length >= 30, `only ${ticks.length} timer ticks in ${waited} ms: the event loop was blocked`);
-    assert.ok(Math.max(...ticks) < 100, `a timer tick came ${Math.max(...ticks)} ms late`);
+    held.waitValue32(flag, 0, 1, 'eq');
+    BuiltinKernels.for().spin(1_000_000, held);
+    ev.record(held);
+    assert.equal(ev.query(), false, 'the event is pending behind the flag');
+    let settled = false;
+    const waiting = ev.synchronize().then(() => { settled = true; });
+    let ticks = 0;
+    const timer = setInterval(() => { ticks++; }, 1);
+    try {
+      await waitUntil(() => ticks >= 30 || settled, '30 timer ticks while the event is pending');
+      assert.equal(settled, false, 'the wait could not end before the flag was written');
+      assert.equal(ev.query(), false);
+    } finally {
+      clearInterval(timer);
+      writer.writeValue32(flag, 0, 1);
+    }
+    await within(waiting, 'ev.synchronize() to resolve once the flag was written');
     assert.equal(ev.query(), true);
   });
 
@@ -83,14 +94,17 @@ describe('kernels', { skip: noGpu }, () => {
     using flag = DeviceBuffer.allocate(64);
     flag.fill(0);
     using data = DeviceBuffer.allocate(4096);
+    using other = DeviceBuffer.allocate(4096);
     using waiter = Stream.create();
     using writer = Stream.create();
     waiter.waitValue32(flag, 0, 1, 'eq');
     data.fillUint32(7, { stream: waiter });
-    await new Promise((r) => setTimeout(r, 50));
+    // Later work on another stream finishing is the event after which the waiter must still be blocked.
+    other.fillUint32(3, { stream: writer });
+    await within(writer.synchronize(), 'work queued on another stream to finish');
     assert.equal(waiter.query(), false, 'the waiting stream is blocked on the flag');
     writer.writeValue32(flag, 0, 1);
-    await waiter.synchronize();
+    await within(waiter.synchronize(), 'the waiting stream to pass the flag once written');
     const out = new Uint32Array(1024);
     data.read(out);
     assert.ok(out.every((v) => v === 7));
