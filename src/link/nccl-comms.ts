@@ -88,12 +88,14 @@ class TransferOrder {
       const e = this.#entries.get(this.#next);
       if (!e) return;
       if (!e.start) {
-        // Lazy, and something after it is waiting: make it receive now (it submits synchronously).
+        // Lazy, and something after it is waiting: make it receive now (it submits synchronously,
+        // and that submit pumps: it may have started it already). Look again rather than start it
+        // a second time (which queued its receives twice: NCCL out of step with the sender).
         if (this.#highest <= this.#next || !e.force) return;
         const force = e.force;
         e.force = undefined;
         force();
-        if (!e.start) return;
+        continue;
       }
       this.#entries.delete(this.#next);
       this.#busy = true;
