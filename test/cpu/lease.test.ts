@@ -14,6 +14,7 @@ import { registerTransferHandler, unregisterTransferHandler } from '../../src/li
 import { addon } from '../../src/native/addon.js';
 import { HELLO, header, linkPair, linkWithRawPeer, type RawPeer } from '../fixtures/link-pair.js';
 import { argError } from '../helpers/arg-error.js';
+import { waitUntil } from '../helpers/wait.js';
 
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
 
@@ -106,12 +107,12 @@ test('a sent value is leased until the receiver closes it; link.leases, leaseSta
     got.t1.close();
     got.t1.close();  // end() is idempotent
     assert.equal(got.t1.lease.ended, true);
-    await tick();
+    await waitUntil(() => t1.released > 0, 't1 to be released');
     assert.equal(t1.released, 1);
     assert.equal(t2.released, 0);
     assert.deepEqual(a.leases, { count: 1, bytes: 24 });
     got.list[0].close();
-    await tick();
+    await waitUntil(() => t2.released > 0, 't2 to be released');
     assert.equal(t2.released, 1);
     assert.deepEqual(a.leases, { count: 0, bytes: 0 });
     assert.deepEqual(leaseStats(), { count: 0, bytes: 0, links: [] });
@@ -203,14 +204,15 @@ test('leases ended in one tick go back in one RELEASE frame with exactly those i
       got.tokens[0]!.close();
       got.tokens[1]!.close();
       got.tokens[0]!.close();
-      await tick(20);
+      await waitUntil(() => releasesSeen(raw).length > 0, 'the first RELEASE');
       assert.deepEqual(releasesSeen(raw), [[f.ids[3], f.ids[0], f.ids[1]]]);
       got.tokens[4]!.close();
-      await tick(20);
+      await waitUntil(() => releasesSeen(raw).length > 1, 'the second RELEASE');
       assert.deepEqual(releasesSeen(raw), [[f.ids[3], f.ids[0], f.ids[1]], [f.ids[4]]]);
       link.close();
       got.tokens[2]!.close();
-      await tick(20);
+      // The link's GOODBYE is the last frame it writes: a RELEASE after the close would come before it.
+      await waitUntil(() => raw.records.some((r) => r.bytes[5] === FrameType.Goodbye), "the link's GOODBYE");
       assert.equal(releasesSeen(raw).length, 2, 'nothing is sent once the link is closed');
   } finally {
     link.close();
@@ -224,11 +226,11 @@ test('a RELEASE for a lease the link did not grant, or already ended, closes it 
     const { link, raw } = linkWithRawPeer();
     try {
       raw.send(HELLO());
-      await tick();
+      await waitUntil(() => link.state === 'open', "the link to take the raw peer's HELLO");
       const h = HostBuffer.allocate(4096);
       link.send({ h });
       h.close();
-      await tick();
+      await waitUntil(() => raw.records.some((r) => r.bytes[5] === FrameType.Message), 'the message to reach the raw peer');
       const record = raw.records.find((r) => r.bytes[5] === FrameType.Message)!;
       for (const fd of record.fds) addon.close(fd);
       const [id] = leaseIdsIn(record.bytes);
@@ -306,7 +308,7 @@ test('a message that cannot be fully decoded ends the leases of all its values',
     a.send([first, h, refused, after]);
     assert.equal(a.leases.count, 4);
     await assert.rejects(recv(b), code('ERR_DESCRIPTOR_INVALID'));
-    await tick();
+    await waitUntil(() => first.released + refused.released + after.released >= 3, 'the three tokens to be released');
     assert.deepEqual([first.released, refused.released, after.released], [1, 1, 1]);
     assert.equal(h.leases, 0, 'the decoded host buffer was disposed and its lease ended');
     assert.deepEqual(a.leases, { count: 0, bytes: 0 });
@@ -329,7 +331,9 @@ test('a host buffer passed on (A to B to C) stays leased by A until C lets go to
     b2.send({ h: atB });
     atB.close();
     const atC = ((await recv(c)) as { h: HostBuffer }).h;
-    await tick();
+    // A message from B to A after B closed its copy: a RELEASE B sent A would arrive before it.
+    b.send('after the close');
+    assert.equal(await recv(a), 'after the close');
     assert.equal(h.leases, 1, 'B closed its copy but leased it on to C');
     assert.equal(atB.leases, 1);
     assert.equal(atC.bytes[100], 3);
