@@ -95,7 +95,7 @@ test('connect gives up on its signal (AbortError) or its timeout (ERR_TIMEOUT) w
     await assert.rejects(connect(url, { token: TOKEN, timeout: 100 }), code('ERR_TIMEOUT'));
     await assert.rejects(connect(url, { token: TOKEN, signal: AbortSignal.abort() }), { name: 'AbortError' });
     for (const s of silent) s.destroy();
-    for (let i = 0; i < 100 && fdCount() > fds0; i++) await sleep(20);
+    await waitUntil(() => fdCount() <= fds0, `the connections given up to be closed (${fdCount()} fds, ${fds0} before)`);
     assert.equal(fdCount(), fds0, 'the connections given up were closed');
   } finally {
     for (const s of silent) s.destroy();
@@ -293,7 +293,7 @@ test('a wrong token: ERR_AUTH_FAILED on both sides before any message is read; n
       assert.match((e as Error).message, /did not prove the token: the two sides hold different tokens/);
       return true;
     });
-    for (let i = 0; i < 100 && refused.length === 0; i++) await sleep(10);
+    await waitUntil(() => refused.length > 0, "the listener's 'refused' report");
     assert.equal(refused.length, 1);
     assert.equal(refused[0]!.code, 'ERR_AUTH_FAILED');
     assert.deepEqual(connections, [], 'no link was made');

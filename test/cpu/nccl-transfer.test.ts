@@ -17,7 +17,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { DeviceArray } from '../../src/arrays/device-array.js';
 import { DeviceBuffer } from '../../src/cuda/buffer.js';
-import { listen, spawn, type Link, type SpawnedChild, type TcpListener } from '../../src/link/index.js';
+import { Fanout, listen, spawn, type Link, type SpawnedChild, type TcpListener } from '../../src/link/index.js';
 import { NCCL_LIBRARY_ENV } from '../../src/nccl/discovery.js';
 import { forgetDiscoveries } from '../helpers/nccl-testing.js';
 import { TensorMap } from '../../src/tensors/tensor-map.js';
@@ -36,6 +36,11 @@ if (fakeNccl) {
   forgetDiscoveries();
 }
 const fake = await installFakeCuda();
+after(() => {
+  rmSync(moveDir, { recursive: true, force: true });
+  rmSync(childLog, { force: true });
+  fakeNccl?.cleanup();
+});
 
 interface Receiver { child: SpawnedChild['child']; control: Link; data: Link }
 
@@ -121,8 +126,6 @@ describe('tensor sets over a TCP link, NCCL faked on the CPU', { skip: noFakeNcc
     if (rx && rx.child.exitCode === null) await ask(rx.control, { op: 'exit' }).catch(() => {});
     rx?.data.close();
     await listener?.close();
-    rmSync(moveDir, { recursive: true, force: true });
-    if (!process.env.KEEP_FAKE_NCCL_LOG) rmSync(childLog, { force: true });
   });
 
   test('fetch(): the set arrives in memory of the receiver\'s own, every value read back; the sender\'s memory comes back', async () => {
@@ -163,14 +166,53 @@ describe('tensor sets over a TCP link, NCCL faked on the CPU', { skip: noFakeNcc
     }
   });
 
-  test('a set sent from separate allocations is gathered into the staging slots by copy_runs on the sender', async () => {
-    const launches = fake.launches.length;
-    const values = valuesFor([5, 300, 7, 2048], 5);
+  test('sets sent from separate allocations are gathered into the staging slots by copy_runs on the sender (slots and run table grow as needed)', async () => {
+    // Small, then more tensors and more bytes than any staged set before: larger slots and table.
+    for (const sizes of [[5, 300, 7, 2048], Array.from({ length: 150 }, (_, i) => 1000 + 7 * i)]) {
+      const launches = fake.launches.length;
+      const values = valuesFor(sizes, 5);
+      const set = makeSet(values, false);
+      const reply = ask(rx.control, { op: 'fetch' });
+      rx.data.send({ set });
+      assert.deepEqual((await reply).values, digests(values), `${sizes.length} tensors`);
+      assert.ok(fake.launches.length > launches, 'the sender gathered with copy_runs');
+      set.close();
+      await waitUntil(() => rx.data.leases.count === 0, 'the lease of the sent set to end');
+    }
+  });
+
+  test('the same TensorMap sent again (a training step later) carries its current values', async () => {
+    const set = makeSet(valuesFor(SIZES, 14), false);
+    try {
+      for (const seed of [14, 15, 16]) {
+        const values = valuesFor(SIZES, seed);
+        for (const [name, a] of set) a.write(Float32Array.from(values[name]!));
+        const reply = ask(rx.control, { op: 'fetch' });
+        rx.data.send({ set });
+        assert.deepEqual((await reply).values, digests(values), `step ${seed}`);
+      }
+    } finally {
+      set.close();
+    }
+    await waitUntil(() => rx.data.leases.count === 0, 'the leases of the sent sets to end');
+  });
+
+  test('a set received and fetched is sent on as it came: back here, every value intact', async () => {
+    const values = valuesFor([333, 64, 5], 17);
     const set = makeSet(values, false);
-    const reply = ask(rx.control, { op: 'fetch' });
+    const back = rx.data.receive<{ set: TensorMap }>();
+    const reply = ask(rx.control, { op: 'echo' });
     rx.data.send({ set });
-    assert.deepEqual((await reply).values, digests(values));
-    assert.ok(fake.launches.length > launches, 'the sender gathered with copy_runs');
+    await reply;
+    const { set: got } = await within(back, 'the set sent back');
+    assert.equal(got.pending, true);
+    await got.fetch();
+    const digest = (a: DeviceArray): string => {
+      const v = a.read() as Float32Array;
+      return createHash('sha256').update(new Uint8Array(v.buffer, v.byteOffset, v.byteLength)).digest('hex');
+    };
+    assert.deepEqual(Object.fromEntries([...got].map(([name, a]) => [name, digest(a as DeviceArray)])), digests(values));
+    got.close();
     set.close();
     await waitUntil(() => rx.data.leases.count === 0, 'the lease of the sent set to end');
   });
@@ -227,6 +269,40 @@ describe('tensor sets over a TCP link, NCCL faked on the CPU', { skip: noFakeNcc
     assert.deepEqual((await ok).values, digests(again));
     assert.equal(lines('init ').length, inits + 1, 'a new communicator for the next set');
     next.close();
+  });
+});
+
+describe('a broadcast to two receivers through a Fanout, NCCL faked on the CPU', { skip: noFakeNccl }, () => {
+  test('one set, moved once by ncclBroadcast, arrives whole at both; received into parameters too', async () => {
+    const listener = await listen('tcp://127.0.0.1:0', { token });
+    const receivers: Receiver[] = [];
+    try {
+      for (let i = 0; i < 2; i++) receivers.push(await startReceiver(listener));
+      const fanout = new Fanout(receivers.map((r) => r.data));
+      const values = valuesFor(SIZES, 18);
+      const set = makeSet(values, false);
+      const replies = receivers.map((r) => ask(r.control, { op: 'fetch' }));
+      fanout.send({ set });
+      for (const r of await Promise.all(replies)) assert.deepEqual(r.values, digests(values));
+      // A second set on the same broadcast communicator, received straight into parameters.
+      const again = valuesFor(DIRECT_SIZES, 19);
+      const next = makeSet(again, true);
+      const specs = DIRECT_SIZES.map((n, i) => [`layers.${i}.weight`, n] as [string, number]);
+      const updates = receivers.map((r) => ask(r.control, { op: 'update', specs, contiguous: true }));
+      fanout.send({ set: next });
+      for (const r of await Promise.all(updates)) assert.deepEqual(r.values, digests(again));
+      assert.ok(lines('broadcast ').length >= 2, 'the chunks went out as ncclBroadcast');
+      set.close();
+      next.close();
+      for (const r of receivers) await waitUntil(() => r.data.leases.count === 0, 'the leases of the broadcast sets to end');
+      fanout.close();
+    } finally {
+      for (const r of receivers) {
+        if (r.child.exitCode === null) await ask(r.control, { op: 'exit' }).catch(() => {});
+        r.data.close();
+      }
+      await listener.close();
+    }
   });
 });
 

@@ -11,12 +11,13 @@ import { driver } from '../../src/cuda/driver.js';
 
 const cli = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 
-function run(args: string[], env: NodeJS.ProcessEnv = process.env): Promise<{ code: number | null; out: string; err: string }> {
+/** Runs the CLI; `onOut` sees its standard output so far after each chunk. */
+function run(args: string[], env: NodeJS.ProcessEnv = process.env, onOut?: (out: string) => void): Promise<{ code: number | null; out: string; err: string }> {
   return new Promise((resolve) => {
     const p = spawn(process.execPath, [cli, ...args], { stdio: ['ignore', 'pipe', 'pipe'], env });
     let out = '';
     let err = '';
-    p.stdout.on('data', (d) => { out += d; });
+    p.stdout.on('data', (d) => { out += d; onOut?.(out); });
     p.stderr.on('data', (d) => { err += d; });
     p.on('exit', (code) => resolve({ code, out, err }));
   });
@@ -40,8 +41,11 @@ describe('cli on a GPU', { skip: noGpu }, () => {
     const dir = mkdtempSync(join(tmpdir(), 'two-terminals-'));
     try {
       const file = join(dir, 'handle.json');
-      const consumer = run(['consume', file, '--timeout', '60']);
-      await new Promise((r) => setTimeout(r, 500)); // the consumer is waiting for the file
+      let waiting!: () => void;
+      const saysWaiting = new Promise<void>((resolve) => { waiting = resolve; });
+      const consumer = run(['consume', file, '--timeout', '60'], process.env, (out) => { if (/consume: waiting up to 60 s for /.test(out)) waiting(); });
+      // The producer starts once the consumer said it waits for the file (or exited: its output says why).
+      await Promise.race([saysWaiting, consumer]);
       const producer = run(['produce', '--out', file, '--elements', '1000000', '--timeout', '60']);
       const [c, p] = await Promise.all([consumer, producer]);
       assert.equal(c.code, 0, `consumer: ${c.out}${c.err}`);
