@@ -19,7 +19,7 @@ import { waitUntil } from '../helpers/wait.js';
 const code = (c: string) => (e: unknown) => (e as { code?: string }).code === c;
 
 /** `h.released()`, failing the test instead of hanging when it does not come within `ms`. */
-function releasedSoon(h: HostBuffer, ms = 2000): Promise<void> {
+function releasedSoon(h: HostBuffer, ms = 30_000): Promise<void> {
   let timer: NodeJS.Timeout | undefined;
   const late = new Promise<never>((_, reject) => {
     timer = setTimeout(() => reject(new Error(`the HostBuffer was not released within ${ms} ms (${h.leases} leases left)`)), ms);
