@@ -23,7 +23,7 @@ import { formatStatus } from '../../src/cli/status.js';
 import { linkPair } from '../fixtures/link-pair.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { TOKEN, tcpPair } from '../fixtures/tcp-peer.js';
-import { waitUntil } from '../helpers/wait.js';
+import { waitUntil, within } from '../helpers/wait.js';
 
 // This process's status records go to a folder of its own.
 const runtime = mkdtempSync(join(tmpdir(), 'cuda-ipc-tcp-'));
@@ -223,17 +223,31 @@ test("backpressure on TCP: send() false once the socket's write buffer is full, 
     let falses = 0;
     let drains = 0;
     b.on('drain', () => drains++);
-    // Written as to a stream: on false, wait for 'drain' (or the receiver's pause, after which no
-    // drain need come). Stops at a false once the receiver paused and a drain was seen: events,
-    // not a guess that none will come.
+    // Written as to a stream. First the receiver reads along (its kernel buffers empty), so the
+    // 'drain' after a false comes for sure; then it stops reading: its inbox fills to the bound, it
+    // pauses, the kernel's buffers fill, and what follows waits in the sender's queue. Each wait is
+    // for an event ('drain', or the receiver's pause), never a guess that none will come.
+    let read = 0;
+    const take = async (): Promise<void> => {
+      const m = (await a.receive()) as { i: number; chunk: Uint8Array };
+      assert.equal(m.i, read++, 'in order');
+      assert.equal(m.chunk.byteLength, chunk.byteLength);
+    };
+    while (b.send({ i: n++, chunk }));
+    falses++;
+    // Every message sent passes through the queue that returned false: once they are all read, it
+    // has emptied and its 'drain' came (if not before).
+    while (drains === 0) {
+      if (read < n) await take();
+      else await within(once(b, 'drain'), "'drain' once the receiver read everything");
+    }
     for (;;) {
       if (b.send({ i: n++, chunk })) continue;
       falses++;
-      if (a.receiveQueue.paused && drains >= 1 && falses >= 2) break;
+      if (a.receiveQueue.paused) break;
       const before = drains;
-      const wasPaused = a.receiveQueue.paused;
-      await waitUntil(() => drains > before || a.receiveQueue.paused !== wasPaused,
-        `'drain' or the receiver's pause (${n} messages sent, ${drains} drains, paused ${wasPaused})`);
+      await waitUntil(() => drains > before || a.receiveQueue.paused,
+        `'drain' or the receiver's pause (${n} messages sent, ${drains} drains)`);
     }
     assert.ok(falses > 1, 'send() said to wait');
     assert.ok(drains >= 1, "'drain' said to go on while the kernel took more");
@@ -241,11 +255,7 @@ test("backpressure on TCP: send() false once the socket's write buffer is full, 
     assert.ok(b.sendQueue.messages >= 1, 'what the socket would not take waits in the queue');
     assert.ok(n * chunk.byteLength < 256 * 2 ** 20, `the sender stopped after ${n} messages, before its memory grew without bound`);
     const drained = once(b, 'drain');
-    for (let i = 0; i < n; i++) {
-      const m = (await a.receive()) as { i: number; chunk: Uint8Array };
-      assert.equal(m.i, i, 'in order');
-      assert.equal(m.chunk.byteLength, chunk.byteLength);
-    }
+    while (read < n) await take();
     await drained;
     assert.deepEqual(b.sendQueue, { messages: 0, bytes: 0, fds: 0 });
     assert.equal(b.send('after'), true);
