@@ -15,7 +15,7 @@ import { defaultDevice, type Device } from '../cuda/device.js';
 import { Stream } from '../cuda/stream.js';
 import { IpcError } from '../errors.js';
 import { NcclCommunicator } from '../nccl/communicator.js';
-import { loadNccl, loadNcclSync } from '../nccl/library.js';
+import { loadNccl, loadNcclSync, loadedNcclLibrary } from '../nccl/library.js';
 import { asNcclUniqueId, type NcclUniqueId } from '../nccl/unique-id.js';
 import type { Link } from './link.js';
 import type { NcclAbort, NcclAbortReason } from './nccl-abort.js';
@@ -331,6 +331,22 @@ function forget(link: Link, comm: LinkComm): void {
   if (s.outgoing.get(comm.device) === comm) s.outgoing.delete(comm.device);
 }
 
+/** Why NCCL could not be loaded for a peer's record, and under which CUDA_IPC_NCCL_LIBRARY: searched once, not once per record. */
+let ncclMissing: { env: string | undefined; error: IpcError } | undefined;
+
+/** NCCL for a received record: the library loaded already, else one search (loadNcclSync), whose failure is remembered. */
+function ncclForIncoming(): void {
+  if (loadedNcclLibrary()) return;
+  const env = process.env.CUDA_IPC_NCCL_LIBRARY;
+  if (ncclMissing && ncclMissing.env === env) throw ncclMissing.error;
+  try {
+    loadNcclSync();
+  } catch (e) {
+    ncclMissing = { env, error: asIpcError(e, 'loading NCCL') };
+    throw ncclMissing.error;
+  }
+}
+
 /** Starts loading NCCL in the background, so that a first send of device memory need not wait for it. */
 export function preloadNccl(): void {
   loadNccl().catch(() => {
@@ -411,7 +427,21 @@ export function incomingComm(link: Link, ref: CommReference, sequence: number): 
   let comm = s.byId.get(key);
   if (!comm) {
     if (!ref.uniqueId) throw new IpcError('ERR_FRAME_INVALID', 'a received NCCL record names a communicator this link does not know, without its unique id');
-    const device = linkWorkingDevice(link) ?? defaultDevice();
+    let device: Device;
+    try {
+      // No NCCL (or no device to receive on): this message fails with ERR_NCCL_UNAVAILABLE (or the
+      // device's error) and the sender learns it (PROTOCOL.md 8.4), as on the Python side.
+      ncclForIncoming();
+      device = linkWorkingDevice(link) ?? defaultDevice();
+    } catch (e) {
+      const error = asIpcError(e, 'receiving device memory over NCCL');
+      try {
+        link.sendNcclAbort(ref.id, 1, error.message);
+      } catch {
+        // The link is going: the peer learns from its close.
+      }
+      throw error;
+    }
     comm = new LinkComm(ref.id.slice(), device, ref.nranks, ref.rank, ref.broadcast, undefined);
     comm.addLink(link);
     s.byId.set(key, comm);
