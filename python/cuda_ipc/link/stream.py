@@ -459,7 +459,7 @@ class TcpLink(Link):
             self._on_record(frame, len(frame), [])
             handled = True
             self.opened = self.opened or self._state == "open"
-            if self._state == "closed" or len(self._inbox) >= self.inbox_limit or not reader.buffered():
+            if self._state == "closed" or not self._may_read_ahead() or not reader.buffered():
                 return True
             deadline = 0.0
         if not handled and want_message:
