@@ -2,7 +2,7 @@
 // and parentLink(), checked once when the link is made.
 import { constants as bufferConstants } from 'node:buffer';
 import { readFileSync } from 'node:fs';
-import { checkObject, optionalInteger, outOfRange } from '../arg-errors.js';
+import { checkObject, invalidArgType, optionalInteger, outOfRange, received } from '../arg-errors.js';
 
 /** Bounds of one link (options of spawn(), connect(), listen() and parentLink()): what one peer can make this process hold. */
 export interface LinkOptions {
@@ -45,11 +45,20 @@ export interface LinkOptions {
    * ERR_LIMIT_REACHED (limit 'importedPools').
    */
   importedPools?: number;
+  /**
+   * Device memory on a tls:// link (TCP links only; default false). It moves over NCCL, beside the
+   * link's socket: NCCL does not encrypt, so its bytes cross NCCL's network (sockets, InfiniBand,
+   * RoCE) in clear, outside TLS. Without this option sending device memory on a tls:// link throws
+   * ERR_NCCL_UNENCRYPTED, and receiving it fails that message with ERR_NCCL_UNENCRYPTED (the
+   * sender is told, NCCL_ABORT). Set it where the network NCCL uses is trusted; tcp:// links,
+   * which encrypt nothing, are not affected.
+   */
+  allowNcclInClear?: boolean;
 }
 
 /** The keys of LinkOptions, for the option checks of spawn(), connect(), listen() and parentLink(). */
 export const LINK_OPTION_KEYS: Readonly<Record<keyof LinkOptions, true>> = {
-  maxMessageBytes: true, sendQueue: true, leases: true, inbox: true, importedPools: true,
+  maxMessageBytes: true, sendQueue: true, leases: true, inbox: true, importedPools: true, allowNcclInClear: true,
 };
 
 /** LinkOptions with every default filled in. */
@@ -59,6 +68,7 @@ export interface LinkLimits {
   readonly leases: { readonly count: number; readonly bytes: number; readonly fds: number };
   readonly inbox: { readonly messages: number; readonly bytes: number; readonly fds: number };
   readonly importedPools: number;
+  readonly allowNcclInClear: boolean;
 }
 
 /**
@@ -89,6 +99,7 @@ export const DEFAULT_LINK_LIMITS: LinkLimits = {
   leases: { count: 16384, bytes: Number.MAX_SAFE_INTEGER, fds: defaultLeaseFds() },
   inbox: { messages: 1024, bytes: DEFAULT_INBOX_BYTES, fds: 1024 },
   importedPools: 64,
+  allowNcclInClear: false,
 };
 
 /** Checks `options` (TypeError / RangeError with Node's codes) and fills in the defaults. */
@@ -107,7 +118,11 @@ export function linkLimits(options: LinkOptions | undefined, what: string): Link
     throw outOfRange(`${what}.maxMessageBytes (${maxMessageBytes}) is larger than ${what}.inbox.bytes (${inboxBytes}): one received message may not hold more ` +
       `than the inbox bound; raise inbox.bytes with it (both bound what a peer makes this process hold)`);
   }
+  if (o.allowNcclInClear !== undefined && typeof o.allowNcclInClear !== 'boolean') {
+    throw invalidArgType(`The "${what}.allowNcclInClear" property must be of type boolean. ${received(o.allowNcclInClear)}`);
+  }
   return {
+    allowNcclInClear: o.allowNcclInClear ?? false,
     importedPools: optionalInteger(o.importedPools, `${what}.importedPools`, d.importedPools, 0),
     inbox: {
       messages: optionalInteger(i.messages, `${what}.inbox.messages`, d.inbox.messages, 1),

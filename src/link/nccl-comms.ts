@@ -331,6 +331,21 @@ function forget(link: Link, comm: LinkComm): void {
   if (s.outgoing.get(comm.device) === comm) s.outgoing.delete(comm.device);
 }
 
+/**
+ * Device memory over NCCL on a tls:// link crosses NCCL's network in clear, outside TLS: refused
+ * (ERR_NCCL_UNENCRYPTED) unless the link allows it (LinkOptions.allowNcclInClear).
+ */
+export function checkNcclInClear(link: Link, what: 'send' | 'receive'): void {
+  if (!link.remote?.tls || link.limits.allowNcclInClear) return;
+  const how = 'NCCL does not encrypt: device memory would cross its network (sockets, InfiniBand, RoCE) in clear, outside TLS';
+  throw new IpcError('ERR_NCCL_UNENCRYPTED', what === 'send'
+    ? `link.send: this tls:// link moves device memory over NCCL, and ${how}. Pass { allowNcclInClear: true } to connect()/listen() ` +
+      '(allow_nccl_in_clear=True in Python) where that network is trusted, or send a HostBuffer copy of the bytes (it travels inside TLS)'
+    : `the peer sent device memory on this tls:// link, which moves over NCCL, and ${how}; this side does not allow it, so the message ` +
+      'was dropped and the sender told (NCCL_ABORT). Pass { allowNcclInClear: true } to connect()/listen() (allow_nccl_in_clear=True in Python) ' +
+      'where that network is trusted');
+}
+
 /** Why NCCL could not be loaded for a peer's record, and under which CUDA_IPC_NCCL_LIBRARY: searched once, not once per record. */
 let ncclMissing: { env: string | undefined; error: IpcError } | undefined;
 
@@ -422,6 +437,16 @@ function notSent(link: Link, comm: LinkComm): void {
  * said, or skips a sequence number; the communicator is then aborted and the peer told.
  */
 export function incomingComm(link: Link, ref: CommReference, sequence: number): LinkComm {
+  try {
+    checkNcclInClear(link, 'receive');
+  } catch (e) {
+    try {
+      link.sendNcclAbort(ref.id, 1, (e as Error).message);
+    } catch {
+      // The link is going: the peer learns from its close.
+    }
+    throw e;
+  }
   const s = stateOf(link);
   const key = hex(ref.id);
   let comm = s.byId.get(key);
@@ -565,6 +590,7 @@ function releaseSignal(): { released: Promise<void>; release: () => void } {
 
 /** The next transfer `link` sends of `device`'s memory: on the link's own communicator, or a fanout's. */
 export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
+  checkNcclInClear(link, 'send');
   const fan = activeFanout;
   const { released, release } = releaseSignal();
   if (fan) {
