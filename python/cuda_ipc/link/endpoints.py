@@ -41,7 +41,7 @@ def listen(address: str, *, token: str | bytes | None = None, cert: PathLike | N
     if is_tcp_url(address):
         allow = _allow_nccl_in_clear(options)
         server = listen_tcp(address, token=token, cert=cert, key=key, ca=ca, **options)
-        server.allow_nccl_in_clear = allow  # handed to each link it accepts
+        setattr(server, "allow_nccl_in_clear", allow)  # handed to each link it accepts (tcp.py)
         return server
     _no_tcp_options("listen", token, cert, key, ca)
     return listener.listen(address, **options)
