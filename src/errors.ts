@@ -72,9 +72,11 @@ export type IpcErrorCode =
   // tensors (src/tensors)
   | 'ERR_TENSOR_MISMATCH'
   | 'ERR_SAFETENSORS_INVALID'
-  // NCCL (src/nccl): no usable libnccl.so.2 was found; an NCCL call failed (see NcclError)
+  // NCCL (src/nccl): no usable libnccl.so.2 was found; an NCCL call failed (see NcclError);
+  // device memory on a tls:// link would cross NCCL's network in clear (LinkOptions.allowNcclInClear)
   | 'ERR_NCCL_UNAVAILABLE'
-  | 'ERR_NCCL';
+  | 'ERR_NCCL'
+  | 'ERR_NCCL_UNENCRYPTED';
 
 /** A cuda-ipc usage or protocol error with a stable `code`. */
 export class IpcError extends Error {

@@ -49,7 +49,7 @@ export {
   TcpListener, type TcpListenOptions, type TcpListenerEvents, type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions, type LinkUrl, type RemoteEndpoint,
   type LinkTransportKind, Fanout, preloadNccl,
 } from './link/index.js';
-export { type LinkOptions, type LinkLimits, type InboxCounts, type SendQueueCounts } from './link/index.js';
+export { type LinkOptions, type LinkLimits, type InboxCounts, type SendQueueCounts, setMaxReceivedBytes, receivedMemory, type ReceivedMemoryCounts } from './link/index.js';
 export { type WaitOptions } from './abort.js';
 export { stats, type Stats, type TrafficStats, type LinkTraffic } from './stats.js';
 export { collectStatus, type StatusSnapshot, type ProcessStatus, type PeerShare, type CollectOptions } from './observe/reader.js';

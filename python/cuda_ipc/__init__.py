@@ -42,6 +42,7 @@ from .update import UpdateResult, update_in_place
 from .nccl_tensor_set import RemoteTensorSet  # tensor sets over TCP links (NCCL)
 from .link.fanout import Fanout
 from .link import Listener, RemoteAddress, TcpListener, listen
+from .link.received_memory import ReceivedMemory, received_memory, set_max_received_bytes
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 from .native import NativeHelper, native_helper
 from .torch_pool import ipc_mem_pool
@@ -59,6 +60,7 @@ __all__ = [
     "HostArray", "SharedTensors", "TensorMap", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
     "NcclCommunicator", "NcclError", "NcclLibrary", "NcclUnavailableError", "load_nccl",
     "NativeHelper", "native_helper", "ipc_mem_pool", "TcpListener", "RemoteAddress", "RemoteTensorSet", "Fanout",
+    "ReceivedMemory", "received_memory", "set_max_received_bytes",
 ]
 __version__ = "0.1.0"
 

@@ -7,8 +7,9 @@
 // (the consumer says whether it has one first): a DeviceArray moved over NCCL into memory of the
 // consumer's own GPU, doubled there and sent back the same way.
 import { randomBytes } from 'node:crypto';
-import { readFileSync, statSync } from 'node:fs';
+import type { Stats } from 'node:fs';
 import { IpcError } from '../errors.js';
+import { readRegularFile } from '../safe-files.js';
 import { HostBuffer } from '../host/index.js';
 import { Device } from '../cuda/device.js';
 import { BuiltinKernels } from '../cuda/builtins.js';
@@ -43,23 +44,32 @@ export function printToken(): number {
 
 /**
  * The token given by --token-file FILE (its text, surrounding whitespace removed), or undefined to
- * take CUDA_IPC_TOKEN. A file others may read is used, with a warning.
+ * take CUDA_IPC_TOKEN. The file must be a regular file (not a symbolic link, a FIFO or a device:
+ * opened with O_NOFOLLOW | O_NONBLOCK, checked on the open fd), owned by this user and neither
+ * readable nor writable by group or others: a token another user can read lets them in, and one
+ * another user owns or can write is theirs to choose (ERR_FILE_UNSAFE, saying the chmod/chown).
  */
 function tokenFromArgs(args: ParsedArgs): string | undefined {
   const path = stringValue(args, 'token-file');
   if (path === undefined) return undefined;
-  let st;
+  let bytes: Buffer;
+  let st: Stats;
   try {
-    st = statSync(path);
+    ({ bytes, stats: st } = readRegularFile(path, { maxBytes: TOKEN_FILE_MAX, what: 'the token file' }));
   } catch (e) {
+    if (e instanceof IpcError) throw e;
     throw new IpcError('ERR_AUTH_FAILED', `cannot read the token file ${path}: ${(e as Error).message}`, { cause: e });
   }
-  if (!st.isFile()) throw new IpcError('ERR_AUTH_FAILED', `the token file ${path} is not a regular file`);
-  if (st.size > TOKEN_FILE_MAX) throw new IpcError('ERR_AUTH_FAILED', `the token file ${path} is ${st.size} bytes; a token file holds one token (cuda-ipc token prints one)`);
-  if ((st.mode & 0o077) !== 0) {
-    console.error(`warning: the token file ${path} may be read by other users (mode ${(st.mode & 0o777).toString(8)}); chmod 600 it`);
+  const uid = process.getuid?.();
+  if (uid !== undefined && st.uid !== uid) {
+    throw new IpcError('ERR_FILE_UNSAFE', `the token file ${path} belongs to uid ${st.uid}, not to this user (uid ${uid}): whoever owns it chooses the token. ` +
+      `Use a token file of your own, or take this one: chown ${uid} ${path}; chmod 600 ${path}`);
   }
-  const token = readFileSync(path, 'utf8').trim();
+  if ((st.mode & 0o077) !== 0) {
+    throw new IpcError('ERR_FILE_UNSAFE', `the token file ${path} may be read or written by other users (mode ${(st.mode & 0o777).toString(8)}): ` +
+      `the token is a password. Run chmod 600 ${path} (and use a fresh token if others could read it: (umask 077; cuda-ipc token > ${path}))`);
+  }
+  const token = bytes.toString('utf8').trim();
   if (token === '') throw new IpcError('ERR_AUTH_FAILED', `the token file ${path} is empty; put a token in it: (umask 077; cuda-ipc token > ${path})`);
   return token;
 }

@@ -5,6 +5,9 @@
 // instead of this heap and this fd table; reading resumes once the queue is down to a quarter of
 // its message bound and half of the others. A message whose values are still arriving (a
 // DeferredValue's ready promise) waits in order with the ones behind it until it is ready.
+// Every byte held here also counts against the process's bound across links (received-memory.ts):
+// once it is reached, reading pauses too, unless the application is waiting for a message here (a
+// pending receive() or a 'message' listener: that message goes straight to it).
 import type { EventEmitter } from 'node:events';
 import { IpcError } from '../errors.js';
 import type { ReceivedMessage } from './inbound.js';
@@ -13,6 +16,10 @@ import { Queue, type Waiter } from './queue.js';
 import { armWait, type WaitOptions } from '../abort.js';
 import { noteChange } from '../observe/hooks.js';
 import type { SocketInterest } from './socket-interest.js';
+import { boundReached, holdReceived, releaseReceived, unwatchReceivedMemory, watchReceivedMemory, type ReceivedMemoryListener } from './received-memory.js';
+
+/** An inbox collected with messages still counted (a link dropped unclosed) gives their bytes back. */
+const uncounted = new FinalizationRegistry<{ bytes: number }>((account) => releaseReceived(account.bytes));
 
 /** The bounds of the queue (LinkLimits.inbox). */
 export interface InboxLimits {
@@ -44,14 +51,42 @@ export class Inbox {
   readonly #queue = new Queue<Queued>();
   /** Messages not ready yet (the first one's values still arriving) and those behind them, in order. */
   readonly #staged = new Queue<Queued>();
-  #bytes = 0;
+  /** Bytes held (and counted against the process's bound): an object the finalizer can read. */
+  readonly #account = { bytes: 0 };
   #fds = 0;
   #waiters: Waiter[] = [];
+  readonly #watch: ReceivedMemoryListener = {
+    boundReached: () => this.#checkBounds(),
+    roomAgain: () => this.#maybeResumeReading(),
+  };
 
   constructor(link: EventEmitter, interest: SocketInterest, limits: InboxLimits) {
     this.#link = link;
     this.#interest = interest;
     this.#limits = limits;
+    watchReceivedMemory(this.#watch);
+    uncounted.register(this, this.#account);
+  }
+
+  get #bytes(): number {
+    return this.#account.bytes;
+  }
+
+  #count(bytes: number, fds: number): void {
+    this.#account.bytes += bytes;
+    this.#fds += fds;
+    holdReceived(bytes);
+  }
+
+  #uncount(bytes: number, fds: number): void {
+    this.#account.bytes -= bytes;
+    this.#fds -= fds;
+    releaseReceived(bytes);
+  }
+
+  /** The application is waiting for a message here: a pending receive() or a 'message' listener. */
+  consumerWaiting(): boolean {
+    return this.#waiters.length > 0 || this.#link.listenerCount('message') > 0;
   }
 
   counts(): InboxCounts {
@@ -72,10 +107,7 @@ export class Inbox {
 
   #shift(): Queued | undefined {
     const q = this.#queue.shift();
-    if (q) {
-      this.#bytes -= q.bytes;
-      this.#fds -= q.fds;
-    }
+    if (q) this.#uncount(q.bytes, q.fds);
     return q;
   }
 
@@ -102,6 +134,9 @@ export class Inbox {
         reject(e);
       };
       this.#waiters.push(waiter);
+      // Paused for the process's bound only? A waiting consumer reads anyway.
+      this.#maybeResumeReading();
+      this.#interest.consumerWaiting();
     });
   }
 
@@ -109,8 +144,7 @@ export class Inbox {
   deliver(entry: ReceivedMessage, bytes: number, fds: number): void {
     if (this.#staged.length > 0 || (entry.ok && entry.ready)) {
       this.#staged.push({ entry, bytes, fds });
-      this.#bytes += bytes;
-      this.#fds += fds;
+      this.#count(bytes, fds);
       if (this.#staged.length === 1) this.#awaitReady();
       this.#checkBounds();
       return;
@@ -125,8 +159,7 @@ export class Inbox {
     const next = (failure?: unknown): void => {
       if (this.#staged.peek() !== head) return;  // disposed meanwhile (the link closed)
       this.#staged.shift();
-      this.#bytes -= head.bytes;
-      this.#fds -= head.fds;
+      this.#uncount(head.bytes, head.fds);
       let entry = head.entry;
       if (failure !== undefined && entry.ok) {
         disposeValues(entry.owned);
@@ -143,8 +176,7 @@ export class Inbox {
           return;
         }
         this.#staged.shift();
-        this.#bytes -= h.bytes;
-        this.#fds -= h.fds;
+        this.#uncount(h.bytes, h.fds);
         this.#deliverNow(h.entry, h.bytes, h.fds);
       }
       this.#maybeResumeReading();
@@ -179,15 +211,15 @@ export class Inbox {
       }
     }
     this.#queue.push({ entry, bytes, fds });
-    this.#bytes += bytes;
-    this.#fds += fds;
+    this.#count(bytes, fds);
     this.#checkBounds();
   }
 
   #checkBounds(): void {
     const l = this.#limits;
     const messages = this.#queue.length + this.#staged.length;
-    if ((messages >= l.messages || this.#bytes >= l.bytes || this.#fds >= l.fds) && !this.#interest.readingPaused && !this.#interest.closed) {
+    const full = messages >= l.messages || this.#bytes >= l.bytes || this.#fds >= l.fds || (boundReached() && !this.consumerWaiting());
+    if (full && !this.#interest.readingPaused && !this.#interest.closed) {
       // Let the kernel queue (and then the sender) hold the backlog instead of our heap.
       this.#interest.setReading(false);
       noteChange(); // `cuda-ipc status` shows the pause
@@ -204,10 +236,12 @@ export class Inbox {
       else process.emitWarning(`a received message was dropped: ${entry.error.message}`, { code: entry.error.code });
     }
     this.#maybeResumeReading();
+    if (link.listenerCount('message') > 0) this.#interest.consumerWaiting();
   }
 
   /** The link closed: every pending receive() rejects with `error`. */
   rejectWaiters(error: IpcError): void {
+    unwatchReceivedMemory(this.#watch);  // called once the link closed: nothing to pause or resume any more
     const waiters = this.#waiters;
     this.#waiters = [];
     for (const w of waiters) w.reject(error);
@@ -217,13 +251,15 @@ export class Inbox {
   disposeUnread(): void {
     for (const { entry } of this.#queue.drain()) if (entry.ok) disposeValues(entry.owned);
     for (const { entry } of this.#staged.drain()) if (entry.ok) disposeValues(entry.owned);
-    this.#bytes = 0;
+    releaseReceived(this.#account.bytes);
+    this.#account.bytes = 0;
     this.#fds = 0;
   }
 
   #maybeResumeReading(): void {
     const l = this.#limits;
-    if (this.#interest.readingPaused && !this.#interest.closed && (this.#queue.length + this.#staged.length) * 4 <= l.messages && this.#bytes * 2 <= l.bytes && this.#fds * 2 <= l.fds) {
+    if (this.#interest.readingPaused && !this.#interest.closed && (this.#queue.length + this.#staged.length) * 4 <= l.messages && this.#bytes * 2 <= l.bytes && this.#fds * 2 <= l.fds &&
+      (!boundReached() || this.consumerWaiting())) {
       this.#interest.setReading(true);
       noteChange();
     }

@@ -2,6 +2,7 @@
 export { Link, type LinkEvents, type LinkState, type PeerCredentials, type ReceiveOptions, type RemoteEndpoint, type LinkTransportKind } from './link.js';
 export { type LinkOptions, type LinkLimits } from './link-options.js';
 export { type InboxCounts } from './inbox.js';
+export { setMaxReceivedBytes, receivedMemory, type ReceivedMemoryCounts } from './received-memory.js';
 export { type SendQueueCounts } from './outbox.js';
 export { announceGone, registerGoneHandler, type GoneHandler } from './gone.js';
 export { spawn, parentLink, type SpawnOptions, type SpawnedChild } from './spawn.js';

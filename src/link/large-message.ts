@@ -12,8 +12,8 @@ const { F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_WRITE, F_SEAL_SEAL } = addon.posixCon
 /** Seals a large message's memfd must carry: its size and its bytes are fixed. */
 export const LARGE_PAYLOAD_SEALS = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE;
 
-/** Default largest message (payload bytes) a link sends or accepts: 1 GiB. */
-export const DEFAULT_MAX_MESSAGE_BYTES = 2 ** 30;
+/** Default largest message (payload bytes) a link sends or accepts: 256 MiB, the default inbox bound (link-options.ts). */
+export const DEFAULT_MAX_MESSAGE_BYTES = 256 * 2 ** 20;
 
 /** Writes `bytes` whole at `offset` of `fd`. */
 function writeAll(fd: number, bytes: Uint8Array, offset: number): void {

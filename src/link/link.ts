@@ -134,7 +134,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
     const fail = (e: IpcError) => this.#shutdown(e, 'local');
     try {
       this.#sock = setup.tcp
-        ? new TcpTransport(setup.tcp.socket, setup.tcp.leftover, this.#limits.maxMessageBytes, onRecord, this.#onState, fail)
+        ? new TcpTransport(setup.tcp.socket, setup.tcp.leftover, this.#limits.maxMessageBytes, onRecord, this.#onState, fail, () => this.#inbox.consumerWaiting())
         : new UnixTransport(setup.fd, MAX_FRAME_BYTES, onRecord, this.#onState, fail, setup.frameRing ?? FRAME_RING_DEFAULT);
     } catch (e) {
       if (setup.tcp) closeGracefully(setup.tcp.socket);
@@ -180,7 +180,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
       }), setup.handshakeTimeoutMs).unref();
     }
     this.on('newListener', (event: string | symbol) => {
-      if (event === 'message' && this.#inbox.length > 0) process.nextTick(() => this.#inbox.drainToListeners());
+      if (event === 'message') process.nextTick(() => this.#inbox.drainToListeners()); // even if empty: paused at the process's bound, it reads again
     });
     if (this.#peer && setup.verifyPeer && !uidAllowed(this.#peer.uid, setup.allowUids)) {
       this.#refuse();

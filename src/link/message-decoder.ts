@@ -17,6 +17,42 @@ export type Decoded =
   /** fatal: the payload is malformed (the link must close); otherwise only this message failed. */
   | { ok: false; error: IpcError; fatal: boolean };
 
+/**
+ * Deepest nesting of arrays and objects accepted in a received message's JSON, as on the Python
+ * side (message_decoder.MAX_JSON_DEPTH): Python's json parses recursively, and Node's own
+ * JSON.stringify of a value nested much deeper overflows its stack (a value delivered to the
+ * application should not throw in the application's hands). Deeper: ERR_FRAME_INVALID, the link closes.
+ */
+export const MAX_JSON_DEPTH = 512;
+
+/** Thrown by parseJson for JSON nested past MAX_JSON_DEPTH. */
+class TooDeep extends Error {}
+
+/**
+ * Whether the JSON text buf[start, end) nests arrays and objects deeper than MAX_JSON_DEPTH,
+ * brackets inside strings not counted (UTF-8: no multi-byte sequence holds an ASCII byte). One
+ * pass, stopping at the first level past the bound.
+ */
+export function nestsTooDeep(buf: Uint8Array, start: number, end: number): boolean {
+  let depth = 0;
+  for (let i = start; i < end; i++) {
+    const c = buf[i]!;
+    if (c === 0x22) {
+      // A string: skip to its closing quote (an escaped one does not close it).
+      for (i++; i < end; i++) {
+        const d = buf[i]!;
+        if (d === 0x5c) i++;
+        else if (d === 0x22) break;
+      }
+    } else if (c === 0x5b || c === 0x7b) {
+      if (++depth > MAX_JSON_DEPTH) return true;
+    } else if (c === 0x5d || c === 0x7d) {
+      depth--;
+    }
+  }
+  return false;
+}
+
 function malformed(why: string): Decoded {
   return { ok: false, fatal: true, error: new IpcError('ERR_FRAME_INVALID', `received a malformed message payload: ${why}`) };
 }
@@ -82,8 +118,8 @@ export function decodeMessage(
     if (start === end) return { ok: true, value: undefined, owned: undefined };
     try {
       return { ok: true, value: parseJson(buf, start, end), owned: undefined };
-    } catch {
-      return malformed('the JSON does not parse');
+    } catch (e) {
+      return malformed(e instanceof TooDeep ? e.message : 'the JSON does not parse');
     }
   }
   const all = fds ?? [];
@@ -106,6 +142,8 @@ function parseJson(buf: Buffer, start: number, end: number): unknown {
     }
     return JSON.parse(text);
   }
+  // Nesting past the bound needs more than two bytes a level; shorter text is not checked.
+  if (n > 2 * MAX_JSON_DEPTH && nestsTooDeep(buf, start, end)) throw new TooDeep(`the JSON nests deeper than ${MAX_JSON_DEPTH} levels`);
   return JSON.parse(buf.toString('utf8', start, end));
 }
 
@@ -138,8 +176,8 @@ function parseRecords(buf: Buffer, v: DataView, start: number, end: number, reco
   let root: unknown;
   try {
     root = parseJson(buf, at, at + jsonLength);
-  } catch {
-    return malformed('the JSON does not parse');
+  } catch (e) {
+    return malformed(e instanceof TooDeep ? e.message : 'the JSON does not parse');
   }
   at += jsonLength;
   if (!need(2)) return malformed('truncated record count');

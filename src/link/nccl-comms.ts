@@ -15,7 +15,7 @@ import { defaultDevice, type Device } from '../cuda/device.js';
 import { Stream } from '../cuda/stream.js';
 import { IpcError } from '../errors.js';
 import { NcclCommunicator } from '../nccl/communicator.js';
-import { loadNccl, loadNcclSync } from '../nccl/library.js';
+import { loadNccl, loadNcclSync, loadedNcclLibrary } from '../nccl/library.js';
 import { asNcclUniqueId, type NcclUniqueId } from '../nccl/unique-id.js';
 import type { Link } from './link.js';
 import type { NcclAbort, NcclAbortReason } from './nccl-abort.js';
@@ -333,6 +333,37 @@ function forget(link: Link, comm: LinkComm): void {
   if (s.outgoing.get(comm.device) === comm) s.outgoing.delete(comm.device);
 }
 
+/**
+ * Device memory over NCCL on a tls:// link crosses NCCL's network in clear, outside TLS: refused
+ * (ERR_NCCL_UNENCRYPTED) unless the link allows it (LinkOptions.allowNcclInClear).
+ */
+export function checkNcclInClear(link: Link, what: 'send' | 'receive'): void {
+  if (!link.remote?.tls || link.limits.allowNcclInClear) return;
+  const how = 'NCCL does not encrypt: device memory would cross its network (sockets, InfiniBand, RoCE) in clear, outside TLS';
+  throw new IpcError('ERR_NCCL_UNENCRYPTED', what === 'send'
+    ? `link.send: this tls:// link moves device memory over NCCL, and ${how}. Pass { allowNcclInClear: true } to connect()/listen() ` +
+      '(allow_nccl_in_clear=True in Python) where that network is trusted, or send a HostBuffer copy of the bytes (it travels inside TLS)'
+    : `the peer sent device memory on this tls:// link, which moves over NCCL, and ${how}; this side does not allow it, so the message ` +
+      'was dropped and the sender told (NCCL_ABORT). Pass { allowNcclInClear: true } to connect()/listen() (allow_nccl_in_clear=True in Python) ' +
+      'where that network is trusted');
+}
+
+/** Why NCCL could not be loaded for a peer's record, and under which CUDA_IPC_NCCL_LIBRARY: searched once, not once per record. */
+let ncclMissing: { env: string | undefined; error: IpcError } | undefined;
+
+/** NCCL for a received record: the library loaded already, else one search (loadNcclSync), whose failure is remembered. */
+function ncclForIncoming(): void {
+  if (loadedNcclLibrary()) return;
+  const env = process.env.CUDA_IPC_NCCL_LIBRARY;
+  if (ncclMissing && ncclMissing.env === env) throw ncclMissing.error;
+  try {
+    loadNcclSync();
+  } catch (e) {
+    ncclMissing = { env, error: asIpcError(e, 'loading NCCL') };
+    throw ncclMissing.error;
+  }
+}
+
 /** Starts loading NCCL in the background, so that a first send of device memory need not wait for it. */
 export function preloadNccl(): void {
   loadNccl().catch(() => {
@@ -408,12 +439,36 @@ function notSent(link: Link, comm: LinkComm): void {
  * said, or skips a sequence number; the communicator is then aborted and the peer told.
  */
 export function incomingComm(link: Link, ref: CommReference, sequence: number): LinkComm {
+  try {
+    checkNcclInClear(link, 'receive');
+  } catch (e) {
+    try {
+      link.sendNcclAbort(ref.id, 1, (e as Error).message);
+    } catch {
+      // The link is going: the peer learns from its close.
+    }
+    throw e;
+  }
   const s = stateOf(link);
   const key = hex(ref.id);
   let comm = s.byId.get(key);
   if (!comm) {
     if (!ref.uniqueId) throw new IpcError('ERR_FRAME_INVALID', 'a received NCCL record names a communicator this link does not know, without its unique id');
-    const device = linkWorkingDevice(link) ?? defaultDevice();
+    let device: Device;
+    try {
+      // No NCCL (or no device to receive on): this message fails with ERR_NCCL_UNAVAILABLE (or the
+      // device's error) and the sender learns it (PROTOCOL.md 8.4), as on the Python side.
+      ncclForIncoming();
+      device = linkWorkingDevice(link) ?? defaultDevice();
+    } catch (e) {
+      const error = asIpcError(e, 'receiving device memory over NCCL');
+      try {
+        link.sendNcclAbort(ref.id, 1, error.message);
+      } catch {
+        // The link is going: the peer learns from its close.
+      }
+      throw error;
+    }
     comm = new LinkComm(ref.id.slice(), device, ref.nranks, ref.rank, ref.broadcast, undefined);
     comm.addLink(link);
     s.byId.set(key, comm);
@@ -537,6 +592,7 @@ function releaseSignal(): { released: Promise<void>; release: () => void } {
 
 /** The next transfer `link` sends of `device`'s memory: on the link's own communicator, or a fanout's. */
 export function beginOutgoing(link: Link, device: Device): OutgoingTransfer {
+  checkNcclInClear(link, 'send');
   const fan = activeFanout;
   const { released, release } = releaseSignal();
   if (fan) {

@@ -37,6 +37,11 @@ export class SocketInterest {
     this.#writing = false;
   }
 
+  /** The application waits for a message: a transport holding one back for the process's bound (TCP) takes it now. */
+  consumerWaiting(): void {
+    if (!this.#closed) (this.#sock as { consumerWaiting?: () => void }).consumerWaiting?.();
+  }
+
   /** The link closed (and its socket with it): nothing changes any more. */
   close(): void {
     this.#closed = true;

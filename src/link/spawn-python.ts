@@ -49,6 +49,28 @@ const RUN_MODULE_SAFELY = [
   '_run()',
 ].join('\n');
 
+let warnedEmptyEntries = false;
+
+/**
+ * PYTHONPATH without its empty entries (undefined when none is left). Python reads an empty entry
+ * (a trailing or doubled ':') as the working directory, which would put back on sys.path what
+ * RUN_MODULE_SAFELY takes off: a json.py planted there would run in the child. Dropping them is
+ * said once per process, as a warning (code CUDA_IPC_PYTHONPATH).
+ */
+export function safePythonPath(value: string | undefined): string | undefined {
+  if (value === undefined) return undefined;
+  const entries = value.split(delimiter);
+  const kept = entries.filter((e) => e !== '');
+  if (kept.length !== entries.length && value !== '' && !warnedEmptyEntries) {
+    warnedEmptyEntries = true;
+    process.emitWarning(
+      `spawnPython: PYTHONPATH ${JSON.stringify(value)} has empty entries, which Python reads as the working directory; they were left out of the child's PYTHONPATH`,
+      { code: 'CUDA_IPC_PYTHONPATH' },
+    );
+  }
+  return kept.length ? kept.join(delimiter) : undefined;
+}
+
 /**
  * Starts `python3 <file.py> ...args` (`module` a URL, or a path ending in .py; Python puts the
  * file's own folder on sys.path, as always) or a module (`pkg.worker`, run as `python3 -m` would
@@ -56,6 +78,8 @@ const RUN_MODULE_SAFELY = [
  * process, and resolves once the child called `cuda_ipc.parent_link()`. Files are found as spawn()
  * finds them: a URL (`new URL('./worker.py', import.meta.url)`: beside the calling module) or a
  * path relative to the working directory (`process.cwd()`). `In`/`Out` type the link (see spawn()).
+ * Empty entries of PYTHONPATH (`options.env`'s, else this process's) are dropped, with a warning
+ * once per process: Python would read them as the working directory (see safePythonPath()).
  *
  * @throws IpcError (the promise rejects; the child is killed), as for spawn(): ERR_PEER_GONE when
  * the child exits first (an ImportError, a missing interpreter: the message says which),
@@ -81,9 +105,14 @@ export async function spawnPython(module: string | URL, args: readonly string[] 
     throw invalidArgValue(`spawnPython: ${JSON.stringify(module)} is neither a module name (pkg.mod) nor a .py file`);
   }
   const env = { ...(options.env ?? process.env) };
+  const kept = safePythonPath(env.PYTHONPATH);
   if (options.addPythonPath !== false) {
     const dir = pythonPackageDirectory();
-    env.PYTHONPATH = env.PYTHONPATH ? `${dir}${delimiter}${env.PYTHONPATH}` : dir;
+    env.PYTHONPATH = kept ? `${dir}${delimiter}${kept}` : dir;
+  } else if (kept !== undefined) {
+    env.PYTHONPATH = kept;
+  } else {
+    delete env.PYTHONPATH;
   }
   const { python: _p, pythonArgs, addPythonPath: _a, ...rest } = options;
   const cmd = isAbsolute(python) || !python.includes('/') ? python : resolvePath(python);

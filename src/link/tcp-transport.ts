@@ -8,7 +8,10 @@
 // buffer is assembled there (RecordSource.Socket); a larger message in a buffer of its own
 // (RecordSource.Ring, read through ringBuffer / ringView). The link's own checks then run on the
 // whole frame, as for a Unix socket. Reading pauses when the link says so (its inbox is full):
-// the socket is paused, so the kernel and then the peer's sender hold the backlog.
+// the socket is paused, so the kernel and then the peer's sender hold the backlog. A larger message
+// is first reserved against the process's bound on received memory (received-memory.ts): without
+// room (and with no receive() or 'message' listener waiting on this link), reading pauses the same
+// way until consumers on any link make room.
 //
 // Sending: a frame is copied (the caller reuses its buffers) and written to the socket, whole.
 // Once the socket's write buffer is past its high-water mark send() returns false, having written
@@ -37,6 +40,7 @@ import {
 import type { FrameTransport, RingState } from './frame-transport.js';
 import { RecordSource, type RecordHandler, type StateHandler } from './unix-transport.js';
 import { checkMessageLength } from './large-message.js';
+import { releaseReceived, reserveReceived, stopWaitingForRoom, waitForRoom } from './received-memory.js';
 
 /** A large message's buffer is made whole up to this size as soon as its header checked out; past it, it grows as its bytes come. */
 const LARGE_UPFRONT_BYTES = 64 * 2 ** 20;
@@ -128,6 +132,12 @@ export class TcpTransport implements FrameTransport {
   #have = 0;
   #length = 0;
   #paused = false;
+  /** Bytes of the large message being assembled, reserved against the process's bound. */
+  #reserved = 0;
+  /** A large message's header arrived and the process's bound has no room for it yet: reading waits. */
+  #waitingRoom = false;
+  readonly #consumerWaiting: () => boolean;
+  readonly #room = (): void => this.consumerWaiting();
   #pumping = false;
   #resumeScheduled = false;
   /** The peer's end ('end' or 'error'), reported once the frames before it were delivered. */
@@ -140,8 +150,10 @@ export class TcpTransport implements FrameTransport {
    * Takes over `socket` (connected and authenticated, paused), whose first bytes after the
    * authentication are `leftover`. Records reach `onRecord` from the next tick on.
    */
-  constructor(socket: Socket, leftover: Buffer | undefined, maxMessageBytes: number, onRecord: RecordHandler, onState: StateHandler, fail: (error: IpcError) => void) {
+  constructor(socket: Socket, leftover: Buffer | undefined, maxMessageBytes: number, onRecord: RecordHandler, onState: StateHandler, fail: (error: IpcError) => void,
+    consumerWaiting: () => boolean = () => false) {
     this.#socket = socket;
+    this.#consumerWaiting = consumerWaiting;
     this.#maxMessageBytes = maxMessageBytes;
     this.#onRecord = onRecord;
     this.#onState = onState;
@@ -158,7 +170,23 @@ export class TcpTransport implements FrameTransport {
     process.nextTick(() => {
       if (this.#closed) return;
       this.#pump();
-      if (!this.#paused && !this.#closed) socket.resume();
+      if (!this.#paused && !this.#closed && !this.#waitingRoom) socket.resume();
+    });
+  }
+
+  /**
+   * The application waits for a message on this link (or the process's bound has room again): a
+   * large message held back for the bound is reserved now, and reading goes on.
+   */
+  consumerWaiting(): void {
+    if (this.#closed || !this.#waitingRoom || !this.#reserveLarge(false)) return;
+    this.#waitingRoom = false;
+    stopWaitingForRoom(this.#room);
+    if (this.#paused) return;
+    setImmediate(() => {
+      if (this.#closed || this.#paused || this.#waitingRoom) return;
+      this.#pump();
+      if (!this.#closed && !this.#paused && !this.#waitingRoom) this.#socket.resume();
     });
   }
 
@@ -229,7 +257,7 @@ export class TcpTransport implements FrameTransport {
         this.#resumeScheduled = false;
         if (this.#closed || this.#paused) return;
         this.#pump();
-        if (!this.#closed && !this.#paused) this.#socket.resume();
+        if (!this.#closed && !this.#paused && !this.#waitingRoom) this.#socket.resume();
       });
     }
   }
@@ -238,6 +266,9 @@ export class TcpTransport implements FrameTransport {
     if (this.#closed) return;
     this.#closed = true;
     this.#chunks = [];
+    stopWaitingForRoom(this.#room);
+    releaseReceived(this.#reserved);
+    this.#reserved = 0;
     const s = this.#socket;
     s.off('data', this.#onData);
     s.off('end', this.#onEnd);
@@ -312,6 +343,12 @@ export class TcpTransport implements FrameTransport {
     this.#pumping = true;
     try {
       while (this.#chunks.length > 0 && !this.#closed && (all || !this.#paused)) {
+        if (this.#waitingRoom) {
+          // At the peer's end the message that arrived whole is taken, bound or not (it is the last).
+          if (!all || !this.#reserveLarge(true)) return;
+          this.#waitingRoom = false;
+          stopWaitingForRoom(this.#room);
+        }
         const chunk = this.#chunks[0]!;
         const available = chunk.byteLength - this.#at;
         if (this.#length === 0) {
@@ -321,7 +358,8 @@ export class TcpTransport implements FrameTransport {
           this.#consumed(n);
           this.#have += n;
           if (this.#have < HEADER_BYTES) continue;
-          if (!this.#startFrame()) return;
+          if (!this.#startFrame(all)) return;
+          if (this.#waitingRoom) return;
         } else {
           const n = Math.min(this.#length - this.#have, available);
           if (this.#have + n > this.#frame.byteLength) this.#grow(this.#have + n);
@@ -345,7 +383,7 @@ export class TcpTransport implements FrameTransport {
   }
 
   /** A header arrived whole: checks it and sets up the frame's buffer. False when the link was closed for it. */
-  #startFrame(): boolean {
+  #startFrame(all: boolean): boolean {
     let payloadLength: number;
     try {
       payloadLength = checkStreamHeader(this.#recvView, this.#maxMessageBytes);
@@ -368,12 +406,25 @@ export class TcpTransport implements FrameTransport {
     if (this.#length <= MAX_FRAME_BYTES) {
       this.#frame = this.#recv;
       this.#frameView = this.#recvView;
-    } else {
-      // Past LARGE_UPFRONT_BYTES grown as the bytes come (#grow), so that a header alone never
-      // makes this side reserve what it announces.
-      this.#frame = Buffer.allocUnsafeSlow(Math.min(this.#length, LARGE_UPFRONT_BYTES));
-      this.#recv.copy(this.#frame, 0, 0, HEADER_BYTES);
+    } else if (!this.#reserveLarge(all)) {
+      this.#waitingRoom = true;
+      waitForRoom(this.#room);
+      this.#socket.pause();
     }
+    return true;
+  }
+
+  /**
+   * Reserves the large message whose header is in #recv against the process's bound (`force`, or
+   * a consumer waiting on this link: taken whatever the bound) and sets up its buffer. False: no room.
+   */
+  #reserveLarge(force: boolean): boolean {
+    if (!reserveReceived(this.#length, force || this.#consumerWaiting())) return false;
+    this.#reserved = this.#length;
+    // Past LARGE_UPFRONT_BYTES grown as the bytes come (#grow), so that a header alone never
+    // makes this side hold what it announces.
+    this.#frame = Buffer.allocUnsafeSlow(Math.min(this.#length, LARGE_UPFRONT_BYTES));
+    this.#recv.copy(this.#frame, 0, 0, HEADER_BYTES);
     return true;
   }
 
@@ -391,6 +442,9 @@ export class TcpTransport implements FrameTransport {
     this.#have = 0;
     this.#length = 0;
     this.#onRecord(0, length, undefined, undefined, source);
+    // The message holds its own copy now (counted by the inbox, if it waits there).
+    releaseReceived(this.#reserved);
+    this.#reserved = 0;
     if (source === RecordSource.Ring) {
       // The decoded message holds copies: the frame's own buffer goes.
       this.#frame = this.#recv;

@@ -79,7 +79,7 @@ def wait_settled(link: Link, waiting: Completion, deadline: float | None) -> boo
     fd = wake.fd
     waiting.add_callback(lambda _c: wake.ring())
     while not waiting.settled:
-        reading = link._state != "closed" and len(link._inbox) < link.inbox_limit
+        reading = link._state != "closed" and link._may_read_ahead()
         if reading and link._has_buffered():
             link._read_one(0.0, want_message=False)
             continue

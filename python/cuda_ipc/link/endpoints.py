@@ -16,6 +16,15 @@ def _no_tcp_options(what: str, token: object, cert: object, key: object, ca: obj
         raise TypeError(f"{what}: token, cert, key and ca apply to tcp:// and tls:// addresses, not to a link name")
 
 
+def _allow_nccl_in_clear(options: dict[str, Any]) -> bool:
+    """The ``allow_nccl_in_clear`` option (taken out of ``options``): device memory on a tls:// link
+    moves over NCCL, which does not encrypt; without it that is refused (ERR_NCCL_UNENCRYPTED)."""
+    allow = options.pop("allow_nccl_in_clear", False)
+    if not isinstance(allow, bool):
+        raise TypeError(f"allow_nccl_in_clear must be a bool, got {type(allow).__name__}")
+    return allow
+
+
 def listen(address: str, *, token: str | bytes | None = None, cert: PathLike | None = None, key: PathLike | None = None,
            ca: PathLike | None = None, **options: Any) -> listener.Listener | TcpListener:
     """Listens for links on ``address``.
@@ -26,10 +35,14 @@ def listen(address: str, *, token: str | bytes | None = None, cert: PathLike | N
       (port 0 picks one: ``listener.url``); ``token`` (else CUDA_IPC_TOKEN, at least 16 bytes) is
       required; options ``backlog``, ``handshake_timeout`` (10 s), ``max_pending`` (128),
       ``max_message_bytes``. ``tls://`` adds TLS with ``cert``, ``key`` and optionally ``ca`` (then
-      clients need certificates it signed).
+      clients need certificates it signed); device memory on its links moves over NCCL, which does not
+      encrypt, so it is refused (ERR_NCCL_UNENCRYPTED) unless ``allow_nccl_in_clear=True``.
     """
     if is_tcp_url(address):
-        return listen_tcp(address, token=token, cert=cert, key=key, ca=ca, **options)
+        allow = _allow_nccl_in_clear(options)
+        server = listen_tcp(address, token=token, cert=cert, key=key, ca=ca, **options)
+        setattr(server, "allow_nccl_in_clear", allow)  # handed to each link it accepts (tcp.py)
+        return server
     _no_tcp_options("listen", token, cert, key, ca)
     return listener.listen(address, **options)
 
@@ -42,9 +55,14 @@ def connect(address: str, *, token: str | bytes | None = None, cert: PathLike | 
       ``timeout`` (10 s), ``max_message_bytes`` (listener.py).
     - ``tcp://HOST:PORT`` / ``tls://HOST:PORT``: a Node or Python TCP listener; ``token`` (else
       CUDA_IPC_TOKEN) is required; options ``timeout`` (10 s), ``max_message_bytes``; for TLS ``ca``
-      (the listener's CA, else the system's) and ``cert``/``key`` when the listener asks for one.
+      (the listener's CA, else the system's), ``cert``/``key`` when the listener asks for one, and
+      ``allow_nccl_in_clear=True`` to let device memory cross NCCL's network in clear (else refused:
+      ERR_NCCL_UNENCRYPTED).
     """
     if is_tcp_url(address):
-        return connect_tcp(address, token=token, cert=cert, key=key, ca=ca, **options)
+        allow = _allow_nccl_in_clear(options)
+        link = connect_tcp(address, token=token, cert=cert, key=key, ca=ca, **options)
+        link.allow_nccl_in_clear = allow  # type: ignore[attr-defined]  # a TcpLink's (stream.py)
+        return link
     _no_tcp_options("connect", token, cert, key, ca)
     return listener.connect(address, **options)

@@ -56,7 +56,7 @@ def fds_lost_here(link: "Link", length: int) -> bool:
     for lease_id in ids:
         if not link._leases_in.is_live(lease_id):
             link._leases_in.open(lease_id).end()
-    link._inbox.append((False, error))
+    link._inbox.put((False, error), 0)
     return True
 
 
@@ -99,9 +99,9 @@ def dispatch_record(link: "Link", buf: memoryview, length: int, fds: list[int]) 
             link._shutdown(e, "local")
             return
         except IpcError as e:
-            link._inbox.append((False, e))
+            link._inbox.put((False, e), 0)
             return
-        link._inbox.append((True, PendingMessage(value, owned, waits) if waits else value))
+        link._inbox.put((True, PendingMessage(value, owned, waits) if waits else value), len(payload))
         return
     if ftype == fr.RELEASE:
         try:

@@ -15,8 +15,9 @@ import struct
 from ..errors import IpcError, frame_invalid
 from .frame import MAX_PAYLOAD_BYTES, Buffer
 
-#: Default largest message (payload bytes) a link sends or accepts: 1 GiB, as on the Node side.
-DEFAULT_MAX_MESSAGE_BYTES = 2**30
+#: Default largest message (payload bytes) a link sends or accepts: 256 MiB, the default inbox bound,
+#: as on the Node side.
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 2**20
 #: MESSAGE flag: the payload is in the attached memfd.
 LARGE_PAYLOAD = 0x0100
 #: A large message's frame payload: the u64 length of the real payload.

@@ -31,6 +31,7 @@ from . import frame as fr
 from .fds import close_fds
 from .inbox import Inbox
 from .lease import IncomingLeases, OutgoingLeases, release_hold
+from . import received_memory
 from .large_message import DEFAULT_MAX_MESSAGE_BYTES, check_max_message_bytes, write_large_payload
 from .message_encoder import encode_message
 from . import arriving
@@ -54,6 +55,8 @@ _SCM_CREDENTIALS = int(getattr(socket, "SCM_CREDENTIALS", -1))
 
 #: Default bound of the messages poll() reads ahead of receive() (as the Node side's inbox).
 INBOX_LIMIT = 1024
+#: Default bound of their bytes (as the Node side's inbox.bytes), and so of max_message_bytes.
+INBOX_BYTES = 256 * 2**20
 
 
 class PeerCredentials(NamedTuple):
@@ -117,6 +120,10 @@ class Link:
         #: poll() stops reading ahead at this many unreceived messages: the rest waits in the socket
         #: (and the peer's sends wait), so a peer that floods cannot grow this process without bound.
         self.inbox_limit: int = INBOX_LIMIT
+        #: ... nor past this many bytes of them, nor while the process holds its bound across links
+        #: (received_memory.set_max_received_bytes). One message may not be larger: a larger
+        #: max_message_bytes raises it with it.
+        self.inbox_bytes: int = max(INBOX_BYTES, self.max_message_bytes)
         self._leases_out: OutgoingLeases = OutgoingLeases()
         self._leases_in: IncomingLeases = IncomingLeases(self._lease_ended)
         # The thread that received the last message and has not used the link since: the releases
@@ -329,13 +336,18 @@ class Link:
         if not self._recv_lock.acquire(blocking=False):
             return self._inbox.ready_count()
         try:
-            while self._state != "closed" and len(self._inbox) < self.inbox_limit:
+            while self._state != "closed" and self._may_read_ahead():
                 if not self._read_one(0.0, want_message=False):
                     break
         finally:
             self._close_socket_if_closed()
             self._recv_lock.release()
         return self._inbox.ready_count()
+
+    def _may_read_ahead(self) -> bool:
+        """Whether reading more ahead of receive() stays within the link's and the process's bounds."""
+        inbox = self._inbox
+        return len(inbox) < self.inbox_limit and inbox.bytes < self.inbox_bytes and not received_memory.bound_reached()
 
     def __iter__(self) -> Iterator[Any]:
         """Yields messages until the link closes cleanly; raises if it closed with an error."""

@@ -513,12 +513,32 @@ def receiving_device() -> Device:
     return Device.get(0)
 
 
+def check_nccl_in_clear(link: Link, what: str) -> None:
+    """Device memory over NCCL on a tls:// link crosses NCCL's network in clear, outside TLS: refused
+    (ERR_NCCL_UNENCRYPTED) unless the link allows it (``allow_nccl_in_clear``). ``what``: 'send' or 'receive'."""
+    if not link.tls or getattr(link, "allow_nccl_in_clear", False):
+        return
+    how = "NCCL does not encrypt: device memory would cross its network (sockets, InfiniBand, RoCE) in clear, outside TLS"
+    if what == "send":
+        raise IpcError("ERR_NCCL_UNENCRYPTED", f"link.send: this tls:// link moves device memory over NCCL, and {how}. Pass "
+                       "allow_nccl_in_clear=True to connect()/listen() ({ allowNcclInClear: true } in Node) where that network is "
+                       "trusted, or send a HostBuffer copy of the bytes (it travels inside TLS)")
+    raise IpcError("ERR_NCCL_UNENCRYPTED", f"the peer sent device memory on this tls:// link, which moves over NCCL, and {how}; "
+                   "this side does not allow it, so the message was dropped and the sender told (NCCL_ABORT). Pass "
+                   "allow_nccl_in_clear=True to connect()/listen() ({ allowNcclInClear: true } in Node) where that network is trusted")
+
+
 def incoming_comm(link: Link, ref: CommReference, sequence: int) -> LinkComm:
     """The communicator a received record names (joining it when the record carries its unique id), on
     the receiving device, and the transfer's place in its order. ERR_NCCL_UNAVAILABLE without NCCL;
     ERR_FRAME_INVALID (the message fails) for a record that names an unknown communicator,
     contradicts an earlier one, or skips a sequence number. The communicator is then aborted and the
-    peer told (NCCL_ABORT)."""
+    peer told (NCCL_ABORT). ERR_NCCL_UNENCRYPTED on a tls:// link that does not allow NCCL in clear."""
+    try:
+        check_nccl_in_clear(link, "receive")
+    except IpcError as e:
+        _refuse(link, ref.id, e)
+        raise
     s = state_of(link)
     with s.lock:
         comm = s.by_id.get(ref.id)

@@ -13,7 +13,7 @@ from ..nccl_records import CommReference
 from .deferred import Completion
 from .handlers import TransferEncoding
 from .lease import Hold
-from .nccl_comms import LinkComm, StartWork, comm_reference, committed_on, not_sent, outgoing_comm, state_of
+from .nccl_comms import LinkComm, StartWork, check_nccl_in_clear, comm_reference, committed_on, not_sent, outgoing_comm, state_of
 
 if TYPE_CHECKING:
     from ..streams import Event
@@ -123,6 +123,7 @@ def queue_in_turn(comm: LinkComm, sequence: int, start: StartWork) -> Completion
 
 def begin_outgoing(link: Link, device: Device) -> OutgoingTransfer:
     """The next transfer ``link`` sends of ``device``'s memory: on the link's own communicator, or a fanout's."""
+    check_nccl_in_clear(link, "send")
     active: FanoutContext | None = getattr(_active, "fanout", None)
     if active is not None:
         fan = active

@@ -387,6 +387,9 @@ class TcpLink(Link):
         self._conn = conn
         #: Whether the peer's HELLO came (it may say GOODBYE in the same read, before accept() returns the link).
         self.opened = False
+        #: Device memory on a tls:// link moves over NCCL, which does not encrypt: refused both ways
+        #: (ERR_NCCL_UNENCRYPTED) unless this is True (``allow_nccl_in_clear=True`` of connect()/listen()).
+        self.allow_nccl_in_clear = False
         super().__init__(conn.sock, peer_name=peer_name, max_message_bytes=max_message_bytes, _token=_token)
 
     def _start(self, sock: socket.socket, verify_peer: bool) -> None:
@@ -459,7 +462,7 @@ class TcpLink(Link):
             self._on_record(frame, len(frame), [])
             handled = True
             self.opened = self.opened or self._state == "open"
-            if self._state == "closed" or len(self._inbox) >= self.inbox_limit or not reader.buffered():
+            if self._state == "closed" or not self._may_read_ahead() or not reader.buffered():
                 return True
             deadline = 0.0
         if not handled and want_message:

@@ -218,7 +218,9 @@ class TcpListener:
                     if self._closed:
                         raise IpcError("ERR_LINK_CLOSED", f"the listener at {self.url} is closed")
                     if self._ready:
-                        return self._ready.popleft()
+                        link = self._ready.popleft()
+                        link.allow_nccl_in_clear = getattr(self, "allow_nccl_in_clear", False)  # endpoints.listen()
+                        return link
                     if deadline is not None and time.monotonic() >= deadline and timeout != 0:
                         raise IpcError("ERR_TIMEOUT", f"no link to {self.url} completed its handshake within {timeout} s")
                     self._turn(deadline)
