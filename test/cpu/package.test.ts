@@ -116,7 +116,7 @@ describe('the packed package, as a new user installs it', { skip: skipAll, timeo
 
   test('the tarball holds what its docs link, the LICENSE, both prebuilds and the Python package; no tests, maps or sources; each file once', () => {
     for (const f of ['README.md', 'LICENSE', 'package.json', 'docs/PROTOCOL.md', 'docs/channel-protocol.md', 'docs/api/README.md', 'dist/src/index.js', 'dist/src/index.d.ts',
-      'python/cuda_ipc/__init__.py', 'python/pyproject.toml', 'python/cuda_ipc/tensors.ptx', 'kernels/builtin.ptx', `prebuilds/linux-${host}/cuda-ipc.glibc.node`,
+      'python/cuda_ipc/__init__.py', 'python/pyproject.toml', 'python/setup.py', 'python/cuda_ipc/tensors.ptx', 'kernels/builtin.ptx', `prebuilds/linux-${host}/cuda-ipc.glibc.node`,
       `prebuilds/linux-${host}/cuda_ipc_py.so`, 'native/py/channel_ring.c', 'binding.gyp']) {
       assert.ok(tarFiles.includes(f), `the tarball lacks ${f}`);
     }
