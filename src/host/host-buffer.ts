@@ -28,6 +28,11 @@ export let leaseHostBuffer: (buffer: HostBuffer) => () => void;
  */
 export let whenHostBufferReleased: (buffer: HostBuffer, done: () => void) => void;
 /**
+ * For a tensor set's encoder: a new HostBuffer over the whole mapping of `buffer` (which may be a
+ * view of part of it), sharing it like a view. Close it too.
+ */
+export let wholeHostBuffer: (buffer: HostBuffer) => HostBuffer;
+/**
  * For channel messages in slots larger than one typed array: a new Uint8Array over `length` bytes
  * at `offset` of the buffer (detached when its memory is unmapped, like `bytes`).
  */
@@ -450,6 +455,16 @@ export class HostBuffer implements Disposable {
       return { mappingLength: m.length, sealed: m.sealed, mapping: m };
     };
     leaseHostBuffer = (buffer) => buffer.#open('lease').lease();
+    wholeHostBuffer = (buffer) => {
+      const m = buffer.#open('encode');
+      m.users++;
+      try {
+        return new HostBuffer(m, 0, m.length);
+      } catch (e) {
+        m.release();
+        throw e;
+      }
+    };
     whenHostBufferReleased = (buffer, done) => buffer.#shared.whenReleased(done);
     hostBufferRange = (buffer, offset, length) => {
       const m = buffer.#open('bytes');
