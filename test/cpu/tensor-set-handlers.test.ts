@@ -74,3 +74,31 @@ test('host allocations of a tensor set go through the registered host-buffer han
   await Promise.all([a.released({ timeout: 10_000 }), b.released({ timeout: 10_000 })]);
   assert.equal(fdCount(), before, 'every fd is closed: memfds, the duplicates the set sent, the socketpair');
 });
+
+test('a set past one 128 KiB frame (6,000 tensors) crosses as one message, as PROTOCOL.md 4.2 says', async () => {
+  const [tx, rx] = await linkPair();
+  const n = 6000;
+  const buffer = HostBuffer.allocate(n * 16);
+  try {
+    const map = new TensorMap<HostArray>();
+    for (let i = 0; i < n; i++) {
+      const a = new HostArray(buffer.view(i * 16, 16), { dtype: 'int32', shape: [4] });
+      a.write(new Int32Array([i, -i, i * 2, 7]));
+      map.set(`model.layers.${i}.mlp.experts.weight`, a);
+    }
+    tx.send({ weights: map, after: 'the set' });
+    tx.send('next');
+    const msg = (await rx.receive()) as { weights: TensorMap<HostArray>; after: string };
+    assert.equal(msg.after, 'the set', 'one message: the set and what came with it');
+    assert.equal(msg.weights.size, n);
+    assert.deepEqual([...msg.weights.get('model.layers.0.mlp.experts.weight')!.read()], [0, 0, 0, 7]);
+    assert.deepEqual([...msg.weights.get(`model.layers.${n - 1}.mlp.experts.weight`)!.read()], [n - 1, -(n - 1), (n - 1) * 2, 7]);
+    assert.equal(await rx.receive(), 'next', 'the next message is the next send');
+    msg.weights.close();
+    map.close();
+  } finally {
+    buffer.close();
+    tx.close();
+    rx.close();
+  }
+});
