@@ -8,7 +8,8 @@ from typing import Any
 
 from . import listener
 from .link import Link
-from .tcp import PathLike, TcpListener, connect_tcp, is_tcp_url, listen_tcp
+from .link_url import is_url
+from .tcp import PathLike, TcpListener, connect_tcp, listen_tcp
 
 
 def _no_tcp_options(what: str, token: object, cert: object, key: object, ca: object) -> None:
@@ -28,7 +29,8 @@ def listen(address: str, *, token: str | bytes | None = None, cert: PathLike | N
       ``max_message_bytes``. ``tls://`` adds TLS with ``cert``, ``key`` and optionally ``ca`` (then
       clients need certificates it signed).
     """
-    if is_tcp_url(address):
+    # Any SCHEME:// is a URL, never a link name: parse_url says what is wrong with one that is not a link's.
+    if is_url(address):
         return listen_tcp(address, token=token, cert=cert, key=key, ca=ca, **options)
     _no_tcp_options("listen", token, cert, key, ca)
     return listener.listen(address, **options)
@@ -44,7 +46,7 @@ def connect(address: str, *, token: str | bytes | None = None, cert: PathLike | 
       CUDA_IPC_TOKEN) is required; options ``timeout`` (10 s), ``max_message_bytes``; for TLS ``ca``
       (the listener's CA, else the system's) and ``cert``/``key`` when the listener asks for one.
     """
-    if is_tcp_url(address):
+    if is_url(address):
         return connect_tcp(address, token=token, cert=cert, key=key, ca=ca, **options)
     _no_tcp_options("connect", token, cert, key, ca)
     return listener.connect(address, **options)

@@ -23,7 +23,7 @@ from typing import Iterator, Union
 from ..errors import IpcError
 from .large_message import check_max_message_bytes
 from .link import _CREATE, Link
-from .link_url import TcpAddress, format_url, is_url as is_tcp_url, parse_url
+from .link_url import TcpAddress, format_url, parse_url
 from .stream import POLLIN, POLLOUT, StreamSocket, TcpLink
 from .tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, Authenticator, resolve_token
 
