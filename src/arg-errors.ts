@@ -1,8 +1,8 @@
 // Argument errors the way Node's own APIs throw them: a TypeError or RangeError with a `code`
-// (ERR_INVALID_ARG_TYPE, ERR_INVALID_ARG_VALUE, ERR_OUT_OF_RANGE). IpcError stays for what goes
+// (ERR_INVALID_ARG_TYPE, ERR_INVALID_ARG_VALUE, ERR_OUT_OF_RANGE, ERR_INVALID_URL). IpcError stays for what goes
 // wrong between processes; a call that was given a bad argument throws one of these, at once.
 
-export type ArgErrorCode = 'ERR_INVALID_ARG_TYPE' | 'ERR_INVALID_ARG_VALUE' | 'ERR_OUT_OF_RANGE';
+export type ArgErrorCode = 'ERR_INVALID_ARG_TYPE' | 'ERR_INVALID_ARG_VALUE' | 'ERR_OUT_OF_RANGE' | 'ERR_INVALID_URL';
 
 /** A TypeError or RangeError carrying Node's `code`, named like Node's ("TypeError"). */
 export interface ArgError extends Error {
@@ -24,6 +24,11 @@ export function invalidArgType(message: string, options?: ErrorOptions): TypeErr
 /** The argument has the right type but a value the call does not accept: TypeError. */
 export function invalidArgValue(message: string, options?: ErrorOptions): TypeError & ArgError {
   return withCode(new TypeError(message, options), 'ERR_INVALID_ARG_VALUE');
+}
+
+/** A link URL that is not one (link-url.ts): TypeError, as Node's own `new URL()` throws. */
+export function invalidUrl(message: string, options?: ErrorOptions): TypeError & ArgError {
+  return withCode(new TypeError(message, options), 'ERR_INVALID_URL');
 }
 
 /** A number outside the range the call accepts (too big, negative, not an integer): RangeError. */

@@ -12,7 +12,11 @@ Where it is looked for, first found wins:
 2. the npm package this Python package lies in (``<package>/python/cuda_ipc``): its local build
    (``build/Release/cuda_ipc_py.so``, as node-gyp-build prefers a local build), then its prebuilt
    one (``prebuilds/linux-<arch>/cuda_ipc_py.so``);
-3. next to this file (``cuda_ipc/cuda_ipc_py.so``, for a copy installed with pip).
+3. next to this file (``cuda_ipc/cuda_ipc_py.so``): where ``pip install`` from the npm package's
+   ``python/`` folder puts it (python/setup.py copies the helper of the npm package around it);
+4. an npm install of cuda-ipc in the working directory or a directory above it
+   (``node_modules/cuda-ipc/``: its build, then its prebuilds), for a copy installed with pip from
+   elsewhere beside a Node project.
 
 ``CUDA_IPC_PY_NATIVE=0`` turns it off (the pure path runs; tests use it to check both), ``=1``
 requires it (the first use raises ERR_UNSUPPORTED, saying why, where it is missing).
@@ -46,11 +50,32 @@ _lock = threading.Lock()
 _state: tuple[NativeHelper, ctypes.PyDLL | None, ctypes.CDLL | None] | None = None
 
 
-def _candidates() -> list[Path]:
-    here = Path(__file__).resolve().parent
-    root = here.parent.parent  # <npm package>/python/cuda_ipc -> <npm package>
-    arch = _ARCHS.get(platform.machine().lower(), platform.machine().lower())
-    return [root / "build" / "Release" / LIBRARY_NAME, root / "prebuilds" / f"linux-{arch}" / LIBRARY_NAME, here / LIBRARY_NAME]
+def _arch() -> str:
+    return _ARCHS.get(platform.machine().lower(), platform.machine().lower())
+
+
+def in_npm_package(root: Path) -> list[Path]:
+    """Where the npm package at ``root`` keeps the helper: its local build, then its prebuilt one."""
+    return [root / "build" / "Release" / LIBRARY_NAME, root / "prebuilds" / f"linux-{_arch()}" / LIBRARY_NAME]
+
+
+def _candidates(here: Path | None = None, cwd: Path | None = None) -> list[Path]:
+    """Every place looked in, in order (``here``: this package's folder; ``cwd``: the working directory)."""
+    here = here or Path(__file__).resolve().parent
+    cwd = cwd or Path.cwd()
+    found = in_npm_package(here.parent.parent) + [here / LIBRARY_NAME]  # <npm package>/python/cuda_ipc -> <npm package>
+    for d in [cwd, *cwd.parents]:
+        found += in_npm_package(d / "node_modules" / "cuda-ipc")
+    return found
+
+
+def _not_found_reason() -> str:
+    """What a user can do where no helper was found: a pip user first, then a clone."""
+    prebuilt = f"node_modules/cuda-ipc/prebuilds/linux-{_arch()}/{LIBRARY_NAME}"
+    return (f"{LIBRARY_NAME} not found beside this package, in the npm package it came from, or in a node_modules/cuda-ipc "
+            f"here or above; the pure-Python path runs. The npm package (npm install cuda-ipc) carries it prebuilt: "
+            f"pip install node_modules/cuda-ipc/python copies it in, or set CUDA_IPC_PY_NATIVE_LIB={prebuilt} "
+            f"(the path of that file); in a clone of the repository, npm run build:native builds it")
 
 
 def _load() -> tuple[NativeHelper, ctypes.PyDLL | None, ctypes.CDLL | None]:
@@ -60,7 +85,7 @@ def _load() -> tuple[NativeHelper, ctypes.PyDLL | None, ctypes.CDLL | None]:
     named = os.environ.get("CUDA_IPC_PY_NATIVE_LIB")
     paths = [Path(named)] if named else [p for p in _candidates() if p.is_file()]
     if not paths:
-        return NativeHelper(False, None, f"{LIBRARY_NAME} not found (build it with the Node addon: npm run build:native; or set CUDA_IPC_PY_NATIVE_LIB)"), None, None
+        return NativeHelper(False, None, _not_found_reason()), None, None
     path = str(paths[0])
     try:
         # PyDLL: calls keep the GIL (every function but the spin returns within microseconds, and a
@@ -71,7 +96,8 @@ def _load() -> tuple[NativeHelper, ctypes.PyDLL | None, ctypes.CDLL | None]:
     except (OSError, AttributeError) as e:
         return NativeHelper(False, path, f"{path} does not load: {e}"), None, None
     if version != ABI_VERSION:
-        return NativeHelper(False, path, f"{path} speaks interface version {version}, this package {ABI_VERSION}: rebuild it (npm run build:native)"), None, None
+        return NativeHelper(False, path, f"{path} speaks interface version {version}, this package {ABI_VERSION}: use the helper of the same cuda-ipc "
+                           "version (pip install the python/ folder of the npm package it comes with, or npm run build:native in a clone)"), None, None
     return NativeHelper(True, path, ""), fast, waits
 
 

@@ -116,10 +116,10 @@ class TcpListenerTests(unittest.TestCase):
             with self.subTest(bad=bad):
                 with self.assertRaises(IpcError) as cm:
                     cuda_ipc.listen(bad, token=TOKEN)
-                self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
+                self.assertEqual(cm.exception.code, "ERR_INVALID_URL")
         with self.assertRaises(IpcError) as cm:
             cuda_ipc.connect("tcp://127.0.0.1:0", token=TOKEN)
-        self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
+        self.assertEqual(cm.exception.code, "ERR_INVALID_URL")
         with self.assertRaises(TypeError):
             cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN, cert="x.pem")
         with self.assertRaises(TypeError):

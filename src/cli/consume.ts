@@ -7,14 +7,15 @@ import { openIpcArray } from '../arrays/device-array.js';
 import { parseDescriptorJson } from '../ipc/descriptor.js';
 import { Deadline, writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
 import { secondsOption, UsageError, type ParsedArgs } from './args.js';
-import { isLinkUrl } from '../link/link-url.js';
+import { isUrl } from '../link/link-url.js';
 import { whyNoGpu } from './availability.js';
 import { findMismatch, firstFive } from './pattern.js';
 import { consumeOnHost, isHostDescriptor } from './host-handoff.js';
 
 export async function consume(args: ParsedArgs): Promise<number> {
   const file = args.positionals[0]!; // required by the parser
-  if (isLinkUrl(file)) return (await import('./tcp-handoff.js')).consumeOverTcp(args, file);
+  // Any SCHEME:// is a URL, never a file: consumeOverTcp refuses one that is not tcp://HOST:PORT.
+  if (isUrl(file)) return (await import('./tcp-handoff.js')).consumeOverTcp(args, file);
   if (args.values['token-file'] !== undefined) throw new UsageError('--token-file goes with a tcp://HOST:PORT producer; FILE is shared on this machine');
   if (args.values.device !== undefined) throw new UsageError('--device goes with a tcp://HOST:PORT producer; FILE names the device its memory is on');
   const deadline = new Deadline(secondsOption(args, 'timeout', 60));

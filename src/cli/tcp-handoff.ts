@@ -15,7 +15,8 @@ import { Device } from '../cuda/device.js';
 import { BuiltinKernels } from '../cuda/builtins.js';
 import { DeviceArray } from '../arrays/device-array.js';
 import { connect, listen, setLinkWorkingDevice, type Link } from '../link/index.js';
-import { isLinkUrl, type LinkUrl } from '../link/link-url.js';
+import { parseLinkUrl, type LinkUrl } from '../link/link-url.js';
+import { terminalSafe } from './terminal-text.js';
 import { TOKEN_ENV } from '../link/tcp-auth.js';
 import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
@@ -74,12 +75,21 @@ function tokenFromArgs(args: ParsedArgs): string | undefined {
   return token;
 }
 
-/** The URL of --listen or consume's argument, checked: tcp:// only in the CLI. */
-function cliUrl(value: string, what: string): LinkUrl {
-  if (!isLinkUrl(value) || value.startsWith('tls://')) {
-    throw new UsageError(`${what} takes tcp://HOST:PORT, e.g. tcp://0.0.0.0:5000 (tls:// needs certificates: use listen()/connect() with their tls options); got '${value}'`);
+/**
+ * The URL of --listen or consume's argument, checked before anything waits: tcp:// only in the
+ * CLI; a bad URL is a usage error (exit 2) saying what is wrong and the forms it takes.
+ */
+function cliUrl(value: string, what: '--listen' | 'consume'): LinkUrl {
+  try {
+    parseLinkUrl(value, what === '--listen' ? 'listen' : 'connect');
+  } catch (e) {
+    const why = (e as Error).message.replace(/^(listen|connect): /, '');
+    throw new UsageError(what === '--listen' ? `--listen ${why}` : why);
   }
-  return value;
+  if (value.startsWith('tls://')) {
+    throw new UsageError(`${what} takes tcp://HOST:PORT, e.g. tcp://0.0.0.0:5000 (tls:// needs certificates: use listen()/connect() with their tls options); got '${terminalSafe(value)}'`);
+  }
+  return value as LinkUrl;
 }
 
 export async function produceOverTcp(args: ParsedArgs, listenAt: string): Promise<number> {

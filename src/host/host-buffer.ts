@@ -28,6 +28,11 @@ export let leaseHostBuffer: (buffer: HostBuffer) => () => void;
  */
 export let whenHostBufferReleased: (buffer: HostBuffer, done: () => void) => void;
 /**
+ * For a tensor set's encoder: a new HostBuffer over the whole mapping of `buffer` (which may be a
+ * view of part of it), sharing it like a view. Close it too.
+ */
+export let wholeHostBuffer: (buffer: HostBuffer) => HostBuffer;
+/**
  * For channel messages in slots larger than one typed array: a new Uint8Array over `length` bytes
  * at `offset` of the buffer (detached when its memory is unmapped, like `bytes`).
  */
@@ -190,7 +195,11 @@ export class HostBuffer implements Disposable {
    * Pages are taken when first touched, as with malloc: a buffer larger than the free memory is
    * served, and touching more of it than the system can give ends in the kernel's out-of-memory
    * handling, not in an error here. Buffers larger than `buffer.constants.MAX_LENGTH` (4 GiB on
-   * Node 20) work with every method except `bytes` (use `view()` for parts of them).
+   * Node 20; 2^53 - 1 from Node 22), the most one typed array can span, are served and work with
+   * `write`, `fill`, `view(offset, length)`, `read(dst, offset)`, `read(offset, length)` of a part,
+   * links and channels; what would make one array of all of them throws ERR_VIEW_TOO_LARGE,
+   * saying what to use instead: `bytes`, `dataView` and `read()` / `read(offset)` of more than
+   * that.
    *
    * @throws RangeError ERR_OUT_OF_RANGE when `bytes` is not a positive safe integer;
    * TypeError ERR_INVALID_ARG_TYPE when it is no number or bigint.
@@ -446,6 +455,16 @@ export class HostBuffer implements Disposable {
       return { mappingLength: m.length, sealed: m.sealed, mapping: m };
     };
     leaseHostBuffer = (buffer) => buffer.#open('lease').lease();
+    wholeHostBuffer = (buffer) => {
+      const m = buffer.#open('encode');
+      m.users++;
+      try {
+        return new HostBuffer(m, 0, m.length);
+      } catch (e) {
+        m.release();
+        throw e;
+      }
+    };
     whenHostBufferReleased = (buffer, done) => buffer.#shared.whenReleased(done);
     hostBufferRange = (buffer, offset, length) => {
       const m = buffer.#open('bytes');

@@ -21,7 +21,7 @@ import { ensurePrivateDirectory } from '../runtime-directory.js';
 import { removeIfSame, type FileIdentity } from '../safe-files.js';
 
 const myUid = process.getuid?.() ?? -1;
-import { isLinkUrl, type LinkUrl } from './link-url.js';
+import { isUrl, type LinkUrl } from './link-url.js';
 import { listenTcp, type TcpListener, type TcpListenOptions } from './tcp-listener.js';
 import { connectTcp, type TcpConnectOptions } from './tcp-connect.js';
 
@@ -329,7 +329,9 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
  * names). Resolves once it listens (Node binds asynchronously, so unlike listen(name) this is a
  * Promise). Every connection must prove the shared token (`options.token` or CUDA_IPC_TOKEN);
  * without one this rejects with ERR_AUTH_FAILED. A URL held in a plain `string` type-checks as
- * a name: give it the type LinkUrl (`url as LinkUrl`) to get this overload.
+ * a name: give it the type LinkUrl (`url as LinkUrl`) to get this overload. Any `SCHEME://...` is
+ * taken for a URL, never a name: one that is not a link URL rejects with a TypeError
+ * ERR_INVALID_URL naming the forms it takes.
  */
 export function listen(url: LinkUrl, options?: TcpListenOptions): Promise<TcpListener>;
 /**
@@ -344,7 +346,8 @@ export function listen(url: LinkUrl, options?: TcpListenOptions): Promise<TcpLis
  */
 export function listen(name: string, options?: ListenOptions): Listener;
 export function listen(name: string, options: ListenOptions = {}): Listener | Promise<TcpListener> {
-  if (isLinkUrl(name)) return listenTcp(name, options as TcpListenOptions);
+  // Any SCHEME:// is a URL, never a name: listenTcp says what is wrong with one that is not a link's.
+  if (isUrl(name)) return listenTcp(name as LinkUrl, options as TcpListenOptions);
   const waitHint = 'listen() does not wait; pass it to listener.accept({ signal, timeout }) (handshakeTimeoutMs bounds each connection\'s handshake)';
   checkOptionKeys(options, LISTEN_OPTION_KEYS, 'listen', { timeout: waitHint, signal: waitHint });
   linkLimits(options, 'options');
@@ -397,11 +400,13 @@ const RETRY_MOST_MS = 250;
  * refused ours); ERR_AUTH_FAILED on a TCP link whose token is missing or not the listener's;
  * ERR_FD_LIMIT when no fd is left; an AbortError on `options.signal`.
  * @throws TypeError ERR_INVALID_ARG_VALUE for an option connect does not know, a bad name;
+ * ERR_INVALID_URL (the promise rejects) for a `SCHEME://...` that is not a link URL
+ * (`tcp://HOST:PORT`, `tls://HOST:PORT`; any scheme is taken for a URL, never a name);
  * TypeError / RangeError for a bad option value.
  */
 export function connect<In = unknown, Out = unknown>(name: string, options?: ConnectOptions | TcpConnectOptions): Promise<Link<In, Out>>;
 export async function connect(name: string, options: ConnectOptions | TcpConnectOptions = {}): Promise<Link> {
-  if (isLinkUrl(name)) return connectTcp(name, options as TcpConnectOptions);
+  if (isUrl(name)) return connectTcp(name as LinkUrl, options as TcpConnectOptions);
   return connectUnix(name, options as ConnectOptions);
 }
 

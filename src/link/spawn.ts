@@ -1,6 +1,7 @@
 // spawn(): start a Node child running an ES module, connected to this process by a link over a
 // socketpair; parentLink(): the child's end of it.
 import { spawn as spawnProcess, type ChildProcess, type StdioOptions } from 'node:child_process';
+import { existsSync } from 'node:fs';
 import { resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { IpcError, fdLimitError } from '../errors.js';
@@ -10,7 +11,7 @@ import { checkDeviceUuid } from '../ipc/device-uuid.js';
 import { ARG } from '../ipc/checks.js';
 import { Link, kCreate, kOpened } from './link.js';
 import { LINK_OPTION_KEYS, linkLimits, type LinkOptions } from './link-options.js';
-import { checkOptionKeys, checkSignal } from '../arg-errors.js';
+import { checkObject, checkOptionKeys, checkSignal, invalidArgType, invalidArgValue, received } from '../arg-errors.js';
 import { abortError, checkTimeout, raceWait } from '../abort.js';
 
 /** The environment variable telling a spawned child which fd is its link. */
@@ -98,6 +99,47 @@ function modulePath(module: string | URL): string {
 }
 
 /**
+ * spawn()'s arguments checked as TypeScript would check them, for callers in plain JavaScript:
+ * typed errors with codes at once, before anything starts.
+ */
+function checkSpawnArguments(module: unknown, args: unknown, options: unknown): { path: string; args: readonly string[]; options: SpawnOptions } {
+  if (typeof module !== 'string' && !(module instanceof URL)) {
+    throw invalidArgType(`The "module" argument must be of type string or an instance of URL. ${received(module)}`);
+  }
+  if (module === '') throw invalidArgValue('spawn: the "module" argument is empty; give the path or URL of the ES module the child runs');
+  if (args !== undefined && !Array.isArray(args)) {
+    const hint = typeof args === 'object' && args !== null ? '; options go third: spawn(module, [], options)' : '';
+    throw invalidArgType(`The "args" argument must be an array of strings. ${received(args)}${hint}`);
+  }
+  const list = (args ?? []) as readonly unknown[];
+  list.forEach((a, i) => {
+    if (typeof a !== 'string') throw invalidArgType(`The "args[${i}]" argument must be of type string. ${received(a)}`);
+  });
+  const opts = checkObject<SpawnOptions>(options, 'options') ?? {};
+  checkOptionKeys(opts, SPAWN_OPTION_KEYS, 'spawn');
+  if (opts.execArgv !== undefined) checkStrings(opts.execArgv, 'options.execArgv');
+  let path: string;
+  try {
+    path = modulePath(module);
+  } catch (e) {
+    throw invalidArgValue(`spawn: ${String(module)} is not a file URL or a path: ${(e as Error).message}`, { cause: e });
+  }
+  if (!existsSync(path)) {
+    const relative = module instanceof URL || module.startsWith('file:') ? '' : ` (a path is relative to the working directory, ${process.cwd()}; new URL('./worker.js', import.meta.url) names a file beside the calling module)`;
+    throw invalidArgValue(`spawn: ${path} does not exist${relative}`);
+  }
+  return { path, args: list as readonly string[], options: opts };
+}
+
+/** Checks that `value` is an array of strings: ERR_INVALID_ARG_TYPE naming `name` otherwise. */
+function checkStrings(value: unknown, name: string): void {
+  if (!Array.isArray(value)) throw invalidArgType(`The "${name}" property must be an array of strings. ${received(value)}`);
+  value.forEach((v, i) => {
+    if (typeof v !== 'string') throw invalidArgType(`The "${name}[${i}]" property must be of type string. ${received(v)}`);
+  });
+}
+
+/**
  * Starts `node <module> ...args` with a link to this process, and resolves once the child has
  * called parentLink(). `module` is a URL (`new URL('./worker.js', import.meta.url)`: relative to
  * the calling module) or a path (relative to the working directory, `process.cwd()`), the rule
@@ -108,14 +150,17 @@ function modulePath(module: string | URL): string {
  * or closes its link before calling parentLink() (or cannot start), ERR_PEER_REFUSED when it runs
  * as a uid not allowed (`allowUids`), ERR_TIMEOUT when it has not called parentLink() within
  * `options.timeout` (30 s), an AbortError on `options.signal`.
- * @throws TypeError ERR_INVALID_ARG_VALUE for an option spawn does not know (a misspelt one would
- * otherwise do nothing); TypeError / RangeError for a bad option value.
+ * @throws TypeError (the promise rejects at once; nothing starts) ERR_INVALID_ARG_VALUE for a module
+ * file that does not exist or an option spawn does not know (a misspelt one would otherwise do
+ * nothing); ERR_INVALID_ARG_TYPE for a `module` that is no string or URL, `args` that are not an
+ * array of strings (options go third), `options` that are not an object; TypeError / RangeError
+ * for a bad option value.
  */
 export function spawn<In = unknown, Out = unknown>(module: string | URL, args?: readonly string[], options?: SpawnOptions): Promise<SpawnedChild<In, Out>>;
-export async function spawn(module: string | URL, args: readonly string[] = [], options: SpawnOptions = {}): Promise<SpawnedChild> {
-  checkOptionKeys(options, SPAWN_OPTION_KEYS, 'spawn');
-  const path = modulePath(module);
-  return startLinkedChild(process.execPath, [...(options.execArgv ?? inheritableExecArgv()), path, ...args], options, path);
+export async function spawn(module: string | URL, args?: readonly string[], options?: SpawnOptions): Promise<SpawnedChild> {
+  const checked = checkSpawnArguments(module, args, options);
+  const o = checked.options;
+  return startLinkedChild(process.execPath, [...(o.execArgv ?? inheritableExecArgv()), checked.path, ...checked.args], o, checked.path);
 }
 
 /**
@@ -125,6 +170,13 @@ export async function spawn(module: string | URL, args: readonly string[] = [], 
  */
 export async function startLinkedChild(command: string, argv: readonly string[], options: SpawnOptions, what: string): Promise<SpawnedChild> {
   const path = what;
+  if (options.allowUids !== undefined && (!Array.isArray(options.allowUids) || !options.allowUids.every((u) => Number.isInteger(u) && u >= 0))) {
+    throw invalidArgType(`The "options.allowUids" property must be an array of uids (integers >= 0). ${received(options.allowUids)}`);
+  }
+  if (options.frameRing !== undefined && typeof options.frameRing !== 'boolean') {
+    throw invalidArgType(`The "options.frameRing" property must be of type boolean. ${received(options.frameRing)}`);
+  }
+  if (options.env !== undefined) checkObject(options.env, 'options.env');
   const deviceEnv = options.device === undefined ? {} : { [WORKING_DEVICE_ENV]: workingDeviceUuid(options.device) };
   const limits = linkLimits(options, 'options');
   const signal = checkSignal(options.signal);

@@ -72,8 +72,20 @@ function placeTensors(h: SafetensorsHeader): Placement {
   return { offsets, runs, bytes: h.dataBytes + shift };
 }
 
-function invalid(path: string, why: string): IpcError {
-  return new IpcError('ERR_SAFETENSORS_INVALID', `${path}: ${why}`);
+function invalid(path: string, why: string, cause?: unknown): IpcError {
+  return new IpcError('ERR_SAFETENSORS_INVALID', `${path}: ${why}`, cause !== undefined ? { cause } : undefined);
+}
+
+/**
+ * Why a file could not be opened, said once: Node's message ("ENOENT: no such file or directory,
+ * open '/path'") repeats the code and the path the caller already names.
+ */
+function fsReason(e: unknown): string {
+  const err = e as { code?: string; message?: string };
+  if (err.code === 'ENOENT') return 'does not exist (ENOENT)';
+  if (err.code === 'EACCES' || err.code === 'EPERM') return `may not be read by this user (${err.code})`;
+  const m = /^[A-Z0-9_]+: (.*?), \w+ '.*'$/s.exec(err.message ?? '');
+  return `cannot be read: ${m ? m[1] : err.message} (${err.code})`;
 }
 
 /** The largest model.safetensors.index.json read (real ones are well under a megabyte). */
@@ -81,10 +93,12 @@ const MAX_INDEX_BYTES = 64 * 2 ** 20;
 
 /** The shard files an index names (in first-use order) and which file each tensor must be in. */
 async function readIndex(path: string): Promise<{ files: string[]; weightMap: Map<string, string> }> {
+  // Regular files only, bounded: a FIFO or /dev/zero named here must not hang or grow this process.
+  // A file that cannot be read fails with its own error (ENOENT, ERR_FILE_UNSAFE), not as "not JSON".
+  const text = (await readRegularFileAsync(path, MAX_INDEX_BYTES, 'the index')).toString('utf8');
   let root: unknown;
   try {
-    // Regular files only, bounded: a FIFO or /dev/zero named here must not hang or grow this process.
-    root = JSON.parse((await readRegularFileAsync(path, MAX_INDEX_BYTES, 'the index')).toString('utf8'));
+    root = JSON.parse(text);
   } catch (e) {
     throw invalid(path, `the index is not JSON (${(e as Error).message})`);
   }
@@ -116,9 +130,11 @@ export async function loadSafetensors(source: string | readonly string[], option
  * tensors, and the reference writer packs them back to back).
  *
  * @throws IpcError ERR_SAFETENSORS_INVALID naming the file and the tensor for a file that breaks
- * the format, an index that does not match its shards, or an index naming a shard that cannot be
- * read (the message names the index and the shard); the fs error (ENOENT, ...) for a file named
- * directly that cannot be read.
+ * the format, an index that is not JSON or does not match its shards, or an index naming a shard
+ * that cannot be opened (the message names the index, the shard and the cause once); the fs error
+ * (ENOENT, EACCES, ...) for a file or index named directly that cannot be opened;
+ * ERR_FILE_UNSAFE for a file (named, or a shard of an index) that is not a regular file (a
+ * directory, FIFO or device) or an index larger than 64 MiB.
  * @throws IpcError ERR_OUT_OF_MEMORY (host) / CudaError CUDA_ERROR_OUT_OF_MEMORY (device) when the
  * checkpoint does not fit.
  */
@@ -135,9 +151,9 @@ export async function loadSafetensors(source: string | readonly string[], option
     try {
       headers.push(await readSafetensorsHeader(f));
     } catch (e) {
-      const code = (e as { code?: unknown })?.code;
-      if (!weightMap || (code !== 'ENOENT' && code !== 'EACCES' && code !== 'EISDIR')) throw e;
-      throw invalid(source as string, `the index names the shard ${f}, which cannot be read (${code}: ${(e as Error).message})`);
+      // A system error (it has a syscall) on a shard the index named: the index is what is wrong.
+      if (!weightMap || typeof (e as { syscall?: unknown })?.syscall !== 'string') throw e;
+      throw invalid(source as string, `the index names the shard ${f}, which ${fsReason(e)}`, e);
     }
   }
 

@@ -1,8 +1,9 @@
 // How a TensorMap (or a Map of DeviceArrays / HostArrays) travels over a link: one 'tensor-set'
 // record (wire.ts) with each allocation once, encoded and decoded by the handler of its own kind
 // ('legacy-buffer', 'pool-buffer', 'host-buffer'), so that every rule of those kinds holds here
-// too: a pool's fd goes once per link, a legacy handle maps once per process, a memfd must be
-// sealed, the working device is honoured. Nothing is copied on the sender.
+// too: a pool's fd goes once per link, a legacy handle maps once per process and a freed legacy
+// allocation is announced GONE (the kind's commit), a memfd must be sealed, the working device is
+// honoured. Nothing is copied on the sender.
 //
 // Leases: the message carries one lease, holding every allocation on the sender's side; the
 // receiver ends it once every allocation it mapped for the message is unmapped (the map closed
@@ -10,14 +11,13 @@
 import { DeviceBuffer, type SharedMemory } from '../cuda/buffer.js';
 import { driver } from '../cuda/driver.js';
 import { IpcError } from '../errors.js';
-import { HostBuffer, describeHostBuffer, leaseHostBuffer } from '../host/host-buffer.js';
+import { HostBuffer, wholeHostBuffer } from '../host/host-buffer.js';
 import { DeviceArray } from '../arrays/device-array.js';
-import { legacyTransferBytes } from '../ipc/legacy.js';
 import { addon } from '../native/addon.js';
 import { hostBufferTransfer } from '../link/transfers/host-transfer.js';
 import { releaseHold, type LeaseHold, type ReceivedLease } from '../link/lease.js';
 import { handlerForKind } from '../link/transfers/handlers.js';
-import { registerTransferHandler, type TransferHandler } from '../link/transfers/transfer.js';
+import { registerTransferHandler, type TransferEncoding, type TransferHandler } from '../link/transfers/transfer.js';
 import type { Link } from '../link/link.js';
 import { HostArray } from '../arrays/host-array.js';
 import { TensorMap, isTensorSetValue, receivedTensorMap, tensorMapContents, type TensorArray } from './tensor-map.js';
@@ -79,21 +79,46 @@ function releaseAll(e: Encoded): void {
   }
 }
 
-/** Encodes one allocation entry (its data copied: the kinds' encoders reuse scratch buffers). */
+/** The registered handler of `kind` (a replacement of yours included), else the built-in one. */
+function handlerOf(kind: 'pool-buffer' | 'legacy-buffer' | 'host-buffer'): TransferHandler<object> {
+  const h = handlerForKind(kind) ?? (kind === 'host-buffer' ? hostBufferTransfer : undefined);
+  if (!h) throw new IpcError('ERR_NOT_TRANSFERABLE', `link.send: a tensor lives in a '${kind}' allocation, and no handler for that kind is registered in this process`);
+  return h as TransferHandler<object>;
+}
+
+/**
+ * Adds one encoding to the record: its data copied (the kinds' encoders reuse scratch buffers),
+ * its fds owned by the record (closed after the send: `borrowed` ones are dup'ed), its hold, and
+ * its commit (run once the message went out, as for the kind sent alone).
+ */
+function addEncoding(out: Encoded, kind: AllocationKind, enc: TransferEncoding, borrowed: boolean): Uint8Array {
+  const data = Uint8Array.from(enc.data);
+  if (enc.hold) out.holds.push(enc.hold);
+  const fds = enc.fds ?? [];
+  // A borrowed fd stays its owner's: the record sends (and then closes) a copy.
+  for (const fd of fds) out.fds.push(borrowed ? addon.dup(fd) : fd);
+  if (enc.onCommit) out.commits.push(enc.onCommit);
+  out.entries.push({ kind, fdCount: fds.length, data });
+  return data;
+}
+
+/**
+ * Encodes one allocation entry with the handler of its kind ('host-buffer', 'pool-buffer',
+ * 'legacy-buffer'), given a buffer over the whole allocation: every rule of the kind holds in a
+ * set too (a memfd must be sealed, a pool's fd goes once per link, a freed legacy allocation is
+ * announced GONE to the links it went on).
+ */
 function encodeAllocation(a: Allocation, link: Link, out: Encoded, poolsAttached: Set<string>): void {
   if ('host' in a) {
-    const b = a.host;
-    const { mappingLength, sealed, mapping } = describeHostBuffer(b);
-    if (!sealed) {
-      throw new IpcError('ERR_NOT_TRANSFERABLE', 'link.send: a tensor lives in a HostBuffer whose file is not sealed against shrinking; use HostBuffer.allocate() memory');
+    // A HostBuffer over the whole mapping, only to encode it: the lease keeps the memory.
+    const whole = wholeHostBuffer(a.host);
+    try {
+      const enc = handlerOf('host-buffer').encode(whole, link);
+      // The handler lends the buffer's own fd for one send (closeFdsAfterSend unset).
+      addEncoding(out, AllocationKind.Host, enc, !enc.closeFdsAfterSend);
+    } finally {
+      whole.close();
     }
-    const data = new Uint8Array(24);
-    const v = new DataView(data.buffer);
-    v.setBigUint64(0, BigInt(mappingLength), true);
-    v.setBigUint64(16, BigInt(mappingLength), true);
-    out.holds.push({ release: leaseHostBuffer(b), bytes: mappingLength, fd: mapping });
-    out.fds.push(addon.dup(b.fd));  // every fd of the record is owned (closed after the send)
-    out.entries.push({ kind: AllocationKind.Host, fdCount: 1, data });
     return;
   }
   const { device: memory, sample } = a;
@@ -102,27 +127,21 @@ function encodeAllocation(a: Allocation, link: Link, out: Encoded, poolsAttached
   const whole = new DeviceBuffer(memory, 0, owner.byteLength, undefined, undefined, sample.device);
   try {
     if (owner.kind === 'pool' || owner.kind === 'pool-import') {
-      const enc = handlerForKind('pool-buffer')!.encode(whole, link);
-      const data = Uint8Array.from(enc.data);
-      let fds = enc.fds ?? [];
-      if (enc.hold) out.holds.push(enc.hold);
-      const poolId = Buffer.from(data.subarray(0, 16)).toString('hex');
-      if (fds.length > 0 && poolsAttached.has(poolId)) {
-        // The pool's fd already goes with an earlier entry of this message: send it once.
-        for (const fd of fds) addon.close(fd);
-        fds = [];
+      const enc = handlerOf('pool-buffer').encode(whole, link);
+      const poolId = Buffer.from(enc.data.subarray(0, 16)).toString('hex');
+      if ((enc.fds?.length ?? 0) > 0 && poolsAttached.has(poolId)) {
+        // The pool's fd already goes with an earlier entry of this message: send it once (and
+        // its commit, which records that this link has the pool, runs with that entry).
+        for (const fd of enc.fds!) addon.close(fd);
+        const data = addEncoding(out, AllocationKind.Pool, { data: enc.data, ...(enc.hold ? { hold: enc.hold } : {}) }, false);
         data[POOL_FLAGS_AT] = data[POOL_FLAGS_AT]! & ~1;
-      } else if (fds.length > 0) {
-        poolsAttached.add(poolId);
-        if (enc.onCommit) out.commits.push(enc.onCommit);
+        return;
       }
-      out.fds.push(...fds);
-      out.entries.push({ kind: AllocationKind.Pool, fdCount: fds.length, data });
+      if ((enc.fds?.length ?? 0) > 0) poolsAttached.add(poolId);
+      addEncoding(out, AllocationKind.Pool, enc, !enc.closeFdsAfterSend);
       return;
     }
-    const data = Uint8Array.from(legacyTransferBytes(whole));
-    out.holds.push({ release: memory.lease(), bytes: owner.byteLength });
-    out.entries.push({ kind: AllocationKind.Legacy, fdCount: 0, data });
+    addEncoding(out, AllocationKind.Legacy, handlerOf('legacy-buffer').encode(whole, link), false);
   } finally {
     whole.close();
   }

@@ -143,7 +143,10 @@ test('spawn, spawnPython, connect, listen and parentLink refuse options they do 
 });
 
 test('spawn rejects when the child dies or never connects, and kills it', async () => {
-  await assert.rejects(spawn(new URL('../fixtures/no-such-module.js', import.meta.url), [], { stdio: 'ignore' }), code('ERR_PEER_GONE'));
+  // A missing module is refused before anything starts (spawn-args.test.ts); a child that dies
+  // before parentLink(): node refusing a flag.
+  await assert.rejects(spawn(new URL('../fixtures/no-such-module.js', import.meta.url), [], { stdio: 'ignore' }), code('ERR_INVALID_ARG_VALUE'));
+  await assert.rejects(spawn(new URL('../fixtures/idle-child.js', import.meta.url), [], { stdio: 'ignore', execArgv: ['--no-such-flag-for-this-test'] }), code('ERR_PEER_GONE'));
   // The 300 ms bound is the subject: the rejection is ERR_TIMEOUT and the child it names is gone
   // (how long that took is not checked; a hang fails the test's own deadline).
   let message = '';

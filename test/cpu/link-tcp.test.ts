@@ -53,9 +53,9 @@ test('listen binds exactly the URL\'s address: port 0 picks one and listener.url
   }
   for (const [url, why] of [
     ['tcp://localhost:0', /binds an IP address exactly/],
-    ['tcp://127.0.0.1', /not a link URL/],
+    ['tcp://127.0.0.1', /has no port/],
     ['tcp://127.0.0.1:70000', /port 70000/],
-    ['tcp://::1:5000', /not a link URL|brackets/],
+    ['tcp://::1:5000', /goes in brackets/],
     ['tcp://[127.0.0.1]:5000', /brackets hold an IPv6 address/],
     ['tcp://127.0.0.1:5000/path', /not a link URL/],
   ] as const) {
@@ -65,7 +65,7 @@ test('listen binds exactly the URL\'s address: port 0 picks one and listener.url
       return true;
     });
   }
-  await assert.rejects(connect('tcp://127.0.0.1:0', { token: TOKEN }), /port 0 .* is not 1\.\.65535/);
+  await assert.rejects(connect('tcp://127.0.0.1:0', { token: TOKEN }), /port 0, which is not 1\.\.65535/);
   await assert.rejects(listen('tcp://127.0.0.1:0', { token: TOKEN, tls: {} }), /write tls:\/\//);
 });
 

@@ -61,6 +61,36 @@ function must(r: SpawnSyncReturns<string>, what: string): string {
 const tscOf = (alias: string) => join(app, 'node_modules', alias, 'bin', 'tsc');
 const installed = join('node_modules', pkg.name);
 
+/**
+ * What a package must not hold: files only tests use. A new test-only file in a shipped folder
+ * (native/, dist/src/, python/cuda_ipc/) must match one of these or be left out in package.json
+ * "files" (as the ABI checks are: "!native/abi_check.cc").
+ */
+const TEST_ONLY: readonly { pattern: RegExp; what: string }[] = [
+  { pattern: /^(dist\/)?test\//, what: 'tests, their fixtures and helpers (test/, dist/test/)' },
+  { pattern: /(^|\/)(fixtures|helpers)\//, what: 'test fixtures and helpers' },
+  { pattern: /\.test\.(js|mjs|ts|d\.ts)$|(^|\/)test_[^/]*\.py$|(^|\/)tests\//, what: 'test files' },
+  { pattern: /(^|\/)(nccl-)?testing\.(js|d\.ts)$/, what: 'stand-ins for tests (the former dist/src/nccl/testing.js, now test/helpers/nccl-testing.ts)' },
+  { pattern: /^native\/(nccl_)?abi_check\.cc$/, what: 'the ABI checks test/cpu/abi-header.test.ts and nccl-abi.test.ts compile (not part of the addon)' },
+  { pattern: /fake[-_]?nccl/, what: 'the fake libnccl of the tests' },
+  { pattern: /(^|\/)(\.?stryker[^/]*|coverage|reports)(\/|$)/, what: 'mutation testing and coverage' },
+  { pattern: /^(bench|examples|scripts|build)\//, what: 'benchmarks, examples, scripts and the local build (the repository, not the package)' },
+];
+
+/** The files of `files` that are test-only, each with why; and native sources no target of binding.gyp builds. */
+function testOnlyFiles(files: readonly string[]): string[] {
+  const found: string[] = [];
+  for (const f of files) {
+    const hit = TEST_ONLY.find((t) => t.pattern.test(f));
+    if (hit) found.push(`${f}: ${hit.what} (${hit.pattern})`);
+  }
+  const gyp = readFileSync(join(root, 'binding.gyp'), 'utf8');
+  for (const f of files.filter((x) => /^native\/.*\.(cc|c)$/.test(x))) {
+    if (!gyp.includes(`"${f}"`)) found.push(`${f}: a native source no target of binding.gyp builds`);
+  }
+  return found;
+}
+
 // Packing builds the addon once per target (twice where the cross compiler is here): minutes on a
 // 2-core machine, past the runner's 5-minute default for a test or hook.
 describe('the packed package, as a new user installs it', { skip: skipAll, timeout: 30 * 60_000 }, () => {
@@ -86,13 +116,14 @@ describe('the packed package, as a new user installs it', { skip: skipAll, timeo
 
   test('the tarball holds what its docs link, the LICENSE, both prebuilds and the Python package; no tests, maps or sources; each file once', () => {
     for (const f of ['README.md', 'LICENSE', 'package.json', 'docs/PROTOCOL.md', 'docs/channel-protocol.md', 'docs/api/README.md', 'dist/src/index.js', 'dist/src/index.d.ts',
-      'python/cuda_ipc/__init__.py', 'python/pyproject.toml', 'python/cuda_ipc/tensors.ptx', 'kernels/builtin.ptx', `prebuilds/linux-${host}/cuda-ipc.glibc.node`,
+      'python/cuda_ipc/__init__.py', 'python/pyproject.toml', 'python/setup.py', 'python/cuda_ipc/tensors.ptx', 'kernels/builtin.ptx', `prebuilds/linux-${host}/cuda-ipc.glibc.node`,
       `prebuilds/linux-${host}/cuda_ipc_py.so`, 'native/py/channel_ring.c', 'binding.gyp']) {
       assert.ok(tarFiles.includes(f), `the tarball lacks ${f}`);
     }
     if (haveCross) assert.ok(tarFiles.includes(`prebuilds/linux-${other}/cuda-ipc.glibc.node`), `the tarball lacks the linux-${other} prebuild`);
     if (haveCross) assert.ok(tarFiles.includes(`prebuilds/linux-${other}/cuda_ipc_py.so`), `the tarball lacks the linux-${other} Python helper`);
     assert.ok(!tarFiles.some((f) => f.startsWith('test/') || f.startsWith('dist/test/') || f.startsWith('build/')), 'no tests or local build in the tarball');
+    assert.deepEqual(testOnlyFiles(tarFiles), [], 'nothing test-only in the tarball');
     // Test-only helpers live under test/; every module of dist/src is built from src/ now (prepack
     // removed what an earlier build left).
     for (const f of tarFiles.filter((x) => x.startsWith('dist/src/') && x.endsWith('.js'))) {
@@ -211,6 +242,22 @@ describe('the packed package, as a new user installs it', { skip: skipAll, timeo
     const out = must(run(process.execPath, [join(d, 'app.js')], d, {}, 60_000), 'the CommonJS program');
     assert.equal(out, 'commonjs: the child summed 512\n');
   });
+});
+
+// Without the registry or a build: npm's own list of what `npm pack` would put in the tarball,
+// from package.json "files". dist/src files without a source in src/ are left out: a leftover of an
+// earlier build here, which prepack removes before packing (the tarball test above checks that).
+test('the package\'s file list (npm pack --dry-run) holds nothing test-only, named by pattern', { skip: (process.env.PATH ?? '').split(delimiter).some((d) => d && existsSync(join(d, 'npm'))) ? undefined : 'npm is not on PATH here' }, () => {
+  const r = spawnSync('npm', ['pack', '--dry-run', '--json', '--ignore-scripts'], { cwd: root, encoding: 'utf8', timeout: 120_000, maxBuffer: 64 << 20 });
+  assert.equal(r.status, 0, r.stderr);
+  const listed = (JSON.parse(r.stdout) as { files: { path: string }[] }[])[0]!.files.map((f) => f.path);
+  const files = listed.filter((f) => !f.startsWith('dist/src/') || existsSync(join(root, f.replace(/^dist\//, '').replace(/\.(d\.ts|js)$/, '.ts'))));
+  assert.ok(files.includes('native/addon.cc') && files.includes('python/cuda_ipc/__init__.py'), 'the list is the package\'s');
+  assert.deepEqual(testOnlyFiles(files), []);
+  // The patterns catch what they name: the ABI checks are in the repository, left out by "files".
+  assert.deepEqual(testOnlyFiles(['native/abi_check.cc', 'native/nccl_abi_check.cc', 'dist/src/nccl/testing.js', 'native/addon.cc']).map((f) => f.split(':')[0]),
+    ['native/abi_check.cc', 'native/nccl_abi_check.cc', 'dist/src/nccl/testing.js', 'native/abi_check.cc', 'native/nccl_abi_check.cc']);
+  assert.ok(existsSync(join(root, 'native/abi_check.cc')) && !listed.includes('native/abi_check.cc') && !listed.includes('native/nccl_abi_check.cc'));
 });
 
 /** A CommonJS user's program (`import x = require()`, as verbatimModuleSyntax wants in CJS). */

@@ -3,7 +3,7 @@
 // corrupt files, each failing with ERR_SAFETENSORS_INVALID naming the file and the tensor.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { mkdtempSync, rmSync, writeFileSync, readFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync, readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { IpcError } from '../../src/errors.js';
@@ -147,9 +147,16 @@ test('an index naming a shard that is not there fails naming the index and the s
   await assert.rejects(loadSafetensors(index, { memory: 'host' }), (e: IpcError) => {
     assert.equal(e.code, 'ERR_SAFETENSORS_INVALID');
     assert.ok(e.message.startsWith(index), e.message);
-    assert.match(e.message, /names the shard .*model-00009-of-00009\.safetensors, which cannot be read \(ENOENT/);
+    assert.equal(e.message, `${index}: the index names the shard ${join(dir, 'model-00009-of-00009.safetensors')}, which does not exist (ENOENT)`, 'the cause once');
+    assert.equal(e.message.split('ENOENT').length, 2);
     return true;
   });
+  // A shard that is a directory: not a regular file, said by the safe-file check.
+  mkdirSync(join(dir, 'shard-dir.safetensors'), { recursive: true });
+  writeFileSync(index, JSON.stringify({ weight_map: { w: 'shard-dir.safetensors' } }));
+  await assert.rejects(loadSafetensors(index, { memory: 'host' }), (e: IpcError) => e.code === 'ERR_FILE_UNSAFE' && /shard-dir\.safetensors is a directory/.test(e.message));
+  // A missing index is the fs error of the file named, not "the index is not JSON".
+  await assert.rejects(loadSafetensors(join(dir, 'no-such.safetensors.index.json'), { memory: 'host' }), (e: NodeJS.ErrnoException) => e.code === 'ENOENT');
 });
 
 /** A file from a header object (JSON-encoded here) and `data` bytes. */

@@ -40,6 +40,7 @@ for (const n of SIZES) {
       for (let i = 0; i < 3; i++) assert.throws(() => b.bytes, ipcCode('ERR_VIEW_TOO_LARGE'));
       assert.throws(() => b.bytes, /view\(offset, length\)/, 'the error says what to use instead');
       assert.throws(() => b.read(), ipcCode('ERR_VIEW_TOO_LARGE'));
+      assert.throws(() => b.dataView, ipcCode('ERR_VIEW_TOO_LARGE'), 'as HostBuffer.allocate\'s docs say');
       checkEnds(b, 9);  // the mapping survived the refused view
     }
     {

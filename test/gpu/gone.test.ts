@@ -1,6 +1,6 @@
 // Freed memory is never kept alive by a peer's cache (issue 17): a process that frees an
 // allocation it sent by legacy handle tells the peer (GONE), which closes its idle mapping at
-// once; a destroyed pool's import goes too. And exportPointer's table forgets freed allocations.
+// once, also where the allocation went inside a tensor set; a destroyed pool's import goes too. And exportPointer's table forgets freed allocations.
 import { describe, test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import type { ChildProcess } from 'node:child_process';
@@ -10,6 +10,8 @@ import { DeviceBuffer } from '../../src/cuda/buffer.js';
 import { driver } from '../../src/cuda/driver.js';
 import { exportPointer, legacyCacheStats } from '../../src/ipc/legacy.js';
 import { spawn, type Link } from '../../src/link/index.js';
+import { DeviceArray } from '../../src/arrays/device-array.js';
+import { TensorMap } from '../../src/tensors/index.js';
 
 const fixture = new URL('../fixtures/gone-child.js', import.meta.url);
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -18,6 +20,8 @@ interface Report {
   value?: number;
   cache: { mappings: number; idle: number };
   fds: number;
+  /** GONE notices for legacy allocations the child got. */
+  gone: number;
 }
 
 async function until(link: Link, what: string, ok: (r: Report) => boolean): Promise<Report> {
@@ -57,6 +61,26 @@ describe('allocation gone', { skip: noGpu }, () => {
       // The memory is really back: nothing maps it any more (1 MiB, within the allocator's granularity).
       await sleep(50);
       assert.ok(device.memoryInfo().free >= freeBefore, 'the allocation is not kept resident by the peer');
+    } finally {
+      link.close();
+      child.kill('SIGKILL');
+    }
+  });
+
+  test('a legacy allocation sent only inside a tensor set: freed by its sender, it is announced GONE as when sent alone', async () => {
+    const { child, link } = await spawn(fixture, [], { stdio: 'inherit' });
+    children.add(child);
+    try {
+      const b = DeviceBuffer.allocate(1 << 20, { device: Device.get(0) });
+      b.write(new Uint32Array([5151]));
+      const map = new TensorMap([['w', new DeviceArray(b.view(0, 64), { dtype: 'uint32', shape: [16] })]]);
+      link.send({ set: map });
+      const r = (await link.receive({ timeout: 10_000 })) as Report;
+      assert.equal(r.value, 5151);
+      assert.equal(r.gone, 0, 'nothing is gone while the sender has it');
+      map.close();
+      b.close();  // the last user here: freed once the child's lease ended, GONE to the child
+      await until(link, 'the GONE notice of the tensor set\'s legacy allocation', (x) => x.gone === 1);
     } finally {
       link.close();
       child.kill('SIGKILL');

@@ -8,7 +8,8 @@ from typing import Any
 
 from . import listener
 from .link import Link
-from .tcp import PathLike, TcpListener, connect_tcp, is_tcp_url, listen_tcp
+from .link_url import is_url
+from .tcp import PathLike, TcpListener, connect_tcp, listen_tcp
 
 
 def _no_tcp_options(what: str, token: object, cert: object, key: object, ca: object) -> None:
@@ -38,7 +39,8 @@ def listen(address: str, *, token: str | bytes | None = None, cert: PathLike | N
       clients need certificates it signed); device memory on its links moves over NCCL, which does not
       encrypt, so it is refused (ERR_NCCL_UNENCRYPTED) unless ``allow_nccl_in_clear=True``.
     """
-    if is_tcp_url(address):
+    # Any SCHEME:// is a URL, never a link name: parse_url says what is wrong with one that is not a link's.
+    if is_url(address):
         allow = _allow_nccl_in_clear(options)
         server = listen_tcp(address, token=token, cert=cert, key=key, ca=ca, **options)
         setattr(server, "allow_nccl_in_clear", allow)  # handed to each link it accepts (tcp.py)
@@ -59,7 +61,7 @@ def connect(address: str, *, token: str | bytes | None = None, cert: PathLike | 
       ``allow_nccl_in_clear=True`` to let device memory cross NCCL's network in clear (else refused:
       ERR_NCCL_UNENCRYPTED).
     """
-    if is_tcp_url(address):
+    if is_url(address):
         allow = _allow_nccl_in_clear(options)
         link = connect_tcp(address, token=token, cert=cert, key=key, ca=ca, **options)
         link.allow_nccl_in_clear = allow  # type: ignore[attr-defined]  # a TcpLink's (stream.py)

@@ -11,80 +11,29 @@ those handshakes side by side in accept() (non-blocking, at most ``max_pending``
 from __future__ import annotations
 
 import errno
-import ipaddress
 import os
-import re
 import select
 import socket
 import ssl
 import threading
 import time
 from collections import deque
-from typing import Iterator, NamedTuple, Union
+from typing import Iterator, Union
 
 from ..errors import IpcError
 from .large_message import check_max_message_bytes
 from .link import _CREATE, Link
+from .link_url import TcpAddress, format_url, parse_url
 from .stream import POLLIN, POLLOUT, StreamSocket, TcpLink
 from .tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, Authenticator, resolve_token
 
 #: A file given to ssl: a path.
 PathLike = Union[str, "os.PathLike[str]"]
 
-_URL = re.compile(r"^(tcp|tls)://(?:\[([0-9A-Fa-f:.]+(?:%[A-Za-z0-9_.-]+)?)\]|([A-Za-z0-9.-]+)):([0-9]{1,5})$")
-_HOST_NAME = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
 #: Keepalive (PROTOCOL.md 1.1): a peer whose machine vanished is noticed within about 25 s.
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
 #: Connections a listener accepts per wake-up before it looks at the others again.
 _ACCEPT_BATCH = 64
-
-
-class TcpAddress(NamedTuple):
-    """A parsed tcp:// or tls:// URL."""
-
-    scheme: str
-    host: str
-    port: int
-    #: AF_INET / AF_INET6 for an address, 0 for a host name.
-    family: int
-
-
-def is_tcp_url(address: object) -> bool:
-    """Whether ``address`` is meant as a URL (parse_url says whether it is a good one), not a link name."""
-    return isinstance(address, str) and "://" in address
-
-
-def parse_url(url: str, listening: bool) -> TcpAddress:
-    """Checks a link URL: ``tcp://HOST:PORT`` or ``tls://HOST:PORT``, HOST an IPv4 address, a bracketed
-    IPv6 address or (to connect) a host name. ERR_INVALID_ARG otherwise."""
-    what = "listen" if listening else "connect"
-    m = _URL.match(url) if isinstance(url, str) else None
-    if m is None:
-        raise IpcError("ERR_INVALID_ARG", f"{what}: {url!r} is not a link address; use tcp://HOST:PORT or tls://HOST:PORT, HOST an "
-                       "IPv4 address, an IPv6 address in brackets ([::1]) or, to connect, a host name")
-    scheme, v6, name, digits = m.groups()
-    port = int(digits)
-    if port > 65535 or (port == 0 and not listening):
-        raise IpcError("ERR_INVALID_ARG", f"{what}: port {port} of {url!r} is out of range (1..65535{'; 0 picks a free one to listen' if listening else ''})")
-    if v6 is not None:
-        try:
-            return TcpAddress(scheme, str(ipaddress.IPv6Address(v6)), port, socket.AF_INET6)
-        except ValueError:
-            raise IpcError("ERR_INVALID_ARG", f"{what}: [{v6}] in {url!r} is not an IPv6 address") from None
-    try:
-        return TcpAddress(scheme, str(ipaddress.IPv4Address(name)), port, socket.AF_INET)
-    except ValueError:
-        pass
-    if listening:
-        raise IpcError("ERR_INVALID_ARG", f"listen: {url!r} names a host; a listener binds an address, written out: 127.0.0.1 or "
-                       "[::1] for this machine only, the address of one interface, or 0.0.0.0 / [::] for every interface")
-    if not _HOST_NAME.match(name):
-        raise IpcError("ERR_INVALID_ARG", f"connect: {name!r} in {url!r} is not a host name")
-    return TcpAddress(scheme, name, port, 0)
-
-
-def format_url(scheme: str, host: str, port: int) -> str:
-    return f"{scheme}://{'[' + host + ']' if ':' in host else host}:{port}"
 
 
 def _tune(sock: socket.socket) -> None:

@@ -263,8 +263,12 @@ registerTransferHandler<DeviceBuffer>({
   canTransfer: (v): v is DeviceBuffer => v instanceof DeviceBuffer && (v.kind === 'device' || v.kind === 'legacy-import'),
   encode: (buffer, link) => {
     const data = legacyTransferBytes(buffer);
-    // Only this process's own allocations: an import sent onward lives on with its exporter.
-    const onCommit = buffer.kind === 'device' ? () => announceLegacyGone(buffer.memory, link, data.subarray(16, 80)) : undefined;
+    // Only this process's own allocations: an import sent onward lives on with its exporter. What
+    // the commit needs is taken now: the buffer may be closed by then (a tensor set encodes a
+    // buffer of its own over the allocation and closes it at once).
+    const memory = buffer.memory;
+    const handle = data.slice(16, 80);
+    const onCommit = buffer.kind === 'device' ? () => announceLegacyGone(memory, link, handle) : undefined;
     return { data, hold: leaseMemory(buffer), ...(onCommit ? { onCommit } : {}) };
   },
   decode: (data, _fds, link, lease) =>
