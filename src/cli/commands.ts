@@ -91,7 +91,8 @@ export const commands: readonly CommandSpec[] = [
       'With --listen tcp://HOST:PORT instead of --out it serves a consumer on another machine over a TCP link: device memory moved over NCCL where both machines ' +
       'have a GPU, else host memory, copied; the consumer doubles its copy and sends it back. Both sides need the same token, from CUDA_IPC_TOKEN or --token-file.',
     options: {
-      out: { type: 'string', value: 'FILE', help: 'where to write the descriptor, e.g. --out handle.json (this machine)' },
+      out: { type: 'string', value: 'FILE', help: 'where to write the descriptor, e.g. --out handle.json (this machine); a new file: an existing FILE or FILE.done is refused (2)' },
+      force: { type: 'boolean', help: 'with --out: replace a regular file of your own at FILE (and remove one at FILE.done); never a symlink, FIFO, device or directory' },
       listen: { type: 'string', value: 'URL', help: 'serve another machine instead: listen at tcp://HOST:PORT, HOST an address of this machine (0.0.0.0: all; port 0: any free one)' },
       'token-file': tokenFile,
       elements: { type: 'string', value: 'N', help: 'float32 elements (default 1048576)' },

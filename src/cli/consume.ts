@@ -19,7 +19,8 @@ export async function consume(args: ParsedArgs): Promise<number> {
   if (args.values.device !== undefined) throw new UsageError('--device goes with a tcp://HOST:PORT producer; FILE names the device its memory is on');
   const deadline = new Deadline(secondsOption(args, 'timeout', 60));
   checkFileArgument(file, 'FILE', `cuda-ipc consume ${file.replace(/\/+$/, '')}/handle.json`, { writes: true });
-  const ack = (ok: boolean, message?: string) => writeFileAtomic(`${file}.done`, JSON.stringify({ ok, pid: process.pid, message }) + '\n');
+  // A new file: a FILE.done already there (anyone's) is never written over (ERR_FILE_UNSAFE).
+  const ack = (ok: boolean, message?: string) => writeFileAtomic(`${file}.done`, JSON.stringify({ ok, pid: process.pid, message }) + '\n', { what: 'the report' });
 
   if (!existsSync(file)) console.log(`consume: waiting up to ${deadline.ms / 1000} s for ${file} (start \`cuda-ipc produce --out ${file}\` in another terminal)`);
   // The user named FILE: a symlink there is followed, but only to a regular file of a descriptor's size.

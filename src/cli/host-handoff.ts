@@ -66,7 +66,7 @@ async function within<T>(deadline: Deadline, what: string, wait: (timeout: numbe
   }
 }
 
-export async function produceOnHost(out: string, n: number, deadline: Deadline): Promise<number> {
+export async function produceOnHost(out: string, n: number, deadline: Deadline, force: boolean): Promise<number> {
   using buffer = HostBuffer.allocate(n * 4);
   const values = floats(buffer);
   fillPattern(values);
@@ -78,7 +78,7 @@ export async function produceOnHost(out: string, n: number, deadline: Deadline):
   process.once('SIGINT', () => { cleanup(); process.exit(130); });
   try {
     const descriptor: HostDescriptor = { memory: 'host', link: name, dtype: 'float32', shape: [n], pid: process.pid };
-    written = writeFileAtomic(out, JSON.stringify(descriptor, null, 2) + '\n');
+    written = writeFileAtomic(out, JSON.stringify(descriptor, null, 2) + '\n', { replace: force ? 'own-regular-file' : 'never', what: 'the descriptor' });
     console.log(`producer ${process.pid}: ${n} float32 in host shared memory (memfd): ${firstFive(values)}, ...`);
     console.log(`descriptor written to ${out}; waiting for a consumer: cuda-ipc consume ${out}`);
     const link = (await acceptWithin(listener, deadline, `run \`cuda-ipc consume ${out}\``)) as Link<Ack, Handoff>;

@@ -4,7 +4,7 @@
 import { Device } from '../cuda/device.js';
 import { DeviceArray } from '../arrays/device-array.js';
 import { descriptorToJson } from '../ipc/descriptor.js';
-import { Deadline, leftover, removeIfSame, writeFileAtomic, waitForFile, checkFileArgument, type FileIdentity } from './files.js';
+import { Deadline, removeIfSame, writeFileAtomic, waitForFile, checkFileArgument, checkNothingThere, type FileIdentity } from './files.js';
 import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive } from './pattern.js';
@@ -36,17 +36,16 @@ export async function produce(args: ParsedArgs): Promise<number> {
   const deadline = new Deadline(secondsOption(args, 'timeout', 600));
   const ordinal = ordinalOption(args, 'device');
   checkFileArgument(out, '--out', `--out ${out.replace(/\/+$/, '')}/handle.json`, { writes: true });
+  const force = args.values.force === true;
+  checkNothingThere(out, doneFile, force);
   checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'share host shared memory instead');
   const why = whyNoGpu(ordinal);
   if (why !== undefined) {
     console.log(`produce: no usable GPU here (${why}); sharing host shared memory (memfd) through a link instead`);
-    return produceOnHost(out, n, deadline);
+    return produceOnHost(out, n, deadline, force);
   }
   const device = Device.get(ordinal);
 
-  // A report left by an earlier run is not this consumer's: it is ignored, not deleted (it is not
-  // this process's file).
-  const stale = leftover(doneFile);
   using array = DeviceArray.allocate('float32', [n], { device });
   const host = new Float32Array(n);
   fillPattern(host);
@@ -60,12 +59,12 @@ export async function produce(args: ParsedArgs): Promise<number> {
   };
   process.once('SIGINT', () => { cleanup(); process.exit(130); });
 
-  written = writeFileAtomic(out, JSON.stringify(descriptorToJson(array.ipcHandle()), null, 2) + '\n');
+  written = writeFileAtomic(out, JSON.stringify(descriptorToJson(array.ipcHandle()), null, 2) + '\n', { replace: force ? 'own-regular-file' : 'never', what: 'the descriptor' });
   console.log(`producer ${process.pid}: ${n} float32 on device ${device.ordinal} (${device.name}): ${firstFive(host)}, ...`);
   console.log(`descriptor written to ${out}; waiting for a consumer: cuda-ipc consume ${out}`);
 
   try {
-    const done = await waitForFile(doneFile, deadline, `no consumer finished; run \`cuda-ipc consume ${out}\``, { what: 'the consumer\'s report', ...(stale ? { ignore: stale } : {}) });
+    const done = await waitForFile(doneFile, deadline, `no consumer finished; run \`cuda-ipc consume ${out}\``, { what: 'the consumer\'s report' });
     report = done.identity;
     const ack = parseAck(done.text, doneFile);
     if (!ack.ok) {

@@ -74,6 +74,7 @@ function cliUrl(value: string, what: string): LinkUrl {
 
 export async function produceOverTcp(args: ParsedArgs, listenAt: string): Promise<number> {
   if (stringValue(args, 'out') !== undefined) throw new UsageError('give --out FILE (this machine) or --listen tcp://HOST:PORT (another machine), not both');
+  if (args.values.force !== undefined) throw new UsageError('--force goes with --out FILE; --listen writes no file');
   const url = cliUrl(listenAt, '--listen');
   const n = countOption(args, 'elements', 1 << 20);
   const timeoutMs = secondsOption(args, 'timeout', 600);
