@@ -33,12 +33,21 @@ export function timeoutError(ms: number, what: string): IpcError {
   return new IpcError('ERR_TIMEOUT', `${what} did not finish within ${ms} ms (the timeout option); wait longer, or find out why the other side is stuck`);
 }
 
-/** Checks `options.timeout`: a non-negative number of milliseconds (Infinity: none), or undefined. */
+/** The longest delay a timer holds (2^31-1 ms, about 24.8 days): Node fires a longer one at once, with a TimeoutOverflowWarning. */
+export const MAX_TIMEOUT_MS = 2 ** 31 - 1;
+
+/**
+ * Checks `options.timeout`: a non-negative number of milliseconds up to MAX_TIMEOUT_MS (what a
+ * timer can hold), Infinity for none, or undefined.
+ */
 export function checkTimeout(value: unknown, name = 'options.timeout'): number | undefined {
   if (value === undefined) return undefined;
   if (typeof value !== 'number') throw invalidArgType(`The "${name}" property must be of type number. ${received(value)}`);
-  if (Number.isNaN(value) || value < 0) throw outOfRange(`The value of "${name}" is out of range. It must be a non-negative number of milliseconds. Received ${value}`);
-  return value === Infinity ? undefined : value;
+  if (value === Infinity) return undefined;
+  if (Number.isNaN(value) || value < 0 || value > MAX_TIMEOUT_MS) {
+    throw outOfRange(`The value of "${name}" is out of range. It must be a non-negative number of milliseconds up to ${MAX_TIMEOUT_MS} (2^31-1, what a timer can hold), or Infinity for none. Received ${value}`);
+  }
+  return value;
 }
 
 /** Checks a wait's options (signal, timeout): TypeError / RangeError with Node's codes. */

@@ -12,7 +12,7 @@ import { Event } from '../cuda/event.js';
 import { BuiltinKernels } from '../cuda/builtins.js';
 import { HostBuffer } from '../host/index.js';
 import { spawn } from '../link/index.js';
-import { countOption, ordinalOption, UsageError, type ParsedArgs } from './args.js';
+import { countOption, millisecondsOption, ordinalOption, UsageError, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 
 const FORK_NOTE = 'The original example used fork(); CUDA does not survive fork() once initialised, so the child is spawned and gets the memory over a link.';
@@ -176,7 +176,7 @@ export async function demo(args: ParsedArgs): Promise<number> {
   }
   // Checked before the GPU is looked for: a bad value is a usage error everywhere.
   const ordinal = ordinalOption(args, 'device');
-  const ms = countOption(args, 'ms', 500);
+  const ms = millisecondsOption(args, 'ms', 500);
   const elements = countOption(args, 'elements', 1 << 20);
   const count = countOption(args, 'count', 9);
   checkDeviceOrdinal(ordinal, args.values.device !== undefined, mode === 'events' ? 'see why this demo needs one' : `run demo ${mode} on host shared memory`);

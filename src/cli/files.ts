@@ -82,6 +82,16 @@ export function checkNothingThere(out: string, doneFile: string, force: boolean)
   if (left) removeIfSame(doneFile, left);
 }
 
+/**
+ * On Ctrl-C, SIGTERM or SIGHUP: `cleanup` (removing this process's own files), then exit with
+ * 128 + the signal's number, as the shell reports a process killed by it.
+ */
+export function onSignalsRemove(cleanup: () => void): void {
+  for (const [signal, n] of [['SIGINT', 2], ['SIGTERM', 15], ['SIGHUP', 1]] as const) {
+    process.once(signal, () => { cleanup(); process.exit(128 + n); });
+  }
+}
+
 export interface WaitForFileOptions {
   /** A file already there that does not count (a report left by an earlier run). */
   ignore?: FileIdentity;

@@ -5,7 +5,7 @@
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/index.js';
 import { connect, listen, type Link, type Listener } from '../link/index.js';
-import { removeIfSame, writeFileAtomic, type Deadline, type FileIdentity } from './files.js';
+import { onSignalsRemove, removeIfSame, writeFileAtomic, type Deadline, type FileIdentity } from './files.js';
 import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
 import { terminalSafe } from './terminal-text.js';
 
@@ -75,7 +75,7 @@ export async function produceOnHost(out: string, n: number, deadline: Deadline, 
   let written: FileIdentity | undefined;
   // Only the descriptor this process wrote is removed, and only while it is still that file.
   const cleanup = () => { listener.close(); if (written) removeIfSame(out, written); };
-  process.once('SIGINT', () => { cleanup(); process.exit(130); });
+  onSignalsRemove(cleanup);
   try {
     const descriptor: HostDescriptor = { memory: 'host', link: name, dtype: 'float32', shape: [n], pid: process.pid };
     written = writeFileAtomic(out, JSON.stringify(descriptor, null, 2) + '\n', { replace: force ? 'own-regular-file' : 'never', what: 'the descriptor' });

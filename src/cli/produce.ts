@@ -4,7 +4,7 @@
 import { Device } from '../cuda/device.js';
 import { DeviceArray } from '../arrays/device-array.js';
 import { descriptorToJson } from '../ipc/descriptor.js';
-import { Deadline, removeIfSame, writeFileAtomic, waitForFile, checkFileArgument, checkNothingThere, type FileIdentity } from './files.js';
+import { Deadline, removeIfSame, writeFileAtomic, waitForFile, checkFileArgument, checkNothingThere, onSignalsRemove, type FileIdentity } from './files.js';
 import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive } from './pattern.js';
@@ -57,7 +57,7 @@ export async function produce(args: ParsedArgs): Promise<number> {
     if (written) removeIfSame(out, written);
     if (report) removeIfSame(doneFile, report);
   };
-  process.once('SIGINT', () => { cleanup(); process.exit(130); });
+  onSignalsRemove(cleanup);
 
   written = writeFileAtomic(out, JSON.stringify(descriptorToJson(array.ipcHandle()), null, 2) + '\n', { replace: force ? 'own-regular-file' : 'never', what: 'the descriptor' });
   console.log(`producer ${process.pid}: ${n} float32 on device ${device.ordinal} (${device.name}): ${firstFive(host)}, ...`);
