@@ -10,7 +10,7 @@ import { secondsOption, UsageError, type ParsedArgs } from './args.js';
 import { isLinkUrl } from '../link/link-url.js';
 import { whyNoGpu } from './availability.js';
 import { findMismatch, firstFive } from './pattern.js';
-import { consumeOnHost, isHostDescriptor } from './host-handoff.js';
+import { consumeOnHost, isHostDescriptor, processGone } from './host-handoff.js';
 
 export async function consume(args: ParsedArgs): Promise<number> {
   const file = args.positionals[0]!; // required by the parser
@@ -41,6 +41,12 @@ export async function consume(args: ParsedArgs): Promise<number> {
   } catch (e) {
     const err = e as IpcError;
     throw new IpcError(err.code ?? 'ERR_DESCRIPTOR_INVALID', `${file} is not a descriptor that \`cuda-ipc produce\` writes: ${err.message}`, { cause: e });
+  }
+  // Memory shared by a legacy handle dies with its process: a descriptor whose producer no longer
+  // runs (killed: it could not remove FILE) describes nothing, and no wait will change that.
+  if (processGone(desc.pid)) {
+    // No report: nobody waits for one, and it would be a file left behind.
+    throw new IpcError('ERR_HANDLE_STALE', `${file} describes memory of process ${desc.pid}, which no longer runs: the memory went with it (a killed producer leaves its descriptor behind); remove ${file} and start \`cuda-ipc produce --out ${file}\` again`);
   }
   const why = whyNoGpu(0);
   if (why !== undefined) {

@@ -108,10 +108,42 @@ export async function produceOnHost(out: string, n: number, deadline: Deadline, 
   }
 }
 
+/**
+ * Whether process `pid` is gone (ESRCH), for messages: a pid taken from a file is only a hint
+ * (it may have been reused), so this never decides anything alone.
+ */
+export function processGone(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return false;
+  } catch (e) {
+    return (e as { code?: string }).code === 'ESRCH';
+  }
+}
+
+/**
+ * The link to the producer of `d`. The producer listens before it writes FILE, so a socket that is
+ * missing or stale (nobody listens: a producer that was killed) will not come back: that ends the
+ * wait at once with its cause. Only a listener too busy to accept now is waited for, until the deadline.
+ */
+async function reachProducer(d: HostDescriptor, file: string, deadline: Deadline): Promise<Link<Handoff, Ack>> {
+  const what = `could not reach the producer (pid ${d.pid}) on its link '${d.link}'`;
+  try {
+    return await connect<Handoff, Ack>(d.link, { timeout: 0 });
+  } catch (e) {
+    if ((e as { code?: string }).code === 'ERR_NO_LISTENER') {
+      const gone = processGone(d.pid) ? ` (no process ${d.pid} runs now)` : '';
+      throw new IpcError('ERR_NO_LISTENER', `${what}: ${(e as Error).message}. ${file} was left by a producer that ended without removing it${gone}: remove it and start \`cuda-ipc produce --out ${file}\` again`, { cause: e });
+    }
+    if ((e as { code?: string }).code !== 'ERR_LISTENER_BUSY' && (e as { code?: string }).code !== 'ERR_TIMEOUT') throw e;
+  }
+  return within(deadline, what, (timeout) => connect<Handoff, Ack>(d.link, { timeout }));
+}
+
 export async function consumeOnHost(value: { memory: 'host' }, file: string, deadline: Deadline): Promise<number> {
   const d = checkHostDescriptor(value, file);
   console.log(terminalSafe(`consumer ${process.pid}: ${file} describes host shared memory of process ${d.pid}; connecting to its link '${d.link}'`));
-  const link = await within(deadline, `could not reach the producer (pid ${d.pid}) on its link '${d.link}'`, (timeout) => connect<Handoff, Ack>(d.link, { timeout }));
+  const link = await reachProducer(d, file, deadline);
   try {
     const { buffer } = await within(deadline, `the producer (pid ${d.pid}) sent no memory`, (timeout) => link.receive({ timeout }));
     let ack: Ack;
