@@ -15,7 +15,7 @@ import { BuiltinKernels } from '../cuda/builtins.js';
 import { DeviceArray } from '../arrays/device-array.js';
 import { connect, listen, setLinkWorkingDevice, type Link } from '../link/index.js';
 import { isLinkUrl, type LinkUrl } from '../link/link-url.js';
-import { TOKEN_ENV } from '../link/tcp-auth.js';
+import { MIN_TOKEN_BYTES, TOKEN_ENV } from '../link/tcp-auth.js';
 import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
@@ -64,6 +64,31 @@ function tokenFromArgs(args: ParsedArgs): string | undefined {
   return token;
 }
 
+/**
+ * The token of this side, from --token-file or CUDA_IPC_TOKEN, checked here so that the hints
+ * name the CLI's ways (the library's name its `token` option). ERR_AUTH_FAILED without one.
+ */
+function cliToken(args: ParsedArgs): string {
+  const fromFile = tokenFromArgs(args);
+  const token = fromFile ?? process.env[TOKEN_ENV] ?? '';
+  const from = fromFile !== undefined ? `the token file ${stringValue(args, 'token-file')}` : TOKEN_ENV;
+  if (token === '') {
+    throw new IpcError('ERR_AUTH_FAILED', `a TCP link needs a token and none was given: set ${TOKEN_ENV} or pass --token-file FILE, the same secret on both sides ` +
+      `(\`cuda-ipc token\` prints a fresh one: export ${TOKEN_ENV}=$(cuda-ipc token), or (umask 077; cuda-ipc token > FILE)). Nothing was sent`);
+  }
+  const bytes = Buffer.byteLength(token, 'utf8');
+  if (bytes < MIN_TOKEN_BYTES) {
+    throw new IpcError('ERR_AUTH_FAILED', `the token in ${from} is ${bytes} bytes; a token is at least ${MIN_TOKEN_BYTES} bytes (\`cuda-ipc token\` prints a fresh one). Nothing was sent`);
+  }
+  return token;
+}
+
+/** The library's ERR_AUTH_FAILED (a token that is not the peer's) in the CLI's words. */
+function cliAuthError(e: unknown, peer: string): unknown {
+  if ((e as { code?: string }).code !== 'ERR_AUTH_FAILED') return e;
+  return new IpcError('ERR_AUTH_FAILED', `${peer} did not prove the token: the two sides hold different tokens; give both the same one (${TOKEN_ENV} or --token-file FILE)`, { cause: e });
+}
+
 /** The URL of --listen or consume's argument, checked: tcp:// only in the CLI. */
 function cliUrl(value: string, what: string): LinkUrl {
   if (!isLinkUrl(value) || value.startsWith('tls://')) {
@@ -80,9 +105,9 @@ export async function produceOverTcp(args: ParsedArgs, listenAt: string): Promis
   const timeoutMs = secondsOption(args, 'timeout', 600);
   const ordinal = ordinalOption(args, 'device');
   checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'share host memory instead');
-  const token = tokenFromArgs(args);
+  const token = cliToken(args);
   const noGpu = whyNoGpu(ordinal);
-  const listener = await listen(url, token !== undefined ? { token } : {});
+  const listener = await listen(url, { token });
   let link: Link<Ready | Reply, Handoff> | undefined;
   try {
     const any = /^tcp:\/\/(0\.0\.0\.0|\[::\]):/.test(listener.url);
@@ -180,9 +205,11 @@ export async function consumeOverTcp(args: ParsedArgs, url: string): Promise<num
   const timeoutMs = secondsOption(args, 'timeout', 60);
   const ordinal = ordinalOption(args, 'device');
   checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'take host memory instead');
-  const token = tokenFromArgs(args);
+  const token = cliToken(args);
   console.log(`consumer ${process.pid}: connecting to ${target} (waiting up to ${timeoutMs / 1000} s for the producer: cuda-ipc produce --listen ...)`);
-  const link = await connect<Handoff, Ready | Reply>(target, { timeout: timeoutMs, ...(token !== undefined ? { token } : {}) });
+  const link = await connect<Handoff, Ready | Reply>(target, { timeout: timeoutMs, token }).catch((e: unknown) => {
+    throw cliAuthError(e, `the listener at ${target}`);
+  });
   try {
     const why = whyNoGpu(ordinal);
     if (why === undefined) setLinkWorkingDevice(link, Device.get(ordinal));
