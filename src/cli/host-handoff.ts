@@ -8,6 +8,7 @@ import { connect, listen, type Link, type Listener } from '../link/index.js';
 import { onSignalsRemove, removeIfSame, writeFileAtomic, type Deadline, type FileIdentity } from './files.js';
 import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
 import { terminalSafe } from './terminal-text.js';
+import { failedReply, tellPeer } from './peer-failure.js';
 
 /** What `produce` writes to FILE when it shares host memory. */
 export interface HostDescriptor {
@@ -26,6 +27,8 @@ interface Handoff {
 interface Ack {
   ok: boolean;
   message?: string;
+  /** The failure's error code, where it had one. */
+  code?: string;
 }
 
 /** Whether FILE says it describes host memory (checkHostDescriptor then checks the rest). */
@@ -90,7 +93,8 @@ export async function produceOnHost(out: string, n: number, deadline: Deadline, 
         return 1;
       }
       if (!ack.ok) {
-        console.error(terminalSafe(`producer: consumer ${link.peer.pid} reported a failure: ${String(ack.message)}`));
+        const code = typeof ack.code === 'string' && /^[A-Z][A-Z0-9_]{0,63}$/.test(ack.code) ? `[${ack.code}] ` : '';
+        console.error(terminalSafe(`producer: consumer ${link.peer.pid} reported a failure: ${code}${String(ack.message)}`));
         return 1;
       }
       const bad = findMismatch(values, 2);
@@ -145,7 +149,13 @@ export async function consumeOnHost(value: { memory: 'host' }, file: string, dea
   console.log(terminalSafe(`consumer ${process.pid}: ${file} describes host shared memory of process ${d.pid}; connecting to its link '${d.link}'`));
   const link = await reachProducer(d, file, deadline);
   try {
-    const { buffer } = await within(deadline, `the producer (pid ${d.pid}) sent no memory`, (timeout) => link.receive({ timeout }));
+    let buffer: HostBuffer;
+    try {
+      ({ buffer } = await within(deadline, `the producer (pid ${d.pid}) sent no memory`, (timeout) => link.receive({ timeout })));
+    } catch (e) {
+      await tellPeer<Ack>(link, e, failedReply(e)); // the producer prints the same cause
+      throw e;
+    }
     let ack: Ack;
     try {
       const values = floats(buffer);

@@ -19,6 +19,8 @@ import { MIN_TOKEN_BYTES, TOKEN_ENV } from '../link/tcp-auth.js';
 import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
 import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
+import { failedPeerError, failedReply, peerFailure, tellPeer, type Failed } from './peer-failure.js';
+import { terminalSafe } from './terminal-text.js';
 
 /** The consumer's first message: whether it can take device memory (a GPU and NCCL), and why not. */
 interface Ready {
@@ -26,9 +28,9 @@ interface Ready {
   why?: string;
 }
 /** What the producer sends: its buffer (it arrives as a copy) or its array (moved over NCCL), and how many float32. */
-type Handoff = { buffer: HostBuffer; elements: number } | { array: DeviceArray<'float32'>; elements: number };
-/** What the consumer answers: its doubled copy, or why it failed. */
-type Reply = { ok: true; buffer: HostBuffer } | { ok: true; array: DeviceArray<'float32'> } | { ok: false; message: string };
+type Handoff = { buffer: HostBuffer; elements: number } | { array: DeviceArray<'float32'>; elements: number } | Failed;
+/** What the consumer answers: its doubled copy, or why it failed (the error's code too, where it has one). */
+type Reply = { ok: true; buffer: HostBuffer } | { ok: true; array: DeviceArray<'float32'> } | { ok: false; message: string; code?: string };
 
 /** Most bytes a token file may hold: it holds one token. */
 const TOKEN_FILE_MAX = 4096;
@@ -124,14 +126,28 @@ export async function produceOverTcp(args: ParsedArgs, listenAt: string): Promis
     }
     listener.close(); // one consumer
     const at = `${link.remote!.address} port ${link.remote!.port}`;
-    const ready = await link.receive<Ready>({ timeout: timeoutMs });
-    if (noGpu === undefined && ready.device) return await produceDevice(link, at, Device.get(ordinal), n);
-    if (noGpu === undefined) console.log(`producer: the consumer at ${at} takes no device memory (${ready.why ?? 'no reason given'}); sharing host memory`);
-    return await produceHost(link, at, n);
+    try {
+      const ready = await link.receive<Ready | Reply>({ timeout: timeoutMs });
+      if ('ok' in ready) return consumerFailed(ready);
+      if (noGpu === undefined && ready.device) return await produceDevice(link, at, Device.get(ordinal), n);
+      if (noGpu === undefined) console.log(`producer: the consumer at ${at} takes no device memory (${ready.why ?? 'no reason given'}); sharing host memory`);
+      return await produceHost(link, at, n);
+    } catch (e) {
+      await tellPeer(link, e); // the consumer prints the same cause
+      throw e;
+    }
   } finally {
     link?.close();
     listener.close();
   }
+}
+
+/** The consumer's failure, printed as the consumer prints it (its code, its message): exit 1. */
+function consumerFailed(reply: Reply | Ready): number {
+  const r = reply as { message?: unknown; code?: unknown };
+  const failure = peerFailure({ failed: { v: 1, code: r.code, message: typeof r.message === 'string' ? r.message : 'no reason given' } })!;
+  console.error(terminalSafe(`producer: the consumer failed: ${failure.code ? `[${failure.code}] ` : ''}${failure.message}`));
+  return 1;
 }
 
 async function produceHost(link: Link<Ready | Reply, Handoff>, at: string, n: number): Promise<number> {
@@ -141,10 +157,7 @@ async function produceHost(link: Link<Ready | Reply, Handoff>, at: string, n: nu
   console.log(`producer: consumer connected from ${at}; sending ${firstFive(values)}, ... in host memory (a TCP link carries a copy of its bytes)`);
   link.send({ buffer, elements: n });
   const reply = await link.receive<Reply>();
-  if (!reply.ok) {
-    console.error(`producer: the consumer reported a failure: ${reply.message}`);
-    return 1;
-  }
+  if (!reply.ok) return consumerFailed(reply);
   if (!('buffer' in reply)) throw new IpcError('ERR_FRAME_INVALID', 'the consumer answered host memory with device memory');
   try {
     const back = floats(reply.buffer);
@@ -174,10 +187,7 @@ async function produceDevice(link: Link<Ready | Reply, Handoff>, at: string, dev
   console.log(`producer: consumer connected from ${at}; sending ${firstFive(host)}, ... from device ${device.ordinal} (${device.name}) over NCCL`);
   link.send({ array, elements: n });
   const reply = await link.receive<Reply>();
-  if (!reply.ok) {
-    console.error(`producer: the consumer reported a failure: ${reply.message}`);
-    return 1;
-  }
+  if (!reply.ok) return consumerFailed(reply);
   if (!('array' in reply)) throw new IpcError('ERR_FRAME_INVALID', 'the consumer answered device memory with host memory');
   try {
     const back = reply.array.read() as Float32Array;
@@ -211,16 +221,26 @@ export async function consumeOverTcp(args: ParsedArgs, url: string): Promise<num
     throw cliAuthError(e, `the listener at ${target}`);
   });
   try {
-    const why = whyNoGpu(ordinal);
-    if (why === undefined) setLinkWorkingDevice(link, Device.get(ordinal));
-    link.send(why === undefined ? { device: true } : { device: false, why });
-    const handoff = await link.receive({ timeout: timeoutMs });
+    let handoff: Handoff;
+    try {
+      const why = whyNoGpu(ordinal);
+      if (why === undefined) setLinkWorkingDevice(link, Device.get(ordinal));
+      link.send(why === undefined ? { device: true } : { device: false, why });
+      handoff = await link.receive({ timeout: timeoutMs });
+    } catch (e) {
+      // E.g. ERR_NCCL receiving device memory: the producer prints the same cause.
+      await tellPeer<Ready | Reply>(link, e, failedReply(e));
+      throw e;
+    }
+    const failed = peerFailure(handoff);
+    if (failed) throw failedPeerError(`the producer at ${target}`, failed);
+    if ('failed' in handoff) throw new IpcError('ERR_FRAME_INVALID', `the producer at ${target} sent a failure this consumer cannot read`);
     const reply = 'array' in handoff ? await consumeDevice(handoff.array, handoff.elements) : consumeHost(handoff.buffer, handoff.elements);
     link.send(reply);
     if ('array' in handoff) handoff.array.buffer.close();
     else handoff.buffer.close();
     await link.end();
-    if (!reply.ok) throw new Error(reply.message);
+    if (!reply.ok) throw failedPeerError('', reply);
     return 0;
   } finally {
     link.close();
@@ -238,7 +258,7 @@ function consumeHost(buffer: HostBuffer, elements: number): Reply {
     console.log(`consumer: verified every element and doubled them in its copy: ${firstFive(values)}, ...; sending it back`);
     return { ok: true, buffer };
   } catch (e) {
-    return { ok: false, message: (e as Error).message };
+    return failedReply(e);
   }
 }
 
@@ -254,6 +274,6 @@ async function consumeDevice(array: DeviceArray<'float32'>, elements: number): P
     console.log('consumer: verified every element and doubled them on this GPU; sending them back over NCCL');
     return { ok: true, array };
   } catch (e) {
-    return { ok: false, message: (e as Error).message };
+    return failedReply(e);
   }
 }
