@@ -14,7 +14,7 @@ export interface CommandSpec extends ArgsSpec {
   run(args: ParsedArgs): Promise<number>;
 }
 
-const device = { type: 'string', value: 'D', help: 'device ordinal (default 0); where there is no GPU, giving it is a usage error' } as const;
+const device = { type: 'string', value: 'D', help: 'device ordinal (default: CUDA_IPC_DEVICE where set, an ordinal or a GPU-... UUID, else 0); where there is no GPU, giving either is a usage error' } as const;
 const json = { type: 'boolean', help: 'print JSON instead of text, for scripts' } as const;
 const dir = { type: 'string', value: 'DIR', help: 'read the records in DIR instead of this user\'s default (see ENVIRONMENT in cuda-ipc --help)' } as const;
 const tokenFile = { type: 'string', value: 'FILE', help: 'over TCP: read the shared token from FILE instead of CUDA_IPC_TOKEN (a token is never taken from the command line)' } as const;
@@ -118,7 +118,7 @@ export const commands: readonly CommandSpec[] = [
     options: {
       timeout: { type: 'string', value: 'SECONDS', help: 'how long to wait for FILE to appear, or for the producer to listen (default 60)' },
       'token-file': tokenFile,
-      device: { ...device, help: 'over TCP: the GPU to receive device memory on (default 0)' },
+      device: { ...device, help: 'over TCP: the GPU to receive device memory on (default: CUDA_IPC_DEVICE where set, else 0)' },
     },
     positionals: [{ name: 'FILE', required: true, help: 'give the descriptor file the producer writes, e.g. cuda-ipc consume handle.json, or tcp://HOST:PORT of a producer started with --listen' }],
     examples: ['cuda-ipc consume handle.json', 'cuda-ipc consume /tmp/h.json --timeout 10', 'cuda-ipc consume tcp://10.0.0.2:5000 --token-file ~/.cuda-ipc-token'],

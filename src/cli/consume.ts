@@ -8,7 +8,7 @@ import { parseDescriptorJson } from '../ipc/descriptor.js';
 import { Deadline, writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
 import { secondsOption, UsageError, type ParsedArgs } from './args.js';
 import { isLinkUrl } from '../link/link-url.js';
-import { whyNoGpu } from './availability.js';
+import { deviceChoice, whyNoGpu } from './availability.js';
 import { findMismatch, firstFive } from './pattern.js';
 import { consumeOnHost, isHostDescriptor, processGone } from './host-handoff.js';
 
@@ -54,6 +54,9 @@ export async function consume(args: ParsedArgs): Promise<number> {
     ack(false, message);  // the producer stops waiting
     throw new IpcError('ERR_UNSUPPORTED', message);
   }
+  // CUDA_IPC_DEVICE, where set, is the device the library maps the memory for: checked as the
+  // CLI checks it (an ordinal becomes the UUID the library reads).
+  deviceChoice(args);
   let ok = false;
   try {
     using array = openIpcArray(desc);

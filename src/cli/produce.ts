@@ -5,8 +5,8 @@ import { Device } from '../cuda/device.js';
 import { DeviceArray } from '../arrays/device-array.js';
 import { descriptorToJson } from '../ipc/descriptor.js';
 import { Deadline, removeIfSame, writeFileAtomic, waitForFile, checkFileArgument, checkNothingThere, onSignalsRemove, type FileIdentity } from './files.js';
-import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
-import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
+import { countOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
+import { checkDeviceOrdinal, deviceChoice, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive } from './pattern.js';
 import { produceOnHost } from './host-handoff.js';
 import { terminalSafe } from './terminal-text.js';
@@ -34,11 +34,12 @@ export async function produce(args: ParsedArgs): Promise<number> {
   const doneFile = `${out}.done`;
   const n = countOption(args, 'elements', 1 << 20);
   const deadline = new Deadline(secondsOption(args, 'timeout', 600));
-  const ordinal = ordinalOption(args, 'device');
+  const dev = deviceChoice(args);
+  const ordinal = dev.ordinal;
   checkFileArgument(out, '--out', `--out ${out.replace(/\/+$/, '')}/handle.json`, { writes: true });
   const force = args.values.force === true;
   checkNothingThere(out, doneFile, force);
-  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'share host shared memory instead');
+  checkDeviceOrdinal(ordinal, dev.explicit, 'share host shared memory instead', dev.option);
   const why = whyNoGpu(ordinal);
   if (why !== undefined) {
     console.log(`produce: no usable GPU here (${why}); sharing host shared memory (memfd) through a link instead`);

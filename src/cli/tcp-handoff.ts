@@ -16,8 +16,8 @@ import { DeviceArray } from '../arrays/device-array.js';
 import { connect, listen, setLinkWorkingDevice, type Link } from '../link/index.js';
 import { isLinkUrl, type LinkUrl } from '../link/link-url.js';
 import { MIN_TOKEN_BYTES, TOKEN_ENV } from '../link/tcp-auth.js';
-import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
-import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
+import { countOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
+import { checkDeviceOrdinal, deviceChoice, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
 import { failedPeerError, failedReply, peerFailure, tellPeer, type Failed } from './peer-failure.js';
 import { terminalSafe } from './terminal-text.js';
@@ -105,8 +105,9 @@ export async function produceOverTcp(args: ParsedArgs, listenAt: string): Promis
   const url = cliUrl(listenAt, '--listen');
   const n = countOption(args, 'elements', 1 << 20);
   const timeoutMs = secondsOption(args, 'timeout', 600);
-  const ordinal = ordinalOption(args, 'device');
-  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'share host memory instead');
+  const dev = deviceChoice(args);
+  const ordinal = dev.ordinal;
+  checkDeviceOrdinal(ordinal, dev.explicit, 'share host memory instead', dev.option);
   const token = cliToken(args);
   const noGpu = whyNoGpu(ordinal);
   const listener = await listen(url, { token });
@@ -213,8 +214,9 @@ async function produceDevice(link: Link<Ready | Reply, Handoff>, at: string, dev
 export async function consumeOverTcp(args: ParsedArgs, url: string): Promise<number> {
   const target = cliUrl(url, 'consume');
   const timeoutMs = secondsOption(args, 'timeout', 60);
-  const ordinal = ordinalOption(args, 'device');
-  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'take host memory instead');
+  const dev = deviceChoice(args);
+  const ordinal = dev.ordinal;
+  checkDeviceOrdinal(ordinal, dev.explicit, 'take host memory instead', dev.option);
   const token = cliToken(args);
   console.log(`consumer ${process.pid}: connecting to ${target} (waiting up to ${timeoutMs / 1000} s for the producer: cuda-ipc produce --listen ...)`);
   const link = await connect<Handoff, Ready | Reply>(target, { timeout: timeoutMs, token }).catch((e: unknown) => {
