@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { spawn as spawnProcess, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import {
-  existsSync, lchownSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, truncateSync, writeFileSync,
+  existsSync, lchownSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, truncateSync, unlinkSync, writeFileSync,
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -81,6 +81,15 @@ test('produce/consume in a shared directory: symlinks planted at the names they 
     theirs(p);
   }
   const { env } = runtimeEnv();
+  // FILE itself taken by the attacker's symlink: produce never writes over it (issue 39.1), --force neither.
+  for (const force of [[], ['--force']]) {
+    const refused = await run(['produce', '--out', file, '--elements', '16', '--timeout', '60', ...force], env);
+    assert.equal(refused.code, 2, refused.out + refused.err);
+    assert.match(refused.err, new RegExp(`--out .*handle\\.json already holds a symbolic link \\(owned by uid ${nobody.uid}\\)`));
+  }
+  assert.ok(lstatSync(file).isSymbolicLink(), 'the attacker\'s name is left as it is');
+  assert.equal(secret.state(), 'unchanged');
+  unlinkSync(file); // the name is free again: the flow runs with the temporary names still planted
   let consumer: Promise<Run> | undefined;
   const producer = run(['produce', '--out', file, '--elements', '4096', '--timeout', '60'], env, (out) => {
     if (!consumer && /descriptor written/.test(out)) consumer = run(['consume', file, '--timeout', '60'], env);
@@ -92,7 +101,7 @@ test('produce/consume in a shared directory: symlinks planted at the names they 
   assert.equal(secret.state(), 'unchanged');
   assert.equal(existsSync(file), false, 'the producer removed the descriptor it wrote');
   assert.ok(lstatSync(`${file}.tmp-${last + 1}`).isSymbolicLink(), 'what the attacker planted is not this process\'s to delete');
-  report(`produce --out / consume in a sticky directory, ${planted.length} symlinks to the victim's file planted at FILE and the temp names`, 'flow done (exit 0 both); temporaries are new O_EXCL names, FILE replaced by rename', `secret ${secret.state()}`);
+  report(`produce --out / consume in a sticky directory, ${planted.length} symlinks to the victim's file planted at FILE and the temp names`, 'FILE taken: exit 2, left as it is (--force too); FILE free: flow done (exit 0 both), temporaries are new O_EXCL names published by link()', `secret ${secret.state()}`);
 });
 
 test('consume and produce on a FIFO, /dev/zero, a huge file, a planted report: refused at once, nothing hangs', { skip }, async () => {
@@ -116,7 +125,11 @@ test('consume and produce on a FIFO, /dev/zero, a huge file, a planted report: r
   const out = join(dir, 'p.json');
   assert.equal(spawnSync('mkfifo', [`${out}.done`]).status, 0);
   theirs(`${out}.done`);
-  cases.push(['produce waiting on a report name planted as a FIFO', ['produce', '--out', out, '--elements', '16', '--timeout', '2'], /ERR_FILE_UNSAFE|ERR_TIMEOUT/]);
+  const producer = await run(['produce', '--out', out, '--elements', '16', '--timeout', '2'], runtimeEnv().env);
+  assert.equal(producer.code, 2, producer.out + producer.err);
+  assert.match(producer.err, new RegExp(`the consumer's report name .*p\\.json\\.done already holds a FIFO \\(owned by uid ${nobody.uid}\\)`));
+  assert.ok(lstatSync(`${out}.done`).isFIFO());
+  report('produce with its report name planted as a FIFO', 'refused before anything is written (exit 2)', 'the FIFO left as it is');
   for (const [what, args, expect] of cases) {
     const r = await run(args, runtimeEnv().env);
     assert.equal(r.signal, null, `${what}: did not end by itself`);
