@@ -64,7 +64,8 @@ async function within<T>(deadline: Deadline, what: string, wait: (timeout: numbe
     return await wait(left);
   } catch (e) {
     if ((e as { code?: string }).code !== 'ERR_TIMEOUT') throw e;
-    const why = ((e as { cause?: unknown }).cause as Error | undefined)?.message;
+    // The library's message names its option ('the timeout option'): here the bound is --timeout, said once.
+    const why = ((e as { cause?: unknown }).cause as Error | undefined)?.message?.replace(/ \(the timeout option\)/g, '');
     throw new IpcError('ERR_TIMEOUT', `${what} within ${deadline}${why ? ` (${why})` : ''}`, { cause: e });
   }
 }
