@@ -10,7 +10,10 @@ import { checkSignal, invalidArgType, outOfRange, received } from './arg-errors.
 export interface WaitOptions {
   /** Gives up when the signal aborts: the promise rejects with an AbortError (code ABORT_ERR). */
   signal?: AbortSignal;
-  /** Gives up after this many milliseconds: the promise rejects with ERR_TIMEOUT. */
+  /**
+   * Gives up after this many milliseconds: the promise rejects with ERR_TIMEOUT. At most
+   * 2147483647 (2^31-1, what a timer holds; more is a RangeError ERR_OUT_OF_RANGE); Infinity: never.
+   */
   timeout?: number;
 }
 
