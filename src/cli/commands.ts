@@ -122,7 +122,7 @@ export const commands: readonly CommandSpec[] = [
     },
     positionals: [{ name: 'FILE', required: true, help: 'give the descriptor file the producer writes, e.g. cuda-ipc consume handle.json, or tcp://HOST:PORT of a producer started with --listen' }],
     examples: ['cuda-ipc consume handle.json', 'cuda-ipc consume /tmp/h.json --timeout 10', 'cuda-ipc consume tcp://10.0.0.2:5000 --token-file ~/.cuda-ipc-token'],
-    exitNotes: 'A FILE that does not appear within --timeout, is not a producer\'s descriptor, or describes GPU memory on a machine without a usable GPU: 1.',
+    exitNotes: 'A FILE that does not appear within --timeout, is not a producer\'s descriptor, describes GPU memory on a machine without a usable GPU, or was left by a producer that is gone (at once, with that cause): 1.',
     async run(args) {
       return (await import('./consume.js')).consume(args);
     },
