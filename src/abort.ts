@@ -10,7 +10,10 @@ import { checkSignal, invalidArgType, outOfRange, received } from './arg-errors.
 export interface WaitOptions {
   /** Gives up when the signal aborts: the promise rejects with an AbortError (code ABORT_ERR). */
   signal?: AbortSignal;
-  /** Gives up after this many milliseconds: the promise rejects with ERR_TIMEOUT. */
+  /**
+   * Gives up after this many milliseconds: the promise rejects with ERR_TIMEOUT. At most
+   * 2147483647 (2^31-1, what a timer holds; more is a RangeError ERR_OUT_OF_RANGE); Infinity: never.
+   */
   timeout?: number;
 }
 
@@ -33,12 +36,21 @@ export function timeoutError(ms: number, what: string): IpcError {
   return new IpcError('ERR_TIMEOUT', `${what} did not finish within ${ms} ms (the timeout option); wait longer, or find out why the other side is stuck`);
 }
 
-/** Checks `options.timeout`: a non-negative number of milliseconds (Infinity: none), or undefined. */
+/** The longest delay a timer holds (2^31-1 ms, about 24.8 days): Node fires a longer one at once, with a TimeoutOverflowWarning. */
+export const MAX_TIMEOUT_MS = 2 ** 31 - 1;
+
+/**
+ * Checks `options.timeout`: a non-negative number of milliseconds up to MAX_TIMEOUT_MS (what a
+ * timer can hold), Infinity for none, or undefined.
+ */
 export function checkTimeout(value: unknown, name = 'options.timeout'): number | undefined {
   if (value === undefined) return undefined;
   if (typeof value !== 'number') throw invalidArgType(`The "${name}" property must be of type number. ${received(value)}`);
-  if (Number.isNaN(value) || value < 0) throw outOfRange(`The value of "${name}" is out of range. It must be a non-negative number of milliseconds. Received ${value}`);
-  return value === Infinity ? undefined : value;
+  if (value === Infinity) return undefined;
+  if (Number.isNaN(value) || value < 0 || value > MAX_TIMEOUT_MS) {
+    throw outOfRange(`The value of "${name}" is out of range. It must be a non-negative number of milliseconds up to ${MAX_TIMEOUT_MS} (2^31-1, what a timer can hold), or Infinity for none. Received ${value}`);
+  }
+  return value;
 }
 
 /** Checks a wait's options (signal, timeout): TypeError / RangeError with Node's codes. */

@@ -3,7 +3,7 @@
 // bound. What the library and the CLI create, rename or delete goes through these functions; see
 // docs/SECURITY.md for the threat model.
 import { randomBytes } from 'node:crypto';
-import { closeSync, constants, fstatSync, lstatSync, openSync, readSync, renameSync, unlinkSync, writeSync, type Stats } from 'node:fs';
+import { closeSync, constants, fstatSync, linkSync, lstatSync, openSync, readSync, renameSync, unlinkSync, writeSync, type Stats } from 'node:fs';
 import { open, type FileHandle } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { IpcError } from './errors.js';
@@ -144,45 +144,138 @@ export async function readRegularFileAsync(path: string, maxBytes: number, what:
 }
 
 /**
- * Writes `data` to `path` atomically: into a new file of a random name in the same directory,
- * created with O_EXCL | O_NOFOLLOW (so a name planted there beforehand, a symlink included, is
- * never opened), then renamed over `path` (rename replaces a symlink at `path`, never follows it).
- * Returns the identity of the file now at `path`, for removeIfSame(). The temporary is removed if
- * anything fails.
+ * What writeFileAtomic may do with an entry already at `path`:
+ * - 'never' (the default): nothing may be there; a name someone else made is never replaced.
+ * - 'own-regular-file': a regular file this user owns is replaced (an explicit save, `--force`);
+ *   a symlink, a directory, a FIFO, a device, a socket or another user's file never is.
+ * - a FileIdentity: only the file this process wrote there before (its own earlier version).
  */
-export function writeFileAtomic(path: string, data: string | Uint8Array | readonly Uint8Array[], mode = 0o600): FileIdentity {
-  const dir = dirname(path);
+export type ReplacePolicy = 'never' | 'own-regular-file' | FileIdentity;
+
+export interface WriteOptions {
+  /** The new file's mode (before the umask); default 0o600. */
+  mode?: number;
+  /** What may be replaced at `path` (default 'never'). */
+  replace?: ReplacePolicy;
+  /** Names the file in messages, e.g. 'the descriptor' (default 'the file'). */
+  what?: string;
+}
+
+/**
+ * Why the entry at `path` may not be replaced under `policy`, or undefined when it may (or when
+ * nothing is there). Never follows a symlink.
+ */
+export function whyNotReplace(path: string, policy: ReplacePolicy): string | undefined {
+  let st: Stats;
+  try {
+    st = lstatSync(path);
+  } catch (e) {
+    if ((e as { code?: string }).code === 'ENOENT') return undefined;
+    return `cannot be checked (${(e as Error).message})`;
+  }
+  const what = st.isFile() ? `a regular file of ${st.size} bytes` : kindOf(st);
+  const owner = st.uid === process.getuid?.() ? 'yours' : `owned by uid ${st.uid}`;
+  if (typeof policy === 'object') {
+    return sameFile(identityOf(st), policy) ? undefined : `now holds ${what} (${owner}) that this process did not write`;
+  }
+  if (policy === 'own-regular-file' && st.isFile() && st.uid === process.getuid?.()) return undefined;
+  if (policy === 'own-regular-file') return `already holds ${what} (${owner}), which is never replaced`;
+  return `already holds ${what} (${owner})`;
+}
+
+/** Writes every chunk to `fd`. */
+function writeAll(fd: number, chunks: readonly Uint8Array[]): void {
+  for (const c of chunks) {
+    let done = 0;
+    while (done < c.byteLength) done += writeSync(fd, c, done, c.byteLength - done);
+  }
+}
+
+/**
+ * Creates `path` as a new file (O_CREAT | O_EXCL | O_NOFOLLOW: nothing there is opened, a symlink
+ * included), writes `data` into it and returns its identity, for removeIfSame(). EEXIST passes
+ * through; a file made but not fully written is removed.
+ */
+export function createFileExclusive(path: string, data: string | Uint8Array | readonly Uint8Array[], mode = 0o600): FileIdentity {
   const chunks = typeof data === 'string' ? [Buffer.from(data)] : data instanceof Uint8Array ? [data] : data;
-  let fd = -1;
+  const fd = openSync(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
+  let identity: FileIdentity | undefined;
+  try {
+    identity = identityOf(fstatSync(fd));
+    writeAll(fd, chunks);
+  } catch (e) {
+    closeSync(fd);
+    removeIfSame(path, identity);
+    throw e;
+  }
+  closeSync(fd);
+  return identity;
+}
+
+/**
+ * Writes `data` to `path` atomically, never over what options.replace does not allow (by default
+ * nothing may be at `path`): into a new file of a random name in the same directory (created with
+ * O_EXCL | O_NOFOLLOW, so a name planted there is never opened), then published at `path`: by a
+ * hard link when nothing may be replaced (link() fails on any existing entry, atomically), else by
+ * rename over the checked entry (rename replaces a name, never follows it). A reader never sees
+ * half a file. Returns the identity of the file now at `path`, for removeIfSame(); the temporary
+ * is removed whatever happens.
+ * @throws IpcError ERR_FILE_UNSAFE when something is at `path` that may not be replaced (the
+ * message says what is there); the system error for a directory it cannot write.
+ */
+export function writeFileAtomic(path: string, data: string | Uint8Array | readonly Uint8Array[], options: WriteOptions = {}): FileIdentity {
+  const policy = options.replace ?? 'never';
+  const what = options.what ?? 'the file';
+  const refuse = (why: string) =>
+    new IpcError('ERR_FILE_UNSAFE', `${what} ${path} ${why}; it was left as it is: remove it or write elsewhere`);
+  const before = whyNotReplace(path, policy);
+  if (before !== undefined) throw refuse(before);
+  const dir = dirname(path);
   let tmp = '';
-  for (let attempt = 0; fd < 0; attempt++) {
+  let identity: FileIdentity | undefined;
+  for (let attempt = 0; identity === undefined; attempt++) {
     tmp = join(dir, `.${basename(path)}.${randomBytes(6).toString('hex')}.tmp`);
     try {
-      fd = openSync(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW, mode);
+      identity = createFileExclusive(tmp, data, options.mode ?? 0o600);
     } catch (e) {
       if ((e as { code?: string }).code !== 'EEXIST' || attempt >= 8) throw e;
     }
   }
-  let identity: FileIdentity;
   try {
-    for (const c of chunks) {
-      let done = 0;
-      while (done < c.byteLength) done += writeSync(fd, c, done, c.byteLength - done);
+    if (!publishNew(tmp, path)) {
+      // Something is there: replaced only if the policy allows what it is now.
+      const why = whyNotReplace(path, policy);
+      if (why !== undefined || policy === 'never') throw refuse(why ?? 'already exists');
+      renameSync(tmp, path);
     }
-    identity = identityOf(fstatSync(fd));
-  } catch (e) {
-    closeSync(fd);
-    removeIfSame(tmp, undefined);
-    throw e;
-  }
-  closeSync(fd);
-  try {
-    renameSync(tmp, path);
-  } catch (e) {
+  } finally {
     removeIfSame(tmp, identity);
-    throw e;
   }
   return identity;
+}
+
+/**
+ * Gives the file `tmp` the name `path` if nothing has it: true when it did, false when `path`
+ * exists. link() is atomic; on a filesystem without hard links, rename after a check (a name
+ * made in between is replaced: only someone who may write the directory can do that).
+ */
+function publishNew(tmp: string, path: string): boolean {
+  try {
+    linkSync(tmp, path);
+    return true;
+  } catch (e) {
+    const code = (e as { code?: string }).code;
+    if (code === 'EEXIST') return false;
+    if (code !== 'EPERM' && code !== 'ENOTSUP' && code !== 'EOPNOTSUPP' && code !== 'EMLINK') throw e;
+  }
+  try {
+    lstatSync(path);
+    return false;
+  } catch (e) {
+    if ((e as { code?: string }).code !== 'ENOENT') throw e;
+  }
+  renameSync(tmp, path);
+  return true;
 }
 
 /**

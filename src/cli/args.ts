@@ -137,13 +137,28 @@ export function countOption(args: ParsedArgs, name: string, fallback: number): n
   return n;
 }
 
-/** A positive number of seconds, returned in milliseconds. */
+/** The longest delay a Node.js timer holds (2^31-1 ms, about 24.8 days); longer ones fire at once. */
+export const MAX_TIMER_MS = 2 ** 31 - 1;
+/** MAX_TIMER_MS in whole seconds: the most any duration option takes. */
+export const MAX_SECONDS = Math.floor(MAX_TIMER_MS / 1000);
+
+/** A positive number of seconds, at most MAX_SECONDS (what a timer can hold), returned in whole milliseconds (at least 1). */
 export function secondsOption(args: ParsedArgs, name: string, fallbackSeconds: number): number {
   const value = stringValue(args, name);
   if (value === undefined) return fallbackSeconds * 1000;
   const s = value.trim() === '' ? NaN : Number(value);
   if (!Number.isFinite(s) || s <= 0) throw new UsageError(`--${name} must be a positive number of seconds, got '${value}'`);
-  return s * 1000;
+  if (s > MAX_SECONDS) {
+    throw new UsageError(`--${name} ${value} is longer than a timer can wait: at most ${MAX_SECONDS} seconds (2^31-1 ms, about 24.8 days)`);
+  }
+  return Math.max(1, Math.round(s * 1000));
+}
+
+/** A positive whole number of milliseconds (e.g. demo's --ms), at most MAX_TIMER_MS, or `fallback`. */
+export function millisecondsOption(args: ParsedArgs, name: string, fallback: number): number {
+  const ms = countOption(args, name, fallback);
+  if (ms > MAX_TIMER_MS) throw new UsageError(`--${name} ${ms} is longer than a timer can wait: at most ${MAX_TIMER_MS} ms (2^31-1, about 24.8 days)`);
+  return ms;
 }
 
 /** A device ordinal (default 0). */

@@ -3,13 +3,55 @@
 // CUDA samples' convention), so scripts can tell "not here" from "failed".
 import { probeDriver } from '../cuda/driver.js';
 import { Device } from '../cuda/device.js';
-import { UsageError } from './args.js';
+import { ordinalOption, UsageError, type ParsedArgs } from './args.js';
+import { WORKING_DEVICE_ENV } from '../cuda/device.js';
+import { terminalSafe } from './terminal-text.js';
 
 export interface GpuNeeds {
   /** IPC memory pools shared through POSIX file descriptors. */
   pools?: boolean;
   /** Interprocess events. */
   ipcEvents?: boolean;
+}
+
+/** Where a command's device came from, for its checks and messages. */
+export interface DeviceChoice {
+  readonly ordinal: number;
+  /** Given on purpose (--device, or CUDA_IPC_DEVICE): a machine without that GPU is a usage error. */
+  readonly explicit: boolean;
+  /** How messages name it: '--device' or 'CUDA_IPC_DEVICE'. */
+  readonly option: string;
+}
+
+/**
+ * The device of a command: --device, else CUDA_IPC_DEVICE where it is set (an ordinal, or a
+ * device UUID 'GPU-...', the form spawn({ device }) sets), else 0. CUDA_IPC_DEVICE is checked like
+ * the flag (a usage error for anything else); an ordinal there is rewritten to the device's UUID
+ * where the GPU exists, the form the library (and any child) reads, so that it works on the same one.
+ */
+export function deviceChoice(args: ParsedArgs): DeviceChoice {
+  if (args.values.device !== undefined) return { ordinal: ordinalOption(args, 'device'), explicit: true, option: '--device' };
+  const env = process.env[WORKING_DEVICE_ENV];
+  if (env === undefined || env.trim() === '') return { ordinal: 0, explicit: false, option: '--device' };
+  const option = WORKING_DEVICE_ENV;
+  const value = env.trim();
+  if (/^\d+$/.test(value) && Number.isSafeInteger(Number(value))) {
+    const ordinal = Number(value);
+    try {
+      if (probeDriver().ok && ordinal < Device.all().length) process.env[WORKING_DEVICE_ENV] = Device.get(ordinal).uuid;
+    } catch {
+      // No usable driver: checkDeviceOrdinal says so.
+    }
+    return { ordinal, explicit: true, option };
+  }
+  if (/^GPU-[0-9a-f-]+$/i.test(value)) {
+    const probe = probeDriver();
+    if (!probe.ok) throw new UsageError(`${option}=${terminalSafe(value)}: there is no GPU here to choose (${probe.error.message}); unset ${option} to run without one`);
+    const found = Device.all().findIndex((d) => d.uuid.toLowerCase() === value.toLowerCase());
+    if (found < 0) throw new UsageError(`${option}=${terminalSafe(value)}: no device here has that UUID (see cuda-ipc info), or give an ordinal (0, 1, ...)`);
+    return { ordinal: found, explicit: true, option };
+  }
+  throw new UsageError(`${option} must be a device ordinal (0, 1, ...) or a device UUID (GPU-...), got '${terminalSafe(env)}'; fix or unset it`);
 }
 
 /**
@@ -32,12 +74,15 @@ export function checkDeviceOrdinal(ordinal: number, explicit: boolean, withoutDe
       why = (e as Error).message;
     }
   }
+  // --device 1, or CUDA_IPC_DEVICE=1 (an environment variable is unset, not left out).
+  const env = option === WORKING_DEVICE_ENV;
+  const given = env ? `${option}=${ordinal}` : `${option} ${ordinal}`;
   if (why !== undefined) {
-    if (explicit) throw new UsageError(`${option} ${ordinal}: there is no GPU here to choose (${why}); leave ${option} out to ${withoutDevice}`);
+    if (explicit) throw new UsageError(`${given}: there is no GPU here to choose (${why}); ${env ? 'unset' : 'leave'} ${option}${env ? '' : ' out'} to ${withoutDevice}`);
     return;
   }
   if (ordinal >= count) {
-    throw new UsageError(`${option} ${ordinal}: there is no device ${ordinal}; this machine has ${count} (${option} 0${count > 1 ? ` to ${count - 1}` : ''}; see cuda-ipc info)`);
+    throw new UsageError(`${given}: there is no device ${ordinal}; this machine has ${count} (${env ? `${option}=` : `${option} `}0${count > 1 ? ` to ${count - 1}` : ''}; see cuda-ipc info)`);
   }
 }
 

@@ -14,7 +14,7 @@ export interface CommandSpec extends ArgsSpec {
   run(args: ParsedArgs): Promise<number>;
 }
 
-const device = { type: 'string', value: 'D', help: 'device ordinal (default 0); where there is no GPU, giving it is a usage error' } as const;
+const device = { type: 'string', value: 'D', help: 'device ordinal (default: CUDA_IPC_DEVICE where set, an ordinal or a GPU-... UUID, else 0); where there is no GPU, giving either is a usage error' } as const;
 const json = { type: 'boolean', help: 'print JSON instead of text, for scripts' } as const;
 const dir = { type: 'string', value: 'DIR', help: 'read the records in DIR instead of this user\'s default (see ENVIRONMENT in cuda-ipc --help)' } as const;
 const tokenFile = { type: 'string', value: 'FILE', help: 'over TCP: read the shared token from FILE instead of CUDA_IPC_TOKEN (a token is never taken from the command line)' } as const;
@@ -91,7 +91,8 @@ export const commands: readonly CommandSpec[] = [
       'With --listen tcp://HOST:PORT instead of --out it serves a consumer on another machine over a TCP link: device memory moved over NCCL where both machines ' +
       'have a GPU, else host memory, copied; the consumer doubles its copy and sends it back. Both sides need the same token, from CUDA_IPC_TOKEN or --token-file.',
     options: {
-      out: { type: 'string', value: 'FILE', help: 'where to write the descriptor, e.g. --out handle.json (this machine)' },
+      out: { type: 'string', value: 'FILE', help: 'where to write the descriptor, e.g. --out handle.json (this machine); a new file: an existing FILE or FILE.done is refused (2)' },
+      force: { type: 'boolean', help: 'with --out: replace a regular file of your own at FILE (and remove one at FILE.done); never a symlink, FIFO, device or directory' },
       listen: { type: 'string', value: 'URL', help: 'serve another machine instead: listen at tcp://HOST:PORT, HOST an address of this machine (0.0.0.0: all; port 0: any free one)' },
       'token-file': tokenFile,
       elements: { type: 'string', value: 'N', help: 'float32 elements (default 1048576)' },
@@ -117,11 +118,11 @@ export const commands: readonly CommandSpec[] = [
     options: {
       timeout: { type: 'string', value: 'SECONDS', help: 'how long to wait for FILE to appear, or for the producer to listen (default 60)' },
       'token-file': tokenFile,
-      device: { ...device, help: 'over TCP: the GPU to receive device memory on (default 0)' },
+      device: { ...device, help: 'over TCP: the GPU to receive device memory on (default: CUDA_IPC_DEVICE where set, else 0)' },
     },
     positionals: [{ name: 'FILE', required: true, help: 'give the descriptor file the producer writes, e.g. cuda-ipc consume handle.json, or tcp://HOST:PORT of a producer started with --listen' }],
     examples: ['cuda-ipc consume handle.json', 'cuda-ipc consume /tmp/h.json --timeout 10', 'cuda-ipc consume tcp://10.0.0.2:5000 --token-file ~/.cuda-ipc-token'],
-    exitNotes: 'A FILE that does not appear within --timeout, is not a producer\'s descriptor, or describes GPU memory on a machine without a usable GPU: 1.',
+    exitNotes: 'A FILE that does not appear within --timeout, is not a producer\'s descriptor, describes GPU memory on a machine without a usable GPU, or was left by a producer that is gone (at once, with that cause): 1.',
     async run(args) {
       return (await import('./consume.js')).consume(args);
     },

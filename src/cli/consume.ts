@@ -8,9 +8,9 @@ import { parseDescriptorJson } from '../ipc/descriptor.js';
 import { Deadline, writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
 import { secondsOption, UsageError, type ParsedArgs } from './args.js';
 import { isUrl } from '../link/link-url.js';
-import { whyNoGpu } from './availability.js';
+import { deviceChoice, whyNoGpu } from './availability.js';
 import { findMismatch, firstFive } from './pattern.js';
-import { consumeOnHost, isHostDescriptor } from './host-handoff.js';
+import { consumeOnHost, isHostDescriptor, processGone } from './host-handoff.js';
 
 export async function consume(args: ParsedArgs): Promise<number> {
   const file = args.positionals[0]!; // required by the parser
@@ -20,7 +20,8 @@ export async function consume(args: ParsedArgs): Promise<number> {
   if (args.values.device !== undefined) throw new UsageError('--device goes with a tcp://HOST:PORT producer; FILE names the device its memory is on');
   const deadline = new Deadline(secondsOption(args, 'timeout', 60));
   checkFileArgument(file, 'FILE', `cuda-ipc consume ${file.replace(/\/+$/, '')}/handle.json`, { writes: true });
-  const ack = (ok: boolean, message?: string) => writeFileAtomic(`${file}.done`, JSON.stringify({ ok, pid: process.pid, message }) + '\n');
+  // A new file: a FILE.done already there (anyone's) is never written over (ERR_FILE_UNSAFE).
+  const ack = (ok: boolean, message?: string) => writeFileAtomic(`${file}.done`, JSON.stringify({ ok, pid: process.pid, message }) + '\n', { what: 'the report' });
 
   if (!existsSync(file)) console.log(`consume: waiting up to ${deadline.ms / 1000} s for ${file} (start \`cuda-ipc produce --out ${file}\` in another terminal)`);
   // The user named FILE: a symlink there is followed, but only to a regular file of a descriptor's size.
@@ -42,12 +43,21 @@ export async function consume(args: ParsedArgs): Promise<number> {
     const err = e as IpcError;
     throw new IpcError(err.code ?? 'ERR_DESCRIPTOR_INVALID', `${file} is not a descriptor that \`cuda-ipc produce\` writes: ${err.message}`, { cause: e });
   }
+  // Memory shared by a legacy handle dies with its process: a descriptor whose producer no longer
+  // runs (killed: it could not remove FILE) describes nothing, and no wait will change that.
+  if (processGone(desc.pid)) {
+    // No report: nobody waits for one, and it would be a file left behind.
+    throw new IpcError('ERR_HANDLE_STALE', `${file} describes memory of process ${desc.pid}, which no longer runs: the memory went with it (a killed producer leaves its descriptor behind); remove ${file} and start \`cuda-ipc produce --out ${file}\` again`);
+  }
   const why = whyNoGpu(0);
   if (why !== undefined) {
     const message = `${file} describes GPU memory (device ${desc.deviceUuid}), and this process has no usable GPU: ${why}`;
     ack(false, message);  // the producer stops waiting
     throw new IpcError('ERR_UNSUPPORTED', message);
   }
+  // CUDA_IPC_DEVICE, where set, is the device the library maps the memory for: checked as the
+  // CLI checks it (an ordinal becomes the UUID the library reads).
+  deviceChoice(args);
   let ok = false;
   try {
     using array = openIpcArray(desc);

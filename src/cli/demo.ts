@@ -12,8 +12,8 @@ import { Event } from '../cuda/event.js';
 import { BuiltinKernels } from '../cuda/builtins.js';
 import { HostBuffer } from '../host/index.js';
 import { spawn } from '../link/index.js';
-import { countOption, ordinalOption, UsageError, type ParsedArgs } from './args.js';
-import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
+import { countOption, millisecondsOption, UsageError, type ParsedArgs } from './args.js';
+import { checkDeviceOrdinal, deviceChoice, whyNoGpu } from './availability.js';
 
 const FORK_NOTE = 'The original example used fork(); CUDA does not survive fork() once initialised, so the child is spawned and gets the memory over a link.';
 
@@ -175,11 +175,12 @@ export async function demo(args: ParsedArgs): Promise<number> {
     }
   }
   // Checked before the GPU is looked for: a bad value is a usage error everywhere.
-  const ordinal = ordinalOption(args, 'device');
-  const ms = countOption(args, 'ms', 500);
+  const dev = deviceChoice(args);
+  const ordinal = dev.ordinal;
+  const ms = millisecondsOption(args, 'ms', 500);
   const elements = countOption(args, 'elements', 1 << 20);
   const count = countOption(args, 'count', 9);
-  checkDeviceOrdinal(ordinal, args.values.device !== undefined, mode === 'events' ? 'see why this demo needs one' : `run demo ${mode} on host shared memory`);
+  checkDeviceOrdinal(ordinal, dev.explicit, mode === 'events' ? 'see why this demo needs one' : `run demo ${mode} on host shared memory`, dev.option);
   const why = whyNoGpu(ordinal, mode === 'events' ? { ipcEvents: true } : { pools: true });
   if (why !== undefined) {
     if (mode === 'events') {

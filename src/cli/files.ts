@@ -8,7 +8,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../errors.js';
 import { UsageError } from './args.js';
 import { invalidArgValue } from '../arg-errors.js';
-import { identityOf, readRegularFile, sameFile, type FileIdentity } from '../safe-files.js';
+import { identityOf, readRegularFile, removeIfSame, sameFile, whyNotReplace, type FileIdentity } from '../safe-files.js';
 
 export { removeIfSame, writeFileAtomic, type FileIdentity } from '../safe-files.js';
 
@@ -55,6 +55,40 @@ export function checkFileArgument(path: string, what: string, example: string, o
       d = undefined;
     }
     if (!d?.isDirectory()) throw new UsageError(`${what} ${path}: the directory ${dir} does not exist; create it or write elsewhere`);
+  }
+}
+
+/**
+ * --out FILE and the consumer's report name FILE.done must hold nothing: produce never writes
+ * over, nor later deletes, a file it did not make. With --force, a regular file of this user
+ * there is replaced (FILE) or removed before the wait (a report left by an earlier run at
+ * FILE.done); a symlink, a FIFO, a device, a directory or another user's file never is.
+ * Throws a UsageError (exit 2) that says what is there and what to do.
+ */
+export function checkNothingThere(out: string, doneFile: string, force: boolean): void {
+  const policy = force ? 'own-regular-file' : 'never';
+  for (const [path, what] of [[out, '--out'], [doneFile, `the consumer's report name ${doneFile}`]] as const) {
+    const why = whyNotReplace(path, policy);
+    if (why === undefined) continue;
+    const named = path === out ? `${what} ${path}` : what;
+    throw new UsageError(
+      force
+        ? `${named} ${why}: --force replaces only a regular file of your own; remove it yourself or give another --out`
+        : `${named} ${why}; cuda-ipc writes only new files and never replaces one it did not make: give another --out, remove it first, or add --force to replace a regular file of your own`,
+    );
+  }
+  // --force: a report left by an earlier run (a regular file of this user, checked above) goes now.
+  const left = force ? leftover(doneFile) : undefined;
+  if (left) removeIfSame(doneFile, left);
+}
+
+/**
+ * On Ctrl-C, SIGTERM or SIGHUP: `cleanup` (removing this process's own files), then exit with
+ * 128 + the signal's number, as the shell reports a process killed by it.
+ */
+export function onSignalsRemove(cleanup: () => void): void {
+  for (const [signal, n] of [['SIGINT', 2], ['SIGTERM', 15], ['SIGHUP', 1]] as const) {
+    process.once(signal, () => { cleanup(); process.exit(128 + n); });
   }
 }
 

@@ -84,6 +84,7 @@ export function mainHelp(commands: readonly CommandSpec[]): string {
     '',
     'environment:',
     ...table([
+      ['CUDA_IPC_DEVICE', 'the default of --device: an ordinal or a device UUID (GPU-...), checked as --device is'],
       ['CUDA_IPC_STATUS=0', 'processes publish no status records (cuda-ipc status and top then do not list them)'],
       ['CUDA_IPC_TOKEN', 'the shared token of links between machines (produce --listen, consume tcp://...; cuda-ipc token prints a fresh one)'],
       ['XDG_RUNTIME_DIR', 'where the private socket directory cuda-ipc-<uid> lives (else the temp directory); the status records are in its status/ folder'],

@@ -5,9 +5,10 @@
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/index.js';
 import { connect, listen, type Link, type Listener } from '../link/index.js';
-import { removeIfSame, writeFileAtomic, type Deadline, type FileIdentity } from './files.js';
+import { onSignalsRemove, removeIfSame, writeFileAtomic, type Deadline, type FileIdentity } from './files.js';
 import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
 import { terminalSafe } from './terminal-text.js';
+import { failedReply, tellPeer } from './peer-failure.js';
 
 /** What `produce` writes to FILE when it shares host memory. */
 export interface HostDescriptor {
@@ -26,6 +27,8 @@ interface Handoff {
 interface Ack {
   ok: boolean;
   message?: string;
+  /** The failure's error code, where it had one. */
+  code?: string;
 }
 
 /** Whether FILE says it describes host memory (checkHostDescriptor then checks the rest). */
@@ -61,12 +64,13 @@ async function within<T>(deadline: Deadline, what: string, wait: (timeout: numbe
     return await wait(left);
   } catch (e) {
     if ((e as { code?: string }).code !== 'ERR_TIMEOUT') throw e;
-    const why = ((e as { cause?: unknown }).cause as Error | undefined)?.message;
+    // The library's message names its option ('the timeout option'): here the bound is --timeout, said once.
+    const why = ((e as { cause?: unknown }).cause as Error | undefined)?.message?.replace(/ \(the timeout option\)/g, '');
     throw new IpcError('ERR_TIMEOUT', `${what} within ${deadline}${why ? ` (${why})` : ''}`, { cause: e });
   }
 }
 
-export async function produceOnHost(out: string, n: number, deadline: Deadline): Promise<number> {
+export async function produceOnHost(out: string, n: number, deadline: Deadline, force: boolean): Promise<number> {
   using buffer = HostBuffer.allocate(n * 4);
   const values = floats(buffer);
   fillPattern(values);
@@ -75,10 +79,10 @@ export async function produceOnHost(out: string, n: number, deadline: Deadline):
   let written: FileIdentity | undefined;
   // Only the descriptor this process wrote is removed, and only while it is still that file.
   const cleanup = () => { listener.close(); if (written) removeIfSame(out, written); };
-  process.once('SIGINT', () => { cleanup(); process.exit(130); });
+  onSignalsRemove(cleanup);
   try {
     const descriptor: HostDescriptor = { memory: 'host', link: name, dtype: 'float32', shape: [n], pid: process.pid };
-    written = writeFileAtomic(out, JSON.stringify(descriptor, null, 2) + '\n');
+    written = writeFileAtomic(out, JSON.stringify(descriptor, null, 2) + '\n', { replace: force ? 'own-regular-file' : 'never', what: 'the descriptor' });
     console.log(`producer ${process.pid}: ${n} float32 in host shared memory (memfd): ${firstFive(values)}, ...`);
     console.log(`descriptor written to ${out}; waiting for a consumer: cuda-ipc consume ${out}`);
     const link = (await acceptWithin(listener, deadline, `run \`cuda-ipc consume ${out}\``)) as Link<Ack, Handoff>;
@@ -90,7 +94,8 @@ export async function produceOnHost(out: string, n: number, deadline: Deadline):
         return 1;
       }
       if (!ack.ok) {
-        console.error(terminalSafe(`producer: consumer ${link.peer.pid} reported a failure: ${String(ack.message)}`));
+        const code = typeof ack.code === 'string' && /^[A-Z][A-Z0-9_]{0,63}$/.test(ack.code) ? `[${ack.code}] ` : '';
+        console.error(terminalSafe(`producer: consumer ${link.peer.pid} reported a failure: ${code}${String(ack.message)}`));
         return 1;
       }
       const bad = findMismatch(values, 2);
@@ -108,12 +113,50 @@ export async function produceOnHost(out: string, n: number, deadline: Deadline):
   }
 }
 
+/**
+ * Whether process `pid` is gone (ESRCH), for messages: a pid taken from a file is only a hint
+ * (it may have been reused), so this never decides anything alone.
+ */
+export function processGone(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return false;
+  } catch (e) {
+    return (e as { code?: string }).code === 'ESRCH';
+  }
+}
+
+/**
+ * The link to the producer of `d`. The producer listens before it writes FILE, so a socket that is
+ * missing or stale (nobody listens: a producer that was killed) will not come back: that ends the
+ * wait at once with its cause. Only a listener too busy to accept now is waited for, until the deadline.
+ */
+async function reachProducer(d: HostDescriptor, file: string, deadline: Deadline): Promise<Link<Handoff, Ack>> {
+  const what = `could not reach the producer (pid ${d.pid}) on its link '${d.link}'`;
+  try {
+    return await connect<Handoff, Ack>(d.link, { timeout: 0 });
+  } catch (e) {
+    if ((e as { code?: string }).code === 'ERR_NO_LISTENER') {
+      const gone = processGone(d.pid) ? ` (no process ${d.pid} runs now)` : '';
+      throw new IpcError('ERR_NO_LISTENER', `${what}: ${(e as Error).message}. ${file} was left by a producer that ended without removing it${gone}: remove it and start \`cuda-ipc produce --out ${file}\` again`, { cause: e });
+    }
+    if ((e as { code?: string }).code !== 'ERR_LISTENER_BUSY' && (e as { code?: string }).code !== 'ERR_TIMEOUT') throw e;
+  }
+  return within(deadline, what, (timeout) => connect<Handoff, Ack>(d.link, { timeout }));
+}
+
 export async function consumeOnHost(value: { memory: 'host' }, file: string, deadline: Deadline): Promise<number> {
   const d = checkHostDescriptor(value, file);
   console.log(terminalSafe(`consumer ${process.pid}: ${file} describes host shared memory of process ${d.pid}; connecting to its link '${d.link}'`));
-  const link = await within(deadline, `could not reach the producer (pid ${d.pid}) on its link '${d.link}'`, (timeout) => connect<Handoff, Ack>(d.link, { timeout }));
+  const link = await reachProducer(d, file, deadline);
   try {
-    const { buffer } = await within(deadline, `the producer (pid ${d.pid}) sent no memory`, (timeout) => link.receive({ timeout }));
+    let buffer: HostBuffer;
+    try {
+      ({ buffer } = await within(deadline, `the producer (pid ${d.pid}) sent no memory`, (timeout) => link.receive({ timeout })));
+    } catch (e) {
+      await tellPeer<Ack>(link, e, failedReply(e)); // the producer prints the same cause
+      throw e;
+    }
     let ack: Ack;
     try {
       const values = floats(buffer);

@@ -4,9 +4,9 @@
 import { Device } from '../cuda/device.js';
 import { DeviceArray } from '../arrays/device-array.js';
 import { descriptorToJson } from '../ipc/descriptor.js';
-import { Deadline, leftover, removeIfSame, writeFileAtomic, waitForFile, checkFileArgument, type FileIdentity } from './files.js';
-import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
-import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
+import { Deadline, removeIfSame, writeFileAtomic, waitForFile, checkFileArgument, checkNothingThere, onSignalsRemove, type FileIdentity } from './files.js';
+import { countOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
+import { checkDeviceOrdinal, deviceChoice, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive } from './pattern.js';
 import { produceOnHost } from './host-handoff.js';
 import { terminalSafe } from './terminal-text.js';
@@ -34,19 +34,19 @@ export async function produce(args: ParsedArgs): Promise<number> {
   const doneFile = `${out}.done`;
   const n = countOption(args, 'elements', 1 << 20);
   const deadline = new Deadline(secondsOption(args, 'timeout', 600));
-  const ordinal = ordinalOption(args, 'device');
+  const dev = deviceChoice(args);
+  const ordinal = dev.ordinal;
   checkFileArgument(out, '--out', `--out ${out.replace(/\/+$/, '')}/handle.json`, { writes: true });
-  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'share host shared memory instead');
+  const force = args.values.force === true;
+  checkNothingThere(out, doneFile, force);
+  checkDeviceOrdinal(ordinal, dev.explicit, 'share host shared memory instead', dev.option);
   const why = whyNoGpu(ordinal);
   if (why !== undefined) {
     console.log(`produce: no usable GPU here (${why}); sharing host shared memory (memfd) through a link instead`);
-    return produceOnHost(out, n, deadline);
+    return produceOnHost(out, n, deadline, force);
   }
   const device = Device.get(ordinal);
 
-  // A report left by an earlier run is not this consumer's: it is ignored, not deleted (it is not
-  // this process's file).
-  const stale = leftover(doneFile);
   using array = DeviceArray.allocate('float32', [n], { device });
   const host = new Float32Array(n);
   fillPattern(host);
@@ -58,14 +58,14 @@ export async function produce(args: ParsedArgs): Promise<number> {
     if (written) removeIfSame(out, written);
     if (report) removeIfSame(doneFile, report);
   };
-  process.once('SIGINT', () => { cleanup(); process.exit(130); });
+  onSignalsRemove(cleanup);
 
-  written = writeFileAtomic(out, JSON.stringify(descriptorToJson(array.ipcHandle()), null, 2) + '\n');
+  written = writeFileAtomic(out, JSON.stringify(descriptorToJson(array.ipcHandle()), null, 2) + '\n', { replace: force ? 'own-regular-file' : 'never', what: 'the descriptor' });
   console.log(`producer ${process.pid}: ${n} float32 on device ${device.ordinal} (${device.name}): ${firstFive(host)}, ...`);
   console.log(`descriptor written to ${out}; waiting for a consumer: cuda-ipc consume ${out}`);
 
   try {
-    const done = await waitForFile(doneFile, deadline, `no consumer finished; run \`cuda-ipc consume ${out}\``, { what: 'the consumer\'s report', ...(stale ? { ignore: stale } : {}) });
+    const done = await waitForFile(doneFile, deadline, `no consumer finished; run \`cuda-ipc consume ${out}\``, { what: 'the consumer\'s report' });
     report = done.identity;
     const ack = parseAck(done.text, doneFile);
     if (!ack.ok) {

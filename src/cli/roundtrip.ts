@@ -7,8 +7,8 @@ import { Stream } from '../cuda/stream.js';
 import { IpcPool } from '../ipc/pool.js';
 import { HostBuffer } from '../host/index.js';
 import { spawn } from '../link/index.js';
-import { countOption, ordinalOption, UsageError, type ParsedArgs } from './args.js';
-import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
+import { countOption, UsageError, type ParsedArgs } from './args.js';
+import { checkDeviceOrdinal, deviceChoice, whyNoGpu } from './availability.js';
 import { devicePatternMemory, hostPatternMemory, type PatternMemory } from './roundtrip-memory.js';
 
 interface ChildReport { ok: boolean; mismatches?: number; message?: string }
@@ -39,9 +39,10 @@ async function exchange(transfer: unknown, elements: number, mine: PatternMemory
 
 export async function roundtrip(args: ParsedArgs): Promise<number> {
   const elements = countOption(args, 'elements', 1024);
-  const ordinal = ordinalOption(args, 'device');
+  const dev = deviceChoice(args);
+  const ordinal = dev.ordinal;
   const bytes = elements * 4;
-  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'run the round trip on host shared memory');
+  checkDeviceOrdinal(ordinal, dev.explicit, 'run the round trip on host shared memory', dev.option);
 
   const why = whyNoGpu(ordinal, { pools: true });
   if (why !== undefined) {

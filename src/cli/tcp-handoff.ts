@@ -16,11 +16,12 @@ import { BuiltinKernels } from '../cuda/builtins.js';
 import { DeviceArray } from '../arrays/device-array.js';
 import { connect, listen, setLinkWorkingDevice, type Link } from '../link/index.js';
 import { parseLinkUrl, type LinkUrl } from '../link/link-url.js';
-import { terminalSafe } from './terminal-text.js';
-import { TOKEN_ENV } from '../link/tcp-auth.js';
-import { countOption, ordinalOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
-import { checkDeviceOrdinal, whyNoGpu } from './availability.js';
+import { MIN_TOKEN_BYTES, TOKEN_ENV } from '../link/tcp-auth.js';
+import { countOption, secondsOption, stringValue, UsageError, type ParsedArgs } from './args.js';
+import { checkDeviceOrdinal, deviceChoice, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
+import { failedPeerError, failedReply, peerFailure, tellPeer, type Failed } from './peer-failure.js';
+import { terminalSafe } from './terminal-text.js';
 
 /** The consumer's first message: whether it can take device memory (a GPU and NCCL), and why not. */
 interface Ready {
@@ -28,9 +29,9 @@ interface Ready {
   why?: string;
 }
 /** What the producer sends: its buffer (it arrives as a copy) or its array (moved over NCCL), and how many float32. */
-type Handoff = { buffer: HostBuffer; elements: number } | { array: DeviceArray<'float32'>; elements: number };
-/** What the consumer answers: its doubled copy, or why it failed. */
-type Reply = { ok: true; buffer: HostBuffer } | { ok: true; array: DeviceArray<'float32'> } | { ok: false; message: string };
+type Handoff = { buffer: HostBuffer; elements: number } | { array: DeviceArray<'float32'>; elements: number } | Failed;
+/** What the consumer answers: its doubled copy, or why it failed (the error's code too, where it has one). */
+type Reply = { ok: true; buffer: HostBuffer } | { ok: true; array: DeviceArray<'float32'> } | { ok: false; message: string; code?: string };
 
 /** Most bytes a token file may hold: it holds one token. */
 const TOKEN_FILE_MAX = 4096;
@@ -76,6 +77,31 @@ function tokenFromArgs(args: ParsedArgs): string | undefined {
 }
 
 /**
+ * The token of this side, from --token-file or CUDA_IPC_TOKEN, checked here so that the hints
+ * name the CLI's ways (the library's name its `token` option). ERR_AUTH_FAILED without one.
+ */
+function cliToken(args: ParsedArgs): string {
+  const fromFile = tokenFromArgs(args);
+  const token = fromFile ?? process.env[TOKEN_ENV] ?? '';
+  const from = fromFile !== undefined ? `the token file ${stringValue(args, 'token-file')}` : TOKEN_ENV;
+  if (token === '') {
+    throw new IpcError('ERR_AUTH_FAILED', `a TCP link needs a token and none was given: set ${TOKEN_ENV} or pass --token-file FILE, the same secret on both sides ` +
+      `(\`cuda-ipc token\` prints a fresh one: export ${TOKEN_ENV}=$(cuda-ipc token), or (umask 077; cuda-ipc token > FILE)). Nothing was sent`);
+  }
+  const bytes = Buffer.byteLength(token, 'utf8');
+  if (bytes < MIN_TOKEN_BYTES) {
+    throw new IpcError('ERR_AUTH_FAILED', `the token in ${from} is ${bytes} bytes; a token is at least ${MIN_TOKEN_BYTES} bytes (\`cuda-ipc token\` prints a fresh one). Nothing was sent`);
+  }
+  return token;
+}
+
+/** The library's ERR_AUTH_FAILED (a token that is not the peer's) in the CLI's words. */
+function cliAuthError(e: unknown, peer: string): unknown {
+  if ((e as { code?: string }).code !== 'ERR_AUTH_FAILED') return e;
+  return new IpcError('ERR_AUTH_FAILED', `${peer} did not prove the token: the two sides hold different tokens; give both the same one (${TOKEN_ENV} or --token-file FILE)`, { cause: e });
+}
+
+/**
  * The URL of --listen or consume's argument, checked before anything waits: tcp:// only in the
  * CLI; a bad URL is a usage error (exit 2) saying what is wrong and the forms it takes.
  */
@@ -94,14 +120,16 @@ function cliUrl(value: string, what: '--listen' | 'consume'): LinkUrl {
 
 export async function produceOverTcp(args: ParsedArgs, listenAt: string): Promise<number> {
   if (stringValue(args, 'out') !== undefined) throw new UsageError('give --out FILE (this machine) or --listen tcp://HOST:PORT (another machine), not both');
+  if (args.values.force !== undefined) throw new UsageError('--force goes with --out FILE; --listen writes no file');
   const url = cliUrl(listenAt, '--listen');
   const n = countOption(args, 'elements', 1 << 20);
   const timeoutMs = secondsOption(args, 'timeout', 600);
-  const ordinal = ordinalOption(args, 'device');
-  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'share host memory instead');
-  const token = tokenFromArgs(args);
+  const dev = deviceChoice(args);
+  const ordinal = dev.ordinal;
+  checkDeviceOrdinal(ordinal, dev.explicit, 'share host memory instead', dev.option);
+  const token = cliToken(args);
   const noGpu = whyNoGpu(ordinal);
-  const listener = await listen(url, token !== undefined ? { token } : {});
+  const listener = await listen(url, { token });
   let link: Link<Ready | Reply, Handoff> | undefined;
   try {
     const any = /^tcp:\/\/(0\.0\.0\.0|\[::\]):/.test(listener.url);
@@ -118,14 +146,28 @@ export async function produceOverTcp(args: ParsedArgs, listenAt: string): Promis
     }
     listener.close(); // one consumer
     const at = `${link.remote!.address} port ${link.remote!.port}`;
-    const ready = await link.receive<Ready>({ timeout: timeoutMs });
-    if (noGpu === undefined && ready.device) return await produceDevice(link, at, Device.get(ordinal), n);
-    if (noGpu === undefined) console.log(`producer: the consumer at ${at} takes no device memory (${ready.why ?? 'no reason given'}); sharing host memory`);
-    return await produceHost(link, at, n);
+    try {
+      const ready = await link.receive<Ready | Reply>({ timeout: timeoutMs });
+      if ('ok' in ready) return consumerFailed(ready);
+      if (noGpu === undefined && ready.device) return await produceDevice(link, at, Device.get(ordinal), n);
+      if (noGpu === undefined) console.log(`producer: the consumer at ${at} takes no device memory (${ready.why ?? 'no reason given'}); sharing host memory`);
+      return await produceHost(link, at, n);
+    } catch (e) {
+      await tellPeer(link, e); // the consumer prints the same cause
+      throw e;
+    }
   } finally {
     link?.close();
     listener.close();
   }
+}
+
+/** The consumer's failure, printed as the consumer prints it (its code, its message): exit 1. */
+function consumerFailed(reply: Reply | Ready): number {
+  const r = reply as { message?: unknown; code?: unknown };
+  const failure = peerFailure({ failed: { v: 1, code: r.code, message: typeof r.message === 'string' ? r.message : 'no reason given' } })!;
+  console.error(terminalSafe(`producer: the consumer failed: ${failure.code ? `[${failure.code}] ` : ''}${failure.message}`));
+  return 1;
 }
 
 async function produceHost(link: Link<Ready | Reply, Handoff>, at: string, n: number): Promise<number> {
@@ -135,10 +177,7 @@ async function produceHost(link: Link<Ready | Reply, Handoff>, at: string, n: nu
   console.log(`producer: consumer connected from ${at}; sending ${firstFive(values)}, ... in host memory (a TCP link carries a copy of its bytes)`);
   link.send({ buffer, elements: n });
   const reply = await link.receive<Reply>();
-  if (!reply.ok) {
-    console.error(`producer: the consumer reported a failure: ${reply.message}`);
-    return 1;
-  }
+  if (!reply.ok) return consumerFailed(reply);
   if (!('buffer' in reply)) throw new IpcError('ERR_FRAME_INVALID', 'the consumer answered host memory with device memory');
   try {
     const back = floats(reply.buffer);
@@ -168,10 +207,7 @@ async function produceDevice(link: Link<Ready | Reply, Handoff>, at: string, dev
   console.log(`producer: consumer connected from ${at}; sending ${firstFive(host)}, ... from device ${device.ordinal} (${device.name}) over NCCL`);
   link.send({ array, elements: n });
   const reply = await link.receive<Reply>();
-  if (!reply.ok) {
-    console.error(`producer: the consumer reported a failure: ${reply.message}`);
-    return 1;
-  }
+  if (!reply.ok) return consumerFailed(reply);
   if (!('array' in reply)) throw new IpcError('ERR_FRAME_INVALID', 'the consumer answered device memory with host memory');
   try {
     const back = reply.array.read() as Float32Array;
@@ -197,22 +233,35 @@ async function produceDevice(link: Link<Ready | Reply, Handoff>, at: string, dev
 export async function consumeOverTcp(args: ParsedArgs, url: string): Promise<number> {
   const target = cliUrl(url, 'consume');
   const timeoutMs = secondsOption(args, 'timeout', 60);
-  const ordinal = ordinalOption(args, 'device');
-  checkDeviceOrdinal(ordinal, args.values.device !== undefined, 'take host memory instead');
-  const token = tokenFromArgs(args);
+  const dev = deviceChoice(args);
+  const ordinal = dev.ordinal;
+  checkDeviceOrdinal(ordinal, dev.explicit, 'take host memory instead', dev.option);
+  const token = cliToken(args);
   console.log(`consumer ${process.pid}: connecting to ${target} (waiting up to ${timeoutMs / 1000} s for the producer: cuda-ipc produce --listen ...)`);
-  const link = await connect<Handoff, Ready | Reply>(target, { timeout: timeoutMs, ...(token !== undefined ? { token } : {}) });
+  const link = await connect<Handoff, Ready | Reply>(target, { timeout: timeoutMs, token }).catch((e: unknown) => {
+    throw cliAuthError(e, `the listener at ${target}`);
+  });
   try {
-    const why = whyNoGpu(ordinal);
-    if (why === undefined) setLinkWorkingDevice(link, Device.get(ordinal));
-    link.send(why === undefined ? { device: true } : { device: false, why });
-    const handoff = await link.receive({ timeout: timeoutMs });
+    let handoff: Handoff;
+    try {
+      const why = whyNoGpu(ordinal);
+      if (why === undefined) setLinkWorkingDevice(link, Device.get(ordinal));
+      link.send(why === undefined ? { device: true } : { device: false, why });
+      handoff = await link.receive({ timeout: timeoutMs });
+    } catch (e) {
+      // E.g. ERR_NCCL receiving device memory: the producer prints the same cause.
+      await tellPeer<Ready | Reply>(link, e, failedReply(e));
+      throw e;
+    }
+    const failed = peerFailure(handoff);
+    if (failed) throw failedPeerError(`the producer at ${target}`, failed);
+    if ('failed' in handoff) throw new IpcError('ERR_FRAME_INVALID', `the producer at ${target} sent a failure this consumer cannot read`);
     const reply = 'array' in handoff ? await consumeDevice(handoff.array, handoff.elements) : consumeHost(handoff.buffer, handoff.elements);
     link.send(reply);
     if ('array' in handoff) handoff.array.buffer.close();
     else handoff.buffer.close();
     await link.end();
-    if (!reply.ok) throw new Error(reply.message);
+    if (!reply.ok) throw failedPeerError('', reply);
     return 0;
   } finally {
     link.close();
@@ -230,7 +279,7 @@ function consumeHost(buffer: HostBuffer, elements: number): Reply {
     console.log(`consumer: verified every element and doubled them in its copy: ${firstFive(values)}, ...; sending it back`);
     return { ok: true, buffer };
   } catch (e) {
-    return { ok: false, message: (e as Error).message };
+    return failedReply(e);
   }
 }
 
@@ -246,6 +295,6 @@ async function consumeDevice(array: DeviceArray<'float32'>, elements: number): P
     console.log('consumer: verified every element and doubled them on this GPU; sending them back over NCCL');
     return { ok: true, array };
   } catch (e) {
-    return { ok: false, message: (e as Error).message };
+    return failedReply(e);
   }
 }

@@ -6,20 +6,17 @@
 // its record behind: readers see that its pid is gone and remove it (reader.ts).
 // What it writes comes from the sources hooks.ts hands it, and the import cache's figures straight
 // from the addon: it imports no layer above observe.
-import { closeSync, constants, fstatSync, mkdirSync, openSync, renameSync, writeSync } from 'node:fs';
+import { closeSync, mkdirSync, renameSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { addon } from '../native/addon.js';
-import { fdsExhausted } from '../errors.js';
+import { fdsExhausted, IpcError } from '../errors.js';
 import { ensurePrivateDirectory } from '../runtime-directory.js';
-import { identityOf, removeIfSame, type FileIdentity } from '../safe-files.js';
+import { createFileExclusive, removeIfSame, whyNotReplace, type FileIdentity } from '../safe-files.js';
 import type { ChannelStatus, ChannelStatusSource, DeviceMemoryStats, ObservedLink } from './reports.js';
 import {
   MAX_LISTED, RECORD_VERSION, defaultStatusDirectory, openFdCount, openStatusDirectory, processStartTime, recordName, removeStaleRecords,
   type LinkRecord, type StatusRecord,
 } from './record.js';
-
-/** The temporary is this process's own name in a private folder; O_NOFOLLOW all the same. */
-const TMP_FLAGS = constants.O_WRONLY | constants.O_CREAT | constants.O_TRUNC | constants.O_NOFOLLOW;
 
 /** What the publisher provides once started. */
 export interface StatusPublisher {
@@ -125,15 +122,21 @@ class Publisher implements StatusPublisher {
   }
 
   #writeFile(text: string): void {
-    const fd = openSync(this.#tmp, TMP_FLAGS, 0o600);
     let written: FileIdentity;
     try {
-      const bytes = Buffer.from(text);
-      let done = 0;
-      while (done < bytes.byteLength) done += writeSync(fd, bytes, done, bytes.byteLength - done);
-      written = identityOf(fstatSync(fd));
-    } finally {
-      closeSync(fd);
+      written = createFileExclusive(this.#tmp, text);
+    } catch (e) {
+      if ((e as { code?: string }).code !== 'EEXIST') throw e;
+      // A temporary of this very process (its pid and start time are in the name, in a private
+      // folder) left by a write that failed halfway: removed only if it is this user's file.
+      removeIfSame(this.#tmp, undefined);
+      written = createFileExclusive(this.#tmp, text);
+    }
+    // The record's name holds nothing, or the record this process wrote last: nothing else is replaced.
+    const why = whyNotReplace(this.#path, this.#file ?? 'never');
+    if (why !== undefined) {
+      removeIfSame(this.#tmp, written);
+      throw new IpcError('ERR_FILE_UNSAFE', `the status record ${this.#path} ${why}; it was left as it is`);
     }
     renameSync(this.#tmp, this.#path);
     this.#file = written;

@@ -192,10 +192,11 @@ export function safetensorsBytes(tensors: Iterable<readonly [string, Safetensors
 
 /**
  * Writes a safetensors file (synchronously; for tests, examples and small checkpoints): into a new
- * temporary beside `path`, renamed over it, so that a reader never sees half a file and a symlink
- * planted at `path` is replaced, not written through.
+ * temporary beside `path`, then given the name `path`, so that a reader never sees half a file. A
+ * regular file of this user at `path` is replaced; anything else there (a symlink, a FIFO, a
+ * device, a directory, another user's file) is left as it is: ERR_FILE_UNSAFE.
  */
 export function writeSafetensors(path: string, tensors: Iterable<readonly [string, SafetensorsInput]>, metadata?: Readonly<Record<string, string>>): void {
   const { header, chunks } = safetensorsBytes(tensors, metadata);
-  writeFileAtomic(path, [header, ...chunks], 0o666);
+  writeFileAtomic(path, [header, ...chunks], { mode: 0o666, replace: 'own-regular-file', what: 'the safetensors file' });
 }

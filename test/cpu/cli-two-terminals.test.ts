@@ -85,7 +85,7 @@ test('consume of a file that is not a producer\'s descriptor fails (1) and names
 test('consume of a GPU descriptor without a GPU fails (1), says why, and tells the producer', { skip: noGpuOnly }, () => inDir(async (dir) => {
   const file = join(dir, 'handle.json');
   const desc = legacyHandleDescriptor({
-    handle: new Uint8Array(64).fill(7), offset: 0, byteLength: 4096, deviceUuid: 'GPU-0123abcd-4567-89ab-cdef-0123456789ab', pid: 4242,
+    handle: new Uint8Array(64).fill(7), offset: 0, byteLength: 4096, deviceUuid: 'GPU-0123abcd-4567-89ab-cdef-0123456789ab', pid: process.pid, // a live producer: one that is gone is ERR_HANDLE_STALE (cli-files.test)
     array: { dtype: 'float32', shape: [1024] },
   });
   writeFileSync(file, JSON.stringify(descriptorToJson(desc)));

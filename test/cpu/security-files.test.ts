@@ -10,7 +10,7 @@ import assert from 'node:assert/strict';
 import { spawn as spawnProcess, spawnSync, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
 import {
-  existsSync, lchownSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, truncateSync, writeFileSync,
+  existsSync, lchownSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, truncateSync, unlinkSync, writeFileSync,
 } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
@@ -82,6 +82,15 @@ test('produce/consume in a shared directory: symlinks planted at the names they 
     theirs(p);
   }
   const { env } = runtimeEnv();
+  // FILE itself taken by the attacker's symlink: produce never writes over it (issue 39.1), --force neither.
+  for (const force of [[], ['--force']]) {
+    const refused = await run(['produce', '--out', file, '--elements', '16', '--timeout', '60', ...force], env);
+    assert.equal(refused.code, 2, refused.out + refused.err);
+    assert.match(refused.err, new RegExp(`--out .*handle\\.json already holds a symbolic link \\(owned by uid ${nobody.uid}\\)`));
+  }
+  assert.ok(lstatSync(file).isSymbolicLink(), 'the attacker\'s name is left as it is');
+  assert.equal(secret.state(), 'unchanged');
+  unlinkSync(file); // the name is free again: the flow runs with the temporary names still planted
   let consumer: Promise<Run> | undefined;
   const producer = run(['produce', '--out', file, '--elements', '4096', '--timeout', '60'], env, (out) => {
     if (!consumer && /descriptor written/.test(out)) consumer = run(['consume', file, '--timeout', '60'], env);
@@ -93,7 +102,7 @@ test('produce/consume in a shared directory: symlinks planted at the names they 
   assert.equal(secret.state(), 'unchanged');
   assert.equal(existsSync(file), false, 'the producer removed the descriptor it wrote');
   assert.ok(lstatSync(`${file}.tmp-${last + 1}`).isSymbolicLink(), 'what the attacker planted is not this process\'s to delete');
-  report(`produce --out / consume in a sticky directory, ${planted.length} symlinks to the victim's file planted at FILE and the temp names`, 'flow done (exit 0 both); temporaries are new O_EXCL names, FILE replaced by rename', `secret ${secret.state()}`);
+  report(`produce --out / consume in a sticky directory, ${planted.length} symlinks to the victim's file planted at FILE and the temp names`, 'FILE taken: exit 2, left as it is (--force too); FILE free: flow done (exit 0 both), temporaries are new O_EXCL names published by link()', `secret ${secret.state()}`);
 });
 
 test('consume and produce on a FIFO, /dev/zero, a huge file, a planted report: refused at once, nothing hangs', { skip }, async () => {
@@ -113,6 +122,15 @@ test('consume and produce on a FIFO, /dev/zero, a huge file, a planted report: r
     ['consume on a symlink to /dev/zero', ['consume', zero, '--timeout', '2'], /\[ERR_FILE_UNSAFE\] .* is a device, not a regular file/],
     ['consume on a 300 MB file', ['consume', huge, '--timeout', '2'], /\[ERR_FILE_UNSAFE\] .* holds 314572800 bytes, more than the 1048576 it may/],
   ];
+  // The producer's report name, FILE.done, planted as a FIFO before it starts.
+  const out = join(dir, 'p.json');
+  assert.equal(spawnSync('mkfifo', [`${out}.done`]).status, 0);
+  theirs(`${out}.done`);
+  const producer = await run(['produce', '--out', out, '--elements', '16', '--timeout', '2'], runtimeEnv().env);
+  assert.equal(producer.code, 2, producer.out + producer.err);
+  assert.match(producer.err, new RegExp(`the consumer's report name .*p\\.json\\.done already holds a FIFO \\(owned by uid ${nobody.uid}\\)`));
+  assert.ok(lstatSync(`${out}.done`).isFIFO());
+  report('produce with its report name planted as a FIFO', 'refused before anything is written (exit 2)', 'the FIFO left as it is');
   for (const [what, args, expect] of cases) {
     const r = await run(args, runtimeEnv().env);
     assert.equal(r.signal, null, `${what}: did not end by itself`);
@@ -122,25 +140,7 @@ test('consume and produce on a FIFO, /dev/zero, a huge file, a planted report: r
   }
 });
 
-// Only the GPU path of produce reads a report file (FILE.done); without a GPU it shares host
-// memory through a link and the consumer reports over it, so the planted FIFO is never opened.
-const noReportFile = hasGpu ? undefined : 'needs a GPU: without one `produce` shares host memory through a link and reads no report file (FILE.done), so a FIFO planted there is never reached';
-test('produce waiting on a report name planted as a FIFO: refused at once, nothing hangs', { skip: skip ?? noReportFile }, async () => {
-  const dir = shared(0o1777);
-  // The producer's report name, FILE.done, planted as a FIFO before it starts (a leftover regular
-  // file would be ignored; a FIFO is read as the report, and must be refused, not opened).
-  const out = join(dir, 'p.json');
-  assert.equal(spawnSync('mkfifo', [`${out}.done`]).status, 0);
-  theirs(`${out}.done`);
-  const what = 'produce waiting on a report name planted as a FIFO';
-  const r = await run(['produce', '--out', out, '--elements', '16', '--timeout', '30'], runtimeEnv().env);
-  assert.equal(r.signal, null, `${what}: did not end by itself`);
-  assert.equal(r.code, 1, `${what}: ${r.out}${r.err}`);
-  assert.match(r.err, /\[ERR_FILE_UNSAFE\] .* is a FIFO, not a regular file/, what);
-  report(what, 'ERR_FILE_UNSAFE, exit 1 by itself', 'the FIFO never opened, no hang');
-});
-
-test('consume of a SIGKILLed producer\'s descriptor honours --timeout and names it (issue 28, 5)', async () => {
+test('consume of a SIGKILLed producer\'s descriptor ends at once with the stale socket as its cause (issues 28.5, 39.3)', async () => {
   const { env, runtime } = runtimeEnv();
   // What a killed producer leaves: its descriptor, and a socket file nobody listens on.
   const sockets = join(runtime, `cuda-ipc-${process.getuid!()}`);
@@ -150,10 +150,11 @@ test('consume of a SIGKILLed producer\'s descriptor honours --timeout and names 
   addon.close(fd);
   const file = join(runtime, 'stale.json');
   writeFileSync(file, JSON.stringify({ memory: 'host', link: 'cuda-ipc-produce-999999', dtype: 'float32', shape: [16], pid: 999999 }));
-  const r = await run(['consume', file, '--timeout', '2'], env);
+  // A timeout longer than run()'s one-minute guard: only ending at once passes.
+  const r = await run(['consume', file, '--timeout', '600'], env);
+  assert.equal(r.signal, null, 'consume waited for a producer that is gone');
   assert.equal(r.code, 1, r.out + r.err);
-  assert.match(r.err, /\[ERR_TIMEOUT\] could not reach the producer \(pid 999999\) on its link 'cuda-ipc-produce-999999' within 2 s \(--timeout\) \(.*stale socket/);
-  assert.doesNotMatch(r.err, /10000 ms/);
+  assert.match(r.err, /\[ERR_NO_LISTENER\] could not reach the producer \(pid 999999\) on its link 'cuda-ipc-produce-999999': .*stale socket.* \(no process 999999 runs now\)/);
 });
 
 test('status with a runtime directory the attacker made, its status folder a symlink to the victim\'s folder', { skip }, async () => {

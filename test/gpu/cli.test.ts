@@ -8,6 +8,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { noGpu } from '../helpers/gpu.js';
 import { driver } from '../../src/cuda/driver.js';
+import { ncclOrReason } from '../helpers/nccl-ranks.js';
 
 const cli = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 
@@ -100,5 +101,41 @@ describe('cli across machines on two GPUs', { skip: twoGpus }, () => {
     assert.match(c.out, /received 4000000 float32 over NCCL into device 1: 0\.5, 1\.5/);
     assert.match(p.out, /doubled its copy on its GPU and sent it back: 1, 3, 5, 7, 9, \.\.\.; this side's array is unchanged\. OK/);
     assert.match(p.out, /moved 16000000 bytes out and 16000000 bytes in over NCCL/);
+  });
+});
+
+const nccl = noGpu ?? (await ncclOrReason().then((n) => (typeof n === 'string' ? n : undefined)));
+
+describe('cli across machines, both sides on one GPU (issue 39.13)', { skip: nccl }, () => {
+  test('the consumer\'s NCCL failure reaches the producer: both terminals print the same cause', async () => {
+    const env = { ...process.env, CUDA_IPC_TOKEN: 'a token for the cli test, 32 b.', NCCL_NVLS_ENABLE: '0' };
+    let url!: string;
+    let producerDone!: Promise<{ code: number | null; out: string; err: string }>;
+    const listening = new Promise<void>((resolve) => {
+      const p = spawn(process.execPath, [cli, 'produce', '--listen', 'tcp://127.0.0.1:0', '--device', '0', '--elements', '1000', '--timeout', '120'], { stdio: ['ignore', 'pipe', 'pipe'], env });
+      let out = '';
+      let err = '';
+      p.stdout.on('data', (d) => {
+        out += d;
+        const m = /listening at (tcp:\/\/127\.0\.0\.1:\d+);/.exec(out);
+        if (m && !url) {
+          url = m[1]!;
+          resolve();
+        }
+      });
+      p.stderr.on('data', (d) => { err += d; });
+      producerDone = new Promise((r) => p.on('exit', (code) => r({ code, out, err })));
+    });
+    await listening;
+    // The consumer's device from CUDA_IPC_DEVICE (the default of --device): the producer's GPU, which NCCL refuses.
+    const c = await run(['consume', url, '--timeout', '120'], { ...env, CUDA_IPC_DEVICE: '0' });
+    const p = await producerDone;
+    assert.equal(c.code, 1, `consumer: ${c.out}${c.err}`);
+    assert.equal(p.code, 1, `producer: ${p.out}${p.err}`);
+    const cause = /cuda-ipc consume: \[(\w+)\] (.*)$/m.exec(c.err);
+    assert.ok(cause, c.err);
+    assert.match(cause[1]!, /^ERR_NCCL/);
+    assert.ok(p.err.includes(`the consumer failed: [${cause[1]}] ${cause[2]}`), `the producer printed the consumer's cause:\n${p.err}`);
+    assert.doesNotMatch(p.err, /closed the link/);
   });
 });
