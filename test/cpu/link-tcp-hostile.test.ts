@@ -44,7 +44,7 @@ interface AuthCase {
 
 const AUTH_CASES: AuthCase[] = [
   { name: 'a challenge with a bad magic', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(specChallenge(1, randomBytes(32), (b) => b.write('HTTP', 0))) },
-  { name: 'a challenge of authentication version 2', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(specChallenge(1, randomBytes(32), (b) => (b[4] = 2))) },
+  { name: 'a challenge of authentication version 3', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(specChallenge(1, randomBytes(32), (b) => (b[4] = 3))) },
   { name: 'a challenge claiming the listener\'s role', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(specChallenge(2, randomBytes(32))) },
   { name: 'a challenge whose reserved bytes are not zero', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(specChallenge(1, randomBytes(32), (b) => (b[9] = 1))) },
   { name: 'HTTP instead of a challenge', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(Buffer.from('GET / HTTP/1.1\r\nHost: x\r\n\r\n'.padEnd(64, ' '))) },
@@ -59,13 +59,18 @@ const AUTH_CASES: AuthCase[] = [
     },
   },
   {
-    name: 'the listener\'s own proof sent back to it',
-    expect: 'refused ERR_AUTH_FAILED',
+    // The listener proves only to a peer whose proof checked out (PROTOCOL.md 2.3): a challenge and no proof gets its challenge, nothing to test guesses of the token against.
+    name: 'a challenge and no proof (waiting for the listener to prove first)',
+    expect: 'refused ERR_TIMEOUT',
     run: async (r) => {
       r.send(specChallenge(1, randomBytes(32)));
-      await r.take(48);
-      r.send(await r.take(32));
+      assert.equal((await r.take(48)).byteLength, 48);
     },
+  },
+  {
+    name: 'a challenge of authentication version 1 (both sides proved at once)',
+    expect: 'refused ERR_FRAME_INVALID',
+    run: async (r) => r.send(specChallenge(1, randomBytes(32), (b) => (b[4] = 1))),
   },
   {
     name: 'a proof with the right token but the wrong role byte',
@@ -77,7 +82,7 @@ const AUTH_CASES: AuthCase[] = [
       r.send(specProof(TOKEN, 2, theirs.subarray(16), nonce));
     },
   },
-  { name: 'a challenge, then the connection closed before the proof', expect: 'refused ERR_AUTH_FAILED', run: async (r) => { r.send(specChallenge(1, randomBytes(32))); await r.take(80); r.socket.end(); } },
+  { name: 'a challenge, then the connection closed before the proof', expect: 'refused ERR_AUTH_FAILED', run: async (r) => { r.send(specChallenge(1, randomBytes(32))); await r.take(48); r.socket.end(); } },
   { name: 'a connection that sends nothing and closes (a port probe)', expect: 'nothing', run: async (r) => void r.socket.end() },
   { name: 'a connection that sends nothing and waits', expect: 'refused ERR_TIMEOUT', run: async () => {} },
   { name: 'the token proved, then no HELLO', expect: 'refused ERR_TIMEOUT', run: async (r) => assert.ok(await authenticateRaw(r)) },
@@ -85,7 +90,7 @@ const AUTH_CASES: AuthCase[] = [
 ];
 
 test('hostile peers before the token is proved: each is refused with a typed error (a probe silently), gets nothing past the proofs, and an honest peer is served after', { timeout: 120_000 }, async (t) => {
-  const listener = await listen('tcp://127.0.0.1:0', { token: TOKEN, handshakeTimeoutMs: 400 });
+  const listener = await listen('tcp://127.0.0.1:0', { token: TOKEN, handshakeTimeoutMs: 400, refusedIntervalMs: 0 });
   const refused = refusals(listener);
   const rows: string[] = [];
   try {
@@ -101,8 +106,8 @@ test('hostile peers before the token is proved: each is refused with a typed err
         got = `refused ${(await refused.next()).code}`;
         await raw.closed();
       }
-      // The listener sent its challenge and at most its proof; past a proved token, its HELLO and GOODBYE, never a message.
-      if (!c.name.includes('token proved')) assert.ok(raw.totalReceived <= 80, `${c.name}: the listener sent ${raw.totalReceived} bytes`);
+      // The listener sent at most its challenge (its proof goes only to a peer that proved the token); past a proved token, its HELLO and GOODBYE, never a message.
+      if (!c.name.includes('token proved')) assert.ok(raw.totalReceived <= 48, `${c.name}: the listener sent ${raw.totalReceived} bytes`);
       else assert.deepEqual(parseFrames(raw.received).map((f) => f.type).filter((type) => type !== 1 && type !== 3), [], c.name);
       raw.destroy();
       assert.equal(got, c.expect, c.name);
