@@ -196,7 +196,11 @@ export function authenticate(socket: Socket, role: AuthRole, token: Uint8Array, 
       return error;
     };
     const onEnd = (): void => finish(ended('closed the connection'));
-    const onError = (e: Error): void => finish(ended(`reset the connection (${e.message})`, e));
+    const onError = (e: Error & { code?: string }): void => {
+      // A TLS alert (a listener refusing this side's certificate: TLS 1.3 says so only after the handshake) is no want of room.
+      if (e.code?.startsWith('ERR_SSL')) finish(new IpcError('ERR_AUTH_FAILED', `TLS with the ${peerName} failed during authentication: ${e.message}`, { cause: e }));
+      else finish(ended(`reset the connection (${e.message})`, e));
+    };
     socket.on('data', onData);
     socket.on('end', onEnd);
     socket.on('close', onEnd);
