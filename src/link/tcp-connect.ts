@@ -247,6 +247,16 @@ export async function connectTcp(urlText: LinkUrl, options: TcpConnectOptions = 
         break;
       } catch (e) {
         if (cancel.signal.aborted) throw cancel.signal.reason;
+        // Inside TLS, a listener with no room never gets this far (it closes before TLS): one that
+        // closes the connection right after TLS, before its challenge, refused this side's certificate.
+        if (tlsOptions && e instanceof IpcError && e.code === 'ERR_LISTENER_BUSY') {
+          throw new IpcError(
+            'ERR_AUTH_FAILED',
+            `connect: the listener at ${shown} closed the connection right after TLS, before its challenge: it requires a client certificate its CA signed ` +
+              `(options.tls.cert and key${tlsOptions.cert === undefined ? '; none was given' : '; this one did not check out'})`,
+            { cause: e },
+          );
+        }
         // Closed before this side proved anything: the listener had no room (or was flooded); try again until the deadline.
         if (!(e instanceof IpcError && e.code === 'ERR_LISTENER_BUSY') || once) throw e;
         busy = e;

@@ -262,9 +262,14 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
       socket.once('secure', () => {
         socket.off('error', onError);
         socket.off('close', onClose);
-        if (this.#requestCert && !socket.authorized) {
+        // A TLSSocket made from an accepted socket (not by a tls.Server) never sets `authorized`:
+        // the handle's verifyError() says whether the client's certificate chained to `ca`.
+        const verifyError = (socket as unknown as { ssl?: { verifyError?(): Error | null } }).ssl?.verifyError?.();
+        const presented = Object.keys(socket.getPeerCertificate() ?? {}).length > 0;
+        if (this.#requestCert && (verifyError !== null || !presented)) {
+          const why = verifyError?.message ?? (presented ? 'it could not be verified' : 'it presented none');
           socket.destroy();
-          reject(new IpcError('ERR_AUTH_FAILED', `the connecting side's TLS certificate did not check out: ${String(socket.authorizationError)}`));
+          reject(new IpcError('ERR_AUTH_FAILED', `the connecting side's TLS certificate did not check out: ${why}`));
           return;
         }
         resolve(socket);

@@ -542,6 +542,11 @@ def _connect_once(url: str, where: TcpAddress, tls: ssl.SSLContext | None, secre
                 if e.code == "ERR_AUTH_FAILED" and not opening.tls_done and ("closed the connection" in str(e) or "EOF" in str(e)):
                     raise IpcError("ERR_LISTENER_BUSY", f"the listener at {url} closed the connection during TLS, before this side "
                                    "could prove the token") from None
+                if e.code == "ERR_LISTENER_BUSY" and tls is not None:
+                    # A listener with no room closes before TLS; one that closes right after it, before its challenge,
+                    # refused this side's certificate (a Node listener does so without a TLS alert).
+                    raise IpcError("ERR_AUTH_FAILED", f"connect: the listener at {url} closed the connection right after TLS, before "
+                                   "its challenge: it requires a client certificate its CA signed (cert= and key=)") from None
                 raise
             if link is not None:
                 return link
