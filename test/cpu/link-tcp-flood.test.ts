@@ -220,3 +220,59 @@ test('maxPendingPerAddress counts one address\'s unauthenticated connections; IP
     listener.close();
   }
 });
+
+test('a Unix listener\'s refusals are coalesced too: connections past maxPending make one event at once and one at close(), counting them all by uid', async () => {
+  const name = `flood-${process.pid}`;
+  const l = listen(name, { maxPending: 1, refusedIntervalMs: 60_000 });
+  const events: Array<[IpcError, RefusedReport]> = [];
+  l.on('refused', (e, r) => events.push([e, r]));
+  const held = await connect(name, { timeout: 5000 });
+  try {
+    // Each is told the listener is busy, tries again for 100 ms, and says so: at least 10 refusals.
+    for (let i = 0; i < 10; i++) await assert.rejects(connect(name, { timeout: 100 }), code('ERR_LISTENER_BUSY'));
+    // Every one was refused by now (each connect was told): one event so far, the first, at once.
+    assert.equal(events.length, 1);
+    assert.equal(events[0]![0].limit, 'maxPending');
+    assert.equal(events[0]![1].count, 1);
+    l.close();
+    assert.equal(events.length, 2, 'close() reports what was gathered');
+    const rest = events[1]![1];
+    const uid = `uid ${process.getuid!()}`;
+    assert.ok(rest.count >= 9, `the others counted (${rest.count})`);
+    assert.deepEqual(rest.byCode, { ERR_LIMIT_REACHED: rest.count });
+    assert.deepEqual(rest.bySource, { [uid]: rest.count });
+    assert.equal(rest.otherSources, 0);
+  } finally {
+    held.close();
+    l.close();
+  }
+});
+
+test('refusals within refusedIntervalMs of a report are gathered into one that comes when the interval ends, without close()', async () => {
+  const listener = await listen('tcp://127.0.0.1:0', { token: TOKEN, refusedIntervalMs: 300 });
+  const events: Array<[IpcError, RefusedReport]> = [];
+  let wake: (() => void) | undefined;
+  listener.on('refused', (e, r) => {
+    events.push([e, r]);
+    wake?.();
+  });
+  try {
+    for (let i = 0; i < 3; i++) await assert.rejects(connect(listener.url, { token: 'another-token-of-enough-bytes', timeout: 5000 }), code('ERR_AUTH_FAILED'));
+    const end = Date.now() + 30_000;
+    while (events.reduce((n, [, r]) => n + r.count, 0) < 3) {
+      assert.ok(Date.now() < end, 'the gathered report came');
+      await new Promise<void>((r) => {
+        wake = r;
+        setTimeout(r, 1000);
+      });
+    }
+    assert.equal(events[0]![1].count, 1, 'the first at once');
+    assert.equal(events[0]![0].code, 'ERR_AUTH_FAILED');
+    assert.ok(events.length <= 3);
+    assert.equal(events.reduce((n, [, r]) => n + r.count, 0), 3, 'all three counted, none twice');
+    for (const [, r] of events) assert.deepEqual(r.bySource, { '127.0.0.1': r.count });
+    assert.equal(listener.refusedCount, 3);
+  } finally {
+    listener.close();
+  }
+});
