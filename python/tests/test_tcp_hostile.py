@@ -302,6 +302,20 @@ class HostileAuthenticationTests(unittest.TestCase):
         self.assertEqual(e.code, "ERR_FRAME_INVALID", str(e))
         self.assertIn("before the link handshake", str(e))
 
+    def test_a_listener_of_authentication_version_1_gets_no_proof_and_both_versions_are_named(self):
+        got = {}
+
+        def old_listener(conn):
+            old = bytearray(challenge(ROLE_LISTENER, secrets.token_bytes(32)))
+            old[4] = 1  # version 1: both sides proved at once
+            conn.sendall(bytes(old))
+            got["bytes"] = read_to_end(conn)
+        e = self.connect_to_raw_listener(old_listener)
+        self.assertEqual(e.code, "ERR_FRAME_INVALID", str(e))
+        self.assertIn("authentication version 1, this build 2", str(e))
+        self.assertIn("update the older side", str(e))
+        self.assertEqual(len(got["bytes"]), 48, "its challenge and no proof")
+
     def test_a_connector_that_cheats_is_dropped_by_the_listener(self):
         with cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN) as server:
             port = int(server.url.rsplit(":", 1)[1])

@@ -8,6 +8,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes, randomInt } from 'node:crypto';
+import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
@@ -320,4 +321,30 @@ test(`the link frame fuzzer through a TCP stream: every case closes, fails or de
   assert.equal(total, cases);
   assert.ok((outcomes['closed ERR_FRAME_INVALID'] ?? 0) > cases / 3, 'most cases are refused as invalid');
   assert.ok(Object.keys(outcomes).some((k) => k.startsWith('2 delivered')), 'some cases are delivered');
+});
+
+test('a listener of authentication version 1 (both sides proved at once) gets no proof, and connect names both versions', async () => {
+  const got: Buffer[] = [];
+  let closed!: () => void;
+  const ended = new Promise<void>((r) => (closed = r));
+  const server = net.createServer((s) => {
+    s.on('data', (d) => got.push(d));
+    s.on('error', () => {});
+    s.on('close', () => closed());
+    s.write(specChallenge(2, randomBytes(32), (b) => (b[4] = 1)));
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  try {
+    const { connect } = await import('../../src/link/index.js');
+    await assert.rejects(connect(`tcp://127.0.0.1:${(server.address() as net.AddressInfo).port}`, { token: TOKEN, timeout: 5000 }), (e: unknown) => {
+      assert.ok(e instanceof IpcError);
+      assert.equal(e.code, 'ERR_FRAME_INVALID');
+      assert.match(e.message, /authentication version 1, this build 2 \(version 1, where both sides proved at once, is no longer spoken: update the older side\)/);
+      return true;
+    });
+    await ended;
+    assert.equal(Buffer.concat(got).byteLength, 48, 'the connector sent its challenge and no proof');
+  } finally {
+    server.close();
+  }
 });
