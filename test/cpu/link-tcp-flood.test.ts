@@ -115,8 +115,9 @@ test('a flood of silent connections from one address, reopened as soon as they c
     assert.equal(stats.reported, stats.refusedCount, 'every refusal is counted in a report');
     assert.ok(stats.events >= 1 && stats.events <= 2, `at most 2 'refused' events with refusedIntervalMs 60 s (${stats.events})`);
     assert.ok((stats.byCode['ERR_LIMIT_REACHED'] ?? 0) > 0, 'most were past maxPendingPerAddress');
-    // The documented bound (README): a flood adds less than 32 MiB to the listener's RSS.
-    assert.ok(rss1 - rss0 < 32 * 1024, `RSS grew by ${rss1 - rss0} KiB`);
+    // The documented bound (docs/SECURITY.md): a flood adds less than 64 MiB to the listener's RSS
+    // (it levels off: the sockets Node makes for refused connections are garbage, collected).
+    assert.ok(rss1 - rss0 < 64 * 1024, `RSS grew by ${rss1 - rss0} KiB`);
   } finally {
     child.kill();
   }
