@@ -47,7 +47,7 @@ export {
   type LinkEvents, type ListenerEvents, type LinkState, type PeerCredentials, type SpawnOptions, type SpawnedChild, type ListenOptions, type ConnectOptions,
   type TransferHandler, type TransferEncoding,
   TcpListener, type TcpListenOptions, type TcpListenerEvents, type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions, type LinkUrl, type RemoteEndpoint,
-  type LinkTransportKind, Fanout, preloadNccl,
+  type LinkTransportKind, Fanout, preloadNccl, type RefusedReport,
 } from './link/index.js';
 export { type LinkOptions, type LinkLimits, type InboxCounts, type SendQueueCounts, setMaxReceivedBytes, receivedMemory, type ReceivedMemoryCounts } from './link/index.js';
 export { type WaitOptions } from './abort.js';

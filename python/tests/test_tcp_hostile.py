@@ -287,10 +287,10 @@ class HostileAuthenticationTests(unittest.TestCase):
         e = self.connect_to_raw_listener(reflect_proof)
         self.assertEqual(e.code, "ERR_AUTH_FAILED", str(e))
 
-        def hang_up(conn):
+        def hang_up(conn):  # before its challenge: as a listener with no room does, so connect tries again, then says so
             recv_exact(conn, 48)
         e = self.connect_to_raw_listener(hang_up)
-        self.assertEqual(e.code, "ERR_AUTH_FAILED", str(e))
+        self.assertEqual(e.code, "ERR_LISTENER_BUSY", str(e))
 
         def frame_before_hello(conn):
             nonce = secrets.token_bytes(32)
@@ -301,6 +301,20 @@ class HostileAuthenticationTests(unittest.TestCase):
         e = self.connect_to_raw_listener(frame_before_hello)
         self.assertEqual(e.code, "ERR_FRAME_INVALID", str(e))
         self.assertIn("before the link handshake", str(e))
+
+    def test_a_listener_of_authentication_version_1_gets_no_proof_and_both_versions_are_named(self):
+        got = {}
+
+        def old_listener(conn):
+            old = bytearray(challenge(ROLE_LISTENER, secrets.token_bytes(32)))
+            old[4] = 1  # version 1: both sides proved at once
+            conn.sendall(bytes(old))
+            got["bytes"] = read_to_end(conn)
+        e = self.connect_to_raw_listener(old_listener)
+        self.assertEqual(e.code, "ERR_FRAME_INVALID", str(e))
+        self.assertIn("authentication version 1, this build 2", str(e))
+        self.assertIn("update the older side", str(e))
+        self.assertEqual(len(got["bytes"]), 48, "its challenge and no proof")
 
     def test_a_connector_that_cheats_is_dropped_by_the_listener(self):
         with cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN) as server:
@@ -324,16 +338,43 @@ class HostileAuthenticationTests(unittest.TestCase):
             play(lambda s: s.sendall(challenge(ROLE_LISTENER, bytes(32))))
             self.assertEqual(server.last_refusal.code, "ERR_FRAME_INVALID")
 
-            # It sends the listener's proof back as its own.
+            # It proves with the listener's role byte (what a listener's proof sent back would be): refused, and
+            # the listener's own proof never comes (it proves only to a peer whose proof checked out).
             def reflect(s):
                 nonce = secrets.token_bytes(32)
                 s.sendall(challenge(ROLE_CONNECTOR, nonce))
-                recv_exact(s, 48)
-                s.sendall(recv_exact(s, 32))
-            play(reflect)
+                theirs = read_challenge(recv_exact(s, 48), ROLE_LISTENER, "listener")
+                s.sendall(proof(TOKEN.encode(), ROLE_LISTENER, theirs, nonce))
+            self.assertEqual(play(reflect), b"", "nothing after the listener's challenge")
             self.assertEqual(server.last_refusal.code, "ERR_AUTH_FAILED")
             self.assertEqual(server.refused, 2)
             self.assertEqual(server.pending, 0)
+
+    def test_a_connector_that_sends_its_challenge_and_no_proof_gets_no_proof(self):
+        """The connecting side proves first (PROTOCOL.md 2.3): one connection that waits for the listener
+        to prove first gets its challenge and then the end, nothing to test guesses of the token against."""
+        with cuda_ipc.listen("tcp://127.0.0.1:0", token=TOKEN, handshake_timeout=0.5) as server:
+            port = int(server.url.rsplit(":", 1)[1])
+
+            def run():
+                s = socket.create_connection(("127.0.0.1", port), timeout=10)
+                try:
+                    s.sendall(challenge(ROLE_CONNECTOR, secrets.token_bytes(32)))
+                    theirs = recv_exact(s, 48)
+                    read_challenge(theirs, ROLE_LISTENER, "listener")
+                    return read_to_end(s)
+                finally:
+                    s.close()
+            peer = InThread(run)
+            for _ in range(40):  # the listener works in accept(); bounded (20 s), the peer ends at the handshake timeout
+                if peer.done:
+                    break
+                with self.assertRaises(IpcError) as cm:
+                    server.accept(timeout=0.5)
+                self.assertEqual(cm.exception.code, "ERR_TIMEOUT")
+            self.assertEqual(peer.result(), b"", "no proof, nothing at all after the challenge")
+            self.assertEqual(server.last_refusal.code, "ERR_TIMEOUT")
+            self.assertEqual(server.refused, 1)
 
 
 if __name__ == "__main__":

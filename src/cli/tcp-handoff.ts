@@ -22,6 +22,7 @@ import { checkDeviceOrdinal, deviceChoice, whyNoGpu } from './availability.js';
 import { fillPattern, findMismatch, firstFive, patternValue } from './pattern.js';
 import { failedPeerError, failedReply, peerFailure, tellPeer, type Failed } from './peer-failure.js';
 import { terminalSafe } from './terminal-text.js';
+import { refusedLine, wrongToken } from './refused-text.js';
 
 /** The consumer's first message: whether it can take device memory (a GPU and NCCL), and why not. */
 interface Ready {
@@ -138,9 +139,22 @@ export async function produceOverTcp(args: ParsedArgs, listenAt: string): Promis
       `listening at ${listener.url}; on the other machine, with the same token (${TOKEN_ENV} or --token-file): ` +
         `cuda-ipc consume ${any ? `tcp://THIS-MACHINE:${listener.port}` : listener.url}`,
     );
+    // Refused connections are printed as they come (coalesced); one that proved another token ends the producer too.
+    const stop = new AbortController();
+    const wrong = new Promise<never>((_, reject) => {
+      listener.on('refused', (error, report) => {
+        console.error(`producer: ${refusedLine(error, report)}`);
+        if (wrongToken(report)) {
+          reject(new IpcError('ERR_AUTH_FAILED', `a consumer connected with another token (${error.code === 'ERR_AUTH_FAILED' ? error.message : 'see above'}); give both sides the same token (${TOKEN_ENV} or --token-file)`));
+          stop.abort();
+        }
+      });
+    });
+    wrong.catch(() => {});
     try {
-      link = (await listener.accept({ timeout: timeoutMs })) as Link<Ready | Reply, Handoff>;
+      link = (await Promise.race([listener.accept({ timeout: timeoutMs, signal: stop.signal }), wrong])) as Link<Ready | Reply, Handoff>;
     } catch (e) {
+      if (stop.signal.aborted) await wrong;
       if ((e as IpcError).code === 'ERR_TIMEOUT') throw new IpcError('ERR_TIMEOUT', `no consumer connected within ${timeoutMs / 1000} s: run \`cuda-ipc consume ${listener.url}\` with the same token`);
       throw e;
     }

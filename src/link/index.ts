@@ -12,6 +12,7 @@ export { listen, connect, Listener, type ListenerEvents, type ListenOptions, typ
 export { TcpListener, type TcpListenOptions, type TcpListenerEvents } from './tcp-listener.js';
 export { type TcpConnectOptions, type TcpLinkOptions, type TlsLinkOptions } from './tcp-connect.js';
 export { type LinkUrl } from './link-url.js';
+export { type RefusedReport } from './refusal-report.js';
 export { socketPath } from './socket-path.js';
 export { Fanout } from './fanout.js';
 export { preloadNccl } from './nccl-comms.js';

@@ -10,6 +10,7 @@ import { LINK_OPTION_KEYS, linkLimits, type LinkLimits, type LinkOptions } from 
 import { checkOptionKeys, checkSignal, optionalInteger, invalidArgValue } from '../arg-errors.js';
 import { abortError, checkTimeout, raceWait, type WaitOptions } from '../abort.js';
 import { AcceptWaiters, acceptUntilClosed } from './accept-waiters.js';
+import { REFUSED_INTERVAL_MS, RefusalReporter, type RefusedReport } from './refusal-report.js';
 
 const EMFILE = 24;
 const ENFILE = 23;
@@ -51,10 +52,12 @@ export interface ListenOptions extends LinkOptions {
    * connections cannot lock the others out. Refused as for maxPending, limit 'maxPendingPerUid'.
    */
   maxPendingPerUid?: number;
+  /** The least time between two 'refused' events, in ms (default 1000): refusals in between are counted into one report. */
+  refusedIntervalMs?: number;
 }
 
 const LISTEN_OPTION_KEYS: Readonly<Record<keyof ListenOptions, true>> = {
-  ...LINK_OPTION_KEYS, allowUids: true, directory: true, backlog: true, handshakeTimeoutMs: true, maxPending: true, maxPendingPerUid: true,
+  ...LINK_OPTION_KEYS, allowUids: true, directory: true, backlog: true, handshakeTimeoutMs: true, maxPending: true, maxPendingPerUid: true, refusedIntervalMs: true,
 };
 
 /** Options of connect(); the LinkOptions bound the link. */
@@ -96,8 +99,12 @@ function codeOf(e: unknown): string | undefined {
 export interface ListenerEvents {
   /** A link whose handshake succeeded and that no pending accept() took. */
   connection: [link: Link];
-  /** A connection from a refused uid, or one that failed its handshake; it was closed. */
-  refused: [error: IpcError];
+  /**
+   * Connections from a refused uid, that failed their handshake or went past a bound; they were
+   * closed. Coalesced: `error` is the first of them, `report` counts them all by code and by uid
+   * (`uid N`; at most one event per refusedIntervalMs, the first after a quiet interval at once).
+   */
+  refused: [error: IpcError, report: RefusedReport];
   /** The listening socket failed; emitted only when someone listens for it. */
   error: [error: Error];
   /** The listener closed. */
@@ -148,6 +155,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
   readonly #held = new Map<Link, { uid: number; forget: () => unknown }>();
   readonly #heldByUid = new Map<number, number>();
   readonly #waiters = new AcceptWaiters();
+  readonly #reporter: RefusalReporter;
   #retryTimer: NodeJS.Timeout | undefined;
 
   /** @internal Use listen(). */
@@ -160,6 +168,9 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     this.#limits = linkLimits(options, 'options');
     ({ maxPending: this.#maxPending, maxPendingPerUid: this.#maxPendingPerUid, handshakeTimeoutMs: this.#handshakeTimeoutMs } = pendingBounds(options));
     this.#file = file;
+    this.#reporter = new RefusalReporter(optionalInteger(options.refusedIntervalMs, 'options.refusedIntervalMs', REFUSED_INTERVAL_MS, 0), (error, report) => {
+      if (this.listenerCount('refused') > 0) this.emit('refused', error, report);
+    });
     this.#acceptor = new addon.Acceptor(fd, this.#onAccept);
   }
 
@@ -193,7 +204,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     if (busy) {
       const limit = this.#held.size >= this.#maxPending ? 'maxPending' : 'maxPendingPerUid';
       refuseBusy(fdOrError, `listener '${this.name}' (pid ${process.pid}) has no room: ${busy} (${limit}); try again later`);
-      this.#refused(new IpcError('ERR_LIMIT_REACHED', `listener '${this.name}' refused a connection from uid ${uid}: ${busy} (${limit})`, { limit }));
+      this.#reporter.note('ERR_LIMIT_REACHED', `uid ${uid}`, () => new IpcError('ERR_LIMIT_REACHED', `listener '${this.name}' refused a connection from uid ${uid}: ${busy} (${limit})`, { limit }));
       return;
     }
     let link: Link;
@@ -209,7 +220,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
         limits: this.#limits,
       });
     } catch (e) {
-      this.#refused(e);
+      this.#refused(e, uid);
       return;
     }
     this.#hold(link, uid);
@@ -224,7 +235,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
         this.#handshaking.delete(link);
         this.#release(link);
         // A peer that hangs up before its handshake (such as a liveness probe) is no news.
-        if (!(e instanceof IpcError && e.code === 'ERR_PEER_GONE') && !this.closed) this.#refused(e);
+        if (!(e instanceof IpcError && e.code === 'ERR_PEER_GONE') && !this.closed) this.#refused(e, uid);
       },
     );
   };
@@ -247,9 +258,9 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     else this.#heldByUid.delete(uid);
   }
 
-  #refused(e: unknown): void {
+  #refused(e: unknown, uid: number): void {
     const err = e instanceof IpcError ? e : new IpcError('ERR_PEER_REFUSED', String((e as Error)?.message ?? e), { cause: e });
-    if (this.listenerCount('refused') > 0) this.emit('refused', err);
+    this.#reporter.note(err.code, `uid ${uid}`, () => err);
   }
 
   #hand(link: Link): void {
@@ -304,6 +315,7 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
     if (!acceptor) return;
     this.#acceptor = undefined;
     clearTimeout(this.#retryTimer);
+    this.#reporter.flush(); // what was gathered is still told
     acceptor.close();
     // Only our own socket file: a newer listener (or anyone else) may have replaced the name.
     removeIfSame(this.path, this.#file);
@@ -395,7 +407,9 @@ const RETRY_MOST_MS = 250;
  * ConnectOptions). `In`/`Out` type the link: what this process receives, and what it sends.
  * @throws IpcError (the promise rejects) ERR_TIMEOUT when no listener appeared, or the handshake
  * did not finish, within `options.timeout` (10 s); ERR_NO_LISTENER with `timeout: 0` and nobody
- * listening; ERR_LISTENER_BUSY when the listener kept refusing for want of room; ERR_PEER_REFUSED
+ * listening, and for a TCP address where nobody listened until the timeout (connection refused);
+ * ERR_LISTENER_BUSY when the listener kept refusing for want of room (a TCP listener: kept closing
+ * the connection before the token exchange); ERR_PEER_REFUSED
  * when the socket belongs to another user or the listener runs as a uid not in `allowUids` (or
  * refused ours); ERR_AUTH_FAILED on a TCP link whose token is missing or not the listener's;
  * ERR_FD_LIMIT when no fd is left; an AbortError on `options.signal`.

@@ -44,9 +44,13 @@ export interface TcpLinkOptions extends LinkOptions {
 /** Options of connect(url) for a tcp:// or tls:// URL. */
 export interface TcpConnectOptions extends TcpLinkOptions {
   /**
-   * How long to wait, in ms, for the listener to appear (a refused connection is tried again with
-   * a growing pause), for the authentication and for the handshake (default 10 s); then
-   * ERR_TIMEOUT. 0: try once, and fail with ERR_NO_LISTENER at once when nobody listens.
+   * How long to wait, in ms, for the listener to appear, for the authentication and for the
+   * handshake (default 10 s). A refused connection (nobody listens yet), and one the listener
+   * closes before this side could prove the token (it has no room: its bounds of pending
+   * connections), are tried again with a growing pause (5 ms to 250 ms) until then; past it,
+   * ERR_NO_LISTENER (nobody listened), ERR_LISTENER_BUSY (the listener kept closing the
+   * connections) or ERR_TIMEOUT (a step got no answer). 0: try once, and fail at once with
+   * ERR_NO_LISTENER when nobody listens, ERR_LISTENER_BUSY when the listener had no room.
    */
   timeout?: number;
   /** Gives up when it aborts: the promise rejects with an AbortError (code ABORT_ERR). */
@@ -119,9 +123,16 @@ function open(url: ParsedLinkUrl, tlsOptions: TlsLinkOptions | undefined, cancel
       socket.off('error', onError);
       cancel.removeEventListener('abort', onAbort);
     };
-    const onError = (e: Error): void => {
+    let connected = false;
+    if (tlsOptions) socket.once('connect', () => (connected = true));
+    const onError = (e: Error & { code?: string }): void => {
       done();
       socket.destroy();
+      // The TCP connection was made and closed during TLS: as a listener with no room does.
+      if (connected && (e.code === 'ECONNRESET' || e.code === 'EPIPE')) {
+        reject(new IpcError('ERR_LISTENER_BUSY', `the listener at ${formatLinkUrl(url.scheme, url.host, url.port)} closed the connection during TLS, before this side could prove the token: it is at its bound of connections still authenticating, or it is not a cuda-ipc listener`, { cause: e }));
+        return;
+      }
       reject(e);
     };
     socket.once(tlsOptions ? 'secureConnect' : 'connect', () => {
@@ -164,46 +175,103 @@ export async function connectTcp(urlText: LinkUrl, options: TcpConnectOptions = 
   const shown = formatLinkUrl(url.scheme, url.host, url.port);
   if (signal?.aborted) throw abortError(signal.reason, 'connect');
   const deadline = Date.now() + timeoutMs;
+  const peerName = `listener at ${shown}`;
+  // Where it stands, for the error the deadline gives.
+  let refused: IpcError | undefined; // the last try found nobody listening
+  let busy: IpcError | undefined; // the last try was closed by the listener before authentication
+  let busyTries = 0;
+  let stage = 'connect';
+  const timedOut = (): IpcError => {
+    if (refused) return new IpcError('ERR_NO_LISTENER', `connect: nothing listens at ${shown} (connection refused), and no listener appeared within ${timeoutMs} ms (the timeout option); start the listening process first`, { cause: refused });
+    if (busy) {
+      return new IpcError(
+        'ERR_LISTENER_BUSY',
+        `connect: the listener at ${shown} closed ${busyTries} connection${busyTries === 1 ? '' : 's'} before this side could prove the token and stayed so for ${timeoutMs} ms (the timeout option): ` +
+          'it is at its bound of connections still authenticating (maxPending, maxPendingPerAddress; a flood from this address?), or it is not a cuda-ipc listener',
+        { cause: busy },
+      );
+    }
+    return new IpcError('ERR_TIMEOUT', `connect: ${shown} did not complete the link within ${timeoutMs} ms (the timeout option): no answer to the ${stage}`);
+  };
   // One signal for every step: the caller's, or the deadline.
   const cancel = new AbortController();
-  const timeoutError = new IpcError('ERR_TIMEOUT', `connect: ${shown} did not complete the link within ${timeoutMs} ms (the timeout option)`);
-  const timer = setTimeout(() => cancel.abort(timeoutError), Math.max(0, timeoutMs));
+  const timer = setTimeout(() => cancel.abort(timedOut()), Math.max(0, timeoutMs));
   const onAbort = (): void => cancel.abort(abortError(signal!.reason, 'connect'));
   signal?.addEventListener('abort', onAbort, { once: true });
   const given = (e: unknown): unknown => (cancel.signal.aborted ? cancel.signal.reason : e);
+  const pauseBeforeRetry = async (ms: number): Promise<void> => {
+    try {
+      await sleep(Math.min(ms, Math.max(0, deadline - Date.now())), undefined, { signal: cancel.signal });
+    } catch {
+      throw cancel.signal.reason;
+    }
+  };
   let socket: net.Socket | undefined;
   try {
     let pause = RETRY_FIRST_MS;
+    let leftover: Buffer | undefined;
     for (;;) {
+      stage = 'connection';
       try {
         socket = await open(url, tlsOptions, cancel.signal);
-        break;
       } catch (e) {
         if (cancel.signal.aborted) throw cancel.signal.reason;
+        if (e instanceof IpcError && e.code === 'ERR_LISTENER_BUSY' && !once) {
+          busy = e;
+          busyTries++;
+          refused = undefined;
+          if (deadline - Date.now() <= 0) throw timedOut();
+          await pauseBeforeRetry(pause);
+          pause = Math.min(pause * 2, RETRY_MOST_MS);
+          continue;
+        }
+        if (e instanceof IpcError) throw e;
         const error = openError(e, shown);
         // Nobody there yet: wait for the listener, until the deadline (as connect(name) does).
         if ((e as { code?: string }).code !== 'ECONNREFUSED' || once) throw error;
-        const left = deadline - Date.now();
-        if (left <= 0) throw new IpcError('ERR_TIMEOUT', `connect: nothing listens at ${shown}, and no listener appeared within ${timeoutMs} ms (the timeout option)`, { cause: error });
-        try {
-          await sleep(Math.min(pause, left), undefined, { signal: cancel.signal });
-        } catch {
-          throw cancel.signal.reason;
-        }
+        refused = error;
+        busy = undefined;
+        if (deadline - Date.now() <= 0) throw timedOut();
+        await pauseBeforeRetry(pause);
         pause = Math.min(pause * 2, RETRY_MOST_MS);
+        continue;
+      }
+      refused = undefined;
+      tuneSocket(socket);
+      const s = socket;
+      const onCancel = (): void => void s.destroy();
+      cancel.signal.addEventListener('abort', onCancel, { once: true });
+      stage = 'token exchange';
+      try {
+        ({ leftover } = await authenticate(socket, AuthRole.Connector, token, peerName));
+        break;
+      } catch (e) {
+        if (cancel.signal.aborted) throw cancel.signal.reason;
+        // Inside TLS, a listener with no room never gets this far (it closes before TLS): one that
+        // closes the connection right after TLS, before its challenge, refused this side's certificate.
+        if (tlsOptions && e instanceof IpcError && e.code === 'ERR_LISTENER_BUSY') {
+          throw new IpcError(
+            'ERR_AUTH_FAILED',
+            `connect: the listener at ${shown} closed the connection right after TLS, before its challenge: it requires a client certificate its CA signed ` +
+              `(options.tls.cert and key${tlsOptions.cert === undefined ? '; none was given' : '; this one did not check out'})`,
+            { cause: e },
+          );
+        }
+        // Closed before this side proved anything: the listener had no room (or was flooded); try again until the deadline.
+        if (!(e instanceof IpcError && e.code === 'ERR_LISTENER_BUSY') || once) throw e;
+        busy = e;
+        busyTries++;
+        socket.destroy();
+        socket = undefined;
+        if (deadline - Date.now() <= 0) throw timedOut();
+        await pauseBeforeRetry(pause);
+        pause = Math.min(pause * 2, RETRY_MOST_MS);
+      } finally {
+        cancel.signal.removeEventListener('abort', onCancel);
       }
     }
-    tuneSocket(socket);
-    const peerName = `listener at ${shown}`;
-    const s = socket;
-    const onCancel = (): void => void s.destroy();
-    cancel.signal.addEventListener('abort', onCancel, { once: true });
-    let leftover: Buffer | undefined;
-    try {
-      ({ leftover } = await authenticate(socket, AuthRole.Connector, token, peerName));
-    } finally {
-      cancel.signal.removeEventListener('abort', onCancel);
-    }
+    busy = undefined;
+    stage = 'link handshake (HELLO)';
     if (cancel.signal.aborted) throw cancel.signal.reason;
     const link = new Link(kCreate, {
       fd: -1,

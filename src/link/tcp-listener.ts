@@ -1,9 +1,13 @@
 // listen('tcp://HOST:PORT') and listen('tls://HOST:PORT'): links from other machines
 // (PROTOCOL.md 2.3). The listener binds exactly the address of its URL (port 0: any free one;
 // `url` says which). Each connection runs TLS (tls://), the token exchange and the HELLOs within
-// the handshake timeout; the connections still doing so are bounded (maxPending), and one that
-// fails is closed and reported as 'refused', as the Unix listener reports refused uids. A
-// connection that sends nothing at all before it closes (a port probe) is dropped silently.
+// the handshake timeout; the connections still doing so are bounded (maxPending in all,
+// maxPendingPerAddress for those of one address still authenticating), and one that has not sent
+// its challenge within challengeTimeoutMs is dropped, so that one address flooding the listener
+// with silent connections cannot lock out the others. One that fails is closed and counted;
+// refusals are reported coalesced ('refused', at most one event per refusedIntervalMs; see
+// refusal-report.ts). A connection that sends nothing at all before it closes (a port probe) is
+// dropped silently.
 import { EventEmitter } from 'node:events';
 import net from 'node:net';
 import tls from 'node:tls';
@@ -18,6 +22,7 @@ import { Queue } from './queue.js';
 import { AuthRole, authenticate, resolveToken } from './tcp-auth.js';
 import { remoteOf, tlsContextOptions, tlsOptionsFor, tuneSocket, type TcpLinkOptions } from './tcp-connect.js';
 import { closeGracefully } from './tcp-transport.js';
+import { REFUSED_INTERVAL_MS, RefusalReporter, type RefusedReport } from './refusal-report.js';
 
 /** Options of listen(url) for a tcp:// or tls:// URL; the LinkOptions bound each accepted link. */
 export interface TcpListenOptions extends TcpLinkOptions {
@@ -26,19 +31,38 @@ export interface TcpListenOptions extends TcpLinkOptions {
   /** A connection must finish TLS, the token exchange and its handshake in this time (default 10 s). */
   handshakeTimeoutMs?: number;
   /**
+   * A connection must finish TLS and send its challenge in this time (default 2 s; at most
+   * handshakeTimeoutMs): an honest peer sends it as it connects, so a silent connection holds its
+   * place this long, not the whole handshake timeout. Refused as ERR_TIMEOUT.
+   */
+  challengeTimeoutMs?: number;
+  /**
    * Connections held at once that are still in TLS, the token exchange or the handshake, or not
-   * yet accepted (default 128): more are closed at once and reported as 'refused'
-   * (ERR_LIMIT_REACHED, limit 'maxPending').
+   * yet accepted (default 128): more are closed at once and counted as refused
+   * (ERR_LIMIT_REACHED, limit 'maxPending'). The connecting side's connect() tries again until
+   * its timeout, then says ERR_LISTENER_BUSY.
    */
   maxPending?: number;
+  /**
+   * Of maxPending, the most connections from one address (an IPv6 address: one /64 prefix) that
+   * have not proved the token yet (default 8): more from it are closed at once (ERR_LIMIT_REACHED,
+   * limit 'maxPendingPerAddress'), so that one address cannot take the others' places.
+   */
+  maxPendingPerAddress?: number;
+  /** The least time between two 'refused' events, in ms (default 1000): refusals in between are counted into one report. */
+  refusedIntervalMs?: number;
 }
 
 /** The events of a TcpListener and the arguments their listeners get (as a Listener's). */
 export interface TcpListenerEvents {
   /** A link whose token exchange and handshake succeeded and that no pending accept() took. */
   connection: [link: Link];
-  /** A connection that failed TLS, the token exchange or its handshake, or went past maxPending; it was closed. */
-  refused: [error: IpcError];
+  /**
+   * Connections that failed TLS, the token exchange or their handshake, or went past a bound; they
+   * were closed. Coalesced: `error` is the first of them, `report` counts them all by code and by
+   * address (at most one event per refusedIntervalMs; the first after a quiet interval at once).
+   */
+  refused: [error: IpcError, report: RefusedReport];
   /** The listening socket failed; emitted only when someone listens for it. */
   error: [error: Error];
   /** The listener closed. */
@@ -64,6 +88,8 @@ export interface TcpListener {
 
 interface Pending {
   socket: net.Socket;
+  /** Where it comes from, as bounded by maxPendingPerAddress; undefined once it proved the token. */
+  source: string | undefined;
   link: Link | undefined;
   /** Why it was given up (the handshake timeout, the listener's close), if it was. */
   givenUp: IpcError | undefined;
@@ -89,7 +115,12 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
   readonly #limits: LinkLimits;
   readonly #handshakeTimeoutMs: number;
   readonly #maxPending: number;
+  readonly #maxPendingPerAddress: number;
+  readonly #challengeTimeoutMs: number;
   readonly #pending = new Set<Pending>();
+  /** Connections not yet authenticated, by source (what maxPendingPerAddress bounds). */
+  readonly #bySource = new Map<string, number>();
+  readonly #reporter: RefusalReporter;
   readonly #ready = new Queue<Link>();
   readonly #waiters = new AcceptWaiters();
 
@@ -98,7 +129,10 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
     token: typeof kCreate,
     server: net.Server,
     url: LinkUrl,
-    setup: { token: Buffer; tls: tls.SecureContext | undefined; requestCert: boolean; limits: LinkLimits; handshakeTimeoutMs: number; maxPending: number },
+    setup: {
+      token: Buffer; tls: tls.SecureContext | undefined; requestCert: boolean; limits: LinkLimits;
+      handshakeTimeoutMs: number; challengeTimeoutMs: number; maxPending: number; maxPendingPerAddress: number; refusedIntervalMs: number;
+    },
   ) {
     super();
     if (token !== kCreate) throw new TypeError('use listen(url) to create a TcpListener');
@@ -113,6 +147,11 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
     this.#limits = setup.limits;
     this.#handshakeTimeoutMs = setup.handshakeTimeoutMs;
     this.#maxPending = setup.maxPending;
+    this.#maxPendingPerAddress = setup.maxPendingPerAddress;
+    this.#challengeTimeoutMs = Math.min(setup.challengeTimeoutMs, setup.handshakeTimeoutMs);
+    this.#reporter = new RefusalReporter(setup.refusedIntervalMs, (error, report) => {
+      if (this.listenerCount('refused') > 0) this.emit('refused', error, report);
+    });
     server.on('connection', (socket: net.Socket) => void this.#admit(socket));
     server.on('error', (e: Error) => {
       if (this.listenerCount('error') > 0) this.emit('error', e);
@@ -129,17 +168,34 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
       raw.destroy();
       return;
     }
-    if (this.#pending.size + this.#ready.length >= this.#maxPending) {
+    // Over a bound: closed at once and counted, nothing more (a flood costs a counter per connection).
+    const source = sourceOf(raw.remoteAddress);
+    const fromSource = this.#bySource.get(source) ?? 0;
+    const limit = this.#pending.size + this.#ready.length >= this.#maxPending ? 'maxPending' : fromSource >= this.#maxPendingPerAddress ? 'maxPendingPerAddress' : undefined;
+    if (limit) {
       raw.destroy();
-      this.#refused(new IpcError('ERR_LIMIT_REACHED', `listener ${this.url} closed a connection: ${this.#maxPending} connections are already in their handshake or waiting for accept() (maxPending)`, { limit: 'maxPending' }));
+      this.#reporter.note('ERR_LIMIT_REACHED', source, () => new IpcError(
+        'ERR_LIMIT_REACHED',
+        limit === 'maxPending'
+          ? `listener ${this.url} closed a connection from ${source}: ${this.#maxPending} connections are already in their handshake or waiting for accept() (maxPending)`
+          : `listener ${this.url} closed a connection from ${source}: ${this.#maxPendingPerAddress} connections from that address are already authenticating (maxPendingPerAddress)`,
+        { limit },
+      ));
       return;
     }
-    const entry: Pending = { socket: raw, link: undefined, givenUp: undefined };
+    const entry: Pending = { socket: raw, source, link: undefined, givenUp: undefined };
     this.#pending.add(entry);
-    const timer = setTimeout(() => {
-      this.#giveUp(entry, new IpcError('ERR_TIMEOUT', `listener ${this.url} closed a connection from ${raw.remoteAddress} that did not complete TLS, the token exchange and the handshake within ${this.#handshakeTimeoutMs} ms`));
-    }, this.#handshakeTimeoutMs).unref(); // the connection itself keeps the process alive, or listener.unref() lets it go
+    this.#bySource.set(source, fromSource + 1);
     const started = Date.now();
+    // A short deadline until the peer's challenge arrived, the handshake timeout from then on.
+    const overdue = (what: string, ms: number) => () =>
+      this.#giveUp(entry, new IpcError('ERR_TIMEOUT', `listener ${this.url} closed a connection from ${raw.remoteAddress} that did not ${what} within ${ms} ms`));
+    // The connection itself keeps the process alive, or listener.unref() lets it go.
+    let timer = setTimeout(overdue(`complete TLS and send its challenge (challengeTimeoutMs)`, this.#challengeTimeoutMs), this.#challengeTimeoutMs).unref();
+    const onChallenge = (): void => {
+      clearTimeout(timer);
+      timer = setTimeout(overdue('complete TLS, the token exchange and the handshake (handshakeTimeoutMs)', this.#handshakeTimeoutMs), Math.max(1, this.#handshakeTimeoutMs - (Date.now() - started))).unref();
+    };
     let where = `${raw.remoteAddress}:${raw.remotePort}`;
     try {
       tuneSocket(raw);
@@ -152,8 +208,9 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
       where = formatLinkUrl('tcp', remote.address, remote.port).slice('tcp://'.length);
       const socket = this.#tls ? await this.#secure(raw) : raw;
       entry.socket = socket;
-      const { leftover } = await authenticate(socket, AuthRole.Listener, this.#token, `peer at ${where}`);
+      const { leftover } = await authenticate(socket, AuthRole.Listener, this.#token, `peer at ${where}`, { onChallenge });
       if (entry.givenUp) throw entry.givenUp;
+      this.#unsource(entry); // it proved the token: no longer one of its address's unauthenticated ones
       entry.link = new Link(kCreate, {
         fd: -1,
         tcp: { socket, leftover, remote },
@@ -171,14 +228,24 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
       this.#hand(entry.link);
     } catch (e) {
       this.#pending.delete(entry);
+      this.#unsource(entry);
       if (entry.link) entry.link.close();
       else closeGracefully(entry.socket);
       const error = entry.givenUp ?? e;
       // A connection that sent nothing before it went (a port probe) is no news; nor is anything after close().
-      if (!(error as { silent?: boolean }).silent && !this.closed) this.#refused(error, where);
+      if (!(error as { silent?: boolean }).silent && !this.closed) this.#refused(error, where, source);
     } finally {
       clearTimeout(timer);
     }
+  }
+
+  #unsource(entry: Pending): void {
+    const source = entry.source;
+    if (source === undefined) return;
+    entry.source = undefined;
+    const n = (this.#bySource.get(source) ?? 1) - 1;
+    if (n > 0) this.#bySource.set(source, n);
+    else this.#bySource.delete(source);
   }
 
   /** TLS on an accepted connection; with requestCert, the client's certificate must check out. */
@@ -195,9 +262,14 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
       socket.once('secure', () => {
         socket.off('error', onError);
         socket.off('close', onClose);
-        if (this.#requestCert && !socket.authorized) {
+        // A TLSSocket made from an accepted socket (not by a tls.Server) never sets `authorized`:
+        // the handle's verifyError() says whether the client's certificate chained to `ca`.
+        const verifyError = (socket as unknown as { ssl?: { verifyError?(): Error | null } }).ssl?.verifyError?.();
+        const presented = Object.keys(socket.getPeerCertificate() ?? {}).length > 0;
+        if (this.#requestCert && (verifyError !== null || !presented)) {
+          const why = verifyError?.message ?? (presented ? 'it could not be verified' : 'it presented none');
           socket.destroy();
-          reject(new IpcError('ERR_AUTH_FAILED', `the connecting side's TLS certificate did not check out: ${String(socket.authorizationError)}`));
+          reject(new IpcError('ERR_AUTH_FAILED', `the connecting side's TLS certificate did not check out: ${why}`));
           return;
         }
         resolve(socket);
@@ -212,9 +284,14 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
     else entry.socket.destroy();
   }
 
-  #refused(e: unknown, where?: string): void {
-    const err = e instanceof IpcError ? e : new IpcError('ERR_PEER_REFUSED', `${where ? `a connection from ${where}: ` : ''}${String((e as Error)?.message ?? e)}`, { cause: e });
-    if (this.listenerCount('refused') > 0) this.emit('refused', err);
+  #refused(e: unknown, where: string, source: string): void {
+    const err = e instanceof IpcError ? e : new IpcError('ERR_PEER_REFUSED', `a connection from ${where}: ${String((e as Error)?.message ?? e)}`, { cause: e });
+    this.#reporter.note(err.code, source, () => err);
+  }
+
+  /** Connections refused since the listener started (reported or still gathered for the next report). */
+  get refusedCount(): number {
+    return this.#reporter.total;
   }
 
   #hand(link: Link): void {
@@ -261,6 +338,7 @@ export class TcpListener extends EventEmitter implements Disposable, AsyncIterab
     this.#server = undefined;
     server.close();
     const closed = new IpcError('ERR_LINK_CLOSED', `the listener ${this.url} is closed`);
+    this.#reporter.flush(); // what was gathered is still told
     for (const p of this.#pending) this.#giveUp(p, closed);
     for (const l of this.#ready.drain()) l.close();
     this.#waiters.rejectAll(closed);
@@ -284,6 +362,9 @@ export async function listenTcp(urlText: LinkUrl, options: TcpListenOptions = {}
   const limits = linkLimits(o, 'options');
   const handshakeTimeoutMs = optionalInteger(o.handshakeTimeoutMs, 'options.handshakeTimeoutMs', 10_000, 1);
   const maxPending = optionalInteger(o.maxPending, 'options.maxPending', 128, 1);
+  const maxPendingPerAddress = optionalInteger(o.maxPendingPerAddress, 'options.maxPendingPerAddress', 8, 1);
+  const challengeTimeoutMs = optionalInteger(o.challengeTimeoutMs, 'options.challengeTimeoutMs', 2_000, 1);
+  const refusedIntervalMs = optionalInteger(o.refusedIntervalMs, 'options.refusedIntervalMs', REFUSED_INTERVAL_MS, 0);
   const backlog = optionalInteger(o.backlog, 'options.backlog', 128, 1);
   const tlsOptions = tlsOptionsFor(url, o, 'listen');
   let secureContext: tls.SecureContext | undefined;
@@ -317,6 +398,27 @@ export async function listenTcp(urlText: LinkUrl, options: TcpListenOptions = {}
     requestCert: tlsOptions?.requestCert === true,
     limits,
     handshakeTimeoutMs,
+    challengeTimeoutMs,
     maxPending,
+    maxPendingPerAddress,
+    refusedIntervalMs,
   });
+}
+
+/**
+ * The source a connection from `address` counts against (maxPendingPerAddress): an IPv4 address
+ * (also when written IPv4-mapped), or an IPv6 address's /64 prefix, as one host usually holds a
+ * whole /64 and could otherwise change its address for every connection.
+ */
+export function sourceOf(address: string | undefined): string {
+  if (!address) return 'unknown';
+  const mapped = /^::ffff:(\d+\.\d+\.\d+\.\d+)$/i.exec(address);
+  if (mapped) return mapped[1]!;
+  if (!address.includes(':')) return address;
+  const [head = '', tail] = address.split('%')[0]!.split('::');
+  const h = head ? head.split(':') : [];
+  const t = tail ? tail.split(':') : [];
+  const width = (g: string[]): number => g.reduce((n, x) => n + (x.includes('.') ? 2 : 1), 0);
+  const groups = tail === undefined ? h : [...h, ...Array<string>(Math.max(0, 8 - width(h) - width(t))).fill('0'), ...t];
+  return `${groups.slice(0, 4).map((g) => (g.includes('.') ? g : parseInt(g, 16).toString(16))).join(':')}::/64`;
 }

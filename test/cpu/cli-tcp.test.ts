@@ -1,7 +1,7 @@
 // The two-terminal example across machines, on one machine's loopback: `cuda-ipc produce --listen
 // tcp://127.0.0.1:0` and `cuda-ipc consume tcp://...`, the token from CUDA_IPC_TOKEN or
 // --token-file (never the command line); a wrong or missing token fails both sides (exit 1,
-// ERR_AUTH_FAILED); `cuda-ipc token` prints a fresh one.
+// ERR_AUTH_FAILED: the producer prints the refusal as it happens); `cuda-ipc token` prints a fresh one.
 import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, spawnSync } from 'node:child_process';
@@ -82,10 +82,11 @@ test('a wrong token fails both sides with ERR_AUTH_FAILED (exit 1); no token fai
   const c = await run(['consume', p.url, '--timeout', '5'], { CUDA_IPC_TOKEN: 'a-different-token-of-length' });
   assert.equal(c.code, 1, c.out + c.err);
   assert.match(c.err, /\[ERR_AUTH_FAILED\] the listener at tcp:\/\/127\.0\.0\.1:\d+ did not prove the token: the two sides hold different tokens; give both the same one \(CUDA_IPC_TOKEN or --token-file FILE\)/);
-  // The producer goes on waiting for a consumer with the right token; give it one.
-  const ok = await run(['consume', p.url], { CUDA_IPC_TOKEN: TOKEN });
-  assert.equal(ok.code, 0, ok.out + ok.err);
-  assert.equal((await p.done).code, 0);
+  // The producer prints the refusal (who, why) as it happens and fails too (exit 1), long before its --timeout.
+  const pr = await p.done;
+  assert.equal(pr.code, 1, pr.out + pr.err);
+  assert.match(pr.err, /producer: refused a connection: \[ERR_AUTH_FAILED\] the peer at 127\.0\.0\.1:\d+ /);
+  assert.match(pr.err, /\[ERR_AUTH_FAILED\] a consumer connected with another token/);
   const none = await run(['consume', p.url], { CUDA_IPC_TOKEN: '' });
   assert.equal(none.code, 1);
   // The hints name the CLI's ways (issue 39.8), not the API's options.

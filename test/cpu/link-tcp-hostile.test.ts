@@ -8,6 +8,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes, randomInt } from 'node:crypto';
+import net from 'node:net';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
@@ -44,7 +45,7 @@ interface AuthCase {
 
 const AUTH_CASES: AuthCase[] = [
   { name: 'a challenge with a bad magic', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(specChallenge(1, randomBytes(32), (b) => b.write('HTTP', 0))) },
-  { name: 'a challenge of authentication version 2', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(specChallenge(1, randomBytes(32), (b) => (b[4] = 2))) },
+  { name: 'a challenge of authentication version 3', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(specChallenge(1, randomBytes(32), (b) => (b[4] = 3))) },
   { name: 'a challenge claiming the listener\'s role', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(specChallenge(2, randomBytes(32))) },
   { name: 'a challenge whose reserved bytes are not zero', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(specChallenge(1, randomBytes(32), (b) => (b[9] = 1))) },
   { name: 'HTTP instead of a challenge', expect: 'refused ERR_FRAME_INVALID', run: async (r) => r.send(Buffer.from('GET / HTTP/1.1\r\nHost: x\r\n\r\n'.padEnd(64, ' '))) },
@@ -59,13 +60,18 @@ const AUTH_CASES: AuthCase[] = [
     },
   },
   {
-    name: 'the listener\'s own proof sent back to it',
-    expect: 'refused ERR_AUTH_FAILED',
+    // The listener proves only to a peer whose proof checked out (PROTOCOL.md 2.3): a challenge and no proof gets its challenge, nothing to test guesses of the token against.
+    name: 'a challenge and no proof (waiting for the listener to prove first)',
+    expect: 'refused ERR_TIMEOUT',
     run: async (r) => {
       r.send(specChallenge(1, randomBytes(32)));
-      await r.take(48);
-      r.send(await r.take(32));
+      assert.equal((await r.take(48)).byteLength, 48);
     },
+  },
+  {
+    name: 'a challenge of authentication version 1 (both sides proved at once)',
+    expect: 'refused ERR_FRAME_INVALID',
+    run: async (r) => r.send(specChallenge(1, randomBytes(32), (b) => (b[4] = 1))),
   },
   {
     name: 'a proof with the right token but the wrong role byte',
@@ -77,7 +83,7 @@ const AUTH_CASES: AuthCase[] = [
       r.send(specProof(TOKEN, 2, theirs.subarray(16), nonce));
     },
   },
-  { name: 'a challenge, then the connection closed before the proof', expect: 'refused ERR_AUTH_FAILED', run: async (r) => { r.send(specChallenge(1, randomBytes(32))); await r.take(80); r.socket.end(); } },
+  { name: 'a challenge, then the connection closed before the proof', expect: 'refused ERR_AUTH_FAILED', run: async (r) => { r.send(specChallenge(1, randomBytes(32))); await r.take(48); r.socket.end(); } },
   { name: 'a connection that sends nothing and closes (a port probe)', expect: 'nothing', run: async (r) => void r.socket.end() },
   { name: 'a connection that sends nothing and waits', expect: 'refused ERR_TIMEOUT', run: async () => {} },
   { name: 'the token proved, then no HELLO', expect: 'refused ERR_TIMEOUT', run: async (r) => assert.ok(await authenticateRaw(r)) },
@@ -85,7 +91,7 @@ const AUTH_CASES: AuthCase[] = [
 ];
 
 test('hostile peers before the token is proved: each is refused with a typed error (a probe silently), gets nothing past the proofs, and an honest peer is served after', { timeout: 120_000 }, async (t) => {
-  const listener = await listen('tcp://127.0.0.1:0', { token: TOKEN, handshakeTimeoutMs: 400 });
+  const listener = await listen('tcp://127.0.0.1:0', { token: TOKEN, handshakeTimeoutMs: 400, refusedIntervalMs: 0 });
   const refused = refusals(listener);
   const rows: string[] = [];
   try {
@@ -107,8 +113,8 @@ test('hostile peers before the token is proved: each is refused with a typed err
         got = `refused ${(await refused.next()).code}`;
         await raw.closed();
       }
-      // The listener sent its challenge and at most its proof; past a proved token, its HELLO and GOODBYE, never a message.
-      if (!c.name.includes('token proved')) assert.ok(raw.totalReceived <= 80, `${c.name}: the listener sent ${raw.totalReceived} bytes`);
+      // The listener sent at most its challenge (its proof goes only to a peer that proved the token); past a proved token, its HELLO and GOODBYE, never a message.
+      if (!c.name.includes('token proved')) assert.ok(raw.totalReceived <= 48, `${c.name}: the listener sent ${raw.totalReceived} bytes`);
       else assert.deepEqual(parseFrames(raw.received).map((f) => f.type).filter((type) => type !== 1 && type !== 3), [], c.name);
       raw.destroy();
       assert.equal(got, c.expect, c.name);
@@ -322,4 +328,30 @@ test(`the link frame fuzzer through a TCP stream: every case closes, fails or de
   assert.equal(total, cases);
   assert.ok((outcomes['closed ERR_FRAME_INVALID'] ?? 0) > cases / 3, 'most cases are refused as invalid');
   assert.ok(Object.keys(outcomes).some((k) => k.startsWith('2 delivered')), 'some cases are delivered');
+});
+
+test('a listener of authentication version 1 (both sides proved at once) gets no proof, and connect names both versions', async () => {
+  const got: Buffer[] = [];
+  let closed!: () => void;
+  const ended = new Promise<void>((r) => (closed = r));
+  const server = net.createServer((s) => {
+    s.on('data', (d) => got.push(d));
+    s.on('error', () => {});
+    s.on('close', () => closed());
+    s.write(specChallenge(2, randomBytes(32), (b) => (b[4] = 1)));
+  });
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  try {
+    const { connect } = await import('../../src/link/index.js');
+    await assert.rejects(connect(`tcp://127.0.0.1:${(server.address() as net.AddressInfo).port}`, { token: TOKEN, timeout: 5000 }), (e: unknown) => {
+      assert.ok(e instanceof IpcError);
+      assert.equal(e.code, 'ERR_FRAME_INVALID');
+      assert.match(e.message, /authentication version 1, this build 2 \(version 1, where both sides proved at once, is no longer spoken: update the older side\)/);
+      return true;
+    });
+    await ended;
+    assert.equal(Buffer.concat(got).byteLength, 48, 'the connector sent its challenge and no proof');
+  } finally {
+    server.close();
+  }
 });

@@ -5,7 +5,7 @@
 import {
   HostBuffer, DeviceBuffer, Device, Link, Listener, IpcError, ChannelHub, ChannelProducer, ChannelConsumer, ChannelMessage,
   spawn, parentLink, connect, listen, createChannel, acceptChannel, pipelineStage, setLinkWorkingDevice,
-  type SlotBuffer, type LinkEvents, type TcpListener, type RemoteEndpoint, type LinkTransportKind, type LinkUrl,
+  type SlotBuffer, type LinkEvents, type TcpListener, type RemoteEndpoint, type LinkTransportKind, type LinkUrl, type RefusedReport,
   NcclCommunicator, loadNccl, asNcclUniqueId, type NcclUniqueId, type NcclResultName,
 } from 'cuda-ipc';
 
@@ -67,6 +67,12 @@ export async function links(link: Link): Promise<void> {
   assertType<Equal<typeof tcp, TcpListener>>();
   assertType<Equal<typeof tcp.url, LinkUrl>>();
   tcp.on('refused', (e) => assertType<Equal<typeof e, IpcError>>());
+  // Refusals are coalesced: the first error, and a report counting them all by code and source.
+  tcp.on('refused', (_e, report) => {
+    assertType<Equal<typeof report, RefusedReport>>();
+    assertType<Equal<typeof report.count, number>>();
+    assertType<Equal<typeof report.bySource, Record<string, number>>>();
+  });
   const remote = await connect<Done, Job>(tcp.url, { token: new Uint8Array(16), timeout: 1000 });
   assertType<Equal<Awaited<ReturnType<typeof remote.receive>>, Done>>();
   assertType<Equal<typeof remote.remote, RemoteEndpoint | undefined>>();

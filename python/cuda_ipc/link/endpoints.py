@@ -34,8 +34,9 @@ def listen(address: str, *, token: str | bytes | None = None, cert: PathLike | N
       ``directory``, ``allow_uids``, ``backlog``, ``handshake_timeout``, ``max_message_bytes`` (listener.py).
     - ``tcp://HOST:PORT`` (``listen('tcp://127.0.0.1:0', token=...)``): TCP on exactly that address
       (port 0 picks one: ``listener.url``); ``token`` (else CUDA_IPC_TOKEN, at least 16 bytes) is
-      required; options ``backlog``, ``handshake_timeout`` (10 s), ``max_pending`` (128),
-      ``max_message_bytes``. ``tls://`` adds TLS with ``cert``, ``key`` and optionally ``ca`` (then
+      required; options ``backlog``, ``handshake_timeout`` (10 s), ``challenge_timeout`` (2 s),
+      ``max_pending`` (128), ``max_pending_per_address`` (8), ``on_refused`` (a callable(error,
+      report) told of refused connections, coalesced), ``refused_interval`` (1 s), ``max_message_bytes``. ``tls://`` adds TLS with ``cert``, ``key`` and optionally ``ca`` (then
       clients need certificates it signed); device memory on its links moves over NCCL, which does not
       encrypt, so it is refused (ERR_NCCL_UNENCRYPTED) unless ``allow_nccl_in_clear=True``.
     """
@@ -56,7 +57,9 @@ def connect(address: str, *, token: str | bytes | None = None, cert: PathLike | 
     - A name: the Unix socket of a Node or Python ``listen(name)``; options ``directory``, ``allow_uids``,
       ``timeout`` (10 s), ``max_message_bytes`` (listener.py).
     - ``tcp://HOST:PORT`` / ``tls://HOST:PORT``: a Node or Python TCP listener; ``token`` (else
-      CUDA_IPC_TOKEN) is required; options ``timeout`` (10 s), ``max_message_bytes``; for TLS ``ca``
+      CUDA_IPC_TOKEN) is required; options ``timeout`` (10 s: connections refused, or closed by a busy
+      listener before the token exchange, are tried again until then; then ERR_NO_LISTENER or
+      ERR_LISTENER_BUSY), ``max_message_bytes``; for TLS ``ca``
       (the listener's CA, else the system's), ``cert``/``key`` when the listener asks for one, and
       ``allow_nccl_in_clear=True`` to let device memory cross NCCL's network in clear (else refused:
       ERR_NCCL_UNENCRYPTED).

@@ -4,13 +4,17 @@ token=...)`` (docs/PROTOCOL.md 1.1 and 2.3; Node: the same calls). ``tls://`` ru
 A listener binds exactly the address it is given (port 0 picks a free one, ``listener.url`` says
 which); there is no default, so listening beyond the loopback interface is always written out. Every
 connection authenticates with the shared token (tcp_auth.py) and then says HELLO; the listener runs
-those handshakes side by side in accept() (non-blocking, at most ``max_pending`` at once, each within
-``handshake_timeout``), so a connection that stays silent holds up no other. Connections beyond
-``max_pending`` are closed at once.
+those handshakes side by side in accept() (non-blocking), so a connection that stays silent holds up
+no other. Bounds, as Node's: ``max_pending`` connections in their handshake or not yet returned by
+accept(), of them ``max_pending_per_address`` from one address (an IPv6 one: its /64) that have not
+proved the token; more are closed at once. A connection must send its challenge within
+``challenge_timeout`` and finish within ``handshake_timeout``. Refusals are counted (``refused``) and
+reported coalesced to ``on_refused(error, report)`` (refusal_report.py).
 """
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import select
 import socket
@@ -25,6 +29,7 @@ from .large_message import check_max_message_bytes
 from .link import _CREATE, Link
 from .link_url import TcpAddress, format_url, parse_url
 from .stream import POLLIN, POLLOUT, StreamSocket, TcpLink
+from .refusal_report import REFUSED_INTERVAL, RefusalReporter, RefusedCallback
 from .tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, Authenticator, resolve_token
 
 #: A file given to ssl: a path.
@@ -34,6 +39,20 @@ PathLike = Union[str, "os.PathLike[str]"]
 KEEPALIVE_IDLE, KEEPALIVE_INTERVAL, KEEPALIVE_COUNT = 10, 5, 3
 #: Connections a listener accepts per wake-up before it looks at the others again.
 _ACCEPT_BATCH = 64
+
+
+def source_of(address: str) -> str:
+    """What a connection from ``address`` counts against (max_pending_per_address): an IPv4 address
+    (also written IPv4-mapped), or an IPv6 address's /64, as Node's sourceOf()."""
+    try:
+        ip = ipaddress.ip_address(address.split("%")[0])
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network(f"{ip}/64", strict=False).network_address) + "/64"
+    return str(ip)
 
 
 def _tune(sock: socket.socket) -> None:
@@ -75,15 +94,24 @@ class _Opening:
     """A connection on its way to a link: TLS handshake, authentication, then the HELLOs. ``advance()``
     does what it can without waiting: the open link, or None with ``want`` the events to wait for."""
 
-    def __init__(self, sock: socket.socket, role: int, secret: bytes, peer_name: str, max_message_bytes: int | None, deadline: float):
+    def __init__(self, sock: socket.socket, role: int, secret: bytes, peer_name: str, max_message_bytes: int | None, deadline: float,
+                 source: str | None = None, full_deadline: float | None = None):
         self.conn = StreamSocket(sock)
         self.deadline = deadline
+        #: A listener's: the deadline once the peer's challenge arrived (``deadline`` is the challenge's until then).
+        self.full_deadline = deadline if full_deadline is None else full_deadline
+        #: A listener's: what max_pending_per_address counts it against, until it proved the token.
+        self.source = source
         self.want = POLLOUT
         self.link: TcpLink | None = None
         self._auth = Authenticator(self.conn, secret, role, peer_name)
         self._peer_name = peer_name
         self._max_message_bytes = max_message_bytes
         self._tls_done = not self.conn.tls
+
+    @property
+    def tls_done(self) -> bool:
+        return self._tls_done
 
     def advance(self) -> TcpLink | None:
         if not self._tls_done:
@@ -97,7 +125,11 @@ class _Opening:
                 return None
             self._tls_done = True
         if self.link is None:
-            self.want = self._auth.advance()
+            try:
+                self.want = self._auth.advance()
+            finally:
+                if self._auth.challenged:
+                    self.deadline = self.full_deadline
             if self.want:
                 return None
             self.link = TcpLink(self.conn, peer_name=self._peer_name, max_message_bytes=self._max_message_bytes, _token=_CREATE)
@@ -123,7 +155,8 @@ class TcpListener:
     ``close()`` stops listening. ``url`` is the bound address (tcp://127.0.0.1:40123)."""
 
     def __init__(self, sock: socket.socket, where: TcpAddress, secret: bytes, tls: ssl.SSLContext | None, handshake_timeout: float,
-                 max_pending: int, max_message_bytes: int | None, _token: object = None):
+                 max_pending: int, max_message_bytes: int | None, _token: object = None, *, challenge_timeout: float = 2.0,
+                 max_pending_per_address: int = 8, on_refused: RefusedCallback | None = None, refused_interval: float = REFUSED_INTERVAL):
         if _token is not _CREATE:
             raise IpcError("ERR_INVALID_ARG", "use listen('tcp://...') to create a TcpListener")
         host, port = sock.getsockname()[:2]
@@ -135,14 +168,17 @@ class TcpListener:
         self._tls = tls
         self._handshake_timeout = handshake_timeout
         self._max_pending = max_pending
+        self._max_pending_per_address = max_pending_per_address
+        self._challenge_timeout = min(challenge_timeout, handshake_timeout)
         self._max_message_bytes = max_message_bytes
         self._pending: dict[int, _Opening] = {}
+        #: Connections not yet authenticated, by source (what max_pending_per_address bounds).
+        self._by_source: dict[str, int] = {}
+        self._reporter = RefusalReporter(refused_interval, on_refused)
         self._ready: deque[TcpLink] = deque()
         self._closed = False
         self._cleared = False
-        #: Connections dropped so far (authentication or handshake failed or timed out, more than
-        #: max_pending at once), and why the last one was.
-        self.refused = 0
+        #: Why the last connection dropped was (``refused`` counts them).
         self.last_refusal: IpcError | None = None
         # One thread runs the handshakes at a time (the one in accept()); close() from another wakes it.
         self._accept_lock = threading.Lock()
@@ -151,6 +187,11 @@ class TcpListener:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def refused(self) -> int:
+        """Connections dropped so far: authentication or handshake failed or timed out, over a bound."""
+        return self._reporter.total
 
     @property
     def pending(self) -> int:
@@ -184,9 +225,15 @@ class TcpListener:
         caller's deadline) and does what that allows."""
         now = time.monotonic()
         for o in [o for o in self._pending.values() if o.deadline <= now]:
-            self._drop(o, IpcError("ERR_TIMEOUT", f"a connection to {self.url} did not complete authentication and the link "
+            self._drop(o, IpcError("ERR_TIMEOUT", f"a connection to {self.url} from {o.source} did not send its challenge within "
+                                   f"{self._challenge_timeout} s (challenge_timeout)" if o.deadline != o.full_deadline else
+                                   f"a connection to {self.url} did not complete authentication and the link "
                                    f"handshake within {self._handshake_timeout} s (handshake_timeout)"))
-        until = deadline
+        due = self._reporter.due()
+        if due is not None and due <= now:
+            self._reporter.flush()
+            due = None
+        until = deadline if due is None or (deadline is not None and deadline < due) else due
         p = select.poll()
         p.register(self._fd, POLLIN)
         for fd, o in self._pending.items():
@@ -209,7 +256,7 @@ class TcpListener:
             if self._closed:
                 return
             try:
-                sock, _addr = self._sock.accept()
+                sock, addr = self._sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:
@@ -219,21 +266,32 @@ class TcpListener:
                     raise IpcError("ERR_FD_LIMIT", f"the listener at {self.url} cannot accept a connection: this process has no "
                                    "descriptor left (see `ulimit -n`); close links or buffers you no longer need") from None
                 raise
-            if len(self._pending) >= self._max_pending:
-                sock.close()  # more than max_pending at once: refused, so that silent peers cannot use up our fds
-                self._note_refusal(IpcError("ERR_LIMIT_REACHED", f"a connection to {self.url} was closed at once: {self._max_pending} "
-                                            "were in their handshake already (max_pending)", limit="max_pending"))
+            source = source_of(addr[0])
+            # Over a bound: closed at once and counted, so that silent peers cannot use up our fds or the others' places.
+            if len(self._pending) + len(self._ready) >= self._max_pending:
+                sock.close()
+                self._note_refusal(IpcError("ERR_LIMIT_REACHED", f"a connection to {self.url} from {source} was closed at once: "
+                                            f"{self._max_pending} were in their handshake or waiting for accept() already (max_pending)",
+                                            limit="max_pending"), source)
+                continue
+            if self._by_source.get(source, 0) >= self._max_pending_per_address:
+                sock.close()
+                self._note_refusal(IpcError("ERR_LIMIT_REACHED", f"a connection to {self.url} from {source} was closed at once: "
+                                            f"{self._max_pending_per_address} from that address were authenticating already "
+                                            "(max_pending_per_address)", limit="max_pending_per_address"), source)
                 continue
             try:
                 _tune(sock)
                 if self._tls is not None:
                     sock = self._tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+                now = time.monotonic()
                 o = _Opening(sock, ROLE_LISTENER, self._secret, "peer connected to " + self.url, self._max_message_bytes,
-                             time.monotonic() + self._handshake_timeout)
+                             now + self._challenge_timeout, source, now + self._handshake_timeout)
             except OSError:
                 sock.close()  # it hung up already
                 continue
             self._pending[o.conn.fd] = o
+            self._by_source[source] = self._by_source.get(source, 0) + 1
             self._advance(o)
 
     def _advance(self, o: _Opening) -> None:
@@ -245,18 +303,32 @@ class TcpListener:
         except OSError as e:
             self._drop(o, IpcError("ERR_PEER_GONE", f"a connection to {self.url} failed during its handshake: {e.strerror or e}"))
             return
+        if o.link is not None:
+            self._unsource(o)  # it proved the token
         if link is not None:
             del self._pending[o.conn.fd]
             self._ready.append(link)
 
+    def _unsource(self, o: _Opening) -> None:
+        if o.source is None:
+            return
+        n = self._by_source.get(o.source, 1) - 1
+        if n > 0:
+            self._by_source[o.source] = n
+        else:
+            self._by_source.pop(o.source, None)
+        o.source = None
+
     def _drop(self, o: _Opening, why: IpcError) -> None:
         self._pending.pop(o.conn.fd, None)
+        source = o.source or "?"
+        self._unsource(o)
         o.close()
-        self._note_refusal(why)
+        self._note_refusal(why, source)
 
-    def _note_refusal(self, why: IpcError) -> None:
-        self.refused += 1
+    def _note_refusal(self, why: IpcError, source: str) -> None:
         self.last_refusal = why
+        self._reporter.note(why, source)
 
     def close(self) -> None:
         """Stops listening: pending connections are dropped, links accepted but not yet returned closed.
@@ -265,6 +337,10 @@ class TcpListener:
             return
         self._closed = True
         if os.getpid() == self._pid:  # (a forked child's copy must not stop its parent's socket)
+            try:
+                self._reporter.flush()  # what was gathered is still told
+            except Exception:
+                pass
             try:
                 self._sock.shutdown(socket.SHUT_RDWR)  # wakes a poll() in accept()
             except OSError:
@@ -312,14 +388,24 @@ class TcpListener:
 
 def listen_tcp(url: str, *, token: str | bytes | None = None, backlog: int = 128, handshake_timeout: float = 10.0,
                max_pending: int = 128, max_message_bytes: int | None = None, cert: PathLike | None = None,
-               key: PathLike | None = None, ca: PathLike | None = None) -> TcpListener:
-    """Listens for TCP links on ``url`` (see the module notes)."""
+               key: PathLike | None = None, ca: PathLike | None = None, challenge_timeout: float = 2.0,
+               max_pending_per_address: int = 8, on_refused: RefusedCallback | None = None,
+               refused_interval: float = REFUSED_INTERVAL) -> TcpListener:
+    """Listens for TCP links on ``url`` (see the module notes). ``on_refused(error, report)`` is called
+    from accept() with the refused connections, at most once per ``refused_interval`` seconds (the
+    first after a quiet interval at once): ``error`` the first of them, ``report`` a RefusedReport."""
     where = parse_url(url, listening=True)
     secret = resolve_token(token, "listen")
     if isinstance(handshake_timeout, bool) or not isinstance(handshake_timeout, (int, float)) or not handshake_timeout > 0:
         raise ValueError(f"listen: handshake_timeout must be a positive number of seconds, got {handshake_timeout!r}")
-    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
-        raise ValueError(f"listen: max_pending must be a positive int, got {max_pending!r}")
+    for value, what in ((max_pending, "max_pending"), (max_pending_per_address, "max_pending_per_address")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"listen: {what} must be a positive int, got {value!r}")
+    for number, what in ((challenge_timeout, "challenge_timeout"), (refused_interval, "refused_interval")):
+        if isinstance(number, bool) or not isinstance(number, (int, float)) or number < 0 or (what == "challenge_timeout" and number == 0):
+            raise ValueError(f"listen: {what} must be a {'positive' if what == 'challenge_timeout' else 'non-negative'} number of seconds, got {number!r}")
+    if on_refused is not None and not callable(on_refused):
+        raise TypeError("listen: on_refused must be callable (error, report)")
     if max_message_bytes is not None:
         check_max_message_bytes(max_message_bytes)
     tls = _tls_context(where, True, cert, key, ca)
@@ -340,7 +426,9 @@ def listen_tcp(url: str, *, token: str | bytes | None = None, backlog: int = 128
             raise
         sock.listen(backlog)
         sock.setblocking(False)
-        return TcpListener(sock, where, secret, tls, float(handshake_timeout), max_pending, max_message_bytes, _token=_CREATE)
+        return TcpListener(sock, where, secret, tls, float(handshake_timeout), max_pending, max_message_bytes, _token=_CREATE,
+                           challenge_timeout=float(challenge_timeout), max_pending_per_address=max_pending_per_address,
+                           on_refused=on_refused, refused_interval=float(refused_interval))
     except BaseException:
         sock.close()
         raise
@@ -350,8 +438,10 @@ def connect_tcp(url: str, *, token: str | bytes | None = None, timeout: float = 
                 cert: PathLike | None = None, key: PathLike | None = None, ca: PathLike | None = None) -> Link:
     """Connects to the listener at ``url`` and returns the link once authentication and handshake
     succeeded. A missing or short token fails at once (ERR_AUTH_FAILED) with nothing sent. While the
-    connection is refused (nobody listens yet) it tries again up to ``timeout`` seconds (0: fail at
-    once with ERR_NO_LISTENER), as connect(name) does; the whole call takes at most ``timeout``."""
+    connection is refused (nobody listens yet) it tries again up to ``timeout`` seconds, then
+    ERR_NO_LISTENER (0: at once), as connect(name) does; a connection the listener closes before this
+    side could prove the token (no room: its bounds of pending connections) is tried again alike, then
+    ERR_LISTENER_BUSY. The whole call takes at most ``timeout``."""
     where = parse_url(url, listening=False)
     secret = resolve_token(token, "connect")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
@@ -360,6 +450,32 @@ def connect_tcp(url: str, *, token: str | bytes | None = None, timeout: float = 
         check_max_message_bytes(max_message_bytes)
     tls = _tls_context(where, False, cert, key, ca)
     deadline = time.monotonic() + timeout
+    pause = 0.005
+    busy: IpcError | None = None
+    tries = 0
+    while True:
+        try:
+            return _connect_once(url, where, tls, secret, max_message_bytes, deadline, timeout)
+        except IpcError as e:
+            # Closed before this side could prove the token: the listener had no room (or was flooded); try
+            # again until the deadline. A last try that the deadline cut short is still that listener being busy.
+            still_busy = busy is not None and e.code == "ERR_TIMEOUT"
+            if (e.code != "ERR_LISTENER_BUSY" and not still_busy) or timeout == 0:
+                raise
+            if not still_busy:
+                busy, tries = e, tries + 1
+            left = deadline - time.monotonic()
+            if left <= 0 or still_busy:
+                raise IpcError("ERR_LISTENER_BUSY", f"connect: the listener at {url} closed {tries} connection{'s' if tries != 1 else ''} "
+                               f"before this side could prove the token and stayed so for {timeout} s (the timeout): it is at its "
+                               "bound of connections still authenticating (max_pending, max_pending_per_address; a flood from this "
+                               "address?), or it is not a cuda-ipc listener") from None
+            time.sleep(min(pause, left))
+            pause = min(pause * 2, 0.25)
+
+
+def _connect_once(url: str, where: TcpAddress, tls: ssl.SSLContext | None, secret: bytes, max_message_bytes: int | None,
+                  deadline: float, timeout: float) -> Link:
     sock = _dial(url, where, deadline, timeout)
     try:
         _tune(sock)
@@ -371,7 +487,19 @@ def connect_tcp(url: str, *, token: str | bytes | None = None, timeout: float = 
         raise
     try:
         while True:
-            link = opening.advance()
+            try:
+                link = opening.advance()
+            except IpcError as e:
+                # The TCP connection closed during TLS, before anything was proved: as a listener with no room does.
+                if e.code == "ERR_AUTH_FAILED" and not opening.tls_done and ("closed the connection" in str(e) or "EOF" in str(e)):
+                    raise IpcError("ERR_LISTENER_BUSY", f"the listener at {url} closed the connection during TLS, before this side "
+                                   "could prove the token") from None
+                if e.code == "ERR_LISTENER_BUSY" and tls is not None:
+                    # A listener with no room closes before TLS; one that closes right after it, before its challenge,
+                    # refused this side's certificate (a Node listener does so without a TLS alert).
+                    raise IpcError("ERR_AUTH_FAILED", f"connect: the listener at {url} closed the connection right after TLS, before "
+                                   "its challenge: it requires a client certificate its CA signed (cert= and key=)") from None
+                raise
             if link is not None:
                 return link
             if not opening.conn.wait(opening.want, deadline):
@@ -393,8 +521,8 @@ def _dial(url: str, where: TcpAddress, deadline: float, timeout: float) -> socke
             if timeout == 0:
                 raise IpcError("ERR_NO_LISTENER", f"connect: nothing listens at {url} (connection refused); start the listening process first") from None
             if left <= 0:
-                raise IpcError("ERR_TIMEOUT", f"connect: nothing listens at {url} (connection refused), and no listener appeared "
-                               f"within {timeout} s (the timeout)") from None
+                raise IpcError("ERR_NO_LISTENER", f"connect: nothing listens at {url} (connection refused), and no listener appeared "
+                               f"within {timeout} s (the timeout); start the listening process first") from None
             time.sleep(min(pause, left))
             pause = min(pause * 2, 0.25)
         except socket.gaierror as e:
