@@ -32,15 +32,15 @@ def _ints(v: Sequence[int]) -> tuple[int, ...]:
 
 
 def tensor_parallel_parameter(*, dtype: Any, parts: Sequence[tuple[str, Sequence[int]]], dim: int, size: int, rank: int,
-                              pad_multiple: int | None = None) -> dict:
+                              pad_multiple: int | None = None) -> dict[str, Any]:
     """The parameter a tensor-parallel rank holds (``need_parameter``'s keyword arguments): each
     part (tensor name, global shape) padded along ``dim`` to ``pad_multiple``, cut by torch.chunk's
     rule, the chunks concatenated along ``dim``; rows past a part's real extent are padding."""
     if not parts or not 0 <= dim < len(parts[0][1]) or size < 1 or not 0 <= rank < size:
         raise LayoutError("ERR_LAYOUT_INVALID", f"tensor_parallel_parameter: give at least one part, dim within its dimensions and 0 <= rank < size (dim {dim}, rank {rank}, size {size})")
     first = _ints(parts[0][1])
-    pieces = []
-    padding = []
+    pieces: list[dict[str, Any]] = []
+    padding: list[Box] = []
     offset = 0
     for tensor, shape in parts:
         shape = _ints(shape)
@@ -103,12 +103,12 @@ class LayoutBuilder:
         dtype, local, strides = _tensor_facts(t)
         return self.need(name, dtype=dtype, shape=shape, start=start, length=local, strides=strides, tensor=tensor)
 
-    def hold_parameter(self, name: str, *, dtype: Any, shape: Sequence[int], pieces: Sequence[dict], padding: Sequence[Box] = (),
+    def hold_parameter(self, name: str, *, dtype: Any, shape: Sequence[int], pieces: Sequence[dict[str, Any]], padding: Sequence[Box] = (),
                        strides: Sequence[int] | None = None) -> "LayoutBuilder":
         """A source local tensor made of pieces (dicts: tensor, shape (global), start, length, at)."""
         return self._parameter(self._sources, name, dtype, shape, pieces, padding, strides)
 
-    def need_parameter(self, name: str, *, dtype: Any, shape: Sequence[int], pieces: Sequence[dict], padding: Sequence[Box] = (),
+    def need_parameter(self, name: str, *, dtype: Any, shape: Sequence[int], pieces: Sequence[dict[str, Any]], padding: Sequence[Box] = (),
                        strides: Sequence[int] | None = None) -> "LayoutBuilder":
         """A destination parameter made of pieces (fused qkv, gate_up), the rest declared padding."""
         return self._parameter(self._destinations, name, dtype, shape, pieces, padding, strides)
@@ -120,7 +120,7 @@ class LayoutBuilder:
         validate_layout(layout)
         return layout
 
-    def _plain(self, group: list, name: str, dtype: Any, shape: Sequence[int], start: Sequence[int] | None, length: Sequence[int] | None,
+    def _plain(self, group: list[LocalTensor], name: str, dtype: Any, shape: Sequence[int], start: Sequence[int] | None, length: Sequence[int] | None,
                mesh: Sequence[int] | None, placements: Sequence[Placement] | None, coordinate: Sequence[int] | None,
                strides: Sequence[int] | None, tensor: str | None) -> "LayoutBuilder":
         shape = _ints(shape)
@@ -133,7 +133,7 @@ class LayoutBuilder:
         piece = {"tensor": tensor or name, "shape": shape, "start": box.start, "length": box.length}
         return self._parameter(group, name, dtype, box.length, [piece], (), strides)
 
-    def _dtensor(self, group: list, name: str, dt: Any, tensor: str | None) -> "LayoutBuilder":
+    def _dtensor(self, group: list[LocalTensor], name: str, dt: Any, tensor: str | None) -> "LayoutBuilder":
         box = dtensor_box(dt, name)
         if box is None or volume(box.length) == 0:
             return self
@@ -145,7 +145,7 @@ class LayoutBuilder:
         piece = {"tensor": tensor or name, "shape": shape, "start": box.start, "length": box.length}
         return self._parameter(group, name, dtype, box.length, [piece], (), strides)
 
-    def _parameter(self, group: list, name: str, dtype: Any, shape: Sequence[int], pieces: Sequence[dict], padding: Sequence[Box],
+    def _parameter(self, group: list[LocalTensor], name: str, dtype: Any, shape: Sequence[int], pieces: Sequence[dict[str, Any]], padding: Sequence[Box],
                    strides: Sequence[int] | None) -> "LayoutBuilder":
         dtype = dtype_of(dtype)
         shape = _ints(shape)

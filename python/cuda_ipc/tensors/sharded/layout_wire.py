@@ -80,7 +80,7 @@ class _Reader:
         if self.pos + n > len(self.data):
             raise _bad(f"{what} runs past the record's {len(self.data)} bytes")
 
-    def unpack(self, fmt: str, what: str) -> tuple:
+    def unpack(self, fmt: str, what: str) -> tuple[int, ...]:
         s = struct.calcsize(fmt)
         self.need(s, what)
         v = struct.unpack_from(fmt, self.data, self.pos)

@@ -11,7 +11,7 @@ from typing import Any, Sequence, Union
 from .errors import Box, LayoutError
 
 #: ``("shard", d)`` or ``"replicate"``.
-Placement = Union[tuple, str]
+Placement = Union[tuple[str, int], str]
 
 
 def shard_range(size: int, chunks: int, index: int) -> tuple[int, int]:

@@ -39,8 +39,14 @@ class ShardPlan:
 class _Entry:
     __slots__ = ("rank", "local", "start", "end", "at", "strides", "order")
 
-    def __init__(self, rank: int, local: int, start: tuple, end: tuple, at: tuple, strides: tuple):
-        self.rank, self.local, self.start, self.end, self.at, self.strides, self.order = rank, local, start, end, at, strides, 0
+    def __init__(self, rank: int, local: int, start: tuple[int, ...], end: tuple[int, ...], at: tuple[int, ...], strides: tuple[int, ...]):
+        self.rank: int = rank
+        self.local: int = local
+        self.start: tuple[int, ...] = start
+        self.end: tuple[int, ...] = end
+        self.at: tuple[int, ...] = at
+        self.strides: tuple[int, ...] = strides
+        self.order: int = 0
 
 
 class _Tensor:
@@ -68,7 +74,7 @@ def plan_sharded(layouts: Sequence[RankLayout], *, rank: int | None = None) -> S
         if me < 0:
             raise LayoutError("ERR_LAYOUT_INVALID", f"rank {rank} has no layout among the {len(ordered)} given", rank=rank)
     index = _build_index(ordered)
-    out: dict[tuple[int, int], list] = {}
+    out: dict[tuple[int, int], list[PlanRun]] = {}
     for t in index.values():
         if me < 0:
             for p in t.dests:
@@ -158,22 +164,22 @@ def _overlapping(entries: Sequence[_Entry], max_len: int, box: _Entry) -> list[_
     return found
 
 
-def _plan_piece(layouts: Sequence[RankLayout], out: dict, t: _Tensor, p: _Entry, only: _Entry | None = None) -> None:
+def _plan_piece(layouts: Sequence[RankLayout], out: dict[tuple[int, int], list[PlanRun]], t: _Tensor, p: _Entry, only: _Entry | None = None) -> None:
     ndim = len(p.start)
     sources = _overlapping(t.sources, t.max_source, p)
     dst_layout = layouts[p.rank]
     name = t.tensor.name
     if not sources:
         raise _uncovered(name, dst_layout, Box(p.start, tuple(e - s for s, e in zip(p.start, p.end))))
-    cuts = []
+    cuts: list[list[int]] = []
     for d in range(ndim):
-        c = {p.start[d], p.end[d]}
+        edges = {p.start[d], p.end[d]}
         for s in sources:
             if s.start[d] > p.start[d]:
-                c.add(s.start[d])
+                edges.add(s.start[d])
             if s.end[d] < p.end[d]:
-                c.add(s.end[d])
-        cuts.append(sorted(c))
+                edges.add(s.end[d])
+        cuts.append(sorted(edges))
     grid = [len(c) - 1 for c in cuts]
     lo = [bisect_left(c, max(only.start[d], p.start[d])) if only else 0 for d, c in enumerate(cuts)]
     hi = [bisect_left(c, min(only.end[d], p.end[d])) if only else grid[d] for d, c in enumerate(cuts)]
@@ -226,7 +232,7 @@ def _plan_piece(layouts: Sequence[RankLayout], out: dict, t: _Tensor, p: _Entry,
             d -= 1
 
 
-def _assign_cell(out: dict, t: _Tensor, p: _Entry, box: Box, held: list, rot: int, only: _Entry | None) -> None:
+def _assign_cell(out: dict[tuple[int, int], list[PlanRun]], t: _Tensor, p: _Entry, box: Box, held: list[_Entry], rot: int, only: _Entry | None) -> None:
     slabs = 1
     dim = next((i for i, n in enumerate(box.length) if n > 1), -1)
     if len(held) > 1 and dim >= 0:
@@ -248,7 +254,7 @@ def _assign_cell(out: dict, t: _Tensor, p: _Entry, box: Box, held: list, rot: in
         offset += ln
 
 
-def _emit(out: dict, t: _Tensor, s: _Entry, p: _Entry, box: Box, only: _Entry | None) -> None:
+def _emit(out: dict[tuple[int, int], list[PlanRun]], t: _Tensor, s: _Entry, p: _Entry, box: Box, only: _Entry | None) -> None:
     if only is not None and s is not only:
         return
     src = sum((box.start[d] - s.start[d] + s.at[d]) * s.strides[d] for d in range(len(box.start)))

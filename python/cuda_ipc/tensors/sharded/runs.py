@@ -4,13 +4,17 @@ i*dst_stride in the destination's (count 1: strides 0). One run is what cuMemcpy
 copy kernel's table, or count*bytes packed bytes of an NCCL staging chunk."""
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence
+from dataclasses import astuple, dataclass
+from typing import Iterator, Sequence
 
 #: Numbers per run, in this order.
 RUN_FIELDS = 8
 
 
-class PlanRun(NamedTuple):
+@dataclass(frozen=True)
+class PlanRun:
+    """One run: local tensor indices (in the source's ``sources``, the destination's
+    ``destinations``), byte offsets from their first elements, block size, blocks, block strides."""
     src_tensor: int
     dst_tensor: int
     src_offset: int
@@ -20,8 +24,11 @@ class PlanRun(NamedTuple):
     src_stride: int
     dst_stride: int
 
+    def __iter__(self) -> Iterator[int]:
+        return iter(astuple(self))
 
-def box_runs(out: list, src_tensor: int, dst_tensor: int, src: int, dst: int, length: Sequence[int],
+
+def box_runs(out: list[PlanRun], src_tensor: int, dst_tensor: int, src: int, dst: int, length: Sequence[int],
              src_strides: Sequence[int], dst_strides: Sequence[int], size: int) -> None:
     """Appends the runs of a box: the innermost dimensions contiguous on both sides become one
     block, the next dimension the count, the outer ones one run each."""
