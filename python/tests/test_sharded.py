@@ -10,7 +10,7 @@ from cuda_ipc.tensors.sharded import (
     Box, LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, placement_box, plan_bytes,
     plan_sharded, shard_range, tensor_parallel_parameter,
 )
-from cuda_ipc.tensors.sharded.layout import DTYPE_CODES
+from cuda_ipc.tensors.sharded.layout import DTYPE_CODES, itemsize
 from tests.sharded_scenarios import check_plan, scenarios
 
 
@@ -183,7 +183,7 @@ class TestPlans(unittest.TestCase):
                 for mine in own:
                     self.assertEqual([p for p in plan.pairs if mine.scope in (p.src, p.dst)], list(mine.pairs))
                 sent, received = plan_bytes(plan)
-                needed = sum(2 * __import__("math").prod(p.length) for l in layouts for d in l.destinations for p in d.pieces)
+                needed = sum(itemsize(d.dtype) * __import__("math").prod(p.length) for l in layouts for d in l.destinations for p in d.pieces)
                 self.assertEqual(sum(received.values()), needed)
 
     def _refused(self, fn, code, tensor, range_=None):

@@ -10,6 +10,7 @@ import {
   tensorParallelParameter, runsOf, SPLIT_MIN_BYTES, type RankLayout,
 } from '../../src/tensors/sharded/index.js';
 import { scenarios } from './sharded-scenarios.js';
+import { dtypeInfo } from '../../src/ipc/dtype.js';
 import { checkPlan } from './sharded-reference.js';
 
 test('shardRange and placementBox follow DTensor: ceil chunks, the last smaller or empty, nested mesh dimensions', () => {
@@ -55,7 +56,7 @@ for (const s of scenarios()) {
     const again = planSharded([...s.layouts].reverse());
     assert.deepEqual(again.pairs.map((p) => [...p.runs]), plan.pairs.map((p) => [...p.runs]));
     // Every byte a destination declared is received once: the plan's bytes are the pieces' bytes.
-    const needed = s.layouts.reduce((n, l) => n + l.destinations.reduce((m, d) => m + d.pieces.reduce((k, p) => k + p.length.reduce((a, b) => a * b, 2), 0), 0), 0);
+    const needed = s.layouts.reduce((n, l) => n + l.destinations.reduce((m, d) => m + d.pieces.reduce((k, p) => k + p.length.reduce((a, b) => a * b, dtypeInfo(d.dtype).itemsize), 0), 0), 0);
     assert.equal([...planBytes(plan).received.values()].reduce((a, b) => a + b, 0), needed);
   });
 }

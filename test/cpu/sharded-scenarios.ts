@@ -52,5 +52,12 @@ export function scenarios(): Scenario[] {
     ...[0, 1, 2, 3, 4, 5].map((r) => trainer(r, 't', r, [2, 3], [Math.floor(r / 3), r % 3], (name) => (name === 'norm' ? [{ shard: 0 }, { shard: 0 }] : [{ shard: 0 }, { shard: 1 }])).build()),
     engine(6, 'i', 0, 2, 0), engine(7, 'i', 1, 2, 1),
   ] });
+  // Sources whose boxes partly overlap (not DTensor-shaped): the planner's grid of their edges.
+  const part = (rank: number, node: string, start: number[], length: number[]) => new LayoutBuilder({ rank, node, gpu: rank }).hold('w', { dtype: 'float32', shape: [10, 4], start, length }).build();
+  out.push({ name: 'partly overlapping sources -> grid', layouts: [
+    part(0, 'x', [0, 0], [6, 4]), part(1, 'x', [4, 0], [6, 4]), part(2, 'y', [0, 0], [10, 2]),
+    new LayoutBuilder({ rank: 3, node: 'y', gpu: 3 }).need('w', { dtype: 'float32', shape: [10, 4] }).build(),
+    new LayoutBuilder({ rank: 4, node: 'z', gpu: 0 }).need('w', { dtype: 'float32', shape: [10, 4], start: [2, 1], length: [6, 3] }).build(),
+  ] });
   return out;
 }

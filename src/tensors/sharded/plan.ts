@@ -1,14 +1,17 @@
 // The plan: from every rank's layout, which byte runs go from which source rank to which
-// destination rank, checked before anything moves. Per destination piece, the boxes of the
-// sources that meet it cut it into a grid; each cell goes from one of the sources that hold it
-// (sources on the destination's node first; among several, a big cell is split into slabs spread
-// over them and a small one rotates by destination and cell), so every rank computes the same
-// choice for a cell from the layouts alone. With `rank`, a rank computes only the pairs it is in:
-// the same runs the whole plan has for it.
+// destination rank, checked before anything moves. Sources whose boxes of a tensor are equal are
+// replicas of one box; where a tensor's distinct source boxes never partly overlap (DTensor
+// placements: Shard and Replicate), each destination piece's cells are its intersections with
+// them; otherwise the edges of the sources that meet the piece cut it into a grid. Each cell goes
+// from one of the sources that hold it (sources on the destination's node first; among several,
+// a big cell is split into slabs spread over them and a small one rotates by destination and
+// cell), so every rank computes the same choice for a cell from the layouts alone. With `rank`, a
+// rank computes only the pairs it is in: the same runs the whole plan has for it.
 import { dtypeInfo } from '../../ipc/dtype.js';
 import { LayoutError, formatRange, type Box } from './errors.js';
 import { validateLayoutOnce, type GlobalTensor, type RankLayout } from './layout.js';
 import { RunSink, sortAndMerge, tableBytes } from './runs.js';
+import { findHole } from './box.js';
 import { layoutFingerprint } from './layout-wire.js';
 
 /** A cell at least this large is split among the sources that hold it (more senders, fewer bytes each). */
@@ -52,6 +55,16 @@ interface Entry {
   readonly at: readonly number[];
   readonly strides: readonly number[];
   order: number;
+  /** The replicas of this entry's box (sources only). */
+  group?: Group;
+}
+
+/** Sources with one box of a tensor: id in box order, members in rank order. */
+interface Group {
+  readonly id: number;
+  readonly start: readonly number[];
+  readonly end: readonly number[];
+  readonly members: Entry[];
 }
 
 interface TensorIndex {
@@ -61,6 +74,8 @@ interface TensorIndex {
   readonly dests: Entry[];
   maxSource: number;
   maxDest: number;
+  /** The distinct source boxes by first-dimension start, or undefined where two partly overlap (grid mode). */
+  groups?: Group[];
 }
 
 /**
@@ -169,13 +184,48 @@ function buildIndex(layouts: readonly RankLayout[]): Map<string, TensorIndex> {
     t.dests.sort(byStart);
     for (const e of t.sources) t.maxSource = Math.max(t.maxSource, (e.end[0] ?? 1) - (e.start[0] ?? 0));
     for (const e of t.dests) t.maxDest = Math.max(t.maxDest, (e.end[0] ?? 1) - (e.start[0] ?? 0));
+    t.groups = groupReplicas(t.sources);
   }
   return index;
 }
 
+/** The sources' distinct boxes (replicas grouped), sorted by first-dimension start; undefined when two distinct ones partly overlap. */
+function groupReplicas(sources: readonly Entry[]): Group[] | undefined {
+  const byBox = new Map<string, Group>();
+  const groups: Group[] = [];
+  for (const e of [...sources].sort((a, b) => a.order - b.order)) {
+    const key = `${e.start.join(',')}|${e.end.join(',')}`;
+    let g = byBox.get(key);
+    if (!g) {
+      g = { id: groups.length, start: e.start, end: e.end, members: [] };
+      byBox.set(key, g);
+      groups.push(g);
+    }
+    g.members.push(e);
+    e.group = g;
+  }
+  groups.sort((a, b) => (a.start[0] ?? 0) - (b.start[0] ?? 0) || a.id - b.id);
+  const ndim = groups[0]?.start.length ?? 0;
+  let reach = -Infinity;
+  let open: Group[] = [];
+  for (const g of groups) {
+    if (ndim === 0) return groups.length > 1 ? undefined : groups;
+    if (g.start[0]! >= reach) open = [];
+    for (const o of open) {
+      let meets = true;
+      for (let d = 0; d < ndim; d++) if (o.start[d]! >= g.end[d]! || o.end[d]! <= g.start[d]!) { meets = false; break; }
+      if (meets) return undefined;
+    }
+    open = open.filter((o) => o.end[0]! > g.start[0]!);
+    open.push(g);
+    reach = Math.max(reach, g.end[0]!);
+  }
+  return groups;
+}
+
 /** Entries (sorted by first-dimension start, none longer than `maxLen` there) that share an element with `box`. */
-function overlapping(entries: readonly Entry[], maxLen: number, box: { start: readonly number[]; end: readonly number[] }): Entry[] {
-  const found: Entry[] = [];
+function overlapping<E extends { start: readonly number[]; end: readonly number[] }>(entries: readonly E[], maxLen: number, box: { start: readonly number[]; end: readonly number[] }): E[] {
+  const found: E[] = [];
   const ndim = box.start.length;
   let i = 0;
   if (ndim > 0) {
@@ -216,6 +266,10 @@ function bisect(cuts: readonly number[], x: number): number {
  * per cell, the runs. With `only`, just the cells inside that source's box, and only its runs.
  */
 function planPiece(ctx: Ctx, t: TensorIndex, p: Entry, only?: Entry): void {
+  if (t.groups) {
+    planPieceByBoxes(ctx, t, t.groups, p, only);
+    return;
+  }
   const ndim = p.start.length;
   const sources = overlapping(t.sources, t.maxSource, p);
   const dstLayout = ctx.layouts[p.rank]!;
@@ -267,6 +321,47 @@ function planPiece(ctx: Ctx, t: TensorIndex, p: Entry, only?: Entry): void {
     let d = ndim - 1;
     while (d >= 0 && ++k[d]! === hi[d]!) { k[d] = lo[d]!; d--; }
   }
+}
+
+/**
+ * Plans destination piece `p` where the tensor's distinct source boxes do not partly overlap: a
+ * cell per box that meets it, held by that box's replicas. With `only`, just that source's box.
+ */
+function planPieceByBoxes(ctx: Ctx, t: TensorIndex, groups: readonly Group[], p: Entry, only?: Entry): void {
+  const dstLayout = ctx.layouts[p.rank]!;
+  const ndim = p.start.length;
+  const meeting = only ? [only.group!] : overlappingGroups(groups, t.maxSource, p);
+  let covered = 0;
+  for (const g of meeting) {
+    const start = new Array<number>(ndim);
+    const length = new Array<number>(ndim);
+    let cells = 1;
+    for (let d = 0; d < ndim; d++) {
+      start[d] = Math.max(g.start[d]!, p.start[d]!);
+      length[d] = Math.min(g.end[d]!, p.end[d]!) - start[d]!;
+      cells *= length[d]!;
+    }
+    covered += cells;
+    let held = g.members;
+    if (held.length > 1) {
+      const near = held.filter((s) => ctx.layouts[s.rank]!.node === dstLayout.node);
+      if (near.length > 0) held = near;
+    }
+    assignCell(ctx, t, p, { start, length }, held, (dstLayout.rank + g.id) % held.length, only);
+  }
+  if (!only) {
+    let whole = 1;
+    for (let d = 0; d < ndim; d++) whole *= p.end[d]! - p.start[d]!;
+    if (covered < whole) {
+      const boxes = meeting.map((g) => ({ start: g.start.map((x, d) => Math.max(x, p.start[d]!) - p.start[d]!), length: g.end.map((x, d) => Math.min(x, p.end[d]!) - Math.max(g.start[d]!, p.start[d]!)) }));
+      const hole = findHole(p.end.map((e, d) => e - p.start[d]!), boxes)!;
+      throw uncovered(t.tensor.name, dstLayout, { start: hole.start.map((x, d) => x + p.start[d]!), length: hole.length });
+    }
+  }
+}
+
+function overlappingGroups(groups: readonly Group[], maxLen: number, box: { start: readonly number[]; end: readonly number[] }): Group[] {
+  return overlapping(groups, maxLen, box);
 }
 
 /** Sends cell `box` of piece `p` from `held[rot]`, or in slabs over several of `held` when it is large. */

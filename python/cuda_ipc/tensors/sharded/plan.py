@@ -1,14 +1,17 @@
 """The plan (src/tensors/sharded/plan.ts, the same rules and the same runs): from every rank's
 layout, which byte runs go from which source rank to which destination rank, checked before
-anything moves. Per destination piece, the sources that meet it cut it into a grid; each cell goes
-from one source that holds it (on the destination's node first; a big cell split into slabs over
-several, a small one rotated by destination and cell). With ``rank``, only that rank's pairs."""
+anything moves. Sources with equal boxes of a tensor are replicas of one box; where distinct boxes
+never partly overlap, a destination piece's cells are its intersections with them, otherwise the
+edges of the sources that meet it cut it into a grid. Each cell goes from one source that holds it
+(on the destination's node first; a big cell split into slabs over several, a small one rotated by
+destination and cell). With ``rank``, only that rank's pairs."""
 from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Sequence, TypeVar, Union
 
+from .box import find_hole
 from .errors import Box, LayoutError, format_range
 from .layout import GlobalTensor, RankLayout, itemsize, validate_layout
 from .layout_wire import layout_fingerprint
@@ -37,7 +40,7 @@ class ShardPlan:
 
 
 class _Entry:
-    __slots__ = ("rank", "local", "start", "end", "at", "strides", "order")
+    __slots__ = ("rank", "local", "start", "end", "at", "strides", "order", "group")
 
     def __init__(self, rank: int, local: int, start: tuple[int, ...], end: tuple[int, ...], at: tuple[int, ...], strides: tuple[int, ...]):
         self.rank: int = rank
@@ -47,6 +50,20 @@ class _Entry:
         self.at: tuple[int, ...] = at
         self.strides: tuple[int, ...] = strides
         self.order: int = 0
+        self.group: _Group | None = None
+
+
+class _Group:
+    """Sources with one box of a tensor: id in box order, members in rank order."""
+
+    def __init__(self, gid: int, start: tuple[int, ...], end: tuple[int, ...]):
+        self.id = gid
+        self.start = start
+        self.end = end
+        self.members: list[_Entry] = []
+
+
+_E = TypeVar("_E", bound=Union["_Entry", "_Group"])
 
 
 class _Tensor:
@@ -57,7 +74,7 @@ class _Tensor:
         self.dests: list[_Entry] = []
         self.max_source = 0
         self.max_dest = 0
-        self.source_starts: list[int] = []
+        self.groups: list[_Group] | None = None
 
 
 def plan_sharded(layouts: Sequence[RankLayout], *, rank: int | None = None) -> ShardPlan:
@@ -137,10 +154,40 @@ def _build_index(layouts: Sequence[RankLayout]) -> dict[str, _Tensor]:
         t.dests.sort(key=lambda e: (e.start[0] if e.start else 0, e.order))
         t.max_source = max(((e.end[0] - e.start[0]) if e.start else 1 for e in t.sources), default=0)
         t.max_dest = max(((e.end[0] - e.start[0]) if e.start else 1 for e in t.dests), default=0)
+        t.groups = _group_replicas(t.sources)
     return index
 
 
-def _overlapping(entries: Sequence[_Entry], max_len: int, box: _Entry) -> list[_Entry]:
+def _group_replicas(sources: Sequence[_Entry]) -> list[_Group] | None:
+    by_box: dict[tuple[tuple[int, ...], tuple[int, ...]], _Group] = {}
+    groups: list[_Group] = []
+    for e in sorted(sources, key=lambda x: x.order):
+        g = by_box.get((e.start, e.end))
+        if g is None:
+            g = _Group(len(groups), e.start, e.end)
+            by_box[(e.start, e.end)] = g
+            groups.append(g)
+        g.members.append(e)
+        e.group = g
+    groups.sort(key=lambda x: (x.start[0] if x.start else 0, x.id))
+    ndim = len(groups[0].start) if groups else 0
+    reach: int | None = None
+    opened: list[_Group] = []
+    for g in groups:
+        if ndim == 0:
+            return None if len(groups) > 1 else groups
+        if reach is None or g.start[0] >= reach:
+            opened = []
+        for o in opened:
+            if all(o.start[d] < g.end[d] and o.end[d] > g.start[d] for d in range(ndim)):
+                return None
+        opened = [o for o in opened if o.end[0] > g.start[0]]
+        opened.append(g)
+        reach = g.end[0] if reach is None or g.end[0] > reach else reach
+    return groups
+
+
+def _overlapping(entries: Sequence[_E], max_len: int, box: _Entry) -> list[_E]:
     ndim = len(box.start)
     i = 0
     if ndim:
@@ -165,6 +212,9 @@ def _overlapping(entries: Sequence[_Entry], max_len: int, box: _Entry) -> list[_
 
 
 def _plan_piece(layouts: Sequence[RankLayout], out: dict[tuple[int, int], list[PlanRun]], t: _Tensor, p: _Entry, only: _Entry | None = None) -> None:
+    if t.groups is not None:
+        _plan_piece_by_boxes(layouts, out, t, t.groups, p, only)
+        return
     ndim = len(p.start)
     sources = _overlapping(t.sources, t.max_source, p)
     dst_layout = layouts[p.rank]
@@ -230,6 +280,37 @@ def _plan_piece(layouts: Sequence[RankLayout], out: dict[tuple[int, int], list[P
                 break
             k[d] = lo[d]
             d -= 1
+
+
+def _plan_piece_by_boxes(layouts: Sequence[RankLayout], out: dict[tuple[int, int], list[PlanRun]], t: _Tensor, groups: list[_Group],
+                         p: _Entry, only: _Entry | None) -> None:
+    dst_layout = layouts[p.rank]
+    ndim = len(p.start)
+    meeting = [only.group] if only is not None and only.group is not None else _overlapping(groups, t.max_source, p)
+    covered = 0
+    for g in meeting:
+        start = tuple(max(g.start[d], p.start[d]) for d in range(ndim))
+        length = tuple(min(g.end[d], p.end[d]) - start[d] for d in range(ndim))
+        cells = 1
+        for n in length:
+            cells *= n
+        covered += cells
+        held = g.members
+        if len(held) > 1:
+            near = [x for x in held if layouts[x.rank].node == dst_layout.node]
+            if near:
+                held = near
+        _assign_cell(out, t, p, Box(start, length), held, (dst_layout.rank + g.id) % len(held), only)
+    if only is None:
+        whole = 1
+        for d in range(ndim):
+            whole *= p.end[d] - p.start[d]
+        if covered < whole:
+            boxes = [Box(tuple(max(g.start[d], p.start[d]) - p.start[d] for d in range(ndim)),
+                         tuple(min(g.end[d], p.end[d]) - max(g.start[d], p.start[d]) for d in range(ndim))) for g in meeting]
+            hole = find_hole(tuple(e - s for s, e in zip(p.start, p.end)), boxes)
+            assert hole is not None
+            raise _uncovered(t.tensor.name, dst_layout, Box(tuple(x + s for x, s in zip(hole.start, p.start)), hole.length))
 
 
 def _assign_cell(out: dict[tuple[int, int], list[PlanRun]], t: _Tensor, p: _Entry, box: Box, held: list[_Entry], rot: int, only: _Entry | None) -> None:
