@@ -116,11 +116,25 @@ class Reader {
   text(n: number, what: string): string {
     this.need(pad8(n), what);
     let s: string;
-    try { s = utf8.decode(this.buf.subarray(this.pos, this.pos + n)); } catch { throw bad(`${what} is not valid UTF-8`); }
+    let ascii = true;
+    for (let i = this.pos; i < this.pos + n; i++) if (this.buf[i]! >= 0x80) { ascii = false; break; }
+    if (ascii) s = this.buf.toString('latin1', this.pos, this.pos + n);
+    else try { s = utf8.decode(this.buf.subarray(this.pos, this.pos + n)); } catch { throw bad(`${what} is not valid UTF-8`); }
     this.pos += n;
     this.zero(pad8(n) - n, `the padding after ${what}`);
     return s;
   }
+}
+
+const ZEROS: number[][] = [];
+function zeros(ndim: number): number[] {
+  return (ZEROS[ndim] ??= Object.freeze(new Array<number>(ndim).fill(0)) as number[]);
+}
+
+function sameValues(a: readonly number[], b: readonly number[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
 }
 
 function dtypeOf(code: number, what: string): GlobalTensor['dtype'] {
@@ -191,7 +205,13 @@ export function decodeLayout(bytes: Uint8Array): RankLayout {
       const t = r.u32();
       r.zero(4, `${what}'s piece ${k}'s reserved bytes`);
       if (t >= g) throw bad(`${what}'s piece ${k} names tensor ${t} of ${g}`);
-      pieces.push({ tensor: tensors[t]!.name, start: r.u64s(ndim, `${what}'s piece ${k}`), length: r.u64s(ndim, `${what}'s piece ${k}`), at: r.u64s(ndim, `${what}'s piece ${k}`) });
+      const start = r.u64s(ndim, `${what}'s piece ${k}`);
+      let length = r.u64s(ndim, `${what}'s piece ${k}`);
+      let at = r.u64s(ndim, `${what}'s piece ${k}`);
+      // Most pieces fill their local tensor from its origin: share those arrays (fewer objects to collect).
+      if (sameValues(length, shape)) length = shape;
+      if (at.every((x) => x === 0)) at = zeros(ndim);
+      pieces.push({ tensor: tensors[t]!.name, start, length, at });
     }
     const padding = [];
     for (let k = 0; k < paddingCount; k++) padding.push({ start: r.u64s(ndim, `${what}'s padding ${k}`), length: r.u64s(ndim, `${what}'s padding ${k}`) });

@@ -70,7 +70,15 @@ export function contiguousStrides(shape: readonly number[], itemsize: number): n
 
 /** Compares names by their UTF-8 bytes (the order of the wire and of both languages). */
 export function compareNames(a: string, b: string): number {
+  // UTF-16 order is UTF-8 byte order except past the basic plane: compare bytes only there.
+  if (isPlainText(a) && isPlainText(b)) return a < b ? -1 : a > b ? 1 : 0;
   return Buffer.compare(Buffer.from(a, 'utf8'), Buffer.from(b, 'utf8'));
+}
+
+/** Whether every character of `s` is below U+D800 (no surrogates, no U+E000..U+FFFF). */
+function isPlainText(s: string): boolean {
+  for (let i = 0; i < s.length; i++) if (s.charCodeAt(i) >= 0xd800) return false;
+  return true;
 }
 
 function invalid(message: string, tensor?: string, rank?: number): LayoutError {
@@ -78,6 +86,7 @@ function invalid(message: string, tensor?: string, rank?: number): LayoutError {
 }
 
 function checkName(name: unknown, what: string, rank: number, max = MAX_NAME_BYTES): void {
+  if (typeof name === 'string' && name.length > 0 && name.length <= max / 3 && isPlainText(name)) return; // fits whatever its characters
   if (typeof name !== 'string' || name.length === 0 || Buffer.byteLength(name, 'utf8') > max || name.includes('\uFFFD') || /[\uD800-\uDFFF]/.test(name)) {
     throw invalid(`rank ${rank}: ${what} must be a string of 1..${max} UTF-8 bytes (got ${JSON.stringify(name)})`, undefined, rank);
   }
@@ -146,7 +155,12 @@ function validateLocal(rank: number, role: 'source' | 'destination', local: Loca
   if (local.strides.length !== ndim) throw invalid(`${where} has ${local.strides.length} strides for ${ndim} dimensions`, local.name, rank);
   checkStrides(where, local, itemsize, rank);
   if (local.pieces.length === 0 && (role === 'source' || local.padding.length === 0)) throw invalid(`${where} has no pieces; leave it out`, local.name, rank);
-  const boxes: Array<{ box: Box; what: string }> = [];
+  const boxes: Box[] = [];
+  const what = (i: number): string => {
+    if (i >= local.pieces.length) return 'padding';
+    const p = local.pieces[i]!;
+    return `the piece ${formatRange({ start: p.start, length: p.length })} of ${p.tensor}`;
+  };
   for (const p of local.pieces) {
     const g = globals.get(p.tensor);
     if (!g) throw invalid(`${where}: a piece names tensor ${JSON.stringify(p.tensor)}, which the layout's tensors do not list`, local.name, rank);
@@ -167,33 +181,35 @@ function validateLocal(rank: number, role: 'source' | 'destination', local: Loca
       }
     }
     const placed = { start: p.at, length: p.length };
-    checkInside(where, local, placed, `its piece of ${g.name}`, rank);
-    boxes.push({ box: placed, what: `the piece ${formatRange(box)} of ${g.name}` });
+    checkInside(where, local, placed, g.name, rank);
+    boxes.push(placed);
   }
   for (const pad of local.padding) {
     checkDims(pad.start, 'a padding start', rank, local.name, 0);
     checkDims(pad.length, 'a padding length', rank, local.name, 1);
     if (pad.start.length !== ndim || pad.length.length !== ndim) throw new LayoutError('ERR_LAYOUT_SHAPE', `${where}: a padding box must have ${ndim} dimensions`, { tensor: local.name, rank });
-    checkInside(where, local, pad, 'its padding', rank);
-    boxes.push({ box: pad, what: 'padding' });
+    checkInside(where, local, pad, undefined, rank);
+    boxes.push(pad);
   }
   if (role === 'source' && local.padding.length > 0) throw invalid(`${where} declares padding; only destinations do (a source's other bytes are simply not sent)`, local.name, rank);
-  const clash = boxesOverlap(boxes.map((b) => b.box));
+  const clash = boxesOverlap(boxes);
   if (clash) {
     const [a, b, range] = clash;
-    throw new LayoutError('ERR_LAYOUT_OVERLAP', `${where}: ${boxes[a]!.what} and ${boxes[b]!.what} both cover ${formatRange(range)} of it; each byte of a local tensor belongs to one piece`, { tensor: local.name, rank, range });
+    throw new LayoutError('ERR_LAYOUT_OVERLAP', `${where}: ${what(a)} and ${what(b)} both cover ${formatRange(range)} of it; each byte of a local tensor belongs to one piece`, { tensor: local.name, rank, range });
   }
   if (role === 'destination') {
-    const hole = findHole(local.shape, boxes.map((b) => b.box));
+    const hole = findHole(local.shape, boxes);
     if (hole) {
       throw new LayoutError('ERR_LAYOUT_UNCOVERED', `${where}: ${formatRange(hole)} of it is neither a piece nor declared padding; declare what stays untouched as padding`, { tensor: local.name, rank, range: hole });
     }
   }
 }
 
-function checkInside(where: string, local: LocalTensor, box: Box, what: string, rank: number): void {
+/** `piece`: the global tensor of a piece, undefined for padding. */
+function checkInside(where: string, local: LocalTensor, box: Box, piece: string | undefined, rank: number): void {
   for (let i = 0; i < local.shape.length; i++) {
     if (box.start[i]! + box.length[i]! > local.shape[i]!) {
+      const what = piece === undefined ? 'its padding' : `its piece of ${piece}`;
       throw new LayoutError('ERR_LAYOUT_BOUNDS', `${where}: ${what} at ${formatRange(box)} is outside its shape [${local.shape.join(', ')}]`, { tensor: local.name, rank, range: box });
     }
   }
@@ -201,6 +217,13 @@ function checkInside(where: string, local: LocalTensor, box: Box, what: string, 
 
 /** Strides: multiples of the item size, and no two elements on one byte (a destination byte written twice). */
 function checkStrides(where: string, local: LocalTensor, itemsize: number, rank: number): void {
+  let s = itemsize;
+  let contiguous = true;
+  for (let i = local.shape.length - 1; i >= 0 && contiguous; i--) {
+    contiguous = local.strides[i] === s;
+    s *= local.shape[i]!;
+  }
+  if (contiguous && s <= SAFE) return;
   const dims = local.shape.map((n, i) => ({ n, s: local.strides[i]! })).filter((d) => d.n > 1).sort((a, b) => a.s - b.s);
   let extent = itemsize;
   for (const d of dims) {

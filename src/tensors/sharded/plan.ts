@@ -61,7 +61,7 @@ interface Entry {
 
 /** Sources with one box of a tensor: id in box order, members in rank order. */
 interface Group {
-  readonly id: number;
+  id: number;
   readonly start: readonly number[];
   readonly end: readonly number[];
   readonly members: Entry[];
@@ -166,60 +166,88 @@ function buildIndex(layouts: readonly RankLayout[]): Map<string, TensorIndex> {
       }
     }
     for (const [list, key] of [[l.sources, 'sources'], [l.destinations, 'dests']] as const) {
-      list.forEach((local, li) => {
+      for (let li = 0; li < list.length; li++) {
+        const local = list[li]!;
         for (const p of local.pieces) {
-          const t = index.get(p.tensor)!;
-          const e: Entry = { rank: r, local: li, start: p.start, end: p.start.map((s, i) => s + p.length[i]!), at: p.at, strides: local.strides, order: 0 };
-          t[key].push(e);
+          const end = new Array<number>(p.start.length);
+          for (let i = 0; i < end.length; i++) end[i] = p.start[i]! + p.length[i]!;
+          index.get(p.tensor)![key].push({ rank: r, local: li, start: p.start, end, at: p.at, strides: local.strides, order: 0 });
         }
-      });
+      }
     }
   });
   for (const t of index.values()) {
     // Sources in rank order give each its tie-breaking number; then both lists by first-dimension start.
     t.sources.forEach((e, i) => { e.order = i; });
-    const byStart = (a: Entry, b: Entry): number => (a.start[0] ?? 0) - (b.start[0] ?? 0) || a.order - b.order;
     t.dests.forEach((e, i) => { e.order = i; });
-    t.sources.sort(byStart);
-    t.dests.sort(byStart);
+    t.groups = groupReplicas(t.sources);
+    sortByStart(t.sources);
+    sortByStart(t.dests);
     for (const e of t.sources) t.maxSource = Math.max(t.maxSource, (e.end[0] ?? 1) - (e.start[0] ?? 0));
     for (const e of t.dests) t.maxDest = Math.max(t.maxDest, (e.end[0] ?? 1) - (e.start[0] ?? 0));
-    t.groups = groupReplicas(t.sources);
   }
   return index;
 }
 
-/** The sources' distinct boxes (replicas grouped), sorted by first-dimension start; undefined when two distinct ones partly overlap. */
-function groupReplicas(sources: readonly Entry[]): Group[] | undefined {
-  const byBox = new Map<string, Group>();
-  const groups: Group[] = [];
-  for (const e of [...sources].sort((a, b) => a.order - b.order)) {
-    const key = `${e.start.join(',')}|${e.end.join(',')}`;
-    let g = byBox.get(key);
-    if (!g) {
-      g = { id: groups.length, start: e.start, end: e.end, members: [] };
-      byBox.set(key, g);
-      groups.push(g);
-    }
-    g.members.push(e);
-    e.group = g;
+/** Sorts entries by first-dimension start, then order (often already so: FSDP shards in rank order). */
+function sortByStart<E extends { start: readonly number[]; order: number }>(entries: E[]): void {
+  let sorted = true;
+  for (let i = 1; i < entries.length && sorted; i++) {
+    const a = entries[i - 1]!;
+    const b = entries[i]!;
+    sorted = (a.start[0] ?? 0) < (b.start[0] ?? 0) || ((a.start[0] ?? 0) === (b.start[0] ?? 0) && a.order < b.order);
   }
-  groups.sort((a, b) => (a.start[0] ?? 0) - (b.start[0] ?? 0) || a.id - b.id);
-  const ndim = groups[0]?.start.length ?? 0;
-  let reach = -Infinity;
+  if (!sorted) entries.sort((a, b) => (a.start[0] ?? 0) - (b.start[0] ?? 0) || a.order - b.order);
+}
+
+/**
+ * The sources' distinct boxes (replicas grouped), sorted by first-dimension start; undefined when
+ * two distinct ones partly overlap. `sources` are in order (rank, local tensor, piece).
+ */
+function groupReplicas(sources: readonly Entry[]): Group[] | undefined {
+  // The common case, FSDP's Shard(0): in order, each box past the previous on the first dimension.
+  let apart = sources.length > 0 && sources[0]!.start.length > 0;
+  for (let i = 1; i < sources.length && apart; i++) apart = sources[i]!.start[0]! >= sources[i - 1]!.end[0]!;
+  if (apart) {
+    return sources.map((e, id) => {
+      const g: Group = { id, start: e.start, end: e.end, members: [e] };
+      e.group = g;
+      return g;
+    });
+  }
+  // Otherwise a sweep along the first dimension: boxes that meet must be equal (replicas).
+  const sorted = [...sources];
+  sortByStart(sorted);
+  const ndim = sorted[0]?.start.length ?? 0;
+  if (ndim === 0) return undefined; // several 0-d sources: replicas of one scalar are rare enough for the grid
+  const groups: Group[] = [];
   let open: Group[] = [];
-  for (const g of groups) {
-    if (ndim === 0) return groups.length > 1 ? undefined : groups;
-    if (g.start[0]! >= reach) open = [];
+  for (const e of sorted) {
+    open = open.filter((o) => o.end[0]! > e.start[0]!);
+    let home: Group | undefined;
     for (const o of open) {
       let meets = true;
-      for (let d = 0; d < ndim; d++) if (o.start[d]! >= g.end[d]! || o.end[d]! <= g.start[d]!) { meets = false; break; }
-      if (meets) return undefined;
+      let equal = true;
+      for (let d = 0; d < ndim; d++) {
+        if (o.start[d]! >= e.end[d]! || o.end[d]! <= e.start[d]!) { meets = false; break; }
+        if (o.start[d] !== e.start[d] || o.end[d] !== e.end[d]) equal = false;
+      }
+      if (!meets) continue;
+      if (!equal) return undefined;
+      home = o;
     }
-    open = open.filter((o) => o.end[0]! > g.start[0]!);
-    open.push(g);
-    reach = Math.max(reach, g.end[0]!);
+    if (home) {
+      home.members.push(e);
+    } else {
+      home = { id: 0, start: e.start, end: e.end, members: [e] };
+      groups.push(home);
+      open.push(home);
+    }
+    e.group = home;
   }
+  // Ids in the order of each box's first source; members in source order; the list by start.
+  for (const g of groups) g.members.sort((a, b) => a.order - b.order);
+  [...groups].sort((a, b) => a.members[0]!.order - b.members[0]!.order).forEach((g, id) => { g.id = id; });
   return groups;
 }
 
