@@ -16,5 +16,5 @@ export {
   layoutFingerprint, planSharded, planBytes, runsOf, RUN_FIELDS,
   type RankLayout, type GlobalTensor, type LocalTensor, type Piece, type Box, type Placement, type PlacementSpec,
   type BoxSpec, type PlacedSpec, type ArrayLikeTensor, type ParameterSpec, type TensorParallelSpec,
-  type ShardPlan, type PlanPair, type PlanPath, type PlanOptions, type PlanRun, type LayoutErrorCode,
+  type ShardPlan, type PlanPair, type PlanPath, type PlanOptions, type PlanRun, type LayoutErrorCode, type LayoutErrorDetail,
 } from './sharded/index.js';

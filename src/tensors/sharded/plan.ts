@@ -42,6 +42,7 @@ export interface ShardPlan {
   readonly pairs: readonly PlanPair[];
 }
 
+/** Options of planSharded. */
 export interface PlanOptions {
   /** Compute only the pairs this rank sends or receives (and check only what it receives). */
   readonly rank?: number;
