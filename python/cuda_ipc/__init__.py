@@ -45,6 +45,8 @@ from .link import Listener, RemoteAddress, TcpListener, listen
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 from .native import NativeHelper, native_helper
 from .torch_pool import ipc_mem_pool
+# [tensors] sharded weights, the planning half (issue 37): layouts, their record, the plan
+from .tensors.sharded import LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, plan_sharded, tensor_parallel_parameter
 from typing import Any
 from ._renamed import renamed_attribute
 
@@ -59,6 +61,7 @@ __all__ = [
     "HostArray", "SharedTensors", "TensorMap", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
     "NcclCommunicator", "NcclError", "NcclLibrary", "NcclUnavailableError", "load_nccl",
     "NativeHelper", "native_helper", "ipc_mem_pool", "TcpListener", "RemoteAddress", "RemoteTensorSet", "Fanout",
+    "LayoutBuilder", "LayoutError", "decode_layout", "encode_layout", "layout_fingerprint", "plan_sharded", "tensor_parallel_parameter",
 ]
 __version__ = "0.1.0"
 
