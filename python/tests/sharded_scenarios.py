@@ -46,11 +46,14 @@ def scenarios() -> list[tuple[str, list[RankLayout]]]:
                 [_trainer(r, "t", r, [2, 3], [r // 3, r % 3], lambda n: [("shard", 0), ("shard", 0)] if n == "norm" else [("shard", 0), ("shard", 1)]).build() for r in range(6)]
                 + [_engine(6, "i", 0, 2, 0), _engine(7, "i", 1, 2, 1)]))
     def part(rank, node, start, length):
-        return LayoutBuilder(rank=rank, node=node, gpu=rank).hold("w", dtype="float32", shape=(10, 4), start=start, length=length).build()
+        b = LayoutBuilder(rank=rank, node=node, gpu=rank).hold("w", dtype="float32", shape=(10, 4), start=start, length=length)
+        if rank < 2:
+            b.hold("scale", dtype="float32", shape=())
+        return b.build()
     out.append(("partly overlapping sources -> grid", [
         part(0, "x", (0, 0), (6, 4)), part(1, "x", (4, 0), (6, 4)), part(2, "y", (0, 0), (10, 2)),
-        LayoutBuilder(rank=3, node="y", gpu=3).need("w", dtype="float32", shape=(10, 4)).build(),
-        LayoutBuilder(rank=4, node="z", gpu=0).need("w", dtype="float32", shape=(10, 4), start=(2, 1), length=(6, 3)).build(),
+        LayoutBuilder(rank=3, node="y", gpu=3).need("w", dtype="float32", shape=(10, 4)).need("scale", dtype="float32", shape=()).build(),
+        LayoutBuilder(rank=4, node="z", gpu=0).need("w", dtype="float32", shape=(10, 4), start=(2, 1), length=(6, 3)).need("scale", dtype="float32", shape=()).build(),
     ]))
     return out
 

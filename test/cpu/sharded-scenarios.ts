@@ -53,11 +53,16 @@ export function scenarios(): Scenario[] {
     engine(6, 'i', 0, 2, 0), engine(7, 'i', 1, 2, 1),
   ] });
   // Sources whose boxes partly overlap (not DTensor-shaped): the planner's grid of their edges.
-  const part = (rank: number, node: string, start: number[], length: number[]) => new LayoutBuilder({ rank, node, gpu: rank }).hold('w', { dtype: 'float32', shape: [10, 4], start, length }).build();
+  // A 0-d scalar held by two ranks (replicas), needed by both destinations.
+  const part = (rank: number, node: string, start: number[], length: number[]) => {
+    const b = new LayoutBuilder({ rank, node, gpu: rank }).hold('w', { dtype: 'float32', shape: [10, 4], start, length });
+    if (rank < 2) b.hold('scale', { dtype: 'float32', shape: [] });
+    return b.build();
+  };
   out.push({ name: 'partly overlapping sources -> grid', layouts: [
     part(0, 'x', [0, 0], [6, 4]), part(1, 'x', [4, 0], [6, 4]), part(2, 'y', [0, 0], [10, 2]),
-    new LayoutBuilder({ rank: 3, node: 'y', gpu: 3 }).need('w', { dtype: 'float32', shape: [10, 4] }).build(),
-    new LayoutBuilder({ rank: 4, node: 'z', gpu: 0 }).need('w', { dtype: 'float32', shape: [10, 4], start: [2, 1], length: [6, 3] }).build(),
+    new LayoutBuilder({ rank: 3, node: 'y', gpu: 3 }).need('w', { dtype: 'float32', shape: [10, 4] }).need('scale', { dtype: 'float32', shape: [] }).build(),
+    new LayoutBuilder({ rank: 4, node: 'z', gpu: 0 }).need('w', { dtype: 'float32', shape: [10, 4], start: [2, 1], length: [6, 3] }).need('scale', { dtype: 'float32', shape: [] }).build(),
   ] });
   return out;
 }

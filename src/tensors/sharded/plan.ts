@@ -220,7 +220,7 @@ function groupReplicas(sources: readonly Entry[]): Group[] | undefined {
   const sorted = [...sources];
   sortByStart(sorted);
   const ndim = sorted[0]?.start.length ?? 0;
-  if (ndim === 0) return undefined; // several 0-d sources: replicas of one scalar are rare enough for the grid
+  if (ndim === 0) return undefined; // no sources, or 0-d ones: the grid (one cell)
   const groups: Group[] = [];
   let open: Group[] = [];
   for (const e of sorted) {

@@ -171,11 +171,11 @@ def _group_replicas(sources: Sequence[_Entry]) -> list[_Group] | None:
         e.group = g
     groups.sort(key=lambda x: (x.start[0] if x.start else 0, x.id))
     ndim = len(groups[0].start) if groups else 0
+    if ndim == 0:
+        return None  # no sources, or 0-d ones: the grid (one cell)
     reach: int | None = None
     opened: list[_Group] = []
     for g in groups:
-        if ndim == 0:
-            return None if len(groups) > 1 else groups
         if reach is None or g.start[0] >= reach:
             opened = []
         for o in opened:
