@@ -90,15 +90,27 @@ export function encodeLayout(layout: RankLayout): Uint8Array {
 
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 
+/**
+ * Reads a record. Messages name the entry being read (kind, index, piece) plus a fixed suffix, put
+ * together only when something is wrong: no string is built per field while decoding.
+ */
 class Reader {
   pos = 0;
+  kind = '';
+  entry = -1;
+  piece = -1;
   constructor(readonly buf: Buffer) {}
-  need(n: number, what: string): void { if (this.pos + n > this.buf.length) throw bad(`${what} runs past the record's ${this.buf.length} bytes`); }
+  /** `suffix` after the entry being read, e.g. "local tensor 3's piece 0's start". */
+  where(suffix: string): string {
+    const head = this.entry < 0 ? '' : `${this.kind} ${this.entry}${this.piece >= 0 ? `'s piece ${this.piece}` : ''}`;
+    return head ? (suffix ? `${head}'s ${suffix}` : head) : suffix;
+  }
+  need(n: number, what: string): void { if (this.pos + n > this.buf.length) throw bad(`${this.where(what)} runs past the record's ${this.buf.length} bytes`); }
   u8(): number { return this.buf[this.pos++]!; }
   u16(): number { const v = this.buf.readUInt16LE(this.pos); this.pos += 2; return v; }
   u32(): number { const v = this.buf.readUInt32LE(this.pos); this.pos += 4; return v; }
   zero(n: number, what: string): void {
-    for (let i = 0; i < n; i++) if (this.buf[this.pos + i] !== 0) throw bad(`${what} must be zero`);
+    for (let i = 0; i < n; i++) if (this.buf[this.pos + i] !== 0) throw bad(`${this.where(what)} must be zero`);
     this.pos += n;
   }
   u64s(n: number, what: string): number[] {
@@ -107,7 +119,7 @@ class Reader {
     for (let i = 0; i < n; i++) {
       const lo = this.buf.readUInt32LE(this.pos);
       const hi = this.buf.readUInt32LE(this.pos + 4);
-      if (hi > 0x1fffff) throw bad(`${what} has a value above 2^53-1`);
+      if (hi > 0x1fffff) throw bad(`${this.where(what)} has a value above 2^53-1`);
       out[i] = hi * 0x100000000 + lo;
       this.pos += 8;
     }
@@ -119,9 +131,10 @@ class Reader {
     let ascii = true;
     for (let i = this.pos; i < this.pos + n; i++) if (this.buf[i]! >= 0x80) { ascii = false; break; }
     if (ascii) s = this.buf.toString('latin1', this.pos, this.pos + n);
-    else try { s = utf8.decode(this.buf.subarray(this.pos, this.pos + n)); } catch { throw bad(`${what} is not valid UTF-8`); }
+    else try { s = utf8.decode(this.buf.subarray(this.pos, this.pos + n)); } catch { throw bad(`${this.where(what)} is not valid UTF-8`); }
     this.pos += n;
-    this.zero(pad8(n) - n, `the padding after ${what}`);
+    for (let i = 0; i < pad8(n) - n; i++) if (this.buf[this.pos + i] !== 0) throw bad(`the padding after ${this.where(what)} must be zero`);
+    this.pos += pad8(n) - n;
     return s;
   }
 }
@@ -137,9 +150,9 @@ function sameValues(a: readonly number[], b: readonly number[]): boolean {
   return true;
 }
 
-function dtypeOf(code: number, what: string): GlobalTensor['dtype'] {
+function dtypeOf(code: number, r: Reader): GlobalTensor['dtype'] {
   const d = dtypeFromWireCode(code);
-  if (!d) throw bad(`${what} has unknown dtype code ${code}`);
+  if (!d) throw bad(`${r.where('')} has unknown dtype code ${code}`);
   return d;
 }
 
@@ -167,56 +180,60 @@ export function decodeLayout(bytes: Uint8Array): RankLayout {
   // Every entry takes at least 16 bytes: counts beyond that cannot be (checked before allocating).
   if ((g + s + d) * 16 > bytes.length) throw bad(`${g} tensors and ${s + d} local tensors cannot fit in ${bytes.length} bytes`);
   const node = r.text(nodeLength, 'the node id');
+  r.entry = -1;
   const tensors: GlobalTensor[] = [];
   for (let i = 0; i < g; i++) {
-    r.need(8, `global tensor ${i}`);
-    const dtype = dtypeOf(r.u8(), `global tensor ${i}`);
+    r.kind = 'global tensor'; r.entry = i; r.piece = -1;
+    r.need(8, '');
+    const dtype = dtypeOf(r.u8(), r);
     const ndim = r.u8();
     const nameLength = r.u16();
-    r.zero(4, `global tensor ${i}'s reserved bytes`);
+    r.zero(4, 'reserved bytes');
     if (ndim > MAX_NDIM) throw bad(`global tensor ${i} has ${ndim} dimensions; at most ${MAX_NDIM}`);
     if (nameLength < 1 || nameLength > MAX_NAME_BYTES) throw bad(`global tensor ${i}'s name has ${nameLength} bytes; 1..${MAX_NAME_BYTES}`);
-    const shape = r.u64s(ndim, `global tensor ${i}'s shape`);
-    tensors.push({ name: r.text(nameLength, `global tensor ${i}'s name`), dtype, shape });
+    const shape = r.u64s(ndim, 'shape');
+    tensors.push({ name: r.text(nameLength, 'name'), dtype, shape });
   }
   const locals: LocalTensor[] = [];
   for (let i = 0; i < s + d; i++) {
-    const what = `local tensor ${i}`;
-    r.need(16, what);
-    const dtype = dtypeOf(r.u8(), what);
+    r.kind = 'local tensor'; r.entry = i; r.piece = -1;
+    r.need(16, '');
+    const dtype = dtypeOf(r.u8(), r);
     const ndim = r.u8();
     const flags = r.u8();
-    r.zero(1, `${what}'s reserved byte`);
+    r.zero(1, 'reserved byte');
     const nameLength = r.u16();
-    r.zero(2, `${what}'s reserved bytes`);
+    r.zero(2, 'reserved bytes');
     const pieceCount = r.u32();
     const paddingCount = r.u32();
-    if (ndim > MAX_NDIM) throw bad(`${what} has ${ndim} dimensions; at most ${MAX_NDIM}`);
-    if (flags > FLAG_STRIDES) throw bad(`${what} has unknown flags ${flags}`);
-    if (nameLength < 1 || nameLength > MAX_NAME_BYTES) throw bad(`${what}'s name has ${nameLength} bytes; 1..${MAX_NAME_BYTES}`);
-    if ((pieceCount * (8 + 24 * ndim) + paddingCount * 16 * ndim) > bytes.length - r.pos) throw bad(`${what}'s ${pieceCount} pieces and ${paddingCount} padding boxes run past the record`);
-    const shape = r.u64s(ndim, `${what}'s shape`);
+    if (ndim > MAX_NDIM) throw bad(`${r.where('')} has ${ndim} dimensions; at most ${MAX_NDIM}`);
+    if (flags > FLAG_STRIDES) throw bad(`${r.where('')} has unknown flags ${flags}`);
+    if (nameLength < 1 || nameLength > MAX_NAME_BYTES) throw bad(`${r.where('')}'s name has ${nameLength} bytes; 1..${MAX_NAME_BYTES}`);
+    if ((pieceCount * (8 + 24 * ndim) + paddingCount * 16 * ndim) > bytes.length - r.pos) throw bad(`${r.where('')}'s ${pieceCount} pieces and ${paddingCount} padding boxes run past the record`);
+    const shape = r.u64s(ndim, 'shape');
     const itemsize = dtypeInfo(dtype).itemsize;
-    const strides = flags & FLAG_STRIDES ? r.u64s(ndim, `${what}'s strides`) : contiguousStrides(shape, itemsize);
-    const name = r.text(nameLength, `${what}'s name`);
+    const strides = flags & FLAG_STRIDES ? r.u64s(ndim, 'strides') : contiguousStrides(shape, itemsize);
+    const name = r.text(nameLength, 'name');
     const pieces: Piece[] = [];
     for (let k = 0; k < pieceCount; k++) {
-      r.need(8, `${what}'s piece ${k}`);
+      r.piece = k;
+      r.need(8, '');
       const t = r.u32();
-      r.zero(4, `${what}'s piece ${k}'s reserved bytes`);
-      if (t >= g) throw bad(`${what}'s piece ${k} names tensor ${t} of ${g}`);
-      const start = r.u64s(ndim, `${what}'s piece ${k}`);
-      let length = r.u64s(ndim, `${what}'s piece ${k}`);
-      let at = r.u64s(ndim, `${what}'s piece ${k}`);
+      r.zero(4, 'reserved bytes');
+      if (t >= g) throw bad(`${r.where('')}'s piece ${k} names tensor ${t} of ${g}`);
+      const start = r.u64s(ndim, 'start');
+      let length = r.u64s(ndim, 'length');
+      let at = r.u64s(ndim, 'at');
       // Most pieces fill their local tensor from its origin: share those arrays (fewer objects to collect).
       if (sameValues(length, shape)) length = shape;
       if (at.every((x) => x === 0)) at = zeros(ndim);
       pieces.push({ tensor: tensors[t]!.name, start, length, at });
     }
     const padding = [];
-    for (let k = 0; k < paddingCount; k++) padding.push({ start: r.u64s(ndim, `${what}'s padding ${k}`), length: r.u64s(ndim, `${what}'s padding ${k}`) });
+    r.piece = -1;
+    for (let k = 0; k < paddingCount; k++) padding.push({ start: r.u64s(ndim, `padding ${k}`), length: r.u64s(ndim, `padding ${k}`) });
     const local: LocalTensor = { name, dtype, shape, strides, pieces, padding };
-    if (flags & FLAG_STRIDES && isContiguous(local)) throw bad(`${what} flags explicit strides that are the C-contiguous ones; leave the flag clear`);
+    if (flags & FLAG_STRIDES && isContiguous(local)) throw bad(`${r.where('')} flags explicit strides that are the C-contiguous ones; leave the flag clear`);
     locals.push(local);
   }
   if (r.pos !== bytes.length) throw bad(`${bytes.length - r.pos} bytes follow the last local tensor`);
