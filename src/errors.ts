@@ -72,6 +72,13 @@ export type IpcErrorCode =
   // tensors (src/tensors)
   | 'ERR_TENSOR_MISMATCH'
   | 'ERR_SAFETENSORS_INVALID'
+  // sharded layouts and their plan (src/tensors/sharded): refused before anything moves
+  | 'ERR_LAYOUT_INVALID'
+  | 'ERR_LAYOUT_BOUNDS'
+  | 'ERR_LAYOUT_DTYPE'
+  | 'ERR_LAYOUT_SHAPE'
+  | 'ERR_LAYOUT_UNCOVERED'
+  | 'ERR_LAYOUT_OVERLAP'
   // NCCL (src/nccl): no usable libnccl.so.2 was found; an NCCL call failed (see NcclError);
   // device memory on a tls:// link would cross NCCL's network in clear (LinkOptions.allowNcclInClear)
   | 'ERR_NCCL_UNAVAILABLE'

@@ -46,6 +46,8 @@ from .link.received_memory import ReceivedMemory, received_memory, set_max_recei
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 from .native import NativeHelper, native_helper
 from .torch_pool import ipc_mem_pool
+# [tensors] sharded weights, the planning half (issue 37): layouts, their record, the plan
+from .tensors.sharded import LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, plan_sharded, tensor_parallel_parameter
 from typing import Any
 from ._renamed import renamed_attribute
 
@@ -61,6 +63,7 @@ __all__ = [
     "NcclCommunicator", "NcclError", "NcclLibrary", "NcclUnavailableError", "load_nccl",
     "NativeHelper", "native_helper", "ipc_mem_pool", "TcpListener", "RemoteAddress", "RemoteTensorSet", "Fanout",
     "ReceivedMemory", "received_memory", "set_max_received_bytes",
+    "LayoutBuilder", "LayoutError", "decode_layout", "encode_layout", "layout_fingerprint", "plan_sharded", "tensor_parallel_parameter",
 ]
 __version__ = "0.1.0"
 

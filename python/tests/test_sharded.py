@@ -1,0 +1,242 @@
+"""Sharded planning in Python (cuda_ipc.tensors.sharded), on the CPU: DTensor placements read
+duck-typed from fake DTensors (and, where torch is installed, checked against torch's own rule),
+plans applied to materialised tensors, refusals with their code, tensor and range, layout records."""
+import itertools
+import struct
+import unittest
+
+from cuda_ipc.descriptor import DTYPES
+from cuda_ipc.tensors.sharded import (
+    Box, LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, placement_box, plan_bytes,
+    plan_sharded, shard_range, tensor_parallel_parameter,
+)
+from cuda_ipc.tensors.sharded.layout import DTYPE_CODES, itemsize
+from tests.sharded_scenarios import check_plan, scenarios
+
+
+# Fake DTensor pieces: the attribute and method names torch's DTensor, DeviceMesh and placements have.
+class Shard:
+    def __init__(self, dim):
+        self.dim = dim
+
+    def is_shard(self, dim=None):
+        return dim is None or dim == self.dim
+
+    def is_replicate(self):
+        return False
+
+
+class _StridedShard(Shard):
+    def __init__(self, dim, split_factor):
+        super().__init__(dim)
+        self.split_factor = split_factor
+
+
+class Replicate:
+    def is_shard(self, dim=None):
+        return False
+
+    def is_replicate(self):
+        return True
+
+
+class Partial:
+    def is_shard(self, dim=None):
+        return False
+
+    def is_replicate(self):
+        return False
+
+
+class FakeDtype:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return f"torch.{self.name}"
+
+
+class FakeMesh:
+    def __init__(self, shape, coordinate):
+        self.shape = tuple(shape)
+        self._coordinate = coordinate
+
+    def get_coordinate(self):
+        return self._coordinate
+
+
+class FakeTensor:
+    def __init__(self, shape, dtype="bfloat16", stride=None):
+        self.shape = tuple(shape)
+        self.dtype = FakeDtype(dtype)
+        self._stride = stride or tuple(int(__import__("math").prod(shape[i + 1:])) for i in range(len(shape)))
+
+    def stride(self):
+        return self._stride
+
+
+class FakeDTensor:
+    def __init__(self, shape, placements, mesh, local_shape, dtype="bfloat16"):
+        self.shape = tuple(shape)
+        self.dtype = FakeDtype(dtype)
+        self.placements = tuple(placements)
+        self.device_mesh = mesh
+        self._local = FakeTensor(local_shape, dtype)
+
+    def to_local(self):
+        return self._local
+
+
+class TestPlacements(unittest.TestCase):
+    def test_dtype_codes_are_the_descriptor_codes(self):
+        self.assertEqual({k: (v[0], v[2]) for k, v in DTYPES.items()}, DTYPE_CODES)
+
+    def test_shard_range_and_nested_mesh(self):
+        self.assertEqual([shard_range(10, 4, i) for i in range(4)], [(0, 3), (3, 3), (6, 3), (9, 1)])
+        self.assertEqual([shard_range(5, 4, i) for i in range(4)], [(0, 2), (2, 2), (4, 1), (5, 0)])
+        boxes = [placement_box((7, 3), (2, 2), [("shard", 0), ("shard", 0)], c) for c in ([0, 0], [0, 1], [1, 0], [1, 1])]
+        self.assertEqual(boxes, [Box((0, 0), (2, 3)), Box((2, 0), (2, 3)), Box((4, 0), (2, 3)), Box((6, 0), (1, 3))])
+        with self.assertRaises(LayoutError) as e:
+            placement_box((4,), (2,), [("shard", 1)], (0,))
+        self.assertEqual(e.exception.code, "ERR_LAYOUT_INVALID")
+
+    def test_fsdp2_state_dict_dtensors_without_boxes(self):
+        # FSDP2 over 4 ranks, Shard(0): 10 rows -> 3, 3, 3, 1; 3 rows -> 1, 1, 1, empty.
+        for rank in range(4):
+            start, n = shard_range(10, 4, rank)
+            dt = FakeDTensor((10, 6), [Shard(0)], FakeMesh((4,), [rank]), (n, 6))
+            small = FakeDTensor((3, 6), [Shard(0)], FakeMesh((4,), [rank]), (shard_range(3, 4, rank)[1], 6))
+            got = LayoutBuilder(rank=rank, node="n", gpu=rank).hold_dtensor("w", dt).hold_dtensor("b", small)
+            if rank == 3:
+                layout = got.build()
+                self.assertEqual([s.name for s in layout.sources], ["w"], "the empty shard holds nothing")
+            else:
+                layout = got.build()
+            want = LayoutBuilder(rank=rank, node="n", gpu=rank).hold("w", dtype="bfloat16", shape=(10, 6), start=(start, 0), length=(n, 6))
+            if rank < 3:
+                want.hold("b", dtype="bfloat16", shape=(3, 6), start=(rank, 0), length=(1, 6))
+            self.assertEqual(encode_layout(layout), encode_layout(want.build()))
+        # HSDP: (Replicate, Shard(1)) on a 2 x 3 mesh; a transposed local tensor keeps its strides.
+        dt = FakeDTensor((4, 9), [Replicate(), Shard(1)], FakeMesh((2, 3), [1, 2]), (4, 3))
+        dt._local = FakeTensor((4, 3), stride=(1, 4))
+        layout = LayoutBuilder(rank=5, node="n", gpu=0).need_dtensor("w", dt).build()
+        self.assertEqual(layout.destinations[0].pieces[0].start, (0, 6))
+        self.assertEqual(layout.destinations[0].strides, (2, 8))
+        # Not on the mesh: nothing.
+        off = FakeDTensor((4, 9), [Shard(0)], FakeMesh((2,), None), (2, 9))
+        self.assertEqual(LayoutBuilder(rank=0, node="n", gpu=0).hold_dtensor("w", off).hold("x", dtype="float32", shape=(1,)).build().sources[0].name, "x")
+
+    def test_dtensor_refusals(self):
+        mesh = FakeMesh((2,), [0])
+        for placement, code in ((_StridedShard(0, 2), "ERR_LAYOUT_INVALID"), (Partial(), "ERR_LAYOUT_INVALID")):
+            with self.assertRaises(LayoutError) as e:
+                LayoutBuilder(rank=0, node="n", gpu=0).hold_dtensor("w", FakeDTensor((4, 2), [placement], mesh, (2, 2)))
+            self.assertEqual(e.exception.code, code)
+        # torch's local tensor disagreeing with the computed box: refused, not guessed.
+        with self.assertRaises(LayoutError) as e:
+            LayoutBuilder(rank=0, node="n", gpu=0).hold_dtensor("w", FakeDTensor((5, 2), [Shard(0)], mesh, (2, 2)))
+        self.assertEqual((e.exception.code, e.exception.tensor), ("ERR_LAYOUT_SHAPE", "w"))
+
+    def test_tensor_parallel_padded_vocabulary(self):
+        p = tensor_parallel_parameter(dtype="bfloat16", dim=0, size=2, rank=1, pad_multiple=64, parts=[("embed", (100, 6))])
+        self.assertEqual(p["shape"], (64, 6))
+        self.assertEqual([(x["start"], x["length"]) for x in p["pieces"]], [((64, 0), (36, 6))])
+        self.assertEqual(p["padding"], [Box((36, 0), (28, 6))])
+
+
+@unittest.skipUnless(__import__("importlib").util.find_spec("torch"), "torch is not installed (the GPU machine has it)")
+class TestAgainstTorch(unittest.TestCase):
+    def test_boxes_match_torch_compute_local_shape_and_global_offset(self):
+        from torch.distributed.tensor import Replicate as TR, Shard as TS  # type: ignore
+        from torch.distributed.tensor import _utils  # type: ignore
+
+        class Mesh:
+            def __init__(self, shape, coordinate):
+                self.shape, self._c = tuple(shape), list(coordinate)
+                self.ndim = len(shape)
+
+            def get_coordinate(self):
+                return self._c
+
+            def size(self, dim=None):
+                return self.shape[dim]
+
+        cases = [((10, 6), (4,), [TS(0)]), ((5, 3), (4,), [TS(0)]), ((7, 3), (2, 2), [TS(0), TS(0)]),
+                 ((4, 9), (2, 3), [TR(), TS(1)]), ((6, 10, 4), (2, 3), [TS(0), TS(1)]), ((3,), (8,), [TS(0)])]
+        for shape, mesh, placements in cases:
+            for coord in itertools.product(*(range(n) for n in mesh)):
+                ours = placement_box(shape, mesh, [("shard", p.dim) if p.is_shard() else "replicate" for p in placements], list(coord))
+                local, offset = _utils.compute_local_shape_and_global_offset(shape, Mesh(mesh, coord), placements)
+                self.assertEqual(tuple(local), ours.length, (shape, mesh, coord))
+                if min(ours.length) > 0:
+                    self.assertEqual(tuple(offset), ours.start, (shape, mesh, coord))
+
+
+class TestPlans(unittest.TestCase):
+    def test_scenarios_against_materialised_tensors(self):
+        for name, layouts in scenarios():
+            with self.subTest(name):
+                plan = plan_sharded(layouts)
+                self.assertEqual(check_plan(layouts, [plan]), [])
+                own = [plan_sharded(layouts, rank=l.rank) for l in layouts]
+                self.assertEqual(check_plan(layouts, own), [])
+                for mine in own:
+                    self.assertEqual([p for p in plan.pairs if mine.scope in (p.src, p.dst)], list(mine.pairs))
+                sent, received = plan_bytes(plan)
+                needed = sum(itemsize(d.dtype) * __import__("math").prod(p.length) for l in layouts for d in l.destinations for p in d.pieces)
+                self.assertEqual(sum(received.values()), needed)
+
+    def _refused(self, fn, code, tensor, range_=None):
+        with self.assertRaises(LayoutError) as e:
+            fn()
+        self.assertEqual((e.exception.code, e.exception.tensor), (code, tensor), str(e.exception))
+        if range_ is not None:
+            self.assertEqual(e.exception.range, range_)
+        self.assertIn(tensor, str(e.exception))
+
+    def test_refusals(self):
+        def src(r, start, n):
+            return LayoutBuilder(rank=r, node="n", gpu=r).hold("w", dtype="bfloat16", shape=(10, 4), start=(start, 0), length=(n, 4)).build()
+        dst = LayoutBuilder(rank=9, node="n", gpu=7).need("w", dtype="bfloat16", shape=(10, 4)).build()
+        self._refused(lambda: plan_sharded([src(0, 0, 3), src(1, 5, 5), dst]), "ERR_LAYOUT_UNCOVERED", "w", Box((3, 0), (2, 4)))
+        pieces = [{"tensor": "w", "shape": (10, 4), "start": (0, 0), "length": (4, 4), "at": (0, 0)},
+                  {"tensor": "w", "shape": (10, 4), "start": (4, 0), "length": (4, 4), "at": (2, 0)}]
+        self._refused(lambda: LayoutBuilder(rank=9, node="n", gpu=7).need_parameter("p", dtype="bfloat16", shape=(6, 4), pieces=pieces).build(),
+                      "ERR_LAYOUT_OVERLAP", "p", Box((2, 0), (2, 4)))
+        self._refused(lambda: LayoutBuilder(rank=9, node="n", gpu=7).need_parameter("p", dtype="bfloat16", shape=(6, 4), pieces=pieces[:1], padding=[Box((5, 0), (1, 4))]).build(),
+                      "ERR_LAYOUT_UNCOVERED", "p", Box((4, 0), (1, 4)))
+        f32 = LayoutBuilder(rank=9, node="n", gpu=7).need("w", dtype="float32", shape=(10, 4)).build()
+        self._refused(lambda: plan_sharded([src(0, 0, 10), f32]), "ERR_LAYOUT_DTYPE", "w")
+        self._refused(lambda: LayoutBuilder(rank=0, node="n", gpu=0).hold("w", dtype="bfloat16", shape=(10, 4), start=(8, 0), length=(3, 4)).build(),
+                      "ERR_LAYOUT_BOUNDS", "w", Box((8, 0), (3, 4)))
+
+
+class TestRecords(unittest.TestCase):
+    def test_round_trip_and_refusals(self):
+        for _, layouts in scenarios():
+            for l in layouts:
+                b = encode_layout(l)
+                self.assertEqual(decode_layout(b), l)
+                self.assertEqual(encode_layout(decode_layout(b)), b)
+        layouts = scenarios()[0][1]
+        fp = layout_fingerprint(layouts)
+        self.assertEqual(layout_fingerprint(list(reversed(layouts))), fp)
+        self.assertEqual(plan_sharded(layouts).fingerprint, fp)
+        good = encode_layout(layouts[4])
+
+        def refused(data, why):
+            with self.assertRaises(LayoutError) as e:
+                decode_layout(data)
+            self.assertEqual(e.exception.code, "ERR_LAYOUT_INVALID")
+            self.assertIn(why, str(e.exception))
+        refused(b"X" + good[1:], "magic")
+        refused(good[:4] + struct.pack("<H", 2) + good[6:], "version 2")
+        refused(good[:-8], "header says")
+        refused(good[:20], "shorter than")
+        refused(good[:37] + b"\x01" + good[38:], "padding after the node id must be zero")
+        refused(good[:44] + b"\x01" + good[45:], "reserved bytes must be zero")
+        refused(good[:40] + b"\x63" + good[41:], "dtype code 99")
+
+
+if __name__ == "__main__":
+    unittest.main()

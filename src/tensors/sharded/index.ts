@@ -1,0 +1,13 @@
+// Sharded weights, the planning half (issue 37): layouts of what each rank holds or needs, the
+// plan of byte runs between ranks, and the layouts' wire format. Nothing here moves data yet.
+export { LayoutError, formatRange, type LayoutErrorCode, type LayoutErrorDetail, type Box } from './errors.js';
+export { shardRange, placementBox, type Placement, type PlacementSpec } from './placements.js';
+export {
+  validateLayout, contiguousStrides, type RankLayout, type GlobalTensor, type LocalTensor, type Piece,
+} from './layout.js';
+export {
+  LayoutBuilder, tensorParallelParameter, type BoxSpec, type PlacedSpec, type ArrayLikeTensor, type ParameterSpec, type TensorParallelSpec,
+} from './builder.js';
+export { encodeLayout, decodeLayout, layoutFingerprint, LAYOUT_VERSION, MAX_LAYOUT_BYTES } from './layout-wire.js';
+export { planSharded, planBytes, SPLIT_MIN_BYTES, type ShardPlan, type PlanPair, type PlanPath, type PlanOptions } from './plan.js';
+export { RUN_FIELDS, runsOf, type PlanRun } from './runs.js';

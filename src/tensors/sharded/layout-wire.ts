@@ -1,0 +1,267 @@
+// A rank's layout on the wire ('CISL', version 1; docs/PROTOCOL.md section 9): little-endian,
+// reserved and padding bytes zero, one encoding per layout (decoding is canonical: it succeeds
+// only when re-encoding gives the same bytes), bounded before anything is allocated. Python's
+// python/cuda_ipc/tensors/sharded/layout_wire.py reads and writes the same bytes.
+import { createHash } from 'node:crypto';
+import { dtypeFromWireCode, dtypeInfo } from '../../ipc/dtype.js';
+import { LayoutError } from './errors.js';
+import { MAX_NAME_BYTES, MAX_NDIM, MAX_NODE_BYTES, contiguousStrides, validateLayout, type GlobalTensor, type LocalTensor, type Piece, type RankLayout } from './layout.js';
+
+export const LAYOUT_MAGIC = 'CISL';
+export const LAYOUT_VERSION = 1;
+/** The largest layout record either side writes or reads. */
+export const MAX_LAYOUT_BYTES = 64 * 1024 * 1024;
+const HEADER = 32;
+const FLAG_STRIDES = 1;
+const encodedBytes = new WeakMap<RankLayout, Uint8Array>();
+
+const pad8 = (n: number): number => (n + 7) & ~7;
+
+function bad(why: string): LayoutError {
+  return new LayoutError('ERR_LAYOUT_INVALID', `layout record: ${why}`);
+}
+
+class Writer {
+  buf: Buffer;
+  pos = 0;
+  constructor(size: number) { this.buf = Buffer.alloc(size); }
+  u8(v: number): void { this.buf[this.pos++] = v; }
+  u16(v: number): void { this.buf.writeUInt16LE(v, this.pos); this.pos += 2; }
+  u32(v: number): void { this.buf.writeUInt32LE(v, this.pos); this.pos += 4; }
+  u64(v: number): void { this.buf.writeUInt32LE(v % 0x100000000, this.pos); this.buf.writeUInt32LE(Math.floor(v / 0x100000000), this.pos + 4); this.pos += 8; }
+  bytes(b: Uint8Array): void { this.buf.set(b, this.pos); this.pos = pad8(this.pos + b.length); }
+}
+
+function isContiguous(local: LocalTensor): boolean {
+  const c = contiguousStrides(local.shape, dtypeInfo(local.dtype).itemsize);
+  return c.every((s, i) => s === local.strides[i]);
+}
+
+/** The layout's record (checks it first: validateLayout). */
+export function encodeLayout(layout: RankLayout): Uint8Array {
+  const cached = encodedBytes.get(layout);
+  if (cached) return cached;
+  validateLayout(layout);
+  const node = Buffer.from(layout.node, 'utf8');
+  const index = new Map(layout.tensors.map((t, i) => [t.name, i]));
+  let size = HEADER + pad8(node.length);
+  const names = layout.tensors.map((t) => Buffer.from(t.name, 'utf8'));
+  layout.tensors.forEach((t, i) => { size += 8 + 8 * t.shape.length + pad8(names[i]!.length); });
+  const locals = [...layout.sources, ...layout.destinations];
+  const localNames = locals.map((l) => Buffer.from(l.name, 'utf8'));
+  locals.forEach((l, i) => {
+    const n = l.shape.length;
+    size += 16 + 8 * n * (isContiguous(l) ? 1 : 2) + pad8(localNames[i]!.length) + l.pieces.length * (8 + 24 * n) + l.padding.length * 16 * n;
+  });
+  if (size > MAX_LAYOUT_BYTES) throw bad(`rank ${layout.rank}'s layout takes ${size} bytes, more than ${MAX_LAYOUT_BYTES}`);
+  const w = new Writer(size);
+  w.buf.write(LAYOUT_MAGIC, 0, 'latin1'); w.pos = 4;
+  w.u16(LAYOUT_VERSION); w.u16(node.length); w.u32(size); w.u32(layout.rank); w.u32(layout.gpu);
+  w.u32(layout.tensors.length); w.u32(layout.sources.length); w.u32(layout.destinations.length);
+  w.bytes(node);
+  layout.tensors.forEach((t, i) => {
+    w.u8(dtypeInfo(t.dtype).wireCode); w.u8(t.shape.length); w.u16(names[i]!.length); w.u32(0);
+    for (const d of t.shape) w.u64(d);
+    w.bytes(names[i]!);
+  });
+  locals.forEach((l, i) => {
+    const strided = !isContiguous(l);
+    w.u8(dtypeInfo(l.dtype).wireCode); w.u8(l.shape.length); w.u8(strided ? FLAG_STRIDES : 0); w.u8(0);
+    w.u16(localNames[i]!.length); w.u16(0); w.u32(l.pieces.length); w.u32(l.padding.length);
+    for (const d of l.shape) w.u64(d);
+    if (strided) for (const s of l.strides) w.u64(s);
+    w.bytes(localNames[i]!);
+    for (const p of l.pieces) {
+      w.u32(index.get(p.tensor)!); w.u32(0);
+      for (const v of p.start) w.u64(v);
+      for (const v of p.length) w.u64(v);
+      for (const v of p.at) w.u64(v);
+    }
+    for (const b of l.padding) {
+      for (const v of b.start) w.u64(v);
+      for (const v of b.length) w.u64(v);
+    }
+  });
+  if (w.pos !== size) throw new Error(`encodeLayout: wrote ${w.pos} of ${size} bytes`);
+  const out = new Uint8Array(w.buf.buffer, w.buf.byteOffset, size);
+  encodedBytes.set(layout, out);
+  return out;
+}
+
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
+/**
+ * Reads a record. Messages name the entry being read (kind, index, piece) plus a fixed suffix, put
+ * together only when something is wrong: no string is built per field while decoding.
+ */
+class Reader {
+  pos = 0;
+  kind = '';
+  entry = -1;
+  piece = -1;
+  constructor(readonly buf: Buffer) {}
+  /** `suffix` after the entry being read, e.g. "local tensor 3's piece 0's start". */
+  where(suffix: string): string {
+    const head = this.entry < 0 ? '' : `${this.kind} ${this.entry}${this.piece >= 0 ? `'s piece ${this.piece}` : ''}`;
+    return head ? (suffix ? `${head}'s ${suffix}` : head) : suffix;
+  }
+  need(n: number, what: string): void { if (this.pos + n > this.buf.length) throw bad(`${this.where(what)} runs past the record's ${this.buf.length} bytes`); }
+  u8(): number { return this.buf[this.pos++]!; }
+  u16(): number { const v = this.buf.readUInt16LE(this.pos); this.pos += 2; return v; }
+  u32(): number { const v = this.buf.readUInt32LE(this.pos); this.pos += 4; return v; }
+  zero(n: number, what: string): void {
+    for (let i = 0; i < n; i++) if (this.buf[this.pos + i] !== 0) throw bad(`${this.where(what)} must be zero`);
+    this.pos += n;
+  }
+  u64s(n: number, what: string): number[] {
+    this.need(8 * n, what);
+    const out = new Array<number>(n);
+    for (let i = 0; i < n; i++) {
+      const lo = this.buf.readUInt32LE(this.pos);
+      const hi = this.buf.readUInt32LE(this.pos + 4);
+      if (hi > 0x1fffff) throw bad(`${this.where(what)} has a value above 2^53-1`);
+      out[i] = hi * 0x100000000 + lo;
+      this.pos += 8;
+    }
+    return out;
+  }
+  text(n: number, what: string): string {
+    this.need(pad8(n), what);
+    let s: string;
+    let ascii = true;
+    for (let i = this.pos; i < this.pos + n; i++) if (this.buf[i]! >= 0x80) { ascii = false; break; }
+    if (ascii) s = this.buf.toString('latin1', this.pos, this.pos + n);
+    else try { s = utf8.decode(this.buf.subarray(this.pos, this.pos + n)); } catch { throw bad(`${this.where(what)} is not valid UTF-8`); }
+    this.pos += n;
+    for (let i = 0; i < pad8(n) - n; i++) if (this.buf[this.pos + i] !== 0) throw bad(`the padding after ${this.where(what)} must be zero`);
+    this.pos += pad8(n) - n;
+    return s;
+  }
+}
+
+const ZEROS: number[][] = [];
+function zeros(ndim: number): number[] {
+  return (ZEROS[ndim] ??= Object.freeze(new Array<number>(ndim).fill(0)) as number[]);
+}
+
+function sameValues(a: readonly number[], b: readonly number[]): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+function dtypeOf(code: number, r: Reader): GlobalTensor['dtype'] {
+  const d = dtypeFromWireCode(code);
+  if (!d) throw bad(`${r.where('')} has unknown dtype code ${code}`);
+  return d;
+}
+
+/**
+ * A layout from its record: every field checked (ERR_LAYOUT_INVALID for a malformed record), then
+ * the layout itself (validateLayout: its own LayoutError codes).
+ */
+export function decodeLayout(bytes: Uint8Array): RankLayout {
+  if (bytes.length < HEADER) throw bad(`${bytes.length} bytes are shorter than the ${HEADER}-byte header`);
+  if (bytes.length > MAX_LAYOUT_BYTES) throw bad(`${bytes.length} bytes are more than ${MAX_LAYOUT_BYTES}`);
+  const r = new Reader(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength));
+  if (r.buf.toString('latin1', 0, 4) !== LAYOUT_MAGIC) throw bad(`the magic is not '${LAYOUT_MAGIC}'`);
+  r.pos = 4;
+  const version = r.u16();
+  if (version !== LAYOUT_VERSION) throw bad(`version ${version}; this side reads version ${LAYOUT_VERSION}`);
+  const nodeLength = r.u16();
+  const total = r.u32();
+  if (total !== bytes.length) throw bad(`the header says ${total} bytes, the record has ${bytes.length}`);
+  const rank = r.u32();
+  const gpu = r.u32();
+  const g = r.u32();
+  const s = r.u32();
+  const d = r.u32();
+  if (nodeLength < 1 || nodeLength > MAX_NODE_BYTES) throw bad(`the node id has ${nodeLength} bytes; 1..${MAX_NODE_BYTES}`);
+  // Every entry takes at least 16 bytes: counts beyond that cannot be (checked before allocating).
+  if ((g + s + d) * 16 > bytes.length) throw bad(`${g} tensors and ${s + d} local tensors cannot fit in ${bytes.length} bytes`);
+  const node = r.text(nodeLength, 'the node id');
+  r.entry = -1;
+  const tensors: GlobalTensor[] = [];
+  for (let i = 0; i < g; i++) {
+    r.kind = 'global tensor'; r.entry = i; r.piece = -1;
+    r.need(8, '');
+    const dtype = dtypeOf(r.u8(), r);
+    const ndim = r.u8();
+    const nameLength = r.u16();
+    r.zero(4, 'reserved bytes');
+    if (ndim > MAX_NDIM) throw bad(`global tensor ${i} has ${ndim} dimensions; at most ${MAX_NDIM}`);
+    if (nameLength < 1 || nameLength > MAX_NAME_BYTES) throw bad(`global tensor ${i}'s name has ${nameLength} bytes; 1..${MAX_NAME_BYTES}`);
+    const shape = r.u64s(ndim, 'shape');
+    tensors.push({ name: r.text(nameLength, 'name'), dtype, shape });
+  }
+  const locals: LocalTensor[] = [];
+  for (let i = 0; i < s + d; i++) {
+    r.kind = 'local tensor'; r.entry = i; r.piece = -1;
+    r.need(16, '');
+    const dtype = dtypeOf(r.u8(), r);
+    const ndim = r.u8();
+    const flags = r.u8();
+    r.zero(1, 'reserved byte');
+    const nameLength = r.u16();
+    r.zero(2, 'reserved bytes');
+    const pieceCount = r.u32();
+    const paddingCount = r.u32();
+    if (ndim > MAX_NDIM) throw bad(`${r.where('')} has ${ndim} dimensions; at most ${MAX_NDIM}`);
+    if (flags > FLAG_STRIDES) throw bad(`${r.where('')} has unknown flags ${flags}`);
+    if (nameLength < 1 || nameLength > MAX_NAME_BYTES) throw bad(`${r.where('')}'s name has ${nameLength} bytes; 1..${MAX_NAME_BYTES}`);
+    if ((pieceCount * (8 + 24 * ndim) + paddingCount * 16 * ndim) > bytes.length - r.pos) throw bad(`${r.where('')}'s ${pieceCount} pieces and ${paddingCount} padding boxes run past the record`);
+    const shape = r.u64s(ndim, 'shape');
+    const itemsize = dtypeInfo(dtype).itemsize;
+    const strides = flags & FLAG_STRIDES ? r.u64s(ndim, 'strides') : contiguousStrides(shape, itemsize);
+    const name = r.text(nameLength, 'name');
+    const pieces: Piece[] = [];
+    for (let k = 0; k < pieceCount; k++) {
+      r.piece = k;
+      r.need(8, '');
+      const t = r.u32();
+      r.zero(4, 'reserved bytes');
+      if (t >= g) throw bad(`${r.where('')}'s piece ${k} names tensor ${t} of ${g}`);
+      const start = r.u64s(ndim, 'start');
+      let length = r.u64s(ndim, 'length');
+      let at = r.u64s(ndim, 'at');
+      // Most pieces fill their local tensor from its origin: share those arrays (fewer objects to collect).
+      if (sameValues(length, shape)) length = shape;
+      if (at.every((x) => x === 0)) at = zeros(ndim);
+      pieces.push({ tensor: tensors[t]!.name, start, length, at });
+    }
+    const padding = [];
+    r.piece = -1;
+    for (let k = 0; k < paddingCount; k++) padding.push({ start: r.u64s(ndim, `padding ${k}`), length: r.u64s(ndim, `padding ${k}`) });
+    const local: LocalTensor = { name, dtype, shape, strides, pieces, padding };
+    if (flags & FLAG_STRIDES && isContiguous(local)) throw bad(`${r.where('')} flags explicit strides that are the C-contiguous ones; leave the flag clear`);
+    locals.push(local);
+  }
+  if (r.pos !== bytes.length) throw bad(`${bytes.length - r.pos} bytes follow the last local tensor`);
+  const layout: RankLayout = { rank, node, gpu, tensors, sources: locals.slice(0, s), destinations: locals.slice(s) };
+  validateLayout(layout);
+  encodedBytes.set(layout, new Uint8Array(bytes));
+  return layout;
+}
+
+/**
+ * The fingerprint of a group's layouts: SHA-256 (hex) of 'CISP', u32 version 1, u32 layout count,
+ * then per layout in rank order its record's u32 length and bytes. Equal fingerprints, equal plans;
+ * a rank whose layout changed changes it, and the group re-plans.
+ */
+export function layoutFingerprint(layouts: readonly RankLayout[]): string {
+  const sorted = [...layouts].sort((a, b) => a.rank - b.rank);
+  const h = createHash('sha256');
+  const head = Buffer.alloc(12);
+  head.write('CISP', 0, 'latin1');
+  head.writeUInt32LE(1, 4);
+  head.writeUInt32LE(sorted.length, 8);
+  h.update(head);
+  for (const l of sorted) {
+    const b = encodeLayout(l);
+    const n = Buffer.alloc(4);
+    n.writeUInt32LE(b.length);
+    h.update(n);
+    h.update(b);
+  }
+  return h.digest('hex');
+}
