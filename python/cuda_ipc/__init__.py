@@ -37,14 +37,14 @@ from .torch_handle import descriptor_from_torch, torch_storage_args
 from .channel import ChannelConsumer, ChannelProducer, ChannelMessage, ChannelSlot, accept_channel
 # [tensors] named tensors over links, in-place updates (issue 21)
 from .host_array import HostArray
-from .tensor_set import SharedTensors, TensorMap, share_tensors
-from .update import UpdateResult, update_in_place
-from .nccl_tensor_set import RemoteTensorSet  # tensor sets over TCP links (NCCL)
-from .link.fanout import Fanout
+from .tensors.tensor_set_transfer import SharedTensors, TensorMap, share_tensors
+from .tensors.update import UpdateResult, update_in_place
+from .tensors.nccl_transfer import RemoteTensorSet  # tensor sets over TCP links (NCCL)
+from .link.nccl.fanout import Fanout
 from .link import Listener, RemoteAddress, TcpListener, listen
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 from .native import NativeHelper, native_helper
-from .torch_pool import ipc_mem_pool
+from .tensors.torch_pool import ipc_mem_pool
 from typing import Any
 from ._renamed import renamed_attribute
 

@@ -5,7 +5,7 @@ import struct
 import unittest
 
 from cuda_ipc.errors import IpcError
-from cuda_ipc.nccl_records import (
+from cuda_ipc.link.messages.nccl_records import (
     CommReference, decode_nccl_buffer, decode_nccl_tensor_set, encode_nccl_buffer, encode_nccl_tensor_set, encode_packed_table,
 )
 

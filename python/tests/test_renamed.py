@@ -16,8 +16,8 @@ OLD = [
     ("cuda_ipc.channel", "Slot", "ChannelSlot"),
     ("cuda_ipc.channel.consumer", "Message", "ChannelMessage"),
     ("cuda_ipc.channel.producer", "Slot", "ChannelSlot"),
-    ("cuda_ipc.tensor_map", "TensorSet", "TensorMap"),
-    ("cuda_ipc.tensor_set", "TensorSet", "TensorMap"),
+    ("cuda_ipc.tensors.tensor_map", "TensorSet", "TensorMap"),
+    ("cuda_ipc.tensors.tensor_set_transfer", "TensorSet", "TensorMap"),
     ("cuda_ipc.descriptor", "descriptor_from_json", "parse_descriptor_json"),
 ]
 

@@ -13,12 +13,12 @@ import unittest
 
 from cuda_ipc import HostArray, HostBuffer, IpcError, TensorMap, share_tensors, update_in_place
 from cuda_ipc.memory import cache as memory_mod
-from cuda_ipc import copy_kernels
-from cuda_ipc import tensor_map as tensor_map_mod
-from cuda_ipc import tensor_set as ts_mod
-from cuda_ipc import update as update_mod
-from cuda_ipc.copy_kernels import ROW, plan_runs
-from cuda_ipc.tensor_wire import KIND_HOST, decode_table, encode_set, encode_table, parse_set
+from cuda_ipc.tensors import kernels as copy_kernels
+from cuda_ipc.tensors import tensor_map as tensor_map_mod
+from cuda_ipc.tensors import tensor_set_transfer as ts_mod
+from cuda_ipc.tensors import update as update_mod
+from cuda_ipc.tensors.kernels import ROW, plan_runs
+from cuda_ipc.tensors.wire import KIND_HOST, decode_table, encode_set, encode_table, parse_set
 
 from . import fake_cuda
 from .test_link import deliver_releases, open_fds, pair

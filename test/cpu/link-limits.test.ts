@@ -9,7 +9,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { connect, listen } from '../../src/link/index.js';
-import { startLinkedChild } from '../../src/link/spawn.js';
+import { startLinkedChild } from '../../src/link/connect/spawn.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { linkPair } from '../fixtures/link-pair.js';
 import { addon } from '../../src/native/addon.js';

@@ -10,7 +10,7 @@ import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, relative } from 'node:path';
 
 export interface ImportEdge {
-  /** Files as paths relative to the scanned root's parent, e.g. 'src/link/link.ts'. */
+  /** Files as paths relative to the scanned root's parent, e.g. 'src/link/connection/link.ts'. */
   from: string;
   to: string;
   /** `import type`, `export type`, or braces holding only `type X` names. */

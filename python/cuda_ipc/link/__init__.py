@@ -16,21 +16,21 @@ read, and waiting for them while reading the link).
 """
 # Their transfer handlers, registered for every link, host memory first (a value goes to the first
 # handler that takes it).
-from . import host_transfer  # noqa: F401, I001
-from . import device_transfers  # noqa: F401
-from . import host_bytes  # noqa: F401
-from . import nccl_buffer  # noqa: F401  (device memory on TCP links, over NCCL)
-from .handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
-from .link import _CREATE, LeaseCounts, Link, PeerCredentials
-from .listener import Listener
-from .endpoints import connect, listen
-from .nccl_abort import NcclAbort, on_nccl_abort, peer_takes_nccl, send_nccl_abort
-from .fanout import Fanout
-from .stream import RemoteAddress
-from .tcp import TcpListener
-from .tcp_auth import TOKEN_ENV
-from .socket_path import default_socket_directory, socket_path
-from .spawn import LINK_FD_ENV, parent_link
+from .transfers import host_transfer  # noqa: F401, I001
+from .transfers import device_transfers  # noqa: F401
+from .transfers import host_bytes_transfer as host_bytes  # noqa: F401
+from .transfers import nccl_buffer_transfer as nccl_buffer  # noqa: F401  (device memory on TCP links, over NCCL)
+from .messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
+from .connection.link import _CREATE, LeaseCounts, Link, PeerCredentials
+from .connect.listener import Listener
+from .connect.endpoints import connect, listen
+from .messages.nccl_abort import NcclAbort, on_nccl_abort, peer_takes_nccl, send_nccl_abort
+from .nccl.fanout import Fanout
+from .connection.stream import RemoteAddress
+from .connect.tcp import TcpListener
+from .transport.tcp_auth import TOKEN_ENV
+from .transport.socket_path import default_socket_directory, socket_path
+from .connect.spawn import LINK_FD_ENV, parent_link
 
 __all__ = [
     "Link", "LeaseCounts", "PeerCredentials", "parent_link", "connect", "listen", "Listener", "socket_path",

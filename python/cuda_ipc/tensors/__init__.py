@@ -1,0 +1,1 @@
+"""Tensors: named tensors over links, in-place updates (src/tensors/)."""
