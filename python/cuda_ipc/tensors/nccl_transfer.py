@@ -62,6 +62,9 @@ class RemoteTensorSet(TensorMap):
     still on the sender; ``fetch()`` receives them into memory of this process's own (blocking), as
     does the first tensor asked for; ``update_in_place`` receives them straight into parameters."""
 
+    def _update_from_remote(self, dst: Mapping[str, Any], *, stream: Any, strict: bool) -> upd.UpdateResult | None:
+        return update_from_remote(dst, self, stream=stream, strict=strict)
+
     def __init__(self, comm: LinkComm, record: NcclTensorSetRecord, lease: ReceivedLease | None, link: Link, _token: object = None):
         if _token is not _REMOTE:
             raise IpcError("ERR_INVALID_ARG", "RemoteTensorSet objects come from TCP links (receive)")

@@ -120,6 +120,11 @@ class TensorMap(Resource, Mapping[str, Any]):
         (nccl_tensor_set.RemoteTensorSet); a set received over a Unix link never is."""
         return False
 
+    def _update_from_remote(self, dst: Mapping[str, Any], *, stream: Any, strict: bool) -> Any:
+        """update_in_place of a pending set (RemoteTensorSet overrides it): an UpdateResult, or None
+        when the bytes must be fetched first. A set received over a Unix link is never pending."""
+        return None
+
     @property
     def memory(self) -> str:
         """'device', 'host' or 'mixed'."""

@@ -362,8 +362,9 @@ def update_in_place(target: Any, received: TensorMap | Mapping[str, Any], *, str
     if isinstance(received, TensorMap) and received.pending:
         # Came over a TCP link, its bytes still on the sender: received by NCCL straight into the
         # parameters where each takes it (method 'nccl'), else fetched first and copied as below.
-        from .nccl_transfer import update_from_remote
-        remote = update_from_remote(dst, received, stream=stream, strict=strict)
+        # Through the map (RemoteTensorSet overrides it), as Node's update.ts goes through the map's
+        # RemoteTensors: update.py never imports nccl_transfer.py, which builds on it (no circle).
+        remote: UpdateResult | None = received._update_from_remote(dst, stream=stream, strict=strict)
         if remote is not None:
             return remote
     if isinstance(received, TensorMap):

@@ -20,9 +20,12 @@ import os
 import secrets
 import ssl
 import struct
+from typing import TYPE_CHECKING
 
 from ...errors import IpcError
-from ..connection.stream import StreamSocket
+
+if TYPE_CHECKING:  # the stream layer builds on this one: a type, never imported at run time
+    from ..connection.stream import StreamSocket
 
 #: The environment variable a token is read from when none is passed.
 TOKEN_ENV = "CUDA_IPC_TOKEN"
