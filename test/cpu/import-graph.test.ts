@@ -6,6 +6,8 @@
 // lower down.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { describeEdge, findCircles, readImportGraph, readPythonImportGraph, type ImportEdge, type ImportGraph } from '../helpers/import-graph.js';
 
@@ -257,4 +259,24 @@ test('Python: imports run down the same layers as TypeScript, and inside link/ d
   out.push(...linkLayerViolations(pyRunning));
   assert.deepEqual(out, [], `imports that climb the layers of python/cuda_ipc:\n${out.join('\n')}`);
   assert.deepEqual([...climbs].sort(), [...PY_KNOWN_CLIMBS].sort(), 'a known climb is gone: take it off PY_KNOWN_CLIMBS');
+});
+
+test('no file over 600 lines in src, python and native (split by job, as slot_ring.py and ring_recovery.py)', () => {
+  const over: string[] = [];
+  let seen = 0;
+  const walk = (dir: string): void => {
+    for (const name of readdirSync(join(root, dir)).sort()) {
+      const p = `${dir}/${name}`;
+      if (name === '__pycache__' || name === 'node_modules') continue;
+      if (statSync(join(root, p)).isDirectory()) walk(p);
+      else if (/\.(ts|py|pyi|c|cc|h)$/.test(name)) {
+        seen++;
+        const lines = readFileSync(join(root, p), 'utf8').split('\n').length - 1;
+        if (lines > 600) over.push(`${p}: ${lines} lines`);
+      }
+    }
+  };
+  for (const dir of ['src', 'python', 'native']) walk(dir);
+  assert.ok(seen > 250, `only ${seen} files read`);
+  assert.deepEqual(over, [], `files over 600 lines: split each by job:\n${over.join('\n')}`);
 });

@@ -1,14 +1,11 @@
-// Link: one connection between two processes, carrying structured messages: over a Unix
-// SOCK_SEQPACKET socket with file descriptors (unix-transport.ts), or over TCP between machines
-// (tcp-transport.ts). Made by spawn()/parentLink(), listen()/connect().
-// The link holds the state and runs the handshake and the close; its parts do one job each:
-// sending (link-sender.ts, over outbox.ts), acting on received frames (frame-dispatch.ts),
-// handing messages to consumers (inbox.ts), encoding and decoding messages (message-encoder.ts,
-// inbound.ts and message-decoder.ts), leases (lease.ts). Its types are in link-types.ts.
+// Link: one connection between two processes carrying structured messages, over a Unix socket with
+// fds or over TCP (transport/). Made by connect/ (spawn, listen, connect). It holds the state, the
+// handshake and the close; its parts do one job each: link-sender.ts over outbox.ts, frame-dispatch.ts,
+// inbound.ts, inbox.ts (here), messages/ (encoding), lifetimes/lease.ts. Types: link-types.ts.
 import { EventEmitter } from 'node:events';
 import { IpcError } from '../../errors.js';
 import { addon } from '../../native/addon.js';
-import { FEATURE_GONE, FEATURE_LARGE_MESSAGES, FrameType, MAX_FRAME_BYTES, type GoneEntry } from '../transport/frame.js';
+import { FEATURE_GONE, FEATURE_LARGE_MESSAGES, FEATURE_NCCL, FrameType, MAX_FRAME_BYTES, type GoneEntry } from '../transport/frame.js';
 import { DEFAULT_LINK_LIMITS, type LinkLimits } from './link-options.js';
 import { IncomingLeases, OutgoingLeases, type LeaseCounts } from '../lifetimes/lease.js';
 import { closeFds } from '../transport/fds.js';
@@ -18,14 +15,12 @@ import { armWait, raceWait, waitScope, type WaitOptions } from '../../abort.js';
 import { Inbox, type InboxCounts } from './inbox.js';
 import { uidAllowed, uidRefusal } from '../transport/handshake.js';
 import type { Waiter } from '../transport/queue.js';
-import { observeLink } from '../../observe/hooks.js';
+import { linkTraffic, observeLink } from '../../observe/hooks.js';
 import { probe, Probe } from '../transport/probe.js';
 import { FRAME_RING_DEFAULT, UnixTransport, type RingState } from '../transport/unix-transport.js';
 import { TcpTransport, closeGracefully } from '../transport/tcp-transport.js';
 import type { FrameTransport, LinkTransportKind } from '../transport/frame-transport.js';
-import { FEATURE_NCCL } from '../transport/frame.js';
 import { NcclAbortHooks, encodeNcclAbort, type NcclAbort, type NcclAbortReason } from '../messages/nccl-abort.js';
-import { linkTraffic } from '../../observe/hooks.js';
 import { invalidArgValue } from '../../arg-errors.js';
 import { LinkSender } from './link-sender.js';
 import { FrameDispatch } from './frame-dispatch.js';
