@@ -23,6 +23,7 @@ from cuda_ipc.link.messages.nccl_records import (
     CommReference, decode_nccl_buffer, decode_nccl_tensor_set, encode_nccl_buffer, encode_nccl_tensor_set, encode_packed_table,
 )
 from cuda_ipc.link.transport import frame as fr
+from cuda_ipc.channel.layout import read_header
 from cuda_ipc.tensors.wire import decode_table, encode_set, encode_table, parse_set
 
 VECTORS = Path(__file__).resolve().parents[2] / "test" / "vectors"
@@ -167,6 +168,14 @@ def _decode_release(b: bytes, _fds: int) -> Json:
     return {"ids": fr.read_release_ids(b, n)}
 
 
+def _decode_control_block(b: bytes, _fds: int) -> Json:
+    L = read_header(memoryview(b), len(b))
+    return {"slotCount": L.slot_count, "slotBytes": L.slot_bytes, "metaBytes": L.meta_bytes, "maxParticipants": L.max_participants,
+            "device": L.device, "broadcast": L.broadcast, "expectProducers": L.expect_producers, "expectConsumers": L.expect_consumers,
+            "participantsOffset": L.participants_offset, "ringOffset": L.ring_offset, "slotRecordsOffset": L.slot_records_offset,
+            "slotRecordBytes": L.slot_record_bytes, "fencesOffset": L.fences_offset, "totalBytes": L.total_bytes}
+
+
 #: kind -> (decode(bytes, fds), encode(value) or None where Python never writes that frame)
 CODECS: dict[str, tuple[Callable[[bytes, int], Json], Callable[[Json], bytes] | None]] = {
     "frame-hello": (lambda b, _f: (_header(b), {"features": fr.hello_features(b)})[1], lambda v: fr.hello_frame(v["features"])),
@@ -182,6 +191,8 @@ CODECS: dict[str, tuple[Callable[[bytes, int], Json], Callable[[Json], bytes] | 
     "nccl-buffer": (_decode_nccl_buffer, _encode_nccl_buffer),
     "nccl-tensor-set": (_decode_nccl_tensor_set, _encode_nccl_tensor_set),
     "tensor-set": (_decode_tensor_set, _encode_tensor_set),
+    # Python joins channels and never makes one: it reads control blocks (Node's hub writes them).
+    "channel-control-block": (_decode_control_block, None),
 }
 
 
@@ -197,7 +208,7 @@ def _vectors() -> list[tuple[str, Json, bytes]]:
 class WireVectorTests(unittest.TestCase):
     def test_the_vectors_are_there(self) -> None:
         vectors = _vectors()
-        self.assertGreaterEqual(len(vectors), 19)
+        self.assertGreaterEqual(len(vectors), 21)
         self.assertEqual({m["kind"] for _, m, _ in vectors} - set(CODECS), set(), "a kind this test cannot read: add its codec")
 
     def test_every_vector_decodes_to_its_value_and_encodes_to_its_bytes(self) -> None:

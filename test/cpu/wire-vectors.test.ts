@@ -13,7 +13,7 @@ const vectors = readVectors(dir);
 test('the vectors are there: one per vector the generator makes, every kind of the issue covered', () => {
   assert.deepEqual(vectors.map((v) => v.name).sort(), VECTORS.map((v) => v.name).sort(), 'run node scripts/gen-wire-vectors.mjs after adding or renaming a vector');
   const kinds = new Set(vectors.map((v) => v.kind));
-  for (const k of ['frame-hello', 'frame-message', 'frame-large-message', 'frame-release', 'frame-gone', 'descriptor', 'nccl-buffer', 'nccl-tensor-set', 'tensor-set']) {
+  for (const k of ['frame-hello', 'frame-message', 'frame-large-message', 'frame-release', 'frame-gone', 'descriptor', 'nccl-buffer', 'nccl-tensor-set', 'tensor-set', 'channel-control-block']) {
     assert.ok(kinds.has(k), `no vector of kind ${k}`);
   }
   assert.ok(vectors.every((v) => v.bytes.byteLength >= 16), 'every vector has its bytes');

@@ -17,6 +17,7 @@ import { decodeNcclTensorSet, encodeNcclTensorSet, encodePackedTable } from '../
 import { decodeTensorTable, encodeTensorSet, encodeTensorTable, parseTensorSet, type AllocationKind } from '../../src/tensors/wire.js';
 import { decodeDescriptor, descriptorToJson, encodeDescriptor, parseDescriptorJson } from '../../src/ipc/descriptor.js';
 import { HostBuffer } from '../../src/host/host-buffer.js';
+import { computeLayout, readHeader, writeHeader as writeChannelHeader } from '../../src/channel/layout.js';
 import type { DType } from '../../src/ipc/dtype.js';
 import '../../src/link/index.js'; // registers the transfer handlers (host-bytes among them)
 
@@ -170,6 +171,24 @@ export const CODECS: Record<string, Codec> = {
       };
     },
   },
+  // A fresh channel control block (docs/channel-protocol.md section 3): the header a hub writes,
+  // zeros after it. Python only reads one (a Python end joins a channel; Node's hub makes it).
+  'channel-control-block': {
+    encode: (v) => {
+      const l = computeLayout({ slotCount: v.slotCount, slotBytes: v.slotBytes, metaBytes: v.metaBytes, maxParticipants: v.maxParticipants, device: v.device, broadcast: v.broadcast });
+      const block = new Uint8Array(l.totalBytes);
+      writeChannelHeader(new DataView(block.buffer), l, v.expectProducers, v.expectConsumers);
+      return block;
+    },
+    decode: (b) => {
+      const l = readHeader(new DataView(b.buffer, b.byteOffset, b.byteLength), b.byteLength);
+      return {
+        slotCount: l.slotCount, slotBytes: l.slotBytes, metaBytes: l.metaBytes, maxParticipants: l.maxParticipants, device: l.device, broadcast: l.broadcast,
+        expectProducers: l.expectProducers, expectConsumers: l.expectConsumers, participantsOffset: l.participantsOffset, ringOffset: l.ringOffset,
+        slotRecordsOffset: l.slotRecordsOffset, slotRecordBytes: l.slotRecordBytes, fencesOffset: l.fencesOffset, totalBytes: l.totalBytes,
+      };
+    },
+  },
 };
 
 export interface Vector {
@@ -246,6 +265,14 @@ export const VECTORS: Vector[] = [
         { name: 'b', dtype: 'int64', shape: [], strides: [], offset: 2048, allocation: 0 },
       ],
     },
+  },
+  {
+    name: 'channel-host', kind: 'channel-control-block', note: 'a fresh control block of a host channel: 4 work-sharing slots of 1 KiB with 16 bytes of meta, 3 participants',
+    value: { slotCount: 4, slotBytes: 1024, metaBytes: 16, maxParticipants: 3, device: false, broadcast: false, expectProducers: 1, expectConsumers: 2 },
+  },
+  {
+    name: 'channel-device-broadcast', kind: 'channel-control-block', note: 'a fresh control block of a device broadcast channel: 2 slots of 1 MiB, fences after the slot records',
+    value: { slotCount: 2, slotBytes: 1024 * 1024, metaBytes: 0, maxParticipants: 2, device: true, broadcast: true, expectProducers: 1, expectConsumers: 1 },
   },
 ];
 
