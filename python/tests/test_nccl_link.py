@@ -22,7 +22,8 @@ from cuda_ipc.memory.buffer import DeviceArray, DeviceBuffer
 from cuda_ipc.memory.owned import allocate_device_buffer
 from cuda_ipc.nccl import NCCL_LIBRARY_ENV
 from cuda_ipc.nccl import library as library_mod
-from cuda_ipc.link.messages.nccl_records import CommReference, encode_nccl_buffer, encode_nccl_tensor_set, encode_packed_table
+from cuda_ipc.link.messages.nccl_records import CommReference, encode_nccl_buffer
+from cuda_ipc.tensors.nccl_wire import encode_nccl_tensor_set, encode_packed_table
 
 from . import fake_cuda
 from .nccl_fixture import NcclCase, read_f32

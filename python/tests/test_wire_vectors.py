@@ -19,9 +19,8 @@ from cuda_ipc import link as _link  # noqa: F401  (registers the transfer handle
 from cuda_ipc.descriptor import decode_descriptor, descriptor_to_json, encode_descriptor, parse_descriptor_json
 from cuda_ipc.link.messages.message_decoder import decode_message
 from cuda_ipc.link.messages.message_encoder import encode_message
-from cuda_ipc.link.messages.nccl_records import (
-    CommReference, decode_nccl_buffer, decode_nccl_tensor_set, encode_nccl_buffer, encode_nccl_tensor_set, encode_packed_table,
-)
+from cuda_ipc.link.messages.nccl_records import CommReference, decode_nccl_buffer, encode_nccl_buffer
+from cuda_ipc.tensors.nccl_wire import decode_nccl_tensor_set, encode_nccl_tensor_set, encode_packed_table
 from cuda_ipc.link.transport import frame as fr
 from cuda_ipc.channel.layout import read_header
 from cuda_ipc.tensors.wire import decode_table, encode_set, encode_table, parse_set

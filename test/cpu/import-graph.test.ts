@@ -204,9 +204,6 @@ const PY_KNOWN_CLIMBS = [
   'python/cuda_ipc/nccl/communicator.py -> python/cuda_ipc/channel/fences.py',
   // torch_contiguous(): one description of a contiguous torch tensor for exports and tensor sets
   'python/cuda_ipc/memory/exports.py -> python/cuda_ipc/tensors/wire.py',
-  // one module holds both NCCL records (Node: link/messages/nccl-records.ts and tensors/nccl-wire.ts)
-  'python/cuda_ipc/link/messages/nccl_records.py -> python/cuda_ipc/tensors/packed_stream.py',
-  'python/cuda_ipc/link/messages/nccl_records.py -> python/cuda_ipc/tensors/wire.py',
   // a received nccl-buffer of a tensor set's (function-level)
   'python/cuda_ipc/link/transfers/nccl_buffer_transfer.py -> python/cuda_ipc/tensors/tensor_map.py',
 ];

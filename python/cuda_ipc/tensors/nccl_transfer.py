@@ -37,7 +37,7 @@ from ..link.nccl.nccl_comms import LinkComm, incoming_comm
 from ..memory.buffer import DeviceArray, DeviceBuffer
 from ..memory.owned import allocate_device_buffer, hold, unhold
 from ..nccl import NcclCommunicator
-from ..link.messages.nccl_records import NCCL_TENSOR_SET_KIND, NcclTensorSetRecord, decode_nccl_tensor_set, decode_packed_table
+from .nccl_wire import NCCL_TENSOR_SET_KIND, NcclTensorSetRecord, decode_nccl_tensor_set, decode_packed_table
 from .nccl_transfer_send import encode_tensor_set, is_nccl_tensor_set_value
 from .packed_stream import ChunkRoute, PlacedTensor, route_chunks
 from ..streams import Event, after_producer

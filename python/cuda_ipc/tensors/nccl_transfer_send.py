@@ -29,7 +29,7 @@ from .chunk_pipeline import ChunkOperation, mover_of
 from ..memory.buffer import DeviceBuffer
 from ..memory.exports import _describe_array
 from ..nccl import NcclCommunicator
-from ..link.messages.nccl_records import NCCL_TENSOR_SET_KIND, encode_nccl_tensor_set, encode_packed_table
+from .nccl_wire import NCCL_TENSOR_SET_KIND, encode_nccl_tensor_set, encode_packed_table
 from .packed_stream import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, PACK_ALIGN, ChunkRoute, PlacedTensor, SourceTensor, pack_offsets, route_chunks
 from ..streams import after_producer, producer_stream
 from .tensor_map import TensorMap
