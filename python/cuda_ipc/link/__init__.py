@@ -2,17 +2,18 @@
 structured messages with file descriptors, or between machines over TCP without them; the same
 protocol as the Node side (docs/PROTOCOL.md).
 
-The modules, by role: link (Link: state, handshake, reading, close), outbox (sending, releases),
-inbox (messages read ahead of receive()), spawn (parent_link), listener (listen, connect by name),
-endpoints (listen, connect by name or URL), tcp / tcp_auth / stream (TCP links: listeners and
-dialing, the token exchange, frames on a byte stream), socket_path, frame (the wire format),
-message_format / message_encoder / message_decoder (message payloads), handlers (the
-transfer-handler registry), lease (what a sent value keeps alive until the peer releases it),
-host_transfer, host_bytes and device_transfers (how host and device memory travel), nccl_abort (the
-NCCL layer's abort frames), nccl_order / nccl_comms (the NCCL communicators of TCP links and the order
-of their transfers), nccl_buffer (device memory over NCCL), fanout (one message to several TCP links,
-its device memory broadcast once), deferred / arriving (values still arriving when their message is
-read, and waiting for them while reading the link).
+The modules, by layer, in the folders of src/link/ (imports run down this list; import-graph.test.ts
+checks it): connect/ (spawn: parent_link; listener: listen, connect by name; endpoints: by name or URL;
+tcp: TCP listeners and dialing), transfers/ (how host and device memory travel: host_transfer,
+host_bytes_transfer, device_transfers, nccl_buffer_transfer), nccl/ (nccl_comms, nccl_outgoing,
+nccl_order: the NCCL communicators of TCP links and the order of their transfers; fanout: one message
+to several TCP links, its device memory broadcast once), connection/ (link: the Link's state,
+handshake, reading, close; stream: TCP links, frames on a byte stream; frame_dispatch, outbox, inbox,
+arriving: waits that read the link meanwhile), messages/ (message_format, message_encoder,
+message_decoder, handlers: the transfer-handler registry, deferred: values still arriving,
+nccl_records, nccl_abort), lifetimes/ (lease: what a sent value keeps alive until the peer releases
+it; gone: GONE notices), transport/ (frame: the wire format; large_message, tcp_auth, socket_file,
+socket_path, fds).
 """
 # Their transfer handlers, registered for every link, host memory first (a value goes to the first
 # handler that takes it).

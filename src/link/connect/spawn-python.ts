@@ -21,7 +21,7 @@ export interface SpawnPythonOptions extends Omit<SpawnOptions, 'execArgv'> {
 
 /** The folder holding the `cuda_ipc` Python package (python/ of this package). */
 export function pythonPackageDirectory(): string {
-  // dist/src/link/spawn-python.js -> <package>/python
+  // dist/src/link/connect/spawn-python.js -> <package>/python
   return fileURLToPath(new URL('../../../../python', import.meta.url));
 }
 
