@@ -1,8 +1,8 @@
 // Where the microseconds of one handoff go: both processes log timestamped points (the link's
-// probes, src/link/probe.ts, plus the benchmark's own marks around allocate, read and close), and
+// probes, src/link/transport/probe.ts, plus the benchmark's own marks around allocate, read and close), and
 // the logs are cut into per-handoff phases. CLOCK_MONOTONIC is shared by every process on the
 // machine, so the time between the sender's sendmsg() and the receiver's callback is measurable.
-import { Probe, setProbe } from '../src/link/probe.js';
+import { Probe, setProbe } from '../src/link/transport/probe.js';
 import { traceNativeCalls } from './native-trace.js';
 
 /** The benchmark's own marks, numbered after the link's probes. */

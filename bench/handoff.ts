@@ -5,7 +5,7 @@ import { Device } from '../src/cuda/device.js';
 import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { HostBuffer } from '../src/host/index.js';
 import { spawn, type Link } from '../src/link/index.js';
-import { FRAME_RING_DEFAULT } from '../src/link/unix-transport.js';
+import { FRAME_RING_DEFAULT } from '../src/link/transport/unix-transport.js';
 import { summarize, type Summary } from './stats.js';
 import { analyze, Mark, Recorder, type Breakdown } from './breakdown.js';
 

@@ -1,5 +1,5 @@
 // This user's private runtime directory, `${XDG_RUNTIME_DIR or the temp dir}/cuda-ipc-<uid>`
-// (mode 0700): listen()/connect() put their sockets there (link/socket-path.ts) and each process
+// (mode 0700): listen()/connect() put their sockets there (link/transport/socket-path.ts) and each process
 // its status record, in its `status` folder (observe/record.ts).
 import { closeSync, lstatSync, mkdirSync, type Stats } from 'node:fs';
 import { tmpdir } from 'node:os';

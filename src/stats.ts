@@ -3,7 +3,7 @@ import { fdLimitError } from './errors.js';
 import { openFdCount } from './observe/record.js';
 import { deviceMemoryStats, type DeviceMemoryStats } from './cuda/buffer.js';
 import { legacyCacheStats, type ImportCacheStats } from './ipc/legacy.js';
-import { leaseStats, type LeaseStats } from './link/lease.js';
+import { leaseStats, type LeaseStats } from './link/lifetimes/lease.js';
 import { processTraffic, trafficByLink, type LinkTraffic } from './observe/hooks.js';
 
 export type { LinkTraffic } from './observe/hooks.js';

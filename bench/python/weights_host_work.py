@@ -23,7 +23,7 @@ sys.path.insert(0, __file__.rsplit("/bench/", 1)[0] + "/python")
 from tests import fake_cuda  # noqa: E402
 from tests.test_link import deliver_releases, pair  # noqa: E402
 from cuda_ipc import share_tensors  # noqa: E402
-from cuda_ipc import update as update_mod  # noqa: E402
+from cuda_ipc.tensors import update as update_mod  # noqa: E402
 from cuda_ipc.memory import cache as memory_mod  # noqa: E402
 
 import weights_model as wm  # noqa: E402

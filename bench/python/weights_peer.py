@@ -31,12 +31,13 @@ import time
 
 import torch
 
-from cuda_ipc import IpcError, connect, ipc_mem_pool, legacy_cache_stats, listen, parent_link, share_tensors, tensor_set, update_in_place
+from cuda_ipc import IpcError, connect, ipc_mem_pool, legacy_cache_stats, listen, parent_link, share_tensors, update_in_place
+from cuda_ipc.tensors import tensor_set_transfer as tensor_set
 from cuda_ipc import driver as _drv
 from cuda_ipc import memory as _mem
 from cuda_ipc.memory import cache as _cache
-from cuda_ipc import tensor_map as _tensor_map
-from cuda_ipc import update as _update
+from cuda_ipc.tensors import tensor_map as _tensor_map
+from cuda_ipc.tensors import update as _update
 
 import weights_model as wm
 
@@ -171,8 +172,8 @@ def handle(msg):
                 for ts in kept:
                     ts.close()
                 kept = []
-                peer.handler_state.pop("cuda_ipc.tensor_set.layouts", None)
-                peer.handler_state.pop("cuda_ipc.tensor_set.records", None)
+                peer.handler_state.pop("cuda_ipc.tensors.tensor_set_transfer.layouts", None)
+                peer.handler_state.pop("cuda_ipc.tensors.tensor_set_transfer.records", None)
                 _tensor_map._descriptors.clear()
                 for pool in peer.handler_state.pop(_cache._POOLS_RECEIVED, {}).values():
                     pool.release()  # the pool is imported again from the fd the trainer sends again

@@ -1,4 +1,4 @@
-// The allocator behind cuda_ipc.torch_pool (python/cuda_ipc/torch_pool.py): PyTorch's
+// The allocator behind cuda_ipc.tensors.torch_pool (python/cuda_ipc/tensors/torch_pool.py): PyTorch's
 // CUDAPluggableAllocator calls
 //   void* cip_torch_alloc(ssize_t size, int device, cudaStream_t stream)
 //   void  cip_torch_free(void* ptr, ssize_t size, int device, cudaStream_t stream)

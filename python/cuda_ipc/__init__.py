@@ -37,15 +37,15 @@ from .torch_handle import descriptor_from_torch, torch_storage_args
 from .channel import ChannelConsumer, ChannelProducer, ChannelMessage, ChannelSlot, accept_channel
 # [tensors] named tensors over links, in-place updates (issue 21)
 from .host_array import HostArray
-from .tensor_set import SharedTensors, TensorMap, share_tensors
-from .update import UpdateResult, update_in_place
-from .nccl_tensor_set import RemoteTensorSet  # tensor sets over TCP links (NCCL)
-from .link.fanout import Fanout
+from .tensors.tensor_set_transfer import SharedTensors, TensorMap, share_tensors
+from .tensors.update import UpdateResult, update_in_place
+from .tensors.nccl_transfer import RemoteTensorSet  # tensor sets over TCP links (NCCL)
+from .link.nccl.fanout import Fanout
 from .link import Listener, RemoteAddress, TcpListener, listen
-from .link.received_memory import ReceivedMemory, received_memory, set_max_received_bytes
+from .link.transport.received_memory import ReceivedMemory, received_memory, set_max_received_bytes
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 from .native import NativeHelper, native_helper
-from .torch_pool import ipc_mem_pool
+from .tensors.torch_pool import ipc_mem_pool
 # [tensors] sharded weights, the planning half (issue 37): layouts, their record, the plan
 from .tensors.sharded import LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, plan_sharded, tensor_parallel_parameter
 from typing import Any

@@ -2,7 +2,7 @@
 the Node addon (binding.gyp target ``cuda_ipc_py``, sources in native/py/), loaded with ctypes. It
 carries the hot path of a channel end (one call per acquire, publish, take, batch of takes and
 release, instead of several ctypes calls to libatomic and tens of Python steps) and the allocator
-behind ``cuda_ipc.torch_pool`` (a PyTorch memory pool in a CUDA IPC pool). Everything it does has a
+behind ``cuda_ipc.tensors.torch_pool`` (a PyTorch memory pool in a CUDA IPC pool). Everything it does has a
 pure standard-library path too, used where the library is missing; ``native_helper()`` says which
 is active and why.
 

@@ -18,6 +18,7 @@ from cuda_ipc.channel.layout import (
     P_STATE, ROLE_CONSUMER, ROLE_HUB, ROLE_PRODUCER, ST_ALIVE, ST_EMPTY, ST_RECOVERING, VERSION, compute_layout,
 )
 from cuda_ipc.channel.doorbells import Doorbells
+from cuda_ipc.channel import ring_recovery
 from cuda_ipc.channel.slot_ring import Ring
 from cuda_ipc.channel.shared_words import SharedWords
 
@@ -126,7 +127,7 @@ class TestHub:
     def kill(self, k):
         """What Node's hub does when participant k's link closes (its process died). The link itself
         stays open here: the end is still in this process and must not take the hub for dead."""
-        assert self.ring.leave(k, True) in ("done", "not-alive")
+        assert ring_recovery.leave(self.ring, k, True) in ("done", "not-alive")
 
     def close(self):
         for hub_side, peer_side in list(self.links.values()) + self._spent:

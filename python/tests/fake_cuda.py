@@ -8,7 +8,7 @@ import threading
 
 from cuda_ipc import device as device_mod
 from cuda_ipc import driver as drv
-from cuda_ipc.link import device_transfers as transfers_mod
+from cuda_ipc.link.transfers import device_transfers as transfers_mod
 from cuda_ipc.memory import cache as memory_mod
 
 UUID_RAW = bytes(range(16, 32))
@@ -411,7 +411,9 @@ class FakeArray:
 def _forget_driver_state() -> None:
     """What the package keeps per driver (streams, loaded kernels, plans holding device tables): a new
     fake starts without them."""
-    from cuda_ipc import copy_kernels, nccl_tensor_set, update
+    from cuda_ipc.tensors import kernels as copy_kernels
+    from cuda_ipc.tensors import nccl_transfer as nccl_tensor_set
+    from cuda_ipc.tensors import update
     update._streams.clear()
     update._plans.clear()
     copy_kernels._functions.clear()

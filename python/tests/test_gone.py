@@ -10,7 +10,7 @@ from cuda_ipc import IpcError
 from cuda_ipc import link as link_mod
 from cuda_ipc.memory import cache as memory_mod
 from cuda_ipc.link import Link
-from cuda_ipc.link import frame as fr
+from cuda_ipc.link.transport import frame as fr
 
 from . import fake_cuda
 from .test_link import open_fds, pair

@@ -10,7 +10,7 @@ import tempfile
 import unittest
 
 from cuda_ipc import IpcError
-from cuda_ipc.link.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
+from cuda_ipc.link.messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 
 from .test_link import open_fds, pair
 

@@ -7,9 +7,9 @@ import struct
 import unittest
 
 from cuda_ipc import IpcError
-from cuda_ipc.link import frame as fr
-from cuda_ipc.link.large_message import LARGE_PAYLOAD, write_large_payload
-from cuda_ipc.link.message_decoder import MAX_JSON_DEPTH
+from cuda_ipc.link.transport import frame as fr
+from cuda_ipc.link.transport.large_message import LARGE_PAYLOAD, write_large_payload
+from cuda_ipc.link.messages.message_decoder import MAX_JSON_DEPTH
 
 from .test_link import raw_pair
 

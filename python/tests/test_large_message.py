@@ -10,8 +10,8 @@ import unittest
 from cuda_ipc import HostBuffer, IpcError
 from cuda_ipc import link as link_mod
 from cuda_ipc.link import Link
-from cuda_ipc.link import frame as fr
-from cuda_ipc.link.large_message import LARGE_PAYLOAD_SEALS
+from cuda_ipc.link.transport import frame as fr
+from cuda_ipc.link.transport.large_message import LARGE_PAYLOAD_SEALS
 
 from .test_link import open_fds, pair
 

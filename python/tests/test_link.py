@@ -9,9 +9,9 @@ import time
 import unittest
 
 from cuda_ipc import HostBuffer, IpcError
-from cuda_ipc.link import frame as fr
+from cuda_ipc.link.transport import frame as fr
 from cuda_ipc import link as link_mod
-from cuda_ipc.link.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
+from cuda_ipc.link.messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from cuda_ipc.link import Link
 
 

@@ -1,5 +1,5 @@
 """Link URLs: one set of rules in both languages. test/fixtures/link-urls.json lists bad and good URLs;
-test/cpu/link-url.test.ts reads the same list for src/link/link-url.ts. Every bad one is an IpcError
+test/cpu/link-url.test.ts reads the same list for src/link/transport/link-url.ts. Every bad one is an IpcError
 ERR_INVALID_URL naming the accepted forms, from parse_url and from listen()/connect() whatever their
 options (never taken for a link name)."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ import unittest
 
 import cuda_ipc
 from cuda_ipc import IpcError
-from cuda_ipc.link.link_url import LINK_URL_FORMS, is_url, parse_url
+from cuda_ipc.link.transport.link_url import LINK_URL_FORMS, is_url, parse_url
 
 LIST = os.path.join(os.path.dirname(__file__), "..", "..", "test", "fixtures", "link-urls.json")
 TOKEN = "link-url-test-token-0123456789"

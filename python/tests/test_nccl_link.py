@@ -1,5 +1,5 @@
-"""Device memory over TCP links, the link layer of the NCCL transfers (cuda_ipc/link/nccl_comms.py,
-nccl_buffer.py; docs/PROTOCOL.md 8.1, 8.2, 8.4), both ends in this process over the fake libnccl and
+"""Device memory over TCP links, the link layer of the NCCL transfers (cuda_ipc/link/nccl/nccl_comms.py,
+nccl_buffer_transfer.py; docs/PROTOCOL.md 8.1, 8.2, 8.4), both ends in this process over the fake libnccl and
 the fake driver (nccl_fixture.py): values arriving in memory of the receiver's own, the message
 delivered once they are there and in its place, the sender's memory kept until then, one
 communicator per link and device (made once, its unique id in the first record only), hostile
@@ -17,12 +17,13 @@ import weakref
 
 from cuda_ipc import IpcError, share, share_tensors
 from cuda_ipc.link import on_nccl_abort
-from cuda_ipc.link.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
+from cuda_ipc.link.messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from cuda_ipc.memory.buffer import DeviceArray, DeviceBuffer
 from cuda_ipc.memory.owned import allocate_device_buffer
 from cuda_ipc.nccl import NCCL_LIBRARY_ENV
 from cuda_ipc.nccl import library as library_mod
-from cuda_ipc.nccl_records import CommReference, encode_nccl_buffer, encode_nccl_tensor_set, encode_packed_table
+from cuda_ipc.link.messages.nccl_records import CommReference, encode_nccl_buffer
+from cuda_ipc.tensors.nccl_wire import encode_nccl_tensor_set, encode_packed_table
 
 from . import fake_cuda
 from .nccl_fixture import NcclCase, read_f32

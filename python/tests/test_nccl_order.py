@@ -1,4 +1,4 @@
-"""The order of a communicator's transfers (cuda_ipc/link/nccl_order.py): strict sequence order whoever
+"""The order of a communicator's transfers (cuda_ipc/link/nccl/nccl_order.py): strict sequence order whoever
 submits first, a deferred transfer forced by a later one (and left alone otherwise), failures of
 what waits and of what comes after, and a blocked take() woken by a submit of another thread. No
 CUDA, no NCCL."""
@@ -7,7 +7,7 @@ import time
 import unittest
 
 from cuda_ipc.errors import IpcError
-from cuda_ipc.link.nccl_order import TransferOrder
+from cuda_ipc.link.nccl.nccl_order import TransferOrder
 
 
 

@@ -1,5 +1,5 @@
-"""Tensor sets over TCP links (cuda_ipc/nccl_tensor_send.py, nccl_tensor_set.py, chunk_pipeline.py;
-docs/PROTOCOL.md 8.3) and Fanout (link/fanout.py), both ends in this process over the fake libnccl
+"""Tensor sets over TCP links (cuda_ipc/tensors/nccl_transfer_send.py, nccl_transfer.py, chunk_pipeline.py;
+docs/PROTOCOL.md 8.3) and Fanout (link/nccl/fanout.py), both ends in this process over the fake libnccl
 and the fake driver (nccl_fixture.py; copy_runs runs on the CPU): update_in_place straight into
 parameters (direct chunks, or staged and scattered), the sender's gathers, repeated syncs reusing
 the plan and the uploaded table, fetch and views, an unused set drained, a lazy set forced by a
@@ -13,7 +13,7 @@ import os
 import struct
 
 from cuda_ipc import Fanout, HostArray, HostBuffer, IpcError, RemoteTensorSet, share_tensors, update_in_place
-from cuda_ipc import nccl_tensor_send
+from cuda_ipc.tensors import nccl_transfer_send as nccl_tensor_send
 
 from . import fake_cuda
 from .nccl_fixture import NcclCase, read_f32

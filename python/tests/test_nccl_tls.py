@@ -13,9 +13,9 @@ from unittest import mock
 
 import cuda_ipc
 from cuda_ipc import IpcError
-from cuda_ipc.link import frame as fr
-from cuda_ipc.link.nccl_outgoing import begin_outgoing
-from cuda_ipc.nccl_records import CommReference, encode_nccl_buffer
+from cuda_ipc.link.transport import frame as fr
+from cuda_ipc.link.nccl.nccl_outgoing import begin_outgoing
+from cuda_ipc.link.messages.nccl_records import CommReference, encode_nccl_buffer
 
 from .test_tcp import TOKEN, linked
 from .test_tcp_listener import _openssl_cert

@@ -4,7 +4,7 @@ from __future__ import annotations
 import unittest
 
 from cuda_ipc.errors import IpcError
-from cuda_ipc.packed_stream import (
+from cuda_ipc.tensors.packed_stream import (
     ChunkRoute, PlacedTensor, SourceTensor, check_packed_layout, pack_offsets, route_chunks,
 )
 

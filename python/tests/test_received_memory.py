@@ -11,7 +11,7 @@ import time
 import unittest
 
 import cuda_ipc
-from cuda_ipc.link.received_memory import DEFAULT_MAX_RECEIVED_BYTES, _reset_peak
+from cuda_ipc.link.transport.received_memory import DEFAULT_MAX_RECEIVED_BYTES, _reset_peak
 
 from .test_tcp import TOKEN, linked
 

@@ -16,8 +16,8 @@ OLD = [
     ("cuda_ipc.channel", "Slot", "ChannelSlot"),
     ("cuda_ipc.channel.consumer", "Message", "ChannelMessage"),
     ("cuda_ipc.channel.producer", "Slot", "ChannelSlot"),
-    ("cuda_ipc.tensor_map", "TensorSet", "TensorMap"),
-    ("cuda_ipc.tensor_set", "TensorSet", "TensorMap"),
+    ("cuda_ipc.tensors.tensor_map", "TensorSet", "TensorMap"),
+    ("cuda_ipc.tensors.tensor_set_transfer", "TensorSet", "TensorMap"),
     ("cuda_ipc.descriptor", "descriptor_from_json", "parse_descriptor_json"),
 ]
 
@@ -59,3 +59,40 @@ class RenamedTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class MovedModuleTest(unittest.TestCase):
+    """The old module paths of issue 36's moves still import, warn, and give the module at its new path."""
+
+    def test_every_old_path_gives_the_new_module_with_a_warning(self) -> None:
+        import sys
+        from cuda_ipc._renamed import RENAMED_MODULES
+        self.assertGreater(len(RENAMED_MODULES), 40)
+        for old, new in RENAMED_MODULES.items():
+            with self.subTest(old):
+                sys.modules.pop(old, None)
+                with warnings.catch_warnings(record=True) as seen:
+                    warnings.simplefilter("always")
+                    module = importlib.import_module(old)
+                self.assertIs(module, importlib.import_module(new))
+                self.assertEqual(module.__name__, new)
+                self.assertEqual([w.category for w in seen], [DeprecationWarning])
+                self.assertIn(f"use {new}", str(seen[0].message))
+
+    def test_from_imports_of_old_paths(self) -> None:
+        import sys
+        for old in ("cuda_ipc.tensor_set", "cuda_ipc.link.fanout"):
+            sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            from cuda_ipc.tensor_set import share_tensors
+            from cuda_ipc.link.fanout import Fanout
+            from cuda_ipc import update
+        import cuda_ipc
+        self.assertIs(share_tensors, cuda_ipc.share_tensors)
+        self.assertIs(Fanout, cuda_ipc.Fanout)
+        self.assertIs(update.update_in_place, cuda_ipc.update_in_place)
+
+    def test_a_path_that_never_existed_is_still_missing(self) -> None:
+        with self.assertRaises(ModuleNotFoundError):
+            importlib.import_module("cuda_ipc.link.no_such_module")

@@ -13,8 +13,8 @@ import time
 import unittest
 
 from cuda_ipc import IpcError, connect, listen
-from cuda_ipc.link import frame as fr
-from cuda_ipc.link.message_decoder import MAX_JSON_DEPTH
+from cuda_ipc.link.transport import frame as fr
+from cuda_ipc.link.messages.message_decoder import MAX_JSON_DEPTH
 
 from .test_link import open_fds, raw_pair
 

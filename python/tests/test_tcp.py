@@ -14,10 +14,11 @@ import unittest
 
 import cuda_ipc
 from cuda_ipc import HostArray, HostBuffer, IpcError, share_tensors
-from cuda_ipc.link import TOKEN_ENV, NcclAbort, frame as fr, on_nccl_abort, peer_takes_nccl, send_nccl_abort
-from cuda_ipc.link.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
-from cuda_ipc.link.lease import Hold
-from cuda_ipc.link.tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, challenge, proof, read_challenge
+from cuda_ipc.link import TOKEN_ENV, NcclAbort, on_nccl_abort, peer_takes_nccl, send_nccl_abort
+from cuda_ipc.link.transport import frame as fr
+from cuda_ipc.link.messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
+from cuda_ipc.link.lifetimes.lease import Hold
+from cuda_ipc.link.transport.tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, challenge, proof, read_challenge
 
 from .test_link import open_fds, pair
 

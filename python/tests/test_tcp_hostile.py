@@ -13,8 +13,8 @@ import unittest
 
 import cuda_ipc
 from cuda_ipc import IpcError
-from cuda_ipc.link import frame as fr
-from cuda_ipc.link.tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, challenge, proof, read_challenge
+from cuda_ipc.link.transport import frame as fr
+from cuda_ipc.link.transport.tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, challenge, proof, read_challenge
 
 from .test_link import open_fds, raw_pair
 from .test_tcp import TOKEN, InThread, raw_accepted, read_to_end, recv_exact

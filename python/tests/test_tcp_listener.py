@@ -17,8 +17,8 @@ import unittest
 
 import cuda_ipc
 from cuda_ipc import HostBuffer, IpcError
-from cuda_ipc.link import frame as fr
-from cuda_ipc.link.tcp_auth import ROLE_CONNECTOR, challenge
+from cuda_ipc.link.transport import frame as fr
+from cuda_ipc.link.transport.tcp_auth import ROLE_CONNECTOR, challenge
 
 from .test_link import open_fds
 from .test_tcp import PACKAGE_DIR, TOKEN, InThread, linked, raw_client, read_to_end

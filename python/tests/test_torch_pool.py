@@ -1,4 +1,4 @@
-"""ipc_mem_pool (cuda_ipc/torch_pool.py) where it cannot work: no PyTorch, no native helper, no driver;
+"""ipc_mem_pool (cuda_ipc/tensors/torch_pool.py) where it cannot work: no PyTorch, no native helper, no driver;
 each says why (ERR_UNSUPPORTED) instead of failing later as an out-of-memory error. The GPU machine
 runs the real thing (test/gpu/python-tensors.test.ts: a trainer's model in the pool)."""
 import importlib.util
@@ -6,7 +6,7 @@ import os
 import unittest
 
 from cuda_ipc import IpcError, native_helper
-from cuda_ipc import torch_pool
+from cuda_ipc.tensors import torch_pool
 
 HELPER = native_helper()
 HAVE_TORCH = importlib.util.find_spec("torch") is not None

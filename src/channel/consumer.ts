@@ -5,6 +5,7 @@ import { HostBuffer, hostBufferRange } from '../host/host-buffer.js';
 import type { Stream } from '../cuda/stream.js';
 import { H, P, S, MetaKind, FLAG_REDELIVERED, publishFence, releaseFence } from './layout.js';
 import { corrupt } from './slot-ring.js';
+import { returnTaken } from './ring-recovery.js';
 import type { Fences } from './fences.js';
 import { Endpoint, type EndInit } from './endpoint.js';
 import { WaitQueue } from './wait-queue.js';
@@ -179,7 +180,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer, Meta = unknown> 
       if (s < 0) return undefined;
       if (!e.alive()) {
         // Detached while taking (recovery already ran for us): hand it back, then stop.
-        if (!ring.returnTaken(s)) {
+        if (!returnTaken(ring, s)) {
           process.emitWarning(`cuda-ipc channel: a message taken after this end was detached could not be handed back (slot ${s})`, { code: 'CUDA_IPC_CHANNEL' });
         }
         throw e.detachedError('receive');

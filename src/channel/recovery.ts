@@ -10,6 +10,7 @@ import { readFileSync } from 'node:fs';
 import { IpcError } from '../errors.js';
 import { Kind, P, S, kindOf, publishFence, releaseFence } from './layout.js';
 import type { Ring } from './slot-ring.js';
+import { leave } from './ring-recovery.js';
 import type { Fences } from './fences.js';
 
 const RETRY_MS = 2;
@@ -55,7 +56,7 @@ export class Recoveries {
   recover(k: number, died = true): void {
     let r: 'done' | 'not-alive' | 'busy';
     try {
-      r = this.#ring.leave(k, died, this.#pending.has(k));
+      r = leave(this.#ring, k, died, this.#pending.has(k));
     } catch (e) {
       this.#pending.delete(k);
       process.emitWarning(`cuda-ipc channel: could not recover participant ${k}: ${(e as Error).message}`, { code: 'CUDA_IPC_CHANNEL' });
@@ -80,7 +81,7 @@ export class Recoveries {
     const me = this.#ring.me;
     const deadline = performance.now() + 50;
     for (;;) {
-      const r = this.#ring.leave(me, false, this.#pending.has(me));
+      const r = leave(this.#ring, me, false, this.#pending.has(me));
       if (r !== 'busy') {
         this.#pending.delete(me);
         this.#idleCheck();

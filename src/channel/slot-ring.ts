@@ -26,7 +26,7 @@
 import { IpcError } from '../errors.js';
 import type { NativeSharedWords } from '../native/channel-types.js';
 import {
-  H, P, S, Kind, PState, PRole, FLAG_REDELIVERED, GEN_MASK, genOf, slotWord, kindOf, ownerOf, flagsOf, bitOf, type Layout,
+  H, P, S, Kind, PState, PRole, GEN_MASK, genOf, slotWord, kindOf, flagsOf, bitOf, type Layout,
 } from './layout.js';
 
 /** Rings participant k's doorbell (Doorbells; a no-op in tests that need no wake-ups). */
@@ -35,7 +35,7 @@ export interface Bells {
 }
 
 /** How long a publisher spins for the publish lock before deferring (µs). */
-const LOCK_SPIN_MICROS = 200;
+export const LOCK_SPIN_MICROS = 200;
 
 export function corrupt(what: string): IpcError {
   return new IpcError('ERR_CHANNEL_CORRUPT', `the channel's shared control block is inconsistent (${what}); a peer wrote garbage into it. Close the channel`);
@@ -402,136 +402,6 @@ export class Ring {
 
   participantState(k: number): number { return this.w.load32(this.partOff(k) + P.state); }
   participantRole(k: number): number { return this.view.getUint32(this.partOff(k) + P.role, true); }
-
-  // ------------------------------------------------------------------------------------------
-  // Leaving and recovery
-
-  /**
-   * Takes participant k out of the channel: it left (`died` false: this process closing its own
-   * endpoint) or died (its link closed while it was alive). Idempotent and safe against a second
-   * process recovering the same participant (only the one that moves it from alive proceeds).
-   *
-   * Returns 'done', 'not-alive' (nothing to do), or 'busy' (the publish lock was held by a live
-   * publisher: call again later; the entry stays marked as being recovered by this process).
-   *
-   * What it repairs: the publish lock it died holding (completing a publish that had reached its
-   * commit point); slots it was writing (freed: never published); slots it had taken (work
-   * sharing: published again at the tail, flagged redelivered); its holds on broadcast messages
-   * (dropped; a slot whose last holder it was is freed); its bit in the consumer mask; its
-   * sleeper bits; the live/died counters. Then it wakes everyone so that they re-check.
-   */
-  leave(k: number, died: boolean, resuming = false): 'done' | 'not-alive' | 'busy' {
-    const w = this.w;
-    const po = this.partOff(k);
-    if (!resuming && w.cas32(po + P.state, PState.Alive, PState.Recovering) !== PState.Alive) return 'not-alive';
-    const role = this.participantRole(k);
-    const bit = bitOf(k);
-
-    // 1. The lock it died holding.
-    if (w.load32(H.lock) === k + 1) {
-      const t = this.#pos(H.tail, 'tail');
-      for (let s = 0; s < this.n; s++) {
-        const so = this.slotOff(s);
-        const word = w.load32(so + S.state);
-        // Only the lock holder marks a slot published at position == tail: this one was committed.
-        if (kindOf(word) === Kind.Published && w.load64(so + S.position) === t) {
-          w.store32(this.ringOff(t), s);
-          w.store64(H.tail, t + 1);
-          break;
-        }
-      }
-      w.cas32(H.lock, k + 1, 0);
-    }
-
-    // 2. Its slots. A broadcast consumer's bit leaves the mask under the lock (a publish in
-    //    progress must not copy a mask that still names it after the slots were scanned); taken
-    //    slots are published again under the lock.
-    if (this.l.broadcast) {
-      if (role === PRole.Consumer) {
-        if (!w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) return 'busy';
-        try {
-          w.and32(H.consumerMask, ~bit >>> 0);
-        } finally {
-          w.store32(H.lock, 0);
-        }
-      }
-    } else {
-      w.and32(H.consumerMask, ~bit >>> 0);
-      if (this.#holdsTaken(k)) {
-        if (!w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) return 'busy';
-        try {
-          this.#redeliverTaken(k);
-        } finally {
-          w.store32(H.lock, 0);
-        }
-      }
-    }
-    for (let s = 0; s < this.n; s++) {
-      const so = this.slotOff(s);
-      const word = w.load32(so + S.state);
-      const kind = kindOf(word);
-      if (kind === Kind.Writing && ownerOf(word) === k) w.cas32(so + S.state, word, Kind.Free);
-      else if (this.l.broadcast && kind === Kind.Published) {
-        if ((w.load32(so + S.holders) & bit) !== 0) this.releaseHeld(s, k);
-        else if (w.load32(so + S.holders) === 0) w.cas32(so + S.state, word, Kind.Free);  // its last holder died mid-release
-      }
-    }
-
-    // 3. Sleeper bits and counters.
-    w.and32(H.dataSleepers, ~bit >>> 0);
-    w.and32(H.spaceSleepers, ~bit >>> 0);
-    if (role === PRole.Producer) {
-      w.add32(H.producersLive, -1);
-      if (died) w.add32(H.producersDied, 1);
-    } else if (role === PRole.Consumer) {
-      w.add32(H.consumersLive, -1);
-      if (died) w.add32(H.consumersDied, 1);
-    }
-    w.store32(po + P.state, died ? PState.Dead : PState.Ended);
-    this.wakeEveryone();
-    return 'done';
-  }
-
-  /** Work sharing: publishes slot `s`, which this participant took, again (flagged redelivered).
-   * False when the lock stayed busy for 50 ms. */
-  returnTaken(s: number): boolean {
-    const deadline = performance.now() + 50;
-    while (!this.w.spinCas32(H.lock, 0, this.me + 1, LOCK_SPIN_MICROS)) if (performance.now() > deadline) return false;
-    try {
-      this.#redeliverTaken(this.me, s);
-    } finally {
-      this.w.store32(H.lock, 0);
-    }
-    this.signalData();
-    return true;
-  }
-
-  #holdsTaken(k: number): boolean {
-    for (let s = 0; s < this.n; s++) {
-      const word = this.w.load32(this.slotOff(s) + S.state);
-      if (kindOf(word) === Kind.Taken && ownerOf(word) === k) return true;
-    }
-    return false;
-  }
-
-  /** With the lock held: publishes every slot k had taken (or just `only`) again, at the tail, flagged. */
-  #redeliverTaken(k: number, only = -1): void {
-    const w = this.w;
-    for (let s = 0; s < this.n; s++) {
-      if (only >= 0 && s !== only) continue;
-      const so = this.slotOff(s);
-      const word = w.load32(so + S.state);
-      if (kindOf(word) !== Kind.Taken || ownerOf(word) !== k) continue;
-      const pos = w.load64(so + S.position);
-      if (pos >= 0) w.cas64(H.head, pos, pos + 1);  // it took it but had not advanced head
-      const t = this.#pos(H.tail, 'tail');
-      w.store64(so + S.position, t);
-      const publisher = this.view.getUint32(so + S.publisher, true) & 0xff;
-      if (w.cas32(so + S.state, word, slotWord(Kind.Published, publisher, FLAG_REDELIVERED | genOf(t))) !== word) continue;
-      w.store32(this.ringOff(t), s);
-      w.store64(H.tail, t + 1);
-    }
-  }
 
   /** Counts of slot states, for stats and tests. */
   slotCounts(): { free: number; writing: number; published: number; taken: number } {

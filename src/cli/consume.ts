@@ -7,7 +7,7 @@ import { openIpcArray } from '../arrays/device-array.js';
 import { parseDescriptorJson } from '../ipc/descriptor.js';
 import { Deadline, writeFileAtomic, waitForFile, checkFileArgument } from './files.js';
 import { secondsOption, UsageError, type ParsedArgs } from './args.js';
-import { isUrl } from '../link/link-url.js';
+import { isUrl } from '../link/transport/link-url.js';
 import { deviceChoice, whyNoGpu } from './availability.js';
 import { findMismatch, firstFive } from './pattern.js';
 import { consumeOnHost, isHostDescriptor, processGone } from './host-handoff.js';

@@ -2,7 +2,7 @@
 // of the others since the previous report), and whether it ends the producer: a peer that spoke the
 // protocol with another token is the mistake of the two-terminal example, so both sides fail.
 import type { IpcError } from '../errors.js';
-import type { RefusedReport } from '../link/refusal-report.js';
+import type { RefusedReport } from '../link/connect/refusal-report.js';
 import { terminalSafe } from './terminal-text.js';
 
 /** One line for `error` and `report`: who and why, then the others counted by code and source. */

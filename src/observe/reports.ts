@@ -17,7 +17,7 @@ export interface DeviceMemoryStats {
   importedBytes: number;
 }
 
-/** A link as the status record lists it: what link/link.ts's Link shows of itself. */
+/** A link as the status record lists it: what link/connection/link.ts's Link shows of itself. */
 export interface ObservedLink {
   /** Unique in this process. */
   readonly id: number;

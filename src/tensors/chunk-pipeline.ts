@@ -10,7 +10,7 @@
 //                                            copy: wait full[s], scatter s, record free[s]
 //
 // One ChunkMover per communicator: its transfers are queued one after another (the communicator's
-// TransferOrder, link/nccl-comms.ts, starts each once the one before it was queued) and reuse the
+// TransferOrder, link/nccl/nccl-comms.ts, starts each once the one before it was queued) and reuse the
 // slots, events and run table.
 import { DeviceBuffer } from '../cuda/buffer.js';
 import type { Device } from '../cuda/device.js';

@@ -2,7 +2,7 @@
 // device copies of an in-place update: contiguous pairs in one copy_runs launch (a table of runs in
 // device memory, kept per device and uploaded only when it changed), or on request in one
 // cuMemcpyBatchAsync (CUDA 12.8+; one cuMemcpyDtoDAsync each on older drivers); the rest in
-// copy_strided launches. python/cuda_ipc/copy_kernels.py is the Python side of the same table.
+// copy_strided launches. python/cuda_ipc/tensors/kernels.py is the Python side of the same table.
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { driver } from '../cuda/driver.js';

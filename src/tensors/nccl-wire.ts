@@ -1,11 +1,11 @@
 // The 'nccl-tensor-set' record (docs/PROTOCOL.md 8.3): named tensors whose bytes follow over NCCL as
 // one packed stream (packed-stream.ts), after the transfer head of every NCCL record
-// (link/nccl-records.ts). The table is section 4.2's with the stream as its one allocation. Pure.
+// (link/messages/nccl-records.ts). The table is section 4.2's with the stream as its one allocation. Pure.
 import { dtypeInfo, type DType } from '../ipc/dtype.js';
 import {
   TRANSFER_HEAD_BYTES as HEAD_BYTES, malformedRecord, readTransferHead, writeTransferHead, type TransferHead,
-} from '../link/nccl-records.js';
-import { readU64, writeU64 } from '../link/frame.js';
+} from '../link/messages/nccl-records.js';
+import { readU64, writeU64 } from '../link/transport/frame.js';
 import { checkChunkBytes, checkPackedLayout } from './packed-stream.js';
 import { cStrides, decodeTensorTable, encodeTensorTable, type TensorLayout, type TensorSpec } from './wire.js';
 

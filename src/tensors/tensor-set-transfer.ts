@@ -15,10 +15,10 @@ import { HostBuffer, wholeHostBuffer } from '../host/host-buffer.js';
 import { DeviceArray } from '../arrays/device-array.js';
 import { addon } from '../native/addon.js';
 import { hostBufferTransfer } from '../link/transfers/host-transfer.js';
-import { releaseHold, type LeaseHold, type ReceivedLease } from '../link/lease.js';
-import { handlerForKind } from '../link/transfers/handlers.js';
+import { releaseHold, type LeaseHold, type ReceivedLease } from '../link/lifetimes/lease.js';
+import { handlerForKind } from '../link/messages/handlers.js';
 import { registerTransferHandler, type TransferEncoding, type TransferHandler } from '../link/transfers/transfer.js';
-import type { Link } from '../link/link.js';
+import type { Link } from '../link/connection/link.js';
 import { HostArray } from '../arrays/host-array.js';
 import { TensorMap, isTensorSetValue, receivedTensorMap, tensorMapContents, type TensorArray } from './tensor-map.js';
 import {

@@ -2,7 +2,7 @@
 // and running where a C compiler exists (its GPU modes need cuda.h and a GPU: the GPU machine).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Probe } from '../../src/link/probe.js';
+import { Probe } from '../../src/link/transport/probe.js';
 import { analyze, Mark, PHASES } from '../../bench/breakdown.js';
 import { buildCReference, runCReference } from '../../bench/c-reference.js';
 

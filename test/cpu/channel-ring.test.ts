@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { addon } from '../../src/native/addon.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { Ring } from '../../src/channel/slot-ring.js';
+import { leave } from '../../src/channel/ring-recovery.js';
 import { computeLayout, writeHeader, H, P, S, PRole, PState, Kind, slotWord } from '../../src/channel/layout.js';
 
 function block(slotCount: number, broadcast = false, producers = 1, consumers = 1) {
@@ -69,7 +70,7 @@ test('a publisher dead inside the lock: a committed publish is completed, an unc
   hub.w.store64(hub.slotOff(s) + S.position, 0);
   hub.w.store32(hub.slotOff(s) + S.state, slotWord(Kind.Published, p.me));
   assert.equal(c.take(), -1, 'not visible yet');
-  assert.equal(hub.leave(p.me, true), 'done');
+  assert.equal(leave(hub, p.me, true), 'done');
   assert.equal(hub.w.load32(H.lock), 0, 'the lock is free again');
   assert.equal(c.take(), s, 'the committed message is delivered');
   c.releaseTaken(s);
@@ -78,7 +79,7 @@ test('a publisher dead inside the lock: a committed publish is completed, an unc
   s = p2.claimSlot();
   hub.w.store32(H.lock, p2.me + 1);
   hub.w.store64(hub.slotOff(s) + S.position, 1);
-  assert.equal(hub.leave(p2.me, true), 'done');
+  assert.equal(leave(hub, p2.me, true), 'done');
   assert.equal(hub.w.load32(H.lock), 0);
   assert.equal(c.take(), -1, 'nothing half-written is delivered');
   assert.deepEqual(hub.slotCounts(), { free: 4, writing: 0, published: 0, taken: 0 });
@@ -97,7 +98,7 @@ test('a consumer dead between taking and advancing head: others move on; its mes
   assert.equal(hub.w.load64(H.head), 0);
   const a = c2.take();
   assert.notEqual(a, s0, 'c2 skips the taken position');
-  assert.equal(hub.leave(c1.me, true), 'done');
+  assert.equal(leave(hub, c1.me, true), 'done');
   const got = [a, c2.take(), c2.take()];
   assert.equal(c2.take(), -1);
   assert.deepEqual([...got].sort(), [0, 1, 2].map((i) => hub.w.load32(hub.ringOff(i))).sort(), 'all three, once each');
@@ -115,7 +116,7 @@ test('broadcast: a consumer dead halfway through releasing the last hold; the sl
   // c1 clears its bit (holders 0) and dies before marking the slot free.
   hub.w.and32(hub.slotOff(s!) + S.holders, ~(1 << c1.me) >>> 0);
   assert.equal(hub.slotCounts().published, 1);
-  assert.equal(hub.leave(c1.me, true), 'done');
+  assert.equal(leave(hub, c1.me, true), 'done');
   assert.equal(hub.slotCounts().free, 2);
   // Later messages are no longer held for it.
   const [t] = publish(p, 1);
@@ -129,11 +130,11 @@ test('recovery waits for a live publisher\'s lock instead of breaking it', () =>
   publish(p, 1);
   assert.ok(c.take() >= 0);
   hub.w.store32(H.lock, p.me + 1);  // p is alive and publishing
-  assert.equal(hub.leave(c.me, true), 'busy', 'redelivery needs the lock');
+  assert.equal(leave(hub, c.me, true), 'busy', 'redelivery needs the lock');
   assert.equal(hub.participantState(c.me), PState.Recovering);
   hub.w.store32(H.lock, 0);
-  assert.equal(hub.leave(c.me, true, true), 'done', 'resumed once the lock is free');
-  assert.equal(hub.leave(c.me, true), 'not-alive', 'idempotent');
+  assert.equal(leave(hub, c.me, true, true), 'done', 'resumed once the lock is free');
+  assert.equal(leave(hub, c.me, true), 'not-alive', 'idempotent');
   assert.equal(hub.counter(H.consumersDied), 1);
   close();
 });
@@ -176,7 +177,7 @@ test('wake-ups: recovery rings every live participant, asleep or not, and clears
   c1.enterSleep(H.dataSleepers);
   c2.enterSleep(H.dataSleepers);
   bells.rung.length = 0;
-  assert.equal(hub.leave(c2.me, true), 'done');
+  assert.equal(leave(hub, c2.me, true), 'done');
   assert.deepEqual(bells.rung.sort(), [hub.me, p.me, c1.me].sort(), 'every live participant; not the dead one');
   assert.equal(hub.w.load32(H.dataSleepers), 0);
   close();

@@ -1,4 +1,4 @@
-// The copy_runs kernel's table (src/tensors/kernels.ts planRuns, python/cuda_ipc/copy_kernels.py
+// The copy_runs kernel's table (src/tensors/kernels.ts planRuns, python/cuda_ipc/tensors/kernels.py
 // plan_runs), built on the host: rows, chunks, the split of a shared misalignment, the same bytes
 // from both languages; and the shipped PTX: its entry points match TENSOR_KERNELS, and the Python
 // package carries the same file.
@@ -48,7 +48,7 @@ test('Node and Python build the same table from the same runs', (t) => {
   const sizes = Array.from({ length: n }, (_, i) => (i * 7919) % 300_000);
   const ours = planRuns(u64(dsts), u64(srcs), u64(sizes));
   const py = spawnSync('python3', ['-c',
-    'import json, sys; from cuda_ipc.copy_kernels import plan_runs; a = json.load(sys.stdin); t = plan_runs(*a); print(json.dumps([t.data.hex(), t.runs, t.chunks]))'],
+    'import json, sys; from cuda_ipc.tensors.kernels import plan_runs; a = json.load(sys.stdin); t = plan_runs(*a); print(json.dumps([t.data.hex(), t.runs, t.chunks]))'],
   { input: JSON.stringify([dsts, srcs, sizes]), encoding: 'utf8', env: { ...process.env, PYTHONPATH: pythonPackageDirectory() } });
   if (py.error) {
     t.skip(`python3 is not available: ${py.error.message}`);

@@ -1,12 +1,15 @@
-// Imports run one way, down the layers (LAYERS below; docs/ARCHITECTURE.md draws them), and never
-// in a circle: a newcomer can read any folder knowing only the ones below it, and module
+// Imports run one way, down the layers (LAYERS below; docs/ARCHITECTURE.md draws them), inside the
+// link down its own layers (LINK_LAYERS), in TypeScript and in the Python package alike (PY_LAYERS
+// mirror them folder for folder), and never in a circle: a newcomer can read any folder knowing only the ones below it, and module
 // initialisation order never depends on who was imported first. Type-only imports count as edges
 // like any other: a type that must name something above it is a sign that an interface belongs
 // lower down.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { readdirSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { describeEdge, findCircles, readImportGraph, type ImportEdge, type ImportGraph } from '../helpers/import-graph.js';
+import { describeEdge, findCircles, readImportGraph, readPythonImportGraph, type ImportEdge, type ImportGraph } from '../helpers/import-graph.js';
 
 const root = fileURLToPath(new URL('../../..', import.meta.url));
 
@@ -106,4 +109,171 @@ test('no import circle, counting type-only imports', () => {
 test('imports run down the layers: channel -> link -> ipc | host -> cuda -> observe -> base', () => {
   const up = layerViolations(edges.filter((e) => layerOf(e.from) && layerOf(e.to)));
   assert.deepEqual(up, [], `imports that climb the layers:\n${up.join('\n')}`);
+});
+
+/**
+ * The layers inside src/link/ (and python/cuda_ipc/link/), lowest first, one folder each; index.ts
+ * (the link's public surface) above them all. connect and transfers stand beside each other.
+ */
+const LINK_LAYERS: ReadonlyArray<{ name: string; rank: number }> = [
+  // frames, frame rings, Unix and TCP byte transports, large payloads, the handshake, TCP auth, socket paths, URLs
+  { name: 'transport', rank: 1 },
+  // leases and GONE notices: what keeps shared memory alive across the link
+  { name: 'lifetimes', rank: 2 },
+  // a message's encoding and decoding, the transfer handlers' registry, the NCCL records and aborts
+  { name: 'messages', rank: 3 },
+  // the Link object: its options, sender, outbox, inbound reading, inbox, frame dispatch
+  { name: 'connection', rank: 4 },
+  // the NCCL communicators of TCP links, fanout
+  { name: 'nccl', rank: 5 },
+  // how host and device memory travel (each kind's handler)
+  { name: 'transfers', rank: 6 },
+  // spawn, listen, connect: how a link comes to be
+  { name: 'connect', rank: 6 },
+];
+
+function linkLayerOf(file: string): { name: string; rank: number } | undefined {
+  const m = /^(?:src|python\/cuda_ipc)\/link\/([^/]+)\//.exec(file);
+  if (!m) return /^(?:src|python\/cuda_ipc)\/link\/[^/]+$/.test(file) ? { name: 'index', rank: 9 } : undefined;
+  return LINK_LAYERS.find((l) => l.name === m[1]);
+}
+
+/** Edges inside a link that climb its layers (or cross between two of one rank). */
+function linkLayerViolations(edges: Iterable<ImportEdge>): string[] {
+  const out: string[] = [];
+  for (const e of edges) {
+    const from = linkLayerOf(e.from);
+    const to = linkLayerOf(e.to);
+    if (!from || !to || from.name === to.name) continue;
+    if (to.rank >= from.rank) out.push(`${describeEdge(e)}: link/${from.name} (rank ${from.rank}) must not import link/${to.name} (rank ${to.rank})`);
+  }
+  return out;
+}
+
+test('every file of src/link/ is in a layer folder (or is its index.ts)', () => {
+  const lost = [...graph.keys()].filter((f) => f.startsWith('src/link/') && !linkLayerOf(f));
+  assert.deepEqual(lost, [], `put these files in a folder of LINK_LAYERS: ${lost.join(', ')}`);
+  assert.deepEqual([...graph.keys()].filter((f) => /^src\/link\/[^/]+$/.test(f)), ['src/link/index.ts']);
+});
+
+test('inside src/link/ imports run down its layers: connect | transfers -> nccl -> connection -> messages -> lifetimes -> transport', () => {
+  const planted = linkLayerViolations([
+    { from: 'src/link/transport/frame.ts', to: 'src/link/connection/link.ts', typeOnly: true, dynamic: false, line: 3 },
+    { from: 'src/link/connect/spawn.ts', to: 'src/link/transfers/transfer.ts', typeOnly: false, dynamic: false, line: 4 },
+    { from: 'src/link/connect/spawn.ts', to: 'src/link/connection/link.ts', typeOnly: false, dynamic: false, line: 5 },
+  ]);
+  assert.deepEqual(planted, [
+    'src/link/transport/frame.ts:3 -> src/link/connection/link.ts (type-only): link/transport (rank 1) must not import link/connection (rank 4)',
+    'src/link/connect/spawn.ts:4 -> src/link/transfers/transfer.ts: link/connect (rank 6) must not import link/transfers (rank 6)',
+  ]);
+  const up = linkLayerViolations(edges);
+  assert.deepEqual(up, [], `imports that climb the layers of src/link/:\n${up.join('\n')}`);
+});
+
+// ---- Python: python/cuda_ipc mirrors src folder for folder ----
+
+const pyGraph = readPythonImportGraph(root);
+const pyEdges = [...pyGraph.values()].flat();
+/** What runs: module-level and function-level imports. `if TYPE_CHECKING:` imports never do. */
+const pyRunning = pyEdges.filter((e) => !e.typeOnly);
+
+/** The Python twins of LAYERS (same names and ranks; modules at the package top by what they hold). */
+const PY_LAYERS: ReadonlyArray<{ name: string; rank: number; files: RegExp }> = [
+  { name: 'base', rank: 0, files: /^python\/cuda_ipc\/(errors|_renamed|resource|parallel|dlpack)\.py$/ },
+  // the driver through ctypes and the optional native helper: Python's native layer
+  { name: 'native', rank: 1, files: /^python\/cuda_ipc\/(native|driver)\.py$/ },
+  { name: 'cuda', rank: 3, files: /^python\/cuda_ipc\/(device|streams)\.py$/ },
+  { name: 'host', rank: 4, files: /^python\/cuda_ipc\/host\.py$/ },
+  { name: 'ipc', rank: 4, files: /^python\/cuda_ipc\/(memory\/|(descriptor|torch_handle)\.py$)/ },
+  { name: 'nccl', rank: 4, files: /^python\/cuda_ipc\/nccl\// },
+  { name: 'arrays', rank: 5, files: /^python\/cuda_ipc\/host_array\.py$/ },
+  { name: 'link', rank: 6, files: /^python\/cuda_ipc\/link\// },
+  { name: 'channel', rank: 7, files: /^python\/cuda_ipc\/channel\// },
+  { name: 'tensors', rank: 8, files: /^python\/cuda_ipc\/tensors\// },
+  { name: 'api', rank: TOP_RANK + 1, files: /^python\/cuda_ipc\/__init__\.py$/ },
+];
+
+/**
+ * Climbs the Python package had before the layout of issue 36 made them visible, each with its
+ * reason; the test fails on any other, and on one of these once it is gone (shorten the list).
+ */
+const PY_KNOWN_CLIMBS = [
+  // the driver entry points beyond driver.py's (cuStreamCreate, cuEventRecord, ...) live in the kernels module
+  'python/cuda_ipc/streams.py -> python/cuda_ipc/tensors/kernels.py',
+  // stream_handle(): the stream forms every cuda_ipc call accepts, kept with the channel's fences
+  'python/cuda_ipc/nccl/communicator.py -> python/cuda_ipc/channel/fences.py',
+  // torch_contiguous(): one description of a contiguous torch tensor for exports and tensor sets
+  'python/cuda_ipc/memory/exports.py -> python/cuda_ipc/tensors/wire.py',
+  // a received nccl-buffer of a tensor set's (function-level)
+  'python/cuda_ipc/link/transfers/nccl_buffer_transfer.py -> python/cuda_ipc/tensors/tensor_map.py',
+];
+
+function pyLayerOf(file: string): { name: string; rank: number } | undefined {
+  return PY_LAYERS.find((l) => l.files.test(file));
+}
+
+test('the import graph of python/cuda_ipc was read, function-level imports included', () => {
+  assert.ok(pyGraph.size > 80, `only ${pyGraph.size} modules found under ${root}python/cuda_ipc`);
+  assert.ok(pyEdges.length > 400, `only ${pyEdges.length} imports found`);
+  assert.ok(pyEdges.some((e) => e.dynamic) && pyEdges.some((e) => e.typeOnly), 'function-level and TYPE_CHECKING imports are read');
+  const link = pyGraph.get('python/cuda_ipc/link/__init__.py') ?? [];
+  assert.ok(link.some((e) => e.to === 'python/cuda_ipc/link/transfers/host_bytes_transfer.py'), '`from .transfers import host_bytes_transfer as host_bytes` is an edge to the submodule');
+});
+
+test('every module of python/cuda_ipc belongs to a layer, and of its link/ to a layer folder', () => {
+  const lost = [...pyGraph.keys()].filter((f) => !pyLayerOf(f) || (f.startsWith('python/cuda_ipc/link/') && !linkLayerOf(f)));
+  assert.deepEqual(lost, [], `give these modules a layer in PY_LAYERS / a folder of LINK_LAYERS: ${lost.join(', ')}`);
+});
+
+test('Python: no import circle, function-level imports included', () => {
+  const planted: ImportGraph = new Map([
+    ['python/cuda_ipc/tensors/update.py', [{ from: 'python/cuda_ipc/tensors/update.py', to: 'python/cuda_ipc/tensors/nccl_transfer.py', typeOnly: false, dynamic: true, line: 9 }]],
+    ['python/cuda_ipc/tensors/nccl_transfer.py', [{ from: 'python/cuda_ipc/tensors/nccl_transfer.py', to: 'python/cuda_ipc/tensors/update.py', typeOnly: false, dynamic: false, line: 2 }]],
+  ]);
+  assert.equal(findCircles(planted).length, 1, 'a function-level import closing a circle is found');
+  const running: ImportGraph = new Map([...pyGraph].map(([f, es]) => [f, es.filter((e) => !e.typeOnly)]));
+  const circles = findCircles(running);
+  const text = circles.map((c) => {
+    const inside = new Set(c.files);
+    return `  circle: ${c.cycle.join(' -> ')}\n${pyRunning.filter((e) => inside.has(e.from) && inside.has(e.to)).map((e) => `    ${describeEdge(e)}`).join('\n')}`;
+  });
+  assert.equal(circles.length, 0, `${circles.length} import circle(s) in python/cuda_ipc:\n${text.join('\n')}`);
+});
+
+test('Python: imports run down the same layers as TypeScript, and inside link/ down its layers', () => {
+  const climbs = new Set<string>();
+  const out: string[] = [];
+  for (const e of pyRunning) {
+    const from = pyLayerOf(e.from);
+    const to = pyLayerOf(e.to);
+    if (!from || !to) continue;
+    if (from.name !== to.name && to.rank >= from.rank) {
+      const pair = `${e.from} -> ${e.to}`;
+      if (PY_KNOWN_CLIMBS.includes(pair)) climbs.add(pair);
+      else out.push(`${describeEdge(e)}: ${from.name} (rank ${from.rank}) must not import ${to.name} (rank ${to.rank})`);
+    }
+  }
+  out.push(...linkLayerViolations(pyRunning));
+  assert.deepEqual(out, [], `imports that climb the layers of python/cuda_ipc:\n${out.join('\n')}`);
+  assert.deepEqual([...climbs].sort(), [...PY_KNOWN_CLIMBS].sort(), 'a known climb is gone: take it off PY_KNOWN_CLIMBS');
+});
+
+test('no file over 600 lines in src, python and native (split by job, as slot_ring.py and ring_recovery.py)', () => {
+  const over: string[] = [];
+  let seen = 0;
+  const walk = (dir: string): void => {
+    for (const name of readdirSync(join(root, dir)).sort()) {
+      const p = `${dir}/${name}`;
+      if (name === '__pycache__' || name === 'node_modules') continue;
+      if (statSync(join(root, p)).isDirectory()) walk(p);
+      else if (/\.(ts|py|pyi|c|cc|h)$/.test(name)) {
+        seen++;
+        const lines = readFileSync(join(root, p), 'utf8').split('\n').length - 1;
+        if (lines > 600) over.push(`${p}: ${lines} lines`);
+      }
+    }
+  };
+  for (const dir of ['src', 'python', 'native']) walk(dir);
+  assert.ok(seen > 250, `only ${seen} files read`);
+  assert.deepEqual(over, [], `files over 600 lines: split each by job:\n${over.join('\n')}`);
 });

@@ -8,8 +8,8 @@ import { spawnSync } from 'node:child_process';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import '../../src/link/index.js';
-import type { Link } from '../../src/link/link.js';
-import type { LinkOptions } from '../../src/link/link-options.js';
+import type { Link } from '../../src/link/connection/link.js';
+import type { LinkOptions } from '../../src/link/connection/link-options.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { HELLO, linkPair, linkWithRawPeer, type RawPeer } from '../fixtures/link-pair.js';
 import { addon } from '../../src/native/addon.js';
@@ -210,7 +210,7 @@ test('fds kept open by leases are bounded (leases.fds): a sender of fresh buffer
 });
 
 test('leases.fds defaults to half the process fd limit (ulimit -n)', () => {
-  const program = `import('${new URL('../../src/link/link-options.js', import.meta.url).href}').then((m) => console.log(m.DEFAULT_LINK_LIMITS.leases.fds))`;
+  const program = `import('${new URL('../../src/link/connection/link-options.js', import.meta.url).href}').then((m) => console.log(m.DEFAULT_LINK_LIMITS.leases.fds))`;
   const r = spawnSync('/bin/sh', ['-c', 'ulimit -n 256 && exec "$0" --input-type=module -e "$1"', process.execPath, program], { encoding: 'utf8' });
   assert.equal(r.status, 0, r.stderr);
   assert.equal(r.stdout.trim(), '128');
@@ -235,7 +235,7 @@ test('flush() waits for the queue to empty, and gives up on timeout or abort', a
 });
 
 test('link options are checked like Node checks options: TypeError / RangeError with codes', async () => {
-  const { spawn } = await import('../../src/link/spawn.js');
+  const { spawn } = await import('../../src/link/connect/spawn.js');
   await assert.rejects(spawn('x.js', [], { sendQueue: { messages: 0 } }), (e: unknown) => e instanceof RangeError && (e as { code?: string }).code === 'ERR_OUT_OF_RANGE');
   await assert.rejects(spawn('x.js', [], { maxMessageBytes: '1' as unknown as number }), (e: unknown) => e instanceof TypeError && (e as { code?: string }).code === 'ERR_INVALID_ARG_TYPE');
   await assert.rejects(spawn('x.js', [], { leases: 5 as never }), (e: unknown) => e instanceof TypeError && (e as { code?: string }).code === 'ERR_INVALID_ARG_TYPE');

@@ -3,10 +3,10 @@ import assert from 'node:assert/strict';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import '../../src/link/index.js'; // registers the transfer handlers
-import { MessageEncoder } from '../../src/link/message-encoder.js';
-import { decodeMessage } from '../../src/link/message-decoder.js';
-import { FrameType, parseHeader, writeHeader, type FrameHeader } from '../../src/link/frame.js';
-import type { Link } from '../../src/link/link.js';
+import { MessageEncoder } from '../../src/link/messages/message-encoder.js';
+import { decodeMessage } from '../../src/link/messages/message-decoder.js';
+import { FrameType, parseHeader, writeHeader, type FrameHeader } from '../../src/link/transport/frame.js';
+import type { Link } from '../../src/link/connection/link.js';
 import { registerTransferHandler, unregisterTransferHandler } from '../../src/link/transfers/transfer.js';
 import { addon } from '../../src/native/addon.js';
 import { fdCount, fdIsOpen } from '../fixtures/fd-count.js';

@@ -5,7 +5,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { IpcError } from '../../src/errors.js';
 import { announceGone, registerGoneHandler } from '../../src/link/index.js';
-import { FrameType, encodeGone, readGoneEntries } from '../../src/link/frame.js';
+import { FrameType, encodeGone, readGoneEntries } from '../../src/link/transport/frame.js';
 import { HELLO, header, linkPair, linkWithRawPeer } from '../fixtures/link-pair.js';
 import { argError } from '../helpers/arg-error.js';
 import { waitUntil } from '../helpers/wait.js';

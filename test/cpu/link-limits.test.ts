@@ -9,7 +9,7 @@ import { spawnSync } from 'node:child_process';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { connect, listen } from '../../src/link/index.js';
-import { startLinkedChild } from '../../src/link/spawn.js';
+import { startLinkedChild } from '../../src/link/connect/spawn.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { linkPair } from '../fixtures/link-pair.js';
 import { waitUntil } from '../helpers/wait.js';

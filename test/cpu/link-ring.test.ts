@@ -1,4 +1,4 @@
-// Frame rings (src/link/frame-ring.ts, unix-transport.ts): the ring itself (wrap-around, room,
+// Frame rings (src/link/transport/frame-ring.ts, unix-transport.ts): the ring itself (wrap-around, room,
 // the doorbell protocol, a corrupt ring), links that agree on rings (order against socket frames
 // with fds, backpressure, a clean close and a killed peer through the ring), and peers that do
 // not take rings (a link with them off, a Python peer), and hostile RING frames.
@@ -7,8 +7,8 @@ import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { HostBuffer } from '../../src/host/index.js';
 import { spawn, spawnPython, type Link } from '../../src/link/index.js';
-import { kRingState } from '../../src/link/link.js';
-import { EntryKind, RingReader, RingWriter, RING_DATA_OFFSET } from '../../src/link/frame-ring.js';
+import { kRingState } from '../../src/link/connection/link.js';
+import { EntryKind, RingReader, RingWriter, RING_DATA_OFFSET } from '../../src/link/transport/frame-ring.js';
 import { endianness } from 'node:os';
 import { addon } from '../../src/native/addon.js';
 import { fdCount } from '../fixtures/fd-count.js';

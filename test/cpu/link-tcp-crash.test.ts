@@ -14,7 +14,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { listen, connect } from '../../src/link/index.js';
-import type { Link } from '../../src/link/link.js';
+import type { Link } from '../../src/link/connection/link.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { TOKEN } from '../fixtures/tcp-peer.js';
 

@@ -12,7 +12,7 @@ import { readFileSync } from 'node:fs';
 import { createInterface } from 'node:readline';
 import { IpcError } from '../../src/errors.js';
 import { connect, listen, type Link, type RefusedReport } from '../../src/link/index.js';
-import { sourceOf } from '../../src/link/tcp-listener.js';
+import { sourceOf } from '../../src/link/connect/tcp-listener.js';
 import { TOKEN } from '../fixtures/tcp-peer.js';
 
 const FIXTURE = new URL('../fixtures/tcp-flood-listener.js', import.meta.url);

@@ -13,7 +13,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { listen, type TcpListener } from '../../src/link/index.js';
-import type { Link } from '../../src/link/link.js';
+import type { Link } from '../../src/link/connection/link.js';
 import { buildRecordsFrame, frameCase, frameSeeds } from '../fixtures/link-fuzzer.js';
 import {
   RawTcp, TOKEN, authenticateRaw, frameBytes, jsonFrame, parseFrames, specChallenge, specProof, tcpHello, tcpLinkWithRawPeer,

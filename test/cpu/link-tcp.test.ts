@@ -15,7 +15,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { IpcError } from '../../src/errors.js';
 import { HostBuffer } from '../../src/host/index.js';
 import { listen, connect, registerTransferHandler, unregisterTransferHandler } from '../../src/link/index.js';
-import type { Link } from '../../src/link/link.js';
+import type { Link } from '../../src/link/connection/link.js';
 import { HostArray, TensorMap } from '../../src/tensors/index.js';
 import { stats } from '../../src/stats.js';
 import { collectStatus } from '../../src/observe/reader.js';

@@ -9,7 +9,7 @@ import { mkdtempSync, readFileSync, rmSync, readdirSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
-import { parseLinkUrl, isUrl, LINK_URL_FORMS, type LinkUrl } from '../../src/link/link-url.js';
+import { parseLinkUrl, isUrl, LINK_URL_FORMS, type LinkUrl } from '../../src/link/transport/link-url.js';
 import { connect, listen } from '../../src/link/index.js';
 
 interface Case { url: string; for: 'listen' | 'connect' | 'both'; says?: string; scheme?: string; host?: string; port?: number; family?: number }

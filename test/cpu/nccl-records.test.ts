@@ -4,7 +4,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
   decodeNcclBuffer, encodeNcclBuffer, type CommReference,
-} from '../../src/link/nccl-records.js';
+} from '../../src/link/messages/nccl-records.js';
 import { decodeNcclTensorSet, encodeNcclTensorSet, encodePackedTable } from '../../src/tensors/nccl-wire.js';
 
 const id = Uint8Array.from({ length: 16 }, (_, i) => i + 1);

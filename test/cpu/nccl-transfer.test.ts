@@ -2,7 +2,7 @@
 // process and a Node child, with the driver faked in JavaScript (test/helpers/fake-cuda.ts: device
 // memory is host memory, copy_runs runs on the CPU) and NCCL by the fake libnccl
 // (test/fixtures/fake-nccl.c), which moves the bytes between the two processes through files
-// (FAKE_NCCL_MOVE_DIR). What runs is the real path above the driver: link/nccl-comms.ts
+// (FAKE_NCCL_MOVE_DIR). What runs is the real path above the driver: link/nccl/nccl-comms.ts
 // (communicators per link, sequence order, aborts), tensors/nccl-transfer.ts (plans, RemoteSet:
 // fetch, receive-into, drop) and tensors/chunk-pipeline.ts (chunks direct or staged through two
 // slots and gathered / scattered by copy_runs). Values are read back on the receiver. The same

@@ -10,7 +10,7 @@ import { once } from 'node:events';
 import { randomBytes } from 'node:crypto';
 import { createInterface } from 'node:readline';
 import { IpcError } from '../../src/errors.js';
-import { encodeNcclBuffer } from '../../src/link/nccl-records.js';
+import { encodeNcclBuffer } from '../../src/link/messages/nccl-records.js';
 import { buildRecordsFrame } from '../fixtures/link-fuzzer.js';
 import { RawTcp, TOKEN, authenticateRaw, jsonFrame, parseFrames, tcpHello, tcpLinkWithRawPeer } from '../fixtures/tcp-peer.js';
 import { PYTHON, PYTHON_PACKAGE_DIR, noPython } from '../helpers/python.js';

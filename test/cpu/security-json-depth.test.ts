@@ -5,7 +5,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { IpcError } from '../../src/errors.js';
-import { MAX_JSON_DEPTH, nestsTooDeep } from '../../src/link/message-decoder.js';
+import { MAX_JSON_DEPTH, nestsTooDeep } from '../../src/link/messages/message-decoder.js';
 import { HELLO, header, linkWithRawPeer } from '../fixtures/link-pair.js';
 import { memfdWith } from '../fixtures/odd-fds.js';
 import { addon } from '../../src/native/addon.js';

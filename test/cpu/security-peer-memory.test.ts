@@ -17,8 +17,8 @@ import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
 import { IpcError } from '../../src/errors.js';
 import { listen, receivedMemory, setMaxReceivedBytes, type Link } from '../../src/link/index.js';
-import { resetReceivedPeak, DEFAULT_MAX_RECEIVED_BYTES } from '../../src/link/received-memory.js';
-import { linkLimits } from '../../src/link/link-options.js';
+import { resetReceivedPeak, DEFAULT_MAX_RECEIVED_BYTES } from '../../src/link/transport/received-memory.js';
+import { linkLimits } from '../../src/link/connection/link-options.js';
 import { TOKEN, tcpPair } from '../fixtures/tcp-peer.js';
 
 setFlagsFromString('--expose-gc');

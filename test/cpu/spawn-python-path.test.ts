@@ -10,7 +10,7 @@ import { existsSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { spawnPython } from '../../src/link/index.js';
-import { safePythonPath } from '../../src/link/spawn-python.js';
+import { safePythonPath } from '../../src/link/connect/spawn-python.js';
 import { PYTHON, noPython, pythonFixture } from '../helpers/python.js';
 
 test('safePythonPath drops empty entries only', () => {

@@ -10,7 +10,7 @@ import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { dirname, join, relative } from 'node:path';
 
 export interface ImportEdge {
-  /** Files as paths relative to the scanned root's parent, e.g. 'src/link/link.ts'. */
+  /** Files as paths relative to the scanned root's parent, e.g. 'src/link/connection/link.ts'. */
   from: string;
   to: string;
   /** `import type`, `export type`, or braces holding only `type X` names. */
@@ -165,8 +165,91 @@ export function findCircles(graph: ImportGraph): Circle[] {
   });
 }
 
+function listPython(dir: string, out: string[] = []): string[] {
+  for (const name of readdirSync(dir).sort()) {
+    const p = join(dir, name);
+    if (statSync(p).isDirectory()) {
+      if (name !== '__pycache__') listPython(p, out);
+    } else if (name.endsWith('.py')) out.push(p);
+  }
+  return out;
+}
+
+const PY_FROM_RE = /^([ \t]*)from[ \t]+([.\w]+)[ \t]+import[ \t]+(\([^)]*\)|[^\n#]*)/;
+const PY_IMPORT_RE = /^([ \t]*)import[ \t]+([\w.]+(?:[ \t]+as[ \t]+\w+)?(?:[ \t]*,[ \t]*[\w.]+(?:[ \t]+as[ \t]+\w+)?)*)/;
+
+/**
+ * The import graph of a Python package (default python/cuda_ipc), keyed like readImportGraph's
+ * ('python/cuda_ipc/link/connection/link.py'): every `from X import a, b` and `import X` naming a
+ * module of the package, relative or absolute, at module level or inside a function (`dynamic`:
+ * it runs when the function does, a circle all the same). Imports under `if TYPE_CHECKING:` never
+ * run; they are `typeOnly`. `from pkg import name` is an edge to the submodule pkg.name where there
+ * is one, else to pkg/__init__.py. Read line by line (docstrings skipped), no parser needed.
+ */
+export function readPythonImportGraph(root: string, dir = 'python/cuda_ipc'): ImportGraph {
+  const graph: ImportGraph = new Map();
+  const base = join(root, dir);
+  const top = dir.split('/').pop()!; // cuda_ipc
+  const prefix = dir.split('/').slice(0, -1).join('/'); // python
+  const moduleFile = (dotted: string): string | undefined => {
+    const rel = join(prefix, ...dotted.split('.'));
+    for (const f of [`${rel}.py`, join(rel, '__init__.py')]) if (existsSync(join(root, f))) return f.split('\\').join('/');
+    return undefined;
+  };
+  for (const file of listPython(base)) {
+    const key = relative(root, file).split('\\').join('/');
+    const parts = key.slice(prefix.length + 1, -3).split('/');
+    const pkg = parts.at(-1) === '__init__' ? parts.slice(0, -1) : parts.slice(0, -1);
+    const lines = readFileSync(file, 'utf8').split('\n');
+    const edges: ImportEdge[] = [];
+    let inString: string | undefined;
+    let typeBlock: number | undefined; // indentation of an `if TYPE_CHECKING:` being read
+    for (let i = 0; i < lines.length; i++) {
+      const line = lines[i]!;
+      const indent = /^[ \t]*/.exec(line)![0].length;
+      if (inString === undefined && line.trim() !== '' && typeBlock !== undefined && indent <= typeBlock) typeBlock = undefined;
+      const wasString = inString !== undefined;
+      for (const q of line.match(/"""|\'\'\'/g) ?? []) inString = inString === undefined ? q : inString === q ? undefined : inString;
+      if (wasString || line.trimStart().startsWith('"""') || line.trimStart().startsWith("\'\'\'")) continue;
+      if (/^[ \t]*if[ \t]+(typing\.)?TYPE_CHECKING[ \t]*:/.test(line)) { typeBlock = indent; continue; }
+      const typeOnly = typeBlock !== undefined;
+      const dynamic = indent > 0 && !typeOnly;
+      const add = (dotted: string): void => {
+        const to = moduleFile(dotted);
+        if (to && !edges.some((e) => e.to === to && e.line === i + 1)) edges.push({ from: key, to, typeOnly, dynamic, line: i + 1 });
+      };
+      let m = PY_FROM_RE.exec(line);
+      if (m) {
+        let names = m[3]!;
+        if (names.startsWith('(') && !names.includes(')')) {
+          for (let j = i + 1; j < lines.length && !names.includes(')'); j++) names += ` ${lines[j]}`;
+        }
+        const spec = m[2]!;
+        const dots = /^\.*/.exec(spec)![0].length;
+        const rest = spec.slice(dots);
+        let mod: string;
+        if (dots > 0) {
+          const up = pkg.slice(0, pkg.length - (dots - 1));
+          mod = [...up, ...(rest ? [rest] : [])].join('.');
+        } else if (rest === top || rest.startsWith(`${top}.`)) mod = rest;
+        else continue;
+        for (const n of names.replace(/[()]/g, '').split(',').map((x) => x.trim().split(/\s+/)[0]!).filter((x) => /^\w+$/.test(x))) {
+          if (moduleFile(`${mod}.${n}`)) add(`${mod}.${n}`);
+          else add(mod);
+        }
+        continue;
+      }
+      m = PY_IMPORT_RE.exec(line);
+      if (m) for (const n of m[2]!.split(',').map((x) => x.trim().split(/\s+/)[0]!)) if (n === top || n.startsWith(`${top}.`)) add(n);
+    }
+    graph.set(key, edges);
+  }
+  return graph;
+}
+
 /** Formats an edge for a message: `src/a.ts:12 -> src/b.ts (type-only)`. */
 export function describeEdge(e: ImportEdge): string {
-  const notes = [e.typeOnly ? 'type-only' : '', e.dynamic ? 'import()' : ''].filter(Boolean);
+  const py = e.from.endsWith('.py');
+  const notes = [e.typeOnly ? (py ? 'TYPE_CHECKING' : 'type-only') : '', e.dynamic ? (py ? 'function-level' : 'import()') : ''].filter(Boolean);
   return `${e.from}:${e.line} -> ${e.to}${notes.length ? ` (${notes.join(', ')})` : ''}`;
 }

@@ -34,8 +34,9 @@ import time
 
 import torch
 
-from cuda_ipc import Device, connect, ipc_mem_pool, legacy_cache_stats, listen, parent_link, share_tensors, tensor_set, update_in_place
-from cuda_ipc import copy_kernels
+from cuda_ipc import Device, connect, ipc_mem_pool, legacy_cache_stats, listen, parent_link, share_tensors, update_in_place
+from cuda_ipc.tensors import tensor_set_transfer as tensor_set
+from cuda_ipc.tensors import kernels as copy_kernels
 from cuda_ipc import driver as drv
 
 torch.manual_seed(0)

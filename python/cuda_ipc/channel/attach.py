@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 from ..errors import IpcError
 from ..host import HostBuffer
-from ..link.message_decoder import dispose_values
+from ..link.messages.message_decoder import dispose_values
 from ..memory import DeviceBuffer
 from .block import Block
 from .consumer import ChannelConsumer
@@ -25,7 +25,7 @@ from .producer import ChannelProducer
 from .waiter import WaitPolicy
 
 if TYPE_CHECKING:
-    from ..link.link import Link
+    from ..link.connection.link import Link
 
 PROTOCOL = "@cuda-ipc/channel"
 ATTACH_VERSION = 4

@@ -16,6 +16,7 @@ from ..memory import DeviceArray, DeviceBuffer
 from .endpoint import Endpoint, closed_error, cuda_array_interface, typed_view
 from .fences import Stream
 from .layout import H_PRODUCERS_DIED, META_BYTES, META_NONE
+from . import ring_recovery
 from .part import ChannelEnd
 from .slot_ring import TAKEN_BAD, TAKEN_DETACHED, Taken, corrupt
 from .._renamed import renamed_attribute
@@ -173,7 +174,7 @@ class ChannelConsumer(ChannelEnd):
         """Detached while taking (a recovery already ran for us): hand them back, then stop."""
         e = self._end
         for s in slots:
-            if not e.ring.return_taken(s):
+            if not ring_recovery.return_taken(e.ring, s):
                 warnings.warn(f"cuda_ipc channel: a message taken after this end was detached could not be handed back (slot {s})", RuntimeWarning, stacklevel=4)
         raise e.detached_error("receive")
 
@@ -227,7 +228,7 @@ class ChannelConsumer(ChannelEnd):
                 # batch, a meta that is not JSON may not): the ones after it go back to the channel
                 # (redelivered); the error comes now, or after the ones before it.
                 for later in got[i + 1:]:
-                    e.ring.return_taken(later[0])
+                    ring_recovery.return_taken(e.ring, later[0])
                 if not ms:
                     raise
                 self._end_error, self._deferred = err, True

@@ -13,13 +13,13 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from ..link.fds import close_fds
-from ..link.handlers import TransferEncoding, TransferHandler, register_transfer_handler
+from ..link.transport.fds import close_fds
+from ..link.messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from ..errors import IpcError
 
 if TYPE_CHECKING:
-    from ..link.lease import ReceivedLease
-    from ..link.link import Link
+    from ..link.lifetimes.lease import ReceivedLease
+    from ..link.connection.link import Link
 
 DOORBELLS_KIND = "channel-doorbells"
 

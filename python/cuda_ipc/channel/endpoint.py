@@ -21,7 +21,7 @@ from .recovery import Recoveries
 from .waiter import Waiter, WaitPolicy
 
 if TYPE_CHECKING:
-    from ..link.link import Link
+    from ..link.connection.link import Link
 
 
 def closed_error(what: str) -> IpcError:

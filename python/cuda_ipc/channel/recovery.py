@@ -16,6 +16,7 @@ import warnings
 from typing import TYPE_CHECKING, Any
 
 from ..errors import IpcError
+from . import ring_recovery
 from .layout import ST_ALIVE, ST_EMPTY
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class Recoveries:
 
     def recover(self, k: int, died: bool) -> None:
         try:
-            r = self.ring.leave(k, died, k in self.pending)
+            r = ring_recovery.leave(self.ring, k, died, k in self.pending)
         except IpcError as e:
             self.pending.pop(k, None)
             warnings.warn(f"cuda_ipc channel: could not recover participant {k}: {e}", RuntimeWarning, stacklevel=2)
@@ -129,7 +130,7 @@ class Recoveries:
             if self.ring.participant_generation(k) != generation:
                 continue  # the entry was handed out again
             if process_gone(pid):
-                self.ring.raise_fences_of(k, fences)
+                ring_recovery.raise_fences_of(self.ring, k, fences)
             elif now - since < FENCE_REPAIR_GIVE_UP:
                 r[4], r[5] = now + pause, min(pause * 2, 0.1)
                 keep.append(r)
@@ -155,7 +156,7 @@ class Recoveries:
                     if k == self.me or self.ring.participant_state(k) == ST_EMPTY:
                         continue
                     if k == 0 or self.ring.hub_local(k):
-                        self.ring.raise_fences_of(k, fences)
+                        ring_recovery.raise_fences_of(self.ring, k, fences)
             return
 
     def stop(self) -> None:
@@ -167,7 +168,7 @@ class Recoveries:
         deadline = time.monotonic() + RECOVERY_GIVE_UP
         resuming = False
         while True:
-            r = self.ring.leave(self.me, False, resuming)
+            r = ring_recovery.leave(self.ring, self.me, False, resuming)
             if r != "busy":
                 return
             resuming = True

@@ -14,19 +14,17 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from .layout import (
-    FLAG_REDELIVERED, GEN_MASK, GEN_SHIFT, H_CONSUMER_MASK, H_CONSUMERS_ATTACHED, H_CONSUMERS_DIED, H_CONSUMERS_LIVE, H_DATA_SEQ,
-    H_DATA_SLEEPERS, H_HEAD, H_LOCK, H_PRODUCERS_ATTACHED, H_PRODUCERS_DIED, H_PRODUCERS_LIVE, H_SPACE_SEQ,
-    H_SPACE_SLEEPERS, H_TAIL, KIND_FREE, KIND_PUBLISHED, KIND_TAKEN, KIND_WRITING, META_BYTES, META_NONE, P_CURSOR,
-    P_FLAGS, P_GENERATION, P_PID, P_ROLE, P_STATE, PFLAG_HUB_LOCAL, ROLE_CONSUMER, ROLE_PRODUCER, S_DELIVERIES,
-    S_HOLDERS, S_LAST_HOLDERS, S_LENGTH, S_META, S_POSITION, S_PUBLISHER,
-    S_RELEASE_TICKET, S_RELEASED_BY, S_STATE, S_TICKET, ST_ALIVE, ST_DEAD, ST_ENDED, ST_RECOVERING, Layout, gen_of,
-    slot_word,
+    FLAG_REDELIVERED, GEN_MASK, GEN_SHIFT, H_CONSUMERS_ATTACHED, H_CONSUMERS_DIED, H_CONSUMERS_LIVE,
+    H_CONSUMER_MASK, H_DATA_SEQ, H_DATA_SLEEPERS, H_HEAD, H_LOCK, H_PRODUCERS_ATTACHED, H_PRODUCERS_DIED,
+    H_PRODUCERS_LIVE, H_SPACE_SEQ, H_SPACE_SLEEPERS, H_TAIL, KIND_FREE, KIND_PUBLISHED, KIND_TAKEN, KIND_WRITING,
+    Layout, META_BYTES, META_NONE, PFLAG_HUB_LOCAL, P_CURSOR, P_FLAGS, P_GENERATION, P_PID, P_ROLE, P_STATE,
+    ST_ALIVE, S_DELIVERIES, S_HOLDERS, S_LAST_HOLDERS, S_LENGTH, S_META, S_POSITION, S_PUBLISHER, S_RELEASED_BY,
+    S_RELEASE_TICKET, S_STATE, S_TICKET, gen_of, slot_word,
 )
 from ..errors import IpcError
 
 if TYPE_CHECKING:
     from .doorbells import Doorbells
-    from .fences import Fences
     from .shared_words import SharedWords
 
 #: How long a publisher spins for the publish lock before retrying later (seconds).
@@ -496,115 +494,6 @@ class Ring:
     def participant_pid(self, k: int) -> int:
         return self.w.plain32(self.part_off(k) + P_PID)
 
-    # -- leaving and recovery ------------------------------------------------------------------
-
-    def leave(self, k: int, died: bool, resuming: bool = False) -> str:
-        """Takes participant k out of the channel (section 6): 'done', 'not-alive' or 'busy' (the
-        publish lock is held by a live publisher: call again later with ``resuming``)."""
-        w = self.w
-        po = self.part_off(k)
-        if not resuming and w.cas32(po + P_STATE, ST_ALIVE, ST_RECOVERING) != ST_ALIVE:
-            return "not-alive"
-        role = self.participant_role(k)
-        bit = 1 << k
-        # 1. The lock it died holding.
-        if w.load32(H_LOCK) == k + 1:
-            t = self._pos(H_TAIL, "tail")
-            for s in range(self.n):
-                so = self.slot_off(s)
-                word = w.load32(so + S_STATE)
-                if word & 0xFF == KIND_PUBLISHED and w.load64(so + S_POSITION) == t:
-                    w.store32(self.ring_off(t), s)
-                    w.store64(H_TAIL, t + 1)
-                    break
-            w.cas32(H_LOCK, k + 1, 0)
-        # 2. Its slots.
-        if self.l.broadcast:
-            if role == ROLE_CONSUMER:
-                if not self.spin_lock():
-                    return "busy"
-                try:
-                    w.and32(H_CONSUMER_MASK, ~bit)
-                finally:
-                    w.store32(H_LOCK, 0)
-        else:
-            w.and32(H_CONSUMER_MASK, ~bit)
-            if self._holds_taken(k):
-                if not self.spin_lock():
-                    return "busy"
-                try:
-                    self._redeliver_taken(k)
-                finally:
-                    w.store32(H_LOCK, 0)
-        for s in range(self.n):
-            so = self.slot_off(s)
-            word = w.load32(so + S_STATE)
-            kind = word & 0xFF
-            if kind == KIND_WRITING and (word >> 8) & 0xFF == k:
-                w.cas32(so + S_STATE, word, KIND_FREE)
-            elif self.l.broadcast and kind == KIND_PUBLISHED:
-                if w.load32(so + S_HOLDERS) & bit:
-                    self.release_held(s, k)
-                elif w.load32(so + S_HOLDERS) == 0:
-                    w.cas32(so + S_STATE, word, KIND_FREE)  # its last holder died mid-release
-        # 3. Sleeper bits and counters.
-        w.and32(H_DATA_SLEEPERS, ~bit)
-        w.and32(H_SPACE_SLEEPERS, ~bit)
-        if role == ROLE_PRODUCER:
-            w.add32(H_PRODUCERS_LIVE, -1)
-            if died:
-                w.add32(H_PRODUCERS_DIED, 1)
-        elif role == ROLE_CONSUMER:
-            w.add32(H_CONSUMERS_LIVE, -1)
-            if died:
-                w.add32(H_CONSUMERS_DIED, 1)
-        w.store32(po + P_STATE, ST_DEAD if died else ST_ENDED)
-        # 4.
-        self.wake_everyone()
-        return "done"
-
-    def return_taken(self, s: int) -> bool:
-        """Work sharing: publishes slot ``s``, which this participant took, again (flagged
-        redelivered). False when the lock stayed busy for 50 ms."""
-        deadline = time.perf_counter() + 0.05
-        while not self.spin_lock():
-            if time.perf_counter() > deadline:
-                return False
-        try:
-            self._redeliver_taken(self.me, s)
-        finally:
-            self.w.store32(H_LOCK, 0)
-        self.signal_data()
-        return True
-
-    def _holds_taken(self, k: int) -> bool:
-        w = self.w
-        for s in range(self.n):
-            word = w.load32(self.slot_off(s) + S_STATE)
-            if word & 0xFF == KIND_TAKEN and (word >> 8) & 0xFF == k:
-                return True
-        return False
-
-    def _redeliver_taken(self, k: int, only: int = -1) -> None:
-        w = self.w
-        for s in range(self.n):
-            if only >= 0 and s != only:
-                continue
-            so = self.slot_off(s)
-            word = w.load32(so + S_STATE)
-            if word & 0xFF != KIND_TAKEN or (word >> 8) & 0xFF != k:
-                continue
-            pos = w.load64(so + S_POSITION)
-            if pos >= 0:
-                w.cas64(H_HEAD, pos, pos + 1)  # it took it but had not advanced head
-            t = self._pos(H_TAIL, "tail")
-            w.store64(so + S_POSITION, t)
-            publisher = w.plain32(so + S_PUBLISHER) & 0xFF
-            if w.cas32(so + S_STATE, word, slot_word(KIND_PUBLISHED, publisher, FLAG_REDELIVERED | gen_of(t))) != word:
-                continue
-            w.store32(self.ring_off(t), s)
-            w.store64(H_TAIL, t + 1)
-
     def stats(self) -> dict[str, Any]:
         """Slot states and membership, read now."""
         c = self.counter
@@ -614,22 +503,6 @@ class Ring:
             "consumers": {"attached": c(H_CONSUMERS_ATTACHED), "live": c(H_CONSUMERS_LIVE), "died": c(H_CONSUMERS_DIED)},
             "published": self.w.load64(H_TAIL),
         }
-
-    def raise_fences_of(self, k: int, fences: Fences) -> None:
-        """Device slots, participant ``k``'s process is gone: raises the fences its queued GPU work would
-        have raised (its releases of every slot, its publishes of the messages it published)."""
-        w, l = self.w, self.l
-        for s in range(l.slot_count):
-            so = self.slot_off(s)
-            before = w.load32(so + S_STATE)
-            ticket = w.plain32(so + S_TICKET)
-            if ticket == 0:
-                continue
-            fences.raise_(l.release_fence(s, k), ticket)
-            kind = before & 0xFF
-            if kind in (KIND_PUBLISHED, KIND_TAKEN) and w.plain32(so + S_PUBLISHER) == k and \
-                    w.load32(so + S_STATE) == before and w.plain32(so + S_TICKET) == ticket:
-                fences.raise_(l.publish_fence(s), ticket)
 
     def slot_counts(self) -> dict[str, int]:
         c = {"free": 0, "writing": 0, "published": 0, "taken": 0}

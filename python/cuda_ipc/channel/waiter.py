@@ -20,7 +20,7 @@ from .doorbells import eventfd_read, eventfd_write
 from .layout import H_DATA_SEQ, H_DATA_SLEEPERS, H_SPACE_SEQ, H_SPACE_SLEEPERS
 
 if TYPE_CHECKING:
-    from ..link.link import Link
+    from ..link.connection.link import Link
     from .slot_ring import Ring
     from .shared_words import SharedWords
 

@@ -1,7 +1,7 @@
 """GPU memory shared with other processes: what this process receives (src/ipc, src/cuda/buffer.ts)
 and what it shares. Received device memory is a ``DeviceBuffer`` (``__cuda_array_interface__`` and
 DLPack, mapped on first use); a tensor or array put in a message is shared zero-copy (``share``). How
-they travel over links: link/device_transfers.py.
+they travel over links: link/transfers/device_transfers.py.
 
 The modules, by role: buffer (DeviceBuffer, DeviceArray), pool (pool imports, ImportedPool), legacy
 (legacy-handle imports), event (IpcEvent), cache (the cache of mappings, and what this process

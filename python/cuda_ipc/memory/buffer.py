@@ -27,7 +27,7 @@ from .pool_interop import CudaCoreImport, _cuda_core, ipc_buffer_descriptor
 from .._renamed import renamed_attribute
 
 if TYPE_CHECKING:
-    from ..link.lease import ReceivedLease
+    from ..link.lifetimes.lease import ReceivedLease
 
 
 class _Origin:

@@ -12,7 +12,7 @@ from ..errors import IpcError
 from ..resource import Resource
 
 if TYPE_CHECKING:
-    from ..link.lease import ReceivedLease
+    from ..link.lifetimes.lease import ReceivedLease
 
 
 class IpcEvent(Resource):

@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Union
 
 from .. import driver as drv
 from ..descriptor import ArrayMeta, dtype_name
-from ..tensor_wire import torch_contiguous
+from ..tensors.wire import torch_contiguous
 from ..errors import CudaError, IpcError
 from . import cache
 from .buffer import DeviceArray, DeviceBuffer

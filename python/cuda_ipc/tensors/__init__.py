@@ -1,1 +1,1 @@
-"""Named tensors: tensor sets, in-place updates, sharded weights (cuda_ipc.tensors.sharded)."""
+"""Named tensors over links (src/tensors/): tensor sets, in-place updates, sharded weights (cuda_ipc.tensors.sharded)."""

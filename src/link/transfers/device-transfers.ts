@@ -18,12 +18,12 @@ import { forgetLegacyAllocation, legacyTransferBytes, openLegacyDescriptor } fro
 import { encodeDescriptor, decodeDescriptor } from '../../ipc/descriptor.js';
 import { deviceUuidFromBytes } from '../../ipc/device-uuid.js';
 import { IpcError } from '../../errors.js';
-import { readU64, writeU64 } from '../frame.js';
+import { readU64, writeU64 } from '../transport/frame.js';
 import { registerTransferHandler, type TransferEncoding } from './transfer.js';
-import { linkWorkingDevice } from '../working-device.js';
-import type { Link } from '../link.js';
-import type { LeaseHold, ReceivedLease } from '../lease.js';
-import { announceGone, registerGoneHandler } from '../gone.js';
+import { linkWorkingDevice } from '../connection/working-device.js';
+import type { Link } from '../connection/link.js';
+import type { LeaseHold, ReceivedLease } from '../lifetimes/lease.js';
+import { announceGone, registerGoneHandler } from '../lifetimes/gone.js';
 
 // Pool reference, shared by pool and pool-buffer messages (little-endian, zero padding):
 //   0  16  pool id

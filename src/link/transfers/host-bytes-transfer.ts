@@ -9,7 +9,7 @@
 import { IpcError } from '../../errors.js';
 import { HostBuffer } from '../../host/host-buffer.js';
 import { countTraffic, type TrafficLink } from '../../observe/hooks.js';
-import { readU64, writeU64 } from '../frame.js';
+import { readU64, writeU64 } from '../transport/frame.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 
 const LENGTH_BYTES = 8;

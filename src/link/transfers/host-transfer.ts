@@ -4,7 +4,7 @@
 // view of what it got is closed (the lease ends), or the link closes.
 import { IpcError } from '../../errors.js';
 import { addon } from '../../native/addon.js';
-import { readU64, writeU64 } from '../frame.js';
+import { readU64, writeU64 } from '../transport/frame.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 import { HostBuffer, describeHostBuffer, leaseHostBuffer, whenHostBufferReleased } from '../../host/host-buffer.js';
 

@@ -8,10 +8,10 @@ import { DeviceBuffer } from '../../cuda/buffer.js';
 import { IpcError } from '../../errors.js';
 import { DeviceArray } from '../../arrays/device-array.js';
 import { countTraffic, type TrafficLink } from '../../observe/hooks.js';
-import { DeferredValue } from './handlers.js';
-import type { Link } from '../link.js';
-import { beginOutgoing, incomingComm, ncclEncoding, type LinkComm } from '../nccl-comms.js';
-import { decodeNcclBuffer, encodeNcclBuffer, NCCL_BUFFER_KIND } from '../nccl-records.js';
+import { DeferredValue } from '../messages/handlers.js';
+import type { Link } from '../connection/link.js';
+import { beginOutgoing, incomingComm, ncclEncoding, type LinkComm } from '../nccl/nccl-comms.js';
+import { decodeNcclBuffer, encodeNcclBuffer, NCCL_BUFFER_KIND } from '../messages/nccl-records.js';
 import { registerTransferHandler, type TransferHandler } from './transfer.js';
 
 type DeviceValue = DeviceBuffer | DeviceArray;

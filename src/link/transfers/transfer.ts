@@ -2,10 +2,10 @@
 // IPC pools and events) travel inside link messages. A handler turns a value into bytes plus fds
 // on the sending side and rebuilds it on the receiving side. The registry itself is handlers.ts,
 // below link.ts; this file gives it the public types, which name the Link a handler works for.
-import type { Link } from '../link.js';
-import type { ReceivedLease } from '../lease.js';
-import { addHandler, removeHandler, type TransferEncoding } from './handlers.js';
-import type { LinkTransportKind } from '../frame-transport.js';
+import type { Link } from '../connection/link.js';
+import type { ReceivedLease } from '../lifetimes/lease.js';
+import { addHandler, removeHandler, type TransferEncoding } from '../messages/handlers.js';
+import type { LinkTransportKind } from '../transport/frame-transport.js';
 
 export type { TransferEncoding, LinkTransportKind };
 

@@ -1,0 +1,1 @@
+"""Connect: spawn, listen, connect (src/link/connect/)."""

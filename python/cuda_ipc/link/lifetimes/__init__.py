@@ -1,0 +1,1 @@
+"""Lifetimes: leases and GONE notices (src/link/lifetimes/)."""

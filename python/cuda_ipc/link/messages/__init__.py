@@ -1,0 +1,1 @@
+"""Messages: encoding and decoding, transfer handlers, NCCL records and aborts (src/link/messages/)."""

@@ -1,0 +1,1 @@
+"""NCCL: the communicators of TCP links, the order of their transfers, fanout (src/link/nccl/)."""

@@ -1,0 +1,1 @@
+"""Transfers: the handlers of host and device memory (src/link/transfers/)."""
