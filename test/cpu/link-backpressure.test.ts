@@ -236,7 +236,9 @@ test('flush() waits for the queue to empty, and gives up on timeout or abort', a
 
 test('link options are checked like Node checks options: TypeError / RangeError with codes', async () => {
   const { spawn } = await import('../../src/link/connect/spawn.js');
-  await assert.rejects(spawn('x.js', [], { sendQueue: { messages: 0 } }), (e: unknown) => e instanceof RangeError && (e as { code?: string }).code === 'ERR_OUT_OF_RANGE');
-  await assert.rejects(spawn('x.js', [], { maxMessageBytes: '1' as unknown as number }), (e: unknown) => e instanceof TypeError && (e as { code?: string }).code === 'ERR_INVALID_ARG_TYPE');
-  await assert.rejects(spawn('x.js', [], { leases: 5 as never }), (e: unknown) => e instanceof TypeError && (e as { code?: string }).code === 'ERR_INVALID_ARG_TYPE');
+  // An existing module: a missing one is refused first (spawn-args.test.ts); nothing starts either way.
+  const child = new URL('../fixtures/idle-child.js', import.meta.url);
+  await assert.rejects(spawn(child, [], { sendQueue: { messages: 0 } }), (e: unknown) => e instanceof RangeError && (e as { code?: string }).code === 'ERR_OUT_OF_RANGE');
+  await assert.rejects(spawn(child, [], { maxMessageBytes: '1' as unknown as number }), (e: unknown) => e instanceof TypeError && (e as { code?: string }).code === 'ERR_INVALID_ARG_TYPE');
+  await assert.rejects(spawn(child, [], { leases: 5 as never }), (e: unknown) => e instanceof TypeError && (e as { code?: string }).code === 'ERR_INVALID_ARG_TYPE');
 });
