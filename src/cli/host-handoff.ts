@@ -127,22 +127,33 @@ export function processGone(pid: number): boolean {
 }
 
 /**
- * The link to the producer of `d`. The producer listens before it writes FILE, so a socket that is
- * missing or stale (nobody listens: a producer that was killed) will not come back: that ends the
- * wait at once with its cause. Only a listener too busy to accept now is waited for, until the deadline.
+ * The link to the producer of `d`. The producer listens before it writes FILE, so the socket of a
+ * producer whose process is gone (killed) will not come back: one try says why (a stale socket, or
+ * none) and ends the wait at once. A producer that runs is waited for until the deadline, and the
+ * wait ends at once if its process ends meanwhile. (A try with timeout 0 is no probe of a live
+ * producer: it may be accepted, then abandoned, and the producer would serve that dead link.)
  */
 async function reachProducer(d: HostDescriptor, file: string, deadline: Deadline): Promise<Link<Handoff, Ack>> {
   const what = `could not reach the producer (pid ${d.pid}) on its link '${d.link}'`;
-  try {
-    return await connect<Handoff, Ack>(d.link, { timeout: 0 });
-  } catch (e) {
-    if ((e as { code?: string }).code === 'ERR_NO_LISTENER') {
-      const gone = processGone(d.pid) ? ` (no process ${d.pid} runs now)` : '';
-      throw new IpcError('ERR_NO_LISTENER', `${what}: ${(e as Error).message}. ${file} was left by a producer that ended without removing it${gone}: remove it and start \`cuda-ipc produce --out ${file}\` again`, { cause: e });
+  const left = `${file} was left by a producer that ended without removing it (no process ${d.pid} runs now): remove it and start \`cuda-ipc produce --out ${file}\` again`;
+  if (processGone(d.pid)) {
+    try {
+      return await connect<Handoff, Ack>(d.link, { timeout: 0 });
+    } catch (e) {
+      if ((e as { code?: string }).code === 'ERR_NO_LISTENER') throw new IpcError('ERR_NO_LISTENER', `${what}: ${(e as Error).message}. ${left}`, { cause: e });
+      throw e;
     }
-    if ((e as { code?: string }).code !== 'ERR_LISTENER_BUSY' && (e as { code?: string }).code !== 'ERR_TIMEOUT') throw e;
   }
-  return within(deadline, what, (timeout) => connect<Handoff, Ack>(d.link, { timeout }));
+  const gone = new AbortController();
+  const watch = setInterval(() => { if (processGone(d.pid)) gone.abort(); }, 200);
+  try {
+    return await within(deadline, what, (timeout) => connect<Handoff, Ack>(d.link, { timeout, signal: gone.signal }));
+  } catch (e) {
+    if (gone.signal.aborted) throw new IpcError('ERR_NO_LISTENER', `${what}: its process ended while this consumer waited. ${left}`, { cause: e });
+    throw e;
+  } finally {
+    clearInterval(watch);
+  }
 }
 
 export async function consumeOnHost(value: { memory: 'host' }, file: string, deadline: Deadline): Promise<number> {
