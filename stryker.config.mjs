@@ -1,0 +1,81 @@
+// StrykerJS over the modules that hold bounds and checks (issue 41), one group at a time: each
+// group's modules are mutated against only the test files that cover them, so that a run fits two
+// shared cores. `npm run test:mutation` (scripts/mutation.mjs) runs every group, or the ones named:
+// `npm run test:mutation -- ring frames`. docs/MUTATION.md has the scores and the survivors.
+//
+// Stryker copies the repository into .stryker-tmp/, inserts every mutant at once (switched by an
+// environment variable), compiles it with tsc and runs the compiled tests with its TAP runner
+// (node:test prints TAP when its output is not a terminal). Child processes that the tests spawn
+// inherit the variable, so a mutant is live in them too.
+
+/** Group name -> the modules (or line ranges of them) and the compiled tests that cover them. */
+export const groups = {
+  // The ring's corruption checks: positions, ring entries, slot records, releasers.
+  ring: {
+    mutate: [
+      'src/channel/slot-ring.ts:40-42',  // corrupt()
+      'src/channel/slot-ring.ts:85-89',  // #pos
+      'src/channel/slot-ring.ts:261-272',  // take(): the tail/head window and the ring entry
+      'src/channel/slot-ring.ts:296-308',  // peekAt()
+      'src/channel/consumer.ts:201-216',  // #message(): length and meta bounds
+      'src/channel/producer.ts:326-328',  // #slotWaits(): the releaser's index
+    ],
+    tests: ['channel-ring', 'channel-corrupt', 'channel-layout'],
+  },
+  frames: {
+    mutate: ['src/link/frame.ts', 'src/link/frame-dispatch.ts'],
+    tests: ['link-frame', 'link-fuzz', 'link-ring', 'link-gone', 'link-large'],
+  },
+  decoder: {
+    mutate: ['src/link/message-decoder.ts'],
+    tests: ['link-frame', 'link-fuzz', 'link-large'],
+  },
+  'safe-files': {
+    mutate: ['src/safe-files.ts'],
+    tests: ['safe-files', 'security-files'],
+  },
+  nccl: {
+    mutate: ['src/link/nccl-records.ts', 'src/tensors/nccl-wire.ts'],
+    tests: ['nccl-records'],
+  },
+  listener: {
+    mutate: ['src/link/listener.ts'],
+    tests: ['link-listen', 'link-limits', 'link-uid', 'security-links'],
+  },
+  tcp: {
+    mutate: ['src/link/tcp-auth.ts', 'src/link/tcp-listener.ts'],
+    tests: ['link-tcp', 'link-tcp-hostile', 'link-tcp-crash'],
+  },
+};
+
+const name = process.env.CUDA_IPC_MUTATION_GROUP ?? 'nccl';
+const group = groups[name];
+if (!group) throw new Error(`stryker.config.mjs: no mutation group "${name}" (one of ${Object.keys(groups).join(', ')})`);
+
+/** @type {import('@stryker-mutator/api/core').PartialStrykerOptions} */
+export default {
+  testRunner: 'tap',
+  plugins: ['@stryker-mutator/tap-runner'],
+  mutate: group.mutate,
+  tap: {
+    testFiles: group.tests.map((t) => `dist/test/cpu/${t}.test.js`),
+    nodeArgs: ['--test-reporter=tap', '--test-force-exit'],
+  },
+  // The sandbox compiles the mutated sources itself; the checked-in dist/ is not copied.
+  ignorePatterns: ['dist', 'prebuilds', '.gpu', '.whl', '*.tgz'],
+  buildCommand: 'npx tsc -p tsconfig.json',
+  // Per test file: a mutant runs only the files whose run reached it.
+  coverageAnalysis: 'perTest',
+  concurrency: Number(process.env.CUDA_IPC_MUTATION_CONCURRENCY ?? 2),
+  // Tests of sockets and processes vary under load: a generous margin before a mutant is called
+  // a timeout (which counts as detected).
+  timeoutMS: 30_000,
+  timeoutFactor: 3,
+  tempDirName: '.stryker-tmp',
+  cleanTempDir: true,
+  reporters: ['clear-text', 'json', 'progress-append-only'],
+  jsonReporter: { fileName: `reports/mutation/${name}.json` },
+  clearTextReporter: { allowColor: false, logTests: false, reportMutants: true, reportScoreTable: true },
+  thresholds: { high: 90, low: 80, break: null },
+  disableTypeChecks: true,
+};
