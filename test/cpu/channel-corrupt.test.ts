@@ -79,6 +79,24 @@ test('broadcast: more messages ahead of a consumer than the ring holds is ERR_CH
   hub.w.store64(H.tail, SLOTS + 1);
   assert.throws(() => consumer().peekAt(0), corrupt(new RegExp(`${SLOTS + 1} messages ahead of a consumer in a ring of ${SLOTS} slots`)));
   assert.equal(consumer().peekAt(SLOTS + 1), -1, 'a cursor at the tail sees nothing, whatever lies behind it');
+  // Counted from the cursor, not from 0: a ringful ahead of cursor 2 is fine, one more is not.
+  hub.w.store64(H.tail, 2 + SLOTS);
+  assert.equal(consumer().peekAt(2), -2, 'position 2 was never published: skipped, not refused');
+  hub.w.store64(H.tail, 3 + SLOTS);
+  assert.throws(() => consumer().peekAt(2), corrupt(new RegExp(`\\(${SLOTS + 1} messages ahead of a consumer in a ring of ${SLOTS} slots\\)`)));
+  close();
+});
+
+test('broadcast: a ring entry naming a slot published at another position is skipped, not delivered', () => {
+  const { hub, consumer, publish, close } = block(true);
+  const a = publish(), b = publish();
+  assert.equal(consumer().peekAt(0), a);
+  assert.equal(consumer().peekAt(1), b);
+  hub.w.store32(hub.ringOff(0), b);  // b is held for this consumer, but at position 1
+  assert.equal(consumer().peekAt(0), -2);
+  hub.w.store32(hub.ringOff(0), a);
+  hub.w.store32(hub.slotOff(a) + S.holders, 0);  // at position 0, but not held for it
+  assert.equal(consumer().peekAt(0), -2);
   close();
 });
 
@@ -109,6 +127,11 @@ test('work sharing: a ring entry naming a slot past the ring, or more than a rin
   hub.w.store32(hub.ringOff(0), s);
   hub.w.store64(H.tail, SLOTS + 1);
   assert.throws(() => consumer().take(), corrupt(new RegExp(`${SLOTS + 1} messages in a ring of ${SLOTS} slots`)));
+  // Counted from head: with head at 1, tail 2 + SLOTS is one past a ringful.
+  hub.w.store64(H.head, 1);
+  hub.w.store64(H.tail, 2 + SLOTS);
+  assert.throws(() => consumer().take(), corrupt(new RegExp(`\\(${SLOTS + 1} messages in a ring of ${SLOTS} slots\\)`)));
+  hub.w.store64(H.head, 0);
   // A ringful is not corrupt: the message at position 0 is taken, the others (never published)
   // are passed over.
   hub.w.store64(H.tail, SLOTS);

@@ -82,6 +82,9 @@ test('nccl-tensor-set: its header, counts and table at their bounds', () => {
   assert.deepEqual(r.layout.names, ['x']);
   const at = HEAD;
   assert.throws(() => decodeNcclTensorSet(good.subarray(0, at + SET_HEADER - 1)), invalid(/215 bytes is shorter than its head and header/));
+  // Exactly a head and header (an empty table) passes the length check and fails on the table.
+  const bare = changed(good.subarray(0, at + SET_HEADER), (_, v) => v.setUint32(at + 12, 0, true));
+  assert.throws(() => decodeNcclTensorSet(bare), (e: unknown) => (e as { code?: string }).code === 'ERR_FRAME_INVALID' && !/shorter than its head/.test((e as Error).message));
   assert.throws(() => decodeNcclTensorSet(changed(good, (b) => { b[at] ^= 1; })), invalid(/bad magic/));
   assert.throws(() => decodeNcclTensorSet(changed(good, (_, v) => v.setUint16(at + 4, 2, true))), invalid(/version 2, this build reads 1/));
   for (const off of [6, 7, 32, 47]) {
