@@ -10,19 +10,20 @@ import { fileURLToPath } from 'node:url';
 const root = join(dirname(fileURLToPath(import.meta.url)), '..');
 const C8 = join(root, 'node_modules', 'c8', 'bin', 'c8.js');
 
-/** Module -> the least percentage of its lines a whole run of the suite must cover. */
+/** Module -> the least percentage of its lines a whole run of the suite must cover: a few points
+ * under what the tests that cover each module reached on their own (measured on 2026-11-28). */
 export const FLOORS = {
-  'src/link/tcp-auth.ts': 85,
+  'src/link/tcp-auth.ts': 90,
   'src/link/tcp-listener.ts': 85,
   'src/link/listener.ts': 85,
-  'src/link/frame.ts': 85,
-  'src/link/frame-dispatch.ts': 85,
-  'src/link/message-decoder.ts': 85,
-  'src/safe-files.ts': 85,
+  'src/link/frame.ts': 95,
+  'src/link/frame-dispatch.ts': 75,
+  'src/link/message-decoder.ts': 90,
+  'src/safe-files.ts': 90,
   'src/channel/slot-ring.ts': 85,
-  'src/channel/consumer.ts': 85,
-  'src/link/nccl-records.ts': 85,
-  'src/tensors/nccl-wire.ts': 85,
+  'src/channel/consumer.ts': 80,
+  'src/link/nccl-records.ts': 95,
+  'src/tensors/nccl-wire.ts': 95,
 };
 
 /** Why coverage cannot be measured here, or undefined. */
@@ -51,7 +52,9 @@ export function reportCoverage(tempDir, enforce) {
   let ok = true;
   console.log('coverage of the modules with a floor (lines, branches, functions):');
   for (const [module, floor] of Object.entries(FLOORS)) {
-    const s = byModule.get(module);
+    // A module moved to another folder (same file name, the only one) is still found.
+    const moved = [...byModule.keys()].filter((k) => k.endsWith(`/${module.split('/').pop()}`));
+    const s = byModule.get(module) ?? (moved.length === 1 ? byModule.get(moved[0]) : undefined);
     const pct = s ? s.lines.pct : 0;
     const under = pct < floor;
     if (under) ok = false;

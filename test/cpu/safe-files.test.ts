@@ -80,6 +80,19 @@ test('readRegularFile: a file that grows past maxBytes while read is refused; on
   assert.throws(() => readRegularFile('/proc/self/cmdline', { maxBytes: cmdline.byteLength - 1, what: 'cmdline' }),
     unsafe(new RegExp(`grew past ${cmdline.byteLength - 1} bytes while it was read`)));
   assert.throws(() => readRegularFile('/proc/self/cmdline', { maxBytes: 0, what: 'cmdline' }), unsafe(/grew past 0 bytes/));
+  // A file that fills its growing buffer exactly at maxBytes is within the bound: a child whose
+  // /proc/self/cmdline is 512 bytes (buffers 1, 2, ... 512) reads it with a bound of 512, not 511.
+  const moduleUrl = new URL('../../src/safe-files.js', import.meta.url).href;
+  const script = 'import(process.argv[1]).then((m) => { try { console.log(m.readRegularFile("/proc/self/cmdline", { maxBytes: +process.argv[2], what: "x" }).bytes.length); } catch (e) { console.log(e.code); } })';
+  const child = (maxBytes: number) => {
+    const fixed = [process.execPath, '-e', script, moduleUrl, String(maxBytes), ''].reduce((n, a) => n + Buffer.byteLength(a) + 1, 0);
+    return execFileSync(process.execPath, ['-e', script, moduleUrl, String(maxBytes), 'x'.repeat(512 - fixed)], { encoding: 'utf8' }).trim();
+  };
+  assert.equal(child(512), '512');
+  assert.equal(child(511), 'ERR_FILE_UNSAFE');
+  // The buffer follows the file, not the bound: a bound of 2^53 allocates nothing near it.
+  assert.deepEqual(readRegularFile('/proc/self/cmdline', { maxBytes: Number.MAX_SAFE_INTEGER, what: 'cmdline' }).bytes, cmdline);
+  assert.equal(readRegularFile(new URL(import.meta.url).pathname, { maxBytes: Number.MAX_SAFE_INTEGER, what: 'x' }).stats.isFile(), true);
 });
 
 test('the promise API: bounds, growth and refusals', async () => {
