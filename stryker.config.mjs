@@ -74,7 +74,7 @@ export default {
   // a timeout (which counts as detected).
   timeoutMS: 30_000,
   timeoutFactor: 3,
-  tempDirName: '.stryker-tmp',
+  tempDirName: process.env.CUDA_IPC_MUTATION_TMP ?? '.stryker-tmp',
   cleanTempDir: true,
   reporters: ['clear-text', 'json', 'progress-append-only'],
   jsonReporter: { fileName: `reports/mutation/${name}.json` },
