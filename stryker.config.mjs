@@ -23,7 +23,11 @@ export const groups = {
     tests: ['channel-ring', 'channel-corrupt', 'channel-layout'],
   },
   frames: {
-    mutate: ['src/link/frame.ts', 'src/link/frame-dispatch.ts'],
+    mutate: ['src/link/frame.ts'],
+    tests: ['link-frame', 'link-fuzz', 'link-large'],
+  },
+  'frame-dispatch': {
+    mutate: ['src/link/frame-dispatch.ts'],
     // link-ring and link-gone reach these too, but add little and a run per mutant.
     tests: ['link-frame', 'link-fuzz', 'link-large'],
   },

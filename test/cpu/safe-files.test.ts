@@ -4,7 +4,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { closeSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
+import { chownSync, closeSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -191,5 +191,21 @@ test('openDirectory refuses a symlink unless told to follow; inDirectory names a
     }
   } finally {
     await done();
+  }
+});
+
+const root = process.getuid?.() === 0;
+test('removeIfSame without an identity leaves a regular file of another user', { skip: root ? undefined : 'needs root, to give a file to another uid' }, () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-safe-files-'));
+  try {
+    const theirs = join(dir, 'theirs');
+    writeFileSync(theirs, '');
+    chownSync(theirs, 65534, 65534);
+    assert.equal(removeIfSame(theirs, undefined), false);
+    assert.ok(statSync(theirs).isFile(), 'still there');
+    assert.equal(describeEntry(theirs), 'a file of uid 65534');
+    assert.equal(removeIfSame(theirs, identityOf(statSync(theirs))), true, 'with its identity it is removed');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
   }
 });
