@@ -8,16 +8,30 @@
 // (node:test prints TAP when its output is not a terminal). Child processes that the tests spawn
 // inherit the variable, so a mutant is live in them too.
 
+import { readFileSync } from 'node:fs';
+
+/** `file:first-last`: the lines from the first holding `from` to the next holding `to`, found by
+ * their text so that edits elsewhere in the file do not move the range. */
+function lines(file, from, to) {
+  const text = readFileSync(new URL(file, import.meta.url), 'utf8').split('\n');
+  const first = text.findIndex((l) => l.includes(from));
+  const last = first < 0 ? -1 : text.findIndex((l, i) => i >= first && l.includes(to));
+  if (last < 0) throw new Error(`stryker.config.mjs: ${file} has no line holding ${JSON.stringify(first < 0 ? from : to)}; update the range`);
+  return `${file}:${first + 1}-${last + 1}`;
+}
+
 /** Group name -> the modules (or line ranges of them) and the compiled tests that cover them. */
 export const groups = {
   // The ring's corruption checks: positions, ring entries, slot records, releasers.
   ring: {
     mutate: [
-      'src/channel/slot-ring.ts:40-42',  // corrupt()
-      'src/channel/slot-ring.ts:85-89',  // #pos
-      'src/channel/slot-ring.ts:261-272',  // take(): the tail/head window and the ring entry
-      'src/channel/slot-ring.ts:296-308',  // peekAt()
-      'src/channel/consumer.ts:201-216',  // #message(): length and meta bounds
+      lines('src/channel/slot-ring.ts', 'export function corrupt(', '}'),
+      lines('src/channel/slot-ring.ts', '#pos(off: number', 'return v;'),
+      // take(): the tail/head window and the ring entry (not its compare-and-swap protocol).
+      lines('src/channel/slot-ring.ts', "let h = this.#pos(H.head, 'head');", 'if (s >= this.n) throw corrupt('),
+      lines('src/channel/slot-ring.ts', 'peekAt(cursor: number): number {', 'return s;'),
+      // #message(): the length and meta bounds of a slot record.
+      lines('src/channel/consumer.ts', '#message(s: number, position: number)', "throw corrupt(`message in slot ${s}: its meta is not JSON`)"),
       // (producer.ts's check of the releaser's index runs only with device slots: GPU tests.)
     ],
     tests: ['channel-ring', 'channel-corrupt', 'channel-layout'],
@@ -25,7 +39,10 @@ export const groups = {
   // frame.ts's checks: parseHeader, readU64, readGoneEntries, readReleaseIds (its encoders and
   // constants left out: a mutant there breaks every round trip, and the run would take hours).
   frames: {
-    mutate: ['src/link/frame.ts:135-213', 'src/link/frame.ts:290-327'],
+    mutate: [
+      lines('src/link/frame.ts', 'export function parseHeader(', 'return high >= 0x20_0000'),
+      lines('src/link/frame.ts', 'export function readGoneEntries(', 'return ids;'),
+    ],
     tests: ['frame-bounds', 'link-frame', 'link-fuzz', 'link-large'],
   },
   'frame-dispatch': {
