@@ -95,6 +95,7 @@ test('control frames: HELLO, GOODBYE, RING_START, REFUSE, RELEASE and GONE at th
   assert.equal(parse(release(MAX_RELEASE_IDS)).payloadLength, 8 + 8 * MAX_RELEASE_IDS, 'the most ids a frame holds');
   refused(release(MAX_RELEASE_IDS + 1), new RegExp(`announcing ${MAX_RELEASE_IDS + 1} ids`));
   refused(release(0), /RELEASE of 8 bytes announcing 0 ids/);
+  refused(release(1, 0), /RELEASE of 8 bytes announcing 1 ids/, 0);
   refused(release(1, 2), /RELEASE of 24 bytes announcing 1 ids/);
   refused(release(2, 1), /RELEASE of 16 bytes announcing 2 ids/);
   refused(with32(frame(FrameType.Release, 0, 7), HEADER_BYTES, 1), /RELEASE of 7 bytes announcing 0 ids/, 0);
@@ -133,6 +134,8 @@ test('GONE entries: kind and key lengths, printable kinds, counts and stray byte
   assert.throws(() => entries(cut.subarray(0, cut.byteLength - 1)), invalid(/bad GONE entry kind/));
   assert.equal(entries(cut).length, 1, 'kind, then a 2-byte key length ending exactly at the end');
   assert.throws(() => entries(goneFrame([{ kind: [a], key: 0 }], 0, 2)), invalid(/truncated GONE entry/));
+  // One byte left for the second entry: its kind length (0) is read, and refused as a kind.
+  assert.throws(() => entries(goneFrame([{ kind: [a], key: 0 }], 1, 2)), invalid(/bad GONE entry kind/));
   assert.throws(() => entries(goneFrame([{ kind: [a], key: 0 }], 1)), invalid(/1 stray bytes after the GONE entries/));
   const n = goneFrame([{ kind: [a], key: 0 }]).byteLength - HEADER_BYTES;  // 12
   assert.throws(() => entries(goneFrame([{ kind: [a], key: 0 }], 0, n + 1)), invalid(new RegExp(`GONE announcing ${n + 1} entries in ${n} bytes`)));
