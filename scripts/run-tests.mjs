@@ -7,8 +7,14 @@ import { dirname, join, relative } from 'node:path';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 
+import { coverageUnavailable, reportCoverage } from './coverage.mjs';
+
+const OWN_FLAGS = ['--coverage', '--no-coverage'];
 const roots = process.argv.slice(2).filter((a) => !a.startsWith('-'));
-const flags = process.argv.slice(2).filter((a) => a.startsWith('-'));
+const flags = process.argv.slice(2).filter((a) => a.startsWith('-') && !OWN_FLAGS.includes(a));
+// Coverage (scripts/coverage.mjs) for a whole run, or when asked; its floors only for a whole run.
+const wholeRun = roots.length === 0;
+const wantCoverage = process.argv.includes('--coverage') || (wholeRun && !process.argv.includes('--no-coverage'));
 const files = [];
 function walk(dir) {
   for (const name of readdirSync(dir).sort()) {
@@ -28,7 +34,10 @@ if (files.length === 0) {
 // Node's summary says "skipped N" counting tests only: a suite skipped where there is no GPU
 // (and the tests in it, which never run) is not in it. A second reporter records every skip, and
 // the run ends with an honest count and the reasons.
-const skipLog = join(mkdtempSync(join(tmpdir(), 'cuda-ipc-tests-')), 'skips.jsonl');
+const work = mkdtempSync(join(tmpdir(), 'cuda-ipc-tests-'));
+const skipLog = join(work, 'skips.jsonl');
+const noCoverage = wantCoverage ? coverageUnavailable() : undefined;
+const coverageDir = wantCoverage && !noCoverage ? join(work, 'coverage') : undefined;
 const reporters = flags.some((f) => f.startsWith('--test-reporter')) ? [] : [
   `--test-reporter=${process.stdout.isTTY ? 'spec' : 'tap'}`, '--test-reporter-destination=stdout',
   `--test-reporter=${pathToFileURL(join(dirname(fileURLToPath(import.meta.url)), 'skip-reporter.mjs')).href}`,
@@ -39,10 +48,19 @@ const reporters = flags.some((f) => f.startsWith('--test-reporter')) ? [] : [
 const r = spawnSync(
   process.execPath,
   ['--test', '--test-concurrency=1', '--test-timeout=300000', '--test-force-exit', ...reporters, ...flags, ...files],
-  { stdio: 'inherit' },
+  { stdio: 'inherit', env: coverageDir ? { ...process.env, NODE_V8_COVERAGE: coverageDir } : process.env },
 );
 if (reporters.length) printSkips(skipLog);
-process.exit(r.status ?? 1);
+let covered = true;
+if (coverageDir) {
+  console.log('\nrun-tests: coverage of src (c8, mapped to the TypeScript sources):');
+  covered = reportCoverage(coverageDir, wholeRun);
+} else if (noCoverage) {
+  console.log(`\nrun-tests: no coverage: ${noCoverage}`);
+}
+rmSync(work, { recursive: true, force: true });
+const status = r.status ?? 1;
+process.exit(status !== 0 ? status : covered ? 0 : 1);
 
 function printSkips(file) {
   let lines = [];
@@ -50,8 +68,6 @@ function printSkips(file) {
     lines = readFileSync(file, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l));
   } catch {
     // No skip was recorded (or the run died first: its own output says so).
-  } finally {
-    rmSync(dirname(file), { recursive: true, force: true });
   }
   const count = (kind, n) => `${n} ${kind}${n === 1 ? '' : 's'}`;
   const both = (items) => {

@@ -1,0 +1,110 @@
+// StrykerJS over the modules that hold bounds and checks (issue 41), one group at a time: each
+// group's modules are mutated against only the test files that cover them, so that a run fits two
+// shared cores. `npm run test:mutation` (scripts/mutation.mjs) runs every group, or the ones named:
+// `npm run test:mutation -- ring frames`. docs/MUTATION.md has the scores and the survivors.
+//
+// Stryker copies the repository into .stryker-tmp/, inserts every mutant at once (switched by an
+// environment variable), compiles it with tsc and runs the compiled tests with its TAP runner
+// (node:test prints TAP when its output is not a terminal). Child processes that the tests spawn
+// inherit the variable, so a mutant is live in them too.
+
+import { readFileSync } from 'node:fs';
+
+/** `file:first-last`: the lines from the first holding `from` to the next holding `to`, found by
+ * their text so that edits elsewhere in the file do not move the range. */
+function lines(file, from, to) {
+  const text = readFileSync(new URL(file, import.meta.url), 'utf8').split('\n');
+  const first = text.findIndex((l) => l.includes(from));
+  const last = first < 0 ? -1 : text.findIndex((l, i) => i >= first && l.includes(to));
+  if (last < 0) throw new Error(`stryker.config.mjs: ${file} has no line holding ${JSON.stringify(first < 0 ? from : to)}; update the range`);
+  return `${file}:${first + 1}-${last + 1}`;
+}
+
+/** Group name -> the modules (or line ranges of them) and the compiled tests that cover them. */
+export const groups = {
+  // The ring's corruption checks: positions, ring entries, slot records, releasers.
+  ring: {
+    mutate: [
+      lines('src/channel/slot-ring.ts', 'export function corrupt(', '}'),
+      lines('src/channel/slot-ring.ts', '#pos(off: number', 'return v;'),
+      // take(): the tail/head window and the ring entry (not its compare-and-swap protocol).
+      lines('src/channel/slot-ring.ts', "let h = this.#pos(H.head, 'head');", 'if (s >= this.n) throw corrupt('),
+      lines('src/channel/slot-ring.ts', 'peekAt(cursor: number): number {', 'return s;'),
+      // #message(): the length and meta bounds of a slot record.
+      lines('src/channel/consumer.ts', '#message(s: number, position: number)', "throw corrupt(`message in slot ${s}: its meta is not JSON`)"),
+      // (producer.ts's check of the releaser's index runs only with device slots: GPU tests.)
+    ],
+    tests: ['channel-ring', 'channel-corrupt', 'channel-layout'],
+  },
+  // frame.ts's checks: parseHeader, readU64, readGoneEntries, readReleaseIds (its encoders and
+  // constants left out: a mutant there breaks every round trip, and the run would take hours).
+  frames: {
+    mutate: [
+      lines('src/link/frame.ts', 'export function parseHeader(', 'return high >= 0x20_0000'),
+      lines('src/link/frame.ts', 'export function readGoneEntries(', 'return ids;'),
+    ],
+    tests: ['frame-bounds', 'link-frame', 'link-fuzz', 'link-large'],
+  },
+  'frame-dispatch': {
+    mutate: ['src/link/frame-dispatch.ts'],
+    // link-ring and link-gone reach these too, but add little and a run per mutant.
+    tests: ['link-frame', 'link-fuzz', 'link-large'],
+  },
+  decoder: {
+    mutate: ['src/link/message-decoder.ts'],
+    tests: ['link-frame', 'link-fuzz', 'link-large'],
+  },
+  'safe-files': {
+    mutate: ['src/safe-files.ts'],
+    // security-files drives these through the CLI too, but takes 11 s a run: too slow per mutant.
+    tests: ['safe-files'],
+  },
+  nccl: {
+    mutate: ['src/link/nccl-records.ts', 'src/tensors/nccl-wire.ts'],
+    tests: ['nccl-records', 'nccl-records-bounds'],
+  },
+  listener: {
+    mutate: ['src/link/listener.ts'],
+    // security-links (13 s a run) also covers it: too slow per mutant.
+    tests: ['link-listen', 'link-limits', 'link-uid'],
+  },
+  tcp: {
+    mutate: ['src/link/tcp-auth.ts', 'src/link/tcp-listener.ts'],
+    tests: ['link-tcp', 'link-tcp-hostile', 'link-tcp-crash'],
+  },
+};
+
+const name = process.env.CUDA_IPC_MUTATION_GROUP ?? 'nccl';
+const group = groups[name];
+if (!group) throw new Error(`stryker.config.mjs: no mutation group "${name}" (one of ${Object.keys(groups).join(', ')})`);
+
+/** @type {import('@stryker-mutator/api/core').PartialStrykerOptions} */
+export default {
+  testRunner: 'tap',
+  plugins: ['@stryker-mutator/tap-runner'],
+  mutate: group.mutate,
+  tap: {
+    testFiles: group.tests.map((t) => `dist/test/cpu/${t}.test.js`),
+    nodeArgs: ['--test-reporter=tap', '--test-force-exit'],
+  },
+  // The sandbox compiles the mutated sources itself; the checked-in dist/ is not copied.
+  ignorePatterns: ['dist', 'prebuilds', '.gpu', '.whl', '*.tgz'],
+  buildCommand: 'npx tsc -p tsconfig.json',
+  // Per test file: a mutant runs only the files whose run reached it.
+  coverageAnalysis: 'perTest',
+  concurrency: Number(process.env.CUDA_IPC_MUTATION_CONCURRENCY ?? 2),
+  // Tests of sockets and processes vary under load: a generous margin before a mutant is called
+  // a timeout (which counts as detected).
+  timeoutMS: 30_000,
+  timeoutFactor: 3,
+  tempDirName: process.env.CUDA_IPC_MUTATION_TMP ?? '.stryker-tmp',
+  cleanTempDir: true,
+  reporters: ['clear-text', 'json', 'progress-append-only'],
+  jsonReporter: { fileName: `reports/mutation/${name}.json` },
+  clearTextReporter: { allowColor: false, logTests: false, reportMutants: true, reportScoreTable: true },
+  thresholds: { high: 90, low: 80, break: null },
+  disableTypeChecks: true,
+  // The wording of error messages is not a bound: tests check codes (and some messages), and
+  // mutating every message would double the run. docs/MUTATION.md says so.
+  mutator: { excludedMutations: ['StringLiteral'] },
+};
