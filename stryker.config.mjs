@@ -40,18 +40,18 @@ export const groups = {
   // constants left out: a mutant there breaks every round trip, and the run would take hours).
   frames: {
     mutate: [
-      lines('src/link/frame.ts', 'export function parseHeader(', 'return high >= 0x20_0000'),
-      lines('src/link/frame.ts', 'export function readGoneEntries(', 'return ids;'),
+      lines('src/link/transport/frame.ts', 'export function parseHeader(', 'return high >= 0x20_0000'),
+      lines('src/link/transport/frame.ts', 'export function readGoneEntries(', 'return ids;'),
     ],
     tests: ['frame-bounds', 'link-frame', 'link-fuzz', 'link-large'],
   },
   'frame-dispatch': {
-    mutate: ['src/link/frame-dispatch.ts'],
+    mutate: ['src/link/connection/frame-dispatch.ts'],
     // link-ring and link-gone reach these too, but add little and a run per mutant.
     tests: ['link-frame', 'link-fuzz', 'link-large'],
   },
   decoder: {
-    mutate: ['src/link/message-decoder.ts'],
+    mutate: ['src/link/messages/message-decoder.ts'],
     tests: ['link-frame', 'link-fuzz', 'link-large'],
   },
   'safe-files': {
@@ -60,16 +60,16 @@ export const groups = {
     tests: ['safe-files'],
   },
   nccl: {
-    mutate: ['src/link/nccl-records.ts', 'src/tensors/nccl-wire.ts'],
+    mutate: ['src/link/messages/nccl-records.ts', 'src/tensors/nccl-wire.ts'],
     tests: ['nccl-records', 'nccl-records-bounds'],
   },
   listener: {
-    mutate: ['src/link/listener.ts'],
+    mutate: ['src/link/connect/listener.ts'],
     // security-links (13 s a run) also covers it: too slow per mutant.
     tests: ['link-listen', 'link-limits', 'link-uid'],
   },
   tcp: {
-    mutate: ['src/link/tcp-auth.ts', 'src/link/tcp-listener.ts'],
+    mutate: ['src/link/transport/tcp-auth.ts', 'src/link/connect/tcp-listener.ts'],
     tests: ['link-tcp', 'link-tcp-hostile', 'link-tcp-crash'],
   },
 };

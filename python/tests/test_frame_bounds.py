@@ -1,4 +1,4 @@
-"""Frame headers at their bounds (link/frame.py's parse_header, the twin of src/link/frame.ts): one
+"""Frame headers at their bounds (link/transport/frame.py's parse_header, the twin of src/link/transport/frame.ts): one
 byte or one unit past what is valid is ERR_FRAME_INVALID, the last valid value parses (issue 41;
 scripts/mutate-python.py checks that these catch a moved bound)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import struct
 import unittest
 
 from cuda_ipc import IpcError
-from cuda_ipc.link.frame import (
+from cuda_ipc.link.transport.frame import (
     ENC_JSON, ENC_JSON_WITH_RECORDS, HEADER_BYTES, MAX_RELEASE_IDS, MESSAGE, RELEASE, REFUSE, header, parse_header,
 )
 

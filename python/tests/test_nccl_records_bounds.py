@@ -6,10 +6,9 @@ import struct
 import unittest
 
 from cuda_ipc.errors import IpcError
-from cuda_ipc.nccl_records import (
-    CommReference, decode_nccl_buffer, decode_nccl_tensor_set, encode_nccl_buffer, encode_nccl_tensor_set, encode_packed_table,
-)
-from cuda_ipc.tensor_wire import encode_table
+from cuda_ipc.link.messages.nccl_records import CommReference, decode_nccl_buffer, encode_nccl_buffer
+from cuda_ipc.tensors.nccl_wire import decode_nccl_tensor_set, encode_nccl_tensor_set, encode_packed_table
+from cuda_ipc.tensors.wire import encode_table
 
 HEAD = 168
 FIXED = HEAD + 32

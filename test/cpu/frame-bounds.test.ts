@@ -6,7 +6,7 @@ import assert from 'node:assert/strict';
 import {
   FrameType, Encoding, HEADER_BYTES, LARGE_PAYLOAD, MAX_GONE_KEY_BYTES, MAX_RELEASE_IDS, NCCL_ABORT_HEAD_BYTES, NCCL_ABORT_TEXT_MAX,
   parseHeader, readGoneEntries, readReleaseIds, readU64, writeHeader, type FrameHeader,
-} from '../../src/link/frame.js';
+} from '../../src/link/transport/frame.js';
 
 /** A frame: a header for `payload` (or `declared` bytes) and `fds`, then the payload. */
 function frame(type: number, flags: number, payload: Uint8Array | number, fds = 0): Uint8Array {

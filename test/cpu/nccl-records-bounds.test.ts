@@ -3,7 +3,7 @@
 // last valid value decodes. nccl-records.test.ts has the round trips.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { decodeNcclBuffer, encodeNcclBuffer, TRANSFER_HEAD_BYTES, type CommReference } from '../../src/link/nccl-records.js';
+import { decodeNcclBuffer, encodeNcclBuffer, TRANSFER_HEAD_BYTES, type CommReference } from '../../src/link/messages/nccl-records.js';
 import { decodeNcclTensorSet, encodeNcclTensorSet, encodePackedTable } from '../../src/tensors/nccl-wire.js';
 import { encodeTensorTable } from '../../src/tensors/wire.js';
 import { MAX_NDIM } from '../../src/ipc/array-meta.js';

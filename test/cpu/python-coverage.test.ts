@@ -15,16 +15,16 @@ const INSTALL = 'apt-get update && apt-get install -y --no-install-recommends py
 /** Twin -> the least percentage (statements and branches) its tests must cover: a few points under
  * what they reached when the floor was set (2026-11-28). */
 const FLOORS: Record<string, number> = {
-  'cuda_ipc/link/tcp_auth.py': 85,
-  'cuda_ipc/link/tcp.py': 75,
-  'cuda_ipc/link/listener.py': 60,
-  'cuda_ipc/link/frame.py': 70,
-  'cuda_ipc/link/frame_dispatch.py': 65,
-  'cuda_ipc/link/message_decoder.py': 80,
-  'cuda_ipc/link/socket_file.py': 65,
+  'cuda_ipc/link/transport/tcp_auth.py': 85,
+  'cuda_ipc/link/connect/tcp.py': 75,
+  'cuda_ipc/link/connect/listener.py': 60,
+  'cuda_ipc/link/transport/frame.py': 70,
+  'cuda_ipc/link/connection/frame_dispatch.py': 65,
+  'cuda_ipc/link/messages/message_decoder.py': 80,
+  'cuda_ipc/link/transport/socket_file.py': 65,
   'cuda_ipc/channel/slot_ring.py': 75,
   'cuda_ipc/channel/consumer.py': 75,
-  'cuda_ipc/nccl_records.py': 95,
+  'cuda_ipc/link/messages/nccl_records.py': 95,
 };
 const TESTS = [
   'test_nccl_records', 'test_nccl_records_bounds', 'test_frame_bounds', 'test_ring_bounds', 'test_channel', 'test_hostile', 'test_link',

@@ -116,7 +116,7 @@ test('the promise API: bounds, growth and refusals', async () => {
   }
 });
 
-test('writeFileAtomic: strings, bytes and chunks land whole, mode 0600 unless told, no temporary left; a symlink at the path is replaced', async () => {
+test('writeFileAtomic: strings, bytes and chunks land whole, mode 0600 unless told, no temporary left; it replaces only what its policy allows', async () => {
   const { dir, file, done } = await playground();
   try {
     const target = join(dir, 'out');
@@ -124,24 +124,25 @@ test('writeFileAtomic: strings, bytes and chunks land whole, mode 0600 unless to
     assert.equal(readFileSync(target, 'utf8'), 'text');
     assert.ok(sameFile(id, identityOf(statSync(target))));
     assert.equal(statSync(target).mode & 0o777, 0o600);
-    writeFileAtomic(target, new Uint8Array([1, 2, 3]), 0o640);
+    assert.throws(() => writeFileAtomic(target, 'again'), unsafe(/already holds a regular file/), 'never replaces by default');
+    assert.equal(readFileSync(target, 'utf8'), 'text');
+    const second = writeFileAtomic(target, new Uint8Array([1, 2, 3]), { mode: 0o640, replace: id });
     assert.deepEqual([...readFileSync(target)], [1, 2, 3]);
     assert.equal(statSync(target).mode & 0o777, 0o640);
+    assert.throws(() => writeFileAtomic(target, 'x', { replace: id }), unsafe(/./), 'an identity that is no longer the file there replaces nothing');
     const big = Buffer.alloc(300_000, 7);
-    writeFileAtomic(target, [new Uint8Array([9]), big, new Uint8Array(0)]);
+    writeFileAtomic(target, [new Uint8Array([9]), big, new Uint8Array(0)], { replace: second });
     const got = readFileSync(target);
     assert.equal(got.byteLength, 300_001);
     assert.equal(got[0], 9);
     assert.equal(got[300_000], 7);
-    // The symlink is replaced by the file; what it pointed to is untouched.
-    writeFileAtomic(join(dir, 'link'), 'new');
-    assert.ok(lstatSync(join(dir, 'link')).isFile());
+    // A symlink at the path is refused even where a regular file of ours would be replaced; what it points to is untouched.
+    assert.throws(() => writeFileAtomic(join(dir, 'link'), 'new', { replace: 'own-regular-file' }), unsafe(/symbolic link/));
+    assert.ok(lstatSync(join(dir, 'link')).isSymbolicLink());
     assert.equal(readFileSync(file, 'utf8'), 'hello');
-    // A rename that fails (a directory with something in it is at the path) removes the temporary.
-    writeFileSync(join(dir, 'dir', 'x'), '');
-    assert.throws(() => writeFileAtomic(join(dir, 'dir'), 'no'), (e: unknown) => ['EISDIR', 'ENOTEMPTY', 'EEXIST'].includes((e as { code?: string }).code!));
+    assert.throws(() => writeFileAtomic(join(dir, 'dir'), 'no', { replace: 'own-regular-file' }), unsafe(/directory/));
     assert.throws(() => writeFileAtomic(join(dir, 'nowhere', 'f'), 'no'), { code: 'ENOENT' });
-    assert.deepEqual(readdirSync(dir).filter((n) => n.endsWith('.tmp')), [], 'no temporary left behind');
+    assert.deepEqual(readdirSync(dir).filter((n) => n.endsWith('.tmp') || n.startsWith('.')), [], 'no temporary left behind');
   } finally {
     await done();
   }
