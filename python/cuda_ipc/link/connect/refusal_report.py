@@ -5,6 +5,7 @@ wrong token is heard as it happens. The Python listeners run in accept(), so a g
 out from there (accept() wakes for it)."""
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -52,8 +53,16 @@ class RefusalReporter:
         self._last = 0.0
         #: Every refusal so far.
         self.total = 0
+        # accept() notes refusals while close() may flush from another thread.
+        self._lock = threading.Lock()
 
     def note(self, error: IpcError, source: str) -> None:
+        with self._lock:
+            self._note(error, source)
+        if time.monotonic() >= self._last_emit + self._interval:
+            self.flush()
+
+    def _note(self, error: IpcError, source: str) -> None:
         self.total += 1
         if self._callback is None:
             return
@@ -69,8 +78,6 @@ class RefusalReporter:
             self._by_source[source] = 1
         else:
             self._other += 1
-        if time.monotonic() >= self._last_emit + self._interval:
-            self.flush()
 
     def due(self) -> float | None:
         """When (time.monotonic()) the gathered report is to go out; None when nothing is gathered."""
@@ -78,10 +85,11 @@ class RefusalReporter:
 
     def flush(self) -> None:
         """Reports what is gathered now (nothing when nothing is)."""
-        if self._error is None or self._callback is None:
-            return
-        error = self._error
-        report = RefusedReport(self._count, self._by_code, self._by_source, self._other, self._first, self._last)
-        self._count, self._by_code, self._by_source, self._other, self._error = 0, {}, {}, 0, None
-        self._last_emit = time.monotonic()
+        with self._lock:
+            if self._error is None or self._callback is None:
+                return
+            error = self._error
+            report = RefusedReport(self._count, self._by_code, self._by_source, self._other, self._first, self._last)
+            self._count, self._by_code, self._by_source, self._other, self._error = 0, {}, {}, 0, None
+            self._last_emit = time.monotonic()
         self._callback(error, report)

@@ -358,6 +358,11 @@ class TcpListener:
         self._sock.close()
         for o in list(self._pending.values()):
             o.close()
+        if os.getpid() == self._pid:
+            try:
+                self._reporter.flush()  # refusals an accept() in another thread noted after close()'s flush
+            except Exception:
+                pass
         self._pending.clear()
         while self._ready:
             self._ready.popleft().close()
