@@ -140,7 +140,9 @@ class FloodTests(unittest.TestCase):
             self.assertEqual(stats["served"], 1)
             self.assertGreaterEqual(stats["refused"], 1000)
             self.assertEqual(stats["reported"], stats["refused"], "every refusal is counted in a report")
-            self.assertTrue(1 <= stats["events"] <= 2, f"at most 2 reports with refused_interval 60 s ({stats['events']})")
+            # The first refusal at once, what was gathered at close(), and what an accept() still noted
+            # while the listener closed: O(1) reports for thousands of refusals.
+            self.assertTrue(1 <= stats["events"] <= 3, f"at most 3 reports with refused_interval 60 s ({stats['events']})")
             self.assertGreater(stats["by_code"].get("ERR_LIMIT_REACHED", 0), 0, "past max_pending_per_address")
             self.assertLess(rss1 - rss0, 64 * 1024, "the documented bound (docs/SECURITY.md): under 64 MiB more RSS")
         finally:
