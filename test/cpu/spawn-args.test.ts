@@ -1,4 +1,4 @@
-// spawn() from plain JavaScript (test/fixtures/spawn-bad-args.mjs calls the built dist/ without
+// spawn() and spawnPython() from plain JavaScript (test/fixtures/spawn-bad-args.mjs calls the built dist/ without
 // TypeScript): each bad argument is a TypeError with Node's code and a message naming the argument,
 // and nothing starts (no child, no MODULE_NOT_FOUND stack); a good call still links.
 import { test } from 'node:test';
@@ -23,6 +23,14 @@ const expected: Record<string, [code: string, says: RegExp]> = {
   'a string for frameRing': ['ERR_INVALID_ARG_TYPE', /"options\.frameRing" property must be of type boolean/],
   'a missing module path': ['ERR_INVALID_ARG_VALUE', /spawn: \/.*\/missing-module-for-the-test\.mjs does not exist \(a path is relative to the working directory/],
   'a missing module URL': ['ERR_INVALID_ARG_VALUE', /spawn: \/.*\/test\/fixtures\/missing-module-for-the-test\.mjs does not exist$/],
+  'python: a number for the module': ['ERR_INVALID_ARG_TYPE', /"module" argument must be of type string or an instance of URL\. Received type number \(42\)/],
+  'python: an empty module': ['ERR_INVALID_ARG_VALUE', /spawnPython: the "module" argument is empty; give the module name or \.py file/],
+  'python: options where args go': ['ERR_INVALID_ARG_TYPE', /"args" argument must be an array of strings\. Received an instance of Object; options go third: spawnPython\(module, \[\], options\)/],
+  'python: a number among args': ['ERR_INVALID_ARG_TYPE', /"args\[1\]" argument must be of type string/],
+  'python: null for options': ['ERR_INVALID_ARG_TYPE', /"options" argument must be of type object\. Received null/],
+  'python: a string for pythonArgs': ['ERR_INVALID_ARG_TYPE', /"options\.pythonArgs" property must be an array of strings/],
+  'python: a number for python': ['ERR_INVALID_ARG_TYPE', /"options\.python" property must be a non-empty string/],
+  'python: execArgv': ['ERR_INVALID_ARG_VALUE', /unknown option 'execArgv'.*pythonArgs/],
 };
 
 test('spawn from plain JavaScript: bad arguments are typed errors with codes, at once, starting nothing; a good call links', () => {

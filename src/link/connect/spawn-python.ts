@@ -5,8 +5,8 @@ import { existsSync } from 'node:fs';
 import { delimiter, isAbsolute, resolve as resolvePath } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { IpcError } from '../../errors.js';
-import { SPAWN_OPTION_KEYS, startLinkedChild, type SpawnOptions, type SpawnedChild } from './spawn.js';
-import { checkOptionKeys, invalidArgValue } from '../../arg-errors.js';
+import { SPAWN_OPTION_KEYS, checkChildArguments, checkStrings, startLinkedChild, type SpawnOptions, type SpawnedChild } from './spawn.js';
+import { checkOptionKeys, invalidArgType, invalidArgValue, received } from '../../arg-errors.js';
 
 /** Options of spawnPython(): those of spawn() but execArgv, and the interpreter. */
 export interface SpawnPythonOptions extends Omit<SpawnOptions, 'execArgv'> {
@@ -84,12 +84,20 @@ export function safePythonPath(value: string | undefined): string | undefined {
  * @throws IpcError (the promise rejects; the child is killed), as for spawn(): ERR_PEER_GONE when
  * the child exits first (an ImportError, a missing interpreter: the message says which),
  * ERR_PEER_REFUSED, ERR_TIMEOUT after `options.timeout` (30 s), an AbortError on `options.signal`.
- * @throws TypeError ERR_INVALID_ARG_VALUE for a .py file that does not exist, a `module` that is
- * neither a file nor a module name, or an option spawnPython does not know.
+ * @throws TypeError (the promise rejects at once; nothing starts) ERR_INVALID_ARG_VALUE for a .py
+ * file that does not exist, a `module` that is empty or neither a file nor a module name, or an
+ * option spawnPython does not know; ERR_INVALID_ARG_TYPE for a `module` that is not a string or
+ * URL, `args` not an array of strings (options go third), `options` not an object, `pythonArgs`
+ * not an array of strings, `python` not a non-empty string (the checks spawn() makes).
  */
 export function spawnPython<In = unknown, Out = unknown>(module: string | URL, args?: readonly string[], options?: SpawnPythonOptions): Promise<SpawnedChild<In, Out>>;
-export async function spawnPython(module: string | URL, args: readonly string[] = [], options: SpawnPythonOptions = {}): Promise<SpawnedChild> {
+export async function spawnPython(moduleArg: string | URL, argsArg?: readonly string[], optionsArg?: SpawnPythonOptions): Promise<SpawnedChild> {
+  const { module, args, options } = checkChildArguments<SpawnPythonOptions>('spawnPython', moduleArg, argsArg, optionsArg);
   checkOptionKeys(options, SPAWN_PYTHON_OPTION_KEYS, 'spawnPython', { execArgv: 'arguments for the interpreter go in pythonArgs' });
+  if (options.pythonArgs !== undefined) checkStrings(options.pythonArgs, 'options.pythonArgs');
+  if (options.python !== undefined && (typeof options.python !== 'string' || options.python === '')) {
+    throw invalidArgType(`The "options.python" property must be a non-empty string (the interpreter's path or name). ${received(options.python)}`);
+  }
   const python = options.python ?? process.env.CUDA_IPC_PYTHON ?? 'python3';
   let target: string[];
   let what: string;

@@ -99,23 +99,29 @@ function modulePath(module: string | URL): string {
 }
 
 /**
- * spawn()'s arguments checked as TypeScript would check them, for callers in plain JavaScript:
- * typed errors with codes at once, before anything starts.
+ * The arguments spawn() and spawnPython() share, checked as TypeScript would check them, for
+ * callers in plain JavaScript: typed errors with codes at once, before anything starts.
  */
-function checkSpawnArguments(module: unknown, args: unknown, options: unknown): { path: string; args: readonly string[]; options: SpawnOptions } {
+export function checkChildArguments<O extends object>(fn: string, module: unknown, args: unknown, options: unknown): { module: string | URL; args: readonly string[]; options: O } {
   if (typeof module !== 'string' && !(module instanceof URL)) {
     throw invalidArgType(`The "module" argument must be of type string or an instance of URL. ${received(module)}`);
   }
-  if (module === '') throw invalidArgValue('spawn: the "module" argument is empty; give the path or URL of the ES module the child runs');
+  if (module === '') throw invalidArgValue(`${fn}: the "module" argument is empty; give the ${fn === 'spawn' ? 'path or URL of the ES module' : 'module name or .py file'} the child runs`);
   if (args !== undefined && !Array.isArray(args)) {
-    const hint = typeof args === 'object' && args !== null ? '; options go third: spawn(module, [], options)' : '';
+    const hint = typeof args === 'object' && args !== null ? `; options go third: ${fn}(module, [], options)` : '';
     throw invalidArgType(`The "args" argument must be an array of strings. ${received(args)}${hint}`);
   }
   const list = (args ?? []) as readonly unknown[];
   list.forEach((a, i) => {
     if (typeof a !== 'string') throw invalidArgType(`The "args[${i}]" argument must be of type string. ${received(a)}`);
   });
-  const opts = checkObject<SpawnOptions>(options, 'options') ?? {};
+  const opts = checkObject<O>(options, 'options') ?? ({} as O);
+  return { module, args: list as readonly string[], options: opts };
+}
+
+/** spawn()'s arguments: the shared checks, its option keys, and the module's file. */
+function checkSpawnArguments(moduleArg: unknown, argsArg: unknown, optionsArg: unknown): { path: string; args: readonly string[]; options: SpawnOptions } {
+  const { module, args, options: opts } = checkChildArguments<SpawnOptions>('spawn', moduleArg, argsArg, optionsArg);
   checkOptionKeys(opts, SPAWN_OPTION_KEYS, 'spawn');
   if (opts.execArgv !== undefined) checkStrings(opts.execArgv, 'options.execArgv');
   let path: string;
@@ -128,11 +134,11 @@ function checkSpawnArguments(module: unknown, args: unknown, options: unknown): 
     const relative = module instanceof URL || module.startsWith('file:') ? '' : ` (a path is relative to the working directory, ${process.cwd()}; new URL('./worker.js', import.meta.url) names a file beside the calling module)`;
     throw invalidArgValue(`spawn: ${path} does not exist${relative}`);
   }
-  return { path, args: list as readonly string[], options: opts };
+  return { path, args, options: opts };
 }
 
 /** Checks that `value` is an array of strings: ERR_INVALID_ARG_TYPE naming `name` otherwise. */
-function checkStrings(value: unknown, name: string): void {
+export function checkStrings(value: unknown, name: string): void {
   if (!Array.isArray(value)) throw invalidArgType(`The "${name}" property must be an array of strings. ${received(value)}`);
   value.forEach((v, i) => {
     if (typeof v !== 'string') throw invalidArgType(`The "${name}[${i}]" property must be of type string. ${received(v)}`);
