@@ -71,29 +71,38 @@ describe('cli on a GPU', { skip: noGpu }, () => {
   });
 });
 
+type Exit = { code: number | null; out: string; err: string };
+
+/**
+ * Starts `produce --listen tcp://127.0.0.1:0 ARGS` and resolves once it printed its address; a
+ * producer that exits before that rejects with what it printed (never a hang).
+ */
+function startProducer(args: string[], env: NodeJS.ProcessEnv): Promise<{ url: string; done: Promise<Exit> }> {
+  return new Promise((resolve, reject) => {
+    const p = spawn(process.execPath, [cli, 'produce', '--listen', 'tcp://127.0.0.1:0', ...args], { stdio: ['ignore', 'pipe', 'pipe'], env });
+    let out = '';
+    let err = '';
+    let url: string | undefined;
+    const done = new Promise<Exit>((r) => p.on('exit', (code) => r({ code, out, err })));
+    p.stdout.on('data', (d) => {
+      out += d;
+      const m = /listening at (tcp:\/\/127\.0\.0\.1:\d+);/.exec(out);
+      if (m && !url) {
+        url = m[1]!;
+        resolve({ url, done });
+      }
+    });
+    p.stderr.on('data', (d) => { err += d; });
+    void done.then((e) => { if (!url) reject(new Error(`the producer exited (${e.code}) before it listened:\n${e.out}${e.err}`)); });
+  });
+}
+
 const twoGpus = noGpu ?? (driver.deviceGetCount() < 2 ? 'needs two GPUs (NCCL takes one GPU per process)' : undefined);
 
 describe('cli across machines on two GPUs', { skip: twoGpus }, () => {
   test('produce --listen and consume tcp:// move a device array over NCCL both ways, each side\'s values checked', async () => {
     const env = { ...process.env, CUDA_IPC_TOKEN: 'a token for the cli test, 32 b.', NCCL_NVLS_ENABLE: '0' };
-    let url!: string;
-    let producerDone!: Promise<{ code: number | null; out: string; err: string }>;
-    const listening = new Promise<void>((resolve) => {
-      const p = spawn(process.execPath, [cli, 'produce', '--listen', 'tcp://127.0.0.1:0', '--device', '0', '--elements', '4000000', '--timeout', '120'], { stdio: ['ignore', 'pipe', 'pipe'], env });
-      let out = '';
-      let err = '';
-      p.stdout.on('data', (d) => {
-        out += d;
-        const m = /listening at (tcp:\/\/127\.0\.0\.1:\d+);/.exec(out);
-        if (m && !url) {
-          url = m[1]!;
-          resolve();
-        }
-      });
-      p.stderr.on('data', (d) => { err += d; });
-      producerDone = new Promise((r) => p.on('exit', (code) => r({ code, out, err })));
-    });
-    await listening;
+    const { url, done: producerDone } = await startProducer(['--device', '0', '--elements', '4000000', '--timeout', '120'], env);
     const c = await run(['consume', url, '--device', '1', '--timeout', '120'], env);
     const p = await producerDone;
     assert.equal(c.code, 0, `consumer: ${c.out}${c.err}`);
@@ -109,24 +118,7 @@ const nccl = noGpu ?? (await ncclOrReason().then((n) => (typeof n === 'string' ?
 describe('cli across machines, both sides on one GPU (issue 39.13)', { skip: nccl }, () => {
   test('the consumer\'s NCCL failure reaches the producer: both terminals print the same cause', async () => {
     const env = { ...process.env, CUDA_IPC_TOKEN: 'a token for the cli test, 32 b.', NCCL_NVLS_ENABLE: '0' };
-    let url!: string;
-    let producerDone!: Promise<{ code: number | null; out: string; err: string }>;
-    const listening = new Promise<void>((resolve) => {
-      const p = spawn(process.execPath, [cli, 'produce', '--listen', 'tcp://127.0.0.1:0', '--device', '0', '--elements', '1000', '--timeout', '120'], { stdio: ['ignore', 'pipe', 'pipe'], env });
-      let out = '';
-      let err = '';
-      p.stdout.on('data', (d) => {
-        out += d;
-        const m = /listening at (tcp:\/\/127\.0\.0\.1:\d+);/.exec(out);
-        if (m && !url) {
-          url = m[1]!;
-          resolve();
-        }
-      });
-      p.stderr.on('data', (d) => { err += d; });
-      producerDone = new Promise((r) => p.on('exit', (code) => r({ code, out, err })));
-    });
-    await listening;
+    const { url, done: producerDone } = await startProducer(['--device', '0', '--elements', '1000', '--timeout', '120'], env);
     // The consumer's device from CUDA_IPC_DEVICE (the default of --device): the producer's GPU, which NCCL refuses.
     const c = await run(['consume', url, '--timeout', '120'], { ...env, CUDA_IPC_DEVICE: '0' });
     const p = await producerDone;
