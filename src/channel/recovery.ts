@@ -6,8 +6,8 @@
 //
 // Also the GPU side of a death (device slots): fence writes a participant queued die with its
 // process, so once that process is gone the survivors raise its fences from the CPU.
-import { readFileSync } from 'node:fs';
 import { IpcError } from '../errors.js';
+import { processGone } from '../processes.js';
 import { Kind, P, S, kindOf, publishFence, releaseFence } from './layout.js';
 import type { Ring } from './slot-ring.js';
 import { leave } from './ring-recovery.js';
@@ -181,26 +181,4 @@ function spinBriefly(): void {
   while (performance.now() < end) { /* spin */ }
 }
 
-/** True once process `pid` has exited (a zombie counts: its files, GPU contexts included, are
- * closed by then). Unknown (0) counts as gone. */
-export function processGone(pid: number): boolean {
-  if (!pid) return true;
-  try {
-    const stat = readFileSync(`/proc/${pid}/stat`, 'latin1');
-    const state = stat.charAt(stat.lastIndexOf(')') + 2);
-    return state === 'Z' || state === 'X';
-  } catch (e) {
-    if ((e as { code?: string }).code === 'ENOENT') return true;
-    return !processAlive(pid);
-  }
-}
-
-export function processAlive(pid: number): boolean {
-  if (!pid) return false;
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as { code?: string }).code === 'EPERM';
-  }
-}
+export { processGone, processAlive } from '../processes.js';

@@ -2,6 +2,7 @@
 // listens on a link and writes the link's name to FILE; the consumer connects, receives the
 // memory (a memfd, passed over the link: nothing is copied), verifies and doubles it in place,
 // closes its mapping and says so; the producer verifies in its own memory.
+import { processGone } from '../processes.js';
 import { IpcError } from '../errors.js';
 import { HostBuffer } from '../host/index.js';
 import { connect, listen, type Link, type Listener } from '../link/index.js';
@@ -113,18 +114,9 @@ export async function produceOnHost(out: string, n: number, deadline: Deadline, 
   }
 }
 
-/**
- * Whether process `pid` is gone (ESRCH), for messages: a pid taken from a file is only a hint
- * (it may have been reused), so this never decides anything alone.
- */
-export function processGone(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return false;
-  } catch (e) {
-    return (e as { code?: string }).code === 'ESRCH';
-  }
-}
+// Whether a producer's process is gone, for messages: a pid taken from a file is only a hint (it
+// may have been reused), so it never decides anything alone.
+export { processGone };
 
 /**
  * The link to the producer of `d`. The producer listens before it writes FILE, so the socket of a
@@ -145,6 +137,7 @@ async function reachProducer(d: HostDescriptor, file: string, deadline: Deadline
     }
   }
   const gone = new AbortController();
+  // Node has no event for another process's exit (no pidfd): a check every 200 ms, one stat of /proc.
   const watch = setInterval(() => { if (processGone(d.pid)) gone.abort(); }, 200);
   try {
     return await within(deadline, what, (timeout) => connect<Handoff, Ack>(d.link, { timeout, signal: gone.signal }));

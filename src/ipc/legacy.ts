@@ -2,6 +2,7 @@
 // path that CuPy, Numba and PyTorch also speak. A descriptor carries the handle of the allocation
 // plus the offset and length of the exported range, because the handle of an interior pointer is
 // the handle of its allocation's base.
+import { processAlive } from '../processes.js';
 import { driver, PointerAttr, MemoryType } from '../cuda/driver.js';
 import { Device, defaultDevice, importingDevice } from '../cuda/device.js';
 import { DeviceBuffer, SharedMemory, type MemoryOwner } from '../cuda/buffer.js';
@@ -160,15 +161,6 @@ function handleOf(buffer: DeviceBuffer): { handle: Uint8Array; pid: number } {
   return { handle, pid: process.pid };
 }
 
-function isAlive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === 'EPERM';
-  }
-}
-
 /** Accepts a descriptor object, its JSON text, or its binary encoding, and validates it. */
 export function toLegacyDescriptor(input: LegacyHandleDescriptor | string | Uint8Array): LegacyHandleDescriptor {
   return typeof input === 'string' ? parseDescriptorJson(input, 'cuda-legacy-handle')
@@ -217,7 +209,7 @@ export function openLegacyDescriptor(desc: LegacyHandleDescriptor, using?: Devic
   } catch (e) {
     if (e instanceof CudaError && (e.code === 'CUDA_ERROR_INVALID_VALUE' || e.code === 'CUDA_ERROR_INVALID_HANDLE')) {
       const why = desc.pid === process.pid ? 'this process exported it but has since freed the memory'
-        : !isAlive(desc.pid) ? `the exporting process ${desc.pid} has exited, and its memory with it`
+        : !processAlive(desc.pid) ? `the exporting process ${desc.pid} has exited, and its memory with it`
         : `the exporting process ${desc.pid} is alive, but the handle is not valid: the memory was freed, or the bytes are not a CUDA IPC handle`;
       throw new IpcError('ERR_HANDLE_STALE', `cannot open the IPC handle: ${why}. Ask the exporter for a fresh descriptor`, { cause: e });
     }

@@ -26,7 +26,7 @@ const TOP_RANK = 9;
  */
 const LAYERS: ReadonlyArray<{ name: string; rank: number; files: RegExp }> = [
   // The small things every layer uses: errors, leak tracking, the private directory.
-  { name: 'base', rank: 0, files: /^src\/(errors|arg-errors|abort|leak|half-float|runtime-directory|safe-files)\.ts$/ },
+  { name: 'base', rank: 0, files: /^src\/(errors|arg-errors|abort|leak|half-float|runtime-directory|safe-files|processes)\.ts$/ },
   // The addon: its loader and the types of its functions (native/*.cc), one file per part.
   { name: 'native', rank: 1, files: /^src\/native\// },
   // The status record: a leaf the layers report to through the small interface of hooks.ts.
