@@ -4,16 +4,22 @@
 // and (on a GPU) a consumer kernel on shared slots against the same kernel on its own memory.
 // Every channel figure comes with the CPU time both processes spent per message.
 //
-// Stability (issue 30): every row runs `runs` times (3 by default), the rows taking turns (round
-// robin, so that a change of the machine's state hits every row alike), each run in fresh child
-// processes; a row's figure is the median of all its runs' samples, printed with the spread of the
-// runs' medians. The bench process and its children are pinned to CPUs of one NUMA node (the GPU's),
-// each on a physical core of its own (placement.ts), and the round-trip rows say where they ran.
+// Stability (issues 30 and 38): every row runs `runs` times (3 by default), the rows taking turns,
+// each round starting further down the list (stats.ts roundOrder: one row's runs spread over the
+// bench, never back to back), after `warmupRuns` rounds whose figures are dropped (the bench
+// process's own code reaches its steady state on every row's path first: the runs of one row
+// otherwise rose from round to round); each run in fresh child processes, started only once the
+// previous run's children have exited, and timed only after a warm-up of its own (one way and work
+// sharing: ONE_WAY_WARMUP_MS; round trips: the warm-up iterations). A row's figure is the median of
+// all its runs' samples, printed with the spread of the runs' medians; a target on a row whose
+// spread is over 15% is UNDECIDED (stats.ts verdict). The bench process's main thread and each
+// child's are pinned to physical cores of their own on one NUMA node (the GPU's), their other
+// threads to the node's remaining CPUs (placement.ts); every row says where its processes ran.
 import { createServer, type Socket } from 'node:net';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { HostBuffer } from '../src/host/index.js';
 import { JsWords } from '../src/channel/js-words.js';
-import { childEnv, cpuPlacement, onCpu, type PinPlan } from './placement.js';
+import { childEnv, cpuPlacement, liveChildren, onCpu, type PinPlan } from './placement.js';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { spawn, type Link } from '../src/link/index.js';
@@ -22,7 +28,9 @@ import { Doorbells } from '../src/channel/doorbells.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
 import { addon } from '../src/native/addon.js';
-import { summarize, type Summary } from './stats.js';
+import { ONE_WAY_WARMUP_MS, roundOrder, spreadOf, summarize, type Spread, type Summary } from './stats.js';
+
+export { spreadOf, type Spread };
 import { nodeToPython, pythonToNode, pythonChannelUnavailable, PYTHON_BATCH, type PythonOneWay } from './channel-python.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
@@ -59,6 +67,16 @@ export interface RoundTrip {
   runs: Spread;
 }
 
+/** What a child reports of where its main thread ran (channel-child.ts). */
+interface ChildWhere { ranOn: number; allowed?: string; pinned?: boolean }
+
+/** "CPUs 0 and 5 (one NUMA node)", and a warning where the child's pinning failed. */
+function where(mine: number, theirs: ChildWhere): string {
+  const p = cpuPlacement(mine, theirs.ranOn);
+  return theirs.pinned === false ? `${p}; the child's pinning FAILED (allowed CPUs ${theirs.allowed ?? '?'})` : p;
+}
+
+
 export interface OneWay {
   memory: Memory;
   wait: WaitMode;
@@ -70,11 +88,11 @@ export interface OneWay {
    * in place, so nothing is copied and its size does not change the work per message. */
   bytesWrittenPerMsg: number;
   cpuUsPerMsg: number;
+  /** Where the two processes ran, each run. */
+  placement: string;
   runs: Spread;
 }
 
-/** One row's runs: each run's median, and their spread, (max - min) / median of the medians. */
-export interface Spread { medians: number[]; spread: number }
 
 export interface ChannelOptions {
   /** Rows with a Python end (default true). */
@@ -83,14 +101,19 @@ export interface ChannelOptions {
   only?: RegExp;
   /** Runs of each row, taking turns (default 3). */
   runs?: number;
+  /** Rounds of every row run first and dropped (default 1). */
+  warmupRuns?: number;
   /** Where the processes run (placement.ts); undefined: not pinned. */
   pin?: PinPlan;
 }
 
 export interface ChannelResults {
-  /** Runs of each row; where the processes were pinned (or why not). */
+  /** Runs of each row, rounds dropped before them; where the processes were pinned (or why not). */
   runs: number;
+  warmupRuns: number;
   pinned: string;
+  /** Children of an earlier run still alive when a run was to start (after waiting for them). */
+  leftovers: string[];
   floor: {
     doorbell?: { us: Summary; cpuUsPerMsg: number; runs: Spread };
     socket?: { us: Summary; runs: Spread };
@@ -103,7 +126,7 @@ export interface ChannelResults {
   workSharing: Record<string, { consumers: number; msgsPerSec: number; runs: Spread }>;
   /** One way with a Python end (host slots, 4 KiB, adaptive), or why it did not run. */
   python?: { rows: Array<PythonOneWay & { runs: Spread }> } | { skipped: string };
-  kernel?: { sharedUs: Summary; localUs: Summary; ratio: number };
+  kernel?: KernelResult;
 }
 
 function waitExit(child: { exitCode: number | null; signalCode: string | null; once(e: 'exit', f: () => void): unknown }): Promise<void> {
@@ -249,9 +272,9 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
     back.close();
     stream?.close();
   }
-  const theirs = (await link.receive()) as { cpu: number; ranOn: number };
+  const theirs = (await link.receive()) as { cpu: number } & ChildWhere;
   await waitExit(child);
-  return { us: times, cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: cpuPlacement(ranOn, theirs.ranOn) };
+  return { us: times, cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: where(ranOn, theirs) };
 }
 
 /** The slot size of the rows with a Python end (compared with Node's row of the same size). */
@@ -260,7 +283,8 @@ export const PYTHON_SLOT_BYTES = 4 << 10;
 /** Bytes each one-way message says it uses (the producer writes one of them, on host slots). */
 const ONE_WAY_LENGTH = 8;
 
-/** One way for about `ms`: rates per batch of 2000 messages, and CPU per message. */
+/** One way for about `ms` after ONE_WAY_WARMUP_MS untimed: rates per batch of 2000 messages, and
+ * CPU per message (over every message, the warm-up's too: both ends count from the start). */
 async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv) {
   const { child, link } = await spawn(CHILD, ['sink', wait], { stdio: 'inherit', env });
   const ch = await createChannel(link, { role: 'producer', slots, slotBytes, memory, wait });
@@ -268,8 +292,10 @@ async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, 
   const rates: number[] = [];
   let total = 0;
   const batch = 2000;
-  const end = performance.now() + ms;
+  const timed = performance.now() + ONE_WAY_WARMUP_MS;
+  const end = timed + ms;
   let mine = 0;
+  let ranOn = -1;
   try {
     const cpu0 = process.cpuUsage();
     while (performance.now() < end || rates.length < 5) {
@@ -279,8 +305,11 @@ async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, 
         if (!stream) slot.bytes[0] = 1;
         ch.publish(slot, { stream, length: ONE_WAY_LENGTH });
       }
-      rates.push(batch / (Number(process.hrtime.bigint() - t0) / 1e9));
+      const t1 = process.hrtime.bigint();
       total += batch;
+      if (performance.now() < timed) continue;
+      rates.push(batch / (Number(t1 - t0) / 1e9));
+      if (ranOn < 0) ranOn = onCpu();
     }
     await ch.end();
     mine = cpuOf(process.cpuUsage(cpu0));
@@ -288,10 +317,10 @@ async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, 
     if (!ch.closed) ch.close();
     stream?.close();
   }
-  const r = (await link.receive()) as { n: number; sum: number; cpu: number };
+  const r = (await link.receive()) as { n: number; sum: number; cpu: number } & ChildWhere;
   await waitExit(child);
   if (r.n !== total || (!stream && r.sum !== total)) throw new Error(`one-way benchmark: the consumer saw ${r.n} of ${total} messages`);
-  return { rates, cpuUsPerMsg: (mine + r.cpu) / total };
+  return { rates, cpuUsPerMsg: (mine + r.cpu) / total, placement: where(ranOn, r) };
 }
 
 async function workSharing(memory: ChannelMemory, consumers: number, ms: number, pin: PinPlan | undefined): Promise<number> {
@@ -306,21 +335,30 @@ async function workSharing(memory: ChannelMemory, consumers: number, ms: number,
       await hub.attach(k.link, { role: 'consumer' });
       kids.push(k);
     }
-    const t0 = performance.now();
-    while (performance.now() - t0 < ms) {
+    // Untimed first (ONE_WAY_WARMUP_MS), then timed for `ms`.
+    let t0 = performance.now();
+    const timed = t0 + ONE_WAY_WARMUP_MS;
+    let counted = 0;
+    let warming = true;
+    while (warming || performance.now() - t0 < ms) {
       for (let i = 0; i < 1000; i++) {
         const slot = await ch.acquire({ stream });
         if (!stream) slot.bytes[0] = 1;
         ch.publish(slot, { stream, length: ONE_WAY_LENGTH });
       }
       total += 1000;
+      if (!warming) counted += 1000;
+      else if (performance.now() >= timed) {
+        warming = false;
+        t0 = performance.now();
+      }
     }
-    await ch.end();
     const s = (performance.now() - t0) / 1000;
+    await ch.end();
     let seen = 0;
     for (const k of kids) seen += ((await k.link.receive()) as { n: number }).n;
     if (seen !== total) throw new Error(`work-sharing benchmark: consumers saw ${seen} of ${total}`);
-    return total / s;
+    return counted / s;
   } finally {
     hub.close();
     stream?.close();
@@ -328,7 +366,11 @@ async function workSharing(memory: ChannelMemory, consumers: number, ms: number,
   }
 }
 
-async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: Summary; localUs: Summary; ratio: number }> {
+/** The kernel comparison: both timings, their ratio, and the ratio of each of the child's rounds
+ * (shared and local memory alternated) with their spread. */
+export interface KernelResult { sharedUs: Summary; localUs: Summary; ratio: number; rounds: number[]; roundsSpread: number }
+
+async function kernelOnSlots(device: Device, reps: number): Promise<KernelResult> {
   const slotBytes = 256 << 20;
   const { child, link } = await spawn(CHILD, ['kernel', '0', String(reps)], { stdio: 'inherit' });
   const ch = await createChannel(link, { role: 'producer', slots: 1, slotBytes, memory: { device } });
@@ -343,7 +385,12 @@ async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: 
     await ch.end();
     const sharedUs = summarize(r.sharedUs);
     const localUs = summarize(r.localUs);
-    return { sharedUs, localUs, ratio: localUs.median / sharedUs.median };
+    // The child alternates `reps` shared then `reps` local samples per round.
+    const rounds: number[] = [];
+    for (let i = 0; i + reps <= Math.min(r.sharedUs.length, r.localUs.length); i += reps) {
+      rounds.push(summarize(r.localUs.slice(i, i + reps)).median / summarize(r.sharedUs.slice(i, i + reps)).median);
+    }
+    return { sharedUs, localUs, ratio: localUs.median / sharedUs.median, rounds, roundsSpread: spreadOf(rounds).spread };
   } finally {
     if (!ch.closed) ch.close();
     stream.close();
@@ -373,10 +420,6 @@ class Runs {
   get spread(): Spread { return spreadOf(this.medians); }
 }
 
-export function spreadOf(medians: number[]): Spread {
-  const m = summarize(medians).median;
-  return { medians, spread: medians.length > 1 && m > 0 ? (Math.max(...medians) - Math.min(...medians)) / m : 0 };
-}
 
 /** Row names, as the tables print them (--only matches these). */
 export const ROW = {
@@ -391,11 +434,13 @@ export const ROW = {
 
 export async function channelBenchmarks(iterations: number, warmup: number, device: Device | undefined, options: ChannelOptions = {}): Promise<ChannelResults> {
   const runs = options.runs ?? 3;
+  const warmupRuns = options.warmupRuns ?? 1;
   const pin = options.pin;
   const env = childEnv(pin);
   const want = (name: string) => !options.only || options.only.test(name);
   const res: ChannelResults = {
-    runs, pinned: pin ? `CPUs of NUMA node ${pin.node} (${pin.why}), each process on a core of its own` : 'not pinned',
+    runs, warmupRuns, leftovers: [],
+    pinned: pin ? `on NUMA node ${pin.node} (${pin.why}), each main thread on a core of its own, other threads on CPUs ${pin.helperList}` : 'not pinned',
     floor: {}, roundTrip: {}, oneWay: {}, workSharing: {},
   };
   // Each row: its name, its samples, and one run of it. Rows run in this order, `runs` rounds.
@@ -419,7 +464,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
   for (const [memory, m] of memories) {
     for (const [wait, size] of [...sizes.map((s) => ['adaptive', s] as [WaitMode, number]), ['sleep', 4 << 10], ['spin', 4 << 10]] as Array<[WaitMode, number]>) {
-      row(ROW.oneWay(size, wait, memory), async (r) => { const o = await oneWay(m, wait, size, 8, 700, env); r.add(o.rates, o.cpuUsPerMsg); });
+      row(ROW.oneWay(size, wait, memory), async (r) => { const o = await oneWay(m, wait, size, 8, 700, env); r.add(o.rates, o.cpuUsPerMsg, o.placement); });
     }
   }
   const lastPython: Partial<Record<PythonOneWay['direction'], PythonOneWay>> = {};
@@ -438,15 +483,15 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
         r.add(a.rates, a.cpuUsPerMsg);
       });
       row(ROW.python('python->node'), async (r) => {
-        // As many messages as Node -> Python moved in its time (about as long), or 140k.
+        // As many messages as Node -> Python moved in its time and warm-up (about as long), or 180k.
         const to = lastPython['node->python'];
-        const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * 0.7)));
+        const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * (0.7 + ONE_WAY_WARMUP_MS / 1000))));
         const b = lastPython['python->node'] = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count, env);
         r.add(b.rates, b.cpuUsPerMsg);
       });
       row(ROW.python('python->node batch'), async (r) => {
         const to = lastPython['node->python batch'];
-        const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * 0.7)));
+        const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * (0.7 + ONE_WAY_WARMUP_MS / 1000))));
         const b = lastPython['python->node batch'] = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count, env, PYTHON_BATCH);
         r.add(b.rates, b.cpuUsPerMsg);
       });
@@ -456,10 +501,14 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     row(ROW.workSharing(consumers), async (r) => r.add([await workSharing('host', consumers, 700, pin)]));
   }
 
-  for (let round = 0; round < runs; round++) {
-    for (const r of rows) {
-      progress(`${r.name}${runs > 1 ? ` (run ${round + 1} of ${runs})` : ''}`);
-      await r.run(r.runs);
+  // Warm-up rounds (figures dropped: a throw-away Runs), then the rounds that count, each in its order.
+  for (let round = -warmupRuns; round < runs; round++) {
+    for (const i of roundOrder(rows.length, round, runs)) {
+      const r = rows[i]!;
+      progress(`${r.name}${round < 0 ? ' (warm-up run, dropped)' : runs > 1 ? ` (run ${round + 1} of ${runs})` : ''}`);
+      const left = await childrenGone();
+      if (left.length) res.leftovers.push(`before ${r.name}: pids ${left.join(', ')} still alive after ${CHILDREN_GONE_MS} ms`);
+      await r.run(round < 0 ? new Runs() : r.runs);
     }
   }
 
@@ -477,7 +526,8 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       const r = rows.find((x) => x.name === ROW.oneWay(size, wait, memory))?.runs;
       if (r) {
         res.oneWay[ROW.oneWay(size, wait, memory)] = {
-          memory, wait, slotBytes: size, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread,
+          memory, wait, slotBytes: size, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg,
+          placement: r.placement, runs: r.spread,
         };
       }
     }
@@ -509,6 +559,22 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     }
   }
   return res;
+}
+
+/** How long a run waits for the children of the runs before it to be gone. */
+const CHILDREN_GONE_MS = 10_000;
+
+/** Waits (polling /proc, up to CHILDREN_GONE_MS) until this process has no child left: a run starts
+ * only once the previous run's processes are gone (an exit event comes before the kernel has
+ * reaped every thread of a child, and a Python child's exit is not awaited everywhere). Returns
+ * the pids still alive at the deadline (empty: none; also where /proc does not list children). */
+async function childrenGone(): Promise<number[]> {
+  const deadline = performance.now() + CHILDREN_GONE_MS;
+  for (;;) {
+    const left = liveChildren() ?? [];
+    if (left.length === 0 || performance.now() > deadline) return left;
+    await new Promise((r) => setTimeout(r, 5));
+  }
 }
 
 /** Which measurement is running, on stderr: a slow or stuck one shows where it is. */
