@@ -18,6 +18,14 @@ const withSpread = (notes: string[], x: Spread) => {
   return notes;
 };
 
+/** A C ring row against the JavaScript ring's row of the same shape: the ratio, and which is
+ * faster only where both rows' runs agree (spread <= 15%). */
+export function ringNote(ratio: number, what: 'time' | 'rate', cFaster: boolean, ...spreads: Spread[]): string {
+  const spread = widest(...spreads);
+  const decided = verdict(true, spread) !== 'UNDECIDED';
+  return `${ratio.toFixed(2)}x the JavaScript ring's ${what}: ${decided ? (cFaster ? 'the C ring is faster' : 'the JavaScript ring is faster') : `UNDECIDED (${spreadText(spread)})`}`;
+}
+
 /** The rows of the channel tables, each figure against its target, and every target's verdict. */
 export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Row[]; kernel: Row[]; targets: TargetResult[] } {
   const targets: TargetResult[] = [];
@@ -54,6 +62,8 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     } else {
       notes.push('no spinning');
     }
+    const js = t.ring === 'c' ? r.roundTrip[ROW.roundTrip(t.wait, t.memory)] : undefined;
+    if (js) notes.push(ringNote(t.us.median / js.us.median, 'time', t.us.median < js.us.median, t.runs, js.runs));
     notes.push(cpuNote(t.cpuUsPerMsg));
     latency.push({ name, unit: 'us', median: t.us.median, p99: t.us.p99, n: t.us.n, notes: withSpread(notes, t.runs) });
   }
@@ -65,12 +75,14 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     // messages would read as a bandwidth that no copy ever achieved.
     const notes = [`${o.memory === 'host' ? `${o.bytesWrittenPerMsg} byte written per message` : 'no byte written by the CPU'}, the ${fmtBytes(o.slotBytes)} slot handed over in place (no copy)`];
     if (o.wait === 'adaptive') notes.push(check(name, `target >= ${fmtRate(target)} msg/s`, o.msgsPerSec.median, target, false, o.runs));
+    const js = o.ring === 'c' ? r.oneWay[ROW.oneWay(o.slotBytes, o.wait, o.memory)] : undefined;
+    if (js) notes.push(ringNote(o.msgsPerSec.median / js.msgsPerSec.median, 'rate', o.msgsPerSec.median > js.msgsPerSec.median, o.runs, js.runs));
     notes.push(cpuNote(o.cpuUsPerMsg));
     if (o.placement) notes.push(o.placement);
     throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes: withSpread(notes, o.runs) });
   }
   if (r.python && 'rows' in r.python) {
-    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES);
+    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES && o.ring === 'js');
     for (const p of r.python.rows) {
       const notes = [`${p.direction.startsWith('python->node') ? 'a Python producer, a Node consumer' : 'a Node producer, a Python consumer'} (Python hot path: ${p.hotPath})`];
       if (node) {
@@ -107,6 +119,7 @@ export function printChannelTables(r: ChannelResults, iterations: number, warmup
     `figures over all runs with each run's median and their spread, (max - min) / median; a target is MET or MISSED only where that spread ` +
     `is at most ${SPREAD_LIMIT * 100}% (else UNDECIDED); processes ${r.pinned}`);
   for (const l of r.leftovers) console.log(`  children of an earlier run were still alive: ${l}`);
+  console.log(r.cRingSkipped ? `  the C ring's rows did not run: ${r.cRingSkipped}` : '  rows marked "C ring": both ends on the C ring (CUDA_IPC_CHANNEL_RING=c), beside the same row on the JavaScript ring (the default)');
   printTable('Channel round trip: a message to a child through one channel and back through another ' +
     `(targets: adaptive <= ${TARGETS.rttDefaultHostUs} us host / ${TARGETS.rttDefaultDeviceUs} us device and <= ${TARGETS.rttDefaultVsSocket}x socket; ` +
     `spin <= ${TARGETS.rttSpinHostUs} / ${TARGETS.rttSpinDeviceUs} us)`, t.latency);

@@ -25,6 +25,7 @@ import { join } from 'node:path';
 import { spawn, type Link } from '../src/link/index.js';
 import { ChannelHub, createChannel, type ChannelMemory, type WaitMode } from '../src/channel/index.js';
 import { Doorbells } from '../src/channel/doorbells.js';
+import { cRingUnavailable, RING_ENV, type RingKind } from '../src/channel/c-ring.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
 import { addon } from '../src/native/addon.js';
@@ -59,6 +60,8 @@ type Memory = 'host' | 'device';
 export interface RoundTrip {
   memory: Memory;
   wait: WaitMode;
+  /** Which ring both ends ran: the JavaScript ring (the default) or the C ring (CUDA_IPC_CHANNEL_RING=c). */
+  ring: RingKind;
   us: Summary;
   /** CPU time (user + system) of both processes per message; a round trip is two messages. */
   cpuUsPerMsg: number;
@@ -80,6 +83,7 @@ function where(mine: number, theirs: ChildWhere): string {
 export interface OneWay {
   memory: Memory;
   wait: WaitMode;
+  ring: RingKind;
   slotBytes: number;
   /** Per-batch rates: median and the slowest 1% (p99 column). */
   msgsPerSec: Summary;
@@ -114,6 +118,8 @@ export interface ChannelResults {
   pinned: string;
   /** Children of an earlier run still alive when a run was to start (after waiting for them). */
   leftovers: string[];
+  /** Why the C ring's rows did not run (the addon has no C ring); absent when they did. */
+  cRingSkipped?: string;
   floor: {
     doorbell?: { us: Summary; cpuUsPerMsg: number; runs: Spread };
     socket?: { us: Summary; runs: Spread };
@@ -240,12 +246,29 @@ async function socketRoundTrip(iterations: number, warmup: number, env: NodeJS.P
   return times;
 }
 
+/** The child's environment and this process's while it makes its ends: CUDA_IPC_CHANNEL_RING as
+ * `ring` asks (read when an end is made; c-ring.ts). */
+function ringEnv(env: NodeJS.ProcessEnv, ring: RingKind): NodeJS.ProcessEnv {
+  return { ...env, [RING_ENV]: ring };
+}
+
+async function withRing<T>(ring: RingKind, make: () => Promise<T>): Promise<T> {
+  const before = process.env[RING_ENV];
+  process.env[RING_ENV] = ring;
+  try {
+    return await make();
+  } finally {
+    if (before === undefined) delete process.env[RING_ENV];
+    else process.env[RING_ENV] = before;
+  }
+}
+
 /** Median and p99 of per-iteration microseconds through out -> child -> back. */
-async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; cpuUsPerMsg: number; placement: string }> {
-  const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit', env });
+async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number, env: NodeJS.ProcessEnv, ring: RingKind = 'js'): Promise<{ us: Float64Array; cpuUsPerMsg: number; placement: string }> {
+  const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit', env: ringEnv(env, ring) });
   const opts = { slots: 4, slotBytes: 4096, memory, wait } as const;
-  const out = await createChannel(link, { ...opts, role: 'producer' });
-  const back = await createChannel(link, { ...opts, role: 'consumer' });
+  const out = await withRing(ring, () => createChannel(link, { ...opts, role: 'producer' }));
+  const back = await withRing(ring, () => createChannel(link, { ...opts, role: 'consumer' }));
   const stream = out.device ? Stream.create(out.device) : undefined;
   const times = new Float64Array(iterations);
   let mine = 0;
@@ -285,9 +308,9 @@ const ONE_WAY_LENGTH = 8;
 
 /** One way for about `ms` after ONE_WAY_WARMUP_MS untimed: rates per batch of 2000 messages, and
  * CPU per message (over every message, the warm-up's too: both ends count from the start). */
-async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv) {
-  const { child, link } = await spawn(CHILD, ['sink', wait], { stdio: 'inherit', env });
-  const ch = await createChannel(link, { role: 'producer', slots, slotBytes, memory, wait });
+async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv, ring: RingKind = 'js') {
+  const { child, link } = await spawn(CHILD, ['sink', wait], { stdio: 'inherit', env: ringEnv(env, ring) });
+  const ch = await withRing(ring, () => createChannel(link, { role: 'producer', slots, slotBytes, memory, wait }));
   const stream = ch.device ? Stream.create(ch.device) : undefined;
   const rates: number[] = [];
   let total = 0;
@@ -426,8 +449,8 @@ export const ROW = {
   doorbell: 'floor: doorbell round trip (eventfd + event loop, no channel)',
   spin: 'floor: spin round trip (a shared word, two processes, no channel)',
   socket: 'reference: Node Unix socket round trip, 64 bytes',
-  roundTrip: (wait: WaitMode, memory: Memory) => `round trip, ${wait} (${memory} slots)`,
-  oneWay: (size: number, wait: WaitMode, memory: Memory) => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots)`,
+  roundTrip: (wait: WaitMode, memory: Memory, ring: RingKind = 'js') => `round trip, ${wait} (${memory} slots${ring === 'c' ? ', C ring' : ''})`,
+  oneWay: (size: number, wait: WaitMode, memory: Memory, ring: RingKind = 'js') => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots${ring === 'c' ? ', C ring' : ''})`,
   python: (direction: PythonOneWay['direction']) => `one way, ${fmtBytes(PYTHON_SLOT_BYTES)} slots, adaptive, ${direction.startsWith('python->node') ? 'Python -> Node' : 'Node -> Python'}${direction === 'node->python batch' ? `, receive_many(${PYTHON_BATCH})` : direction === 'python->node batch' ? `, acquire_many/publish_many(${PYTHON_BATCH})` : ''} (host slots)`,
   workSharing: (consumers: number) => `work sharing, ${consumers} consumer${consumers > 1 ? 's' : ''} (host slots)`,
 };
@@ -443,6 +466,16 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     pinned: pin ? `on NUMA node ${pin.node} (${pin.why}), each main thread on a core of its own, other threads on CPUs ${pin.helperList}` : 'not pinned',
     floor: {}, roundTrip: {}, oneWay: {}, workSharing: {},
   };
+  const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
+  // The C ring's rows beside the JavaScript ring's (host slots): where the addon has it.
+  const noCRing = cRingUnavailable();
+  if (noCRing) res.cRingSkipped = noCRing;
+  const ringsFor = (memory: Memory): RingKind[] => (memory === 'host' && !noCRing ? ['js', 'c'] : ['js']);
+  const oneWayRows = (memory: Memory): Array<[WaitMode, number, RingKind]> => [
+    ...sizes.map((s) => ['adaptive', s, 'js'] as [WaitMode, number, RingKind]),
+    ...ringsFor(memory).filter((k) => k === 'c').map((k) => ['adaptive', 4 << 10, k] as [WaitMode, number, RingKind]),
+    ...(['sleep', 'spin'] as const).flatMap((w) => ringsFor(memory).map((k) => [w, 4 << 10, k] as [WaitMode, number, RingKind])),
+  ];
   // Each row: its name, its samples, and one run of it. Rows run in this order, `runs` rounds.
   const rows: Array<{ name: string; runs: Runs; run: (r: Runs) => Promise<void> }> = [];
   const row = (name: string, run: (r: Runs) => Promise<void>) => {
@@ -457,14 +490,15 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   for (const [memory, m] of memories) {
     for (const wait of WAITS) {
       // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state),
-      // and the adaptive spin must have learned the gaps.
-      row(ROW.roundTrip(wait, memory), async (r) => { const t = await roundTrip(m, wait, iterations, long, env); r.add(t.us, t.cpuUsPerMsg, t.placement); });
+      // and the adaptive spin must have learned the gaps. The C ring's row next to the JavaScript one's.
+      for (const ring of ringsFor(memory)) {
+        row(ROW.roundTrip(wait, memory, ring), async (r) => { const t = await roundTrip(m, wait, iterations, long, env, ring); r.add(t.us, t.cpuUsPerMsg, t.placement); });
+      }
     }
   }
-  const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
   for (const [memory, m] of memories) {
-    for (const [wait, size] of [...sizes.map((s) => ['adaptive', s] as [WaitMode, number]), ['sleep', 4 << 10], ['spin', 4 << 10]] as Array<[WaitMode, number]>) {
-      row(ROW.oneWay(size, wait, memory), async (r) => { const o = await oneWay(m, wait, size, 8, 700, env); r.add(o.rates, o.cpuUsPerMsg, o.placement); });
+    for (const [wait, size, ring] of oneWayRows(memory)) {
+      row(ROW.oneWay(size, wait, memory, ring), async (r) => { const o = await oneWay(m, wait, size, 8, 700, env, ring); r.add(o.rates, o.cpuUsPerMsg, o.placement); });
     }
   }
   const lastPython: Partial<Record<PythonOneWay['direction'], PythonOneWay>> = {};
@@ -519,14 +553,16 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   }
   for (const [memory] of memories) {
     for (const wait of WAITS) {
-      const r = rows.find((x) => x.name === ROW.roundTrip(wait, memory))?.runs;
-      if (r) res.roundTrip[ROW.roundTrip(wait, memory)] = { memory, wait, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread };
+      for (const ring of ringsFor(memory)) {
+        const r = rows.find((x) => x.name === ROW.roundTrip(wait, memory, ring))?.runs;
+        if (r) res.roundTrip[ROW.roundTrip(wait, memory, ring)] = { memory, wait, ring, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread };
+      }
     }
-    for (const [wait, size] of [...sizes.map((s) => ['adaptive', s] as [WaitMode, number]), ['sleep', 4 << 10], ['spin', 4 << 10]] as Array<[WaitMode, number]>) {
-      const r = rows.find((x) => x.name === ROW.oneWay(size, wait, memory))?.runs;
+    for (const [wait, size, ring] of oneWayRows(memory)) {
+      const r = rows.find((x) => x.name === ROW.oneWay(size, wait, memory, ring))?.runs;
       if (r) {
-        res.oneWay[ROW.oneWay(size, wait, memory)] = {
-          memory, wait, slotBytes: size, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg,
+        res.oneWay[ROW.oneWay(size, wait, memory, ring)] = {
+          memory, wait, ring, slotBytes: size, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg,
           placement: r.placement, runs: r.spread,
         };
       }
