@@ -58,10 +58,10 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
       const target = t.memory === 'host' ? TARGETS.rttSpinHostUs : TARGETS.rttSpinDeviceUs;
       notes.push(check(name, `target <= ${target} us`, t.us.median, target, true, t.runs));
       if (f.spin) notes.push(`${(t.us.median / f.spin.us.median).toFixed(1)}x the spin floor`);
-      notes.push(t.placement);
     } else {
       notes.push('no spinning');
     }
+    if (t.placement) notes.push(t.placement);
     const js = t.ring === 'c' ? r.roundTrip[ROW.roundTrip(t.wait, t.memory)] : undefined;
     if (js) notes.push(ringNote(t.us.median / js.us.median, 'time', t.us.median < js.us.median, t.runs, js.runs));
     notes.push(cpuNote(t.cpuUsPerMsg));
