@@ -25,6 +25,7 @@ import { join } from 'node:path';
 import { spawn, type Link } from '../src/link/index.js';
 import { ChannelHub, createChannel, type ChannelMemory, type WaitMode } from '../src/channel/index.js';
 import { Doorbells } from '../src/channel/doorbells.js';
+import { endpointOf } from '../src/channel/internal.js';
 import { cRingUnavailable, RING_ENV, type RingKind } from '../src/channel/c-ring.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
@@ -68,10 +69,17 @@ export interface RoundTrip {
   /** Where the two processes ran when timing began (CPUs, NUMA nodes), each run. */
   placement: string;
   runs: Spread;
+  /** Sleeps on the doorbell per 1,000 messages, both processes, each run (warm-up included). */
+  sleepsPer1k?: number[];
 }
 
-/** What a child reports of where its main thread ran (channel-child.ts). */
-interface ChildWhere { ranOn: number; allowed?: string; pinned?: boolean }
+/** What a child reports of where its main thread ran, and how often its ends slept (channel-child.ts). */
+interface ChildWhere { ranOn: number; allowed?: string; pinned?: boolean; sleeps?: number }
+
+/** How many times an end went to sleep on its doorbell: an adaptive end that sleeps costs its peer
+ * a doorbell ring and itself a wake-up through the event loop, and a run whose ends slept often is
+ * slower (the figure that tells such a run from the others). */
+const sleepsOf = (end: object) => endpointOf.get(end)?.waiter.stats.sleeps ?? 0;
 
 /** "CPUs 0 and 5 (one NUMA node)", and a warning where the child's pinning failed. */
 function where(mine: number, theirs: ChildWhere): string {
@@ -95,6 +103,8 @@ export interface OneWay {
   /** Where the two processes ran, each run. */
   placement: string;
   runs: Spread;
+  /** Sleeps on the doorbell per 1,000 messages, both processes, each run (warm-up included). */
+  sleepsPer1k?: number[];
 }
 
 
@@ -264,7 +274,7 @@ async function withRing<T>(ring: RingKind, make: () => Promise<T>): Promise<T> {
 }
 
 /** Median and p99 of per-iteration microseconds through out -> child -> back. */
-async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number, env: NodeJS.ProcessEnv, ring: RingKind = 'js'): Promise<{ us: Float64Array; cpuUsPerMsg: number; placement: string }> {
+async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number, env: NodeJS.ProcessEnv, ring: RingKind = 'js'): Promise<{ us: Float64Array; cpuUsPerMsg: number; placement: string; sleepsPer1k: number }> {
   const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit', env: ringEnv(env, ring) });
   const opts = { slots: 4, slotBytes: 4096, memory, wait } as const;
   const out = await withRing(ring, () => createChannel(link, { ...opts, role: 'producer' }));
@@ -273,6 +283,7 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
   const times = new Float64Array(iterations);
   let mine = 0;
   let ranOn = -1;
+  let sleeps = 0;
   try {
     let cpu0 = process.cpuUsage();
     for (let i = 0; i < warmup + iterations; i++) {
@@ -292,12 +303,16 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
     mine = cpuOf(process.cpuUsage(cpu0));
   } finally {
     await out.end();
+    sleeps = sleepsOf(out) + sleepsOf(back);
     back.close();
     stream?.close();
   }
   const theirs = (await link.receive()) as { cpu: number } & ChildWhere;
   await waitExit(child);
-  return { us: times, cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: where(ranOn, theirs) };
+  return {
+    us: times, cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: where(ranOn, theirs),
+    sleepsPer1k: ((sleeps + (theirs.sleeps ?? 0)) * 1000) / (2 * (warmup + iterations)),
+  };
 }
 
 /** The slot size of the rows with a Python end (compared with Node's row of the same size). */
@@ -319,6 +334,7 @@ async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, 
   const end = timed + ms;
   let mine = 0;
   let ranOn = -1;
+  let sleeps = 0;
   try {
     const cpu0 = process.cpuUsage();
     while (performance.now() < end || rates.length < 5) {
@@ -337,13 +353,14 @@ async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, 
     await ch.end();
     mine = cpuOf(process.cpuUsage(cpu0));
   } finally {
+    sleeps = sleepsOf(ch);
     if (!ch.closed) ch.close();
     stream?.close();
   }
   const r = (await link.receive()) as { n: number; sum: number; cpu: number } & ChildWhere;
   await waitExit(child);
   if (r.n !== total || (!stream && r.sum !== total)) throw new Error(`one-way benchmark: the consumer saw ${r.n} of ${total} messages`);
-  return { rates, cpuUsPerMsg: (mine + r.cpu) / total, placement: where(ranOn, r) };
+  return { rates, cpuUsPerMsg: (mine + r.cpu) / total, placement: where(ranOn, r), sleepsPer1k: ((sleeps + (r.sleeps ?? 0)) * 1000) / total };
 }
 
 async function workSharing(memory: ChannelMemory, consumers: number, ms: number, pin: PinPlan | undefined): Promise<number> {
@@ -427,12 +444,14 @@ class Runs {
   medians: number[] = [];
   cpu: number[] = [];
   placements: string[] = [];
+  sleepsPer1k: number[] = [];
 
-  add(samples: ArrayLike<number>, cpuUsPerMsg?: number, placement?: string): void {
+  add(samples: ArrayLike<number>, cpuUsPerMsg?: number, placement?: string, sleepsPer1k?: number): void {
     for (let i = 0; i < samples.length; i++) this.samples.push(samples[i]!);
     this.medians.push(summarize(samples).median);
     if (cpuUsPerMsg !== undefined) this.cpu.push(cpuUsPerMsg);
     if (placement !== undefined) this.placements.push(placement);
+    if (sleepsPer1k !== undefined) this.sleepsPer1k.push(sleepsPer1k);
   }
 
   get summary(): Summary { return summarize(this.samples); }
@@ -492,13 +511,13 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state),
       // and the adaptive spin must have learned the gaps. The C ring's row next to the JavaScript one's.
       for (const ring of ringsFor(memory)) {
-        row(ROW.roundTrip(wait, memory, ring), async (r) => { const t = await roundTrip(m, wait, iterations, long, env, ring); r.add(t.us, t.cpuUsPerMsg, t.placement); });
+        row(ROW.roundTrip(wait, memory, ring), async (r) => { const t = await roundTrip(m, wait, iterations, long, env, ring); r.add(t.us, t.cpuUsPerMsg, t.placement, t.sleepsPer1k); });
       }
     }
   }
   for (const [memory, m] of memories) {
     for (const [wait, size, ring] of oneWayRows(memory)) {
-      row(ROW.oneWay(size, wait, memory, ring), async (r) => { const o = await oneWay(m, wait, size, 8, 700, env, ring); r.add(o.rates, o.cpuUsPerMsg, o.placement); });
+      row(ROW.oneWay(size, wait, memory, ring), async (r) => { const o = await oneWay(m, wait, size, 8, 700, env, ring); r.add(o.rates, o.cpuUsPerMsg, o.placement, o.sleepsPer1k); });
     }
   }
   const lastPython: Partial<Record<PythonOneWay['direction'], PythonOneWay>> = {};
@@ -555,7 +574,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     for (const wait of WAITS) {
       for (const ring of ringsFor(memory)) {
         const r = rows.find((x) => x.name === ROW.roundTrip(wait, memory, ring))?.runs;
-        if (r) res.roundTrip[ROW.roundTrip(wait, memory, ring)] = { memory, wait, ring, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread };
+        if (r) res.roundTrip[ROW.roundTrip(wait, memory, ring)] = { memory, wait, ring, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k };
       }
     }
     for (const [wait, size, ring] of oneWayRows(memory)) {
@@ -563,7 +582,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       if (r) {
         res.oneWay[ROW.oneWay(size, wait, memory, ring)] = {
           memory, wait, ring, slotBytes: size, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg,
-          placement: r.placement, runs: r.spread,
+          placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k,
         };
       }
     }

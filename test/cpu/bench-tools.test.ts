@@ -137,7 +137,7 @@ test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in
     oneWay: {
       [ROW.oneWay(4096, 'adaptive', 'host')]: {
         memory: 'host', wait: 'adaptive', ring: 'js', slotBytes: 4096, msgsPerSec: us(964e3), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1,
-        placement: 'CPUs 0 and 1', runs: spreadOf([622e3, 914e3, 1.27e6]),
+        placement: 'CPUs 0 and 1', runs: spreadOf([622e3, 914e3, 1.27e6]), sleepsPer1k: [120, 3.25, 0],
       },
       [ROW.oneWay(65536, 'adaptive', 'host')]: {
         memory: 'host', wait: 'adaptive', ring: 'js', slotBytes: 65536, msgsPerSec: us(9e5), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1,
@@ -165,4 +165,5 @@ test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in
   assert.match(note, /UNDECIDED \(spread 71% > 15%\)/);
   assert.match(note, /runs 622 k \/ 914 k \/ 1\.27 M, spread 71% > 15%/);
   assert.doesNotMatch(note, /\bMET\b|MISSED/);
+  assert.match(note, /doorbell sleeps per 1k msgs by run 120 \/ 3\.3 \/ 0\.0/, 'each run with its sleeps');
 });
