@@ -124,7 +124,7 @@ export function printChannelTables(r: ChannelResults, iterations: number, warmup
     `each row ${r.runs} time(s) after ${r.warmupRuns} dropped warm-up round(s), rows taking turns (each round starting further down the list), ` +
     `figures over all runs with each run's median and their spread, (max - min) / median; a target is MET or MISSED only where that spread ` +
     `is at most ${SPREAD_LIMIT * 100}% (else UNDECIDED); processes ${r.pinned}`);
-  for (const l of r.leftovers) console.log(`  children of an earlier run were still alive: ${l}`);
+  for (const l of r.leftovers) console.log(`  children still alive: ${l}`);
   console.log(r.cRingSkipped ? `  the C ring's rows did not run: ${r.cRingSkipped}` : '  rows marked "C ring": both ends on the C ring (CUDA_IPC_CHANNEL_RING=c), beside the same row on the JavaScript ring (the default)');
   printTable('Channel round trip: a message to a child through one channel and back through another ' +
     `(targets: adaptive <= ${TARGETS.rttDefaultHostUs} us host / ${TARGETS.rttDefaultDeviceUs} us device and <= ${TARGETS.rttDefaultVsSocket}x socket; ` +

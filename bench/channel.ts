@@ -126,7 +126,7 @@ export interface ChannelResults {
   runs: number;
   warmupRuns: number;
   pinned: string;
-  /** Children of an earlier run still alive when a run was to start (after waiting for them). */
+  /** Children still alive when a run was to start (after waiting for them), and those alive before the first run. */
   leftovers: string[];
   /** Why the C ring's rows did not run (the addon has no C ring); absent when they did. */
   cRingSkipped?: string;
@@ -554,12 +554,15 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     row(ROW.workSharing(consumers), async (r) => r.add([await workSharing('host', consumers, 700, pin)]));
   }
 
+  // Children alive before the first run (another part of the bench's, if any) are not waited for.
+  const before = new Set(liveChildren() ?? []);
+  if (before.size) res.leftovers.push(`before the channel rows: pids ${[...before].join(', ')} (not waited for)`);
   // Warm-up rounds (figures dropped: a throw-away Runs), then the rounds that count, each in its order.
   for (let round = -warmupRuns; round < runs; round++) {
     for (const i of roundOrder(rows.length, round, runs)) {
       const r = rows[i]!;
       progress(`${r.name}${round < 0 ? ' (warm-up run, dropped)' : runs > 1 ? ` (run ${round + 1} of ${runs})` : ''}`);
-      const left = await childrenGone();
+      const left = await childrenGone(before);
       if (left.length) res.leftovers.push(`before ${r.name}: pids ${left.join(', ')} still alive after ${CHILDREN_GONE_MS} ms`);
       await r.run(round < 0 ? new Runs() : r.runs);
     }
@@ -619,14 +622,15 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
 /** How long a run waits for the children of the runs before it to be gone. */
 const CHILDREN_GONE_MS = 10_000;
 
-/** Waits (polling /proc, up to CHILDREN_GONE_MS) until this process has no child left: a run starts
+/** Waits (polling /proc, up to CHILDREN_GONE_MS) until this process has no child left but those in
+ * `ignore` (alive before the channel rows began): a run starts
  * only once the previous run's processes are gone (an exit event comes before the kernel has
  * reaped every thread of a child, and a Python child's exit is not awaited everywhere). Returns
  * the pids still alive at the deadline (empty: none; also where /proc does not list children). */
-async function childrenGone(): Promise<number[]> {
+async function childrenGone(ignore: ReadonlySet<number>): Promise<number[]> {
   const deadline = performance.now() + CHILDREN_GONE_MS;
   for (;;) {
-    const left = liveChildren() ?? [];
+    const left = (liveChildren() ?? []).filter((pid) => !ignore.has(pid));
     if (left.length === 0 || performance.now() > deadline) return left;
     await new Promise((r) => setTimeout(r, 5));
   }
