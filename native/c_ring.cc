@@ -50,6 +50,8 @@ class CRing : public Napi::ObjectWrap<CRing> {
                         InstanceMethod<&CRing::Discard>("discard"),
                         InstanceMethod<&CRing::Take>("take"),
                         InstanceMethod<&CRing::Release>("release"),
+                        InstanceMethod<&CRing::Peek>("peek"),
+                        InstanceMethod<&CRing::ReleaseHeld>("releaseHeld"),
                         InstanceMethod<&CRing::Error>("error"),
                         InstanceMethod<&CRing::Detach>("detach"),
                         StaticValue("abiVersion", Napi::Number::New(env, cip_abi_version()))});
@@ -150,6 +152,22 @@ class CRing : public Napi::ObjectWrap<CRing> {
 
   // release(s) -> 1 freed, 0 no longer held; CIP_INVALID / CIP_CLOSED.
   Napi::Value Release(const Napi::CallbackInfo& info) { return Int(info, cip_release(&r_, ArgU32(info, 0, "slot"))); }
+
+  // peek(cursor) -> broadcast: the slot published at cursor (an integer below 2^53); CIP_NONE
+  // nothing there yet, CIP_SKIP not held for this end; CIP_CORRUPT / CIP_CLOSED.
+  Napi::Value Peek(const Napi::CallbackInfo& info) {
+    double d = info.Length() > 0 && info[0].IsNumber() ? info[0].As<Napi::Number>().DoubleValue() : -1;
+    if (!(d >= 0) || d > 9007199254740992.0 || d != static_cast<double>(static_cast<uint64_t>(d)))
+      throw Napi::RangeError::New(info.Env(), "cursor must be an integer in 0..2^53");
+    uint64_t c = static_cast<uint64_t>(d);
+    return Int(info, cip_peek(&r_, static_cast<uint32_t>(c), static_cast<uint32_t>(c >> 32)));
+  }
+
+  // releaseHeld(s, k) -> broadcast: 1 dropped participant k's hold on slot s (the last holder frees
+  // it), 0 k held none; CIP_INVALID / CIP_CLOSED.
+  Napi::Value ReleaseHeld(const Napi::CallbackInfo& info) {
+    return Int(info, cip_release_held(&r_, ArgU32(info, 0, "slot"), ArgU32(info, 1, "participant")));
+  }
 
   // error() -> [what (ERR_*), a, b]: what the last CIP_CORRUPT found.
   Napi::Value Error(const Napi::CallbackInfo& info) {

@@ -1,8 +1,9 @@
 // The ring protocol's hot path through the C ring (native/py/channel_ring.c, the Python helper's,
 // compiled into the addon too: native/c_ring.cc): one native call per claim, publish, take and
 // release instead of the several SharedWords calls of slot-ring.ts, the same steps on the same
-// control block, so ends on either ring (or a Python end) share a channel. Everything else
-// (membership, recovery, broadcast peeks, stats) stays the JavaScript ring's, which this extends.
+// control block, so ends on either ring (or a Python end) share a channel; broadcast's peek and
+// held release too. Everything else (membership, recovery, stats) stays the JavaScript ring's,
+// which this extends.
 //
 // Chosen per end with CUDA_IPC_CHANNEL_RING=c in the environment when the end is made (the default,
 // and anything else, is the JavaScript ring); an addon built without the C ring serves with the
@@ -126,6 +127,20 @@ export class CSlotRing extends Ring {
 
   override releaseTaken(s: number): boolean {
     const r = this.c.release(s);
+    if (r === 1 || r === 0) return r === 1;
+    if (r === CIP.CLOSED) return false;
+    throw this.fail(r, 'release');
+  }
+
+  override peekAt(cursor: number): number {
+    const s = this.c.peek(cursor);
+    if (s >= 0 || s === CIP.NONE) return s;
+    if (s === CIP.SKIP) return -2;
+    throw this.fail(s, 'peek');
+  }
+
+  override releaseHeld(s: number, k = this.me): boolean {
+    const r = this.c.releaseHeld(s, k);
     if (r === 1 || r === 0) return r === 1;
     if (r === CIP.CLOSED) return false;
     throw this.fail(r, 'release');

@@ -82,6 +82,10 @@ export interface NativeCRing {
   take(): number;
   /** cip_release: 1 freed, 0 no longer held; CIP_INVALID / CLOSED. */
   release(slot: number): number;
+  /** cip_peek (broadcast): the slot published at `cursor`; CIP_NONE / SKIP / CORRUPT / CLOSED. */
+  peek(cursor: number): number;
+  /** cip_release_held (broadcast): 1 dropped participant k's hold, 0 it held none; CIP_INVALID / CLOSED. */
+  releaseHeld(slot: number, participant: number): number;
   /** What the last CIP_CORRUPT found: [ERR_* code, a, b]. */
   error(): [number, number, number];
   /** cip_ring_detach and unmap: every later call returns CIP_CLOSED. Idempotent. */

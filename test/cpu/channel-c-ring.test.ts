@@ -141,3 +141,32 @@ test('two processes: a Node child on the C ring publishes, this process takes on
   consumer.close();
   await exited(c);
 });
+
+test('broadcast: consumers on the C ring and on the JavaScript ring each get every message; a slot is reused only once both released it', { skip }, async () => {
+  const n = 300;
+  using hub = ChannelHub.create({ slots: 4, slotBytes: 64, topology: 'broadcast', consumers: 2 });
+  const producer = withRing('c', () => hub.producer());
+  const consumers = [withRing('c', () => hub.consumer()), withRing('js', () => hub.consumer())];
+  assert.deepEqual(consumers.map((c) => ringKindOf(c)), ['c', 'js']);
+  const seen = consumers.map(async (consumer, k) => {
+    let i = 0;
+    for await (const msg of consumer) {
+      const p = readPayload(msg.bytes);
+      assert.equal(p.seq, i, `consumer ${k}: in order`);
+      assert.equal(msg.position, i);
+      // The slower one (k = 1) yields before releasing: the producer must not reuse its slot meanwhile.
+      if (k === 1 && i % 7 === 0) await new Promise((r) => setImmediate(r));
+      msg.release();
+      i++;
+    }
+    return i;
+  });
+  for (let i = 0; i < n; i++) {
+    const slot = await producer.acquire();
+    producer.publish(slot, { length: writePayload(slot.bytes, i, 0) });
+  }
+  await producer.end();
+  assert.deepEqual(await Promise.all(seen), [n, n]);
+  assert.deepEqual(hub.stats().slots, { free: 4, writing: 0, published: 0, taken: 0 });
+  for (const c of consumers) c.close();
+});
