@@ -18,10 +18,13 @@
         "native/socket.cc",
         "native/shared_memory.cc",
         "native/channel.cc",
+        "native/c_ring.cc",
+        "native/py/channel_ring.c",
         "native/nccl.cc"
       ],
       "include_dirs": ["<!(node -p \"require('node-addon-api').include_dir\")"],
       "defines": ["NAPI_VERSION=8", "NODE_ADDON_API_DISABLE_DEPRECATED", "NAPI_CPP_EXCEPTIONS"],
+      "cflags_c": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
       "cflags_cc": ["-std=c++17", "-fexceptions", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
       "cflags_cc!": ["-fno-exceptions"],
       "libraries": ["-ldl", "-lpthread"]

@@ -12,6 +12,8 @@
 //   spin-echo             no channel: receives { buffer, rounds }; bumps the word at 64 each time
 //                         the word at 0 moved, spinning as a channel end in spin mode does (the
 //                         floor under spin mode); ends with { cpu }: the CPU it last ran on
+// echo, sink and worker also say how often their ends slept on the doorbell ({ sleeps }) and where their main thread ran: { ranOn, allowed (its CPU list),
+// pinned (false: the CPU the bench named could not be set) }.
 // Channel modes and doorbell-echo end with { n?, cpu }: this process's CPU time (user + system,
 // microseconds) from the first timed message (after the parent's warm-up) or the start of work.
 import { connect as netConnect } from 'node:net';
@@ -25,9 +27,14 @@ import { arg } from '../src/cuda/kernel-args.js';
 import { addon } from '../src/native/addon.js';
 import type { HostBuffer } from '../src/host/index.js';
 import { JsWords } from '../src/channel/js-words.js';
-import { onCpu, pinFromEnv } from './placement.js';
+import { allowedCpus, onCpu, pinFromEnv } from './placement.js';
+import { endpointOf } from '../src/channel/internal.js';
 
-pinFromEnv();  // on the CPU the bench named (placement.ts)
+const pinned = pinFromEnv();  // on the CPU the bench named (placement.ts)
+/** Where this child's main thread ran and what it was allowed (the bench prints it per row). */
+const where = () => ({ ranOn: onCpu(), allowed: allowedCpus(), pinned });
+/** How many times an end went to sleep on its doorbell (its spin ran out or was off). */
+const sleepsOf = (end: object) => endpointOf.get(end)?.waiter.stats.sleeps ?? 0;
 const link = parentLink();
 const mode = process.argv[2];
 const wait = (process.argv[3] as WaitMode | undefined) ?? 'adaptive';
@@ -57,8 +64,9 @@ if (mode === 'echo') {
   }
   const cpu = cpuSince(cpu0);
   await output.end();
+  const sleeps = sleepsOf(input) + sleepsOf(output);
   input.close();
-  link.send({ cpu, ranOn });
+  link.send({ cpu, ranOn, allowed: allowedCpus(), pinned, sleeps });
 } else if (mode === 'sink' || mode === 'worker') {
   const input = await acceptChannel(link, { wait, spinMicros, role: 'consumer' });
   const stream = input.device ? Stream.create(input.device) : undefined;
@@ -72,8 +80,9 @@ if (mode === 'echo') {
     msg.release({ stream });
   }
   const cpu = cpuSince(cpu0);
+  const sleeps = sleepsOf(input);
   input.close();
-  link.send({ n, sum, cpu });
+  link.send({ n, sum, cpu, ...where(), sleeps });
 } else if (mode === 'doorbell-echo') {
   const { bells, warmup } = (await link.receive()) as { bells: Doorbells; warmup: number };
   let cpu0 = process.cpuUsage();

@@ -8,7 +8,7 @@ import { fileURLToPath } from 'node:url';
 import { spawnSync } from 'node:child_process';
 import { spawnPython, pythonPackageDirectory } from '../src/link/index.js';
 import { createChannel, type WaitMode } from '../src/channel/index.js';
-import { summarize, type Summary } from './stats.js';
+import { ONE_WAY_WARMUP_MS, summarize, type Summary } from './stats.js';
 
 const python = process.env.CUDA_IPC_PYTHON ?? 'python3';
 const SCRIPT = fileURLToPath(new URL('../../bench/python/channel_oneway.py', import.meta.url));
@@ -64,7 +64,9 @@ export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: num
   let mine = 0;
   try {
     const cpu0 = process.cpuUsage();
-    const end = performance.now() + ms;
+    // Untimed for ONE_WAY_WARMUP_MS first (CPU is counted over every message).
+    const timed = performance.now() + ONE_WAY_WARMUP_MS;
+    const end = timed + ms;
     while (performance.now() < end || rates.length < 5) {
       const t0 = process.hrtime.bigint();
       for (let i = 0; i < BATCH; i++) {
@@ -72,8 +74,9 @@ export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: num
         slot.bytes[0] = 1;
         ch.publish(slot, { length: LENGTH });
       }
-      rates.push(BATCH / (Number(process.hrtime.bigint() - t0) / 1e9));
+      const t1 = process.hrtime.bigint();
       total += BATCH;
+      if (performance.now() >= timed) rates.push(BATCH / (Number(t1 - t0) / 1e9));
     }
     await ch.end();
     mine = cpuOf(process.cpuUsage(cpu0));
@@ -97,13 +100,16 @@ export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: num
   try {
     const cpu0 = process.cpuUsage();
     let t0 = process.hrtime.bigint();
+    let timed = 0n;
     for await (const msg of ch) {
       sum += msg.bytes[0]!;
       msg.release();
       if (++n % BATCH === 0) {
         const t1 = process.hrtime.bigint();
-        // The first batch includes the Python producer's start: left out.
-        if (n > BATCH) rates.push(BATCH / (Number(t1 - t0) / 1e9));
+        // The batches of the first ONE_WAY_WARMUP_MS (the first one includes the Python
+        // producer's start) are left out; at least the last few count.
+        if (n === BATCH) timed = t1 + BigInt(ONE_WAY_WARMUP_MS) * 1_000_000n;
+        else if (t1 >= timed || count - n < 5 * BATCH) rates.push(BATCH / (Number(t1 - t0) / 1e9));
         t0 = t1;
       }
     }

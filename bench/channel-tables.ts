@@ -1,15 +1,16 @@
 // The channel benchmarks' tables (bench/channel.ts measures): each figure against its target, with
-// the CPU per message, where the processes ran, and the spread of the runs.
+// the CPU per message, where the processes ran, and the spread of the runs. A target is MET or
+// MISSED only where the runs of the rows it depends on agree (spread <= 15%); else UNDECIDED.
 import type { Device } from '../src/cuda/device.js';
-import { printTable, type Row } from './stats.js';
+import { printTable, spreadText, SPREAD_LIMIT, verdict, widest, type Row, type TargetResult } from './stats.js';
+import { ONE_WAY_WARMUP_MS } from './stats.js';
 import { fmtBytes, PYTHON_SLOT_BYTES, ROW, TARGETS, type ChannelResults, type Spread } from './channel.js';
 
 const fmtRate = (v: number) => (v >= 1e9 ? `${(v / 1e9).toFixed(1)} G` : v >= 1e6 ? `${(v / 1e6).toFixed(2)} M` : `${(v / 1e3).toFixed(0)} k`);
-const met = (ok: boolean) => (ok ? 'MET' : 'MISSED');
 const cpuNote = (us: number) => `CPU ${us.toFixed(2)} us/msg (both processes)`;
 
-/** The rows of the channel tables, each figure against its target. */
-const spreadNote = (x: Spread) => (x.medians.length > 1 ? `runs ${x.medians.map((v) => fmtNum(v)).join(' / ')}, spread ${(x.spread * 100).toFixed(0)}%` : '');
+/** Each run's median and their spread (every row with runs). */
+const spreadNote = (x: Spread) => (x.medians.length > 0 ? `runs ${x.medians.map((v) => fmtNum(v)).join(' / ')}, ${spreadText(x.spread)}` : '');
 const fmtNum = (v: number) => (v >= 10_000 ? fmtRate(v) : v >= 100 ? v.toFixed(0) : v.toFixed(1));
 const withSpread = (notes: string[], x: Spread) => {
   const n = spreadNote(x);
@@ -17,8 +18,28 @@ const withSpread = (notes: string[], x: Spread) => {
   return notes;
 };
 
-/** The rows of the channel tables, each figure against its target. */
-export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Row[]; kernel: Row[] } {
+/** Doorbell sleeps per 1,000 messages (both ends) in each run: a slow run with many sleeps fell
+ * out of spinning (its ends woke through the event loop). */
+const sleepsNote = (perRun: number[]) => `doorbell sleeps per 1k msgs by run ${perRun.map((v) => (v >= 10 ? v.toFixed(0) : v.toFixed(1))).join(' / ')}`;
+
+/** A C ring row against the JavaScript ring's row of the same shape: the ratio, and which is
+ * faster only where both rows' runs agree (spread <= 15%). */
+export function ringNote(ratio: number, what: 'time' | 'rate', cFaster: boolean, ...spreads: Spread[]): string {
+  const spread = widest(...spreads);
+  const decided = verdict(true, spread) !== 'UNDECIDED';
+  return `${ratio.toFixed(2)}x the JavaScript ring's ${what}: ${decided ? (cFaster ? 'the C ring is faster' : 'the JavaScript ring is faster') : `UNDECIDED (${spreadText(spread)})`}`;
+}
+
+/** The rows of the channel tables, each figure against its target, and every target's verdict. */
+export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Row[]; kernel: Row[]; targets: TargetResult[] } {
+  const targets: TargetResult[] = [];
+  /** Checks a target: `value` against `limit`, decided by the spread of the rows it depends on. */
+  const check = (row: string, target: string, value: number, limit: number, atMost: boolean, ...spreads: Array<Spread | undefined>): string => {
+    const spread = widest(...spreads);
+    const v = verdict(atMost ? value <= limit : value >= limit, spread);
+    targets.push({ row, target, value, limit, spread, verdict: v });
+    return `${target}: ${v}${v === 'UNDECIDED' ? ` (${spreadText(spread)})` : ''}`;
+  };
   const f = r.floor;
   const socket = f.socket?.us.median;
   const latency: Row[] = [];
@@ -32,19 +53,22 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     const notes: string[] = [];
     if (t.wait === 'adaptive') {
       const target = t.memory === 'host' ? TARGETS.rttDefaultHostUs : TARGETS.rttDefaultDeviceUs;
-      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`);
+      notes.push(check(name, `target <= ${target} us`, t.us.median, target, true, t.runs));
       if (socket) {
         const ratio = t.us.median / socket;
-        notes.push(`${ratio.toFixed(2)}x socket (target <= ${TARGETS.rttDefaultVsSocket}x): ${met(ratio <= TARGETS.rttDefaultVsSocket)}`);
+        notes.push(check(name, `${ratio.toFixed(2)}x socket (target <= ${TARGETS.rttDefaultVsSocket}x)`, ratio, TARGETS.rttDefaultVsSocket, true, t.runs, f.socket?.runs));
       }
     } else if (t.wait === 'spin') {
       const target = t.memory === 'host' ? TARGETS.rttSpinHostUs : TARGETS.rttSpinDeviceUs;
-      notes.push(`target <= ${target} us: ${met(t.us.median <= target)}`);
+      notes.push(check(name, `target <= ${target} us`, t.us.median, target, true, t.runs));
       if (f.spin) notes.push(`${(t.us.median / f.spin.us.median).toFixed(1)}x the spin floor`);
-      notes.push(t.placement);
     } else {
       notes.push('no spinning');
     }
+    if (t.placement) notes.push(t.placement);
+    if (t.sleepsPer1k?.length) notes.push(sleepsNote(t.sleepsPer1k));
+    const js = t.ring === 'c' ? r.roundTrip[ROW.roundTrip(t.wait, t.memory)] : undefined;
+    if (js) notes.push(ringNote(t.us.median / js.us.median, 'time', t.us.median < js.us.median, t.runs, js.runs));
     notes.push(cpuNote(t.cpuUsPerMsg));
     latency.push({ name, unit: 'us', median: t.us.median, p99: t.us.p99, n: t.us.n, notes: withSpread(notes, t.runs) });
   }
@@ -55,17 +79,22 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     // producer writes one byte of a host slot), so a "bytes per second" of slot size times
     // messages would read as a bandwidth that no copy ever achieved.
     const notes = [`${o.memory === 'host' ? `${o.bytesWrittenPerMsg} byte written per message` : 'no byte written by the CPU'}, the ${fmtBytes(o.slotBytes)} slot handed over in place (no copy)`];
-    if (o.wait === 'adaptive') notes.push(`target >= ${fmtRate(target)} msg/s: ${met(o.msgsPerSec.median >= target)}`);
+    if (o.wait === 'adaptive') notes.push(check(name, `target >= ${fmtRate(target)} msg/s`, o.msgsPerSec.median, target, false, o.runs));
+    const js = o.ring === 'c' ? r.oneWay[ROW.oneWay(o.slotBytes, o.wait, o.memory)] : undefined;
+    if (js) notes.push(ringNote(o.msgsPerSec.median / js.msgsPerSec.median, 'rate', o.msgsPerSec.median > js.msgsPerSec.median, o.runs, js.runs));
     notes.push(cpuNote(o.cpuUsPerMsg));
+    if (o.placement) notes.push(o.placement);
+    if (o.sleepsPer1k?.length) notes.push(sleepsNote(o.sleepsPer1k));
     throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes: withSpread(notes, o.runs) });
   }
   if (r.python && 'rows' in r.python) {
-    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES);
+    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES && o.ring === 'js');
     for (const p of r.python.rows) {
       const notes = [`${p.direction.startsWith('python->node') ? 'a Python producer, a Node consumer' : 'a Node producer, a Python consumer'} (Python hot path: ${p.hotPath})`];
       if (node) {
         const ratio = p.msgsPerSec.median / node.msgsPerSec.median;
-        notes.push(`${(ratio * 100).toFixed(0)}% of Node -> Node's ${fmtRate(node.msgsPerSec.median)} msg/s (target >= ${TARGETS.pythonVsNode * 100}%): ${met(ratio >= TARGETS.pythonVsNode)}`);
+        notes.push(check(ROW.python(p.direction), `${(ratio * 100).toFixed(0)}% of Node -> Node's ${fmtRate(node.msgsPerSec.median)} msg/s (target >= ${TARGETS.pythonVsNode * 100}%)`,
+          ratio, TARGETS.pythonVsNode, false, p.runs, node.runs));
       }
       notes.push(cpuNote(p.cpuUsPerMsg), `Python's CPU ${p.pythonCpuUsPerMsg.toFixed(2)} us/msg`);
       throughput.push({ name: ROW.python(p.direction), unit: 'msg/s', median: p.msgsPerSec.median, p99: p.slowest1pct, n: p.msgsPerSec.n, notes: withSpread(notes, p.runs) });
@@ -80,22 +109,30 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
   if (r.kernel) {
     const k = r.kernel;
     kernel.push({ name: 'checksum kernel on a 256 MiB shared slot', unit: 'us', median: k.sharedUs.median, p99: k.sharedUs.p99, n: k.sharedUs.n,
-      notes: [`${(k.ratio * 100).toFixed(1)}% of local speed; target >= ${TARGETS.kernelRatio * 100}%: ${met(k.ratio >= TARGETS.kernelRatio)}`] });
+      notes: [check('checksum kernel on a 256 MiB shared slot', `${(k.ratio * 100).toFixed(1)}% of local speed; target >= ${TARGETS.kernelRatio * 100}%`, k.ratio, TARGETS.kernelRatio, false,
+        { medians: k.rounds, spread: k.roundsSpread })] });
     kernel.push({ name: 'same kernel on its own memory', unit: 'us', median: k.localUs.median, p99: k.localUs.p99, n: k.localUs.n });
   }
-  return { latency, throughput, kernel };
+  return { latency, throughput, kernel, targets };
 }
 
-/** Prints the channel tables (bench/main.ts). */
-export function printChannelTables(r: ChannelResults, iterations: number, warmup: number, device: Device | undefined): void {
+/** Prints the channel tables (bench/main.ts); returns every target's verdict (for the JSON). */
+export function printChannelTables(r: ChannelResults, iterations: number, warmup: number, device: Device | undefined): TargetResult[] {
   const t = channelRows(r);
   console.log(`\nchannels: ${device ? 'host and device slots' : 'host slots only (no GPU)'}; round trips ${iterations} timed after ${Math.max(warmup, 2000)} warm-up, ` +
-    `one way and work sharing about 0.7 s each; wait modes: adaptive (the default), sleep, spin; each row ${r.runs} time(s), rows taking turns, ` +
-    `figures over all runs with each run's median and their spread; processes ${r.pinned}`);
+    `one way and work sharing about 0.7 s each after ${ONE_WAY_WARMUP_MS} ms untimed; wait modes: adaptive (the default), sleep, spin; ` +
+    `each row ${r.runs} time(s) after ${r.warmupRuns} dropped warm-up round(s), rows taking turns (each round starting further down the list), ` +
+    `figures over all runs with each run's median and their spread, (max - min) / median; a target is MET or MISSED only where that spread ` +
+    `is at most ${SPREAD_LIMIT * 100}% (else UNDECIDED); processes ${r.pinned}`);
+  for (const l of r.leftovers) console.log(`  children still alive: ${l}`);
+  console.log(r.cRingSkipped ? `  the C ring's rows did not run: ${r.cRingSkipped}` : '  rows marked "C ring": both ends on the C ring (CUDA_IPC_CHANNEL_RING=c), beside the same row on the JavaScript ring (the default)');
   printTable('Channel round trip: a message to a child through one channel and back through another ' +
     `(targets: adaptive <= ${TARGETS.rttDefaultHostUs} us host / ${TARGETS.rttDefaultDeviceUs} us device and <= ${TARGETS.rttDefaultVsSocket}x socket; ` +
     `spin <= ${TARGETS.rttSpinHostUs} / ${TARGETS.rttSpinDeviceUs} us)`, t.latency);
   printTable('Channel throughput in messages per second (higher is better; one way: median of 2000-message batches, "p99" column = slowest 1% of batches; ' +
     'slots change hands in place, so these are not copy bandwidths)', t.throughput);
   if (t.kernel.length) printTable('Consumer kernel on shared slots (lower is better)', t.kernel);
+  const count = (v: string) => t.targets.filter((x) => x.verdict === v).length;
+  console.log(`\nchannel targets: ${count('MET')} met, ${count('MISSED')} missed, ${count('UNDECIDED')} undecided (runs spread over ${SPREAD_LIMIT * 100}%) of ${t.targets.length}`);
+  return t.targets;
 }

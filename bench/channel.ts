@@ -4,25 +4,28 @@
 // and (on a GPU) a consumer kernel on shared slots against the same kernel on its own memory.
 // Every channel figure comes with the CPU time both processes spent per message.
 //
-// Stability (issue 30): every row runs `runs` times (3 by default), the rows taking turns (round
-// robin, so that a change of the machine's state hits every row alike), each run in fresh child
-// processes; a row's figure is the median of all its runs' samples, printed with the spread of the
-// runs' medians. The bench process and its children are pinned to CPUs of one NUMA node (the GPU's),
-// each on a physical core of its own (placement.ts), and the round-trip rows say where they ran.
-import { createServer, type Socket } from 'node:net';
-import { mkdtempSync, rmSync } from 'node:fs';
-import { HostBuffer } from '../src/host/index.js';
-import { JsWords } from '../src/channel/js-words.js';
-import { childEnv, cpuPlacement, onCpu, type PinPlan } from './placement.js';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+// Stability (issues 30 and 38): every row runs `runs` times (3 by default), the rows taking turns,
+// each round starting further down the list (stats.ts roundOrder: one row's runs spread over the
+// bench, never back to back), after `warmupRuns` rounds whose figures are dropped (the bench
+// process's own code reaches its steady state on every row's path first: the runs of one row
+// otherwise rose from round to round); each run in fresh child processes, started only once the
+// previous run's children have exited, and timed only after a warm-up of its own (one way and work
+// sharing: ONE_WAY_WARMUP_MS; round trips: the warm-up iterations). A row's figure is the median of
+// all its runs' samples, printed with the spread of the runs' medians; a target on a row whose
+// spread is over 15% is UNDECIDED (stats.ts verdict). The bench process's main thread and each
+// child's are pinned to physical cores of their own on one NUMA node (the GPU's), their other
+// threads to the node's remaining CPUs (placement.ts); every row says where its processes ran.
+import { childEnv, cpuPlacement, liveChildren, onCpu, type PinPlan } from './placement.js';
 import { spawn, type Link } from '../src/link/index.js';
 import { ChannelHub, createChannel, type ChannelMemory, type WaitMode } from '../src/channel/index.js';
-import { Doorbells } from '../src/channel/doorbells.js';
+import { endpointOf } from '../src/channel/internal.js';
+import { cRingUnavailable, RING_ENV, type RingKind } from '../src/channel/c-ring.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
-import { addon } from '../src/native/addon.js';
-import { summarize, type Summary } from './stats.js';
+import { ONE_WAY_WARMUP_MS, roundOrder, spreadOf, summarize, type Spread, type Summary } from './stats.js';
+
+export { spreadOf, type Spread };
+
 import { nodeToPython, pythonToNode, pythonChannelUnavailable, PYTHON_BATCH, type PythonOneWay } from './channel-python.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
@@ -51,17 +54,37 @@ type Memory = 'host' | 'device';
 export interface RoundTrip {
   memory: Memory;
   wait: WaitMode;
+  /** Which ring both ends ran: the JavaScript ring (the default) or the C ring (CUDA_IPC_CHANNEL_RING=c). */
+  ring: RingKind;
   us: Summary;
   /** CPU time (user + system) of both processes per message; a round trip is two messages. */
   cpuUsPerMsg: number;
   /** Where the two processes ran when timing began (CPUs, NUMA nodes), each run. */
   placement: string;
   runs: Spread;
+  /** Sleeps on the doorbell per 1,000 messages, both processes, each run (warm-up included). */
+  sleepsPer1k?: number[];
 }
+
+/** What a child reports of where its main thread ran, and how often its ends slept (channel-child.ts). */
+interface ChildWhere { ranOn: number; allowed?: string; pinned?: boolean; sleeps?: number }
+
+/** How many times an end went to sleep on its doorbell: an adaptive end that sleeps costs its peer
+ * a doorbell ring and itself a wake-up through the event loop, and a run whose ends slept often is
+ * slower (the figure that tells such a run from the others). */
+const sleepsOf = (end: object) => endpointOf.get(end)?.waiter.stats.sleeps ?? 0;
+
+/** "CPUs 0 and 5 (one NUMA node)", and a warning where the child's pinning failed. */
+function where(mine: number, theirs: ChildWhere): string {
+  const p = cpuPlacement(mine, theirs.ranOn);
+  return theirs.pinned === false ? `${p}; the child's pinning FAILED (allowed CPUs ${theirs.allowed ?? '?'})` : p;
+}
+
 
 export interface OneWay {
   memory: Memory;
   wait: WaitMode;
+  ring: RingKind;
   slotBytes: number;
   /** Per-batch rates: median and the slowest 1% (p99 column). */
   msgsPerSec: Summary;
@@ -70,11 +93,13 @@ export interface OneWay {
    * in place, so nothing is copied and its size does not change the work per message. */
   bytesWrittenPerMsg: number;
   cpuUsPerMsg: number;
+  /** Where the two processes ran, each run. */
+  placement: string;
   runs: Spread;
+  /** Sleeps on the doorbell per 1,000 messages, both processes, each run (warm-up included). */
+  sleepsPer1k?: number[];
 }
 
-/** One row's runs: each run's median, and their spread, (max - min) / median of the medians. */
-export interface Spread { medians: number[]; spread: number }
 
 export interface ChannelOptions {
   /** Rows with a Python end (default true). */
@@ -83,14 +108,21 @@ export interface ChannelOptions {
   only?: RegExp;
   /** Runs of each row, taking turns (default 3). */
   runs?: number;
+  /** Rounds of every row run first and dropped (default 1). */
+  warmupRuns?: number;
   /** Where the processes run (placement.ts); undefined: not pinned. */
   pin?: PinPlan;
 }
 
 export interface ChannelResults {
-  /** Runs of each row; where the processes were pinned (or why not). */
+  /** Runs of each row, rounds dropped before them; where the processes were pinned (or why not). */
   runs: number;
+  warmupRuns: number;
   pinned: string;
+  /** Children still alive when a run was to start (after waiting for them), and those alive before the first run. */
+  leftovers: string[];
+  /** Why the C ring's rows did not run (the addon has no C ring); absent when they did. */
+  cRingSkipped?: string;
   floor: {
     doorbell?: { us: Summary; cpuUsPerMsg: number; runs: Spread };
     socket?: { us: Summary; runs: Spread };
@@ -103,130 +135,39 @@ export interface ChannelResults {
   workSharing: Record<string, { consumers: number; msgsPerSec: number; runs: Spread }>;
   /** One way with a Python end (host slots, 4 KiB, adaptive), or why it did not run. */
   python?: { rows: Array<PythonOneWay & { runs: Spread }> } | { skipped: string };
-  kernel?: { sharedUs: Summary; localUs: Summary; ratio: number };
+  kernel?: KernelResult;
 }
 
-function waitExit(child: { exitCode: number | null; signalCode: string | null; once(e: 'exit', f: () => void): unknown }): Promise<void> {
-  return child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise((r) => child.once('exit', () => r()));
+import { cpuOf, doorbellFloor, socketRoundTrip, spinFloor, waitExit } from './channel-floors.js';
+
+/** The child's environment and this process's while it makes its ends: CUDA_IPC_CHANNEL_RING as
+ * `ring` asks (read when an end is made; c-ring.ts). */
+function ringEnv(env: NodeJS.ProcessEnv, ring: RingKind): NodeJS.ProcessEnv {
+  return { ...env, [RING_ENV]: ring };
 }
 
-const cpuOf = (u: NodeJS.CpuUsage) => u.user + u.system;
-
-/** The floor: two processes bounce a wake-up through a pair of eventfd doorbells, each polled by
- * the other process's event loop, with no channel (what a sleeping channel end costs, both ways). */
-async function doorbellFloor(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; cpuUsPerMsg: number }> {
-  const { child, link } = await spawn(CHILD, ['doorbell-echo'], { stdio: 'inherit', env });
-  const bells = Doorbells.create(2);
-  const times = new Float64Array(iterations);
-  let resolve: (() => void) | undefined;
-  const bell = new addon.Doorbell(bells.fd(0), () => resolve?.());
-  bell.ref();
+async function withRing<T>(ring: RingKind, make: () => Promise<T>): Promise<T> {
+  const before = process.env[RING_ENV];
+  process.env[RING_ENV] = ring;
   try {
-    link.send({ bells, warmup });
-    await link.receive();
-    let cpu0 = process.cpuUsage();
-    for (let i = 0; i < warmup + iterations; i++) {
-      if (i === warmup) cpu0 = process.cpuUsage();
-      const t0 = process.hrtime.bigint();
-      const back = new Promise<void>((r) => (resolve = r));
-      bells.ring(1);
-      await back;
-      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
-    }
-    const mine = cpuOf(process.cpuUsage(cpu0));
-    link.send({ done: true });
-    const theirs = ((await link.receive()) as { cpu: number }).cpu;
-    return { us: times, cpuUsPerMsg: (mine + theirs) / (2 * iterations) };
+    return await make();
   } finally {
-    bell.close();
-    bells.close();
-    await waitExit(child);
+    if (before === undefined) delete process.env[RING_ENV];
+    else process.env[RING_ENV] = before;
   }
-}
-
-/** Word offsets of the spin floor: a line apart, so that each side's word has a line of its own. */
-const SPIN_PING = 0;
-const SPIN_PONG = 64;
-/** The spin floor gives up (a stuck peer) after this long in all. */
-const SPIN_FLOOR_LIMIT_MS = 20_000;
-
-/** The floor under spin mode: two processes bounce a shared word, each spinning in the addon on
- * the word the other bumps (what a spinning channel end does, with no channel around it). */
-async function spinFloor(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; placement: string }> {
-  const { child, link } = await spawn(CHILD, ['spin-echo'], { stdio: 'inherit', env });
-  const buffer = HostBuffer.allocate(4096);
-  const words = new JsWords(new addon.SharedWords(buffer.fd, 4096), buffer.bytes);
-  const times = new Float64Array(iterations);
-  try {
-    link.send({ buffer, rounds: warmup + iterations });
-    await link.receive();
-    const limit = performance.now() + SPIN_FLOOR_LIMIT_MS;
-    for (let i = 0; i < warmup + iterations; i++) {
-      const t0 = process.hrtime.bigint();
-      words.add32(SPIN_PING, 1);
-      while (!words.spinWait32(SPIN_PONG, i, 1000)) {
-        if (performance.now() > limit) throw new Error('spin floor: the child stopped answering');
-      }
-      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
-    }
-    const mine = onCpu();
-    const theirs = ((await link.receive()) as { cpu: number }).cpu;
-    return { us: times, placement: cpuPlacement(mine, theirs) };
-  } finally {
-    words.close();
-    buffer.close();
-    await waitExit(child);
-  }
-}
-
-/** The reference: a 64-byte round trip over a Unix socket between two Node processes (node:net). */
-async function socketRoundTrip(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<Float64Array> {
-  const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-bench-'));
-  const path = join(dir, 'echo.sock');
-  const server = createServer();
-  await new Promise<void>((r) => server.listen(path, r));
-  const connected = new Promise<Socket>((r) => server.once('connection', r));
-  const { child } = await spawn(CHILD, ['socket-echo', path], { stdio: 'inherit', env });
-  const socket = await connected;
-  socket.setNoDelay(true);
-  const payload = Buffer.alloc(64, 7);
-  const times = new Float64Array(iterations);
-  try {
-    let got = 0;
-    let resolve: (() => void) | undefined;
-    socket.on('data', (d) => {
-      got += d.length;
-      if (got >= 64) {
-        got -= 64;
-        resolve?.();
-      }
-    });
-    for (let i = 0; i < warmup + iterations; i++) {
-      const t0 = process.hrtime.bigint();
-      const back = new Promise<void>((r) => (resolve = r));
-      socket.write(payload);
-      await back;
-      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
-    }
-  } finally {
-    socket.destroy();
-    server.close();
-    await waitExit(child);
-    rmSync(dir, { recursive: true, force: true });
-  }
-  return times;
 }
 
 /** Median and p99 of per-iteration microseconds through out -> child -> back. */
-async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; cpuUsPerMsg: number; placement: string }> {
-  const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit', env });
+async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number, env: NodeJS.ProcessEnv, ring: RingKind = 'js'): Promise<{ us: Float64Array; cpuUsPerMsg: number; placement: string; sleepsPer1k: number }> {
+  const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit', env: ringEnv(env, ring) });
   const opts = { slots: 4, slotBytes: 4096, memory, wait } as const;
-  const out = await createChannel(link, { ...opts, role: 'producer' });
-  const back = await createChannel(link, { ...opts, role: 'consumer' });
+  const out = await withRing(ring, () => createChannel(link, { ...opts, role: 'producer' }));
+  const back = await withRing(ring, () => createChannel(link, { ...opts, role: 'consumer' }));
   const stream = out.device ? Stream.create(out.device) : undefined;
   const times = new Float64Array(iterations);
   let mine = 0;
   let ranOn = -1;
+  let sleeps = 0;
   try {
     let cpu0 = process.cpuUsage();
     for (let i = 0; i < warmup + iterations; i++) {
@@ -246,12 +187,16 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
     mine = cpuOf(process.cpuUsage(cpu0));
   } finally {
     await out.end();
+    sleeps = sleepsOf(out) + sleepsOf(back);
     back.close();
     stream?.close();
   }
-  const theirs = (await link.receive()) as { cpu: number; ranOn: number };
+  const theirs = (await link.receive()) as { cpu: number } & ChildWhere;
   await waitExit(child);
-  return { us: times, cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: cpuPlacement(ranOn, theirs.ranOn) };
+  return {
+    us: times, cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: where(ranOn, theirs),
+    sleepsPer1k: ((sleeps + (theirs.sleeps ?? 0)) * 1000) / (2 * (warmup + iterations)),
+  };
 }
 
 /** The slot size of the rows with a Python end (compared with Node's row of the same size). */
@@ -260,16 +205,20 @@ export const PYTHON_SLOT_BYTES = 4 << 10;
 /** Bytes each one-way message says it uses (the producer writes one of them, on host slots). */
 const ONE_WAY_LENGTH = 8;
 
-/** One way for about `ms`: rates per batch of 2000 messages, and CPU per message. */
-async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv) {
-  const { child, link } = await spawn(CHILD, ['sink', wait], { stdio: 'inherit', env });
-  const ch = await createChannel(link, { role: 'producer', slots, slotBytes, memory, wait });
+/** One way for about `ms` after ONE_WAY_WARMUP_MS untimed: rates per batch of 2000 messages, and
+ * CPU per message (over every message, the warm-up's too: both ends count from the start). */
+async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv, ring: RingKind = 'js') {
+  const { child, link } = await spawn(CHILD, ['sink', wait], { stdio: 'inherit', env: ringEnv(env, ring) });
+  const ch = await withRing(ring, () => createChannel(link, { role: 'producer', slots, slotBytes, memory, wait }));
   const stream = ch.device ? Stream.create(ch.device) : undefined;
   const rates: number[] = [];
   let total = 0;
   const batch = 2000;
-  const end = performance.now() + ms;
+  const timed = performance.now() + ONE_WAY_WARMUP_MS;
+  const end = timed + ms;
   let mine = 0;
+  let ranOn = -1;
+  let sleeps = 0;
   try {
     const cpu0 = process.cpuUsage();
     while (performance.now() < end || rates.length < 5) {
@@ -279,19 +228,23 @@ async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, 
         if (!stream) slot.bytes[0] = 1;
         ch.publish(slot, { stream, length: ONE_WAY_LENGTH });
       }
-      rates.push(batch / (Number(process.hrtime.bigint() - t0) / 1e9));
+      const t1 = process.hrtime.bigint();
       total += batch;
+      if (performance.now() < timed) continue;
+      rates.push(batch / (Number(t1 - t0) / 1e9));
+      if (ranOn < 0) ranOn = onCpu();
     }
     await ch.end();
     mine = cpuOf(process.cpuUsage(cpu0));
   } finally {
+    sleeps = sleepsOf(ch);
     if (!ch.closed) ch.close();
     stream?.close();
   }
-  const r = (await link.receive()) as { n: number; sum: number; cpu: number };
+  const r = (await link.receive()) as { n: number; sum: number; cpu: number } & ChildWhere;
   await waitExit(child);
   if (r.n !== total || (!stream && r.sum !== total)) throw new Error(`one-way benchmark: the consumer saw ${r.n} of ${total} messages`);
-  return { rates, cpuUsPerMsg: (mine + r.cpu) / total };
+  return { rates, cpuUsPerMsg: (mine + r.cpu) / total, placement: where(ranOn, r), sleepsPer1k: ((sleeps + (r.sleeps ?? 0)) * 1000) / total };
 }
 
 async function workSharing(memory: ChannelMemory, consumers: number, ms: number, pin: PinPlan | undefined): Promise<number> {
@@ -306,21 +259,30 @@ async function workSharing(memory: ChannelMemory, consumers: number, ms: number,
       await hub.attach(k.link, { role: 'consumer' });
       kids.push(k);
     }
-    const t0 = performance.now();
-    while (performance.now() - t0 < ms) {
+    // Untimed first (ONE_WAY_WARMUP_MS), then timed for `ms`.
+    let t0 = performance.now();
+    const timed = t0 + ONE_WAY_WARMUP_MS;
+    let counted = 0;
+    let warming = true;
+    while (warming || performance.now() - t0 < ms) {
       for (let i = 0; i < 1000; i++) {
         const slot = await ch.acquire({ stream });
         if (!stream) slot.bytes[0] = 1;
         ch.publish(slot, { stream, length: ONE_WAY_LENGTH });
       }
       total += 1000;
+      if (!warming) counted += 1000;
+      else if (performance.now() >= timed) {
+        warming = false;
+        t0 = performance.now();
+      }
     }
-    await ch.end();
     const s = (performance.now() - t0) / 1000;
+    await ch.end();
     let seen = 0;
     for (const k of kids) seen += ((await k.link.receive()) as { n: number }).n;
     if (seen !== total) throw new Error(`work-sharing benchmark: consumers saw ${seen} of ${total}`);
-    return total / s;
+    return counted / s;
   } finally {
     hub.close();
     stream?.close();
@@ -328,7 +290,11 @@ async function workSharing(memory: ChannelMemory, consumers: number, ms: number,
   }
 }
 
-async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: Summary; localUs: Summary; ratio: number }> {
+/** The kernel comparison: both timings, their ratio, and the ratio of each of the child's rounds
+ * (shared and local memory alternated) with their spread. */
+export interface KernelResult { sharedUs: Summary; localUs: Summary; ratio: number; rounds: number[]; roundsSpread: number }
+
+async function kernelOnSlots(device: Device, reps: number): Promise<KernelResult> {
   const slotBytes = 256 << 20;
   const { child, link } = await spawn(CHILD, ['kernel', '0', String(reps)], { stdio: 'inherit' });
   const ch = await createChannel(link, { role: 'producer', slots: 1, slotBytes, memory: { device } });
@@ -343,7 +309,12 @@ async function kernelOnSlots(device: Device, reps: number): Promise<{ sharedUs: 
     await ch.end();
     const sharedUs = summarize(r.sharedUs);
     const localUs = summarize(r.localUs);
-    return { sharedUs, localUs, ratio: localUs.median / sharedUs.median };
+    // The child alternates `reps` shared then `reps` local samples per round.
+    const rounds: number[] = [];
+    for (let i = 0; i + reps <= Math.min(r.sharedUs.length, r.localUs.length); i += reps) {
+      rounds.push(summarize(r.localUs.slice(i, i + reps)).median / summarize(r.sharedUs.slice(i, i + reps)).median);
+    }
+    return { sharedUs, localUs, ratio: localUs.median / sharedUs.median, rounds, roundsSpread: spreadOf(rounds).spread };
   } finally {
     if (!ch.closed) ch.close();
     stream.close();
@@ -357,12 +328,14 @@ class Runs {
   medians: number[] = [];
   cpu: number[] = [];
   placements: string[] = [];
+  sleepsPer1k: number[] = [];
 
-  add(samples: ArrayLike<number>, cpuUsPerMsg?: number, placement?: string): void {
+  add(samples: ArrayLike<number>, cpuUsPerMsg?: number, placement?: string, sleepsPer1k?: number): void {
     for (let i = 0; i < samples.length; i++) this.samples.push(samples[i]!);
     this.medians.push(summarize(samples).median);
     if (cpuUsPerMsg !== undefined) this.cpu.push(cpuUsPerMsg);
     if (placement !== undefined) this.placements.push(placement);
+    if (sleepsPer1k !== undefined) this.sleepsPer1k.push(sleepsPer1k);
   }
 
   get summary(): Summary { return summarize(this.samples); }
@@ -373,31 +346,39 @@ class Runs {
   get spread(): Spread { return spreadOf(this.medians); }
 }
 
-export function spreadOf(medians: number[]): Spread {
-  const m = summarize(medians).median;
-  return { medians, spread: medians.length > 1 && m > 0 ? (Math.max(...medians) - Math.min(...medians)) / m : 0 };
-}
 
 /** Row names, as the tables print them (--only matches these). */
 export const ROW = {
   doorbell: 'floor: doorbell round trip (eventfd + event loop, no channel)',
   spin: 'floor: spin round trip (a shared word, two processes, no channel)',
   socket: 'reference: Node Unix socket round trip, 64 bytes',
-  roundTrip: (wait: WaitMode, memory: Memory) => `round trip, ${wait} (${memory} slots)`,
-  oneWay: (size: number, wait: WaitMode, memory: Memory) => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots)`,
+  roundTrip: (wait: WaitMode, memory: Memory, ring: RingKind = 'js') => `round trip, ${wait} (${memory} slots${ring === 'c' ? ', C ring' : ''})`,
+  oneWay: (size: number, wait: WaitMode, memory: Memory, ring: RingKind = 'js') => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots${ring === 'c' ? ', C ring' : ''})`,
   python: (direction: PythonOneWay['direction']) => `one way, ${fmtBytes(PYTHON_SLOT_BYTES)} slots, adaptive, ${direction.startsWith('python->node') ? 'Python -> Node' : 'Node -> Python'}${direction === 'node->python batch' ? `, receive_many(${PYTHON_BATCH})` : direction === 'python->node batch' ? `, acquire_many/publish_many(${PYTHON_BATCH})` : ''} (host slots)`,
   workSharing: (consumers: number) => `work sharing, ${consumers} consumer${consumers > 1 ? 's' : ''} (host slots)`,
 };
 
 export async function channelBenchmarks(iterations: number, warmup: number, device: Device | undefined, options: ChannelOptions = {}): Promise<ChannelResults> {
   const runs = options.runs ?? 3;
+  const warmupRuns = options.warmupRuns ?? 1;
   const pin = options.pin;
   const env = childEnv(pin);
   const want = (name: string) => !options.only || options.only.test(name);
   const res: ChannelResults = {
-    runs, pinned: pin ? `CPUs of NUMA node ${pin.node} (${pin.why}), each process on a core of its own` : 'not pinned',
+    runs, warmupRuns, leftovers: [],
+    pinned: pin ? `on NUMA node ${pin.node} (${pin.why}), each main thread on a core of its own, other threads on CPUs ${pin.helperList}` : 'not pinned',
     floor: {}, roundTrip: {}, oneWay: {}, workSharing: {},
   };
+  const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
+  // The C ring's rows beside the JavaScript ring's (host slots): where the addon has it.
+  const noCRing = cRingUnavailable();
+  if (noCRing) res.cRingSkipped = noCRing;
+  const ringsFor = (memory: Memory): RingKind[] => (memory === 'host' && !noCRing ? ['js', 'c'] : ['js']);
+  const oneWayRows = (memory: Memory): Array<[WaitMode, number, RingKind]> => [
+    ...sizes.map((s) => ['adaptive', s, 'js'] as [WaitMode, number, RingKind]),
+    ...ringsFor(memory).filter((k) => k === 'c').map((k) => ['adaptive', 4 << 10, k] as [WaitMode, number, RingKind]),
+    ...(['sleep', 'spin'] as const).flatMap((w) => ringsFor(memory).map((k) => [w, 4 << 10, k] as [WaitMode, number, RingKind])),
+  ];
   // Each row: its name, its samples, and one run of it. Rows run in this order, `runs` rounds.
   const rows: Array<{ name: string; runs: Runs; run: (r: Runs) => Promise<void> }> = [];
   const row = (name: string, run: (r: Runs) => Promise<void>) => {
@@ -412,14 +393,15 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   for (const [memory, m] of memories) {
     for (const wait of WAITS) {
       // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state),
-      // and the adaptive spin must have learned the gaps.
-      row(ROW.roundTrip(wait, memory), async (r) => { const t = await roundTrip(m, wait, iterations, long, env); r.add(t.us, t.cpuUsPerMsg, t.placement); });
+      // and the adaptive spin must have learned the gaps. The C ring's row next to the JavaScript one's.
+      for (const ring of ringsFor(memory)) {
+        row(ROW.roundTrip(wait, memory, ring), async (r) => { const t = await roundTrip(m, wait, iterations, long, env, ring); r.add(t.us, t.cpuUsPerMsg, t.placement, t.sleepsPer1k); });
+      }
     }
   }
-  const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
   for (const [memory, m] of memories) {
-    for (const [wait, size] of [...sizes.map((s) => ['adaptive', s] as [WaitMode, number]), ['sleep', 4 << 10], ['spin', 4 << 10]] as Array<[WaitMode, number]>) {
-      row(ROW.oneWay(size, wait, memory), async (r) => { const o = await oneWay(m, wait, size, 8, 700, env); r.add(o.rates, o.cpuUsPerMsg); });
+    for (const [wait, size, ring] of oneWayRows(memory)) {
+      row(ROW.oneWay(size, wait, memory, ring), async (r) => { const o = await oneWay(m, wait, size, 8, 700, env, ring); r.add(o.rates, o.cpuUsPerMsg, o.placement, o.sleepsPer1k); });
     }
   }
   const lastPython: Partial<Record<PythonOneWay['direction'], PythonOneWay>> = {};
@@ -438,15 +420,15 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
         r.add(a.rates, a.cpuUsPerMsg);
       });
       row(ROW.python('python->node'), async (r) => {
-        // As many messages as Node -> Python moved in its time (about as long), or 140k.
+        // As many messages as Node -> Python moved in its time and warm-up (about as long), or 180k.
         const to = lastPython['node->python'];
-        const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * 0.7)));
+        const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * (0.7 + ONE_WAY_WARMUP_MS / 1000))));
         const b = lastPython['python->node'] = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count, env);
         r.add(b.rates, b.cpuUsPerMsg);
       });
       row(ROW.python('python->node batch'), async (r) => {
         const to = lastPython['node->python batch'];
-        const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * 0.7)));
+        const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * (0.7 + ONE_WAY_WARMUP_MS / 1000))));
         const b = lastPython['python->node batch'] = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count, env, PYTHON_BATCH);
         r.add(b.rates, b.cpuUsPerMsg);
       });
@@ -456,10 +438,17 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     row(ROW.workSharing(consumers), async (r) => r.add([await workSharing('host', consumers, 700, pin)]));
   }
 
-  for (let round = 0; round < runs; round++) {
-    for (const r of rows) {
-      progress(`${r.name}${runs > 1 ? ` (run ${round + 1} of ${runs})` : ''}`);
-      await r.run(r.runs);
+  // Children alive before the first run (another part of the bench's, if any) are not waited for.
+  const before = new Set(liveChildren() ?? []);
+  if (before.size) res.leftovers.push(`before the channel rows: pids ${[...before].join(', ')} (not waited for)`);
+  // Warm-up rounds (figures dropped: a throw-away Runs), then the rounds that count, each in its order.
+  for (let round = -warmupRuns; round < runs; round++) {
+    for (const i of roundOrder(rows.length, round, runs)) {
+      const r = rows[i]!;
+      progress(`${r.name}${round < 0 ? ' (warm-up run, dropped)' : runs > 1 ? ` (run ${round + 1} of ${runs})` : ''}`);
+      const left = await childrenGone(before);
+      if (left.length) res.leftovers.push(`before ${r.name}: pids ${left.join(', ')} still alive after ${CHILDREN_GONE_MS} ms`);
+      await r.run(round < 0 ? new Runs() : r.runs);
     }
   }
 
@@ -470,14 +459,17 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   }
   for (const [memory] of memories) {
     for (const wait of WAITS) {
-      const r = rows.find((x) => x.name === ROW.roundTrip(wait, memory))?.runs;
-      if (r) res.roundTrip[ROW.roundTrip(wait, memory)] = { memory, wait, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread };
+      for (const ring of ringsFor(memory)) {
+        const r = rows.find((x) => x.name === ROW.roundTrip(wait, memory, ring))?.runs;
+        if (r) res.roundTrip[ROW.roundTrip(wait, memory, ring)] = { memory, wait, ring, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k };
+      }
     }
-    for (const [wait, size] of [...sizes.map((s) => ['adaptive', s] as [WaitMode, number]), ['sleep', 4 << 10], ['spin', 4 << 10]] as Array<[WaitMode, number]>) {
-      const r = rows.find((x) => x.name === ROW.oneWay(size, wait, memory))?.runs;
+    for (const [wait, size, ring] of oneWayRows(memory)) {
+      const r = rows.find((x) => x.name === ROW.oneWay(size, wait, memory, ring))?.runs;
       if (r) {
-        res.oneWay[ROW.oneWay(size, wait, memory)] = {
-          memory, wait, slotBytes: size, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread,
+        res.oneWay[ROW.oneWay(size, wait, memory, ring)] = {
+          memory, wait, ring, slotBytes: size, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg,
+          placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k,
         };
       }
     }
@@ -509,6 +501,23 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     }
   }
   return res;
+}
+
+/** How long a run waits for the children of the runs before it to be gone. */
+const CHILDREN_GONE_MS = 10_000;
+
+/** Waits (polling /proc, up to CHILDREN_GONE_MS) until this process has no child left but those in
+ * `ignore` (alive before the channel rows began): a run starts
+ * only once the previous run's processes are gone (an exit event comes before the kernel has
+ * reaped every thread of a child, and a Python child's exit is not awaited everywhere). Returns
+ * the pids still alive at the deadline (empty: none; also where /proc does not list children). */
+async function childrenGone(ignore: ReadonlySet<number>): Promise<number[]> {
+  const deadline = performance.now() + CHILDREN_GONE_MS;
+  for (;;) {
+    const left = (liveChildren() ?? []).filter((pid) => !ignore.has(pid));
+    if (left.length === 0 || performance.now() > deadline) return left;
+    await new Promise((r) => setTimeout(r, 5));
+  }
 }
 
 /** Which measurement is running, on stderr: a slow or stuck one shows where it is. */

@@ -1,9 +1,10 @@
 // `npm run bench [-- --iterations N] [--json FILE] [--breakdown] [--python-phases] [--no-python] [--no-python-link] [--no-c] [--no-handoff] [--no-channels] [--no-peer]
-//   [--runs N] [--only REGEX] [--no-pin]`:
+//   [--runs N] [--warmup-runs N] [--only REGEX] [--no-pin]`:
 // the project's benchmarks as a table (median, p99, comparison with the references measured in the
 // same run: C, PyTorch, CuPy), optionally a per-phase breakdown of one handoff, optionally JSON.
-// Channel rows run --runs times each (default 3, rows taking turns) and print the spread of the
-// runs; --only runs the channel rows whose names match (e.g. --only 'one way, 4 KiB slots, adaptive \(host|Python'
+// Channel rows run --runs times each (default 3, rows taking turns, after --warmup-runs dropped
+// rounds, default 1) and print the spread of the runs; a target on a row whose runs spread over 15%
+// is UNDECIDED instead of MET / MISSED; --only runs the channel rows whose names match (e.g. --only 'one way, 4 KiB slots, adaptive \(host|Python'
 // --no-handoff --no-python-link --no-peer for the Python rows and the Node row they compare with).
 // The processes are pinned to CPUs of the GPU's NUMA node (node 0 without a GPU; --no-pin: not).
 import { parseArgs } from 'node:util';
@@ -15,12 +16,12 @@ import { ALT_RINGS, handoffBenchmarks, HANDOFF_BYTES, type HandoffKind, type Han
 import { printBreakdown, PHASES, type Breakdown } from './breakdown.js';
 import { buildCReference, runCReference, type CBuild, type CMode, type CReference } from './c-reference.js';
 import { pythonHandoffRefs, type PythonRef } from './python-refs.js';
-import { printTable, type Row } from './stats.js';
+import { printTable, type Row, type TargetResult } from './stats.js';
 import { channelBenchmarks, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
 import { printChannelTables } from './channel-tables.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
 import { pythonLinkBenchmarks, type PythonLinkResults } from './python-link.js';
-import { pinPlan, pinProcess } from './placement.js';
+import { describePlan, pinPlan, pinProcess } from './placement.js';
 
 const { values } = parseArgs({
   options: {
@@ -36,6 +37,7 @@ const { values } = parseArgs({
     'no-python-link': { type: 'boolean', default: false },
     'python-phases': { type: 'boolean', default: false },
     runs: { type: 'string', default: '3' },
+    'warmup-runs': { type: 'string', default: '1' },
     only: { type: 'string' },
     'no-pin': { type: 'boolean', default: false },
   },
@@ -43,8 +45,10 @@ const { values } = parseArgs({
 const iterations = Number(values.iterations);
 const warmup = Number(values.warmup);
 const runs = Number(values.runs);
-if (!Number.isSafeInteger(iterations) || iterations < 1 || !Number.isSafeInteger(warmup) || warmup < 0 || !Number.isSafeInteger(runs) || runs < 1) {
-  console.error('bench: --iterations and --runs must be positive integers and --warmup a non-negative one');
+const warmupRuns = Number(values['warmup-runs']);
+if (!Number.isSafeInteger(iterations) || iterations < 1 || !Number.isSafeInteger(warmup) || warmup < 0 || !Number.isSafeInteger(runs) || runs < 1 ||
+  !Number.isSafeInteger(warmupRuns) || warmupRuns < 0) {
+  console.error('bench: --iterations and --runs must be positive integers, --warmup and --warmup-runs non-negative ones');
   process.exit(2);
 }
 let only: RegExp | undefined;
@@ -84,7 +88,7 @@ console.log(`cuda-ipc benchmarks on ${hostname()}: ${device ? `${device.name} (C
 const plan = values['no-pin'] ? { skipped: '--no-pin' } : pinPlan(device?.pciBusId);
 const pin = 'skipped' in plan ? undefined : plan;
 if (pin && !pinProcess(process.pid, pin.cpuList)) console.log(`pinning: taskset failed; not pinned`);
-console.log(pin ? `pinning: CPUs ${pin.cpuList} of NUMA node ${pin.node} (${pin.why}); channel rows: this process on CPU ${pin.cores[0]}, each child on a core of its own`
+console.log(pin ? `pinning: every process on CPUs ${pin.cpuList}; channel rows: ${describePlan(pin)}`
   : `pinning: none (${'skipped' in plan ? plan.skipped : ''})`);
 
 let handoff: HandoffResult[] = [];
@@ -200,12 +204,14 @@ if (targets.length) {
 
 // Channels: after the handoff table.
 let channels: ChannelResults | undefined;
+let channelTargets: TargetResult[] = [];
 if (!values['no-channels']) {
-  // The main thread on a core of its own while the channel rows run (their children pin themselves).
-  if (pin) pinProcess(process.pid, pin.cpuList, pin.cores[0]);
-  channels = await channelBenchmarks(iterations, warmup, device, { python: !values['no-python'], only, runs, pin });
+  // The main thread on a core of its own while the channel rows run, the other threads off the
+  // pinned cores (their children pin themselves).
+  if (pin && !pinProcess(process.pid, pin.helperList, pin.cores[0])) console.log('pinning: taskset failed for the channel rows');
+  channels = await channelBenchmarks(iterations, warmup, device, { python: !values['no-python'], only, runs, warmupRuns, pin });
   if (pin) pinProcess(process.pid, pin.cpuList);
-  printChannelTables(channels, iterations, warmup, device);
+  channelTargets = printChannelTables(channels, iterations, warmup, device);
 }
 
 // Peer access across GPUs: prints why it is skipped where there are not two.
@@ -224,7 +230,7 @@ if (values.json) {
     references: pyRefs,
     cReference: cBuild ? { build: cBuild, results: [...cRefs.values()] } : null,
     pythonLink: pythonLink ?? null,
-    channels: channels ? { targets: CHANNEL_TARGETS, ...channels } : null,
+    channels: channels ? { targets: CHANNEL_TARGETS, ...channels, verdicts: channelTargets } : null,
     peer: peer ?? null,
   }, null, 2) + '\n');
   console.log(`\nwrote ${values.json}`);

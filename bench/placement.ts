@@ -62,8 +62,32 @@ export interface PinPlan {
   why: string;
   /** Its CPUs, one per physical core first (the bench process takes cores[0], children the next ones). */
   cores: number[];
-  /** Every CPU of the node, as a list for taskset ("0-15,32-47"). */
+  /** Every CPU of the node, as a list for taskset ("0,1,2,32"). */
   cpuList: string;
+  /** Where the processes' other threads (GC, compiler, libuv) run: the node's CPUs less the cores
+   * the main threads are pinned to and their hyperthreads, so that no helper thread preempts a
+   * pinned main thread or shares its core (the whole node where too few are left). */
+  helperList: string;
+  /** How many of `cores` the main threads use (the bench process's and its children's). */
+  reserved: number;
+}
+
+/** The most children one row runs at once (work sharing, 8 consumers). */
+export const MAX_CHILDREN = 8;
+
+/**
+ * The CPUs for helper threads: `cpus` less the first `reserved` of `cores` and their hyperthread
+ * siblings (`siblingsOf`); where fewer than 2 are left, less the reserved CPUs alone; where fewer
+ * than 1 is left even so, every CPU.
+ */
+export function helperCpus(cpus: readonly number[], cores: readonly number[], reserved: number, siblingsOf: (cpu: number) => readonly number[]): number[] {
+  const pinned = new Set(cores.slice(0, reserved));
+  const busy = new Set<number>();
+  for (const c of pinned) for (const s of [c, ...siblingsOf(c)]) busy.add(s);
+  const free = cpus.filter((c) => !busy.has(c));
+  if (free.length >= 2) return free;
+  const unpinned = cpus.filter((c) => !pinned.has(c));
+  return unpinned.length >= 1 ? unpinned : [...cpus];
 }
 
 function readText(path: string): string | undefined {
@@ -111,7 +135,13 @@ export function pinPlan(pciBusId?: string): PinPlan | { skipped: string } {
     (seen.has(core) ? rest : first).push(c);
     seen.add(core);
   }
-  return { node, why, cores: [...first, ...rest], cpuList: cpus.join(',') };
+  const cores = [...first, ...rest];
+  // The bench process and up to MAX_CHILDREN children each on a physical core of its own where
+  // the node has that many, and at least two CPUs left for the helper threads.
+  const reserved = Math.max(2, Math.min(1 + MAX_CHILDREN, first.length - 2));
+  const siblingsOf = (c: number) => parseCpuList(readText(`/sys/devices/system/cpu/cpu${c}/topology/thread_siblings_list`) ?? String(c));
+  const helpers = helperCpus(cpus, cores, Math.min(reserved, cores.length), siblingsOf);
+  return { node, why, cores, cpuList: cpus.join(','), helperList: helpers.join(','), reserved: Math.min(reserved, cores.length) };
 }
 
 /** Pins process `pid`: every thread to `cpuList`, then its main thread to `cpu` (when given). False when taskset failed. */
@@ -121,18 +151,42 @@ export function pinProcess(pid: number, cpuList: string, cpu?: number): boolean 
   return all.status === 0 && main.status === 0;
 }
 
-/** A bench child: pins itself as its environment says (no-op without it). */
-export function pinFromEnv(): void {
+/** A bench child: pins itself as its environment says (no-op without it); false when it was asked
+ * to and taskset failed. */
+export function pinFromEnv(): boolean {
   const cpu = Number(process.env[PIN_CPU_ENV]);
   const list = process.env[PIN_CPUS_ENV];
-  if (process.env[PIN_CPU_ENV] && Number.isInteger(cpu) && cpu >= 0 && list) pinProcess(process.pid, list, cpu);
+  if (process.env[PIN_CPU_ENV] && Number.isInteger(cpu) && cpu >= 0 && list) return pinProcess(process.pid, list, cpu);
+  return true;
 }
 
-/** Children's CPUs: the n-th child of a row on the core after the bench process's, in turn. */
+/** The CPUs this thread may run on (Cpus_allowed_list of /proc/thread-self/status), '?' where unknown. */
+export function allowedCpus(): string {
+  try {
+    return readFileSync('/proc/thread-self/status', 'utf8').match(/^Cpus_allowed_list:\s*(.*)$/m)?.[1]?.trim() ?? '?';
+  } catch {
+    return '?';
+  }
+}
+
+/** The CPU of the n-th child of a row: the cores after the bench process's, in turn, among the
+ * reserved ones where there are enough. */
+export function childCpu(plan: PinPlan, n = 0): number {
+  const span = plan.reserved > 1 ? plan.reserved - 1 : plan.cores.length - 1;
+  return plan.cores[1 + (n % span)]!;
+}
+
+/** Children's CPUs: the n-th child of a row on its core (childCpu), its other threads on the helper CPUs. */
 export function childEnv(plan: PinPlan | undefined, n = 0): NodeJS.ProcessEnv {
   if (!plan) return process.env;
-  const cpu = plan.cores[1 + (n % (plan.cores.length - 1))]!;
-  return { ...process.env, [PIN_CPU_ENV]: String(cpu), [PIN_CPUS_ENV]: plan.cpuList };
+  return { ...process.env, [PIN_CPU_ENV]: String(childCpu(plan, n)), [PIN_CPUS_ENV]: plan.helperList };
+}
+
+/** Lists the plan: where each main thread goes and where the helper threads run. */
+export function describePlan(plan: PinPlan): string {
+  const kids = Array.from({ length: Math.min(MAX_CHILDREN, Math.max(1, plan.reserved - 1)) }, (_, i) => childCpu(plan, i));
+  return `CPUs ${plan.cpuList} of NUMA node ${plan.node} (${plan.why}): the bench's main thread on CPU ${plan.cores[0]}, ` +
+    `a row's child on CPU ${kids[0]}${kids.length > 1 ? ` (work sharing: ${kids.join(', ')})` : ''}, every other thread on CPUs ${plan.helperList}`;
 }
 
 /** Whether two CPUs are hyperthreads of one physical core. */
@@ -140,4 +194,19 @@ export function sameCore(a: number, b: number): boolean {
   if (a < 0 || b < 0 || a === b) return a === b && a >= 0;
   const list = readText(`/sys/devices/system/cpu/cpu${a}/topology/thread_siblings_list`);
   return list ? parseCpuList(list).includes(b) : false;
+}
+
+/** The pids of this process's live children (every thread's /proc/self/task/<tid>/children; Linux
+ * 3.5+ with CONFIG_PROC_CHILDREN), or undefined where /proc does not list them. */
+export function liveChildren(): number[] | undefined {
+  try {
+    const pids: number[] = [];
+    for (const tid of readdirSync('/proc/self/task')) {
+      const list = readFileSync(`/proc/self/task/${tid}/children`, 'utf8').trim();
+      if (list) pids.push(...list.split(/\s+/).map(Number).filter((n) => Number.isInteger(n) && n > 0));
+    }
+    return pids;
+  } catch {
+    return undefined;
+  }
 }

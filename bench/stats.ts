@@ -30,3 +30,75 @@ export function printTable(title: string, rows: readonly Row[]): void {
   console.log('|' + widths.map((w) => '-'.repeat(w + 2)).join('|') + '|');
   for (const c of cells) console.log(line(c));
 }
+
+/** One-way and work-sharing runs: messages before this long are not timed (the children's code
+ * compiled, the adaptive spin settled, the slots' pages touched). */
+export const ONE_WAY_WARMUP_MS = 200;
+
+// ---------------------------------------------------------------------------------------------
+// Whether a row's figure decides (issue 38): a row runs several times; the spread of its runs'
+// medians, (max - min) / median, says how far one run's figure can be trusted. A target checked on
+// a row whose spread is over SPREAD_LIMIT (or on a single run, whose spread is unknown) is
+// UNDECIDED, not MET or MISSED: the same code gave figures on both sides of the line.
+
+/** The widest spread of a row's runs that still decides a target. */
+export const SPREAD_LIMIT = 0.15;
+
+/** One row's runs: each run's median, and their spread, (max - min) / median of the medians
+ * (NaN with fewer than two runs: unknown). */
+export interface Spread { medians: number[]; spread: number }
+
+export function spreadOf(medians: readonly number[]): Spread {
+  const finite = medians.filter((v) => Number.isFinite(v));
+  const m = summarize(finite).median;
+  const spread = finite.length < 2 || finite.length < medians.length ? NaN : m > 0 ? (Math.max(...finite) - Math.min(...finite)) / m : NaN;
+  return { medians: [...medians], spread };
+}
+
+/** The wider of several rows' spreads (a target that compares two rows depends on both); NaN
+ * when any is unknown. */
+export function widest(...spreads: ReadonlyArray<Spread | undefined>): number {
+  let w = 0;
+  for (const s of spreads) {
+    if (!s || !(s.spread >= 0)) return NaN;
+    w = Math.max(w, s.spread);
+  }
+  return w;
+}
+
+export type Verdict = 'MET' | 'MISSED' | 'UNDECIDED';
+
+/** MET / MISSED when the runs agree (spread <= limit), else UNDECIDED. */
+export function verdict(met: boolean, spread: number, limit = SPREAD_LIMIT): Verdict {
+  if (!(spread >= 0) || spread > limit) return 'UNDECIDED';
+  return met ? 'MET' : 'MISSED';
+}
+
+/** A checked target, as the JSON keeps it. */
+export interface TargetResult { row: string; target: string; value: number; limit: number; spread: number; verdict: Verdict }
+
+/** "spread 12%" / "spread 31% > 15%" / "spread unknown (one run)". */
+export function spreadText(spread: number, limit = SPREAD_LIMIT): string {
+  if (!(spread >= 0)) return 'spread unknown (one run)';
+  return `spread ${(spread * 100).toFixed(0)}%${spread > limit ? ` > ${(limit * 100).toFixed(0)}%` : ''}`;
+}
+
+/**
+ * The order of the rows in round `round` of `rounds` (0-based; round -1 and below: warm-up rounds,
+ * in plain order): each round starts `rows / rounds` rows further on, so that one row's runs are
+ * spread evenly over the bench (never back to back, as long as there are two rows or more) and
+ * follow different rows.
+ */
+export function roundOrder(rows: number, round: number, rounds: number): number[] {
+  const shift = shiftOf(rows, round, rounds);
+  return Array.from({ length: rows }, (_, i) => (i + shift) % rows);
+}
+
+function shiftOf(rows: number, round: number, rounds: number): number {
+  if (round <= 0 || rows < 2) return 0;
+  const before = shiftOf(rows, round - 1, rounds);
+  let shift = Math.floor((round * rows) / Math.max(1, rounds)) % rows;
+  // The last row of the round before must not open this one (its two runs back to back).
+  if (shift === (before + rows - 1) % rows) shift = (shift + 1) % rows;
+  return shift;
+}

@@ -18,6 +18,7 @@ void InitFds(Napi::Env env, Napi::Object exports);
 void InitSockets(Napi::Env env, Napi::Object exports);
 void InitSharedMemory(Napi::Env env, Napi::Object exports);
 void InitChannel(Napi::Env env, Napi::Object exports);
+void InitCRing(Napi::Env env, Napi::Object exports);
 // NCCL (nccl.cc): libnccl.so.2, dlopened by path on first use.
 void InitNccl(Napi::Env env, Napi::Object exports);
 }  // namespace cuda_ipc
@@ -37,6 +38,7 @@ static Napi::Object Init(Napi::Env env, Napi::Object exports) {
   cuda_ipc::InitSockets(env, exports);
   cuda_ipc::InitSharedMemory(env, exports);
   cuda_ipc::InitChannel(env, exports);
+  cuda_ipc::InitCRing(env, exports);
   cuda_ipc::InitNccl(env, exports);
   return exports;
 }

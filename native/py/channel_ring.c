@@ -47,69 +47,8 @@ enum {
 #define GEN_MASK (0x7FFFu << GEN_SHIFT)
 #define MAX_U53 (UINT64_C(1) << 53)
 
-// Results (negative) shared with Python (channel/native_slot_ring.py names them).
-enum {
-  CIP_NONE = -1,            // nothing to take / no free slot
-  CIP_NOT_ALIVE = -2,       // this participant's entry is no longer alive (detached)
-  CIP_CONSUMERS_GONE = -3,  // every consumer the channel expects attached, and all left
-  CIP_CORRUPT = -4,         // the control block is inconsistent: r->error says what
-  CIP_SKIP = -5,            // broadcast: the message at the cursor is not held for us
-  CIP_INVALID = -6,         // a bad argument (a slot index, a length): a bug of the caller
-  CIP_CLOSED = -100,        // detached (the end was closed)
-};
-// publish: 0 ok, 1 busy (the lock stayed taken: nothing changed), 2 dropped, 3 detached.
-enum { PUB_OK = 0, PUB_BUSY = 1, PUB_DROPPED = 2, PUB_DETACHED = 3 };
-// take_message / take_messages: set on a result when this participant is no longer alive after taking.
-#define CIP_TAKEN_DETACHED (1 << 24)
-// take_message / take_messages: set on a result when the (last) message's record does not fit the
-// layout (a length over the slot, meta over meta_bytes, an unknown meta kind): the slot stays taken.
-#define CIP_TAKEN_BAD (1 << 25)
-// What r->error says about CIP_CORRUPT (Python formats the message from it and error_a/error_b).
-enum { ERR_TAIL = 1, ERR_HEAD = 2, ERR_SPAN = 3, ERR_RING_SLOT = 4, ERR_AHEAD = 5 };
-
-struct cip_ring {
-  uint64_t base;         // the control block's address here; 0 once detached
-  uint64_t length;       // bytes mapped
-  uint64_t taken;        // address of slot_count uint32 words: work sharing, the word each taken slot was set to
-  uint64_t tail_seen;    // consumers: the tail read last (tail only grows)
-  uint64_t error_a;      // CIP_CORRUPT: values for the message
-  uint64_t error_b;
-  uint32_t slot_count;
-  uint32_t me;
-  uint32_t max_participants;
-  uint32_t broadcast;
-  uint32_t participants_offset;
-  uint32_t ring_offset;
-  uint32_t slot_records_offset;
-  uint32_t slot_record_bytes;
-  uint32_t meta_bytes;
-  uint32_t slot_bytes_lo;  // the data slots' size (a message's length is at most this)
-  uint32_t slot_bytes_hi;
-  uint32_t expect_consumers;
-  uint32_t hint;         // producers: where the next claim starts
-  uint32_t rotor;        // which sleeping consumer a wake-one starts at
-  uint32_t error;        // CIP_CORRUPT: ERR_*
-  uint32_t nbells;       // doorbells in bells[] (0 once detached)
-  int32_t bells[32];     // participant k's eventfd
-};
-
-// What a consumer takes: the slot and its message's record (slot_ring.py read_message), filled by
-// cip_take_message / cip_take_messages, in the order of ChannelMessage's arguments (consumer.py).
-// position: -1 when at or above 2^53 (as read_message).
-struct cip_message {
-  uint32_t slot;         // take_message: with the result's CIP_TAKEN_* flags
-  uint32_t pad0;
-  int64_t position;
-  uint64_t length;
-  uint32_t publisher;
-  uint8_t redelivered;   // 0 or 1
-  uint8_t pad1[3];
-  uint32_t ticket;
-  uint32_t meta_kind;
-  uint32_t meta_length;
-  uint32_t pad2;
-};
-_Static_assert(sizeof(struct cip_message) == 48, "struct cip_message is 48 bytes (native_slot_ring.py _MESSAGE)");
+// Result codes, struct cip_ring and struct cip_message: channel_ring.h (the Node addon includes it too).
+#include "channel_ring.h"
 
 CIP_EXPORT int cip_abi_version(void) { return CIP_ABI_VERSION; }
 CIP_EXPORT int cip_ring_size(void) { return (int)sizeof(struct cip_ring); }
@@ -322,6 +261,8 @@ static int spin_lock(struct cip_ring* r, int64_t spin_ns) {
 // Writes the message's length and meta into slot s (this producer's, state writing), then
 // publishes it (slot_ring.py: write_message, then publish). PUB_* or CIP_CORRUPT / CIP_INVALID / CIP_CLOSED.
 // meta: meta_len bytes (NULL when 0).
+static int commit(struct cip_ring* r, uint32_t s);
+
 static int publish(struct cip_ring* r, uint32_t s, uint64_t length, uint32_t meta_kind, const uint8_t* meta, uint32_t meta_len) {
   if (!r->base) return CIP_CLOSED;
   if (s >= r->slot_count || meta_len > r->meta_bytes || (meta_len && !meta) || meta_kind > META_KIND_MAX) return CIP_INVALID;
@@ -330,6 +271,12 @@ static int publish(struct cip_ring* r, uint32_t s, uint64_t length, uint32_t met
   __atomic_store_n(w64(r, so + S_LENGTH), length, __ATOMIC_RELAXED);
   set_plain32(r, so + S_META_LENGTH, meta_len);
   set_plain32(r, so + S_META_KIND, meta_kind);
+  return commit(r, s);
+}
+
+// The publish itself (slot_ring.py publish; slot-ring.ts Ring.publish): slot s's record is written.
+static int commit(struct cip_ring* r, uint32_t s) {
+  uint64_t so = slot_off(r, s);
   uint32_t me = r->me;
   // A free lock is taken with one swap; only a busy one pays for the spin (200 us, LOCK_SPIN).
   if (cas32(r, H_LOCK, 0, me + 1) != 0 && !spin_lock(r, 200000)) return PUB_BUSY;
@@ -369,6 +316,15 @@ static int publish(struct cip_ring* r, uint32_t s, uint64_t length, uint32_t met
   if (result == PUB_DROPPED) signal_space(r);
   else if (result == PUB_OK) signal_data(r, 0);
   return result;
+}
+
+// Publishes slot s (this producer's, state writing) whose length and meta its caller wrote into the
+// record already (the Node producer writes them straight into the slot record, as slot-ring.ts's
+// callers do): the commit alone. PUB_* or CIP_CORRUPT / CIP_INVALID / CIP_CLOSED.
+CIP_EXPORT int cip_publish_written(struct cip_ring* r, uint32_t s) {
+  if (!r->base) return CIP_CLOSED;
+  if (s >= r->slot_count) return CIP_INVALID;
+  return commit(r, s);
 }
 
 // publish(); a length of 2^32 or more comes as two words.

@@ -11,6 +11,7 @@ import { JsWords } from './js-words.js';
 import { Fences } from './fences.js';
 import type { Doorbells } from './doorbells.js';
 import { Ring } from './slot-ring.js';
+import { CSlotRing, cRingUnavailable, warnNoCRing, type RingKind } from './c-ring.js';
 import type { ChannelShape } from './options.js';
 
 export interface BlockParts {
@@ -69,8 +70,17 @@ export class Block implements ChannelShape {
     this.device = parts.slotsDevice?.device;
   }
 
-  /** The ring protocol as participant `me`. */
-  ring(me: number): Ring {
+  /** The ring protocol as participant `me`, on the JavaScript ring or the C ring (c-ring.ts; the
+   * JavaScript one where the addon has no C ring). Close it before release(). */
+  ring(me: number, kind: RingKind = 'js'): Ring {
+    if (kind === 'c') {
+      const why = cRingUnavailable();
+      if (!why) {
+        const fds = Array.from({ length: Math.min(32, this.bells.count) }, (_, k) => this.bells.fd(k));
+        return new CSlotRing(this.words, this.control.bytes, this.layout, this.bells, me, this.control.fd, fds);
+      }
+      warnNoCRing(why);
+    }
     return new Ring(this.words, this.control.bytes, this.layout, this.bells, me);
   }
 

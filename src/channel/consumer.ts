@@ -178,7 +178,7 @@ export class ChannelConsumer<B extends SlotBuffer = SlotBuffer, Meta = unknown> 
     if (this.topology === 'queue') {
       const s = ring.take();
       if (s < 0) return undefined;
-      if (!e.alive()) {
+      if (ring.takeDetached ?? !e.alive()) {
         // Detached while taking (recovery already ran for us): hand it back, then stop.
         if (!returnTaken(ring, s)) {
           process.emitWarning(`cuda-ipc channel: a message taken after this end was detached could not be handed back (slot ${s})`, { code: 'CUDA_IPC_CHANNEL' });

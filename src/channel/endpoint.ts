@@ -8,6 +8,7 @@ import type { HostBuffer } from '../host/index.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
 import { H, P, PState, PRole, PFLAG_HUB_LOCAL } from './layout.js';
 import { Ring } from './slot-ring.js';
+import { ringKindFromEnv } from './c-ring.js';
 import { Waiter, type WaitPolicy } from './waiter.js';
 import { Recoveries, repairFencesWhenGone } from './recovery.js';
 import type { Block } from './block.js';
@@ -55,7 +56,8 @@ export class Endpoint {
     const role = init.role === 'producer' ? PRole.Producer : PRole.Consumer;
     this.#seqOff = Ring.sequenceFor(role);
     this.#sleepersOff = Ring.sleepersFor(role);
-    this.ring = block.ring(index);
+    // The JavaScript ring unless CUDA_IPC_CHANNEL_RING=c asks for the C ring (c-ring.ts).
+    this.ring = block.ring(index, ringKindFromEnv());
     this.recoveries = new Recoveries(this.ring);
     this.waiter = new Waiter(this.ring, block.bells.fd(index), init.policy);
     this.#views = new Array(block.slotCount).fill(undefined);
@@ -141,6 +143,7 @@ export class Endpoint {
     if (this.released) return;
     this.released = true;
     for (const v of this.#views) v?.close();
+    this.ring.close();  // before the doorbells it borrows close
     this.block.release();
   }
 

@@ -5,6 +5,7 @@ import { HostBuffer } from '../host/index.js';
 import type { Stream } from '../cuda/stream.js';
 import { H, S, MetaKind, publishFence, releaseFence } from './layout.js';
 import { corrupt } from './slot-ring.js';
+import { CIP, CSlotRing } from './c-ring.js';
 import type { Fences, FenceWait } from './fences.js';
 import { Endpoint, type EndInit } from './endpoint.js';
 import { WaitQueue } from './wait-queue.js';
@@ -125,11 +126,26 @@ export class ChannelProducer<B extends SlotBuffer = SlotBuffer, Meta = unknown> 
   #tryAcquire(): ChannelSlot<B> | undefined {
     const e = this.#end;
     if (this.#ending) throw closedError('acquire (end() was called)');
+    if (e.ring instanceof CSlotRing) return this.#slot(this.#cAcquire(e.ring));
     if (!e.alive()) throw e.detachedError('acquire');
     if (this.#consumersGone()) throw this.#goneError('acquire');
     if (this.topology === 'broadcast' && e.counter(H.consumersAttached) < e.block.layout.expectConsumers) return undefined;
-    const s = e.ring.claimSlot();
+    return this.#slot(e.ring.claimSlot());
+  }
+
+  /** The C ring: the checks above and the claim in one native call (cip_acquire, same order). */
+  #cAcquire(ring: CSlotRing): number {
+    const s = ring.acquire();
+    if (s >= 0 || s === CIP.NONE) return s;
+    if (s === CIP.NOT_ALIVE) throw this.#end.detachedError('acquire');
+    if (s === CIP.CONSUMERS_GONE) throw this.#goneError('acquire');
+    throw ring.fail(s, 'acquire');
+  }
+
+  /** Slot s claimed (or none: negative) as this producer's. */
+  #slot(s: number): ChannelSlot<B> | undefined {
     if (s < 0) return undefined;
+    const e = this.#end;
     const slot = new ChannelSlot<B>(this.#owner, s, e.view(s) as B);
     this.#writing[s] = slot;
     return slot;

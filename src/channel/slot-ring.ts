@@ -66,6 +66,9 @@ export class Ring {
    * published (or taken): the publish line is read again only once they are used up, which lets a
    * consumer that is behind take a batch of messages without pulling the producer's line each time. */
   #tailSeen = 0;
+  /** Whether the last successful take() found this end detached right after taking: undefined
+   * here (the caller checks); the C ring (c-ring.ts) knows it from its take. */
+  takeDetached: boolean | undefined = undefined;
 
   constructor(words: NativeSharedWords, bytes: Uint8Array, layout: Layout, bells: Bells, me = 0) {
     this.w = words;
@@ -77,6 +80,9 @@ export class Ring {
     this.n = layout.slotCount;
     this.takenWords = new Uint32Array(layout.slotCount);
   }
+
+  /** Releases what this ring holds of its own (the C ring's mapping); the JavaScript ring holds nothing. */
+  close(): void {}
 
   slotOff(s: number): number { return this.l.slotRecordsOffset + s * this.l.slotRecordBytes; }
   partOff(k: number): number { return this.l.participantsOffset + k * 64; }

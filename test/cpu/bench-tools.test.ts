@@ -5,6 +5,10 @@ import assert from 'node:assert/strict';
 import { Probe } from '../../src/link/transport/probe.js';
 import { analyze, Mark, PHASES } from '../../bench/breakdown.js';
 import { buildCReference, runCReference } from '../../bench/c-reference.js';
+import { roundOrder, spreadOf, spreadText, verdict, widest, SPREAD_LIMIT } from '../../bench/stats.js';
+import { childCpu, helperCpus, type PinPlan } from '../../bench/placement.js';
+import { channelRows } from '../../bench/channel-tables.js';
+import { ROW, type ChannelResults } from '../../bench/channel.js';
 
 /** A log of (point, time) pairs. */
 const log = (pairs: Array<[number, number]>) => Float64Array.from(pairs.flat());
@@ -59,4 +63,107 @@ test('the C reference builds and runs its socket and host modes', { skip: !build
   }
   // Built without cuda.h: the GPU modes say why instead of running.
   if (!build.cuda) assert.match(runCReference(build, 'pool', 5, 0, 1 << 20).skipped ?? '', /cuda\.h|built without/);
+});
+
+test('spreadOf: (max - min) / median of the runs, unknown (NaN) for one run or a missing one', () => {
+  assert.deepEqual(spreadOf([100, 110, 90]), { medians: [100, 110, 90], spread: 0.2 });
+  assert.equal(spreadOf([622e3, 914e3, 1.27e6]).spread.toFixed(2), '0.71', "issue 38's one-way row: 70%");
+  assert.equal(spreadOf([5, 5]).spread, 0);
+  assert.ok(Number.isNaN(spreadOf([5]).spread));
+  assert.ok(Number.isNaN(spreadOf([]).spread));
+  assert.ok(Number.isNaN(spreadOf([5, NaN, 6]).spread), 'a run without a figure: unknown, not the others alone');
+  assert.ok(Number.isNaN(spreadOf([0, 0]).spread), 'a zero median divides nothing');
+});
+
+test('verdict: MET / MISSED only where the spread is at most the limit, else UNDECIDED', () => {
+  assert.equal(SPREAD_LIMIT, 0.15);
+  assert.equal(verdict(true, 0.1), 'MET');
+  assert.equal(verdict(false, 0.1), 'MISSED');
+  assert.equal(verdict(true, 0.15), 'MET', 'the limit itself decides');
+  assert.equal(verdict(true, 0.151), 'UNDECIDED');
+  assert.equal(verdict(false, 0.7), 'UNDECIDED');
+  assert.equal(verdict(true, NaN), 'UNDECIDED', 'one run: unknown spread');
+  assert.equal(verdict(false, 0.3, 0.5), 'MISSED', 'a wider limit when asked');
+  assert.equal(widest({ medians: [1, 1], spread: 0.05 }, { medians: [1, 2], spread: 0.2 }), 0.2);
+  assert.ok(Number.isNaN(widest({ medians: [1, 1], spread: 0.05 }, undefined)), 'a target on a row that did not run');
+  assert.ok(Number.isNaN(widest({ medians: [1], spread: NaN })));
+  assert.equal(spreadText(0.12), 'spread 12%');
+  assert.equal(spreadText(0.31), 'spread 31% > 15%');
+  assert.equal(spreadText(NaN), 'spread unknown (one run)');
+});
+
+test('roundOrder: every row once per round, rounds start further on, no row twice in a row across rounds', () => {
+  for (const rows of [1, 2, 3, 5, 8, 31]) {
+    for (const rounds of [1, 2, 3, 5]) {
+      let last = -1;
+      for (let round = -1; round < rounds; round++) {
+        const order = roundOrder(rows, round, rounds);
+        assert.deepEqual(order.slice().sort((a, b) => a - b), Array.from({ length: rows }, (_, i) => i), `rows ${rows} round ${round}`);
+        if (rows > 1) assert.notEqual(order[0], last, `rows ${rows}, rounds ${rounds}: round ${round} opens with the row that closed the one before`);
+        last = order[rows - 1]!;
+      }
+    }
+  }
+  assert.deepEqual(roundOrder(6, -1, 3), [0, 1, 2, 3, 4, 5], 'warm-up rounds in plain order');
+  assert.deepEqual(roundOrder(6, 0, 3), [0, 1, 2, 3, 4, 5]);
+  assert.deepEqual(roundOrder(6, 1, 3), [2, 3, 4, 5, 0, 1]);
+  assert.deepEqual(roundOrder(6, 2, 3), [4, 5, 0, 1, 2, 3]);
+  assert.deepEqual(roundOrder(0, 1, 3), []);
+});
+
+test('helperCpus: the node less the pinned cores and their hyperthreads, narrowing only as far as it must', () => {
+  // 4 cores with 2 threads each: CPU c and c + 4 are siblings.
+  const cpus = [0, 1, 2, 3, 4, 5, 6, 7];
+  const sib = (c: number) => [c % 4, (c % 4) + 4];
+  assert.deepEqual(helperCpus(cpus, [0, 1, 2, 3, 4, 5, 6, 7], 2, sib), [2, 3, 6, 7]);
+  assert.deepEqual(helperCpus(cpus, [0, 1, 2, 3, 4, 5, 6, 7], 3, sib), [3, 7]);
+  assert.deepEqual(helperCpus(cpus, [0, 1, 2, 3, 4, 5, 6, 7], 4, sib), [4, 5, 6, 7], 'no free core left: the siblings, not the pinned CPUs');
+  assert.deepEqual(helperCpus([0, 1], [0, 1], 2, (c) => [c]), [0, 1], 'nothing left: every CPU');
+  const plan: PinPlan = { node: 0, why: 'test', cores: [0, 1, 2, 3, 4, 5, 6, 7], cpuList: '0-7', helperList: '6,7', reserved: 3 };
+  assert.deepEqual([0, 1, 2, 3].map((n) => childCpu(plan, n)), [1, 2, 1, 2], 'children on the reserved cores after the bench process');
+  assert.equal(childCpu({ ...plan, reserved: 1 }, 9), 3, 'reserved too few: every core after the first');
+});
+
+test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in the notes and the verdicts', () => {
+  const us = (median: number) => ({ n: 100, median, p99: median * 2, mean: median });
+  const res: ChannelResults = {
+    runs: 3, warmupRuns: 1, pinned: 'test', leftovers: [],
+    floor: { socket: { us: us(14), runs: spreadOf([14, 14.5, 14.2]) } },
+    roundTrip: {
+      [ROW.roundTrip('adaptive', 'host')]: { memory: 'host', wait: 'adaptive', ring: 'js', us: us(10), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([10, 10.5, 9.8]) },
+      [ROW.roundTrip('adaptive', 'host', 'c')]: { memory: 'host', wait: 'adaptive', ring: 'c', us: us(5), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([5, 5.2, 4.9]) },
+      [ROW.roundTrip('spin', 'host')]: { memory: 'host', wait: 'spin', ring: 'js', us: us(4), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([2.5, 4, 5]) },
+    },
+    oneWay: {
+      [ROW.oneWay(4096, 'adaptive', 'host')]: {
+        memory: 'host', wait: 'adaptive', ring: 'js', slotBytes: 4096, msgsPerSec: us(964e3), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1,
+        placement: 'CPUs 0 and 1', runs: spreadOf([622e3, 914e3, 1.27e6]), sleepsPer1k: [120, 3.25, 0],
+      },
+      [ROW.oneWay(65536, 'adaptive', 'host')]: {
+        memory: 'host', wait: 'adaptive', ring: 'js', slotBytes: 65536, msgsPerSec: us(9e5), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1,
+        placement: 'CPUs 0 and 1', runs: spreadOf([9e5, 9.1e5, 8.9e5]),
+      },
+    },
+    workSharing: {},
+  };
+  res.oneWay[ROW.oneWay(4096, 'adaptive', 'host', 'c')] = { ...res.oneWay[ROW.oneWay(4096, 'adaptive', 'host')]!, ring: 'c', msgsPerSec: us(1.5e6), runs: spreadOf([1.5e6, 1.45e6, 1.55e6]) };
+  const t = channelRows(res);
+  const by = (row: string, target: RegExp) => t.targets.find((x) => x.row === row && target.test(x.target));
+  assert.equal(by(ROW.roundTrip('adaptive', 'host'), /^target/)?.verdict, 'MET');
+  assert.equal(by(ROW.roundTrip('adaptive', 'host'), /socket/)?.verdict, 'MET', 'both rows agree');
+  assert.equal(by(ROW.roundTrip('spin', 'host'), /^target/)?.verdict, 'UNDECIDED', 'runs 2.5 / 4 / 5 us: 62%');
+  assert.equal(by(ROW.oneWay(4096, 'adaptive', 'host'), /target/)?.verdict, 'UNDECIDED');
+  assert.equal(by(ROW.oneWay(65536, 'adaptive', 'host'), /target/)?.verdict, 'MISSED');
+  assert.equal(by(ROW.roundTrip('adaptive', 'host', 'c'), /^target/)?.verdict, 'MET', 'the C ring rows have the same targets');
+  assert.equal(by(ROW.oneWay(4096, 'adaptive', 'host', 'c'), /target/)?.verdict, 'MET');
+  assert.equal(t.targets.length, 8);
+  const cRtt = t.latency.find((r) => r.name === ROW.roundTrip('adaptive', 'host', 'c'))!.notes!.join('; ');
+  assert.match(cRtt, /0\.50x the JavaScript ring's time: the C ring is faster/, 'both rows agree: decided');
+  const cOneWay = t.throughput.find((r) => r.name === ROW.oneWay(4096, 'adaptive', 'host', 'c'))!.notes!.join('; ');
+  assert.match(cOneWay, /1\.56x the JavaScript ring's rate: UNDECIDED \(spread 71% > 15%\)/, "the JavaScript row's runs disagree: undecided");
+  const note = t.throughput.find((r) => r.name === ROW.oneWay(4096, 'adaptive', 'host'))!.notes!.join('; ');
+  assert.match(note, /UNDECIDED \(spread 71% > 15%\)/);
+  assert.match(note, /runs 622 k \/ 914 k \/ 1\.27 M, spread 71% > 15%/);
+  assert.doesNotMatch(note, /\bMET\b|MISSED/);
+  assert.match(note, /doorbell sleeps per 1k msgs by run 120 \/ 3\.3 \/ 0\.0/, 'each run with its sleeps');
 });

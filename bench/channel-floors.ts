@@ -1,0 +1,126 @@
+// The floors under the channel rows (bench/channel.ts): a wake-up through a pair of eventfd
+// doorbells, a shared word bounced between two spinning processes, and the Node Unix socket round
+// trip they are compared with; each in a fresh child (bench/channel-child.ts).
+import { createServer, type Socket } from 'node:net';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { HostBuffer } from '../src/host/index.js';
+import { JsWords } from '../src/channel/js-words.js';
+import { Doorbells } from '../src/channel/doorbells.js';
+import { spawn } from '../src/link/index.js';
+import { addon } from '../src/native/addon.js';
+import { cpuPlacement, onCpu } from './placement.js';
+
+const CHILD = new URL('./channel-child.js', import.meta.url);
+
+export function waitExit(child: { exitCode: number | null; signalCode: string | null; once(e: 'exit', f: () => void): unknown }): Promise<void> {
+  return child.exitCode !== null || child.signalCode !== null ? Promise.resolve() : new Promise((r) => child.once('exit', () => r()));
+}
+
+export const cpuOf = (u: NodeJS.CpuUsage) => u.user + u.system;
+
+/** The floor: two processes bounce a wake-up through a pair of eventfd doorbells, each polled by
+ * the other process's event loop, with no channel (what a sleeping channel end costs, both ways). */
+export async function doorbellFloor(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; cpuUsPerMsg: number }> {
+  const { child, link } = await spawn(CHILD, ['doorbell-echo'], { stdio: 'inherit', env });
+  const bells = Doorbells.create(2);
+  const times = new Float64Array(iterations);
+  let resolve: (() => void) | undefined;
+  const bell = new addon.Doorbell(bells.fd(0), () => resolve?.());
+  bell.ref();
+  try {
+    link.send({ bells, warmup });
+    await link.receive();
+    let cpu0 = process.cpuUsage();
+    for (let i = 0; i < warmup + iterations; i++) {
+      if (i === warmup) cpu0 = process.cpuUsage();
+      const t0 = process.hrtime.bigint();
+      const back = new Promise<void>((r) => (resolve = r));
+      bells.ring(1);
+      await back;
+      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+    }
+    const mine = cpuOf(process.cpuUsage(cpu0));
+    link.send({ done: true });
+    const theirs = ((await link.receive()) as { cpu: number }).cpu;
+    return { us: times, cpuUsPerMsg: (mine + theirs) / (2 * iterations) };
+  } finally {
+    bell.close();
+    bells.close();
+    await waitExit(child);
+  }
+}
+
+/** Word offsets of the spin floor: a line apart, so that each side's word has a line of its own. */
+const SPIN_PING = 0;
+const SPIN_PONG = 64;
+/** The spin floor gives up (a stuck peer) after this long in all. */
+const SPIN_FLOOR_LIMIT_MS = 20_000;
+
+/** The floor under spin mode: two processes bounce a shared word, each spinning in the addon on
+ * the word the other bumps (what a spinning channel end does, with no channel around it). */
+export async function spinFloor(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; placement: string }> {
+  const { child, link } = await spawn(CHILD, ['spin-echo'], { stdio: 'inherit', env });
+  const buffer = HostBuffer.allocate(4096);
+  const words = new JsWords(new addon.SharedWords(buffer.fd, 4096), buffer.bytes);
+  const times = new Float64Array(iterations);
+  try {
+    link.send({ buffer, rounds: warmup + iterations });
+    await link.receive();
+    const limit = performance.now() + SPIN_FLOOR_LIMIT_MS;
+    for (let i = 0; i < warmup + iterations; i++) {
+      const t0 = process.hrtime.bigint();
+      words.add32(SPIN_PING, 1);
+      while (!words.spinWait32(SPIN_PONG, i, 1000)) {
+        if (performance.now() > limit) throw new Error('spin floor: the child stopped answering');
+      }
+      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+    }
+    const mine = onCpu();
+    const theirs = ((await link.receive()) as { cpu: number }).cpu;
+    return { us: times, placement: cpuPlacement(mine, theirs) };
+  } finally {
+    words.close();
+    buffer.close();
+    await waitExit(child);
+  }
+}
+
+/** The reference: a 64-byte round trip over a Unix socket between two Node processes (node:net). */
+export async function socketRoundTrip(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<Float64Array> {
+  const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-bench-'));
+  const path = join(dir, 'echo.sock');
+  const server = createServer();
+  await new Promise<void>((r) => server.listen(path, r));
+  const connected = new Promise<Socket>((r) => server.once('connection', r));
+  const { child } = await spawn(CHILD, ['socket-echo', path], { stdio: 'inherit', env });
+  const socket = await connected;
+  socket.setNoDelay(true);
+  const payload = Buffer.alloc(64, 7);
+  const times = new Float64Array(iterations);
+  try {
+    let got = 0;
+    let resolve: (() => void) | undefined;
+    socket.on('data', (d) => {
+      got += d.length;
+      if (got >= 64) {
+        got -= 64;
+        resolve?.();
+      }
+    });
+    for (let i = 0; i < warmup + iterations; i++) {
+      const t0 = process.hrtime.bigint();
+      const back = new Promise<void>((r) => (resolve = r));
+      socket.write(payload);
+      await back;
+      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+    }
+  } finally {
+    socket.destroy();
+    server.close();
+    await waitExit(child);
+    rmSync(dir, { recursive: true, force: true });
+  }
+  return times;
+}
