@@ -6,7 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { planSharded, RUN_FIELDS } from '../../src/tensors/sharded/index.js';
-import { checkRunBounds, pairChunks, pieceRows, runRows, streamBytes, type PairChunk, type RunSide } from '../../src/tensors/sharded/pair-stream.js';
+import { checkRunBounds, pairChunks, pieceRows, planRounds, runRows, streamBytes, SLOT_ALIGN, type PairChunk, type RunSide } from '../../src/tensors/sharded/pair-stream.js';
 import { scenarios } from './sharded-scenarios.js';
 
 /** The reference: stream byte i is byte [tensor, offset] of this side. */
@@ -166,4 +166,29 @@ test('bounds: a run past a memory\'s extent, a tensor index the side lacks, a co
   // An empty run touches nothing, wherever it points.
   checkRunBounds(table([0, 0, 1e6, 0, 0, 1, 0, 0]), 'src', [10], 'p');
   assert.throws(() => pairChunks(runs, 'src', 0), { code: 'ERR_OUT_OF_RANGE' });
+});
+
+test('rounds: round k holds chunk k of every stream that has one; staged chunks laid out in one slot, aligned, not overlapping', () => {
+  const strided = table([0, 0, 0, 0, 10, 30, 10, 32]); // 300 bytes; the destination side is strided
+  const flat = table([0, 0, 0, 0, 700, 1, 0, 0]);
+  const streams = [pairChunks(strided, 'dst', 256), pairChunks(flat, 'dst', 256), pairChunks(strided, 'src', 256), pairChunks(strided, 'dst', 100)];
+  const { rounds, slotBytes } = planRounds(streams);
+  assert.equal(rounds.length, 3);
+  assert.deepEqual(rounds.map((r) => r.map((e) => [e.stream, e.slotOffset])), [
+    [[0, 0], [1, -1], [2, -1], [3, 256]],
+    [[0, 0], [1, -1], [2, -1], [3, 256]],
+    [[1, -1], [3, 0]],
+  ]);
+  rounds.forEach((r, k) => r.forEach((e) => assert.equal(e.chunk, streams[e.stream]![k])));
+  assert.equal(slotBytes, 356, 'the largest round: 256 bytes, then 100 at the next 256-byte boundary');
+  for (const r of rounds) {
+    const staged = r.filter((e) => e.slotOffset >= 0).sort((a, b) => a.slotOffset - b.slotOffset);
+    staged.forEach((e, i) => {
+      assert.equal(e.slotOffset % SLOT_ALIGN, 0);
+      if (i > 0) assert.ok(e.slotOffset >= staged[i - 1]!.slotOffset + staged[i - 1]!.chunk.bytes);
+      assert.ok(e.slotOffset + e.chunk.bytes <= slotBytes);
+    });
+  }
+  assert.deepEqual(planRounds([pairChunks(flat, 'src', 256)]).slotBytes, 0, 'direct chunks need no staging');
+  assert.deepEqual(planRounds([]), { rounds: [], slotBytes: 0 });
 });

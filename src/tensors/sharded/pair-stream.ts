@@ -202,3 +202,44 @@ export function pieceRows(pieces: readonly ChunkPiece[], address: (tensor: numbe
   }
   return out;
 }
+
+/** Where staged chunks start in a staging slot: as aligned as NCCL's and copy_runs' fast paths like. */
+export const SLOT_ALIGN = 256;
+
+/** One operation of an NCCL round: chunk `chunk` of stream `stream`, at `slotOffset` of the round's slot when staged. */
+export interface RoundEntry {
+  readonly stream: number;
+  readonly chunk: PairChunk;
+  /** Byte offset in the round's staging slot; -1 for a direct chunk. */
+  readonly slotOffset: number;
+}
+
+/**
+ * The rounds of one sync on one rank: round k holds chunk k of every stream that has one (streams
+ * in the order given), and its staged chunks laid out back to back in one slot (each at a multiple
+ * of SLOT_ALIGN). `slotBytes`: the largest round's staged bytes, what each of the two slots needs.
+ */
+export function planRounds(streams: ReadonlyArray<readonly PairChunk[]>): { rounds: RoundEntry[][]; slotBytes: number } {
+  let count = 0;
+  for (const s of streams) count = Math.max(count, s.length);
+  const rounds: RoundEntry[][] = [];
+  let slotBytes = 0;
+  for (let k = 0; k < count; k++) {
+    const round: RoundEntry[] = [];
+    let end = 0;
+    streams.forEach((chunks, stream) => {
+      const chunk = chunks[k];
+      if (!chunk) return;
+      if (chunk.direct) {
+        round.push({ stream, chunk, slotOffset: -1 });
+        return;
+      }
+      const at = Math.ceil(end / SLOT_ALIGN) * SLOT_ALIGN;
+      round.push({ stream, chunk, slotOffset: at });
+      end = at + chunk.bytes;
+    });
+    slotBytes = Math.max(slotBytes, end);
+    rounds.push(round);
+  }
+  return { rounds, slotBytes };
+}

@@ -1,0 +1,139 @@
+// The device copier of a sharded sync (PROTOCOL.md 9.3): a destination's 'local' and 'ipc' runs
+// of one sync in ONE copy_runs launch on a stream of its own, each block of a strided run a row of
+// the table. Every run is checked against the extents of the memories it touches before anything
+// is queued, so a wrong plan or a short memory is a typed error, never a write outside a tensor.
+// The table is built and uploaded once per CopyBatch object: the group passes the same batch for
+// every sync of an epoch, and a repeated sync then costs one launch.
+import type { Device } from '../../cuda/device.js';
+import { driver } from '../../cuda/driver.js';
+import { Stream } from '../../cuda/stream.js';
+import { IpcError } from '../../errors.js';
+import { launchCopyRuns, planRuns } from '../kernels.js';
+import type { CopyBatch, RunCopier, RunMemory } from './execute-types.js';
+import { checkRunBounds, runRows } from './pair-stream.js';
+
+type DeviceMemory = Extract<RunMemory, { kind: 'device' }>;
+
+/** A batch's table: rows, work items, where it lives on the device. */
+interface Prepared { batch: CopyBatch; runs: number; chunks: number; bytes: number }
+
+/** The device memories of `memories`, or a typed error naming the first host one. */
+export function deviceMemories(memories: readonly RunMemory[], what: string): DeviceMemory[] {
+  return memories.map((m, i) => {
+    if (m?.kind !== 'device') {
+      throw new IpcError('ERR_UNSUPPORTED', `${what} #${i} is ${m?.kind === 'host' ? 'host memory' : 'not a RunMemory'}, in a batch for the device copier: a rank's memories are all on its GPU or all on the host (use the host copier)`);
+    }
+    return m;
+  });
+}
+
+/**
+ * Checks `batch` (paths 'local'/'ipc' only, device memories, every run inside its memories) and
+ * returns the copy rows of all its runs. Throws before anything is queued.
+ */
+export function batchRows(batch: CopyBatch): { dsts: BigUint64Array; srcs: BigUint64Array; sizes: BigUint64Array; bytes: number } {
+  const destinations = deviceMemories(batch.destinations, 'destination tensor');
+  const dsts: bigint[] = [];
+  const srcs: bigint[] = [];
+  const sizes: bigint[] = [];
+  let bytes = 0;
+  for (const { pair, sources } of batch.pairs) {
+    const what = `the ${pair.path} runs of rank ${pair.src} -> rank ${pair.dst}`;
+    if (pair.path !== 'local' && pair.path !== 'ipc') {
+      throw new IpcError('ERR_UNSUPPORTED', `${what}: the device copier copies 'local' and 'ipc' pairs; an '${pair.path}' pair goes to the NCCL mover`);
+    }
+    const from = deviceMemories(sources, `source tensor (rank ${pair.src})`);
+    checkRunBounds(pair.runs, 'src', from.map((m) => m.extent), what);
+    checkRunBounds(pair.runs, 'dst', destinations.map((m) => m.extent), what);
+    const rows = runRows(pair.runs, (t) => from[t]!.pointer, (t) => destinations[t]!.pointer);
+    for (let i = 0; i < rows.dsts.length; i++) {
+      dsts.push(rows.dsts[i]!);
+      srcs.push(rows.srcs[i]!);
+      sizes.push(rows.sizes[i]!);
+      bytes += Number(rows.sizes[i]!);
+    }
+  }
+  return { dsts: BigUint64Array.from(dsts), srcs: BigUint64Array.from(srcs), sizes: BigUint64Array.from(sizes), bytes };
+}
+
+class DeviceRunCopier implements RunCopier {
+  readonly #device: Device;
+  #stream: Stream | undefined;
+  /** The table in device memory and the batch it was made for. */
+  #table = { ptr: 0n, capacity: 0 };
+  #prepared: Prepared | undefined;
+  /** The last copy (the next one waits for it: they share the stream and the table). */
+  #tail: Promise<void> = Promise.resolve();
+  #closed = false;
+
+  constructor(device: Device) {
+    this.#device = device;
+  }
+
+  copy(batch: CopyBatch): Promise<void> {
+    if (this.#closed) return Promise.reject(new IpcError('ERR_CLOSED', 'the device copier was closed: create a new one'));
+    const run = this.#tail.then(() => this.#copy(batch));
+    this.#tail = run.catch(() => {});
+    return run;
+  }
+
+  async #copy(batch: CopyBatch): Promise<void> {
+    if (this.#closed) throw new IpcError('ERR_CLOSED', 'the device copier was closed: create a new one');
+    const device = this.#device;
+    let p = this.#prepared;
+    if (p?.batch !== batch) {
+      this.#prepared = undefined;
+      const rows = batchRows(batch);
+      const table = planRuns(rows.dsts, rows.srcs, rows.sizes);
+      if (table.runs === 0) {
+        this.#prepared = { batch, runs: 0, chunks: 0, bytes: 0 };
+        return;
+      }
+      device.activate();
+      this.#stream ??= Stream.create(device);
+      const t = this.#table;
+      if (t.capacity < table.data.byteLength) {
+        // The copy before this one finished (copies run one at a time): its table can go.
+        if (t.ptr) driver.memFree(t.ptr);
+        t.ptr = 0n;
+        t.capacity = 0;
+        t.ptr = driver.memAlloc(table.data.byteLength);
+        t.capacity = table.data.byteLength;
+      }
+      driver.memcpyHtoDAsync(t.ptr, table.data, this.#stream.handle);
+      p = { batch, runs: table.runs, chunks: table.chunks, bytes: rows.bytes };
+    }
+    if (p.runs === 0) return;
+    const stream = this.#stream!;
+    device.activate();
+    launchCopyRuns(device, stream.handle, this.#table.ptr, p.runs, p.chunks);
+    // Reused only once it was uploaded and launched: a failure above leaves nothing to trust.
+    this.#prepared = p;
+    await stream.synchronize();
+  }
+
+  async close(): Promise<void> {
+    if (this.#closed) return;
+    this.#closed = true;
+    await this.#tail;
+    if (this.#stream) {
+      await this.#stream.synchronize().catch(() => {});
+      this.#stream.close();
+      this.#stream = undefined;
+    }
+    if (this.#table.ptr) {
+      this.#device.activate();
+      driver.memFree(this.#table.ptr);
+      this.#table = { ptr: 0n, capacity: 0 };
+    }
+    this.#prepared = undefined;
+  }
+}
+
+/**
+ * The device copier on `device` (the destination rank's GPU; sources on another GPU are reached
+ * through the peer mappings their RunMemory pointers already are).
+ */
+export function deviceRunCopier(device: Device): RunCopier {
+  return new DeviceRunCopier(device);
+}
