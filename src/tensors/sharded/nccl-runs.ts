@@ -22,7 +22,7 @@ import { launchCopyRuns, planRuns, sameBytes } from '../kernels.js';
 import { deviceMemories } from './device-copy.js';
 import type { NcclPairs, NcclRunMover, RunMemory } from './execute-types.js';
 import type { PlanPair } from './plan.js';
-import { checkRunBounds, pairChunks, pieceRows, planRounds, type PairChunk, type RoundEntry } from './pair-stream.js';
+import { checkRunBounds, pairChunks, planRounds, roundAddresses, type CopyRows, type PairChunk, type RoundEntry } from './pair-stream.js';
 
 const ROW_BYTES = 32;
 
@@ -37,6 +37,8 @@ interface Prepared {
   key: readonly unknown[];
   streams: PairStream[];
   rounds: RoundEntry[][];
+  /** Per round, per entry: the address NCCL sends from or receives into. */
+  buffers: bigint[][];
   slotBytes: number;
   /** Per round: the gather and the scatter launch (undefined: nothing to copy). */
   gathers: Array<Launch | undefined>;
@@ -100,13 +102,10 @@ class DeviceNcclRunMover implements NcclRunMover {
     for (let k = 0; k < p.rounds.length; k++) {
       const s = k % 2;
       const round = p.rounds[k]!;
-      const slot = p.slots[s] ?? 0n;
       if (usesSlot(k)) ncclStream.waitEvent(this.#ready[s]!);
-      const ops: NcclOperation[] = round.map((e) => {
+      const ops: NcclOperation[] = round.map((e, i) => {
         const stream = p.streams[e.stream]!;
-        const c = e.chunk;
-        const buffer = c.direct ? memoryOf(stream.send ? sources : destinations, c.tensor).pointer + BigInt(c.offset) : slot + BigInt(e.slotOffset);
-        return { op: stream.send ? 'send' : 'recv', buffer, bytes: c.bytes, peer: stream.peer };
+        return { op: stream.send ? 'send' : 'recv', buffer: p.buffers[k]![i]!, bytes: e.chunk.bytes, peer: stream.peer };
       });
       await comm.group(ops, options);
       if (usesSlot(k)) this.#sent[s]!.record(ncclStream);
@@ -155,8 +154,8 @@ class DeviceNcclRunMover implements NcclRunMover {
     const slots = this.#slots.map((b) => b.devicePointer);
     const parts: Uint8Array[] = [];
     let rows = 0;
-    const table = (dsts: bigint[], srcs: bigint[], sizes: bigint[]): Launch | undefined => {
-      const t = planRuns(BigUint64Array.from(dsts), BigUint64Array.from(srcs), BigUint64Array.from(sizes));
+    const table = (copies: CopyRows): Launch | undefined => {
+      const t = planRuns(BigUint64Array.from(copies.dsts), BigUint64Array.from(copies.srcs), BigUint64Array.from(copies.sizes));
       if (t.runs === 0) return undefined;
       parts.push(t.data);
       const launch = { row: rows, runs: t.runs, items: t.chunks };
@@ -165,22 +164,14 @@ class DeviceNcclRunMover implements NcclRunMover {
     };
     const gathers: Array<Launch | undefined> = [];
     const scatters: Array<Launch | undefined> = [];
+    const buffers: bigint[][] = [];
+    const send = streams.map((s) => s.send);
+    const address = (out: boolean, t: number): bigint => memoryOf(out ? sources : destinations, t).pointer;
     rounds.forEach((round, k) => {
-      const slot = slots[k % 2] ?? 0n;
-      const g = { dsts: [] as bigint[], srcs: [] as bigint[], sizes: [] as bigint[] };
-      const sc = { dsts: [] as bigint[], srcs: [] as bigint[], sizes: [] as bigint[] };
-      for (const e of round) {
-        if (e.chunk.direct) continue;
-        const send = streams[e.stream]!.send;
-        const memories = send ? sources : destinations;
-        const r = pieceRows(e.chunk.pieces, (t) => memoryOf(memories, t).pointer, slot + BigInt(e.slotOffset), send);
-        const into = send ? g : sc;
-        into.dsts.push(...r.dsts);
-        into.srcs.push(...r.srcs);
-        into.sizes.push(...r.sizes);
-      }
-      gathers.push(table(g.dsts, g.srcs, g.sizes));
-      scatters.push(table(sc.dsts, sc.srcs, sc.sizes));
+      const r = roundAddresses(round, send, address, slots[k % 2] ?? 0n);
+      buffers.push(r.buffers);
+      gathers.push(table(r.gather));
+      scatters.push(table(r.scatter));
     });
     const data = new Uint8Array(rows * ROW_BYTES);
     let at = 0;
@@ -188,7 +179,7 @@ class DeviceNcclRunMover implements NcclRunMover {
       data.set(part, at);
       at += part.byteLength;
     }
-    const prepared: Prepared = { key, streams, rounds, slotBytes, gathers, scatters, table: data, slots };
+    const prepared: Prepared = { key, streams, rounds, buffers, slotBytes, gathers, scatters, table: data, slots };
     this.#prepared = prepared;
     return prepared;
   }

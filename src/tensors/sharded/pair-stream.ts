@@ -243,3 +243,33 @@ export function planRounds(streams: ReadonlyArray<readonly PairChunk[]>): { roun
   }
   return { rounds, slotBytes };
 }
+
+/** Copy rows: dsts[i] <- srcs[i], sizes[i] bytes. */
+export interface CopyRows { dsts: bigint[]; srcs: bigint[]; sizes: bigint[] }
+
+/**
+ * The addresses of one round on one rank: per entry the buffer NCCL sends from or receives into
+ * (the tensor's bytes for a direct chunk, the entry's place in `slot` otherwise), the gather rows
+ * of its staged sends (to run before the round) and the scatter rows of its staged receives (after).
+ * `send[stream]`: whether stream `stream` is sent; `address(send, tensor)`: a local tensor's first byte.
+ */
+export function roundAddresses(round: readonly RoundEntry[], send: readonly boolean[], address: (send: boolean, tensor: number) => bigint, slot: bigint):
+  { buffers: bigint[]; gather: CopyRows; scatter: CopyRows } {
+  const gather: CopyRows = { dsts: [], srcs: [], sizes: [] };
+  const scatter: CopyRows = { dsts: [], srcs: [], sizes: [] };
+  const buffers = round.map((e) => {
+    const out = send[e.stream]!;
+    const c = e.chunk;
+    if (c.direct) return address(out, c.tensor) + BigInt(c.offset);
+    const at = slot + BigInt(e.slotOffset);
+    const rows = pieceRows(c.pieces, (t) => address(out, t), at, out);
+    const into = out ? gather : scatter;
+    for (let i = 0; i < rows.dsts.length; i++) {
+      into.dsts.push(rows.dsts[i]!);
+      into.srcs.push(rows.srcs[i]!);
+      into.sizes.push(rows.sizes[i]!);
+    }
+    return at;
+  });
+  return { buffers, gather, scatter };
+}
