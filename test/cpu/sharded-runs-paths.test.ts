@@ -14,6 +14,7 @@ import type { RunMemory } from '../../src/tensors/sharded/execute-types.js';
 import type { Device } from '../../src/cuda/device.js';
 import type { NcclCommunicator } from '../../src/nccl/communicator.js';
 import { checkPlan } from './sharded-reference.js';
+import { scenarios } from './sharded-scenarios.js';
 import { differences, expectedDestinations, extentOf, pathLayouts, sourceBytes, SENTINEL } from '../helpers/sharded-paths.js';
 
 /** A rank's address space: its tensors and two staging slots, at offsets of one heap (base 4096: 0 is no address). */
@@ -107,17 +108,18 @@ function simulate(layouts: RankLayout[], seed: number, chunkBytes: number): Map<
   }));
 }
 
-const cases: Array<{ name: string; layouts: RankLayout[] }> = [
+const cases: Array<{ name: string; layouts: RankLayout[]; chunks?: number[] }> = [
   { name: 'two ranks on two nodes, each holding FSDP half i and needing TP half i', layouts: pathLayouts(2, ['a', 'b']) },
   { name: 'two trainers on one node, two engines on another', layouts: pathLayouts(4, ['a', 'a', 'b', 'b']) },
   { name: 'all four on one node (local and ipc only)', layouts: pathLayouts(4, ['n', 'n', 'n', 'n']) },
+  ...scenarios().map((s) => ({ name: `scenario ${s.name}`, layouts: s.layouts, chunks: [7, 64, 1 << 20] })),
 ];
 
 for (const c of cases) {
   test(`simulated sync, ${c.name}: every destination byte as the reference says, for several chunk sizes`, () => {
     const plan = planSharded(c.layouts);
     assert.deepEqual(checkPlan(c.layouts, [plan]), [], 'the plan itself is right');
-    for (const chunk of [4096, 10_000, 1 << 20]) {
+    for (const chunk of c.chunks ?? [4096, 10_000, 1 << 20]) {
       for (const seed of [1, 2]) {
         const got = simulate(c.layouts, seed, chunk);
         for (const l of c.layouts) {

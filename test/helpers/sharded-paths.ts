@@ -12,6 +12,7 @@ export const SENTINEL = 0xee;
 
 /** Bytes a local tensor spans from its first element. */
 export function extentOf(local: LocalTensor): number {
+  if (local.shape.some((n) => n === 0)) return 0;
   let e = dtypeInfo(local.dtype).itemsize;
   local.shape.forEach((n, i) => { e += (n - 1) * local.strides[i]!; });
   return e;
