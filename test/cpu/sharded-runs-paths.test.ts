@@ -22,25 +22,25 @@ class Heap {
   bytes = new Uint8Array(0);
   #end = 4096;
   #parts: Array<{ at: number; data: Uint8Array }> = [];
-  place(data: Uint8Array): bigint {
+  place(data: Uint8Array): number {
     const at = this.#end;
     this.#parts.push({ at, data });
     this.#end = at + data.length + 1 + (this.#parts.length % 5);  // gaps between parts
-    return BigInt(at);
+    return at;
   }
   seal(): void {
     this.bytes = new Uint8Array(this.#end);
     for (const p of this.#parts) this.bytes.set(p.data, p.at);
   }
-  read(at: bigint, n: number): Uint8Array {
-    return this.bytes.slice(Number(at), Number(at) + n);
+  read(at: number, n: number): Uint8Array {
+    return this.bytes.slice(at, at + n);
   }
   copy(rows: CopyRows): void {
-    rows.dsts.forEach((d, i) => this.bytes.copyWithin(Number(d), Number(rows.srcs[i]!), Number(rows.srcs[i]! + rows.sizes[i]!)));
+    rows.dsts.forEach((d, i) => this.bytes.copyWithin(d, rows.srcs[i]!, rows.srcs[i]! + rows.sizes[i]!));
   }
 }
 
-interface Rank { layout: RankLayout; heap: Heap; src: bigint[]; dst: bigint[]; slots: bigint[] }
+interface Rank { layout: RankLayout; heap: Heap; src: number[]; dst: number[]; slots: number[] }
 
 /** One simulated sync of `layouts` with `chunkBytes`: each rank's destinations afterwards. */
 function simulate(layouts: RankLayout[], seed: number, chunkBytes: number): Map<number, Uint8Array[]> {
@@ -68,14 +68,14 @@ function simulate(layouts: RankLayout[], seed: number, chunkBytes: number): Map<
       if (pair.path === 'nccl' || pair.dst !== l.rank) continue;
       const from = ranks.get(pair.src)!;
       const rows = runRows(pair.runs, (t) => from.src[t]!, (t) => me.dst[t]!);
-      rows.dsts.forEach((d, i) => me.heap.bytes.set(from.heap.read(rows.srcs[i]!, Number(rows.sizes[i]!)), Number(d)));
+      rows.dsts.forEach((d, i) => me.heap.bytes.set(from.heap.read(rows.srcs[i]!, rows.sizes[i]!), d));
     }
   }
   // nccl: round by round on every rank: gathers, then each send delivered to its receive, then scatters.
   const count = Math.max(0, ...[...rounds.values()].map((r) => r.rounds.length));
   for (let k = 0; k < count; k++) {
     const inflight = new Map<string, Uint8Array>();
-    const recvs: Array<{ rank: Rank; key: string; buffer: bigint; bytes: number }> = [];
+    const recvs: Array<{ rank: Rank; key: string; buffer: number; bytes: number }> = [];
     const scatters: Array<{ rank: Rank; rows: CopyRows }> = [];
     for (const l of layouts) {
       const me = ranks.get(l.rank)!;
@@ -96,7 +96,7 @@ function simulate(layouts: RankLayout[], seed: number, chunkBytes: number): Map<
       const data = inflight.get(r.key);
       assert.ok(data, `round ${k}: ${r.key} received with no matching send`);
       assert.equal(data.length, r.bytes, `round ${k}: ${r.key} sizes match`);
-      r.rank.heap.bytes.set(data, Number(r.buffer));
+      r.rank.heap.bytes.set(data, r.buffer);
       inflight.delete(r.key);
     }
     assert.deepEqual([...inflight.keys()], [], `round ${k}: every send received`);

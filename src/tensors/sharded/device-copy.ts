@@ -8,9 +8,9 @@ import type { Device } from '../../cuda/device.js';
 import { driver } from '../../cuda/driver.js';
 import { Stream } from '../../cuda/stream.js';
 import { IpcError } from '../../errors.js';
-import { launchCopyRuns, planRuns } from '../kernels.js';
+import { CHUNK_BYTES, launchCopyRuns } from '../kernels.js';
 import type { CopyBatch, RunCopier, RunMemory } from './execute-types.js';
-import { checkRunBounds, runRows } from './pair-stream.js';
+import { checkRunBounds, copyRunsTable, newRows, runRows, streamBytes, toAddress, type CopyRows } from './pair-stream.js';
 
 type DeviceMemory = Extract<RunMemory, { kind: 'device' }>;
 
@@ -31,11 +31,10 @@ export function deviceMemories(memories: readonly RunMemory[], what: string): De
  * Checks `batch` (paths 'local'/'ipc' only, device memories, every run inside its memories) and
  * returns the copy rows of all its runs. Throws before anything is queued.
  */
-export function batchRows(batch: CopyBatch): { dsts: BigUint64Array; srcs: BigUint64Array; sizes: BigUint64Array; bytes: number } {
+export function batchRows(batch: CopyBatch): CopyRows & { bytes: number } {
   const destinations = deviceMemories(batch.destinations, 'destination tensor');
-  const dsts: bigint[] = [];
-  const srcs: bigint[] = [];
-  const sizes: bigint[] = [];
+  const dst = destinations.map((m) => toAddress(m.pointer));
+  const rows = newRows();
   let bytes = 0;
   for (const { pair, sources } of batch.pairs) {
     const what = `the ${pair.path} runs of rank ${pair.src} -> rank ${pair.dst}`;
@@ -45,15 +44,11 @@ export function batchRows(batch: CopyBatch): { dsts: BigUint64Array; srcs: BigUi
     const from = deviceMemories(sources, `source tensor (rank ${pair.src})`);
     checkRunBounds(pair.runs, 'src', from.map((m) => m.extent), what);
     checkRunBounds(pair.runs, 'dst', destinations.map((m) => m.extent), what);
-    const rows = runRows(pair.runs, (t) => from[t]!.pointer, (t) => destinations[t]!.pointer);
-    for (let i = 0; i < rows.dsts.length; i++) {
-      dsts.push(rows.dsts[i]!);
-      srcs.push(rows.srcs[i]!);
-      sizes.push(rows.sizes[i]!);
-      bytes += Number(rows.sizes[i]!);
-    }
+    const src = from.map((m) => toAddress(m.pointer));
+    runRows(pair.runs, (t) => src[t]!, (t) => dst[t]!, rows);
+    bytes += streamBytes(pair.runs);
   }
-  return { dsts: BigUint64Array.from(dsts), srcs: BigUint64Array.from(srcs), sizes: BigUint64Array.from(sizes), bytes };
+  return { ...rows, bytes };
 }
 
 class DeviceRunCopier implements RunCopier {
@@ -84,7 +79,7 @@ class DeviceRunCopier implements RunCopier {
     if (p?.batch !== batch) {
       this.#prepared = undefined;
       const rows = batchRows(batch);
-      const table = planRuns(rows.dsts, rows.srcs, rows.sizes);
+      const table = copyRunsTable(rows, CHUNK_BYTES);
       if (table.runs === 0) {
         this.#prepared = { batch, runs: 0, chunks: 0, bytes: 0 };
         return;

@@ -18,11 +18,11 @@ import { Event } from '../../cuda/event.js';
 import { Stream } from '../../cuda/stream.js';
 import { IpcError } from '../../errors.js';
 import type { NcclCommunicator, NcclOperation } from '../../nccl/communicator.js';
-import { launchCopyRuns, planRuns, sameBytes } from '../kernels.js';
+import { CHUNK_BYTES, launchCopyRuns, sameBytes } from '../kernels.js';
 import { deviceMemories } from './device-copy.js';
 import type { NcclPairs, NcclRunMover, RunMemory } from './execute-types.js';
 import type { PlanPair } from './plan.js';
-import { checkRunBounds, pairChunks, planRounds, roundAddresses, type CopyRows, type PairChunk, type RoundEntry } from './pair-stream.js';
+import { checkRunBounds, copyRunsTable, pairChunks, planRounds, roundAddresses, toAddress, type CopyRows, type PairChunk, type RoundEntry } from './pair-stream.js';
 
 const ROW_BYTES = 32;
 
@@ -155,7 +155,7 @@ class DeviceNcclRunMover implements NcclRunMover {
     const parts: Uint8Array[] = [];
     let rows = 0;
     const table = (copies: CopyRows): Launch | undefined => {
-      const t = planRuns(BigUint64Array.from(copies.dsts), BigUint64Array.from(copies.srcs), BigUint64Array.from(copies.sizes));
+      const t = copyRunsTable(copies, CHUNK_BYTES);
       if (t.runs === 0) return undefined;
       parts.push(t.data);
       const launch = { row: rows, runs: t.runs, items: t.chunks };
@@ -166,10 +166,12 @@ class DeviceNcclRunMover implements NcclRunMover {
     const scatters: Array<Launch | undefined> = [];
     const buffers: bigint[][] = [];
     const send = streams.map((s) => s.send);
-    const address = (out: boolean, t: number): bigint => memoryOf(out ? sources : destinations, t).pointer;
+    const srcAt = sources.map((m) => (m.kind === 'device' ? toAddress(m.pointer) : 0));
+    const dstAt = destinations.map((m) => (m.kind === 'device' ? toAddress(m.pointer) : 0));
+    const address = (out: boolean, t: number): number => (out ? srcAt : dstAt)[t]!;
     rounds.forEach((round, k) => {
-      const r = roundAddresses(round, send, address, slots[k % 2] ?? 0n);
-      buffers.push(r.buffers);
+      const r = roundAddresses(round, send, address, toAddress(slots[k % 2] ?? 0n));
+      buffers.push(r.buffers.map((b) => BigInt(b)));
       gathers.push(table(r.gather));
       scatters.push(table(r.scatter));
     });
@@ -245,11 +247,6 @@ class DeviceNcclRunMover implements NcclRunMover {
       this.#prepared = undefined;
     }
   }
-}
-
-function memoryOf(memories: readonly RunMemory[], tensor: number): Extract<RunMemory, { kind: 'device' }> {
-  // Checked in #prepare: every run's tensor is a device memory of this side.
-  return memories[tensor] as Extract<RunMemory, { kind: 'device' }>;
 }
 
 function sameSlots(a: readonly bigint[], b: readonly DeviceBuffer[]): boolean {

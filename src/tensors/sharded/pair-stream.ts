@@ -72,24 +72,22 @@ export function checkRunBounds(runs: Float64Array, side: RunSide, extents: reado
  * The copy rows of a pair's runs (each block of a strided run a row): dsts[i] <- srcs[i],
  * sizes[i] bytes, from the tensors' first-element addresses. Zero-byte runs give no row.
  */
-export function runRows(runs: Float64Array, srcAddress: (tensor: number) => bigint, dstAddress: (tensor: number) => bigint): { dsts: bigint[]; srcs: bigint[]; sizes: bigint[] } {
-  const out = { dsts: [] as bigint[], srcs: [] as bigint[], sizes: [] as bigint[] };
+export function runRows(runs: Float64Array, srcAddress: (tensor: number) => number, dstAddress: (tensor: number) => number, into: CopyRows = newRows()): CopyRows {
   for (let i = 0; i < runs.length; i += RUN_FIELDS) {
     const bytes = runs[i + 4]!;
     const count = runs[i + 5]!;
     if (bytes === 0) continue;
-    const s = srcAddress(runs[i]!) + BigInt(runs[i + 2]!);
-    const d = dstAddress(runs[i + 1]!) + BigInt(runs[i + 3]!);
-    const b = BigInt(bytes);
-    const ss = BigInt(runs[i + 6]!);
-    const ds = BigInt(runs[i + 7]!);
-    for (let c = 0n; c < BigInt(count); c++) {
-      out.srcs.push(s + c * ss);
-      out.dsts.push(d + c * ds);
-      out.sizes.push(b);
+    const s = srcAddress(runs[i]!) + runs[i + 2]!;
+    const d = dstAddress(runs[i + 1]!) + runs[i + 3]!;
+    const ss = runs[i + 6]!;
+    const ds = runs[i + 7]!;
+    for (let c = 0; c < count; c++) {
+      into.srcs.push(s + c * ss);
+      into.dsts.push(d + c * ds);
+      into.sizes.push(bytes);
     }
   }
-  return out;
+  return into;
 }
 
 /** Bytes of a pair's packed stream: the sum of its runs' count*bytes. */
@@ -187,20 +185,18 @@ export function pairChunks(runs: Float64Array, side: RunSide, chunkBytes: number
  * The copy rows of staged chunk pieces: gathering (tensor -> staging at `slot`) or scattering
  * (staging -> tensor), each block of a strided piece a row.
  */
-export function pieceRows(pieces: readonly ChunkPiece[], address: (tensor: number) => bigint, slot: bigint, gather: boolean): { dsts: bigint[]; srcs: bigint[]; sizes: bigint[] } {
-  const out = { dsts: [] as bigint[], srcs: [] as bigint[], sizes: [] as bigint[] };
+export function pieceRows(pieces: readonly ChunkPiece[], address: (tensor: number) => number, slot: number, gather: boolean, into: CopyRows = newRows()): CopyRows {
   for (const p of pieces) {
-    const base = address(p.tensor) + BigInt(p.offset);
-    const b = BigInt(p.bytes);
+    const base = address(p.tensor) + p.offset;
     for (let c = 0; c < p.count; c++) {
-      const here = base + BigInt(c * p.stride);
-      const there = slot + BigInt(p.at + c * p.bytes);
-      out.dsts.push(gather ? there : here);
-      out.srcs.push(gather ? here : there);
-      out.sizes.push(b);
+      const here = base + c * p.stride;
+      const there = slot + p.at + c * p.bytes;
+      into.dsts.push(gather ? there : here);
+      into.srcs.push(gather ? here : there);
+      into.sizes.push(p.bytes);
     }
   }
-  return out;
+  return into;
 }
 
 /** Where staged chunks start in a staging slot: as aligned as NCCL's and copy_runs' fast paths like. */
@@ -244,8 +240,18 @@ export function planRounds(streams: ReadonlyArray<readonly PairChunk[]>): { roun
   return { rounds, slotBytes };
 }
 
-/** Copy rows: dsts[i] <- srcs[i], sizes[i] bytes. */
-export interface CopyRows { dsts: bigint[]; srcs: bigint[]; sizes: bigint[] }
+/** Copy rows: dsts[i] <- srcs[i], sizes[i] bytes; addresses as numbers (device addresses are below 2^53: toAddress). */
+export interface CopyRows { dsts: number[]; srcs: number[]; sizes: number[] }
+
+export function newRows(): CopyRows {
+  return { dsts: [], srcs: [], sizes: [] };
+}
+
+/** A device address as a number (exact: virtual addresses are below 2^53), or ERR_UNSUPPORTED. */
+export function toAddress(pointer: bigint): number {
+  if (pointer < 0n || pointer > BigInt(Number.MAX_SAFE_INTEGER)) throw new IpcError('ERR_UNSUPPORTED', `the address 0x${pointer.toString(16)} is beyond 2^53: the sharded copier computes addresses as numbers`);
+  return Number(pointer);
+}
 
 /**
  * The addresses of one round on one rank: per entry the buffer NCCL sends from or receives into
@@ -253,23 +259,63 @@ export interface CopyRows { dsts: bigint[]; srcs: bigint[]; sizes: bigint[] }
  * of its staged sends (to run before the round) and the scatter rows of its staged receives (after).
  * `send[stream]`: whether stream `stream` is sent; `address(send, tensor)`: a local tensor's first byte.
  */
-export function roundAddresses(round: readonly RoundEntry[], send: readonly boolean[], address: (send: boolean, tensor: number) => bigint, slot: bigint):
-  { buffers: bigint[]; gather: CopyRows; scatter: CopyRows } {
-  const gather: CopyRows = { dsts: [], srcs: [], sizes: [] };
-  const scatter: CopyRows = { dsts: [], srcs: [], sizes: [] };
+export function roundAddresses(round: readonly RoundEntry[], send: readonly boolean[], address: (send: boolean, tensor: number) => number, slot: number):
+  { buffers: number[]; gather: CopyRows; scatter: CopyRows } {
+  const gather = newRows();
+  const scatter = newRows();
   const buffers = round.map((e) => {
     const out = send[e.stream]!;
     const c = e.chunk;
-    if (c.direct) return address(out, c.tensor) + BigInt(c.offset);
-    const at = slot + BigInt(e.slotOffset);
-    const rows = pieceRows(c.pieces, (t) => address(out, t), at, out);
-    const into = out ? gather : scatter;
-    for (let i = 0; i < rows.dsts.length; i++) {
-      into.dsts.push(rows.dsts[i]!);
-      into.srcs.push(rows.srcs[i]!);
-      into.sizes.push(rows.sizes[i]!);
-    }
+    if (c.direct) return address(out, c.tensor) + c.offset;
+    const at = slot + e.slotOffset;
+    pieceRows(c.pieces, (t) => address(out, t), at, out, out ? gather : scatter);
     return at;
   });
   return { buffers, gather, scatter };
+}
+
+/** Bytes of a copy_runs row (struct CopyRun in kernels/tensors.cu: dst, src, bytes, first chunk; u64 each). */
+export const COPY_RUN_ROW_BYTES = 32;
+
+/**
+ * The copy_runs table of `rows`, byte for byte what kernels.ts planRuns makes of the same rows
+ * (a row whose two addresses share a misalignment split at the next 16-byte boundary, zero-byte
+ * rows left out, chunks of `chunkBytes` counted from 0), built with numbers instead of bigints:
+ * a model's hundred thousand rows in milliseconds, not a tenth of a second.
+ */
+export function copyRunsTable(rows: CopyRows, chunkBytes: number): { data: Uint8Array; runs: number; chunks: number } {
+  const n = rows.dsts.length;
+  const data = new Uint8Array(COPY_RUN_ROW_BYTES * 2 * n);
+  const v = new DataView(data.buffer);
+  const u64 = (at: number, x: number): void => {
+    v.setUint32(at, x % 0x1_0000_0000, true);
+    v.setUint32(at + 4, Math.floor(x / 0x1_0000_0000), true);
+  };
+  let runs = 0;
+  let chunks = 0;
+  const row = (d: number, s: number, bytes: number): void => {
+    const at = COPY_RUN_ROW_BYTES * runs++;
+    u64(at, d);
+    u64(at + 8, s);
+    u64(at + 16, bytes);
+    u64(at + 24, chunks);
+    chunks += Math.ceil(bytes / chunkBytes);
+  };
+  for (let i = 0; i < n; i++) {
+    let d = rows.dsts[i]!;
+    let s = rows.srcs[i]!;
+    let bytes = rows.sizes[i]!;
+    if (bytes === 0) continue;
+    const mis = d % 16;
+    if (mis !== 0 && mis === s % 16) {
+      const head = Math.min(16 - mis, bytes);
+      row(d, s, head);
+      d += head;
+      s += head;
+      bytes -= head;
+      if (bytes === 0) continue;
+    }
+    row(d, s, bytes);
+  }
+  return { data: data.subarray(0, COPY_RUN_ROW_BYTES * runs), runs, chunks };
 }
