@@ -124,7 +124,8 @@ class DeviceNcclRunMover implements NcclRunMover {
     }
     await ncclStream.synchronize();
     if (comm.closed) throw new IpcError('ERR_NCCL', 'the NCCL runs were cut short: the communicator was aborted');
-    return { staging: staged ? this.#slots.reduce((n, b) => n + b.byteLength, 0) : 0 };
+    // What this move staged through: its two slots' share (slots kept from a larger move may be bigger).
+    return { staging: 2 * p.slotBytes };
   }
 
   /** Checks the pairs and memories, cuts the streams, lays out rounds, slots and the run table. */
