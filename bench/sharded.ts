@@ -16,7 +16,9 @@
 //     against the limit of NCCL send/recv of the same byte counts (one group per rank).
 // Values are checked after each way: every contiguous piece of every destination tensor in full
 // and sampled rows of the row-parallel ones, against the sources' pattern (verifyPattern on the GPU).
-// Says why and exits 0 without a GPU.
+// The NCCL rows take NCCL's own path; NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket
+// NCCL_SOCKET_IFNAME=lo in the environment force its network path. SHARDED_NCCL=0 leaves them out.
+// Without a GPU: the plan's figures only, and why nothing was measured (exit 0).
 import { performance } from 'node:perf_hooks';
 import { probeDriver, driver } from '../src/cuda/driver.js';
 import { Device } from '../src/cuda/device.js';
@@ -238,7 +240,13 @@ async function ipcPath(): Promise<void> {
       if (bad.length) wrong.push(`${way}: destination rank ${d.rank} holds wrong values: ${bad.join('; ')}`);
     }
   };
-  const clear = (): void => { for (const d of dests) placed.get(d.rank)!.buffer.fill(0); for (const d of devices) d.synchronize(); };
+  const clear = (): void => {
+    for (const d of dests) {
+      Device.get(d.gpu).activate();  // memset in the memory's own context
+      placed.get(d.rank)!.buffer.fill(0);
+    }
+    for (const d of devices) d.synchronize();
+  };
 
   // The limit: each pair's bytes as one plain copy, per destination on its stream.
   const streams = dests.map((d) => Stream.create(Device.get(d.gpu)));
@@ -361,9 +369,15 @@ if (noGpu) {
 await ipcPath();
 // Both NCCL ranks live in this process (non-blocking communicators, one per GPU): a failure there
 // is reported, and the IPC rows still print.
-const skipped = await ncclPath().catch((e: Error) => `failed: ${e.message}`);
+const NCCL_LIMIT_MS = 600_000;
+let hung = false;
+const skipped = await Promise.race([
+  ncclPath().catch((e: Error) => `failed: ${e.message}`),
+  new Promise<string>((resolve) => setTimeout(() => { hung = true; resolve(`gave up after ${NCCL_LIMIT_MS / 1000} s (a hang?)`); }, NCCL_LIMIT_MS).unref()),
+]);
 printTable(`Sharded sync, ${(modelBytes / GIB).toFixed(2)} GiB bf16, 2 FSDP sources -> 2 TP destinations, ${gpus} GPU(s), ${syncs} syncs each (values checked)`, rows);
 if (skipped) console.log(`NCCL path not measured: ${skipped}`);
 for (const w of wrong) console.log(`VALUES WRONG: ${w}`);
 console.log(wrong.length ? 'values: WRONG (see above)' : 'values: every way checked, all exact');
-process.exitCode = wrong.length ? 1 : 0;
+process.exitCode = wrong.length || hung ? 1 : 0;
+if (hung) process.exit();  // the NCCL work that hangs would keep the process alive
