@@ -6,16 +6,16 @@
 // test/fixtures/sharded-nccl-child.ts, each sending and receiving in the same rounds, staged and
 // direct chunks, repeated syncs, two chunk sizes), on NCCL's own path and on the forced network
 // path (sockets over loopback). Skips with the reason where there is no GPU or fewer than two.
-import { describe, test, type TestContext } from 'node:test';
+import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Device } from '../../src/cuda/device.js';
 import { DeviceBuffer } from '../../src/cuda/buffer.js';
-import { spawn } from '../../src/link/index.js';
 import { planSharded, type PlanPair, type RankLayout } from '../../src/tensors/sharded/index.js';
 import type { CopyBatch, RunMemory } from '../../src/tensors/sharded/execute-types.js';
 import { deviceRunCopier } from '../../src/tensors/sharded/device-copy.js';
 import { noGpu } from '../helpers/gpu.js';
-import { ask, endRanks, fewerGpusThan, ncclDebugLogs, ncclOrReason, within, type Rank } from '../helpers/nccl-ranks.js';
+import { endRanks, fewerGpusThan, ncclDebugLogs, ncclOrReason, within } from '../helpers/nccl-ranks.js';
+import { moverSyncs, twoRanks } from '../helpers/sharded-ranks.js';
 import { differences, expectedDestinations, extentOf, pathLayouts, sourceBytes, SENTINEL } from '../helpers/sharded-paths.js';
 import { scenarios } from '../cpu/sharded-scenarios.js';
 
@@ -116,42 +116,9 @@ describe('sharded device copier on one GPU', { skip: noGpu }, () => {
   });
 });
 
-/** Two child ranks on GPUs 0 and 1 (with `env`), one communicator between them. */
-async function twoRanks(env: NodeJS.ProcessEnv): Promise<Rank[]> {
-  const ranks = await Promise.all([0, 1].map(async (i) => {
-    const device = Device.get(i);
-    const { child, link } = await spawn(CHILD, [], { device, stdio: 'inherit', env: { ...process.env, ...env } });
-    return { child, link, device };
-  }));
-  try {
-    const { id } = await ask(ranks[0]!.link, { op: 'id' });
-    await within(Promise.all(ranks.map((r, i) => ask(r.link, { op: 'init', id, nranks: 2, rank: i }))), 180_000, 'creating the communicator');
-  } catch (e) {
-    await endRanks(ranks);
-    throw e;
-  }
-  return ranks;
-}
-
-/** Syncs of the two-rank layout: repeated, two chunk sizes; every destination byte checked in each rank. */
-async function moverSyncs(t: TestContext, ranks: readonly Rank[]): Promise<void> {
-  const nodes = ['a', 'b'];
-  for (const [seed, chunkBytes] of [[1, 10_000], [2, 10_000], [3, 1 << 20], [4, 10_000]] as const) {
-    const replies = await within(Promise.all(ranks.map((r) => ask(r.link, { op: 'sync', nodes, seed, chunkBytes }))), 300_000, `sync ${seed}`);
-    replies.forEach((reply, i) => {
-      assert.equal(reply.mismatches, 0, `rank ${i}, sync ${seed}: ${reply.first.join('; ')}`);
-      assert.ok(reply.nccl.sent > 0 && reply.nccl.received > 0 && reply.local > 0, 'both directions over NCCL, and local runs');
-      // One send and one receive per round: a slot holds at most two chunks (each at a 256-byte boundary).
-      assert.ok(reply.staging > 0 && reply.staging <= 2 * (2 * chunkBytes + 256), `rank ${i}: staging ${reply.staging} bytes`);
-      if (seed === 1) t.diagnostic(`rank ${i}: ${reply.nccl.sent} bytes sent, ${reply.nccl.received} received over NCCL, ${reply.local} copied locally; staging ${reply.staging} bytes (chunk ${chunkBytes})`);
-    });
-  }
-  await within(Promise.all(ranks.map((r) => ask(r.link, { op: 'close' }))), 180_000, 'the collective close');
-}
-
 describe('sharded NCCL mover between two GPUs', { skip: skipPair }, () => {
   test('NCCL\'s own path: both directions in each round, staged and direct chunks, repeated syncs exact', async (t) => {
-    const ranks = await twoRanks({});
+    const ranks = await twoRanks(CHILD, {}, [Device.get(0), Device.get(1)]);
     try {
       await moverSyncs(t, ranks);
     } finally {
@@ -161,7 +128,7 @@ describe('sharded NCCL mover between two GPUs', { skip: skipPair }, () => {
 
   test('the forced network path (P2P and SHM off, sockets over loopback): the same syncs exact', async (t) => {
     const logs = ncclDebugLogs();
-    const ranks = await twoRanks({ ...NET_ENV, ...logs.env });
+    const ranks = await twoRanks(CHILD, { ...NET_ENV, ...logs.env }, [Device.get(0), Device.get(1)]);
     try {
       await moverSyncs(t, ranks);
     } finally {
