@@ -2,7 +2,7 @@
 // copier on one GPU (every rank's memories of the planner's scenarios and of a small model with
 // strided, misaligned and column-major runs; every destination byte compared with the reference;
 // the same batch again reuses its table and gives the same bytes for new source values; a run past
-// a memory refused with nothing written), and the NCCL mover between two GPUs (two child ranks,
+// a memory refused with nothing written) and with its sources on a second GPU (peer access), and the NCCL mover between two GPUs (two child ranks,
 // test/fixtures/sharded-nccl-child.ts, each sending and receiving in the same rounds, staged and
 // direct chunks, repeated syncs, two chunk sizes), on NCCL's own path and on the forced network
 // path (sockets over loopback). Skips with the reason where there is no GPU or fewer than two.
@@ -25,18 +25,28 @@ const skipPair = typeof nccl === 'string' ? nccl : fewerGpusThan(2);
 const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
 const CHILD = new URL('../fixtures/sharded-nccl-child.js', import.meta.url);
 
-/** Every rank's memories of `layouts` on one GPU, and a copy batch per destination rank (every pair into it, as 'local'). */
-function materialise(layouts: readonly RankLayout[], device: Device) {
+/** Why the peer-access case skips here, or undefined. */
+function peerSkip(): string | undefined {
+  const few = fewerGpusThan(2);
+  if (few) return few;
+  return Device.get(0).canAccessPeer(Device.get(1)) ? undefined : 'GPU 0 cannot access GPU 1\'s memory (no peer access between them)';
+}
+
+/**
+ * Every rank's memories of `layouts` (sources on `srcDevice`, destinations on `device`), and a copy
+ * batch per destination rank (every pair into it, as 'local').
+ */
+function materialise(layouts: readonly RankLayout[], device: Device, srcDevice = device) {
   const buffers: DeviceBuffer[] = [];
-  const mem = (n: number): RunMemory => {
-    const b = DeviceBuffer.allocate(Math.max(n, 1), { device });
+  const mem = (n: number, on: Device): RunMemory => {
+    const b = DeviceBuffer.allocate(Math.max(n, 1), { device: on });
     buffers.push(b);
-    return { kind: 'device', device, pointer: b.devicePointer, extent: n };
+    return { kind: 'device', device: on, pointer: b.devicePointer, extent: n };
   };
   const byRank = new Map(layouts.map((l) => [l.rank, {
     layout: l,
-    src: l.sources.map((t) => mem(extentOf(t))),
-    dst: l.destinations.map((t) => mem(extentOf(t))),
+    src: l.sources.map((t) => mem(extentOf(t), srcDevice)),
+    dst: l.destinations.map((t) => mem(extentOf(t), device)),
   }]));
   const plan = planSharded(layouts);
   const batches = layouts.filter((l) => l.destinations.length > 0).map((l) => {
@@ -52,6 +62,7 @@ function materialise(layouts: readonly RankLayout[], device: Device) {
         for (const m of r.dst) buffer(m).write(new Uint8Array(m.kind === 'device' ? m.extent : 0).fill(SENTINEL));
       }
       device.synchronize();
+      srcDevice.synchronize();
     },
     read(rank: number): Uint8Array[] {
       return byRank.get(rank)!.dst.map((m) => buffer(m).read().subarray(0, m.kind === 'device' ? m.extent : 0));
@@ -62,7 +73,7 @@ function materialise(layouts: readonly RankLayout[], device: Device) {
   };
 }
 
-describe('sharded device copier on one GPU', { skip: noGpu }, () => {
+describe('sharded device copier', { skip: noGpu }, () => {
   const cases = [
     ...scenarios(),
     { name: 'small model, FSDP halves -> TP halves on one node', layouts: pathLayouts(4, ['n', 'n', 'n', 'n']) },
@@ -95,6 +106,26 @@ describe('sharded device copier on one GPU', { skip: noGpu }, () => {
       }
     });
   }
+
+  test('sources on GPU 1 read through peer access (as a mapping of another GPU\'s memory is): every byte as the reference says', { skip: peerSkip() }, async () => {
+    const [device, other] = [Device.get(0), Device.get(1)];
+    device.enablePeerAccess(other);
+    const layouts = pathLayouts(4, ['n', 'n', 'n', 'n']);
+    const copier = deviceRunCopier(device);
+    const m = materialise(layouts, device, other);
+    try {
+      m.fill(7);
+      for (const { batch } of m.batches) await within(copier.copy(batch), 60_000, 'a copy from GPU 1');
+      for (const { rank } of m.batches) {
+        const l = layouts.find((x) => x.rank === rank)!;
+        const d = differences(m.read(rank), expectedDestinations(layouts, m.plan, rank, 7), l.destinations.map((t) => t.name));
+        assert.equal(d.count, 0, `rank ${rank}: ${d.first.join('; ')}`);
+      }
+    } finally {
+      await copier.close();
+      m.close();
+    }
+  });
 
   test('a run past a destination\'s extent: ERR_OUT_OF_RANGE naming tensor and range, nothing written; the copier still works', async () => {
     const device = Device.get(0);
