@@ -2,10 +2,12 @@
 // copier on one GPU (every rank's memories of the planner's scenarios and of a small model with
 // strided, misaligned and column-major runs; every destination byte compared with the reference;
 // the same batch again reuses its table and gives the same bytes for new source values; a run past
-// a memory refused with nothing written) and with its sources on a second GPU (peer access), and the NCCL mover between two GPUs (two child ranks,
-// test/fixtures/sharded-nccl-child.ts, each sending and receiving in the same rounds, staged and
-// direct chunks, repeated syncs, two chunk sizes), on NCCL's own path and on the forced network
-// path (sockets over loopback). Skips with the reason where there is no GPU or fewer than two.
+// a memory refused with nothing written) and with its sources on a second GPU (peer access); and
+// the NCCL mover between two GPUs (two child ranks, test/fixtures/sharded-nccl-child.ts, each
+// sending and receiving in the same rounds, staged and direct chunks, repeated syncs, two chunk
+// sizes), on NCCL's own path and on the forced network path (sockets over loopback). Skips with
+// the reason where there is no GPU or fewer than two. The same paths on the fake driver and
+// libnccl: test/cpu/sharded-paths-fake.test.ts.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Device } from '../../src/cuda/device.js';
