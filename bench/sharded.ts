@@ -133,7 +133,11 @@ function fillSources(layout: RankLayout, p: Placed, epoch: number): void {
       const bytes = piece.length.reduce((a, b) => a * b, ITEM);
       if (bytes === 0) continue;
       const view = p.buffer.view(p.srcAt[i]! + (piece.at[0] ?? 0) * (t.strides[0] ?? 0), bytes);
-      kernels.fillPattern(view, 'u32', (seedOf(piece.tensor, epoch) + (piece.start[0] ?? 0) * rowBytes / 4) >>> 0, 1);
+      try {
+        kernels.fillPattern(view, 'u32', (seedOf(piece.tensor, epoch) + (piece.start[0] ?? 0) * rowBytes / 4) >>> 0, 1);
+      } finally {
+        view.close();
+      }
     }
   });
   p.device.synchronize();
@@ -144,7 +148,8 @@ async function checkDestinations(layout: RankLayout, p: Placed, epoch: number): 
   const kernels = BuiltinKernels.for(p.device);
   const bad: string[] = [];
   const check = async (what: string, offset: number, bytes: number, globalByte: number, tensor: string): Promise<void> => {
-    const r = await kernels.verifyPattern(p.buffer.view(offset, bytes), 'u32', (seedOf(tensor, epoch) + globalByte / 4) >>> 0, 1);
+    const view = p.buffer.view(offset, bytes);
+    const r = await kernels.verifyPattern(view, 'u32', (seedOf(tensor, epoch) + globalByte / 4) >>> 0, 1).finally(() => view.close());
     if (r.mismatches !== 0n && bad.length < 5) bad.push(`${what}: ${r.mismatches} words differ`);
   };
   for (const [i, t] of layout.destinations.entries()) {
