@@ -82,6 +82,17 @@ describe('the device copier on the fake driver', () => {
         const uploads = fake.calls.get('memcpyHtoDAsync') ?? 0;
         await copier.copy(batch);
         assert.equal(fake.calls.get('memcpyHtoDAsync') ?? 0, uploads, 'nothing uploaded for a repeated batch');
+        // The same pairs and memories in new objects: nothing uploaded either.
+        const rewrapped: CopyBatch = {
+          pairs: batch.pairs.map((x) => ({ pair: x.pair, sources: x.sources.map((m) => ({ ...m })) })),
+          destinations: batch.destinations.map((m) => ({ ...m })),
+        };
+        await copier.copy(rewrapped);
+        assert.equal(fake.calls.get('memcpyHtoDAsync') ?? 0, uploads, 'nothing uploaded for the same pairs and memories in a new batch');
+        // A memory of another extent makes another batch: checked and uploaded again.
+        const shorter: CopyBatch = { pairs: rewrapped.pairs, destinations: rewrapped.destinations.map((m) => (m.kind === 'device' ? { ...m, extent: m.extent + 1 } : m)) };
+        await copier.copy(shorter);
+        assert.equal(fake.calls.get('memcpyHtoDAsync') ?? 0, uploads + 1, 'a batch of other memories is planned and uploaded');
         const got = buffers.get(l.rank)!.dst.map((b, i) => b.read().subarray(0, extentOf(l.destinations[i]!)));
         assert.equal(differences(got, expectedDestinations(c.layouts, plan, l.rank, 2), l.destinations.map((t) => t.name)).count, 0);
       } finally {

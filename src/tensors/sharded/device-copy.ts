@@ -2,15 +2,15 @@
 // of one sync in ONE copy_runs launch on a stream of its own, each block of a strided run a row of
 // the table. Every run is checked against the extents of the memories it touches before anything
 // is queued, so a wrong plan or a short memory is a typed error, never a write outside a tensor.
-// The table is built and uploaded once per CopyBatch object: the group passes the same batch for
-// every sync of an epoch, and a repeated sync then costs one launch.
+// The table is built and uploaded once per batch: the same CopyBatch again (or one of the same plan
+// pairs and memories: sameBatch) costs one launch.
 import type { Device } from '../../cuda/device.js';
 import { driver } from '../../cuda/driver.js';
 import { Stream } from '../../cuda/stream.js';
 import { IpcError } from '../../errors.js';
 import { CHUNK_BYTES, launchCopyRuns } from '../kernels.js';
 import type { CopyBatch, RunCopier, RunMemory } from './execute-types.js';
-import { checkRunBounds, copyRunsTable, newRows, runRows, streamBytes, toAddress, type CopyRows } from './pair-stream.js';
+import { checkRunBounds, copyRunsTable, newRows, runRows, sameBatch, streamBytes, toAddress, type CopyRows } from './pair-stream.js';
 
 type DeviceMemory = Extract<RunMemory, { kind: 'device' }>;
 
@@ -76,7 +76,7 @@ class DeviceRunCopier implements RunCopier {
     if (this.#closed) throw new IpcError('ERR_CLOSED', 'the device copier was closed: create a new one');
     const device = this.#device;
     let p = this.#prepared;
-    if (p?.batch !== batch) {
+    if (!p || !sameBatch(p.batch, batch)) {
       this.#prepared = undefined;
       const rows = batchRows(batch);
       const table = copyRunsTable(rows, CHUNK_BYTES);

@@ -22,7 +22,7 @@ import { CHUNK_BYTES, launchCopyRuns, sameBytes } from '../kernels.js';
 import { deviceMemories } from './device-copy.js';
 import type { NcclPairs, NcclRunMover, RunMemory } from './execute-types.js';
 import type { PlanPair } from './plan.js';
-import { checkRunBounds, copyRunsTable, pairChunks, planRounds, roundAddresses, toAddress, type CopyRows, type PairChunk, type RoundEntry } from './pair-stream.js';
+import { checkRunBounds, copyRunsTable, pairChunks, planRounds, roundAddresses, sameMemories, toAddress, type CopyRows, type PairChunk, type RoundEntry } from './pair-stream.js';
 
 const ROW_BYTES = 32;
 
@@ -34,7 +34,10 @@ interface PairStream { pair: PlanPair; send: boolean; peer: number; chunks: Pair
 
 /** What a move queues, kept while the same pairs, memories and chunk size come again. */
 interface Prepared {
-  key: readonly unknown[];
+  key: {
+    comm: NcclCommunicator; chunkBytes: number; peers: string; pairs: readonly PlanPair[]; sends: number;
+    sources: readonly RunMemory[]; destinations: readonly RunMemory[];
+  };
   streams: PairStream[];
   rounds: RoundEntry[][];
   /** Per round, per entry: the address NCCL sends from or receives into. */
@@ -132,9 +135,10 @@ class DeviceNcclRunMover implements NcclRunMover {
   #prepare(comm: NcclCommunicator, commRank: (rank: number) => number, pairs: NcclPairs, sources: readonly RunMemory[],
     destinations: readonly RunMemory[], chunkBytes: number): Prepared {
     const peers = [...pairs.sends.map((p) => commRank(p.dst)), ...pairs.recvs.map((p) => commRank(p.src))];
-    const key = [comm, pairs, sources, destinations, chunkBytes, peers.join(',')];
+    // The same plan pairs (objects: a re-plan makes new ones), peers and memories: what was laid out holds.
+    const key: Prepared['key'] = { comm, chunkBytes, peers: peers.join(','), pairs: [...pairs.sends, ...pairs.recvs], sends: pairs.sends.length, sources, destinations };
     const last = this.#prepared;
-    if (last && last.key.every((x, i) => x === key[i]) && sameSlots(last.slots, this.#slots)) return last;
+    if (last && sameKey(last.key, key) && sameSlots(last.slots, this.#slots)) return last;
     this.#prepared = undefined;
     const streams: PairStream[] = [];
     const add = (pair: PlanPair, send: boolean): void => {
@@ -248,6 +252,12 @@ class DeviceNcclRunMover implements NcclRunMover {
       this.#prepared = undefined;
     }
   }
+}
+
+function sameKey(a: Prepared['key'], b: Prepared['key']): boolean {
+  return a.comm === b.comm && a.chunkBytes === b.chunkBytes && a.peers === b.peers && a.sends === b.sends &&
+    a.pairs.length === b.pairs.length && a.pairs.every((p, i) => p === b.pairs[i]) &&
+    sameMemories(a.sources, b.sources) && sameMemories(a.destinations, b.destinations);
 }
 
 function sameSlots(a: readonly bigint[], b: readonly DeviceBuffer[]): boolean {

@@ -6,6 +6,7 @@
 // turn these into copy_runs tables and NCCL rounds.
 import { IpcError } from '../../errors.js';
 import { RUN_FIELDS } from './runs.js';
+import type { CopyBatch, RunMemory } from './execute-types.js';
 
 /** Which side of a pair's runs: the source rank's tensors or the destination rank's. */
 export type RunSide = 'src' | 'dst';
@@ -318,4 +319,27 @@ export function copyRunsTable(rows: CopyRows, chunkBytes: number): { data: Uint8
     row(d, s, bytes);
   }
   return { data: data.subarray(0, COPY_RUN_ROW_BYTES * runs), runs, chunks };
+}
+
+/** Whether two lists name the same memories (device: pointer and extent; host: the same view). */
+export function sameMemories(a: readonly RunMemory[], b: readonly RunMemory[]): boolean {
+  if (a === b) return true;
+  if (a.length !== b.length) return false;
+  return a.every((x, i) => {
+    const y = b[i]!;
+    if (x === y) return true;
+    if (x.kind === 'device' && y.kind === 'device') return x.pointer === y.pointer && x.extent === y.extent && x.device === y.device;
+    return x.kind === 'host' && y.kind === 'host' && x.bytes === y.bytes;
+  });
+}
+
+/**
+ * Whether a copy of `b` would copy what one of `a` did: the same plan pairs (the same objects:
+ * a re-plan makes new ones) from and into the same memories. A group that wraps the same pairs
+ * and memories in a new batch each sync still reuses its table.
+ */
+export function sameBatch(a: CopyBatch, b: CopyBatch): boolean {
+  if (a === b) return true;
+  return a.pairs.length === b.pairs.length && sameMemories(a.destinations, b.destinations) &&
+    a.pairs.every((x, i) => x.pair === b.pairs[i]!.pair && sameMemories(x.sources, b.pairs[i]!.sources));
 }
