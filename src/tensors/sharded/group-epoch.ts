@@ -10,7 +10,7 @@ import type { Link } from '../../link/connection/link.js';
 import type { NcclCommunicator } from '../../nccl/communicator.js';
 import { HostArray } from '../../arrays/host-array.js';
 import { TensorMap, type TensorArray } from '../tensor-map.js';
-import { parseShardMessage, type OnServe } from './group-wire.js';
+import { parseShardMessage, trySend, type OnServe } from './group-wire.js';
 import type { CopyBatch, NcclRunMover, RunCopier, RunMemory } from './execute-types.js';
 import type { PlanPair, PlanPath, ShardPlan } from './plan.js';
 import type { RankLayout } from './layout.js';
@@ -180,7 +180,7 @@ export class Epoch {
           this.fail(e);
         });
       });
-      link.send({ shard: 'hello', epoch, rank });
+      trySend(link, { shard: 'hello', epoch, rank });
       await got;
     }));
   }
@@ -206,7 +206,7 @@ export class Epoch {
     });
     link.on('close', () => this.fail(shardError('ERR_SHARD_PEER_LOST', `rank ${dst}'s serve link from rank ${rank} dropped (epoch ${epoch})`, [dst])));
     const names = this.init.layout.sources.map((s) => s.name);
-    link.send({ shard: 'sources', epoch, rank, tensors: new TensorMap(names.map((n, i) => [n, this.init.sources[i]!] as const)) });
+    trySend(link, { shard: 'sources', epoch, rank, tensors: new TensorMap(names.map((n, i) => [n, this.init.sources[i]!] as const)) });
   }
 
   /** Fails the epoch (once): everything waiting rejects with `e`; links to the ranks named are dropped. */
@@ -248,7 +248,7 @@ export class Epoch {
     if (memory.kind === 'device' && (this.#to.size > 0 || this.#pairs.ncclSend.length > 0)) memory.device.synchronize();
     const work: Array<Promise<unknown>> = [];
     for (const peer of this.#to.values()) {
-      peer.link.send({ shard: 'go', epoch: this.init.epoch, version });
+      trySend(peer.link, { shard: 'go', epoch: this.init.epoch, version });
       work.push(peer.queue.next());
     }
     if (this.#pairs.ipcIn.length + this.#pairs.local.length > 0) {
@@ -261,7 +261,7 @@ export class Epoch {
         await this.init.copier().copy(batch);
         if (!this.#failure) this.#copying.clear();
         copyMs = performance.now() - t1;
-        for (const p of this.#from.values()) p.link.send({ shard: 'done', epoch: this.init.epoch, version });
+        for (const p of this.#from.values()) trySend(p.link, { shard: 'done', epoch: this.init.epoch, version });
       })());
     }
     if (this.nccl) {

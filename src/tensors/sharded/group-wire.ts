@@ -7,6 +7,7 @@ import { IpcError, type IpcErrorCode } from '../../errors.js';
 import { NCCL_UNIQUE_ID_BYTES } from '../../nccl/unique-id.js';
 import { MAX_LAYOUT_BYTES } from './layout-wire.js';
 import { TensorMap } from '../tensor-map.js';
+import type { Link } from '../../link/connection/link.js';
 
 const U31 = 0x7fffffff;
 /** Longest serve name / reason / message text a peer may send (characters). */
@@ -155,4 +156,15 @@ const REMOTE_CODES: ReadonlySet<string> = new Set<IpcErrorCode>([
 /** The code a hub sent, as this side's IpcError code (one this side does not know: ERR_SHARD_PROTOCOL). */
 export function remoteCode(code: string): IpcErrorCode {
   return REMOTE_CODES.has(code) ? code as IpcErrorCode : 'ERR_SHARD_PROTOCOL';
+}
+
+/** Sends `msg` unless the link is closed or closing (a peer gone is reported by the link's close, not here). */
+export function trySend(link: Link, msg: ShardMessage): boolean {
+  if (link.closed) return false;
+  try {
+    link.send(msg);
+    return true;
+  } catch {
+    return false;
+  }
 }

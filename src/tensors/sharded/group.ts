@@ -18,7 +18,7 @@ import type { TensorArray } from '../tensor-map.js';
 import { decodeLayout, encodeLayout } from './layout-wire.js';
 import type { RankLayout } from './layout.js';
 import { planSharded, type ShardPlan } from './plan.js';
-import { parseShardMessage, remoteCode, type FromHub, type JoinMessage, type PlanMessage, type ReadyMessage } from './group-wire.js';
+import { parseShardMessage, remoteCode, trySend, type FromHub, type JoinMessage, type PlanMessage, type ReadyMessage } from './group-wire.js';
 import { ShardHub } from './hub.js';
 import { Epoch, shardError, type RankMemory, type ShardFailureDetail, type ShardSyncResult } from './group-epoch.js';
 import { DEFAULT_SHARD_CHUNK_BYTES, type ExecutorFactory, type NcclRunMover, type RunCopier } from './execute-types.js';
@@ -152,15 +152,15 @@ export class ShardGroup {
           }
           g.#fromHub(m);
         } catch (e) {
-          link.close();
           g.#failAll(e instanceof IpcError ? e : new IpcError('ERR_SHARD_PROTOCOL', String(e)), true);
+          link.close();
         }
       });
       link.on('close', () => {
         if (g.#state === 'closed') return;
         g.#failAll(shardError('ERR_SHARD_PEER_LOST', `rank ${g.rank} lost its link to the hub (rank ${g.#hubRank ?? 'unknown'}, ${options.connect}); the group is gone for this rank`, g.#hubRank === undefined ? [] : [g.#hubRank]), true);
       });
-      link.send(g.#joinMessage());
+      trySend(link, g.#joinMessage());
       await g.ready({ timeout });
       return g;
     } catch (e) {
@@ -244,7 +244,7 @@ export class ShardGroup {
     const done = new Promise<void>((resolve, reject) => { this.#relayout = { resolve, reject }; });
     try {
       if (this.#hub) this.#hub.joinSelf(this.#joinMessage());
-      else this.#control!.send(this.#joinMessage());
+      else trySend(this.#control!, this.#joinMessage());
     } catch (e) {
       this.#relayout = undefined;
       this.#layout = old.layout; this.#sources = old.sources; this.#destinations = old.destinations; this.#memory = old.memory;
@@ -366,7 +366,7 @@ export class ShardGroup {
       await epoch.connectSources(30_000);
       if (this.#epoch !== epoch) return;
       const planned = { shard: 'planned' as const, epoch: m.epoch, fingerprint: plan.fingerprint, nccl: epoch.nccl };
-      if (this.#hub) this.#hub.plannedSelf(planned, this.rank); else this.#control?.send(planned);
+      if (this.#hub) this.#hub.plannedSelf(planned, this.rank); else if (this.#control) trySend(this.#control, planned);
     } catch (e) {
       const err = e instanceof IpcError ? e : new IpcError('ERR_SHARD_PROTOCOL', String(e));
       if (this.#epoch && this.#epochNumber === m.epoch) this.#epoch.fail(err as IpcError & { detail?: ShardFailureDetail });

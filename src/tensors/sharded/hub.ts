@@ -10,7 +10,7 @@ import { LayoutError } from './errors.js';
 import { decodeLayout, layoutFingerprint } from './layout-wire.js';
 import { validateLayout, type RankLayout } from './layout.js';
 import { planSharded } from './plan.js';
-import { parseShardMessage, type FromHub, type JoinMessage, type PlannedMessage, type ToHub } from './group-wire.js';
+import { parseShardMessage, trySend, type FromHub, type JoinMessage, type PlannedMessage, type ToHub } from './group-wire.js';
 
 /** Groups larger than this are not planned whole by the hub; each record is only validated. */
 export const HUB_PLAN_MAX_RANKS = 64;
@@ -106,12 +106,12 @@ export class ShardHub {
 
   #send(m: Member, msg: FromHub): void {
     if (m.link === null) queueMicrotask(() => this.#o.deliver(msg));
-    else if (!m.link.closed) m.link.send(msg);
+    else trySend(m.link, msg);
   }
 
   #protocolError(link: Link, e: IpcError): void {
     if (!link.closed) {
-      link.send({ shard: 'refused', code: 'ERR_SHARD_PROTOCOL', message: e.message.slice(0, 4000) });
+      trySend(link, { shard: 'refused', code: 'ERR_SHARD_PROTOCOL', message: e.message.slice(0, 4000) });
       link.end({ timeout: 2000 }).catch(() => link.close());
     }
   }
@@ -119,7 +119,7 @@ export class ShardHub {
   /** A join from `link` (null: the hub's own). Returns the refusal it sent, if any. */
   #join(link: Link | null, msg: JoinMessage): IpcError | undefined {
     const refuse = (e: IpcError): IpcError => {
-      if (link && !link.closed) link.send({ shard: 'refused', code: e.code, message: e.message.slice(0, 4000) });
+      if (link && !link.closed) trySend(link, { shard: 'refused', code: e.code, message: e.message.slice(0, 4000) });
       return e;
     };
     const current = this.#members.get(msg.rank);
