@@ -64,7 +64,8 @@ export interface ShardJoinOptions extends ShardGroupOptions {
   readonly connect: string;
 }
 
-type State = 'waiting' | 'planning' | 'ready' | 'failed' | 'closed';
+/** Where a rank of a group stands: waiting for the group, planning an epoch, ready to sync, failed (until a re-plan), closed. */
+export type ShardGroupState = 'waiting' | 'planning' | 'ready' | 'failed' | 'closed';
 
 const DEFAULT_TIMEOUT_MS = 120_000;
 
@@ -87,7 +88,7 @@ export class ShardGroup {
   #hub: ShardHub | undefined;
   #listener: Listener | TcpListener | undefined;
   #address = '';
-  #state: State = 'waiting';
+  #state: ShardGroupState = 'waiting';
   #epoch: Epoch | undefined;
   #epochNumber = 0;
   #hubRank: number | undefined;
@@ -178,7 +179,7 @@ export class ShardGroup {
   /** This rank's plan in the current epoch (its own pairs). */
   get plan(): ShardPlan | undefined { return this.#epoch?.init.plan; }
   /** 'waiting' (for the group), 'planning', 'ready', 'failed' (until a re-plan), 'closed'. */
-  get state(): State { return this.#state; }
+  get state(): ShardGroupState { return this.#state; }
   /** The error syncs fail with in state 'failed'. */
   get failure(): IpcError | undefined { return this.#failure; }
   /** The ranks the hub sees joined (hub only). */
@@ -341,7 +342,7 @@ export class ShardGroup {
     this.#state = 'planning';
     this.#failure = undefined;
     await previous?.close();
-    if ((this.#state as State) === 'closed' || this.#epochNumber !== m.epoch) return;
+    if ((this.#state as ShardGroupState) === 'closed' || this.#epochNumber !== m.epoch) return;
     let epoch: Epoch;
     try {
       const layouts = m.layouts.map((b) => decodeLayout(b));

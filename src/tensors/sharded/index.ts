@@ -12,7 +12,7 @@ export { encodeLayout, decodeLayout, layoutFingerprint, LAYOUT_VERSION, MAX_LAYO
 export { planSharded, planBytes, SPLIT_MIN_BYTES, type ShardPlan, type PlanPair, type PlanPath, type PlanOptions } from './plan.js';
 export { RUN_FIELDS, runsOf, type PlanRun } from './runs.js';
 export {
-  ShardGroup, type ShardGroupOptions, type ShardHostOptions, type ShardJoinOptions, type ShardSyncResult, type ShardFailureDetail,
+  ShardGroup, type ShardGroupOptions, type ShardHostOptions, type ShardJoinOptions, type ShardSyncResult, type ShardFailureDetail, type ShardGroupState,
 } from './group.js';
 export { hostRunCopier } from './host-copy.js';
 export {
