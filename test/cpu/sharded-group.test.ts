@@ -110,6 +110,7 @@ for (const killed of [1, 3] as const) {
     const { members } = hub;
     const replies = await syncAll(hub, members, 7);
     assert.ok(replies.every((r) => r.ok));
+    const fdsBefore = new Map(await Promise.all(members.map(async (m) => [m.rank, (await m.ask('state')).fds!] as const)));
     const victim = members[killed - 1]!;
     const others = members.filter((m) => m !== victim);
     // Everyone but the victim syncs version 2; the victim never does, then dies.
@@ -143,6 +144,8 @@ for (const killed of [1, 3] as const) {
     assert.equal(again[killed]!.version, 1, 'the replacement starts its own count');
     assert.equal(hub.group.version, 2, 'versions continue where each rank was');
     await checkAll(all.slice(1), 9);
+    // The survivors hold what they held in epoch 1, no more: the dead rank's links and mappings are gone.
+    for (const m of others) assert.equal((await m.ask('state')).fds, fdsBefore.get(m.rank), `rank ${m.rank}'s fds after the re-plan`);
     await closeAll(hub, all);
     await waitUntil(() => fdCount() <= before, `this process's fds back to ${before} (now ${fdCount()})`);
   });
@@ -203,8 +206,15 @@ test('a layout the hub refuses (a byte no source holds) gives the joiner the Lay
   const [a, b] = await Promise.all([group.sync(), joiner.sync()]);
   assert.deepEqual([a.version, b.version, b.paths.ipc], [1, 1, 32]);
   assert.deepEqual(checkDestinations(ok, okMem, 5), []);
-  await joiner.close();
+  // The hub's close ends the group: a member's next sync names the hub's rank.
   await group.close();
+  await assert.rejects(joiner.sync({ timeout: 30_000 }), (e: IpcError & { detail?: any }) => {
+    assert.equal(e.code, 'ERR_SHARD_PEER_LOST', e.message);
+    assert.deepEqual(e.detail.ranks, [0]);
+    assert.equal(e.detail.version, 1);
+    return true;
+  });
+  await joiner.close();
   for (const m of [...srcMem, ...dstMem, ...okMem]) m.close();
 });
 
