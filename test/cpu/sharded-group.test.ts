@@ -206,12 +206,21 @@ test('a layout the hub refuses (a byte no source holds) gives the joiner the Lay
   const [a, b] = await Promise.all([group.sync(), joiner.sync()]);
   assert.deepEqual([a.version, b.version, b.paths.ipc], [1, 1, 32]);
   assert.deepEqual(checkDestinations(ok, okMem, 5), []);
+  // A relayout the hub refuses leaves the group as it was: the same epoch, syncs go on.
+  const badMem = allocate(dst.destinations);
+  await assert.rejects(joiner.relayout(dst, [], badMem), (e: IpcError) => e.code === 'ERR_LAYOUT_UNCOVERED');
+  assert.equal(joiner.epoch, 1);
+  fillSources(src, srcMem, 6);
+  const [c, d] = await Promise.all([group.sync(), joiner.sync()]);
+  assert.deepEqual([c.version, d.version], [2, 2]);
+  assert.deepEqual(checkDestinations(ok, okMem, 6), []);
+  badMem[0]!.close();
   // The hub's close ends the group: a member's next sync names the hub's rank.
   await group.close();
   await assert.rejects(joiner.sync({ timeout: 30_000 }), (e: IpcError & { detail?: any }) => {
     assert.equal(e.code, 'ERR_SHARD_PEER_LOST', e.message);
     assert.deepEqual(e.detail.ranks, [0]);
-    assert.equal(e.detail.version, 1);
+    assert.equal(e.detail.version, 2);
     return true;
   });
   await joiner.close();

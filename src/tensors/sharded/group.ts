@@ -98,6 +98,8 @@ export class ShardGroup {
   #waiters: Array<{ resolve: () => void; reject: (e: unknown) => void }> = [];
   #parked: Array<{ link: Link; epoch: number; rank: number }> = [];
   #relayout: { resolve: () => void; reject: (e: unknown) => void } | undefined;
+  /** A plan that came while this rank's layout was changing (it planned the old one): kept for a refused relayout. */
+  #stalePlan: PlanMessage | undefined;
   #copier: RunCopier | undefined;
   #mover: NcclRunMover | undefined;
 
@@ -256,7 +258,10 @@ export class ShardGroup {
     try {
       await Promise.race([done, new Promise<never>((_, reject) => { timer = setTimeout(() => reject(shardError('ERR_TIMEOUT', `relayout of rank ${this.rank}: no re-plan within ${timeout} ms`, [])), timeout); })]);
     } catch (e) {
-      if ((e as IpcError).code?.startsWith('ERR_LAYOUT_')) { this.#layout = old.layout; this.#sources = old.sources; this.#destinations = old.destinations; this.#memory = old.memory; }
+      const refused = (e as IpcError).code?.startsWith('ERR_LAYOUT_');
+      if (refused) { this.#layout = old.layout; this.#sources = old.sources; this.#destinations = old.destinations; this.#memory = old.memory; }
+      const stale = this.#stalePlan;
+      if (refused && stale && stale.epoch === this.#epochNumber) void this.#onPlan(stale); // the epoch planned with the old layout goes on
       throw e;
     } finally {
       clearTimeout(timer);
@@ -335,6 +340,7 @@ export class ShardGroup {
   }
 
   async #onPlan(m: PlanMessage): Promise<void> {
+    this.#stalePlan = undefined;
     const previous = this.#epoch;
     this.#epoch = undefined;
     this.#epochNumber = m.epoch;
@@ -347,6 +353,13 @@ export class ShardGroup {
     try {
       const layouts = m.layouts.map((b) => decodeLayout(b));
       const byRank = new Map(layouts.map((l) => [l.rank, l]));
+      const i = layouts.findIndex((l) => l.rank === this.rank);
+      if (i < 0) throw new IpcError('ERR_SHARD_PROTOCOL', `the hub's plan of epoch ${m.epoch} has no layout of rank ${this.rank}`);
+      if (Buffer.compare(m.layouts[i]!, encodeLayout(this.#layout)) !== 0) {
+        // The plan of a layout this rank is replacing (relayout): the hub re-plans once it takes the new one.
+        this.#stalePlan = m;
+        return;
+      }
       const plan = planSharded(layouts, { rank: this.rank });
       const layout = this.#layout;
       epoch = new Epoch({
