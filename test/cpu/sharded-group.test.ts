@@ -259,6 +259,20 @@ test('bad control messages: the parser refuses them (ERR_SHARD_PROTOCOL); a hub 
   const refusal = parseShardMessage(await within(twice.receive(), 'the refusal of a second rank 0'));
   assert.equal((refusal as { code: string }).code, 'ERR_SHARD_PROTOCOL');
   twice.close();
+  // A member that plans from other layouts (its fingerprint differs): ERR_SHARD_PLAN to every rank, naming it.
+  const other = await connect(name);
+  const need = new LayoutBuilder({ rank: 1, node: 'n', gpu: 1 }).need('w', { dtype: 'float32', shape: [4] }).build();
+  other.send({ shard: 'join', rank: 1, layout: encodeLayout(need), serve: null });
+  const plan = parseShardMessage(await within(other.receive(), 'the plan')) as { shard: string; epoch: number };
+  assert.equal(plan.shard, 'plan');
+  const failedAtHub = group.ready({ timeout: 30_000 }).then(() => assert.fail('ready with a rank that planned otherwise'), (e: IpcError & { detail?: any }) => e);
+  other.send({ shard: 'planned', epoch: plan.epoch, fingerprint: 'f'.repeat(64), nccl: false });
+  const verdict = parseShardMessage(await within(other.receive(), 'the verdict')) as unknown as { shard: string; code: string; ranks: number[] };
+  assert.deepEqual([verdict.shard, verdict.code, verdict.ranks], ['failed', 'ERR_SHARD_PLAN', [1]]);
+  const atHub = await failedAtHub;
+  assert.equal(atHub.code, 'ERR_SHARD_PLAN');
+  assert.deepEqual(atHub.detail.ranks, [1]);
+  other.close();
   await group.close();
   mem[0]!.close();
 
