@@ -120,9 +120,15 @@ export class ShardGroup {
     checkCommon(options);
     if (!Number.isInteger(options.size) || options.size < 1) throw new IpcError('ERR_SHARD_PROTOCOL', `ShardGroup.host: size must be the number of ranks, an integer >= 1 (got ${options.size})`);
     const g = new ShardGroup(options);
-    g.#startServe();
-    const url = /^[a-z]+:\/\//.test(options.listen);
-    const listener = url ? await listen(options.listen as `tcp://${string}`, { ...(options.token !== undefined && { token: options.token }) }) : listen(options.listen);
+    let listener: Listener | TcpListener;
+    try {
+      g.#startServe();
+      const url = /^[a-z]+:\/\//.test(options.listen);
+      listener = url ? await listen(options.listen as `tcp://${string}`, { ...(options.token !== undefined && { token: options.token }) }) : listen(options.listen);
+    } catch (e) {
+      await g.close();
+      throw e;
+    }
     g.#listener = listener;
     g.#address = 'url' in listener ? listener.url : options.listen;
     g.#hubRank = g.rank;
@@ -222,15 +228,13 @@ export class ShardGroup {
       if (this.#state !== 'ready') await this.ready(options.timeout === undefined ? {} : { timeout: options.timeout });
       const epoch = this.#epoch!;
       const left = options.timeout === undefined ? undefined : Math.max(1, options.timeout - (Date.now() - start));
-      try {
-        const r = await epoch.sync(this.#version + 1, left);
-        this.#version = r.version;
-        return r;
-      } catch (e) {
-        const detail = (e as { detail?: ShardFailureDetail }).detail;
-        if (detail) detail.version = this.#version;
-        throw e;
-      }
+      const r = await epoch.sync(this.#version + 1, left);
+      this.#version = r.version;
+      return r;
+    } catch (e) {
+      const detail = (e as { detail?: ShardFailureDetail }).detail;
+      if (detail) detail.version = this.#version;
+      throw e;
     } finally {
       this.#syncing = false;
     }
@@ -376,6 +380,7 @@ export class ShardGroup {
       this.#epoch = epoch;
       if (epoch.nccl && this.#memory.kind !== 'device') throw new IpcError('ERR_SHARD_MEMORY', `rank ${this.rank} has NCCL pairs (another node) but its memories are host memory; NCCL moves device memory: give DeviceArrays, or put the ranks on one node`);
       for (const p of this.#parked.filter((x) => x.epoch === m.epoch)) epoch.attach(p.link, p.rank);
+      for (const p of this.#parked.filter((x) => x.epoch < m.epoch)) p.link.close();
       this.#parked = this.#parked.filter((x) => x.epoch > m.epoch);
       await epoch.connectSources(30_000);
       if (this.#epoch !== epoch) return;
