@@ -245,7 +245,7 @@ export class Epoch {
     let waitMs = 0; let copyMs = 0; let ncclMs = 0; let staging = 0;
     const { memory } = this.init;
     // The sources' memory must hold this version before a peer reads it.
-    if (memory.kind === 'device' && (this.#to.size > 0 || this.#pairs.ncclSend.length > 0)) memory.device.synchronize();
+    if (memory.kind === 'device' && this.init.plan.pairs.some((p) => p.src === this.init.rank)) memory.device.synchronize();
     const work: Array<Promise<unknown>> = [];
     for (const peer of this.#to.values()) {
       trySend(peer.link, { shard: 'go', epoch: this.init.epoch, version });
