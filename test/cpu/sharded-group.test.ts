@@ -285,3 +285,28 @@ test('bad control messages: the parser refuses them (ERR_SHARD_PROTOCOL); a hub 
   await assert.rejects(ShardGroup.join({ connect: fakeName, layout: dst, destinations: dmem, timeout: 30_000 }), (e: IpcError) => e.code === 'ERR_SHARD_PROTOCOL');
   dmem[0]!.close();
 });
+
+test('a rank lost while the group forms: the others keep waiting, a replacement completes it (epoch 2), and it syncs', async () => {
+  const name = `shard-forming-${process.pid}-${randomBytes(3).toString('hex')}`;
+  const src = new LayoutBuilder({ rank: 0, node: 'n', gpu: 0 }).hold('w', { dtype: 'float32', shape: [4, 4] }).build();
+  const need = (rank: number) => new LayoutBuilder({ rank, node: 'n', gpu: rank }).need('w', { dtype: 'float32', shape: [4, 4], start: [rank - 1, 0], length: [1, 4] }).build();
+  const srcMem = allocate(src.sources);
+  const group = await ShardGroup.host({ listen: name, size: 3, layout: src, sources: srcMem });
+  const doomed = await connect(name);
+  doomed.send({ shard: 'join', rank: 2, layout: encodeLayout(need(2)), serve: null });
+  const mem1 = allocate(need(1).destinations);
+  const joining = ShardGroup.join({ connect: name, layout: need(1), destinations: mem1, timeout: 30_000 });
+  assert.equal((parseShardMessage(await within(doomed.receive(), 'the plan of epoch 1')) as { epoch: number }).epoch, 1);
+  doomed.close(); // gone before it said 'planned'
+  await waitUntil(() => group.state === 'waiting' && group.ranks!.length === 2, 'the hub to drop rank 2 and wait');
+  const mem2 = allocate(need(2).destinations);
+  const [one, two] = await Promise.all([joining, ShardGroup.join({ connect: name, layout: need(2), destinations: mem2, timeout: 30_000 })]);
+  assert.deepEqual([group.epoch, one.epoch, two.epoch], [2, 2, 2]);
+  fillSources(src, srcMem, 11);
+  const results = await Promise.all([group.sync(), one.sync(), two.sync()]);
+  assert.deepEqual(results.map((r) => r.version), [1, 1, 1]);
+  assert.deepEqual([...checkDestinations(need(1), mem1, 11), ...checkDestinations(need(2), mem2, 11)], []);
+  await Promise.all([one.close(), two.close()]);
+  await group.close();
+  for (const m of [...srcMem, ...mem1, ...mem2]) m.close();
+});

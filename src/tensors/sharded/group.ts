@@ -336,6 +336,15 @@ export class ShardGroup {
       }
       case 'lost': {
         if (m.rank === this.rank) return;
+        if (this.#state === 'waiting' || this.#state === 'planning') {
+          // No sync can be pending before the epoch is ready: drop the epoch and wait for the
+          // replacement (the hub re-plans when it joins); join() and ready() keep waiting.
+          const epoch = this.#epoch;
+          this.#epoch = undefined;
+          this.#state = 'waiting';
+          void epoch?.close();
+          return;
+        }
         const e = shardError('ERR_SHARD_PEER_LOST', `rank ${m.rank} was lost: ${m.reason}`, [m.rank]);
         if (this.#epoch) this.#epoch.fail(e); else this.#fail(e);
         return;
@@ -353,7 +362,7 @@ export class ShardGroup {
     this.#failure = undefined;
     await previous?.close();
     if ((this.#state as ShardGroupState) === 'closed' || this.#epochNumber !== m.epoch) return;
-    let epoch: Epoch;
+    let epoch: Epoch | undefined;
     try {
       const layouts = m.layouts.map((b) => decodeLayout(b));
       const byRank = new Map(layouts.map((l) => [l.rank, l]));
@@ -387,9 +396,9 @@ export class ShardGroup {
       const planned = { shard: 'planned' as const, epoch: m.epoch, fingerprint: plan.fingerprint, nccl: epoch.nccl };
       if (this.#hub) this.#hub.plannedSelf(planned, this.rank); else if (this.#control) trySend(this.#control, planned);
     } catch (e) {
+      if (this.#epochNumber !== m.epoch || (epoch && this.#epoch !== epoch)) return; // superseded: a new plan, or the epoch dropped
       const err = e instanceof IpcError ? e : new IpcError('ERR_SHARD_PROTOCOL', String(e));
-      if (this.#epoch && this.#epochNumber === m.epoch) this.#epoch.fail(err as IpcError & { detail?: ShardFailureDetail });
-      else this.#fail(err);
+      if (this.#epoch) this.#epoch.fail(err as IpcError & { detail?: ShardFailureDetail });
       this.#fail(err);
     }
   }
