@@ -17,4 +17,7 @@ export {
   type RankLayout, type GlobalTensor, type LocalTensor, type Piece, type Box, type Placement, type PlacementSpec,
   type BoxSpec, type PlacedSpec, type ArrayLikeTensor, type ParameterSpec, type TensorParallelSpec,
   type ShardPlan, type PlanPair, type PlanPath, type PlanOptions, type PlanRun, type LayoutErrorCode, type LayoutErrorDetail,
+  ShardGroup, hostRunCopier, DEFAULT_SHARD_CHUNK_BYTES,
+  type ShardGroupOptions, type ShardHostOptions, type ShardJoinOptions, type ShardSyncResult, type ShardFailureDetail, type ShardGroupState,
+  type RunMemory, type CopyBatch, type RunCopier, type NcclPairs, type NcclRunMover, type ExecutorFactory,
 } from './sharded/index.js';

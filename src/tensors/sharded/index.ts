@@ -11,3 +11,10 @@ export {
 export { encodeLayout, decodeLayout, layoutFingerprint, LAYOUT_VERSION, MAX_LAYOUT_BYTES } from './layout-wire.js';
 export { planSharded, planBytes, SPLIT_MIN_BYTES, type ShardPlan, type PlanPair, type PlanPath, type PlanOptions } from './plan.js';
 export { RUN_FIELDS, runsOf, type PlanRun } from './runs.js';
+export {
+  ShardGroup, type ShardGroupOptions, type ShardHostOptions, type ShardJoinOptions, type ShardSyncResult, type ShardFailureDetail, type ShardGroupState,
+} from './group.js';
+export { hostRunCopier } from './host-copy.js';
+export {
+  DEFAULT_SHARD_CHUNK_BYTES, type RunMemory, type CopyBatch, type RunCopier, type NcclPairs, type NcclRunMover, type ExecutorFactory,
+} from './execute-types.js';
