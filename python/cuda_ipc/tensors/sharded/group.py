@@ -28,17 +28,16 @@ from ...errors import IpcError
 from ...link.connect.endpoints import connect
 from ...link.connection.link import Link
 from .device_copy import DeviceRunCopier, synchronize_sources
-from .group_links import Post, Served, ServeListener, SourceLink, open_source, read_loop, serve_name
-from .group_memory import local_memories, memory_kind, received_memories
-from .group_wire import (
-    AT_DESTINATION, AT_MEMBER, AT_SOURCE, DEFAULT_SHARD_CHUNK_BYTES, Done, Go, Lost, Plan, Ready, Refused, ShardError, Sources,
-    close_values, done_message, go_message, join_message, parse_message, planned_message, sources_message,
-)
-from .host_copy import CopyPair, HostRunCopier, RunMemory
+from .group_control import RankControl, _share, _Sync
+from .group_links import Served, ServeListener, SourceLink, read_loop, serve_name
+from .group_memory import local_memories, rank_kind
+from .group_wire import DEFAULT_SHARD_CHUNK_BYTES, ShardError, done_message, go_message, join_message
+from .host_copy import HostRunCopier, RunMemory
 from .hub import ShardHub
 from .layout import RankLayout
-from .layout_wire import decode_layout, encode_layout
-from .plan import ShardPlan, plan_sharded
+from .layout_wire import encode_layout
+from .plan import ShardPlan
+
 
 #: Seconds host()/join()/relayout() wait for the group to be ready by default.
 DEFAULT_READY_TIMEOUT = 60.0
@@ -58,19 +57,7 @@ class SyncResult(NamedTuple):
     timings: dict[str, float]
 
 
-class _Sync:
-    def __init__(self, version: int, epoch: int, need_go: list[int], expect_done: int):
-        self.version = version
-        self.epoch = epoch
-        self.need_go = need_go  # source ranks whose go has not come yet
-        self.gos: dict[int, int] = {}  # source rank -> the version its go said
-        self.expect_done = expect_done
-        self.done = 0
-        self.copying = False
-        self.error: ShardError | None = None
-
-
-class ShardGroup:
+class ShardGroup(RankControl):
     """One rank of a sync group; ``ShardGroup.host(...)`` or ``ShardGroup.join(...)`` (module notes)."""
 
     def __init__(self, layout: RankLayout, sources: Sequence[Any], destinations: Sequence[Any], serve: str | None, _token: object = None):
@@ -153,10 +140,7 @@ class ShardGroup:
         self._src_mem = local_memories(layout.sources, list(sources), "sources", layout.gpu)
         self._dst_mem = local_memories(layout.destinations, list(destinations), "destinations", layout.gpu)
         self._shared = _share(layout, sources) if self._src_mem else None
-        kinds = {memory_kind(self._src_mem), memory_kind(self._dst_mem)} - {None}
-        if len(kinds) > 1:
-            raise IpcError("ERR_INVALID_ARG", "a rank's sources and destinations are all HostArrays or all on its GPU, not both")
-        self._kind = kinds.pop() if kinds else "host"
+        self._kind = rank_kind(self._src_mem, self._dst_mem)
 
     # -- the public part -----------------------------------------------------------------------------
 
@@ -331,8 +315,6 @@ class ShardGroup:
 
     # -- waiting -------------------------------------------------------------------------------------
 
-    _hub_lost = False
-
     def _wait(self, deadline: float | None) -> bool:
         """Waits on the condition until notified or the deadline; False once the deadline passed."""
         if deadline is None:
@@ -360,12 +342,6 @@ class ShardGroup:
                     raise ShardError("ERR_TIMEOUT", f"rank {self.rank}: the group was not ready within {timeout} s (epoch {self._epoch}, "
                                      f"{'waiting for ranks to join' if self._epoch == 0 else 'waiting for every rank to plan'})", {"waiting_for": []})
 
-    def _waiting_for(self, s: _Sync) -> list[int]:
-        ranks = set(s.need_go)
-        if s.done < s.expect_done and self._plan is not None:
-            ranks.update(p.dst for p in self._plan.pairs if p.src == self.rank and p.path == "ipc")  # serve links do not say who they are
-        return sorted(ranks)
-
     def _timeout(self, s: _Sync | None, timeout: float | None) -> ShardError:
         """ERR_TIMEOUT naming what the sync waited for; the group is failed (as lost) until it plans again."""
         waiting = self._waiting_for(s) if s is not None else []
@@ -377,269 +353,6 @@ class ShardGroup:
         if s is not None:
             self._fail(e.again(half_written=[]))
         return e
-
-    def _half_written(self, s: _Sync) -> list[str]:
-        if not s.copying or self._plan is None:
-            return []
-        touched = {r.dst_tensor for p in self._plan.pairs if p.dst == self.rank and p.path in ("local", "ipc") for r in p.runs}
-        return [self._layout.destinations[i].name for i in sorted(touched)]
-
-    def _fail(self, error: ShardError) -> None:
-        """With the condition held: the group failed; the pending sync fails with ``error`` (this rank's detail)."""
-        if self._status == "closed":
-            return
-        self._failure = error
-        self._status = "failed"
-        s = self._sync
-        if s is not None and s.error is None:
-            s.error = error.again(version=self._version, half_written=self._half_written(s))
-        self._cond.notify_all()
-
-    # -- the control thread --------------------------------------------------------------------------
-
-    def _post(self, kind: str, subject: Any, value: Any) -> None:
-        self._events.put((kind, subject, value))
-
-    def _run(self) -> None:
-        while True:
-            kind, subject, value = self._events.get()
-            if kind == "stop":
-                self._teardown()
-                return
-            try:
-                with self._cond:
-                    self._on_event(kind, subject, value)
-            except Exception as e:  # noqa: BLE001 - the rank fails; it must not stop reading its links
-                with self._cond:
-                    self._fail(e if isinstance(e, ShardError) else ShardError(getattr(e, "code", "ERR_SHARD_PROTOCOL"), str(e), {"ranks": []}))
-
-    def _on_event(self, kind: str, subject: Any, value: Any) -> None:
-        if self._status == "closed":
-            close_values(value)
-            return
-        if kind == "hub":
-            self._on_hub(value)
-        elif kind == "hub-closed":
-            self._hub_lost = True
-            self._fail(ShardError("ERR_SHARD_PEER_LOST", f"rank {self.rank}'s link to the group's hub closed ({value}); the group is over "
-                                  "for this rank: join a new one", {"ranks": []}))
-        elif kind == "served-open":
-            self._served.append(subject)
-            if self._epoch and self._shared is not None:
-                self._send_sources(subject)
-        elif kind == "served":
-            self._on_served(subject, value)
-        elif kind == "served-closed":
-            subject.closed = True
-            if subject in self._served:
-                self._served.remove(subject)
-            s = self._sync
-            if s is not None and s.done + sum(1 for x in self._served if x.go == s.version and x.done < s.version) < s.expect_done:
-                ranks = sorted({p.dst for p in self._plan.pairs if p.src == self.rank and p.path == "ipc"}) if self._plan else []
-                self._fail(ShardError("ERR_SHARD_PEER_LOST", f"a destination's serve link to rank {self.rank} closed mid-sync ({value}); "
-                                      f"it was one of ranks {', '.join(map(str, ranks))}", {"ranks": ranks}))
-        elif kind == "source":
-            self._on_source(subject, value)
-        elif kind == "source-closed":
-            if subject.closed or subject.epoch != self._epoch or self._sources_in.get(subject.rank) is not subject:
-                return  # a link of an epoch that ended, closed by this side
-            subject.closed = True
-            self._fail(ShardError("ERR_SHARD_PEER_LOST", f"rank {self.rank}'s link to source rank {subject.rank} closed ({value})",
-                                  {"ranks": [subject.rank]}))
-            subject.close()
-
-    def _on_hub(self, value: Any) -> None:
-        try:
-            msg = parse_message(value, AT_MEMBER)
-        except ShardError as e:
-            if self._hub_link is not None:
-                self._hub_link.close()
-            self._hub_lost = True
-            self._fail(e.again(ranks=[]))
-            return
-        if isinstance(msg, Plan):
-            self._on_plan(msg)
-        elif isinstance(msg, Ready):
-            if msg.epoch == self._epoch and self._status == "planning" and self._planned_epoch == msg.epoch:
-                self._status = "ready"
-                self._cond.notify_all()
-        elif isinstance(msg, Lost):
-            if msg.epoch >= self._epoch:
-                source = self._sources_in.pop(msg.rank, None)
-                self._fail(ShardError("ERR_SHARD_PEER_LOST", f"rank {msg.rank} left the group: {msg.reason}", {"ranks": [msg.rank]}))
-                if source is not None:
-                    source.closed = True
-                    self._lost_sources.append(source)
-                    self._release_lost()
-        elif isinstance(msg, Refused):
-            e = ShardError(msg.code, f"the hub refused: {msg.message}", {"ranks": []})
-            if self._pending is not None or self._status == "joining":
-                self._refused = e
-                self._cond.notify_all()
-            else:
-                self._fail(e)
-
-    def _on_plan(self, msg: Plan) -> None:
-        if msg.epoch <= self._epoch:
-            return
-        layouts = [decode_layout(b) for b in msg.layouts]
-        mine = next((i for i, x in enumerate(layouts) if x.rank == self.rank), None)
-        if mine is None:
-            raise ShardError("ERR_SHARD_PROTOCOL", f"the hub's plan of epoch {msg.epoch} has no layout for rank {self.rank}", {"ranks": []})
-        if self._pending is not None and msg.layouts[mine] == self._pending[1]:
-            layout, record, src, dst, given = self._pending
-            self._pending = None
-            self._layout, self._record, self._src_mem, self._dst_mem = layout, record, src, dst
-            self._shared = _share(layout, given[0]) if src else None
-            kinds = {memory_kind(src), memory_kind(dst)} - {None}
-            self._kind = kinds.pop() if kinds else "host"
-        elif msg.layouts[mine] != self._record:
-            raise ShardError("ERR_SHARD_PROTOCOL", f"the hub's plan of epoch {msg.epoch} gives rank {self.rank} a layout it did not send", {"ranks": []})
-        # The old epoch ends: its mappings, its table; a pending sync fails.
-        if self._sync is not None and self._sync.error is None:
-            self._sync.error = ShardError("ERR_SHARD_PLAN", f"the group planned again (epoch {msg.epoch}) while this sync was pending",
-                                          {"ranks": [], "version": self._version, "half_written": self._half_written(self._sync)})
-        self._end_epoch()
-        self._epoch = msg.epoch
-        self._failure = None
-        self._status = "planning"
-        self._layouts = layouts
-        plan = plan_sharded(layouts, rank=self.rank)
-        self._plan = plan
-        nccl = [p for p in plan.pairs if p.path == "nccl"]
-        if nccl:
-            p = nccl[0]
-            self._fail(ShardError("ERR_UNSUPPORTED", f"rank {p.src} -> rank {p.dst} crosses nodes ('nccl' path); the Python group moves "
-                                  "runs within a node only (host memory never crosses nodes); give ranks of one machine one node id", {"ranks": []}))
-            if self._hub_link is not None:
-                self._hub_link.close()  # the others see this rank lost instead of waiting for it
-            return
-        for x in self._served:
-            if not x.closed and self._shared is not None:
-                self._send_sources(x)
-        by_rank = {x.rank: i for i, x in enumerate(layouts)}
-        for p in plan.pairs:
-            if p.dst == self.rank and p.path == "ipc":
-                address = msg.serve[by_rank[p.src]]
-                if address is None:
-                    raise ShardError("ERR_SHARD_PROTOCOL", f"rank {p.src} has sources for rank {self.rank} but no serve address", {"ranks": [p.src]})
-                source = SourceLink(p.src, msg.epoch)
-                self._sources_in[p.src] = source
-                open_source(source, address, self._post, 30.0)
-        self._maybe_planned()
-
-    def _send_sources(self, served: Served) -> None:
-        try:
-            served.link.send(sources_message(self._epoch, self.rank, self._shared), timeout=10.0)
-            served.sent_epoch = self._epoch
-        except IpcError:
-            pass  # its reader sees the link close
-
-    def _on_source(self, source: SourceLink, value: Any) -> None:
-        try:
-            msg = parse_message(value, AT_DESTINATION)
-        except ShardError as e:
-            close_values(value)
-            if source.link is not None:
-                source.link.close()
-            if source.epoch == self._epoch and self._sources_in.get(source.rank) is source:
-                self._fail(e.again(ranks=[source.rank]))
-            return
-        if source.closed or source.epoch != self._epoch:
-            close_values(value)
-            return
-        if isinstance(msg, Sources):
-            if msg.epoch != source.epoch or msg.rank != source.rank or source.tensors is not None:
-                msg.tensors.close(sync=False)  # an older epoch's (sent before the source planned this one), or a repeat
-                return
-            layout = next(x for x in self._layouts if x.rank == source.rank)
-            source.tensors = msg.tensors
-            source.memories, source.views = received_memories(layout.sources, msg.tensors, source.rank)
-            self._maybe_planned()
-        elif isinstance(msg, Go):
-            if msg.epoch == source.epoch:
-                source.gos.append(msg.version)
-                self._take_gos()
-
-    def _on_served(self, served: Served, value: Any) -> None:
-        try:
-            msg = parse_message(value, AT_SOURCE)
-        except ShardError:
-            close_values(value)
-            served.link.close()  # its close event decides whether a sync fails
-            return
-        assert isinstance(msg, Done)
-        s = self._sync
-        if s is not None and msg.epoch == s.epoch and msg.version == s.version and served.go == s.version and served.done < s.version:
-            served.done = s.version
-            s.done += 1
-            self._cond.notify_all()
-
-    def _take_gos(self) -> None:
-        s = self._sync
-        if s is None or s.error is not None:
-            return
-        for r in list(s.need_go):
-            src = self._sources_in.get(r)
-            if src is not None and src.gos:
-                s.gos[r] = src.gos.popleft()
-                s.need_go.remove(r)
-        self._cond.notify_all()
-
-    def _maybe_planned(self) -> None:
-        """Once every source's set arrived: the epoch's copy table, then planned to the hub."""
-        if self._status != "planning" or self._planned_epoch == self._epoch or any(x.tensors is None for x in self._sources_in.values()):
-            return
-        plan = self._plan
-        assert plan is not None
-        pairs = []
-        for p in plan.pairs:
-            if p.dst != self.rank:
-                continue
-            pairs.append(CopyPair(p, self._src_mem if p.path == "local" else self._sources_in[p.src].memories))
-        copier: HostRunCopier | DeviceRunCopier = HostRunCopier() if self._kind == "host" else DeviceRunCopier(self._layout.gpu)
-        copier.compile(pairs, self._dst_mem)
-        self._copier = copier
-        self._planned_epoch = self._epoch
-        self._to_hub(planned_message(self._epoch, plan.fingerprint, False))
-
-    def _release_lost(self) -> None:
-        """Drops the mappings of lost sources (and the table that reads them) once no copy reads them."""
-        if self._copy_running or not self._lost_sources:
-            return
-        if self._copier is not None:
-            self._copier.close()
-            self._copier = None
-        for source in self._lost_sources:
-            source.close()
-        self._lost_sources = []
-
-    def _end_epoch(self) -> None:
-        if self._copier is not None:
-            self._copier.close()  # its slices of the sources' memory first
-            self._copier = None
-        self._lost_sources.extend(self._sources_in.values())
-        self._sources_in = {}
-        self._release_lost()
-
-    def _teardown(self) -> None:
-        with self._cond:
-            self._end_epoch()
-            for x in self._served:
-                x.link.close()
-            self._served = []
-        while True:  # what the readers posted after the stop: their tensor sets closed
-            try:
-                _, _, value = self._events.get_nowait()
-            except queue.Empty:
-                return
-            close_values(value)
-
-
-def _share(layout: RankLayout, sources: Sequence[Any]) -> Any:
-    from ..tensor_set_transfer import share_tensors
-    return share_tensors([(local.name, obj) for local, obj in zip(layout.sources, sources)])
-
 
 def _connect(address: str, options: dict[str, Any]) -> Link:
     return connect(address, **options)

@@ -93,3 +93,11 @@ def memory_kind(memories: Sequence[RunMemory]) -> str | None:
         return None
     return "host" if isinstance(memories[0], HostMemory) else "device"
 
+
+
+def rank_kind(sources: Sequence[RunMemory], destinations: Sequence[RunMemory]) -> str:
+    """'host' or 'device' for a rank's memories (host when it has none); mixed is refused."""
+    kinds = {k for k in (memory_kind(sources), memory_kind(destinations)) if k is not None}
+    if len(kinds) > 1:
+        raise IpcError("ERR_INVALID_ARG", "a rank's sources and destinations are all HostArrays or all on its GPU, not both")
+    return kinds.pop() if kinds else "host"
