@@ -26,10 +26,11 @@ def value(tensor: str, flat: int, version: int) -> int:
     return (h * 1000 + flat + version * 100_000) & 0x3FFFFFFF
 
 
-def trainer(rank: int, shards: int, node: str = "n0") -> RankLayout:
+def trainer(rank: int, shards: int, coordinate: int | None = None, node: str = "n0") -> RankLayout:
+    """Shard ``coordinate`` (default: the rank) of ``shards`` of every tensor, FSDP's Shard(0)."""
     b = LayoutBuilder(rank=rank, node=node, gpu=rank)
     for name, shape in GLOBALS.items():
-        b.hold(name, dtype=DT, shape=shape, mesh=[shards], placements=[("shard", 0)], coordinate=[rank])
+        b.hold(name, dtype=DT, shape=shape, mesh=[shards], placements=[("shard", 0)], coordinate=[rank if coordinate is None else coordinate])
     return b.build()
 
 
@@ -85,7 +86,7 @@ def fill_sources(layout: RankLayout, sources: Sequence[HostArray], version: int)
     for t, a in zip(layout.sources, sources):
         mem = a.memory.cast("i")
         for p in t.pieces:
-            shape = GLOBALS[p.tensor]
+            shape = {**GLOBALS, **INTEROP}[p.tensor]
             for idx in itertools.product(*(range(n) for n in p.length)):
                 g = [s + i for s, i in zip(p.start, idx)]
                 mem[_offset(t, [a + i for a, i in zip(p.at, idx)]) // 4] = value(p.tensor, _flat(shape, g), version)
@@ -98,7 +99,7 @@ def check_destinations(layout: RankLayout, destinations: Sequence[HostArray], ve
     for t, a in zip(layout.destinations, destinations):
         want: dict[int, int] = {}
         for p in t.pieces:
-            shape = GLOBALS[p.tensor]
+            shape = {**GLOBALS, **INTEROP}[p.tensor]
             for idx in itertools.product(*(range(n) for n in p.length)):
                 g = [s + i for s, i in zip(p.start, idx)]
                 want[_offset(t, [a + i for a, i in zip(p.at, idx)])] = value(p.tensor, _flat(shape, g), version)
@@ -117,3 +118,29 @@ def _flat(shape: Sequence[int], idx: Sequence[int]) -> int:
     for n, x in zip(shape, idx):
         f = f * n + x
     return f
+
+
+def colocated(rank: int, shards: int, tp: int, r: int, node: str = "n0") -> RankLayout:
+    """A rank that holds Shard(0) of every tensor and needs tensor parallel rank ``r``'s parameters."""
+    t, e = trainer(rank, shards, None, node), engine(rank, tp, r, node)
+    return RankLayout(rank, node, rank, tuple(sorted({*t.tensors, *e.tensors}, key=lambda g: g.name.encode())), t.sources, e.destinations)
+
+
+#: The two ranks of the Node/Python interop test (test/cpu/sharded-interop.test.ts builds the same):
+#: each holds Shard(0) of w (8 x 6) and b (5), and needs w's columns 3r..3r+2 and the whole b.
+INTEROP = {"w": (8, 6), "b": (5,)}
+
+
+def interop(rank: int) -> RankLayout:
+    b = LayoutBuilder(rank=rank, node="n0", gpu=rank)
+    for name, shape in INTEROP.items():
+        b.hold(name, dtype=DT, shape=shape, mesh=[2], placements=[("shard", 0)], coordinate=[rank])
+    b.need("w_cols", dtype=DT, shape=INTEROP["w"], start=(0, 3 * rank), length=(8, 3), tensor="w")
+    b.need("b", dtype=DT, shape=INTEROP["b"])
+    return b.build()
+
+
+def layout_by_name(spec: list) -> RankLayout:
+    """A layout from [function name, args...] (the member script's argument)."""
+    fn = {"trainer": trainer, "engine": engine, "colocated": colocated, "interop": interop}[spec[0]]
+    return fn(*spec[1:])  # type: ignore[operator]

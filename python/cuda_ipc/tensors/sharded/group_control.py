@@ -35,6 +35,10 @@ class _Sync:
         self.error: ShardError | None = None
 
 
+#: Seconds a source waits for the hub to name a destination whose serve link closed mid-sync.
+SERVE_LOSS_GRACE = 1.0
+
+
 class RankControl:
     """The rank's state and its control thread; ShardGroup (group.py) is the public half."""
 
@@ -128,7 +132,14 @@ class RankControl:
             if subject in self._served:
                 self._served.remove(subject)
             s = self._sync
-            if s is not None and s.done + sum(1 for x in self._served if x.go == s.version and x.done < s.version) < s.expect_done:
+            if s is not None and s.error is None and s.done + sum(1 for x in self._served if x.go == s.version and x.done < s.version) < s.expect_done:
+                # A serve link does not say which destination it is: the hub's 'lost' names the rank
+                # if it died; only if none comes within SERVE_LOSS_GRACE does this rank fail on its own.
+                timer = threading.Timer(SERVE_LOSS_GRACE, self._post, ("served-lost", s, str(value)))
+                timer.daemon = True
+                timer.start()
+        elif kind == "served-lost":
+            if subject is self._sync and subject.error is None:
                 ranks = sorted({p.dst for p in self._plan.pairs if p.src == self.rank and p.path == "ipc"}) if self._plan else []
                 self._fail(ShardError("ERR_SHARD_PEER_LOST", f"a destination's serve link to rank {self.rank} closed mid-sync ({value}); "
                                       f"it was one of ranks {', '.join(map(str, ranks))}", {"ranks": ranks}))
