@@ -148,6 +148,11 @@ class FsdpToTensorParallel(unittest.TestCase):
                 self.assertGreater(r.paths["local"], 0)
                 self.assertGreater(r.paths["ipc"], 0)
                 self.assertEqual(r.paths["local"] + r.paths["ipc"], r.received)
+            # The hub's close ends the group: the member's sync fails naming the hub's rank.
+            g.hub.close()
+            with self.assertRaises(ShardError) as cm:
+                g.groups[1].sync(timeout=30)
+            self.assertEqual((cm.exception.code, cm.exception.detail["ranks"], cm.exception.detail["version"]), ("ERR_SHARD_PEER_LOST", [0], 2))
         finally:
             g.close()
 
@@ -312,10 +317,12 @@ class Protocol(unittest.TestCase):
             self.assertEqual(link.receive(timeout=30)["code"], "ERR_SHARD_PROTOCOL")
             with self.assertRaises(IpcError):
                 link.receive(timeout=30)
-            # An unknown message closes the sender's link.
+            # An unknown message is answered ERR_SHARD_PROTOCOL and the sender's link closed.
             other = connect(address)
             links.append(other)
             other.send({"shard": "bogus"})
+            answer = other.receive(timeout=30)
+            self.assertEqual((answer["shard"], answer["code"]), ("refused", "ERR_SHARD_PROTOCOL"))
             with self.assertRaises(IpcError) as cm:
                 other.receive(timeout=30)
             self.assertIn(cm.exception.code, ("ERR_LINK_CLOSED", "ERR_PEER_GONE"))
@@ -323,6 +330,33 @@ class Protocol(unittest.TestCase):
         finally:
             for x in links:
                 x.close()
+            hub.close()
+
+
+    def test_fingerprints_that_differ_fail_the_epoch_for_all_and_a_serve_link_must_begin_with_hello(self):
+        address = unique("fp")
+        layout = trainer(0, 1)
+        hub = ShardGroup.host(listen=address, size=2, layout=layout, sources=allocate(layout)[0], timeout=0)
+        raw = connect(address)
+        try:
+            raw.send(join_message(1, encode_layout(engine(1, 1, 0)), None))
+            plan = raw.receive(timeout=30)
+            self.assertEqual((plan["shard"], plan["epoch"], plan["hub"]), ("plan", 1, 0))
+            self.assertEqual(parse_message(plan, AT_MEMBER), Plan(1, tuple(plan["layouts"]), (plan["serve"][0], None), plan["chunkBytes"], 0))
+            # A serve link that does not begin with hello is closed.
+            serve = connect(plan["serve"][0])
+            serve.send(go_message(1, 1))
+            with self.assertRaises(IpcError):
+                serve.receive(timeout=30)
+            serve.close()
+            raw.send({"shard": "planned", "epoch": 1, "fingerprint": "0" * 64, "nccl": False})
+            failed = raw.receive(timeout=30)
+            self.assertEqual((failed["shard"], failed["code"], failed["ranks"]), ("failed", "ERR_SHARD_PLAN", [1]))
+            with self.assertRaises(ShardError) as cm:
+                hub.wait_ready(30)
+            self.assertEqual((cm.exception.code, cm.exception.detail["ranks"]), ("ERR_SHARD_PLAN", [1]))
+        finally:
+            raw.close()
             hub.close()
 
 

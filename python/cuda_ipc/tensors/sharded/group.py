@@ -199,16 +199,17 @@ class ShardGroup(RankControl):
                 raise IpcError("ERR_INVALID_STATE", "sync: another sync of this rank is pending; one at a time")
             plan = self._plan
             assert plan is not None
-            s = _Sync(self._version + 1, self._epoch, sorted(self._sources_in), sum(1 for p in plan.pairs if p.src == self.rank and p.path == "ipc"))
+            s = _Sync(self._version + 1, self._epoch, sorted(self._sources_in), sorted({p.dst for p in plan.pairs if p.src == self.rank and p.path == "ipc"}))
             self._sync = s
             self._take_gos()
-            served = [x for x in self._served if not x.closed]
+            s.served = [x for x in self._served if x.attached and not x.closed and x.epoch == s.epoch]
+            for x in s.served:
+                x.gos += 1
             copier = self._copier
         try:
-            if s.expect_done and self._kind == "device":
+            if s.serves and self._kind == "device":
                 synchronize_sources(self._layout.gpu)
-            for x in served:
-                x.go = s.version
+            for x in s.served:
                 try:
                     x.link.send(go_message(s.epoch, s.version), timeout=10.0)
                 except IpcError:
@@ -234,11 +235,11 @@ class ShardGroup(RankControl):
             for r, src in links:
                 if src.link is not None:
                     try:
-                        src.link.send(done_message(s.epoch, s.gos[r]), timeout=10.0)
+                        src.link.send(done_message(s.epoch, s.version), timeout=10.0)
                     except IpcError:
                         pass
             with self._cond:
-                while s.done < s.expect_done and s.error is None:
+                while s.waiting_done() and s.error is None:
                     if not self._wait(deadline):
                         raise self._timeout(s, timeout)
                 if s.error is not None:

@@ -14,7 +14,7 @@ from .device_copy import DeviceRunCopier
 from .group_links import Served, SourceLink, open_source
 from .group_memory import rank_kind, received_memories
 from .group_wire import (
-    AT_DESTINATION, AT_MEMBER, AT_SOURCE, Done, Go, Lost, Plan, Ready, Refused, ShardError, Sources, close_values,
+    AT_DESTINATION, AT_MEMBER, AT_SOURCE, Done, Failed, Go, Hello, Lost, Plan, Ready, Refused, ShardError, Sources, close_values,
     parse_message, planned_message, sources_message,
 )
 from .host_copy import CopyPair, HostRunCopier, RunMemory
@@ -24,19 +24,20 @@ from .plan import ShardPlan, plan_sharded
 
 
 class _Sync:
-    def __init__(self, version: int, epoch: int, need_go: list[int], expect_done: int):
+    def __init__(self, version: int, epoch: int, need_go: list[int], serves: list[int]):
         self.version = version
         self.epoch = epoch
         self.need_go = need_go  # source ranks whose go has not come yet
         self.gos: dict[int, int] = {}  # source rank -> the version its go said
-        self.expect_done = expect_done
-        self.done = 0
+        self.serves = serves  # destination ranks this rank serves over 'ipc'
+        self.served: list[Served] = []  # their links, each sent one go more than it answered
         self.copying = False
         self.error: ShardError | None = None
 
-
-#: Seconds a source waits for the hub to name a destination whose serve link closed mid-sync.
-SERVE_LOSS_GRACE = 1.0
+    def waiting_done(self) -> list[int]:
+        """Destinations whose done for this sync has not come (or whose link was not there)."""
+        answered = {x.rank for x in self.served if x.dones >= x.gos}
+        return sorted(r for r in self.serves if r not in answered)
 
 
 class RankControl:
@@ -69,12 +70,10 @@ class RankControl:
     _to_hub: Callable[[dict[str, Any]], None]
     _hub_link: Link | None
     _hub_lost = False
+    _hub_rank: int | None = None
 
     def _waiting_for(self, s: _Sync) -> list[int]:
-        ranks = set(s.need_go)
-        if s.done < s.expect_done and self._plan is not None:
-            ranks.update(p.dst for p in self._plan.pairs if p.src == self.rank and p.path == "ipc")  # serve links do not say who they are
-        return sorted(ranks)
+        return sorted({*s.need_go, *s.waiting_done()})
 
     def _half_written(self, s: _Sync) -> list[str]:
         if not s.copying or self._plan is None:
@@ -120,29 +119,18 @@ class RankControl:
         elif kind == "hub-closed":
             self._hub_lost = True
             self._fail(ShardError("ERR_SHARD_PEER_LOST", f"rank {self.rank}'s link to the group's hub closed ({value}); the group is over "
-                                  "for this rank: join a new one", {"ranks": []}))
+                                  "for this rank: join a new one", {"ranks": [] if self._hub_rank is None else [self._hub_rank]}))
         elif kind == "served-open":
-            self._served.append(subject)
-            if self._epoch and self._shared is not None:
-                self._send_sources(subject)
+            self._served.append(subject)  # sources go out once its hello says for which epoch
         elif kind == "served":
             self._on_served(subject, value)
         elif kind == "served-closed":
             subject.closed = True
             if subject in self._served:
                 self._served.remove(subject)
-            s = self._sync
-            if s is not None and s.error is None and s.done + sum(1 for x in self._served if x.go == s.version and x.done < s.version) < s.expect_done:
-                # A serve link does not say which destination it is: the hub's 'lost' names the rank
-                # if it died; only if none comes within SERVE_LOSS_GRACE does this rank fail on its own.
-                timer = threading.Timer(SERVE_LOSS_GRACE, self._post, ("served-lost", s, str(value)))
-                timer.daemon = True
-                timer.start()
-        elif kind == "served-lost":
-            if subject is self._sync and subject.error is None:
-                ranks = sorted({p.dst for p in self._plan.pairs if p.src == self.rank and p.path == "ipc"}) if self._plan else []
-                self._fail(ShardError("ERR_SHARD_PEER_LOST", f"a destination's serve link to rank {self.rank} closed mid-sync ({value}); "
-                                      f"it was one of ranks {', '.join(map(str, ranks))}", {"ranks": ranks}))
+            if subject.attached and subject.epoch == self._epoch:
+                self._fail(ShardError("ERR_SHARD_PEER_LOST", f"rank {subject.rank}'s serve link from rank {self.rank} closed "
+                                      f"(epoch {self._epoch}): {value}", {"ranks": [subject.rank]}))
         elif kind == "source":
             self._on_source(subject, value)
         elif kind == "source-closed":
@@ -176,6 +164,9 @@ class RankControl:
                     source.closed = True
                     self._lost_sources.append(source)
                     self._release_lost()
+        elif isinstance(msg, Failed):
+            if msg.epoch == self._epoch:
+                self._fail(ShardError(msg.code, f"the hub failed epoch {msg.epoch}: {msg.message}", {"ranks": list(msg.ranks)}))
         elif isinstance(msg, Refused):
             refusal = ShardError(msg.code, f"the hub refused: {msg.message}", {"ranks": []})
             if self._pending is not None or self._status == "joining":
@@ -205,6 +196,7 @@ class RankControl:
                                           {"ranks": [], "version": self._version, "half_written": self._half_written(self._sync)})
         self._end_epoch()
         self._epoch = msg.epoch
+        self._hub_rank = msg.hub if msg.hub is not None else self._hub_rank
         self._failure = None
         self._status = "planning"
         self._layouts = layouts
@@ -218,9 +210,11 @@ class RankControl:
             if self._hub_link is not None:
                 self._hub_link.close()  # the others see this rank lost instead of waiting for it
             return
-        for x in self._served:
-            if not x.closed and self._shared is not None:
-                self._send_sources(x)
+        for x in list(self._served):
+            if x.rank is not None and x.epoch < msg.epoch:
+                x.link.close()  # a link of an epoch that ended: its destination connects again
+            elif x.rank is not None and x.epoch == msg.epoch:
+                self._attach(x)  # it said hello before this rank had the plan
         by_rank = {x.rank: i for i, x in enumerate(layouts)}
         for p in plan.pairs:
             if p.dst == self.rank and p.path == "ipc":
@@ -229,13 +223,20 @@ class RankControl:
                     raise ShardError("ERR_SHARD_PROTOCOL", f"rank {p.src} has sources for rank {self.rank} but no serve address", {"ranks": [p.src]})
                 source = SourceLink(p.src, msg.epoch)
                 self._sources_in[p.src] = source
-                open_source(source, address, self._post, 30.0)
+                open_source(source, address, self.rank, self._post, 30.0)
         self._maybe_planned()
 
-    def _send_sources(self, served: Served) -> None:
+    def _attach(self, served: Served) -> None:
+        """Sends a destination that said hello for this epoch the tensor set (once per rank and epoch)."""
+        plan = self._plan
+        serves = {p.dst for p in plan.pairs if p.src == self.rank and p.path == "ipc"} if plan is not None else set()
+        if served.rank not in serves or self._shared is None or \
+                any(x.attached and x.rank == served.rank and x.epoch == served.epoch for x in self._served):
+            served.link.close()
+            return
+        served.attached = True
         try:
             served.link.send(sources_message(self._epoch, self.rank, self._shared), timeout=10.0)
-            served.sent_epoch = self._epoch
         except IpcError:
             pass  # its reader sees the link close
 
@@ -252,32 +253,49 @@ class RankControl:
         if source.closed or source.epoch != self._epoch:
             close_values(value)
             return
+        assert isinstance(msg, (Sources, Go))
+        if msg.epoch != source.epoch or (isinstance(msg, Sources) and msg.rank != source.rank):
+            close_values(value)
+            source.closed = True
+            self._fail(ShardError("ERR_SHARD_PROTOCOL", f"source rank {source.rank} sent {value.get('shard')!r} of epoch {msg.epoch} "
+                                  f"(rank {getattr(msg, 'rank', source.rank)}) on its link of epoch {source.epoch}", {"ranks": [source.rank]}))
+            source.close()
+            return
         if isinstance(msg, Sources):
-            if msg.epoch != source.epoch or msg.rank != source.rank or source.tensors is not None:
-                msg.tensors.close(sync=False)  # an older epoch's (sent before the source planned this one), or a repeat
+            if source.tensors is not None:
+                msg.tensors.close(sync=False)  # a repeat: the first one stays
                 return
             layout = next(x for x in self._layouts if x.rank == source.rank)
             source.tensors = msg.tensors
             source.memories, source.views = received_memories(layout.sources, msg.tensors, source.rank)
             self._maybe_planned()
         elif isinstance(msg, Go):
-            if msg.epoch == source.epoch:
-                source.gos.append(msg.version)
-                self._take_gos()
+            source.gos.append(msg.version)
+            self._take_gos()
 
     def _on_served(self, served: Served, value: Any) -> None:
         try:
             msg = parse_message(value, AT_SOURCE)
-        except ShardError:
+            if served.rank is None and not isinstance(msg, Hello):
+                raise ShardError("ERR_SHARD_PROTOCOL", f"a serve link began with '{value.get('shard')}', not 'hello'")
+            if served.rank is not None and not (isinstance(msg, Done) and msg.epoch == served.epoch and served.dones < served.gos):
+                raise ShardError("ERR_SHARD_PROTOCOL", f"rank {served.rank} sent {value.get('shard')!r} (epoch {value.get('epoch')}) on its "
+                                 f"serve link of epoch {served.epoch}, where only one 'done' per 'go' belongs")
+        except ShardError as e:
             close_values(value)
-            served.link.close()  # its close event decides whether a sync fails
+            served.link.close()
+            if served.attached and served.epoch == self._epoch:
+                self._fail(e.again(ranks=[served.rank]))
             return
-        assert isinstance(msg, Done)
-        s = self._sync
-        if s is not None and msg.epoch == s.epoch and msg.version == s.version and served.go == s.version and served.done < s.version:
-            served.done = s.version
-            s.done += 1
-            self._cond.notify_all()
+        if isinstance(msg, Hello):
+            served.rank, served.epoch = msg.rank, msg.epoch
+            if msg.epoch < self._epoch:
+                served.link.close()  # an epoch that ended here: the destination will have the new plan
+            elif msg.epoch == self._epoch:
+                self._attach(served)
+            return  # a later epoch: attached once this rank has its plan
+        served.dones += 1
+        self._cond.notify_all()
 
     def _take_gos(self) -> None:
         s = self._sync

@@ -14,6 +14,7 @@ from ...errors import IpcError
 from ...link.connection.link import Link
 from ...link.connect.endpoints import connect, listen
 from ...link.connect.listener import Listener
+from .group_wire import hello_message
 from .host_copy import RunMemory
 
 #: What a reader hands the control thread: (event kind, the object it is about, a value).
@@ -28,15 +29,17 @@ def serve_name(rank: int) -> str:
 
 
 class Served:
-    """A link a destination opened to this rank's serve address: sources go out on it, go/done pass."""
+    """A link a destination opened to this rank's serve address. Its first message, hello, says which
+    rank and epoch; the source answers with its tensor set once it reached that epoch (``attached``).
+    Then go and done pass, matched by their order: ``gos`` sent, ``dones`` received."""
 
     def __init__(self, link: Link):
         self.link = link
-        #: The epoch whose tensor set went out on it last (0: none yet).
-        self.sent_epoch = 0
-        #: The version of the last go sent on it, and of the last done it answered.
-        self.go = 0
-        self.done = 0
+        self.rank: int | None = None
+        self.epoch = 0
+        self.attached = False
+        self.gos = 0
+        self.dones = 0
         self.closed = False
 
 
@@ -123,11 +126,13 @@ class ServeListener:
             self._thread.join(timeout=10)
 
 
-def open_source(source: SourceLink, address: str, post: Post, timeout: float) -> None:
-    """Connects to a source rank's serve address on a thread of its own, then reads it."""
+def open_source(source: SourceLink, address: str, me: int, post: Post, timeout: float) -> None:
+    """Connects to a source rank's serve address on a thread of its own, says hello (this rank, the
+    epoch), then reads it."""
     def run() -> None:
         try:
             link = connect(address, timeout=timeout)
+            link.send(hello_message(source.epoch, me), timeout=timeout)
         except IpcError as e:
             post("source-closed", source, e)
             return

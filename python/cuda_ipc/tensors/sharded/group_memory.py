@@ -60,7 +60,7 @@ def local_memories(locals_: Sequence[LocalTensor], given: Sequence[Any], role: s
         out.append(memory)
     kinds = {type(m) for m in out}
     if len(kinds) > 1:
-        raise IpcError("ERR_INVALID_ARG", f"the {role} mix host and device memory; a rank's tensors are all HostArrays or all on its GPU")
+        raise IpcError("ERR_SHARD_MEMORY", f"the {role} mix host and device memory; a rank's tensors are all HostArrays or all on its GPU")
     return out
 
 
@@ -99,5 +99,5 @@ def rank_kind(sources: Sequence[RunMemory], destinations: Sequence[RunMemory]) -
     """'host' or 'device' for a rank's memories (host when it has none); mixed is refused."""
     kinds = {k for k in (memory_kind(sources), memory_kind(destinations)) if k is not None}
     if len(kinds) > 1:
-        raise IpcError("ERR_INVALID_ARG", "a rank's sources and destinations are all HostArrays or all on its GPU, not both")
+        raise IpcError("ERR_SHARD_MEMORY", "a rank's sources and destinations are all HostArrays or all on its GPU, not both")
     return kinds.pop() if kinds else "host"

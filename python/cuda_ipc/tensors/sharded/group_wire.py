@@ -1,8 +1,9 @@
 """The sync group's control messages (docs/PROTOCOL.md 9.3; src/tensors/sharded/group-wire.ts): plain
 link messages, a JSON object whose ``shard`` field says which, binary fields as bytes. Each is parsed
-strictly here: an unknown ``shard`` value, a missing or mistyped field is ``ShardError`` code
-ERR_SHARD_PROTOCOL (the receiver then closes the sender's link). Also the group's errors, whose
-``detail`` says which ranks, which destination tensors and which version."""
+strictly here: an unknown ``shard`` value, a missing or mistyped field, a number out of range is
+``ShardError`` code ERR_SHARD_PROTOCOL (the receiver then closes the sender's link); fields a kind
+does not define are ignored. Also the group's errors, whose ``detail`` says which ranks, which
+destination tensors and which version."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ class Plan:
     layouts: tuple[bytes, ...]
     serve: tuple[str | None, ...]
     chunk_bytes: int
+    hub: int | None = None  # the hub's own rank (optional on the wire)
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,20 @@ class Refused:
 
 
 @dataclass(frozen=True)
+class Failed:
+    epoch: int
+    code: str
+    message: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Hello:
+    epoch: int
+    rank: int
+
+
+@dataclass(frozen=True)
 class Lost:
     epoch: int
     rank: int
@@ -108,14 +124,14 @@ class Done:
     version: int
 
 
-Message = Union[Join, Plan, Planned, Ready, Refused, Lost, Sources, Go, Done]
+Message = Union[Join, Plan, Planned, Ready, Refused, Failed, Lost, Hello, Sources, Go, Done]
 
 #: Which messages arrive on which link: from a member at the hub, from the hub at a member, from a
 #: source on a serve link (at its destination), from a destination on a serve link (at its source).
 AT_HUB = frozenset({"join", "planned"})
-AT_MEMBER = frozenset({"plan", "ready", "lost", "refused"})
+AT_MEMBER = frozenset({"plan", "ready", "lost", "refused", "failed"})
 AT_DESTINATION = frozenset({"sources", "go"})
-AT_SOURCE = frozenset({"done"})
+AT_SOURCE = frozenset({"hello", "done"})
 
 
 # -- building (what this side sends) ---------------------------------------------------------------
@@ -124,8 +140,11 @@ def join_message(rank: int, layout: bytes, serve: str | None) -> dict[str, Any]:
     return {"shard": "join", "rank": rank, "layout": layout, "serve": serve}
 
 
-def plan_message(epoch: int, layouts: list[bytes], serve: list[str | None], chunk_bytes: int) -> dict[str, Any]:
-    return {"shard": "plan", "epoch": epoch, "layouts": layouts, "serve": serve, "chunkBytes": chunk_bytes}
+def plan_message(epoch: int, layouts: list[bytes], serve: list[str | None], chunk_bytes: int, hub: int | None = None) -> dict[str, Any]:
+    m: dict[str, Any] = {"shard": "plan", "epoch": epoch, "layouts": layouts, "serve": serve, "chunkBytes": chunk_bytes}
+    if hub is not None:
+        m["hub"] = hub
+    return m
 
 
 def planned_message(epoch: int, fingerprint: str, nccl: bool) -> dict[str, Any]:
@@ -138,6 +157,14 @@ def ready_message(epoch: int, nccl: NcclReady | None) -> dict[str, Any]:
 
 def refused_message(code: str, message: str) -> dict[str, Any]:
     return {"shard": "refused", "code": code, "message": message[:MAX_TEXT]}
+
+
+def failed_message(epoch: int, code: str, message: str, ranks: list[int]) -> dict[str, Any]:
+    return {"shard": "failed", "epoch": epoch, "code": code, "message": message[:MAX_TEXT], "ranks": ranks}
+
+
+def hello_message(epoch: int, rank: int) -> dict[str, Any]:
+    return {"shard": "hello", "epoch": epoch, "rank": rank}
 
 
 def lost_message(epoch: int, rank: int, reason: str) -> dict[str, Any]:
@@ -224,11 +251,11 @@ def parse_message(value: Any, allowed: frozenset[str]) -> Message:
             raise protocol_error(f"'plan' field 'serve' must be a list as long as 'layouts' ({len(layouts)}), got {_show(serves)}")
         return Plan(epoch, tuple(_bytes(x, f"'layouts'[{i}]", kind, MAX_LAYOUT_BYTES) for i, x in enumerate(layouts)),
                     tuple(_text(x, f"'serve'[{i}]", kind, allow_none=True) for i, x in enumerate(serves)),
-                    _int(m, "chunkBytes", kind, 1))
+                    _int(m, "chunkBytes", kind, 1), _int(m, "hub", kind, 0, _U31) if m.get("hub") is not None else None)
     if kind == "planned":
         fp = _field(m, "fingerprint", kind)
-        if not isinstance(fp, str) or len(fp) > 256:
-            raise protocol_error(f"'planned' field 'fingerprint' must be a string, got {_show(fp)}")
+        if not isinstance(fp, str) or len(fp) != 64 or any(c not in "0123456789abcdef" for c in fp):
+            raise protocol_error(f"'planned' field 'fingerprint' must be 64 hex digits (SHA-256), got {_show(fp)}")
         return Planned(_int(m, "epoch", kind, 1), fp, _bool(m, "nccl", kind))
     if kind == "ready":
         epoch = _int(m, "epoch", kind, 1)
@@ -241,15 +268,14 @@ def parse_message(value: Any, allowed: frozenset[str]) -> Message:
         ranks = _field(n, "ranks", "ready.nccl")
         if len(uid) != _NCCL_ID_BYTES:
             raise protocol_error(f"'ready' field 'nccl.id' must be {_NCCL_ID_BYTES} bytes, got {len(uid)}")
-        if not isinstance(ranks, list) or not 1 <= len(ranks) <= MAX_GROUP_RANKS or \
-                any(not isinstance(r, int) or isinstance(r, bool) or not 0 <= r <= _U31 for r in ranks) or ranks != sorted(set(ranks)):
-            raise protocol_error(f"'ready' field 'nccl.ranks' must be a sorted list of distinct ranks, got {_show(ranks)}")
-        return Ready(epoch, NcclReady(uid, tuple(ranks)))
+        return Ready(epoch, NcclReady(uid, _ranks(ranks, "'nccl.ranks'", kind, False)))
+    if kind == "failed":
+        return Failed(_int(m, "epoch", kind, 1), _code(m, kind), _text(_field(m, "message", kind), "'message'", kind),
+                      _ranks(_field(m, "ranks", kind), "'ranks'", kind, True))
+    if kind == "hello":
+        return Hello(_int(m, "epoch", kind, 1), _int(m, "rank", kind, 0, _U31))
     if kind == "refused":
-        code = _field(m, "code", kind)
-        if not isinstance(code, str) or not code.startswith("ERR_") or len(code) > 64:
-            raise protocol_error(f"'refused' field 'code' must be an ERR_ code, got {_show(code)}")
-        return Refused(code, _text(_field(m, "message", kind), "'message'", kind))
+        return Refused(_code(m, kind), _text(_field(m, "message", kind), "'message'", kind))
     if kind == "lost":
         return Lost(_int(m, "epoch", kind, 0), _int(m, "rank", kind, 0, _U31), _text(_field(m, "reason", kind), "'reason'", kind))
     if kind == "sources":
@@ -262,6 +288,20 @@ def parse_message(value: Any, allowed: frozenset[str]) -> Message:
         return Go(_int(m, "epoch", kind, 1), _int(m, "version", kind, 1))
     assert kind == "done"
     return Done(_int(m, "epoch", kind, 1), _int(m, "version", kind, 1))
+
+
+def _code(m: dict[str, Any], kind: str) -> str:
+    code = _field(m, "code", kind)
+    if not isinstance(code, str) or not code.startswith("ERR_") or len(code) > 64:
+        raise protocol_error(f"'{kind}' field 'code' must be an ERR_ code, got {_show(code)}")
+    return code
+
+
+def _ranks(v: Any, what: str, kind: str, allow_empty: bool) -> tuple[int, ...]:
+    if not isinstance(v, list) or not (0 if allow_empty else 1) <= len(v) <= MAX_GROUP_RANKS or \
+            any(not isinstance(r, int) or isinstance(r, bool) or not 0 <= r <= _U31 for r in v) or v != sorted(set(v)):
+        raise protocol_error(f"'{kind}' field {what} must be a sorted list of distinct ranks, got {_show(v)}")
+    return tuple(v)
 
 
 def close_values(value: Any) -> None:

@@ -18,7 +18,7 @@ from ...link.connection.link import Link
 from ...link.connect.endpoints import listen
 from .errors import LayoutError
 from .group_wire import (
-    AT_HUB, DEFAULT_SHARD_CHUNK_BYTES, Join, NcclReady, Planned, ShardError, close_values, lost_message, parse_message,
+    AT_HUB, DEFAULT_SHARD_CHUNK_BYTES, Join, NcclReady, Planned, ShardError, close_values, failed_message, lost_message, parse_message,
     plan_message, ready_message, refused_message,
 )
 from .layout import RankLayout, validate_layout
@@ -164,6 +164,7 @@ class ShardHub:
             msg = parse_message(value, AT_HUB)
         except ShardError as e:
             close_values(value)
+            member.send(refused_message(e.code, str(e)))  # then its link closes
             self._drop(member, e)
             return
         if isinstance(msg, Join):
@@ -226,7 +227,8 @@ class ShardHub:
         self.epoch += 1
         self._planned = {}
         ranks = sorted(self._by_rank)
-        message = plan_message(self.epoch, [self._by_rank[r].record for r in ranks], [self._by_rank[r].serve for r in ranks], self.chunk_bytes)
+        hub = next((m.rank for m in self._by_rank.values() if m.link is None), None)
+        message = plan_message(self.epoch, [self._by_rank[r].record for r in ranks], [self._by_rank[r].serve for r in ranks], self.chunk_bytes, hub)
         for r in ranks:
             self._by_rank[r].send(message)
 
@@ -242,7 +244,7 @@ class ShardHub:
             text = (f"ranks {', '.join(map(str, differ))} planned epoch {self.epoch} with another fingerprint than the hub's "
                     f"({expected[:16]}...): they run another planner version or decoded other layouts; the group cannot sync")
             for m in list(self._by_rank.values()):
-                m.send(refused_message("ERR_SHARD_PLAN", text))
+                m.send(failed_message(self.epoch, "ERR_SHARD_PLAN", text, differ))
             return
         nccl_ranks = tuple(sorted(r for r, p in self._planned.items() if p.nccl))
         nccl: NcclReady | None = None
@@ -252,7 +254,8 @@ class ShardHub:
                 nccl = NcclReady(bytes(load_nccl().unique_id()), nccl_ranks)
             except Exception as e:  # noqa: BLE001 - no NCCL here: the ranks that need it are told
                 for m in list(self._by_rank.values()):
-                    m.send(refused_message("ERR_NCCL_UNAVAILABLE", f"the hub cannot make the epoch's NCCL communicator id: {e}"))
+                    m.send(failed_message(self.epoch, "ERR_SHARD_PLAN", f"the hub could not make the NCCL unique id for ranks "
+                                                                        f"{', '.join(map(str, nccl_ranks))}: {e}", list(nccl_ranks)))
                 return
         message = ready_message(self.epoch, nccl)
         for m in list(self._by_rank.values()):
