@@ -3,7 +3,8 @@
 // b (5) and needs w's columns 3r..3r+2 and the whole b, so each sync moves runs both ways over IPC
 // (strided blocks included) and copies a rank's own runs locally. Values are a function of the
 // tensor, the element and the version (python/tests/sharded_group_fixture.py computes the same), and
-// both sides check theirs after every sync. The Python rank is python/tests/sharded_member.py.
+// both sides check theirs after every sync; then the member leaves and the hub's next sync fails
+// naming it (the 'lost' message each way). The Python rank is python/tests/sharded_member.py.
 // Skips with the reason where there is no python3 (>= 3.10).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -168,6 +169,14 @@ test('a Node hub and a Python member sync host tensors both ways, values exact',
     group = await ShardGroup.host({ listen: name, size: 2, layout, sources: t.sources, destinations: t.destinations });
     assert.equal((await py.next()).ready, true);
     await syncTwice(group, py, layout, t);
+    // The Python member leaves: the Node hub's next sync fails naming it, the version unchanged.
+    await py.exit();
+    await assert.rejects(group.sync({ timeout: 30_000 }), (e: any) => {
+      assert.equal(e.code, 'ERR_SHARD_PEER_LOST', e.message);
+      assert.deepEqual(e.detail.ranks, [1]);
+      return true;
+    });
+    assert.equal(group.version, 2, 'the version stays');
   } finally {
     await py.exit();
     await group?.close();
@@ -186,6 +195,11 @@ test('a Python hub and a Node member sync host tensors both ways, values exact',
     group = await ShardGroup.join({ connect: name, layout, sources: t.sources, destinations: t.destinations });
     assert.equal((await py.next()).ready, true);
     await syncTwice(group, py, layout, t);
+    // The Node member leaves: the Python hub's next sync fails naming it, the version unchanged.
+    await group.close();
+    py.send('sync 13');
+    const lost = await py.next();
+    assert.deepEqual([lost.error, lost.detail.ranks, lost.detail.version], ['ERR_SHARD_PEER_LOST', [1], 2], lost.message);
   } finally {
     await group?.close();
     await py.exit();
