@@ -6,6 +6,7 @@ unchanged) and its replacement re-planning the group; a timeout naming the ranks
 relayout; bad control messages (ERR_SHARD_PROTOCOL)."""
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import os
@@ -26,6 +27,7 @@ from cuda_ipc.tensors.sharded.host_copy import CopyPair, HostMemory, HostRunCopi
 from cuda_ipc.tensors.sharded.plan import PlanPair
 from cuda_ipc.tensors.sharded.runs import PlanRun
 
+from .test_link import open_fds
 from .sharded_group_fixture import allocate, check_destinations, colocated, engine, fill_sources, fsdp_to_tp, trainer
 
 MEMBER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sharded_member.py")
@@ -115,6 +117,8 @@ class Member:
 
 class FsdpToTensorParallel(unittest.TestCase):
     def test_fsdp_shard0_to_tp2_over_tcp_values_exact_after_every_sync_versions_count(self):
+        fds = open_fds()
+        threads = threading.active_count()
         g = Group(fsdp_to_tp(2, 2), "tcp://127.0.0.1:0", TOKEN)
         try:
             g.ready()
@@ -134,6 +138,10 @@ class FsdpToTensorParallel(unittest.TestCase):
             self.assertGreater(results[2].received, 0)
         finally:
             g.close()
+        # Nothing stays: every link, listener, mapping and thread of the four ranks goes with close().
+        del g, results
+        gc.collect()
+        wait_until(lambda: open_fds() <= fds and threading.active_count() <= threads, "the group's fds and threads going")
 
     def test_colocated_ranks_copy_their_own_runs_locally_and_the_rest_over_ipc(self):
         g = Group([colocated(0, 2, 2, 0), colocated(1, 2, 2, 1)], unique("colo"))
@@ -208,6 +216,22 @@ class Failures(unittest.TestCase):
                 replacement.command("exit")
                 replacement.close()
             g.close()
+
+    def test_host_ranks_on_two_nodes_leave_the_group_unsupported_instead_of_waiting(self):
+        address = unique("nodes")
+        a = LayoutBuilder(rank=0, node="a", gpu=0).hold("w", dtype="int32", shape=(4,)).build()
+        b = LayoutBuilder(rank=1, node="b", gpu=0).need("w", dtype="int32", shape=(4,)).build()
+        hub = ShardGroup.host(listen=address, size=2, layout=a, sources=[HostArray.allocate("int32", (4,))], timeout=0)
+        try:
+            with self.assertRaises(ShardError) as cm:
+                ShardGroup.join(connect=address, layout=b, destinations=[HostArray.allocate("int32", (4,))], timeout=30)
+            self.assertEqual(cm.exception.code, "ERR_UNSUPPORTED")
+            self.assertIn("'nccl' path", str(cm.exception))
+            with self.assertRaises(ShardError) as cm:
+                hub.wait_ready(30)
+            self.assertEqual(cm.exception.code, "ERR_UNSUPPORTED")
+        finally:
+            hub.close()
 
     def test_timeout_names_the_ranks_waited_for_and_the_group_needs_a_new_plan(self):
         layouts = [engine(0, 1, 0), trainer(1, 2, 0), trainer(2, 2, 1)]
@@ -383,6 +407,24 @@ class HostCopy(unittest.TestCase):
             copier.compile([CopyPair(small, [HostMemory(src)])], [HostMemory(dst)])
         self.assertEqual(cm.exception.code, "ERR_OUT_OF_RANGE")
         self.assertIn("byte 258", str(cm.exception))
+
+
+class DeviceTable(unittest.TestCase):
+    def test_the_copy_runs_table_has_one_row_per_block_at_the_mapped_addresses_and_checks_bounds(self):
+        from cuda_ipc.tensors.sharded.device_copy import table_rows
+        from cuda_ipc.tensors.sharded.host_copy import DeviceMemory
+        runs = (PlanRun(1, 0, 8, 16, 32, 1, 0, 0), PlanRun(0, 0, 0, 100, 4, 3, 12, 20))
+        pair = PlanPair(1, 0, "ipc", 44, runs)
+        sources = [DeviceMemory(0, 0x10000, 64), DeviceMemory(0, 0x20000, 64)]
+        rows = table_rows([CopyPair(pair, sources)], [DeviceMemory(0, 0x90000, 200)])
+        self.assertEqual(rows, ([0x90000 + 16, 0x90000 + 100, 0x90000 + 120, 0x90000 + 140],
+                                [0x20000 + 8, 0x10000, 0x10000 + 12, 0x10000 + 24], [32, 4, 4, 4]))
+        with self.assertRaises(IpcError) as cm:
+            table_rows([CopyPair(pair, sources)], [DeviceMemory(0, 0x90000, 143)])
+        self.assertEqual(cm.exception.code, "ERR_OUT_OF_RANGE")
+        with self.assertRaises(IpcError) as cm:
+            table_rows([CopyPair(pair, [HostMemory(memoryview(bytearray(64)))] * 2)], [DeviceMemory(0, 0x90000, 200)])
+        self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
 
 
 def member_bytes(layouts: list[Any], rank: int) -> int:

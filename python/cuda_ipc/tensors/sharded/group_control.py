@@ -18,6 +18,7 @@ from .group_wire import (
     parse_message, planned_message, sources_message,
 )
 from .host_copy import CopyPair, HostRunCopier, RunMemory
+from .hub import ShardHub
 from .layout import RankLayout
 from .layout_wire import decode_layout
 from .plan import ShardPlan, plan_sharded
@@ -69,6 +70,7 @@ class RankControl:
     _copier: HostRunCopier | DeviceRunCopier | None
     _to_hub: Callable[[dict[str, Any]], None]
     _hub_link: Link | None
+    _hub: "ShardHub | None"
     _hub_lost = False
     _hub_rank: int | None = None
 
@@ -82,10 +84,12 @@ class RankControl:
         return [self._layout.destinations[i].name for i in sorted(touched)]
 
     def _fail(self, error: ShardError) -> None:
-        """With the condition held: the group failed; the pending sync fails with ``error`` (this rank's detail)."""
+        """With the condition held: the group failed; the pending sync fails with ``error`` (this rank's detail).
+        The first failure stays the group's until it plans again (what followed from it adds nothing)."""
         if self._status == "closed":
             return
-        self._failure = error
+        if self._failure is None:
+            self._failure = error
         self._status = "failed"
         s = self._sync
         if s is not None and s.error is None:
@@ -209,6 +213,8 @@ class RankControl:
                                   "runs within a node only (host memory never crosses nodes); give ranks of one machine one node id", {"ranks": []}))
             if self._hub_link is not None:
                 self._hub_link.close()  # the others see this rank lost instead of waiting for it
+            elif self._hub is not None:
+                self._hub.close()  # the hub's own rank: the group ends (its members see the hub lost)
             return
         for x in list(self._served):
             if x.rank is not None and x.epoch < msg.epoch:
