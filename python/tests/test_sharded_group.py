@@ -115,6 +115,25 @@ class Member:
                 f.close()
 
 
+class Holding:
+    """A copier that holds its copy until ``release`` is set (the test decides what happens meanwhile)."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def copy(self) -> int:
+        self.entered.set()
+        if not self.release.wait(30):
+            raise AssertionError("the copy was never released")
+        n: int = self.inner.copy()
+        return n
+
+    def close(self) -> None:
+        self.inner.close()
+
+
 class FsdpToTensorParallel(unittest.TestCase):
     def test_fsdp_shard0_to_tp2_over_tcp_values_exact_after_every_sync_versions_count(self):
         fds = open_fds()
@@ -182,13 +201,18 @@ class Failures(unittest.TestCase):
             self.assertEqual(member.read(), {"version": 1, "problems": [], "paths": {"local": 0, "ipc": member_bytes(layouts, 2), "nccl": 0}, "epoch": 1})
             self.assertEqual([f.result(timeout=30).version for f in pending], [1, 1])
             self.assertEqual(check_destinations(layouts[0], g.mem[0][1], 1), [])
-            # Sync 2: rank 2 never takes part. Rank 0 copies what it needs from rank 1 and waits for
-            # rank 2's done; then rank 2 dies.
+            # Sync 2: rank 2 never takes part. Rank 0 takes rank 1's go and starts copying; rank 2 dies
+            # while that copy runs (held here until rank 0 learnt of the loss).
+            copier = Holding(g.hub._copier)
+            g.hub._copier = copier
             g.fill(2)
             pending = g.sync()
-            wait_until(lambda: g.hub.copied and g.hub.waiting_for == [2], "rank 0 copying its runs")
+            self.assertTrue(copier.entered.wait(30), "rank 0 did not start its copy")
+            self.assertEqual(g.hub.waiting_for, [2])
             member.proc.kill()
             member.proc.wait(timeout=10)
+            wait_until(lambda: g.hub._failure is not None, "rank 0 learning that rank 2 is lost")
+            copier.release.set()
             errors = [expect_error(self, f, "ERR_SHARD_PEER_LOST") for f in pending]
             self.assertEqual([e.detail["ranks"] for e in errors], [[2], [2]])
             self.assertEqual([e.detail["version"] for e in errors], [1, 1], "the version stays")

@@ -174,12 +174,6 @@ class ShardGroup(RankControl):
         with self._cond:
             return self._waiting_for(self._sync) if self._sync is not None else []
 
-    @property
-    def copied(self) -> bool:
-        """Whether the pending sync copied this rank's runs already (waiting for its destinations only)."""
-        with self._cond:
-            return self._sync is not None and self._sync.copying and not self._sync.need_go
-
     def sync(self, timeout: float | None = None) -> SyncResult:
         """Moves this rank's share of the weights: returns once its destinations hold the sync's version
         and its destinations said done. ERR_SHARD_PEER_LOST (detail ranks, half_written, version) when

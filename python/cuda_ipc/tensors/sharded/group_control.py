@@ -78,7 +78,9 @@ class RankControl:
         return sorted({*s.need_go, *s.waiting_done()})
 
     def _half_written(self, s: _Sync) -> list[str]:
-        if not s.copying or self._plan is None:
+        """This rank's destination tensors that the pending sync's copy is writing now (a failure after
+        the copy finished leaves them whole, at the new values, and the version unchanged)."""
+        if not self._copy_running or self._sync is not s or self._plan is None:
             return []
         touched = {r.dst_tensor for p in self._plan.pairs if p.dst == self.rank and p.path in ("local", "ipc") for r in p.runs}
         return [self._layout.destinations[i].name for i in sorted(touched)]
