@@ -24,6 +24,7 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
+from ...device import Device, set_working_device
 from ...errors import IpcError
 from ...link.connect.endpoints import connect
 from ...link.connection.link import Link
@@ -141,6 +142,9 @@ class ShardGroup(RankControl):
         self._dst_mem = local_memories(layout.destinations, list(destinations), "destinations", layout.gpu)
         self._shared = _share(layout, sources) if self._src_mem else None
         self._kind = rank_kind(self._src_mem, self._dst_mem)
+        if self._kind == "device":
+            # The sources' tensor sets are mapped by the links' reader threads: on this rank's GPU.
+            set_working_device(Device.get(layout.gpu))
 
     # -- the public part -----------------------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 from ...errors import IpcError
 from ...host_array import HostArray
+from ...memory.buffer import DeviceArray
 from .host_copy import DeviceMemory, HostMemory, RunMemory
 from .layout import LocalTensor
 
@@ -21,6 +22,8 @@ def _facts(obj: Any) -> tuple[str, tuple[int, ...], tuple[int, ...], RunMemory]:
     """dtype, shape, byte strides and memory of a tensor given by the user or received."""
     if isinstance(obj, HostArray):
         return obj.dtype, obj.shape, obj.strides, HostMemory(obj.memory)
+    if isinstance(obj, DeviceArray):  # a received tensor set's view: its own dtype names bfloat16 and float8 exactly
+        return obj.dtype, obj.shape, obj.meta.strides, DeviceMemory(int(obj.__dlpack_device__()[1]), obj.ptr, obj.meta.extent)
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         to_local = getattr(obj, "to_local", None)
@@ -39,8 +42,10 @@ def _facts(obj: Any) -> tuple[str, tuple[int, ...], tuple[int, ...], RunMemory]:
         from ...descriptor import ArrayMeta, dtype_name
         shape = tuple(int(n) for n in cai["shape"])
         meta = ArrayMeta.make(dtype_name(cai["typestr"]), shape, cai.get("strides"))
+        where = getattr(obj, "__dlpack_device__", None)
         device = getattr(obj, "device", None)
-        ordinal = device if isinstance(device, int) else int(getattr(device, "ordinal", getattr(device, "index", 0)) or 0)
+        ordinal = int(where()[1]) if callable(where) else device if isinstance(device, int) else \
+            int(getattr(device, "ordinal", getattr(device, "index", 0)) or 0)
         return meta.dtype, meta.shape, meta.strides, DeviceMemory(ordinal, int(cai["data"][0]), meta.extent)
     raise IpcError("ERR_INVALID_ARG", f"a sync group takes HostArrays (host memory) or CUDA tensors/arrays, not a {type(obj).__qualname__}")
 
