@@ -278,7 +278,7 @@ class ShardGroup(RankControl):
                 if self._refused is not None:
                     self._pending = None
                     raise self._refused
-                if self._status == "closed" or (self._failure is not None and self._failure.code == "ERR_SHARD_PEER_LOST" and self._hub_lost):
+                if self._status == "closed" or self._hub_lost:  # no plan can come any more
                     raise self._failure or IpcError("ERR_CLOSED", "relayout: the group is closed")
                 if not self._wait(deadline):
                     raise ShardError("ERR_TIMEOUT", f"relayout: the group did not plan rank {self.rank}'s new layout within {timeout} s",
