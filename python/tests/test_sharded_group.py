@@ -18,7 +18,7 @@ import unittest
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
-from cuda_ipc import HostArray, HostBuffer, IpcError, connect
+from cuda_ipc import HostArray, IpcError, connect
 from cuda_ipc.tensors.sharded import LayoutBuilder, ShardError, ShardGroup, encode_layout, plan_sharded
 from cuda_ipc.tensors.sharded.group_wire import (
     AT_DESTINATION, AT_HUB, AT_MEMBER, AT_SOURCE, Join, Plan, Ready, go_message, join_message, parse_message, plan_message, ready_message,
