@@ -3,8 +3,8 @@
 // b (5) and needs w's columns 3r..3r+2 and the whole b, so each sync moves runs both ways over IPC
 // (strided blocks included) and copies a rank's own runs locally. Values are a function of the
 // tensor, the element and the version (python/tests/sharded_group_fixture.py computes the same), and
-// both sides check theirs after every sync; then the member leaves and the hub's next sync fails
-// naming it (the 'lost' message each way). The Python rank is python/tests/sharded_member.py.
+// both sides check theirs after every sync; then the member is killed (and replaced: the hub plans
+// again) or leaves, and the hub's next sync fails naming it (the 'lost' message each way). The Python rank is python/tests/sharded_member.py.
 // Skips with the reason where there is no python3 (>= 3.10).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -158,27 +158,41 @@ async function syncTwice(group: ShardGroup, py: PythonRank, layout: RankLayout, 
   assert.equal(group.version, 2);
 }
 
-test('a Node hub and a Python member sync host tensors both ways, values exact', { skip, timeout: 120_000 }, async () => {
+test('a Node hub and a Python member sync host tensors both ways, values exact; the member killed, a replacement joins', { skip, timeout: 120_000 }, async () => {
   const name = uniqueName('node-hub');
   const layout = interopLayout(0);
   const t = tensors(layout);
   fill(layout, t.sources, 0);
   const py = new PythonRank({ join: name, layout: ['interop', 1] });
+  let replacement: PythonRank | undefined;
   let group: ShardGroup | undefined;
   try {
     group = await ShardGroup.host({ listen: name, size: 2, layout, sources: t.sources, destinations: t.destinations });
     assert.equal((await py.next()).ready, true);
     await syncTwice(group, py, layout, t);
-    // The Python member leaves: the Node hub's next sync fails naming it, the version unchanged.
-    await py.exit();
+    // The Python member is killed: the Node hub's next sync fails naming it, the version unchanged;
+    // a replacement Python rank 1 joins, the hub plans again (epoch 2) and the group syncs on.
+    py.child.kill('SIGKILL');
+    await once(py.child, 'exit');
     await assert.rejects(group.sync({ timeout: 30_000 }), (e: any) => {
       assert.equal(e.code, 'ERR_SHARD_PEER_LOST', e.message);
       assert.deepEqual(e.detail.ranks, [1]);
       return true;
     });
     assert.equal(group.version, 2, 'the version stays');
+    replacement = new PythonRank({ join: name, layout: ['interop', 1] });
+    const joined = await replacement.next();
+    assert.deepEqual([joined.ready, joined.epoch], [true, 2]);
+    fill(layout, t.sources, 20);
+    const mine = group.sync({ timeout: 30_000 });
+    replacement.send('sync 20');
+    const theirs = await replacement.next();
+    assert.deepEqual([theirs.error, theirs.problems, theirs.version, theirs.epoch], [undefined, [], 1, 2], theirs.message);
+    assert.equal((await mine).version, 3, 'versions continue from where each rank was');
+    check(layout, t.destinations, 20);
   } finally {
     await py.exit();
+    await replacement?.exit();
     await group?.close();
   }
 });
