@@ -131,8 +131,8 @@ def colocated(rank: int, shards: int, tp: int, r: int, node: str = "n0") -> Rank
 INTEROP = {"w": (8, 6), "b": (5,)}
 
 
-def interop(rank: int, gpu: int | None = None) -> RankLayout:
-    b = LayoutBuilder(rank=rank, node="n0", gpu=rank if gpu is None else gpu)
+def interop(rank: int, gpu: int | None = None, node: str = "n0") -> RankLayout:
+    b = LayoutBuilder(rank=rank, node=node, gpu=rank if gpu is None else gpu)
     for name, shape in INTEROP.items():
         b.hold(name, dtype=DT, shape=shape, mesh=[2], placements=[("shard", 0)], coordinate=[rank])
     b.need("w_cols", dtype=DT, shape=INTEROP["w"], start=(0, 3 * rank), length=(8, 3), tensor="w")

@@ -451,6 +451,41 @@ class DeviceTable(unittest.TestCase):
         self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
 
 
+class NcclRounds(unittest.TestCase):
+    def test_a_pairs_stream_is_cut_into_chunks_of_its_packed_runs_and_rounds_stage_what_is_not_one_range(self):
+        from cuda_ipc.tensors.sharded.host_copy import DeviceMemory
+        from cuda_ipc.tensors.sharded.nccl_runs import SLOT_ALIGN, pair_chunks, plan_rounds, staging_rows
+        runs = (PlanRun(0, 1, 0, 0, 100, 1, 0, 0), PlanRun(1, 0, 40, 8, 8, 4, 16, 8), PlanRun(0, 0, 100, 200, 30, 1, 0, 0))
+        pair = PlanPair(0, 1, "nccl", 162, runs)
+        mems = [DeviceMemory(0, 0x1000, 4096), DeviceMemory(0, 0x8000, 4096)]
+        for send in (True, False):
+            addresses = []  # every byte of the stream, in order: where it is in local memory
+            for r in runs:
+                base = mems[r.src_tensor if send else r.dst_tensor].pointer + (r.src_offset if send else r.dst_offset)
+                for i in range(r.count):
+                    start = base + i * (r.src_stride if send else r.dst_stride)
+                    addresses += range(start, start + r.bytes)
+            chunks = pair_chunks(pair, mems, send, 64)
+            self.assertEqual([c.bytes for c in chunks], [64, 64, 34])
+            got = [a for c in chunks for addr, n in c.segments for a in range(addr, addr + n)]
+            self.assertEqual(got, addresses)
+            for c in chunks:
+                flat = [a for addr, n in c.segments for a in range(addr, addr + n)]
+                self.assertEqual(c.direct, flat == list(range(flat[0], flat[0] + len(flat))), "direct: one range of memory")
+        sent = pair_chunks(pair, mems, True, 64)
+        self.assertEqual([c.direct for c in sent], [True, False, False])
+        other = pair_chunks(PlanPair(2, 0, "nccl", 8, (PlanRun(0, 0, 0, 0, 8, 1, 0, 0),)), mems, False, 64)
+        rounds, slot = plan_rounds([sent, other], 0x100000)
+        self.assertEqual([[(e.stream, e.slot_offset) for e in r] for r in rounds], [[(0, -1), (1, -1)], [(0, 0)], [(0, 0)]])
+        self.assertEqual(slot, SLOT_ALIGN, "staging: one round's staged chunks, each aligned")
+        self.assertEqual(rounds[0][0].address, 0x1000)
+        dsts, srcs, sizes = staging_rows(rounds[1][0], True)
+        self.assertEqual(dsts[0], 0x100000)
+        self.assertEqual(sum(sizes), 64)
+        self.assertEqual([d - 0x100000 for d in dsts], [sum(sizes[:i]) for i in range(len(sizes))], "gathered back to back")
+        self.assertEqual([s for s, _ in sent[1].segments], srcs)
+
+
 def member_bytes(layouts: list[Any], rank: int) -> int:
     return sum(p.bytes for p in plan_sharded(layouts).pairs if p.dst == rank)
 

@@ -2,7 +2,10 @@
 // torch CUDA tensors), each holding Shard(0) of w and b and needing w's columns 3r..3r+2 and the
 // whole b, on GPUs 0 and 1 (both on GPU 0 where there is one): each destination maps the other's
 // tensor set (peer access between the GPUs) and copies its 'local' and 'ipc' runs in one copy_runs
-// launch; values checked after every sync. Skips without a GPU or PyTorch.
+// launch; values checked after every sync. Then the same two ranks on different node ids (GPUs 0
+// and 1): their runs to each other go over NCCL (one communicator for the epoch, rounds of chunks,
+// staged where a chunk is not one range of memory). Skips without a GPU or PyTorch (the NCCL test:
+// without two GPUs).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -65,14 +68,13 @@ class PythonRank {
   }
 }
 
-test('two Python ranks sync torch CUDA tensors over IPC, one copy_runs launch each, values exact', { skip, timeout: 240_000 }, async () => {
-  const gpus = driver.deviceGetCount() >= 2 ? [0, 1] : [0, 0];
+async function syncPair(nodes: [string, string], gpus: number[], path: 'ipc' | 'nccl'): Promise<void> {
   const name = `shard-py-gpu-${process.pid}-${Date.now().toString(36)}`;
-  const hub = new PythonRank({ host: name, size: 2, layout: ['interop', 0, gpus[0]], device: true });
+  const hub = new PythonRank({ host: name, size: 2, layout: ['interop', 0, gpus[0], nodes[0]], device: true });
   let member: PythonRank | undefined;
   try {
     assert.equal((await hub.next()).listening, true);
-    member = new PythonRank({ join: name, layout: ['interop', 1, gpus[1]], device: true });
+    member = new PythonRank({ join: name, layout: ['interop', 1, gpus[1], nodes[1]], device: true });
     assert.equal((await hub.next()).ready, true);
     assert.equal((await member.next()).ready, true);
     for (const version of [1, 2, 3]) {
@@ -83,11 +85,21 @@ test('two Python ranks sync torch CUDA tensors over IPC, one copy_runs launch ea
         assert.equal(r.error, undefined, `the ${who}'s sync failed: ${r.message}`);
         assert.deepEqual(r.problems, [], `the ${who}'s destinations at version ${version}`);
         assert.equal(r.version, version);
-        assert.ok(r.paths.local > 0 && r.paths.ipc > 0, `the ${who} copied its own runs and the other's`);
+        assert.ok(r.paths.local > 0 && r.paths[path] > 0, `the ${who} copied its own runs and received the other's over ${path}`);
       }
     }
   } finally {
     await member?.exit();
     await hub.exit();
   }
+}
+
+test('two Python ranks sync torch CUDA tensors over IPC, one copy_runs launch each, values exact', { skip, timeout: 240_000 }, async () => {
+  await syncPair(['n0', 'n0'], driver.deviceGetCount() >= 2 ? [0, 1] : [0, 0], 'ipc');
+});
+
+const twoGpus = skip ?? (driver.deviceGetCount() < 2 ? 'NCCL between two ranks needs two GPUs' : undefined);
+
+test('two Python ranks on different nodes sync torch CUDA tensors over NCCL, values exact', { skip: twoGpus, timeout: 240_000 }, async () => {
+  await syncPair(['a', 'b'], [0, 1], 'nccl');
 });

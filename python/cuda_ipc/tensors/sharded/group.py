@@ -11,9 +11,9 @@ rank that holds it to the rank that needs it.
 A rank's tensors are HostArrays (host memory: the CPU tests run whole groups this way) or CUDA
 tensors on its layout's GPU. Same-node runs ('local', 'ipc') are copied by the destination from
 the source's memory as mapped here (its tensor set, received on the source's serve link), in one
-batch per sync once every source said ``go``; the destination answers ``done``. The NCCL path
-(ranks on different nodes) is not in the Python group yet: a rank that has an 'nccl' pair leaves
-the group saying so (ERR_UNSUPPORTED).
+batch per sync once every source said ``go``; the destination answers ``done``. Runs between
+nodes (device memory) go over the epoch's NCCL communicator in rounds of chunks (nccl_runs.py); a
+host rank with such a pair leaves the group saying so (ERR_UNSUPPORTED).
 
 State changes run on one control thread per rank, fed by a queue from the link readers; sync() runs
 on the caller's thread and waits on the rank's condition."""
@@ -81,6 +81,8 @@ class ShardGroup(RankControl):
         self._served: list[Served] = []
         self._sync: _Sync | None = None
         self._copy_running = False
+        self._nccl_stop = threading.Event()
+        self._nccl_peers: list[int] = []
         self._lost_sources: list[SourceLink] = []
         self._copier: HostRunCopier | DeviceRunCopier | None = None
         self._hub: ShardHub | None = None
@@ -205,13 +207,14 @@ class ShardGroup(RankControl):
                 x.gos += 1
             copier = self._copier
         try:
-            if s.serves and self._kind == "device":
+            if (s.serves or self._mover is not None) and self._kind == "device":
                 synchronize_sources(self._layout.gpu)
             for x in s.served:
                 try:
                     x.link.send(go_message(s.epoch, s.version), timeout=10.0)
                 except IpcError:
                     pass  # its reader sees the link close
+            staging = self._move_nccl(s, deadline, timeout)
             with self._cond:
                 while s.need_go and s.error is None:
                     if not self._wait(deadline):
@@ -251,7 +254,40 @@ class ShardGroup(RankControl):
                     self._sync = None
             raise
         sent, received, paths = _bytes(plan, self.rank)
-        return SyncResult(s.version, sent, received, paths, 0, {"wait": t1 - t0, "copy": t2 - t1, "done": t3 - t2})
+        return SyncResult(s.version, sent, received, paths, staging, {"wait": t1 - t0, "copy": t2 - t1, "done": t3 - t2})
+
+    def _move_nccl(self, s: _Sync, deadline: float | None, timeout: float | None) -> int:
+        """This rank's NCCL rounds of the sync (before its own copy: its destinations elsewhere wait on
+        them); the staging bytes used. A failure fails the group (the communicator aborted)."""
+        with self._cond:
+            if self._mover is None:
+                return 0
+            if s.error is not None:
+                raise s.error
+            mover, comm, stop = self._mover, self._comm, self._nccl_stop
+            self._nccl_running = True
+        try:
+            staging: int = mover.move(comm, stop, deadline)
+        except Exception as e:
+            with self._cond:
+                if s.error is None:
+                    peers = list(self._nccl_peers)
+                    if getattr(e, "code", None) == "ERR_TIMEOUT":
+                        self._fail(ShardError("ERR_TIMEOUT", f"sync: rank {self.rank}'s NCCL rounds did not end within {timeout} s (peers "
+                                              f"{', '.join(map(str, peers))}); the group needs a new plan", {"waiting_for": peers, "ranks": peers}))
+                    else:
+                        self._fail(ShardError("ERR_SHARD_PEER_LOST", f"sync: rank {self.rank}'s NCCL rounds failed: {e}", {"ranks": peers}))
+                self._nccl_running = False
+                if self._mover is not mover:
+                    mover.close()  # the epoch ended meanwhile
+                error = s.error
+            assert error is not None
+            raise error from e
+        with self._cond:
+            self._nccl_running = False
+            if self._mover is not mover:
+                mover.close()
+        return staging
 
     def relayout(self, layout: RankLayout, sources: Sequence[Any] = (), destinations: Sequence[Any] = (),
                  timeout: float | None = DEFAULT_READY_TIMEOUT) -> None:

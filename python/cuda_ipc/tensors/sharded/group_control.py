@@ -72,6 +72,12 @@ class RankControl:
     _hub_link: Link | None
     _hub: "ShardHub | None"
     _hub_lost = False
+    _chunk_bytes = 64 << 20
+    _comm: Any = None
+    _mover: Any = None
+    _nccl_running = False
+    _nccl_peers: list[int] = []
+    _nccl_stop = threading.Event()
     _hub_rank: int | None = None
 
     def _waiting_for(self, s: _Sync) -> list[int]:
@@ -80,9 +86,10 @@ class RankControl:
     def _half_written(self, s: _Sync) -> list[str]:
         """This rank's destination tensors that the pending sync's copy is writing now (a failure after
         the copy finished leaves them whole, at the new values, and the version unchanged)."""
-        if not self._copy_running or self._sync is not s or self._plan is None:
+        if not (self._copy_running or self._nccl_running) or self._sync is not s or self._plan is None:
             return []
-        touched = {r.dst_tensor for p in self._plan.pairs if p.dst == self.rank and p.path in ("local", "ipc") for r in p.runs}
+        paths = ("nccl",) if self._nccl_running else ("local", "ipc")
+        touched = {r.dst_tensor for p in self._plan.pairs if p.dst == self.rank and p.path in paths for r in p.runs}
         return [self._layout.destinations[i].name for i in sorted(touched)]
 
     def _fail(self, error: ShardError) -> None:
@@ -93,6 +100,8 @@ class RankControl:
         if self._failure is None:
             self._failure = error
         self._status = "failed"
+        if self._comm is not None:
+            self._end_nccl()  # the epoch's communicator is aborted: a move in flight ends
         s = self._sync
         if s is not None and s.error is None:
             s.error = error.again(version=self._version, half_written=self._half_written(s))
@@ -139,6 +148,8 @@ class RankControl:
                                       f"(epoch {self._epoch}): {value}", {"ranks": [subject.rank]}))
         elif kind == "source":
             self._on_source(subject, value)
+        elif kind == "nccl-ready":
+            self._on_nccl(subject, value)
         elif kind == "source-closed":
             if subject.closed or subject.epoch != self._epoch or self._sources_in.get(subject.rank) is not subject:
                 return  # a link of an epoch that ended, closed by this side
@@ -160,8 +171,15 @@ class RankControl:
             self._on_plan(msg)
         elif isinstance(msg, Ready):
             if msg.epoch == self._epoch and self._status == "planning" and self._planned_epoch == msg.epoch:
-                self._status = "ready"
-                self._cond.notify_all()
+                mine = self._plan is not None and any(p.path == "nccl" for p in self._plan.pairs)
+                if mine != (msg.nccl is not None and self.rank in msg.nccl.ranks):
+                    raise ShardError("ERR_SHARD_PROTOCOL", f"the hub's ready of epoch {msg.epoch} {'leaves out' if mine else 'names'} "
+                                     f"rank {self.rank} in the NCCL communicator, which it {'needs' if mine else 'does not need'}", {"ranks": []})
+                if msg.nccl is None or not mine:
+                    self._status = "ready"
+                    self._cond.notify_all()
+                else:
+                    start_nccl(self._epoch, msg.nccl.id, list(msg.nccl.ranks), self.rank, self._layout.gpu, self._post)
         elif isinstance(msg, Lost):
             if msg.epoch >= self._epoch:
                 source = self._sources_in.pop(msg.rank, None)
@@ -208,11 +226,12 @@ class RankControl:
         self._layouts = layouts
         plan = plan_sharded(layouts, rank=self.rank)
         self._plan = plan
+        self._chunk_bytes = msg.chunk_bytes
         nccl = [p for p in plan.pairs if p.path == "nccl"]
-        if nccl:
+        if nccl and self._kind == "host":
             p = nccl[0]
-            self._fail(ShardError("ERR_UNSUPPORTED", f"rank {p.src} -> rank {p.dst} crosses nodes ('nccl' path); the Python group moves "
-                                  "runs within a node only (host memory never crosses nodes); give ranks of one machine one node id", {"ranks": []}))
+            self._fail(ShardError("ERR_UNSUPPORTED", f"rank {p.src} -> rank {p.dst} crosses nodes ('nccl' path) and rank {self.rank}'s "
+                                  "memory is host memory, which moves within a node only; give ranks of one machine one node id", {"ranks": []}))
             if self._hub_link is not None:
                 self._hub_link.close()  # the others see this rank lost instead of waiting for it
             elif self._hub is not None:
@@ -331,7 +350,43 @@ class RankControl:
         copier.compile(pairs, self._dst_mem)
         self._copier = copier
         self._planned_epoch = self._epoch
-        self._to_hub(planned_message(self._epoch, plan.fingerprint, False))
+        self._to_hub(planned_message(self._epoch, plan.fingerprint, any(p.path == "nccl" for p in plan.pairs)))
+
+    def _on_nccl(self, epoch: int, made: Any) -> None:
+        """The epoch's communicator made (or its error): the mover, then ready."""
+        comm, ranks = made if isinstance(made, tuple) else (None, [])
+        if epoch != self._epoch or self._status != "planning" or comm is None:
+            if comm is not None:
+                comm.abort()
+            if epoch == self._epoch and comm is None:
+                self._fail(ShardError("ERR_SHARD_PEER_LOST", f"rank {self.rank} could not join the epoch's NCCL communicator: {made}", {"ranks": []}))
+            return
+        plan = self._plan
+        assert plan is not None
+        from .host_copy import DeviceMemory
+        from .nccl_runs import NcclRunMover
+        sends = [p for p in plan.pairs if p.path == "nccl" and p.src == self.rank]
+        recvs = [p for p in plan.pairs if p.path == "nccl" and p.dst == self.rank]
+        try:
+            self._mover = NcclRunMover(self._layout.gpu, sends, recvs, [m for m in self._src_mem if isinstance(m, DeviceMemory)],
+                                       [m for m in self._dst_mem if isinstance(m, DeviceMemory)], self._chunk_bytes, ranks.index)
+        except BaseException:
+            comm.abort()
+            raise
+        self._comm = comm
+        self._nccl_peers = sorted({p.dst for p in sends} | {p.src for p in recvs})
+        self._status = "ready"
+        self._cond.notify_all()
+
+    def _end_nccl(self) -> None:
+        """Aborts the epoch's communicator (local: never waits for a peer) and lets the mover go."""
+        self._nccl_stop.set()
+        comm, self._comm = self._comm, None
+        if comm is not None:
+            comm.abort()
+        if self._mover is not None and not self._nccl_running:
+            self._mover.close()
+            self._mover = None
 
     def _release_lost(self) -> None:
         """Drops the mappings of lost sources (and the table that reads them) once no copy reads them."""
@@ -345,6 +400,8 @@ class RankControl:
         self._lost_sources = []
 
     def _end_epoch(self) -> None:
+        self._end_nccl()
+        self._nccl_stop = threading.Event()
         if self._copier is not None:
             self._copier.close()  # its slices of the sources' memory first
             self._copier = None
@@ -364,6 +421,20 @@ class RankControl:
             except queue.Empty:
                 return
             close_values(value)
+
+
+def start_nccl(epoch: int, uid: bytes, ranks: list[int], rank: int, gpu: int, post: Callable[[str, Any, Any], None]) -> None:
+    """Makes this rank's communicator of the epoch on a thread of its own (it returns once every rank
+    joined), then posts ('nccl-ready', epoch, (comm, ranks)) or the error."""
+    def run() -> None:
+        try:
+            from ...nccl import NcclCommunicator
+            comm = NcclCommunicator.init(uid, len(ranks), ranks.index(rank), device=gpu, timeout=120.0)
+        except Exception as e:  # noqa: BLE001 - the rank fails with it
+            post("nccl-ready", epoch, e)
+            return
+        post("nccl-ready", epoch, (comm, ranks))
+    threading.Thread(target=run, name="shard-nccl-init", daemon=True).start()
 
 
 def _share(layout: RankLayout, sources: Sequence[Any]) -> Any:
