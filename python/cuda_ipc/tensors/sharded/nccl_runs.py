@@ -176,6 +176,8 @@ class NcclRunMover:
                     comm.abort()
                     raise drv.driver().error(r, "cuStreamQuery")
                 error = comm.poll_async_error()
+                if error in ("ncclSuccess", "ncclInProgress"):
+                    error = None  # healthy (None: another thread is in a call, which reports errors itself)
                 if error is not None or stop.is_set() or (deadline is not None and time.monotonic() > deadline):
                     comm.abort()
                     if error is not None:
