@@ -500,3 +500,74 @@ def expect_error(case: unittest.TestCase, f: Future[Any], code: str) -> ShardErr
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FakeDevices(unittest.TestCase):
+    """Device memory through the fake driver (host memory standing in for the GPU; copy_runs run on the
+    CPU) and the fake libnccl (bytes moved between the communicators of this process): the device
+    copier and the NCCL rounds run whole on the CPU, two ranks on two nodes."""
+
+    def setUp(self) -> None:
+        from . import fake_cuda
+        from .nccl_fixture import fake_nccl
+        from cuda_ipc.nccl import NCCL_LIBRARY_ENV
+        from cuda_ipc.nccl import library as library_mod
+        path, why = fake_nccl()
+        if why:
+            self.skipTest(why)
+        self.saved_env = dict(os.environ)
+        for k in list(os.environ):
+            if k.startswith("FAKE_NCCL_"):
+                del os.environ[k]
+        os.environ[NCCL_LIBRARY_ENV] = str(path)
+        os.environ["FAKE_NCCL_MOVE"] = "1"
+        os.environ["FAKE_NCCL_MOVE_TIMEOUT_MS"] = "10000"
+        library_mod._forget_discoveries()
+        self.library_mod = library_mod
+        self.fake_cuda = fake_cuda
+        self.fake = fake_cuda.install()
+
+    def tearDown(self) -> None:
+        self.fake_cuda.uninstall(self.fake)
+        os.environ.clear()
+        os.environ.update(self.saved_env)
+        self.library_mod._forget_discoveries()
+
+    def test_two_nodes_of_device_memory_sync_over_nccl_rounds_and_local_copies_values_exact(self):
+        import ctypes
+        from .sharded_group_fixture import interop
+        layouts = [interop(0, 0, "a"), interop(1, 0, "b")]
+        host = [allocate(x) for x in layouts]
+
+        def device(a: HostArray) -> Any:
+            ptr = self.fake.alloc(a.nbytes)
+            return self.fake_cuda.FakeArray(ptr, a.shape, "<i4")
+        dev = [([device(a) for a in s], [device(a) for a in d]) for s, d in host]
+        address = unique("nccl")
+        pool = ThreadPoolExecutor(max_workers=4)
+        try:
+            hub = ShardGroup.host(listen=address, size=2, layout=layouts[0], sources=dev[0][0], destinations=dev[0][1], chunk_bytes=64, timeout=0)
+            member = pool.submit(ShardGroup.join, connect=address, layout=layouts[1], sources=dev[1][0], destinations=dev[1][1], timeout=30)
+            hub.wait_ready(30)
+            groups = [hub, member.result(timeout=30)]
+            for v in (1, 2):
+                for x, (s, _), (ds, _) in zip(layouts, host, dev):
+                    fill_sources(x, s, v)
+                    for h, d in zip(s, ds):
+                        ctypes.memmove(d.ptr, bytes(h.memory), h.nbytes)
+                results = [f.result(timeout=30) for f in [pool.submit(g.sync, 30) for g in groups]]
+                for x, (_, d), (_, dd) in zip(layouts, host, dev):
+                    for h, a in zip(d, dd):
+                        h.memory[:] = ctypes.string_at(a.ptr, h.nbytes)
+                    self.assertEqual(check_destinations(x, d, v), [], f"sync {v}")
+            for r in results:
+                self.assertGreater(r.paths["nccl"], 0)
+                self.assertGreater(r.paths["local"], 0)
+                self.assertEqual(r.paths["ipc"], 0)
+                self.assertGreater(r.staging, 0, "a strided chunk went through the staging slot")
+                self.assertLessEqual(r.staging, 2 * 256, "one round's staged chunks: a send and a receive, 64 bytes each, aligned")
+            self.assertEqual([g.version for g in groups], [2, 2])
+        finally:
+            for g in reversed(locals().get("groups", [])):
+                g.close()
+            pool.shutdown(wait=True)

@@ -123,7 +123,8 @@ class RankControl:
                     self._on_event(kind, subject, value)
             except Exception as e:  # noqa: BLE001 - the rank fails; it must not stop reading its links
                 with self._cond:
-                    self._fail(e if isinstance(e, ShardError) else ShardError(getattr(e, "code", "ERR_SHARD_PROTOCOL"), str(e), {"ranks": []}))
+                    self._fail(e if isinstance(e, ShardError) else
+                               ShardError(getattr(e, "code", "ERR_SHARD_PROTOCOL"), f"rank {self.rank} failed: {type(e).__name__}: {e}", {"ranks": []}))
 
     def _on_event(self, kind: str, subject: Any, value: Any) -> None:
         if self._status == "closed":
@@ -343,7 +344,7 @@ class RankControl:
         assert plan is not None
         pairs = []
         for p in plan.pairs:
-            if p.dst != self.rank:
+            if p.dst != self.rank or p.path == "nccl":
                 continue
             pairs.append(CopyPair(p, self._src_mem if p.path == "local" else self._sources_in[p.src].memories))
         copier: HostRunCopier | DeviceRunCopier = HostRunCopier() if self._kind == "host" else DeviceRunCopier(self._layout.gpu)

@@ -169,7 +169,7 @@ class NcclRunMover:
             query = drv.driver()._raw("cuStreamQuery")
             pause = 0.0005
             while True:
-                r = query(ctypes.c_void_p(self._stream))
+                r = query(self._stream)
                 if r == 0:
                     return self.staging
                 if r != drv.CUDA_ERROR_NOT_READY:
