@@ -534,22 +534,42 @@ class FakeDevices(unittest.TestCase):
         self.library_mod._forget_discoveries()
 
     def test_two_nodes_of_device_memory_sync_over_nccl_rounds_and_local_copies_values_exact(self):
+        results = self.sync_pair(("a", "b"))
+        for r in results:
+            self.assertGreater(r.paths["nccl"], 0)
+            self.assertGreater(r.paths["local"], 0)
+            self.assertEqual(r.paths["ipc"], 0)
+            self.assertGreater(r.staging, 0, "a strided chunk went through the staging slot")
+            self.assertLessEqual(r.staging, 2 * 256, "one round's staged chunks: a send and a receive, 64 bytes each, aligned")
+
+    def test_one_node_of_device_memory_maps_the_other_ranks_sources_and_copies_in_one_launch(self):
+        launches = len(self.fake.launches)
+        results = self.sync_pair(("n0", "n0"))
+        for r in results:
+            self.assertGreater(r.paths["ipc"], 0)
+            self.assertGreater(r.paths["local"], 0)
+            self.assertEqual((r.paths["nccl"], r.staging), (0, 0))
+        self.assertEqual(len(self.fake.launches) - launches, 4, "one copy_runs launch per rank and sync")
+
+    def sync_pair(self, nodes: tuple[str, str]) -> list[Any]:
         import ctypes
         from .sharded_group_fixture import interop
-        layouts = [interop(0, 0, "a"), interop(1, 0, "b")]
+        layouts = [interop(0, 0, nodes[0]), interop(1, 0, nodes[1])]
         host = [allocate(x) for x in layouts]
 
         def device(a: HostArray) -> Any:
             ptr = self.fake.alloc(a.nbytes)
             return self.fake_cuda.FakeArray(ptr, a.shape, "<i4")
         dev = [([device(a) for a in s], [device(a) for a in d]) for s, d in host]
-        address = unique("nccl")
+        address = unique("fake-device")
         pool = ThreadPoolExecutor(max_workers=4)
+        groups: list[ShardGroup] = []
         try:
             hub = ShardGroup.host(listen=address, size=2, layout=layouts[0], sources=dev[0][0], destinations=dev[0][1], chunk_bytes=64, timeout=0)
+            groups.append(hub)
             member = pool.submit(ShardGroup.join, connect=address, layout=layouts[1], sources=dev[1][0], destinations=dev[1][1], timeout=30)
             hub.wait_ready(30)
-            groups = [hub, member.result(timeout=30)]
+            groups.append(member.result(timeout=30))
             for v in (1, 2):
                 for x, (s, _), (ds, _) in zip(layouts, host, dev):
                     fill_sources(x, s, v)
@@ -560,14 +580,9 @@ class FakeDevices(unittest.TestCase):
                     for h, a in zip(d, dd):
                         h.memory[:] = ctypes.string_at(a.ptr, h.nbytes)
                     self.assertEqual(check_destinations(x, d, v), [], f"sync {v}")
-            for r in results:
-                self.assertGreater(r.paths["nccl"], 0)
-                self.assertGreater(r.paths["local"], 0)
-                self.assertEqual(r.paths["ipc"], 0)
-                self.assertGreater(r.staging, 0, "a strided chunk went through the staging slot")
-                self.assertLessEqual(r.staging, 2 * 256, "one round's staged chunks: a send and a receive, 64 bytes each, aligned")
             self.assertEqual([g.version for g in groups], [2, 2])
+            return results
         finally:
-            for g in reversed(locals().get("groups", [])):
+            for g in reversed(groups):
                 g.close()
             pool.shutdown(wait=True)
