@@ -81,6 +81,7 @@ class ShardGroup(RankControl):
         self._served: list[Served] = []
         self._sync: _Sync | None = None
         self._copy_running = False
+        self._retired: list[Any] = []
         self._nccl_stop = threading.Event()
         self._nccl_peers: list[int] = []
         self._lost_sources: list[SourceLink] = []
@@ -205,7 +206,6 @@ class ShardGroup(RankControl):
             s.served = [x for x in self._served if x.attached and not x.closed and x.epoch == s.epoch]
             for x in s.served:
                 x.gos += 1
-            copier = self._copier
         try:
             if (s.serves or self._mover is not None) and self._kind == "device":
                 synchronize_sources(self._layout.gpu)
@@ -221,11 +221,13 @@ class ShardGroup(RankControl):
                         raise self._timeout(s, timeout)
                 if s.error is not None:
                     raise s.error
+                copier = self._copier
+                if copier is None:
+                    raise ShardError("ERR_SHARD_PLAN", f"sync: rank {self.rank}'s epoch {s.epoch} ended before its copy", {"ranks": []})
                 s.copying = True
                 self._copy_running = True
                 links = [(r, self._sources_in[r]) for r in sorted(s.gos)]
             t1 = time.monotonic()
-            assert copier is not None
             try:
                 copier.copy()
             finally:

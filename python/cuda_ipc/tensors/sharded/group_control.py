@@ -66,6 +66,7 @@ class RankControl:
     _served: list[Served]
     _sync: _Sync | None
     _copy_running: bool
+    _retired: list[Any]
     _lost_sources: list[SourceLink]
     _copier: HostRunCopier | DeviceRunCopier | None
     _to_hub: Callable[[dict[str, Any]], None]
@@ -187,6 +188,7 @@ class RankControl:
                 self._fail(ShardError("ERR_SHARD_PEER_LOST", f"rank {msg.rank} left the group: {msg.reason}", {"ranks": [msg.rank]}))
                 if source is not None:
                     source.closed = True
+                    self._retire_copier()
                     self._lost_sources.append(source)
                     self._release_lost()
         elif isinstance(msg, Failed):
@@ -253,6 +255,7 @@ class RankControl:
                 self._sources_in[p.src] = source
                 open_source(source, address, self.rank, self._post, 30.0)
         self._maybe_planned()
+        self._cond.notify_all()
 
     def _attach(self, served: Served) -> None:
         """Sends a destination that said hello for this epoch the tensor set (once per rank and epoch)."""
@@ -390,22 +393,26 @@ class RankControl:
             self._mover = None
 
     def _release_lost(self) -> None:
-        """Drops the mappings of lost sources (and the table that reads them) once no copy reads them."""
-        if self._copy_running or not self._lost_sources:
+        """Closes retired copiers and drops the mappings of lost sources, once no copy reads them."""
+        if self._copy_running:
             return
-        if self._copier is not None:
-            self._copier.close()
-            self._copier = None
-        for source in self._lost_sources:
+        retired, self._retired = self._retired, []
+        for c in retired:
+            c.close()
+        lost, self._lost_sources = self._lost_sources, []
+        for source in lost:
             source.close()
-        self._lost_sources = []
+
+    def _retire_copier(self) -> None:
+        """The copier's table reads mappings about to go: closed once no copy runs (a new one comes with the next plan)."""
+        if self._copier is not None:
+            self._retired.append(self._copier)
+            self._copier = None
 
     def _end_epoch(self) -> None:
         self._end_nccl()
         self._nccl_stop = threading.Event()
-        if self._copier is not None:
-            self._copier.close()  # its slices of the sources' memory first
-            self._copier = None
+        self._retire_copier()
         self._lost_sources.extend(self._sources_in.values())
         self._sources_in = {}
         self._release_lost()
