@@ -48,6 +48,7 @@ from .native import NativeHelper, native_helper
 from .tensors.torch_pool import ipc_mem_pool
 # [tensors] sharded weights, the planning half (issue 37): layouts, their record, the plan
 from .tensors.sharded import LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, plan_sharded, tensor_parallel_parameter
+from .tensors.sharded import ShardGroup, ShardError  # the sync group (issue 37)
 from typing import Any
 from ._renamed import renamed_attribute
 
@@ -64,6 +65,7 @@ __all__ = [
     "NativeHelper", "native_helper", "ipc_mem_pool", "TcpListener", "RemoteAddress", "RemoteTensorSet", "Fanout",
     "ReceivedMemory", "received_memory", "set_max_received_bytes",
     "LayoutBuilder", "LayoutError", "decode_layout", "encode_layout", "layout_fingerprint", "plan_sharded", "tensor_parallel_parameter",
+    "ShardGroup", "ShardError",
 ]
 __version__ = "0.1.0"
 

@@ -1,0 +1,105 @@
+// The Python sync group on device memory: two Python ranks (python/tests/sharded_member.py with
+// torch CUDA tensors), each holding Shard(0) of w and b and needing w's columns 3r..3r+2 and the
+// whole b, on GPUs 0 and 1 (both on GPU 0 where there is one): each destination maps the other's
+// tensor set (peer access between the GPUs) and copies its 'local' and 'ipc' runs in one copy_runs
+// launch; values checked after every sync. Then the same two ranks on different node ids (GPUs 0
+// and 1): their runs to each other go over NCCL (one communicator for the epoch, rounds of chunks,
+// staged where a chunk is not one range of memory). Skips without a GPU or PyTorch (the NCCL test:
+// without two GPUs).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { once } from 'node:events';
+import { join } from 'node:path';
+import { driver } from '../../src/cuda/driver.js';
+import { noGpu } from '../helpers/gpu.js';
+import { PYTHON, PYTHON_PACKAGE_DIR, pythonLacks } from '../helpers/python.js';
+
+const MEMBER = join(PYTHON_PACKAGE_DIR, 'tests', 'sharded_member.py');
+const skip = noGpu ?? pythonLacks('torch');
+
+/** A Python rank: JSON lines out, commands in. */
+class PythonRank {
+  readonly child: ChildProcess;
+  readonly #lines: string[] = [];
+  readonly #waiters: Array<(line: string | undefined) => void> = [];
+  #ended = false;
+  #stderr = '';
+
+  constructor(spec: unknown) {
+    this.child = spawn(PYTHON, [MEMBER, JSON.stringify(spec)], { env: { ...process.env, PYTHONPATH: PYTHON_PACKAGE_DIR }, stdio: ['pipe', 'pipe', 'pipe'] });
+    let buffered = '';
+    this.child.stdout!.setEncoding('utf8').on('data', (chunk: string) => {
+      buffered += chunk;
+      let nl: number;
+      while ((nl = buffered.indexOf('\n')) >= 0) {
+        const line = buffered.slice(0, nl);
+        buffered = buffered.slice(nl + 1);
+        const w = this.#waiters.shift();
+        if (w) w(line); else this.#lines.push(line);
+      }
+    });
+    this.child.stderr!.setEncoding('utf8').on('data', (chunk: string) => { this.#stderr += chunk; });
+    this.child.on('exit', () => {
+      this.#ended = true;
+      for (const w of this.#waiters.splice(0)) w(undefined);
+    });
+  }
+
+  async next(ms = 120_000): Promise<any> {
+    const line = this.#lines.shift() ?? (this.#ended ? undefined : await new Promise<string | undefined>((resolve, reject) => {
+      const timer = setTimeout(() => reject(new Error(`the Python rank said nothing within ${ms} ms; its stderr:\n${this.#stderr}`)), ms);
+      this.#waiters.push((l) => { clearTimeout(timer); resolve(l); });
+    }));
+    if (line === undefined) throw new Error(`the Python rank exited; its stderr:\n${this.#stderr}`);
+    return JSON.parse(line);
+  }
+
+  send(command: string): void {
+    this.child.stdin!.write(`${command}\n`);
+  }
+
+  async exit(): Promise<void> {
+    if (this.child.exitCode === null && this.child.signalCode === null) {
+      const exited = once(this.child, 'exit');
+      this.child.stdin!.end('exit\n');
+      await exited;
+    }
+  }
+}
+
+async function syncPair(nodes: [string, string], gpus: number[], path: 'ipc' | 'nccl'): Promise<void> {
+  const name = `shard-py-gpu-${process.pid}-${Date.now().toString(36)}`;
+  const hub = new PythonRank({ host: name, size: 2, layout: ['interop', 0, gpus[0], nodes[0]], device: true });
+  let member: PythonRank | undefined;
+  try {
+    assert.equal((await hub.next()).listening, true);
+    member = new PythonRank({ join: name, layout: ['interop', 1, gpus[1], nodes[1]], device: true });
+    assert.equal((await hub.next()).ready, true);
+    assert.equal((await member.next()).ready, true);
+    for (const version of [1, 2, 3]) {
+      hub.send(`sync ${version}`);
+      member.send(`sync ${version}`);
+      for (const [who, rank] of [['hub', hub], ['member', member]] as const) {
+        const r = await rank.next();
+        assert.equal(r.error, undefined, `the ${who}'s sync failed: ${r.message}`);
+        assert.deepEqual(r.problems, [], `the ${who}'s destinations at version ${version}`);
+        assert.equal(r.version, version);
+        assert.ok(r.paths.local > 0 && r.paths[path] > 0, `the ${who} copied its own runs and received the other's over ${path}`);
+      }
+    }
+  } finally {
+    await member?.exit();
+    await hub.exit();
+  }
+}
+
+test('two Python ranks sync torch CUDA tensors over IPC, one copy_runs launch each, values exact', { skip, timeout: 240_000 }, async () => {
+  await syncPair(['n0', 'n0'], driver.deviceGetCount() >= 2 ? [0, 1] : [0, 0], 'ipc');
+});
+
+const twoGpus = skip ?? (driver.deviceGetCount() < 2 ? 'NCCL between two ranks needs two GPUs' : undefined);
+
+test('two Python ranks on different nodes sync torch CUDA tensors over NCCL, values exact', { skip: twoGpus, timeout: 240_000 }, async () => {
+  await syncPair(['a', 'b'], [0, 1], 'nccl');
+});
