@@ -18,10 +18,21 @@ export const GLOBALS: Record<string, number[]> = { q: [Q, H], k: [KV, H], v: [KV
  * `tp` engine ranks; all on node 'n' (host memory: the 'ipc' path). `colocated`: engine i is also
  * trainer i (its own rank holds its shard: a 'local' pair beside the 'ipc' ones).
  */
-export function scenarioLayout(rank: number, opts: { sources: number; tp: number; colocated?: boolean; vocab?: number }): RankLayout {
+export interface Scenario {
+  sources: number;
+  tp: number;
+  colocated?: boolean;
+  vocab?: number;
+  /** GPUs the ranks spread over (rank r on GPU r % gpus); default: GPU r (host memory ignores it). */
+  gpus?: number;
+  /** Each rank its own node id (`n<rank>`): pairs between ranks go over NCCL. */
+  nodePerRank?: boolean;
+}
+
+export function scenarioLayout(rank: number, opts: Scenario): RankLayout {
   const dtype = 'bfloat16' as const;
   const globals: Record<string, number[]> = { ...GLOBALS, embed: [opts.vocab ?? V, H] };
-  const b = new LayoutBuilder({ rank, node: 'n', gpu: rank });
+  const b = new LayoutBuilder({ rank, node: opts.nodePerRank ? `n${rank}` : 'n', gpu: opts.gpus ? rank % opts.gpus : rank });
   const trainer = rank < opts.sources;
   const engine = opts.colocated ? rank < opts.tp : rank >= opts.sources && rank < opts.sources + opts.tp;
   if (trainer) for (const [name, shape] of Object.entries(globals)) b.hold(`${name}.shard`, { dtype, shape, tensor: name, mesh: [opts.sources], placements: [{ shard: 0 }], coordinate: [rank] });

@@ -1,0 +1,174 @@
+// Sharded sync groups on GPUs (issue 37): whole groups of processes on device memory, through the
+// group's real data paths. CUDA IPC: this process is the hub and rank 0 (an FSDP source on GPU 0),
+// ranks 1..3 are children (test/fixtures/shard-member.ts, memory 'device'; spread over two GPUs
+// where there are two: peer access), FSDP Shard(0) -> tensor parallel 2 with a fused qkv, a
+// row-parallel o_proj (strided runs) and a padded vocabulary, values compared with whole tensors
+// sliced, repeated syncs, a source killed mid-sync (ERR_SHARD_PEER_LOST, the version kept) and
+// its replacement. NCCL (two GPUs): two colocated ranks on two node ids (each holds an FSDP shard
+// and needs a TP slice: a 'local' pair and an 'nccl' pair each), on NCCL's own path and on the
+// forced network path; this process is a hub holding nothing (it never joins the communicator);
+// a rank killed mid-sync and its replacement. The CPU twin: test/cpu/sharded-group.test.ts.
+import { describe, test, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { randomBytes } from 'node:crypto';
+import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
+import type { IpcError } from '../../src/errors.js';
+import { Device } from '../../src/cuda/device.js';
+import { DeviceBuffer } from '../../src/cuda/buffer.js';
+import { DeviceArray } from '../../src/arrays/device-array.js';
+import { LayoutBuilder, ShardGroup } from '../../src/tensors/sharded/index.js';
+import { allocate, fillSources, scenarioLayout, type Scenario } from '../helpers/shard-group.js';
+import { noGpu } from '../helpers/gpu.js';
+import { fewerGpusThan, ncclOrReason } from '../helpers/nccl-ranks.js';
+import { within, waitUntil } from '../helpers/wait.js';
+
+process.env.NCCL_NVLS_ENABLE = '0'; // inherited by the children: never NVLink SHARP
+const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
+const children = new Set<SpawnedChild['child']>();
+after(() => { for (const c of children) if (c.exitCode === null) c.kill('SIGKILL'); });
+
+interface Reply { ok: boolean; code?: string; message?: string; detail?: any; version?: number; epoch?: number; problems?: string[]; paths?: any }
+
+class Member {
+  #next = 0;
+  readonly #pending = new Map<number, (r: Reply) => void>();
+  constructor(readonly rank: number, readonly child: SpawnedChild['child'], readonly link: Link) {
+    link.on('message', (m: any) => { const r = this.#pending.get(m.id); this.#pending.delete(m.id); r?.(m); });
+  }
+  ask(op: string, args: Record<string, unknown> = {}): Promise<Reply> {
+    const id = this.#next++;
+    const p = new Promise<Reply>((resolve) => this.#pending.set(id, resolve));
+    this.link.send({ id, op, ...args });
+    return within(p, `rank ${this.rank}'s answer to '${op}'`, 120_000);
+  }
+  kill(): Promise<void> {
+    const gone = new Promise<void>((r) => this.child.once('exit', () => r()));
+    this.child.kill('SIGKILL');
+    return within(gone, `rank ${this.rank} to exit`);
+  }
+}
+
+async function member(rank: number, connectTo: string, scenario: Scenario, env?: Record<string, string>): Promise<{ m: Member; joined: Promise<Reply> }> {
+  const { child, link } = await spawn(new URL('../fixtures/shard-member.js', import.meta.url), [], { stdio: 'inherit', ...(env && { env: { ...process.env, ...env } }) });
+  children.add(child);
+  const m = new Member(rank, child, link);
+  return { m, joined: m.ask('join', { rank, connect: connectTo, scenario, memory: 'device' }) };
+}
+
+async function checkAll(members: readonly Member[], version: number): Promise<void> {
+  for (const m of members) {
+    const r = await m.ask('check', { version });
+    assert.deepEqual(r.problems, [], `rank ${m.rank}'s destinations hold version ${version} exactly`);
+  }
+}
+
+const gpus = noGpu ? 0 : Device.all().length;
+
+describe('sharded sync group over CUDA IPC on device memory', { skip: noGpu }, () => {
+  const scenario: Scenario = { sources: 2, tp: 2, gpus: Math.min(gpus, 2) };
+
+  /** The hub: rank 0, an FSDP source on GPU 0 (DeviceArrays; host mirrors fill them). */
+  async function hostGroup(): Promise<{ group: ShardGroup; fill: (v: number) => void; members: Member[]; close: () => Promise<void> }> {
+    const layout = scenarioLayout(0, scenario);
+    const mirrors = allocate(layout.sources);
+    const sources = mirrors.map((h) => new DeviceArray(DeviceBuffer.allocate(h.buffer.bytes.length, { device: Device.get(0) }), { dtype: h.dtype, shape: h.shape, strides: h.strides }));
+    const fill = (v: number): void => {
+      fillSources(layout, mirrors, v);
+      sources.forEach((d, i) => d.buffer.write(mirrors[i]!.buffer.bytes, 0));
+    };
+    const group = await ShardGroup.host({ listen: `shard-gpu-${process.pid}-${randomBytes(3).toString('hex')}`, size: 4, layout, sources, destinations: [] });
+    const started = await Promise.all([1, 2, 3].map((r) => member(r, group.address, scenario)));
+    for (const { joined } of started) { const j = await joined; assert.equal(j.ok, true, `a member joined: ${j.message ?? ''}`); }
+    await group.ready({ timeout: 120_000 });
+    const close = async (): Promise<void> => {
+      await group.close();
+      for (const s of sources) s.buffer.close();
+      for (const h of mirrors) h.close();
+    };
+    return { group, fill, members: started.map((s) => s.m), close };
+  }
+
+  test(`2 FSDP sources -> TP2 on ${scenario.gpus} GPU(s): repeated syncs land each version exactly; a source killed mid-sync, then its replacement`, async () => {
+    const hub = await hostGroup();
+    const { group, members } = hub;
+    assert.ok(group.plan!.pairs.some((p) => p.path === 'ipc'), 'rank 0 serves over CUDA IPC');
+    for (const version of [1, 2, 3]) {
+      hub.fill(100 + version);
+      const replies = await Promise.all([
+        group.sync({ timeout: 120_000 }).then((r) => ({ ok: true, version: r.version } as Reply)),
+        ...members.map((m) => m.ask('sync', { version: 100 + version, timeout: 120_000 })),
+      ]);
+      for (const r of replies) assert.deepEqual([r.ok, r.version, r.code, r.message], [true, version, undefined, undefined], `every rank's sync ${version}`);
+      await checkAll(members.slice(1), 100 + version);
+    }
+    // Rank 1 (the other source) never syncs version 4 and dies: the others fail, keep version 3.
+    const victim = members[0]!;
+    hub.fill(104);
+    const mine = group.sync({ timeout: 120_000 }).then(() => ({ ok: true } as Reply), (e: IpcError & { detail?: any }) => ({ ok: false, code: e.code, detail: e.detail } as Reply));
+    const theirs = members.slice(1).map((m) => m.ask('sync', { version: 104, timeout: 120_000 }));
+    await victim.kill();
+    for (const [i, r] of [await mine, ...(await Promise.all(theirs))].entries()) {
+      assert.equal(r.code, 'ERR_SHARD_PEER_LOST', `rank ${i === 0 ? 0 : i + 1}: ${r.message ?? ''}`);
+      assert.deepEqual(r.detail.ranks, [1]);
+      assert.equal(r.detail.version, 3, 'the version is kept');
+    }
+    await checkAll(members.slice(1), 103); // nothing of version 4 was copied
+    const { m: fresh, joined } = await member(1, group.address, scenario);
+    assert.equal((await joined).ok, true);
+    await waitUntil(() => group.state === 'ready' && group.epoch === 2, 'the hub to re-plan to epoch 2', 120_000);
+    const all = [fresh, ...members.slice(1)];
+    hub.fill(105);
+    const again = await Promise.all([group.sync({ timeout: 120_000 }).then((r) => ({ ok: true, version: r.version } as Reply)), ...all.map((m) => m.ask('sync', { version: 105, timeout: 120_000 }))]);
+    for (const r of again) assert.equal(r.ok, true, r.message);
+    assert.equal(group.version, 4, 'versions continue');
+    await checkAll(all.slice(1), 105);
+    await Promise.all(all.map((m) => m.ask('close')));
+    await hub.close();
+  });
+});
+
+const nccl = await ncclOrReason();
+const skipNccl = noGpu ?? (typeof nccl === 'string' ? nccl : fewerGpusThan(2));
+
+describe('sharded sync group over NCCL between two GPUs (two node ids)', { skip: skipNccl }, () => {
+  const scenario: Scenario = { sources: 2, tp: 2, colocated: true, nodePerRank: true, gpus: 2 };
+  for (const [name, env] of [['NCCL\'s own path', undefined], ['the forced network path (sockets over loopback)', NET_ENV]] as const) {
+    test(`two colocated ranks, FSDP -> TP2 over ${name}: repeated syncs exact, a rank killed mid-sync, its replacement`, async () => {
+      // The hub holds nothing: it plans and coordinates but joins no communicator.
+      const layout = new LayoutBuilder({ rank: 2, node: 'hub', gpu: 0 }).build();
+      const group = await ShardGroup.host({ listen: `shard-nccl-${process.pid}-${randomBytes(3).toString('hex')}`, size: 3, layout, sources: [], destinations: [] });
+      const started = await Promise.all([0, 1].map((r) => member(r, group.address, scenario, env)));
+      for (const { joined } of started) { const j = await joined; assert.equal(j.ok, true, `a member joined: ${j.message ?? ''}`); }
+      await group.ready({ timeout: 120_000 });
+      const members = started.map((s) => s.m);
+      const syncAll = (ms: readonly Member[], v: number): Promise<Reply[]> => Promise.all([
+        group.sync({ timeout: 120_000 }).then((r) => ({ ok: true, version: r.version } as Reply)),
+        ...ms.map((m) => m.ask('sync', { version: v, timeout: 120_000 })),
+      ]);
+      for (const version of [1, 2]) {
+        const replies = await syncAll(members, 200 + version);
+        for (const r of replies) assert.deepEqual([r.ok, r.version, r.message], [true, version, undefined]);
+        assert.ok(replies.slice(1).every((r) => r.paths?.nccl > 0), `every rank moved bytes over NCCL: ${JSON.stringify(replies.map((r) => r.paths))}`);
+        await checkAll(members, 200 + version);
+      }
+      // Rank 1 never syncs version 3 and dies while rank 0 waits in NCCL: rank 0 fails, never hangs.
+      const waiting = members[0]!.ask('sync', { version: 203, timeout: 120_000 });
+      const hubSync = group.sync({ timeout: 120_000 }).catch((e: IpcError) => ({ ok: false, code: e.code }));
+      await members[1]!.kill();
+      const r0 = await waiting;
+      assert.equal(r0.code, 'ERR_SHARD_PEER_LOST', r0.message);
+      assert.deepEqual(r0.detail.ranks, [1]);
+      assert.equal(r0.detail.version, 2, 'rank 0 keeps version 2');
+      await hubSync;
+      const { m: fresh, joined } = await member(1, group.address, scenario, env);
+      assert.equal((await joined).ok, true);
+      await waitUntil(() => group.state === 'ready' && group.epoch === 2, 'the hub to re-plan to epoch 2', 120_000);
+      const all = [members[0]!, fresh];
+      const again = await syncAll(all, 204);
+      for (const r of again) assert.equal(r.ok, true, r.message);
+      await checkAll(all, 204);
+      await Promise.all(all.map((m) => m.ask('close')));
+      await group.close();
+    });
+  }
+});
