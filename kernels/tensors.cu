@@ -3,10 +3,10 @@
 //
 // copy_runs: many runs of bytes (dst <- src, bytes) in one launch, the contiguous pairs of an
 // in-place update: a table of runs in device memory, each cut into chunks of chunk_bytes; blocks
-// take chunks grid-stride (as torch's multi_tensor_apply does), so a few large tensors and
-// thousands of small ones spread over every SM alike, and copy with the widest loads both
-// addresses allow (16 bytes where both are 16-aligned; the host splits off the head of a run whose
-// addresses share a misalignment, so that the rest is aligned).
+// take tiles of up to 16 chunks grid-stride (as torch's multi_tensor_apply does with its chunks),
+// so a few large tensors and thousands of small ones spread over every SM alike, and copy with the
+// widest loads both addresses allow (16 bytes where both are 16-aligned; the host splits off the
+// head of a run whose addresses share a misalignment, so that the rest is aligned).
 //
 // copy_strided: copies between tensors whose layouts differ or have gaps, which one run of bytes
 // cannot do. One
@@ -96,25 +96,40 @@ template <typename T> __device__ void copy_elements(const StridedCopy& op) {
 using namespace cuda_ipc_tensors;
 
 // chunk_bytes: a multiple of 16, so that every chunk of a run starts as aligned as the run.
+// Blocks take tiles of consecutive chunks grid-stride (so that large and small runs spread over
+// every block alike), find the run of a tile's first chunk with one binary search and walk the
+// table forward through the tile: a table of many small runs (the rows of a strided copy, one
+// chunk each) costs one search per tile instead of one per chunk, which dominated when tens of
+// thousands of rows each held a few KiB. A tile is up to 16 chunks, fewer where that would leave
+// a block fewer than four tiles (a small table keeps every block busy).
+constexpr u64 kMaxTileChunks = 16;
+
 extern "C" __global__ void copy_runs(const CopyRun* runs, unsigned int run_count, u64 chunk_count, u64 chunk_bytes) {
+  u64 tile_chunks = chunk_count / (4ull * gridDim.x);
+  tile_chunks = tile_chunks < 1 ? 1 : tile_chunks > kMaxTileChunks ? kMaxTileChunks : tile_chunks;
   unsigned int r = 0;
-  for (u64 c = blockIdx.x; c < chunk_count; c += gridDim.x) {
-    // The run holding chunk c: the last one whose first chunk is <= c, searched from the previous
-    // run found (this block's chunks only go up). Every thread searches alike: no barrier needed.
+  for (u64 tile = blockIdx.x; tile * tile_chunks < chunk_count; tile += gridDim.x) {
+    const u64 first = tile * tile_chunks;
+    const u64 last = first + tile_chunks < chunk_count ? first + tile_chunks : chunk_count;
+    // The run holding chunk `first`: the last one whose first chunk is <= it, searched from the
+    // previous run found (this block's tiles only go up). Every thread searches alike: no barrier.
     unsigned int lo = r;
     unsigned int hi = run_count - 1;
     while (lo < hi) {
       const unsigned int mid = lo + (hi - lo + 1) / 2;
-      if (runs[mid].first_chunk <= c) lo = mid;
+      if (runs[mid].first_chunk <= first) lo = mid;
       else hi = mid - 1;
     }
     r = lo;
-    const u64 dst = runs[r].dst;
-    const u64 src = runs[r].src;
-    const u64 bytes = runs[r].bytes;
-    const u64 begin = (c - runs[r].first_chunk) * chunk_bytes;
-    const u64 end = begin + chunk_bytes < bytes ? begin + chunk_bytes : bytes;
-    copy_range(dst, src, begin, end);
+    for (u64 c = first; c < last; ++c) {
+      while (r + 1 < run_count && runs[r + 1].first_chunk <= c) ++r;
+      const u64 dst = runs[r].dst;
+      const u64 src = runs[r].src;
+      const u64 bytes = runs[r].bytes;
+      const u64 begin = (c - runs[r].first_chunk) * chunk_bytes;
+      const u64 end = begin + chunk_bytes < bytes ? begin + chunk_bytes : bytes;
+      copy_range(dst, src, begin, end);
+    }
   }
 }
 

@@ -24,7 +24,7 @@ export const TENSOR_KERNELS: ReadonlyArray<{ name: 'copy_runs' | 'copy_strided';
   {
     name: 'copy_runs',
     params: [{ name: 'runs', type: 'ptr' }, { name: 'run_count', type: 'u32' }, { name: 'chunk_count', type: 'u64' }, { name: 'chunk_bytes', type: 'u64' }],
-    description: 'runs (CopyRun rows of 32 bytes: dst, src, bytes, first chunk): chunk_count chunks of chunk_bytes taken grid-stride, 16-byte loads where aligned',
+    description: 'runs (CopyRun rows of 32 bytes: dst, src, bytes, first chunk): chunk_count chunks of chunk_bytes taken in tiles of up to 16 grid-stride, 16-byte loads where aligned',
   },
   {
     name: 'copy_strided',

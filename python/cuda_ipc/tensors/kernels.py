@@ -2,8 +2,8 @@
 driver entry points update.py needs beyond driver.py's.
 
 ``copy_runs`` copies many runs of bytes (the contiguous pairs of an in-place update) in one launch: a
-table of 32-byte rows ``(dst, src, bytes, first_chunk)`` in device memory, blocks taking chunks of
-``CHUNK_BYTES`` grid-stride. ``plan_runs`` builds that table on the host (no driver needed, so the CPU
+table of 32-byte rows ``(dst, src, bytes, first_chunk)`` in device memory, blocks taking tiles of up
+to 16 chunks of ``CHUNK_BYTES`` grid-stride. ``plan_runs`` builds that table on the host (no driver needed, so the CPU
 tests check it); ``DeviceTable`` keeps one uploaded per update plan, so that a repeated update of the
 same tensors uploads nothing and is one launch. src/tensors/kernels.ts is the Node side of the same.
 """
