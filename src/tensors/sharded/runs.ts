@@ -32,7 +32,7 @@ export class RunSink {
    * two sides' byte strides: the innermost dimensions contiguous on both sides become one block,
    * the next dimension the count, the outer ones one run each.
    */
-  box(srcTensor: number, dstTensor: number, src: number, dst: number, length: readonly number[], srcStrides: readonly number[], dstStrides: readonly number[], itemsize: number): void {
+  box(srcTensor: number, dstTensor: number, src: number, dst: number, length: readonly number[], srcStrides: ArrayLike<number>, dstStrides: ArrayLike<number>, itemsize: number): void {
     let block = itemsize;
     let d = length.length - 1;
     while (d >= 0 && (length[d] === 1 || (srcStrides[d] === block && dstStrides[d] === block))) block *= length[d--]!;
