@@ -131,16 +131,46 @@ class Reader {
   }
   text(n: number, what: string): string {
     this.need(pad8(n), what);
-    let s: string;
-    let ascii = true;
-    for (let i = this.pos; i < this.pos + n; i++) if (this.buf[i]! >= 0x80) { ascii = false; break; }
-    if (ascii) s = this.buf.toString('latin1', this.pos, this.pos + n);
-    else try { s = utf8.decode(this.buf.subarray(this.pos, this.pos + n)); this.ascii = false; } catch { throw bad(`${this.where(what)} is not valid UTF-8`); }
+    const buf = this.buf;
+    let s: string | undefined;
+    let h = 0x811c9dc5 ^ n;
+    for (let i = this.pos; i < this.pos + n; i++) {
+      const b = buf[i]!;
+      if (b >= 0x80) { h = -1; break; }
+      h = Math.imul(h ^ b, 0x01000193);
+    }
+    if (h !== -1) s = internAscii(buf, this.pos, n, h);
+    else try { s = utf8.decode(buf.subarray(this.pos, this.pos + n)); this.ascii = false; } catch { throw bad(`${this.where(what)} is not valid UTF-8`); }
     this.pos += n;
-    for (let i = 0; i < pad8(n) - n; i++) if (this.buf[this.pos + i] !== 0) throw bad(`the padding after ${this.where(what)} must be zero`);
+    for (let i = 0; i < pad8(n) - n; i++) if (buf[this.pos + i] !== 0) throw bad(`the padding after ${this.where(what)} must be zero`);
     this.pos += pad8(n) - n;
     return s;
   }
+}
+
+/**
+ * ASCII names seen in records, by a hash of their bytes: a group's records repeat the same names
+ * (every rank of a model names its tensors alike), and one string per name decodes faster and
+ * leaves less to collect than a string per record. Bounded: cleared when it grows past a million.
+ */
+const names = new Map<number, string | string[]>();
+const NAMES_MAX = 1 << 20;
+
+function internAscii(buf: Buffer, pos: number, n: number, h: number): string {
+  const same = (s: string): boolean => {
+    if (s.length !== n) return false;
+    for (let i = 0; i < n; i++) if (s.charCodeAt(i) !== buf[pos + i]) return false;
+    return true;
+  };
+  const found = names.get(h);
+  if (typeof found === 'string' && same(found)) return found;
+  if (typeof found === 'object') for (const s of found) if (same(s)) return s;
+  const s = buf.toString('latin1', pos, pos + n);
+  if (names.size >= NAMES_MAX) names.clear();
+  if (found === undefined) names.set(h, s);
+  else if (typeof found === 'string') names.set(h, [found, s]);
+  else found.push(s);
+  return s;
 }
 
 function dtypeOf(code: number, r: Reader): GlobalTensor['dtype'] {
@@ -191,11 +221,38 @@ function readTable(r: Reader, g: number): readonly GlobalTensor[] {
   return tensors;
 }
 
-/** A growable Float64Array of a layout's numbers. */
+/**
+ * Chunks that decoded layouts' numbers and record copies are cut from: a group's records are
+ * decoded together and live together, and a few large allocations cost less than two per record.
+ */
+const CHUNK = 4 << 20;
+let numChunk = new Float64Array(0);
+let numUsed = 0;
+let byteChunk = new Uint8Array(0);
+let byteUsed = 0;
+
+/** A copy of `bytes` (from a chunk when small). */
+function copyOf(bytes: Uint8Array): Uint8Array {
+  const n = bytes.length;
+  if (n > CHUNK / 4) return new Uint8Array(bytes);
+  if (byteUsed + n > byteChunk.length) { byteChunk = new Uint8Array(CHUNK); byteUsed = 0; }
+  const out = byteChunk.subarray(byteUsed, byteUsed + n);
+  out.set(bytes);
+  byteUsed = pad8(byteUsed + n);
+  return out;
+}
+
+/** A growable Float64Array of a layout's numbers (room from a chunk first). */
 class Numbers {
   a: Float64Array;
   n = 0;
-  constructor(capacity: number) { this.a = new Float64Array(Math.max(16, capacity)); }
+  readonly chunked: boolean;
+  constructor(capacity: number) {
+    this.chunked = capacity <= CHUNK / 32;
+    if (!this.chunked) { this.a = new Float64Array(capacity); return; }
+    if (numUsed + capacity > numChunk.length) { numChunk = new Float64Array(CHUNK / 8); numUsed = 0; }
+    this.a = numChunk.subarray(numUsed, numUsed + capacity);
+  }
   /** Room for `k` more; returns where they go. */
   take(k: number): number {
     if (this.n + k > this.a.length) {
@@ -207,6 +264,11 @@ class Numbers {
     this.n += k;
     return at;
   }
+  /** The numbers, kept (their part of the chunk is not handed out again). */
+  done(): Float64Array {
+    if (this.chunked && this.a.buffer === numChunk.buffer) numUsed += this.n;
+    return this.a.subarray(0, this.n);
+  }
 }
 
 /**
@@ -217,7 +279,7 @@ class Numbers {
 export function decodeLayout(bytes: Uint8Array): RankLayout {
   if (bytes.length < HEADER) throw bad(`${bytes.length} bytes are shorter than the ${HEADER}-byte header`);
   if (bytes.length > MAX_LAYOUT_BYTES) throw bad(`${bytes.length} bytes are more than ${MAX_LAYOUT_BYTES}`);
-  const copy = new Uint8Array(bytes);
+  const copy = copyOf(bytes);
   const r = new Reader(Buffer.from(copy.buffer, copy.byteOffset, copy.byteLength));
   if (r.buf.toString('latin1', 0, 4) !== LAYOUT_MAGIC) throw bad(`the magic is not '${LAYOUT_MAGIC}'`);
   r.pos = 4;
@@ -246,7 +308,7 @@ export function decodeLayout(bytes: Uint8Array): RankLayout {
   const lPieces = new Uint32Array(L + 1);
   const lPadding = new Uint32Array(L + 1);
   // Numbers: at most one per 8 bytes of the rest of the record, plus contiguous strides (no more than the shapes).
-  const nums = new Numbers(((bytes.length - r.pos) >> 3) + 64);
+  const nums = new Numbers(((bytes.length - r.pos) >> 3) + 4 * L);
   let pTensor = new Uint32Array(Math.max(16, L));
   let pAt = new Uint32Array(pTensor.length);
   let padAt = new Uint32Array(16);
@@ -321,7 +383,7 @@ export function decodeLayout(bytes: Uint8Array): RankLayout {
   if (r.pos !== bytes.length) throw bad(`${bytes.length - r.pos} bytes follow the last local tensor`);
   const compact: CompactLayout = {
     rank, node, gpu, tensors, sourceCount: s, localCount: L, lName, lDtype, lNdim, lShape, lStrides, lPieces, lPadding,
-    pTensor: pTensor.subarray(0, pieces), pAt: pAt.subarray(0, pieces), padAt: padAt.subarray(0, pads), nums: nums.a.subarray(0, nums.n),
+    pTensor: pTensor.subarray(0, pieces), pAt: pAt.subarray(0, pieces), padAt: padAt.subarray(0, pads), nums: nums.done(),
     ascii: r.ascii,
   };
   const layout = layoutOfCompact(compact);

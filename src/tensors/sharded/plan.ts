@@ -7,10 +7,10 @@
 // a big cell is split into slabs spread over them and a small one rotates by destination and
 // cell), so every rank computes the same choice for a cell from the layouts alone. With `rank`, a
 // rank computes only the pairs it is in: the same runs the whole plan has for it.
-import { dtypeInfo } from '../../ipc/dtype.js';
 import { LayoutError, formatRange, type Box } from './errors.js';
-import { validateLayoutOnce, type GlobalTensor, type RankLayout } from './layout.js';
-import { compactOf, type CompactLayout } from './compact.js';
+import { validateLayoutOnce, type RankLayout } from './layout.js';
+import { compactOf } from './compact.js';
+import { buildIndex, endOf, hi, lo, sourceEntry, startOf, type Entry, type TensorIndex } from './plan-index.js';
 import { RunSink, sortAndMerge, tableBytes } from './runs.js';
 import { findHole } from './box.js';
 import { layoutFingerprint } from './layout-wire.js';
@@ -49,47 +49,6 @@ export interface PlanOptions {
   readonly rank?: number;
 }
 
-/** A piece of a local tensor, as the planner reads it: offsets into its layout's numbers. */
-interface Entry {
-  readonly rank: number; // index into the sorted layouts
-  readonly local: number; // index in its role's list (sources or destinations)
-  readonly c: CompactLayout;
-  readonly li: number; // index among the layout's locals (sources then destinations)
-  readonly nums: Float64Array;
-  /** start at o, length at o + ndim, at at o + 2 ndim (in `nums`). */
-  readonly o: number;
-  readonly ndim: number;
-  /** First-dimension start and end (0 and 1 for a 0-d tensor). */
-  readonly s0: number;
-  readonly e0: number;
-  order: number;
-  /** Sources: the id of the entry's box among the distinct ones, and the first source of that box. */
-  gid: number;
-  rep: Entry | undefined;
-  /** On a box's first source: every source of that box, in order, when there are several. */
-  members: Entry[] | undefined;
-  strides: Float64Array | undefined;
-}
-
-const lo = (e: Entry, d: number): number => e.nums[e.o + d]!;
-const hi = (e: Entry, d: number): number => e.nums[e.o + d]! + e.nums[e.o + e.ndim + d]!;
-const startOf = (e: Entry): number[] => Array.from({ length: e.ndim }, (_, d) => lo(e, d));
-const endOf = (e: Entry): number[] => Array.from({ length: e.ndim }, (_, d) => hi(e, d));
-const stridesOf = (e: Entry): Float64Array => (e.strides ??= e.nums.subarray(e.c.lStrides[e.li]!, e.c.lStrides[e.li]! + e.ndim));
-
-interface TensorIndex {
-  readonly tensor: GlobalTensor;
-  readonly itemsize: number;
-  readonly sources: Entry[];
-  readonly dests: Entry[];
-  maxSource: number;
-  maxDest: number;
-  /** Whether the rank planned for has a piece of it (always, for the whole plan). */
-  mine: boolean;
-  /** The distinct source boxes (their first sources) by first-dimension start, or undefined where two partly overlap (grid mode). */
-  groups?: Entry[];
-}
-
 /**
  * The plan for `layouts` (every rank's, each rank once). Throws LayoutError when a layout is
  * invalid, two layouts disagree about a tensor, or a destination byte has no source.
@@ -118,14 +77,16 @@ export function planSharded(layouts: readonly RankLayout[], options: PlanOptions
   const ctx: Ctx = { layouts: sorted, nodes: sorted.map((l) => l.node), sinkFor };
   for (const t of index.values()) {
     if (!t.mine) continue;
+    const { sources, dests } = t;
     if (me < 0) {
-      for (const p of t.dests) planPiece(ctx, t, p);
+      for (const i of dests.byStart) planPiece(ctx, t, dests.entry(i));
       continue;
     }
-    for (const p of t.dests) if (p.rank === me) planPiece(ctx, t, p);
-    for (const s of t.sources) {
-      if (s.rank !== me) continue;
-      for (const p of overlapping(t.dests, t.maxDest, s)) if (p.rank !== me) planPiece(ctx, t, p, s);
+    for (const i of dests.byStart) if (dests.lay[i] === me) planPiece(ctx, t, dests.entry(i));
+    for (const i of sources.byStart) {
+      if (sources.lay[i] !== me) continue;
+      const s = sourceEntry(t, i);
+      for (const j of dests.overlapping(dests.byStart, s)) if (dests.lay[j] !== me) planPiece(ctx, t, dests.entry(j), s);
     }
   }
   const pairs: PlanPair[] = [];
@@ -161,167 +122,6 @@ interface Ctx {
   readonly sinkFor: (src: number, dst: number) => RunSink;
 }
 
-/**
- * Every global tensor's source and destination pieces (with `me`, only of the tensors that rank
- * has a piece of; every tensor's dtype and shape are checked across layouts either way). Layouts
- * that share a table of global tensors (decoded records listing the same ones) look it up once.
- */
-function buildIndex(layouts: readonly RankLayout[], compacts: readonly CompactLayout[], me: number): Map<string, TensorIndex> {
-  const index = new Map<string, TensorIndex>();
-  const owner = new Map<string, number>();
-  const slotsOf = new Map<readonly GlobalTensor[], TensorIndex[]>();
-  const slots = compacts.map((c, r) => {
-    let list = slotsOf.get(c.tensors);
-    if (list) return list;
-    list = c.tensors.map((g) => {
-      const t = index.get(g.name);
-      if (!t) {
-        const created: TensorIndex = { tensor: g, itemsize: dtypeInfo(g.dtype).itemsize, sources: [], dests: [], maxSource: 0, maxDest: 0, mine: me < 0 };
-        index.set(g.name, created);
-        owner.set(g.name, layouts[r]!.rank);
-        return created;
-      }
-      const first = owner.get(g.name)!;
-      if (t.tensor.dtype !== g.dtype) {
-        throw new LayoutError('ERR_LAYOUT_DTYPE', `tensor ${g.name} is ${t.tensor.dtype} in rank ${first}'s layout but ${g.dtype} in rank ${layouts[r]!.rank}'s; every rank must give one dtype`, { tensor: g.name, rank: layouts[r]!.rank });
-      }
-      if (t.tensor.shape.length !== g.shape.length || t.tensor.shape.some((d, i) => d !== g.shape[i])) {
-        throw new LayoutError('ERR_LAYOUT_SHAPE', `tensor ${g.name} is [${t.tensor.shape.join(', ')}] in rank ${first}'s layout but [${g.shape.join(', ')}] in rank ${layouts[r]!.rank}'s; every rank must give one global shape`, { tensor: g.name, rank: layouts[r]!.rank });
-      }
-      return t;
-    });
-    slotsOf.set(c.tensors, list);
-    return list;
-  });
-  if (me >= 0) for (const t of slots[me]!) t.mine = true;
-  compacts.forEach((c, r) => {
-    const mine = slots[r]!;
-    const nums = c.nums;
-    for (let li = 0; li < c.localCount; li++) {
-      const source = li < c.sourceCount;
-      const local = source ? li : li - c.sourceCount;
-      const ndim = c.lNdim[li]!;
-      for (let k = c.lPieces[li]!; k < c.lPieces[li + 1]!; k++) {
-        const t = mine[c.pTensor[k]!]!;
-        if (!t.mine) continue;
-        const o = c.pAt[k]!;
-        const s0 = ndim > 0 ? nums[o]! : 0;
-        const e0 = ndim > 0 ? s0 + nums[o + ndim]! : 1;
-        const e: Entry = { rank: r, local, c, li, nums, o, ndim, s0, e0, order: 0, gid: 0, rep: undefined, members: undefined, strides: undefined };
-        (source ? t.sources : t.dests).push(e);
-      }
-    }
-  });
-  for (const t of index.values()) {
-    if (!t.mine) continue;
-    // Sources in rank order give each its tie-breaking number; then both lists by first-dimension start.
-    t.sources.forEach((e, i) => { e.order = i; });
-    t.dests.forEach((e, i) => { e.order = i; });
-    t.groups = groupReplicas(t.sources);
-    sortByStart(t.sources);
-    sortByStart(t.dests);
-    for (const e of t.sources) t.maxSource = Math.max(t.maxSource, e.e0 - e.s0);
-    for (const e of t.dests) t.maxDest = Math.max(t.maxDest, e.e0 - e.s0);
-  }
-  return index;
-}
-
-/** Sorts entries by first-dimension start, then order (often already so: FSDP shards in rank order). */
-function sortByStart(entries: Entry[]): void {
-  let sorted = true;
-  for (let i = 1; i < entries.length && sorted; i++) {
-    const a = entries[i - 1]!;
-    const b = entries[i]!;
-    sorted = a.s0 < b.s0 || (a.s0 === b.s0 && a.order < b.order);
-  }
-  if (!sorted) entries.sort((a, b) => a.s0 - b.s0 || a.order - b.order);
-}
-
-/**
- * The sources' distinct boxes (their first sources, replicas grouped), sorted by first-dimension
- * start; undefined when two distinct ones partly overlap. `sources` are in order (rank, local tensor, piece).
- */
-function groupReplicas(sources: readonly Entry[]): Entry[] | undefined {
-  // The common case, FSDP's Shard(0): in order, each box past the previous on the first dimension.
-  let apart = sources.length > 0 && sources[0]!.ndim > 0;
-  for (let i = 1; i < sources.length && apart; i++) apart = sources[i]!.s0 >= sources[i - 1]!.e0;
-  if (apart) {
-    sources.forEach((e, id) => { e.gid = id; e.rep = e; });
-    return [...sources];
-  }
-  // Otherwise a sweep along the first dimension: boxes that meet must be equal (replicas).
-  const sorted = [...sources];
-  sortByStart(sorted);
-  const ndim = sorted[0]?.ndim ?? 0;
-  if (ndim === 0) return undefined; // no sources, or 0-d ones: the grid (one cell)
-  const groups: Entry[] = [];
-  let open: Entry[] = [];
-  for (const e of sorted) {
-    open = open.filter((o) => o.e0 > e.s0);
-    let home: Entry | undefined;
-    for (const o of open) {
-      let meets = true;
-      let equal = true;
-      for (let d = 0; d < ndim; d++) {
-        const os = lo(o, d);
-        const oe = hi(o, d);
-        const es = lo(e, d);
-        const ee = hi(e, d);
-        if (os >= ee || oe <= es) { meets = false; break; }
-        if (os !== es || oe !== ee) equal = false;
-      }
-      if (!meets) continue;
-      if (!equal) return undefined;
-      home = o;
-    }
-    if (home) {
-      (home.members ??= [home]).push(e);
-      e.rep = home;
-    } else {
-      e.rep = e;
-      groups.push(e);
-      open.push(e);
-    }
-  }
-  // Ids in the order of each box's first source; members in source order; the list by start.
-  // Sorted by start then order, a box's first member met is its first in order.
-  groups.forEach((g) => {
-    if (g.members) g.members.sort((a, b) => a.order - b.order);
-  });
-  [...groups].sort((a, b) => a.order - b.order).forEach((g, id) => {
-    for (const m of g.members ?? [g]) m.gid = id;
-  });
-  return groups;
-}
-
-/** Entries (sorted by first-dimension start, none longer than `maxLen` there) that share an element with `box`. */
-function overlapping(entries: readonly Entry[], maxLen: number, box: Entry): Entry[] {
-  const found: Entry[] = [];
-  const ndim = box.ndim;
-  let i = 0;
-  if (ndim > 0) {
-    // The first entry that could reach box.s0: its start is above box.s0 - maxLen.
-    const from = box.s0 - maxLen;
-    let l = 0;
-    let h = entries.length;
-    while (l < h) {
-      const mid = (l + h) >>> 1;
-      if (entries[mid]!.s0 <= from) l = mid + 1; else h = mid;
-    }
-    i = l;
-  }
-  for (; i < entries.length; i++) {
-    const e = entries[i]!;
-    if (ndim > 0 && e.s0 >= box.e0) break;
-    let meets = true;
-    for (let d = 0; d < ndim; d++) {
-      if (lo(e, d) >= hi(box, d) || hi(e, d) <= lo(box, d)) { meets = false; break; }
-    }
-    if (meets) found.push(e);
-  }
-  return found;
-}
-
 function bisect(cuts: readonly number[], x: number): number {
   let l = 0;
   let h = cuts.length;
@@ -342,7 +142,7 @@ function planPiece(ctx: Ctx, t: TensorIndex, p: Entry, only?: Entry): void {
     return;
   }
   const ndim = p.ndim;
-  const sources = overlapping(t.sources, t.maxSource, p);
+  const sources = t.sources.overlapping(t.sources.byStart, p).map((i) => sourceEntry(t, i));
   const dstLayout = ctx.layouts[p.rank]!;
   const name = t.tensor.name;
   const pStart = startOf(p);
@@ -403,10 +203,10 @@ function planPiece(ctx: Ctx, t: TensorIndex, p: Entry, only?: Entry): void {
  * Plans destination piece `p` where the tensor's distinct source boxes do not partly overlap: a
  * cell per box that meets it, held by that box's replicas. With `only`, just that source's box.
  */
-function planPieceByBoxes(ctx: Ctx, t: TensorIndex, groups: readonly Entry[], p: Entry, only?: Entry): void {
+function planPieceByBoxes(ctx: Ctx, t: TensorIndex, groups: readonly number[], p: Entry, only?: Entry): void {
   const dstLayout = ctx.layouts[p.rank]!;
   const ndim = p.ndim;
-  const meeting = only ? [only.rep!] : overlapping(groups, t.maxSource, p);
+  const meeting = only ? [only.rep!] : t.sources.overlapping(groups, p).map((i) => sourceEntry(t, i));
   let covered = 0;
   for (const g of meeting) {
     const start = new Array<number>(ndim);
@@ -465,8 +265,8 @@ function assignCell(ctx: Ctx, t: TensorIndex, p: Entry, box: Box, held: readonly
 
 function emit(ctx: Ctx, t: TensorIndex, s: Entry, p: Entry, box: Box, only?: Entry): void {
   if (only && s !== only) return;
-  const ss = stridesOf(s);
-  const ps = stridesOf(p);
+  const ss = s.strides;
+  const ps = p.strides;
   let src = 0;
   let dst = 0;
   for (let d = 0; d < box.start.length; d++) {
