@@ -16,8 +16,8 @@ export interface Entry {
   /** start at o, length at o + ndim, at at o + 2 ndim (in `nums`). */
   readonly o: number;
   readonly ndim: number;
-  /** The local tensor's byte strides. */
-  readonly strides: Float64Array;
+  /** Where the local tensor's byte strides are in `nums`. */
+  readonly so: number;
   /** First-dimension start and end (0 and 1 for a 0-d tensor). */
   readonly s0: number;
   readonly e0: number;
@@ -37,11 +37,17 @@ export const endOf = (e: Entry): number[] => Array.from({ length: e.ndim }, (_, 
 
 /** One side (sources or destinations) of a tensor: its pieces in order, as parallel arrays. */
 export class Side {
-  readonly lay: number[] = [];
-  readonly li: number[] = [];
-  readonly o: number[] = [];
-  readonly s0: number[] = [];
-  readonly e0: number[] = [];
+  lay = new Int32Array(0);
+  li = new Int32Array(0);
+  o = new Int32Array(0);
+  s0 = new Float64Array(0);
+  e0 = new Float64Array(0);
+  /** Each piece's box, start and end per dimension (ndim numbers each, side by side: read without visiting the layouts). */
+  bs = new Float64Array(0);
+  be = new Float64Array(0);
+  length = 0;
+  /** Pieces counted before the arrays are made. */
+  count = 0;
   /** Order indices sorted by (first-dimension start, order). */
   byStart: number[] = [];
   /** The longest first-dimension extent. */
@@ -49,10 +55,26 @@ export class Side {
   readonly #entries: Array<Entry | undefined> = [];
   constructor(readonly source: boolean, readonly ndim: number, readonly compacts: readonly CompactLayout[]) {}
 
-  get length(): number { return this.lay.length; }
+  /** Makes the arrays for the pieces counted. */
+  allocate(): void {
+    const n = this.count;
+    this.lay = new Int32Array(n); this.li = new Int32Array(n); this.o = new Int32Array(n);
+    this.s0 = new Float64Array(n); this.e0 = new Float64Array(n);
+    this.bs = new Float64Array(n * this.ndim); this.be = new Float64Array(n * this.ndim);
+  }
 
-  push(r: number, li: number, o: number, s0: number, e0: number): void {
-    this.lay.push(r); this.li.push(li); this.o.push(o); this.s0.push(s0); this.e0.push(e0);
+  /** Piece `o` (offset in `nums`) of layout `r`'s local tensor `li`. */
+  push(r: number, li: number, nums: Float64Array, o: number): void {
+    const i = this.length++;
+    const ndim = this.ndim;
+    this.lay[i] = r; this.li[i] = li; this.o[i] = o;
+    for (let d = 0, b = i * ndim; d < ndim; d++, b++) {
+      const start = nums[o + d]!;
+      this.bs[b] = start;
+      this.be[b] = start + nums[o + ndim + d]!;
+    }
+    this.s0[i] = ndim > 0 ? this.bs[i * ndim]! : 0;
+    this.e0[i] = ndim > 0 ? this.be[i * ndim]! : 1;
   }
 
   /** Sorts (once) and measures. */
@@ -67,10 +89,9 @@ export class Side {
     for (let i = 0; i < n; i++) this.max = Math.max(this.max, this.e0[i]! - this.s0[i]!);
   }
 
-  /** Number `d` of the box of piece `i`: its start (`which` 0) or length (1). */
-  num(i: number, which: number, d: number): number {
-    return this.compacts[this.lay[i]!]!.nums[this.o[i]! + which * this.ndim + d]!;
-  }
+  /** Where piece `i`'s box starts and ends on dimension `d`. */
+  start(i: number, d: number): number { return this.bs[i * this.ndim + d]!; }
+  end(i: number, d: number): number { return this.be[i * this.ndim + d]!; }
 
   /** The entry of piece `i` (made once). */
   entry(i: number): Entry {
@@ -82,7 +103,7 @@ export class Side {
     const so = c.lStrides[li]!;
     e = {
       rank: r, local: this.source ? li : li - c.sourceCount, nums: c.nums, o: this.o[i]!, ndim: this.ndim,
-      strides: c.nums.subarray(so, so + this.ndim), s0: this.s0[i]!, e0: this.e0[i]!, order: i, gid: 0, rep: undefined, members: undefined,
+      so, s0: this.s0[i]!, e0: this.e0[i]!, order: i, gid: 0, rep: undefined, members: undefined,
     };
     this.#entries[i] = e;
     return e;
@@ -109,8 +130,7 @@ export class Side {
       if (ndim > 0 && this.s0[k]! >= box.e0) break;
       let meets = true;
       for (let d = 0; d < ndim && meets; d++) {
-        const s = this.num(k, 0, d);
-        meets = s < hi(box, d) && s + this.num(k, 1, d) > lo(box, d);
+        meets = this.start(k, d) < hi(box, d) && this.end(k, d) > lo(box, d);
       }
       if (meets) found.push(k);
     }
@@ -170,22 +190,50 @@ export function buildIndex(layouts: readonly RankLayout[], compacts: readonly Co
     slotsOf.set(c.tensors, list);
     return list;
   });
-  if (me >= 0) for (const t of slots[me]!) t.mine = true;
-  compacts.forEach((c, r) => {
-    const tensors = slots[r]!;
-    const nums = c.nums;
-    for (let li = 0; li < c.localCount; li++) {
-      const source = li < c.sourceCount;
-      const ndim = c.lNdim[li]!;
-      for (let k = c.lPieces[li]!; k < c.lPieces[li + 1]!; k++) {
-        const t = tensors[c.pTensor[k]!]!;
-        if (!t.mine) continue;
-        const o = c.pAt[k]!;
-        const s0 = ndim > 0 ? nums[o]! : 0;
-        (source ? t.sources : t.dests).push(r, li, o, s0, ndim > 0 ? s0 + nums[o + ndim]! : 1);
-      }
+  // With `me`: its source pieces per tensor. Another rank's destination piece matters to it only
+  // where one of them meets it (it sends there); its own destination pieces always.
+  const meSources = new Map<TensorIndex, number[]>();
+  if (me >= 0) {
+    for (const t of slots[me]!) t.mine = true;
+    const c = compacts[me]!;
+    for (let k = 0; k < c.lPieces[c.sourceCount]!; k++) {
+      const t = slots[me]![c.pTensor[k]!]!;
+      let list = meSources.get(t);
+      if (!list) meSources.set(t, (list = []));
+      list.push(c.pAt[k]!);
     }
-  });
+  }
+  const mine = me >= 0 ? compacts[me]!.nums : undefined;
+  const wanted = (t: TensorIndex, nums: Float64Array, o: number): boolean => {
+    const list = meSources.get(t);
+    if (!list) return false;
+    const ndim = t.sources.ndim;
+    for (const m of list) {
+      let meets = true;
+      for (let d = 0; d < ndim && meets; d++) meets = nums[o + d]! < mine![m + d]! + mine![m + ndim + d]! && mine![m + d]! < nums[o + d]! + nums[o + ndim + d]!;
+      if (meets) return true;
+    }
+    return false;
+  };
+  // Two passes over every piece: count per side, then fill arrays of the right size.
+  for (let pass = 0; pass < 2; pass++) {
+    if (pass === 1) for (const t of index.values()) if (t.mine) { t.sources.allocate(); t.dests.allocate(); }
+    compacts.forEach((c, r) => {
+      const tensors = slots[r]!;
+      const nums = c.nums;
+      for (let li = 0; li < c.localCount; li++) {
+        const source = li < c.sourceCount;
+        for (let k = c.lPieces[li]!; k < c.lPieces[li + 1]!; k++) {
+          const t = tensors[c.pTensor[k]!]!;
+          if (!t.mine) continue;
+          if (!source && me >= 0 && r !== me && !wanted(t, nums, c.pAt[k]!)) continue;
+          const side = source ? t.sources : t.dests;
+          if (pass === 0) { side.count++; continue; }
+          side.push(r, li, nums, c.pAt[k]!);
+        }
+      }
+    });
+  }
   for (const t of index.values()) {
     if (!t.mine) continue;
     t.sources.prepare();
@@ -226,10 +274,10 @@ function groupReplicas(t: TensorIndex): void {
       let meets = true;
       let equal = true;
       for (let d = 0; d < ndim; d++) {
-        const gs = s.num(g, 0, d);
-        const ge = gs + s.num(g, 1, d);
-        const is = s.num(i, 0, d);
-        const ie = is + s.num(i, 1, d);
+        const gs = s.start(g, d);
+        const ge = s.end(g, d);
+        const is = s.start(i, d);
+        const ie = s.end(i, d);
         if (gs >= ie || ge <= is) { meets = false; break; }
         if (gs !== is || ge !== ie) equal = false;
       }

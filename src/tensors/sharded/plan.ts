@@ -9,7 +9,7 @@
 // rank computes only the pairs it is in: the same runs the whole plan has for it.
 import { LayoutError, formatRange, type Box } from './errors.js';
 import { validateLayoutOnce, type RankLayout } from './layout.js';
-import { compactOf } from './compact.js';
+import { compactOf, type CompactLayout } from './compact.js';
 import { buildIndex, endOf, hi, lo, sourceEntry, startOf, type Entry, type TensorIndex } from './plan-index.js';
 import { RunSink, sortAndMerge, tableBytes } from './runs.js';
 import { findHole } from './box.js';
@@ -68,13 +68,18 @@ export function planSharded(layouts: readonly RankLayout[], options: PlanOptions
   const index = buildIndex(sorted, compacts, me);
   const out = new Map<number, RunSink>();
   const n = sorted.length;
+  let lastKey = -1;
+  let last: RunSink | undefined;
   const sinkFor = (src: number, dst: number): RunSink => {
     const key = src * n + dst;
+    if (key === lastKey) return last!;
     let s = out.get(key);
     if (!s) out.set(key, (s = new RunSink()));
+    lastKey = key;
+    last = s;
     return s;
   };
-  const ctx: Ctx = { layouts: sorted, nodes: sorted.map((l) => l.node), sinkFor };
+  const ctx: Ctx = { layouts: sorted, nodes: sorted.map((l) => l.node), compacts, sinkFor };
   for (const t of index.values()) {
     if (!t.mine) continue;
     const { sources, dests } = t;
@@ -119,6 +124,7 @@ export function planBytes(plan: ShardPlan): { sent: Map<number, number>; receive
 interface Ctx {
   readonly layouts: readonly RankLayout[];
   readonly nodes: readonly string[];
+  readonly compacts: readonly CompactLayout[];
   readonly sinkFor: (src: number, dst: number) => RunSink;
 }
 
@@ -206,24 +212,32 @@ function planPiece(ctx: Ctx, t: TensorIndex, p: Entry, only?: Entry): void {
 function planPieceByBoxes(ctx: Ctx, t: TensorIndex, groups: readonly number[], p: Entry, only?: Entry): void {
   const dstLayout = ctx.layouts[p.rank]!;
   const ndim = p.ndim;
-  const meeting = only ? [only.rep!] : t.sources.overlapping(groups, p).map((i) => sourceEntry(t, i));
+  const sources = t.sources;
+  const meeting = only ? [only.rep!.order] : sources.overlapping(groups, p);
   let covered = 0;
   for (const g of meeting) {
     const start = new Array<number>(ndim);
     const length = new Array<number>(ndim);
     let cells = 1;
     for (let d = 0; d < ndim; d++) {
-      start[d] = Math.max(lo(g, d), lo(p, d));
-      length[d] = Math.min(hi(g, d), hi(p, d)) - start[d]!;
+      start[d] = Math.max(sources.start(g, d), lo(p, d));
+      length[d] = Math.min(sources.end(g, d), hi(p, d)) - start[d]!;
       cells *= length[d]!;
     }
     covered += cells;
-    let held = g.members ?? [g];
-    if (held.length > 1) {
-      const near = held.filter((s) => ctx.nodes[s.rank] === dstLayout.node);
-      if (near.length > 0) held = near;
+    const box = { start, length };
+    if (!t.members!.has(g)) {
+      // One source holds this box: no entry object needed (most cells of an FSDP layout).
+      if (only && only.order !== g) continue;
+      const c = ctx.compacts[sources.lay[g]!]!;
+      const li = sources.li[g]!;
+      emitFrom(ctx, t, sources.lay[g]!, li, c.nums, sources.o[g]!, c.lStrides[li]!, p, box);
+      continue;
     }
-    assignCell(ctx, t, p, { start, length }, held, (dstLayout.rank + g.gid) % held.length, only);
+    let held = sourceEntry(t, g).members!;
+    const near = held.filter((s) => ctx.nodes[s.rank] === dstLayout.node);
+    if (near.length > 0) held = near;
+    assignCell(ctx, t, p, box, held, (dstLayout.rank + t.gid![g]!) % held.length, only);
   }
   if (!only) {
     let whole = 1;
@@ -231,7 +245,7 @@ function planPieceByBoxes(ctx: Ctx, t: TensorIndex, groups: readonly number[], p
     if (covered < whole) {
       const ps = startOf(p);
       const pe = endOf(p);
-      const boxes = meeting.map((g) => ({ start: startOf(g).map((x, d) => Math.max(x, ps[d]!) - ps[d]!), length: endOf(g).map((x, d) => Math.min(x, pe[d]!) - Math.max(lo(g, d), ps[d]!)) }));
+      const boxes = meeting.map((i) => sourceEntry(t, i)).map((g) => ({ start: startOf(g).map((x, d) => Math.max(x, ps[d]!) - ps[d]!), length: endOf(g).map((x, d) => Math.min(x, pe[d]!) - Math.max(lo(g, d), ps[d]!)) }));
       const hole = findHole(pe.map((e, d) => e - ps[d]!), boxes)!;
       throw uncovered(t.tensor.name, dstLayout, { start: hole.start.map((x, d) => x + ps[d]!), length: hole.length });
     }
@@ -241,9 +255,11 @@ function planPieceByBoxes(ctx: Ctx, t: TensorIndex, groups: readonly number[], p
 /** Sends cell `box` of piece `p` from `held[rot]`, or in slabs over several of `held` when it is large. */
 function assignCell(ctx: Ctx, t: TensorIndex, p: Entry, box: Box, held: readonly Entry[], rot: number, only?: Entry): void {
   let slabs = 1;
-  const dim = box.length.findIndex((l) => l > 1);
+  let dim = -1;
+  for (let d = 0; d < box.length.length && dim < 0; d++) if (box.length[d]! > 1) dim = d;
   if (held.length > 1 && dim >= 0) {
-    const bytes = box.length.reduce((a, b) => a * b, t.itemsize);
+    let bytes = t.itemsize;
+    for (const l of box.length) bytes *= l;
     slabs = Math.max(1, Math.min(held.length, box.length[dim]!, Math.floor(bytes / SPLIT_MIN_BYTES)));
   }
   if (slabs === 1) {
@@ -265,15 +281,20 @@ function assignCell(ctx: Ctx, t: TensorIndex, p: Entry, box: Box, held: readonly
 
 function emit(ctx: Ctx, t: TensorIndex, s: Entry, p: Entry, box: Box, only?: Entry): void {
   if (only && s !== only) return;
-  const ss = s.strides;
-  const ps = p.strides;
+  emitFrom(ctx, t, s.rank, s.local, s.nums, s.o, s.so, p, box);
+}
+
+/** The runs of `box` from the source piece at `o` of layout `rank`'s local tensor `li` (strides at `so`) into `p`. */
+function emitFrom(ctx: Ctx, t: TensorIndex, rank: number, li: number, nums: Float64Array, o: number, so: number, p: Entry, box: Box): void {
+  const ndim = box.start.length;
+  const pn = p.nums;
   let src = 0;
   let dst = 0;
-  for (let d = 0; d < box.start.length; d++) {
-    src += (box.start[d]! - lo(s, d) + s.nums[s.o + 2 * s.ndim + d]!) * ss[d]!;
-    dst += (box.start[d]! - lo(p, d) + p.nums[p.o + 2 * p.ndim + d]!) * ps[d]!;
+  for (let d = 0; d < ndim; d++) {
+    src += (box.start[d]! - nums[o + d]! + nums[o + 2 * ndim + d]!) * nums[so + d]!;
+    dst += (box.start[d]! - pn[p.o + d]! + pn[p.o + 2 * ndim + d]!) * pn[p.so + d]!;
   }
-  ctx.sinkFor(s.rank, p.rank).box(s.local, p.local, src, dst, box.length, ss, ps, t.itemsize);
+  ctx.sinkFor(rank, p.rank).box(li, p.local, src, dst, box.length, nums, so, pn, p.so, t.itemsize);
 }
 
 function uncovered(name: string, dst: RankLayout, range: Box): LayoutError {
