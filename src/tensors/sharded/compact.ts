@@ -7,7 +7,7 @@
 // passes the common layout without building an object and leaves anything unusual (non-ASCII
 // names, strided memory, many pieces, padding) to validateLayout on the objects, which says what
 // is wrong.
-import { dtypeInfo, type DType } from '../../ipc/dtype.js';
+import { DTYPES, dtypeInfo, type DType } from '../../ipc/dtype.js';
 import type { Box } from './errors.js';
 import {
   MAX_NAME_BYTES, MAX_NDIM, MAX_NODE_BYTES, validateLayout,
@@ -27,6 +27,8 @@ export interface CompactLayout {
   readonly sourceCount: number;
   readonly localCount: number;
   readonly lName: readonly string[];
+  /** The decoder's ids of the local tensors' names (equal names, equal ids), when it interned them all. */
+  readonly lId?: Int32Array;
   readonly lDtype: readonly DType[];
   readonly lNdim: Uint8Array;
   /** Offsets into `nums`: a local's shape, its byte strides. */
@@ -163,6 +165,34 @@ export function layoutOfCompact(c: CompactLayout): RankLayout {
   return layout;
 }
 
+const ITEMSIZE = new Map<string, number>(DTYPES.map((d) => [d, dtypeInfo(d).itemsize]));
+
+/** Stamps by name id: a name seen in this layout's role has the role's stamp. */
+let stamps = new Int32Array(0);
+let stamp = 0;
+
+/** Whether no two sources and no two destinations of `c` have one name. */
+function uniqueNames(c: CompactLayout): boolean {
+  const ids = c.lId;
+  if (!ids || ids.some((x) => x < 0)) {
+    for (const [from, to] of [[0, c.sourceCount], [c.sourceCount, c.localCount]] as const) {
+      if (new Set(c.lName.slice(from, to)).size !== to - from) return false;
+    }
+    return true;
+  }
+  for (const [from, to] of [[0, c.sourceCount], [c.sourceCount, c.localCount]] as const) {
+    if (stamp >= 0x7ffffffe) { stamps.fill(0); stamp = 0; }
+    stamp++;
+    for (let i = from; i < to; i++) {
+      const id = ids[i]!;
+      if (id >= stamps.length) { const grown = new Int32Array(Math.max(id + 1, stamps.length * 2, 1024)); grown.set(stamps); stamps = grown; }
+      if (stamps[id] === stamp) return false;
+      stamps[id] = stamp;
+    }
+  }
+  return true;
+}
+
 const checkedTables = new WeakSet<readonly GlobalTensor[]>();
 
 /** The global tensors: ASCII names of 1..MAX bytes, sorted and unique, known dtypes, shapes in bounds. */
@@ -198,16 +228,14 @@ export function checkCompact(c: CompactLayout): boolean {
   if (!checkTable(tensors)) return false;
   const used = new Uint8Array(tensors.length);
   const nums = c.nums;
-  const names = [new Set<string>(), new Set<string>()];
+  if (!uniqueNames(c)) return false;
   for (let i = 0; i < c.localCount; i++) {
-    const seen = names[i < c.sourceCount ? 0 : 1]!;
     const name = c.lName[i]!;
-    if (name.length < 1 || name.length > MAX_NAME_BYTES || seen.has(name)) return false;
-    seen.add(name);
+    if (name.length < 1 || name.length > MAX_NAME_BYTES) return false;
     const ndim = c.lNdim[i]!;
     const dtype = c.lDtype[i]!;
-    let itemsize: number;
-    try { itemsize = dtypeInfo(dtype).itemsize; } catch { return false; }
+    const itemsize = ITEMSIZE.get(dtype);
+    if (itemsize === undefined) return false;
     const sh = c.lShape[i]!;
     const st = c.lStrides[i]!;
     // Contiguous strides only (anything else: the object check); the span in bounds.

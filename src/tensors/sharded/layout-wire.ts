@@ -101,6 +101,8 @@ class Reader {
   entry = -1;
   piece = -1;
   ascii = true;
+  /** The id of the name text() read last (-1: not interned). */
+  id = -1;
   readonly view: DataView;
   constructor(readonly buf: Buffer) { this.view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength); }
   /** `suffix` after the entry being read, e.g. "local tensor 3's piece 0's start". */
@@ -139,8 +141,12 @@ class Reader {
       if (b >= 0x80) { h = -1; break; }
       h = Math.imul(h ^ b, 0x01000193);
     }
-    if (h !== -1) s = internAscii(buf, this.pos, n, h);
-    else try { s = utf8.decode(buf.subarray(this.pos, this.pos + n)); this.ascii = false; } catch { throw bad(`${this.where(what)} is not valid UTF-8`); }
+    this.id = -1;
+    if (h !== -1) {
+      const x = internAscii(buf, this.pos, n, h);
+      s = x.s;
+      this.id = x.id;
+    } else try { s = utf8.decode(buf.subarray(this.pos, this.pos + n)); this.ascii = false; } catch { throw bad(`${this.where(what)} is not valid UTF-8`); }
     this.pos += n;
     for (let i = 0; i < pad8(n) - n; i++) if (buf[this.pos + i] !== 0) throw bad(`the padding after ${this.where(what)} must be zero`);
     this.pos += pad8(n) - n;
@@ -153,24 +159,28 @@ class Reader {
  * (every rank of a model names its tensors alike), and one string per name decodes faster and
  * leaves less to collect than a string per record. Bounded: cleared when it grows past a million.
  */
-const names = new Map<number, string | string[]>();
+interface Name { readonly s: string; readonly id: number }
+const names = new Map<number, Name | Name[]>();
+let nameCount = 0;
 const NAMES_MAX = 1 << 20;
 
-function internAscii(buf: Buffer, pos: number, n: number, h: number): string {
-  const same = (s: string): boolean => {
+/** The interned string of ASCII bytes `buf[pos, pos + n)` (hash `h`) and its id (unique while interned). */
+function internAscii(buf: Buffer, pos: number, n: number, h: number): Name {
+  const same = (x: Name): boolean => {
+    const s = x.s;
     if (s.length !== n) return false;
     for (let i = 0; i < n; i++) if (s.charCodeAt(i) !== buf[pos + i]) return false;
     return true;
   };
   const found = names.get(h);
-  if (typeof found === 'string' && same(found)) return found;
-  if (typeof found === 'object') for (const s of found) if (same(s)) return s;
-  const s = buf.toString('latin1', pos, pos + n);
-  if (names.size >= NAMES_MAX) names.clear();
-  if (found === undefined) names.set(h, s);
-  else if (typeof found === 'string') names.set(h, [found, s]);
-  else found.push(s);
-  return s;
+  if (found !== undefined && !Array.isArray(found) && same(found)) return found;
+  if (Array.isArray(found)) for (const x of found) if (same(x)) return x;
+  if (nameCount >= NAMES_MAX) { names.clear(); nameCount = 0; }
+  const x: Name = { s: buf.toString('latin1', pos, pos + n), id: nameCount++ };
+  if (found === undefined) names.set(h, x);
+  else if (Array.isArray(found)) found.push(x);
+  else names.set(h, [found, x]);
+  return x;
 }
 
 function dtypeOf(code: number, r: Reader): GlobalTensor['dtype'] {
@@ -235,7 +245,7 @@ let byteUsed = 0;
 function copyOf(bytes: Uint8Array): Uint8Array {
   const n = bytes.length;
   if (n > CHUNK / 4) return new Uint8Array(bytes);
-  if (byteUsed + n > byteChunk.length) { byteChunk = new Uint8Array(CHUNK); byteUsed = 0; }
+  if (byteUsed + n > byteChunk.length) { byteChunk = new Uint8Array(Buffer.allocUnsafeSlow(CHUNK).buffer, 0, CHUNK); byteUsed = 0; }
   const out = byteChunk.subarray(byteUsed, byteUsed + n);
   out.set(bytes);
   byteUsed = pad8(byteUsed + n);
@@ -301,6 +311,7 @@ export function decodeLayout(bytes: Uint8Array): RankLayout {
   const tensors = readTable(r, g);
   const L = s + d;
   const lName: string[] = new Array(L);
+  const lId = new Int32Array(L);
   const lDtype: GlobalTensor['dtype'][] = new Array(L);
   const lNdim = new Uint8Array(L);
   const lShape = new Uint32Array(L);
@@ -348,6 +359,7 @@ export function decodeLayout(bytes: Uint8Array): RankLayout {
       }
     }
     lName[i] = r.text(nameLength, 'name');
+    lId[i] = r.id;
     if (pieces + pieceCount > pTensor.length) {
       const grow = (x: Uint32Array<ArrayBuffer>): Uint32Array<ArrayBuffer> => { const y = new Uint32Array(Math.max(x.length * 2, pieces + pieceCount)); y.set(x); return y; };
       pTensor = grow(pTensor);
@@ -382,7 +394,7 @@ export function decodeLayout(bytes: Uint8Array): RankLayout {
   lPadding[L] = pads;
   if (r.pos !== bytes.length) throw bad(`${bytes.length - r.pos} bytes follow the last local tensor`);
   const compact: CompactLayout = {
-    rank, node, gpu, tensors, sourceCount: s, localCount: L, lName, lDtype, lNdim, lShape, lStrides, lPieces, lPadding,
+    rank, node, gpu, tensors, sourceCount: s, localCount: L, lName, lId, lDtype, lNdim, lShape, lStrides, lPieces, lPadding,
     pTensor: pTensor.subarray(0, pieces), pAt: pAt.subarray(0, pieces), padAt: padAt.subarray(0, pads), nums: nums.done(),
     ascii: r.ascii,
   };

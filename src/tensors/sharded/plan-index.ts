@@ -46,8 +46,6 @@ export class Side {
   bs = new Float64Array(0);
   be = new Float64Array(0);
   length = 0;
-  /** Pieces counted before the arrays are made. */
-  count = 0;
   /** Order indices sorted by (first-dimension start, order). */
   byStart: number[] = [];
   /** The longest first-dimension extent. */
@@ -55,16 +53,20 @@ export class Side {
   readonly #entries: Array<Entry | undefined> = [];
   constructor(readonly source: boolean, readonly ndim: number, readonly compacts: readonly CompactLayout[]) {}
 
-  /** Makes the arrays for the pieces counted. */
-  allocate(): void {
-    const n = this.count;
-    this.lay = new Int32Array(n); this.li = new Int32Array(n); this.o = new Int32Array(n);
-    this.s0 = new Float64Array(n); this.e0 = new Float64Array(n);
-    this.bs = new Float64Array(n * this.ndim); this.be = new Float64Array(n * this.ndim);
+  /** Room for `n` pieces in all. */
+  reserve(n: number): void {
+    if (n <= this.lay.length) return;
+    const k = this.ndim;
+    const i32 = (a: Int32Array<ArrayBuffer>): Int32Array<ArrayBuffer> => { const b = new Int32Array(n); b.set(a); return b; };
+    const f64 = (a: Float64Array<ArrayBuffer>, m: number): Float64Array<ArrayBuffer> => { const b = new Float64Array(m); b.set(a); return b; };
+    this.lay = i32(this.lay); this.li = i32(this.li); this.o = i32(this.o);
+    this.s0 = f64(this.s0, n); this.e0 = f64(this.e0, n);
+    this.bs = f64(this.bs, n * k); this.be = f64(this.be, n * k);
   }
 
   /** Piece `o` (offset in `nums`) of layout `r`'s local tensor `li`. */
   push(r: number, li: number, nums: Float64Array, o: number): void {
+    if (this.length === this.lay.length) this.reserve(Math.max(16, 2 * this.length));
     const i = this.length++;
     const ndim = this.ndim;
     this.lay[i] = r; this.li[i] = li; this.o[i] = o;
@@ -84,8 +86,8 @@ export class Side {
     for (let i = 1; i < n && sorted; i++) sorted = this.s0[i - 1]! <= this.s0[i]!;
     const order = new Array<number>(n);
     for (let i = 0; i < n; i++) order[i] = i;
+    if (!sorted) order.sort((a, b) => this.s0[a]! - this.s0[b]! || a - b);
     this.byStart = order;
-    if (!sorted) this.byStart.sort((a, b) => this.s0[a]! - this.s0[b]! || a - b);
     for (let i = 0; i < n; i++) this.max = Math.max(this.max, this.e0[i]! - this.s0[i]!);
   }
 
@@ -215,25 +217,28 @@ export function buildIndex(layouts: readonly RankLayout[], compacts: readonly Co
     }
     return false;
   };
-  // Two passes over every piece: count per side, then fill arrays of the right size.
-  for (let pass = 0; pass < 2; pass++) {
-    if (pass === 1) for (const t of index.values()) if (t.mine) { t.sources.allocate(); t.dests.allocate(); }
-    compacts.forEach((c, r) => {
-      const tensors = slots[r]!;
-      const nums = c.nums;
-      for (let li = 0; li < c.localCount; li++) {
-        const source = li < c.sourceCount;
-        for (let k = c.lPieces[li]!; k < c.lPieces[li + 1]!; k++) {
-          const t = tensors[c.pTensor[k]!]!;
-          if (!t.mine) continue;
-          if (!source && me >= 0 && r !== me && !wanted(t, nums, c.pAt[k]!)) continue;
-          const side = source ? t.sources : t.dests;
-          if (pass === 0) { side.count++; continue; }
-          side.push(r, li, nums, c.pAt[k]!);
-        }
-      }
-    });
+  // Room first: a piece per layout that lists the tensor, counted once per shared table.
+  const users = new Map<TensorIndex[], number>();
+  for (const list of slots) users.set(list, (users.get(list) ?? 0) + 1);
+  const hint = new Map<TensorIndex, number>();
+  for (const [list, k] of users) for (const t of list) if (t.mine) hint.set(t, (hint.get(t) ?? 0) + k);
+  for (const [t, k] of hint) {
+    t.sources.reserve(k);
+    if (me < 0) t.dests.reserve(k);
   }
+  compacts.forEach((c, r) => {
+    const tensors = slots[r]!;
+    const nums = c.nums;
+    for (let li = 0; li < c.localCount; li++) {
+      const source = li < c.sourceCount;
+      for (let k = c.lPieces[li]!; k < c.lPieces[li + 1]!; k++) {
+        const t = tensors[c.pTensor[k]!]!;
+        if (!t.mine) continue;
+        if (!source && me >= 0 && r !== me && !wanted(t, nums, c.pAt[k]!)) continue;
+        (source ? t.sources : t.dests).push(r, li, nums, c.pAt[k]!);
+      }
+    }
+  });
   for (const t of index.values()) {
     if (!t.mine) continue;
     t.sources.prepare();

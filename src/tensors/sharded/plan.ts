@@ -215,9 +215,11 @@ function planPieceByBoxes(ctx: Ctx, t: TensorIndex, groups: readonly number[], p
   const sources = t.sources;
   const meeting = only ? [only.rep!.order] : sources.overlapping(groups, p);
   let covered = 0;
+  // One box reused for every cell (nothing downstream keeps it).
+  const start = new Array<number>(ndim);
+  const length = new Array<number>(ndim);
+  const box = { start, length };
   for (const g of meeting) {
-    const start = new Array<number>(ndim);
-    const length = new Array<number>(ndim);
     let cells = 1;
     for (let d = 0; d < ndim; d++) {
       start[d] = Math.max(sources.start(g, d), lo(p, d));
@@ -225,7 +227,6 @@ function planPieceByBoxes(ctx: Ctx, t: TensorIndex, groups: readonly number[], p
       cells *= length[d]!;
     }
     covered += cells;
-    const box = { start, length };
     if (!t.members!.has(g)) {
       // One source holds this box: no entry object needed (most cells of an FSDP layout).
       if (only && only.order !== g) continue;
