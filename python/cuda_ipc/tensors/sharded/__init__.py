@@ -3,7 +3,7 @@ rank holds or needs (boxes, DTensor placements, fused and padded parameters), th
 between ranks, and the layouts' wire format ('CISL', docs/PROTOCOL.md section 9). Nothing here
 moves data yet."""
 from .errors import Box, LayoutError, LAYOUT_ERROR_CODES, format_range
-from .placements import dtensor_box, placement_box, shard_range
+from .placements import dtensor_box, dtensor_pieces, placement_box, placement_pieces, shard_range
 from .layout import GlobalTensor, LocalTensor, Piece, RankLayout, contiguous_strides, validate_layout
 from .builder import LayoutBuilder, tensor_parallel_parameter
 from .layout_wire import LAYOUT_VERSION, MAX_LAYOUT_BYTES, decode_layout, encode_layout, layout_fingerprint
@@ -11,7 +11,7 @@ from .plan import SPLIT_MIN_BYTES, PlanPair, ShardPlan, plan_bytes, plan_sharded
 from .runs import RUN_FIELDS, PlanRun
 
 __all__ = [
-    "Box", "LayoutError", "LAYOUT_ERROR_CODES", "format_range", "dtensor_box", "placement_box", "shard_range",
+    "Box", "LayoutError", "LAYOUT_ERROR_CODES", "format_range", "dtensor_box", "dtensor_pieces", "placement_box", "placement_pieces", "shard_range",
     "GlobalTensor", "LocalTensor", "Piece", "RankLayout", "contiguous_strides", "validate_layout", "LayoutBuilder",
     "tensor_parallel_parameter", "LAYOUT_VERSION", "MAX_LAYOUT_BYTES", "decode_layout", "encode_layout",
     "layout_fingerprint", "SPLIT_MIN_BYTES", "PlanPair", "ShardPlan", "plan_bytes", "plan_sharded", "RUN_FIELDS", "PlanRun",
