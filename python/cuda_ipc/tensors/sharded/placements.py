@@ -43,11 +43,12 @@ def _check(shape: Sequence[int], mesh: Sequence[int], placements: Sequence[Place
         if p == "replicate":
             out.append(None)
             continue
-        ok = isinstance(p, tuple) and len(p) in (2, 3) and p[0] == "shard"
-        d = p[1] if ok else None
-        f = p[2] if ok and len(p) == 3 else None
+        t: tuple[Any, ...] = p if isinstance(p, tuple) else ()
+        ok = len(t) in (2, 3) and t[0] == "shard"
+        d = t[1] if ok else None
+        f = t[2] if ok and len(t) == 3 else None
         if not isinstance(d, int) or not 0 <= d < len(shape) or (f is not None and (not isinstance(f, int) or f < 1)) \
-                or (ok and len(p) == 3 and f is None):
+                or (ok and len(t) == 3 and f is None):
             raise bad(f"placement {i} is {p!r}; use 'replicate', ('shard', d) or ('shard', d, n) with d in 0..{len(shape) - 1} and n >= 1")
         out.append((d, f))
     return out, any(p is not None and p[1] is not None for p in out)
