@@ -157,12 +157,14 @@ class Reader {
 /**
  * ASCII names seen in records, by a hash of their bytes: a group's records repeat the same names
  * (every rank of a model names its tensors alike), and one string per name decodes faster and
- * leaves less to collect than a string per record. Bounded: cleared when it grows past a million.
+ * leaves less to collect than a string per record. Bounded: cleared past a million names or 16 Mi characters.
  */
 interface Name { readonly s: string; readonly id: number }
 const names = new Map<number, Name | Name[]>();
 let nameCount = 0;
+let nameChars = 0;
 const NAMES_MAX = 1 << 20;
+const NAME_CHARS_MAX = 16 << 20;
 
 /** The interned string of ASCII bytes `buf[pos, pos + n)` (hash `h`) and its id (unique while interned). */
 function internAscii(buf: Buffer, pos: number, n: number, h: number): Name {
@@ -175,7 +177,8 @@ function internAscii(buf: Buffer, pos: number, n: number, h: number): Name {
   const found = names.get(h);
   if (found !== undefined && !Array.isArray(found) && same(found)) return found;
   if (Array.isArray(found)) for (const x of found) if (same(x)) return x;
-  if (nameCount >= NAMES_MAX) { names.clear(); nameCount = 0; }
+  if (nameCount >= NAMES_MAX || nameChars >= NAME_CHARS_MAX) { names.clear(); nameCount = 0; nameChars = 0; }
+  nameChars += n;
   const x: Name = { s: buf.toString('latin1', pos, pos + n), id: nameCount++ };
   if (found === undefined) names.set(h, x);
   else if (Array.isArray(found)) found.push(x);

@@ -71,11 +71,15 @@ export function sortAndMerge(values: readonly number[]): Float64Array {
   const order = new Uint32Array(n);
   for (let i = 0; i < n; i++) order[i] = i;
   const v = values;
-  order.sort((a, b) => {
+  const compare = (a: number, b: number): number => {
     const x = a * RUN_FIELDS;
     const y = b * RUN_FIELDS;
     return v[x + 1]! - v[y + 1]! || v[x + 3]! - v[y + 3]! || v[x]! - v[y]! || v[x + 2]! - v[y + 2]!;
-  });
+  };
+  // Often already in order (one tensor after another): sort only when not.
+  let sorted = true;
+  for (let i = 1; i < n && sorted; i++) sorted = compare(i - 1, i) <= 0;
+  if (!sorted) order.sort(compare);
   const out: number[] = [];
   for (let i = 0; i < n; i++) {
     const b = order[i]! * RUN_FIELDS;
