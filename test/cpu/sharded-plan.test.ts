@@ -260,3 +260,36 @@ test('layout records: round trip, one encoding, the fingerprint follows the layo
   refuse((b) => { b[40] = 99; return b; }, /dtype code 99/);
   refuse((b) => b.subarray(0, 20), /shorter than/);
 });
+
+test('decoded records: the compact check and the object check agree (refusals with their codes; unusual layouts that are valid decode)', () => {
+  const src = new LayoutBuilder({ rank: 0, node: 'n', gpu: 0 }).hold('a', { dtype: 'float32', shape: [10, 4], start: [0, 0], length: [5, 4] }).hold('b', { dtype: 'float32', shape: [10, 4], start: [5, 0], length: [5, 4], tensor: 'a' }).build();
+  const dst = new LayoutBuilder({ rank: 1, node: 'm', gpu: 0 }).needParameter('w', {
+    dtype: 'float32', shape: [10, 4], pieces: [{ tensor: 'a', shape: [10, 4], start: [0, 0], length: [5, 4] }, { tensor: 'a', shape: [10, 4], start: [5, 0], length: [5, 4], at: [5, 0] }],
+  }).build();
+  const good = Buffer.from(encodeLayout(dst));
+  // The second piece's numbers: start (5, 0), length (5, 4), at (5, 0), each a u64.
+  const pattern = Buffer.alloc(48);
+  [5, 0, 5, 4, 5, 0].forEach((v, i) => pattern.writeUInt32LE(v, 8 * i));
+  const at = good.indexOf(pattern);
+  assert.ok(at > 0);
+  const mutated = (index: number, value: number): Buffer => { const b = Buffer.from(good); b.writeUInt32LE(value, at + 8 * index); return b; };
+  const code = (b: Buffer): string => { try { decodeLayout(b); return 'ok'; } catch (e) { return (e as LayoutError).code; } };
+  assert.equal(code(good), 'ok');
+  assert.equal(code(mutated(4, 4)), 'ERR_LAYOUT_OVERLAP'); // at row 4: overlaps the first piece
+  assert.equal(code(mutated(4, 6)), 'ERR_LAYOUT_BOUNDS'); // at row 6: past the local tensor's 10 rows
+  assert.equal(code(mutated(2, 4)), 'ERR_LAYOUT_UNCOVERED'); // 4 rows: row 9 neither piece nor padding
+  assert.equal(code(mutated(0, 6)), 'ERR_LAYOUT_BOUNDS'); // rows 6..10 of a 10-row tensor
+  // Two sources named alike: refused; sources are not required to fill their local tensors.
+  const twice = Buffer.from(encodeLayout(src));
+  const names = twice.indexOf(Buffer.from('b\0\0\0\0\0\0\0'));
+  twice[names] = 0x61; // 'b' -> 'a'
+  assert.equal(code(twice), 'ERR_LAYOUT_INVALID');
+  // Valid but outside the compact check's fast path: non-ASCII names, strided memory, many pieces.
+  const unusual = new LayoutBuilder({ rank: 2, node: 'nœud', gpu: 0 })
+    .hold('poids-é', { dtype: 'float32', shape: [4, 3], strides: [4, 16] })
+    .needParameter('many', { dtype: 'float32', shape: [12, 1], pieces: Array.from({ length: 12 }, (_, i) => ({ tensor: 'poids-é', shape: [4, 3], start: [i >> 2, i % 3], length: [1, 1], at: [i, 0] })).filter((p) => p.start[0]! < 4) })
+    .build();
+  const back = decodeLayout(encodeLayout(unusual));
+  assert.deepEqual(back, unusual);
+  assert.deepEqual(planSharded([back]).pairs.map((p) => p.bytes), planSharded([unusual]).pairs.map((p) => p.bytes));
+});
