@@ -45,6 +45,9 @@ def scenarios() -> list[tuple[str, list[RankLayout]]]:
     out.append(("Shard(0) x Shard(1) 2x3 -> tp2",
                 [_trainer(r, "t", r, [2, 3], [r // 3, r % 3], lambda n: [("shard", 0), ("shard", 0)] if n == "norm" else [("shard", 0), ("shard", 1)]).build() for r in range(6)]
                 + [_engine(6, "i", 0, 2, 0), _engine(7, "i", 1, 2, 1)]))
+    out.append(("_StridedShard(0, 2) x Shard(0) 2x3 -> tp2",
+                [_trainer(r, "s", r, [2, 3], [r // 3, r % 3], lambda n: [("shard", 0, 2), ("shard", 0)]).build() for r in range(6)]
+                + [_engine(6, "i", 0, 2, 0), _engine(7, "i", 1, 2, 1)]))
     def part(rank, node, start, length):
         b = LayoutBuilder(rank=rank, node=node, gpu=rank).hold("w", dtype="float32", shape=(10, 4), start=start, length=length)
         if rank < 2:

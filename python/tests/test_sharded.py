@@ -7,7 +7,7 @@ import unittest
 
 from cuda_ipc.descriptor import DTYPES
 from cuda_ipc.tensors.sharded import (
-    Box, LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, placement_box, plan_bytes,
+    Box, LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, placement_box, placement_pieces, plan_bytes,
     plan_sharded, shard_range, tensor_parallel_parameter,
 )
 from cuda_ipc.tensors.sharded.layout import DTYPE_CODES, itemsize
@@ -128,7 +128,7 @@ class TestPlacements(unittest.TestCase):
 
     def test_dtensor_refusals(self):
         mesh = FakeMesh((2,), [0])
-        for placement, code in ((_StridedShard(0, 2), "ERR_LAYOUT_INVALID"), (Partial(), "ERR_LAYOUT_INVALID")):
+        for placement, code in ((Partial(), "ERR_LAYOUT_INVALID"),):
             with self.assertRaises(LayoutError) as e:
                 LayoutBuilder(rank=0, node="n", gpu=0).hold_dtensor("w", FakeDTensor((4, 2), [placement], mesh, (2, 2)))
             self.assertEqual(e.exception.code, code)
@@ -136,6 +136,65 @@ class TestPlacements(unittest.TestCase):
         with self.assertRaises(LayoutError) as e:
             LayoutBuilder(rank=0, node="n", gpu=0).hold_dtensor("w", FakeDTensor((5, 2), [Shard(0)], mesh, (2, 2)))
         self.assertEqual((e.exception.code, e.exception.tensor), ("ERR_LAYOUT_SHAPE", "w"))
+
+    def test_strided_shard_pieces_follow_torch_split_tensor(self):
+        # torch's definition on lists of indices: torch.chunk (ceil-sized chunks, filled with empty
+        # ones) and _StridedShard._split_tensor (split_factor chunks, each chunked, the i-th of each
+        # concatenated), mesh dimension by mesh dimension.
+        def chunk(xs, k):
+            size = -(-len(xs) // k)
+            out = [xs[i:i + size] for i in range(0, len(xs), size)] if size else []
+            return out + [[]] * (k - len(out))
+
+        def split(xs, k, f):
+            if f is None:
+                return chunk(xs, k)
+            second = [chunk(s, k) for s in chunk(xs, f)]
+            return [sum((s[i] for s in second), []) for i in range(k)]
+
+        cases = [((8, 8), (2, 2), [("shard", 0, 2), ("shard", 0)]), ((10, 6), (2, 3), [("shard", 0, 2), ("shard", 0)]),
+                 ((10, 6), (2, 3), [("shard", 0, 3), ("shard", 0)]), ((7,), (2,), [("shard", 0, 2)]),
+                 ((5, 11), (3, 2), [("shard", 1, 2), ("shard", 1)]), ((9, 5), (2, 2, 2), [("shard", 0, 2), ("shard", 1), ("shard", 0, 3)]),
+                 ((13, 4), (2, 2), ["replicate", ("shard", 0, 4)]), ((3, 4), (4, 2), [("shard", 0, 2), ("shard", 0)])]
+        multi = 0
+        for shape, mesh, placements in cases:
+            for coord in itertools.product(*(range(n) for n in mesh)):
+                ref = [list(range(n)) for n in shape]
+                for size, at, p in zip(mesh, coord, placements):
+                    if p != "replicate":
+                        ref[p[1]] = split(ref[p[1]], size, p[2] if len(p) == 3 else None)[at]
+                local, pieces = placement_pieces(shape, mesh, placements, list(coord))
+                where = (shape, mesh, placements, coord)
+                self.assertEqual(local, tuple(len(x) for x in ref), where)
+                seen = set()
+                for start, length, at in pieces:
+                    for k in itertools.product(*(range(n) for n in length)):
+                        here = tuple(a + x for a, x in zip(at, k))
+                        self.assertEqual(tuple(ref[d][i] for d, i in enumerate(here)), tuple(s + x for s, x in zip(start, k)), where)
+                        self.assertNotIn(here, seen, where)
+                        seen.add(here)
+                self.assertEqual(len(seen), __import__("math").prod(local), where)
+                multi += len(pieces) > 1
+        self.assertGreaterEqual(multi, 4)
+        # torch's docstring: [8, 8], 2 x 2 mesh, _StridedShard(0, split_factor=2) then Shard(0): rows 0-1, 4-5, 2-3, 6-7.
+        rows = [placement_box((8, 8), (2, 2), [("shard", 0, 2), ("shard", 0)], list(c)).start[0] for c in ((0, 0), (0, 1), (1, 0), (1, 1))]
+        self.assertEqual(rows, [0, 4, 2, 6])
+        with self.assertRaises(LayoutError) as e:
+            placement_box((10, 6), (2, 3), [("shard", 0, 2), ("shard", 0)], (0, 1))
+        self.assertEqual(e.exception.code, "ERR_LAYOUT_INVALID")
+
+    def test_strided_shard_dtensor_read_duck_typed(self):
+        # FSDP2 over TP: a DTensor with (_StridedShard(0, 2), Shard(0)) on a 2 x 3 mesh; rank (0, 1)
+        # holds rows 2 and 5 of a [10, 6] tensor: two pieces of its [2, 6] local tensor.
+        dt = FakeDTensor((10, 6), [_StridedShard(0, 2), Shard(0)], FakeMesh((2, 3), [0, 1]), (2, 6))
+        layout = LayoutBuilder(rank=1, node="n", gpu=1).hold_dtensor("w", dt).build()
+        want = LayoutBuilder(rank=1, node="n", gpu=1).hold("w", dtype="bfloat16", shape=(10, 6), mesh=(2, 3), placements=[("shard", 0, 2), ("shard", 0)], coordinate=(0, 1)).build()
+        self.assertEqual(encode_layout(layout), encode_layout(want))
+        self.assertEqual([(p.start, p.length, p.at) for p in layout.sources[0].pieces], [((2, 0), (1, 6), (0, 0)), ((5, 0), (1, 6), (1, 0))])
+        # A local tensor whose shape disagrees with the placements: refused.
+        with self.assertRaises(LayoutError) as e:
+            LayoutBuilder(rank=1, node="n", gpu=1).hold_dtensor("w", FakeDTensor((10, 6), [_StridedShard(0, 2), Shard(0)], FakeMesh((2, 3), [0, 1]), (3, 6)))
+        self.assertEqual(e.exception.code, "ERR_LAYOUT_SHAPE")
 
     def test_tensor_parallel_padded_vocabulary(self):
         p = tensor_parallel_parameter(dtype="bfloat16", dim=0, size=2, rank=1, pad_multiple=64, parts=[("embed", (100, 6))])
@@ -181,6 +240,25 @@ class TestAgainstTorch(unittest.TestCase):
                 self.assertEqual(tuple(local), ours.length, (shape, mesh, coord))
                 if min(ours.length) > 0:
                     self.assertEqual(tuple(offset), ours.start, (shape, mesh, coord))
+
+
+    def test_strided_shard_matches_torch_split_tensor(self):
+        import torch  # type: ignore
+        try:
+            from torch.distributed.tensor.placement_types import _StridedShard as TSS  # type: ignore
+        except ImportError:
+            self.skipTest("this torch has no _StridedShard")
+        for n, mesh, f in ((8, 2, 2), (10, 3, 2), (10, 2, 3), (7, 2, 2), (13, 4, 2)):
+            try:
+                shards, _ = TSS(0, split_factor=f)._split_tensor(torch.arange(n), mesh, with_padding=False, contiguous=True)
+            except TypeError:
+                self.skipTest("this torch's _StridedShard._split_tensor takes other arguments")
+            for at in range(mesh):
+                local, pieces = placement_pieces((n,), (mesh,), [("shard", 0, f)], [at])
+                got = [0] * local[0]
+                for start, length, off in pieces:
+                    got[off[0]:off[0] + length[0]] = range(start[0], start[0] + length[0])
+                self.assertEqual(got, shards[at].tolist(), (n, mesh, f, at))
 
 
 class TestPlans(unittest.TestCase):

@@ -12,9 +12,9 @@ export {
 import './tensor-set-transfer.js';
 import './nccl-transfer.js';
 export {
-  LayoutBuilder, LayoutError, tensorParallelParameter, placementBox, shardRange, validateLayout, encodeLayout, decodeLayout,
+  LayoutBuilder, LayoutError, tensorParallelParameter, placementBox, placementPieces, shardRange, validateLayout, encodeLayout, decodeLayout,
   layoutFingerprint, planSharded, planBytes, runsOf, RUN_FIELDS,
-  type RankLayout, type GlobalTensor, type LocalTensor, type Piece, type Box, type Placement, type PlacementSpec,
+  type RankLayout, type GlobalTensor, type LocalTensor, type Piece, type Box, type Placement, type PlacementSpec, type PlacedPieces,
   type BoxSpec, type PlacedSpec, type ArrayLikeTensor, type ParameterSpec, type TensorParallelSpec,
   type ShardPlan, type PlanPair, type PlanPath, type PlanOptions, type PlanRun, type LayoutErrorCode, type LayoutErrorDetail,
   ShardGroup, hostRunCopier, DEFAULT_SHARD_CHUNK_BYTES,

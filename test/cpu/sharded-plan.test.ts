@@ -6,8 +6,8 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  LayoutBuilder, LayoutError, decodeLayout, encodeLayout, layoutFingerprint, placementBox, planBytes, planSharded, shardRange,
-  tensorParallelParameter, runsOf, SPLIT_MIN_BYTES, type RankLayout,
+  LayoutBuilder, LayoutError, decodeLayout, encodeLayout, layoutFingerprint, placementBox, placementPieces, planBytes, planSharded, shardRange,
+  tensorParallelParameter, runsOf, SPLIT_MIN_BYTES, type Placement, type RankLayout,
 } from '../../src/tensors/sharded/index.js';
 import { scenarios } from './sharded-scenarios.js';
 import { dtypeInfo } from '../../src/ipc/dtype.js';
@@ -24,6 +24,81 @@ test('shardRange and placementBox follow DTensor: ceil chunks, the last smaller 
   ]);
   assert.deepEqual(placementBox({ shape: [4, 6], mesh: [2, 3], placements: ['replicate', { shard: 1 }], coordinate: [1, 2] }), { start: [0, 4], length: [4, 2] });
   assert.throws(() => placementBox({ shape: [4], mesh: [2], placements: [{ shard: 1 }], coordinate: [0] }), { code: 'ERR_LAYOUT_INVALID' });
+});
+
+// torch's definition, on lists of indices: torch.chunk (chunks of ceil(n / k), fewer when they run
+// out, filled with empty ones) and _StridedShard._split_tensor (split_factor chunks, each chunked,
+// the i-th of each concatenated), applied mesh dimension by mesh dimension to the local indices.
+function chunk(xs: number[], k: number): number[][] {
+  const size = Math.ceil(xs.length / k);
+  const out: number[][] = [];
+  for (let i = 0; size > 0 && i < xs.length; i += size) out.push(xs.slice(i, i + size));
+  while (out.length < k) out.push([]);
+  return out;
+}
+function splitTensor(xs: number[], k: number, splitFactor?: number): number[][] {
+  if (splitFactor === undefined) return chunk(xs, k);
+  const second = chunk(xs, splitFactor).map((s) => chunk(s, k));
+  return Array.from({ length: k }, (_, i) => second.flatMap((s) => s[i]!));
+}
+function referenceIndices(shape: number[], mesh: number[], placements: Placement[], coordinate: number[]): number[][] {
+  let idx = shape.map((n) => Array.from({ length: n }, (_, i) => i));
+  placements.forEach((p, i) => {
+    if (p === 'replicate') return;
+    idx = idx.map((xs, d) => (d === p.shard ? splitTensor(xs, mesh[i]!, p.splitFactor)[coordinate[i]!]! : xs));
+  });
+  return idx;
+}
+
+test('_StridedShard (FSDP2 over TP): a rank\'s pieces are exactly torch\'s _split_tensor indices, every mesh coordinate, uneven extents', () => {
+  const cases: Array<[number[], number[], Placement[]]> = [
+    [[8, 8], [2, 2], [{ shard: 0, splitFactor: 2 }, { shard: 0 }]],
+    [[10, 6], [2, 3], [{ shard: 0, splitFactor: 2 }, { shard: 0 }]],
+    [[10, 6], [2, 3], [{ shard: 0, splitFactor: 3 }, { shard: 0 }]],
+    [[7], [2], [{ shard: 0, splitFactor: 2 }]],
+    [[5, 11], [3, 2], [{ shard: 1, splitFactor: 2 }, { shard: 1 }]],
+    [[9, 5], [2, 2, 2], [{ shard: 0, splitFactor: 2 }, { shard: 1 }, { shard: 0, splitFactor: 3 }]],
+    [[13, 4], [2, 2], ['replicate', { shard: 0, splitFactor: 4 }]],
+    [[3, 4], [4, 2], [{ shard: 0, splitFactor: 2 }, { shard: 0 }]],
+  ];
+  let multi = 0;
+  for (const [shape, mesh, placements] of cases) {
+    const coords: number[][] = [[]];
+    for (const m of mesh) coords.splice(0, coords.length, ...coords.flatMap((c) => Array.from({ length: m }, (_, i) => [...c, i])));
+    for (const coordinate of coords) {
+      const ref = referenceIndices(shape, mesh, placements, coordinate);
+      const got = placementPieces({ shape, mesh, placements, coordinate });
+      const where = `${JSON.stringify(placements)} on ${JSON.stringify(mesh)} at ${JSON.stringify(coordinate)}`;
+      assert.deepEqual(got.shape, ref.map((xs) => xs.length), where);
+      // Every local element once, holding the global element the definition puts there.
+      const seen = new Set<string>();
+      for (const p of got.pieces) {
+        const k = p.length.map(() => 0);
+        for (;;) {
+          const local = k.map((x, d) => p.at[d]! + x);
+          assert.deepEqual(local.map((l, d) => ref[d]![l]), k.map((x, d) => p.start[d]! + x), where);
+          assert.ok(!seen.has(local.join()), where);
+          seen.add(local.join());
+          let d = k.length - 1;
+          while (d >= 0 && ++k[d]! === p.length[d]!) k[d--] = 0;
+          if (d < 0) break;
+        }
+      }
+      assert.equal(seen.size, ref.reduce((n, xs) => n * xs.length, 1), where);
+      if (got.pieces.length > 1) multi++;
+      else if (got.pieces.length === 1) assert.deepEqual(placementBox({ shape, mesh, placements, coordinate }), { start: got.pieces[0]!.start, length: got.pieces[0]!.length });
+    }
+  }
+  assert.ok(multi >= 4, `some ranks hold several boxes (${multi})`);
+  // torch's docstring: [8, 8] on a 2 x 2 mesh, _StridedShard(0, split_factor=2) then Shard(0): ranks hold rows 0-1, 4-5, 2-3, 6-7.
+  const rows = [[0, 0], [0, 1], [1, 0], [1, 1]].map((c) => placementBox({ shape: [8, 8], mesh: [2, 2], placements: [{ shard: 0, splitFactor: 2 }, { shard: 0 }], coordinate: c }).start[0]);
+  assert.deepEqual(rows, [0, 4, 2, 6]);
+  assert.throws(() => placementBox({ shape: [10, 6], mesh: [2, 3], placements: [{ shard: 0, splitFactor: 2 }, { shard: 0 }], coordinate: [0, 1] }), { code: 'ERR_LAYOUT_INVALID', message: /placementPieces/ });
+  assert.throws(() => placementPieces({ shape: [4], mesh: [2], placements: [{ shard: 0, splitFactor: 0 }], coordinate: [0] }), { code: 'ERR_LAYOUT_INVALID' });
+  // The builder makes such a rank's local tensor of its pieces.
+  const l = new LayoutBuilder({ rank: 0, node: 'n', gpu: 0 }).hold('w', { dtype: 'float32', shape: [10, 6], mesh: [2, 3], placements: [{ shard: 0, splitFactor: 2 }, { shard: 0 }], coordinate: [0, 1] }).build();
+  assert.deepEqual(l.sources[0]!.shape, [2, 6]);
+  assert.deepEqual(l.sources[0]!.pieces.map((p) => [p.start, p.length, p.at]), [[[2, 0], [1, 6], [0, 0]], [[5, 0], [1, 6], [1, 0]]]);
 });
 
 test('tensorParallelParameter: fused q/k/v chunks concatenated; a padded vocabulary declares its padding', () => {
@@ -184,4 +259,37 @@ test('layout records: round trip, one encoding, the fingerprint follows the layo
   refuse((b) => { b[40 + 4] = 1; return b; }, /reserved bytes must be zero/);
   refuse((b) => { b[40] = 99; return b; }, /dtype code 99/);
   refuse((b) => b.subarray(0, 20), /shorter than/);
+});
+
+test('decoded records: the compact check and the object check agree (refusals with their codes; unusual layouts that are valid decode)', () => {
+  const src = new LayoutBuilder({ rank: 0, node: 'n', gpu: 0 }).hold('a', { dtype: 'float32', shape: [10, 4], start: [0, 0], length: [5, 4] }).hold('b', { dtype: 'float32', shape: [10, 4], start: [5, 0], length: [5, 4], tensor: 'a' }).build();
+  const dst = new LayoutBuilder({ rank: 1, node: 'm', gpu: 0 }).needParameter('w', {
+    dtype: 'float32', shape: [10, 4], pieces: [{ tensor: 'a', shape: [10, 4], start: [0, 0], length: [5, 4] }, { tensor: 'a', shape: [10, 4], start: [5, 0], length: [5, 4], at: [5, 0] }],
+  }).build();
+  const good = Buffer.from(encodeLayout(dst));
+  // The second piece's numbers: start (5, 0), length (5, 4), at (5, 0), each a u64.
+  const pattern = Buffer.alloc(48);
+  [5, 0, 5, 4, 5, 0].forEach((v, i) => pattern.writeUInt32LE(v, 8 * i));
+  const at = good.indexOf(pattern);
+  assert.ok(at > 0);
+  const mutated = (index: number, value: number): Buffer => { const b = Buffer.from(good); b.writeUInt32LE(value, at + 8 * index); return b; };
+  const code = (b: Buffer): string => { try { decodeLayout(b); return 'ok'; } catch (e) { return (e as LayoutError).code; } };
+  assert.equal(code(good), 'ok');
+  assert.equal(code(mutated(4, 4)), 'ERR_LAYOUT_OVERLAP'); // at row 4: overlaps the first piece
+  assert.equal(code(mutated(4, 6)), 'ERR_LAYOUT_BOUNDS'); // at row 6: past the local tensor's 10 rows
+  assert.equal(code(mutated(2, 4)), 'ERR_LAYOUT_UNCOVERED'); // 4 rows: row 9 neither piece nor padding
+  assert.equal(code(mutated(0, 6)), 'ERR_LAYOUT_BOUNDS'); // rows 6..10 of a 10-row tensor
+  // Two sources named alike: refused; sources are not required to fill their local tensors.
+  const twice = Buffer.from(encodeLayout(src));
+  const names = twice.indexOf(Buffer.from('b\0\0\0\0\0\0\0'));
+  twice[names] = 0x61; // 'b' -> 'a'
+  assert.equal(code(twice), 'ERR_LAYOUT_INVALID');
+  // Valid but outside the compact check's fast path: non-ASCII names, strided memory, many pieces.
+  const unusual = new LayoutBuilder({ rank: 2, node: 'nœud', gpu: 0 })
+    .hold('poids-é', { dtype: 'float32', shape: [4, 3], strides: [4, 16] })
+    .needParameter('many', { dtype: 'float32', shape: [12, 1], pieces: Array.from({ length: 12 }, (_, i) => ({ tensor: 'poids-é', shape: [4, 3], start: [i >> 2, i % 3], length: [1, 1], at: [i, 0] })).filter((p) => p.start[0]! < 4) })
+    .build();
+  const back = decodeLayout(encodeLayout(unusual));
+  assert.deepEqual(back, unusual);
+  assert.deepEqual(planSharded([back]).pairs.map((p) => p.bytes), planSharded([unusual]).pairs.map((p) => p.bytes));
 });

@@ -1,7 +1,7 @@
 // Layouts of sharded-weight scenarios for the planner's tests (sharded-plan.test.ts, the Node/Python
 // agreement test): FSDP sources (Shard(0), uneven), Shard(1), replicated (HSDP) sources on two nodes,
 // tensor-parallel destinations with fused qkv / gate_up and a padded vocabulary, expert parallel.
-import { LayoutBuilder, tensorParallelParameter, type RankLayout } from '../../src/tensors/sharded/index.js';
+import { LayoutBuilder, tensorParallelParameter, type Placement, type RankLayout } from '../../src/tensors/sharded/index.js';
 
 export interface Scenario { name: string; layouts: RankLayout[] }
 
@@ -15,7 +15,7 @@ export function scenarios(): Scenario[] {
     q: [Q, H], k: [KV, H], v: [KV, H], o: [H, Q], gate: [I, H], up: [I, H], down: [H, I], embed: [V, H], norm: [H], experts: [E, I, H],
   };
   const dtype = 'bfloat16' as const;
-  const trainer = (rank: number, node: string, gpu: number, mesh: number[], coord: number[], place: (name: string) => Array<{ shard: number } | 'replicate'>): LayoutBuilder => {
+  const trainer = (rank: number, node: string, gpu: number, mesh: number[], coord: number[], place: (name: string) => Placement[]): LayoutBuilder => {
     const b = new LayoutBuilder({ rank, node, gpu });
     for (const [name, shape] of Object.entries(globals)) b.hold(name, { dtype, shape, mesh, placements: place(name), coordinate: coord });
     return b;
@@ -50,6 +50,12 @@ export function scenarios(): Scenario[] {
   // 2-D mesh nesting Shard(0) twice (2 x 3), plus a transposed (strided) local source on one rank.
   out.push({ name: 'Shard(0) x Shard(1) 2x3 -> tp2', layouts: [
     ...[0, 1, 2, 3, 4, 5].map((r) => trainer(r, 't', r, [2, 3], [Math.floor(r / 3), r % 3], (name) => (name === 'norm' ? [{ shard: 0 }, { shard: 0 }] : [{ shard: 0 }, { shard: 1 }])).build()),
+    engine(6, 'i', 0, 2, 0), engine(7, 'i', 1, 2, 1),
+  ] });
+  // FSDP2 over tensor parallelism: _StridedShard(0, split_factor 2) on the FSDP mesh dimension, then
+  // Shard(0) on the TP one (2 x 3): uneven extents make some ranks' local tensors several boxes.
+  out.push({ name: '_StridedShard(0, 2) x Shard(0) 2x3 -> tp2', layouts: [
+    ...[0, 1, 2, 3, 4, 5].map((r) => trainer(r, 's', r, [2, 3], [Math.floor(r / 3), r % 3], () => [{ shard: 0, splitFactor: 2 }, { shard: 0 }]).build()),
     engine(6, 'i', 0, 2, 0), engine(7, 'i', 1, 2, 1),
   ] });
   // Sources whose boxes partly overlap (not DTensor-shaped): the planner's grid of their edges.

@@ -5,7 +5,7 @@
 import { dtypeInfo, type DType } from '../../ipc/dtype.js';
 import { LayoutError, type Box } from './errors.js';
 import { compareNames, contiguousStrides, validateLayout, type GlobalTensor, type LocalTensor, type Piece, type RankLayout } from './layout.js';
-import { placementBox, shardRange, type Placement } from './placements.js';
+import { placementBox, placementPieces, shardRange, type Placement } from './placements.js';
 import { volume } from './box.js';
 
 /** A box of a global tensor (the whole tensor when start and length are left out). */
@@ -161,9 +161,18 @@ export class LayoutBuilder {
   }
 
   #plain(list: LocalTensor[], name: string, spec: BoxSpec | PlacedSpec): this {
+    const tensor = spec.tensor ?? name;
+    if ('placements' in spec && spec.placements.some((p) => p !== 'replicate' && p?.splitFactor !== undefined)) {
+      // Strided shards: the local tensor is several boxes of the global one, each at its offset.
+      const { shape, pieces } = placementPieces(spec, name);
+      if (pieces.length === 0) return this;
+      return this.#parameter(list, name, {
+        dtype: spec.dtype, shape, ...(spec.strides && { strides: spec.strides }),
+        pieces: pieces.map((p) => ({ tensor, shape: spec.shape, ...p })),
+      });
+    }
     const box = 'placements' in spec ? placementBox(spec, name) : { start: spec.start ?? spec.shape.map(() => 0), length: spec.length ?? [...spec.shape] };
     if (volume(box.length) === 0) return this; // an empty shard: nothing to send or receive
-    const tensor = spec.tensor ?? name;
     return this.#parameter(list, name, {
       dtype: spec.dtype, shape: box.length, ...(spec.strides && { strides: spec.strides }),
       pieces: [{ tensor, shape: spec.shape, start: box.start, length: box.length }],

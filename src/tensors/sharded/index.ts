@@ -1,7 +1,7 @@
 // Sharded weights, the planning half (issue 37): layouts of what each rank holds or needs, the
 // plan of byte runs between ranks, and the layouts' wire format. Nothing here moves data yet.
 export { LayoutError, formatRange, type LayoutErrorCode, type LayoutErrorDetail, type Box } from './errors.js';
-export { shardRange, placementBox, type Placement, type PlacementSpec } from './placements.js';
+export { shardRange, placementBox, placementPieces, type Placement, type PlacementSpec, type PlacedPieces } from './placements.js';
 export {
   validateLayout, contiguousStrides, type RankLayout, type GlobalTensor, type LocalTensor, type Piece,
 } from './layout.js';

@@ -5,7 +5,8 @@
 import { createHash } from 'node:crypto';
 import { dtypeFromWireCode, dtypeInfo } from '../../ipc/dtype.js';
 import { LayoutError } from './errors.js';
-import { MAX_NAME_BYTES, MAX_NDIM, MAX_NODE_BYTES, contiguousStrides, validateLayout, type GlobalTensor, type LocalTensor, type Piece, type RankLayout } from './layout.js';
+import { MAX_NAME_BYTES, MAX_NDIM, MAX_NODE_BYTES, contiguousStrides, markValid, validateLayout, type GlobalTensor, type LocalTensor, type RankLayout } from './layout.js';
+import { layoutOfCompact, validateCompact, type CompactLayout } from './compact.js';
 
 export const LAYOUT_MAGIC = 'CISL';
 export const LAYOUT_VERSION = 1;
@@ -99,7 +100,11 @@ class Reader {
   kind = '';
   entry = -1;
   piece = -1;
-  constructor(readonly buf: Buffer) {}
+  ascii = true;
+  /** The id of the name text() read last (-1: not interned). */
+  id = -1;
+  readonly view: DataView;
+  constructor(readonly buf: Buffer) { this.view = new DataView(buf.buffer, buf.byteOffset, buf.byteLength); }
   /** `suffix` after the entry being read, e.g. "local tensor 3's piece 0's start". */
   where(suffix: string): string {
     const head = this.entry < 0 ? '' : `${this.kind} ${this.entry}${this.piece >= 0 ? `'s piece ${this.piece}` : ''}`;
@@ -107,47 +112,78 @@ class Reader {
   }
   need(n: number, what: string): void { if (this.pos + n > this.buf.length) throw bad(`${this.where(what)} runs past the record's ${this.buf.length} bytes`); }
   u8(): number { return this.buf[this.pos++]!; }
-  u16(): number { const v = this.buf.readUInt16LE(this.pos); this.pos += 2; return v; }
-  u32(): number { const v = this.buf.readUInt32LE(this.pos); this.pos += 4; return v; }
+  u16(): number { const v = this.view.getUint16(this.pos, true); this.pos += 2; return v; }
+  u32(): number { const v = this.view.getUint32(this.pos, true); this.pos += 4; return v; }
   zero(n: number, what: string): void {
     for (let i = 0; i < n; i++) if (this.buf[this.pos + i] !== 0) throw bad(`${this.where(what)} must be zero`);
     this.pos += n;
   }
-  u64s(n: number, what: string): number[] {
+  /** `n` u64 values into `out` from `o` (the caller made room). */
+  u64s(n: number, what: string, out: Float64Array, o: number): void {
     this.need(8 * n, what);
-    const out = new Array<number>(n);
+    const v = this.view;
+    let pos = this.pos;
     for (let i = 0; i < n; i++) {
-      const lo = this.buf.readUInt32LE(this.pos);
-      const hi = this.buf.readUInt32LE(this.pos + 4);
+      const hi = v.getUint32(pos + 4, true);
       if (hi > 0x1fffff) throw bad(`${this.where(what)} has a value above 2^53-1`);
-      out[i] = hi * 0x100000000 + lo;
-      this.pos += 8;
+      out[o + i] = hi * 0x100000000 + v.getUint32(pos, true);
+      pos += 8;
     }
-    return out;
+    this.pos = pos;
   }
   text(n: number, what: string): string {
     this.need(pad8(n), what);
-    let s: string;
-    let ascii = true;
-    for (let i = this.pos; i < this.pos + n; i++) if (this.buf[i]! >= 0x80) { ascii = false; break; }
-    if (ascii) s = this.buf.toString('latin1', this.pos, this.pos + n);
-    else try { s = utf8.decode(this.buf.subarray(this.pos, this.pos + n)); } catch { throw bad(`${this.where(what)} is not valid UTF-8`); }
+    const buf = this.buf;
+    let s: string | undefined;
+    let h = 0x811c9dc5 ^ n;
+    for (let i = this.pos; i < this.pos + n; i++) {
+      const b = buf[i]!;
+      if (b >= 0x80) { h = -1; break; }
+      h = Math.imul(h ^ b, 0x01000193);
+    }
+    this.id = -1;
+    if (h !== -1) {
+      const x = internAscii(buf, this.pos, n, h);
+      s = x.s;
+      this.id = x.id;
+    } else try { s = utf8.decode(buf.subarray(this.pos, this.pos + n)); this.ascii = false; } catch { throw bad(`${this.where(what)} is not valid UTF-8`); }
     this.pos += n;
-    for (let i = 0; i < pad8(n) - n; i++) if (this.buf[this.pos + i] !== 0) throw bad(`the padding after ${this.where(what)} must be zero`);
+    for (let i = 0; i < pad8(n) - n; i++) if (buf[this.pos + i] !== 0) throw bad(`the padding after ${this.where(what)} must be zero`);
     this.pos += pad8(n) - n;
     return s;
   }
 }
 
-const ZEROS: number[][] = [];
-function zeros(ndim: number): number[] {
-  return (ZEROS[ndim] ??= Object.freeze(new Array<number>(ndim).fill(0)) as number[]);
-}
+/**
+ * ASCII names seen in records, by a hash of their bytes: a group's records repeat the same names
+ * (every rank of a model names its tensors alike), and one string per name decodes faster and
+ * leaves less to collect than a string per record. Bounded: cleared past a million names or 16 Mi characters.
+ */
+interface Name { readonly s: string; readonly id: number }
+const names = new Map<number, Name | Name[]>();
+let nameCount = 0;
+let nameChars = 0;
+const NAMES_MAX = 1 << 20;
+const NAME_CHARS_MAX = 16 << 20;
 
-function sameValues(a: readonly number[], b: readonly number[]): boolean {
-  if (a.length !== b.length) return false;
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
-  return true;
+/** The interned string of ASCII bytes `buf[pos, pos + n)` (hash `h`) and its id (unique while interned). */
+function internAscii(buf: Buffer, pos: number, n: number, h: number): Name {
+  const same = (x: Name): boolean => {
+    const s = x.s;
+    if (s.length !== n) return false;
+    for (let i = 0; i < n; i++) if (s.charCodeAt(i) !== buf[pos + i]) return false;
+    return true;
+  };
+  const found = names.get(h);
+  if (found !== undefined && !Array.isArray(found) && same(found)) return found;
+  if (Array.isArray(found)) for (const x of found) if (same(x)) return x;
+  if (nameCount >= NAMES_MAX || nameChars >= NAME_CHARS_MAX) { names.clear(); nameCount = 0; nameChars = 0; }
+  nameChars += n;
+  const x: Name = { s: buf.toString('latin1', pos, pos + n), id: nameCount++ };
+  if (found === undefined) names.set(h, x);
+  else if (Array.isArray(found)) found.push(x);
+  else names.set(h, [found, x]);
+  return x;
 }
 
 function dtypeOf(code: number, r: Reader): GlobalTensor['dtype'] {
@@ -157,13 +193,107 @@ function dtypeOf(code: number, r: Reader): GlobalTensor['dtype'] {
 }
 
 /**
+ * Global tables recently decoded, by their bytes: records that list the same global tensors (every
+ * FSDP rank's) share one table instead of decoding it again. A few, of bounded size.
+ */
+const tables: Array<{ bytes: Buffer; count: number; ascii: boolean; tensors: readonly GlobalTensor[] }> = [];
+const TABLES = 8;
+const TABLE_MAX_BYTES = 4 << 20;
+
+function readTable(r: Reader, g: number): readonly GlobalTensor[] {
+  const from = r.pos;
+  for (const t of tables) {
+    if (t.count === g && from + t.bytes.length <= r.buf.length && r.buf.compare(t.bytes, 0, t.bytes.length, from, from + t.bytes.length) === 0) {
+      r.pos = from + t.bytes.length;
+      if (!t.ascii) r.ascii = false;
+      return t.tensors;
+    }
+  }
+  const wasAscii = r.ascii;
+  r.ascii = true;
+  const tensors: GlobalTensor[] = [];
+  for (let i = 0; i < g; i++) {
+    r.kind = 'global tensor'; r.entry = i; r.piece = -1;
+    r.need(8, '');
+    const dtype = dtypeOf(r.u8(), r);
+    const ndim = r.u8();
+    const nameLength = r.u16();
+    r.zero(4, 'reserved bytes');
+    if (ndim > MAX_NDIM) throw bad(`global tensor ${i} has ${ndim} dimensions; at most ${MAX_NDIM}`);
+    if (nameLength < 1 || nameLength > MAX_NAME_BYTES) throw bad(`global tensor ${i}'s name has ${nameLength} bytes; 1..${MAX_NAME_BYTES}`);
+    const shape = new Float64Array(ndim);
+    r.u64s(ndim, 'shape', shape, 0);
+    tensors.push({ name: r.text(nameLength, 'name'), dtype, shape: Array.from(shape) });
+  }
+  const ascii = r.ascii;
+  r.ascii = wasAscii && ascii;
+  if (r.pos - from <= TABLE_MAX_BYTES) {
+    if (tables.length >= TABLES) tables.shift();
+    tables.push({ bytes: Buffer.from(r.buf.subarray(from, r.pos)), count: g, ascii, tensors });
+  }
+  return tensors;
+}
+
+/**
+ * Chunks that decoded layouts' numbers and record copies are cut from: a group's records are
+ * decoded together and live together, and a few large allocations cost less than two per record.
+ */
+const CHUNK = 4 << 20;
+let numChunk = new Float64Array(0);
+let numUsed = 0;
+let byteChunk = new Uint8Array(0);
+let byteUsed = 0;
+
+/** A copy of `bytes` (from a chunk when small). */
+function copyOf(bytes: Uint8Array): Uint8Array {
+  const n = bytes.length;
+  if (n > CHUNK / 4) return new Uint8Array(bytes);
+  if (byteUsed + n > byteChunk.length) { byteChunk = new Uint8Array(Buffer.allocUnsafeSlow(CHUNK).buffer, 0, CHUNK); byteUsed = 0; }
+  const out = byteChunk.subarray(byteUsed, byteUsed + n);
+  out.set(bytes);
+  byteUsed = pad8(byteUsed + n);
+  return out;
+}
+
+/** A growable Float64Array of a layout's numbers (room from a chunk first). */
+class Numbers {
+  a: Float64Array;
+  n = 0;
+  readonly chunked: boolean;
+  constructor(capacity: number) {
+    this.chunked = capacity <= CHUNK / 32;
+    if (!this.chunked) { this.a = new Float64Array(capacity); return; }
+    if (numUsed + capacity > numChunk.length) { numChunk = new Float64Array(CHUNK / 8); numUsed = 0; }
+    this.a = numChunk.subarray(numUsed, numUsed + capacity);
+  }
+  /** Room for `k` more; returns where they go. */
+  take(k: number): number {
+    if (this.n + k > this.a.length) {
+      const b = new Float64Array(Math.max(this.a.length * 2, this.n + k));
+      b.set(this.a.subarray(0, this.n));
+      this.a = b;
+    }
+    const at = this.n;
+    this.n += k;
+    return at;
+  }
+  /** The numbers, kept (their part of the chunk is not handed out again). */
+  done(): Float64Array {
+    if (this.chunked && this.a.buffer === numChunk.buffer) numUsed += this.n;
+    return this.a.subarray(0, this.n);
+  }
+}
+
+/**
  * A layout from its record: every field checked (ERR_LAYOUT_INVALID for a malformed record), then
- * the layout itself (validateLayout: its own LayoutError codes).
+ * the layout itself (validateLayout's checks: its own LayoutError codes). The layout's local
+ * tensors are built as objects only when read (the planner reads the compact form: compact.ts).
  */
 export function decodeLayout(bytes: Uint8Array): RankLayout {
   if (bytes.length < HEADER) throw bad(`${bytes.length} bytes are shorter than the ${HEADER}-byte header`);
   if (bytes.length > MAX_LAYOUT_BYTES) throw bad(`${bytes.length} bytes are more than ${MAX_LAYOUT_BYTES}`);
-  const r = new Reader(Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength));
+  const copy = copyOf(bytes);
+  const r = new Reader(Buffer.from(copy.buffer, copy.byteOffset, copy.byteLength));
   if (r.buf.toString('latin1', 0, 4) !== LAYOUT_MAGIC) throw bad(`the magic is not '${LAYOUT_MAGIC}'`);
   r.pos = 4;
   const version = r.u16();
@@ -181,21 +311,24 @@ export function decodeLayout(bytes: Uint8Array): RankLayout {
   if ((g + s + d) * 16 > bytes.length) throw bad(`${g} tensors and ${s + d} local tensors cannot fit in ${bytes.length} bytes`);
   const node = r.text(nodeLength, 'the node id');
   r.entry = -1;
-  const tensors: GlobalTensor[] = [];
-  for (let i = 0; i < g; i++) {
-    r.kind = 'global tensor'; r.entry = i; r.piece = -1;
-    r.need(8, '');
-    const dtype = dtypeOf(r.u8(), r);
-    const ndim = r.u8();
-    const nameLength = r.u16();
-    r.zero(4, 'reserved bytes');
-    if (ndim > MAX_NDIM) throw bad(`global tensor ${i} has ${ndim} dimensions; at most ${MAX_NDIM}`);
-    if (nameLength < 1 || nameLength > MAX_NAME_BYTES) throw bad(`global tensor ${i}'s name has ${nameLength} bytes; 1..${MAX_NAME_BYTES}`);
-    const shape = r.u64s(ndim, 'shape');
-    tensors.push({ name: r.text(nameLength, 'name'), dtype, shape });
-  }
-  const locals: LocalTensor[] = [];
-  for (let i = 0; i < s + d; i++) {
+  const tensors = readTable(r, g);
+  const L = s + d;
+  const lName: string[] = new Array(L);
+  const lId = new Int32Array(L);
+  const lDtype: GlobalTensor['dtype'][] = new Array(L);
+  const lNdim = new Uint8Array(L);
+  const lShape = new Uint32Array(L);
+  const lStrides = new Uint32Array(L);
+  const lPieces = new Uint32Array(L + 1);
+  const lPadding = new Uint32Array(L + 1);
+  // Numbers: at most one per 8 bytes of the rest of the record, plus contiguous strides (no more than the shapes).
+  const nums = new Numbers(((bytes.length - r.pos) >> 3) + 4 * L);
+  let pTensor = new Uint32Array(Math.max(16, L));
+  let pAt = new Uint32Array(pTensor.length);
+  let padAt = new Uint32Array(16);
+  let pieces = 0;
+  let pads = 0;
+  for (let i = 0; i < L; i++) {
     r.kind = 'local tensor'; r.entry = i; r.piece = -1;
     r.need(16, '');
     const dtype = dtypeOf(r.u8(), r);
@@ -210,36 +343,68 @@ export function decodeLayout(bytes: Uint8Array): RankLayout {
     if (flags > FLAG_STRIDES) throw bad(`${r.where('')} has unknown flags ${flags}`);
     if (nameLength < 1 || nameLength > MAX_NAME_BYTES) throw bad(`${r.where('')}'s name has ${nameLength} bytes; 1..${MAX_NAME_BYTES}`);
     if ((pieceCount * (8 + 24 * ndim) + paddingCount * 16 * ndim) > bytes.length - r.pos) throw bad(`${r.where('')}'s ${pieceCount} pieces and ${paddingCount} padding boxes run past the record`);
-    const shape = r.u64s(ndim, 'shape');
+    lNdim[i] = ndim;
+    lDtype[i] = dtype;
+    const sh = nums.take(2 * ndim);
+    lShape[i] = sh;
+    lStrides[i] = sh + ndim;
+    r.u64s(ndim, 'shape', nums.a, sh);
     const itemsize = dtypeInfo(dtype).itemsize;
-    const strides = flags & FLAG_STRIDES ? r.u64s(ndim, 'strides') : contiguousStrides(shape, itemsize);
-    const name = r.text(nameLength, 'name');
-    const pieces: Piece[] = [];
+    let contiguous = true;
+    {
+      const a = nums.a;
+      let stride = itemsize;
+      if (flags & FLAG_STRIDES) r.u64s(ndim, 'strides', a, sh + ndim);
+      for (let k = ndim - 1; k >= 0; k--) {
+        if (flags & FLAG_STRIDES) contiguous &&= a[sh + ndim + k] === stride;
+        else a[sh + ndim + k] = stride;
+        stride *= a[sh + k]!;
+      }
+    }
+    lName[i] = r.text(nameLength, 'name');
+    lId[i] = r.id;
+    if (pieces + pieceCount > pTensor.length) {
+      const grow = (x: Uint32Array<ArrayBuffer>): Uint32Array<ArrayBuffer> => { const y = new Uint32Array(Math.max(x.length * 2, pieces + pieceCount)); y.set(x); return y; };
+      pTensor = grow(pTensor);
+      pAt = grow(pAt);
+    }
+    lPieces[i] = pieces;
     for (let k = 0; k < pieceCount; k++) {
       r.piece = k;
       r.need(8, '');
       const t = r.u32();
       r.zero(4, 'reserved bytes');
       if (t >= g) throw bad(`${r.where('')}'s piece ${k} names tensor ${t} of ${g}`);
-      const start = r.u64s(ndim, 'start');
-      let length = r.u64s(ndim, 'length');
-      let at = r.u64s(ndim, 'at');
-      // Most pieces fill their local tensor from its origin: share those arrays (fewer objects to collect).
-      if (sameValues(length, shape)) length = shape;
-      if (at.every((x) => x === 0)) at = zeros(ndim);
-      pieces.push({ tensor: tensors[t]!.name, start, length, at });
+      const o = nums.take(3 * ndim);
+      r.u64s(ndim, 'start', nums.a, o);
+      r.u64s(ndim, 'length', nums.a, o + ndim);
+      r.u64s(ndim, 'at', nums.a, o + 2 * ndim);
+      pTensor[pieces] = t;
+      pAt[pieces++] = o;
     }
-    const padding = [];
     r.piece = -1;
-    for (let k = 0; k < paddingCount; k++) padding.push({ start: r.u64s(ndim, `padding ${k}`), length: r.u64s(ndim, `padding ${k}`) });
-    const local: LocalTensor = { name, dtype, shape, strides, pieces, padding };
-    if (flags & FLAG_STRIDES && isContiguous(local)) throw bad(`${r.where('')} flags explicit strides that are the C-contiguous ones; leave the flag clear`);
-    locals.push(local);
+    if (pads + paddingCount > padAt.length) { const y = new Uint32Array(Math.max(padAt.length * 2, pads + paddingCount)); y.set(padAt); padAt = y; }
+    lPadding[i] = pads;
+    for (let k = 0; k < paddingCount; k++) {
+      const o = nums.take(2 * ndim);
+      r.u64s(ndim, `padding ${k}`, nums.a, o);
+      r.u64s(ndim, `padding ${k}`, nums.a, o + ndim);
+      padAt[pads++] = o;
+    }
+    if (flags & FLAG_STRIDES && contiguous) throw bad(`${r.where('')} flags explicit strides that are the C-contiguous ones; leave the flag clear`);
   }
+  lPieces[L] = pieces;
+  lPadding[L] = pads;
   if (r.pos !== bytes.length) throw bad(`${bytes.length - r.pos} bytes follow the last local tensor`);
-  const layout: RankLayout = { rank, node, gpu, tensors, sources: locals.slice(0, s), destinations: locals.slice(s) };
-  validateLayout(layout);
-  encodedBytes.set(layout, new Uint8Array(bytes));
+  const compact: CompactLayout = {
+    rank, node, gpu, tensors, sourceCount: s, localCount: L, lName, lId, lDtype, lNdim, lShape, lStrides, lPieces, lPadding,
+    pTensor: pTensor.subarray(0, pieces), pAt: pAt.subarray(0, pieces), padAt: padAt.subarray(0, pads), nums: nums.done(),
+    ascii: r.ascii,
+  };
+  const layout = layoutOfCompact(compact);
+  validateCompact(compact, layout);
+  markValid(layout);
+  encodedBytes.set(layout, copy);
   return layout;
 }
 

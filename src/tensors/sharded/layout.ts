@@ -101,6 +101,11 @@ function checkDims(dims: readonly number[], what: string, rank: number, tensor: 
 
 const checked = new WeakSet<RankLayout>();
 
+/** Notes that `layout` was checked (the decoder checks its compact form: compact.ts). */
+export function markValid(layout: RankLayout): void {
+  checked.add(layout);
+}
+
 /** validateLayout, once per layout object (layouts are not changed after they are built or decoded). */
 export function validateLayoutOnce(layout: RankLayout): void {
   if (checked.has(layout)) return;

@@ -29,20 +29,20 @@ export class RunSink {
 
   /**
    * The runs of a box of lengths `length` whose first element sits at byte `src` / `dst`, with the
-   * two sides' byte strides: the innermost dimensions contiguous on both sides become one block,
-   * the next dimension the count, the outer ones one run each.
+   * two sides' byte strides (`srcStrides[ss + d]`, `dstStrides[ds + d]`): the innermost dimensions
+   * contiguous on both sides become one block, the next dimension the count, the outer ones one run each.
    */
-  box(srcTensor: number, dstTensor: number, src: number, dst: number, length: readonly number[], srcStrides: readonly number[], dstStrides: readonly number[], itemsize: number): void {
+  box(srcTensor: number, dstTensor: number, src: number, dst: number, length: readonly number[], srcStrides: ArrayLike<number>, ss0: number, dstStrides: ArrayLike<number>, ds0: number, itemsize: number): void {
     let block = itemsize;
     let d = length.length - 1;
-    while (d >= 0 && (length[d] === 1 || (srcStrides[d] === block && dstStrides[d] === block))) block *= length[d--]!;
+    while (d >= 0 && (length[d] === 1 || (srcStrides[ss0 + d] === block && dstStrides[ds0 + d] === block))) block *= length[d--]!;
     if (d < 0) {
       this.values.push(srcTensor, dstTensor, src, dst, block, 1, 0, 0);
       return;
     }
     const count = length[d]!;
-    const ss = srcStrides[d]!;
-    const ds = dstStrides[d]!;
+    const ss = srcStrides[ss0 + d]!;
+    const ds = dstStrides[ds0 + d]!;
     const outer: number[] = [];
     for (let i = 0; i < d; i++) if (length[i]! > 1) outer.push(i);
     const index = outer.map(() => 0);
@@ -50,8 +50,8 @@ export class RunSink {
       let s = src;
       let t = dst;
       for (let k = 0; k < outer.length; k++) {
-        s += index[k]! * srcStrides[outer[k]!]!;
-        t += index[k]! * dstStrides[outer[k]!]!;
+        s += index[k]! * srcStrides[ss0 + outer[k]!]!;
+        t += index[k]! * dstStrides[ds0 + outer[k]!]!;
       }
       this.values.push(srcTensor, dstTensor, s, t, block, count, ss, ds);
       let k = outer.length - 1;
@@ -71,11 +71,15 @@ export function sortAndMerge(values: readonly number[]): Float64Array {
   const order = new Uint32Array(n);
   for (let i = 0; i < n; i++) order[i] = i;
   const v = values;
-  order.sort((a, b) => {
+  const compare = (a: number, b: number): number => {
     const x = a * RUN_FIELDS;
     const y = b * RUN_FIELDS;
     return v[x + 1]! - v[y + 1]! || v[x + 3]! - v[y + 3]! || v[x]! - v[y]! || v[x + 2]! - v[y + 2]!;
-  });
+  };
+  // Often already in order (one tensor after another): sort only when not.
+  let sorted = true;
+  for (let i = 1; i < n && sorted; i++) sorted = compare(i - 1, i) <= 0;
+  if (!sorted) order.sort(compare);
   const out: number[] = [];
   for (let i = 0; i < n; i++) {
     const b = order[i]! * RUN_FIELDS;

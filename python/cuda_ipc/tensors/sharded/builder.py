@@ -11,7 +11,7 @@ from .errors import Box, LayoutError
 from .layout import (
     DTYPE_CODES, GlobalTensor, LocalTensor, Piece, RankLayout, contiguous_strides, itemsize, name_key, validate_layout,
 )
-from .placements import Placement, dtensor_box, placement_box, shard_range
+from .placements import Placement, dtensor_pieces, placement_box, placement_pieces, shard_range
 
 _ALIASES = {"float": "float32", "double": "float64", "half": "float16", "long": "int64", "int": "int32", "short": "int16"}
 
@@ -124,6 +124,13 @@ class LayoutBuilder:
                mesh: Sequence[int] | None, placements: Sequence[Placement] | None, coordinate: Sequence[int] | None,
                strides: Sequence[int] | None, tensor: str | None) -> "LayoutBuilder":
         shape = _ints(shape)
+        if placements is not None and any(isinstance(p, tuple) and len(p) == 3 for p in placements):
+            # Strided shards: the local tensor is several boxes of the global one, each at its offset.
+            local, placed = placement_pieces(shape, _ints(mesh or ()), placements, _ints(coordinate or ()), name)
+            if not placed:
+                return self
+            pieces = [{"tensor": tensor or name, "shape": shape, "start": s, "length": ln, "at": at} for s, ln, at in placed]
+            return self._parameter(group, name, dtype, local, pieces, (), strides)
         if placements is not None:
             box = placement_box(shape, _ints(mesh or ()), placements, _ints(coordinate or ()), name)
         else:
@@ -134,16 +141,18 @@ class LayoutBuilder:
         return self._parameter(group, name, dtype, box.length, [piece], (), strides)
 
     def _dtensor(self, group: list[LocalTensor], name: str, dt: Any, tensor: str | None) -> "LayoutBuilder":
-        box = dtensor_box(dt, name)
-        if box is None or volume(box.length) == 0:
+        placed = dtensor_pieces(dt, name)
+        if placed is None or not placed[1]:
             return self
+        shape_local, pieces = placed
         dtype, local, strides = _tensor_facts(dt.to_local())
-        if local != box.length:
+        if local != shape_local:
+            box = Box(pieces[0][0], pieces[0][1]) if len(pieces) == 1 else None
             raise LayoutError("ERR_LAYOUT_SHAPE", f"{name}: the DTensor's local tensor is {list(local)} but its placements give "
-                              f"{list(box.length)} (torch's rule differs from cuda-ipc's here); give the box explicitly", tensor=name, range=box)
+                              f"{list(shape_local)} (torch's rule differs from cuda-ipc's here); give the box explicitly", tensor=name, range=box)
         shape = _ints(dt.shape)
-        piece = {"tensor": tensor or name, "shape": shape, "start": box.start, "length": box.length}
-        return self._parameter(group, name, dtype, box.length, [piece], (), strides)
+        out = [{"tensor": tensor or name, "shape": shape, "start": s, "length": ln, "at": at} for s, ln, at in pieces]
+        return self._parameter(group, name, dtype, shape_local, out, (), strides)
 
     def _parameter(self, group: list[LocalTensor], name: str, dtype: Any, shape: Sequence[int], pieces: Sequence[dict[str, Any]], padding: Sequence[Box],
                    strides: Sequence[int] | None) -> "LayoutBuilder":
