@@ -199,11 +199,11 @@ const PY_LAYERS: ReadonlyArray<{ name: string; rank: number; files: RegExp }> = 
  */
 const PY_KNOWN_CLIMBS = [
   // the driver entry points beyond driver.py's (cuStreamCreate, cuEventRecord, ...) live in the kernels module
-  'python/cuda_ipc/streams.py -> python/cuda_ipc/tensors/kernels.py',
+  'python/cuda_ipc/cuda/stream.py -> python/cuda_ipc/tensors/kernels.py',
   // stream_handle(): the stream forms every cuda_ipc call accepts, kept with the channel's fences
   'python/cuda_ipc/nccl/communicator.py -> python/cuda_ipc/channel/fences.py',
   // torch_contiguous(): one description of a contiguous torch tensor for exports and tensor sets
-  'python/cuda_ipc/memory/exports.py -> python/cuda_ipc/tensors/wire.py',
+  'python/cuda_ipc/arrays/exports.py -> python/cuda_ipc/tensors/wire.py',
   // a received nccl-buffer of a tensor set's (function-level)
   'python/cuda_ipc/link/transfers/nccl_buffer_transfer.py -> python/cuda_ipc/tensors/tensor_map.py',
 ];

@@ -15,11 +15,11 @@ from collections.abc import Callable, Iterable
 from ctypes import byref, c_void_p
 from typing import TYPE_CHECKING, Any
 
-from .. import driver as drv
+from ..cuda import driver as drv
 from ..errors import IpcError
 
 if TYPE_CHECKING:
-    from ..device import Device
+    from ..cuda.device import Device
     from .shared_words import SharedWords
 
 #: A stream as callers name it: None (the legacy default stream), an int CUstream, or a PyTorch, CuPy

@@ -17,8 +17,8 @@ from ctypes import POINTER, byref, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from pathlib import Path
 from typing import Any, NamedTuple, Optional
 
-from .. import driver as drv
-from ..device import Device
+from ..cuda import driver as drv
+from ..cuda.device import Device
 from ..errors import CudaError
 
 #: Bytes per chunk of a run (a multiple of 16: every chunk starts as aligned as its run).

@@ -8,7 +8,7 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from ..descriptor import DTYPES
+from ..ipc.descriptor import DTYPES
 from ..link.messages.nccl_records import _HEAD_BYTES, CommReference, _head, _malformed, _read_head
 from .packed_stream import check_chunk_bytes, check_packed_layout
 from .wire import TensorLayout, c_strides, decode_table, encode_table

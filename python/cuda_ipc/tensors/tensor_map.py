@@ -22,15 +22,15 @@ from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Iterator, Union
 
-from ..descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor
+from ..ipc.descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor
 from ..errors import IpcError
-from ..host import HostBuffer, host_address
-from ..host_array import HostArray
-from ..resource import Resource
+from ..host.host_buffer import HostBuffer, host_address
+from ..arrays.host_array import HostArray
+from ..leak import Resource
 from ..link.messages.handlers import handler_for_kind
-from ..device import Device
+from ..cuda.device import Device
 from ..link.transfers.device_transfers import read_pool_buffer
-from ..memory.buffer import DeviceArray, DeviceBuffer, map_buffers
+from ..arrays.device_array import DeviceArray, DeviceBuffer, map_buffers
 from .lazy_allocations import (LAZY_TYPES as _LAZY, AllocationLease, HeldMapping, HeldMappings, Lazy, LazyPool, MapAhead, PartLease, hold, make_buffer,
                                map_ahead, release, synchronize, user_of)
 from .wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set

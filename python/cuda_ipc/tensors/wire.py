@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..descriptor import DTYPES, MAX_NDIM, SAFE, _BY_CODE, torch_dtype
+from ..ipc.descriptor import DTYPES, MAX_NDIM, SAFE, _BY_CODE, torch_dtype
 from ..errors import IpcError
 
 TENSOR_SET_KIND = "tensor-set"

@@ -11,7 +11,7 @@ from ctypes import POINTER, byref, c_char, c_int, c_size_t, c_uint, c_uint64, c_
 
 from typing import Any
 
-from .errors import CudaError
+from ..errors import CudaError
 
 ABI_VERSION = 12000
 

@@ -10,7 +10,7 @@ import weakref
 from ctypes import byref, c_void_p
 from typing import Any
 
-from .tensors import kernels as copy_kernels
+from ..tensors import kernels as copy_kernels
 from . import driver as drv
 from .device import Device
 
