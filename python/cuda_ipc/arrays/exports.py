@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Union
 
 from ..cuda import driver as drv
 from ..ipc.descriptor import ArrayMeta, dtype_name
-from ..tensors.wire import torch_contiguous
+from .buffer_array import torch_contiguous
 from ..errors import CudaError, IpcError
 from ..ipc import cache
 from .device_array import DeviceArray, DeviceBuffer

@@ -30,7 +30,7 @@ from ..errors import CudaError, IpcError
 from ..host.host_buffer import host_address
 from ..arrays.host_array import HostArray, c_offsets
 from .tensor_set_transfer import TensorMap, torch_data_ptr
-from .wire import is_c_order, is_dense, torch_contiguous
+from ..arrays.buffer_array import is_c_order, is_dense, torch_contiguous
 
 
 class UpdateResult(NamedTuple):
