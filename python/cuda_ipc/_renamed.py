@@ -100,7 +100,7 @@ def _split_package(name: str) -> ModuleType:
     module.__path__ = []  # a package: `import cuda_ipc.memory.cache` asks the finder below
     where = RENAMED_PACKAGES[name]
     modules = sorted(set(where.values()))
-    module.__all__ = [n for n in where if not n.startswith("_")]  # type: ignore[attr-defined]
+    setattr(module, "__all__", [n for n in where if not n.startswith("_")])
 
     def __getattr__(attr: str) -> Any:
         if attr in where:
@@ -112,7 +112,7 @@ def _split_package(name: str) -> ModuleType:
                     return getattr(new, attr)
         raise AttributeError(f"module {name!r} has no attribute {attr!r}")
 
-    module.__getattr__ = __getattr__  # type: ignore[method-assign]
+    setattr(module, "__getattr__", __getattr__)  # PEP 562: the module's own lookup of missing names
     return module
 
 

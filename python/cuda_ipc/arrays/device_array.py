@@ -27,7 +27,7 @@ from ..ipc.pool_interop import CudaCoreImport, _cuda_core, ipc_buffer_descriptor
 from .._renamed import renamed_attribute
 
 if TYPE_CHECKING:
-    from ..link.lifetimes.lease import ReceivedLease
+    from ..leak import ReceivedLease
 
 
 class _Origin:

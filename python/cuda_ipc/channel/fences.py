@@ -13,15 +13,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from ctypes import byref, c_void_p
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..cuda import driver as drv
-from ..cuda.stream import Stream, stream_handle  # the stream forms every cuda_ipc call accepts (re-exported)
+from ..cuda.stream import StreamLike, stream_handle as stream_handle  # the stream forms every cuda_ipc call accepts
 from ..errors import IpcError
 
 if TYPE_CHECKING:
     from ..cuda.device import Device
     from .shared_words import SharedWords
+
+
+#: A stream as callers name it (cuda/stream.py).
+Stream = StreamLike
 
 
 def fence_reached(word: int, value: int) -> bool:

@@ -16,10 +16,10 @@ from .device import Device
 
 #: A stream as callers name it: None (the legacy default stream), an int CUstream, or a PyTorch, CuPy
 #: or cuda.core stream object.
-Stream = Any
+StreamLike = Any
 
 
-def stream_handle(stream: Stream) -> int:
+def stream_handle(stream: StreamLike) -> int:
     """The CUstream of ``stream``: None (the legacy default stream, 0), an int handle, or a stream
     object of PyTorch (``cuda_stream``), cuda.core (``__cuda_stream__``) or CuPy (``ptr``)."""
     if stream is None:

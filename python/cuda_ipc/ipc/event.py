@@ -12,7 +12,7 @@ from ..errors import IpcError
 from ..leak import Resource
 
 if TYPE_CHECKING:
-    from ..link.lifetimes.lease import ReceivedLease
+    from ..leak import ReceivedLease
 
 
 class IpcEvent(Resource):

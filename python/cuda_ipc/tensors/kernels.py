@@ -13,9 +13,9 @@ import ctypes
 import struct
 import threading
 import weakref
-from ctypes import POINTER, byref, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 from ..cuda import driver as drv
 from ..cuda.device import Device

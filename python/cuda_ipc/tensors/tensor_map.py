@@ -15,7 +15,6 @@ while it repeats.
 """
 from __future__ import annotations
 
-import importlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping

@@ -12,10 +12,9 @@ import array
 import struct
 import sys
 from collections.abc import Sequence
-from typing import Any
 
 from ..arrays.buffer_array import c_strides, is_c_order, is_dense, torch_contiguous  # noqa: F401  (torch_contiguous, is_dense: re-exported)
-from ..ipc.descriptor import DTYPES, MAX_NDIM, SAFE, _BY_CODE, torch_dtype
+from ..ipc.descriptor import DTYPES, MAX_NDIM, SAFE, _BY_CODE
 from ..errors import IpcError
 
 TENSOR_SET_KIND = "tensor-set"

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..connection.link import Link
+#: The Link (connection/link.py) as this layer sees it: opaque, passed on or used by name, never imported
+#: (it is above this layer; src/link/messages/handlers.ts types it `object` for the same reason).
+Link = Any
 
 #: kind -> handler(key, link), for every link of this process.
 _handlers: dict[str, list[Callable[[bytes, "Link"], None]]] = {}
