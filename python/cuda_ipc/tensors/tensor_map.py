@@ -50,6 +50,10 @@ _RECORD_STATE = "cuda_ipc.tensors.tensor_set_transfer.records"
 _LAYOUTS_KEPT = 16
 
 
+#: Its name before it moved to arrays/buffer_array.py (code written against it, on other branches, still runs).
+_torch_module = torch_module
+
+
 class TensorMap(Resource, Mapping[str, Any]):
     """Named tensors received in one message (see the module notes). ``ts[name]``: a torch tensor when
     torch is importable (a view: no copy), else the cuda_ipc view; ``view(name)``: ``DeviceArray``
