@@ -1,7 +1,7 @@
 """pip install of this folder (``pip install node_modules/cuda-ipc/python``): the project itself is in
 pyproject.toml; this only copies the native helper of the npm package around this folder, where there
 is one (its local build, else its prebuilt one for this machine), into the installed package as
-``cuda_ipc/cuda_ipc_py.so``, where native_helper() looks (cuda_ipc/native.py). Without one the
+``cuda_ipc/cuda_ipc_py.so``, where native_helper() looks (cuda_ipc/native/addon.py). Without one the
 package installs as it is and runs its pure-Python path."""
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 // Builds the prebuilt addons the package ships: prebuilds/linux-x64 and prebuilds/linux-arm64
 // (glibc), with prebuildify (N-API, so one build serves every Node version), each with the Python
 // package's native helper next to it (cuda_ipc_py.so, binding.gyp's second target, loaded by
-// python/cuda_ipc/native.py with ctypes). The machine's own
+// python/cuda_ipc/native/addon.py with ctypes). The machine's own
 // architecture is built natively; the other is cross-compiled with Debian's toolchain
 // (g++-aarch64-linux-gnu or g++-x86-64-linux-gnu): Node's N-API headers do not depend on the
 // architecture. Each build runs in a staging copy of binding.gyp and native/, so the

@@ -24,7 +24,7 @@ from tests import fake_cuda  # noqa: E402
 from tests.test_link import deliver_releases, pair  # noqa: E402
 from cuda_ipc import share_tensors  # noqa: E402
 from cuda_ipc.tensors import update as update_mod  # noqa: E402
-from cuda_ipc.memory import cache as memory_mod  # noqa: E402
+from cuda_ipc.ipc import cache as memory_mod  # noqa: E402
 
 import weights_model as wm  # noqa: E402
 

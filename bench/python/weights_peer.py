@@ -33,9 +33,9 @@ import torch
 
 from cuda_ipc import IpcError, connect, ipc_mem_pool, legacy_cache_stats, listen, parent_link, share_tensors, update_in_place
 from cuda_ipc.tensors import tensor_set_transfer as tensor_set
-from cuda_ipc import driver as _drv
+from cuda_ipc.cuda import driver as _drv
 from cuda_ipc import memory as _mem
-from cuda_ipc.memory import cache as _cache
+from cuda_ipc.ipc import cache as _cache
 from cuda_ipc.tensors import tensor_map as _tensor_map
 from cuda_ipc.tensors import update as _update
 

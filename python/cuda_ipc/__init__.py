@@ -26,17 +26,21 @@ docs/PROTOCOL.md of the cuda-ipc repository.
 from .errors import CudaError, IpcError
 from .link import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from .link import Link, LeaseCounts, PeerCredentials, connect, default_socket_directory, parent_link, socket_path
-from .host import HostBuffer
-from .memory import DeviceBuffer, DeviceArray, ImportedPool, IpcEvent, configure_import_cache, legacy_cache_stats, share
-from .descriptor import (
+from .host.host_buffer import HostBuffer
+from .arrays.device_array import DeviceBuffer, DeviceArray
+from .ipc.pool import ImportedPool
+from .ipc.event import IpcEvent
+from .ipc.cache import configure_import_cache, legacy_cache_stats
+from .arrays.exports import share
+from .ipc.descriptor import (
     LegacyHandleDescriptor, IpcEventDescriptor, decode_descriptor, encode_descriptor, parse_descriptor_json,
     descriptor_to_json,
 )
-from .device import Device, set_working_device, working_device
-from .torch_handle import descriptor_from_torch, torch_storage_args
+from .cuda.device import Device, set_working_device, working_device
+from .ipc.torch_handle import descriptor_from_torch, torch_storage_args
 from .channel import ChannelConsumer, ChannelProducer, ChannelMessage, ChannelSlot, accept_channel
 # [tensors] named tensors over links, in-place updates (issue 21)
-from .host_array import HostArray
+from .arrays.host_array import HostArray
 from .tensors.tensor_set_transfer import SharedTensors, TensorMap, share_tensors
 from .tensors.update import UpdateResult, update_in_place
 from .tensors.nccl_transfer import RemoteTensorSet  # tensor sets over TCP links (NCCL)
@@ -44,7 +48,7 @@ from .link.nccl.fanout import Fanout
 from .link import Listener, RemoteAddress, TcpListener, listen
 from .link.transport.received_memory import ReceivedMemory, received_memory, set_max_received_bytes
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
-from .native import NativeHelper, native_helper
+from .native.addon import NativeHelper, native_helper
 from .tensors.torch_pool import ipc_mem_pool
 # [tensors] sharded weights, the planning half (issue 37): layouts, their record, the plan
 from .tensors.sharded import LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, plan_sharded, tensor_parallel_parameter

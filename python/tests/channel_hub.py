@@ -9,7 +9,7 @@ import threading
 from collections.abc import Iterator
 
 from cuda_ipc import HostBuffer
-from cuda_ipc import native as native_mod
+from cuda_ipc.native import addon as native_mod
 from cuda_ipc import channel as ch
 from cuda_ipc import link as link_mod
 from cuda_ipc.channel.layout import (

@@ -6,10 +6,10 @@ import ctypes
 import os
 import threading
 
-from cuda_ipc import device as device_mod
-from cuda_ipc import driver as drv
+from cuda_ipc.cuda import device as device_mod
+from cuda_ipc.cuda import driver as drv
 from cuda_ipc.link.transfers import device_transfers as transfers_mod
-from cuda_ipc.memory import cache as memory_mod
+from cuda_ipc.ipc import cache as memory_mod
 
 UUID_RAW = bytes(range(16, 32))
 #: Device k's UUID (device 0 has UUID_RAW).

@@ -9,7 +9,7 @@ import time
 import unittest
 
 from cuda_ipc import ChannelConsumer, ChannelProducer, IpcError, dlpack, native_helper
-from cuda_ipc.memory import cache as memory_mod
+from cuda_ipc.ipc import cache as memory_mod
 from cuda_ipc.channel.layout import H_LOCK, PFLAG_HUB_LOCAL, S_META, S_LENGTH, S_META_KIND, S_META_LENGTH, S_STATE
 
 from . import fake_cuda

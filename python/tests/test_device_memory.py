@@ -9,8 +9,8 @@ import struct
 import unittest
 
 from cuda_ipc import DeviceBuffer, IpcError, share
-from cuda_ipc.memory import cache as memory_mod
-from cuda_ipc.descriptor import ArrayMeta
+from cuda_ipc.ipc import cache as memory_mod
+from cuda_ipc.ipc.descriptor import ArrayMeta
 
 from . import fake_cuda
 from .test_link import open_fds, pair
@@ -212,7 +212,7 @@ class DeviceMemoryTests(unittest.TestCase):
         self.assertEqual(self.fake.calls.count("cuIpcGetMemHandle"), 2)
 
     def test_the_working_device_maps_received_memory_for_itself(self):
-        from cuda_ipc import device as device_mod
+        from cuda_ipc.cuda import device as device_mod
         self.fake.devices = 2
         device_mod._devices = None
         device_mod._by_uuid.clear()

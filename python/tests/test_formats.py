@@ -8,11 +8,11 @@ import weakref
 
 from cuda_ipc import HostBuffer, IpcError, descriptor_from_torch, torch_storage_args
 from cuda_ipc import dlpack
-from cuda_ipc.descriptor import (
+from cuda_ipc.ipc.descriptor import (
     ArrayMeta, IpcEventDescriptor, LegacyHandleDescriptor, decode_descriptor, parse_descriptor_json, descriptor_to_json,
     dtype_name, encode_descriptor,
 )
-from cuda_ipc.torch_handle import split_torch_handle, torch_handle
+from cuda_ipc.ipc.torch_handle import split_torch_handle, torch_handle
 
 UUID = "GPU-0123abcd-4567-89ab-cdef-0123456789ab"
 HANDLE = bytes(range(64))

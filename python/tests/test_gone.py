@@ -8,7 +8,7 @@ import unittest
 
 from cuda_ipc import IpcError
 from cuda_ipc import link as link_mod
-from cuda_ipc.memory import cache as memory_mod
+from cuda_ipc.ipc import cache as memory_mod
 from cuda_ipc.link import Link
 from cuda_ipc.link.transport import frame as fr
 

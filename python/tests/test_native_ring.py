@@ -10,7 +10,7 @@ import random
 import unittest
 
 from cuda_ipc import IpcError, native_helper
-from cuda_ipc import native as native_mod
+from cuda_ipc.native import addon as native_mod
 from cuda_ipc.channel.layout import H_DATA_SLEEPERS, H_HEAD, H_SPACE_SLEEPERS, P_STATE, ST_DEAD
 from cuda_ipc.channel.native_slot_ring import NativeRing, make_ring
 from cuda_ipc.channel.slot_ring import Ring

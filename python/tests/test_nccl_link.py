@@ -18,8 +18,8 @@ import weakref
 from cuda_ipc import IpcError, share, share_tensors
 from cuda_ipc.link import on_nccl_abort
 from cuda_ipc.link.messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
-from cuda_ipc.memory.buffer import DeviceArray, DeviceBuffer
-from cuda_ipc.memory.owned import allocate_device_buffer
+from cuda_ipc.arrays.device_array import DeviceArray, DeviceBuffer
+from cuda_ipc.arrays.owned import allocate_device_buffer
 from cuda_ipc.nccl import NCCL_LIBRARY_ENV
 from cuda_ipc.nccl import library as library_mod
 from cuda_ipc.link.messages.nccl_records import CommReference, encode_nccl_buffer
@@ -210,7 +210,7 @@ class NcclBufferTests(NcclCase):
         self.saved_nccl = os.environ[NCCL_LIBRARY_ENV]
 
     def fake_device(self):  # type: ignore[no-untyped-def]
-        from cuda_ipc.device import Device
+        from cuda_ipc.cuda.device import Device
         return Device.get(0)
 
 

@@ -71,6 +71,10 @@ class MovedModuleTest(unittest.TestCase):
         for old, new in RENAMED_MODULES.items():
             with self.subTest(old):
                 sys.modules.pop(old, None)
+                parent = old.rsplit(".", 1)[0]
+                with warnings.catch_warnings():  # a split parent (cuda_ipc.memory) warns for itself: first
+                    warnings.simplefilter("ignore")
+                    importlib.import_module(parent)
                 with warnings.catch_warnings(record=True) as seen:
                     warnings.simplefilter("always")
                     module = importlib.import_module(old)
@@ -96,3 +100,49 @@ class MovedModuleTest(unittest.TestCase):
     def test_a_path_that_never_existed_is_still_missing(self) -> None:
         with self.assertRaises(ModuleNotFoundError):
             importlib.import_module("cuda_ipc.link.no_such_module")
+
+
+class SplitPackageTest(unittest.TestCase):
+    """cuda_ipc.memory went to ipc/ and arrays/ (issue 36): the old package still imports, warns once,
+    and gives each name it exported as the object at its new place, its submodules too."""
+
+    def test_the_old_package_gives_every_name_from_its_new_module(self) -> None:
+        import sys
+        from cuda_ipc._renamed import RENAMED_PACKAGES
+        for old, names in RENAMED_PACKAGES.items():
+            for m in [k for k in sys.modules if k == old or k.startswith(old + ".")]:
+                sys.modules.pop(m)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                package = importlib.import_module(old)
+            self.assertEqual([w.category for w in seen], [DeprecationWarning])
+            self.assertIn("cuda_ipc.ipc.cache", str(seen[0].message))
+            for name, where in names.items():
+                with self.subTest(f"{old}.{name}"):
+                    self.assertIs(getattr(package, name), getattr(importlib.import_module(where), name))
+            with self.assertRaises(AttributeError):
+                getattr(package, "NoSuchThing")
+
+    def test_from_imports_of_the_old_package(self) -> None:
+        import cuda_ipc
+        from cuda_ipc.arrays import device_array, exports
+        from cuda_ipc.ipc import cache
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
+            from cuda_ipc.memory import DeviceBuffer, share, IpcEvent, ImportedPool  # noqa: F401
+            from cuda_ipc.memory import cache as old_cache
+            from cuda_ipc.memory.buffer import DeviceArray
+        self.assertIs(DeviceBuffer, cuda_ipc.DeviceBuffer)
+        self.assertIs(share, exports.share)
+        self.assertIs(old_cache, cache)
+        self.assertIs(DeviceArray, device_array.DeviceArray)
+        self.assertEqual(cache.__spec__.name, "cuda_ipc.ipc.cache")  # the module keeps its own spec
+
+    def test_old_modules_that_became_packages_keep_their_names(self) -> None:
+        from cuda_ipc import host, native
+        from cuda_ipc.host import host_buffer
+        from cuda_ipc.native import addon
+        for name in ("HostBuffer", "host_address"):
+            self.assertIs(getattr(host, name), getattr(host_buffer, name))
+        for name in ("NativeHelper", "native_helper", "library", "LIBRARY_NAME", "ABI_VERSION", "in_npm_package"):
+            self.assertIs(getattr(native, name), getattr(addon, name))

@@ -5,7 +5,7 @@ import itertools
 import struct
 import unittest
 
-from cuda_ipc.descriptor import DTYPES
+from cuda_ipc.ipc.descriptor import DTYPES
 from cuda_ipc.tensors.sharded import (
     Box, LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, placement_box, placement_pieces, plan_bytes,
     plan_sharded, shard_range, tensor_parallel_parameter,

@@ -12,7 +12,7 @@ import time
 import unittest
 
 from cuda_ipc import HostArray, HostBuffer, IpcError, TensorMap, share_tensors, update_in_place
-from cuda_ipc.memory import cache as memory_mod
+from cuda_ipc.ipc import cache as memory_mod
 from cuda_ipc.tensors import kernels as copy_kernels
 from cuda_ipc.tensors import tensor_map as tensor_map_mod
 from cuda_ipc.tensors import tensor_set_transfer as ts_mod

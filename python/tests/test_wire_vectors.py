@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from cuda_ipc import HostBuffer, IpcError
 from cuda_ipc import link as _link  # noqa: F401  (registers the transfer handlers, host-bytes among them)
-from cuda_ipc.descriptor import decode_descriptor, descriptor_to_json, encode_descriptor, parse_descriptor_json
+from cuda_ipc.ipc.descriptor import decode_descriptor, descriptor_to_json, encode_descriptor, parse_descriptor_json
 from cuda_ipc.link.messages.message_decoder import decode_message
 from cuda_ipc.link.messages.message_encoder import encode_message
 from cuda_ipc.link.messages.nccl_records import CommReference, decode_nccl_buffer, encode_nccl_buffer

@@ -124,7 +124,7 @@ class PoolAllocation implements PoolMemoryOwner {
   }
 }
 
-/** One buffer of an imported pool, mapped in this process (Python: _PointerImport, memory/pool.py). */
+/** One buffer of an imported pool, mapped in this process (Python: _PointerImport, ipc/pool.py). */
 class PointerImport implements PoolMemoryOwner {
   readonly kind = 'pool-import' as const;
   constructor(

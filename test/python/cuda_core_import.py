@@ -14,8 +14,8 @@ except ImportError as e:
     print(json.dumps({"skipped": f"cuda.core is not installed: {e}"}))
     sys.exit(0)
 from cuda_ipc import Device
-from cuda_ipc import driver as drv
-from cuda_ipc.memory import ipc_buffer_descriptor  # IPCBufferDescriptor._init(payload, size), wherever this cuda.core keeps it
+from cuda_ipc.cuda import driver as drv
+from cuda_ipc.ipc.pool_interop import ipc_buffer_descriptor  # IPCBufferDescriptor._init(payload, size), wherever this cuda.core keeps it
 
 dev = cc.Device(Device.by_uuid(spec["deviceUuid"]).ordinal)
 dev.set_current()

@@ -28,7 +28,7 @@ import traceback
 
 import cuda_ipc
 from cuda_ipc import Device, parent_link, torch_storage_args
-from cuda_ipc.descriptor import LegacyHandleDescriptor
+from cuda_ipc.ipc.descriptor import LegacyHandleDescriptor
 
 link = parent_link()
 sent = []  # (tensor kept alive by us for checking, its data_ptr)
@@ -126,7 +126,7 @@ def cuda_core_own(m):
     except TypeError:
         cb = cc.Buffer.from_ipc_descriptor(mr, r.descriptor, stream)
     n = m["n"]
-    from cuda_ipc import driver as drv
+    from cuda_ipc.cuda import driver as drv
     import ctypes
     host = bytearray(4 * n)
     with Device.by_uuid(buf.device_uuid).activate():
@@ -146,7 +146,7 @@ def cuda_core_own(m):
 def allow_access(mr, ordinal):
     """Read-write access of this device to an imported pool, as the CUDA IPC sample sets it (the
     cuda.core source we read does not; setting it twice is harmless)."""
-    from cuda_ipc import driver as drv
+    from cuda_ipc.cuda import driver as drv
     with Device.get(ordinal).activate():
         drv.pool_set_access(int(mr.handle), ordinal)
 
@@ -193,7 +193,7 @@ def send_torch(m):
 
 
 def _base(ptr):
-    from cuda_ipc import driver as drv
+    from cuda_ipc.cuda import driver as drv
     with Device.get(0).activate():
         return drv.address_range(ptr)[0]
 
@@ -214,7 +214,7 @@ def check_sent(m):
     torch = need("torch")
     import ctypes
     import struct
-    from cuda_ipc import driver as drv
+    from cuda_ipc.cuda import driver as drv
     ptr = sent[m["index"]][1]
     want = m["values"]
     host = bytearray(4 * len(want))
@@ -244,7 +244,7 @@ def send_cuda_core(m):
     import cuda.core as cc
     import ctypes
     import struct
-    from cuda_ipc import driver as drv
+    from cuda_ipc.cuda import driver as drv
     dev = cc.Device(0)
     dev.set_current()
     mr = cc.DeviceMemoryResource(dev, cc.DeviceMemoryResourceOptions(ipc_enabled=True))

@@ -37,7 +37,7 @@ import torch
 from cuda_ipc import Device, connect, ipc_mem_pool, legacy_cache_stats, listen, parent_link, share_tensors, update_in_place
 from cuda_ipc.tensors import tensor_set_transfer as tensor_set
 from cuda_ipc.tensors import kernels as copy_kernels
-from cuda_ipc import driver as drv
+from cuda_ipc.cuda import driver as drv
 
 torch.manual_seed(0)
 link = parent_link()

@@ -13,9 +13,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 from ..errors import IpcError
-from ..host import HostBuffer
+from ..host.host_buffer import HostBuffer
 from ..link.messages.message_decoder import dispose_values
-from ..memory import DeviceBuffer
+from ..arrays.device_array import DeviceBuffer
 from .block import Block
 from .consumer import ChannelConsumer
 from .doorbells import Doorbells

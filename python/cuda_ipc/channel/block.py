@@ -7,15 +7,15 @@ from __future__ import annotations
 import warnings
 from typing import TYPE_CHECKING
 
-from ..host import HostBuffer
-from ..memory import DeviceBuffer
+from ..host.host_buffer import HostBuffer
+from ..arrays.device_array import DeviceBuffer
 from .doorbells import Doorbells
 from .fences import Fences
 from .layout import Layout
 from .shared_words import SharedWords
 
 if TYPE_CHECKING:
-    from ..device import Device
+    from ..cuda.device import Device
 
 
 class Block:

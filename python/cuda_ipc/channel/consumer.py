@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Iterator, NoReturn, TypeVar
 
 from ..errors import IpcError
-from ..host import HostBuffer
-from ..memory import DeviceArray, DeviceBuffer
+from ..host.host_buffer import HostBuffer
+from ..arrays.device_array import DeviceArray, DeviceBuffer
 from .endpoint import Endpoint, closed_error, cuda_array_interface, typed_view
 from .fences import Stream
 from .layout import H_PRODUCERS_DIED, META_BYTES, META_NONE

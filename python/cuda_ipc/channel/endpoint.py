@@ -10,10 +10,10 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..descriptor import DTYPES, dtype_name
+from ..ipc.descriptor import DTYPES, dtype_name
 from ..errors import IpcError
-from ..host import HostBuffer
-from ..memory import DeviceArray, DeviceBuffer
+from ..host.host_buffer import HostBuffer
+from ..arrays.device_array import DeviceArray, DeviceBuffer
 from .block import Block
 from .layout import ST_ALIVE
 from .native_slot_ring import make_ring

@@ -13,43 +13,24 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 from ctypes import byref, c_void_p
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .. import driver as drv
+from ..cuda import driver as drv
+from ..cuda.stream import StreamLike, stream_handle as stream_handle  # the stream forms every cuda_ipc call accepts
 from ..errors import IpcError
 
 if TYPE_CHECKING:
-    from ..device import Device
+    from ..cuda.device import Device
     from .shared_words import SharedWords
 
-#: A stream as callers name it: None (the legacy default stream), an int CUstream, or a PyTorch, CuPy
-#: or cuda.core stream object.
-Stream = Any
+
+#: A stream as callers name it (cuda/stream.py).
+Stream = StreamLike
 
 
 def fence_reached(word: int, value: int) -> bool:
     """True when a fence holding ``word`` has reached ``value`` (wrapping comparison)."""
     return ((word - value) & 0xFFFFFFFF) < 0x80000000
-
-
-def stream_handle(stream: Stream) -> int:
-    """The CUstream of ``stream``: None (the legacy default stream, 0), an int handle, or a stream
-    object of PyTorch (``cuda_stream``), cuda.core (``__cuda_stream__``) or CuPy (``ptr``)."""
-    if stream is None:
-        return 0
-    if isinstance(stream, int):
-        return stream
-    proto = getattr(stream, "__cuda_stream__", None)
-    if callable(proto):
-        return int(proto()[1])
-    for attr in ("cuda_stream", "ptr", "handle"):
-        v = getattr(stream, attr, None)
-        if v is not None:
-            try:
-                return int(v)
-            except (TypeError, ValueError):
-                break
-    raise IpcError("ERR_INVALID_ARG", f"stream must be None, an int CUstream, or a PyTorch, CuPy or cuda.core stream; got {type(stream).__qualname__}")
 
 
 class Fences:

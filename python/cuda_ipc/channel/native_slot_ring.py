@@ -1,4 +1,4 @@
-"""The ring protocol's hot path through the native helper (cuda_ipc/native.py, native/py/channel_ring.c):
+"""The ring protocol's hot path through the native helper (cuda_ipc/native/addon.py, native/py/channel_ring.c):
 ``NativeRing`` is a ``Ring`` whose per-message operations (acquire, publish, take with the message's
 record, a batch of them, release, the producer's batches, the wake-ups, the spin before sleeping) are one C call each, the
 same steps with the same memory orders as slot_ring.py's methods of the same names; everything else (leaving, recovery,
@@ -22,7 +22,7 @@ from ctypes import c_int32, c_uint32, c_uint64, c_void_p
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import IpcError
-from ..native import library
+from ..native.addon import library
 from .layout import Layout
 from .slot_ring import NOTHING, TAKEN_DETACHED, Taken, Ring, corrupt
 

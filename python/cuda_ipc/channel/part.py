@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..resource import Resource
+from ..leak import Resource
 from .endpoint import Endpoint, SlotViews
 
 if TYPE_CHECKING:
-    from ..device import Device
+    from ..cuda.device import Device
 
 
 

@@ -27,7 +27,7 @@ from .connect.listener import Listener
 from .connect.endpoints import connect, listen
 from .messages.nccl_abort import NcclAbort, on_nccl_abort, peer_takes_nccl, send_nccl_abort
 from .nccl.fanout import Fanout
-from .connection.stream import RemoteAddress
+from .transport.tcp_transport import RemoteAddress
 from .connect.tcp import TcpListener
 from .transport.tcp_auth import TOKEN_ENV
 from .transport.socket_path import default_socket_directory, socket_path

@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 from ctypes import byref, c_int, c_void_p
 from typing import Any, Literal, TypedDict, Union
 
-from ..channel.fences import stream_handle  # the stream forms every cuda_ipc call accepts
-from ..device import Device
+from ..cuda.device import Device
+from ..cuda.stream import stream_handle  # the stream forms every cuda_ipc call accepts
 from ..errors import IpcError
 from .errors import IN_PROGRESS, SUCCESS, result_name
 from .abi import API_MAGIC, CONFIG_UNDEF_INT, CONFIG_VERSION, DATATYPE_UINT8, NCCL_UNIQUE_ID_BYTES, NcclConfig, NcclUniqueIdStruct

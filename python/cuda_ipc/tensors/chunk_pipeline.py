@@ -21,14 +21,14 @@ from ctypes import byref, c_size_t, c_uint32, c_uint64, c_void_p
 from typing import NamedTuple
 
 from . import kernels as copy_kernels
-from .. import driver as drv
+from ..cuda import driver as drv
 from .kernels import BLOCK_THREADS, CHUNK_BYTES, grid_for, plan_runs
-from ..device import Device
+from ..cuda.device import Device
 from ..errors import IpcError
 from ..link.nccl.nccl_comms import LinkComm
 from ..nccl import NcclCommunicator
 from .packed_stream import ChunkRoute
-from ..streams import Event, Stream
+from ..cuda.stream import Event, Stream
 
 _ROW_BYTES = copy_kernels.ROW.size
 

@@ -13,12 +13,12 @@ import ctypes
 import struct
 import threading
 import weakref
-from ctypes import POINTER, byref, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from ctypes import byref, c_int, c_size_t, c_uint64, c_void_p
 from pathlib import Path
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
-from .. import driver as drv
-from ..device import Device
+from ..cuda import driver as drv
+from ..cuda.device import Device
 from ..errors import CudaError
 
 #: Bytes per chunk of a run (a multiple of 16: every chunk starts as aligned as its run).
@@ -33,63 +33,14 @@ ROW = struct.Struct("<QQQQ")
 PTX_FILE = Path(__file__).parent.parent / "tensors.ptx"
 
 # ------------------------------------------------------------------------------------------------
-# Driver entry points beyond driver.py's, resolved at their own ABI version.
+# Driver entry points beyond the driver's table: cuda/driver.py resolves them (extra_entry, call_extra).
 
-
-class CUmemcpyAttributes(ctypes.Structure):
-    _fields_ = [("srcAccessOrder", c_int), ("srcLocHint", drv.CUmemLocation), ("dstLocHint", drv.CUmemLocation), ("flags", c_uint)]
-
-
-CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
+entry = drv.extra_entry
+call = drv.call_extra
+CUmemcpyAttributes = drv.CUmemcpyAttributes
+CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = drv.CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
 CU_EVENT_DISABLE_TIMING = 2
 CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16
-
-_EXTRA: dict[str, tuple[int, tuple[Any, ...]]] = {
-    # The CUDA 12.8 form (with failIdx), which CUDA 13 drivers serve too.
-    "cuMemcpyBatchAsync": (12080, (POINTER(c_uint64), POINTER(c_uint64), POINTER(c_size_t), c_size_t, POINTER(CUmemcpyAttributes),
-                                   POINTER(c_size_t), c_size_t, POINTER(c_size_t), c_void_p)),
-    "cuStreamCreate": (12000, (POINTER(c_void_p), c_uint)),
-    "cuMemcpyDtoDAsync": (12000, (c_uint64, c_uint64, c_size_t, c_void_p)),
-    "cuMemcpyHtoDAsync": (12000, (c_uint64, c_void_p, c_size_t, c_void_p)),
-    "cuModuleLoadData": (12000, (POINTER(c_void_p), c_void_p)),
-    "cuModuleGetFunction": (12000, (POINTER(c_void_p), c_void_p, ctypes.c_char_p)),
-    "cuLaunchKernel": (12000, (c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p, POINTER(c_void_p), POINTER(c_void_p))),
-    "cuEventCreate": (12000, (POINTER(c_void_p), c_uint)),
-    "cuEventRecord": (12000, (c_void_p, c_void_p)),
-}
-_entries: dict[str, Optional[drv.DriverFunction]] = {}
-_entries_lock = threading.Lock()
-
-
-def entry(name: str) -> drv.DriverFunction | None:
-    """The driver's entry point ``name``, or None where the driver lacks it."""
-    d = drv.driver()
-    if not isinstance(d, drv._Driver):  # a stand-in driver (tests): its own raw entry, if it has one
-        return d._raw(name) if hasattr(d, "raw_" + name) else None
-    with _entries_lock:
-        if name in _entries:
-            return _entries[name]
-        version, argtypes = _EXTRA[name]
-        lib = ctypes.CDLL("libcuda.so.1")
-        get_proc = lib.cuGetProcAddress_v2
-        get_proc.restype = c_int
-        get_proc.argtypes = [ctypes.c_char_p, POINTER(c_void_p), c_int, c_uint64, POINTER(c_int)]
-        pfn = c_void_p()
-        status = c_int()
-        fn: drv.DriverFunction | None = None
-        if get_proc(name.encode(), byref(pfn), version, 0, byref(status)) == 0 and pfn.value:
-            fn = ctypes.CFUNCTYPE(c_int, *argtypes)(pfn.value)
-        _entries[name] = fn
-        return fn
-
-
-def call(name: str, *args: Any) -> None:
-    fn = entry(name)
-    if fn is None:
-        raise CudaError(-2, "CUDA_SYMBOL_NOT_FOUND", f"the installed driver does not provide {name}: update the NVIDIA driver", f"cuGetProcAddress({name})")
-    r = fn(*args)
-    if r != 0:
-        raise drv.driver().error(r, name)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -15,12 +15,12 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Union
 
-from ..descriptor import LegacyHandleDescriptor
-from ..device import Device, importing_device
-from ..memory import cache
-from ..memory.buffer import _CREATE, DeviceBuffer, _Origin
-from ..memory.legacy import LegacyRelease, open_legacy, open_legacy_many
-from ..memory.pool import PoolImport
+from ..ipc.descriptor import LegacyHandleDescriptor
+from ..cuda.device import Device, importing_device
+from ..ipc import cache
+from ..arrays.device_array import _CREATE, DeviceBuffer, _Origin
+from ..ipc.legacy import LegacyRelease, open_legacy, open_legacy_many
+from ..ipc.pool import PoolImport
 
 if TYPE_CHECKING:
     from ..link.lifetimes.lease import ReceivedLease

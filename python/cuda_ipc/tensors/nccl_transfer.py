@@ -27,21 +27,21 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Union
 
 from . import update as upd
 from .chunk_pipeline import ChunkOperation, mover_of
-from ..device import Device
+from ..cuda.device import Device
 from ..errors import IpcError
 from ..link.connection.arriving import await_settled
 from ..link.messages.deferred import Completion
 from ..link.messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from ..link.messages.nccl_abort import ABORT_CANNOT_TAKE
 from ..link.nccl.nccl_comms import LinkComm, incoming_comm
-from ..memory.buffer import DeviceArray, DeviceBuffer
-from ..memory.owned import allocate_device_buffer, hold, unhold
+from ..arrays.device_array import DeviceArray, DeviceBuffer
+from ..arrays.owned import allocate_device_buffer, hold, unhold
 from ..nccl import NcclCommunicator
 from .nccl_wire import NCCL_TENSOR_SET_KIND, NcclTensorSetRecord, decode_nccl_tensor_set, decode_packed_table
 from .nccl_transfer_send import encode_tensor_set, is_nccl_tensor_set_value
 from .packed_stream import ChunkRoute, PlacedTensor, route_chunks
-from ..streams import Event, after_producer
-from ..host_array import HostArray
+from ..cuda.stream import Event, after_producer
+from ..arrays.host_array import HostArray
 from .tensor_map import _CREATE, TensorMap
 from .tensor_set_transfer import SharedTensors
 from .wire import TensorLayout

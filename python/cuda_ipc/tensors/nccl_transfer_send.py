@@ -16,22 +16,22 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .. import driver as drv
-from ..descriptor import DTYPES
-from ..device import Device
+from ..cuda import driver as drv
+from ..ipc.descriptor import DTYPES
+from ..cuda.device import Device
 from ..errors import IpcError
-from ..host import HostBuffer
-from ..host_array import HostArray
+from ..host.host_buffer import HostBuffer
+from ..arrays.host_array import HostArray
 from ..link.messages.handlers import TransferEncoding
 from ..link.nccl.nccl_comms import LinkComm, check_peer
 from ..link.nccl.nccl_outgoing import begin_outgoing
 from .chunk_pipeline import ChunkOperation, mover_of
-from ..memory.buffer import DeviceBuffer
-from ..memory.exports import _describe_array
+from ..arrays.device_array import DeviceBuffer
+from ..arrays.exports import _describe_array
 from ..nccl import NcclCommunicator
 from .nccl_wire import NCCL_TENSOR_SET_KIND, encode_nccl_tensor_set, encode_packed_table
 from .packed_stream import DEFAULT_CHUNK_BYTES, MIN_CHUNK_BYTES, PACK_ALIGN, ChunkRoute, PlacedTensor, SourceTensor, pack_offsets, route_chunks
-from ..streams import after_producer, producer_stream
+from ..cuda.stream import after_producer, producer_stream
 from .tensor_map import TensorMap
 from .tensor_set_transfer import SharedTensors, pointers_of
 

@@ -8,10 +8,11 @@ import struct
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from ..descriptor import DTYPES
+from ..ipc.descriptor import DTYPES
 from ..link.messages.nccl_records import _HEAD_BYTES, CommReference, _head, _malformed, _read_head
 from .packed_stream import check_chunk_bytes, check_packed_layout
-from .wire import TensorLayout, c_strides, decode_table, encode_table
+from ..arrays.buffer_array import c_strides
+from .wire import TensorLayout, decode_table, encode_table
 
 NCCL_TENSOR_SET_KIND = "nccl-tensor-set"
 _SET_HEADER = struct.Struct("<IHHIIQQ16x")  # magic, version, reserved, count, table length, packed length, chunk bytes

@@ -15,22 +15,22 @@ while it repeats.
 """
 from __future__ import annotations
 
-import importlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Iterator, Union
 
-from ..descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor
+from ..ipc.descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, decode_descriptor
 from ..errors import IpcError
-from ..host import HostBuffer, host_address
-from ..host_array import HostArray
-from ..resource import Resource
+from ..host.host_buffer import HostBuffer, host_address
+from ..arrays.host_array import HostArray
+from ..leak import Resource
 from ..link.messages.handlers import handler_for_kind
-from ..device import Device
+from ..cuda.device import Device
 from ..link.transfers.device_transfers import read_pool_buffer
-from ..memory.buffer import DeviceArray, DeviceBuffer, map_buffers
+from ..arrays.buffer_array import torch_module
+from ..arrays.device_array import DeviceArray, DeviceBuffer, map_buffers
 from .lazy_allocations import (LAZY_TYPES as _LAZY, AllocationLease, HeldMapping, HeldMappings, Lazy, LazyPool, MapAhead, PartLease, hold, make_buffer,
                                map_ahead, release, synchronize, user_of)
 from .wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TensorLayout, decode_table, parse_set
@@ -50,20 +50,8 @@ _RECORD_STATE = "cuda_ipc.tensors.tensor_set_transfer.records"
 _LAYOUTS_KEPT = 16
 
 
-_torch_checked = False
-_torch: ModuleType | None = None
-
-
-def _torch_module() -> ModuleType | None:
-    """torch when it imports, else None (asked once; by name, so that a type checker never needs it)."""
-    global _torch_checked, _torch
-    if not _torch_checked:
-        try:
-            _torch = importlib.import_module("torch")
-        except ImportError:
-            _torch = None
-        _torch_checked = True
-    return _torch
+#: Its name before it moved to arrays/buffer_array.py (code written against it, on other branches, still runs).
+_torch_module = torch_module
 
 
 class TensorMap(Resource, Mapping[str, Any]):
@@ -97,7 +85,7 @@ class TensorMap(Resource, Mapping[str, Any]):
     # -- mapping --
 
     def __getitem__(self, name: str) -> Any:
-        return self.tensor(name) if _torch_module() is not None else self.view(name)
+        return self.tensor(name) if torch_module() is not None else self.view(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.layout.names)
@@ -264,7 +252,7 @@ class TensorMap(Resource, Mapping[str, Any]):
         i = self._index(name)
         t = self._tensors.get(i)
         if t is None:
-            torch = _torch_module()
+            torch = torch_module()
             if torch is None:
                 raise IpcError("ERR_UNSUPPORTED", "torch does not import in this Python; use view(name)")
             L = self.layout

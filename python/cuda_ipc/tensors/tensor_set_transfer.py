@@ -27,25 +27,25 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Union
 
-from .. import driver as drv
-from ..descriptor import LegacyHandleDescriptor, encode_descriptor, numel
-from ..device import Device
+from ..cuda import driver as drv
+from ..ipc.descriptor import LegacyHandleDescriptor, encode_descriptor, numel
+from ..cuda.device import Device
 from ..errors import IpcError
-from ..host import HostBuffer
-from ..host_array import HostArray
+from ..host.host_buffer import HostBuffer
+from ..arrays.host_array import HostArray
 from ..link.transfers import device_transfers
 from ..link.transfers import host_transfer
 from ..link.messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from ..link.lifetimes.lease import Hold, release_hold
-from ..memory.buffer import DeviceArray, DeviceBuffer
-from ..memory.exports import _describe_array, legacy_handle_of, pool_export_of
+from ..arrays.device_array import DeviceArray, DeviceBuffer
+from ..arrays.exports import _describe_array, legacy_handle_of, pool_export_of
 from ..parallel import each
 from .tensor_map import TensorMap, decode_tensor_set
 from .wire import KIND_HOST, KIND_LEGACY, KIND_POOL, TENSOR_SET_KIND, encode_set, encode_table
 from .._renamed import renamed_attribute
 
 if TYPE_CHECKING:
-    from ..host import _Mapping
+    from ..host.host_buffer import _Mapping
     from ..link.lifetimes.lease import LeaseHold, ReceivedLease
     from ..link.connection.link import Link
 
@@ -263,7 +263,7 @@ handle_exports = 0
 
 def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
     """The allocation holding ``ptr``: one driver query, and its pool export data from the
-    per-allocation cache of memory/exports.py (checked against the allocation's unique id, so a
+    per-allocation cache of arrays/exports.py (checked against the allocation's unique id, so a
     freed and reallocated segment at the same address gets fresh data). A legacy allocation's handle
     is asked later, with the others' (_ask_handles)."""
     dev = Device.get(ordinal)
@@ -288,7 +288,7 @@ def _device_alloc(ptr: int, ordinal: int, name: str) -> _Alloc:
 
 def _ask_handles(allocs: list[_Alloc]) -> None:
     """The entries of the legacy allocations _describe found: their handles from the per-allocation
-    cache of memory/exports.py, those it lacks asked of the driver several at once (parallel.py: a
+    cache of arrays/exports.py, those it lacks asked of the driver several at once (parallel.py: a
     first sync asks one per caching-allocator segment)."""
     global handle_exports
     todo = [a for a in allocs if a.kind == KIND_LEGACY and not a.data]

@@ -26,7 +26,7 @@ import threading
 from typing import Any
 
 from ..errors import IpcError
-from ..native import library, native_helper
+from ..native.addon import library, native_helper
 
 _lock = threading.Lock()
 _allocator: Any = None

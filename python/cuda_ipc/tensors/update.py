@@ -22,15 +22,15 @@ from types import ModuleType
 from typing import Any, NamedTuple, Optional
 
 from . import kernels as copy_kernels
-from .. import driver as drv
+from ..cuda import driver as drv
 from .kernels import CU_MEMCPY_SRC_ACCESS_ORDER_STREAM, CUmemcpyAttributes, DeviceTable, RunTable, plan_runs
-from ..descriptor import DTYPES, dtype_name, numel
-from ..device import Device
+from ..ipc.descriptor import DTYPES, dtype_name, numel
+from ..cuda.device import Device
 from ..errors import CudaError, IpcError
-from ..host import host_address
-from ..host_array import HostArray, c_offsets
+from ..host.host_buffer import host_address
+from ..arrays.host_array import HostArray, c_offsets
 from .tensor_set_transfer import TensorMap, torch_data_ptr
-from .wire import is_c_order, is_dense, torch_contiguous
+from ..arrays.buffer_array import is_c_order, is_dense, torch_contiguous
 
 
 class UpdateResult(NamedTuple):

@@ -12,9 +12,9 @@ import array
 import struct
 import sys
 from collections.abc import Sequence
-from typing import Any
 
-from ..descriptor import DTYPES, MAX_NDIM, SAFE, _BY_CODE, torch_dtype
+from ..arrays.buffer_array import c_strides, is_c_order, is_dense, torch_contiguous  # noqa: F401  (torch_contiguous, is_dense: re-exported)
+from ..ipc.descriptor import DTYPES, MAX_NDIM, SAFE, _BY_CODE
 from ..errors import IpcError
 
 TENSOR_SET_KIND = "tensor-set"
@@ -40,59 +40,6 @@ def _malformed(why: str) -> IpcError:
 
 def _pad8(n: int) -> int:
     return (n + 7) & ~7
-
-
-_c_strides_cache: dict[tuple[tuple[int, ...], int], tuple[int, ...]] = {}
-
-
-def c_strides(shape: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    """C-contiguous byte strides of a shape without zero dimensions."""
-    key = (shape, itemsize)
-    s = _c_strides_cache.get(key)
-    if s is None:
-        out, step = [], itemsize
-        for d in reversed(shape):
-            out.append(step)
-            step *= d
-        s = tuple(reversed(out))
-        if len(_c_strides_cache) > 4096:
-            _c_strides_cache.clear()
-        _c_strides_cache[key] = s
-    return s
-
-
-def torch_contiguous(t: Any) -> tuple[str, tuple[int, ...], tuple[int, ...], int] | None:
-    """(dtype name, shape, byte strides, bytes) of a torch tensor that is C-contiguous, not empty and of a
-    dtype cuda-ipc describes, in a few calls into torch (a first sync or update describes thousands of
-    tensors); None for any other (described the long way)."""
-    info = torch_dtype(t.dtype)
-    if info is None or not t.is_contiguous():
-        return None
-    n = t.numel()
-    if not n:
-        return None
-    shape = tuple(t.shape)
-    return info[0], shape, c_strides(shape, info[1]), n * info[1]
-
-
-def is_c_order(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> bool:
-    """C-contiguous with NumPy's rule: dimensions of length 1 may have any stride."""
-    expected = itemsize
-    for n, s in zip(reversed(shape), reversed(strides)):
-        if n != 1 and s != expected:
-            return False
-        expected *= n
-    return True
-
-
-def is_dense(shape: Sequence[int], strides: Sequence[int], itemsize: int) -> bool:
-    """The elements fill [0, extent) exactly (a permutation of a C-contiguous layout)."""
-    expected = itemsize
-    for n, s in sorted(((n, s) for n, s in zip(shape, strides) if n != 1), key=lambda x: x[1]):
-        if s != expected:
-            return False
-        expected *= n
-    return True
 
 
 def encode_table(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[Sequence[int]], strides: Sequence[Sequence[int]],

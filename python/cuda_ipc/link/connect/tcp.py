@@ -28,7 +28,8 @@ from ...errors import IpcError
 from ..transport.large_message import check_max_message_bytes
 from ..connection.link import _CREATE, Link
 from ..transport.link_url import TcpAddress, format_url, parse_url
-from ..connection.stream import POLLIN, POLLOUT, StreamSocket, TcpLink
+from ..connection.stream import TcpLink
+from ..transport.tcp_transport import POLLIN, POLLOUT, StreamSocket
 from .refusal_report import REFUSED_INTERVAL, RefusalReporter, RefusedCallback
 from ..transport.tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, Authenticator, resolve_token
 

@@ -12,12 +12,13 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ..messages.deferred import Completion
 
-if TYPE_CHECKING:
-    from .link import Link
+#: The Link (link.py), named here and never imported: link.py imports this module, and an import back,
+#: even for types, would close a circle.
+Link = Any
 
 # os.eventfd and its helpers, typed here (mypy 1.0's typeshed predates them).
 _eventfd_read: Callable[[int], int] = getattr(os, "eventfd_read")

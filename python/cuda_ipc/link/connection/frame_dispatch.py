@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ...errors import IpcError
 from ..transport import frame as fr
@@ -20,8 +20,9 @@ from ..messages.message_decoder import decode_message, lease_ids_of
 from ..messages.message_format import Malformed
 from ..messages.nccl_abort import dispatch_nccl_abort
 
-if TYPE_CHECKING:
-    from .link import Link
+#: The Link (link.py), named here and never imported: link.py imports this module, and an import back,
+#: even for types, would close a circle.
+Link = Any
 
 
 def fds_lost_here(link: "Link", length: int) -> bool:

@@ -41,7 +41,7 @@ from .outbox import Outbox, flusher
 from ..transport.socket_path import MY_UID as _MY_UID
 
 if TYPE_CHECKING:
-    from .stream import RemoteAddress
+    from ..transport.tcp_transport import RemoteAddress
 
 _ANC_BYTES = socket.CMSG_SPACE(4 * fr.MAX_FDS) + socket.CMSG_SPACE(struct.calcsize("3i"))
 # Plain ints: the socket module's IntFlag members cost microseconds per operation.

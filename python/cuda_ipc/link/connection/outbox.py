@@ -15,20 +15,26 @@ import threading
 import time
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ...errors import IpcError
 from ..transport import frame as fr
 
 if TYPE_CHECKING:
     from ..lifetimes.lease import IncomingLeases
-    from .link import Link
 
 # Plain ints: the socket module's IntFlag members cost microseconds per operation.
 _SOL_SOCKET = int(socket.SOL_SOCKET)
 _SCM_RIGHTS = int(socket.SCM_RIGHTS)
 _NOSIGNAL = int(socket.MSG_NOSIGNAL)
 _NOW = int(socket.MSG_NOSIGNAL | socket.MSG_DONTWAIT)
+
+class DeferredReleases(Protocol):
+    """What the flusher calls on a link (the Link, link.py: it imports this module, so this one names
+    only what it uses)."""
+
+    def flush_deferred(self) -> None: ...
+
 
 #: The longest a release waits for the receiving thread's next link call.
 RELEASE_DEFER_LIMIT = 0.02
@@ -124,11 +130,11 @@ class ReleaseFlusher:
 
     def __init__(self) -> None:
         self._event = threading.Event()
-        self._links: weakref.WeakSet[Link] = weakref.WeakSet()
+        self._links: weakref.WeakSet[DeferredReleases] = weakref.WeakSet()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
-    def kick(self, link: Link) -> None:
+    def kick(self, link: DeferredReleases) -> None:
         """``link`` has releases waiting: ``link.flush_deferred()`` runs within RELEASE_DEFER_LIMIT."""
         self._links.add(link)
         if not self._event.is_set():

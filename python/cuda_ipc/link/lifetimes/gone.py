@@ -3,7 +3,7 @@ memory it had shared on this link, so nothing here keeps it alive without a user
 advice: an entry of a kind without a handler is ignored.
 
 - ``legacy-buffer`` (key: the 64-byte CUipcMemHandle): idle mappings of it close now, busy ones at
-  their last release instead of waiting idle in the cache (memory/cache.py);
+  their last release instead of waiting idle in the cache (ipc/cache.py);
 - ``ipc-pool`` (key: the 16-byte pool id): this link forgets the pool; its import goes once its last
   buffer here is closed.
 
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from ..connection.link import Link
+#: The Link (connection/link.py) as this layer sees it: opaque, passed on or used by name, never imported
+#: (it is above this layer; src/link/messages/handlers.ts types it `object` for the same reason).
+Link = Any
 
 #: kind -> handler(key, link), for every link of this process.
 _handlers: dict[str, list[Callable[[bytes, "Link"], None]]] = {}
@@ -45,14 +46,14 @@ def dispatch_gone(entries: list[tuple[str, bytes]], link: Link) -> None:
 def _legacy_gone(key: bytes, _link: Any) -> None:
     if len(key) != 64:
         return
-    from ...memory import cache
+    from ...ipc import cache
     cache.forget_legacy_allocation(key)
 
 
 def _pool_gone(key: bytes, link: Any) -> None:
     if len(key) != 16:
         return
-    from ...memory import cache
+    from ...ipc import cache
     received = link.handler_state.get(cache._POOLS_RECEIVED)
     pool = received.pop(key, None) if received is not None else None
     if pool is not None:

@@ -20,7 +20,10 @@ from ...errors import IpcError
 
 if TYPE_CHECKING:
     from ..lifetimes.lease import LeaseHold, ReceivedLease
-    from ..connection.link import Link
+
+#: The Link (connection/link.py) as this layer sees it: opaque, passed on or used by name, never imported
+#: (it is above this layer; src/link/messages/handlers.ts types it `object` for the same reason).
+Link = Any
 
 _KIND_RE = re.compile(r"^[\x21-\x7e]{1,64}$")
 

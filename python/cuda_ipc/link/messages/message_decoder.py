@@ -11,7 +11,7 @@ import json
 import re
 import struct
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import IpcError
 from .deferred import Completion, DeferredValue
@@ -22,7 +22,14 @@ from .message_format import BIGINT_RE, RECORD_TAIL, SAFE_INT, TAG_DATAVIEW, TAG_
 
 if TYPE_CHECKING:
     from ..lifetimes.lease import IncomingLeases, LeaseFromPeer
-    from ..connection.link import Link
+
+
+class Link(Protocol):
+    """What decoding reads of the link a message came on (the Link, connection/link.py, above this
+    layer); the link itself is passed on to the transfer handlers."""
+
+    @property
+    def transport(self) -> str: ...
 
 #: A parsed record: kind, path, fd count, lease id, and where its data starts and ends in the payload.
 Record = tuple[str, list[Any], int, int, int, int]

@@ -10,7 +10,7 @@ import json
 import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from ...errors import IpcError
 from ..transport.fds import close_fds
@@ -22,7 +22,16 @@ from .message_format import FORMAT_TAG, MAX_DEPTH, RECORD_TAIL, SAFE_INT, TAG_UI
 
 if TYPE_CHECKING:
     from ..lifetimes.lease import LeaseHold
-    from ..connection.link import Link
+
+
+class Link(Protocol):
+    """What encoding reads of the link it sends on (the Link, connection/link.py, above this layer);
+    the link itself is passed on to the transfer handlers."""
+
+    max_message_bytes: int
+
+    @property
+    def transport(self) -> str: ...
 
 #: Where a value sits in a message: dict keys and list indices from the root.
 Path = Sequence[Union[str, int]]

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 from ...errors import IpcError
 from ..transport import frame as fr
 
-if TYPE_CHECKING:
-    from ..connection.link import Link
+#: The Link (connection/link.py) as this layer sees it: opaque, passed on or used by name, never imported
+#: (it is above this layer; src/link/messages/handlers.ts types it `object` for the same reason).
+Link = Any
 
 #: PROTOCOL.md 8.4's reasons.
 ABORT_CANNOT_TAKE = 1

@@ -9,7 +9,7 @@ import struct
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ...descriptor import DTYPES, numel
+from ...ipc.descriptor import DTYPES, numel
 from ...errors import IpcError
 
 NCCL_BUFFER_KIND = "nccl-buffer"

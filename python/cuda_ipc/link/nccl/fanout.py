@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from ...device import Device
+from ...cuda.device import Device
 from ...errors import IpcError
 from ..messages.deferred import Completion
 from ..connection.link import Link

@@ -28,11 +28,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...device import Device, working_device
+from ...cuda.device import Device, working_device
 from ...errors import IpcError
 from ...nccl import NcclCommunicator, load_nccl
 from ..messages.nccl_records import CommReference
-from ...streams import Event, Stream
+from ...cuda.stream import Event, Stream
 from ..messages.deferred import Completion
 from ..messages.nccl_abort import ABORT_CANNOT_TAKE, ABORT_NCCL_FAILED, ABORT_NO_COMMUNICATOR, NcclAbort, on_nccl_abort, peer_takes_nccl, send_nccl_abort
 from .nccl_order import TransferOrder

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ...device import Device
+from ...cuda.device import Device
 from ..messages.nccl_records import CommReference
 from ..messages.deferred import Completion
 from ..messages.handlers import TransferEncoding
@@ -16,7 +16,7 @@ from ..lifetimes.lease import Hold
 from .nccl_comms import LinkComm, StartWork, check_nccl_in_clear, comm_reference, committed_on, not_sent, outgoing_comm, state_of
 
 if TYPE_CHECKING:
-    from ...streams import Event
+    from ...cuda.stream import Event
     from ..connection.link import Link
 
 _GONE = object()

@@ -6,7 +6,7 @@ to the peer: the sender's memory, pool or event stays alive until the peer relea
  - IPC pools: the fd once per link, then the pool's id.
  - Interprocess events: their event-handle descriptor.
 Devices travel as UUIDs, never ordinals (CUDA_VISIBLE_DEVICES renumbers). Received memory is mapped
-on first use, for the working device (memory/buffer.py).
+on first use, for the working device (arrays/device_array.py).
 """
 from __future__ import annotations
 
@@ -17,15 +17,15 @@ import struct
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ... import driver as drv
-from ...descriptor import LegacyHandleDescriptor, decode_descriptor, encode_descriptor
-from ...device import Device, format_uuid, uuid_bytes
+from ...cuda import driver as drv
+from ...ipc.descriptor import LegacyHandleDescriptor, decode_descriptor, encode_descriptor
+from ...cuda.device import Device, format_uuid, uuid_bytes
 from ...errors import IpcError
-from ...memory import cache
-from ...memory.buffer import _CREATE, DeviceArray, DeviceBuffer, _Origin
-from ...memory.event import IpcEvent
-from ...memory.exports import Shared, _describe_array, _Exported, _is_device_array, legacy_handle_of, pool_export_of
-from ...memory.pool import ImportedPool, PoolImport
+from ...ipc import cache
+from ...arrays.device_array import _CREATE, DeviceArray, DeviceBuffer, _Origin
+from ...ipc.event import IpcEvent
+from ...arrays.exports import Shared, _describe_array, _Exported, _is_device_array, legacy_handle_of, pool_export_of
+from ...ipc.pool import ImportedPool, PoolImport
 from ..messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from ..lifetimes.lease import Hold
 

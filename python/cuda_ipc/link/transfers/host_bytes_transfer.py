@@ -11,7 +11,7 @@ import struct
 from typing import TYPE_CHECKING
 
 from ...errors import IpcError
-from ...host import HostBuffer
+from ...host.host_buffer import HostBuffer
 from ..messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 
 if TYPE_CHECKING:

@@ -19,16 +19,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ... import driver as drv
-from ...descriptor import DTYPES
-from ...device import Device, uuid_bytes
+from ...cuda import driver as drv
+from ...ipc.descriptor import DTYPES
+from ...cuda.device import Device, uuid_bytes
 from ...errors import IpcError
-from ...memory.buffer import DeviceArray, DeviceBuffer
-from ...memory.exports import Shared, _describe_array, _is_device_array
-from ...memory.owned import allocate_device_buffer, hold, unhold
+from ...arrays.buffer_array import torch_module
+from ...arrays.device_array import DeviceArray, DeviceBuffer
+from ...arrays.exports import Shared, _describe_array, _is_device_array
+from ...arrays.owned import allocate_device_buffer, hold, unhold
 from ...nccl import NcclCommunicator
 from ..messages.nccl_records import NCCL_BUFFER_KIND, decode_nccl_buffer, encode_nccl_buffer
-from ...streams import Event, after_producer, producer_stream
+from ...cuda.stream import Event, after_producer, producer_stream
 from ..messages.deferred import Completion, DeferredValue
 from ..messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler
 from ..messages.nccl_abort import ABORT_CANNOT_TAKE
@@ -182,8 +183,7 @@ def _sending(out: OutgoingTransfer, src: Source, data: bytes, ready: Event | Non
 def _allocate(nbytes: int, array: tuple[str, tuple[int, ...]] | None, device: Device) -> tuple[Any, int, Event | None, Callable[[], None]]:
     """Memory of this process's own for a received buffer: (the value, its address, an event the
     receive must wait for, what ends the transfer's hold on it)."""
-    from ...tensors.tensor_map import _torch_module  # torch when importable, asked once
-    torch = _torch_module()
+    torch = torch_module()  # torch when importable, asked once
     if torch is not None:
         dtype = getattr(torch, array[0], None) if array is not None else torch.uint8
         if dtype is not None:

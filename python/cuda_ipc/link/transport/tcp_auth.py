@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING
 
 from ...errors import IpcError
 
-if TYPE_CHECKING:  # the stream layer builds on this one: a type, never imported at run time
-    from ..connection.stream import StreamSocket
+if TYPE_CHECKING:
+    from .tcp_transport import StreamSocket
 
 #: The environment variable a token is read from when none is passed.
 TOKEN_ENV = "CUDA_IPC_TOKEN"

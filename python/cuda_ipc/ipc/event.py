@@ -6,13 +6,13 @@ from __future__ import annotations
 import ctypes
 from typing import TYPE_CHECKING
 
-from .. import driver as drv
-from ..device import Device
+from ..cuda import driver as drv
+from ..cuda.device import Device
 from ..errors import IpcError
-from ..resource import Resource
+from ..leak import Resource
 
 if TYPE_CHECKING:
-    from ..link.lifetimes.lease import ReceivedLease
+    from ..leak import ReceivedLease
 
 
 class IpcEvent(Resource):

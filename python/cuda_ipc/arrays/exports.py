@@ -17,12 +17,12 @@ import sys
 from collections.abc import Callable
 from typing import Any, NamedTuple, Union
 
-from .. import driver as drv
-from ..descriptor import ArrayMeta, dtype_name
-from ..tensors.wire import torch_contiguous
+from ..cuda import driver as drv
+from ..ipc.descriptor import ArrayMeta, dtype_name
+from .buffer_array import torch_contiguous
 from ..errors import CudaError, IpcError
-from . import cache
-from .buffer import DeviceArray, DeviceBuffer
+from ..ipc import cache
+from .device_array import DeviceArray, DeviceBuffer
 
 
 class Shared:

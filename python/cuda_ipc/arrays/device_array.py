@@ -15,19 +15,19 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .. import driver as drv
-from ..descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, dtype_name
-from ..device import Device, importing_device
+from ..cuda import driver as drv
+from ..ipc.descriptor import DTYPES, ArrayMeta, LegacyHandleDescriptor, dtype_name
+from ..cuda.device import Device, importing_device
 from ..dlpack import DL_CUDA, make_capsule
 from ..errors import IpcError
-from ..resource import Resource
-from .legacy import open_legacy, open_legacy_many
-from .pool import PoolImport
-from .pool_interop import CudaCoreImport, _cuda_core, ipc_buffer_descriptor
+from ..leak import Resource
+from ..ipc.legacy import open_legacy, open_legacy_many
+from ..ipc.pool import PoolImport
+from ..ipc.pool_interop import CudaCoreImport, _cuda_core, ipc_buffer_descriptor
 from .._renamed import renamed_attribute
 
 if TYPE_CHECKING:
-    from ..link.lifetimes.lease import ReceivedLease
+    from ..leak import ReceivedLease
 
 
 class _Origin:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any, Literal, Union, overload
 
-from .errors import IpcError
-from ._renamed import renamed_attribute
+from ..errors import IpcError
+from .._renamed import renamed_attribute
 
 #: Bytes a parser accepts.
 BytesLike = Union[bytes, bytearray, memoryview]

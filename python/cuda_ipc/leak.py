@@ -1,9 +1,9 @@
 """What the package's resources have in common (the Node side's disposables, src/leak.ts): ``close()``,
 use in a ``with`` block, and a close when one is collected unclosed (a received buffer dropped
-without close() still ends its lease)."""
+without close() still ends its lease), and what a received object holds of its sender's lease."""
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 _R = TypeVar("_R", bound="Resource")
 
@@ -35,3 +35,17 @@ class Resource:
                 self.close()
             except Exception:  # noqa: BLE001 - nothing to report to at collection time
                 pass
+
+
+class ReceivedLease(Protocol):
+    """The receiving side of one lease (link/lifetimes/lease.py makes them), as a transfer handler's
+    decode() gets it: the value calls ``end()`` once it is finally released. Here, in the base layer,
+    because what is received (ipc/, arrays/, host/) holds one below the link that leases it."""
+
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def ended(self) -> bool: ...
+
+    def end(self) -> None: ...

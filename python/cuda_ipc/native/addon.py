@@ -30,7 +30,7 @@ import threading
 from pathlib import Path
 from typing import NamedTuple
 
-from .errors import IpcError
+from ..errors import IpcError
 
 #: The interface version this package speaks (CIP_ABI_VERSION in native/py/*.c).
 ABI_VERSION = 2
@@ -61,7 +61,7 @@ def in_npm_package(root: Path) -> list[Path]:
 
 def _candidates(here: Path | None = None, cwd: Path | None = None) -> list[Path]:
     """Every place looked in, in order (``here``: this package's folder; ``cwd``: the working directory)."""
-    here = here or Path(__file__).resolve().parent
+    here = here or Path(__file__).resolve().parent.parent  # native/addon.py -> cuda_ipc/
     cwd = cwd or Path.cwd()
     found = in_npm_package(here.parent.parent) + [here / LIBRARY_NAME]  # <npm package>/python/cuda_ipc -> <npm package>
     for d in [cwd, *cwd.parents]:

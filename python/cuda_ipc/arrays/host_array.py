@@ -14,9 +14,9 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from .descriptor import DTYPES, ArrayMeta, dtype_name, numel
-from .errors import IpcError
-from .host import HostBuffer
+from ..ipc.descriptor import DTYPES, ArrayMeta, dtype_name, numel
+from ..errors import IpcError
+from ..host.host_buffer import HostBuffer
 
 # struct format of each dtype's elements as memoryview.cast reads them.
 FORMATS = {
@@ -106,7 +106,7 @@ class HostArray:
         self.buffer.close()
 
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
-        from .dlpack import DL_CPU, make_capsule
+        from ..dlpack import DL_CPU, make_capsule
         if copy:
             raise BufferError("HostArray.__dlpack__: copy=True is not supported; it shares memory")
         m = self.buffer._check()
@@ -117,7 +117,7 @@ class HostArray:
                             None if meta.c_contiguous else meta.strides, owner=(arr, self))
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from .dlpack import DL_CPU
+        from ..dlpack import DL_CPU
         return (DL_CPU, 0)
 
     def __repr__(self) -> str:

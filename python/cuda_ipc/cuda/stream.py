@@ -10,9 +10,34 @@ import weakref
 from ctypes import byref, c_void_p
 from typing import Any
 
-from .tensors import kernels as copy_kernels
 from . import driver as drv
+from ..errors import IpcError
 from .device import Device
+
+#: A stream as callers name it: None (the legacy default stream), an int CUstream, or a PyTorch, CuPy
+#: or cuda.core stream object.
+StreamLike = Any
+
+
+def stream_handle(stream: StreamLike) -> int:
+    """The CUstream of ``stream``: None (the legacy default stream, 0), an int handle, or a stream
+    object of PyTorch (``cuda_stream``), cuda.core (``__cuda_stream__``) or CuPy (``ptr``)."""
+    if stream is None:
+        return 0
+    if isinstance(stream, int):
+        return stream
+    proto = getattr(stream, "__cuda_stream__", None)
+    if callable(proto):
+        return int(proto()[1])
+    for attr in ("cuda_stream", "ptr", "handle"):
+        v = getattr(stream, attr, None)
+        if v is not None:
+            try:
+                return int(v)
+            except (TypeError, ValueError):
+                break
+    raise IpcError("ERR_INVALID_ARG", f"stream must be None, an int CUstream, or a PyTorch, CuPy or cuda.core stream; got {type(stream).__qualname__}")
+
 
 #: cuStreamCreate flags: the stream does not wait for the legacy default stream (nor it for this one).
 CU_STREAM_NON_BLOCKING = 1
@@ -38,7 +63,7 @@ class Stream:
         self.device = device
         h = c_void_p()
         with device.activate():
-            copy_kernels.call("cuStreamCreate", byref(h), flags)
+            drv.call_extra("cuStreamCreate", byref(h), flags)
         self.handle: int = h.value or 0
         self._finalizer = weakref.finalize(self, _destroy, device, "cuStreamDestroy", self.handle)
 
@@ -66,14 +91,14 @@ class Event:
         self.device = device
         h = c_void_p()
         with device.activate():
-            copy_kernels.call("cuEventCreate", byref(h), CU_EVENT_DISABLE_TIMING | (CU_EVENT_BLOCKING_SYNC if blocking else 0))
+            drv.call_extra("cuEventCreate", byref(h), CU_EVENT_DISABLE_TIMING | (CU_EVENT_BLOCKING_SYNC if blocking else 0))
         self.handle: int = h.value or 0
         self._finalizer = weakref.finalize(self, _destroy, device, "cuEventDestroy", self.handle)
 
     def record(self, stream: int) -> None:
         """Records the event on ``stream`` (a CUstream handle; 0 the legacy default stream)."""
         with self.device.activate():
-            copy_kernels.call("cuEventRecord", c_void_p(self.handle), c_void_p(stream))
+            drv.call_extra("cuEventRecord", c_void_p(self.handle), c_void_p(stream))
 
     def synchronize(self) -> None:
         """Waits until the work before its last record finished (at once if never recorded)."""

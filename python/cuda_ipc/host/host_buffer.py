@@ -19,8 +19,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from .errors import IpcError
-from .resource import Resource
+from ..errors import IpcError
+from ..leak import Resource
 
 _SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL
 
@@ -205,7 +205,7 @@ class HostBuffer(Resource):
 
     # DLPack (host memory: kDLCPU), so torch.from_dlpack / numpy.from_dlpack view it without a copy.
     def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None, copy: bool | None = None) -> object:
-        from .dlpack import DL_CPU, make_capsule
+        from ..dlpack import DL_CPU, make_capsule
         if copy:
             raise BufferError("HostBuffer.__dlpack__: copy=True is not supported; it shares memory")
         m = self._check()
@@ -214,7 +214,7 @@ class HostBuffer(Resource):
         return make_capsule(ctypes.addressof(arr), (DL_CPU, 0), "|u1", (self._length,), None, owner=(arr, self))
 
     def __dlpack_device__(self) -> tuple[int, int]:
-        from .dlpack import DL_CPU
+        from ..dlpack import DL_CPU
         return (DL_CPU, 0)
 
     def __repr__(self) -> str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from .. import driver as drv
-from ..descriptor import LegacyHandleDescriptor
-from ..device import Device
+from ..cuda import driver as drv
+from .descriptor import LegacyHandleDescriptor
+from ..cuda.device import Device
 from ..errors import CudaError, IpcError
 from ..parallel import each
 from . import cache

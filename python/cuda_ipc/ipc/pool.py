@@ -9,10 +9,10 @@ import os
 import threading
 from collections.abc import Callable
 
-from .. import driver as drv
-from ..device import Device
+from ..cuda import driver as drv
+from ..cuda.device import Device
 from ..errors import CudaError, IpcError
-from ..resource import Resource
+from ..leak import Resource
 from . import cache
 
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .descriptor import ArrayMeta, LegacyHandleDescriptor
-from .errors import IpcError
+from ..errors import IpcError
 
 TORCH_HANDLE_BYTES = 66
 TORCH_HANDLE_VERSION = 2  # what torch <= 2.12 writes and every version since reads

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from ctypes import byref
 
-from .. import driver as drv
-from ..device import Device
-from .buffer import _CREATE, DeviceBuffer, _Origin
+from ..cuda import driver as drv
+from ..cuda.device import Device
+from .device_array import _CREATE, DeviceBuffer, _Origin
 
 
 def allocate_device_buffer(nbytes: int, device: Device) -> DeviceBuffer:

@@ -12,7 +12,7 @@ import threading
 from ctypes import byref, c_int
 
 from . import driver as drv
-from .errors import IpcError
+from ..errors import IpcError
 
 _lock = threading.Lock()
 _devices: list["Device"] | None = None

@@ -16,8 +16,8 @@ import threading
 from collections import OrderedDict
 from typing import TypeVar
 
-from .. import driver as drv
-from ..device import Device
+from ..cuda import driver as drv
+from ..cuda.device import Device
 from ..errors import CudaError, IpcError
 
 #: link.handler_state keys: the pools received on a link (id -> PoolImport), and the ids of the pools

@@ -9,9 +9,9 @@ import threading
 from collections.abc import Callable
 from ctypes import POINTER, byref, c_char, c_int, c_size_t, c_uint, c_uint64, c_ulonglong, c_void_p
 
-from typing import Any
+from typing import Any, Optional
 
-from .errors import CudaError
+from ..errors import CudaError
 
 ABI_VERSION = 12000
 
@@ -304,3 +304,62 @@ def memcpy_dtoh(dst_addr: int, src: int, nbytes: int) -> None:
 
 def memcpy_htod(dst: int, src_addr: int, nbytes: int) -> None:
     driver().call("cuMemcpyHtoD", dst, c_void_p(src_addr), nbytes)
+
+
+# ------------------------------------------------------------------------------------------------
+# Entry points beyond the table above (batch copies, streams, events, modules and launches), each resolved
+# at its own ABI version on first use: the copy kernels (tensors/kernels.py) and cuda/stream.py call them.
+
+
+class CUmemcpyAttributes(ctypes.Structure):
+    _fields_ = [("srcAccessOrder", c_int), ("srcLocHint", CUmemLocation), ("dstLocHint", CUmemLocation), ("flags", c_uint)]
+
+
+CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1
+
+_EXTRA: dict[str, tuple[int, tuple[Any, ...]]] = {
+    # The CUDA 12.8 form (with failIdx), which CUDA 13 drivers serve too.
+    "cuMemcpyBatchAsync": (12080, (POINTER(c_uint64), POINTER(c_uint64), POINTER(c_size_t), c_size_t, POINTER(CUmemcpyAttributes),
+                                   POINTER(c_size_t), c_size_t, POINTER(c_size_t), c_void_p)),
+    "cuStreamCreate": (12000, (POINTER(c_void_p), c_uint)),
+    "cuMemcpyDtoDAsync": (12000, (c_uint64, c_uint64, c_size_t, c_void_p)),
+    "cuMemcpyHtoDAsync": (12000, (c_uint64, c_void_p, c_size_t, c_void_p)),
+    "cuModuleLoadData": (12000, (POINTER(c_void_p), c_void_p)),
+    "cuModuleGetFunction": (12000, (POINTER(c_void_p), c_void_p, ctypes.c_char_p)),
+    "cuLaunchKernel": (12000, (c_void_p, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_void_p, POINTER(c_void_p), POINTER(c_void_p))),
+    "cuEventCreate": (12000, (POINTER(c_void_p), c_uint)),
+    "cuEventRecord": (12000, (c_void_p, c_void_p)),
+}
+_entries: dict[str, Optional[DriverFunction]] = {}
+_entries_lock = threading.Lock()
+
+
+def extra_entry(name: str) -> DriverFunction | None:
+    """The driver's entry point ``name``, or None where the driver lacks it."""
+    d = driver()
+    if not isinstance(d, _Driver):  # a stand-in driver (tests): its own raw entry, if it has one
+        return d._raw(name) if hasattr(d, "raw_" + name) else None
+    with _entries_lock:
+        if name in _entries:
+            return _entries[name]
+        version, argtypes = _EXTRA[name]
+        lib = ctypes.CDLL("libcuda.so.1")
+        get_proc = lib.cuGetProcAddress_v2
+        get_proc.restype = c_int
+        get_proc.argtypes = [ctypes.c_char_p, POINTER(c_void_p), c_int, c_uint64, POINTER(c_int)]
+        pfn = c_void_p()
+        status = c_int()
+        fn: DriverFunction | None = None
+        if get_proc(name.encode(), byref(pfn), version, 0, byref(status)) == 0 and pfn.value:
+            fn = ctypes.CFUNCTYPE(c_int, *argtypes)(pfn.value)
+        _entries[name] = fn
+        return fn
+
+
+def call_extra(name: str, *args: Any) -> None:
+    fn = extra_entry(name)
+    if fn is None:
+        raise CudaError(-2, "CUDA_SYMBOL_NOT_FOUND", f"the installed driver does not provide {name}: update the NVIDIA driver", f"cuGetProcAddress({name})")
+    r = fn(*args)
+    if r != 0:
+        raise driver().error(r, name)

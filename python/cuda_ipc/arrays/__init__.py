@@ -1,0 +1,1 @@
+"""Arrays: DeviceBuffer and DeviceArray, HostArray, share() (src/arrays/)."""

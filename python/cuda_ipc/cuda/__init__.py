@@ -1,0 +1,1 @@
+"""CUDA objects: the driver through ctypes, devices, streams and events (src/cuda/)."""

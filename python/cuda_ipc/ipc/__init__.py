@@ -1,0 +1,1 @@
+"""IPC: descriptors, imports of legacy handles, pools and events, the mapping cache (src/ipc/)."""
