@@ -9,8 +9,8 @@ from __future__ import annotations
 import ctypes
 from typing import Sequence
 
-from ... import driver as drv
-from ...device import Device
+from ...cuda import driver as drv
+from ...cuda.device import Device
 from ...errors import IpcError
 from .. import kernels
 from .host_copy import CopyPair, DeviceMemory, RunMemory, check_run_bounds

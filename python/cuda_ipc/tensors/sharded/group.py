@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple, Sequence
 
-from ...device import Device, set_working_device
+from ...cuda.device import Device, set_working_device
 from ...errors import IpcError
 from ...link.connect.endpoints import connect
 from ...link.connection.link import Link

@@ -8,8 +8,8 @@ import sys
 from typing import Any, Sequence
 
 from ...errors import IpcError
-from ...host_array import HostArray
-from ...memory.buffer import DeviceArray
+from ...arrays.host_array import HostArray
+from ...arrays.device_array import DeviceArray
 from .host_copy import DeviceMemory, HostMemory, RunMemory
 from .layout import LocalTensor
 
@@ -39,7 +39,7 @@ def _facts(obj: Any) -> tuple[str, tuple[int, ...], tuple[int, ...], RunMemory]:
         return dtype, shape, strides, DeviceMemory(obj.device.index or 0, int(obj.data_ptr()), _extent(shape, strides, size))
     cai = getattr(obj, "__cuda_array_interface__", None)
     if isinstance(cai, dict):
-        from ...descriptor import ArrayMeta, dtype_name
+        from ...ipc.descriptor import ArrayMeta, dtype_name
         shape = tuple(int(n) for n in cai["shape"])
         meta = ArrayMeta.make(dtype_name(cai["typestr"]), shape, cai.get("strides"))
         where = getattr(obj, "__dlpack_device__", None)

@@ -18,7 +18,7 @@ MAX_NODE_BYTES = 255
 SAFE = 2**53 - 1
 U31 = 0x7FFFFFFF
 
-#: name: (item size, wire code), as src/ipc/dtype.ts and cuda_ipc.descriptor.DTYPES number them.
+#: name: (item size, wire code), as src/ipc/dtype.ts and cuda_ipc.ipc.descriptor.DTYPES number them.
 DTYPE_CODES = {
     "int8": (1, 1), "int16": (2, 2), "int32": (4, 3), "int64": (8, 4), "uint8": (1, 5), "uint16": (2, 6),
     "uint32": (4, 7), "uint64": (8, 8), "float16": (2, 9), "bfloat16": (2, 10), "float32": (4, 11),

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from ... import driver as drv
-from ...device import Device
+from ...cuda import driver as drv
+from ...cuda.device import Device
 from ...errors import IpcError
 from .. import kernels
 from .host_copy import DeviceMemory, check_run_bounds
