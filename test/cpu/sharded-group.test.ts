@@ -6,48 +6,22 @@
 // tcp:// with a token; repeated syncs with changed values; a source and a destination killed
 // mid-sync (every other rank: ERR_SHARD_PEER_LOST, the version kept, nothing written), a
 // replacement joining (epoch + 1); relayout; timeouts; refused layouts; bad control messages.
-import { test, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { spawn, listen, connect, type Link, type SpawnedChild } from '../../src/link/index.js';
+import { listen, connect, type Link } from '../../src/link/index.js';
 import { IpcError } from '../../src/errors.js';
 import { HostArray } from '../../src/tensors/index.js';
 import { LayoutBuilder, ShardGroup, encodeLayout } from '../../src/tensors/sharded/index.js';
 import { parseShardMessage } from '../../src/tensors/sharded/group-wire.js';
 import { allocate, checkDestinations, fillSources, scenarioLayout } from '../helpers/shard-group.js';
 import { fdCount } from '../fixtures/fd-count.js';
-import { within, waitUntil } from '../helpers/wait.js';
+import { waitUntil, within } from '../helpers/wait.js';
+import { startMember, type Member, type Reply } from '../helpers/shard-members.js';
 
 const SCENARIO = { sources: 2, tp: 2 };
-const children = new Set<SpawnedChild['child']>();
-after(() => { for (const c of children) if (c.exitCode === null) c.kill('SIGKILL'); });
-
-interface Reply { ok: boolean; code?: string; message?: string; detail?: any; version?: number; epoch?: number; problems?: string[]; state?: string; fds?: number; paths?: any }
-
-class Member {
-  #next = 0;
-  readonly #pending = new Map<number, (r: Reply) => void>();
-  constructor(readonly rank: number, readonly child: SpawnedChild['child'], readonly link: Link) {
-    link.on('message', (m: any) => { const r = this.#pending.get(m.id); this.#pending.delete(m.id); r?.(m); });
-  }
-  ask(op: string, args: Record<string, unknown> = {}): Promise<Reply> {
-    const id = this.#next++;
-    const p = new Promise<Reply>((resolve) => this.#pending.set(id, resolve));
-    this.link.send({ id, op, ...args });
-    return within(p, `rank ${this.rank}'s answer to '${op}'`, 60_000);
-  }
-  kill(): Promise<void> {
-    const gone = new Promise<void>((r) => this.child.once('exit', () => r()));
-    this.child.kill('SIGKILL');
-    return within(gone, `rank ${this.rank} to exit`);
-  }
-}
-
 async function member(rank: number, connectTo: string, token?: string): Promise<{ m: Member; joined: Promise<Reply> }> {
-  const { child, link } = await spawn(new URL('../fixtures/shard-member.js', import.meta.url), [], { stdio: 'inherit' });
-  children.add(child);
-  const m = new Member(rank, child, link);
-  return { m, joined: m.ask('join', { rank, connect: connectTo, scenario: SCENARIO, ...(token && { token }) }) };
+  return startMember(rank, connectTo, { scenario: SCENARIO, ...(token && { token }) });
 }
 
 interface Hub { group: ShardGroup; sources: HostArray[]; layout: ReturnType<typeof scenarioLayout> }

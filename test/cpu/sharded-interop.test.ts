@@ -7,14 +7,12 @@
 // again) or leaves, and the hub's next sync fails naming it (the 'lost' message each way). The Python rank is python/tests/sharded_member.py.
 // Skips with the reason where there is no python3 (>= 3.10).
 import { test } from 'node:test';
-import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
 import { once } from 'node:events';
-import { join } from 'node:path';
+import assert from 'node:assert/strict';
 import { HostArray, LayoutBuilder, ShardGroup, type RankLayout } from '../../src/index.js';
-import { noPython, PYTHON, PYTHON_PACKAGE_DIR } from '../helpers/python.js';
+import { noPython } from '../helpers/python.js';
+import { PythonRank } from '../helpers/python-rank.js';
 
-const MEMBER = join(PYTHON_PACKAGE_DIR, 'tests', 'sharded_member.py');
 const GLOBALS: Record<string, number[]> = { w: [8, 6], b: [5] };
 const skip = noPython;
 
@@ -83,58 +81,6 @@ function check(layout: RankLayout, destinations: HostArray<'int32'>[], version: 
   });
 }
 
-/** A Python rank: JSON lines out, commands in. */
-class PythonRank {
-  readonly child: ChildProcess;
-  readonly #lines: string[] = [];
-  readonly #waiters: Array<(line: string | undefined) => void> = [];
-  #ended = false;
-  #stderr = '';
-
-  constructor(spec: unknown) {
-    this.child = spawn(PYTHON, [MEMBER, JSON.stringify(spec)], {
-      env: { ...process.env, PYTHONPATH: PYTHON_PACKAGE_DIR }, stdio: ['pipe', 'pipe', 'pipe'],
-    });
-    let buffered = '';
-    this.child.stdout!.setEncoding('utf8').on('data', (chunk: string) => {
-      buffered += chunk;
-      let nl: number;
-      while ((nl = buffered.indexOf('\n')) >= 0) {
-        const line = buffered.slice(0, nl);
-        buffered = buffered.slice(nl + 1);
-        const w = this.#waiters.shift();
-        if (w) w(line); else this.#lines.push(line);
-      }
-    });
-    this.child.stderr!.setEncoding('utf8').on('data', (chunk: string) => { this.#stderr += chunk; });
-    this.child.on('exit', () => {
-      this.#ended = true;
-      for (const w of this.#waiters.splice(0)) w(undefined);
-    });
-  }
-
-  /** The next JSON line (fails loudly after `ms` or when the process ended). */
-  async next(ms = 60_000): Promise<any> {
-    const line = this.#lines.shift() ?? (this.#ended ? undefined : await new Promise<string | undefined>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`the Python rank said nothing within ${ms} ms; its stderr:\n${this.#stderr}`)), ms);
-      this.#waiters.push((l) => { clearTimeout(timer); resolve(l); });
-    }));
-    if (line === undefined) throw new Error(`the Python rank exited; its stderr:\n${this.#stderr}`);
-    return JSON.parse(line);
-  }
-
-  send(command: string): void {
-    this.child.stdin!.write(`${command}\n`);
-  }
-
-  async exit(): Promise<void> {
-    if (this.child.exitCode === null && this.child.signalCode === null) {
-      const exited = once(this.child, 'exit');
-      this.child.stdin!.end('exit\n');
-      await exited;
-    }
-  }
-}
 
 function uniqueName(what: string): string {
   return `shard-interop-${process.pid}-${what}-${Date.now().toString(36)}`;

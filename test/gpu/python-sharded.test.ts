@@ -8,73 +8,21 @@
 // without two GPUs).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, type ChildProcess } from 'node:child_process';
-import { once } from 'node:events';
-import { join } from 'node:path';
 import { driver } from '../../src/cuda/driver.js';
 import { noGpu } from '../helpers/gpu.js';
-import { PYTHON, PYTHON_PACKAGE_DIR, pythonLacks } from '../helpers/python.js';
+import { pythonLacks } from '../helpers/python.js';
+import { PythonRank } from '../helpers/python-rank.js';
 
-const MEMBER = join(PYTHON_PACKAGE_DIR, 'tests', 'sharded_member.py');
 const skip = noGpu ?? pythonLacks('torch');
 
-/** A Python rank: JSON lines out, commands in. */
-class PythonRank {
-  readonly child: ChildProcess;
-  readonly #lines: string[] = [];
-  readonly #waiters: Array<(line: string | undefined) => void> = [];
-  #ended = false;
-  #stderr = '';
-
-  constructor(spec: unknown) {
-    this.child = spawn(PYTHON, [MEMBER, JSON.stringify(spec)], { env: { ...process.env, PYTHONPATH: PYTHON_PACKAGE_DIR }, stdio: ['pipe', 'pipe', 'pipe'] });
-    let buffered = '';
-    this.child.stdout!.setEncoding('utf8').on('data', (chunk: string) => {
-      buffered += chunk;
-      let nl: number;
-      while ((nl = buffered.indexOf('\n')) >= 0) {
-        const line = buffered.slice(0, nl);
-        buffered = buffered.slice(nl + 1);
-        const w = this.#waiters.shift();
-        if (w) w(line); else this.#lines.push(line);
-      }
-    });
-    this.child.stderr!.setEncoding('utf8').on('data', (chunk: string) => { this.#stderr += chunk; });
-    this.child.on('exit', () => {
-      this.#ended = true;
-      for (const w of this.#waiters.splice(0)) w(undefined);
-    });
-  }
-
-  async next(ms = 120_000): Promise<any> {
-    const line = this.#lines.shift() ?? (this.#ended ? undefined : await new Promise<string | undefined>((resolve, reject) => {
-      const timer = setTimeout(() => reject(new Error(`the Python rank said nothing within ${ms} ms; its stderr:\n${this.#stderr}`)), ms);
-      this.#waiters.push((l) => { clearTimeout(timer); resolve(l); });
-    }));
-    if (line === undefined) throw new Error(`the Python rank exited; its stderr:\n${this.#stderr}`);
-    return JSON.parse(line);
-  }
-
-  send(command: string): void {
-    this.child.stdin!.write(`${command}\n`);
-  }
-
-  async exit(): Promise<void> {
-    if (this.child.exitCode === null && this.child.signalCode === null) {
-      const exited = once(this.child, 'exit');
-      this.child.stdin!.end('exit\n');
-      await exited;
-    }
-  }
-}
 
 async function syncPair(nodes: [string, string], gpus: number[], path: 'ipc' | 'nccl'): Promise<void> {
   const name = `shard-py-gpu-${process.pid}-${Date.now().toString(36)}`;
-  const hub = new PythonRank({ host: name, size: 2, layout: ['interop', 0, gpus[0], nodes[0]], device: true });
+  const hub = new PythonRank({ host: name, size: 2, layout: ['interop', 0, gpus[0], nodes[0]], device: true }, 120_000);
   let member: PythonRank | undefined;
   try {
     assert.equal((await hub.next()).listening, true);
-    member = new PythonRank({ join: name, layout: ['interop', 1, gpus[1], nodes[1]], device: true });
+    member = new PythonRank({ join: name, layout: ['interop', 1, gpus[1], nodes[1]], device: true }, 120_000);
     assert.equal((await hub.next()).ready, true);
     assert.equal((await member.next()).ready, true);
     for (const version of [1, 2, 3]) {

@@ -8,10 +8,9 @@
 // and needs a TP slice: a 'local' pair and an 'nccl' pair each), on NCCL's own path and on the
 // forced network path; this process is a hub holding nothing (it never joins the communicator);
 // a rank killed mid-sync and its replacement. The CPU twin: test/cpu/sharded-group.test.ts.
-import { describe, test, after } from 'node:test';
+import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
-import { spawn, type Link, type SpawnedChild } from '../../src/link/index.js';
 import type { IpcError } from '../../src/errors.js';
 import { Device } from '../../src/cuda/device.js';
 import { DeviceBuffer } from '../../src/cuda/buffer.js';
@@ -20,39 +19,13 @@ import { LayoutBuilder, ShardGroup } from '../../src/tensors/sharded/index.js';
 import { allocate, fillSources, scenarioLayout, type Scenario } from '../helpers/shard-group.js';
 import { noGpu } from '../helpers/gpu.js';
 import { fewerGpusThan, ncclOrReason } from '../helpers/nccl-ranks.js';
-import { within, waitUntil } from '../helpers/wait.js';
+import { waitUntil } from '../helpers/wait.js';
+import { startMember, type Member, type Reply } from '../helpers/shard-members.js';
 
 process.env.NCCL_NVLS_ENABLE = '0'; // inherited by the children: never NVLink SHARP
 const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
-const children = new Set<SpawnedChild['child']>();
-after(() => { for (const c of children) if (c.exitCode === null) c.kill('SIGKILL'); });
-
-interface Reply { ok: boolean; code?: string; message?: string; detail?: any; version?: number; epoch?: number; problems?: string[]; paths?: any }
-
-class Member {
-  #next = 0;
-  readonly #pending = new Map<number, (r: Reply) => void>();
-  constructor(readonly rank: number, readonly child: SpawnedChild['child'], readonly link: Link) {
-    link.on('message', (m: any) => { const r = this.#pending.get(m.id); this.#pending.delete(m.id); r?.(m); });
-  }
-  ask(op: string, args: Record<string, unknown> = {}): Promise<Reply> {
-    const id = this.#next++;
-    const p = new Promise<Reply>((resolve) => this.#pending.set(id, resolve));
-    this.link.send({ id, op, ...args });
-    return within(p, `rank ${this.rank}'s answer to '${op}'`, 120_000);
-  }
-  kill(): Promise<void> {
-    const gone = new Promise<void>((r) => this.child.once('exit', () => r()));
-    this.child.kill('SIGKILL');
-    return within(gone, `rank ${this.rank} to exit`);
-  }
-}
-
 async function member(rank: number, connectTo: string, scenario: Scenario, env?: Record<string, string>): Promise<{ m: Member; joined: Promise<Reply> }> {
-  const { child, link } = await spawn(new URL('../fixtures/shard-member.js', import.meta.url), [], { stdio: 'inherit', ...(env && { env: { ...process.env, ...env } }) });
-  children.add(child);
-  const m = new Member(rank, child, link);
-  return { m, joined: m.ask('join', { rank, connect: connectTo, scenario, memory: 'device' }) };
+  return startMember(rank, connectTo, { scenario, memory: 'device', answerMs: 120_000, ...(env && { env }) });
 }
 
 async function checkAll(members: readonly Member[], version: number): Promise<void> {
