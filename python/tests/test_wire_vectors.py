@@ -24,6 +24,9 @@ from cuda_ipc.tensors.nccl_wire import decode_nccl_tensor_set, encode_nccl_tenso
 from cuda_ipc.link.transport import frame as fr
 from cuda_ipc.channel.layout import read_header
 from cuda_ipc.tensors.wire import decode_table, encode_set, encode_table, parse_set
+from cuda_ipc.tensors.sharded import decode_layout, encode_layout
+from cuda_ipc.tensors.sharded.errors import Box
+from cuda_ipc.tensors.sharded.layout import GlobalTensor, LocalTensor, Piece, RankLayout
 
 VECTORS = Path(__file__).resolve().parents[2] / "test" / "vectors"
 ENCODINGS = ["json", "raw", "json-with-records"]
@@ -175,6 +178,31 @@ def _decode_control_block(b: bytes, _fds: int) -> Json:
             "slotRecordBytes": L.slot_record_bytes, "fencesOffset": L.fences_offset, "totalBytes": L.total_bytes}
 
 
+def _local_json(t: LocalTensor) -> Json:
+    return {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "strides": list(t.strides),
+            "pieces": [{"tensor": p.tensor, "start": list(p.start), "length": list(p.length), "at": list(p.at)} for p in t.pieces],
+            "padding": [{"start": list(b.start), "length": list(b.length)} for b in t.padding]}
+
+
+def _decode_layout(b: bytes, _fds: int) -> Json:
+    lay = decode_layout(b)
+    return {"rank": lay.rank, "node": lay.node, "gpu": lay.gpu,
+            "tensors": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in lay.tensors],
+            "sources": [_local_json(t) for t in lay.sources], "destinations": [_local_json(t) for t in lay.destinations]}
+
+
+def _local_of(j: Json) -> LocalTensor:
+    return LocalTensor(j["name"], j["dtype"], tuple(j["shape"]), tuple(j["strides"]),
+                       tuple(Piece(p["tensor"], tuple(p["start"]), tuple(p["length"]), tuple(p["at"])) for p in j["pieces"]),
+                       tuple(Box(tuple(b["start"]), tuple(b["length"])) for b in j["padding"]))
+
+
+def _encode_layout(v: Json) -> bytes:
+    return encode_layout(RankLayout(v["rank"], v["node"], v["gpu"],
+                                    tuple(GlobalTensor(t["name"], t["dtype"], tuple(t["shape"])) for t in v["tensors"]),
+                                    tuple(_local_of(t) for t in v["sources"]), tuple(_local_of(t) for t in v["destinations"])))
+
+
 #: kind -> (decode(bytes, fds), encode(value) or None where Python never writes that frame)
 CODECS: dict[str, tuple[Callable[[bytes, int], Json], Callable[[Json], bytes] | None]] = {
     "frame-hello": (lambda b, _f: (_header(b), {"features": fr.hello_features(b)})[1], lambda v: fr.hello_frame(v["features"])),
@@ -192,6 +220,7 @@ CODECS: dict[str, tuple[Callable[[bytes, int], Json], Callable[[Json], bytes] | 
     "tensor-set": (_decode_tensor_set, _encode_tensor_set),
     # Python joins channels and never makes one: it reads control blocks (Node's hub writes them).
     "channel-control-block": (_decode_control_block, None),
+    "sharded-layout": (_decode_layout, _encode_layout),
 }
 
 
@@ -207,7 +236,7 @@ def _vectors() -> list[tuple[str, Json, bytes]]:
 class WireVectorTests(unittest.TestCase):
     def test_the_vectors_are_there(self) -> None:
         vectors = _vectors()
-        self.assertGreaterEqual(len(vectors), 21)
+        self.assertGreaterEqual(len(vectors), 23)
         self.assertEqual({m["kind"] for _, m, _ in vectors} - set(CODECS), set(), "a kind this test cannot read: add its codec")
 
     def test_every_vector_decodes_to_its_value_and_encodes_to_its_bytes(self) -> None:

@@ -19,6 +19,7 @@ import { decodeDescriptor, descriptorToJson, encodeDescriptor, parseDescriptorJs
 import { HostBuffer } from '../../src/host/host-buffer.js';
 import { computeLayout, readHeader, writeHeader as writeChannelHeader } from '../../src/channel/layout.js';
 import type { DType } from '../../src/ipc/dtype.js';
+import { decodeLayout, encodeLayout, LayoutBuilder, tensorParallelParameter, type LocalTensor, type RankLayout } from '../../src/tensors/sharded/index.js';
 import '../../src/link/index.js'; // registers the transfer handlers (host-bytes among them)
 
 // eslint-disable-next-line @typescript-eslint/no-explicit-any
@@ -81,7 +82,24 @@ export interface Codec {
   decode(bytes: Uint8Array, fds: number): Json;
 }
 
+const localJson = (l: LocalTensor): Json => ({
+  name: l.name, dtype: l.dtype, shape: [...l.shape], strides: [...l.strides],
+  pieces: l.pieces.map((p) => ({ tensor: p.tensor, start: [...p.start], length: [...p.length], at: [...p.at] })),
+  padding: l.padding.map((b) => ({ start: [...b.start], length: [...b.length] })),
+});
+/** A sharded layout as plain JSON (what both languages' decoders give, field for field). */
+const layoutJson = (l: RankLayout): Json => ({
+  rank: l.rank, node: l.node, gpu: l.gpu,
+  tensors: l.tensors.map((t) => ({ name: t.name, dtype: t.dtype, shape: [...t.shape] })),
+  sources: l.sources.map(localJson), destinations: l.destinations.map(localJson),
+});
+
 export const CODECS: Record<string, Codec> = {
+  // A rank's layout for a sharded-weights group (docs/PROTOCOL.md 9: the 'CISL' record).
+  'sharded-layout': {
+    encode: (v) => encodeLayout(v as RankLayout),
+    decode: (b) => layoutJson(decodeLayout(b)),
+  },
   'frame-hello': {
     encode: (v) => { const p = new Uint8Array(8); new DataView(p.buffer).setUint32(0, v.features, true); return frame(FrameType.Hello, 0, p); },
     decode: (b) => { const { view } = header(b); return { features: view.getUint32(HEADER_BYTES, true) }; },
@@ -273,6 +291,21 @@ export const VECTORS: Vector[] = [
   {
     name: 'channel-device-broadcast', kind: 'channel-control-block', note: 'a fresh control block of a device broadcast channel: 2 slots of 1 MiB, fences after the slot records',
     value: { slotCount: 2, slotBytes: 1024 * 1024, metaBytes: 0, maxParticipants: 2, device: true, broadcast: true, expectProducers: 1, expectConsumers: 1 },
+  },
+  {
+    name: 'sharded-layout-trainer', kind: 'sharded-layout', note: "a 'CISL' layout record: FSDP rank 1 of 2 (Shard(0)) holding q, k and an uneven embedding's last rows, on node 'train'",
+    value: layoutJson(new LayoutBuilder({ rank: 1, node: 'train', gpu: 1 })
+      .hold('q', { dtype: 'bfloat16', shape: [8, 16], mesh: [2], placements: [{ shard: 0 }], coordinate: [1] })
+      .hold('k', { dtype: 'bfloat16', shape: [4, 16], mesh: [2], placements: [{ shard: 0 }], coordinate: [1] })
+      .hold('embed', { dtype: 'bfloat16', shape: [5, 16], mesh: [2], placements: [{ shard: 0 }], coordinate: [1] })
+      .build()),
+  },
+  {
+    name: 'sharded-layout-engine', kind: 'sharded-layout', note: "a 'CISL' layout record: tensor-parallel rank 0 of 2 needing a fused qk (two pieces) and a vocabulary padded to a multiple of 4 (a padding box)",
+    value: layoutJson(new LayoutBuilder({ rank: 2, node: 'infer', gpu: 0 })
+      .needParameter('qk_proj', tensorParallelParameter({ dtype: 'bfloat16', dim: 0, size: 2, rank: 0, parts: [{ tensor: 'q', shape: [8, 16] }, { tensor: 'k', shape: [4, 16] }] }))
+      .needParameter('embed_tokens', tensorParallelParameter({ dtype: 'bfloat16', dim: 0, size: 2, rank: 1, padMultiple: 4, parts: [{ tensor: 'embed', shape: [5, 16] }] }))
+      .build()),
   },
 ];
 
