@@ -193,6 +193,15 @@ function tensorKernel(device: Device, name: 'copy_runs' | 'copy_strided'): Kerne
 }
 
 /**
+ * Loads the tensor kernels' module on `device` now (it is loaded once per process and device):
+ * the sharded copier does it when it is made, while a group sets up, so that a first sync does
+ * not wait for the driver to load (and on a first run JIT-compile) the PTX.
+ */
+export function loadTensorKernels(device: Device): void {
+  tensorKernel(device, 'copy_runs');
+}
+
+/**
  * The run table last uploaded per device, kept for the life of the process (32 bytes per run: a
  * few hundred KiB for the largest models), so that a repeated update of the same tensors uploads
  * nothing. `busy` while a launch that reads it may still run: a concurrent update uploads its own.

@@ -6,7 +6,7 @@
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { planSharded, RUN_FIELDS } from '../../src/tensors/sharded/index.js';
-import { checkRunBounds, copyRunsTable, pairChunks, pieceRows, planRounds, runRows, streamBytes, toAddress, SLOT_ALIGN, type PairChunk, type RunSide } from '../../src/tensors/sharded/pair-stream.js';
+import { checkRunBounds, copyRunsTable, CopyRunsTableBuilder, pairChunks, pieceRows, planRounds, runRows, streamBytes, toAddress, SLOT_ALIGN, type PairChunk, type RunSide } from '../../src/tensors/sharded/pair-stream.js';
 import { CHUNK_BYTES, planRuns } from '../../src/tensors/kernels.js';
 import { scenarios } from './sharded-scenarios.js';
 
@@ -174,6 +174,37 @@ test('copyRunsTable: byte for byte what planRuns makes of the same rows (misalig
   }
   assert.equal(toAddress(0x7f12_3456_0000n), 0x7f12_3456_0000);
   assert.throws(() => toAddress(1n << 60n), { code: 'ERR_UNSUPPORTED' });
+});
+
+test('CopyRunsTableBuilder: from plan runs, byte for byte what planRuns makes of their blocks as rows (strided runs, misaligned heads, rows over a chunk, addresses past 2^32, many pairs growing the buffer)', () => {
+  let seed = 7;
+  const rand = (n: number): number => {
+    seed = (Math.imul(seed, 1103515245) + 12345) >>> 0;
+    return seed % n;
+  };
+  for (let trial = 0; trial < 30; trial++) {
+    const builder = new CopyRunsTableBuilder(CHUNK_BYTES);
+    const rows = { dsts: [] as number[], srcs: [] as number[], sizes: [] as number[] };
+    for (let pair = 0, pairs = 1 + rand(4); pair < pairs; pair++) {
+      const src = [0x7f12_3456_0000 + rand(1 << 20) * 4096 + rand(2) * rand(16), 0x1_2345_0000 + rand(16)];
+      const dst = [0x7f00_0000_0000 + rand(1 << 20) * 4096 + rand(16)];
+      const values: number[] = [];
+      for (let i = 0, n = rand(30); i < n; i++) {
+        const bytes = [0, 1, 7, 16, 1000, 4096, CHUNK_BYTES, CHUNK_BYTES + 3, 3 * CHUNK_BYTES - 1][rand(9)]!;
+        const count = rand(3) === 0 ? 1 + rand(3000) : 1;
+        values.push(rand(2), 0, rand(1 << 16), rand(1 << 16), bytes, count, count > 1 ? bytes + rand(64) : 0, count > 1 ? bytes + rand(64) : 0);
+      }
+      const runs = Float64Array.from(values);
+      builder.addRuns(runs, src, dst);
+      runRows(runs, (t) => src[t]!, (t) => dst[t]!, rows);
+    }
+    const mine = builder.finish();
+    const big = (xs: number[]): BigUint64Array => BigUint64Array.from(xs.map((x) => BigInt(x)));
+    const ref = planRuns(big(rows.dsts), big(rows.srcs), big(rows.sizes));
+    assert.equal(mine.runs, ref.runs, `trial ${trial}: rows`);
+    assert.equal(mine.chunks, ref.chunks, `trial ${trial}: chunks`);
+    assert.ok(Buffer.from(mine.data).equals(Buffer.from(ref.data)), `trial ${trial}: the table's bytes`);
+  }
 });
 
 test('bounds: a run past a memory\'s extent, a tensor index the side lacks, a corrupt number: ERR_OUT_OF_RANGE naming tensor and range', () => {

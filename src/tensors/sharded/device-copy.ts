@@ -10,7 +10,7 @@ import { Stream } from '../../cuda/stream.js';
 import { IpcError } from '../../errors.js';
 import { CHUNK_BYTES, launchCopyRuns } from '../kernels.js';
 import type { CopyBatch, RunCopier, RunMemory } from './execute-types.js';
-import { checkRunBounds, copyRunsTable, newRows, runRows, sameBatch, streamBytes, toAddress, type CopyRows } from './pair-stream.js';
+import { checkRunBounds, CopyRunsTableBuilder, sameBatch, streamBytes, toAddress } from './pair-stream.js';
 
 type DeviceMemory = Extract<RunMemory, { kind: 'device' }>;
 
@@ -29,12 +29,13 @@ export function deviceMemories(memories: readonly RunMemory[], what: string): De
 
 /**
  * Checks `batch` (paths 'local'/'ipc' only, device memories, every run inside its memories) and
- * returns the copy rows of all its runs. Throws before anything is queued.
+ * returns the copy_runs table of all its runs (each block of a strided run a row) and the bytes
+ * they move. Throws before anything is queued.
  */
-export function batchRows(batch: CopyBatch): CopyRows & { bytes: number } {
+export function batchTable(batch: CopyBatch, chunkBytes = CHUNK_BYTES): { data: Uint8Array; runs: number; chunks: number; bytes: number } {
   const destinations = deviceMemories(batch.destinations, 'destination tensor');
   const dst = destinations.map((m) => toAddress(m.pointer));
-  const rows = newRows();
+  const table = new CopyRunsTableBuilder(chunkBytes);
   let bytes = 0;
   for (const { pair, sources } of batch.pairs) {
     const what = `the ${pair.path} runs of rank ${pair.src} -> rank ${pair.dst}`;
@@ -44,11 +45,10 @@ export function batchRows(batch: CopyBatch): CopyRows & { bytes: number } {
     const from = deviceMemories(sources, `source tensor (rank ${pair.src})`);
     checkRunBounds(pair.runs, 'src', from.map((m) => m.extent), what);
     checkRunBounds(pair.runs, 'dst', destinations.map((m) => m.extent), what);
-    const src = from.map((m) => toAddress(m.pointer));
-    runRows(pair.runs, (t) => src[t]!, (t) => dst[t]!, rows);
+    table.addRuns(pair.runs, from.map((m) => toAddress(m.pointer)), dst);
     bytes += streamBytes(pair.runs);
   }
-  return { ...rows, bytes };
+  return { ...table.finish(), bytes };
 }
 
 class DeviceRunCopier implements RunCopier {
@@ -78,8 +78,7 @@ class DeviceRunCopier implements RunCopier {
     let p = this.#prepared;
     if (!p || !sameBatch(p.batch, batch)) {
       this.#prepared = undefined;
-      const rows = batchRows(batch);
-      const table = copyRunsTable(rows, CHUNK_BYTES);
+      const table = batchTable(batch);
       if (table.runs === 0) {
         this.#prepared = { batch, runs: 0, chunks: 0, bytes: 0 };
         return;
@@ -96,7 +95,7 @@ class DeviceRunCopier implements RunCopier {
         t.capacity = table.data.byteLength;
       }
       driver.memcpyHtoDAsync(t.ptr, table.data, this.#stream.handle);
-      p = { batch, runs: table.runs, chunks: table.chunks, bytes: rows.bytes };
+      p = { batch, runs: table.runs, chunks: table.chunks, bytes: table.bytes };
     }
     if (p.runs === 0) return;
     const stream = this.#stream!;

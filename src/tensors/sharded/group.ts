@@ -24,6 +24,7 @@ import { Epoch, shardError, type RankMemory, type ShardFailureDetail, type Shard
 import { DEFAULT_SHARD_CHUNK_BYTES, type ExecutorFactory, type NcclRunMover, type RunCopier } from './execute-types.js';
 import { hostRunCopier } from './host-copy.js';
 import { deviceRunCopier } from './device-copy.js';
+import { loadTensorKernels } from '../kernels.js';
 import { ncclRunMover } from './nccl-runs.js';
 
 export type { ShardSyncResult, ShardFailureDetail } from './group-epoch.js';
@@ -110,7 +111,12 @@ export class ShardGroup {
     this.#destinations = options.destinations ?? [];
     this.#memory = memoryOf(this.#layout, this.#sources, this.#destinations);
     const given = options.executors ?? {};
-    this.#executors = { host: given.host ?? hostRunCopier, device: given.device ?? deviceRunCopier, nccl: given.nccl ?? ncclRunMover };
+    // The default device copier loads the copy kernels when it is made (at the group's setup, below), not in a first sync.
+    const deviceCopier = (d: Device): RunCopier => {
+      loadTensorKernels(d);
+      return deviceRunCopier(d);
+    };
+    this.#executors = { host: given.host ?? hostRunCopier, device: given.device ?? deviceCopier, nccl: given.nccl ?? ncclRunMover };
     this.#library = options.ncclLibrary;
     this.#serveName = this.#layout.sources.length > 0 ? options.serve ?? `shard-${process.pid}-${this.rank}-${randomBytes(4).toString('hex')}` : null;
   }
@@ -387,6 +393,8 @@ export class ShardGroup {
         onFail: (e) => { if (this.#epoch === epoch) this.#fail(e); },
       });
       this.#epoch = epoch;
+      // A destination's copier (and its kernels) now, while the group sets up: a first sync then only builds its table.
+      if (this.#memory.kind === 'device' && plan.pairs.some((p) => p.dst === this.rank && p.path !== 'nccl')) this.#copier ??= this.#executors.device(this.#memory.device);
       if (epoch.nccl && this.#memory.kind !== 'device') throw new IpcError('ERR_SHARD_MEMORY', `rank ${this.rank} has NCCL pairs (another node) but its memories are host memory; NCCL moves device memory: give DeviceArrays, or put the ranks on one node`);
       for (const p of this.#parked.filter((x) => x.epoch === m.epoch)) epoch.attach(p.link, p.rank);
       for (const p of this.#parked.filter((x) => x.epoch < m.epoch)) p.link.close();

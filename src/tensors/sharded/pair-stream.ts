@@ -321,6 +321,84 @@ export function copyRunsTable(rows: CopyRows, chunkBytes: number): { data: Uint8
   return { data: data.subarray(0, COPY_RUN_ROW_BYTES * runs), runs, chunks };
 }
 
+/**
+ * Builds a copy_runs table straight from plan runs, row by row into one growing buffer: the same
+ * bytes as copyRunsTable(runRows(...)) without the intermediate arrays or a DataView (a model's
+ * hundred thousand rows of strided slices are most of a first sync's CPU time). Words are
+ * written little-endian, as the addon's hosts are.
+ */
+export class CopyRunsTableBuilder {
+  #words = new Uint32Array(8 * 1024);
+  #w = 0;
+  runs = 0;
+  chunks = 0;
+  constructor(readonly chunkBytes: number) {}
+
+  /** Adds every block of `runs` (a pair's table) between tensors whose first bytes `src` / `dst` give. */
+  addRuns(runs: Float64Array, src: readonly number[], dst: readonly number[]): void {
+    let rows = 0;
+    for (let i = 0; i < runs.length; i += RUN_FIELDS) rows += runs[i + 5]!;
+    this.#reserve(2 * rows);
+    for (let i = 0; i < runs.length; i += RUN_FIELDS) {
+      const bytes = runs[i + 4]!;
+      const count = runs[i + 5]!;
+      if (bytes === 0) continue;
+      const s = src[runs[i]!]! + runs[i + 2]!;
+      const d = dst[runs[i + 1]!]! + runs[i + 3]!;
+      const ss = runs[i + 6]!;
+      const ds = runs[i + 7]!;
+      for (let c = 0; c < count; c++) this.#add(d + c * ds, s + c * ss, bytes);
+    }
+  }
+
+  /** The table: its bytes (a view of the builder's buffer), rows and chunks. */
+  finish(): { data: Uint8Array; runs: number; chunks: number } {
+    return { data: new Uint8Array(this.#words.buffer, 0, COPY_RUN_ROW_BYTES * this.runs), runs: this.runs, chunks: this.chunks };
+  }
+
+  #reserve(rows: number): void {
+    const need = this.#w + rows * (COPY_RUN_ROW_BYTES / 4);
+    if (need <= this.#words.length) return;
+    const grown = new Uint32Array(Math.max(need, 2 * this.#words.length));
+    grown.set(this.#words.subarray(0, this.#w));
+    this.#words = grown;
+  }
+
+  // `x >>> 0` is x mod 2^32 and `x & 15` its last four bits for any safe integer (ToUint32/ToInt32
+  // reduce modulo 2^32): no floating-point division on the hot path.
+  #add(d: number, s: number, bytes: number): void {
+    const mis = d & 15;
+    if (mis !== 0 && mis === (s & 15)) {
+      const head = Math.min(16 - mis, bytes);
+      this.#row(d, s, head);
+      d += head;
+      s += head;
+      bytes -= head;
+      if (bytes === 0) return;
+    }
+    this.#row(d, s, bytes);
+  }
+
+  #row(d: number, s: number, bytes: number): void {
+    const words = this.#words;
+    const w = this.#w;
+    const c = this.chunks;
+    let lo = d >>> 0;
+    words[w] = lo; words[w + 1] = (d - lo) / TWO32;
+    lo = s >>> 0;
+    words[w + 2] = lo; words[w + 3] = (s - lo) / TWO32;
+    lo = bytes >>> 0;
+    words[w + 4] = lo; words[w + 5] = (bytes - lo) / TWO32;
+    lo = c >>> 0;
+    words[w + 6] = lo; words[w + 7] = (c - lo) / TWO32;
+    this.#w = w + 8;
+    this.runs++;
+    this.chunks = c + (bytes <= this.chunkBytes ? 1 : Math.ceil(bytes / this.chunkBytes));
+  }
+}
+
+const TWO32 = 0x1_0000_0000;
+
 /** Whether two lists name the same memories (device: pointer and extent; host: the same view). */
 export function sameMemories(a: readonly RunMemory[], b: readonly RunMemory[]): boolean {
   if (a === b) return true;
