@@ -47,12 +47,18 @@ export const groups = {
   },
   'frame-dispatch': {
     mutate: ['src/link/connection/frame-dispatch.ts'],
-    // link-ring and link-gone reach these too, but add little and a run per mutant.
-    tests: ['link-frame', 'link-fuzz', 'link-large'],
+    // frame-dispatch first: every frame at the dispatcher's seam, under a second a run. link-fuzz
+    // (11 s a run) and link-ring / link-gone reach it too but add a run per mutant, not kills.
+    tests: ['frame-dispatch', 'link-frame', 'link-large'],
+    // Unit tests of a second: a mutant that loops forever is called a timeout after 10 s, not 30.
+    timeoutMS: 10_000,
   },
   decoder: {
     mutate: ['src/link/messages/message-decoder.ts'],
-    tests: ['link-frame', 'link-fuzz', 'link-large'],
+    // message-decoder first: payloads built byte by byte, under a second a run. link-fuzz (11 s a
+    // run) kills nothing that message-decoder does not.
+    tests: ['message-decoder', 'link-frame', 'link-large'],
+    timeoutMS: 10_000,
   },
   'safe-files': {
     mutate: ['src/safe-files.ts'],
@@ -84,7 +90,8 @@ export default {
   plugins: ['@stryker-mutator/tap-runner'],
   mutate: group.mutate,
   tap: {
-    testFiles: group.tests.map((t) => `dist/test/cpu/${t}.test.js`),
+    // CUDA_IPC_MUTATION_TESTS=a,b: only those test files (to iterate on one module's tests).
+    testFiles: (process.env.CUDA_IPC_MUTATION_TESTS?.split(',') ?? group.tests).map((t) => `dist/test/cpu/${t}.test.js`),
     nodeArgs: ['--test-reporter=tap', '--test-force-exit'],
   },
   // The sandbox compiles the mutated sources itself; the checked-in dist/ is not copied.
@@ -95,7 +102,7 @@ export default {
   concurrency: Number(process.env.CUDA_IPC_MUTATION_CONCURRENCY ?? 2),
   // Tests of sockets and processes vary under load: a generous margin before a mutant is called
   // a timeout (which counts as detected).
-  timeoutMS: 30_000,
+  timeoutMS: group.timeoutMS ?? 30_000,
   timeoutFactor: 3,
   tempDirName: process.env.CUDA_IPC_MUTATION_TMP ?? '.stryker-tmp',
   cleanTempDir: true,
