@@ -71,12 +71,15 @@ export const groups = {
   },
   listener: {
     mutate: ['src/link/connect/listener.ts'],
-    // security-links (13 s a run) also covers it: too slow per mutant.
-    tests: ['link-listen', 'link-limits', 'link-uid'],
+    // security-links (13 s a run) also covers it: too slow per mutant. listener-pending first: the
+    // pending bounds, fd exhaustion and connect()'s waits.
+    tests: ['listener-pending', 'link-listen', 'link-limits', 'link-uid'],
   },
   tcp: {
     mutate: ['src/link/transport/tcp-auth.ts', 'src/link/connect/tcp-listener.ts'],
-    tests: ['link-tcp', 'link-tcp-hostile', 'link-tcp-crash'],
+    // tcp-listener-bounds first (the listener's timeouts, per-address bound, close, binding; 3 s a
+    // run); link-tcp-flood (8 s a run) covers the same bounds under a flood, left out.
+    tests: ['tcp-listener-bounds', 'link-tcp', 'link-tcp-hostile', 'link-tcp-crash'],
   },
 };
 
@@ -88,7 +91,8 @@ if (!group) throw new Error(`stryker.config.mjs: no mutation group "${name}" (on
 export default {
   testRunner: 'tap',
   plugins: ['@stryker-mutator/tap-runner'],
-  mutate: group.mutate,
+  // CUDA_IPC_MUTATION_MUTATE=file,file: only those of the group's modules (or ranges).
+  mutate: process.env.CUDA_IPC_MUTATION_MUTATE?.split(',') ?? group.mutate,
   tap: {
     // CUDA_IPC_MUTATION_TESTS=a,b: only those test files (to iterate on one module's tests).
     testFiles: (process.env.CUDA_IPC_MUTATION_TESTS?.split(',') ?? group.tests).map((t) => `dist/test/cpu/${t}.test.js`),
