@@ -7,7 +7,7 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { IpcError } from '../../src/errors.js';
 import '../../src/link/index.js'; // registers the built-in transfer handlers
-import { decodeMessage, leaseIdsOf, MAX_JSON_DEPTH, type Decoded } from '../../src/link/messages/message-decoder.js';
+import { decodeMessage, disposeValues, leaseIdsOf, MAX_JSON_DEPTH, type Decoded } from '../../src/link/messages/message-decoder.js';
 import { DeferredValue } from '../../src/link/messages/handlers.js';
 import { DATA_VIEW_TAG, TYPED_ARRAYS } from '../../src/link/messages/message-format.js';
 import { IncomingLeases, type ReceivedLease } from '../../src/link/lifetimes/lease.js';
@@ -566,4 +566,19 @@ test('leaseIdsOf: the ids a payload grants, without decoding; undefined for a ma
   const { buf, start, end } = framed(bytes);
   assert.equal(leaseIdsOf(buf, start, end - 1), undefined);
   assert.equal(leaseIdsOf(buf, start, end + 1), undefined);
+});
+
+test('disposeValues: what a dropped message owned is disposed or closed; a plain message owns nothing, which is no error', () => {
+  // The inbox drops unread messages this way when the link closes; a JSON message's `owned` is undefined.
+  const plain = value(decode(0, Buffer.from('{"a":1}')));
+  assert.deepEqual(plain, { a: 1 });
+  const d = decode(0, Buffer.from('{"a":1}'));
+  assert.ok(d.ok);
+  disposeValues(d.owned);
+  decoded.length = 0;
+  const m = records('[null,null,null]', [{ kind: 'test-dec-box', path: [0] }, { kind: 'test-dec-closer', path: [1] }, { kind: 'test-dec-dispose-throws', path: [2] }]);
+  assert.ok(m.ok && m.owned?.length === 3);
+  disposeValues(m.owned);
+  assert.equal(decoded[0]!.disposed, 1);
+  assert.equal(closers.at(-1)!.closed, 1);
 });
