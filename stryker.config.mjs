@@ -106,7 +106,7 @@ export default {
   concurrency: Number(process.env.CUDA_IPC_MUTATION_CONCURRENCY ?? 2),
   // Tests of sockets and processes vary under load: a generous margin before a mutant is called
   // a timeout (which counts as detected).
-  timeoutMS: group.timeoutMS ?? 30_000,
+  timeoutMS: Number(process.env.CUDA_IPC_MUTATION_TIMEOUT_MS ?? group.timeoutMS ?? 30_000),
   timeoutFactor: 3,
   tempDirName: process.env.CUDA_IPC_MUTATION_TMP ?? '.stryker-tmp',
   cleanTempDir: true,
