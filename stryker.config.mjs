@@ -47,12 +47,18 @@ export const groups = {
   },
   'frame-dispatch': {
     mutate: ['src/link/connection/frame-dispatch.ts'],
-    // link-ring and link-gone reach these too, but add little and a run per mutant.
-    tests: ['link-frame', 'link-fuzz', 'link-large'],
+    // frame-dispatch first: every frame at the dispatcher's seam, under a second a run. link-fuzz
+    // (11 s a run) and link-ring / link-gone reach it too but add a run per mutant, not kills.
+    tests: ['frame-dispatch', 'link-frame', 'link-large'],
+    // Unit tests of a second: a mutant that loops forever is called a timeout after 10 s, not 30.
+    timeoutMS: 10_000,
   },
   decoder: {
     mutate: ['src/link/messages/message-decoder.ts'],
-    tests: ['link-frame', 'link-fuzz', 'link-large'],
+    // message-decoder first: payloads built byte by byte, under a second a run. link-fuzz (11 s a
+    // run) kills nothing that message-decoder does not.
+    tests: ['message-decoder', 'link-frame', 'link-large'],
+    timeoutMS: 10_000,
   },
   'safe-files': {
     mutate: ['src/safe-files.ts'],
@@ -65,12 +71,15 @@ export const groups = {
   },
   listener: {
     mutate: ['src/link/connect/listener.ts'],
-    // security-links (13 s a run) also covers it: too slow per mutant.
-    tests: ['link-listen', 'link-limits', 'link-uid'],
+    // security-links (13 s a run) also covers it: too slow per mutant. listener-pending first: the
+    // pending bounds, fd exhaustion and connect()'s waits.
+    tests: ['listener-pending', 'link-listen', 'link-limits', 'link-uid'],
   },
   tcp: {
     mutate: ['src/link/transport/tcp-auth.ts', 'src/link/connect/tcp-listener.ts'],
-    tests: ['link-tcp', 'link-tcp-hostile', 'link-tcp-crash'],
+    // tcp-listener-bounds first (the listener's timeouts, per-address bound, close, binding; 3 s a
+    // run); link-tcp-flood (8 s a run) covers the same bounds under a flood, left out.
+    tests: ['tcp-listener-bounds', 'link-tls-client-certs', 'link-tcp', 'link-tcp-hostile', 'link-tcp-crash'],
   },
 };
 
@@ -82,9 +91,11 @@ if (!group) throw new Error(`stryker.config.mjs: no mutation group "${name}" (on
 export default {
   testRunner: 'tap',
   plugins: ['@stryker-mutator/tap-runner'],
-  mutate: group.mutate,
+  // CUDA_IPC_MUTATION_MUTATE=file,file: only those of the group's modules (or ranges).
+  mutate: process.env.CUDA_IPC_MUTATION_MUTATE?.split(',') ?? group.mutate,
   tap: {
-    testFiles: group.tests.map((t) => `dist/test/cpu/${t}.test.js`),
+    // CUDA_IPC_MUTATION_TESTS=a,b: only those test files (to iterate on one module's tests).
+    testFiles: (process.env.CUDA_IPC_MUTATION_TESTS?.split(',') ?? group.tests).map((t) => `dist/test/cpu/${t}.test.js`),
     nodeArgs: ['--test-reporter=tap', '--test-force-exit'],
   },
   // The sandbox compiles the mutated sources itself; the checked-in dist/ is not copied.
@@ -95,7 +106,7 @@ export default {
   concurrency: Number(process.env.CUDA_IPC_MUTATION_CONCURRENCY ?? 2),
   // Tests of sockets and processes vary under load: a generous margin before a mutant is called
   // a timeout (which counts as detected).
-  timeoutMS: 30_000,
+  timeoutMS: Number(process.env.CUDA_IPC_MUTATION_TIMEOUT_MS ?? group.timeoutMS ?? 30_000),
   timeoutFactor: 3,
   tempDirName: process.env.CUDA_IPC_MUTATION_TMP ?? '.stryker-tmp',
   cleanTempDir: true,
