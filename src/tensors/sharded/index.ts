@@ -1,5 +1,6 @@
-// Sharded weights, the planning half (issue 37): layouts of what each rank holds or needs, the
-// plan of byte runs between ranks, and the layouts' wire format. Nothing here moves data yet.
+// Sharded weights (issue 37): layouts of what each rank holds or needs, the plan of byte runs
+// between ranks, the layouts' wire format, and the sync group that moves the bytes (ShardGroup:
+// the device copier, the NCCL mover and the host copier under it).
 export { LayoutError, formatRange, type LayoutErrorCode, type LayoutErrorDetail, type Box } from './errors.js';
 export { shardRange, placementBox, placementPieces, type Placement, type PlacementSpec, type PlacedPieces } from './placements.js';
 export {
