@@ -14,7 +14,8 @@ import { P, PState, PRole, PFLAG_HUB_LOCAL, checkParams, computeLayout, writeHea
 import { Block } from './block.js';
 import { Doorbells } from './doorbells.js';
 import type { Ring } from './slot-ring.js';
-import { Recoveries, processAlive, repairFencesWhenGone } from './recovery.js';
+import { Recoveries, repairFencesWhenGone } from './recovery.js';
+import { processAlive } from '../processes.js';
 import { channelStats } from './endpoint.js';
 import { offer, roleNumber } from './attach.js';
 import { ChannelProducer } from './producer.js';

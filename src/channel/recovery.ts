@@ -181,4 +181,3 @@ function spinBriefly(): void {
   while (performance.now() < end) { /* spin */ }
 }
 
-export { processGone, processAlive } from '../processes.js';

@@ -10,7 +10,8 @@ import { secondsOption, UsageError, type ParsedArgs } from './args.js';
 import { isUrl } from '../link/transport/link-url.js';
 import { deviceChoice, whyNoGpu } from './availability.js';
 import { findMismatch, firstFive } from './pattern.js';
-import { consumeOnHost, isHostDescriptor, processGone } from './host-handoff.js';
+import { consumeOnHost, isHostDescriptor } from './host-handoff.js';
+import { processGone } from '../processes.js';
 
 export async function consume(args: ParsedArgs): Promise<number> {
   const file = args.positionals[0]!; // required by the parser

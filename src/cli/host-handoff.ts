@@ -114,10 +114,6 @@ export async function produceOnHost(out: string, n: number, deadline: Deadline, 
   }
 }
 
-// Whether a producer's process is gone, for messages: a pid taken from a file is only a hint (it
-// may have been reused), so it never decides anything alone.
-export { processGone };
-
 /**
  * The link to the producer of `d`. The producer listens before it writes FILE, so the socket of a
  * producer whose process is gone (killed) will not come back: one try says why (a stale socket, or
