@@ -281,51 +281,20 @@ export const COPY_RUN_ROW_BYTES = 32;
 /**
  * The copy_runs table of `rows`, byte for byte what kernels.ts planRuns makes of the same rows
  * (a row whose two addresses share a misalignment split at the next 16-byte boundary, zero-byte
- * rows left out, chunks of `chunkBytes` counted from 0), built with numbers instead of bigints:
- * a model's hundred thousand rows in milliseconds, not a tenth of a second.
+ * rows left out, chunks of `chunkBytes` counted from 0), built with numbers instead of bigints
+ * (CopyRunsTableBuilder).
  */
 export function copyRunsTable(rows: CopyRows, chunkBytes: number): { data: Uint8Array; runs: number; chunks: number } {
-  const n = rows.dsts.length;
-  const data = new Uint8Array(COPY_RUN_ROW_BYTES * 2 * n);
-  const v = new DataView(data.buffer);
-  const u64 = (at: number, x: number): void => {
-    v.setUint32(at, x % 0x1_0000_0000, true);
-    v.setUint32(at + 4, Math.floor(x / 0x1_0000_0000), true);
-  };
-  let runs = 0;
-  let chunks = 0;
-  const row = (d: number, s: number, bytes: number): void => {
-    const at = COPY_RUN_ROW_BYTES * runs++;
-    u64(at, d);
-    u64(at + 8, s);
-    u64(at + 16, bytes);
-    u64(at + 24, chunks);
-    chunks += Math.ceil(bytes / chunkBytes);
-  };
-  for (let i = 0; i < n; i++) {
-    let d = rows.dsts[i]!;
-    let s = rows.srcs[i]!;
-    let bytes = rows.sizes[i]!;
-    if (bytes === 0) continue;
-    const mis = d % 16;
-    if (mis !== 0 && mis === s % 16) {
-      const head = Math.min(16 - mis, bytes);
-      row(d, s, head);
-      d += head;
-      s += head;
-      bytes -= head;
-      if (bytes === 0) continue;
-    }
-    row(d, s, bytes);
-  }
-  return { data: data.subarray(0, COPY_RUN_ROW_BYTES * runs), runs, chunks };
+  const table = new CopyRunsTableBuilder(chunkBytes);
+  table.addRows(rows);
+  return table.finish();
 }
 
 /**
- * Builds a copy_runs table straight from plan runs, row by row into one growing buffer: the same
- * bytes as copyRunsTable(runRows(...)) without the intermediate arrays or a DataView (a model's
- * hundred thousand rows of strided slices are most of a first sync's CPU time). Words are
- * written little-endian, as the addon's hosts are.
+ * Builds a copy_runs table row by row into one growing buffer, straight from plan runs (addRuns:
+ * no intermediate arrays; a model's hundred thousand rows of strided slices are most of a first
+ * sync's CPU time) or from copy rows (addRows). Words are written little-endian, as the addon's
+ * hosts are.
  */
 export class CopyRunsTableBuilder {
   #words = new Uint32Array(8 * 1024);
@@ -349,6 +318,13 @@ export class CopyRunsTableBuilder {
       const ds = runs[i + 7]!;
       for (let c = 0; c < count; c++) this.#add(d + c * ds, s + c * ss, bytes);
     }
+  }
+
+  /** Adds copy rows as they are (dsts[i] <- srcs[i], sizes[i] bytes). */
+  addRows(rows: CopyRows): void {
+    const n = rows.dsts.length;
+    this.#reserve(2 * n);
+    for (let i = 0; i < n; i++) if (rows.sizes[i]! > 0) this.#add(rows.dsts[i]!, rows.srcs[i]!, rows.sizes[i]!);
   }
 
   /** The table: its bytes (a view of the builder's buffer), rows and chunks. */
