@@ -53,22 +53,30 @@ def f32(values: list[float]) -> bytes:
     return struct.pack(f"<{len(values)}f", *values)
 
 
+def use_fake_nccl(case: unittest.TestCase, move_timeout_ms: int) -> dict[str, str]:
+    """Points NCCL discovery at the fake libnccl (skipping ``case`` where it cannot be built), its
+    FAKE_NCCL_* settings cleared but for moving bytes with ``move_timeout_ms``; returns the environment
+    as it was, for the test's tearDown to put back."""
+    path, why = fake_nccl()
+    if why:
+        case.skipTest(why)
+    saved = dict(os.environ)
+    for k in list(os.environ):
+        if k.startswith("FAKE_NCCL_"):
+            del os.environ[k]
+    os.environ[NCCL_LIBRARY_ENV] = str(path)
+    os.environ["FAKE_NCCL_MOVE"] = "1"
+    os.environ["FAKE_NCCL_MOVE_TIMEOUT_MS"] = str(move_timeout_ms)
+    return saved
+
+
 class NcclCase(unittest.TestCase):
     """A listener ``server`` and one linked pair: ``a`` (the listener's end, usually the sender) and ``b``."""
 
     links = 1
 
     def setUp(self) -> None:
-        path, why = fake_nccl()
-        if why:
-            self.skipTest(why)
-        self.saved_env = dict(os.environ)
-        for k in list(os.environ):
-            if k.startswith("FAKE_NCCL_"):
-                del os.environ[k]
-        os.environ[NCCL_LIBRARY_ENV] = str(path)
-        os.environ["FAKE_NCCL_MOVE"] = "1"
-        os.environ["FAKE_NCCL_MOVE_TIMEOUT_MS"] = "5000"
+        self.saved_env = use_fake_nccl(self, move_timeout_ms=5000)
         self.log = os.path.join(_built["dir"], f"calls-{os.getpid()}.log")
         if os.path.exists(self.log):
             os.unlink(self.log)

@@ -498,9 +498,6 @@ def expect_error(case: unittest.TestCase, f: Future[Any], code: str) -> ShardErr
     return e
 
 
-if __name__ == "__main__":
-    unittest.main()
-
 
 class FakeDevices(unittest.TestCase):
     """Device memory through the fake driver (host memory standing in for the GPU; copy_runs run on the
@@ -509,19 +506,9 @@ class FakeDevices(unittest.TestCase):
 
     def setUp(self) -> None:
         from . import fake_cuda
-        from .nccl_fixture import fake_nccl
-        from cuda_ipc.nccl import NCCL_LIBRARY_ENV
+        from .nccl_fixture import use_fake_nccl
         from cuda_ipc.nccl import library as library_mod
-        path, why = fake_nccl()
-        if why:
-            self.skipTest(why)
-        self.saved_env = dict(os.environ)
-        for k in list(os.environ):
-            if k.startswith("FAKE_NCCL_"):
-                del os.environ[k]
-        os.environ[NCCL_LIBRARY_ENV] = str(path)
-        os.environ["FAKE_NCCL_MOVE"] = "1"
-        os.environ["FAKE_NCCL_MOVE_TIMEOUT_MS"] = "10000"
+        self.saved_env = use_fake_nccl(self, move_timeout_ms=10000)
         library_mod._forget_discoveries()
         self.library_mod = library_mod
         self.fake_cuda = fake_cuda
@@ -586,3 +573,7 @@ class FakeDevices(unittest.TestCase):
             for g in reversed(groups):
                 g.close()
             pool.shutdown(wait=True)
+
+
+if __name__ == "__main__":
+    unittest.main()
