@@ -538,7 +538,28 @@ class FakeDevices(unittest.TestCase):
             self.assertEqual((r.paths["nccl"], r.staging), (0, 0))
         self.assertEqual(len(self.fake.launches) - launches, 4, "one copy_runs launch per rank and sync")
 
-    def sync_pair(self, nodes: tuple[str, str]) -> list[Any]:
+    def test_nccl_failing_with_no_rank_lost_fails_each_sync_peer_lost_naming_its_nccl_peer_after_the_verdict_wait(self):
+        # NCCL's error (ncclRemoteError from every send and receive) names no rank and no rank dies
+        # (the network between them): each rank waits NCCL_VERDICT_S for the hub's verdict, then
+        # names its NCCL peers; its version stays.
+        errors: list[Any] = []
+
+        def fail_rounds(groups: list[ShardGroup], pool: ThreadPoolExecutor) -> None:
+            os.environ["FAKE_NCCL_OP_RESULT"] = "6"
+            for f in [pool.submit(g.sync, 30) for g in groups]:
+                with self.assertRaises(ShardError) as c:
+                    f.result(timeout=30)
+                errors.append(c.exception)
+            self.assertEqual([g.version for g in groups], [2, 2], "the versions stay")
+        self.sync_pair(("a", "b"), then=fail_rounds)
+        self.assertEqual([e.code for e in errors], ["ERR_SHARD_PEER_LOST"] * 2)
+        self.assertEqual([e.detail["ranks"] for e in errors], [[1], [0]], "each names its NCCL peer")
+        for e in errors:
+            self.assertIn("its NCCL transfers failed", str(e))
+            self.assertIn("the hub named none", str(e))
+            self.assertEqual(e.detail["version"], 2)
+
+    def sync_pair(self, nodes: tuple[str, str], then: Callable[[list[ShardGroup], ThreadPoolExecutor], None] | None = None) -> list[Any]:
         import ctypes
         from .sharded_group_fixture import interop
         layouts = [interop(0, 0, nodes[0]), interop(1, 0, nodes[1])]
@@ -568,6 +589,8 @@ class FakeDevices(unittest.TestCase):
                         h.memory[:] = ctypes.string_at(a.ptr, h.nbytes)
                     self.assertEqual(check_destinations(x, d, v), [], f"sync {v}")
             self.assertEqual([g.version for g in groups], [2, 2])
+            if then is not None:
+                then(groups, pool)
             return results
         finally:
             for g in reversed(groups):

@@ -45,8 +45,12 @@ const asHost = (ms: readonly RunMemory[]): RunMemory[] => ms.map((m) => ({ kind:
 
 interface MoveCall { rank: number; nranks: number; commRanks: number[]; sends: string[]; recvs: string[]; chunkBytes: number }
 
-/** Data paths for the test: copies through the fake's memory; NCCL "streams" handed over in this process. */
-function executors(calls: MoveCall[]): Partial<ExecutorFactory> {
+/**
+ * Data paths for the test: copies through the fake's memory; NCCL "streams" handed over in this
+ * process. `recvFails`: a receive fails at once as NCCL's does when its socket to the peer closes
+ * (ncclRemoteError, which names no rank), then calls `afterFailure`.
+ */
+function executors(calls: MoveCall[], recvFails?: { afterFailure: () => void }): Partial<ExecutorFactory> {
   const mail = new Map<string, Uint8Array>();
   const pack = (pair: { runs: Float64Array }, mem: Uint8Array[]): Uint8Array => {
     const out: number[] = [];
@@ -63,6 +67,10 @@ function executors(calls: MoveCall[]): Partial<ExecutorFactory> {
         for (const p of pairs.sends) mail.set(`${p.src}->${p.dst}`, pack(p, src));
         const dst = destinations.map(bytesOf);
         for (const p of pairs.recvs) {
+          if (recvFails) {
+            setImmediate(recvFails.afterFailure);
+            throw new IpcError('ERR_NCCL', 'ncclGroupEnd failed: ncclRemoteError (6): remote process exited or there was a network error');
+          }
           const key = `${p.src}->${p.dst}`;
           // Like NCCL, the receive waits for its peer; an aborted communicator ends the wait.
           const until = Date.now() + 60_000;
@@ -92,12 +100,12 @@ const layouts: RankLayout[] = [
 ];
 const initLines = (): string[] => fakeNccl!.lines().filter((l) => l.startsWith('init '));
 
-async function pair(calls: MoveCall[], chunkBytes = 1024): Promise<{ hub: ShardGroup; member: ShardGroup; shards: DeviceArray[]; out: DeviceArray; name: string }> {
+async function pair(calls: MoveCall[], chunkBytes = 1024, hubRecvFails?: { afterFailure: () => void }): Promise<{ hub: ShardGroup; member: ShardGroup; shards: DeviceArray[]; out: DeviceArray; name: string }> {
   const shards = [0, 1].map(() => DeviceArray.allocate('float32', [2, 4]));
   const out = DeviceArray.allocate('float32', [4, 4]);
   const name = `shard-nccl-${process.pid}-${randomBytes(3).toString('hex')}`;
   const paths = executors(calls); // one mailbox for both ranks
-  const hub = await ShardGroup.host({ listen: name, size: 2, chunkBytes, layout: layouts[1]!, sources: [shards[1]!], destinations: [out], executors: paths });
+  const hub = await ShardGroup.host({ listen: name, size: 2, chunkBytes, layout: layouts[1]!, sources: [shards[1]!], destinations: [out], executors: hubRecvFails ? executors(calls, hubRecvFails) : paths });
   const member = await ShardGroup.join({ connect: name, layout: layouts[0]!, sources: [shards[0]!], executors: paths, timeout: 30_000 });
   await hub.ready({ timeout: 30_000 });
   return { hub, member, shards, out, name };
@@ -149,6 +157,44 @@ test('a rank lost while the NCCL receive waits: the communicator aborted, ERR_SH
   await hub.close();
   assert.equal(openCommunicators(), 0, 'the aborted communicator is gone');
   for (const m of [...shards, out]) m.close();
+});
+
+// NCCL notices a dead peer through its own socket, often before the hub hears of it: the rank waits
+// for the hub's verdict and names the rank it gives, or, with none, its own NCCL peers.
+test('NCCL fails before the hub learns of the loss: the sync waits for the verdict and fails ERR_SHARD_PEER_LOST naming the lost rank, NCCL\'s error its cause', { skip: noFakeNccl }, async () => {
+  const calls: MoveCall[] = [];
+  let member: ShardGroup | undefined;
+  const g = await pair(calls, 1024, { afterFailure: () => void member!.close() });
+  member = g.member;
+  const e = await g.hub.sync().then(() => assert.fail('the sync succeeded'), (x: IpcError & { detail?: any }) => x);
+  assert.equal(e.code, 'ERR_SHARD_PEER_LOST', e.message);
+  assert.deepEqual(e.detail.ranks, [0]);
+  assert.deepEqual(e.detail.halfWritten, ['w'], 'the NCCL receive into w had begun');
+  assert.equal(e.detail.version, 0);
+  assert.match(e.message, /rank 0 was lost/, 'the hub\'s verdict, not a guess');
+  await g.hub.close();
+  assert.equal(openCommunicators(), 0);
+  for (const m of [...g.shards, g.out]) m.close();
+});
+
+test('NCCL fails and no rank is lost (the network between them): ERR_SHARD_PEER_LOST naming this rank\'s NCCL peers after the verdict wait, NCCL\'s error its cause', { skip: noFakeNccl }, async () => {
+  const calls: MoveCall[] = [];
+  const g = await pair(calls, 1024, { afterFailure: () => {} });
+  const [mine, theirs] = await Promise.allSettled([g.hub.sync(), g.member.sync()]);
+  assert.equal(theirs.status, 'fulfilled', 'the sender\'s side of the fake finished');
+  assert.equal(mine.status, 'rejected');
+  const e = (mine as PromiseRejectedResult).reason as IpcError & { detail?: any; cause?: any };
+  assert.equal(e.code, 'ERR_SHARD_PEER_LOST', e.message);
+  assert.deepEqual(e.detail.ranks, [0], 'rank 1\'s only NCCL peer');
+  assert.deepEqual(e.detail.halfWritten, ['w']);
+  assert.equal(e.detail.version, 0);
+  assert.equal(e.cause?.code, 'ERR_NCCL');
+  assert.match(e.message, /NCCL transfers failed \(ncclGroupEnd failed: ncclRemoteError/);
+  assert.equal(g.hub.version, 0);
+  await g.member.close();
+  await g.hub.close();
+  assert.equal(openCommunicators(), 0);
+  for (const m of [...g.shards, g.out]) m.close();
 });
 
 test('a rank mixing host and device memory, or with NCCL pairs on host memory: ERR_SHARD_MEMORY', async () => {

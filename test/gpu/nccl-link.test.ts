@@ -7,7 +7,8 @@
 // with ERR_PEER_GONE within seconds and its memory comes back), a sender SIGKILLed mid-transfer
 // (the receive fails with a typed error, nothing held). Run once on NCCL's default path (NVLink
 // where there is one) and once forced onto its network path (CUDA_IPC_TEST_NCCL_NET=1, set by the
-// second file of this pair). Skips on fewer than two GPUs.
+// second file of this pair), each process an NCCL host of its own (asOwnHost): there the child
+// shares GPU 0 where there is one GPU. NCCL's default path skips on fewer than two GPUs.
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
@@ -19,13 +20,16 @@ import { Fanout, listen, spawn, type Link, type SpawnedChild, type TcpListener }
 import { IpcError } from '../../src/errors.js';
 import { TensorMap } from '../../src/tensors/tensor-map.js';
 import '../../src/tensors/index.js';
-import { fewerGpusThan, ncclOrReason, within, MiB } from '../helpers/nccl-ranks.js';
+import { asOwnHost, fewerGpusThan, ncclOrReason, netRankDevice, within, MiB } from '../helpers/nccl-ranks.js';
 
-export const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
 const onNetwork = process.env.CUDA_IPC_TEST_NCCL_NET === '1';
-Object.assign(process.env, { NCCL_NVLS_ENABLE: '0' }, onNetwork ? NET_ENV : {});
+Object.assign(process.env, { NCCL_NVLS_ENABLE: '0' }, onNetwork ? asOwnHost('sender') : {});
+/** The children's environment: on the network path each an NCCL host of its own. */
+const childEnv = (): NodeJS.ProcessEnv => ({ ...process.env, ...(onNetwork && asOwnHost(`child-${++children}`)) });
+let children = 0;
 const nccl = await ncclOrReason();
-const skip = typeof nccl === 'string' ? nccl : fewerGpusThan(2);
+const skip = typeof nccl === 'string' ? nccl : onNetwork ? undefined : fewerGpusThan(2);
+const childDevice = (): Device => (onNetwork ? netRankDevice(1) : Device.get(1));
 const token = 'a test token of 32 bytes or so..';
 const path = onNetwork ? 'network path (NET/Socket over loopback)' : 'default path';
 
@@ -39,7 +43,7 @@ async function ask(control: Link, msg: Record<string, unknown>, ms = 120_000): P
 }
 
 async function startReceiver(listener: TcpListener, device: Device): Promise<Receiver> {
-  const { child, link: control } = await spawn(new URL('../fixtures/nccl-link-child.js', import.meta.url), [], { device, stdio: 'inherit' });
+  const { child, link: control } = await spawn(new URL('../fixtures/nccl-link-child.js', import.meta.url), [], { device, stdio: 'inherit', env: childEnv() });
   const accepted = listener.accept();
   await ask(control, { op: 'connect', url: listener.url, token });
   return { child, control, data: await accepted };
@@ -95,7 +99,7 @@ describe(`device memory over a TCP link, NCCL's ${path}`, { skip }, () => {
   before(async () => {
     baseline = start();
     listener = await listen('tcp://127.0.0.1:0', { token });
-    rx = await startReceiver(listener, Device.get(1));
+    rx = await startReceiver(listener, childDevice());
   });
 
   after(async () => {
@@ -113,7 +117,7 @@ describe(`device memory over a TCP link, NCCL's ${path}`, { skip }, () => {
     rx.data.send({ buffer, seed: 7 });
     buffer.close();  // leased until the receiver has the bytes
     const r = await reply;
-    assert.deepEqual([r.bad, r.bytes, r.onDevice], [0, bytes, 1]);
+    assert.deepEqual([r.bad, r.bytes, r.onDevice], [0, bytes, childDevice().ordinal]);
     await waitFor(() => rx.data.leases.count === 0, 'the lease to end');
   });
 
@@ -210,7 +214,7 @@ describe(`device memory over a TCP link, NCCL's ${path}`, { skip }, () => {
   });
 
   test('a receiver SIGKILLed mid-transfer: the sender\'s link closes with ERR_PEER_GONE, its memory comes back', async () => {
-    const victim = await startReceiver(listener, Device.get(1));
+    const victim = await startReceiver(listener, childDevice());
     const bytes = (onNetwork ? 2048 : 8192) * MiB;
     const before = deviceMemoryStats();
     const buffer = DeviceBuffer.allocate(bytes, { device: Device.get(0) });
@@ -226,7 +230,7 @@ describe(`device memory over a TCP link, NCCL's ${path}`, { skip }, () => {
   });
 
   test('a sender SIGKILLed mid-transfer: the receive fails with a typed error, nothing is held', async () => {
-    const { child, link: control } = await spawn(new URL('../fixtures/nccl-link-child.js', import.meta.url), [], { device: Device.get(1), stdio: 'inherit' });
+    const { child, link: control } = await spawn(new URL('../fixtures/nccl-link-child.js', import.meta.url), [], { device: childDevice(), stdio: 'inherit', env: childEnv() });
     const accepted = listener.accept();
     await ask(control, { op: 'connect', url: listener.url, token });
     const data = await accepted;

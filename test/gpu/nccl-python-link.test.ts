@@ -8,12 +8,14 @@
 // threads go back. Node <-> Python: a DeviceBuffer and a DeviceArray to a torch tensor, a TensorMap into
 // Python parameters; a torch tensor to a DeviceArray, a Python state dict into Node parameters, three
 // syncs. Run on NCCL's default path and, by nccl-python-link-net.test.ts, on its network path (socket
-// transport over loopback). Every process loads PyTorch's wheel NCCL (ranks must run one version).
-// Skips, saying why, without two GPUs, python3 with torch, or the wheel.
+// transport over loopback; each process an NCCL host of its own, so one GPU serves them all). Every
+// process loads PyTorch's wheel NCCL (ranks must run one version). Skips, saying why, without python3
+// with torch or the wheel, and on NCCL's default path without two GPUs.
 import { describe, test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { Device } from '../../src/cuda/device.js';
+import { driver } from '../../src/cuda/driver.js';
 import { DeviceBuffer } from '../../src/cuda/buffer.js';
 import { BuiltinKernels } from '../../src/cuda/builtins.js';
 import { DeviceArray } from '../../src/arrays/device-array.js';
@@ -24,13 +26,13 @@ import { NCCL_LIBRARY_ENV } from '../../src/nccl/index.js';
 import { wheelLibraries } from '../../src/nccl/discovery.js';
 import '../../src/tensors/index.js';
 import { PYTHON, pythonFixture, pythonLacks } from '../helpers/python.js';
-import { fewerGpusThan, ncclOrReason, within, MiB } from '../helpers/nccl-ranks.js';
+import { asOwnHost, fewerGpusThan, ncclOrReason, within, MiB } from '../helpers/nccl-ranks.js';
 
-const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
 const onNetwork = process.env.CUDA_IPC_TEST_NCCL_NET === '1';
-Object.assign(process.env, { NCCL_NVLS_ENABLE: '0' }, onNetwork ? NET_ENV : {});
+// On the network path each process is an NCCL host of its own (asOwnHost), so one GPU serves them all.
+Object.assign(process.env, { NCCL_NVLS_ENABLE: '0' }, onNetwork ? asOwnHost('node') : {});
 const wheels = await wheelLibraries(PYTHON);
-const reason = fewerGpusThan(2) ?? pythonLacks('torch') ?? (wheels.paths.length ? undefined : `PyTorch's NCCL wheel is not found: ${wheels.why}`);
+const reason = (onNetwork ? undefined : fewerGpusThan(2)) ?? pythonLacks('torch') ?? (wheels.paths.length ? undefined : `PyTorch's NCCL wheel is not found: ${wheels.why}`);
 // Every process (this one and the children, which inherit it) loads the wheel's NCCL.
 if (!reason) process.env[NCCL_LIBRARY_ENV] = wheels.paths[0];
 const nccl = reason ?? await ncclOrReason(wheels.paths[0]);
@@ -48,10 +50,15 @@ async function ask(p: Py, msg: Record<string, unknown>, ms = 300_000): Promise<a
   return reply;
 }
 
+let started = 0;
+/** The GPU of a child asked for GPU `ordinal`: on the network path, the last GPU where there are fewer (the children are NCCL hosts of their own). */
+const gpuOf = (ordinal: number): number => (onNetwork ? Math.min(ordinal, driver.deviceGetCount() - 1) : ordinal);
+/** A Python child on gpuOf(ordinal). */
 async function startPython(ordinal: number): Promise<Py> {
-  const { child, link } = await spawnPython(pythonFixture(CHILD), [], { stdio: ['ignore', 'inherit', 'inherit'] });
+  const env = { ...process.env, ...(onNetwork && asOwnHost(`python-${++started}`)) };
+  const { child, link } = await spawnPython(pythonFixture(CHILD), [], { stdio: ['ignore', 'inherit', 'inherit'], env });
   const p = { child, control: link };
-  await ask(p, { op: 'init', ordinal });
+  await ask(p, { op: 'init', ordinal: gpuOf(ordinal) });
   return p;
 }
 
@@ -103,7 +110,7 @@ describe(`Python <-> Python over a TCP link, NCCL's ${path}`, { skip }, () => {
       const got = ask(rx, { op: 'recv-tensor' });
       await ask(tx, { op: 'send-tensor', numel, seed: 17, dtype });
       const r = await got;
-      assert.deepEqual([r.bad, r.dtype, r.shape, r.device, r.kind], [0, `torch.${dtype}`, [numel], 1, 'torch.Tensor'], dtype);
+      assert.deepEqual([r.bad, r.dtype, r.shape, r.device, r.kind], [0, `torch.${dtype}`, [numel], gpuOf(1), 'torch.Tensor'], dtype);
     }
   });
 
@@ -123,7 +130,7 @@ describe(`Python <-> Python over a TCP link, NCCL's ${path}`, { skip }, () => {
     const one = ask(rx, { op: 'fetch-one', name: '1.weight', step: 5 });
     await ask(tx, { op: 'sync', step: 5 });
     const f = await one;
-    assert.deepEqual([f.pending, f.bad, f.device], [true, 0, 1]);
+    assert.deepEqual([f.pending, f.bad, f.device], [true, 0, gpuOf(1)]);
   });
 
   test('a receiver SIGKILLed mid-transfer: the sender\'s link closes with ERR_PEER_GONE, its memory, leases and threads go back', async () => {
@@ -178,8 +185,8 @@ describe(`Node <-> Python over a TCP link, NCCL's ${path}`, { skip }, () => {
     data.send({ t: buffer, seed: 1000, u: array, useed: 55 });
     buffer.close();  // leased until Python has the bytes
     let r = await got;
-    assert.deepEqual([r.bad, r.dtype, r.shape, r.device], [0, 'torch.uint8', [256 * MiB], 1]);
-    assert.deepEqual([r.u.bad, r.u.dtype, r.u.shape, r.u.device], [0, 'torch.int32', [1024, 512], 1]);
+    assert.deepEqual([r.bad, r.dtype, r.shape, r.device], [0, 'torch.uint8', [256 * MiB], gpuOf(1)]);
+    assert.deepEqual([r.u.bad, r.u.dtype, r.u.shape, r.u.device], [0, 'torch.int32', [1024, 512], gpuOf(1)]);
     kernels().fillPattern(array.buffer, 'u32', 77, 1);
     here().synchronize();
     got = ask(py, { op: 'recv-tensor' });

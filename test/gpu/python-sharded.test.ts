@@ -4,25 +4,27 @@
 // tensor set (peer access between the GPUs) and copies its 'local' and 'ipc' runs in one copy_runs
 // launch; values checked after every sync. Then the same two ranks on different node ids (GPUs 0
 // and 1): their runs to each other go over NCCL (one communicator for the epoch, rounds of chunks,
-// staged where a chunk is not one range of memory). Skips without a GPU or PyTorch (the NCCL test:
-// without two GPUs).
+// staged where a chunk is not one range of memory), on NCCL's own path (two GPUs) and on the forced
+// network path with each rank its own NCCL host (both on GPU 0 where there is one). Skips without a
+// GPU or PyTorch (NCCL's own path: without two GPUs).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { driver } from '../../src/cuda/driver.js';
 import { noGpu } from '../helpers/gpu.js';
 import { pythonLacks } from '../helpers/python.js';
 import { PythonRank } from '../helpers/python-rank.js';
+import { asOwnHost, fewerGpusThan } from '../helpers/nccl-ranks.js';
 
 const skip = noGpu ?? pythonLacks('torch');
 
 
-async function syncPair(nodes: [string, string], gpus: number[], path: 'ipc' | 'nccl'): Promise<void> {
+async function syncPair(nodes: [string, string], gpus: number[], path: 'ipc' | 'nccl', env?: (rank: number) => Record<string, string>): Promise<void> {
   const name = `shard-py-gpu-${process.pid}-${Date.now().toString(36)}`;
-  const hub = new PythonRank({ host: name, size: 2, layout: ['interop', 0, gpus[0], nodes[0]], device: true }, 120_000);
+  const hub = new PythonRank({ host: name, size: 2, layout: ['interop', 0, gpus[0], nodes[0]], device: true }, 120_000, env?.(0));
   let member: PythonRank | undefined;
   try {
     assert.equal((await hub.next()).listening, true);
-    member = new PythonRank({ join: name, layout: ['interop', 1, gpus[1], nodes[1]], device: true }, 120_000);
+    member = new PythonRank({ join: name, layout: ['interop', 1, gpus[1], nodes[1]], device: true }, 120_000, env?.(1));
     assert.equal((await hub.next()).ready, true);
     assert.equal((await member.next()).ready, true);
     for (const version of [1, 2, 3]) {
@@ -46,8 +48,10 @@ test('two Python ranks sync torch CUDA tensors over IPC, one copy_runs launch ea
   await syncPair(['n0', 'n0'], driver.deviceGetCount() >= 2 ? [0, 1] : [0, 0], 'ipc');
 });
 
-const twoGpus = skip ?? (driver.deviceGetCount() < 2 ? 'NCCL between two ranks needs two GPUs' : undefined);
-
-test('two Python ranks on different nodes sync torch CUDA tensors over NCCL, values exact', { skip: twoGpus, timeout: 240_000 }, async () => {
+test('two Python ranks on different nodes sync torch CUDA tensors over NCCL\'s own path (two GPUs), values exact', { skip: skip ?? fewerGpusThan(2), timeout: 240_000 }, async () => {
   await syncPair(['a', 'b'], [0, 1], 'nccl');
+});
+
+test('two Python ranks on different nodes sync torch CUDA tensors over NCCL\'s network path (each its own NCCL host), values exact', { skip, timeout: 240_000 }, async () => {
+  await syncPair(['a', 'b'], driver.deviceGetCount() >= 2 ? [0, 1] : [0, 0], 'nccl', asOwnHost);
 });

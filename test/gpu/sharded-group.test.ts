@@ -5,9 +5,10 @@
 // row-parallel o_proj (strided runs) and a padded vocabulary, values compared with whole tensors
 // sliced, repeated syncs, a source killed mid-sync (ERR_SHARD_PEER_LOST, the version kept) and
 // its replacement. NCCL (two GPUs): two colocated ranks on two node ids (each holds an FSDP shard
-// and needs a TP slice: a 'local' pair and an 'nccl' pair each), on NCCL's own path and on the
-// forced network path; this process is a hub holding nothing (it never joins the communicator);
-// a rank killed mid-sync and its replacement. The CPU twin: test/cpu/sharded-group.test.ts.
+// and needs a TP slice: a 'local' pair and an 'nccl' pair each), on NCCL's own path (two GPUs) and
+// on the forced network path, each rank an NCCL host of its own (asOwnHost: with one GPU both ranks
+// sit on it as two machines would); this process is a hub holding nothing (it never joins the
+// communicator); a rank killed mid-sync and its replacement. The CPU twin: test/cpu/sharded-group.test.ts.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
@@ -18,12 +19,11 @@ import { DeviceArray } from '../../src/arrays/device-array.js';
 import { LayoutBuilder, ShardGroup } from '../../src/tensors/sharded/index.js';
 import { allocate, fillSources, scenarioLayout, type Scenario } from '../helpers/shard-group.js';
 import { noGpu } from '../helpers/gpu.js';
-import { fewerGpusThan, ncclOrReason } from '../helpers/nccl-ranks.js';
+import { asOwnHost, fewerGpusThan, ncclOrReason } from '../helpers/nccl-ranks.js';
 import { waitUntil } from '../helpers/wait.js';
 import { startMember, type Member, type Reply } from '../helpers/shard-members.js';
 
 process.env.NCCL_NVLS_ENABLE = '0'; // inherited by the children: never NVLink SHARP
-const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
 async function member(rank: number, connectTo: string, scenario: Scenario, env?: Record<string, string>): Promise<{ m: Member; joined: Promise<Reply> }> {
   return startMember(rank, connectTo, { scenario, memory: 'device', answerMs: 120_000, ...(env && { env }) });
 }
@@ -101,16 +101,20 @@ describe('sharded sync group over CUDA IPC on device memory', { skip: noGpu }, (
 });
 
 const nccl = await ncclOrReason();
-const skipNccl = noGpu ?? (typeof nccl === 'string' ? nccl : fewerGpusThan(2));
+const noNccl = noGpu ?? (typeof nccl === 'string' ? nccl : undefined);
 
-describe('sharded sync group over NCCL between two GPUs (two node ids)', { skip: skipNccl }, () => {
-  const scenario: Scenario = { sources: 2, tp: 2, colocated: true, nodePerRank: true, gpus: 2 };
-  for (const [name, env] of [['NCCL\'s own path', undefined], ['the forced network path (sockets over loopback)', NET_ENV]] as const) {
-    test(`two colocated ranks, FSDP -> TP2 over ${name}: repeated syncs exact, a rank killed mid-sync, its replacement`, async () => {
+describe('sharded sync group over NCCL between two node ids', { skip: noNccl }, () => {
+  const paths = [
+    { name: 'NCCL\'s own path', gpus: 2, env: (_: string | number): Record<string, string> | undefined => undefined, skip: fewerGpusThan(2) },
+    { name: 'the forced network path (sockets over loopback, each rank its own NCCL host)', gpus: Math.min(gpus, 2), env: asOwnHost, skip: undefined },
+  ];
+  for (const { name, gpus: onGpus, env: envOf, skip } of paths) {
+    const scenario: Scenario = { sources: 2, tp: 2, colocated: true, nodePerRank: true, gpus: onGpus };
+    test(`two colocated ranks on ${onGpus} GPU(s), FSDP -> TP2 over ${name}: repeated syncs exact, a rank killed mid-sync, its replacement`, { skip }, async () => {
       // The hub holds nothing: it plans and coordinates but joins no communicator.
       const layout = new LayoutBuilder({ rank: 2, node: 'hub', gpu: 0 }).build();
       const group = await ShardGroup.host({ listen: `shard-nccl-${process.pid}-${randomBytes(3).toString('hex')}`, size: 3, layout, sources: [], destinations: [] });
-      const started = await Promise.all([0, 1].map((r) => member(r, group.address, scenario, env)));
+      const started = await Promise.all([0, 1].map((r) => member(r, group.address, scenario, envOf(r))));
       for (const { joined } of started) { const j = await joined; assert.equal(j.ok, true, `a member joined: ${j.message ?? ''}`); }
       await group.ready({ timeout: 120_000 });
       const members = started.map((s) => s.m);
@@ -133,7 +137,7 @@ describe('sharded sync group over NCCL between two GPUs (two node ids)', { skip:
       assert.deepEqual(r0.detail.ranks, [1]);
       assert.equal(r0.detail.version, 2, 'rank 0 keeps version 2');
       await hubSync;
-      const { m: fresh, joined } = await member(1, group.address, scenario, env);
+      const { m: fresh, joined } = await member(1, group.address, scenario, envOf('1-replacement'));
       assert.equal((await joined).ok, true);
       await waitUntil(() => group.state === 'ready' && group.epoch === 2, 'the hub to re-plan to epoch 2', 120_000);
       const all = [members[0]!, fresh];

@@ -5,8 +5,9 @@
 // a memory refused with nothing written) and with its sources on a second GPU (peer access); and
 // the NCCL mover between two GPUs (two child ranks, test/fixtures/sharded-nccl-child.ts, each
 // sending and receiving in the same rounds, staged and direct chunks, repeated syncs, two chunk
-// sizes), on NCCL's own path and on the forced network path (sockets over loopback). Skips with
-// the reason where there is no GPU or fewer than two. The same paths on the fake driver and
+// sizes), on NCCL's own path (two GPUs) and on the forced network path (sockets over loopback,
+// each rank its own NCCL host, so one GPU serves both). Skips with the reason where there is no GPU
+// or too few. The same paths on the fake driver and
 // libnccl: test/cpu/sharded-paths-fake.test.ts.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -16,15 +17,14 @@ import { planSharded, type PlanPair, type RankLayout } from '../../src/tensors/s
 import type { CopyBatch, RunMemory } from '../../src/tensors/sharded/execute-types.js';
 import { deviceRunCopier } from '../../src/tensors/sharded/device-copy.js';
 import { noGpu } from '../helpers/gpu.js';
-import { endRanks, fewerGpusThan, ncclDebugLogs, ncclOrReason, within } from '../helpers/nccl-ranks.js';
+import { asOwnHost, endRanks, fewerGpusThan, ncclDebugLogs, ncclOrReason, netRankDevice, within } from '../helpers/nccl-ranks.js';
 import { moverSyncs, twoRanks } from '../helpers/sharded-ranks.js';
 import { differences, expectedDestinations, extentOf, pathLayouts, sourceBytes, SENTINEL } from '../helpers/sharded-paths.js';
 import { scenarios } from '../cpu/sharded-scenarios.js';
 
 process.env.NCCL_NVLS_ENABLE = '0';  // inherited by the children: never NVLink SHARP (cuMulticastCreate)
 const nccl = await ncclOrReason();
-const skipPair = typeof nccl === 'string' ? nccl : fewerGpusThan(2);
-const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
+const noNccl = typeof nccl === 'string' ? nccl : undefined;
 const CHILD = new URL('../fixtures/sharded-nccl-child.js', import.meta.url);
 
 /** Why the peer-access case skips here, or undefined. */
@@ -149,8 +149,8 @@ describe('sharded device copier', { skip: noGpu }, () => {
   });
 });
 
-describe('sharded NCCL mover between two GPUs', { skip: skipPair }, () => {
-  test('NCCL\'s own path: both directions in each round, staged and direct chunks, repeated syncs exact', async (t) => {
+describe('sharded NCCL mover between two ranks', { skip: noNccl }, () => {
+  test('NCCL\'s own path (two GPUs): both directions in each round, staged and direct chunks, repeated syncs exact', { skip: fewerGpusThan(2) }, async (t) => {
     const ranks = await twoRanks(CHILD, {}, [Device.get(0), Device.get(1)]);
     try {
       await moverSyncs(t, ranks);
@@ -159,9 +159,10 @@ describe('sharded NCCL mover between two GPUs', { skip: skipPair }, () => {
     }
   });
 
-  test('the forced network path (P2P and SHM off, sockets over loopback): the same syncs exact', async (t) => {
+  // Each rank an NCCL host of its own: with one GPU both sit on it, as two machines would.
+  test('the forced network path (P2P and SHM off, sockets over loopback, each rank its own NCCL host): the same syncs exact', async (t) => {
     const logs = ncclDebugLogs();
-    const ranks = await twoRanks(CHILD, { ...NET_ENV, ...logs.env }, [Device.get(0), Device.get(1)]);
+    const ranks = await twoRanks(CHILD, (i) => ({ ...asOwnHost(i), ...logs.env }), [netRankDevice(0), netRankDevice(1)]);
     try {
       await moverSyncs(t, ranks);
     } finally {

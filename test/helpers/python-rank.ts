@@ -16,9 +16,9 @@ export class PythonRank {
   #ended = false;
   #stderr = '';
 
-  /** `spec`: what sharded_member.py takes; `waitMs`: how long next() waits by default. */
-  constructor(spec: unknown, readonly waitMs = 60_000) {
-    this.child = spawn(PYTHON, [MEMBER, JSON.stringify(spec)], { env: { ...process.env, PYTHONPATH: PYTHON_PACKAGE_DIR }, stdio: ['pipe', 'pipe', 'pipe'] });
+  /** `spec`: what sharded_member.py takes; `waitMs`: how long next() waits by default; `env`: added to this process's. */
+  constructor(spec: unknown, readonly waitMs = 60_000, env: Record<string, string> = {}) {
+    this.child = spawn(PYTHON, [MEMBER, JSON.stringify(spec)], { env: { ...process.env, ...env, PYTHONPATH: PYTHON_PACKAGE_DIR }, stdio: ['pipe', 'pipe', 'pipe'] });
     let buffered = '';
     this.child.stdout!.setEncoding('utf8').on('data', (chunk: string) => {
       buffered += chunk;

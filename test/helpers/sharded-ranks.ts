@@ -8,11 +8,11 @@ import type { Device } from '../../src/cuda/device.js';
 import { spawn } from '../../src/link/index.js';
 import { ask, endRanks, within, type Rank } from './nccl-ranks.js';
 
-/** Two ranks of `child`, on `devices` where given (else no working device), with `env` added. */
-export async function twoRanks(child: URL, env: NodeJS.ProcessEnv, devices?: readonly [Device, Device]): Promise<Rank[]> {
+/** Two ranks of `child`, on `devices` where given (else no working device), with `env` (or env(rank)) added. */
+export async function twoRanks(child: URL, env: NodeJS.ProcessEnv | ((rank: number) => NodeJS.ProcessEnv), devices?: readonly [Device, Device]): Promise<Rank[]> {
   const ranks = await Promise.all([0, 1].map(async (i) => {
     const device = devices?.[i];
-    const { child: proc, link } = await spawn(child, [], { ...(device && { device }), stdio: 'inherit', env: { ...process.env, ...env } });
+    const { child: proc, link } = await spawn(child, [], { ...(device && { device }), stdio: 'inherit', env: { ...process.env, ...(typeof env === 'function' ? env(i) : env) } });
     return { child: proc, link, device: device as Device };
   }));
   try {

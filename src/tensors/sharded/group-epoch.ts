@@ -111,6 +111,13 @@ export interface ShardFailureDetail {
   waitingFor?: number[];
 }
 
+/**
+ * How long a rank whose NCCL transfers failed waits for the hub's verdict before it blames its NCCL
+ * peers. NCCL's error names no rank; the hub learns a death from the dead rank's control link and
+ * tells every rank which one it was ('lost'), usually within milliseconds.
+ */
+export const NCCL_VERDICT_MS = 2_000;
+
 export class Epoch {
   readonly init: EpochInit;
   /** Sources this rank maps (its 'ipc' pairs as the destination), by rank. */
@@ -119,6 +126,9 @@ export class Epoch {
   readonly #to = new Map<number, ServePeer>();
   readonly #pairs: { local: PlanPair[]; ipcIn: PlanPair[]; ipcOut: PlanPair[]; ncclSend: PlanPair[]; ncclRecv: PlanPair[] };
   #failure: IpcError | undefined;
+  /** Settles once the epoch failed (fail()). */
+  readonly #failed: Promise<void>;
+  #markFailed!: () => void;
   #closed = false;
   /** Destination tensors the copy, and the NCCL receives, are writing now. */
   readonly #copying = new Set<string>();
@@ -132,6 +142,7 @@ export class Epoch {
     const me = init.rank;
     const by = (path: PlanPath, side: 'src' | 'dst', other?: boolean): PlanPair[] => init.plan.pairs.filter((p) => p.path === path && p[side] === me && (other === undefined || (p.src !== p.dst) === other));
     this.#pairs = { local: by('local', 'dst'), ipcIn: by('ipc', 'dst'), ipcOut: by('ipc', 'src'), ncclSend: by('nccl', 'src'), ncclRecv: by('nccl', 'dst') };
+    this.#failed = new Promise((resolve) => { this.#markFailed = resolve; });
   }
 
   get failure(): IpcError | undefined { return this.#failure; }
@@ -214,6 +225,7 @@ export class Epoch {
     if (this.#failure || this.#closed) return;
     if (e.detail) e.detail.halfWritten = [...new Set([...this.#copying, ...this.#receiving])].sort();
     this.#failure = e;
+    this.#markFailed();
     for (const p of [...this.#from.values(), ...this.#to.values()]) p.queue.fail(e);
     const lost = new Set(e.detail?.ranks ?? []);
     for (const [r, p] of this.#from) if (lost.has(r)) { p.link.close(); p.tensors?.close(); p.tensors = undefined; }
@@ -271,7 +283,8 @@ export class Epoch {
         const t1 = performance.now();
         this.#mark(this.#receiving, this.#pairs.ncclRecv);
         const r = await this.init.mover().move(comm, (rank) => this.ncclRanks.indexOf(rank), { sends: this.#pairs.ncclSend, recvs: this.#pairs.ncclRecv },
-          this.init.sources.map(runMemory), this.init.destinations.map(runMemory), this.init.chunkBytes);
+          this.init.sources.map(runMemory), this.init.destinations.map(runMemory), this.init.chunkBytes)
+          .catch(async (e: unknown) => { throw await this.#ncclFailure(version, e); });
         if (!this.#failure) this.#receiving.clear();
         staging = r.staging;
         ncclMs = performance.now() - t1;
@@ -310,6 +323,22 @@ export class Epoch {
       staging,
       timings: { waitMs, copyMs, ncclMs, totalMs: performance.now() - t0 },
     };
+  }
+
+  /**
+   * The error of a sync whose NCCL transfers failed: the hub's verdict (the lost rank) where it comes
+   * within NCCL_VERDICT_MS, else ERR_SHARD_PEER_LOST naming this rank's NCCL peers (one of them, or
+   * the network to it, is gone), NCCL's error as the cause.
+   */
+  async #ncclFailure(version: number, e: unknown): Promise<IpcError> {
+    if (!this.#failure) {
+      let timer: NodeJS.Timeout | undefined;
+      await Promise.race([this.#failed, new Promise<void>((resolve) => { timer = setTimeout(resolve, NCCL_VERDICT_MS); })]);
+      clearTimeout(timer);
+    }
+    if (this.#failure) return this.#failure;
+    const peers = [...this.#ncclPeers()].sort((a, b) => a - b);
+    return shardError('ERR_SHARD_PEER_LOST', `sync of version ${version} at rank ${this.init.rank}: its NCCL transfers failed (${(e as Error).message}); one of its NCCL peers (ranks ${peers.join(', ')}) or the network to it is gone, and the hub named none within ${NCCL_VERDICT_MS} ms`, peers, e);
   }
 
   #ncclPeers(): Set<number> {

@@ -42,6 +42,9 @@ from .plan import ShardPlan
 
 #: Seconds host()/join()/relayout() wait for the group to be ready by default.
 DEFAULT_READY_TIMEOUT = 60.0
+# How long a rank whose NCCL transfers failed waits for the hub's verdict (the lost rank) before it
+# blames its NCCL peers: NCCL's error names no rank (Node: NCCL_VERDICT_MS).
+NCCL_VERDICT_S = 2.0
 
 
 class SyncResult(NamedTuple):
@@ -278,7 +281,13 @@ class ShardGroup(RankControl):
                         self._fail(ShardError("ERR_TIMEOUT", f"sync: rank {self.rank}'s NCCL rounds did not end within {timeout} s (peers "
                                               f"{', '.join(map(str, peers))}); the group needs a new plan", {"waiting_for": peers, "ranks": peers}))
                     else:
-                        self._fail(ShardError("ERR_SHARD_PEER_LOST", f"sync: rank {self.rank}'s NCCL rounds failed: {e}", {"ranks": peers}))
+                        # NCCL's error names no rank; the hub names the lost one ('lost') once the
+                        # dead rank's control link closes: wait a little for that verdict.
+                        self._cond.wait_for(lambda: s.error is not None, NCCL_VERDICT_S)
+                        if s.error is None:
+                            self._fail(ShardError("ERR_SHARD_PEER_LOST", f"sync of version {s.version} at rank {self.rank}: its NCCL transfers failed ({e}); "
+                                                  f"one of its NCCL peers (ranks {', '.join(map(str, sorted(peers)))}) or the network to it is gone, and the hub "
+                                                  f"named none within {int(NCCL_VERDICT_S * 1000)} ms", {"ranks": sorted(peers)}))
                 self._nccl_running = False
                 if self._mover is not mover:
                     mover.close()  # the epoch ended meanwhile
