@@ -12,22 +12,26 @@
 //   - the common way (issue 37's): an all-gather on the sources (each source rank copies every
 //     shard into its own whole model, with the copier), a broadcast from rank 0 (its whole model
 //     copied into each destination's with cuMemcpy), then each destination copies its slice out;
-//   - with two GPUs and NCCL: the NCCL path (ncclRunMover; the same two ranks declared on two
-//     nodes, each rank sending and receiving in the same rounds, its local runs copied beside),
-//     against the limit of NCCL send/recv of the same byte counts (one group per rank).
+//   - with NCCL: the NCCL path (ncclRunMover; the same two ranks declared on two nodes, each a
+//     child process of this bench, sending and receiving in the same rounds, its local runs copied
+//     beside), against the limit of NCCL send/recv of the same byte counts (one group per rank);
+//     the slowest rank's time of each sync counts. On NCCL's own path (two GPUs: NVLink there) and
+//     on its forced network path (P2P and SHM off, sockets over loopback, each rank an NCCL host of
+//     its own via NCCL_HOSTID: as between two machines, and possible with both ranks on one GPU).
 // Values are checked after each way: every contiguous piece of every destination tensor in full
 // and sampled rows of the row-parallel ones, against the sources' pattern (verifyPattern on the GPU).
-// The NCCL rows take NCCL's own path; NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_NET=Socket
-// NCCL_SOCKET_IFNAME=lo in the environment force its network path. SHARDED_NCCL=0 leaves them out.
+// SHARDED_NCCL=0 leaves the NCCL rows out.
 // Without a GPU: the plan's figures only, and why nothing was measured (exit 0).
 import { performance } from 'node:perf_hooks';
+import { spawn as spawnChild } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { probeDriver, driver } from '../src/cuda/driver.js';
 import { Device } from '../src/cuda/device.js';
 import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { Stream } from '../src/cuda/stream.js';
 import { BuiltinKernels } from '../src/cuda/builtins.js';
 import { dtypeInfo } from '../src/ipc/dtype.js';
-import { loadNccl, NcclCommunicator, type NcclLibrary } from '../src/nccl/index.js';
+import { asNcclUniqueId, loadNccl, NcclCommunicator, type NcclLibrary } from '../src/nccl/index.js';
 import {
   LayoutBuilder, planSharded, tensorParallelParameter, type LocalTensor, type RankLayout, type ShardPlan,
 } from '../src/tensors/sharded/index.js';
@@ -321,92 +325,136 @@ async function ipcPath(): Promise<void> {
   for (const p of [...placed.values(), ...sourceWholes, ...destWholes]) p.buffer.close();
 }
 
-// --- the NCCL path (two GPUs) --------------------------------------------------------------------
-async function ncclPath(): Promise<string | undefined> {
-  if (gpus < 2) return 'one GPU (NCCL refuses two ranks on one GPU)';
+// --- the NCCL path: each rank a child process of this bench ------------------------------------
+// Rank i: FSDP half i and TP half i, declared on its own node: the pairs between them go over NCCL.
+// A child (SHARDED_NCCL_RANK set) runs one rank and prints its timings as one JSON line.
+interface RankTimes { limit: number[]; first: number; repeated: number[]; staging: number; wrong: string[] }
+const ncclLayouts = (): RankLayout[] => [0, 1].map((i) => needer(holder(new LayoutBuilder({ rank: i, node: `node${i}`, gpu: 0 }), i), i).build());
+
+async function ncclRank(rank: number, gpu: number, id: Uint8Array): Promise<RankTimes> {
+  const library = await loadNccl();
+  const device = Device.get(gpu);
+  const layout = ncclLayouts()[rank]!;
+  const plan = planSharded(ncclLayouts());
+  const placed = place({ ...layout, gpu });
+  const comm = await NcclCommunicator.init({ uniqueId: asNcclUniqueId(id), nranks: 2, rank, device, library, timeout: 120_000 });
+  const mover = ncclRunMover(device);
+  const copier = deviceRunCopier(device);
+  const mine = (path: 'nccl' | 'local') => plan.pairs.filter((p) => p.path === path && (p.src === rank || p.dst === rank));
+  const pairs = { sends: mine('nccl').filter((p) => p.src === rank), recvs: mine('nccl').filter((p) => p.dst === rank) };
+  const local = { pairs: mine('local').filter((p) => p.dst === rank).map((pair) => ({ pair, sources: placed.src })), destinations: placed.dst };
+  let staging = 0;
+  const ours = async (): Promise<void> => {
+    await Promise.all([
+      mover.move(comm, (x) => x, pairs, placed.src, placed.dst, chunkBytes).then((m) => { staging = Math.max(staging, m.staging); }),
+      copier.copy(local),
+    ]);
+  };
+  // The limit: each nccl pair's bytes in one send/recv (one group), the local pair's bytes one plain copy beside.
+  const stream = Stream.create(device);
+  const copyStream = Stream.create(device);
+  const into = placed.buffer.devicePointer + BigInt(placed.dstAt[0]!);
+  const limit = async (): Promise<void> => {
+    const ops = [...pairs.sends.map((p) => ({ op: 'send' as const, buffer: placed.buffer.devicePointer, bytes: p.bytes, peer: p.dst })),
+      ...pairs.recvs.map((p) => ({ op: 'recv' as const, buffer: into, bytes: p.bytes, peer: p.src }))];
+    await comm.group(ops, { stream });
+    device.activate();
+    for (const p of local.pairs) driver.memcpyDtoDAsync(into, placed.buffer.devicePointer, p.pair.bytes, copyStream.handle);
+    await Promise.all([stream.synchronize(), copyStream.synchronize()]);
+  };
+  const limitTimes = (await timed(syncs + 1, limit)).slice(1);
+  // One epoch for both ranks: a tensor's values depend on its name and the epoch only.
+  const epoch = 200;
+  fillSources(layout, placed, epoch);
+  const first = (await timed(1, ours))[0]!;
+  const bad = await checkDestinations(layout, placed, epoch);
+  const repeated = await timed(syncs, ours);
+  await mover.close();
+  await copier.close();
+  await comm.close({ timeout: 120_000 });
+  stream.close();
+  copyStream.close();
+  placed.buffer.close();
+  return { limit: limitTimes, first, repeated, staging, wrong: bad.length ? [`rank ${rank} holds wrong values: ${bad.join('; ')}`] : [] };
+}
+
+/** NCCL's network path, each rank an NCCL host of its own: as between two machines, and possible on one GPU. */
+const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
+
+/** Runs both ranks as children (`network`: NCCL's forced network path) and prints the path's rows; or why not. */
+async function ncclPath(network: boolean): Promise<string | undefined> {
   if (process.env.SHARDED_NCCL === '0') return 'SHARDED_NCCL=0';
+  if (!network && gpus < 2) return 'NCCL\'s own path needs two GPUs (NCCL refuses two ranks on one GPU of one host)';
   let library: NcclLibrary;
   try {
     library = await loadNccl();
   } catch (e) {
     return `no usable NCCL: ${(e as Error).message}`;
   }
-  // Rank i: FSDP half i and TP half i, on GPU i, declared on its own node: the pairs between them go over NCCL.
-  const layouts = [0, 1].map((i) => needer(holder(new LayoutBuilder({ rank: i, node: `node${i}`, gpu: i }), i), i).build());
-  const plan = planSharded(layouts);
-  const placed = layouts.map((l) => place(l));
-  const devices = [0, 1].map((i) => Device.get(i));
-  const id = library.uniqueId();
-  const comms = await Promise.all(devices.map((device, rank) => NcclCommunicator.init({ uniqueId: id, nranks: 2, rank, device, library, timeout: 120_000 })));
-  const movers = devices.map((d) => ncclRunMover(d));
-  const copiers = devices.map((d) => deviceRunCopier(d));
-  const mine = (r: number, path: 'nccl' | 'local') => plan.pairs.filter((p) => p.path === path && (p.src === r || p.dst === r));
-  const pairs = [0, 1].map((r) => ({ sends: mine(r, 'nccl').filter((p) => p.src === r), recvs: mine(r, 'nccl').filter((p) => p.dst === r) }));
-  const local = [0, 1].map((r) => ({ pairs: mine(r, 'local').filter((p) => p.dst === r).map((pair) => ({ pair, sources: placed[r]!.src })), destinations: placed[r]!.dst }));
-  const ncclBytes = plan.pairs.filter((p) => p.path === 'nccl').reduce((n, p) => n + p.bytes, 0);
+  const id = Buffer.from(library.uniqueId()).toString('hex');
+  const self = fileURLToPath(import.meta.url);
+  const results = await Promise.all([0, 1].map((rank) => new Promise<RankTimes>((resolve, reject) => {
+    const child = spawnChild(process.execPath, [self], {
+      stdio: ['ignore', 'pipe', 'inherit'],
+      env: { ...process.env, SHARDED_NCCL_RANK: String(rank), SHARDED_NCCL_GPU: String(gpuOf(rank)), SHARDED_NCCL_ID: id, ...(network && { ...NET_ENV, NCCL_HOSTID: `bench-sharded-${process.pid}-${rank}` }) },
+    });
+    let out = '';
+    child.stdout!.setEncoding('utf8').on('data', (d: string) => { out += d; });
+    child.on('error', reject);
+    child.on('exit', (code, signal) => {
+      const line = out.split('\n').find((l) => l.startsWith('{'));
+      if (code === 0 && line) resolve(JSON.parse(line) as RankTimes);
+      else reject(new Error(`rank ${rank} exited ${signal ?? code}: ${out.slice(-500)}`));
+    });
+  })));
+  // The slowest rank decides each sync: both ranks' times of one sync, the larger.
+  const slowest = (pick: (r: RankTimes) => number[]): number[] => pick(results[0]!).map((t, k) => Math.max(t, pick(results[1]!)[k]!));
+  const plan = planSharded(ncclLayouts());
   const moved = plan.pairs.reduce((n, p) => n + p.bytes, 0);
-  let staging = 0;
-  const ours = async (): Promise<void> => {
-    await Promise.all([0, 1].flatMap((i) => [
-      movers[i]!.move(comms[i]!, (x) => x, pairs[i]!, placed[i]!.src, placed[i]!.dst, chunkBytes).then((m) => { staging = Math.max(staging, m.staging); }),
-      copiers[i]!.copy(local[i]!),
-    ]));
-  };
-  // The limit: each nccl pair's bytes in one send/recv (both ranks one group), the local pair's bytes one plain copy beside.
-  const streams = devices.map((d) => Stream.create(d));
-  const copyStreams = devices.map((d) => Stream.create(d));
-  const limit = async (): Promise<void> => {
-    await Promise.all([0, 1].map(async (i) => {
-      const ops = [...pairs[i]!.sends.map((p) => ({ op: 'send' as const, buffer: placed[i]!.buffer.devicePointer, bytes: p.bytes, peer: p.dst })),
-        ...pairs[i]!.recvs.map((p) => ({ op: 'recv' as const, buffer: placed[i]!.buffer.devicePointer + BigInt(placed[i]!.dstAt[0]!), bytes: p.bytes, peer: p.src }))];
-      await comms[i]!.group(ops, { stream: streams[i]! });
-      devices[i]!.activate();
-      // Beside the transfers, as the copier runs beside the mover.
-      for (const p of local[i]!.pairs) driver.memcpyDtoDAsync(placed[i]!.buffer.devicePointer + BigInt(placed[i]!.dstAt[0]!), placed[i]!.buffer.devicePointer, p.pair.bytes, copyStreams[i]!.handle);
-      await Promise.all([streams[i]!.synchronize(), copyStreams[i]!.synchronize()]);
-    }));
-  };
-  const limitMs = summarize(await timed(syncs + 1, limit).then((t) => t.slice(1)));
-  row('NCCL limit: send/recv of each pair\'s bytes + local copy', limitMs, moved);
-  // One epoch for both ranks: a tensor's values depend on its name and the epoch only.
-  const epoch = 200;
-  layouts.forEach((l, i) => fillSources(l, placed[i]!, epoch));
-  const first = (await timed(1, ours))[0]!;
-  for (const [i, l] of layouts.entries()) {
-    const bad = await checkDestinations(l, placed[i]!, epoch);
-    if (bad.length) wrong.push(`NCCL path: rank ${i} holds wrong values: ${bad.join('; ')}`);
-  }
-  const repeated = summarize(await timed(syncs, ours));
-  row('ours (NCCL path): first sync', first, moved, [`${(first / repeated.median).toFixed(1)}x a repeated sync (target <= 10x: ${verdict(first <= 10 * repeated.median)})`]);
-  row('ours (NCCL path): repeated sync', repeated, moved, [
+  const ncclPairs = plan.pairs.filter((p) => p.path === 'nccl');
+  const ncclBytes = ncclPairs.reduce((n, p) => n + p.bytes, 0);
+  const path = network ? 'NCCL network path' : 'NCCL\'s own path';
+  const limitMs = summarize(slowest((r) => r.limit));
+  row(`${path} limit: send/recv of each pair's bytes + local copy`, limitMs, moved);
+  const first = Math.max(results[0]!.first, results[1]!.first);
+  const repeated = summarize(slowest((r) => r.repeated));
+  const staging = Math.max(results[0]!.staging, results[1]!.staging);
+  row(`ours (${path}): first sync`, first, moved, [`${(first / repeated.median).toFixed(1)}x a repeated sync (target <= 10x: ${verdict(first <= 10 * repeated.median)})`]);
+  row(`ours (${path}): repeated sync`, repeated, moved, [
     `${(repeated.median / limitMs.median).toFixed(2)}x the limit (target <= 1.3x: ${verdict(repeated.median <= 1.3 * limitMs.median)})`,
-    `${(ncclBytes / GIB).toFixed(2)} GiB over NCCL in ${Math.ceil(Math.max(...pairs.flatMap((p) => [...p.sends, ...p.recvs].map((x) => x.bytes))) / chunkBytes)} rounds of ${chunkBytes >> 20} MiB chunks`,
+    `${(ncclBytes / GIB).toFixed(2)} GiB over NCCL in ${Math.ceil(Math.max(...ncclPairs.map((x) => x.bytes)) / chunkBytes)} rounds of ${chunkBytes >> 20} MiB chunks`,
     `staging ${(staging / 2 ** 20).toFixed(0)} MiB per rank (${(staging / chunkBytes).toFixed(1)} chunks)`,
   ]);
-  for (const m of movers) await m.close();
-  for (const c of copiers) await c.close();
-  await Promise.all(comms.map((c) => c.close({ timeout: 120_000 })));
-  for (const s of [...streams, ...copyStreams]) s.close();
-  for (const p of placed) p.buffer.close();
+  for (const r of results) wrong.push(...r.wrong.map((w) => `${path}: ${w}`));
   return undefined;
 }
 
+if (process.env.SHARDED_NCCL_RANK !== undefined) {
+  // A child rank of ncclPath.
+  const times = await ncclRank(Number(process.env.SHARDED_NCCL_RANK), Number(process.env.SHARDED_NCCL_GPU), Buffer.from(process.env.SHARDED_NCCL_ID!, 'hex'));
+  process.stdout.write(`${JSON.stringify(times)}\n`);
+  process.exit(0);
+}
 if (noGpu) {
   ipcPlans();
   console.log(`bench:sharded: nothing measured: ${noGpu}`);
   process.exit(0);
 }
 await ipcPath();
-// Both NCCL ranks live in this process (non-blocking communicators, one per GPU): a failure there
-// is reported, and the IPC rows still print.
+// A failing or hanging NCCL path is reported; the IPC rows still print.
 const NCCL_LIMIT_MS = 600_000;
 let hung = false;
-const skipped = await Promise.race([
-  ncclPath().catch((e: Error) => `failed: ${e.message}`),
-  new Promise<string>((resolve) => setTimeout(() => { hung = true; resolve(`gave up after ${NCCL_LIMIT_MS / 1000} s (a hang?)`); }, NCCL_LIMIT_MS).unref()),
-]);
+const notMeasured: string[] = [];
+for (const network of [false, true]) {
+  const skipped = await Promise.race([
+    ncclPath(network).catch((e: Error) => `failed: ${e.message}`),
+    new Promise<string>((resolve) => setTimeout(() => { hung = true; resolve(`gave up after ${NCCL_LIMIT_MS / 1000} s (a hang?)`); }, NCCL_LIMIT_MS).unref()),
+  ]);
+  if (skipped) notMeasured.push(`${network ? 'NCCL network path' : 'NCCL\'s own path'} not measured: ${skipped}`);
+  if (hung) break;
+}
 printTable(`Sharded sync, ${(modelBytes / GIB).toFixed(2)} GiB bf16, 2 FSDP sources -> 2 TP destinations, ${gpus} GPU(s), ${syncs} syncs each (values checked)`, rows);
-if (skipped) console.log(`NCCL path not measured: ${skipped}`);
+for (const n of notMeasured) console.log(n);
 for (const w of wrong) console.log(`VALUES WRONG: ${w}`);
 console.log(wrong.length ? 'values: WRONG (see above)' : 'values: every way checked, all exact');
 process.exitCode = wrong.length || hung ? 1 : 0;

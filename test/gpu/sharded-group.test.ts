@@ -4,11 +4,13 @@
 // where there are two: peer access), FSDP Shard(0) -> tensor parallel 2 with a fused qkv, a
 // row-parallel o_proj (strided runs) and a padded vocabulary, values compared with whole tensors
 // sliced, repeated syncs, a source killed mid-sync (ERR_SHARD_PEER_LOST, the version kept) and
-// its replacement. NCCL (two GPUs): two colocated ranks on two node ids (each holds an FSDP shard
+// its replacement. NCCL: two colocated ranks on two node ids (each holds an FSDP shard
 // and needs a TP slice: a 'local' pair and an 'nccl' pair each), on NCCL's own path (two GPUs) and
 // on the forced network path, each rank an NCCL host of its own (asOwnHost: with one GPU both ranks
 // sit on it as two machines would); this process is a hub holding nothing (it never joins the
-// communicator); a rank killed mid-sync and its replacement. The CPU twin: test/cpu/sharded-group.test.ts.
+// communicator); a rank killed mid-sync and its replacement. Then six ranks on six nodes (FSDP
+// sources -> two TP2 replicas) on the network path, a destination killed mid-sync. The CPU twin:
+// test/cpu/sharded-group.test.ts.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
@@ -148,4 +150,51 @@ describe('sharded sync group over NCCL between two node ids', { skip: noNccl }, 
       await group.close();
     });
   }
+});
+
+// The four-GPU layouts of issue 37 on NCCL's network path: FSDP sources on ranks 0-1, a TP2 engine
+// on ranks 2-3 and a second replica of it (data parallel, each needing everything) on ranks 4-5,
+// every rank a node (and an NCCL host) of its own, so every byte crosses NCCL; where there are
+// fewer GPUs than ranks they share them. A destination killed mid-sync, then its replacement.
+describe('sharded sync group over NCCL: 2 FSDP sources -> 2 replicas of TP2, six nodes', { skip: noNccl }, () => {
+  const scenario: Scenario = { sources: 2, tp: 2, replicas: 2, nodePerRank: true, gpus: Math.min(gpus, 6) };
+  test(`six ranks on ${scenario.gpus} GPU(s) over the forced network path: repeated syncs exact on both replicas; a destination killed mid-sync, its replacement`, async () => {
+    const layout = new LayoutBuilder({ rank: 6, node: 'hub', gpu: 0 }).build();
+    const group = await ShardGroup.host({ listen: `shard-nccl6-${process.pid}-${randomBytes(3).toString('hex')}`, size: 7, layout, sources: [], destinations: [] });
+    const started = await Promise.all([0, 1, 2, 3, 4, 5].map((r) => member(r, group.address, scenario, asOwnHost(r))));
+    for (const { joined } of started) { const j = await joined; assert.equal(j.ok, true, `a member joined: ${j.message ?? ''}`); }
+    await group.ready({ timeout: 120_000 });
+    assert.ok(group.plan!.pairs.every((p) => p.path === 'nccl'), 'every pair between two nodes goes over NCCL');
+    const members = started.map((s) => s.m);
+    const syncAll = (ms: readonly Member[], v: number): Promise<Reply[]> => Promise.all([
+      group.sync({ timeout: 120_000 }).then((r) => ({ ok: true, version: r.version } as Reply)),
+      ...ms.map((m) => m.ask('sync', { version: v, timeout: 120_000 })),
+    ]);
+    for (const version of [1, 2]) {
+      const replies = await syncAll(members, 300 + version);
+      for (const r of replies) assert.deepEqual([r.ok, r.version, r.message], [true, version, undefined]);
+      await checkAll(members.slice(2), 300 + version);
+    }
+    // Destination rank 3 never syncs version 3 and dies: every other rank fails, keeps version 2.
+    const victim = members[3]!;
+    const others = members.filter((m) => m !== victim);
+    const pending = others.map((m) => m.ask('sync', { version: 303, timeout: 120_000 }));
+    const hubSync = group.sync({ timeout: 120_000 }).then(() => ({ ok: true } as Reply), (e: IpcError & { detail?: any }) => ({ ok: false, code: e.code, detail: e.detail } as Reply));
+    await victim.kill();
+    for (const [i, r] of (await Promise.all(pending)).entries()) {
+      assert.equal(r.code, 'ERR_SHARD_PEER_LOST', `rank ${others[i]!.rank}: ${r.message ?? ''}`);
+      assert.deepEqual(r.detail.ranks, [3], `rank ${others[i]!.rank} names the lost rank`);
+      assert.equal(r.detail.version, 2, 'the version is kept');
+    }
+    assert.equal((await hubSync).code, 'ERR_SHARD_PEER_LOST');
+    const { m: fresh, joined } = await member(3, group.address, scenario, asOwnHost('3-replacement'));
+    assert.equal((await joined).ok, true);
+    await waitUntil(() => group.state === 'ready' && group.epoch === 2, 'the hub to re-plan to epoch 2', 120_000);
+    const all = members.map((m) => (m === victim ? fresh : m));
+    const again = await syncAll(all, 304);
+    for (const r of again) assert.equal(r.ok, true, r.message);
+    await checkAll(all.slice(2), 304);
+    await Promise.all(all.map((m) => m.ask('close')));
+    await group.close();
+  });
 });

@@ -27,6 +27,8 @@ export interface Scenario {
   gpus?: number;
   /** Each rank its own node id (`n<rank>`): pairs between ranks go over NCCL. */
   nodePerRank?: boolean;
+  /** Engine replicas (data parallel), each of `tp` ranks needing its own slices (not with `colocated`); default 1. */
+  replicas?: number;
 }
 
 export function scenarioLayout(rank: number, opts: Scenario): RankLayout {
@@ -34,10 +36,10 @@ export function scenarioLayout(rank: number, opts: Scenario): RankLayout {
   const globals: Record<string, number[]> = { ...GLOBALS, embed: [opts.vocab ?? V, H] };
   const b = new LayoutBuilder({ rank, node: opts.nodePerRank ? `n${rank}` : 'n', gpu: opts.gpus ? rank % opts.gpus : rank });
   const trainer = rank < opts.sources;
-  const engine = opts.colocated ? rank < opts.tp : rank >= opts.sources && rank < opts.sources + opts.tp;
+  const engine = opts.colocated ? rank < opts.tp : rank >= opts.sources && rank < opts.sources + opts.tp * (opts.replicas ?? 1);
   if (trainer) for (const [name, shape] of Object.entries(globals)) b.hold(`${name}.shard`, { dtype, shape, tensor: name, mesh: [opts.sources], placements: [{ shard: 0 }], coordinate: [rank] });
   if (engine) {
-    const t = opts.colocated ? rank : rank - opts.sources;
+    const t = opts.colocated ? rank : (rank - opts.sources) % opts.tp;
     b.needParameter('qkv_proj', tensorParallelParameter({ dtype, dim: 0, size: opts.tp, rank: t, parts: [{ tensor: 'q', shape: globals.q! }, { tensor: 'k', shape: globals.k! }, { tensor: 'v', shape: globals.v! }] }));
     b.needParameter('o_proj', tensorParallelParameter({ dtype, dim: 1, size: opts.tp, rank: t, parts: [{ tensor: 'o', shape: globals.o! }] }));
     b.needParameter('embed_tokens', tensorParallelParameter({ dtype, dim: 0, size: opts.tp, rank: t, padMultiple: 8, parts: [{ tensor: 'embed', shape: globals.embed! }] }));
