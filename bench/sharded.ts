@@ -17,7 +17,9 @@
 //     beside), against the limit of NCCL send/recv of the same byte counts (one group per rank);
 //     the slowest rank's time of each sync counts. On NCCL's own path (two GPUs: NVLink there) and
 //     on its forced network path (P2P and SHM off, sockets over loopback, each rank an NCCL host of
-//     its own via NCCL_HOSTID: as between two machines, and possible with both ranks on one GPU).
+//     its own via NCCL_HOSTID: as between two machines, and possible with both ranks on one GPU);
+//     each with the mover's two staging slots (copies overlap the transfers) and with one (half
+//     the staging memory).
 // Values are checked after each way: every contiguous piece of every destination tensor in full
 // and sampled rows of the row-parallel ones, against the sources' pattern (verifyPattern on the GPU).
 // SHARDED_NCCL=0 leaves the NCCL rows out.
@@ -331,14 +333,14 @@ async function ipcPath(): Promise<void> {
 interface RankTimes { limit: number[]; first: number; repeated: number[]; staging: number; wrong: string[] }
 const ncclLayouts = (): RankLayout[] => [0, 1].map((i) => needer(holder(new LayoutBuilder({ rank: i, node: `node${i}`, gpu: 0 }), i), i).build());
 
-async function ncclRank(rank: number, gpu: number, id: Uint8Array): Promise<RankTimes> {
+async function ncclRank(rank: number, gpu: number, id: Uint8Array, slots: 1 | 2): Promise<RankTimes> {
   const library = await loadNccl();
   const device = Device.get(gpu);
   const layout = ncclLayouts()[rank]!;
   const plan = planSharded(ncclLayouts());
   const placed = place({ ...layout, gpu });
   const comm = await NcclCommunicator.init({ uniqueId: asNcclUniqueId(id), nranks: 2, rank, device, library, timeout: 120_000 });
-  const mover = ncclRunMover(device);
+  const mover = ncclRunMover(device, { slots });
   const copier = deviceRunCopier(device);
   const mine = (path: 'nccl' | 'local') => plan.pairs.filter((p) => p.path === path && (p.src === rank || p.dst === rank));
   const pairs = { sends: mine('nccl').filter((p) => p.src === rank), recvs: mine('nccl').filter((p) => p.dst === rank) };
@@ -381,8 +383,8 @@ async function ncclRank(rank: number, gpu: number, id: Uint8Array): Promise<Rank
 /** NCCL's network path, each rank an NCCL host of its own: as between two machines, and possible on one GPU. */
 const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
 
-/** Runs both ranks as children (`network`: NCCL's forced network path) and prints the path's rows; or why not. */
-async function ncclPath(network: boolean): Promise<string | undefined> {
+/** Runs both ranks as children (`network`: NCCL's forced network path; `slots`: the mover's staging slots) and prints the path's rows; or why not. */
+async function ncclPath(network: boolean, slots: 1 | 2): Promise<string | undefined> {
   if (process.env.SHARDED_NCCL === '0') return 'SHARDED_NCCL=0';
   if (!network && gpus < 2) return 'NCCL\'s own path needs two GPUs (NCCL refuses two ranks on one GPU of one host)';
   let library: NcclLibrary;
@@ -396,7 +398,7 @@ async function ncclPath(network: boolean): Promise<string | undefined> {
   const results = await Promise.all([0, 1].map((rank) => new Promise<RankTimes>((resolve, reject) => {
     const child = spawnChild(process.execPath, [self], {
       stdio: ['ignore', 'pipe', 'inherit'],
-      env: { ...process.env, SHARDED_NCCL_RANK: String(rank), SHARDED_NCCL_GPU: String(gpuOf(rank)), SHARDED_NCCL_ID: id, ...(network && { ...NET_ENV, NCCL_HOSTID: `bench-sharded-${process.pid}-${rank}` }) },
+      env: { ...process.env, SHARDED_NCCL_RANK: String(rank), SHARDED_NCCL_GPU: String(gpuOf(rank)), SHARDED_NCCL_ID: id, SHARDED_NCCL_SLOTS: String(slots), ...(network && { ...NET_ENV, NCCL_HOSTID: `bench-sharded-${process.pid}-${rank}` }) },
     });
     let out = '';
     child.stdout!.setEncoding('utf8').on('data', (d: string) => { out += d; });
@@ -413,9 +415,9 @@ async function ncclPath(network: boolean): Promise<string | undefined> {
   const moved = plan.pairs.reduce((n, p) => n + p.bytes, 0);
   const ncclPairs = plan.pairs.filter((p) => p.path === 'nccl');
   const ncclBytes = ncclPairs.reduce((n, p) => n + p.bytes, 0);
-  const path = network ? 'NCCL network path' : 'NCCL\'s own path';
+  const path = `${network ? 'NCCL network path' : 'NCCL\'s own path'}, ${slots} staging slot${slots === 1 ? '' : 's'}`;
   const limitMs = summarize(slowest((r) => r.limit));
-  row(`${path} limit: send/recv of each pair's bytes + local copy`, limitMs, moved);
+  row(`limit (${path}): send/recv of each pair's bytes + local copy`, limitMs, moved);
   const first = Math.max(results[0]!.first, results[1]!.first);
   const repeated = summarize(slowest((r) => r.repeated));
   const staging = Math.max(results[0]!.staging, results[1]!.staging);
@@ -431,7 +433,7 @@ async function ncclPath(network: boolean): Promise<string | undefined> {
 
 if (process.env.SHARDED_NCCL_RANK !== undefined) {
   // A child rank of ncclPath.
-  const times = await ncclRank(Number(process.env.SHARDED_NCCL_RANK), Number(process.env.SHARDED_NCCL_GPU), Buffer.from(process.env.SHARDED_NCCL_ID!, 'hex'));
+  const times = await ncclRank(Number(process.env.SHARDED_NCCL_RANK), Number(process.env.SHARDED_NCCL_GPU), Buffer.from(process.env.SHARDED_NCCL_ID!, 'hex'), process.env.SHARDED_NCCL_SLOTS === '1' ? 1 : 2);
   process.stdout.write(`${JSON.stringify(times)}\n`);
   process.exit(0);
 }
@@ -445,12 +447,12 @@ await ipcPath();
 const NCCL_LIMIT_MS = 600_000;
 let hung = false;
 const notMeasured: string[] = [];
-for (const network of [false, true]) {
+for (const [network, slots] of [[false, 2], [false, 1], [true, 2], [true, 1]] as const) {
   const skipped = await Promise.race([
-    ncclPath(network).catch((e: Error) => `failed: ${e.message}`),
+    ncclPath(network, slots).catch((e: Error) => `failed: ${e.message}`),
     new Promise<string>((resolve) => setTimeout(() => { hung = true; resolve(`gave up after ${NCCL_LIMIT_MS / 1000} s (a hang?)`); }, NCCL_LIMIT_MS).unref()),
   ]);
-  if (skipped) notMeasured.push(`${network ? 'NCCL network path' : 'NCCL\'s own path'} not measured: ${skipped}`);
+  if (skipped) notMeasured.push(`${network ? 'NCCL network path' : 'NCCL\'s own path'} (${slots} staging slots) not measured: ${skipped}`);
   if (hung) break;
 }
 printTable(`Sharded sync, ${(modelBytes / GIB).toFixed(2)} GiB bf16, 2 FSDP sources -> 2 TP destinations, ${gpus} GPU(s), ${syncs} syncs each (values checked)`, rows);

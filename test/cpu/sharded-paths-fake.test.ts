@@ -19,6 +19,7 @@ import { NCCL_LIBRARY_ENV } from '../../src/nccl/discovery.js';
 import { planSharded, type PlanPair, type RankLayout } from '../../src/tensors/sharded/index.js';
 import type { CopyBatch, RunMemory } from '../../src/tensors/sharded/execute-types.js';
 import { deviceRunCopier } from '../../src/tensors/sharded/device-copy.js';
+import { ncclRunMover } from '../../src/tensors/sharded/nccl-runs.js';
 import { fakeNccl, noFakeNccl } from '../helpers/fake-nccl.js';
 import { endRanks } from '../helpers/nccl-ranks.js';
 import { differences, expectedDestinations, extentOf, pathLayouts, sourceBytes, SENTINEL } from '../helpers/sharded-paths.js';
@@ -112,5 +113,19 @@ describe('the NCCL mover between two processes on the fake driver and libnccl', 
     } finally {
       await endRanks(ranks);
     }
+  });
+
+  test('one staging slot (slots: 1): the same syncs exact, staging one round\'s chunks', async (t) => {
+    const env = { [NCCL_LIBRARY_ENV]: fakeNccl!.lib, FAKE_NCCL_MOVE: '1', FAKE_NCCL_MOVE_DIR: moveDir, FAKE_NCCL_MOVE_TIMEOUT_MS: '20000', SHARDED_MOVER_SLOTS: '1' };
+    const ranks = await twoRanks(new URL('../fixtures/sharded-fake-child.js', import.meta.url), env);
+    try {
+      await moverSyncs(t, ranks, 1);
+    } finally {
+      await endRanks(ranks);
+    }
+  });
+
+  test('ncclRunMover refuses a slot count other than 1 or 2', () => {
+    assert.throws(() => ncclRunMover(Device.get(0), { slots: 3 as 2 }), (e: Error & { code?: string }) => e.code === 'ERR_INVALID_ARG_VALUE' && /slots is 1 or 2/.test(e.message));
   });
 });

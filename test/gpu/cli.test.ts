@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { noGpu } from '../helpers/gpu.js';
 import { driver } from '../../src/cuda/driver.js';
-import { ncclOrReason } from '../helpers/nccl-ranks.js';
+import { asOwnHost, ncclOrReason } from '../helpers/nccl-ranks.js';
 
 const cli = fileURLToPath(new URL('../../src/cli/main.js', import.meta.url));
 
@@ -114,6 +114,19 @@ describe('cli across machines on two GPUs', { skip: twoGpus }, () => {
 });
 
 const nccl = noGpu ?? (await ncclOrReason().then((n) => (typeof n === 'string' ? n : undefined)));
+
+describe('cli across machines on one GPU, each side its own NCCL host (the network path)', { skip: nccl }, () => {
+  test('produce --listen and consume tcp:// move a device array over NCCL\'s sockets both ways, each side\'s values checked', async () => {
+    const env = { ...process.env, CUDA_IPC_TOKEN: 'a token for the cli test, 32 b.', NCCL_NVLS_ENABLE: '0' };
+    const { url, done: producerDone } = await startProducer(['--device', '0', '--elements', '4000000', '--timeout', '120'], { ...env, ...asOwnHost('producer') });
+    const c = await run(['consume', url, '--device', '0', '--timeout', '120'], { ...env, ...asOwnHost('consumer') });
+    const p = await producerDone;
+    assert.equal(c.code, 0, `consumer: ${c.out}${c.err}`);
+    assert.equal(p.code, 0, `producer: ${p.out}${p.err}`);
+    assert.match(c.out, /received 4000000 float32 over NCCL into device 0: 0\.5, 1\.5/);
+    assert.match(p.out, /moved 16000000 bytes out and 16000000 bytes in over NCCL/);
+  });
+});
 
 describe('cli across machines, both sides on one GPU (issue 39.13)', { skip: nccl }, () => {
   test('the consumer\'s NCCL failure reaches the producer: both terminals print the same cause', async () => {

@@ -29,6 +29,8 @@ export interface Scenario {
   nodePerRank?: boolean;
   /** Engine replicas (data parallel), each of `tp` ranks needing its own slices (not with `colocated`); default 1. */
   replicas?: number;
+  /** Engine ranks that do not need 'norm' (a layout change one rank can make alone: relayout). */
+  withoutNorm?: number[];
 }
 
 export function scenarioLayout(rank: number, opts: Scenario): RankLayout {
@@ -43,7 +45,7 @@ export function scenarioLayout(rank: number, opts: Scenario): RankLayout {
     b.needParameter('qkv_proj', tensorParallelParameter({ dtype, dim: 0, size: opts.tp, rank: t, parts: [{ tensor: 'q', shape: globals.q! }, { tensor: 'k', shape: globals.k! }, { tensor: 'v', shape: globals.v! }] }));
     b.needParameter('o_proj', tensorParallelParameter({ dtype, dim: 1, size: opts.tp, rank: t, parts: [{ tensor: 'o', shape: globals.o! }] }));
     b.needParameter('embed_tokens', tensorParallelParameter({ dtype, dim: 0, size: opts.tp, rank: t, padMultiple: 8, parts: [{ tensor: 'embed', shape: globals.embed! }] }));
-    b.need('norm', { dtype, shape: globals.norm! });
+    if (!opts.withoutNorm?.includes(rank)) b.need('norm', { dtype, shape: globals.norm! });
   }
   return b.build();
 }

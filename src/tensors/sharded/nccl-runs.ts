@@ -1,16 +1,18 @@
 // The NCCL mover of a sharded sync (PROTOCOL.md 9.3): each pair's byte stream (its runs in plan
 // order, packed) cut into chunks; round k is ONE comm.group() holding this rank's send or receive
 // of chunk k of every pair it is in, so no order of pairs can deadlock. A chunk that is one range
-// of a local tensor goes straight from or into it; the others go through two staging slots (each
-// one round's staged chunks): gathered by copy_runs before the send, scattered after the receive,
-// on a copy stream beside NCCL's, double buffered so that round k+1's gather and round k's scatter
-// overlap the transfers:
+// of a local tensor goes straight from or into it; the others go through staging slots (each one
+// round's staged chunks): gathered by copy_runs before the send, scattered after the receive, on a
+// copy stream beside NCCL's. Two slots (the default) double buffer, so that round k+1's gather and
+// round k's scatter overlap the transfers:
 //
 //   copy stream:  gather 0 | gather 1 | wait sent[0], scatter 0 | gather 2 | wait sent[1], scatter 1 ...
 //                 (gather k records ready[k%2]; it follows scatter k-2 of the same slot in this order)
 //   NCCL stream:  wait ready[0], round 0, record sent[0] | wait ready[1], round 1, record sent[1] ...
 //
-// Everything is queued up front; the CPU waits once at the end.
+// One slot (options.slots = 1) halves the staging: gather k+1 follows scatter k, so the transfers
+// wait for the copies between rounds. Everything is queued up front; the CPU waits once at the end.
+import { invalidArgValue } from '../../arg-errors.js';
 import { DeviceBuffer } from '../../cuda/buffer.js';
 import type { Device } from '../../cuda/device.js';
 import { driver } from '../../cuda/driver.js';
@@ -51,8 +53,15 @@ interface Prepared {
   slots: readonly bigint[];
 }
 
+/** Options of ncclRunMover. */
+export interface NcclRunMoverOptions {
+  /** Staging slots, each one round's staged chunks: 2 (default) overlaps copies and transfers, 1 halves the memory. */
+  slots?: 1 | 2;
+}
+
 class DeviceNcclRunMover implements NcclRunMover {
   readonly #device: Device;
+  readonly #slotCount: 1 | 2;
   #ncclStream: Stream | undefined;
   #copyStream: Stream | undefined;
   #ready: Event[] = [];
@@ -64,8 +73,9 @@ class DeviceNcclRunMover implements NcclRunMover {
   #tail: Promise<unknown> = Promise.resolve();
   #closed = false;
 
-  constructor(device: Device) {
+  constructor(device: Device, slots: 1 | 2) {
     this.#device = device;
+    this.#slotCount = slots;
   }
 
   move(comm: NcclCommunicator, commRank: (rank: number) => number, pairs: NcclPairs, sources: readonly RunMemory[],
@@ -98,12 +108,13 @@ class DeviceNcclRunMover implements NcclRunMover {
       if (!usesSlot(k)) return;
       const g = p.gathers[k];
       if (g) this.#launch(copyStream!, g);
-      this.#ready[k % 2]!.record(copyStream!);
+      this.#ready[k % this.#slotCount]!.record(copyStream!);
     };
     gather(0);
     const options = { stream: ncclStream };
+    const slots = this.#slotCount;
     for (let k = 0; k < p.rounds.length; k++) {
-      const s = k % 2;
+      const s = k % slots;
       const round = p.rounds[k]!;
       if (usesSlot(k)) ncclStream.waitEvent(this.#ready[s]!);
       const ops: NcclOperation[] = round.map((e, i) => {
@@ -112,14 +123,15 @@ class DeviceNcclRunMover implements NcclRunMover {
       });
       await comm.group(ops, options);
       if (usesSlot(k)) this.#sent[s]!.record(ncclStream);
-      // Before scatter k on the copy stream, so that it overlaps round k; after scatter k-1, so
-      // that slot (k+1)%2 is free again.
-      if (k + 1 < p.rounds.length) gather(k + 1);
+      // Two slots: before scatter k on the copy stream, so that it overlaps round k; after scatter
+      // k-1, so that slot (k+1)%2 is free again. One slot: after scatter k, which freed it.
+      if (k + 1 < p.rounds.length && slots === 2) gather(k + 1);
       if (usesSlot(k)) {
         copyStream!.waitEvent(this.#sent[s]!);
         const sc = p.scatters[k];
         if (sc) this.#launch(copyStream!, sc);
       }
+      if (k + 1 < p.rounds.length && slots === 1) gather(k + 1);
     }
     if (staged) {
       this.#done!.record(copyStream!);
@@ -127,8 +139,8 @@ class DeviceNcclRunMover implements NcclRunMover {
     }
     await ncclStream.synchronize();
     if (comm.closed) throw new IpcError('ERR_NCCL', 'the NCCL runs were cut short: the communicator was aborted');
-    // What this move staged through: its two slots' share (slots kept from a larger move may be bigger).
-    return { staging: 2 * p.slotBytes };
+    // What this move staged through: its slots' share (slots kept from a larger move may be bigger).
+    return { staging: this.#slotCount * p.slotBytes };
   }
 
   /** Checks the pairs and memories, cuts the streams, lays out rounds, slots and the run table. */
@@ -175,7 +187,7 @@ class DeviceNcclRunMover implements NcclRunMover {
     const dstAt = destinations.map((m) => (m.kind === 'device' ? toAddress(m.pointer) : 0));
     const address = (out: boolean, t: number): number => (out ? srcAt : dstAt)[t]!;
     rounds.forEach((round, k) => {
-      const r = roundAddresses(round, send, address, toAddress(slots[k % 2] ?? 0n));
+      const r = roundAddresses(round, send, address, toAddress(slots[k % this.#slotCount] ?? 0n));
       buffers.push(r.buffers.map((b) => BigInt(b)));
       gathers.push(table(r.gather));
       scatters.push(table(r.scatter));
@@ -191,16 +203,16 @@ class DeviceNcclRunMover implements NcclRunMover {
     return prepared;
   }
 
-  /** Two slots of at least `bytes` each, kept for later moves (larger ones replace them). */
+  /** The slots, of at least `bytes` each, kept for later moves (larger ones replace them). */
   #ensureSlots(bytes: number): void {
-    if (this.#slots.length === 2 && this.#slots[0]!.byteLength >= bytes) return;
+    if (this.#slots.length === this.#slotCount && this.#slots[0]!.byteLength >= bytes) return;
     if (this.#slots.length) {
       // Moves run one at a time and wait for their streams: nothing queued reads them now.
       for (const s of [this.#copyStream, this.#ncclStream]) if (s) driver.streamSynchronize(s.handle);
       for (const b of this.#slots) b.close();
       this.#slots = [];
     }
-    this.#slots = [DeviceBuffer.allocate(bytes, { device: this.#device }), DeviceBuffer.allocate(bytes, { device: this.#device })];
+    this.#slots = Array.from({ length: this.#slotCount }, () => DeviceBuffer.allocate(bytes, { device: this.#device }));
   }
 
   #upload(data: Uint8Array, stream: Stream): void {
@@ -265,6 +277,8 @@ function sameSlots(a: readonly bigint[], b: readonly DeviceBuffer[]): boolean {
 }
 
 /** The NCCL mover on `device` (the rank's GPU, the communicator's device). */
-export function ncclRunMover(device: Device): NcclRunMover {
-  return new DeviceNcclRunMover(device);
+export function ncclRunMover(device: Device, options: NcclRunMoverOptions = {}): NcclRunMover {
+  const slots = options.slots ?? 2;
+  if (slots !== 1 && slots !== 2) throw invalidArgValue(`ncclRunMover: options.slots is 1 or 2 (staging slots); got ${String(slots)}`);
+  return new DeviceNcclRunMover(device, slots);
 }
