@@ -18,8 +18,8 @@
 //     the slowest rank's time of each sync counts. On NCCL's own path (two GPUs: NVLink there) and
 //     on its forced network path (P2P and SHM off, sockets over loopback, each rank an NCCL host of
 //     its own via NCCL_HOSTID: as between two machines, and possible with both ranks on one GPU);
-//     each with the mover's two staging slots (copies overlap the transfers) and with one (half
-//     the staging memory).
+//     each with the mover's one staging slot (its default) and with two (copies overlap the
+//     transfers, twice the staging memory).
 // Values are checked after each way: every contiguous piece of every destination tensor in full
 // and sampled rows of the row-parallel ones, against the sources' pattern (verifyPattern on the GPU).
 // SHARDED_NCCL=0 leaves the NCCL rows out.
@@ -447,7 +447,7 @@ await ipcPath();
 const NCCL_LIMIT_MS = 600_000;
 let hung = false;
 const notMeasured: string[] = [];
-for (const [network, slots] of [[false, 2], [false, 1], [true, 2], [true, 1]] as const) {
+for (const [network, slots] of [[false, 1], [false, 2], [true, 1], [true, 2]] as const) {
   const skipped = await Promise.race([
     ncclPath(network, slots).catch((e: Error) => `failed: ${e.message}`),
     new Promise<string>((resolve) => setTimeout(() => { hung = true; resolve(`gave up after ${NCCL_LIMIT_MS / 1000} s (a hang?)`); }, NCCL_LIMIT_MS).unref()),

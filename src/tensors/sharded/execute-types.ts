@@ -42,7 +42,7 @@ export interface NcclRunMover {
   /**
    * Queues every round and resolves once this rank's last byte was sent and received (and
    * scattered). `commRank` maps a group rank to its rank in `comm`. Resolves with the staging bytes
-   * it used (at most two slots of one round's staged bytes; one with the mover's `slots: 1`).
+   * it used (one slot of one round's staged bytes; two with the mover's `slots: 2`).
    */
   move(comm: NcclCommunicator, commRank: (rank: number) => number, pairs: NcclPairs,
     sources: readonly RunMemory[], destinations: readonly RunMemory[], chunkBytes: number): Promise<{ staging: number }>;

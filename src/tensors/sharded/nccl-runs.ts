@@ -3,15 +3,18 @@
 // of chunk k of every pair it is in, so no order of pairs can deadlock. A chunk that is one range
 // of a local tensor goes straight from or into it; the others go through staging slots (each one
 // round's staged chunks): gathered by copy_runs before the send, scattered after the receive, on a
-// copy stream beside NCCL's. Two slots (the default) double buffer, so that round k+1's gather and
-// round k's scatter overlap the transfers:
+// copy stream beside NCCL's. One slot (the default: at most a send and a receive chunk per pair of
+// the rank, issue 37's "two chunks per rank") lets gather k+1 follow scatter k, so the transfers
+// wait for the copies between rounds: on NCCL's network path, where the group uses it, that cost
+// nothing measurable (bench:sharded: 1.03x the limit with one slot, within the limit's noise with
+// two). Two slots (options.slots = 2) double buffer, so that round k+1's gather and round k's
+// scatter overlap the transfers:
 //
 //   copy stream:  gather 0 | gather 1 | wait sent[0], scatter 0 | gather 2 | wait sent[1], scatter 1 ...
 //                 (gather k records ready[k%2]; it follows scatter k-2 of the same slot in this order)
 //   NCCL stream:  wait ready[0], round 0, record sent[0] | wait ready[1], round 1, record sent[1] ...
 //
-// One slot (options.slots = 1) halves the staging: gather k+1 follows scatter k, so the transfers
-// wait for the copies between rounds. Everything is queued up front; the CPU waits once at the end.
+// Everything is queued up front; the CPU waits once at the end.
 import { invalidArgValue } from '../../arg-errors.js';
 import { DeviceBuffer } from '../../cuda/buffer.js';
 import type { Device } from '../../cuda/device.js';
@@ -55,7 +58,7 @@ interface Prepared {
 
 /** Options of ncclRunMover. */
 export interface NcclRunMoverOptions {
-  /** Staging slots, each one round's staged chunks: 2 (default) overlaps copies and transfers, 1 halves the memory. */
+  /** Staging slots, each one round's staged chunks: 1 (default), or 2 to overlap the copies with the transfers at twice the memory. */
   slots?: 1 | 2;
 }
 
@@ -278,7 +281,7 @@ function sameSlots(a: readonly bigint[], b: readonly DeviceBuffer[]): boolean {
 
 /** The NCCL mover on `device` (the rank's GPU, the communicator's device). */
 export function ncclRunMover(device: Device, options: NcclRunMoverOptions = {}): NcclRunMover {
-  const slots = options.slots ?? 2;
+  const slots = options.slots ?? 1;
   if (slots !== 1 && slots !== 2) throw invalidArgValue(`ncclRunMover: options.slots is 1 or 2 (staging slots); got ${String(slots)}`);
   return new DeviceNcclRunMover(device, slots);
 }
