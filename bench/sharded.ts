@@ -12,10 +12,12 @@
 //   - the common way (issue 37's): an all-gather on the sources (each source rank copies every
 //     shard into its own whole model, with the copier), a broadcast from rank 0 (its whole model
 //     copied into each destination's with cuMemcpy), then each destination copies its slice out;
-//   - with NCCL: the NCCL path (ncclRunMover; the same two ranks declared on two nodes, each a
-//     child process of this bench, sending and receiving in the same rounds, its local runs copied
+//   - with NCCL: the NCCL path (ncclRunMover; every rank declared on its own node and run as a
+//     child process of this bench, sending and receiving in the same rounds, local runs copied
 //     beside), against the limit of NCCL send/recv of the same byte counts (one group per rank);
-//     the slowest rank's time of each sync counts. On NCCL's own path (two GPUs: NVLink there) and
+//     the slowest rank's time of each sync counts. Three layouts: the same two ranks colocated
+//     (each an FSDP source and a TP destination), sources on ranks 0-1 and destinations on 2-3,
+//     and two TP2 replicas (data parallel) on ranks 2-5. On NCCL's own path (two GPUs: NVLink there) and
 //     on its forced network path (P2P and SHM off, sockets over loopback, each rank an NCCL host of
 //     its own via NCCL_HOSTID: as between two machines, and possible with both ranks on one GPU);
 //     each with the mover's one staging slot (its default) and with two (copies overlap the
@@ -328,18 +330,29 @@ async function ipcPath(): Promise<void> {
 }
 
 // --- the NCCL path: each rank a child process of this bench ------------------------------------
-// Rank i: FSDP half i and TP half i, declared on its own node: the pairs between them go over NCCL.
+// Three layouts, every rank declared on its own node (so every pair between two ranks goes over
+// NCCL): 'colocated' (rank i holds FSDP half i and needs TP half i: a local pair beside the NCCL
+// ones), 'split' (FSDP sources on ranks 0-1, TP2 destinations on ranks 2-3: issue 37's four-GPU
+// layout) and 'replicas' (the same sources, two TP2 replicas on ranks 2-5, each needing everything).
 // A child (SHARDED_NCCL_RANK set) runs one rank and prints its timings as one JSON line.
+type NcclLayout = 'colocated' | 'split' | 'replicas';
 interface RankTimes { limit: number[]; first: number; repeated: number[]; staging: number; wrong: string[] }
-const ncclLayouts = (): RankLayout[] => [0, 1].map((i) => needer(holder(new LayoutBuilder({ rank: i, node: `node${i}`, gpu: 0 }), i), i).build());
+function ncclLayouts(kind: NcclLayout): RankLayout[] {
+  const at = (rank: number): LayoutBuilder => new LayoutBuilder({ rank, node: `node${rank}`, gpu: 0 });
+  if (kind === 'colocated') return [0, 1].map((i) => needer(holder(at(i), i), i).build());
+  const sources = [0, 1].map((i) => holder(at(i), i).build());
+  const tps = kind === 'split' ? [0, 1] : [0, 1, 0, 1];
+  return [...sources, ...tps.map((tp, j) => needer(at(2 + j), tp).build())];
+}
 
-async function ncclRank(rank: number, gpu: number, id: Uint8Array, slots: 1 | 2): Promise<RankTimes> {
+async function ncclRank(kind: NcclLayout, rank: number, gpu: number, id: Uint8Array, slots: 1 | 2): Promise<RankTimes> {
   const library = await loadNccl();
   const device = Device.get(gpu);
-  const layout = ncclLayouts()[rank]!;
-  const plan = planSharded(ncclLayouts());
+  const layouts = ncclLayouts(kind);
+  const layout = layouts[rank]!;
+  const plan = planSharded(layouts);
   const placed = place({ ...layout, gpu });
-  const comm = await NcclCommunicator.init({ uniqueId: asNcclUniqueId(id), nranks: 2, rank, device, library, timeout: 120_000 });
+  const comm = await NcclCommunicator.init({ uniqueId: asNcclUniqueId(id), nranks: layouts.length, rank, device, library, timeout: 120_000 });
   const mover = ncclRunMover(device, { slots });
   const copier = deviceRunCopier(device);
   const mine = (path: 'nccl' | 'local') => plan.pairs.filter((p) => p.path === path && (p.src === rank || p.dst === rank));
@@ -349,13 +362,13 @@ async function ncclRank(rank: number, gpu: number, id: Uint8Array, slots: 1 | 2)
   const ours = async (): Promise<void> => {
     await Promise.all([
       mover.move(comm, (x) => x, pairs, placed.src, placed.dst, chunkBytes).then((m) => { staging = Math.max(staging, m.staging); }),
-      copier.copy(local),
+      local.pairs.length ? copier.copy(local) : undefined,
     ]);
   };
   // The limit: each nccl pair's bytes in one send/recv (one group), the local pair's bytes one plain copy beside.
   const stream = Stream.create(device);
   const copyStream = Stream.create(device);
-  const into = placed.buffer.devicePointer + BigInt(placed.dstAt[0]!);
+  const into = placed.buffer.devicePointer + BigInt(placed.dstAt[0] ?? 0);
   const limit = async (): Promise<void> => {
     const ops = [...pairs.sends.map((p) => ({ op: 'send' as const, buffer: placed.buffer.devicePointer, bytes: p.bytes, peer: p.dst })),
       ...pairs.recvs.map((p) => ({ op: 'recv' as const, buffer: into, bytes: p.bytes, peer: p.src }))];
@@ -365,7 +378,7 @@ async function ncclRank(rank: number, gpu: number, id: Uint8Array, slots: 1 | 2)
     await Promise.all([stream.synchronize(), copyStream.synchronize()]);
   };
   const limitTimes = (await timed(syncs + 1, limit)).slice(1);
-  // One epoch for both ranks: a tensor's values depend on its name and the epoch only.
+  // One epoch for every rank: a tensor's values depend on its name and the epoch only.
   const epoch = 200;
   fillSources(layout, placed, epoch);
   const first = (await timed(1, ours))[0]!;
@@ -380,13 +393,15 @@ async function ncclRank(rank: number, gpu: number, id: Uint8Array, slots: 1 | 2)
   return { limit: limitTimes, first, repeated, staging, wrong: bad.length ? [`rank ${rank} holds wrong values: ${bad.join('; ')}`] : [] };
 }
 
-/** NCCL's network path, each rank an NCCL host of its own: as between two machines, and possible on one GPU. */
+/** NCCL's network path, each rank an NCCL host of its own: as between machines, and possible on one GPU. */
 const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
 
-/** Runs both ranks as children (`network`: NCCL's forced network path; `slots`: the mover's staging slots) and prints the path's rows; or why not. */
-async function ncclPath(network: boolean, slots: 1 | 2): Promise<string | undefined> {
+/** Runs a layout's ranks as children (`network`: NCCL's forced network path; `slots`: the mover's staging slots) and prints its rows; or why not. */
+async function ncclPath(kind: NcclLayout, network: boolean, slots: 1 | 2): Promise<string | undefined> {
   if (process.env.SHARDED_NCCL === '0') return 'SHARDED_NCCL=0';
-  if (!network && gpus < 2) return 'NCCL\'s own path needs two GPUs (NCCL refuses two ranks on one GPU of one host)';
+  const layouts = ncclLayouts(kind);
+  const n = layouts.length;
+  if (!network && deviceCount < n) return `NCCL's own path needs ${n} GPUs here (NCCL refuses two ranks on one GPU of one host); this machine shows ${deviceCount}`;
   let library: NcclLibrary;
   try {
     library = await loadNccl();
@@ -395,10 +410,13 @@ async function ncclPath(network: boolean, slots: 1 | 2): Promise<string | undefi
   }
   const id = Buffer.from(library.uniqueId()).toString('hex');
   const self = fileURLToPath(import.meta.url);
-  const results = await Promise.all([0, 1].map((rank) => new Promise<RankTimes>((resolve, reject) => {
+  const results = await Promise.all(layouts.map((_, rank) => new Promise<RankTimes>((resolve, reject) => {
     const child = spawnChild(process.execPath, [self], {
       stdio: ['ignore', 'pipe', 'inherit'],
-      env: { ...process.env, SHARDED_NCCL_RANK: String(rank), SHARDED_NCCL_GPU: String(gpuOf(rank)), SHARDED_NCCL_ID: id, SHARDED_NCCL_SLOTS: String(slots), ...(network && { ...NET_ENV, NCCL_HOSTID: `bench-sharded-${process.pid}-${rank}` }) },
+      env: {
+        ...process.env, SHARDED_NCCL_LAYOUT: kind, SHARDED_NCCL_RANK: String(rank), SHARDED_NCCL_GPU: String(rank % deviceCount), SHARDED_NCCL_ID: id, SHARDED_NCCL_SLOTS: String(slots),
+        ...(network && { ...NET_ENV, NCCL_HOSTID: `bench-sharded-${process.pid}-${rank}` }),
+      },
     });
     let out = '';
     child.stdout!.setEncoding('utf8').on('data', (d: string) => { out += d; });
@@ -409,23 +427,24 @@ async function ncclPath(network: boolean, slots: 1 | 2): Promise<string | undefi
       else reject(new Error(`rank ${rank} exited ${signal ?? code}: ${out.slice(-500)}`));
     });
   })));
-  // The slowest rank decides each sync: both ranks' times of one sync, the larger.
-  const slowest = (pick: (r: RankTimes) => number[]): number[] => pick(results[0]!).map((t, k) => Math.max(t, pick(results[1]!)[k]!));
-  const plan = planSharded(ncclLayouts());
-  const moved = plan.pairs.reduce((n, p) => n + p.bytes, 0);
+  // The slowest rank decides each sync: every rank's time of one sync, the largest.
+  const slowest = (pick: (r: RankTimes) => number[]): number[] => pick(results[0]!).map((_, k) => Math.max(...results.map((r) => pick(r)[k]!)));
+  const plan = planSharded(layouts);
+  const moved = plan.pairs.reduce((m, p) => m + p.bytes, 0);
   const ncclPairs = plan.pairs.filter((p) => p.path === 'nccl');
-  const ncclBytes = ncclPairs.reduce((n, p) => n + p.bytes, 0);
-  const path = `${network ? 'NCCL network path' : 'NCCL\'s own path'}, ${slots} staging slot${slots === 1 ? '' : 's'}`;
+  const ncclBytes = ncclPairs.reduce((m, p) => m + p.bytes, 0);
+  const what = { colocated: '2 colocated ranks', split: '2 sources -> 2 destinations', replicas: '2 sources -> 2 TP2 replicas' }[kind];
+  const path = `${what}, ${network ? `NCCL network path${deviceCount < n ? ` on ${deviceCount} GPU(s)` : ''}` : 'NCCL\'s own path'}, ${slots} staging slot${slots === 1 ? '' : 's'}`;
   const limitMs = summarize(slowest((r) => r.limit));
-  row(`limit (${path}): send/recv of each pair's bytes + local copy`, limitMs, moved);
-  const first = Math.max(results[0]!.first, results[1]!.first);
+  row(`limit (${path}): NCCL send/recv of each pair's bytes${kind === 'colocated' ? ' + local copy' : ''}`, limitMs, moved);
+  const first = Math.max(...results.map((r) => r.first));
   const repeated = summarize(slowest((r) => r.repeated));
-  const staging = Math.max(results[0]!.staging, results[1]!.staging);
+  const staging = Math.max(...results.map((r) => r.staging));
   row(`ours (${path}): first sync`, first, moved, [`${(first / repeated.median).toFixed(1)}x a repeated sync (target <= 10x: ${verdict(first <= 10 * repeated.median)})`]);
   row(`ours (${path}): repeated sync`, repeated, moved, [
     `${(repeated.median / limitMs.median).toFixed(2)}x the limit (target <= 1.3x: ${verdict(repeated.median <= 1.3 * limitMs.median)})`,
     `${(ncclBytes / GIB).toFixed(2)} GiB over NCCL in ${Math.ceil(Math.max(...ncclPairs.map((x) => x.bytes)) / chunkBytes)} rounds of ${chunkBytes >> 20} MiB chunks`,
-    `staging ${(staging / 2 ** 20).toFixed(0)} MiB per rank (${(staging / chunkBytes).toFixed(1)} chunks)`,
+    `staging ${(staging / 2 ** 20).toFixed(0)} MiB per rank at most (${(staging / chunkBytes).toFixed(1)} chunks; target <= 2: ${verdict(staging <= 2 * chunkBytes)})`,
   ]);
   for (const r of results) wrong.push(...r.wrong.map((w) => `${path}: ${w}`));
   return undefined;
@@ -433,7 +452,8 @@ async function ncclPath(network: boolean, slots: 1 | 2): Promise<string | undefi
 
 if (process.env.SHARDED_NCCL_RANK !== undefined) {
   // A child rank of ncclPath.
-  const times = await ncclRank(Number(process.env.SHARDED_NCCL_RANK), Number(process.env.SHARDED_NCCL_GPU), Buffer.from(process.env.SHARDED_NCCL_ID!, 'hex'), process.env.SHARDED_NCCL_SLOTS === '1' ? 1 : 2);
+  const e = process.env;
+  const times = await ncclRank(e.SHARDED_NCCL_LAYOUT as NcclLayout, Number(e.SHARDED_NCCL_RANK), Number(e.SHARDED_NCCL_GPU), Buffer.from(e.SHARDED_NCCL_ID!, 'hex'), e.SHARDED_NCCL_SLOTS === '2' ? 2 : 1);
   process.stdout.write(`${JSON.stringify(times)}\n`);
   process.exit(0);
 }
@@ -443,16 +463,20 @@ if (noGpu) {
   process.exit(0);
 }
 await ipcPath();
-// A failing or hanging NCCL path is reported; the IPC rows still print.
+// A failing or hanging NCCL path is reported; the other rows still print.
 const NCCL_LIMIT_MS = 600_000;
 let hung = false;
 const notMeasured: string[] = [];
-for (const [network, slots] of [[false, 1], [false, 2], [true, 1], [true, 2]] as const) {
+const ncclRuns: Array<[NcclLayout, boolean, 1 | 2]> = [
+  ['colocated', false, 1], ['colocated', false, 2], ['colocated', true, 1], ['colocated', true, 2],
+  ['split', false, 1], ['split', true, 1], ['replicas', false, 1], ['replicas', true, 1],
+];
+for (const [kind, network, slots] of ncclRuns) {
   const skipped = await Promise.race([
-    ncclPath(network, slots).catch((e: Error) => `failed: ${e.message}`),
+    ncclPath(kind, network, slots).catch((e: Error) => `failed: ${e.message}`),
     new Promise<string>((resolve) => setTimeout(() => { hung = true; resolve(`gave up after ${NCCL_LIMIT_MS / 1000} s (a hang?)`); }, NCCL_LIMIT_MS).unref()),
   ]);
-  if (skipped) notMeasured.push(`${network ? 'NCCL network path' : 'NCCL\'s own path'} (${slots} staging slots) not measured: ${skipped}`);
+  if (skipped) notMeasured.push(`${kind}, ${network ? 'NCCL network path' : 'NCCL\'s own path'}, ${slots} staging slot(s): not measured: ${skipped}`);
   if (hung) break;
 }
 printTable(`Sharded sync, ${(modelBytes / GIB).toFixed(2)} GiB bf16, 2 FSDP sources -> 2 TP destinations, ${gpus} GPU(s), ${syncs} syncs each (values checked)`, rows);
