@@ -3,11 +3,12 @@
 // reads its environment and inherited by the child ranks; each rank an NCCL host of its own
 // (asOwnHost: NCCL_HOSTID), so that with one GPU both ranks sit on it as two machines would. 1 GiB
 // each way and both ways at once with every value checked (the child's NCCL debug log must show
-// NET/Socket connections), and a peer SIGKILLed while a recv from it is queued.
+// NET/Socket connections), a broadcast to three receivers, and a peer SIGKILLed while a recv from
+// it is queued.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { asOwnHost, ncclDebugLogs, ncclOrReason, netRankDevice, GiB } from '../helpers/nccl-ranks.js';
-import { bothWays, peerKilled } from '../helpers/nccl-scenarios.js';
+import { bothWays, broadcastToThree, peerKilled } from '../helpers/nccl-scenarios.js';
 
 // Before any NCCL call in this process (NCCL reads each variable once).
 Object.assign(process.env, { NCCL_NVLS_ENABLE: '0' }, asOwnHost(0));
@@ -23,6 +24,10 @@ describe('NCCL between processes on the socket transport (loopback)', { skip }, 
     const text = logs.text();
     assert.match(text, /via NET\/Socket/, 'the child\'s NCCL connected through the socket transport');
     assert.doesNotMatch(text, /via P2P\/|via SHM\//, 'not through P2P or shared memory');
+  });
+
+  test('broadcast of 256 MiB from rank 0 to three receivers, each its own NCCL host, every value checked', async (t) => {
+    await broadcastToThree(t, library!, [0, 1, 2, 3].map(netRankDevice), (i) => asOwnHost(`receiver-${i}`));
   });
 
   test('a peer SIGKILLed while a recv from it is queued: noticed, aborted, the stream still usable (or the error typed)', async (t) => {

@@ -1,8 +1,10 @@
 // NCCL between Node and Python: this process is rank 0 on GPU 0; a Python process with PyTorch
 // (test/python/nccl_child.py, cuda_ipc.nccl through ctypes) is rank 1 on GPU 1. Both load PyTorch's
 // wheel copy of NCCL (NCCL refuses ranks of different versions, and a process that imported torch
-// has that copy loaded already). 256 MiB each way, every value checked. Skips, saying why, without
-// two GPUs, python3 with torch, or the wheel.
+// has that copy loaded already). 256 MiB each way, every value checked. Run on NCCL's own path
+// (two GPUs) and, by nccl-python-net.test.ts, on its network path with each process an NCCL host of
+// its own (the Python rank on GPU 0 too where there is one GPU). Skips, saying why, without python3
+// with torch or the wheel, and on NCCL's own path without two GPUs.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Device } from '../../src/cuda/device.js';
@@ -13,11 +15,12 @@ import { spawnPython, type Link } from '../../src/link/index.js';
 import { NcclCommunicator, NCCL_LIBRARY_ENV, type NcclLibrary } from '../../src/nccl/index.js';
 import { wheelLibraries } from '../../src/nccl/discovery.js';
 import { PYTHON, pythonFixture, pythonLacks } from '../helpers/python.js';
-import { fewerGpusThan, ncclOrReason, rate, within, MiB } from '../helpers/nccl-ranks.js';
+import { asOwnHost, fewerGpusThan, ncclOrReason, netRankDevice, rate, within, MiB } from '../helpers/nccl-ranks.js';
 
-process.env.NCCL_NVLS_ENABLE = '0';
+const onNetwork = process.env.CUDA_IPC_TEST_NCCL_NET === '1';
+Object.assign(process.env, { NCCL_NVLS_ENABLE: '0' }, onNetwork ? asOwnHost('node') : {});
 const wheels = await wheelLibraries(PYTHON);
-const before = fewerGpusThan(2) ?? pythonLacks('torch') ?? (wheels.paths.length ? undefined : `PyTorch's NCCL wheel is not found: ${wheels.why}`);
+const before = (onNetwork ? undefined : fewerGpusThan(2)) ?? pythonLacks('torch') ?? (wheels.paths.length ? undefined : `PyTorch's NCCL wheel is not found: ${wheels.why}`);
 const nccl = before ? before : await ncclOrReason(wheels.paths[0]);
 const skip = typeof nccl === 'string' ? nccl : undefined;
 
@@ -28,22 +31,23 @@ async function askPython(link: Link, msg: Record<string, unknown>): Promise<any>
   return reply;
 }
 
-describe('NCCL between Node and Python (PyTorch)', { skip }, () => {
+describe(`NCCL between Node and Python (PyTorch), ${onNetwork ? 'its network path' : 'its own path'}`, { skip }, () => {
   test('256 MiB each way between a Node rank and a Python rank, every value checked', async (t) => {
     const library = nccl as NcclLibrary;  // the suite is skipped otherwise
     const here = Device.get(0);
+    const there = onNetwork ? netRankDevice(1).ordinal : 1;
     const { child, link } = await spawnPython(pythonFixture('nccl_child.py'), [], {
-      stdio: 'inherit', env: { ...process.env, [NCCL_LIBRARY_ENV]: library.path },
+      stdio: 'inherit', env: { ...process.env, [NCCL_LIBRARY_ENV]: library.path, ...(onNetwork && asOwnHost('python')) },
     });
     const exited = new Promise((r) => child.once('exit', r));
     try {
       const id = library.uniqueId();
       const [comm, reply] = await within(Promise.all([
         NcclCommunicator.init({ uniqueId: id, nranks: 2, rank: 0, device: here, library, timeout: 120_000 }),
-        askPython(link, { op: 'init', id, nranks: 2, rank: 1, ordinal: 1 }),
+        askPython(link, { op: 'init', id, nranks: 2, rank: 1, ordinal: there }),
       ]), 180_000, 'creating the communicator');
       t.diagnostic(`NCCL ${library.version} (${library.path}) in both`);
-      assert.deepEqual([reply.version, reply.rank, reply.nranks, reply.cuda_device], [library.version, 1, 2, 1]);
+      assert.deepEqual([reply.version, reply.rank, reply.nranks, reply.cuda_device], [library.version, 1, 2, there]);
       assert.equal(comm.cudaDevice, here.ordinal);
 
       const bytes = 256 * MiB;

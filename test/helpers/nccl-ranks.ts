@@ -81,10 +81,10 @@ export interface Rank {
   device: Device;
 }
 
-/** Child ranks on `devices` (each its working device), with `env` added to this process's. */
-export async function spawnRanks(devices: readonly Device[], env: NodeJS.ProcessEnv = {}): Promise<Rank[]> {
-  return Promise.all(devices.map(async (device) => {
-    const { child, link } = await spawn(CHILD, [], { device, stdio: 'inherit', env: { ...process.env, ...env } });
+/** Child ranks on `devices` (each its working device), with `env` (or env(i) for the i-th) added to this process's. */
+export async function spawnRanks(devices: readonly Device[], env: NodeJS.ProcessEnv | ((i: number) => NodeJS.ProcessEnv) = {}): Promise<Rank[]> {
+  return Promise.all(devices.map(async (device, i) => {
+    const { child, link } = await spawn(CHILD, [], { device, stdio: 'inherit', env: { ...process.env, ...(typeof env === 'function' ? env(i) : env) } });
     return { child, link, device };
   }));
 }

@@ -155,3 +155,32 @@ export async function peerKilled(t: TestContext, library: NcclLibrary, devices: 
     }
   }
 }
+
+/**
+ * A broadcast of 256 MiB from this process (rank 0, on devices[0]) to three child ranks on
+ * devices[1..3] (with env(i) added to the i-th child's environment), every value checked on each
+ * receiver, the root's buffer untouched; then a collective close.
+ */
+export async function broadcastToThree(t: TestContext, library: NcclLibrary, devices: readonly Device[], env?: (i: number) => NodeJS.ProcessEnv): Promise<void> {
+  const ranks = await spawnRanks(devices.slice(1), env);
+  try {
+    const comm = await initAll(library, devices[0]!, ranks);
+    const bytes = 256 * MiB;
+    const kernels = BuiltinKernels.for(devices[0]!);
+    using stream = Stream.create(devices[0]!);
+    using b = DeviceBuffer.allocate(bytes, { device: devices[0]! });
+    kernels.fillPattern(b, 'u32', 31, 1, stream);
+    await stream.synchronize();
+    const t0 = performance.now();
+    const [, ...replies] = await within(Promise.all([
+      comm.broadcast(b, bytes, 0, { stream }).then(() => stream.synchronize()),
+      ...ranks.map((r) => ask(r.link, { op: 'broadcast', bytes, root: 0, seed: 31 })),
+    ]), 300_000, 'the broadcast');
+    t.diagnostic(`broadcast of ${bytes} bytes to 3 ranks: ${rate(bytes, performance.now() - t0)} per receiver`);
+    assert.deepEqual(replies.map((r) => r.mismatches), [0, 0, 0], 'each receiver got every value');
+    assert.equal(Number((await kernels.verifyPattern(b, 'u32', 31, 1, stream)).mismatches), 0, 'the root\'s buffer is untouched');
+    await within(Promise.all([comm.close({ timeout: 120_000 }), ...ranks.map((r) => ask(r.link, { op: 'close' }))]), 180_000, 'the collective close');
+  } finally {
+    await endRanks(ranks);
+  }
+}
