@@ -20,8 +20,9 @@
 //     and two TP2 replicas (data parallel) on ranks 2-5. On NCCL's own path (two GPUs: NVLink there) and
 //     on its forced network path (P2P and SHM off, sockets over loopback, each rank an NCCL host of
 //     its own via NCCL_HOSTID: as between two machines, and possible with both ranks on one GPU);
-//     each with the mover's one staging slot (its default) and with two (copies overlap the
-//     transfers, twice the staging memory).
+//     chunks per pair as the group cuts them (the plan's chunk over the busier rank's streams);
+//     the mover's two staging slots (its default: copies overlap the transfers) and, for the
+//     colocated layout, one (half the staging).
 // Values are checked after each way: every contiguous piece of every destination tensor in full
 // and sampled rows of the row-parallel ones, against the sources' pattern (verifyPattern on the GPU).
 // SHARDED_NCCL=0 leaves the NCCL rows out.
@@ -43,6 +44,7 @@ import type { CopyBatch, RunCopier, RunMemory } from '../src/tensors/sharded/exe
 import { batchTable, deviceRunCopier } from '../src/tensors/sharded/device-copy.js';
 import { CHUNK_BYTES, loadTensorKernels } from '../src/tensors/kernels.js';
 import { ncclRunMover } from '../src/tensors/sharded/nccl-runs.js';
+import { ncclChunkBytes } from '../src/tensors/sharded/pair-stream.js';
 import { printTable, summarize, type Row, type Summary } from './stats.js';
 
 const env = (name: string, fallback: number): number => {
@@ -355,13 +357,14 @@ async function ncclRank(kind: NcclLayout, rank: number, gpu: number, id: Uint8Ar
   const comm = await NcclCommunicator.init({ uniqueId: asNcclUniqueId(id), nranks: layouts.length, rank, device, library, timeout: 120_000 });
   const mover = ncclRunMover(device, { slots });
   const copier = deviceRunCopier(device);
+  const chunkOf = ncclChunkBytes(plan.pairs, chunkBytes);  // as the group cuts them
   const mine = (path: 'nccl' | 'local') => plan.pairs.filter((p) => p.path === path && (p.src === rank || p.dst === rank));
   const pairs = { sends: mine('nccl').filter((p) => p.src === rank), recvs: mine('nccl').filter((p) => p.dst === rank) };
   const local = { pairs: mine('local').filter((p) => p.dst === rank).map((pair) => ({ pair, sources: placed.src })), destinations: placed.dst };
   let staging = 0;
   const ours = async (): Promise<void> => {
     await Promise.all([
-      mover.move(comm, (x) => x, pairs, placed.src, placed.dst, chunkBytes).then((m) => { staging = Math.max(staging, m.staging); }),
+      mover.move(comm, (x) => x, pairs, placed.src, placed.dst, chunkOf).then((m) => { staging = Math.max(staging, m.staging); }),
       local.pairs.length ? copier.copy(local) : undefined,
     ]);
   };
@@ -435,6 +438,7 @@ async function ncclPath(kind: NcclLayout, network: boolean, slots: 1 | 2): Promi
   const ncclBytes = ncclPairs.reduce((m, p) => m + p.bytes, 0);
   const what = { colocated: '2 colocated ranks', split: '2 sources -> 2 destinations', replicas: '2 sources -> 2 TP2 replicas' }[kind];
   const path = `${what}, ${network ? `NCCL network path${deviceCount < n ? ` on ${deviceCount} GPU(s)` : ''}` : 'NCCL\'s own path'}, ${slots} staging slot${slots === 1 ? '' : 's'}`;
+  const chunkOf = ncclChunkBytes(plan.pairs, chunkBytes);
   const limitMs = summarize(slowest((r) => r.limit));
   row(`limit (${path}): NCCL send/recv of each pair's bytes${kind === 'colocated' ? ' + local copy' : ''}`, limitMs, moved);
   const first = Math.max(...results.map((r) => r.first));
@@ -443,7 +447,7 @@ async function ncclPath(kind: NcclLayout, network: boolean, slots: 1 | 2): Promi
   row(`ours (${path}): first sync`, first, moved, [`${(first / repeated.median).toFixed(1)}x a repeated sync (target <= 10x: ${verdict(first <= 10 * repeated.median)})`]);
   row(`ours (${path}): repeated sync`, repeated, moved, [
     `${(repeated.median / limitMs.median).toFixed(2)}x the limit (target <= 1.3x: ${verdict(repeated.median <= 1.3 * limitMs.median)})`,
-    `${(ncclBytes / GIB).toFixed(2)} GiB over NCCL in ${Math.ceil(Math.max(...ncclPairs.map((x) => x.bytes)) / chunkBytes)} rounds of ${chunkBytes >> 20} MiB chunks`,
+    `${(ncclBytes / GIB).toFixed(2)} GiB over NCCL in ${Math.max(...ncclPairs.map((x) => Math.ceil(x.bytes / chunkOf(x))))} rounds (chunks of ${[...new Set(ncclPairs.map((x) => (chunkOf(x) / 2 ** 20).toFixed(0)))].join(', ')} MiB)`,
     `staging ${(staging / 2 ** 20).toFixed(0)} MiB per rank at most (${(staging / chunkBytes).toFixed(1)} chunks; target <= 2: ${verdict(staging <= 2 * chunkBytes)})`,
   ]);
   for (const r of results) wrong.push(...r.wrong.map((w) => `${path}: ${w}`));
@@ -468,8 +472,8 @@ const NCCL_LIMIT_MS = 600_000;
 let hung = false;
 const notMeasured: string[] = [];
 const ncclRuns: Array<[NcclLayout, boolean, 1 | 2]> = [
-  ['colocated', false, 1], ['colocated', false, 2], ['colocated', true, 1], ['colocated', true, 2],
-  ['split', false, 1], ['split', true, 1], ['replicas', false, 1], ['replicas', true, 1],
+  ['colocated', false, 2], ['colocated', false, 1], ['colocated', true, 2], ['colocated', true, 1],
+  ['split', false, 2], ['split', true, 2], ['replicas', false, 2], ['replicas', true, 2],
 ];
 for (const [kind, network, slots] of ncclRuns) {
   const skipped = await Promise.race([

@@ -485,6 +485,25 @@ class NcclRounds(unittest.TestCase):
         self.assertEqual([d - 0x100000 for d in dsts], [sum(sizes[:i]) for i in range(len(sizes))], "gathered back to back")
         self.assertEqual([s for s, _ in sent[1].segments], srcs)
 
+    def test_each_pairs_chunk_is_the_plan_chunk_over_the_busier_ranks_streams_as_node_cuts_it(self):
+        # The figures of Node's twin (test/cpu/sharded-runs-chunks.test.ts): the rule is part of the wire.
+        from cuda_ipc.tensors.sharded.nccl_runs import nccl_chunk_bytes
+
+        def pair(src: int, dst: int, path: str = "nccl") -> PlanPair:
+            return PlanPair(src, dst, path, 1, ())
+        pairs = [pair(s, d) for s in (0, 1) for d in (2, 3, 4, 5)]
+        chunk_of = nccl_chunk_bytes(pairs + [pair(2, 2, "local"), pair(0, 1, "ipc")], 64 << 20)
+        self.assertEqual([chunk_of(p) for p in pairs], [16 << 20] * 8, "every pair touches a source with 4 streams")
+        for r in range(6):
+            self.assertLessEqual(sum(chunk_of(p) for p in pairs if r in (p.src, p.dst)), 64 << 20, f"rank {r}'s round")
+        two = [pair(0, 1), pair(1, 0)]
+        self.assertEqual([nccl_chunk_bytes(two, 64 << 20)(p) for p in two], [32 << 20] * 2)
+        self.assertEqual([nccl_chunk_bytes(two, 10_000)(p) for p in two], [4864] * 2, "5000 down to a multiple of 256")
+        self.assertEqual([nccl_chunk_bytes(two, 1000)(p) for p in two], [500] * 2, "under 512: as divided")
+        self.assertEqual(nccl_chunk_bytes([pair(0, 1)], 3)(pair(0, 1)), 3, "one stream each: the chunk itself")
+        three = [pair(0, 1), pair(0, 2), pair(0, 3)]
+        self.assertEqual([nccl_chunk_bytes(three, 2)(p) for p in three], [1, 1, 1], "never under one byte")
+
 
 def member_bytes(layouts: list[Any], rank: int) -> int:
     return sum(p.bytes for p in plan_sharded(layouts).pairs if p.dst == rank)

@@ -19,7 +19,7 @@ import type { NcclCommunicator } from '../../src/nccl/communicator.js';
 import { HostArray } from '../../src/tensors/index.js';
 import { IpcError } from '../../src/errors.js';
 import {
-  LayoutBuilder, RUN_FIELDS, ShardGroup, type CopyBatch, type ExecutorFactory, type NcclPairs, type RunMemory, type RankLayout,
+  LayoutBuilder, RUN_FIELDS, ShardGroup, type CopyBatch, type PlanPair, type ExecutorFactory, type NcclPairs, type RunMemory, type RankLayout,
 } from '../../src/tensors/sharded/index.js';
 import { copyHostRuns } from '../../src/tensors/sharded/host-copy.js';
 import { fakeNccl, noFakeNccl } from '../helpers/fake-nccl.js';
@@ -61,8 +61,9 @@ function executors(calls: MoveCall[], recvFails?: { afterFailure: () => void }):
   return {
     device: () => ({ copy: async (b: CopyBatch) => copyHostRuns({ destinations: asHost(b.destinations), pairs: b.pairs.map((p) => ({ pair: p.pair, sources: asHost(p.sources) })) }), close: async () => {} }),
     nccl: () => ({
-      async move(comm: NcclCommunicator, commRank: (r: number) => number, pairs: NcclPairs, sources: readonly RunMemory[], destinations: readonly RunMemory[], chunkBytes: number) {
-        calls.push({ rank: comm.rank, nranks: comm.nranks, commRanks: [0, 1].map(commRank), sends: pairs.sends.map((p) => `${p.src}->${p.dst}`), recvs: pairs.recvs.map((p) => `${p.src}->${p.dst}`), chunkBytes });
+      async move(comm: NcclCommunicator, commRank: (r: number) => number, pairs: NcclPairs, sources: readonly RunMemory[], destinations: readonly RunMemory[], chunkBytes: number | ((p: PlanPair) => number)) {
+        const pair = pairs.sends[0] ?? pairs.recvs[0]!;
+        calls.push({ rank: comm.rank, nranks: comm.nranks, commRanks: [0, 1].map(commRank), sends: pairs.sends.map((p) => `${p.src}->${p.dst}`), recvs: pairs.recvs.map((p) => `${p.src}->${p.dst}`), chunkBytes: typeof chunkBytes === 'number' ? chunkBytes : chunkBytes(pair) });
         const src = sources.map(bytesOf);
         for (const p of pairs.sends) mail.set(`${p.src}->${p.dst}`, pack(p, src));
         const dst = destinations.map(bytesOf);

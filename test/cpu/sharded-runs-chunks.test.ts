@@ -5,8 +5,8 @@
 // of staged pieces; runs past a memory's extent refused with the tensor and the range.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { planSharded, RUN_FIELDS } from '../../src/tensors/sharded/index.js';
-import { checkRunBounds, copyRunsTable, CopyRunsTableBuilder, pairChunks, pieceRows, planRounds, runRows, streamBytes, toAddress, SLOT_ALIGN, type PairChunk, type RunSide } from '../../src/tensors/sharded/pair-stream.js';
+import { planSharded, RUN_FIELDS, type PlanPair } from '../../src/tensors/sharded/index.js';
+import { checkRunBounds, copyRunsTable, ncclChunkBytes, CopyRunsTableBuilder, pairChunks, pieceRows, planRounds, runRows, streamBytes, toAddress, SLOT_ALIGN, type PairChunk, type RunSide } from '../../src/tensors/sharded/pair-stream.js';
 import { CHUNK_BYTES, planRuns } from '../../src/tensors/kernels.js';
 import { scenarios } from './sharded-scenarios.js';
 
@@ -250,4 +250,25 @@ test('rounds: round k holds chunk k of every stream that has one; staged chunks 
   }
   assert.deepEqual(planRounds([pairChunks(flat, 'src', 256)]).slotBytes, 0, 'direct chunks need no staging');
   assert.deepEqual(planRounds([]), { rounds: [], slotBytes: 0 });
+});
+
+// The chunk rule both languages follow (PROTOCOL.md 9.3; python/tests/test_sharded_nccl_chunks twin, same figures).
+test('ncclChunkBytes: the plan\'s chunk over the busier rank\'s NCCL streams, down to 256 where 512 or more remain; both ends alike; a round of a rank within the chunk', () => {
+  const pair = (src: number, dst: number, path: 'nccl' | 'ipc' | 'local' = 'nccl') => ({ src, dst, path, bytes: 1, runs: new Float64Array(0) }) as unknown as PlanPair;
+  // Sources 0, 1; destinations 2..5 (two replicas of TP2): sources have 4 streams, destinations 2.
+  const pairs = [0, 1].flatMap((s) => [2, 3, 4, 5].map((d) => pair(s, d)));
+  const chunkOf = ncclChunkBytes([...pairs, pair(2, 2, 'local'), pair(0, 1, 'ipc')], 64 << 20);
+  assert.deepEqual(pairs.map(chunkOf), Array(8).fill(16 << 20), 'every pair touches a source with 4 streams');
+  for (const r of [0, 1, 2, 3, 4, 5]) {
+    const round = pairs.filter((p) => p.src === r || p.dst === r).reduce((n, p) => n + chunkOf(p), 0);
+    assert.ok(round <= 64 << 20, `rank ${r}'s round holds ${round} bytes`);
+  }
+  // Two colocated ranks: each sends one and receives one stream.
+  const two = [pair(0, 1), pair(1, 0)];
+  assert.deepEqual(two.map(ncclChunkBytes(two, 64 << 20)), [32 << 20, 32 << 20]);
+  assert.deepEqual(two.map(ncclChunkBytes(two, 10_000)), [4864, 4864], '5000 down to a multiple of 256');
+  assert.deepEqual(two.map(ncclChunkBytes(two, 1000)), [500, 500], 'under 512: as divided');
+  assert.deepEqual([pair(0, 1)].map(ncclChunkBytes([pair(0, 1)], 3)), [3], 'one stream each: the chunk itself');
+  const three = [pair(0, 1), pair(0, 2), pair(0, 3)];
+  assert.deepEqual(three.map(ncclChunkBytes(three, 2)), [1, 1, 1], 'never under one byte');
 });

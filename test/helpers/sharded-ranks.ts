@@ -30,7 +30,7 @@ export async function twoRanks(child: URL, env: NodeJS.ProcessEnv | ((rank: numb
  * and copies its local runs): repeated, two chunk sizes (a chunk of 10,000 bytes cuts strided
  * runs mid-block); every destination byte checked in each rank; then a collective close.
  */
-export async function moverSyncs(t: TestContext, ranks: readonly Rank[], slots: 1 | 2 = 1): Promise<void> {
+export async function moverSyncs(t: TestContext, ranks: readonly Rank[], slots: 1 | 2 = 2): Promise<void> {
   const nodes = ['a', 'b'];
   for (const [seed, chunkBytes] of [[1, 10_000], [2, 10_000], [3, 1 << 20], [4, 10_000]] as const) {
     const replies = await within(Promise.all(ranks.map((r) => ask(r.link, { op: 'sync', nodes, seed, chunkBytes }))), 300_000, `sync ${seed}`);

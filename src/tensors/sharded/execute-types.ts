@@ -41,11 +41,12 @@ export interface NcclPairs {
 export interface NcclRunMover {
   /**
    * Queues every round and resolves once this rank's last byte was sent and received (and
-   * scattered). `commRank` maps a group rank to its rank in `comm`. Resolves with the staging bytes
-   * it used (one slot of one round's staged bytes; two with the mover's `slots: 2`).
+   * scattered). `commRank` maps a group rank to its rank in `comm`; `chunkBytes` is every pair's
+   * chunk, or each pair's (the group gives ncclChunkBytes: a rank's round then stays within the
+   * plan's chunk). Resolves with the staging bytes it used (each slot one round's staged chunks).
    */
   move(comm: NcclCommunicator, commRank: (rank: number) => number, pairs: NcclPairs,
-    sources: readonly RunMemory[], destinations: readonly RunMemory[], chunkBytes: number): Promise<{ staging: number }>;
+    sources: readonly RunMemory[], destinations: readonly RunMemory[], chunkBytes: number | ((pair: PlanPair) => number)): Promise<{ staging: number }>;
   /** Frees staging, tables, streams and events once nothing queued uses them. */
   close(): Promise<void>;
 }

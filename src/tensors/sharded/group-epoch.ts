@@ -15,6 +15,7 @@ import type { CopyBatch, NcclRunMover, RunCopier, RunMemory } from './execute-ty
 import type { PlanPair, PlanPath, ShardPlan } from './plan.js';
 import type { RankLayout } from './layout.js';
 import { RUN_FIELDS } from './runs.js';
+import { ncclChunkBytes } from './pair-stream.js';
 import { dtypeInfo } from '../../ipc/dtype.js';
 
 /** What a sync did. */
@@ -134,6 +135,8 @@ export class Epoch {
   readonly #copying = new Set<string>();
   readonly #receiving = new Set<string>();
   #batch: CopyBatch | undefined;
+  /** Each NCCL pair's chunk (the same at both of its ranks). */
+  readonly #chunkOf: (pair: PlanPair) => number;
   comm: NcclCommunicator | undefined;
   ncclRanks: readonly number[] = [];
 
@@ -143,6 +146,7 @@ export class Epoch {
     const by = (path: PlanPath, side: 'src' | 'dst', other?: boolean): PlanPair[] => init.plan.pairs.filter((p) => p.path === path && p[side] === me && (other === undefined || (p.src !== p.dst) === other));
     this.#pairs = { local: by('local', 'dst'), ipcIn: by('ipc', 'dst'), ipcOut: by('ipc', 'src'), ncclSend: by('nccl', 'src'), ncclRecv: by('nccl', 'dst') };
     this.#failed = new Promise((resolve) => { this.#markFailed = resolve; });
+    this.#chunkOf = ncclChunkBytes(init.plan.pairs, init.chunkBytes);
   }
 
   get failure(): IpcError | undefined { return this.#failure; }
@@ -283,7 +287,7 @@ export class Epoch {
         const t1 = performance.now();
         this.#mark(this.#receiving, this.#pairs.ncclRecv);
         const r = await this.init.mover().move(comm, (rank) => this.ncclRanks.indexOf(rank), { sends: this.#pairs.ncclSend, recvs: this.#pairs.ncclRecv },
-          this.init.sources.map(runMemory), this.init.destinations.map(runMemory), this.init.chunkBytes)
+          this.init.sources.map(runMemory), this.init.destinations.map(runMemory), this.#chunkOf)
           .catch(async (e: unknown) => { throw await this.#ncclFailure(version, e); });
         if (!this.#failure) this.#receiving.clear();
         staging = r.staging;

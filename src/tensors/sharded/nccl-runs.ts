@@ -3,16 +3,17 @@
 // of chunk k of every pair it is in, so no order of pairs can deadlock. A chunk that is one range
 // of a local tensor goes straight from or into it; the others go through staging slots (each one
 // round's staged chunks): gathered by copy_runs before the send, scattered after the receive, on a
-// copy stream beside NCCL's. One slot (the default: at most a send and a receive chunk per pair of
-// the rank, issue 37's "two chunks per rank") lets gather k+1 follow scatter k, so the transfers
-// wait for the copies between rounds: on NCCL's network path, where the group uses it, that cost
-// nothing measurable (bench:sharded: 1.03x the limit with one slot, within the limit's noise with
-// two). Two slots (options.slots = 2) double buffer, so that round k+1's gather and round k's
-// scatter overlap the transfers:
+// copy stream beside NCCL's. With the group's chunk per pair (ncclChunkBytes: the plan's chunk over
+// the busier rank's streams) a round of a rank stages at most one chunk, so the two slots of the
+// default stay within issue 37's two chunks per rank. Two slots double buffer, so that round k+1's
+// gather and round k's scatter overlap the transfers:
 //
 //   copy stream:  gather 0 | gather 1 | wait sent[0], scatter 0 | gather 2 | wait sent[1], scatter 1 ...
 //                 (gather k records ready[k%2]; it follows scatter k-2 of the same slot in this order)
 //   NCCL stream:  wait ready[0], round 0, record sent[0] | wait ready[1], round 1, record sent[1] ...
+//
+// One slot (options.slots = 1) halves the staging: gather k+1 follows scatter k, so the transfers
+// wait for the copies between rounds (on NCCL's network path that cost nothing measurable).
 //
 // Everything is queued up front; the CPU waits once at the end.
 import { invalidArgValue } from '../../arg-errors.js';
@@ -27,7 +28,7 @@ import { CHUNK_BYTES, launchCopyRuns, sameBytes } from '../kernels.js';
 import { deviceMemories } from './device-copy.js';
 import type { NcclPairs, NcclRunMover, RunMemory } from './execute-types.js';
 import type { PlanPair } from './plan.js';
-import { checkRunBounds, copyRunsTable, pairChunks, planRounds, roundAddresses, sameMemories, toAddress, type CopyRows, type PairChunk, type RoundEntry } from './pair-stream.js';
+import { checkRunBounds, copyRunsTable, type ChunkSize, pairChunks, planRounds, roundAddresses, sameMemories, toAddress, type CopyRows, type PairChunk, type RoundEntry } from './pair-stream.js';
 
 const ROW_BYTES = 32;
 
@@ -40,7 +41,7 @@ interface PairStream { pair: PlanPair; send: boolean; peer: number; chunks: Pair
 /** What a move queues, kept while the same pairs, memories and chunk size come again. */
 interface Prepared {
   key: {
-    comm: NcclCommunicator; chunkBytes: number; peers: string; pairs: readonly PlanPair[]; sends: number;
+    comm: NcclCommunicator; chunkBytes: ChunkSize; peers: string; pairs: readonly PlanPair[]; sends: number;
     sources: readonly RunMemory[]; destinations: readonly RunMemory[];
   };
   streams: PairStream[];
@@ -58,7 +59,7 @@ interface Prepared {
 
 /** Options of ncclRunMover. */
 export interface NcclRunMoverOptions {
-  /** Staging slots, each one round's staged chunks: 1 (default), or 2 to overlap the copies with the transfers at twice the memory. */
+  /** Staging slots, each one round's staged chunks: 2 (default) overlaps the copies with the transfers, 1 halves the memory. */
   slots?: 1 | 2;
 }
 
@@ -82,7 +83,7 @@ class DeviceNcclRunMover implements NcclRunMover {
   }
 
   move(comm: NcclCommunicator, commRank: (rank: number) => number, pairs: NcclPairs, sources: readonly RunMemory[],
-    destinations: readonly RunMemory[], chunkBytes: number): Promise<{ staging: number }> {
+    destinations: readonly RunMemory[], chunkBytes: ChunkSize): Promise<{ staging: number }> {
     if (this.#closed) return Promise.reject(new IpcError('ERR_CLOSED', 'the NCCL mover was closed: create a new one'));
     const run = this.#tail.then(() => this.#move(comm, commRank, pairs, sources, destinations, chunkBytes));
     this.#tail = run.catch(() => {});
@@ -90,7 +91,7 @@ class DeviceNcclRunMover implements NcclRunMover {
   }
 
   async #move(comm: NcclCommunicator, commRank: (rank: number) => number, pairs: NcclPairs, sources: readonly RunMemory[],
-    destinations: readonly RunMemory[], chunkBytes: number): Promise<{ staging: number }> {
+    destinations: readonly RunMemory[], chunkBytes: ChunkSize): Promise<{ staging: number }> {
     if (this.#closed) throw new IpcError('ERR_CLOSED', 'the NCCL mover was closed: create a new one');
     if (comm.closed) throw new IpcError('ERR_NCCL', 'the NCCL runs cannot move: the communicator was closed or aborted');
     const p = this.#prepare(comm, commRank, pairs, sources, destinations, chunkBytes);
@@ -148,7 +149,7 @@ class DeviceNcclRunMover implements NcclRunMover {
 
   /** Checks the pairs and memories, cuts the streams, lays out rounds, slots and the run table. */
   #prepare(comm: NcclCommunicator, commRank: (rank: number) => number, pairs: NcclPairs, sources: readonly RunMemory[],
-    destinations: readonly RunMemory[], chunkBytes: number): Prepared {
+    destinations: readonly RunMemory[], chunkBytes: ChunkSize): Prepared {
     const peers = [...pairs.sends.map((p) => commRank(p.dst)), ...pairs.recvs.map((p) => commRank(p.src))];
     // The same plan pairs (objects: a re-plan makes new ones), peers and memories: what was laid out holds.
     const key: Prepared['key'] = { comm, chunkBytes, peers: peers.join(','), pairs: [...pairs.sends, ...pairs.recvs], sends: pairs.sends.length, sources, destinations };
@@ -165,7 +166,7 @@ class DeviceNcclRunMover implements NcclRunMover {
       if (!Number.isSafeInteger(peer) || peer < 0 || peer >= comm.nranks || peer === comm.rank) {
         throw new IpcError('ERR_OUT_OF_RANGE', `${what}: rank ${send ? pair.dst : pair.src} maps to communicator rank ${peer}, not a peer of rank ${comm.rank} among ${comm.nranks}`);
       }
-      streams.push({ pair, send, peer, chunks: pairChunks(pair.runs, send ? 'src' : 'dst', chunkBytes) });
+      streams.push({ pair, send, peer, chunks: pairChunks(pair.runs, send ? 'src' : 'dst', typeof chunkBytes === 'number' ? chunkBytes : chunkBytes(pair)) });
     };
     for (const pair of pairs.sends) add(pair, true);
     for (const pair of pairs.recvs) add(pair, false);
@@ -281,7 +282,7 @@ function sameSlots(a: readonly bigint[], b: readonly DeviceBuffer[]): boolean {
 
 /** The NCCL mover on `device` (the rank's GPU, the communicator's device). */
 export function ncclRunMover(device: Device, options: NcclRunMoverOptions = {}): NcclRunMover {
-  const slots = options.slots ?? 1;
+  const slots = options.slots ?? 2;
   if (slots !== 1 && slots !== 2) throw invalidArgValue(`ncclRunMover: options.slots is 1 or 2 (staging slots); got ${String(slots)}`);
   return new DeviceNcclRunMover(device, slots);
 }

@@ -7,6 +7,7 @@
 import { IpcError } from '../../errors.js';
 import { RUN_FIELDS } from './runs.js';
 import type { CopyBatch, RunMemory } from './execute-types.js';
+import type { PlanPair } from './plan.js';
 
 /** Which side of a pair's runs: the source rank's tensors or the destination rank's. */
 export type RunSide = 'src' | 'dst';
@@ -99,6 +100,29 @@ export function streamBytes(runs: Float64Array): number {
 }
 
 interface Segment { pos: number; tensor: number; offset: number; bytes: number; count: number; stride: number }
+
+/** A pair's chunk size in bytes: the same number at both of its ranks. */
+export type ChunkSize = number | ((pair: PlanPair) => number);
+
+/**
+ * The chunk of each NCCL pair of a plan (PROTOCOL.md 9.3): `chunkBytes` over the NCCL streams
+ * (pairs it sends or receives) of the busier of the pair's two ranks, down to a multiple of 256
+ * where that leaves at least 512. A round holds one chunk of each of a rank's streams, so a rank's
+ * round stays within `chunkBytes` whatever its fan-out; both ranks of a pair, knowing the whole
+ * plan, compute the same size.
+ */
+export function ncclChunkBytes(pairs: readonly PlanPair[], chunkBytes: number): (pair: PlanPair) => number {
+  const streams = new Map<number, number>();
+  for (const p of pairs) {
+    if (p.path !== 'nccl') continue;
+    streams.set(p.src, (streams.get(p.src) ?? 0) + 1);
+    streams.set(p.dst, (streams.get(p.dst) ?? 0) + 1);
+  }
+  return (p) => {
+    const c = Math.floor(chunkBytes / Math.max(streams.get(p.src) ?? 1, streams.get(p.dst) ?? 1));
+    return c >= 512 ? c - (c % SLOT_ALIGN) : Math.max(1, c);
+  };
+}
 
 /**
  * A pair's packed stream on `side`, cut into chunks of `chunkBytes` (the last one shorter). A

@@ -368,12 +368,12 @@ class RankControl:
         plan = self._plan
         assert plan is not None
         from .host_copy import DeviceMemory
-        from .nccl_runs import NcclRunMover
+        from .nccl_runs import NcclRunMover, nccl_chunk_bytes
         sends = [p for p in plan.pairs if p.path == "nccl" and p.src == self.rank]
         recvs = [p for p in plan.pairs if p.path == "nccl" and p.dst == self.rank]
         try:
             self._mover = NcclRunMover(self._layout.gpu, sends, recvs, [m for m in self._src_mem if isinstance(m, DeviceMemory)],
-                                       [m for m in self._dst_mem if isinstance(m, DeviceMemory)], self._chunk_bytes, ranks.index)
+                                       [m for m in self._dst_mem if isinstance(m, DeviceMemory)], nccl_chunk_bytes(plan.pairs, self._chunk_bytes), ranks.index)
         except BaseException:
             comm.abort()
             raise

@@ -1,15 +1,16 @@
 """The NCCL path of a sharded sync (docs/PROTOCOL.md 9.3; src/tensors/sharded/nccl-runs.ts): each
-pair's byte stream (its runs in plan order, each run's count*bytes bytes packed) cut into chunks of
-``chunk_bytes``; round k is ONE ``comm.group()`` holding this rank's send or receive of chunk k of
+pair's byte stream (its runs in plan order, each run's count*bytes bytes packed) cut into chunks
+(``nccl_chunk_bytes``: the plan's chunk over the busier rank's NCCL streams); round k is ONE ``comm.group()`` holding this rank's send or receive of chunk k of
 every NCCL pair it is in (pairs without a chunk k skip), so no order of pairs can deadlock and a
 Node rank's rounds match these. A chunk that is one range of a local tensor goes straight from or
 into it; the others go through a staging slot of one round's staged chunks: gathered by copy_runs
 before the send, scattered after the receive, all on one stream (so the slot is free again for the
-next round's gather; staging is one round's staged bytes, at most one chunk per pair). The CPU
+next round's gather; staging is one round's staged bytes, at most one plan chunk). The CPU
 waits once at the end, polling the stream so that a failure elsewhere in the group (``stop``),
 NCCL's own asynchronous error or the deadline aborts the communicator instead of hanging.
 
-``pair_chunks`` and ``plan_rounds`` are pure (the CPU tests check them); ``NcclRunMover`` runs them."""
+``nccl_chunk_bytes``, ``pair_chunks`` and ``plan_rounds`` are pure (the CPU tests check them);
+``NcclRunMover`` runs them."""
 from __future__ import annotations
 
 import ctypes
@@ -27,6 +28,23 @@ from .plan import PlanPair
 
 #: Each staged chunk starts at a multiple of this in the slot (copy_runs' 16-byte loads, NCCL's alignment).
 SLOT_ALIGN = 256
+
+
+def nccl_chunk_bytes(pairs: Sequence[PlanPair], chunk_bytes: int) -> Callable[[PlanPair], int]:
+    """The chunk of each NCCL pair of a plan (PROTOCOL.md 9.3; Node: ncclChunkBytes): ``chunk_bytes`` over
+    the NCCL streams (pairs it sends or receives) of the busier of the pair's two ranks, down to a
+    multiple of 256 where that leaves at least 512. A rank's round then stays within ``chunk_bytes``
+    whatever its fan-out, and both ranks of a pair compute the same size."""
+    streams: dict[int, int] = {}
+    for p in pairs:
+        if p.path == "nccl":
+            streams[p.src] = streams.get(p.src, 0) + 1
+            streams[p.dst] = streams.get(p.dst, 0) + 1
+
+    def chunk_of(p: PlanPair) -> int:
+        c = chunk_bytes // max(streams.get(p.src, 1), streams.get(p.dst, 1))
+        return c - c % SLOT_ALIGN if c >= 512 else max(1, c)
+    return chunk_of
 
 
 @dataclass(frozen=True)
@@ -117,7 +135,7 @@ class NcclRunMover:
     """Moves one rank's NCCL runs of each sync on GPU ``ordinal`` (prepared once per epoch)."""
 
     def __init__(self, ordinal: int, sends: Sequence[PlanPair], recvs: Sequence[PlanPair], sources: Sequence[DeviceMemory],
-                 destinations: Sequence[DeviceMemory], chunk_bytes: int, comm_rank: Callable[[int], int]):
+                 destinations: Sequence[DeviceMemory], chunk_bytes: int | Callable[[PlanPair], int], comm_rank: Callable[[int], int]):
         for p in sends:
             check_run_bounds(p, [m.extent for m in sources], [1 << 62] * (1 + max((r.dst_tensor for r in p.runs), default=0)))
         for p in recvs:
@@ -125,7 +143,13 @@ class NcclRunMover:
         self.ordinal = ordinal
         self._peers = [comm_rank(p.dst) for p in sends] + [comm_rank(p.src) for p in recvs]
         self._send = [True] * len(sends) + [False] * len(recvs)
-        streams = [pair_chunks(p, sources, True, chunk_bytes) for p in sends] + [pair_chunks(p, destinations, False, chunk_bytes) for p in recvs]
+        chunk_of: Callable[[PlanPair], int]
+        if callable(chunk_bytes):
+            chunk_of = chunk_bytes
+        else:
+            size = chunk_bytes
+            chunk_of = lambda _pair: size  # noqa: E731
+        streams = [pair_chunks(p, sources, True, chunk_of(p)) for p in sends] + [pair_chunks(p, destinations, False, chunk_of(p)) for p in recvs]
         _, slot_bytes = plan_rounds(streams, 0)
         self._slot = 0
         self._stream = 0
