@@ -63,6 +63,34 @@ class ListenerTests(unittest.TestCase):
             self.assertEqual(out.get("end"), "ERR_LINK_CLOSED", "the client saw the listener close its side")
         self.assertFalse(os.path.exists(os.path.join(self.dir, "weights-test.sock")), "close removed the socket file")
 
+    def test_timeout_0_tries_once_and_a_listener_that_is_there_gets_the_default_time_for_its_handshake(self):
+        with listen("once", directory=self.dir) as server:
+            out: dict = {}
+
+            def client():
+                try:
+                    with connect("once", directory=self.dir, timeout=0) as link:
+                        out["connected"] = True
+                        link.send("through the link")
+                        link.receive(timeout=5)  # until the listener's side closes
+                except IpcError as e:
+                    out.setdefault("connected", False)
+                    out["code"] = e.code
+            t = threading.Thread(target=client)
+            t.start()
+            # The listener answers handshakes in accept(): a slow one. What is left of a 0 s timeout
+            # (as there was) runs out meanwhile; the default allowance does not.
+            time.sleep(0.3)
+            link = server.accept(timeout=5)
+            self.assertEqual(link.receive(timeout=5), "through the link")
+            link.close()
+            t.join(5)
+            self.assertFalse(t.is_alive())
+            self.assertEqual(out.get("connected"), True, out)
+        with self.assertRaises(IpcError) as cm:
+            connect("once", directory=self.dir, timeout=0)
+        self.assertEqual(cm.exception.code, "ERR_NO_LISTENER", "nobody there: at once")
+
     def test_a_live_name_is_refused_and_a_stale_socket_replaced(self):
         with listen("taken", directory=self.dir):
             with self.assertRaises(IpcError) as cm:

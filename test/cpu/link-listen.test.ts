@@ -149,6 +149,30 @@ test('the socket file appears with its final mode, nothing planted at the name i
   }
 });
 
+test('timeout: 0 tries once, and a listener that is there gets the default time for its handshake', async () => {
+  const dir = tempDir();
+  const listener = listen('once', { directory: dir });
+  const { child, link } = await spawn(new URL('../fixtures/connect-once-child.js', import.meta.url));
+  try {
+    const accepted = listener.accept({ timeout: 30_000 });
+    link.send({ name: 'once', directory: dir });
+    // This process, the listener, answers the handshake only after a stall: an allowance of what
+    // is left of a 0 ms timeout (as there was) runs out meanwhile; the default one does not.
+    const stallUntil = Date.now() + 300;
+    while (Date.now() < stallUntil) { /* busy: the listener cannot answer */ }
+    assert.deepEqual(await recv(link), { connected: true });
+    const peer = await accepted;
+    link.send('through the link');
+    assert.equal(await peer.receive({ signal: AbortSignal.timeout(10_000) }), 'through the link');
+    peer.close();
+  } finally {
+    link.close();
+    if (child.exitCode === null) await once(child, 'exit');
+    listener.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('bad names, missing listeners and unsafe directories give clear errors', async () => {
   for (const bad of ['', 'a/b', '../x', '.hidden', 'a b', 'x'.repeat(101), 'nul\0']) {
     assert.throws(() => listen(bad), argError('ERR_INVALID_ARG_VALUE'), JSON.stringify(bad));

@@ -70,7 +70,8 @@ export interface ConnectOptions extends LinkOptions {
    * while the socket file is missing or stale, its backlog full, or it refuses as busy) and for
    * the handshake (default 10 s). Then the promise rejects with ERR_TIMEOUT, or ERR_LISTENER_BUSY
    * when the listener stayed busy. 0: try once, and fail with ERR_NO_LISTENER at once when nobody
-   * listens.
+   * listens (ERR_LISTENER_BUSY when it refuses as busy); a listener that is there gets the default
+   * 10 s for the handshake, as a TCP connect's does.
    */
   timeout?: number;
   /** The older name of `timeout`. */
@@ -397,6 +398,8 @@ function pendingBounds(options: ListenOptions): { maxPending: number; maxPending
 }
 
 /** The first and the longest pause between tries while no listener is there. */
+/** connect()'s timeout when none is given, and the handshake's with `timeout: 0`. */
+const DEFAULT_CONNECT_MS = 10_000;
 const RETRY_FIRST_MS = 5;
 const RETRY_MOST_MS = 250;
 
@@ -428,7 +431,7 @@ async function connectUnix(name: string, options: ConnectOptions): Promise<Link>
   checkOptionKeys(options, CONNECT_OPTION_KEYS, 'connect', { handshakeTimeoutMs: 'connect() takes timeout (ms) for the whole wait, handshake included' });
   const limits = linkLimits(options, 'options');
   const signal = checkSignal(options.signal);
-  const timeoutMs = checkTimeout(options.timeout ?? options.timeoutMs, options.timeout !== undefined ? 'options.timeout' : 'options.timeoutMs') ?? 10_000;
+  const timeoutMs = checkTimeout(options.timeout ?? options.timeoutMs, options.timeout !== undefined ? 'options.timeout' : 'options.timeoutMs') ?? DEFAULT_CONNECT_MS;
   const path = socketPath(name, options.directory);
   const deadline = Date.now() + timeoutMs;
   if (signal?.aborted) throw abortError(signal.reason, 'connect');
@@ -442,7 +445,8 @@ async function connectUnix(name: string, options: ConnectOptions): Promise<Link>
       verifyPeer: true,
       allowUids: options.allowUids ?? [],
       helloFirst: true,
-      handshakeTimeoutMs: Math.max(1, deadline - Date.now()),
+      // Try once (0) reaches the listener once; its handshake still gets the default time.
+      handshakeTimeoutMs: timeoutMs === 0 ? DEFAULT_CONNECT_MS : Math.max(1, deadline - Date.now()),
       peerName: `listener '${name}'`,
       limits,
     });

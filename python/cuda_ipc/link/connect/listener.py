@@ -227,7 +227,8 @@ def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int
             max_message_bytes: int | None = None) -> Link:
     """Connects to the Node ``listen(name)`` (a socket in the same per-user directory, or ``directory``)
     and returns the link once its handshake succeeded. Waits for the listener to appear, up to
-    ``timeout`` seconds (0: fail at once with ERR_NO_LISTENER), as the Node side's connect() does; a
+    ``timeout`` seconds (0: try once, and fail at once with ERR_NO_LISTENER when nobody listens; a
+    listener that is there gets 10 s for the handshake), as the Node side's connect() does; a
     listener that refuses as busy (ERR_LISTENER_BUSY) is tried again until then too."""
     path = socket_path(name, directory)
     deadline = time.monotonic() + timeout
@@ -240,7 +241,8 @@ def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int
         try:
             if link.closed:
                 raise link._closed_error("connect")
-            link._wait_open(max(0.001, deadline - time.monotonic()))
+            # Try once (0) reaches the listener once; its handshake still gets the default time.
+            link._wait_open(10.0 if timeout == 0 else max(0.001, deadline - time.monotonic()))
             return link
         except IpcError as e:
             # A last try that the deadline cut short is still that listener being busy.
