@@ -155,6 +155,10 @@ class FsdpToTensorParallel(unittest.TestCase):
                 self.assertEqual(r.received, sum(p.bytes for p in whole.pairs if p.dst == x.rank))
                 self.assertEqual(r.paths["ipc"], r.received, "one node: every run goes over IPC")
             self.assertGreater(results[2].received, 0)
+            with self.assertRaises(IpcError) as cm:
+                g.groups[0].sync(5, stream=1)
+            self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
+            self.assertIn("stream is for device memory; rank 0 holds host memory", str(cm.exception))
         finally:
             g.close()
         # Nothing stays: every link, listener, mapping and thread of the four ranks goes with close().

@@ -9,7 +9,7 @@ import unittest
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
-from cuda_ipc import HostArray
+from cuda_ipc import HostArray, IpcError
 from cuda_ipc.tensors.sharded import ShardError, ShardGroup
 from cuda_ipc.tensors.sharded.plan import PlanPair
 from cuda_ipc.tensors.sharded.runs import PlanRun
@@ -132,6 +132,25 @@ class FakeDevices(unittest.TestCase):
             self.assertIn("its NCCL transfers failed", str(e))
             self.assertIn("the hub named none", str(e))
             self.assertEqual(e.detail["version"], 2)
+
+    def test_a_sync_given_the_sources_stream_waits_for_it_and_not_the_whole_gpu(self):
+        class TorchLikeStream:
+            cuda_stream = 0x5157
+
+        def with_streams(groups: list[ShardGroup], pool: ThreadPoolExecutor) -> None:
+            syncs, stream_syncs = self.fake.syncs, len(self.fake.stream_syncs)
+            results = [f.result(timeout=30) for f in [pool.submit(g.sync, 30, s) for g, s in zip(groups, (0x5156, TorchLikeStream()))]]
+            self.assertEqual([r.version for r in results], [3, 3])
+            self.assertEqual(self.fake.syncs, syncs, "no context-wide synchronize")
+            waited = self.fake.stream_syncs[stream_syncs:]
+            self.assertEqual([h for h in waited if h in (0x5156, 0x5157)].count(0x5156), 1, "rank 0's stream, given as an int")
+            self.assertEqual(waited.count(0x5157), 1, "rank 1's, given as a torch.cuda.Stream's cuda_stream")
+            for bad in ("stream 1", -1, True):
+                with self.assertRaises(IpcError) as cm:
+                    groups[0].sync(30, bad)
+                self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
+                self.assertIn("must be a CUDA stream", str(cm.exception))
+        self.sync_pair(("a", "b"), then=with_streams)
 
     def sync_pair(self, nodes: tuple[str, str], then: Callable[[list[ShardGroup], ThreadPoolExecutor], None] | None = None) -> list[Any]:
         import ctypes

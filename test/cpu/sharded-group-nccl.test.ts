@@ -14,6 +14,8 @@ import { test, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { DeviceArray } from '../../src/arrays/device-array.js';
+import { Device } from '../../src/cuda/device.js';
+import { Stream } from '../../src/cuda/stream.js';
 import { NCCL_LIBRARY_ENV } from '../../src/nccl/discovery.js';
 import type { NcclCommunicator } from '../../src/nccl/communicator.js';
 import { HostArray } from '../../src/tensors/index.js';
@@ -124,9 +126,19 @@ test('NCCL pairs: one communicator per epoch over the ranks with NCCL pairs, the
     assert.deepEqual(a.paths, { local: 32, ipc: 0, nccl: 32 }, 'rank 1: its own rows locally, rank 0\'s over NCCL');
     assert.deepEqual(Array.from(out.read() as Float32Array), Array.from({ length: 16 }, (_, i) => 10 * step + i));
   }
+  // sync({ stream }): each rank waits for the stream its sources were written on, not the whole device.
+  const streams = [hub, member].map(() => Stream.create(Device.get(0)));
+  const syncsBefore = fake.calls.get('ctxSynchronize') ?? 0;
+  shards.forEach((a, r) => a.write(Float32Array.from({ length: 8 }, (_, i) => 30 + 8 * r + i)));
+  const [s3] = await Promise.all([hub.sync({ stream: streams[0]! }), member.sync({ stream: streams[1]! })]);
+  assert.equal(s3.version, 3);
+  assert.deepEqual(Array.from(out.read() as Float32Array), Array.from({ length: 16 }, (_, i) => 30 + i));
+  assert.equal((fake.calls.get('ctxSynchronize') ?? 0) - syncsBefore, 0, 'no device-wide synchronise');
+  await assert.rejects(hub.sync({ stream: 5 as unknown as Stream }), (e: Error & { code?: string }) => e.code === 'ERR_INVALID_ARG_TYPE' && /options.stream must be a Stream/.test(e.message));
+  for (const st of streams) st.close();
   const mine = calls.filter((c) => c.recvs.length > 0);
   const theirs = calls.filter((c) => c.sends.length > 0);
-  assert.equal(mine.length, 2);
+  assert.equal(mine.length, 3);
   assert.deepEqual(mine[0], { rank: 1, nranks: 2, commRanks: [0, 1], sends: [], recvs: ['0->1'], chunkBytes: 4096 });
   assert.deepEqual(theirs[0], { rank: 0, nranks: 2, commRanks: [0, 1], sends: ['0->1'], recvs: [], chunkBytes: 4096 });
   // A re-plan: a new epoch, a new communicator; the old one ended.
@@ -134,7 +146,7 @@ test('NCCL pairs: one communicator per epoch over the ranks with NCCL pairs, the
   await waitUntil(() => member.epoch === 2 && member.state === 'ready', 'the member at epoch 2');
   assert.equal(initLines().length - before, 4, 'epoch 2 made one more communicator (two ranks)');
   const [a] = await Promise.all([hub.sync(), member.sync()]);
-  assert.equal(a.version, 3);
+  assert.equal(a.version, 4);
   await member.close();
   await hub.close();
   assert.equal(openCommunicators(), 0, 'every communicator ended');

@@ -5,6 +5,7 @@
 // lost, a timeout) rejects what waits and makes every later sync of the epoch fail at once.
 import { IpcError } from '../../errors.js';
 import type { Device } from '../../cuda/device.js';
+import type { Stream } from '../../cuda/stream.js';
 import { connect } from '../../link/connect/listener.js';
 import type { Link } from '../../link/connection/link.js';
 import type { NcclCommunicator } from '../../nccl/communicator.js';
@@ -255,13 +256,16 @@ export class Epoch {
   }
 
   /** One sync of this epoch at version `version`. */
-  async sync(version: number, timeoutMs: number | undefined): Promise<ShardSyncResult> {
+  async sync(version: number, timeoutMs: number | undefined, stream?: Stream): Promise<ShardSyncResult> {
     if (this.#failure) throw this.#failure;
     const t0 = performance.now();
     let waitMs = 0; let copyMs = 0; let ncclMs = 0; let staging = 0;
     const { memory } = this.init;
-    // The sources' memory must hold this version before a peer reads it.
-    if (memory.kind === 'device' && this.init.plan.pairs.some((p) => p.src === this.init.rank)) memory.device.synchronize();
+    // The sources' memory must hold this version before a peer reads it: the stream that wrote it
+    // (waited for without blocking the event loop), else everything queued on the device.
+    if (memory.kind === 'device' && this.init.plan.pairs.some((p) => p.src === this.init.rank)) {
+      if (stream) await stream.synchronize(); else memory.device.synchronize();
+    }
     const work: Array<Promise<unknown>> = [];
     for (const peer of this.#to.values()) {
       trySend(peer.link, { shard: 'go', epoch: this.init.epoch, version });

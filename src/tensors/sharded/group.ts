@@ -7,6 +7,8 @@
 import { randomBytes } from 'node:crypto';
 import { IpcError } from '../../errors.js';
 import type { Device } from '../../cuda/device.js';
+import { Stream } from '../../cuda/stream.js';
+import { invalidArgType, invalidArgValue, received } from '../../arg-errors.js';
 import { connect, listen, type Listener } from '../../link/connect/listener.js';
 import type { TcpListener } from '../../link/connect/tcp-listener.js';
 import type { Link } from '../../link/connection/link.js';
@@ -223,10 +225,21 @@ export class ShardGroup {
 
   /**
    * Moves this version's bytes: resolves once this rank's destinations hold every byte of it and
-   * every destination this rank serves took its bytes. Rejects with ERR_SHARD_PEER_LOST (a rank
+   * every destination this rank serves took its bytes. `stream`: where this rank's sources were
+   * last written (a Stream of their device); the sync waits for it, without blocking the event
+   * loop, instead of synchronising the whole device. Rejects with ERR_SHARD_PEER_LOST (a rank
    * lost), ERR_TIMEOUT (detail.waitingFor), the version unchanged.
+   * @throws TypeError ERR_INVALID_ARG_TYPE for a `stream` that is not a Stream; ERR_INVALID_ARG_VALUE
+   * for one of another device, or on a rank whose memory is not device memory.
    */
-  async sync(options: { timeout?: number } = {}): Promise<ShardSyncResult> {
+  async sync(options: { timeout?: number; stream?: Stream } = {}): Promise<ShardSyncResult> {
+    const { stream } = options;
+    if (stream !== undefined) {
+      if (!(stream instanceof Stream)) throw invalidArgType(`sync: options.stream must be a Stream (where the sources were written). ${received(stream)}`);
+      const memory = this.#memory;
+      if (memory.kind !== 'device') throw invalidArgValue(`sync: options.stream is for device memory; rank ${this.rank} holds ${memory.kind === 'host' ? 'host memory' : 'no tensors'}`);
+      if (stream.device.ordinal !== memory.device.ordinal) throw invalidArgValue(`sync: options.stream is on GPU ${stream.device.ordinal}; rank ${this.rank}'s tensors are on GPU ${memory.device.ordinal}`);
+    }
     if (this.#syncing) throw new IpcError('ERR_INVALID_STATE', `rank ${this.rank}: a sync is already running; await it before the next`);
     this.#syncing = true;
     try {
@@ -234,7 +247,7 @@ export class ShardGroup {
       if (this.#state !== 'ready') await this.ready(options.timeout === undefined ? {} : { timeout: options.timeout });
       const epoch = this.#epoch!;
       const left = options.timeout === undefined ? undefined : Math.max(1, options.timeout - (Date.now() - start));
-      const r = await epoch.sync(this.#version + 1, left);
+      const r = await epoch.sync(this.#version + 1, left, stream);
       this.#version = r.version;
       return r;
     } catch (e) {

@@ -28,7 +28,7 @@ from ...cuda.device import Device, set_working_device
 from ...errors import IpcError
 from ...link.connect.endpoints import connect
 from ...link.connection.link import Link
-from .device_copy import DeviceRunCopier, synchronize_sources
+from .device_copy import DeviceRunCopier, stream_handle, synchronize_sources
 from .group_control import RankControl, _share, _Sync
 from .group_links import Served, ServeListener, SourceLink, read_loop, serve_name
 from .group_memory import local_memories, rank_kind
@@ -184,11 +184,19 @@ class ShardGroup(RankControl):
         with self._cond:
             return self._waiting_for(self._sync) if self._sync is not None else []
 
-    def sync(self, timeout: float | None = None) -> SyncResult:
+    def sync(self, timeout: float | None = None, stream: Any = None) -> SyncResult:
         """Moves this rank's share of the weights: returns once its destinations hold the sync's version
-        and its destinations said done. ERR_SHARD_PEER_LOST (detail ranks, half_written, version) when
-        a rank or link of the group went away, ERR_TIMEOUT (detail waiting_for) past ``timeout`` seconds;
-        both leave the group failed until it plans again (a replacement joins, or relayout())."""
+        and its destinations said done. ``stream``: where this rank's sources were last written (a
+        torch.cuda.Stream, or any object with ``cuda_stream`` or ``handle``, or an int handle); the sync
+        waits for it instead of the whole GPU. ERR_SHARD_PEER_LOST (detail ranks, half_written, version)
+        when a rank or link of the group went away, ERR_TIMEOUT (detail waiting_for) past ``timeout``
+        seconds; both leave the group failed until it plans again (a replacement joins, or relayout()).
+        ERR_INVALID_ARG for a ``stream`` that is none, or on a rank without device memory."""
+        handle = None
+        if stream is not None:
+            handle = stream_handle(stream)
+            if self._kind != "device":
+                raise IpcError("ERR_INVALID_ARG", f"sync: stream is for device memory; rank {self.rank} holds {self._kind} memory")
         deadline = None if timeout is None else time.monotonic() + timeout
         t0 = time.monotonic()
         with self._cond:
@@ -211,7 +219,7 @@ class ShardGroup(RankControl):
                 x.gos += 1
         try:
             if (s.serves or self._mover is not None) and self._kind == "device":
-                synchronize_sources(self._layout.gpu)
+                synchronize_sources(self._layout.gpu, handle)
             for x in s.served:
                 try:
                     x.link.send(go_message(s.epoch, s.version), timeout=10.0)
