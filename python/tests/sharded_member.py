@@ -64,7 +64,8 @@ def main() -> None:
                 for host, dev in zip(sources, given_sources):
                     dev.copy_(to_device(torch, host, layout.gpu))
             try:
-                r = group.sync(timeout=30)
+                # The sources were written on torch's current stream: the sync waits for it.
+                r = group.sync(timeout=30, stream=torch.cuda.current_stream() if device else None)
             except IpcError as e:
                 say(error=e.code, detail=getattr(e, "detail", {}), message=str(e))
                 continue

@@ -18,6 +18,7 @@ import { randomBytes } from 'node:crypto';
 import type { IpcError } from '../../src/errors.js';
 import { Device } from '../../src/cuda/device.js';
 import { DeviceBuffer } from '../../src/cuda/buffer.js';
+import { Stream } from '../../src/cuda/stream.js';
 import { DeviceArray } from '../../src/arrays/device-array.js';
 import { LayoutBuilder, ShardGroup } from '../../src/tensors/sharded/index.js';
 import { allocate, fillSources, scenarioLayout, type Scenario } from '../helpers/shard-group.js';
@@ -68,10 +69,12 @@ describe('sharded sync group over CUDA IPC on device memory', { skip: noGpu }, (
     const hub = await hostGroup();
     const { group, members } = hub;
     assert.ok(group.plan!.pairs.some((p) => p.path === 'ipc'), 'rank 0 serves over CUDA IPC');
+    using stream = Stream.create(Device.get(0));
     for (const version of [1, 2, 3]) {
       hub.fill(100 + version);
       const replies = await Promise.all([
-        group.sync({ timeout: 120_000 }).then((r) => ({ ok: true, version: r.version } as Reply)),
+        // Version 3: the hub waits for the stream its sources were written on, not the whole GPU.
+        group.sync({ timeout: 120_000, ...(version === 3 && { stream }) }).then((r) => ({ ok: true, version: r.version } as Reply)),
         ...members.map((m) => m.ask('sync', { version: 100 + version, timeout: 120_000 })),
       ]);
       for (const r of replies) assert.deepEqual([r.ok, r.version, r.code, r.message], [true, version, undefined, undefined], `every rank's sync ${version}`);
