@@ -40,6 +40,9 @@ class ChannelConsumer(ChannelEnd):
         self._cursor = end.ring.cursor() if end.layout.broadcast else 0
         self._fences = end.block.fences
         self._broadcast = end.layout.broadcast
+        # Host slots, work sharing: a release is the ring's one call (ChannelMessage.release).
+        self._plain = not self._broadcast and self._fences is None
+        self._release_raw = end.ring.release_raw
 
     @property
     def ended(self) -> bool:
@@ -100,19 +103,27 @@ class ChannelConsumer(ChannelEnd):
     def __iter__(self) -> Iterator["ChannelMessage"]:
         e = self._end
         held = self._held
+        lock = e.lock
+        take = e.ring.take_message
+        message = ChannelMessage
+        queue = not self._broadcast
         while True:
             m = None
-            if not self._broadcast and not e.closed:
+            if queue and not e.closed:
                 # receive()'s steps for a message that is there now (the usual case), written out: a
-                # call per step costs as much as the step. Anything else goes through receive().
-                with e.lock:
+                # call per step costs as much as the step (and `with lock` twice lock.acquire/release).
+                # Anything else goes through receive().
+                lock.acquire()
+                try:
                     if self._end_error is None and not self._ended and not e.closed and not (e.hub_lost or e._pending or e._fence_repairs):
-                        got = e.ring.take_message()
+                        got = take()
                         s = got[0]
                         if 0 <= s < TAKEN_DETACHED and not got[6]:  # (no meta)
-                            m = held[s] = ChannelMessage(self, s, got[1], got[2], got[3], got[4], got[5])
+                            m = held[s] = message(self, got)
                         elif s >= 0:
                             m = self._taken(got)
+                finally:
+                    lock.release()
             if m is None:
                 m = self.receive()
                 if m is None:
@@ -218,7 +229,7 @@ class ChannelConsumer(ChannelEnd):
         for i, g in enumerate(got):
             s = g[0]
             if s < TAKEN_DETACHED and not g[6]:  # (no meta: _taken's steps written out)
-                m = held[s] = ChannelMessage(self, s, g[1], g[2], g[3], g[4], g[5])
+                m = held[s] = ChannelMessage(self, g)
                 ms.append(m)
                 continue
             try:
@@ -246,7 +257,7 @@ class ChannelConsumer(ChannelEnd):
             self._abandon(s)
             raise corrupt(f"message in slot {s}: length {length}, meta {meta_length} bytes of kind {meta_kind}")
         meta = None if meta_kind == META_NONE else self._meta(s, meta_kind, self._end.ring.read_meta(s, meta_length))
-        m = ChannelMessage(self, s, position, length, publisher, redelivered, ticket, meta)
+        m = ChannelMessage(self, (s, position, length, publisher, redelivered, ticket), meta)
         self._held[s] = m
         return m
 
@@ -257,7 +268,7 @@ class ChannelConsumer(ChannelEnd):
             self._abandon(s)
             raise
         meta = None if meta_kind == META_NONE else self._meta(s, meta_kind, raw)
-        m = ChannelMessage(self, s, position, length, publisher, redelivered, ticket, meta)
+        m = ChannelMessage(self, (s, position, length, publisher, redelivered, ticket), meta)
         self._held[s] = m
         return m
 
@@ -324,20 +335,41 @@ class ChannelMessage:
     ``buffer`` (the whole slot: HostBuffer or DeviceBuffer), ``view(dtype, shape)``, ``meta``. Valid
     until ``release()``."""
 
-    __slots__ = ("_consumer", "index", "position", "length", "meta", "producer", "redelivered", "ticket", "_released", "_waited")
+    __slots__ = ("_consumer", "index", "_record", "meta", "_released", "_waited")
 
-    def __init__(self, consumer: ChannelConsumer, index: int, position: int, length: int, producer: int, redelivered: bool,
-                 ticket: int, meta: Any = None):
+    def __init__(self, consumer: ChannelConsumer, record: Sequence[Any], meta: Any = None):
+        # record: the slot, position, length, publisher, redelivered, ticket (a take's record, slot_ring.py
+        # Taken, whose first six fields these are), kept as it is: one store instead of six per message.
         self._consumer = consumer
-        self.index = index
-        self.position = position
-        self.length = length
+        self.index: int = record[0]
+        self._record = record
         self.meta = meta
-        self.producer = producer
-        self.redelivered = redelivered
-        self.ticket = ticket
         self._released = False
         self._waited: Stream | bool = None  # the stream its publish fence was waited on, or True once synchronized
+
+    @property
+    def position(self) -> int:
+        """The message's position in the channel (0, 1, ...; -1 past 2**53)."""
+        return self._record[1]  # type: ignore[no-any-return]
+
+    @property
+    def length(self) -> int:
+        """Bytes of the slot the message uses."""
+        return self._record[2]  # type: ignore[no-any-return]
+
+    @property
+    def producer(self) -> int:
+        """The participant index of the producer that published it."""
+        return self._record[3]  # type: ignore[no-any-return]
+
+    @property
+    def redelivered(self) -> bool:
+        """True when another consumer took it before and left without releasing it."""
+        return self._record[4]  # type: ignore[no-any-return]
+
+    @property
+    def ticket(self) -> int:
+        return self._record[5]  # type: ignore[no-any-return]
 
     @property
     def released(self) -> bool:
@@ -357,7 +389,7 @@ class ChannelMessage:
         if base is None:  # (device slots: it says so)
             return slots.memory(self.index, self.length)
         start = self.index * slots.bytes
-        return base[start:start + self.length]
+        return base[start:start + self._record[2]]
 
     @property
     def buffer(self) -> HostBuffer | DeviceBuffer:
@@ -420,7 +452,25 @@ class ChannelMessage:
         if self._released:
             return
         self._released = True
-        self._consumer._release(self, stream, stream is not None)
+        c = self._consumer
+        if c._plain:
+            # Host slots, work sharing: _release's steps, written out (one call fewer per message).
+            e = c._end
+            lock = e.lock
+            lock.acquire()
+            try:
+                held = c._held
+                s = self.index
+                if held.get(s) is self:
+                    del held[s]
+                    if not e.closed:
+                        rc = c._release_raw(s)
+                        if rc < 0:
+                            raise e.ring.fail(rc)
+            finally:
+                lock.release()
+            return
+        c._release(self, stream, stream is not None)
 
     def __enter__(self) -> "ChannelMessage":
         return self
