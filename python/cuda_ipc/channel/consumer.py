@@ -104,7 +104,7 @@ class ChannelConsumer(ChannelEnd):
         e = self._end
         held = self._held
         lock = e.lock
-        take = e.ring.take_message
+        take, record = e.ring.take_raw, e.ring.take_record
         message = ChannelMessage
         queue = not self._broadcast
         while True:
@@ -116,12 +116,13 @@ class ChannelConsumer(ChannelEnd):
                 lock.acquire()
                 try:
                     if self._end_error is None and not self._ended and not e.closed and not (e.hub_lost or e._pending or e._fence_repairs):
-                        got = take()
-                        s = got[0]
-                        if 0 <= s < TAKEN_DETACHED and not got[6]:  # (no meta)
-                            m = held[s] = message(self, got)
-                        elif s >= 0:
-                            m = self._taken(got)
+                        s = take()
+                        if s >= 0:  # (else nothing to take, or an error: receive() below says which)
+                            got = record()
+                            if s < TAKEN_DETACHED and not got[6]:  # (no meta)
+                                m = held[s] = message(self, got)
+                            else:
+                                m = self._taken(got)
                 finally:
                     lock.release()
             if m is None:

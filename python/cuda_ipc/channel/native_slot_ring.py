@@ -121,6 +121,8 @@ class NativeRing(Ring):
         self.acquire_raw = partial(fast.cip_acquire, self._p)
         self.publish_raw = partial(fast.cip_publish_bare, self._p)
         self.release_raw = partial(fast.cip_release, self._p)
+        self.take_raw = partial(fast.cip_take_message, self._p, self._messages_p)
+        self.take_record = partial(_MESSAGE.unpack_from, self._messages)
 
     def close(self) -> None:
         self._detach(self._p)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import struct
 import time
+from functools import partial
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -82,10 +83,15 @@ class Ring:
         # The hot path's calls (producer.py, consumer.py: one call per operation, int results as
         # NativeRing's C calls give them without a Python frame): acquire_raw() as acquire_slot();
         # publish_raw(s, length) publishes slot s without meta, length below 2**31: an index of
-        # PUBLISH_RESULTS; release_raw(s): 1 released, 0 not held. Any other negative result: fail(rc).
+        # PUBLISH_RESULTS; release_raw(s): 1 released, 0 not held; take_raw(): take_message()'s slot
+        # (with its TAKEN_* flags; -1 nothing to take), its record then take_record() (the Taken tuple).
+        # Any other negative result: fail(rc).
         self.acquire_raw: Callable[[], int] = self.acquire_slot
         self.publish_raw: Callable[[int, int], int] = self.publish_bare
         self.release_raw: Callable[[int], int] = self.release_taken
+        self.take_raw: Callable[[], int] = self._take_raw
+        self.take_record: Callable[[], Taken] = partial(getattr, self, "_taken_last")
+        self._taken_last: Taken = NOTHING
 
     def close(self) -> None:
         """The end is closing (NativeRing detaches its C state)."""
@@ -233,6 +239,10 @@ class Ring:
         if self.participant_state(self.me) != ST_ALIVE:
             m = (m[0] | TAKEN_DETACHED,) + m[1:]
         return m
+
+    def _take_raw(self) -> int:
+        got = self._taken_last = self.take_message()
+        return got[0]
 
     def take_messages(self, most: int) -> tuple[list[Taken], bool]:
         """Up to ``most`` take_message()s (oldest first; stops after one with TAKEN_BAD), and whether
