@@ -43,6 +43,7 @@ class ChannelConsumer(ChannelEnd):
         # Host slots, work sharing: a release is the ring's one call (ChannelMessage.release).
         self._plain = not self._broadcast and self._fences is None
         self._release_raw = end.ring.release_raw
+        self._lock = end.lock
 
     @property
     def ended(self) -> bool:
@@ -71,6 +72,18 @@ class ChannelConsumer(ChannelEnd):
             raise closed_error("receive_many")
         if type(max_count) is not int or max_count < 1:
             raise IpcError("ERR_OUT_OF_RANGE", f"receive_many: max_count must be a positive int; got {max_count!r}")
+        if not self._broadcast:
+            # Messages there now (the usual case): _poll_many's steps, written out; anything else
+            # (nothing there, the end, housekeeping due): the wait below.
+            lock = self._lock
+            lock.acquire()
+            try:
+                if self._end_error is None and not self._ended and not e.closed and not (e.hub_lost or e._pending or e._fence_repairs):
+                    ms = self._take_many(max_count)
+                    if ms:
+                        return ms
+            finally:
+                lock.release()
         return self._wait_for(lambda: self._poll_many(max_count), timeout, "receive_many")
 
     def _wait_for(self, poll: Callable[[], _Got], timeout: float | None, what: str) -> _Got:
@@ -456,18 +469,18 @@ class ChannelMessage:
         c = self._consumer
         if c._plain:
             # Host slots, work sharing: _release's steps, written out (one call fewer per message).
-            e = c._end
-            lock = e.lock
+            lock = c._lock
             lock.acquire()
             try:
-                held = c._held
                 s = self.index
-                if held.get(s) is self:
-                    del held[s]
-                    if not e.closed:
+                held = c._held.pop(s, None)
+                if held is self:
+                    if not c._end.closed:
                         rc = c._release_raw(s)
                         if rc < 0:
-                            raise e.ring.fail(rc)
+                            raise c._end.ring.fail(rc)
+                elif held is not None:
+                    c._held[s] = held  # (another message of that slot: not ours to drop)
             finally:
                 lock.release()
             return

@@ -20,6 +20,7 @@ import ctypes
 import struct
 from functools import partial
 from ctypes import c_int32, c_uint32, c_uint64, c_void_p
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import IpcError
@@ -122,7 +123,7 @@ class NativeRing(Ring):
         self.publish_raw = partial(fast.cip_publish_bare, self._p)
         self.release_raw = partial(fast.cip_release, self._p)
         self.take_raw = partial(fast.cip_take_message, self._p, self._messages_p)
-        self.take_record = partial(_MESSAGE.unpack_from, self._messages)
+        self.take_record = cast("Callable[[], Taken]", partial(_MESSAGE.unpack_from, self._messages))
 
     def close(self) -> None:
         self._detach(self._p)

@@ -82,8 +82,8 @@ class ChannelProducer(ChannelEnd):
             try:
                 s = self._acquire_raw()
                 if s >= 0:
-                    slot = self._writing[s] = ChannelSlot(self, s)
-                    return slot
+                    got = self._writing[s] = ChannelSlot(self, s)
+                    return got
             finally:
                 lock.release()
         # The same loop as ChannelConsumer.receive's, written out: a shared one would cost a call per message.
@@ -128,11 +128,25 @@ class ChannelProducer(ChannelEnd):
         them (or publish or discard each). Raises as acquire() does; device slots: as acquire()."""
         if type(max_count) is not int or max_count < 1:
             raise IpcError("ERR_OUT_OF_RANGE", f"acquire_many: max_count must be a positive int; got {max_count!r}")
+        e = self._end
+        if self._plain and not (e.closed or self._ending or e.hub_lost or e._pending or e._fence_repairs):
+            # Slots free now (the usual case): acquire()'s and the claim's steps under one lock.
+            lock = e.lock
+            lock.acquire()
+            try:
+                s = self._acquire_raw()
+                if s >= 0:
+                    writing = self._writing
+                    slots = [ChannelSlot(self, k) for k in (s, *(e.ring.claim_slots(max_count - 1) if max_count > 1 else ()))]
+                    for slot in slots:
+                        writing[slot.index] = slot
+                    return slots
+            finally:
+                lock.release()
         deadline = None if timeout is None else time.monotonic() + timeout
         slots = [self.acquire(timeout, stream)]
         if max_count == 1:
             return slots
-        e = self._end
         with e.lock:
             more = [] if e.closed else e.ring.claim_slots(max_count - 1)
             for s in more:
@@ -166,8 +180,7 @@ class ChannelProducer(ChannelEnd):
         lock = e.lock
         lock.acquire()
         try:
-            s = getattr(slot, "index", -1)
-            if not isinstance(slot, ChannelSlot) or self._writing.get(s) is not slot:
+            if not isinstance(slot, ChannelSlot) or self._writing.get(s := slot.index) is not slot:
                 raise IpcError("ERR_INVALID_ARG", "publish: that slot is not one this producer acquired and has not yet published")
             if length is None:
                 length = self._slot_bytes
