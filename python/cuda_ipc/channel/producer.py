@@ -137,9 +137,12 @@ class ChannelProducer(ChannelEnd):
                 s = self._acquire_raw()
                 if s >= 0:
                     writing = self._writing
-                    slots = [ChannelSlot(self, k) for k in (s, *(e.ring.claim_slots(max_count - 1) if max_count > 1 else ()))]
-                    for slot in slots:
-                        writing[slot.index] = slot
+                    first = writing[s] = ChannelSlot(self, s)  # (ours before anything else can raise)
+                    slots = [first]
+                    if max_count > 1:
+                        for k in e.ring.claim_slots(max_count - 1):
+                            slot = writing[k] = ChannelSlot(self, k)
+                            slots.append(slot)
                     return slots
             finally:
                 lock.release()
@@ -237,27 +240,29 @@ class ChannelProducer(ChannelEnd):
         if e.closed:
             raise closed_error("publish_many")
         slots = list(slots)
-        with e.lock:
-            l = e.layout
+        lock = e.lock
+        lock.acquire()
+        try:
+            sb = self._slot_bytes
             if length is None:
-                length = l.slot_bytes
-            if type(length) is not int or not 0 <= length <= l.slot_bytes:
-                raise IpcError("ERR_OUT_OF_RANGE", f"publish_many: length must be an int in 0..{l.slot_bytes}; got {length!r}")
+                length = sb
+            elif type(length) is not int or not 0 <= length <= sb:
+                raise IpcError("ERR_OUT_OF_RANGE", f"publish_many: length must be an int in 0..{sb}; got {length!r}")
             writing = self._writing
             indices = []
             for i, slot in enumerate(slots):
-                s = getattr(slot, "index", -1)
-                if not isinstance(slot, ChannelSlot) or writing.get(s) is not slot:
+                if not isinstance(slot, ChannelSlot) or writing.get(s := slot.index) is not slot:
                     raise IpcError("ERR_INVALID_ARG", f"publish_many: slots[{i}] is not one this producer acquired and has not yet published")
                 indices.append(s)
             if len(set(indices)) != len(indices):
                 raise IpcError("ERR_INVALID_ARG", "publish_many: a slot is listed twice")
             f = e.block.fences
             if f is not None:
+                l = e.layout
                 for s in indices:
                     f.signal(stream, l.publish_fence(s), e.ring.next_ticket(s))
-            for slot in slots:
-                del writing[slot.index]
+            for s, slot in zip(indices, slots):
+                del writing[s]
                 slot._done = True
             while indices:
                 done, r = e.ring.publish_many(indices, length)
@@ -265,6 +270,8 @@ class ChannelProducer(ChannelEnd):
                     break
                 self._commit(indices[done], r)  # it did not go through at once: as publish(), retried while busy
                 indices = indices[done + 1:]
+        finally:
+            lock.release()
 
     def _commit(self, s: int, r: str) -> None:
         """A publish that did not go through at once (``r``: 'busy' or 'detached'): retried while busy."""
