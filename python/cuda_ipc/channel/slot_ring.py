@@ -44,8 +44,8 @@ TAKEN_DETACHED = 1 << 24
 #: Set on a taken slot when its message's record does not fit the layout (the slot stays taken).
 TAKEN_BAD = 1 << 25
 #: A message taken (take_message, take_messages): slot (with TAKEN_* flags), position, length,
-#: publisher, redelivered, ticket, meta kind, meta length; the first six in the order of
-#: ChannelMessage's arguments (consumer.py). The meta's bytes: read_meta.
+#: publisher, redelivered, ticket, meta kind, meta length; the first six are the record a
+#: ChannelMessage keeps (consumer.py). The meta's bytes: read_meta.
 Taken = tuple[int, int, int, int, bool, int, int, int]
 #: take_message's result when there is nothing to take.
 NOTHING: Taken = (-1, 0, 0, 0, False, 0, 0, 0)
