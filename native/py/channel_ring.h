@@ -63,7 +63,7 @@ struct cip_ring {
 };
 
 // What a consumer takes: the slot and its message's record (slot_ring.py read_message), filled by
-// cip_take_message / cip_take_messages, in the order of ChannelMessage's arguments (consumer.py).
+// cip_take_message / cip_take_messages, in the order of the record a ChannelMessage keeps (consumer.py).
 // position: -1 when at or above 2^53 (as read_message).
 struct cip_message {
   uint32_t slot;         // take_message: with the result's CIP_TAKEN_* flags

@@ -40,6 +40,10 @@ class ChannelConsumer(ChannelEnd):
         self._cursor = end.ring.cursor() if end.layout.broadcast else 0
         self._fences = end.block.fences
         self._broadcast = end.layout.broadcast
+        # Host slots, work sharing: a release is the ring's one call (ChannelMessage.release).
+        self._plain = not self._broadcast and self._fences is None
+        self._release_raw = end.ring.release_raw
+        self._lock = end.lock
 
     @property
     def ended(self) -> bool:
@@ -68,6 +72,18 @@ class ChannelConsumer(ChannelEnd):
             raise closed_error("receive_many")
         if type(max_count) is not int or max_count < 1:
             raise IpcError("ERR_OUT_OF_RANGE", f"receive_many: max_count must be a positive int; got {max_count!r}")
+        if not self._broadcast:
+            # Messages there now (the usual case): _poll_many's steps, written out; anything else
+            # (nothing there, the end, housekeeping due): the wait below.
+            lock = self._lock
+            lock.acquire()
+            try:
+                if self._end_error is None and not self._ended and not e.closed and not (e.hub_lost or e._pending or e._fence_repairs):
+                    ms = self._take_many(max_count)
+                    if ms:
+                        return ms
+            finally:
+                lock.release()
         return self._wait_for(lambda: self._poll_many(max_count), timeout, "receive_many")
 
     def _wait_for(self, poll: Callable[[], _Got], timeout: float | None, what: str) -> _Got:
@@ -100,19 +116,28 @@ class ChannelConsumer(ChannelEnd):
     def __iter__(self) -> Iterator["ChannelMessage"]:
         e = self._end
         held = self._held
+        lock = e.lock
+        take, record = e.ring.take_raw, e.ring.take_record
+        message = ChannelMessage
+        queue = not self._broadcast
         while True:
             m = None
-            if not self._broadcast and not e.closed:
+            if queue and not e.closed:
                 # receive()'s steps for a message that is there now (the usual case), written out: a
-                # call per step costs as much as the step. Anything else goes through receive().
-                with e.lock:
+                # call per step costs as much as the step (and `with lock` twice lock.acquire/release).
+                # Anything else goes through receive().
+                lock.acquire()
+                try:
                     if self._end_error is None and not self._ended and not e.closed and not (e.hub_lost or e._pending or e._fence_repairs):
-                        got = e.ring.take_message()
-                        s = got[0]
-                        if 0 <= s < TAKEN_DETACHED and not got[6]:  # (no meta)
-                            m = held[s] = ChannelMessage(self, s, got[1], got[2], got[3], got[4], got[5])
-                        elif s >= 0:
-                            m = self._taken(got)
+                        s = take()
+                        if s >= 0:  # (else nothing to take, or an error: receive() below says which)
+                            got = record()
+                            if s < TAKEN_DETACHED and not got[6]:  # (no meta)
+                                m = held[s] = message(self, got)
+                            else:
+                                m = self._taken(got)
+                finally:
+                    lock.release()
             if m is None:
                 m = self.receive()
                 if m is None:
@@ -218,7 +243,7 @@ class ChannelConsumer(ChannelEnd):
         for i, g in enumerate(got):
             s = g[0]
             if s < TAKEN_DETACHED and not g[6]:  # (no meta: _taken's steps written out)
-                m = held[s] = ChannelMessage(self, s, g[1], g[2], g[3], g[4], g[5])
+                m = held[s] = ChannelMessage(self, g)
                 ms.append(m)
                 continue
             try:
@@ -246,7 +271,7 @@ class ChannelConsumer(ChannelEnd):
             self._abandon(s)
             raise corrupt(f"message in slot {s}: length {length}, meta {meta_length} bytes of kind {meta_kind}")
         meta = None if meta_kind == META_NONE else self._meta(s, meta_kind, self._end.ring.read_meta(s, meta_length))
-        m = ChannelMessage(self, s, position, length, publisher, redelivered, ticket, meta)
+        m = ChannelMessage(self, (s, position, length, publisher, redelivered, ticket), meta)
         self._held[s] = m
         return m
 
@@ -257,7 +282,7 @@ class ChannelConsumer(ChannelEnd):
             self._abandon(s)
             raise
         meta = None if meta_kind == META_NONE else self._meta(s, meta_kind, raw)
-        m = ChannelMessage(self, s, position, length, publisher, redelivered, ticket, meta)
+        m = ChannelMessage(self, (s, position, length, publisher, redelivered, ticket), meta)
         self._held[s] = m
         return m
 
@@ -324,20 +349,41 @@ class ChannelMessage:
     ``buffer`` (the whole slot: HostBuffer or DeviceBuffer), ``view(dtype, shape)``, ``meta``. Valid
     until ``release()``."""
 
-    __slots__ = ("_consumer", "index", "position", "length", "meta", "producer", "redelivered", "ticket", "_released", "_waited")
+    __slots__ = ("_consumer", "index", "_record", "meta", "_released", "_waited")
 
-    def __init__(self, consumer: ChannelConsumer, index: int, position: int, length: int, producer: int, redelivered: bool,
-                 ticket: int, meta: Any = None):
+    def __init__(self, consumer: ChannelConsumer, record: Sequence[Any], meta: Any = None):
+        # record: the slot, position, length, publisher, redelivered, ticket (a take's record, slot_ring.py
+        # Taken, whose first six fields these are), kept as it is: one store instead of six per message.
         self._consumer = consumer
-        self.index = index
-        self.position = position
-        self.length = length
+        self.index: int = record[0]
+        self._record = record
         self.meta = meta
-        self.producer = producer
-        self.redelivered = redelivered
-        self.ticket = ticket
         self._released = False
         self._waited: Stream | bool = None  # the stream its publish fence was waited on, or True once synchronized
+
+    @property
+    def position(self) -> int:
+        """The message's position in the channel (0, 1, ...; -1 past 2**53)."""
+        return self._record[1]  # type: ignore[no-any-return]
+
+    @property
+    def length(self) -> int:
+        """Bytes of the slot the message uses."""
+        return self._record[2]  # type: ignore[no-any-return]
+
+    @property
+    def producer(self) -> int:
+        """The participant index of the producer that published it."""
+        return self._record[3]  # type: ignore[no-any-return]
+
+    @property
+    def redelivered(self) -> bool:
+        """True when another consumer took it before and left without releasing it."""
+        return self._record[4]  # type: ignore[no-any-return]
+
+    @property
+    def ticket(self) -> int:
+        return self._record[5]  # type: ignore[no-any-return]
 
     @property
     def released(self) -> bool:
@@ -357,7 +403,7 @@ class ChannelMessage:
         if base is None:  # (device slots: it says so)
             return slots.memory(self.index, self.length)
         start = self.index * slots.bytes
-        return base[start:start + self.length]
+        return base[start:start + self._record[2]]
 
     @property
     def buffer(self) -> HostBuffer | DeviceBuffer:
@@ -420,7 +466,25 @@ class ChannelMessage:
         if self._released:
             return
         self._released = True
-        self._consumer._release(self, stream, stream is not None)
+        c = self._consumer
+        if c._plain:
+            # Host slots, work sharing: _release's steps, written out (one call fewer per message).
+            lock = c._lock
+            lock.acquire()
+            try:
+                s = self.index
+                held = c._held.pop(s, None)
+                if held is self:
+                    if not c._end.closed:
+                        rc = c._release_raw(s)
+                        if rc < 0:
+                            raise c._end.ring.fail(rc)
+                elif held is not None:
+                    c._held[s] = held  # (another message of that slot: not ours to drop)
+            finally:
+                lock.release()
+            return
+        c._release(self, stream, stream is not None)
 
     def __enter__(self) -> "ChannelMessage":
         return self

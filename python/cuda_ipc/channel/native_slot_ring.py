@@ -12,19 +12,24 @@ is rung) before the end unmaps the block and closes the doorbells.
 Calls pass no argtypes (a ctypes call converts each argument through its argtypes entry, which costs
 more than the call): the state as a cached ``c_void_p``, 32-bit values as Python ints (C ints), a
 64-bit value as two of them. A take fills records (struct cip_message) in a buffer this object owns,
-read back with one ``struct`` unpack.
+read back with one ``struct`` unpack. The ends' per-message paths (producer.py, consumer.py) call the
+raw ones (``acquire_raw``, ``publish_raw``, ``take_raw`` / ``take_record``, ``release_raw``: slot_ring.py
+says what each gives): the C function with the state bound (``functools.partial``), so that no Python
+frame lies between the end and the C call (about a third of a ctypes call's cost each).
 """
 from __future__ import annotations
 
 import ctypes
 import struct
+from functools import partial
 from ctypes import c_int32, c_uint32, c_uint64, c_void_p
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import IpcError
 from ..native.addon import library
 from .layout import Layout
-from .slot_ring import NOTHING, TAKEN_DETACHED, Taken, Ring, corrupt
+from .slot_ring import NOTHING, PUBLISH_RESULTS, TAKEN_DETACHED, Taken, Ring, corrupt
 
 if TYPE_CHECKING:
     from .doorbells import Doorbells
@@ -32,7 +37,6 @@ if TYPE_CHECKING:
 
 # Results of the C functions (channel_ring.c).
 NONE, NOT_ALIVE, CONSUMERS_GONE, CORRUPT, SKIP, INVALID, CLOSED = -1, -2, -3, -4, -5, -6, -100
-_PUBLISH = ("ok", "busy", "dropped", "detached")
 #: struct cip_message (channel_ring.c): slot, position, length, publisher, redelivered, ticket, meta
 #: kind, meta length (slot_ring.py's Taken).
 _MESSAGE = struct.Struct("<I4xqQI?3xIII4x")
@@ -117,11 +121,17 @@ class NativeRing(Ring):
         self._signal_space = fast.cip_signal_space
         self._detach = fast.cip_ring_detach
         self._spin = waits.cip_spin_while_equal
+        # The raw calls (slot_ring.py's Ring says what they give): the C functions with the state bound.
+        self.acquire_raw = partial(fast.cip_acquire, self._p)
+        self.publish_raw = partial(fast.cip_publish_bare, self._p)
+        self.release_raw = partial(fast.cip_release, self._p)
+        self.take_raw = partial(fast.cip_take_message, self._p, self._messages_p)
+        self.take_record = cast("Callable[[], Taken]", partial(_MESSAGE.unpack_from, self._messages))
 
     def close(self) -> None:
         self._detach(self._p)
 
-    def _fail(self, rc: int) -> IpcError:
+    def fail(self, rc: int) -> IpcError:
         """The error of a negative result other than NONE / SKIP."""
         if rc == CORRUPT:
             st = self._st
@@ -152,7 +162,7 @@ class NativeRing(Ring):
     def spin_while(self, off: int, expected: int, seconds: float) -> bool:
         rc: int = self._spin(self._p, off, expected, min(int(seconds * 1e9), 0xFFFFFFFF))
         if rc < 0:
-            raise self._fail(rc)
+            raise self.fail(rc)
         return rc == 1
 
     # -- producers --
@@ -160,7 +170,7 @@ class NativeRing(Ring):
     def acquire_slot(self) -> int:
         rc: int = self._acquire(self._p)
         if rc < NONE and rc not in (NOT_ALIVE, CONSUMERS_GONE):
-            raise self._fail(rc)
+            raise self.fail(rc)
         return rc
 
     def claim_slot(self) -> int:
@@ -171,19 +181,19 @@ class NativeRing(Ring):
     def claim_slots(self, most: int) -> list[int]:
         rc: int = self._claim_slots(self._p, self._claimed_p, min(most, self.n))
         if rc < 0:
-            raise self._fail(rc)
+            raise self.fail(rc)
         return self._claimed[:rc]
 
     def has_free(self) -> bool:
         rc: int = self._has_free(self._p)
         if rc < 0:
-            raise self._fail(rc)
+            raise self.fail(rc)
         return rc == 1
 
     def discard(self, s: int) -> None:
         rc: int = self._discard(self._p, s)
         if rc < 0:
-            raise self._fail(rc)
+            raise self.fail(rc)
 
     def publish_message(self, s: int, length: int, meta_kind: int, meta: bytes) -> str:
         if not meta and meta_kind == 0 and length < 0x80000000:
@@ -191,8 +201,8 @@ class NativeRing(Ring):
         else:
             rc = self._publish(self._p, s, length & 0xFFFFFFFF, length >> 32, meta_kind, meta or None, len(meta))
         if rc < 0:
-            raise self._fail(rc)
-        return _PUBLISH[rc]
+            raise self.fail(rc)
+        return PUBLISH_RESULTS[rc]
 
     def publish_many(self, slots: list[int], length: int) -> tuple[int, str]:
         n = len(slots)
@@ -201,11 +211,11 @@ class NativeRing(Ring):
         self._publishing[:n] = slots  # type: ignore[assignment]  # (ctypes takes ints; the stubs ask for c_uint32 too)
         rc: int = self._publish_many(self._p, self._publishing_p, n, length, self._stopped_p)
         if rc < 0:
-            raise self._fail(rc)
+            raise self.fail(rc)
         stopped = self._stopped.value
         if stopped < 0:
-            raise self._fail(stopped)
-        return rc, _PUBLISH[stopped]
+            raise self.fail(stopped)
+        return rc, PUBLISH_RESULTS[stopped]
 
     # -- consumers --
 
@@ -214,26 +224,26 @@ class NativeRing(Ring):
         if rc < 0:
             if rc == NONE:
                 return NOTHING
-            raise self._fail(rc)
+            raise self.fail(rc)
         return _MESSAGE.unpack_from(self._messages)  # type: ignore[return-value]  # (a typing.cast costs a call)
 
     def take_messages(self, most: int) -> tuple[list[Taken], bool]:
         rc: int = self._take_messages(self._p, self._messages_p, min(most, self.n))
         if rc < 0:
-            raise self._fail(rc)
+            raise self.fail(rc)
         n = rc & 0xFFFFFF
         return cast("list[Taken]", list(_MESSAGE.iter_unpack(self._messages_view[:n * _MESSAGE.size]))), bool(rc & TAKEN_DETACHED)
 
     def release_taken(self, s: int) -> bool:
         rc: int = self._release(self._p, s)
         if rc < 0:
-            raise self._fail(rc)
+            raise self.fail(rc)
         return rc == 1
 
     def release_held(self, s: int, k: int | None = None) -> bool:
         rc: int = self._release_held(self._p, s, self.me if k is None else k)
         if rc < 0:
-            raise self._fail(rc)
+            raise self.fail(rc)
         return rc == 1
 
     def peek_at(self, cursor: int) -> int:
@@ -242,4 +252,4 @@ class NativeRing(Ring):
             return rc
         if rc == SKIP:
             return -2
-        raise self._fail(rc)
+        raise self.fail(rc)

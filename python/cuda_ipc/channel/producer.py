@@ -18,6 +18,7 @@ from .fences import Stream
 from .layout import H_CONSUMERS_DIED, META_BYTES, META_JSON, META_NONE
 from .part import ChannelEnd
 from .recovery import RECOVERY_GIVE_UP, RETRY
+from .slot_ring import PUBLISH_RESULTS
 from .._renamed import renamed_attribute
 
 
@@ -31,6 +32,11 @@ class ChannelProducer(ChannelEnd):
         super().__init__(end)
         self._writing: dict[int, ChannelSlot] = {}
         self._ending = False
+        # Host slots: acquire and publish (without meta) are the ring's one call each (acquire, publish).
+        self._plain = end.block.fences is None
+        self._acquire_raw = end.ring.acquire_raw
+        self._publish_raw = end.ring.publish_raw
+        self._slot_bytes = end.layout.slot_bytes
 
     def _gone_error(self, what: str) -> IpcError:
         died = self._end.ring.counter(H_CONSUMERS_DIED)
@@ -67,8 +73,20 @@ class ChannelProducer(ChannelEnd):
         ``timeout`` seconds). Raises ERR_PEER_GONE once every consumer died (ERR_CHANNEL_CLOSED once
         they all left). Device slots: with ``stream``, GPU work queued there after this waits for the
         consumers' work on the slot's previous message; without, this waits on the CPU."""
-        # The same loop as ChannelConsumer.receive's, written out: a shared one would cost a call per message.
         e = self._end
+        if self._plain and not (e.closed or self._ending or e.hub_lost or e._pending or e._fence_repairs):
+            # A slot free now (the usual case): _try_acquire's steps written out (with `with lock`
+            # twice lock.acquire/release). Anything else: the loop below.
+            lock = e.lock
+            lock.acquire()
+            try:
+                s = self._acquire_raw()
+                if s >= 0:
+                    got = self._writing[s] = ChannelSlot(self, s)
+                    return got
+            finally:
+                lock.release()
+        # The same loop as ChannelConsumer.receive's, written out: a shared one would cost a call per message.
         if e.closed:
             raise closed_error("acquire")
         deadline = None  # read from the clock only once a wait begins (not in the usual case)
@@ -110,11 +128,28 @@ class ChannelProducer(ChannelEnd):
         them (or publish or discard each). Raises as acquire() does; device slots: as acquire()."""
         if type(max_count) is not int or max_count < 1:
             raise IpcError("ERR_OUT_OF_RANGE", f"acquire_many: max_count must be a positive int; got {max_count!r}")
+        e = self._end
+        if self._plain and not (e.closed or self._ending or e.hub_lost or e._pending or e._fence_repairs):
+            # Slots free now (the usual case): acquire()'s and the claim's steps under one lock.
+            lock = e.lock
+            lock.acquire()
+            try:
+                s = self._acquire_raw()
+                if s >= 0:
+                    writing = self._writing
+                    first = writing[s] = ChannelSlot(self, s)  # (ours before anything else can raise)
+                    slots = [first]
+                    if max_count > 1:
+                        for k in e.ring.claim_slots(max_count - 1):
+                            slot = writing[k] = ChannelSlot(self, k)
+                            slots.append(slot)
+                    return slots
+            finally:
+                lock.release()
         deadline = None if timeout is None else time.monotonic() + timeout
         slots = [self.acquire(timeout, stream)]
         if max_count == 1:
             return slots
-        e = self._end
         with e.lock:
             more = [] if e.closed else e.ring.claim_slots(max_count - 1)
             for s in more:
@@ -145,38 +180,57 @@ class ChannelProducer(ChannelEnd):
         e = self._end
         if e.closed:
             raise closed_error("publish")
-        with e.lock:
-            s = getattr(slot, "index", -1)
-            if not isinstance(slot, ChannelSlot) or self._writing.get(s) is not slot:
+        lock = e.lock
+        lock.acquire()
+        try:
+            if not isinstance(slot, ChannelSlot) or self._writing.get(s := slot.index) is not slot:
                 raise IpcError("ERR_INVALID_ARG", "publish: that slot is not one this producer acquired and has not yet published")
-            l = e.layout
             if length is None:
-                length = l.slot_bytes
-            if type(length) is not int or not 0 <= length <= l.slot_bytes:
-                raise IpcError("ERR_OUT_OF_RANGE", f"publish: length must be an int in 0..{l.slot_bytes}; got {length!r}")
-            kind = META_NONE
-            raw = b""
-            if meta is not None:
-                if isinstance(meta, (bytes, bytearray, memoryview)):
-                    raw = bytes(meta)
-                    kind = META_BYTES
-                else:
-                    try:
-                        raw = json.dumps(meta, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
-                    except (TypeError, ValueError) as err:
-                        raise IpcError("ERR_NOT_TRANSFERABLE", f"publish: meta must be JSON-serialisable or bytes ({err})") from None
-                    kind = META_JSON
-                if len(raw) > l.meta_bytes:
-                    raise IpcError("ERR_MESSAGE_TOO_LARGE", f"publish: meta takes {len(raw)} bytes; this channel holds {l.meta_bytes} per message (metaBytes)")
-            f = e.block.fences
-            if f is not None:
-                # The slot is ours (writing) until the commit below: nobody else touches its ticket.
-                f.signal(stream, l.publish_fence(s), e.ring.next_ticket(s))
-            del self._writing[s]
-            slot._done = True
-            r = e.ring.publish_message(s, length, kind, raw)  # the message's length and meta, then the commit
-            if r != "ok" and r != "dropped":
-                self._commit(s, r)
+                length = self._slot_bytes
+            elif type(length) is not int or not 0 <= length <= self._slot_bytes:
+                raise IpcError("ERR_OUT_OF_RANGE", f"publish: length must be an int in 0..{self._slot_bytes}; got {length!r}")
+            if meta is None and self._plain and length < 0x80000000:
+                # Host slots, no meta (the usual case): the ring's one call.
+                del self._writing[s]
+                slot._done = True
+                rc = self._publish_raw(s, length)
+                if rc:
+                    if rc < 0:
+                        raise e.ring.fail(rc)
+                    if rc != 2:  # busy or detached (2: dropped, nobody to read it)
+                        self._commit(s, PUBLISH_RESULTS[rc])
+                return
+            self._publish(slot, s, length, meta, stream)
+        finally:
+            lock.release()
+
+    def _publish(self, slot: ChannelSlot, s: int, length: int, meta: Any, stream: Stream) -> None:
+        """publish()'s steps for a message with meta, or on device slots (the end's lock held)."""
+        e = self._end
+        l = e.layout
+        kind = META_NONE
+        raw = b""
+        if meta is not None:
+            if isinstance(meta, (bytes, bytearray, memoryview)):
+                raw = bytes(meta)
+                kind = META_BYTES
+            else:
+                try:
+                    raw = json.dumps(meta, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+                except (TypeError, ValueError) as err:
+                    raise IpcError("ERR_NOT_TRANSFERABLE", f"publish: meta must be JSON-serialisable or bytes ({err})") from None
+                kind = META_JSON
+            if len(raw) > l.meta_bytes:
+                raise IpcError("ERR_MESSAGE_TOO_LARGE", f"publish: meta takes {len(raw)} bytes; this channel holds {l.meta_bytes} per message (metaBytes)")
+        f = e.block.fences
+        if f is not None:
+            # The slot is ours (writing) until the commit below: nobody else touches its ticket.
+            f.signal(stream, l.publish_fence(s), e.ring.next_ticket(s))
+        del self._writing[s]
+        slot._done = True
+        r = e.ring.publish_message(s, length, kind, raw)  # the message's length and meta, then the commit
+        if r != "ok" and r != "dropped":
+            self._commit(s, r)
 
     def publish_many(self, slots: Sequence[ChannelSlot], length: int | None = None, stream: Stream = None) -> None:
         """Publishes ``slots`` in their order, each a message of ``length`` bytes (default: the whole
@@ -186,27 +240,29 @@ class ChannelProducer(ChannelEnd):
         if e.closed:
             raise closed_error("publish_many")
         slots = list(slots)
-        with e.lock:
-            l = e.layout
+        lock = e.lock
+        lock.acquire()
+        try:
+            sb = self._slot_bytes
             if length is None:
-                length = l.slot_bytes
-            if type(length) is not int or not 0 <= length <= l.slot_bytes:
-                raise IpcError("ERR_OUT_OF_RANGE", f"publish_many: length must be an int in 0..{l.slot_bytes}; got {length!r}")
+                length = sb
+            elif type(length) is not int or not 0 <= length <= sb:
+                raise IpcError("ERR_OUT_OF_RANGE", f"publish_many: length must be an int in 0..{sb}; got {length!r}")
             writing = self._writing
             indices = []
             for i, slot in enumerate(slots):
-                s = getattr(slot, "index", -1)
-                if not isinstance(slot, ChannelSlot) or writing.get(s) is not slot:
+                if not isinstance(slot, ChannelSlot) or writing.get(s := slot.index) is not slot:
                     raise IpcError("ERR_INVALID_ARG", f"publish_many: slots[{i}] is not one this producer acquired and has not yet published")
                 indices.append(s)
             if len(set(indices)) != len(indices):
                 raise IpcError("ERR_INVALID_ARG", "publish_many: a slot is listed twice")
             f = e.block.fences
             if f is not None:
+                l = e.layout
                 for s in indices:
                     f.signal(stream, l.publish_fence(s), e.ring.next_ticket(s))
-            for slot in slots:
-                del writing[slot.index]
+            for s, slot in zip(indices, slots):
+                del writing[s]
                 slot._done = True
             while indices:
                 done, r = e.ring.publish_many(indices, length)
@@ -214,6 +270,8 @@ class ChannelProducer(ChannelEnd):
                     break
                 self._commit(indices[done], r)  # it did not go through at once: as publish(), retried while busy
                 indices = indices[done + 1:]
+        finally:
+            lock.release()
 
     def _commit(self, s: int, r: str) -> None:
         """A publish that did not go through at once (``r``: 'busy' or 'detached'): retried while busy."""
@@ -311,7 +369,11 @@ class ChannelSlot:
         if self._done:
             raise IpcError("ERR_CLOSED", "slot.memory: the slot was published or discarded")
         slots = self._producer._slots
-        return slots.memory(self.index, slots.bytes)
+        base = slots._base
+        if base is None:  # (device slots: it says so)
+            return slots.memory(self.index, slots.bytes)
+        start = self.index * slots.bytes
+        return base[start:start + slots.bytes]
 
     @property
     def buffer(self) -> HostBuffer | DeviceBuffer:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import struct
 import time
+from functools import partial
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from .layout import (
@@ -42,11 +44,13 @@ TAKEN_DETACHED = 1 << 24
 #: Set on a taken slot when its message's record does not fit the layout (the slot stays taken).
 TAKEN_BAD = 1 << 25
 #: A message taken (take_message, take_messages): slot (with TAKEN_* flags), position, length,
-#: publisher, redelivered, ticket, meta kind, meta length; the first six in the order of
-#: ChannelMessage's arguments (consumer.py). The meta's bytes: read_meta.
+#: publisher, redelivered, ticket, meta kind, meta length; the first six are the record a
+#: ChannelMessage keeps (consumer.py). The meta's bytes: read_meta.
 Taken = tuple[int, int, int, int, bool, int, int, int]
 #: take_message's result when there is nothing to take.
 NOTHING: Taken = (-1, 0, 0, 0, False, 0, 0, 0)
+#: What a publish gives (publish_message), in the order of the raw results' codes (publish_raw).
+PUBLISH_RESULTS = ("ok", "busy", "dropped", "detached")
 
 
 def corrupt(what: str) -> IpcError:
@@ -76,6 +80,18 @@ class Ring:
         #: Consumers: the tail read last. Tail only grows, so positions below it stay published (or
         #: taken): the publish line is read again only once they are used up (slot-ring.ts, #tailSeen).
         self._tail_seen = 0
+        # The hot path's calls (producer.py, consumer.py: one call per operation, int results as
+        # NativeRing's C calls give them without a Python frame): acquire_raw() as acquire_slot();
+        # publish_raw(s, length) publishes slot s without meta, length below 2**31: an index of
+        # PUBLISH_RESULTS; release_raw(s): 1 released, 0 not held; take_raw(): take_message()'s slot
+        # (with its TAKEN_* flags; -1 nothing to take), its record then take_record() (the Taken tuple).
+        # Any other negative result: fail(rc).
+        self.acquire_raw: Callable[[], int] = self.acquire_slot
+        self.publish_raw: Callable[[int, int], int] = self.publish_bare
+        self.release_raw: Callable[[int], int] = self.release_taken
+        self.take_raw: Callable[[], int] = self._take_raw
+        self.take_record: Callable[[], Taken] = partial(getattr, self, "_taken_last")
+        self._taken_last: Taken = NOTHING
 
     def close(self) -> None:
         """The end is closing (NativeRing detaches its C state)."""
@@ -195,6 +211,14 @@ class Ring:
         self.write_message(s, length, meta_kind, meta)
         return self.publish(s)
 
+    def publish_bare(self, s: int, length: int) -> int:
+        """publish_message() without meta: the index of its result in PUBLISH_RESULTS."""
+        return PUBLISH_RESULTS.index(self.publish_message(s, length, META_NONE, b""))
+
+    def fail(self, rc: int) -> IpcError:
+        """The error of a negative result of a raw call (NativeRing's C codes; this ring gives none)."""
+        return IpcError("ERR_INVALID_ARG", f"the channel ring refused a call ({rc}): a bug of cuda_ipc")
+
     def publish_many(self, slots: list[int], length: int) -> tuple[int, str]:
         """publish_message() without meta for each of ``slots`` in turn until one does not go through:
         how many did ('ok' or 'dropped'), and the result of the one that stopped ('ok' when none did)."""
@@ -215,6 +239,10 @@ class Ring:
         if self.participant_state(self.me) != ST_ALIVE:
             m = (m[0] | TAKEN_DETACHED,) + m[1:]
         return m
+
+    def _take_raw(self) -> int:
+        got = self._taken_last = self.take_message()
+        return got[0]
 
     def take_messages(self, most: int) -> tuple[list[Taken], bool]:
         """Up to ``most`` take_message()s (oldest first; stops after one with TAKEN_BAD), and whether

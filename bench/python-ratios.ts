@@ -1,0 +1,51 @@
+// `node dist/bench/python-ratios.js [--runs N] [--warmup-runs N] [--no-pin]`: the Python channel rows
+// of `npm run bench` (issue 38: a Python end at half of Node's pace) and the Node -> Node row they
+// compare with, alone, and each run's ratio. The rows take turns as in the whole bench (one round
+// runs each row once), so a run's ratio compares rows measured seconds apart: on a loaded machine
+// the runs' rates move together more than the rows' do, and the ratios of one round are the figure
+// to read, not the medians over every round.
+import { parseArgs } from 'node:util';
+import { channelBenchmarks, PYTHON_SLOT_BYTES, ROW } from './channel.js';
+import { describePlan, pinPlan, pinProcess } from './placement.js';
+
+const { values } = parseArgs({
+  options: {
+    runs: { type: 'string', default: '5' },
+    'warmup-runs': { type: 'string', default: '1' },
+    'no-pin': { type: 'boolean', default: false },
+  },
+});
+const runs = Number(values.runs);
+const warmupRuns = Number(values['warmup-runs']);
+if (!Number.isSafeInteger(runs) || runs < 1 || !Number.isSafeInteger(warmupRuns) || warmupRuns < 0) {
+  console.error('python-ratios: --runs must be a positive integer, --warmup-runs a non-negative one');
+  process.exit(2);
+}
+const plan = values['no-pin'] ? { skipped: '--no-pin' } : pinPlan();
+const pin = 'skipped' in plan ? undefined : plan;
+if (pin && !pinProcess(process.pid, pin.cpuList)) console.log('pinning: taskset failed; not pinned');
+console.log(pin ? `pinning: ${describePlan(pin)}` : `pinning: none (${'skipped' in plan ? plan.skipped : ''})`);
+if (pin && !pinProcess(process.pid, pin.helperList, pin.cores[0])) console.log('pinning: taskset failed for the rows');
+
+const nodeRow = ROW.oneWay(PYTHON_SLOT_BYTES, 'adaptive', 'host');
+const escape = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+// Node -> Node's row and every row with a Python end (no other row's name says Python).
+const res = await channelBenchmarks(0, 0, undefined, { only: new RegExp(`^${escape(nodeRow)}$|Python`), runs, warmupRuns, pin });
+const node = res.oneWay[nodeRow];
+if (!node) throw new Error(`python-ratios: the row "${nodeRow}" did not run`);
+if (!res.python || 'skipped' in res.python) {
+  console.log(`Python rows: ${res.python && 'skipped' in res.python ? res.python.skipped : 'did not run'}`);
+  process.exit(1);
+}
+const k = (v: number) => `${(v / 1000).toFixed(0)}k`;
+const pct = (v: number) => `${(v * 100).toFixed(0)}%`;
+console.log(`\n${runs} run(s) after ${warmupRuns} dropped; msg/s, median of 2000-message batches; Python hot path: ${res.python.rows[0]?.hotPath}`);
+console.log(`| row | ${Array.from({ length: runs }, (_, i) => `run ${i + 1}`).join(' | ')} | median of the ratios | Python CPU us/msg (last run) |`);
+console.log(`| --- |${' --- |'.repeat(runs + 2)}`);
+console.log(`| Node -> Node | ${node.runs.medians.map(k).join(' | ')} | | |`);
+for (const p of res.python.rows) {
+  const ratios = p.runs.medians.map((m, i) => m / node.runs.medians[i]!);
+  const sorted = ratios.slice().sort((a, b) => a - b);
+  console.log(`| ${p.direction} | ${p.runs.medians.map((m, i) => `${k(m)} = ${pct(ratios[i]!)}`).join(' | ')} | ${pct(sorted[Math.floor(sorted.length / 2)]!)} | ${p.pythonCpuUsPerMsg.toFixed(2)} |`);
+}
+if (res.leftovers.length) console.log(`leftovers: ${res.leftovers.join('; ')}`);
