@@ -12,8 +12,9 @@ from cuda_ipc.link.transfers import device_transfers as transfers_mod
 from cuda_ipc.ipc import cache as memory_mod
 
 UUID_RAW = bytes(range(16, 32))
-#: Device k's UUID (device 0 has UUID_RAW).
-UUIDS = [UUID_RAW, bytes(range(32, 48)), bytes(range(48, 64))]
+#: Device k's UUID (device 0 has UUID_RAW). Device 1's begins with a zero byte, as real ones may
+#: (an H200's GPU-001e4106-...): read as a C string it would come out empty.
+UUIDS = [UUID_RAW, bytes([0]) + bytes(range(33, 48)), bytes(range(48, 64))]
 
 
 class FakeDriver:
