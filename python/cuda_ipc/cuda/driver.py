@@ -25,7 +25,8 @@ CUmemoryPool = c_void_p
 
 
 class CUuuid(ctypes.Structure):
-    _fields_ = [("bytes", c_char * 16)]
+    # Unsigned bytes, not c_char: a c_char array field reads as a C string, cut at the first zero byte.
+    _fields_ = [("bytes", ctypes.c_ubyte * 16)]
 
 
 class CUipcMemHandle(ctypes.Structure):
