@@ -1,0 +1,156 @@
+// The Unix listener's and connect()'s edges (link/connect/listener.ts) that the mutation run
+// (listener group, issue 41) showed untested: URLs routed to TCP, the options' hints and names in
+// argument errors, a try that fails for another reason than a busy listener (not retried), the
+// errors connect() gives at once with `timeout: 0` and their causes, fds given back on every
+// failed try and on an abort during the handshake, and `using`.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { IpcError } from '../../src/errors.js';
+import { connect, listen, type Link } from '../../src/link/index.js';
+import { Listener } from '../../src/link/connect/listener.js';
+import { TcpListener } from '../../src/link/connect/tcp-listener.js';
+import { addon } from '../../src/native/addon.js';
+import { fdCount } from '../fixtures/fd-count.js';
+import { TOKEN } from '../fixtures/tcp-peer.js';
+
+const code = (c: string) => (e: unknown): boolean => (e as { code?: string })?.code === c;
+
+function tempDir(): string {
+  return mkdtempSync(join(tmpdir(), 'cuda-ipc-lconn-'));
+}
+
+test('listen() and connect() given a tcp:// URL go to TCP', async () => {
+  const pending = listen('tcp://127.0.0.1:0' as const, { token: TOKEN });
+  assert.ok(pending instanceof Promise, 'a URL: listen() resolves once bound');
+  const listener = await pending;
+  try {
+    assert.ok(listener instanceof TcpListener);
+    const [a, b] = await Promise.all([listener.accept({ timeout: 30_000 }), connect(listener.url, { token: TOKEN })]);
+    assert.equal(b.remote?.tls, false);
+    b.send('over TCP');
+    assert.equal(await a.receive({ timeout: 30_000 }), 'over TCP');
+    a.close();
+    b.close();
+  } finally {
+    listener.close();
+  }
+});
+
+test('a Listener is made by listen() only', () => {
+  assert.throws(() => new Listener(Symbol('not the key') as never, 'x', '/nonexistent/x.sock', -1, {} as never, {}), (e: unknown) =>
+    code('ERR_INVALID_ARG_VALUE')(e) && /use listen\(\) to create a Listener/.test((e as Error).message));
+});
+
+test('argument errors: the options listen() and connect() do not take say what to use instead; a bad timeout names the option given', async () => {
+  assert.throws(() => listen('x', { timeout: 5 } as never), (e: unknown) =>
+    code('ERR_INVALID_ARG_VALUE')(e) && /^listen: unknown option 'timeout': listen\(\) does not wait; pass it to listener\.accept\(\{ signal, timeout \}\)/.test((e as Error).message));
+  assert.throws(() => listen('x', { signal: AbortSignal.abort() } as never), (e: unknown) =>
+    code('ERR_INVALID_ARG_VALUE')(e) && /unknown option 'signal': listen\(\) does not wait/.test((e as Error).message));
+  await assert.rejects(connect('x', { handshakeTimeoutMs: 5 } as never), (e: unknown) =>
+    code('ERR_INVALID_ARG_VALUE')(e) && /^connect: unknown option 'handshakeTimeoutMs': connect\(\) takes timeout \(ms\) for the whole wait, handshake included;/.test((e as Error).message));
+  await assert.rejects(connect('x', { timeout: -1 }), (e: unknown) => code('ERR_OUT_OF_RANGE')(e) && /^The value of "options\.timeout" is out of range/.test((e as Error).message));
+  await assert.rejects(connect('x', { timeoutMs: -1 }), (e: unknown) => code('ERR_OUT_OF_RANGE')(e) && /^The value of "options\.timeoutMs" is out of range/.test((e as Error).message));
+});
+
+test('connect() with timeout 0: nobody there, a stale socket, a full backlog, a busy listener: each its error at once, with its cause; no fd left behind', async () => {
+  const dir = tempDir();
+  const held: number[] = [];
+  const links: Link[] = [];
+  try {
+    const before = fdCount();
+    for (let i = 0; i < 3; i++) {
+      await assert.rejects(connect('absent', { directory: dir, timeout: 0 }), (e: unknown) => code('ERR_NO_LISTENER')(e) && code('ENOENT')((e as Error).cause));
+    }
+    // A socket file whose listener is gone (bound, never listened, closed).
+    const stale = addon.socket();
+    addon.bind(stale, join(dir, 'stale.sock'));
+    addon.close(stale);
+    await assert.rejects(connect('stale', { directory: dir, timeout: 0 }), (e: unknown) =>
+      code('ERR_NO_LISTENER')(e) && /is a stale socket left by a process that is gone$/.test((e as Error).message) && code('ECONNREFUSED')((e as Error).cause));
+    assert.equal(fdCount(), before, 'every failed try closed its socket');
+    // A full backlog: the wait's own error, saying it waited 0 ms.
+    const full = addon.socket();
+    held.push(full);
+    addon.bind(full, join(dir, 'full.sock'));
+    addon.listen(full, 0);
+    for (let i = 0; i < 64; i++) {
+      const c = addon.socket();
+      held.push(c);
+      try {
+        addon.connect(c, join(dir, 'full.sock'));
+      } catch {
+        break;
+      }
+    }
+    await assert.rejects(connect('full', { directory: dir, timeout: 0 }), (e: unknown) =>
+      code('ERR_TIMEOUT')(e) && /^connect: the listener 'full' is too busy to accept a connection \(its backlog is full\), and none appeared within 0 ms/.test((e as Error).message));
+    // A listener with no room: its refusal as it came, not wrapped as a wait that ran out.
+    using busy = listen('busy', { directory: dir, maxPending: 1 });
+    links.push(await connect('busy', { directory: dir }));
+    await assert.rejects(connect('busy', { directory: dir, timeout: 0 }), (e: unknown) =>
+      code('ERR_LISTENER_BUSY')(e) && /^the listener 'busy' is busy: listener 'busy' \(pid \d+\) has no room: 1 connections are already waiting/.test((e as Error).message) &&
+      (e as Error).cause === undefined);
+    links.push(await busy.accept());
+  } finally {
+    for (const l of links) l.close();
+    for (const fd of held) addon.close(fd);
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('connect(): an error that is not the listener being busy is not retried', async () => {
+  const dir = tempDir();
+  try {
+    // A directory that is a file: the system's error, at once (not a wait for a listener).
+    writeFileSync(join(dir, 'file'), '');
+    await assert.rejects(connect('x', { directory: join(dir, 'file'), timeout: 60_000 }), (e: unknown) => !(e instanceof IpcError) && /Not a directory/.test((e as Error).message));
+    // A listening socket that goes away while the connection waits in its backlog: the peer is
+    // gone, said at once, though the socket file is still there to try again.
+    const raw = addon.socket();
+    addon.bind(raw, join(dir, 'raw.sock'));
+    addon.listen(raw, 4);
+    const connecting = connect('raw', { directory: dir, timeout: 60_000 });
+    // connect() reached the socket before it returned (its first step runs synchronously).
+    addon.close(raw);
+    await assert.rejects(connecting, code('ERR_PEER_GONE'));
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('connect(): an abort during the handshake is an AbortError, and its socket is closed', async () => {
+  const dir = tempDir();
+  const raw = addon.socket();
+  try {
+    // Listens and never accepts: the connection waits in the backlog for a HELLO that never comes.
+    addon.bind(raw, join(dir, 'silent.sock'));
+    addon.listen(raw, 4);
+    const before = fdCount();
+    const ac = new AbortController();
+    const connecting = connect('silent', { directory: dir, signal: ac.signal, timeout: 60_000 });
+    ac.abort(new Error('no longer wanted'));
+    await assert.rejects(connecting, (e: unknown) => (e as Error).name === 'AbortError' && code('ABORT_ERR')(e));
+    assert.equal(fdCount(), before, 'the aborted connection\'s socket was closed');
+  } finally {
+    addon.close(raw);
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+test('`using` closes the listener at the end of its block', () => {
+  const dir = tempDir();
+  let outer: Listener | undefined;
+  try {
+    {
+      using l = listen('scoped', { directory: dir });
+      outer = l;
+      assert.equal(l.closed, false);
+    }
+    assert.equal(outer.closed, true);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
