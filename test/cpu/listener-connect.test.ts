@@ -5,6 +5,7 @@
 // failed try and on an abort during the handshake, and `using`.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { once } from 'node:events';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -14,6 +15,7 @@ import { Listener } from '../../src/link/connect/listener.js';
 import { TcpListener } from '../../src/link/connect/tcp-listener.js';
 import { addon } from '../../src/native/addon.js';
 import { fdCount } from '../fixtures/fd-count.js';
+import { header } from '../fixtures/link-pair.js';
 import { TOKEN } from '../fixtures/tcp-peer.js';
 
 const code = (c: string) => (e: unknown): boolean => (e as { code?: string })?.code === c;
@@ -151,6 +153,65 @@ test('`using` closes the listener at the end of its block', () => {
     }
     assert.equal(outer.closed, true);
   } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
+/** A connection to `path` whose first frame is a MESSAGE (before any HELLO): the listener refuses it as soon as it reads it. */
+function junkConnection(path: string): () => void {
+  const fd = addon.socket();
+  addon.connect(fd, path);
+  const s = new addon.Socket(fd, 1 << 17, () => {}, () => {});
+  const junk = header(2, 0, 0, 0);
+  s.send(junk, junk.byteLength, null, null);
+  return () => s.close();
+}
+
+test('links waiting for accept() are taken in order, before a \'connection\' listener added meanwhile gets any', async () => {
+  const dir = tempDir();
+  const links: Link[] = [];
+  const junk: Array<() => void> = [];
+  try {
+    using l = listen('order', { directory: dir, refusedIntervalMs: 0 });
+    const refusals: IpcError[] = [];
+    let wake: (() => void) | undefined;
+    l.on('refused', (e) => {
+      refusals.push(e);
+      wake?.();
+    });
+    // A junk connection after each connect(), refused once read: the listener read that link's HELLO before.
+    const settled = async (): Promise<void> => {
+      const seen = refusals.length;
+      const next = new Promise<void>((resolve) => (wake = resolve));
+      junk.push(junkConnection(l.path));
+      if (refusals.length === seen) await next;
+      assert.equal(refusals[seen]!.code, 'ERR_FRAME_INVALID');
+    };
+    const first = await connect('order', { directory: dir });
+    links.push(first);
+    await settled();
+    const events: Link[] = [];
+    l.on('connection', (link) => events.push(link));
+    const second = await connect('order', { directory: dir });
+    links.push(second);
+    await settled();
+    assert.equal(events.length, 0, 'the second waits behind the first, not handed to the listener');
+    const a = await l.accept();
+    const b = await l.accept();
+    links.push(a, b);
+    first.send('first');
+    second.send('second');
+    assert.equal(await a.receive({ timeout: 30_000 }), 'first');
+    assert.equal(await b.receive({ timeout: 30_000 }), 'second');
+    // The queue empty, the next goes to the listener.
+    const viaEvent = once(l, 'connection');
+    links.push(await connect('order', { directory: dir }));
+    await viaEvent;
+    assert.equal(events.length, 1);
+    links.push(events[0]!);
+  } finally {
+    for (const close of junk) close();
+    for (const link of links) link.close();
     rmSync(dir, { recursive: true, force: true });
   }
 });
