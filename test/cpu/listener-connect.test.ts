@@ -215,3 +215,31 @@ test('links waiting for accept() are taken in order, before a \'connection\' lis
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('connect() sends its HELLO as the connection exists, without waiting for the listener\'s (PROTOCOL.md 2.2)', async () => {
+  const dir = tempDir();
+  const fd = addon.socket();
+  const open: Array<{ close(): void }> = [];
+  try {
+    // A listener that accepts and only reads: the first frame it gets must be the connecting side's HELLO.
+    addon.bind(fd, join(dir, 'quiet.sock'));
+    addon.listen(fd, 4);
+    const firstFrame = new Promise<number>((resolve, reject) => {
+      const acceptor = new addon.Acceptor(fd, (conn) => {
+        if (conn < 0) return reject(new Error(`accept failed (errno ${-conn})`));
+        const s = new addon.Socket(conn, 1 << 17, () => resolve(new Uint8Array(s.recvBuffer)[5]!), (what) => {
+          if (what !== 'writable') reject(new Error(`the connection ended (${what}) before any frame`));
+        });
+        open.push(s);
+      });
+      open.push(acceptor);
+    });
+    const connecting = connect('quiet', { directory: dir, timeout: 60_000 });
+    assert.equal(await firstFrame, 1, 'a HELLO');
+    for (const o of open.splice(0)) o.close();
+    await assert.rejects(connecting, (e: unknown) => e instanceof IpcError);
+  } finally {
+    for (const o of open) o.close();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
