@@ -73,7 +73,15 @@ export const groups = {
     mutate: ['src/link/connect/listener.ts'],
     // security-links (13 s a run) also covers it: too slow per mutant. listener-pending first: the
     // pending bounds, fd exhaustion and connect()'s waits.
-    tests: ['listener-pending', 'link-listen', 'link-limits', 'link-uid'],
+    tests: ['listener-pending', 'listener-connect', 'link-listen', 'link-uid', 'link-limits'],
+    // Much of this module runs in the tests' children: listener-pending's EMFILE test runs the
+    // listener in a child (under `ulimit -n 200`), link-uid's connect() runs as 'nobody'. A child
+    // loads the sandbox's compiled, mutated dist/ (its fixtures import ../../src/) and inherits the
+    // active mutant, but the TAP runner sees coverage in the test process only, and reports it
+    // whatever coverageAnalysis says, so those mutants came out 'not covered' or were never run
+    // against the file that reaches them. The command runner has no coverage: every mutant runs
+    // the files one after another until one fails (about 7 s for a mutant that survives).
+    runner: 'command',
   },
   tcp: {
     mutate: ['src/link/transport/tcp-auth.ts', 'src/link/connect/tcp-listener.ts'],
@@ -87,22 +95,30 @@ const name = process.env.CUDA_IPC_MUTATION_GROUP ?? 'nccl';
 const group = groups[name];
 if (!group) throw new Error(`stryker.config.mjs: no mutation group "${name}" (one of ${Object.keys(groups).join(', ')})`);
 
+// CUDA_IPC_MUTATION_TESTS=a,b: only those test files (to iterate on one module's tests).
+const testFiles = (process.env.CUDA_IPC_MUTATION_TESTS?.split(',') ?? group.tests).map((t) => `dist/test/cpu/${t}.test.js`);
+// CUDA_IPC_MUTATION_RUNNER=command|tap overrides the group's runner.
+const command = (process.env.CUDA_IPC_MUTATION_RUNNER ?? group.runner ?? 'tap') === 'command';
+
 /** @type {import('@stryker-mutator/api/core').PartialStrykerOptions} */
 export default {
-  testRunner: 'tap',
+  testRunner: command ? 'command' : 'tap',
   plugins: ['@stryker-mutator/tap-runner'],
   // CUDA_IPC_MUTATION_MUTATE=file,file: only those of the group's modules (or ranges).
   mutate: process.env.CUDA_IPC_MUTATION_MUTATE?.split(',') ?? group.mutate,
   tap: {
-    // CUDA_IPC_MUTATION_TESTS=a,b: only those test files (to iterate on one module's tests).
-    testFiles: (process.env.CUDA_IPC_MUTATION_TESTS?.split(',') ?? group.tests).map((t) => `dist/test/cpu/${t}.test.js`),
+    testFiles,
     nodeArgs: ['--test-reporter=tap', '--test-force-exit'],
   },
+  // The command runner (a shell): each file in turn, stopping at the first that fails.
+  commandRunner: { command: testFiles.map((f) => `node --test --test-force-exit --test-reporter=dot ${f}`).join(' && ') },
   // The sandbox compiles the mutated sources itself; the checked-in dist/ is not copied.
   ignorePatterns: ['dist', 'prebuilds', '.gpu', '.whl', '*.tgz'],
-  buildCommand: 'npx tsc -p tsconfig.json',
-  // Per test file: a mutant runs only the files whose run reached it.
-  coverageAnalysis: 'perTest',
+  // tsc, then the sandbox made readable by 'nobody' (scripts/mutation-build.mjs says why).
+  buildCommand: 'node scripts/mutation-build.mjs',
+  // TAP runner: per test file, a mutant runs only the files whose run reached it (in the test
+  // process). The command runner has no coverage: every mutant runs the command.
+  coverageAnalysis: command ? 'off' : 'perTest',
   concurrency: Number(process.env.CUDA_IPC_MUTATION_CONCURRENCY ?? 2),
   // Tests of sockets and processes vary under load: a generous margin before a mutant is called
   // a timeout (which counts as detected).

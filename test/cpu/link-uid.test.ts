@@ -71,3 +71,38 @@ test('a listener refuses a connection from another uid (SO_PEERCRED) unless allo
     rmSync(dir, { recursive: true, force: true });
   }
 });
+
+test('connect() as another uid: a socket file it may not open is ERR_PEER_REFUSED (permission denied); a listener whose uid it does not allow is refused', { skip }, async () => {
+  const dir = mkdtempSync(join(tmpdir(), 'cuda-ipc-uid-'));
+  chmodSync(dir, 0o755);
+  try {
+    // No allowUids: the socket file is 0600, which 'nobody' cannot open.
+    {
+      using listener = listen('private', { directory: dir });
+      const { child, link } = await spawn(CONNECT_CHILD, ['private', dir, String(process.getuid!())], { uid: nobody.uid, gid: nobody.gid, allowUids: [nobody.uid] });
+      try {
+        assert.deepEqual(await link.receive(), { connected: false, code: 'ERR_PEER_REFUSED' });
+      } finally {
+        await link.end();
+        await once(child, 'exit');
+      }
+      listener.close();
+    }
+    // The listener admits 'nobody', but 'nobody' does not allow the listener's uid (root here).
+    {
+      using listener = listen('not-allowed', { directory: dir, allowUids: [nobody.uid] });
+      const refused = new Promise<unknown>((resolve) => listener.once('refused', resolve));
+      const { child, link } = await spawn(CONNECT_CHILD, ['not-allowed', dir], { uid: nobody.uid, gid: nobody.gid, allowUids: [nobody.uid] });
+      try {
+        assert.deepEqual(await link.receive(), { connected: false, code: 'ERR_PEER_REFUSED' });
+        // The connecting side's refusal reaches the listener too.
+        assert.ok(code('ERR_PEER_REFUSED')(await refused));
+      } finally {
+        await link.end();
+        await once(child, 'exit');
+      }
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});

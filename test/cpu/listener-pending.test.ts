@@ -144,6 +144,10 @@ test('another uid holds at most maxPendingPerUid places; the rest (and this uid)
       link.send('release');
       const again = (await link.receive()) as { refusedAt: number | null };
       assert.equal(again.refusedAt, null, 'two more silent connections of uid nobody were held');
+      // One of them hangs up: one place comes back, not the uid's whole count.
+      link.send('one');
+      const one = (await link.receive()) as { next: number };
+      assert.equal(one.next, 4, 'after taking the place given back, the next of uid nobody was refused (REFUSE)');
     } finally {
       await link.end();
       await once(child, 'exit');

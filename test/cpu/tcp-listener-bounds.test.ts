@@ -9,11 +9,12 @@ import net from 'node:net';
 import { once } from 'node:events';
 import { IpcError } from '../../src/errors.js';
 import { connect, listen, type Link, type RefusedReport } from '../../src/link/index.js';
-import { sourceOf, type TcpListener } from '../../src/link/connect/tcp-listener.js';
-import { RawTcp, TOKEN, authenticateRaw, specChallenge } from '../fixtures/tcp-peer.js';
+import { TcpListener, sourceOf } from '../../src/link/connect/tcp-listener.js';
+import { RawTcp, TOKEN, authenticateRaw, parseFrames, specChallenge, tcpHello, tcpLinkWithRawPeer } from '../fixtures/tcp-peer.js';
 import { randomBytes } from 'node:crypto';
 
 const isCode = (c: string) => (e: unknown): boolean => e instanceof IpcError && e.code === c;
+const WRONG_TOKEN = 'not-the-listener-token-0123456789';
 
 /** 'refused' events as they come; next() waits for the next one (failing loudly after a generous deadline). */
 function refusals(listener: TcpListener): { list: Array<[IpcError, RefusedReport]>; next(): Promise<[IpcError, RefusedReport]> } {
@@ -57,7 +58,9 @@ test('sourceOf: IPv4 as it is (also IPv4-mapped), IPv6 by its /64 in canonical g
   assert.equal(sourceOf(''), 'unknown');
   assert.equal(sourceOf('127.0.0.2'), '127.0.0.2');
   assert.equal(sourceOf('::FFFF:10.1.2.3'), '10.1.2.3');
+  assert.equal(sourceOf('::ffff:10.20.30.40'), '10.20.30.40');
   assert.equal(sourceOf('::ffff:1.2.3'), '0:0:0:0::/64', 'not a mapped IPv4 address: an IPv6 one');
+  assert.equal(sourceOf('1::ffff:1.2.3.4'), '1:0:0:0::/64', 'ends like a mapped address but is not one');
   assert.equal(sourceOf('2001:0db8:0000:0001::'), '2001:db8:0:1::/64');
   assert.equal(sourceOf('2001:db8::'), '2001:db8:0:0::/64');
   assert.equal(sourceOf('2001:db8:1:2:3:4:5:6'), '2001:db8:1:2::/64');
@@ -105,6 +108,10 @@ test('maxPendingPerAddress: one address holds that many unauthenticated places; 
       back = await silent(listener.port, '127.0.0.2');
     }
     held.push(back.socket);
+    // That was the one place given back: the next from 127.0.0.2 is closed again.
+    const over = await silent(listener.port, '127.0.0.2');
+    held.push(over.socket);
+    assert.equal(over.admitted, false, '127.0.0.2 holds its two places again');
     // A connection that proved the token no longer counts against its address.
     const proved = await RawTcp.connect(listener.port);
     assert.equal(await authenticateRaw(proved), true);
@@ -208,5 +215,139 @@ test('binding: a port in use is ERR_ADDRESS_IN_USE, an address of no interface h
     first.close();
   }
   // 192.0.2.0/24 is TEST-NET-1: never this machine's.
-  await assert.rejects(listen('tcp://192.0.2.1:0', { token: TOKEN }), (e: unknown) => isCode('ERR_UNSUPPORTED')(e) && /EADDRNOTAVAIL/.test((e as Error).message));
+  await assert.rejects(listen('tcp://192.0.2.1:0', { token: TOKEN }), (e: unknown) => isCode('ERR_UNSUPPORTED')(e) && /EADDRNOTAVAIL/.test((e as Error).message) && ((e as Error).cause as { code?: string }).code === 'EADDRNOTAVAIL');
+  // The system's error otherwise, as it is: a link-local address without its zone (EINVAL; a
+  // kernel without IPv6 says EAFNOSUPPORT).
+  await assert.rejects(listen('tcp://[fe80::1]:0', { token: TOKEN }), (e: unknown) => !(e instanceof IpcError) && ['EINVAL', 'EAFNOSUPPORT'].includes((e as { code?: string }).code!));
+});
+
+test('binding: the port in use is the cause of ERR_ADDRESS_IN_USE', async () => {
+  const first = await listen('tcp://127.0.0.1:0', { token: TOKEN });
+  try {
+    await assert.rejects(listen(first.url, { token: TOKEN }), (e: unknown) => isCode('ERR_ADDRESS_IN_USE')(e) && ((e as Error).cause as { code?: string }).code === 'EADDRINUSE');
+  } finally {
+    first.close();
+  }
+});
+
+test('maxPending counts the connections in their handshake and the links waiting for accept(); past it one is closed unanswered and reported', async () => {
+  const listener = await listen('tcp://127.0.0.1:0', { token: TOKEN, maxPending: 2, refusedIntervalMs: 0, handshakeTimeoutMs: 60_000, challengeTimeoutMs: 60_000 });
+  const refused = refusals(listener);
+  const held: net.Socket[] = [];
+  try {
+    const waiting = await connect(listener.url, { token: TOKEN });
+    // A wrong token, refused once its proof is read: after the HELLO of `waiting` (sent before it
+    // connected), so `waiting` is queued for accept() by then. Its peer is named without a scheme.
+    await assert.rejects(connect(listener.url, { token: WRONG_TOKEN }), isCode('ERR_AUTH_FAILED'));
+    const [wrong] = await refused.next();
+    assert.equal(wrong.code, 'ERR_AUTH_FAILED');
+    assert.match(wrong.message, /^the peer at 127\.0\.0\.1:\d+ did not prove the token/);
+    const inHandshake = await silent(listener.port);
+    held.push(inHandshake.socket);
+    assert.equal(inHandshake.admitted, true, 'the second place: one queued link, one in its handshake');
+    const third = await silent(listener.port);
+    held.push(third.socket);
+    assert.equal(third.admitted, false, 'the third was closed with nothing sent');
+    const [e, report] = await refused.next();
+    assert.equal(e.code, 'ERR_LIMIT_REACHED');
+    assert.equal(e.limit, 'maxPending');
+    assert.equal(e.message, `listener ${listener.url} closed a connection from 127.0.0.1: 2 connections are already in their handshake or waiting for accept() (maxPending)`);
+    assert.deepEqual(report.bySource, { '127.0.0.1': 1 });
+    assert.equal(listener.refusedCount, 2, 'the wrong token and the one past maxPending');
+    // The queued link is the next accept()'s.
+    const server = await listener.accept({ timeout: 30_000 });
+    waiting.send('queued');
+    assert.equal(await server.receive({ timeout: 30_000 }), 'queued');
+    server.close();
+    waiting.close();
+  } finally {
+    for (const s of held) s.destroy();
+    listener.close();
+  }
+});
+
+test('links waiting for accept() are taken in order, before a \'connection\' listener added meanwhile gets any; for await and using', async () => {
+  let outer: TcpListener | undefined;
+  let iterator: AsyncIterator<Link> | undefined;
+  const links: Link[] = [];
+  try {
+    using listener = await listen('tcp://127.0.0.1:0', { token: TOKEN, refusedIntervalMs: 0 });
+    outer = listener;
+    const refused = refusals(listener);
+    // A refused wrong token after each connect(): the listener read that link's HELLO before it.
+    const settled = async (): Promise<void> => {
+      await assert.rejects(connect(listener.url, { token: WRONG_TOKEN }), isCode('ERR_AUTH_FAILED'));
+      assert.equal((await refused.next())[0].code, 'ERR_AUTH_FAILED');
+    };
+    const first = await connect(listener.url, { token: TOKEN });
+    links.push(first);
+    await settled();
+    const events: Link[] = [];
+    listener.on('connection', (l) => events.push(l));
+    const second = await connect(listener.url, { token: TOKEN });
+    links.push(second);
+    await settled();
+    assert.equal(events.length, 0, 'the second waits behind the first, not handed to the listener');
+    iterator = listener[Symbol.asyncIterator]();
+    const a = (await iterator.next()).value as Link;
+    const b = (await iterator.next()).value as Link;
+    links.push(a, b);
+    first.send('first');
+    second.send('second');
+    assert.equal(await a.receive({ timeout: 30_000 }), 'first');
+    assert.equal(await b.receive({ timeout: 30_000 }), 'second');
+    // The queue empty, the next goes to the listener.
+    const viaEvent = once(listener, 'connection');
+    links.push(await connect(listener.url, { token: TOKEN }));
+    await viaEvent;
+    assert.equal(events.length, 1);
+    links.push(events[0]!);
+  } finally {
+    for (const l of links) l.close();
+  }
+  // `using` closed it; its iterator ends; ref() and unref() on a closed listener do nothing.
+  assert.equal(outer!.closed, true);
+  assert.deepEqual(await iterator!.next(), { done: true, value: undefined });
+  assert.equal(outer!.ref(), outer);
+  assert.equal(outer!.unref(), outer);
+});
+
+test('a link handed out is not closed when the handshake timeout its connection started with runs out', async () => {
+  const listener = await listen('tcp://127.0.0.1:0', { token: TOKEN, refusedIntervalMs: 0, handshakeTimeoutMs: 300, challengeTimeoutMs: 300 });
+  const refused = refusals(listener);
+  try {
+    const [server, client] = await Promise.all([listener.accept(), connect(listener.url, { token: TOKEN })]);
+    // A silent connection made after it: its timeout ends after the first one's would have.
+    const late = await silent(listener.port);
+    assert.equal(late.admitted, true);
+    const [e] = await refused.next();
+    assert.equal(e.code, 'ERR_TIMEOUT');
+    late.socket.destroy();
+    assert.equal(server.closed, false);
+    client.send('after the timeout');
+    assert.equal(await server.receive({ timeout: 30_000 }), 'after the timeout');
+    server.close();
+    client.close();
+  } finally {
+    listener.close();
+  }
+});
+
+test('the listener sends its HELLO right after its proof, without waiting for the peer\'s (PROTOCOL.md 2.3, step 5)', async () => {
+  const { listener, raw, link } = await tcpLinkWithRawPeer({ handshakeTimeoutMs: 60_000 });
+  try {
+    const frames = parseFrames(await raw.take(24));
+    assert.deepEqual(frames.map((f) => f.type), [1], 'a HELLO came before this side sent anything');
+    raw.send(tcpHello());
+    const server = await link;
+    assert.equal(server.closed, false);
+    server.close();
+  } finally {
+    raw.destroy();
+    listener.close();
+  }
+});
+
+test('a TcpListener is made by listen(url) only', () => {
+  assert.throws(() => new TcpListener(Symbol('not the key') as never, net.createServer(), 'tcp://127.0.0.1:1' as never, {} as never), (e: unknown) => e instanceof TypeError && e.message === 'use listen(url) to create a TcpListener');
 });
