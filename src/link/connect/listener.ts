@@ -198,9 +198,9 @@ export class Listener extends EventEmitter implements Disposable, AsyncIterable<
       return;
     }
     const busy = this.#held.size >= this.#maxPending
-      ? `${this.#maxPending} connections are already waiting for their handshake or for accept()`
+      ? `${this.#maxPending} ${this.#maxPending === 1 ? 'connection is' : 'connections are'} already waiting for their handshake or for accept()`
       : uid !== myUid && (this.#heldByUid.get(uid) ?? 0) >= this.#maxPendingPerUid
-        ? `${this.#maxPendingPerUid} connections of uid ${uid} are already waiting for their handshake or for accept()`
+        ? `${this.#maxPendingPerUid} ${this.#maxPendingPerUid === 1 ? 'connection' : 'connections'} of uid ${uid} ${this.#maxPendingPerUid === 1 ? 'is' : 'are'} already waiting for their handshake or for accept()`
         : undefined;
     if (busy) {
       const limit = this.#held.size >= this.#maxPending ? 'maxPending' : 'maxPendingPerUid';

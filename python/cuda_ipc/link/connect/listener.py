@@ -167,9 +167,11 @@ class Listener:
 
     def _busy(self, uid: int) -> str | None:
         if len(self._pending) >= self._max_pending:
-            return f"{self._max_pending} connections are already waiting for their handshake or for accept() (max_pending)"
+            waiting = "connection is" if self._max_pending == 1 else "connections are"
+            return f"{self._max_pending} {waiting} already waiting for their handshake or for accept() (max_pending)"
         if uid != MY_UID and sum(1 for u, _ in self._pending.values() if u == uid) >= self._max_pending_per_uid:
-            return f"{self._max_pending_per_uid} connections of uid {uid} are already waiting for their handshake or for accept() (max_pending_per_uid)"
+            n = self._max_pending_per_uid
+            return f"{n} {'connection' if n == 1 else 'connections'} of uid {uid} {'is' if n == 1 else 'are'} already waiting for their handshake or for accept() (max_pending_per_uid)"
         return None
 
     def close(self) -> None:
