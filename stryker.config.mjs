@@ -85,9 +85,10 @@ export const groups = {
   },
   tcp: {
     mutate: ['src/link/transport/tcp-auth.ts', 'src/link/connect/tcp-listener.ts'],
-    // tcp-listener-bounds first (the listener's timeouts, per-address bound, close, binding; 3 s a
-    // run); link-tcp-flood (8 s a run) covers the same bounds under a flood, left out.
-    tests: ['tcp-listener-bounds', 'link-tls-client-certs', 'link-tcp', 'link-tcp-hostile', 'link-tcp-crash'],
+    // tcp-auth first (the token exchange at its seam, chunk by chunk; under a second a run), then
+    // tcp-listener-bounds (the listener's timeouts, per-address bound, close, binding; 3 s a run);
+    // link-tcp-flood (8 s a run) covers the same bounds under a flood, left out.
+    tests: ['tcp-auth', 'tcp-listener-bounds', 'link-tls-client-certs', 'link-tcp', 'link-tcp-hostile', 'link-tcp-crash'],
   },
 };
 
