@@ -202,6 +202,19 @@ test('connecting side: closed before it proved anything is ERR_LISTENER_BUSY (wo
     await assert.rejects(p, code('ERR_AUTH_FAILED', /^the listener at test did not prove the token: the two sides hold different tokens \(options\.token or CUDA_IPC_TOKEN\): it closed the connection after this side's proof, without its own$/));
   }
   {
+    // Reset after its proof: the same refusal, with the reset as its cause.
+    const s = new ChunkSocket();
+    const p = authenticate(asSocket(s), CONNECTOR, Buffer.from(TOKEN), 'listener at test');
+    s.emit('data', specChallenge(LISTENER, randomBytes(32)));
+    const reset = Object.assign(new Error('read ECONNRESET'), { code: 'ECONNRESET' });
+    s.emit('error', reset);
+    await assert.rejects(p, (e: unknown) => {
+      code('ERR_AUTH_FAILED', /: it reset the connection \(read ECONNRESET\) after this side's proof, without its own$/)(e);
+      assert.equal((e as IpcError).cause, reset);
+      return true;
+    });
+  }
+  {
     // An error without a code (a stream destroyed with a plain Error) is no want of room either way: not a TLS alert.
     const s = new ChunkSocket();
     const p = authenticate(asSocket(s), CONNECTOR, Buffer.from(TOKEN), 'listener at test');
