@@ -179,6 +179,27 @@ test('out of fds while accepting: \'error\' says ERR_FD_LIMIT (EMFILE), and the 
   }
 });
 
+test('out of fds while accepting with no \'error\' listener: nothing is thrown, and the listener accepts once fds are back', { timeout: 120_000 }, async () => {
+  const dir = tempDir();
+  const child = fileURLToPath(new URL('../fixtures/listener-fd-child.js', import.meta.url));
+  const { child: proc, link } = await startLinkedChild('/bin/sh', ['-c', 'ulimit -n 200 && exec "$0" "$@"', process.execPath, child, dir, 'fd-silent', 'silent'], { stdio: 'inherit' }, 'listener fd child');
+  try {
+    const full = (await link.receive({ timeout: 60_000 })) as { full: number };
+    assert.ok(full.full > 50, `the child filled its fd table (${full.full} fds)`);
+    const connecting = connect('fd-silent', { directory: dir, timeout: 60_000 });
+    link.send({ connecting: true });
+    assert.deepEqual(await link.receive({ timeout: 60_000 }), { freed: true });
+    const conn = await connecting;
+    assert.equal(await conn.receive({ timeout: 60_000 }), 'accepted');
+    assert.deepEqual(await link.receive({ timeout: 60_000 }), { accepted: true, errors: 0 });
+    conn.close();
+  } finally {
+    link.close();
+    if (proc.exitCode === null) proc.kill('SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('connect(): a full backlog is waited on until the timeout (ERR_TIMEOUT saying so); an abort during a pause is an AbortError', async () => {
   const dir = tempDir();
   const held: number[] = [];
