@@ -157,13 +157,19 @@ test('another uid holds at most maxPendingPerUid places; the rest (and this uid)
   }
 });
 
+/** The EMFILE child (test/fixtures/listener-fd-child.ts) under `ulimit -n 200`, listening as `name` in `dir`, once it filled its fd table. */
+async function fdChild(dir: string, name: string, mode?: 'silent') {
+  const child = fileURLToPath(new URL('../fixtures/listener-fd-child.js', import.meta.url));
+  const { child: proc, link } = await startLinkedChild('/bin/sh', ['-c', 'ulimit -n 200 && exec "$0" "$@"', process.execPath, child, dir, name, ...(mode ? [mode] : [])], { stdio: 'inherit' }, 'listener fd child');
+  const full = (await link.receive({ timeout: 60_000 }).catch((e: unknown) => { proc.kill('SIGKILL'); throw e; })) as { full: number };
+  assert.ok(full.full > 50, `the child filled its fd table (${full.full} fds)`);
+  return { proc, link };
+}
+
 test('out of fds while accepting: \'error\' says ERR_FD_LIMIT (EMFILE), and the listener accepts once fds are back', { timeout: 120_000 }, async () => {
   const dir = tempDir();
-  const child = fileURLToPath(new URL('../fixtures/listener-fd-child.js', import.meta.url));
-  const { child: proc, link } = await startLinkedChild('/bin/sh', ['-c', 'ulimit -n 200 && exec "$0" "$@"', process.execPath, child, dir, 'fd-child'], { stdio: 'inherit' }, 'listener fd child');
+  const { proc, link } = await fdChild(dir, 'fd-child');
   try {
-    const full = (await link.receive({ timeout: 60_000 })) as { full: number };
-    assert.ok(full.full > 50, `the child filled its fd table (${full.full} fds)`);
     const connecting = connect('fd-child', { directory: dir, timeout: 60_000 });
     const reported = (await link.receive({ timeout: 60_000 })) as { error: { code: string; message: string } };
     assert.equal(reported.error.code, 'ERR_FD_LIMIT');
@@ -181,11 +187,8 @@ test('out of fds while accepting: \'error\' says ERR_FD_LIMIT (EMFILE), and the 
 
 test('out of fds while accepting with no \'error\' listener: nothing is thrown, and the listener accepts once fds are back', { timeout: 120_000 }, async () => {
   const dir = tempDir();
-  const child = fileURLToPath(new URL('../fixtures/listener-fd-child.js', import.meta.url));
-  const { child: proc, link } = await startLinkedChild('/bin/sh', ['-c', 'ulimit -n 200 && exec "$0" "$@"', process.execPath, child, dir, 'fd-silent', 'silent'], { stdio: 'inherit' }, 'listener fd child');
+  const { proc, link } = await fdChild(dir, 'fd-silent', 'silent');
   try {
-    const full = (await link.receive({ timeout: 60_000 })) as { full: number };
-    assert.ok(full.full > 50, `the child filled its fd table (${full.full} fds)`);
     const connecting = connect('fd-silent', { directory: dir, timeout: 60_000 });
     link.send({ connecting: true });
     assert.deepEqual(await link.receive({ timeout: 60_000 }), { freed: true });

@@ -114,6 +114,24 @@ describe('sharded sync group over CUDA IPC on device memory', { skip: noGpu }, (
   });
 });
 
+/**
+ * A hub holding nothing (rank `count`, node 'hub': it plans and coordinates but joins no
+ * communicator) and members 0..count-1 of `scenario` (each with envOf(rank)), joined and ready;
+ * syncAll(members, v): the hub's sync beside each member's of version v.
+ */
+async function hubOfNothing(tag: string, scenario: Scenario, count: number, envOf: (rank: number) => Record<string, string> | undefined) {
+  const layout = new LayoutBuilder({ rank: count, node: 'hub', gpu: 0 }).build();
+  const group = await ShardGroup.host({ listen: `shard-${tag}-${process.pid}-${randomBytes(3).toString('hex')}`, size: count + 1, layout, sources: [], destinations: [] });
+  const started = await Promise.all(Array.from({ length: count }, (_, r) => member(r, group.address, scenario, envOf(r))));
+  for (const { joined } of started) { const j = await joined; assert.equal(j.ok, true, `a member joined: ${j.message ?? ''}`); }
+  await group.ready({ timeout: 120_000 });
+  const syncAll = (ms: readonly Member[], v: number): Promise<Reply[]> => Promise.all([
+    group.sync({ timeout: 120_000 }).then((r) => ({ ok: true, version: r.version } as Reply)),
+    ...ms.map((m) => m.ask('sync', { version: v, timeout: 120_000 })),
+  ]);
+  return { group, members: started.map((s) => s.m), syncAll };
+}
+
 const nccl = await ncclOrReason();
 const noNccl = noGpu ?? (typeof nccl === 'string' ? nccl : undefined);
 
@@ -125,17 +143,7 @@ describe('sharded sync group over NCCL between two node ids', { skip: noNccl }, 
   for (const { name, gpus: onGpus, env: envOf, skip } of paths) {
     const scenario: Scenario = { sources: 2, tp: 2, colocated: true, nodePerRank: true, gpus: onGpus };
     test(`two colocated ranks on ${onGpus} GPU(s), FSDP -> TP2 over ${name}: repeated syncs exact, a rank killed mid-sync, its replacement`, { skip }, async () => {
-      // The hub holds nothing: it plans and coordinates but joins no communicator.
-      const layout = new LayoutBuilder({ rank: 2, node: 'hub', gpu: 0 }).build();
-      const group = await ShardGroup.host({ listen: `shard-nccl-${process.pid}-${randomBytes(3).toString('hex')}`, size: 3, layout, sources: [], destinations: [] });
-      const started = await Promise.all([0, 1].map((r) => member(r, group.address, scenario, envOf(r))));
-      for (const { joined } of started) { const j = await joined; assert.equal(j.ok, true, `a member joined: ${j.message ?? ''}`); }
-      await group.ready({ timeout: 120_000 });
-      const members = started.map((s) => s.m);
-      const syncAll = (ms: readonly Member[], v: number): Promise<Reply[]> => Promise.all([
-        group.sync({ timeout: 120_000 }).then((r) => ({ ok: true, version: r.version } as Reply)),
-        ...ms.map((m) => m.ask('sync', { version: v, timeout: 120_000 })),
-      ]);
+      const { group, members, syncAll } = await hubOfNothing('nccl', scenario, 2, envOf);
       for (const version of [1, 2]) {
         const replies = await syncAll(members, 200 + version);
         for (const r of replies) assert.deepEqual([r.ok, r.version, r.message], [true, version, undefined]);
@@ -171,17 +179,8 @@ describe('sharded sync group over NCCL between two node ids', { skip: noNccl }, 
 describe('sharded sync group over NCCL: 2 FSDP sources -> 2 replicas of TP2, six nodes', { skip: noNccl }, () => {
   const scenario: Scenario = { sources: 2, tp: 2, replicas: 2, nodePerRank: true, gpus: Math.min(gpus, 6) };
   test(`six ranks on ${scenario.gpus} GPU(s) over the forced network path: repeated syncs exact on both replicas; a destination killed mid-sync, its replacement`, async () => {
-    const layout = new LayoutBuilder({ rank: 6, node: 'hub', gpu: 0 }).build();
-    const group = await ShardGroup.host({ listen: `shard-nccl6-${process.pid}-${randomBytes(3).toString('hex')}`, size: 7, layout, sources: [], destinations: [] });
-    const started = await Promise.all([0, 1, 2, 3, 4, 5].map((r) => member(r, group.address, scenario, asOwnHost(r))));
-    for (const { joined } of started) { const j = await joined; assert.equal(j.ok, true, `a member joined: ${j.message ?? ''}`); }
-    await group.ready({ timeout: 120_000 });
+    const { group, members, syncAll } = await hubOfNothing('nccl6', scenario, 6, asOwnHost);
     assert.ok(group.plan!.pairs.every((p) => p.path === 'nccl'), 'every pair between two nodes goes over NCCL');
-    const members = started.map((s) => s.m);
-    const syncAll = (ms: readonly Member[], v: number): Promise<Reply[]> => Promise.all([
-      group.sync({ timeout: 120_000 }).then((r) => ({ ok: true, version: r.version } as Reply)),
-      ...ms.map((m) => m.ask('sync', { version: v, timeout: 120_000 })),
-    ]);
     for (const version of [1, 2]) {
       const replies = await syncAll(members, 300 + version);
       for (const r of replies) assert.deepEqual([r.ok, r.version, r.message], [true, version, undefined]);
