@@ -36,6 +36,9 @@ test('maxPendingPerUid does not bind this process\'s own uid: maxPending alone d
     await assert.rejects(connect('own', { directory: dir, timeout: 200 }), (e: unknown) =>
       code('ERR_LISTENER_BUSY')(e) && /^connect: .*3 connections are already waiting .*\(maxPending\).*; it stayed so for 200 ms \(the timeout option\)$/.test((e as Error).message) &&
       code('ERR_LISTENER_BUSY')((e as Error).cause));
+    // timeout 0: one try, and the listener's own refusal at once (its handshake has the time to say so).
+    await assert.rejects(connect('own', { directory: dir, timeout: 0 }), (e: unknown) =>
+      code('ERR_LISTENER_BUSY')(e) && /3 connections are already waiting/.test((e as Error).message) && !/stayed so for/.test((e as Error).message));
     assert.ok(refused.length >= 1);
     assert.equal(refused[0]!.code, 'ERR_LIMIT_REACHED');
     assert.equal(refused[0]!.limit, 'maxPending');
