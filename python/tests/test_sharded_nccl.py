@@ -149,7 +149,7 @@ class FakeDevices(unittest.TestCase):
                 with self.assertRaises(IpcError) as cm:
                     groups[0].sync(30, bad)
                 self.assertEqual(cm.exception.code, "ERR_INVALID_ARG")
-                self.assertIn("must be a CUDA stream", str(cm.exception))
+                self.assertIn("stream must be None, an int CUstream, or a PyTorch, CuPy or cuda.core stream", str(cm.exception))
         self.sync_pair(("a", "b"), then=with_streams)
 
     def sync_pair(self, nodes: tuple[str, str], then: Callable[[list[ShardGroup], ThreadPoolExecutor], None] | None = None) -> list[Any]:

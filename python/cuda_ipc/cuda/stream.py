@@ -24,7 +24,7 @@ def stream_handle(stream: StreamLike) -> int:
     object of PyTorch (``cuda_stream``), cuda.core (``__cuda_stream__``) or CuPy (``ptr``)."""
     if stream is None:
         return 0
-    if isinstance(stream, int):
+    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
         return stream
     proto = getattr(stream, "__cuda_stream__", None)
     if callable(proto):
@@ -33,9 +33,12 @@ def stream_handle(stream: StreamLike) -> int:
         v = getattr(stream, attr, None)
         if v is not None:
             try:
-                return int(v)
+                h = int(v)
             except (TypeError, ValueError):
                 break
+            if h >= 0:
+                return h
+            break
     raise IpcError("ERR_INVALID_ARG", f"stream must be None, an int CUstream, or a PyTorch, CuPy or cuda.core stream; got {type(stream).__qualname__}")
 
 

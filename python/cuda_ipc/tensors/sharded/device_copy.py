@@ -7,7 +7,7 @@ destination mapped it (peer access where the GPUs differ: the tensor set's mappi
 from __future__ import annotations
 
 import ctypes
-from typing import Any, Sequence
+from typing import Sequence
 
 from ...cuda import driver as drv
 from ...cuda.device import Device
@@ -90,17 +90,6 @@ def synchronize_sources(ordinal: int, stream: int | None = None) -> None:
         else:
             drv.driver().call("cuStreamSynchronize", ctypes.c_void_p(stream))
 
-
-def stream_handle(stream: Any) -> int:
-    """The CUstream handle of a sync's ``stream``: an int handle, or an object with ``cuda_stream``
-    (torch.cuda.Stream, CuPy's streams) or ``handle`` (cuda.core's Stream) holding one."""
-    for value in (stream, getattr(stream, "cuda_stream", None), getattr(stream, "handle", None)):
-        if isinstance(value, int) and not isinstance(value, bool):
-            if value < 0:
-                break
-            return value
-    raise IpcError("ERR_INVALID_ARG", f"sync: stream must be a CUDA stream (an int handle, or an object with cuda_stream "
-                   f"or handle, as torch.cuda.Stream has), not {type(stream).__name__}")
 
 
 def _device(m: RunMemory, what: str) -> DeviceMemory:

@@ -25,10 +25,11 @@ import time
 from typing import Any, Callable, NamedTuple, Sequence
 
 from ...cuda.device import Device, set_working_device
+from ...cuda.stream import stream_handle
 from ...errors import IpcError
 from ...link.connect.endpoints import connect
 from ...link.connection.link import Link
-from .device_copy import DeviceRunCopier, stream_handle, synchronize_sources
+from .device_copy import DeviceRunCopier, synchronize_sources
 from .group_control import RankControl, _share, _Sync
 from .group_links import Served, ServeListener, SourceLink, read_loop, serve_name
 from .group_memory import local_memories, rank_kind
@@ -187,11 +188,11 @@ class ShardGroup(RankControl):
     def sync(self, timeout: float | None = None, stream: Any = None) -> SyncResult:
         """Moves this rank's share of the weights: returns once its destinations hold the sync's version
         and its destinations said done. ``stream``: where this rank's sources were last written (a
-        torch.cuda.Stream, or any object with ``cuda_stream`` or ``handle``, or an int handle); the sync
+        torch.cuda.Stream, a CuPy or cuda.core stream, or an int CUstream); the sync
         waits for it instead of the whole GPU. ERR_SHARD_PEER_LOST (detail ranks, half_written, version)
         when a rank or link of the group went away, ERR_TIMEOUT (detail waiting_for) past ``timeout``
         seconds; both leave the group failed until it plans again (a replacement joins, or relayout()).
-        ERR_INVALID_ARG for a ``stream`` that is none, or on a rank without device memory."""
+        ERR_INVALID_ARG for a ``stream`` that is not one, or on a rank without device memory."""
         handle = None
         if stream is not None:
             handle = stream_handle(stream)
