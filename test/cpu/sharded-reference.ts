@@ -5,38 +5,15 @@
 import { dtypeInfo } from '../../src/ipc/dtype.js';
 import type { RankLayout, LocalTensor, ShardPlan } from '../../src/tensors/sharded/index.js';
 import { RUN_FIELDS } from '../../src/tensors/sharded/index.js';
+import { byteOffset, eachElement, flatIndex } from '../helpers/piece-elements.js';
+import { globalByte, SENTINEL } from '../helpers/shard-group.js';
 
-const SENTINEL = 0xee;
-
-function globalByte(tensor: string, flat: number): number {
-  let h = 2166136261;
-  for (let i = 0; i < tensor.length; i++) h = Math.imul(h ^ tensor.charCodeAt(i), 16777619);
-  h = Math.imul(h ^ flat, 2246822519);
-  h ^= h >>> 13;
-  h = Math.imul(h, 3266489917);
-  return (h ^ (h >>> 16)) & 0xff;
-}
 
 function extent(local: LocalTensor): number {
   let e = dtypeInfo(local.dtype).itemsize;
   local.shape.forEach((n, i) => { e += (n - 1) * local.strides[i]!; });
   return e;
 }
-
-/** Calls fn(global index, local index) for each element of a piece. */
-function eachElement(start: readonly number[], length: readonly number[], at: readonly number[], fn: (g: number[], l: number[]) => void): void {
-  const k = length.map(() => 0);
-  if (length.some((n) => n === 0)) return;
-  for (;;) {
-    fn(k.map((x, d) => start[d]! + x), k.map((x, d) => at[d]! + x));
-    let d = length.length - 1;
-    while (d >= 0 && ++k[d]! === length[d]!) k[d--] = 0;
-    if (d < 0) return;
-  }
-}
-
-const flatIndex = (shape: readonly number[], idx: readonly number[]): number => idx.reduce((f, x, d) => f * shape[d]! + x, 0);
-const byteOffset = (strides: readonly number[], idx: readonly number[]): number => idx.reduce((o, x, d) => o + x * strides[d]!, 0);
 
 /**
  * Applies `plans` (the whole plan, or every rank's own plans) to materialised sources and returns
@@ -57,7 +34,7 @@ export function checkPlan(layouts: readonly RankLayout[], plans: readonly ShardP
         eachElement(p.start, p.length, p.at, (g, li) => {
           const f = flatIndex(shapes.get(p.tensor)!, g) * size;
           const o = byteOffset(local.strides, li);
-          for (let b = 0; b < size; b++) mem[o + b] = globalByte(p.tensor, f + b);
+          for (let b = 0; b < size; b++) mem[o + b] = globalByte(p.tensor, f + b, 0);
         });
       }
       return mem;
@@ -99,7 +76,7 @@ export function checkPlan(layouts: readonly RankLayout[], plans: readonly ShardP
         eachElement(p.start, p.length, p.at, (g, li2) => {
           const f = flatIndex(shapes.get(p.tensor)!, g) * size;
           const o = byteOffset(local.strides, li2);
-          for (let b = 0; b < size; b++) expected[o + b] = globalByte(p.tensor, f + b);
+          for (let b = 0; b < size; b++) expected[o + b] = globalByte(p.tensor, f + b, 0);
         });
       }
       for (let o = 0; o < mem.length && problems.length < 20; o++) {

@@ -7,6 +7,7 @@
 import { dtypeInfo } from '../../src/ipc/dtype.js';
 import { HostArray } from '../../src/tensors/index.js';
 import { LayoutBuilder, tensorParallelParameter, type LocalTensor, type RankLayout } from '../../src/tensors/sharded/index.js';
+import { byteOffset, eachElement, flatIndex } from './piece-elements.js';
 
 /** What padding and unwritten bytes hold. */
 export const SENTINEL = 0xee;
@@ -69,19 +70,6 @@ export function allocate(locals: readonly LocalTensor[]): HostArray[] {
   });
 }
 
-function eachElement(start: readonly number[], length: readonly number[], at: readonly number[], fn: (g: number[], l: number[]) => void): void {
-  const k = length.map(() => 0);
-  for (;;) {
-    fn(k.map((x, d) => start[d]! + x), k.map((x, d) => at[d]! + x));
-    let d = length.length - 1;
-    while (d >= 0 && ++k[d]! === length[d]!) k[d--] = 0;
-    if (d < 0) return;
-  }
-}
-
-const flatIndex = (shape: readonly number[], idx: readonly number[]): number => idx.reduce((f, x, d) => f * shape[d]! + x, 0);
-const offsetOf = (strides: readonly number[], idx: readonly number[]): number => idx.reduce((o, x, d) => o + x * strides[d]!, 0);
-
 /** Writes version `version` of the global tensors into a rank's source arrays. */
 export function fillSources(layout: RankLayout, arrays: readonly HostArray[], version: number): void {
   const shapes = new Map(layout.tensors.map((t) => [t.name, t.shape]));
@@ -91,7 +79,7 @@ export function fillSources(layout: RankLayout, arrays: readonly HostArray[], ve
     for (const p of local.pieces) {
       eachElement(p.start, p.length, p.at, (g, l) => {
         const f = flatIndex(shapes.get(p.tensor)!, g) * size;
-        const o = offsetOf(local.strides, l);
+        const o = byteOffset(local.strides, l);
         for (let b = 0; b < size; b++) mem[o + b] = globalByte(p.tensor, f + b, version);
       });
     }
@@ -113,7 +101,7 @@ export function checkDestinations(layout: RankLayout, arrays: readonly HostArray
       for (let f = 0; f < whole.length; f++) whole[f] = globalByte(p.tensor, f, version);
       eachElement(p.start, p.length, p.at, (g, l) => {
         const f = flatIndex(shape, g) * size;
-        const o = offsetOf(local.strides, l);
+        const o = byteOffset(local.strides, l);
         for (let b = 0; b < size; b++) expected[o + b] = whole[f + b]!;
       });
     }
