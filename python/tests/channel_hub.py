@@ -3,10 +3,13 @@ ChannelHub does (src/channel/hub.ts), hands it to Python ends over link pairs (t
 of src/channel/attach.ts) and repairs ends as Node's hub would when their link closes. Lets the
 Python ends be tested without Node; the real hub is Node's (test/cpu/python-channel.test.ts)."""
 import contextlib
+import gc
 import os
 import struct
 import threading
+import unittest
 from collections.abc import Iterator
+from typing import Any
 
 from cuda_ipc import HostBuffer
 from cuda_ipc.native import addon as native_mod
@@ -156,3 +159,24 @@ def native_setting(value: str) -> Iterator[None]:
         else:
             os.environ["CUDA_IPC_PY_NATIVE"] = saved
         native_mod._reset_for_tests()
+
+
+class HubCase(unittest.TestCase):
+    """A test case whose hubs (self.hub(...)) are closed after each test, which then checks that no fd leaked."""
+
+    def setUp(self) -> None:
+        from .test_link import open_fds
+        self._open_fds = open_fds
+        self.fds = open_fds()
+        self.hubs: list[TestHub] = []
+
+    def tearDown(self) -> None:
+        for h in self.hubs:
+            h.close()
+        gc.collect()
+        self.assertEqual(self._open_fds() - self.fds, set(), "fds leaked by the test")
+
+    def hub(self, **kw: Any) -> "TestHub":
+        h = TestHub(**kw)
+        self.hubs.append(h)
+        return h

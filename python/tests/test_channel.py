@@ -13,7 +13,7 @@ from cuda_ipc.ipc import cache as memory_mod
 from cuda_ipc.channel.layout import H_LOCK, PFLAG_HUB_LOCAL, S_META, S_LENGTH, S_META_KIND, S_META_LENGTH, S_STATE
 
 from . import fake_cuda
-from .channel_hub import TestHub, native_setting
+from .channel_hub import HubCase, TestHub, native_setting
 from .test_link import open_fds
 
 
@@ -31,22 +31,7 @@ def publish_from(ring, layout, slots_mem, value: int) -> int:
     return s
 
 
-class ChannelTests(unittest.TestCase):
-    def setUp(self):
-        self.fds = open_fds()
-        self.hubs = []
-
-    def tearDown(self):
-        for h in self.hubs:
-            h.close()
-        gc.collect()
-        self.assertEqual(open_fds() - self.fds, set(), "fds leaked by the test")
-
-    def hub(self, **kw) -> TestHub:
-        h = TestHub(**kw)
-        self.hubs.append(h)
-        return h
-
+class ChannelTests(HubCase):
     def test_messages_in_order_with_meta_and_wakeups_across_threads(self):
         hub = self.hub(slots=4, slot_bytes=128)
         producer = hub.attach("producer", role="producer", memory="host")

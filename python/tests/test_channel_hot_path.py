@@ -4,7 +4,6 @@ with their state bound) give the values and codes slot_ring.py documents, on bot
 ends' written-out paths (acquire, publish without meta, iteration, release, receive_many,
 acquire_many) behave as the general ones: the message's fields, refusals with their codes, a
 release after close, a publish that meets the publish lock held, on both hot paths."""
-import gc
 import struct
 import threading
 import unittest
@@ -15,8 +14,7 @@ from cuda_ipc.channel.native_slot_ring import CLOSED, INVALID, NativeRing
 from cuda_ipc.channel.slot_ring import PUBLISH_RESULTS, TAKEN_DETACHED, Ring
 from cuda_ipc.native import addon as native_mod
 
-from .channel_hub import TestHub, native_setting
-from .test_link import open_fds
+from .channel_hub import HubCase, TestHub, native_setting
 
 PATHS = ["python"] + (["native"] if native_helper().active else [])
 
@@ -102,20 +100,9 @@ class RawCallTests(unittest.TestCase):
             r.close()
 
 
-class EndHotPathTests(unittest.TestCase):
-    def setUp(self):
-        self.fds = open_fds()
-        self.hubs = []
-
-    def tearDown(self):
-        for h in self.hubs:
-            h.close()
-        gc.collect()
-        self.assertEqual(open_fds() - self.fds, set(), "fds leaked by the test")
-
+class EndHotPathTests(HubCase):
     def ends(self, path: str, slots: int = 4):
-        hub = TestHub(slots=slots, slot_bytes=64)
-        self.hubs.append(hub)
+        hub = self.hub(slots=slots, slot_bytes=64)
         producer = hub.attach("producer")
         consumer = hub.attach("consumer")
         self.assertEqual((producer.hot_path, consumer.hot_path), (path, path))
