@@ -24,12 +24,6 @@ def format_uuid(raw: bytes) -> str:
     return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def uuid_of(u: "drv.CUuuid") -> str:
-    """The UUID a cuDeviceGetUuid filled in, as text. bytes(u), never u.bytes: a c_char array field
-    reads as a C string and stops at the first zero byte (GPU-001e4106-... read as 'GPU----')."""
-    return format_uuid(bytes(u))
-
-
 def uuid_bytes(uuid: str) -> bytes:
     if not isinstance(uuid, str) or not uuid.startswith("GPU-"):
         raise IpcError("ERR_INVALID_ARG", f"device UUID {uuid!r} must look like 'GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx'")
@@ -66,7 +60,7 @@ class Device:
                     d.call("cuDeviceGetUuid", byref(u), h)
                     name = ctypes.create_string_buffer(256)
                     d.call("cuDeviceGetName", name, 256, h)
-                    found.append(Device(i, h.value, uuid_of(u), name.value.decode(errors="replace")))
+                    found.append(Device(i, h.value, format_uuid(bytes(u.bytes)), name.value.decode(errors="replace")))
                 _devices = found
             return list(_devices)
 

@@ -25,7 +25,8 @@ CUmemoryPool = c_void_p
 
 
 class CUuuid(ctypes.Structure):
-    # Unsigned bytes, not c_char: a c_char array field reads as a C string, cut at the first zero byte.
+    # Unsigned bytes, not c_char: a c_char array field reads as a C string, cut at the first zero
+    # byte (an H200's GPU-001e4106-... read as 'GPU----', hidden from every Python process).
     _fields_ = [("bytes", ctypes.c_ubyte * 16)]
 
 
