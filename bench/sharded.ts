@@ -200,7 +200,10 @@ const wrong: string[] = [];
 const gb = (bytes: number, ms: number): string => `${(bytes / ms / 1e6).toFixed(1)} GB/s`;
 const row = (name: string, s: Summary | number, bytes: number, notes: string[] = []): void => {
   const sum = typeof s === 'number' ? { median: s, p99: undefined, n: 1 } : s;
-  rows.push({ name, unit: 'ms', median: sum.median, p99: sum.p99, n: sum.n, notes: [gb(bytes, sum.median), ...notes] });
+  const r: Row = { name, unit: 'ms', median: sum.median, p99: sum.p99, n: sum.n, notes: [gb(bytes, sum.median), ...notes] };
+  rows.push(r);
+  // As it is measured too (the whole run takes minutes; one cut short by a time limit keeps its rows).
+  console.error(`  [${name}] median ${sum.median.toFixed(2)} ms${sum.p99 === undefined ? '' : `, p99 ${sum.p99.toFixed(2)} ms`}; ${r.notes!.join('; ')}`);
 };
 const verdict = (ok: boolean): string => (ok ? 'MET' : 'MISSED');
 
