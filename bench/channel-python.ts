@@ -8,7 +8,9 @@ import { fileURLToPath } from 'node:url';
 import { spawnSync } from 'node:child_process';
 import { spawnPython, pythonPackageDirectory } from '../src/link/index.js';
 import { createChannel, type WaitMode } from '../src/channel/index.js';
+import { endpointOf } from '../src/channel/internal.js';
 import { ONE_WAY_WARMUP_MS, summarize, type Summary } from './stats.js';
+import { cpuPlacement, onCpu } from './placement.js';
 
 const python = process.env.CUDA_IPC_PYTHON ?? 'python3';
 const SCRIPT = fileURLToPath(new URL('../../bench/python/channel_oneway.py', import.meta.url));
@@ -30,9 +32,17 @@ export interface PythonOneWay {
   pythonCpuUsPerMsg: number;
   /** 'native (<library>)' or 'python (<why not native>)'. */
   hotPath: string;
+  /** Where the two processes ran (CPUs; NUMA nodes). */
+  placement: string;
+  /** How each end's waits ended, per 1,000 messages (warm-up included): waits that the spin caught,
+   * and sleeps on the doorbell (each costs the peer a ring and the sleeper a wake-up). A run whose
+   * ends sleep often is slower: the figure that tells such a run from the others. */
+  waitsPer1k: { node: WaitCounts; python: WaitCounts };
 }
 
-interface PythonReport { cpu: number; hot_path: string; native: string }
+export interface WaitCounts { spinHits: number; sleeps: number }
+
+interface PythonReport { cpu: number; hot_path: string; native: string; waits?: { spin_hits?: number; sleeps?: number }; ranOn?: number }
 
 /** Why Python rows cannot run here, or undefined when they can. */
 export function pythonChannelUnavailable(): string | undefined {
@@ -44,11 +54,25 @@ export function pythonChannelUnavailable(): string | undefined {
 
 const cpuOf = (u: NodeJS.CpuUsage) => u.user + u.system;
 
-function result(direction: PythonOneWay['direction'], wait: WaitMode, slotBytes: number, rates: number[], mine: number, theirs: PythonReport, total: number): PythonOneWay {
+/** What the Node end measured besides the rates: its CPU time, its waits, the CPU it ran on. */
+interface NodeSide { cpu: number; waits: WaitCounts; ranOn: number }
+
+function nodeWaits(end: object): WaitCounts {
+  const s = endpointOf.get(end)?.waiter.stats;
+  return { spinHits: s?.spinHits ?? 0, sleeps: s?.sleeps ?? 0 };
+}
+
+function result(direction: PythonOneWay['direction'], wait: WaitMode, slotBytes: number, rates: number[], mine: NodeSide, theirs: PythonReport, total: number): PythonOneWay {
   const sorted = rates.slice().sort((a, b) => a - b);
+  const per1k = (n: number) => (n * 1000) / total;
   return {
     direction, wait, slotBytes, msgsPerSec: summarize(rates), slowest1pct: sorted[Math.floor(sorted.length * 0.01)]!, rates,
-    cpuUsPerMsg: (mine + theirs.cpu) / total, pythonCpuUsPerMsg: theirs.cpu / total, hotPath: `${theirs.hot_path} (${theirs.native})`,
+    cpuUsPerMsg: (mine.cpu + theirs.cpu) / total, pythonCpuUsPerMsg: theirs.cpu / total, hotPath: `${theirs.hot_path} (${theirs.native})`,
+    placement: cpuPlacement(mine.ranOn, theirs.ranOn ?? -1),
+    waitsPer1k: {
+      node: { spinHits: per1k(mine.waits.spinHits), sleeps: per1k(mine.waits.sleeps) },
+      python: { spinHits: per1k(theirs.waits?.spin_hits ?? 0), sleeps: per1k(theirs.waits?.sleeps ?? 0) },
+    },
   };
 }
 
@@ -61,7 +85,7 @@ export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: num
   const ch = await createChannel(link, { role: 'producer', slots, slotBytes, memory: 'host', wait });
   const rates: number[] = [];
   let total = 0;
-  let mine = 0;
+  const mine: NodeSide = { cpu: 0, waits: { spinHits: 0, sleeps: 0 }, ranOn: -1 };
   try {
     const cpu0 = process.cpuUsage();
     // Untimed for ONE_WAY_WARMUP_MS first (CPU is counted over every message).
@@ -76,11 +100,14 @@ export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: num
       }
       const t1 = process.hrtime.bigint();
       total += BATCH;
-      if (performance.now() >= timed) rates.push(BATCH / (Number(t1 - t0) / 1e9));
+      if (performance.now() < timed) continue;
+      rates.push(BATCH / (Number(t1 - t0) / 1e9));
+      if (mine.ranOn < 0) mine.ranOn = onCpu();
     }
     await ch.end();
-    mine = cpuOf(process.cpuUsage(cpu0));
+    mine.cpu = cpuOf(process.cpuUsage(cpu0));
   } finally {
+    mine.waits = nodeWaits(ch);
     if (!ch.closed) ch.close();
   }
   const r = (await link.receive({ timeout: 60_000 })) as PythonReport & { n: number; sum: number };
@@ -96,7 +123,7 @@ export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: num
   const rates: number[] = [];
   let n = 0;
   let sum = 0;
-  let mine = 0;
+  const mine: NodeSide = { cpu: 0, waits: { spinHits: 0, sleeps: 0 }, ranOn: -1 };
   try {
     const cpu0 = process.cpuUsage();
     let t0 = process.hrtime.bigint();
@@ -109,12 +136,16 @@ export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: num
         // The batches of the first ONE_WAY_WARMUP_MS (the first one includes the Python
         // producer's start) are left out; at least the last few count.
         if (n === BATCH) timed = t1 + BigInt(ONE_WAY_WARMUP_MS) * 1_000_000n;
-        else if (t1 >= timed || count - n < 5 * BATCH) rates.push(BATCH / (Number(t1 - t0) / 1e9));
+        else if (t1 >= timed || count - n < 5 * BATCH) {
+          rates.push(BATCH / (Number(t1 - t0) / 1e9));
+          if (mine.ranOn < 0) mine.ranOn = onCpu();
+        }
         t0 = t1;
       }
     }
-    mine = cpuOf(process.cpuUsage(cpu0));
+    mine.cpu = cpuOf(process.cpuUsage(cpu0));
   } finally {
+    mine.waits = nodeWaits(ch);
     if (!ch.closed) ch.close();
   }
   const r = (await link.receive({ timeout: 60_000 })) as PythonReport;

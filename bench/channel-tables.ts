@@ -20,6 +20,7 @@ const withSpread = (notes: string[], x: Spread) => {
 
 /** Doorbell sleeps per 1,000 messages (both ends) in each run: a slow run with many sleeps fell
  * out of spinning (its ends woke through the event loop). */
+const floorsNote = (perRun: number[]) => `core-to-core round trip before each run ${perRun.map((v) => v.toFixed(2)).join(' / ')} us`;
 const sleepsNote = (perRun: number[]) => `doorbell sleeps per 1k msgs by run ${perRun.map((v) => (v >= 10 ? v.toFixed(0) : v.toFixed(1))).join(' / ')}`;
 
 /** A C ring row against the JavaScript ring's row of the same shape: the ratio, and which is
@@ -67,6 +68,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     }
     if (t.placement) notes.push(t.placement);
     if (t.sleepsPer1k?.length) notes.push(sleepsNote(t.sleepsPer1k));
+    if (t.floorsUs?.length) notes.push(floorsNote(t.floorsUs));
     const js = t.ring === 'c' ? r.roundTrip[ROW.roundTrip(t.wait, t.memory)] : undefined;
     if (js) notes.push(ringNote(t.us.median / js.us.median, 'time', t.us.median < js.us.median, t.runs, js.runs));
     notes.push(cpuNote(t.cpuUsPerMsg));
@@ -85,6 +87,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     notes.push(cpuNote(o.cpuUsPerMsg));
     if (o.placement) notes.push(o.placement);
     if (o.sleepsPer1k?.length) notes.push(sleepsNote(o.sleepsPer1k));
+    if (o.floorsUs?.length) notes.push(floorsNote(o.floorsUs));
     throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes: withSpread(notes, o.runs) });
   }
   if (r.python && 'rows' in r.python) {

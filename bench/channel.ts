@@ -64,6 +64,8 @@ export interface RoundTrip {
   runs: Spread;
   /** Sleeps on the doorbell per 1,000 messages, both processes, each run (warm-up included). */
   sleepsPer1k?: number[];
+  /** The core-to-core round trip between the row's two CPUs just before each run (FLOOR_PROBE). */
+  floorsUs?: number[];
 }
 
 /** What a child reports of where its main thread ran, and how often its ends slept (channel-child.ts). */
@@ -98,6 +100,8 @@ export interface OneWay {
   runs: Spread;
   /** Sleeps on the doorbell per 1,000 messages, both processes, each run (warm-up included). */
   sleepsPer1k?: number[];
+  /** The core-to-core round trip between the row's two CPUs just before each run (FLOOR_PROBE). */
+  floorsUs?: number[];
 }
 
 
@@ -112,7 +116,16 @@ export interface ChannelOptions {
   warmupRuns?: number;
   /** Where the processes run (placement.ts); undefined: not pinned. */
   pin?: PinPlan;
+  /** Measure the core-to-core round trip before each run of each row (default true; ~0.1 s a run). */
+  floorProbe?: boolean;
 }
+
+/** Before each run of a row, a short spin ping-pong between the bench process and a child on the
+ * CPU the row's child gets: on a virtual machine the guest's CPUs are the host's threads wherever
+ * the host runs them at the moment, and how far apart the host placed the two (one socket or two)
+ * moves every figure that passes cache lines between them, between runs of one row, by up to 2x.
+ * The probe tells such runs apart: a run's rate follows its floor. */
+const FLOOR_PROBE = { iterations: 1000, warmup: 300 };
 
 export interface ChannelResults {
   /** Runs of each row, rounds dropped before them; where the processes were pinned (or why not). */
@@ -134,7 +147,8 @@ export interface ChannelResults {
   oneWay: Record<string, OneWay>;
   workSharing: Record<string, { consumers: number; msgsPerSec: number; runs: Spread }>;
   /** One way with a Python end (host slots, 4 KiB, adaptive), or why it did not run. */
-  python?: { rows: Array<PythonOneWay & { runs: Spread }> } | { skipped: string };
+  /** sleepsPer1k: both ends' sleeps per 1,000 messages, each run; details: each run's waits per end. */
+  python?: { rows: Array<PythonOneWay & { runs: Spread; sleepsPer1k: number[]; details: string[]; floorsUs: number[] }> } | { skipped: string };
   kernel?: KernelResult;
 }
 
@@ -330,7 +344,13 @@ class Runs {
   placements: string[] = [];
   sleepsPer1k: number[] = [];
 
-  add(samples: ArrayLike<number>, cpuUsPerMsg?: number, placement?: string, sleepsPer1k?: number): void {
+  /** Per run, where a row says more about its run than the figures (the Python rows' waits). */
+  details: string[] = [];
+  /** The core-to-core round trip (us, median of FLOOR_PROBE's) just before each run. */
+  floorsUs: number[] = [];
+
+  add(samples: ArrayLike<number>, cpuUsPerMsg?: number, placement?: string, sleepsPer1k?: number, detail?: string): void {
+    if (detail !== undefined) this.details.push(detail);
     for (let i = 0; i < samples.length; i++) this.samples.push(samples[i]!);
     this.medians.push(summarize(samples).median);
     if (cpuUsPerMsg !== undefined) this.cpu.push(cpuUsPerMsg);
@@ -405,6 +425,12 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     }
   }
   const lastPython: Partial<Record<PythonOneWay['direction'], PythonOneWay>> = {};
+  const addPython = (r: Runs, p: PythonOneWay): void => {
+    const w = p.waitsPer1k;
+    const f = (x: number) => x.toFixed(x < 10 ? 1 : 0);
+    r.add(p.rates, p.cpuUsPerMsg, p.placement, w.node.sleeps + w.python.sleeps,
+      `per 1k msgs: Node ${f(w.node.sleeps)} sleeps, ${f(w.node.spinHits)} spin hits; Python ${f(w.python.sleeps)} sleeps, ${f(w.python.spinHits)} spin hits; Python CPU ${p.pythonCpuUsPerMsg.toFixed(2)} us/msg`);
+  };
   const pythonRows = ['node->python', 'node->python batch', 'python->node', 'python->node batch'] as const;
   if (options.python !== false && pythonRows.some((d) => want(ROW.python(d)))) {
     const why = pythonChannelUnavailable();
@@ -413,24 +439,24 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     } else {
       row(ROW.python('node->python'), async (r) => {
         const a = lastPython['node->python'] = await nodeToPython('adaptive', PYTHON_SLOT_BYTES, 8, 700, env);
-        r.add(a.rates, a.cpuUsPerMsg);
+        addPython(r, a);
       });
       row(ROW.python('node->python batch'), async (r) => {
         const a = lastPython['node->python batch'] = await nodeToPython('adaptive', PYTHON_SLOT_BYTES, 8, 700, env, PYTHON_BATCH);
-        r.add(a.rates, a.cpuUsPerMsg);
+        addPython(r, a);
       });
       row(ROW.python('python->node'), async (r) => {
         // As many messages as Node -> Python moved in its time and warm-up (about as long), or 180k.
         const to = lastPython['node->python'];
         const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * (0.7 + ONE_WAY_WARMUP_MS / 1000))));
         const b = lastPython['python->node'] = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count, env);
-        r.add(b.rates, b.cpuUsPerMsg);
+        addPython(r, b);
       });
       row(ROW.python('python->node batch'), async (r) => {
         const to = lastPython['node->python batch'];
         const count = Math.max(20_000, Math.min(2_000_000, Math.round((to ? to.msgsPerSec.median : 200_000) * (0.7 + ONE_WAY_WARMUP_MS / 1000))));
         const b = lastPython['python->node batch'] = await pythonToNode('adaptive', PYTHON_SLOT_BYTES, 8, count, env, PYTHON_BATCH);
-        r.add(b.rates, b.cpuUsPerMsg);
+        addPython(r, b);
       });
     }
   }
@@ -448,7 +474,9 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       progress(`${r.name}${round < 0 ? ' (warm-up run, dropped)' : runs > 1 ? ` (run ${round + 1} of ${runs})` : ''}`);
       const left = await childrenGone(before);
       if (left.length) res.leftovers.push(`before ${r.name}: pids ${left.join(', ')} still alive after ${CHILDREN_GONE_MS} ms`);
-      await r.run(round < 0 ? new Runs() : r.runs);
+      const into = round < 0 ? new Runs() : r.runs;
+      if (options.floorProbe !== false) into.floorsUs.push(summarize((await spinFloor(FLOOR_PROBE.iterations, FLOOR_PROBE.warmup, env)).us).median);
+      await r.run(into);
     }
   }
 
@@ -461,7 +489,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     for (const wait of WAITS) {
       for (const ring of ringsFor(memory)) {
         const r = rows.find((x) => x.name === ROW.roundTrip(wait, memory, ring))?.runs;
-        if (r) res.roundTrip[ROW.roundTrip(wait, memory, ring)] = { memory, wait, ring, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k };
+        if (r) res.roundTrip[ROW.roundTrip(wait, memory, ring)] = { memory, wait, ring, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k, floorsUs: r.floorsUs };
       }
     }
     for (const [wait, size, ring] of oneWayRows(memory)) {
@@ -469,16 +497,16 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       if (r) {
         res.oneWay[ROW.oneWay(size, wait, memory, ring)] = {
           memory, wait, ring, slotBytes: size, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg,
-          placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k,
+          placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k, floorsUs: r.floorsUs,
         };
       }
     }
   }
-  const py: Array<PythonOneWay & { runs: Spread }> = [];
+  const py: Array<PythonOneWay & { runs: Spread; sleepsPer1k: number[]; details: string[]; floorsUs: number[] }> = [];
   for (const direction of pythonRows) {
     const r = rows.find((x) => x.name === ROW.python(direction))?.runs;
     const last = lastPython[direction];
-    if (r && last) py.push({ ...last, rates: r.samples, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread });
+    if (r && last) py.push({ ...last, rates: r.samples, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread, placement: r.placement, sleepsPer1k: r.sleepsPer1k, details: r.details, floorsUs: r.floorsUs });
   }
   if (py.length) res.python = { rows: py };
   for (const consumers of [1, 2, 4, 8]) {

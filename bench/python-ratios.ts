@@ -48,4 +48,14 @@ for (const p of res.python.rows) {
   const sorted = ratios.slice().sort((a, b) => a - b);
   console.log(`| ${p.direction} | ${p.runs.medians.map((m, i) => `${k(m)} = ${pct(ratios[i]!)}`).join(' | ')} | ${pct(sorted[Math.floor(sorted.length / 2)]!)} | ${p.pythonCpuUsPerMsg.toFixed(2)} |`);
 }
+// Why a run's rate differs from another's: each run's waits on both ends (sleeps cost the peer a
+// doorbell ring and the sleeper a wake-up) and where the processes ran.
+const floor = (f: number | undefined) => (f === undefined ? '' : `core-to-core round trip before it ${f.toFixed(2)} us; `);
+console.log(`\nper run${node.placement ? ` (Node -> Node ran on ${node.placement})` : ''}:`);
+console.log('  Node -> Node:');
+node.runs.medians.forEach((m, i) => console.log(`    run ${i + 1}: ${k(m)} msg/s; ${floor(node.floorsUs?.[i])}`.trimEnd().replace(/;$/, '')));
+for (const p of res.python.rows) {
+  console.log(`  ${p.direction} (${p.placement}):`);
+  p.details.forEach((d, i) => console.log(`    run ${i + 1}: ${k(p.runs.medians[i]!)} msg/s; ${floor(p.floorsUs[i])}${d}`));
+}
 if (res.leftovers.length) console.log(`leftovers: ${res.leftovers.join('; ')}`);

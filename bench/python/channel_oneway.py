@@ -8,8 +8,10 @@
                                              messages of 8 bytes, then ends; sends {"cpu", ...}.
                                              With a batch size, acquire_many(batch) / publish_many
 cpu: this process's CPU time (user + system, microseconds) over the messages; hot_path and native:
-which hot path the channel end ran (cuda_ipc.native_helper()). Pins itself to the CPU the bench
-names (CUDA_IPC_BENCH_CPU), as the Node children do (bench/placement.ts).
+which hot path the channel end ran (cuda_ipc.native_helper()); waits: how the end's waits ended
+(wait_stats: spin_hits, sleeps, ...); ranOn: the CPU it ran on at the end (-1 where /proc does not
+say). Pins itself to the CPU the bench names (CUDA_IPC_BENCH_CPU), as the Node children do
+(bench/placement.ts).
 """
 import os
 import sys
@@ -33,9 +35,20 @@ def pin() -> None:
             pass
 
 
+def ran_on() -> int:
+    """The CPU this process last ran on (field 39 of /proc/self/stat), -1 where it cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(")") + 2:].split(" ")[39 - 3])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
 def report(end, **values) -> dict:
     info = native_helper()
-    return {**values, "hot_path": end.hot_path, "native": info.path if info.active else info.reason}
+    return {**values, "hot_path": end.hot_path, "native": info.path if info.active else info.reason,
+            "waits": end.wait_stats, "ranOn": ran_on()}
 
 
 def main() -> None:

@@ -137,7 +137,7 @@ test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in
     oneWay: {
       [ROW.oneWay(4096, 'adaptive', 'host')]: {
         memory: 'host', wait: 'adaptive', ring: 'js', slotBytes: 4096, msgsPerSec: us(964e3), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1,
-        placement: 'CPUs 0 and 1', runs: spreadOf([622e3, 914e3, 1.27e6]), sleepsPer1k: [120, 3.25, 0],
+        placement: 'CPUs 0 and 1', runs: spreadOf([622e3, 914e3, 1.27e6]), sleepsPer1k: [120, 3.25, 0], floorsUs: [0.85, 0.912, 0.3],
       },
       [ROW.oneWay(65536, 'adaptive', 'host')]: {
         memory: 'host', wait: 'adaptive', ring: 'js', slotBytes: 65536, msgsPerSec: us(9e5), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1,
@@ -166,4 +166,6 @@ test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in
   assert.match(note, /runs 622 k \/ 914 k \/ 1\.27 M, spread 71% > 15%/);
   assert.doesNotMatch(note, /\bMET\b|MISSED/);
   assert.match(note, /doorbell sleeps per 1k msgs by run 120 \/ 3\.3 \/ 0\.0/, 'each run with its sleeps');
+  assert.match(note, /core-to-core round trip before each run 0\.85 \/ 0\.91 \/ 0\.30 us/, 'each run with the floor probed before it');
+  assert.doesNotMatch(t.throughput.find((r) => r.name === ROW.oneWay(65536, 'adaptive', 'host'))!.notes!.join('; '), /core-to-core/, 'no probe, no note');
 });
