@@ -2,7 +2,7 @@
 // the CPU per message, where the processes ran, and the spread of the runs. A target is MET or
 // MISSED only where the runs of the rows it depends on agree (spread <= 15%); else UNDECIDED.
 import type { Device } from '../src/cuda/device.js';
-import { nearRuns, printTable, spreadText, SPREAD_LIMIT, verdict, widest, type NearRuns, type Row, type RunFloor, type TargetResult } from './stats.js';
+import { printTable, spreadText, SPREAD_LIMIT, verdict, widest, type Row, type TargetResult } from './stats.js';
 import { ONE_WAY_WARMUP_MS } from './stats.js';
 import { fmtBytes, PYTHON_SLOT_BYTES, ROW, TARGETS, type ChannelResults, type Spread } from './channel.js';
 
@@ -20,11 +20,7 @@ const withSpread = (notes: string[], x: Spread) => {
 
 /** Doorbell sleeps per 1,000 messages (both ends) in each run: a slow run with many sleeps fell
  * out of spinning (its ends woke through the event loop). */
-const floorsNote = (perRun: readonly RunFloor[]) => `core-to-core round trip before / after each run ${perRun.map((f) => `${f.before.toFixed(2)}/${f.after.toFixed(2)}`).join(', ')} us`;
-/** The runs at the nearest placement: which, at what floor, their figure and spread. */
-const nearText = (n: NearRuns, of: number, fmt: (v: number) => string) =>
-  `at the nearest placement (core-to-core <= ${n.floorUs.toFixed(2)} us: run${n.runs.length === 1 ? '' : 's'} ${n.runs.map((i) => i + 1).join(', ')} of ${of}` +
-  `${n.moved ? `; ${n.moved} run${n.moved === 1 ? '' : 's'} where it moved` : ''}): ${fmt(n.median)}, ${spreadText(n.spread.spread)}`;
+const floorsNote = (perRun: number[]) => `core-to-core round trip before each run ${perRun.map((v) => v.toFixed(2)).join(' / ')} us`;
 const sleepsNote = (perRun: number[]) => `doorbell sleeps per 1k msgs by run ${perRun.map((v) => (v >= 10 ? v.toFixed(0) : v.toFixed(1))).join(' / ')}`;
 
 /** A C ring row against the JavaScript ring's row of the same shape: the ratio, and which is
@@ -72,15 +68,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     }
     if (t.placement) notes.push(t.placement);
     if (t.sleepsPer1k?.length) notes.push(sleepsNote(t.sleepsPer1k));
-    if (t.floors?.length) notes.push(floorsNote(t.floors));
-    const near = nearRuns(t.runs.medians, t.floors);
-    if (near) {
-      notes.push(nearText(near, t.runs.medians.length, (v) => `${v.toFixed(1)} us`));
-      if (t.wait !== 'sleep') {
-        const target = t.wait === 'adaptive' ? (t.memory === 'host' ? TARGETS.rttDefaultHostUs : TARGETS.rttDefaultDeviceUs) : (t.memory === 'host' ? TARGETS.rttSpinHostUs : TARGETS.rttSpinDeviceUs);
-        notes.push(check(name, `at the nearest placement: target <= ${target} us`, near.median, target, true, near.spread));
-      }
-    }
+    if (t.floorsUs?.length) notes.push(floorsNote(t.floorsUs));
     const js = t.ring === 'c' ? r.roundTrip[ROW.roundTrip(t.wait, t.memory)] : undefined;
     if (js) notes.push(ringNote(t.us.median / js.us.median, 'time', t.us.median < js.us.median, t.runs, js.runs));
     notes.push(cpuNote(t.cpuUsPerMsg));
@@ -99,12 +87,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     notes.push(cpuNote(o.cpuUsPerMsg));
     if (o.placement) notes.push(o.placement);
     if (o.sleepsPer1k?.length) notes.push(sleepsNote(o.sleepsPer1k));
-    if (o.floors?.length) notes.push(floorsNote(o.floors));
-    const near = nearRuns(o.runs.medians, o.floors);
-    if (near) {
-      notes.push(nearText(near, o.runs.medians.length, (v) => `${fmtRate(v)} msg/s`));
-      if (o.wait === 'adaptive') notes.push(check(name, `at the nearest placement: target >= ${fmtRate(target)} msg/s`, near.median, target, false, near.spread));
-    }
+    if (o.floorsUs?.length) notes.push(floorsNote(o.floorsUs));
     throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes: withSpread(notes, o.runs) });
   }
   if (r.python && 'rows' in r.python) {
@@ -115,16 +98,6 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
         const ratio = p.msgsPerSec.median / node.msgsPerSec.median;
         notes.push(check(ROW.python(p.direction), `${(ratio * 100).toFixed(0)}% of Node -> Node's ${fmtRate(node.msgsPerSec.median)} msg/s (target >= ${TARGETS.pythonVsNode * 100}%)`,
           ratio, TARGETS.pythonVsNode, false, p.runs, node.runs));
-        // Like with like: both rows' runs at their nearest placements, where those are one placement.
-        const mine = nearRuns(p.runs.medians, p.floors);
-        const theirs = nearRuns(node.runs.medians, node.floors);
-        if (mine && theirs) {
-          const same = Math.max(mine.floorUs, theirs.floorUs) <= Math.min(mine.floorUs, theirs.floorUs) * (1 + SPREAD_LIMIT);
-          const r = mine.median / theirs.median;
-          notes.push(nearText(mine, p.runs.medians.length, (v) => `${fmtRate(v)} msg/s`) + (same ? '' : ` (Node -> Node's nearest: ${theirs.floorUs.toFixed(2)} us, not the same placement)`));
-          notes.push(check(ROW.python(p.direction), `at the nearest placement: ${(r * 100).toFixed(0)}% of Node -> Node's ${fmtRate(theirs.median)} msg/s (target >= ${TARGETS.pythonVsNode * 100}%)`,
-            r, TARGETS.pythonVsNode, false, mine.spread, theirs.spread, same ? mine.spread : { medians: [], spread: NaN }));
-        }
       }
       notes.push(cpuNote(p.cpuUsPerMsg), `Python's CPU ${p.pythonCpuUsPerMsg.toFixed(2)} us/msg`);
       throughput.push({ name: ROW.python(p.direction), unit: 'msg/s', median: p.msgsPerSec.median, p99: p.slowest1pct, n: p.msgsPerSec.n, notes: withSpread(notes, p.runs) });

@@ -22,7 +22,7 @@ import { endpointOf } from '../src/channel/internal.js';
 import { cRingUnavailable, RING_ENV, type RingKind } from '../src/channel/c-ring.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
-import { ONE_WAY_WARMUP_MS, roundOrder, spreadOf, summarize, type RunFloor, type Spread, type Summary } from './stats.js';
+import { ONE_WAY_WARMUP_MS, roundOrder, spreadOf, summarize, type Spread, type Summary } from './stats.js';
 
 export { spreadOf, type Spread };
 
@@ -64,8 +64,8 @@ export interface RoundTrip {
   runs: Spread;
   /** Sleeps on the doorbell per 1,000 messages, both processes, each run (warm-up included). */
   sleepsPer1k?: number[];
-  /** The core-to-core round trip between the row's two CPUs before and after each run (FLOOR_PROBE). */
-  floors?: RunFloor[];
+  /** The core-to-core round trip between the row's two CPUs just before each run (FLOOR_PROBE). */
+  floorsUs?: number[];
 }
 
 /** What a child reports of where its main thread ran, and how often its ends slept (channel-child.ts). */
@@ -100,8 +100,8 @@ export interface OneWay {
   runs: Spread;
   /** Sleeps on the doorbell per 1,000 messages, both processes, each run (warm-up included). */
   sleepsPer1k?: number[];
-  /** The core-to-core round trip between the row's two CPUs before and after each run (FLOOR_PROBE). */
-  floors?: RunFloor[];
+  /** The core-to-core round trip between the row's two CPUs just before each run (FLOOR_PROBE). */
+  floorsUs?: number[];
 }
 
 
@@ -120,11 +120,11 @@ export interface ChannelOptions {
   floorProbe?: boolean;
 }
 
-/** Before and after each run of a row, a short spin ping-pong between the bench process and a child
- * on the CPU the row's child gets: on a virtual machine the guest's CPUs are the host's threads
- * wherever the host runs them at the moment, and how far apart the host placed the two moves every
- * figure that passes cache lines between them, between runs of one row, by up to 2x (stats.ts,
- * nearRuns). The probes tell such runs apart: a run's rate follows its floor. */
+/** Before each run of a row, a short spin ping-pong between the bench process and a child on the
+ * CPU the row's child gets: on a virtual machine the guest's CPUs are the host's threads wherever
+ * the host runs them at the moment, and how far apart the host placed the two (one socket or two)
+ * moves every figure that passes cache lines between them, between runs of one row, by up to 2x.
+ * The probe tells such runs apart: a run's rate follows its floor. */
 const FLOOR_PROBE = { iterations: 1000, warmup: 300 };
 
 export interface ChannelResults {
@@ -148,7 +148,7 @@ export interface ChannelResults {
   workSharing: Record<string, { consumers: number; msgsPerSec: number; runs: Spread }>;
   /** One way with a Python end (host slots, 4 KiB, adaptive), or why it did not run. */
   /** sleepsPer1k: both ends' sleeps per 1,000 messages, each run; details: each run's waits per end. */
-  python?: { rows: Array<PythonOneWay & { runs: Spread; sleepsPer1k: number[]; details: string[]; floors: RunFloor[] }> } | { skipped: string };
+  python?: { rows: Array<PythonOneWay & { runs: Spread; sleepsPer1k: number[]; details: string[]; floorsUs: number[] }> } | { skipped: string };
   kernel?: KernelResult;
 }
 
@@ -346,8 +346,8 @@ class Runs {
 
   /** Per run, where a row says more about its run than the figures (the Python rows' waits). */
   details: string[] = [];
-  /** The core-to-core round trip (us, median of FLOOR_PROBE's) just before and just after each run. */
-  floors: RunFloor[] = [];
+  /** The core-to-core round trip (us, median of FLOOR_PROBE's) just before each run. */
+  floorsUs: number[] = [];
 
   add(samples: ArrayLike<number>, cpuUsPerMsg?: number, placement?: string, sleepsPer1k?: number, detail?: string): void {
     if (detail !== undefined) this.details.push(detail);
@@ -475,10 +475,8 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       const left = await childrenGone(before);
       if (left.length) res.leftovers.push(`before ${r.name}: pids ${left.join(', ')} still alive after ${CHILDREN_GONE_MS} ms`);
       const into = round < 0 ? new Runs() : r.runs;
-      const probe = async () => summarize((await spinFloor(FLOOR_PROBE.iterations, FLOOR_PROBE.warmup, env)).us).median;
-      const floorBefore = options.floorProbe === false ? undefined : await probe();
+      if (options.floorProbe !== false) into.floorsUs.push(summarize((await spinFloor(FLOOR_PROBE.iterations, FLOOR_PROBE.warmup, env)).us).median);
       await r.run(into);
-      if (floorBefore !== undefined) into.floors.push({ before: floorBefore, after: await probe() });
     }
   }
 
@@ -491,7 +489,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     for (const wait of WAITS) {
       for (const ring of ringsFor(memory)) {
         const r = rows.find((x) => x.name === ROW.roundTrip(wait, memory, ring))?.runs;
-        if (r) res.roundTrip[ROW.roundTrip(wait, memory, ring)] = { memory, wait, ring, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k, floors: r.floors };
+        if (r) res.roundTrip[ROW.roundTrip(wait, memory, ring)] = { memory, wait, ring, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k, floorsUs: r.floorsUs };
       }
     }
     for (const [wait, size, ring] of oneWayRows(memory)) {
@@ -499,16 +497,16 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
       if (r) {
         res.oneWay[ROW.oneWay(size, wait, memory, ring)] = {
           memory, wait, ring, slotBytes: size, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, bytesWrittenPerMsg: memory === 'host' ? 1 : 0, cpuUsPerMsg: r.cpuUsPerMsg,
-          placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k, floors: r.floors,
+          placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k, floorsUs: r.floorsUs,
         };
       }
     }
   }
-  const py: Array<PythonOneWay & { runs: Spread; sleepsPer1k: number[]; details: string[]; floors: RunFloor[] }> = [];
+  const py: Array<PythonOneWay & { runs: Spread; sleepsPer1k: number[]; details: string[]; floorsUs: number[] }> = [];
   for (const direction of pythonRows) {
     const r = rows.find((x) => x.name === ROW.python(direction))?.runs;
     const last = lastPython[direction];
-    if (r && last) py.push({ ...last, rates: r.samples, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread, placement: r.placement, sleepsPer1k: r.sleepsPer1k, details: r.details, floors: r.floors });
+    if (r && last) py.push({ ...last, rates: r.samples, msgsPerSec: r.summary, slowest1pct: r.slowest1pct, cpuUsPerMsg: r.cpuUsPerMsg, runs: r.spread, placement: r.placement, sleepsPer1k: r.sleepsPer1k, details: r.details, floorsUs: r.floorsUs });
   }
   if (py.length) res.python = { rows: py };
   for (const consumers of [1, 2, 4, 8]) {

@@ -7,7 +7,6 @@
 import { parseArgs } from 'node:util';
 import { channelBenchmarks, PYTHON_SLOT_BYTES, ROW } from './channel.js';
 import { describePlan, pinPlan, pinProcess } from './placement.js';
-import { floorHeld, nearRuns, spreadText, SPREAD_LIMIT, type RunFloor } from './stats.js';
 
 const { values } = parseArgs({
   options: {
@@ -40,35 +39,23 @@ if (!res.python || 'skipped' in res.python) {
 }
 const k = (v: number) => `${(v / 1000).toFixed(0)}k`;
 const pct = (v: number) => `${(v * 100).toFixed(0)}%`;
-// Like with like (stats.ts, nearRuns): each row's runs at the nearest placement it got, compared
-// where the two rows got the same one.
-const nodeNear = nearRuns(node.runs.medians, node.floors);
-const nearRatio = (p: (typeof pyRows)[number]): string => {
-  const mine = nearRuns(p.runs.medians, p.floors);
-  if (!mine || !nodeNear) return 'no probes';
-  const same = Math.max(mine.floorUs, nodeNear.floorUs) <= Math.min(mine.floorUs, nodeNear.floorUs) * (1 + SPREAD_LIMIT);
-  const spread = Math.max(mine.spread.spread, nodeNear.spread.spread);
-  return `${pct(mine.median / nodeNear.median)} (${mine.runs.length} and ${nodeNear.runs.length} runs at ${mine.floorUs.toFixed(2)} and ${nodeNear.floorUs.toFixed(2)} us${same ? '' : ': not one placement'}; ${spreadText(spread)})`;
-};
-const pyRows = res.python.rows;
-console.log(`\n${runs} run(s) after ${warmupRuns} dropped; msg/s, median of 2000-message batches; Python hot path: ${pyRows[0]?.hotPath}`);
-console.log(`| row | ${Array.from({ length: runs }, (_, i) => `run ${i + 1}`).join(' | ')} | median of the ratios | at the nearest placement | Python CPU us/msg (last run) |`);
-console.log(`| --- |${' --- |'.repeat(runs + 3)}`);
-console.log(`| Node -> Node | ${node.runs.medians.map(k).join(' | ')} | | ${nodeNear ? `${k(nodeNear.median)} (runs ${nodeNear.runs.map((i) => i + 1).join(', ')})` : ''} | |`);
-for (const p of pyRows) {
+console.log(`\n${runs} run(s) after ${warmupRuns} dropped; msg/s, median of 2000-message batches; Python hot path: ${res.python.rows[0]?.hotPath}`);
+console.log(`| row | ${Array.from({ length: runs }, (_, i) => `run ${i + 1}`).join(' | ')} | median of the ratios | Python CPU us/msg (last run) |`);
+console.log(`| --- |${' --- |'.repeat(runs + 2)}`);
+console.log(`| Node -> Node | ${node.runs.medians.map(k).join(' | ')} | | |`);
+for (const p of res.python.rows) {
   const ratios = p.runs.medians.map((m, i) => m / node.runs.medians[i]!);
   const sorted = ratios.slice().sort((a, b) => a - b);
-  console.log(`| ${p.direction} | ${p.runs.medians.map((m, i) => `${k(m)} = ${pct(ratios[i]!)}`).join(' | ')} | ${pct(sorted[Math.floor(sorted.length / 2)]!)} | ${nearRatio(p)} | ${p.pythonCpuUsPerMsg.toFixed(2)} |`);
+  console.log(`| ${p.direction} | ${p.runs.medians.map((m, i) => `${k(m)} = ${pct(ratios[i]!)}`).join(' | ')} | ${pct(sorted[Math.floor(sorted.length / 2)]!)} | ${p.pythonCpuUsPerMsg.toFixed(2)} |`);
 }
-// Why a run's rate differs from another's: the core-to-core round trip probed before and after it
-// (the machine moving under the run), each end's waits (sleeps cost the peer a doorbell ring and
-// the sleeper a wake-up, spin hits say which side waited for the other) and Python's CPU.
-const floor = (f: RunFloor | undefined) => (f === undefined ? '' : `core-to-core ${f.before.toFixed(2)} us before, ${f.after.toFixed(2)} after${floorHeld(f) ? '' : ' (moved)'}`);
+// Why a run's rate differs from another's: each run's waits on both ends (sleeps cost the peer a
+// doorbell ring and the sleeper a wake-up) and where the processes ran.
+const floor = (f: number | undefined) => (f === undefined ? '' : `core-to-core round trip before it ${f.toFixed(2)} us; `);
 console.log(`\nper run${node.placement ? ` (Node -> Node ran on ${node.placement})` : ''}:`);
 console.log('  Node -> Node:');
-node.runs.medians.forEach((m, i) => console.log(`    run ${i + 1}: ${k(m)} msg/s${node.floors?.[i] ? `; ${floor(node.floors[i])}` : ''}`));
-for (const p of pyRows) {
+node.runs.medians.forEach((m, i) => console.log(`    run ${i + 1}: ${k(m)} msg/s; ${floor(node.floorsUs?.[i])}`.trimEnd().replace(/;$/, '')));
+for (const p of res.python.rows) {
   console.log(`  ${p.direction} (${p.placement}):`);
-  p.details.forEach((d, i) => console.log(`    run ${i + 1}: ${k(p.runs.medians[i]!)} msg/s; ${p.floors[i] ? `${floor(p.floors[i])}; ` : ''}${d}`));
+  p.details.forEach((d, i) => console.log(`    run ${i + 1}: ${k(p.runs.medians[i]!)} msg/s; ${floor(p.floorsUs[i])}${d}`));
 }
 if (res.leftovers.length) console.log(`leftovers: ${res.leftovers.join('; ')}`);

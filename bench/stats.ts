@@ -55,37 +55,6 @@ export function spreadOf(medians: readonly number[]): Spread {
   return { medians: [...medians], spread };
 }
 
-// Where a virtual machine's CPUs are: the host runs the guest's CPUs on its cores wherever it likes
-// at the moment, so two pinned processes may be one core apart in one run and a socket apart in the
-// next, and every figure that moves cache lines between them follows (on the H200 machine: a
-// core-to-core round trip of 0.6 us in some runs, 0.9 us in others, and one-way rates of 1.2-1.4 M
-// and 650-800 k msg/s with them). The bench probes that round trip before and after each run; runs
-// taken at one placement compare, runs at two do not.
-
-/** The core-to-core round trip between a row's two CPUs, probed just before and just after one run (us). */
-export interface RunFloor { before: number; after: number }
-
-/** The run's placement held: its two probes agree within SPREAD_LIMIT. */
-export const floorHeld = (f: RunFloor): boolean => Math.max(f.before, f.after) <= Math.min(f.before, f.after) * (1 + SPREAD_LIMIT);
-
-/** A row's runs at the nearest placement it got, their median (of the runs' medians) and spread. */
-export interface NearRuns { floorUs: number; runs: number[]; moved: number; median: number; spread: Spread }
-
-/**
- * The runs whose placement held and whose floor (the higher of its two probes) is within
- * SPREAD_LIMIT of the lowest such floor; `moved`: the runs whose placement did not hold. Undefined
- * without a probe for every run, or when no run's placement held.
- */
-export function nearRuns(medians: readonly number[], floors: readonly RunFloor[] | undefined): NearRuns | undefined {
-  if (!floors || floors.length !== medians.length) return undefined;
-  const held = floors.map((f, i) => ({ i, floor: Math.max(f.before, f.after), ok: floorHeld(f) })).filter((x) => x.ok && Number.isFinite(x.floor));
-  if (!held.length) return undefined;
-  const lowest = Math.min(...held.map((x) => x.floor));
-  const near = held.filter((x) => x.floor <= lowest * (1 + SPREAD_LIMIT));
-  const ms = near.map((x) => medians[x.i]!);
-  return { floorUs: Math.max(...near.map((x) => x.floor)), runs: near.map((x) => x.i), moved: floors.length - held.length, median: summarize(ms).median, spread: spreadOf(ms) };
-}
-
 /** The wider of several rows' spreads (a target that compares two rows depends on both); NaN
  * when any is unknown. */
 export function widest(...spreads: ReadonlyArray<Spread | undefined>): number {
