@@ -35,8 +35,8 @@ export interface PythonOneWay {
   /** Where the two processes ran (CPUs; NUMA nodes). */
   placement: string;
   /** How each end's waits ended, per 1,000 messages (warm-up included): waits that the spin caught,
-   * and sleeps on the doorbell (each costs the peer a ring and the sleeper a wake-up). A run whose
-   * ends sleep often is slower: the figure that tells such a run from the others. */
+   * and sleeps on the doorbell (each costs the peer a ring and the sleeper a wake-up). On the H200
+   * machine the slow runs were those where the Node end waited (spun) on nearly every message. */
   waitsPer1k: { node: WaitCounts; python: WaitCounts };
 }
 
