@@ -105,6 +105,23 @@ class ListenerTests(unittest.TestCase):
                 server.accept(timeout=0.05)
             self.assertEqual(cm.exception.code, "ERR_TIMEOUT")
 
+    def test_a_directory_that_is_a_file_is_named_in_the_error(self):
+        path = os.path.join(self.dir, "not-a-dir")
+        with open(path, "w") as f:
+            f.write("x")
+        try:
+            for what, call in (("listen", lambda: listen("x", directory=path)),
+                               ("connect", lambda: connect("x", directory=path, timeout=0)),
+                               ("connect", lambda: connect("x", directory=path))):
+                with self.assertRaises(NotADirectoryError) as cm:
+                    call()
+                self.assertTrue(cm.exception.strerror.startswith(f'{what}: "{path}" is not a directory'), cm.exception)
+                self.assertEqual(cm.exception.filename, path)
+            with open(path) as f:
+                self.assertEqual(f.read(), "x", "the file untouched")
+        finally:
+            os.unlink(path)
+
 
 if __name__ == "__main__":
     unittest.main()

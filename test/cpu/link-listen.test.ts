@@ -85,6 +85,19 @@ test('connections arrive as events and through async iteration; close() ends bot
   }
 });
 
+test('a directory option that names a file: ENOTDIR from listen, naming the path (connect: listener-connect.test.ts)', () => {
+  const dir = tempDir();
+  try {
+    const file = join(dir, 'not-a-dir');
+    writeFileSync(file, 'x');
+    assert.throws(() => listen('x', { directory: file }),
+      (e: unknown) => code('ENOTDIR')(e) && (e as Error).message.startsWith(`listen: ${JSON.stringify(file)} is not a directory`));
+    assert.equal(readFileSync(file, 'utf8'), 'x', 'the file untouched');
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('a stale socket file: connect says nobody listens, listen replaces it', async () => {
   const dir = tempDir();
   try {

@@ -128,7 +128,8 @@ test('connect(): an error that is not the listener being busy is not retried', a
   try {
     // A directory that is a file: the system's error, at once (not a wait for a listener).
     writeFileSync(join(dir, 'file'), '');
-    await assert.rejects(connect('x', { directory: join(dir, 'file'), timeout: 60_000 }), (e: unknown) => !(e instanceof IpcError) && code('ENOTDIR')(e) && /Not a directory/.test((e as Error).message));
+    await assert.rejects(connect('x', { directory: join(dir, 'file'), timeout: 60_000 }),
+      (e: unknown) => !(e instanceof IpcError) && code('ENOTDIR')(e) && (e as Error).message.startsWith(`connect: ${JSON.stringify(join(dir, 'file'))} is not a directory`));
     // A listening socket that goes away while the connection waits in its backlog: the peer is
     // gone, said at once, though the socket file is still there to try again.
     const raw = addon.socket();

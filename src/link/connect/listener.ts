@@ -353,7 +353,7 @@ export function listen(url: LinkUrl, options?: TcpListenOptions): Promise<TcpLis
  * makes this throw ERR_ADDRESS_IN_USE.
  * @throws IpcError ERR_ADDRESS_IN_USE when another process listens on `name`;
  * ERR_SOCKET_DIR_UNSAFE when the private directory is not this user's alone; ERR_FD_LIMIT when
- * no fd is left; the system error (EACCES, ENOENT, ...) for a `directory` it cannot bind in.
+ * no fd is left; the system error (EACCES, ENOENT, ENOTDIR, ...) for a `directory` it cannot bind in.
  * @throws TypeError ERR_INVALID_ARG_VALUE for an option listen does not know (it does not wait:
  * `accept({ signal, timeout })` does), a bad name; TypeError / RangeError for a bad option value.
  */
@@ -374,7 +374,12 @@ export function listen(name: string, options: ListenOptions = {}): Listener | Pr
     throw fdLimitError(e, 'listen');
   }
   try {
-    const file = bindSocketFile(fd, path, name, options.allowUids?.length ? 0o666 : 0o600);
+    let file: ReturnType<typeof bindSocketFile>;
+    try {
+      file = bindSocketFile(fd, path, name, options.allowUids?.length ? 0o666 : 0o600);
+    } catch (e) {
+      throw notADirectory(e, 'listen', path);
+    }
     try {
       addon.listen(fd, options.backlog ?? 128);
       return new Listener(kCreate, name, path, fd, file, options);
@@ -477,6 +482,15 @@ async function pauseFor(ms: number, signal: AbortSignal | undefined): Promise<vo
   }
 }
 
+/** ENOTDIR (the directory of `path`, options.directory, is a file, or one above it is): the same
+ * code, with a message that says which path and what to pass; any other error as it was. */
+function notADirectory(e: unknown, what: string, path: string): unknown {
+  if (codeOf(e) !== 'ENOTDIR') return e;
+  const dir = path.slice(0, path.lastIndexOf('/'));
+  return Object.assign(new Error(`${what}: ${JSON.stringify(dir)} is not a directory (options.directory must name the directory the socket file is in)`, { cause: e }),
+    { code: 'ENOTDIR' });
+}
+
 /** A socket connected to `path`, tried again while nobody listens there yet or its backlog is full, until the deadline. */
 async function reachListener(name: string, path: string, deadline: number, timeoutMs: number, signal: AbortSignal | undefined, pause: { ms: number }): Promise<number> {
   for (;;) {
@@ -499,7 +513,7 @@ async function reachListener(name: string, path: string, deadline: number, timeo
       if (code === 'ENOENT') why = new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} does not exist; start the listening process first`, { cause: e });
       else if (code === 'ECONNREFUSED') why = new IpcError('ERR_NO_LISTENER', `no listener named '${name}': ${path} is a stale socket left by a process that is gone`, { cause: e });
       else if (code === 'EAGAIN') why = new IpcError('ERR_TIMEOUT', `the listener '${name}' is too busy to accept a connection (its backlog is full)`, { cause: e });
-      else throw e;
+      else throw notADirectory(e, 'connect', path);
     }
     // Nobody there yet (or too busy): wait for the listener, until the deadline.
     const left = deadline - Date.now();

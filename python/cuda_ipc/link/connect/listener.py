@@ -11,6 +11,7 @@ on the name is ERR_ADDRESS_IN_USE.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import select
 import socket
@@ -211,7 +212,10 @@ def listen(name: str, *, directory: str | None = None, allow_uids: Iterable[int]
         _private_directory(default_socket_directory())
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
-        file = bind_socket_file(sock, path, name, 0o666 if allow_uids else 0o600)
+        try:
+            file = bind_socket_file(sock, path, name, 0o666 if allow_uids else 0o600)
+        except NotADirectoryError as e:
+            raise _not_a_directory("listen", path) from e
         try:
             sock.listen(backlog)
             sock.setblocking(False)
@@ -260,6 +264,13 @@ def connect(name: str, *, directory: str | None = None, allow_uids: Iterable[int
             pause[0] = min(pause[0] * 2, 0.25)
 
 
+def _not_a_directory(what: str, path: str) -> NotADirectoryError:
+    """ENOTDIR (``directory``, or a directory above it, is a file): says which path and what to pass
+    (listener.ts notADirectory)."""
+    d = os.path.dirname(path)
+    return NotADirectoryError(errno.ENOTDIR, f"{what}: {json.dumps(d)} is not a directory (directory= must name the directory the socket file is in)", d)
+
+
 def _reach(name: str, path: str, deadline: float, timeout: float, pause: list[float]) -> socket.socket:
     """A socket connected to ``path``, tried again while nobody listens there yet, until the deadline."""
     while True:
@@ -281,6 +292,8 @@ def _reach(name: str, path: str, deadline: float, timeout: float, pause: list[fl
                 continue
             if e.errno in (errno.EACCES, errno.EPERM):
                 raise IpcError("ERR_PEER_REFUSED", f"permission denied connecting to '{name}' ({path}): it belongs to another user") from None
+            if e.errno == errno.ENOTDIR:
+                raise _not_a_directory("connect", path) from e
             if e.errno != errno.EAGAIN or time.monotonic() >= deadline:
                 if e.errno == errno.EAGAIN:
                     raise IpcError("ERR_TIMEOUT", f"the listener '{name}' stayed too busy to accept a connection for {timeout} s") from None
