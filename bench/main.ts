@@ -23,8 +23,13 @@ import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
 import { pythonLinkBenchmarks, type PythonLinkResults } from './python-link.js';
 import { describePlan, pinPlan, pinProcess } from './placement.js';
 
-const { values } = parseArgs({
-  options: {
+const USAGE = `usage: npm run bench [-- --iterations N] [--warmup N] [--json FILE] [--breakdown] [--python-phases] [--no-python] [--no-python-link] [--no-c]
+  [--no-handoff] [--no-channels] [--no-peer] [--runs N] [--warmup-runs N] [--only REGEX] [--no-pin]
+(README.md, "Benchmarks", says what each part measures)`;
+let parsed;
+try {
+  parsed = parseArgs({ options: {
+    help: { type: 'boolean', short: 'h', default: false },
     iterations: { type: 'string', default: '2000' },
     warmup: { type: 'string', default: '300' },
     json: { type: 'string' },
@@ -40,8 +45,16 @@ const { values } = parseArgs({
     'warmup-runs': { type: 'string', default: '1' },
     only: { type: 'string' },
     'no-pin': { type: 'boolean', default: false },
-  },
-});
+  } });
+} catch (e) {
+  console.error(`bench: ${(e as Error).message}\n${USAGE}`);
+  process.exit(2);
+}
+const { values } = parsed;
+if (values.help) {
+  console.log(USAGE);
+  process.exit(0);
+}
 const iterations = Number(values.iterations);
 const warmup = Number(values.warmup);
 const runs = Number(values.runs);
