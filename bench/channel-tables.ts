@@ -18,9 +18,10 @@ const withSpread = (notes: string[], x: Spread) => {
   return notes;
 };
 
+/** The core-to-core round trip probed before each run (channel.ts FLOOR_PROBE). */
+const floorsNote = (perRun: number[]) => `core-to-core round trip before each run ${perRun.map((v) => v.toFixed(2)).join(' / ')} us`;
 /** Doorbell sleeps per 1,000 messages (both ends) in each run: a slow run with many sleeps fell
  * out of spinning (its ends woke through the event loop). */
-const floorsNote = (perRun: number[]) => `core-to-core round trip before each run ${perRun.map((v) => v.toFixed(2)).join(' / ')} us`;
 const sleepsNote = (perRun: number[]) => `doorbell sleeps per 1k msgs by run ${perRun.map((v) => (v >= 10 ? v.toFixed(0) : v.toFixed(1))).join(' / ')}`;
 
 /** A C ring row against the JavaScript ring's row of the same shape: the ratio, and which is

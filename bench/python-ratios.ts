@@ -59,8 +59,9 @@ for (const p of res.python.rows) {
   const sorted = ratios.slice().sort((a, b) => a - b);
   console.log(`| ${p.direction} | ${p.runs.medians.map((m, i) => `${k(m)} = ${pct(ratios[i]!)}`).join(' | ')} | ${pct(sorted[Math.floor(sorted.length / 2)]!)} | ${p.pythonCpuUsPerMsg.toFixed(2)} |`);
 }
-// Why a run's rate differs from another's: each run's waits on both ends (sleeps cost the peer a
-// doorbell ring and the sleeper a wake-up) and where the processes ran.
+// Why a run's rate differs from another's: the core-to-core round trip probed before it, each
+// end's waits (spin hits: which end waited for the other; sleeps cost the peer a doorbell ring and
+// the sleeper a wake-up), Python's CPU per message, and where the processes ran.
 const floor = (f: number | undefined) => (f === undefined ? '' : `core-to-core round trip before it ${f.toFixed(2)} us; `);
 console.log(`\nper run${node.placement ? ` (Node -> Node ran on ${node.placement})` : ''}:`);
 console.log('  Node -> Node:');
