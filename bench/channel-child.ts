@@ -28,13 +28,11 @@ import { addon } from '../src/native/addon.js';
 import type { HostBuffer } from '../src/host/index.js';
 import { JsWords } from '../src/channel/js-words.js';
 import { allowedCpus, onCpu, pinFromEnv } from './placement.js';
-import { endpointOf } from '../src/channel/internal.js';
+import { waitsOf } from './channel-floors.js';
 
 const pinned = pinFromEnv();  // on the CPU the bench named (placement.ts)
 /** Where this child's main thread ran and what it was allowed (the bench prints it per row). */
 const where = () => ({ ranOn: onCpu(), allowed: allowedCpus(), pinned });
-/** How many times an end went to sleep on its doorbell (its spin ran out or was off). */
-const sleepsOf = (end: object) => endpointOf.get(end)?.waiter.stats.sleeps ?? 0;
 const link = parentLink();
 const mode = process.argv[2];
 const wait = (process.argv[3] as WaitMode | undefined) ?? 'adaptive';
@@ -64,7 +62,7 @@ if (mode === 'echo') {
   }
   const cpu = cpuSince(cpu0);
   await output.end();
-  const sleeps = sleepsOf(input) + sleepsOf(output);
+  const sleeps = waitsOf(input).sleeps + waitsOf(output).sleeps;
   input.close();
   link.send({ cpu, ranOn, allowed: allowedCpus(), pinned, sleeps });
 } else if (mode === 'sink' || mode === 'worker') {
@@ -80,7 +78,7 @@ if (mode === 'echo') {
     msg.release({ stream });
   }
   const cpu = cpuSince(cpu0);
-  const sleeps = sleepsOf(input);
+  const sleeps = waitsOf(input).sleeps;
   input.close();
   link.send({ n, sum, cpu, ...where(), sleeps });
 } else if (mode === 'doorbell-echo') {

@@ -10,6 +10,7 @@ import { JsWords } from '../src/channel/js-words.js';
 import { Doorbells } from '../src/channel/doorbells.js';
 import { spawn } from '../src/link/index.js';
 import { addon } from '../src/native/addon.js';
+import { endpointOf } from '../src/channel/internal.js';
 import { cpuPlacement, onCpu } from './placement.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
@@ -19,6 +20,16 @@ export function waitExit(child: { exitCode: number | null; signalCode: string | 
 }
 
 export const cpuOf = (u: NodeJS.CpuUsage) => u.user + u.system;
+
+export interface WaitCounts { spinHits: number; sleeps: number }
+
+/** How a channel end's waits ended so far: those its spin caught, and its sleeps on the doorbell (an
+ * adaptive end that sleeps costs its peer a doorbell ring and itself a wake-up through the event
+ * loop: the figure that tells a slow run from the others). */
+export function waitsOf(end: object): WaitCounts {
+  const s = endpointOf.get(end)?.waiter.stats;
+  return { spinHits: s?.spinHits ?? 0, sleeps: s?.sleeps ?? 0 };
+}
 
 /** The floor: two processes bounce a wake-up through a pair of eventfd doorbells, each polled by
  * the other process's event loop, with no channel (what a sleeping channel end costs, both ways). */

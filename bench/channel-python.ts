@@ -8,9 +8,9 @@ import { fileURLToPath } from 'node:url';
 import { spawnSync } from 'node:child_process';
 import { spawnPython, pythonPackageDirectory } from '../src/link/index.js';
 import { createChannel, type WaitMode } from '../src/channel/index.js';
-import { endpointOf } from '../src/channel/internal.js';
 import { ONE_WAY_WARMUP_MS, summarize, type Summary } from './stats.js';
 import { cpuPlacement, onCpu } from './placement.js';
+import { cpuOf, waitsOf, type WaitCounts } from './channel-floors.js';
 
 const python = process.env.CUDA_IPC_PYTHON ?? 'python3';
 const SCRIPT = fileURLToPath(new URL('../../bench/python/channel_oneway.py', import.meta.url));
@@ -40,8 +40,6 @@ export interface PythonOneWay {
   waitsPer1k: { node: WaitCounts; python: WaitCounts };
 }
 
-export interface WaitCounts { spinHits: number; sleeps: number }
-
 interface PythonReport { cpu: number; hot_path: string; native: string; waits?: { spin_hits?: number; sleeps?: number }; ranOn?: number }
 
 /** Why Python rows cannot run here, or undefined when they can. */
@@ -52,15 +50,8 @@ export function pythonChannelUnavailable(): string | undefined {
   return undefined;
 }
 
-const cpuOf = (u: NodeJS.CpuUsage) => u.user + u.system;
-
 /** What the Node end measured besides the rates: its CPU time, its waits, the CPU it ran on. */
 interface NodeSide { cpu: number; waits: WaitCounts; ranOn: number }
-
-function nodeWaits(end: object): WaitCounts {
-  const s = endpointOf.get(end)?.waiter.stats;
-  return { spinHits: s?.spinHits ?? 0, sleeps: s?.sleeps ?? 0 };
-}
 
 function result(direction: PythonOneWay['direction'], wait: WaitMode, slotBytes: number, rates: number[], mine: NodeSide, theirs: PythonReport, total: number): PythonOneWay {
   const sorted = rates.slice().sort((a, b) => a - b);
@@ -107,7 +98,7 @@ export async function nodeToPython(wait: WaitMode, slotBytes: number, slots: num
     await ch.end();
     mine.cpu = cpuOf(process.cpuUsage(cpu0));
   } finally {
-    mine.waits = nodeWaits(ch);
+    mine.waits = waitsOf(ch);
     if (!ch.closed) ch.close();
   }
   const r = (await link.receive({ timeout: 60_000 })) as PythonReport & { n: number; sum: number };
@@ -145,7 +136,7 @@ export async function pythonToNode(wait: WaitMode, slotBytes: number, slots: num
     }
     mine.cpu = cpuOf(process.cpuUsage(cpu0));
   } finally {
-    mine.waits = nodeWaits(ch);
+    mine.waits = waitsOf(ch);
     if (!ch.closed) ch.close();
   }
   const r = (await link.receive({ timeout: 60_000 })) as PythonReport;

@@ -18,7 +18,6 @@
 import { childEnv, cpuPlacement, liveChildren, onCpu, type PinPlan } from './placement.js';
 import { spawn, type Link } from '../src/link/index.js';
 import { ChannelHub, createChannel, type ChannelMemory, type WaitMode } from '../src/channel/index.js';
-import { endpointOf } from '../src/channel/internal.js';
 import { cRingUnavailable, RING_ENV, type RingKind } from '../src/channel/c-ring.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
@@ -70,11 +69,6 @@ export interface RoundTrip {
 
 /** What a child reports of where its main thread ran, and how often its ends slept (channel-child.ts). */
 interface ChildWhere { ranOn: number; allowed?: string; pinned?: boolean; sleeps?: number }
-
-/** How many times an end went to sleep on its doorbell: an adaptive end that sleeps costs its peer
- * a doorbell ring and itself a wake-up through the event loop, and a run whose ends slept often is
- * slower (the figure that tells such a run from the others). */
-const sleepsOf = (end: object) => endpointOf.get(end)?.waiter.stats.sleeps ?? 0;
 
 /** "CPUs 0 and 5 (one NUMA node)", and a warning where the child's pinning failed. */
 function where(mine: number, theirs: ChildWhere): string {
@@ -152,7 +146,7 @@ export interface ChannelResults {
   kernel?: KernelResult;
 }
 
-import { cpuOf, doorbellFloor, socketRoundTrip, spinFloor, waitExit } from './channel-floors.js';
+import { cpuOf, doorbellFloor, socketRoundTrip, spinFloor, waitExit, waitsOf } from './channel-floors.js';
 
 /** The child's environment and this process's while it makes its ends: CUDA_IPC_CHANNEL_RING as
  * `ring` asks (read when an end is made; c-ring.ts). */
@@ -201,7 +195,7 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
     mine = cpuOf(process.cpuUsage(cpu0));
   } finally {
     await out.end();
-    sleeps = sleepsOf(out) + sleepsOf(back);
+    sleeps = waitsOf(out).sleeps + waitsOf(back).sleeps;
     back.close();
     stream?.close();
   }
@@ -251,7 +245,7 @@ async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, 
     await ch.end();
     mine = cpuOf(process.cpuUsage(cpu0));
   } finally {
-    sleeps = sleepsOf(ch);
+    sleeps = waitsOf(ch).sleeps;
     if (!ch.closed) ch.close();
     stream?.close();
   }

@@ -7,7 +7,6 @@
 // is UNDECIDED instead of MET / MISSED; --only runs the channel rows whose names match (e.g. --only 'one way, 4 KiB slots, adaptive \(host|Python'
 // --no-handoff --no-python-link --no-peer for the Python rows and the Node row they compare with).
 // The processes are pinned to CPUs of the GPU's NUMA node (node 0 without a GPU; --no-pin: not).
-import { parseArgs } from 'node:util';
 import { writeFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { probeDriver } from '../src/cuda/driver.js';
@@ -22,39 +21,28 @@ import { printChannelTables } from './channel-tables.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
 import { pythonLinkBenchmarks, type PythonLinkResults } from './python-link.js';
 import { describePlan, pinPlan, pinProcess } from './placement.js';
+import { benchArgs } from './args.js';
 
 const USAGE = `usage: npm run bench [-- --iterations N] [--warmup N] [--json FILE] [--breakdown] [--python-phases] [--no-python] [--no-python-link] [--no-c]
   [--no-handoff] [--no-channels] [--no-peer] [--runs N] [--warmup-runs N] [--only REGEX] [--no-pin]
 (README.md, "Benchmarks", says what each part measures)`;
-let parsed;
-try {
-  parsed = parseArgs({ options: {
-    help: { type: 'boolean', short: 'h', default: false },
-    iterations: { type: 'string', default: '2000' },
-    warmup: { type: 'string', default: '300' },
-    json: { type: 'string' },
-    breakdown: { type: 'boolean', default: false },
-    'no-python': { type: 'boolean', default: false },
-    'no-c': { type: 'boolean', default: false },
-    'no-handoff': { type: 'boolean', default: false },
-    'no-channels': { type: 'boolean', default: false },
-    'no-peer': { type: 'boolean', default: false },
-    'no-python-link': { type: 'boolean', default: false },
-    'python-phases': { type: 'boolean', default: false },
-    runs: { type: 'string', default: '3' },
-    'warmup-runs': { type: 'string', default: '1' },
-    only: { type: 'string' },
-    'no-pin': { type: 'boolean', default: false },
-  } });
-} catch (e) {
-  console.error(`bench: ${(e as Error).message}\n${USAGE}`);
-  process.exit(2);
-}
-const { values } = parsed;
-if (values.help) {
-  console.log(USAGE);
-  process.exit(0);
-}
+const values = benchArgs('bench', USAGE, {
+  iterations: { type: 'string', default: '2000' },
+  warmup: { type: 'string', default: '300' },
+  json: { type: 'string' },
+  breakdown: { type: 'boolean', default: false },
+  'no-python': { type: 'boolean', default: false },
+  'no-c': { type: 'boolean', default: false },
+  'no-handoff': { type: 'boolean', default: false },
+  'no-channels': { type: 'boolean', default: false },
+  'no-peer': { type: 'boolean', default: false },
+  'no-python-link': { type: 'boolean', default: false },
+  'python-phases': { type: 'boolean', default: false },
+  runs: { type: 'string', default: '3' },
+  'warmup-runs': { type: 'string', default: '1' },
+  only: { type: 'string' },
+  'no-pin': { type: 'boolean', default: false },
+});
 const iterations = Number(values.iterations);
 const warmup = Number(values.warmup);
 const runs = Number(values.runs);

@@ -4,28 +4,16 @@
 // runs each row once), so a run's ratio compares rows measured seconds apart: on a loaded machine
 // the runs' rates move together more than the rows' do, and the ratios of one round are the figure
 // to read, not the medians over every round.
-import { parseArgs } from 'node:util';
+import { benchArgs } from './args.js';
 import { channelBenchmarks, PYTHON_SLOT_BYTES, ROW } from './channel.js';
 import { describePlan, pinPlan, pinProcess } from './placement.js';
 
 const USAGE = 'usage: node dist/bench/python-ratios.js [--runs N] [--warmup-runs N] [--no-pin]';
-let parsed;
-try {
-  parsed = parseArgs({ options: {
-    help: { type: 'boolean', short: 'h', default: false },
-    runs: { type: 'string', default: '5' },
-    'warmup-runs': { type: 'string', default: '1' },
-    'no-pin': { type: 'boolean', default: false },
-  } });
-} catch (e) {
-  console.error(`python-ratios: ${(e as Error).message}\n${USAGE}`);
-  process.exit(2);
-}
-const { values } = parsed;
-if (values.help) {
-  console.log(USAGE);
-  process.exit(0);
-}
+const values = benchArgs('python-ratios', USAGE, {
+  runs: { type: 'string', default: '5' },
+  'warmup-runs': { type: 'string', default: '1' },
+  'no-pin': { type: 'boolean', default: false },
+});
 const runs = Number(values.runs);
 const warmupRuns = Number(values['warmup-runs']);
 if (!Number.isSafeInteger(runs) || runs < 1 || !Number.isSafeInteger(warmupRuns) || warmupRuns < 0) {
