@@ -19,5 +19,5 @@ export {
   type ShardPlan, type PlanPair, type PlanPath, type PlanOptions, type PlanRun, type LayoutErrorCode, type LayoutErrorDetail,
   ShardGroup, hostRunCopier, DEFAULT_SHARD_CHUNK_BYTES,
   type ShardGroupOptions, type ShardHostOptions, type ShardJoinOptions, type ShardSyncResult, type ShardFailureDetail, type ShardGroupState,
-  type RunMemory, type CopyBatch, type RunCopier, type NcclPairs, type NcclRunMover, type ExecutorFactory,
+  type RunMemory, type CopyBatch, type RunCopier, type NcclPairs, type NcclRunMover, type ChunkSize, type ExecutorFactory,
 } from './sharded/index.js';

@@ -402,9 +402,9 @@ function pendingBounds(options: ListenOptions): { maxPending: number; maxPending
   };
 }
 
-/** The first and the longest pause between tries while no listener is there. */
 /** connect()'s timeout when none is given, and the handshake's with `timeout: 0`. */
 const DEFAULT_CONNECT_MS = 10_000;
+/** The first and the longest pause between tries while no listener is there. */
 const RETRY_FIRST_MS = 5;
 const RETRY_MOST_MS = 250;
 

@@ -37,6 +37,9 @@ export interface NcclPairs {
   readonly recvs: readonly PlanPair[];
 }
 
+/** A pair's chunk size in bytes: one for every pair, or each pair's (the same number at both of its ranks). */
+export type ChunkSize = number | ((pair: PlanPair) => number);
+
 /** Moves one rank's NCCL runs of a sync: rounds of grouped sends and receives (PROTOCOL.md 9.3). */
 export interface NcclRunMover {
   /**
@@ -46,7 +49,7 @@ export interface NcclRunMover {
    * plan's chunk). Resolves with the staging bytes it used (each slot one round's staged chunks).
    */
   move(comm: NcclCommunicator, commRank: (rank: number) => number, pairs: NcclPairs,
-    sources: readonly RunMemory[], destinations: readonly RunMemory[], chunkBytes: number | ((pair: PlanPair) => number)): Promise<{ staging: number }>;
+    sources: readonly RunMemory[], destinations: readonly RunMemory[], chunkBytes: ChunkSize): Promise<{ staging: number }>;
   /** Frees staging, tables, streams and events once nothing queued uses them. */
   close(): Promise<void>;
 }

@@ -17,5 +17,5 @@ export {
 } from './group.js';
 export { hostRunCopier } from './host-copy.js';
 export {
-  DEFAULT_SHARD_CHUNK_BYTES, type RunMemory, type CopyBatch, type RunCopier, type NcclPairs, type NcclRunMover, type ExecutorFactory,
+  DEFAULT_SHARD_CHUNK_BYTES, type RunMemory, type CopyBatch, type RunCopier, type NcclPairs, type NcclRunMover, type ChunkSize, type ExecutorFactory,
 } from './execute-types.js';

@@ -26,9 +26,9 @@ import { IpcError } from '../../errors.js';
 import type { NcclCommunicator, NcclOperation } from '../../nccl/communicator.js';
 import { CHUNK_BYTES, launchCopyRuns, sameBytes } from '../kernels.js';
 import { deviceMemories } from './device-copy.js';
-import type { NcclPairs, NcclRunMover, RunMemory } from './execute-types.js';
+import type { ChunkSize, NcclPairs, NcclRunMover, RunMemory } from './execute-types.js';
 import type { PlanPair } from './plan.js';
-import { checkRunBounds, copyRunsTable, type ChunkSize, pairChunks, planRounds, roundAddresses, sameMemories, toAddress, type CopyRows, type PairChunk, type RoundEntry } from './pair-stream.js';
+import { checkRunBounds, copyRunsTable, pairChunks, planRounds, roundAddresses, sameMemories, toAddress, type CopyRows, type PairChunk, type RoundEntry } from './pair-stream.js';
 
 const ROW_BYTES = 32;
 

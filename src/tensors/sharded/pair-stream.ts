@@ -6,7 +6,7 @@
 // turn these into copy_runs tables and NCCL rounds.
 import { IpcError } from '../../errors.js';
 import { RUN_FIELDS } from './runs.js';
-import type { CopyBatch, RunMemory } from './execute-types.js';
+import type { ChunkSize, CopyBatch, RunMemory } from './execute-types.js';
 import type { PlanPair } from './plan.js';
 
 /** Which side of a pair's runs: the source rank's tensors or the destination rank's. */
@@ -100,9 +100,6 @@ export function streamBytes(runs: Float64Array): number {
 }
 
 interface Segment { pos: number; tensor: number; offset: number; bytes: number; count: number; stride: number }
-
-/** A pair's chunk size in bytes: the same number at both of its ranks. */
-export type ChunkSize = number | ((pair: PlanPair) => number);
 
 /**
  * The chunk of each NCCL pair of a plan (PROTOCOL.md 9.3): `chunkBytes` over the NCCL streams

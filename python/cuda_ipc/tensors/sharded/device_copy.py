@@ -91,7 +91,6 @@ def synchronize_sources(ordinal: int, stream: int | None = None) -> None:
             drv.driver().call("cuStreamSynchronize", ctypes.c_void_p(stream))
 
 
-
 def _device(m: RunMemory, what: str) -> DeviceMemory:
     if not isinstance(m, DeviceMemory):
         raise IpcError("ERR_INVALID_ARG", f"the device copier was given host memory for a {what} tensor; a rank's memories are all "

@@ -1,8 +1,8 @@
 """The NCCL path of a sharded sync (docs/PROTOCOL.md 9.3; src/tensors/sharded/nccl-runs.ts): each
 pair's byte stream (its runs in plan order, each run's count*bytes bytes packed) cut into chunks
-(``nccl_chunk_bytes``: the plan's chunk over the busier rank's NCCL streams); round k is ONE ``comm.group()`` holding this rank's send or receive of chunk k of
-every NCCL pair it is in (pairs without a chunk k skip), so no order of pairs can deadlock and a
-Node rank's rounds match these. A chunk that is one range of a local tensor goes straight from or
+(``nccl_chunk_bytes``: the plan's chunk over the busier rank's NCCL streams); round k is ONE
+``comm.group()`` holding this rank's send or receive of chunk k of every NCCL pair it is in (pairs
+without a chunk k skip), so no order of pairs can deadlock and a Node rank's rounds match these. A chunk that is one range of a local tensor goes straight from or
 into it; the others go through a staging slot of one round's staged chunks: gathered by copy_runs
 before the send, scattered after the receive, all on one stream (so the slot is free again for the
 next round's gather; staging is one round's staged bytes, at most one plan chunk). The CPU
@@ -135,7 +135,7 @@ class NcclRunMover:
     """Moves one rank's NCCL runs of each sync on GPU ``ordinal`` (prepared once per epoch)."""
 
     def __init__(self, ordinal: int, sends: Sequence[PlanPair], recvs: Sequence[PlanPair], sources: Sequence[DeviceMemory],
-                 destinations: Sequence[DeviceMemory], chunk_bytes: int | Callable[[PlanPair], int], comm_rank: Callable[[int], int]):
+                 destinations: Sequence[DeviceMemory], chunk_of: Callable[[PlanPair], int], comm_rank: Callable[[int], int]):
         for p in sends:
             check_run_bounds(p, [m.extent for m in sources], [1 << 62] * (1 + max((r.dst_tensor for r in p.runs), default=0)))
         for p in recvs:
@@ -143,12 +143,6 @@ class NcclRunMover:
         self.ordinal = ordinal
         self._peers = [comm_rank(p.dst) for p in sends] + [comm_rank(p.src) for p in recvs]
         self._send = [True] * len(sends) + [False] * len(recvs)
-        chunk_of: Callable[[PlanPair], int]
-        if callable(chunk_bytes):
-            chunk_of = chunk_bytes
-        else:
-            size = chunk_bytes
-            chunk_of = lambda _pair: size  # noqa: E731
         streams = [pair_chunks(p, sources, True, chunk_of(p)) for p in sends] + [pair_chunks(p, destinations, False, chunk_of(p)) for p in recvs]
         _, slot_bytes = plan_rounds(streams, 0)
         self._slot = 0
