@@ -46,6 +46,7 @@ import { CHUNK_BYTES, loadTensorKernels } from '../src/tensors/kernels.js';
 import { ncclRunMover } from '../src/tensors/sharded/nccl-runs.js';
 import { ncclChunkBytes } from '../src/tensors/sharded/pair-stream.js';
 import { printTable, summarize, type Row, type Summary } from './stats.js';
+import { asOwnHost } from './nccl-env.js';
 
 const env = (name: string, fallback: number): number => {
   const v = process.env[name] === undefined ? fallback : Number(process.env[name]);
@@ -399,9 +400,6 @@ async function ncclRank(kind: NcclLayout, rank: number, gpu: number, id: Uint8Ar
   return { limit: limitTimes, first, repeated, staging, wrong: bad.length ? [`rank ${rank} holds wrong values: ${bad.join('; ')}`] : [] };
 }
 
-/** NCCL's network path, each rank an NCCL host of its own: as between machines, and possible on one GPU. */
-const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
-
 /** Runs a layout's ranks as children (`network`: NCCL's forced network path; `slots`: the mover's staging slots) and prints its rows; or why not. */
 async function ncclPath(kind: NcclLayout, network: boolean, slots: 1 | 2): Promise<string | undefined> {
   if (process.env.SHARDED_NCCL === '0') return 'SHARDED_NCCL=0';
@@ -421,7 +419,7 @@ async function ncclPath(kind: NcclLayout, network: boolean, slots: 1 | 2): Promi
       stdio: ['ignore', 'pipe', 'inherit'],
       env: {
         ...process.env, SHARDED_NCCL_LAYOUT: kind, SHARDED_NCCL_RANK: String(rank), SHARDED_NCCL_GPU: String(rank % deviceCount), SHARDED_NCCL_ID: id, SHARDED_NCCL_SLOTS: String(slots),
-        ...(network && { ...NET_ENV, NCCL_HOSTID: `bench-sharded-${process.pid}-${rank}` }),
+        ...(network && asOwnHost(`sharded-${rank}`)),
       },
     });
     let out = '';

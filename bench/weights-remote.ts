@@ -27,6 +27,7 @@ import { spawnPython, pythonPackageDirectory, type Link, type SpawnedChild } fro
 import { wheelLibraries } from '../src/nccl/discovery.js';
 import { NCCL_LIBRARY_ENV } from '../src/nccl/index.js';
 import { printTable, summarize, type Row, type Summary } from './stats.js';
+import { NET_ENV } from './nccl-env.js';
 
 const { values } = parseArgs({
   args: process.argv.slice(2).filter((a) => a !== '--remote'),
@@ -63,7 +64,6 @@ if (paths.length === 0 || paths.some((p) => p !== 'nvlink' && p !== 'network')) 
 const syncs = num('syncs');
 const receivers = values.broadcast ? 3 : 1;
 const TARGETS = { repeatedVsFlat: 1.15, vsPerTensor: 5, vsPacked: 1.8, broadcastVsOne: 1.3 } as const;
-const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' };
 const python = process.env.CUDA_IPC_PYTHON ?? 'python3';
 const script = (name: string) => fileURLToPath(new URL(`../../bench/python/${name}`, import.meta.url));
 const ms = (us: number[]) => us.map((v) => v / 1000);

@@ -32,19 +32,8 @@ export function fewerGpusThan(n: number): string | undefined {
   return count < n ? `needs ${n} GPUs (NCCL refuses two ranks on one GPU); this machine shows ${count} (CUDA_VISIBLE_DEVICES=${process.env.CUDA_VISIBLE_DEVICES ?? 'unset'})` : undefined;
 }
 
-/** NCCL's network path, as between two machines without InfiniBand: P2P and shared memory off, sockets over loopback. */
-export const NET_ENV = { NCCL_P2P_DISABLE: '1', NCCL_SHM_DISABLE: '1', NCCL_NET: 'Socket', NCCL_SOCKET_IFNAME: 'lo' } as const;
-
-/**
- * The environment of an NCCL rank on the network path that NCCL takes for a machine of its own:
- * NET_ENV and an NCCL_HOSTID of its own (NCCL's host hash). NCCL refuses two ranks on one GPU only
- * when they share host hash and bus id, so with this, ranks of the network-path tests may all sit
- * on one GPU where there is one: each is a "node", and their bytes cross the socket transport as
- * they would between machines. `name` tells the ranks of one test apart.
- */
-export function asOwnHost(name: string | number): Record<string, string> {
-  return { ...NET_ENV, NCCL_HOSTID: `cuda-ipc-test-${process.pid}-${name}` };
-}
+// NET_ENV and asOwnHost (an NCCL rank as a machine of its own) are the benches' too.
+export { NET_ENV, asOwnHost } from '../../bench/nccl-env.js';
 
 /** The GPU of rank `i` of a network-path test: GPU i where there are that many, else the last one (ranks as their own hosts share it). */
 export function netRankDevice(i: number): Device {
