@@ -81,11 +81,13 @@ export type IpcErrorCode =
   | 'ERR_LAYOUT_OVERLAP'
   // sharded sync groups (src/tensors/sharded): a control message that breaks the group's wire; a
   // rank lost mid-sync (its link dropped, it died); ranks that planned differently; a rank whose
-  // memories are not all host or all on its GPU; a data path this build does not have yet
+  // memories are not all host or all on its GPU; this rank's copy failed (the driver's error is
+  // the cause); a data path this build does not have yet
   | 'ERR_SHARD_PROTOCOL'
   | 'ERR_SHARD_PEER_LOST'
   | 'ERR_SHARD_PLAN'
   | 'ERR_SHARD_MEMORY'
+  | 'ERR_SHARD_COPY'
   | 'ERR_NOT_IMPLEMENTED'
   // NCCL (src/nccl): no usable libnccl.so.2 was found; an NCCL call failed (see NcclError);
   // device memory on a tls:// link would cross NCCL's network in clear (LinkOptions.allowNcclInClear)

@@ -287,6 +287,38 @@ class Failures(unittest.TestCase):
         finally:
             g.close()
 
+    def test_a_destination_whose_copy_fails_raises_its_error_and_its_source_fails_at_once_naming_it(self):
+        g = Group([trainer(0, 1), engine(1, 1, 0)], unique("copyfail"))
+        try:
+            g.ready()
+
+            class Faulting:
+                """What the device copier meets when its kernel faults (a mapping made for the wrong GPU)."""
+
+                def copy(self) -> int:
+                    raise RuntimeError("cuStreamSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)")
+
+                def close(self) -> None:
+                    pass
+
+            g.groups[1]._copier = Faulting()
+            g.fill(3)
+            hub, engine_rank = g.sync(timeout=60)
+            mine = expect_error(self, engine_rank, "ERR_SHARD_COPY")
+            self.assertRegex(str(mine), r"rank 1's copy of version 1 failed: .*ILLEGAL_ADDRESS")
+            self.assertIsInstance(mine.__cause__, RuntimeError)
+            self.assertEqual((mine.detail["ranks"], mine.detail["version"]), ([], 0))
+            self.assertEqual(sorted(mine.detail["half_written"]), sorted(d.name for d in g.layouts[1].destinations), "the copy was writing every one")
+            with self.assertRaises(ShardError) as cm:
+                g.groups[1].sync(timeout=5)
+            self.assertEqual(cm.exception.code, "ERR_SHARD_COPY", "failed until a new plan")
+            # The source learns from the dropped serve link, not from its timeout (ERR_TIMEOUT after 60 s).
+            e = expect_error(self, hub, "ERR_SHARD_PEER_LOST")
+            self.assertEqual((e.detail["ranks"], e.detail["version"]), ([1], 0))
+            self.assertEqual(g.groups[1].version, 0)
+        finally:
+            g.close()
+
     def test_relayout_replans_into_new_memory_and_a_refused_one_keeps_the_old(self):
         layouts = [engine(0, 1, 0), trainer(1, 2, 0), trainer(2, 2, 1)]
         g = Group(layouts, unique("relayout"))

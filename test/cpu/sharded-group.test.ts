@@ -284,3 +284,35 @@ test('a rank lost while the group forms: the others keep waiting, a replacement 
   await group.close();
   for (const m of [...srcMem, ...mem1, ...mem2]) m.close();
 });
+
+test('a destination whose copy fails: its sync rejects with the copy\'s error as the cause; its source fails at once naming it, not at its timeout', async () => {
+  const name = `shard-copyfail-${process.pid}-${randomBytes(3).toString('hex')}`;
+  const src = new LayoutBuilder({ rank: 0, node: 'n', gpu: 0 }).hold('w', { dtype: 'float32', shape: [4, 4] }).build();
+  const srcMem = allocate(src.sources);
+  const group = await ShardGroup.host({ listen: name, size: 2, layout: src, sources: srcMem });
+  const dst = new LayoutBuilder({ rank: 1, node: 'n', gpu: 1 }).need('w', { dtype: 'float32', shape: [4, 4] }).build();
+  const dstMem = allocate(dst.destinations);
+  // What the device copier meets when its kernel faults (a mapping made for the wrong GPU).
+  const fault = new Error('cuStreamSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)');
+  const joiner = await ShardGroup.join({
+    connect: name, layout: dst, destinations: dstMem, timeout: 30_000,
+    executors: { host: () => ({ copy: () => Promise.reject(fault), close: async () => {} }) },
+  });
+  fillSources(src, srcMem, 3);
+  const [mine, theirs] = await Promise.allSettled([group.sync({ timeout: 60_000 }), joiner.sync({ timeout: 60_000 })]);
+  assert.equal(theirs.status, 'rejected');
+  const e1 = (theirs as PromiseRejectedResult).reason as IpcError & { detail?: any; cause?: unknown };
+  assert.equal(e1.code, 'ERR_SHARD_COPY', e1.message);
+  assert.match(e1.message, /rank 1's copy of version 1 failed: .*ILLEGAL_ADDRESS/);
+  assert.equal(e1.cause, fault);
+  assert.deepEqual([e1.detail.ranks, e1.detail.halfWritten, e1.detail.version], [[], ['w'], 0]);
+  assert.equal(mine.status, 'rejected');
+  const e0 = (mine as PromiseRejectedResult).reason as IpcError & { detail?: any };
+  assert.equal(e0.code, 'ERR_SHARD_PEER_LOST', `the source learns from the dropped serve link, not its timeout: ${e0.message}`);
+  assert.deepEqual([e0.detail.ranks, e0.detail.version], [[1], 0]);
+  assert.equal(joiner.version, 0);
+  await assert.rejects(joiner.sync({ timeout: 5_000 }), (e: IpcError) => e.code === 'ERR_SHARD_COPY', 'failed until a new plan');
+  await joiner.close();
+  await group.close();
+  for (const m of [...srcMem, ...dstMem]) m.close();
+});

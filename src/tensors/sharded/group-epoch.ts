@@ -7,6 +7,7 @@ import { IpcError } from '../../errors.js';
 import type { Device } from '../../cuda/device.js';
 import type { Stream } from '../../cuda/stream.js';
 import { connect } from '../../link/connect/listener.js';
+import { setLinkWorkingDevice } from '../../link/connection/working-device.js';
 import type { Link } from '../../link/connection/link.js';
 import type { NcclCommunicator } from '../../nccl/communicator.js';
 import { HostArray } from '../../arrays/host-array.js';
@@ -94,7 +95,7 @@ export interface EpochInit {
 }
 
 /** The error a failed sync gives: code, the ranks in question, what may be half-written, the version kept. */
-export function shardError(code: 'ERR_SHARD_PEER_LOST' | 'ERR_TIMEOUT' | 'ERR_SHARD_PLAN' | 'ERR_SHARD_PROTOCOL', message: string, ranks: readonly number[], cause?: unknown): IpcError & { detail: ShardFailureDetail } {
+export function shardError(code: 'ERR_SHARD_PEER_LOST' | 'ERR_TIMEOUT' | 'ERR_SHARD_PLAN' | 'ERR_SHARD_PROTOCOL' | 'ERR_SHARD_COPY', message: string, ranks: readonly number[], cause?: unknown): IpcError & { detail: ShardFailureDetail } {
   const e = new IpcError(code, message, cause === undefined ? undefined : { cause }) as IpcError & { detail: ShardFailureDetail };
   e.detail = { ranks: [...ranks].sort((a, b) => a - b), halfWritten: [], version: 0 };
   if (code === 'ERR_TIMEOUT') e.detail.waitingFor = e.detail.ranks;
@@ -164,6 +165,9 @@ export class Epoch {
       if (!name) throw shardError('ERR_SHARD_PROTOCOL', `rank ${pair.src} has sources rank ${rank} needs over 'ipc' but gave no serve name in its join`, [pair.src]);
       const link = await connect(name, { timeout: timeoutMs });
       if (this.#closed) { link.close(); return; }
+      // The sources' allocations are mapped for this rank's GPU, where the copier's kernel reads
+      // them (through peer access when they live on another GPU), not for the GPU they live on.
+      if (this.init.memory.kind === 'device') setLinkWorkingDevice(link, this.init.memory.device);
       const peer: ServePeer = { rank: pair.src, link, queue: new PeerQueue(pair.src) };
       this.#from.set(pair.src, peer);
       const got = new Promise<void>((resolve, reject) => {
@@ -278,7 +282,13 @@ export class Epoch {
         const t1 = performance.now();
         const batch = this.#copyBatch();
         this.#mark(this.#copying, batch.pairs.map((p) => p.pair));
-        await this.init.copier().copy(batch);
+        await this.init.copier().copy(batch).catch((e: unknown) => {
+          const err = shardError('ERR_SHARD_COPY', `rank ${this.init.rank}'s copy of version ${version} failed: ${(e as Error).message}`, [], e);
+          this.fail(err);
+          // Its sources wait for its 'done': their serve links dropped, they fail now, not at their timeout.
+          for (const p of this.#from.values()) p.link.close();
+          throw err;
+        });
         if (!this.#failure) this.#copying.clear();
         copyMs = performance.now() - t1;
         for (const p of this.#from.values()) trySend(p.link, { shard: 'done', epoch: this.init.epoch, version });

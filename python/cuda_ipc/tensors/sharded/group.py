@@ -242,6 +242,18 @@ class ShardGroup(RankControl):
             t1 = time.monotonic()
             try:
                 copier.copy()
+            except Exception as err:
+                with self._cond:
+                    if s.error is None:
+                        self._fail(ShardError("ERR_SHARD_COPY", f"sync: rank {self.rank}'s copy of version {s.version} failed: {err}",
+                                              {"ranks": [], "version": self._version}))
+                    failure = s.error
+                # Its sources wait for its 'done': their serve links dropped, they fail now, not at their timeout.
+                for _, src in links:
+                    if src.link is not None:
+                        src.link.close()
+                assert failure is not None
+                raise failure from err
             finally:
                 with self._cond:
                     self._copy_running = False

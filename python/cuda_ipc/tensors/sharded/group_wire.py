@@ -24,8 +24,9 @@ _NCCL_ID_BYTES = 128
 
 
 class ShardError(IpcError):
-    """A sync group's error: ``code`` ERR_SHARD_PEER_LOST, ERR_SHARD_PROTOCOL, ERR_SHARD_PLAN, ERR_TIMEOUT
-    (or the code a hub refused a join with); ``detail`` a dict: ``ranks`` (the ranks lost),
+    """A sync group's error: ``code`` ERR_SHARD_PEER_LOST, ERR_SHARD_PROTOCOL, ERR_SHARD_PLAN, ERR_TIMEOUT,
+    ERR_SHARD_COPY (this rank's copy failed: the driver's error is its ``__cause__``) (or the code a hub
+    refused a join with); ``detail`` a dict: ``ranks`` (the ranks lost),
     ``half_written`` (this rank's destination tensors whose runs of the failed sync may be partly
     written), ``version`` (this rank's, unchanged), ``waiting_for`` (ERR_TIMEOUT: the ranks still
     waited for)."""
