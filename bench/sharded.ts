@@ -342,7 +342,11 @@ async function ipcPath(): Promise<void> {
 // layout) and 'replicas' (the same sources, two TP2 replicas on ranks 2-5, each needing everything).
 // A child (SHARDED_NCCL_RANK set) runs one rank and prints its timings as one JSON line.
 type NcclLayout = 'colocated' | 'split' | 'replicas';
-interface RankTimes { limit: number[]; first: number; repeated: number[]; staging: number; wrong: string[] }
+interface RankTimes {
+  limit: number[]; first: number; repeated: number[]; staging: number; wrong: string[];
+  /** Per repeated sync: ms the host spent queueing the rounds (each comm.group until NCCL took it). */
+  queued: number[];
+}
 function ncclLayouts(kind: NcclLayout): RankLayout[] {
   const at = (rank: number): LayoutBuilder => new LayoutBuilder({ rank, node: `node${rank}`, gpu: 0 });
   if (kind === 'colocated') return [0, 1].map((i) => needer(holder(at(i), i), i).build());
@@ -366,9 +370,24 @@ async function ncclRank(kind: NcclLayout, rank: number, gpu: number, id: Uint8Ar
   const pairs = { sends: mine('nccl').filter((p) => p.src === rank), recvs: mine('nccl').filter((p) => p.dst === rank) };
   const local = { pairs: mine('local').filter((p) => p.dst === rank).map((pair) => ({ pair, sources: placed.src })), destinations: placed.dst };
   let staging = 0;
+  // The phase a miss needs: the mover awaits each round's group until NCCL took it before it queues
+  // the next, so where that host time per round passes the round's transfer, the host holds the sync.
+  let queued = 0;
+  const timedComm = new Proxy(comm, {
+    get(target, key) {
+      if (key === 'group') {
+        return async (...args: Parameters<NcclCommunicator['group']>): Promise<void> => {
+          const t0 = performance.now();
+          try { await target.group(...args); } finally { queued += performance.now() - t0; }
+        };
+      }
+      const v: unknown = Reflect.get(target, key);
+      return typeof v === 'function' ? (v as (...a: unknown[]) => unknown).bind(target) : v;
+    },
+  });
   const ours = async (): Promise<void> => {
     await Promise.all([
-      mover.move(comm, (x) => x, pairs, placed.src, placed.dst, chunkOf).then((m) => { staging = Math.max(staging, m.staging); }),
+      mover.move(timedComm, (x) => x, pairs, placed.src, placed.dst, chunkOf).then((m) => { staging = Math.max(staging, m.staging); }),
       local.pairs.length ? copier.copy(local) : undefined,
     ]);
   };
@@ -390,14 +409,19 @@ async function ncclRank(kind: NcclLayout, rank: number, gpu: number, id: Uint8Ar
   fillSources(layout, placed, epoch);
   const first = (await timed(1, ours))[0]!;
   const bad = await checkDestinations(layout, placed, epoch);
-  const repeated = await timed(syncs, ours);
+  const queuedPerSync: number[] = [];
+  const repeated = await timed(syncs, async () => {
+    queued = 0;
+    await ours();
+    queuedPerSync.push(queued);
+  });
   await mover.close();
   await copier.close();
   await comm.close({ timeout: 120_000 });
   stream.close();
   copyStream.close();
   placed.buffer.close();
-  return { limit: limitTimes, first, repeated, staging, wrong: bad.length ? [`rank ${rank} holds wrong values: ${bad.join('; ')}`] : [] };
+  return { limit: limitTimes, first, repeated, staging, queued: queuedPerSync, wrong: bad.length ? [`rank ${rank} holds wrong values: ${bad.join('; ')}`] : [] };
 }
 
 /** Runs a layout's ranks as children (`network`: NCCL's forced network path; `slots`: the mover's staging slots) and prints its rows; or why not. */
@@ -445,10 +469,13 @@ async function ncclPath(kind: NcclLayout, network: boolean, slots: 1 | 2): Promi
   const first = Math.max(...results.map((r) => r.first));
   const repeated = summarize(slowest((r) => r.repeated));
   const staging = Math.max(...results.map((r) => r.staging));
+  const rounds = Math.max(...ncclPairs.map((x) => Math.ceil(x.bytes / chunkOf(x))));
+  const queued = summarize(slowest((r) => r.queued)).median;
   row(`ours (${path}): first sync`, first, moved, [`${(first / repeated.median).toFixed(1)}x a repeated sync (target <= 10x: ${verdict(first <= 10 * repeated.median)})`]);
   row(`ours (${path}): repeated sync`, repeated, moved, [
     `${(repeated.median / limitMs.median).toFixed(2)}x the limit (target <= 1.3x: ${verdict(repeated.median <= 1.3 * limitMs.median)})`,
-    `${(ncclBytes / GIB).toFixed(2)} GiB over NCCL in ${Math.max(...ncclPairs.map((x) => Math.ceil(x.bytes / chunkOf(x))))} rounds (chunks of ${[...new Set(ncclPairs.map((x) => (chunkOf(x) / 2 ** 20).toFixed(0)))].join(', ')} MiB)`,
+    `${(ncclBytes / GIB).toFixed(2)} GiB over NCCL in ${rounds} rounds (chunks of ${[...new Set(ncclPairs.map((x) => (chunkOf(x) / 2 ** 20).toFixed(0)))].join(', ')} MiB)`,
+    `the host queueing the rounds (each group until NCCL took it; earlier rounds run on the GPU meanwhile), the busiest rank: ${queued.toFixed(2)} ms, ${(queued * 1000 / rounds).toFixed(0)} us a round`,
     `staging ${(staging / 2 ** 20).toFixed(0)} MiB per rank at most (${(staging / chunkBytes).toFixed(1)} chunks; target <= 2: ${verdict(staging <= 2 * chunkBytes)})`,
   ]);
   for (const r of results) wrong.push(...r.wrong.map((w) => `${path}: ${w}`));
