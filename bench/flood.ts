@@ -6,18 +6,16 @@
 // Prints the peaks (queued messages, bytes and fds, open fds, RSS) and how the run ended.
 import { once } from 'node:events';
 import { readdirSync } from 'node:fs';
-import { parseArgs } from 'node:util';
 import { spawn } from '../src/link/index.js';
 import { HostBuffer } from '../src/host/index.js';
 import { IpcError } from '../src/errors.js';
+import { benchArgs } from './args.js';
 
-const { values } = parseArgs({
-  options: {
-    messages: { type: 'string', default: '20000' },
-    'pause-ms': { type: 'string', default: '3000' },
-    mode: { type: 'string', default: 'drain' },
-    json: { type: 'boolean', default: false },
-  },
+const values = benchArgs('bench/flood', 'usage: node dist/bench/flood.js [--messages 20000] [--pause-ms 3000] [--mode drain|naive] [--json]', {
+  messages: { type: 'string', default: '20000' },
+  'pause-ms': { type: 'string', default: '3000' },
+  mode: { type: 'string', default: 'drain' },
+  json: { type: 'boolean', default: false },
 });
 const messages = Number(values.messages);
 const mode = values.mode as 'naive' | 'drain';

@@ -10,12 +10,12 @@
 import { spawnSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { parseArgs } from 'node:util';
 import { probeDriver } from '../src/cuda/driver.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
 import { spawn } from '../src/link/index.js';
 import { printTable, summarize, type Row, type Summary } from './stats.js';
+import { benchArgs } from './args.js';
 
 const CHILD = new URL('./peer-child.js', import.meta.url);
 const TORCH_SCRIPT = fileURLToPath(new URL('../../bench/python/peer_copy_torch.py', import.meta.url));
@@ -127,15 +127,13 @@ export function printPeer(r: PeerResults): void {
 }
 
 if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
-  const { values } = parseArgs({
-    options: {
-      mib: { type: 'string', default: '256' },
-      reps: { type: 'string', default: '10' },
-      batch: { type: 'string', default: '5' },
-      json: { type: 'string' },
-      'no-python': { type: 'boolean', default: false },
-      'same-gpu': { type: 'boolean', default: false },
-    },
+  const values = benchArgs('bench/peer', 'usage: node dist/bench/peer.js [--mib 256] [--reps 10] [--batch 5] [--json FILE] [--no-python] [--same-gpu]', {
+    mib: { type: 'string', default: '256' },
+    reps: { type: 'string', default: '10' },
+    batch: { type: 'string', default: '5' },
+    json: { type: 'string' },
+    'no-python': { type: 'boolean', default: false },
+    'same-gpu': { type: 'boolean', default: false },
   });
   const [mib, reps, batch] = [Number(values.mib), Number(values.reps), Number(values.batch)];
   if (![mib, reps, batch].every((v) => Number.isSafeInteger(v) && v > 0)) {

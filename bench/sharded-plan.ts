@@ -11,7 +11,6 @@
 // and the wall clock. The whole plan, which no rank needs, is computed here once for the figures
 // (the bytes per GPU, min / mean / max, the busiest GPU against the mean: target within 1.1x) and
 // to check each sampled rank's plan: its pairs must be exactly the whole plan's pairs for that rank.
-import { parseArgs } from 'node:util';
 import os from 'node:os';
 import { execFileSync } from 'node:child_process';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -21,8 +20,9 @@ import { performance } from 'node:perf_hooks';
 import { decodeLayout, encodeLayout, planBytes, planSharded } from '../src/tensors/sharded/index.js';
 import { ONE_T, modelLayouts, parameterCount } from './sharded-model.js';
 import { pairsDigest } from './sharded-plan-io.js';
+import { benchArgs } from './args.js';
 
-const { values } = parseArgs({ options: { sample: { type: 'string' } } });
+const values = benchArgs('bench:sharded-plan', 'usage: npm run bench:sharded-plan [-- --sample N]', { sample: { type: 'string' } });
 const { model, cluster } = ONE_T;
 const GB = 1e9;
 

@@ -17,7 +17,6 @@
 // transfer: until the bytes are in the parameters; ack), so that a miss says which phase holds it.
 // Needs two GPUs (four for --broadcast), python3 with PyTorch, and PyTorch's NCCL wheel (every process
 // loads it: ranks must run one NCCL version); says why and exits 0 otherwise.
-import { parseArgs } from 'node:util';
 import { spawnSync } from 'node:child_process';
 import { writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
@@ -28,21 +27,19 @@ import { wheelLibraries } from '../src/nccl/discovery.js';
 import { NCCL_LIBRARY_ENV } from '../src/nccl/index.js';
 import { printTable, summarize, type Row, type Summary } from './stats.js';
 import { NET_ENV } from './nccl-env.js';
+import { benchArgs } from './args.js';
 
-const { values } = parseArgs({
-  args: process.argv.slice(2).filter((a) => a !== '--remote'),
-  options: {
-    tensors: { type: 'string', default: '3000' },
-    gib: { type: 'string', default: '8' },
-    'net-tensors': { type: 'string', default: '750' },
-    'net-gib': { type: 'string', default: '2' },
-    syncs: { type: 'string', default: '5' },
-    paths: { type: 'string', default: 'nvlink,network' },
-    broadcast: { type: 'boolean', default: false },
-    json: { type: 'string' },
-    'no-references': { type: 'boolean', default: false },
-  },
-});
+const values = benchArgs('bench:weights:remote', 'usage: npm run bench:weights:remote [-- --tensors 3000] [--gib 8] [--net-tensors 750] [--net-gib 2] [--syncs 5]\n  [--paths nvlink,network] [--broadcast] [--json FILE] [--no-references]', {
+  tensors: { type: 'string', default: '3000' },
+  gib: { type: 'string', default: '8' },
+  'net-tensors': { type: 'string', default: '750' },
+  'net-gib': { type: 'string', default: '2' },
+  syncs: { type: 'string', default: '5' },
+  paths: { type: 'string', default: 'nvlink,network' },
+  broadcast: { type: 'boolean', default: false },
+  json: { type: 'string' },
+  'no-references': { type: 'boolean', default: false },
+}, process.argv.slice(2).filter((a) => a !== '--remote'));
 const num = (k: keyof typeof values) => Number(values[k]);
 for (const k of ['tensors', 'net-tensors', 'syncs'] as const) {
   if (!Number.isSafeInteger(num(k)) || num(k) < 1) {

@@ -22,7 +22,6 @@
 // and each sync of ours split into phases (receive, map, plan, table, launch, sync), so that a missed
 // target says which step holds it; the first sync also says how much of it is handle opens.
 // Needs a GPU and python3 with PyTorch; says why and exits 0 otherwise.
-import { parseArgs } from 'node:util';
 if (process.argv.includes('--remote')) {
   // Between machines (issue 26): a TCP link with NCCL (bench/weights-remote.ts), its own options.
   await import('./weights-remote.js');
@@ -34,18 +33,17 @@ import { probeDriver } from '../src/cuda/driver.js';
 import { Device } from '../src/cuda/device.js';
 import { spawnPython, pythonPackageDirectory, type Link, type SpawnedChild } from '../src/link/index.js';
 import { printTable, summarize, type Row, type Summary } from './stats.js';
+import { benchArgs } from './args.js';
 
-const { values } = parseArgs({
-  options: {
-    tensors: { type: 'string', default: '3000' },
-    gib: { type: 'string', default: '8' },
-    syncs: { type: 'string', default: '3' },
-    repeats: { type: 'string', default: '5' },
-    split: { type: 'string', default: '1' },
-    json: { type: 'string' },
-    'no-references': { type: 'boolean', default: false },
-    'no-pool': { type: 'boolean', default: false },
-  },
+const values = benchArgs('bench:weights', 'usage: npm run bench:weights [-- --tensors 3000] [--gib 8] [--syncs 3] [--repeats 5] [--split N] [--json FILE] [--no-references] [--no-pool]\n  (-- --remote: between machines, bench/weights-remote.ts; --remote --help says its options)', {
+  tensors: { type: 'string', default: '3000' },
+  gib: { type: 'string', default: '8' },
+  syncs: { type: 'string', default: '3' },
+  repeats: { type: 'string', default: '5' },
+  split: { type: 'string', default: '1' },
+  json: { type: 'string' },
+  'no-references': { type: 'boolean', default: false },
+  'no-pool': { type: 'boolean', default: false },
 });
 const tensors = Number(values.tensors);
 const gib = Number(values.gib);

@@ -2,6 +2,8 @@
 // and running where a C compiler exists (its GPU modes need cuda.h and a GPU: the GPU machine).
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { fileURLToPath } from 'node:url';
 import { Probe } from '../../src/link/transport/probe.js';
 import { analyze, Mark, PHASES } from '../../bench/breakdown.js';
 import { buildCReference, runCReference } from '../../bench/c-reference.js';
@@ -168,4 +170,21 @@ test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in
   assert.match(note, /doorbell sleeps per 1k msgs by run 120 \/ 3\.3 \/ 0\.0/, 'each run with its sleeps');
   assert.match(note, /core-to-core round trip before each run 0\.85 \/ 0\.91 \/ 0\.30 us/, 'each run with the floor probed before it');
   assert.doesNotMatch(t.throughput.find((r) => r.name === ROW.oneWay(65536, 'adaptive', 'host'))!.notes!.join('; '), /core-to-core/, 'no probe, no note');
+});
+
+test('every bench script answers --help with its usage (exit 0) and an unknown option with what was wrong and the usage (exit 2)', () => {
+  const scripts = ['main', 'python-ratios', 'weights', 'weights-remote', 'peer', 'sharded-plan', 'flood'];
+  for (const name of scripts) {
+    const script = fileURLToPath(new URL(`../../bench/${name}.js`, import.meta.url));
+    const help = spawnSync(process.execPath, [script, '--help'], { encoding: 'utf8', timeout: 60_000 });
+    assert.equal(help.status, 0, `${name} --help: ${help.stderr}`);
+    assert.match(help.stdout, /^usage: /, `${name} --help prints its usage`);
+    const bad = spawnSync(process.execPath, [script, '--no-such-option'], { encoding: 'utf8', timeout: 60_000 });
+    assert.equal(bad.status, 2, `${name} --no-such-option: ${bad.stdout}${bad.stderr}`);
+    assert.match(bad.stderr, /Unknown option '--no-such-option'[^]*usage: /, `${name} says what was wrong, then the usage`);
+  }
+  // --remote hands bench:weights over to the remote bench, whose options --help lists.
+  const remote = spawnSync(process.execPath, [fileURLToPath(new URL('../../bench/weights.js', import.meta.url)), '--remote', '--help'], { encoding: 'utf8', timeout: 60_000 });
+  assert.equal(remote.status, 0, remote.stderr);
+  assert.match(remote.stdout, /bench:weights:remote/);
 });
