@@ -5,6 +5,7 @@ import type { Device } from '../src/cuda/device.js';
 import { printTable, spreadText, SPREAD_LIMIT, verdict, widest, type Row, type TargetResult } from './stats.js';
 import { ONE_WAY_WARMUP_MS } from './stats.js';
 import { fmtBytes, PYTHON_SLOT_BYTES, ROW, TARGETS, type ChannelResults, type Spread } from './channel.js';
+import { defaultRingKind, type RingKind } from '../src/channel/c-ring.js';
 
 const fmtRate = (v: number) => (v >= 1e9 ? `${(v / 1e9).toFixed(1)} G` : v >= 1e6 ? `${(v / 1e6).toFixed(2)} M` : `${(v / 1e3).toFixed(0)} k`);
 const cpuNote = (us: number) => `CPU ${us.toFixed(2)} us/msg (both processes)`;
@@ -24,12 +25,16 @@ const floorsNote = (perRun: number[]) => `core-to-core round trip before each ru
  * out of spinning (its ends woke through the event loop). */
 const sleepsNote = (perRun: number[]) => `doorbell sleeps per 1k msgs by run ${perRun.map((v) => (v >= 10 ? v.toFixed(0) : v.toFixed(1))).join(' / ')}`;
 
-/** A C ring row against the JavaScript ring's row of the same shape: the ratio, and which is
- * faster only where both rows' runs agree (spread <= 15%). */
-export function ringNote(ratio: number, what: 'time' | 'rate', cFaster: boolean, ...spreads: Spread[]): string {
+const RING_NAME: Record<RingKind, string> = { c: 'the C ring', js: 'the JavaScript ring' };
+
+/** A row on the ring that is not its memory's default against the default's row of the same shape
+ * (`ratio`: this row's figure over the default's): the ratio, and which ring is faster only where
+ * both rows' runs agree (spread <= 15%). */
+export function ringNote(ratio: number, what: 'time' | 'rate', ring: RingKind, thisFaster: boolean, ...spreads: Spread[]): string {
   const spread = widest(...spreads);
   const decided = verdict(true, spread) !== 'UNDECIDED';
-  return `${ratio.toFixed(2)}x the JavaScript ring's ${what}: ${decided ? (cFaster ? 'the C ring is faster' : 'the JavaScript ring is faster') : `UNDECIDED (${spreadText(spread)})`}`;
+  const other: RingKind = ring === 'c' ? 'js' : 'c';
+  return `${ratio.toFixed(2)}x ${RING_NAME[other]}'s ${what} (the default): ${decided ? `${RING_NAME[thisFaster ? ring : other]} is faster` : `UNDECIDED (${spreadText(spread)})`}`;
 }
 
 /** The rows of the channel tables, each figure against its target, and every target's verdict. */
@@ -70,8 +75,8 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     if (t.placement) notes.push(t.placement);
     if (t.sleepsPer1k?.length) notes.push(sleepsNote(t.sleepsPer1k));
     if (t.floorsUs?.length) notes.push(floorsNote(t.floorsUs));
-    const js = t.ring === 'c' ? r.roundTrip[ROW.roundTrip(t.wait, t.memory)] : undefined;
-    if (js) notes.push(ringNote(t.us.median / js.us.median, 'time', t.us.median < js.us.median, t.runs, js.runs));
+    const byDefault = t.ring !== defaultRingKind(t.memory) ? r.roundTrip[ROW.roundTrip(t.wait, t.memory)] : undefined;
+    if (byDefault) notes.push(ringNote(t.us.median / byDefault.us.median, 'time', t.ring, t.us.median < byDefault.us.median, t.runs, byDefault.runs));
     notes.push(cpuNote(t.cpuUsPerMsg));
     latency.push({ name, unit: 'us', median: t.us.median, p99: t.us.p99, n: t.us.n, notes: withSpread(notes, t.runs) });
   }
@@ -83,8 +88,8 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     // messages would read as a bandwidth that no copy ever achieved.
     const notes = [`${o.memory === 'host' ? `${o.bytesWrittenPerMsg} byte written per message` : 'no byte written by the CPU'}, the ${fmtBytes(o.slotBytes)} slot handed over in place (no copy)`];
     if (o.wait === 'adaptive') notes.push(check(name, `target >= ${fmtRate(target)} msg/s`, o.msgsPerSec.median, target, false, o.runs));
-    const js = o.ring === 'c' ? r.oneWay[ROW.oneWay(o.slotBytes, o.wait, o.memory)] : undefined;
-    if (js) notes.push(ringNote(o.msgsPerSec.median / js.msgsPerSec.median, 'rate', o.msgsPerSec.median > js.msgsPerSec.median, o.runs, js.runs));
+    const byDefault = o.ring !== defaultRingKind(o.memory) ? r.oneWay[ROW.oneWay(o.slotBytes, o.wait, o.memory)] : undefined;
+    if (byDefault) notes.push(ringNote(o.msgsPerSec.median / byDefault.msgsPerSec.median, 'rate', o.ring, o.msgsPerSec.median > byDefault.msgsPerSec.median, o.runs, byDefault.runs));
     notes.push(cpuNote(o.cpuUsPerMsg));
     if (o.placement) notes.push(o.placement);
     if (o.sleepsPer1k?.length) notes.push(sleepsNote(o.sleepsPer1k));
@@ -92,7 +97,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes: withSpread(notes, o.runs) });
   }
   if (r.python && 'rows' in r.python) {
-    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES && o.ring === 'js');
+    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES && o.ring === defaultRingKind('host'));
     for (const p of r.python.rows) {
       const notes = [`${p.direction.startsWith('python->node') ? 'a Python producer, a Node consumer' : 'a Node producer, a Python consumer'} (Python hot path: ${p.hotPath})`];
       if (node) {
@@ -129,7 +134,8 @@ export function printChannelTables(r: ChannelResults, iterations: number, warmup
     `figures over all runs with each run's median and their spread, (max - min) / median; a target is MET or MISSED only where that spread ` +
     `is at most ${SPREAD_LIMIT * 100}% (else UNDECIDED); processes ${r.pinned}`);
   for (const l of r.leftovers) console.log(`  children still alive: ${l}`);
-  console.log(r.cRingSkipped ? `  the C ring's rows did not run: ${r.cRingSkipped}` : '  rows marked "C ring": both ends on the C ring (CUDA_IPC_CHANNEL_RING=c), beside the same row on the JavaScript ring (the default)');
+  console.log(r.cRingSkipped ? `  the C ring's rows did not run (every row on the JavaScript ring): ${r.cRingSkipped}`
+    : '  rows on host slots run the C ring, their default; rows marked "JavaScript ring" run both ends on it (CUDA_IPC_CHANNEL_RING=js) beside the same row on the C ring; device slots run the JavaScript ring, their default');
   printTable('Channel round trip: a message to a child through one channel and back through another ' +
     `(targets: adaptive <= ${TARGETS.rttDefaultHostUs} us host / ${TARGETS.rttDefaultDeviceUs} us device and <= ${TARGETS.rttDefaultVsSocket}x socket; ` +
     `spin <= ${TARGETS.rttSpinHostUs} / ${TARGETS.rttSpinDeviceUs} us)`, t.latency);

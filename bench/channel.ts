@@ -18,7 +18,7 @@
 import { childEnv, cpuPlacement, liveChildren, onCpu, type PinPlan } from './placement.js';
 import { spawn, type Link } from '../src/link/index.js';
 import { ChannelHub, createChannel, type ChannelMemory, type WaitMode } from '../src/channel/index.js';
-import { cRingUnavailable, RING_ENV, type RingKind } from '../src/channel/c-ring.js';
+import { cRingUnavailable, defaultRingKind, RING_ENV, type RingKind } from '../src/channel/c-ring.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
 import { ONE_WAY_WARMUP_MS, roundOrder, spreadOf, summarize, type Spread, type Summary } from './stats.js';
@@ -53,7 +53,7 @@ type Memory = 'host' | 'device';
 export interface RoundTrip {
   memory: Memory;
   wait: WaitMode;
-  /** Which ring both ends ran: the JavaScript ring (the default) or the C ring (CUDA_IPC_CHANNEL_RING=c). */
+  /** Which ring both ends ran (CUDA_IPC_CHANNEL_RING): the C ring (host slots' default) or the JavaScript ring (device slots'). */
   ring: RingKind;
   us: Summary;
   /** CPU time (user + system) of both processes per message; a round trip is two messages. */
@@ -166,7 +166,7 @@ async function withRing<T>(ring: RingKind, make: () => Promise<T>): Promise<T> {
 }
 
 /** Median and p99 of per-iteration microseconds through out -> child -> back. */
-async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number, env: NodeJS.ProcessEnv, ring: RingKind = 'js'): Promise<{ us: Float64Array; cpuUsPerMsg: number; placement: string; sleepsPer1k: number }> {
+async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number, env: NodeJS.ProcessEnv, ring: RingKind): Promise<{ us: Float64Array; cpuUsPerMsg: number; placement: string; sleepsPer1k: number }> {
   const { child, link } = await spawn(CHILD, ['echo', wait], { stdio: 'inherit', env: ringEnv(env, ring) });
   const opts = { slots: 4, slotBytes: 4096, memory, wait } as const;
   const out = await withRing(ring, () => createChannel(link, { ...opts, role: 'producer' }));
@@ -215,7 +215,7 @@ const ONE_WAY_LENGTH = 8;
 
 /** One way for about `ms` after ONE_WAY_WARMUP_MS untimed: rates per batch of 2000 messages, and
  * CPU per message (over every message, the warm-up's too: both ends count from the start). */
-async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv, ring: RingKind = 'js') {
+async function oneWay(memory: ChannelMemory, wait: WaitMode, slotBytes: number, slots: number, ms: number, env: NodeJS.ProcessEnv, ring: RingKind) {
   const { child, link } = await spawn(CHILD, ['sink', wait], { stdio: 'inherit', env: ringEnv(env, ring) });
   const ch = await withRing(ring, () => createChannel(link, { role: 'producer', slots, slotBytes, memory, wait }));
   const stream = ch.device ? Stream.create(ch.device) : undefined;
@@ -361,13 +361,18 @@ class Runs {
 }
 
 
+/** A row on the ring its ends do not take by default says which it ran; the default's rows say nothing. */
+function ringMark(memory: Memory, ring: RingKind): string {
+  return ring === defaultRingKind(memory) ? '' : ring === 'c' ? ', C ring' : ', JavaScript ring';
+}
+
 /** Row names, as the tables print them (--only matches these). */
 export const ROW = {
   doorbell: 'floor: doorbell round trip (eventfd + event loop, no channel)',
   spin: 'floor: spin round trip (a shared word, two processes, no channel)',
   socket: 'reference: Node Unix socket round trip, 64 bytes',
-  roundTrip: (wait: WaitMode, memory: Memory, ring: RingKind = 'js') => `round trip, ${wait} (${memory} slots${ring === 'c' ? ', C ring' : ''})`,
-  oneWay: (size: number, wait: WaitMode, memory: Memory, ring: RingKind = 'js') => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots${ring === 'c' ? ', C ring' : ''})`,
+  roundTrip: (wait: WaitMode, memory: Memory, ring: RingKind = defaultRingKind(memory)) => `round trip, ${wait} (${memory} slots${ringMark(memory, ring)})`,
+  oneWay: (size: number, wait: WaitMode, memory: Memory, ring: RingKind = defaultRingKind(memory)) => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots${ringMark(memory, ring)})`,
   python: (direction: PythonOneWay['direction']) => `one way, ${fmtBytes(PYTHON_SLOT_BYTES)} slots, adaptive, ${direction.startsWith('python->node') ? 'Python -> Node' : 'Node -> Python'}${direction === 'node->python batch' ? `, receive_many(${PYTHON_BATCH})` : direction === 'python->node batch' ? `, acquire_many/publish_many(${PYTHON_BATCH})` : ''} (host slots)`,
   workSharing: (consumers: number) => `work sharing, ${consumers} consumer${consumers > 1 ? 's' : ''} (host slots)`,
 };
@@ -384,13 +389,14 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     floor: {}, roundTrip: {}, oneWay: {}, workSharing: {},
   };
   const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
-  // The C ring's rows beside the JavaScript ring's (host slots): where the addon has it.
+  // Host slots: the C ring's rows (the default) and the JavaScript ring's beside them, where the addon
+  // has the C ring; device slots: the JavaScript ring's (their default).
   const noCRing = cRingUnavailable();
   if (noCRing) res.cRingSkipped = noCRing;
-  const ringsFor = (memory: Memory): RingKind[] => (memory === 'host' && !noCRing ? ['js', 'c'] : ['js']);
+  const ringsFor = (memory: Memory): RingKind[] => (memory === 'host' && !noCRing ? ['c', 'js'] : ['js']);
   const oneWayRows = (memory: Memory): Array<[WaitMode, number, RingKind]> => [
-    ...sizes.map((s) => ['adaptive', s, 'js'] as [WaitMode, number, RingKind]),
-    ...ringsFor(memory).filter((k) => k === 'c').map((k) => ['adaptive', 4 << 10, k] as [WaitMode, number, RingKind]),
+    ...sizes.map((s) => ['adaptive', s, defaultRingKind(memory)] as [WaitMode, number, RingKind]),
+    ...ringsFor(memory).filter((k) => k !== defaultRingKind(memory)).map((k) => ['adaptive', 4 << 10, k] as [WaitMode, number, RingKind]),
     ...(['sleep', 'spin'] as const).flatMap((w) => ringsFor(memory).map((k) => [w, 4 << 10, k] as [WaitMode, number, RingKind])),
   ];
   // Each row: its name, its samples, and one run of it. Rows run in this order, `runs` rounds.
@@ -407,7 +413,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   for (const [memory, m] of memories) {
     for (const wait of WAITS) {
       // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state),
-      // and the adaptive spin must have learned the gaps. The C ring's row next to the JavaScript one's.
+      // and the adaptive spin must have learned the gaps. The other ring's row next to the default's.
       for (const ring of ringsFor(memory)) {
         row(ROW.roundTrip(wait, memory, ring), async (r) => { const t = await roundTrip(m, wait, iterations, long, env, ring); r.add(t.us, t.cpuUsPerMsg, t.placement, t.sleepsPer1k); });
       }

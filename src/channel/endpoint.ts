@@ -8,7 +8,7 @@ import type { HostBuffer } from '../host/index.js';
 import type { DeviceBuffer } from '../cuda/buffer.js';
 import { H, P, PState, PRole, PFLAG_HUB_LOCAL } from './layout.js';
 import { Ring } from './slot-ring.js';
-import { ringKindFromEnv } from './c-ring.js';
+import { ringKindFor } from './c-ring.js';
 import { Waiter, type WaitPolicy } from './waiter.js';
 import { Recoveries, repairFencesWhenGone } from './recovery.js';
 import type { Block } from './block.js';
@@ -56,8 +56,8 @@ export class Endpoint {
     const role = init.role === 'producer' ? PRole.Producer : PRole.Consumer;
     this.#seqOff = Ring.sequenceFor(role);
     this.#sleepersOff = Ring.sleepersFor(role);
-    // The JavaScript ring unless CUDA_IPC_CHANNEL_RING=c asks for the C ring (c-ring.ts).
-    this.ring = block.ring(index, ringKindFromEnv());
+    // The C ring on host slots, the JavaScript ring on device slots, unless CUDA_IPC_CHANNEL_RING says (c-ring.ts).
+    this.ring = block.ring(index, ringKindFor(block.memory));
     this.recoveries = new Recoveries(this.ring);
     this.waiter = new Waiter(this.ring, block.bells.fd(index), init.policy);
     this.#views = new Array(block.slotCount).fill(undefined);

@@ -11,6 +11,7 @@ import { roundOrder, spreadOf, spreadText, verdict, widest, SPREAD_LIMIT } from 
 import { childCpu, helperCpus, type PinPlan } from '../../bench/placement.js';
 import { channelRows } from '../../bench/channel-tables.js';
 import { ROW, type ChannelResults } from '../../bench/channel.js';
+import { defaultRingKind } from '../../src/channel/c-ring.js';
 
 /** A log of (point, time) pairs. */
 const log = (pairs: Array<[number, number]>) => Float64Array.from(pairs.flat());
@@ -128,27 +129,31 @@ test('helperCpus: the node less the pinned cores and their hyperthreads, narrowi
 
 test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in the notes and the verdicts', () => {
   const us = (median: number) => ({ n: 100, median, p99: median * 2, mean: median });
+  // Host slots' default ring (the C ring where the addon has it) and the other one, measured beside it.
+  const DEF = defaultRingKind('host');
+  const OTHER = DEF === 'c' ? 'js' : 'c';
+  const name = { c: 'the C ring', js: 'the JavaScript ring' };
   const res: ChannelResults = {
     runs: 3, warmupRuns: 1, pinned: 'test', leftovers: [],
     floor: { socket: { us: us(14), runs: spreadOf([14, 14.5, 14.2]) } },
     roundTrip: {
-      [ROW.roundTrip('adaptive', 'host')]: { memory: 'host', wait: 'adaptive', ring: 'js', us: us(10), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([10, 10.5, 9.8]) },
-      [ROW.roundTrip('adaptive', 'host', 'c')]: { memory: 'host', wait: 'adaptive', ring: 'c', us: us(5), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([5, 5.2, 4.9]) },
-      [ROW.roundTrip('spin', 'host')]: { memory: 'host', wait: 'spin', ring: 'js', us: us(4), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([2.5, 4, 5]) },
+      [ROW.roundTrip('adaptive', 'host')]: { memory: 'host', wait: 'adaptive', ring: DEF, us: us(10), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([10, 10.5, 9.8]) },
+      [ROW.roundTrip('adaptive', 'host', OTHER)]: { memory: 'host', wait: 'adaptive', ring: OTHER, us: us(5), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([5, 5.2, 4.9]) },
+      [ROW.roundTrip('spin', 'host')]: { memory: 'host', wait: 'spin', ring: DEF, us: us(4), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([2.5, 4, 5]) },
     },
     oneWay: {
       [ROW.oneWay(4096, 'adaptive', 'host')]: {
-        memory: 'host', wait: 'adaptive', ring: 'js', slotBytes: 4096, msgsPerSec: us(964e3), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1,
+        memory: 'host', wait: 'adaptive', ring: DEF, slotBytes: 4096, msgsPerSec: us(964e3), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1,
         placement: 'CPUs 0 and 1', runs: spreadOf([622e3, 914e3, 1.27e6]), sleepsPer1k: [120, 3.25, 0], floorsUs: [0.85, 0.912, 0.3],
       },
       [ROW.oneWay(65536, 'adaptive', 'host')]: {
-        memory: 'host', wait: 'adaptive', ring: 'js', slotBytes: 65536, msgsPerSec: us(9e5), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1,
+        memory: 'host', wait: 'adaptive', ring: DEF, slotBytes: 65536, msgsPerSec: us(9e5), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1,
         placement: 'CPUs 0 and 1', runs: spreadOf([9e5, 9.1e5, 8.9e5]),
       },
     },
     workSharing: {},
   };
-  res.oneWay[ROW.oneWay(4096, 'adaptive', 'host', 'c')] = { ...res.oneWay[ROW.oneWay(4096, 'adaptive', 'host')]!, ring: 'c', msgsPerSec: us(1.5e6), runs: spreadOf([1.5e6, 1.45e6, 1.55e6]) };
+  res.oneWay[ROW.oneWay(4096, 'adaptive', 'host', OTHER)] = { ...res.oneWay[ROW.oneWay(4096, 'adaptive', 'host')]!, ring: OTHER, msgsPerSec: us(1.5e6), runs: spreadOf([1.5e6, 1.45e6, 1.55e6]) };
   const t = channelRows(res);
   const by = (row: string, target: RegExp) => t.targets.find((x) => x.row === row && target.test(x.target));
   assert.equal(by(ROW.roundTrip('adaptive', 'host'), /^target/)?.verdict, 'MET');
@@ -156,13 +161,16 @@ test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in
   assert.equal(by(ROW.roundTrip('spin', 'host'), /^target/)?.verdict, 'UNDECIDED', 'runs 2.5 / 4 / 5 us: 62%');
   assert.equal(by(ROW.oneWay(4096, 'adaptive', 'host'), /target/)?.verdict, 'UNDECIDED');
   assert.equal(by(ROW.oneWay(65536, 'adaptive', 'host'), /target/)?.verdict, 'MISSED');
-  assert.equal(by(ROW.roundTrip('adaptive', 'host', 'c'), /^target/)?.verdict, 'MET', 'the C ring rows have the same targets');
-  assert.equal(by(ROW.oneWay(4096, 'adaptive', 'host', 'c'), /target/)?.verdict, 'MET');
+  assert.equal(by(ROW.roundTrip('adaptive', 'host', OTHER), /^target/)?.verdict, 'MET', "the other ring's rows have the same targets");
+  assert.equal(by(ROW.oneWay(4096, 'adaptive', 'host', OTHER), /target/)?.verdict, 'MET');
+  assert.match(ROW.roundTrip('adaptive', 'host', OTHER), OTHER === 'js' ? /, JavaScript ring\)$/ : /, C ring\)$/, "the other ring's row says which it ran");
+  assert.match(ROW.roundTrip('adaptive', 'host'), /\(host slots\)$/, "the default's row says nothing");
   assert.equal(t.targets.length, 8);
-  const cRtt = t.latency.find((r) => r.name === ROW.roundTrip('adaptive', 'host', 'c'))!.notes!.join('; ');
-  assert.match(cRtt, /0\.50x the JavaScript ring's time: the C ring is faster/, 'both rows agree: decided');
-  const cOneWay = t.throughput.find((r) => r.name === ROW.oneWay(4096, 'adaptive', 'host', 'c'))!.notes!.join('; ');
-  assert.match(cOneWay, /1\.56x the JavaScript ring's rate: UNDECIDED \(spread 71% > 15%\)/, "the JavaScript row's runs disagree: undecided");
+  const otherRtt = t.latency.find((r) => r.name === ROW.roundTrip('adaptive', 'host', OTHER))!.notes!.join('; ');
+  assert.ok(otherRtt.includes(`0.50x ${name[DEF]}'s time (the default): ${name[OTHER]} is faster`), `both rows agree: decided (${otherRtt})`);
+  const otherOneWay = t.throughput.find((r) => r.name === ROW.oneWay(4096, 'adaptive', 'host', OTHER))!.notes!.join('; ');
+  assert.ok(otherOneWay.includes(`1.56x ${name[DEF]}'s rate (the default): UNDECIDED (spread 71% > 15%)`), `the default row's runs disagree: undecided (${otherOneWay})`);
+  assert.doesNotMatch(t.latency.find((r) => r.name === ROW.roundTrip('adaptive', 'host'))!.notes!.join('; '), /the default\)/, "the default's row compares with nothing");
   const note = t.throughput.find((r) => r.name === ROW.oneWay(4096, 'adaptive', 'host'))!.notes!.join('; ');
   assert.match(note, /UNDECIDED \(spread 71% > 15%\)/);
   assert.match(note, /runs 622 k \/ 914 k \/ 1\.27 M, spread 71% > 15%/);

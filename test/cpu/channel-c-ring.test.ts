@@ -7,7 +7,7 @@ import assert from 'node:assert/strict';
 import { once } from 'node:events';
 import { ChannelHub, createChannel, type ChannelConsumer, type ChannelProducer } from '../../src/channel/index.js';
 import { spawn, type SpawnedChild } from '../../src/link/index.js';
-import { cRingUnavailable, RING_ENV } from '../../src/channel/c-ring.js';
+import { cRingUnavailable, defaultRingKind, RING_ENV } from '../../src/channel/c-ring.js';
 import { ringKindOf } from '../helpers/channel-internals.js';
 import { readPayload, writePayload } from '../fixtures/channel-payload.js';
 
@@ -15,7 +15,7 @@ const skip = cRingUnavailable() ?? false;
 const CHILD = new URL('../fixtures/channel-child.js', import.meta.url);
 
 /** Makes an end with CUDA_IPC_CHANNEL_RING set to `ring` (the variable is read when the end is made). */
-function withRing<T>(ring: 'c' | 'js', make: () => T): T {
+function withRing<T>(ring: string, make: () => T): T {
   const before = process.env[RING_ENV];
   process.env[RING_ENV] = ring;
   try {
@@ -169,4 +169,31 @@ test('broadcast: consumers on the C ring and on the JavaScript ring each get eve
   assert.deepEqual(await Promise.all(seen), [n, n]);
   assert.deepEqual(hub.stats().slots, { free: 4, writing: 0, published: 0, taken: 0 });
   for (const c of consumers) c.close();
+});
+
+test('which ring an end takes: the C ring on host slots by default, CUDA_IPC_CHANNEL_RING=js or =c for every end, a bad value warned about once and the default kept', { skip }, async () => {
+  assert.equal(defaultRingKind('host'), 'c');
+  assert.equal(defaultRingKind('device'), 'js', 'device slots keep the JavaScript ring (the C ring was not measured there)');
+  const before = process.env[RING_ENV];
+  delete process.env[RING_ENV];
+  const warnings: Error[] = [];
+  const onWarning = (w: Error) => { if ((w as { code?: string }).code === 'CUDA_IPC_ENV') warnings.push(w); };
+  process.on('warning', onWarning);
+  try {
+    using hub = ChannelHub.create({ slots: 2, slotBytes: 64 });
+    const byDefault = hub.producer();
+    assert.equal(ringKindOf(byDefault), 'c', 'unset: the C ring');
+    const js = withRing('js', () => hub.consumer());
+    assert.equal(ringKindOf(js), 'js');
+    const bad = ['javascript', 'javascript'].map((v) => withRing(v, () => hub.consumer()));
+    assert.deepEqual(bad.map((c) => ringKindOf(c)), ['c', 'c'], 'a bad value: the default holds');
+    await new Promise((r) => setImmediate(r));  // (warnings are emitted on the next tick)
+    assert.equal(warnings.length, 1, 'warned once for that value');
+    assert.match(warnings[0]!.message, /CUDA_IPC_CHANNEL_RING="javascript" is not a ring \(c: the C ring, js: the JavaScript ring\); the default holds/);
+    for (const end of [byDefault, js, ...bad]) end.close();
+  } finally {
+    process.off('warning', onWarning);
+    if (before === undefined) delete process.env[RING_ENV];
+    else process.env[RING_ENV] = before;
+  }
 });
