@@ -301,21 +301,24 @@ class Failures(unittest.TestCase):
                 def close(self) -> None:
                     pass
 
-            g.groups[1]._copier = Faulting()
+            g.fill(2)
+            self.assertEqual([f.result(timeout=30).version for f in g.sync()], [1, 1])
+            self.assertEqual(g.problems(2), [])
+            g.groups[1]._copier = Faulting()  # from the second sync on
             g.fill(3)
             hub, engine_rank = g.sync(timeout=60)
             mine = expect_error(self, engine_rank, "ERR_SHARD_COPY")
-            self.assertRegex(str(mine), r"rank 1's copy of version 1 failed: .*ILLEGAL_ADDRESS")
+            self.assertRegex(str(mine), r"rank 1's copy of version 2 failed: .*ILLEGAL_ADDRESS")
             self.assertIsInstance(mine.__cause__, RuntimeError)
-            self.assertEqual((mine.detail["ranks"], mine.detail["version"]), ([], 0))
+            self.assertEqual((mine.detail["ranks"], mine.detail["version"]), ([], 1), "the version kept")
             self.assertEqual(sorted(mine.detail["half_written"]), sorted(d.name for d in g.layouts[1].destinations), "the copy was writing every one")
             with self.assertRaises(ShardError) as cm:
                 g.groups[1].sync(timeout=5)
             self.assertEqual(cm.exception.code, "ERR_SHARD_COPY", "failed until a new plan")
             # The source learns from the dropped serve link, not from its timeout (ERR_TIMEOUT after 60 s).
             e = expect_error(self, hub, "ERR_SHARD_PEER_LOST")
-            self.assertEqual((e.detail["ranks"], e.detail["version"]), ([1], 0))
-            self.assertEqual(g.groups[1].version, 0)
+            self.assertEqual((e.detail["ranks"], e.detail["version"]), ([1], 1))
+            self.assertEqual([g.hub.version, g.groups[1].version], [1, 1])
         finally:
             g.close()
 

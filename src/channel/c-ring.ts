@@ -51,6 +51,7 @@ export function ringKindFor(memory: 'host' | 'device'): RingKind {
   }
   return defaultRingKind(memory);
 }
+
 /** Why the C ring cannot serve here (the addon was built without it), or undefined when it can. */
 export function cRingUnavailable(): string | undefined {
   return typeof addon.CRing === 'function' ? undefined : 'the native addon was built without the C ring (native/c_ring.cc): rebuild it (npm run build:native)';

@@ -14,6 +14,7 @@ import { IpcError } from '../../src/errors.js';
 import { HostArray } from '../../src/tensors/index.js';
 import { LayoutBuilder, ShardGroup, encodeLayout } from '../../src/tensors/sharded/index.js';
 import { parseShardMessage } from '../../src/tensors/sharded/group-wire.js';
+import { hostRunCopier } from '../../src/tensors/sharded/host-copy.js';
 import { allocate, checkDestinations, fillSources, scenarioLayout } from '../helpers/shard-group.js';
 import { fdCount } from '../fixtures/fd-count.js';
 import { waitUntil, within } from '../helpers/wait.js';
@@ -292,25 +293,31 @@ test('a destination whose copy fails: its sync rejects with the copy\'s error as
   const group = await ShardGroup.host({ listen: name, size: 2, layout: src, sources: srcMem });
   const dst = new LayoutBuilder({ rank: 1, node: 'n', gpu: 1 }).need('w', { dtype: 'float32', shape: [4, 4] }).build();
   const dstMem = allocate(dst.destinations);
-  // What the device copier meets when its kernel faults (a mapping made for the wrong GPU).
+  // What the device copier meets when its kernel faults (a mapping made for the wrong GPU), from the second sync on.
   const fault = new Error('cuStreamSynchronize failed: CUDA_ERROR_ILLEGAL_ADDRESS (700)');
+  const real = hostRunCopier();
+  let faulty = false;
   const joiner = await ShardGroup.join({
     connect: name, layout: dst, destinations: dstMem, timeout: 30_000,
-    executors: { host: () => ({ copy: () => Promise.reject(fault), close: async () => {} }) },
+    executors: { host: () => ({ copy: (b) => (faulty ? Promise.reject(fault) : real.copy(b)), close: () => real.close() }) },
   });
+  fillSources(src, srcMem, 2);
+  assert.deepEqual((await Promise.all([group.sync(), joiner.sync()])).map((r) => r.version), [1, 1]);
+  assert.deepEqual(checkDestinations(dst, dstMem, 2), []);
+  faulty = true;
   fillSources(src, srcMem, 3);
   const [mine, theirs] = await Promise.allSettled([group.sync({ timeout: 60_000 }), joiner.sync({ timeout: 60_000 })]);
   assert.equal(theirs.status, 'rejected');
   const e1 = (theirs as PromiseRejectedResult).reason as IpcError & { detail?: any; cause?: unknown };
   assert.equal(e1.code, 'ERR_SHARD_COPY', e1.message);
-  assert.match(e1.message, /rank 1's copy of version 1 failed: .*ILLEGAL_ADDRESS/);
+  assert.match(e1.message, /rank 1's copy of version 2 failed: .*ILLEGAL_ADDRESS/);
   assert.equal(e1.cause, fault);
-  assert.deepEqual([e1.detail.ranks, e1.detail.halfWritten, e1.detail.version], [[], ['w'], 0]);
+  assert.deepEqual([e1.detail.ranks, e1.detail.halfWritten, e1.detail.version], [[], ['w'], 1], 'the version kept');
   assert.equal(mine.status, 'rejected');
   const e0 = (mine as PromiseRejectedResult).reason as IpcError & { detail?: any };
   assert.equal(e0.code, 'ERR_SHARD_PEER_LOST', `the source learns from the dropped serve link, not its timeout: ${e0.message}`);
-  assert.deepEqual([e0.detail.ranks, e0.detail.version], [[1], 0]);
-  assert.equal(joiner.version, 0);
+  assert.deepEqual([e0.detail.ranks, e0.detail.version], [[1], 1]);
+  assert.deepEqual([group.version, joiner.version], [1, 1]);
   await assert.rejects(joiner.sync({ timeout: 5_000 }), (e: IpcError) => e.code === 'ERR_SHARD_COPY', 'failed until a new plan');
   await joiner.close();
   await group.close();
