@@ -1,12 +1,13 @@
 // `npm run bench [-- --iterations N] [--json FILE] [--breakdown] [--python-phases] [--no-python] [--no-python-link] [--no-c] [--no-handoff] [--no-channels] [--no-peer]
-//   [--runs N] [--warmup-runs N] [--only REGEX] [--no-pin]`:
+//   [--runs N] [--warmup-runs N] [--only REGEX] [--no-pin | --cpus A,B]`:
 // the project's benchmarks as a table (median, p99, comparison with the references measured in the
 // same run: C, PyTorch, CuPy), optionally a per-phase breakdown of one handoff, optionally JSON.
 // Channel rows run --runs times each (default 3, rows taking turns, after --warmup-runs dropped
 // rounds, default 1) and print the spread of the runs; a target on a row whose runs spread over 15%
 // is UNDECIDED instead of MET / MISSED; --only runs the channel rows whose names match (e.g. --only 'one way, 4 KiB slots, adaptive \(host|Python'
 // --no-handoff --no-python-link --no-peer for the Python rows and the Node row they compare with).
-// The processes are pinned to CPUs of the GPU's NUMA node (node 0 without a GPU; --no-pin: not).
+// The processes are pinned to CPUs of the GPU's NUMA node (node 0 without a GPU; --no-pin: not;
+// --cpus A,B: the bench's main thread on A, a row's child on B, e.g. a pair probed as the nearest).
 import { writeFileSync } from 'node:fs';
 import { hostname } from 'node:os';
 import { probeDriver } from '../src/cuda/driver.js';
@@ -20,11 +21,11 @@ import { channelBenchmarks, TARGETS as CHANNEL_TARGETS, type ChannelResults } fr
 import { printChannelTables } from './channel-tables.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
 import { pythonLinkBenchmarks, type PythonLinkResults } from './python-link.js';
-import { describePlan, pinPlan, pinProcess } from './placement.js';
+import { benchPinPlan, describePlan, pinProcess } from './placement.js';
 import { benchArgs } from './args.js';
 
 const USAGE = `usage: npm run bench [-- --iterations N] [--warmup N] [--json FILE] [--breakdown] [--python-phases] [--no-python] [--no-python-link] [--no-c]
-  [--no-handoff] [--no-channels] [--no-peer] [--runs N] [--warmup-runs N] [--only REGEX] [--no-pin]
+  [--no-handoff] [--no-channels] [--no-peer] [--runs N] [--warmup-runs N] [--only REGEX] [--no-pin | --cpus A,B]
 (README.md, "Benchmarks", says what each part measures)`;
 const values = benchArgs('bench', USAGE, {
   iterations: { type: 'string', default: '2000' },
@@ -42,6 +43,7 @@ const values = benchArgs('bench', USAGE, {
   'warmup-runs': { type: 'string', default: '1' },
   only: { type: 'string' },
   'no-pin': { type: 'boolean', default: false },
+  cpus: { type: 'string' },
 });
 const iterations = Number(values.iterations);
 const warmup = Number(values.warmup);
@@ -86,7 +88,7 @@ console.log(`cuda-ipc benchmarks on ${hostname()}: ${device ? `${device.name} (C
 
 // Every thread of this process (and so its children) on CPUs of one NUMA node; the channel rows
 // pin further (placement.ts).
-const plan = values['no-pin'] ? { skipped: '--no-pin' } : pinPlan(device?.pciBusId);
+const plan = benchPinPlan('bench', values['no-pin'], values.cpus, device?.pciBusId);
 const pin = 'skipped' in plan ? undefined : plan;
 if (pin && !pinProcess(process.pid, pin.cpuList)) console.log(`pinning: taskset failed; not pinned`);
 console.log(pin ? `pinning: every process on CPUs ${pin.cpuList}; channel rows: ${describePlan(pin)}`

@@ -139,9 +139,53 @@ export function pinPlan(pciBusId?: string): PinPlan | { skipped: string } {
   // The bench process and up to MAX_CHILDREN children each on a physical core of its own where
   // the node has that many, and at least two CPUs left for the helper threads.
   const reserved = Math.max(2, Math.min(1 + MAX_CHILDREN, first.length - 2));
-  const siblingsOf = (c: number) => parseCpuList(readText(`/sys/devices/system/cpu/cpu${c}/topology/thread_siblings_list`) ?? String(c));
-  const helpers = helperCpus(cpus, cores, Math.min(reserved, cores.length), siblingsOf);
+  const helpers = helperCpus(cpus, cores, Math.min(reserved, cores.length), siblingsFromSys);
   return { node, why, cores, cpuList: cpus.join(','), helperList: helpers.join(','), reserved: Math.min(reserved, cores.length) };
+}
+
+/**
+ * `plan` with `first` at the head of its cores (--cpus): the bench's main thread on first[0], a row's
+ * child on first[1], work-sharing children on the next ones; the helper threads recomputed around
+ * them (`siblingsOf`: a CPU's hyperthreads). A VM's guest cannot see which vCPUs share a host core
+ * or sit close on its mesh (issue 38: 0.05 us against 0.15-0.25 us a round trip on the H200
+ * machine), so a pair probed outside the bench can be given here. Throws what was wrong with `first`.
+ */
+export function withCpusFirst(plan: PinPlan, first: readonly number[], siblingsOf: (cpu: number) => readonly number[] = siblingsFromSys): PinPlan {
+  const cpus = parseCpuList(plan.cpuList);
+  if (first.length < 2) throw new Error(`--cpus needs at least two CPUs (the bench's and a child's); got ${first.length}`);
+  for (const c of first) {
+    if (!cpus.includes(c)) throw new Error(`--cpus: CPU ${c} is not one of NUMA node ${plan.node}'s CPUs this process may use (${plan.cpuList})`);
+  }
+  if (new Set(first).size !== first.length) throw new Error(`--cpus: CPU ${first.find((c, i) => first.indexOf(c) !== i)} is named twice`);
+  const cores = [...first, ...plan.cores.filter((c) => !first.includes(c))];
+  const reserved = Math.max(plan.reserved, first.length);
+  return { ...plan, why: `${plan.why}; --cpus ${first.join(',')} first`, cores, reserved, helperList: helperCpus(cpus, cores, reserved, siblingsOf).join(',') };
+}
+
+function siblingsFromSys(c: number): number[] {
+  return parseCpuList(readText(`/sys/devices/system/cpu/cpu${c}/topology/thread_siblings_list`) ?? String(c));
+}
+
+/** The plan of a bench script's options: none with --no-pin, else pinPlan's, with --cpus's CPUs
+ * first (`cpus`: "5,13"). Exits 2 saying what was wrong with --cpus. */
+export function benchPinPlan(tool: string, noPin: boolean, cpus: string | undefined, pciBusId?: string): PinPlan | { skipped: string } {
+  if (noPin) {
+    if (cpus !== undefined) {
+      console.error(`${tool}: --cpus and --no-pin contradict each other`);
+      process.exit(2);
+    }
+    return { skipped: '--no-pin' };
+  }
+  const plan = pinPlan(pciBusId);
+  if (cpus === undefined || 'skipped' in plan) return plan;
+  const first = cpus.split(',').map((c) => c.trim());
+  try {
+    if (first.some((c) => !/^\d+$/.test(c))) throw new Error(`--cpus takes CPU numbers separated by commas, e.g. 5,13; got "${cpus}"`);
+    return withCpusFirst(plan, first.map(Number));
+  } catch (e) {
+    console.error(`${tool}: ${(e as Error).message}`);
+    process.exit(2);
+  }
 }
 
 /** Pins process `pid`: every thread to `cpuList`, then its main thread to `cpu` (when given). False when taskset failed. */

@@ -1,4 +1,4 @@
-// `node dist/bench/python-ratios.js [--runs N] [--warmup-runs N] [--no-pin]`: the Python channel rows
+// `node dist/bench/python-ratios.js [--runs N] [--warmup-runs N] [--no-pin | --cpus A,B]`: the Python channel rows
 // of `npm run bench` (issue 38: a Python end at half of Node's pace) and the Node -> Node row they
 // compare with, alone, and each run's ratio. The rows take turns as in the whole bench (one round
 // runs each row once), so a run's ratio compares rows measured seconds apart: on a loaded machine
@@ -6,13 +6,14 @@
 // to read, not the medians over every round.
 import { benchArgs } from './args.js';
 import { channelBenchmarks, PYTHON_SLOT_BYTES, ROW } from './channel.js';
-import { describePlan, pinPlan, pinProcess } from './placement.js';
+import { benchPinPlan, describePlan, pinProcess } from './placement.js';
 
-const USAGE = 'usage: node dist/bench/python-ratios.js [--runs N] [--warmup-runs N] [--no-pin]';
+const USAGE = 'usage: node dist/bench/python-ratios.js [--runs N] [--warmup-runs N] [--no-pin | --cpus A,B]';
 const values = benchArgs('python-ratios', USAGE, {
   runs: { type: 'string', default: '5' },
   'warmup-runs': { type: 'string', default: '1' },
   'no-pin': { type: 'boolean', default: false },
+  cpus: { type: 'string' },
 });
 const runs = Number(values.runs);
 const warmupRuns = Number(values['warmup-runs']);
@@ -20,7 +21,7 @@ if (!Number.isSafeInteger(runs) || runs < 1 || !Number.isSafeInteger(warmupRuns)
   console.error('python-ratios: --runs must be a positive integer, --warmup-runs a non-negative one');
   process.exit(2);
 }
-const plan = values['no-pin'] ? { skipped: '--no-pin' } : pinPlan();
+const plan = benchPinPlan('python-ratios', values['no-pin'], values.cpus);
 const pin = 'skipped' in plan ? undefined : plan;
 if (pin && !pinProcess(process.pid, pin.cpuList)) console.log('pinning: taskset failed; not pinned');
 console.log(pin ? `pinning: ${describePlan(pin)}` : `pinning: none (${'skipped' in plan ? plan.skipped : ''})`);

@@ -8,7 +8,7 @@ import { Probe } from '../../src/link/transport/probe.js';
 import { analyze, Mark, PHASES } from '../../bench/breakdown.js';
 import { buildCReference, runCReference } from '../../bench/c-reference.js';
 import { roundOrder, spreadOf, spreadText, verdict, widest, SPREAD_LIMIT } from '../../bench/stats.js';
-import { childCpu, helperCpus, type PinPlan } from '../../bench/placement.js';
+import { childCpu, helperCpus, withCpusFirst, type PinPlan } from '../../bench/placement.js';
 import { channelRows } from '../../bench/channel-tables.js';
 import { ROW, type ChannelResults } from '../../bench/channel.js';
 import { defaultRingKind } from '../../src/channel/c-ring.js';
@@ -125,6 +125,21 @@ test('helperCpus: the node less the pinned cores and their hyperthreads, narrowi
   const plan: PinPlan = { node: 0, why: 'test', cores: [0, 1, 2, 3, 4, 5, 6, 7], cpuList: '0-7', helperList: '6,7', reserved: 3 };
   assert.deepEqual([0, 1, 2, 3].map((n) => childCpu(plan, n)), [1, 2, 1, 2], 'children on the reserved cores after the bench process');
   assert.equal(childCpu({ ...plan, reserved: 1 }, 9), 3, 'reserved too few: every core after the first');
+});
+
+test('withCpusFirst (--cpus): the named CPUs first, in order, the helpers around them; a CPU outside the node, one named twice or fewer than two refused', () => {
+  const plan: PinPlan = { node: 0, why: 'node 0', cores: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], cpuList: '0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15', helperList: '10-15', reserved: 9 };
+  const alone = (c: number) => [c];  // a guest that shows no hyperthreads (the H200 VM)
+  const near = withCpusFirst(plan, [5, 13], alone);
+  assert.deepEqual(near.cores.slice(0, 3), [5, 13, 0], "the bench on 5, a row's child on 13, then the rest in their order");
+  assert.deepEqual([near.cores[0], childCpu(near, 0)], [5, 13]);
+  assert.equal(near.cores.length, 16);
+  assert.equal(near.reserved, 9);
+  assert.deepEqual(near.helperList.split(',').map(Number), [8, 9, 10, 11, 12, 14, 15], 'helpers: the CPUs the nine reserved main threads (5, 13, 0-4, 6, 7) leave');
+  assert.match(near.why, /--cpus 5,13 first/);
+  assert.throws(() => withCpusFirst(plan, [5, 16], alone), /CPU 16 is not one of NUMA node 0's CPUs/);
+  assert.throws(() => withCpusFirst(plan, [5, 5], alone), /CPU 5 is named twice/);
+  assert.throws(() => withCpusFirst(plan, [5], alone), /at least two CPUs/);
 });
 
 test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in the notes and the verdicts', () => {
