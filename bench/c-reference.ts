@@ -37,7 +37,8 @@ export interface CBuild {
 
 const source = fileURLToPath(new URL('../../bench/reference/handoff_ref.c', import.meta.url));
 
-function findCompiler(): string | undefined {
+/** A C compiler that answers --version: $CC, cc, gcc or clang; undefined where none does. */
+export function findCompiler(): string | undefined {
   for (const cc of [process.env.CC, 'cc', 'gcc', '/usr/bin/gcc', 'clang'].filter((c): c is string => !!c)) {
     const r = spawnSync(cc, ['--version'], { encoding: 'utf8' });
     if (!r.error && r.status === 0) return cc;

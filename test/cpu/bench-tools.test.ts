@@ -4,11 +4,14 @@ import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
 import { fileURLToPath } from 'node:url';
+import { readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Probe } from '../../src/link/transport/probe.js';
 import { analyze, Mark, PHASES } from '../../bench/breakdown.js';
-import { buildCReference, runCReference } from '../../bench/c-reference.js';
+import { buildCReference, findCompiler, runCReference } from '../../bench/c-reference.js';
 import { roundOrder, spreadOf, spreadText, verdict, widest, SPREAD_LIMIT } from '../../bench/stats.js';
-import { childCpu, helperCpus, withCpusFirst, type PinPlan } from '../../bench/placement.js';
+import { childCpu, helperCpus, parseCpuList, withCpusFirst, type PinPlan } from '../../bench/placement.js';
 import { channelRows } from '../../bench/channel-tables.js';
 import { ROW, type ChannelResults } from '../../bench/channel.js';
 import { defaultRingKind } from '../../src/channel/c-ring.js';
@@ -66,6 +69,33 @@ test('the C reference builds and runs its socket and host modes', { skip: !build
   }
   // Built without cuda.h: the GPU modes say why instead of running.
   if (!build.cuda) assert.match(runCReference(build, 'pool', 5, 0, 1 << 20).skipped ?? '', /cuda\.h|built without/);
+});
+
+const cc = findCompiler();
+const myCpus = parseCpuList(readFileSync('/proc/self/status', 'utf8').match(/^Cpus_allowed_list:\s*(.*)$/m)?.[1] ?? '');
+test('bench/reference/line_pingpong.c builds, prints each line\'s round trip between two CPUs pass by pass, and fails (exit 1) on a CPU it cannot pin to', { skip: !cc ? 'no C compiler here' : myCpus.length < 2 && 'fewer than two CPUs here' }, () => {
+  const source = fileURLToPath(new URL('../../../bench/reference/line_pingpong.c', import.meta.url));
+  const binary = join(tmpdir(), `line_pingpong-${process.pid}`);
+  try {
+    const built = spawnSync(cc!, ['-O2', '-o', binary, source], { encoding: 'utf8' });
+    assert.equal(built.status, 0, built.stderr);
+    const [a, b] = myCpus;
+    const r = spawnSync(binary, [String(a), String(b), '3', '2'], { encoding: 'utf8', timeout: 60_000 });
+    assert.equal(r.status, 0, r.stderr);
+    const lines = r.stdout.trim().split('\n');
+    assert.match(lines[0]!, new RegExp(`^CPUs ${a} and ${b}, 3 lines`));
+    assert.deepEqual(lines.slice(1).map((l) => l.split(':')[0]), ['pass 1', 'pass 2']);
+    for (const l of lines.slice(1)) {
+      const ns = l.split(':')[1]!.trim().split(' ').map(Number);
+      assert.equal(ns.length, 3, l);
+      assert.ok(ns.every((n) => Number.isFinite(n) && n > 0), l);
+    }
+    const bad = spawnSync(binary, [String(a), '99999', '1', '1'], { encoding: 'utf8', timeout: 60_000 });
+    assert.equal(bad.status, 1);
+    assert.match(bad.stderr, /sched_setaffinity \(child\)/);
+  } finally {
+    rmSync(binary, { force: true });
+  }
 });
 
 test('spreadOf: (max - min) / median of the runs, unknown (NaN) for one run or a missing one', () => {
