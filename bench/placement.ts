@@ -147,7 +147,7 @@ export function pinPlan(pciBusId?: string): PinPlan | { skipped: string } {
  * `plan` with `first` at the head of its cores (--cpus): the bench's main thread on first[0], a row's
  * child on first[1], work-sharing children on the next ones; the helper threads recomputed around
  * them (`siblingsOf`: a CPU's hyperthreads). A VM's guest cannot see which vCPUs share a host core
- * or sit close on its mesh (issue 38: 0.05 us against 0.15-0.25 us a round trip on the H200
+ * or sit close on its mesh (issue 38: 0.05 us against 0.14-0.25 us a round trip on the H200
  * machine), so a pair probed outside the bench can be given here. Throws what was wrong with `first`.
  */
 export function withCpusFirst(plan: PinPlan, first: readonly number[], siblingsOf: (cpu: number) => readonly number[] = siblingsFromSys): PinPlan {
@@ -177,7 +177,8 @@ export function benchPinPlan(tool: string, noPin: boolean, cpus: string | undefi
     return { skipped: '--no-pin' };
   }
   const plan = pinPlan(pciBusId);
-  if (cpus === undefined || 'skipped' in plan) return plan;
+  if (cpus === undefined) return plan;
+  if ('skipped' in plan) return { skipped: `${plan.skipped}; --cpus ${cpus} not applied` };
   const first = cpus.split(',').map((c) => c.trim());
   try {
     if (first.some((c) => !/^\d+$/.test(c))) throw new Error(`--cpus takes CPU numbers separated by commas, e.g. 5,13; got "${cpus}"`);
