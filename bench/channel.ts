@@ -118,7 +118,8 @@ export interface ChannelOptions {
  * CPU the row's child gets: on a virtual machine the guest's CPUs are host threads wherever the
  * host runs them at the moment, so the distance between the two may change between runs. On the
  * H200 machine it did (0.55-0.95 us) but did not predict the runs' rates (1.37 M msg/s at 0.81 us,
- * 810 k at 0.65 us in one row): printed by run so that a spread can be told from a moved machine. */
+ * 810 k at 0.65 us in one row): it moves one line, and a line's cost there depends on which physical
+ * line it is (bench/reference/line_pingpong.c). Printed by run so that a spread can be told from a moved machine. */
 const FLOOR_PROBE = { iterations: 1000, warmup: 300 };
 
 export interface ChannelResults {

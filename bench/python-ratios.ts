@@ -51,12 +51,13 @@ for (const p of res.python.rows) {
 // Why a run's rate differs from another's: the core-to-core round trip probed before it, each
 // end's waits (spin hits: which end waited for the other; sleeps cost the peer a doorbell ring and
 // the sleeper a wake-up), Python's CPU per message, and where the processes ran.
-const floor = (f: number | undefined) => (f === undefined ? '' : `core-to-core round trip before it ${f.toFixed(2)} us; `);
+const runLine = (i: number, median: number, floorUs: number | undefined, detail?: string) => console.log(`    ${[`run ${i + 1}: ${k(median)} msg/s`,
+  ...(floorUs === undefined ? [] : [`core-to-core round trip before it ${floorUs.toFixed(2)} us`]), ...(detail ? [detail] : [])].join('; ')}`);
 console.log(`\nper run${node.placement ? ` (Node -> Node ran on ${node.placement})` : ''}:`);
 console.log('  Node -> Node:');
-node.runs.medians.forEach((m, i) => console.log(`    run ${i + 1}: ${k(m)} msg/s; ${floor(node.floorsUs?.[i])}`.trimEnd().replace(/;$/, '')));
+node.runs.medians.forEach((m, i) => runLine(i, m, node.floorsUs?.[i]));
 for (const p of res.python.rows) {
   console.log(`  ${p.direction} (${p.placement}):`);
-  p.details.forEach((d, i) => console.log(`    run ${i + 1}: ${k(p.runs.medians[i]!)} msg/s; ${floor(p.floorsUs[i])}${d}`));
+  p.details.forEach((d, i) => runLine(i, p.runs.medians[i]!, p.floorsUs[i], d));
 }
 if (res.leftovers.length) console.log(`leftovers: ${res.leftovers.join('; ')}`);

@@ -160,19 +160,28 @@ test('another uid holds at most maxPendingPerUid places; the rest (and this uid)
   }
 });
 
-/** The EMFILE child (test/fixtures/listener-fd-child.ts) under `ulimit -n 200`, listening as `name` in `dir`, once it filled its fd table. */
-async function fdChild(dir: string, name: string, mode?: 'silent') {
+/**
+ * Runs `body` against the EMFILE child (test/fixtures/listener-fd-child.ts) under `ulimit -n 200`,
+ * listening as `name` in a fresh directory, once it filled its fd table; then ends the child and
+ * removes the directory.
+ */
+async function withFdChild(name: string, mode: 'silent' | undefined, body: (dir: string, link: Link) => Promise<void>): Promise<void> {
+  const dir = tempDir();
   const child = fileURLToPath(new URL('../fixtures/listener-fd-child.js', import.meta.url));
   const { child: proc, link } = await startLinkedChild('/bin/sh', ['-c', 'ulimit -n 200 && exec "$0" "$@"', process.execPath, child, dir, name, ...(mode ? [mode] : [])], { stdio: 'inherit' }, 'listener fd child');
-  const full = (await link.receive({ timeout: 60_000 }).catch((e: unknown) => { proc.kill('SIGKILL'); throw e; })) as { full: number };
-  assert.ok(full.full > 50, `the child filled its fd table (${full.full} fds)`);
-  return { proc, link };
+  try {
+    const full = (await link.receive({ timeout: 60_000 })) as { full: number };
+    assert.ok(full.full > 50, `the child filled its fd table (${full.full} fds)`);
+    await body(dir, link);
+  } finally {
+    link.close();
+    if (proc.exitCode === null) proc.kill('SIGKILL');
+    rmSync(dir, { recursive: true, force: true });
+  }
 }
 
 test('out of fds while accepting: \'error\' says ERR_FD_LIMIT (EMFILE), and the listener accepts once fds are back', { timeout: 120_000 }, async () => {
-  const dir = tempDir();
-  const { proc, link } = await fdChild(dir, 'fd-child');
-  try {
+  await withFdChild('fd-child', undefined, async (dir, link) => {
     const connecting = connect('fd-child', { directory: dir, timeout: 60_000 });
     const reported = (await link.receive({ timeout: 60_000 })) as { error: { code: string; message: string } };
     assert.equal(reported.error.code, 'ERR_FD_LIMIT');
@@ -181,17 +190,11 @@ test('out of fds while accepting: \'error\' says ERR_FD_LIMIT (EMFILE), and the 
     assert.equal(await conn.receive({ timeout: 60_000 }), 'accepted');
     assert.deepEqual(await link.receive({ timeout: 60_000 }), { accepted: true, errors: 1 });
     conn.close();
-  } finally {
-    link.close();
-    if (proc.exitCode === null) proc.kill('SIGKILL');
-    rmSync(dir, { recursive: true, force: true });
-  }
+  });
 });
 
 test('out of fds while accepting with no \'error\' listener: nothing is thrown, and the listener accepts once fds are back', { timeout: 120_000 }, async () => {
-  const dir = tempDir();
-  const { proc, link } = await fdChild(dir, 'fd-silent', 'silent');
-  try {
+  await withFdChild('fd-silent', 'silent', async (dir, link) => {
     const connecting = connect('fd-silent', { directory: dir, timeout: 60_000 });
     link.send({ connecting: true });
     assert.deepEqual(await link.receive({ timeout: 60_000 }), { freed: true });
@@ -199,11 +202,7 @@ test('out of fds while accepting with no \'error\' listener: nothing is thrown, 
     assert.equal(await conn.receive({ timeout: 60_000 }), 'accepted');
     assert.deepEqual(await link.receive({ timeout: 60_000 }), { accepted: true, errors: 0 });
     conn.close();
-  } finally {
-    link.close();
-    if (proc.exitCode === null) proc.kill('SIGKILL');
-    rmSync(dir, { recursive: true, force: true });
-  }
+  });
 });
 
 test('connect(): a full backlog is waited on until the timeout (ERR_TIMEOUT saying so); an abort during a pause is an AbortError', async () => {

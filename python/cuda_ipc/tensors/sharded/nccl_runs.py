@@ -2,11 +2,11 @@
 pair's byte stream (its runs in plan order, each run's count*bytes bytes packed) cut into chunks
 (``nccl_chunk_bytes``: the plan's chunk over the busier rank's NCCL streams); round k is ONE
 ``comm.group()`` holding this rank's send or receive of chunk k of every NCCL pair it is in (pairs
-without a chunk k skip), so no order of pairs can deadlock and a Node rank's rounds match these. A chunk that is one range of a local tensor goes straight from or
-into it; the others go through a staging slot of one round's staged chunks: gathered by copy_runs
-before the send, scattered after the receive, all on one stream (so the slot is free again for the
-next round's gather; staging is one round's staged bytes, at most one plan chunk). The CPU
-waits once at the end, polling the stream so that a failure elsewhere in the group (``stop``),
+without a chunk k skip), so no order of pairs can deadlock and a Node rank's rounds match these. A
+chunk that is one range of a local tensor goes straight from or into it; the others go through a
+staging slot of one round's staged chunks: gathered by copy_runs before the send, scattered after
+the receive, all on one stream (so the slot is free again for the next round's gather; staging is
+one round's staged bytes, at most one plan chunk). The CPU waits once at the end, polling the stream so that a failure elsewhere in the group (``stop``),
 NCCL's own asynchronous error or the deadline aborts the communicator instead of hanging.
 
 ``nccl_chunk_bytes``, ``pair_chunks`` and ``plan_rounds`` are pure (the CPU tests check them);
