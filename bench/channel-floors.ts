@@ -11,6 +11,9 @@ import { Doorbells } from '../src/channel/doorbells.js';
 import { spawn } from '../src/link/index.js';
 import { addon } from '../src/native/addon.js';
 import { endpointOf } from '../src/channel/internal.js';
+import { CIP, CSlotRing, RING_ENV } from '../src/channel/c-ring.js';
+import { H } from '../src/channel/layout.js';
+import { createChannel, type ChannelConsumer, type ChannelProducer } from '../src/channel/index.js';
 import { cpuPlacement, onCpu } from './placement.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
@@ -134,4 +137,102 @@ export async function socketRoundTrip(iterations: number, warmup: number, env: N
     rmSync(dir, { recursive: true, force: true });
   }
   return times;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The protocol floor (issue 38: which part of a spin round trip is the protocol, which the API).
+// Two channels as the round-trip rows make them, on the C ring, driven directly by both processes:
+// per message one native call each to claim, publish, take and release, and a spin on the data
+// word, with no channel API around them (no slot or message objects, no promises, no checks of
+// the caller's arguments). A round-trip row less this floor is the API's JavaScript; this floor
+// less the spin floor is the protocol's own cost (the cache lines a message moves, the calls).
+
+/** The slots of a protocol-floor end: its C ring and a view of each slot. */
+export interface DirectEnd {
+  ring: CSlotRing;
+  slots: HostBuffer[];
+}
+
+/** The C ring under a channel end (made with the C ring) and its slots' views. */
+export function directEnd(end: object): DirectEnd {
+  const e = endpointOf.get(end);
+  if (!e || !(e.ring instanceof CSlotRing)) throw new Error('protocol floor: the channel end is not on the C ring');
+  const slots: HostBuffer[] = [];
+  for (let s = 0; s < e.ring.n; s++) slots.push(e.view(s) as HostBuffer);
+  return { ring: e.ring, slots };
+}
+
+/** The protocol floor gives up (a stuck peer) after this long in all. */
+const PROTOCOL_FLOOR_LIMIT_MS = 20_000;
+
+/** Sends one message of one byte (`value`) on `out`: claim a slot (spinning on the space word while
+ * none is free), write, publish. */
+export function directSend(out: DirectEnd, value: number, limit: number): void {
+  const { ring } = out;
+  let s: number;
+  // The space word is read only once a claim failed (then the claim again, as the channel's wait
+  // does): the consumer's release bumps it, so reading it on every send would move its line too.
+  while ((s = ring.acquire()) < 0) {
+    if (s !== CIP.NONE) throw ring.fail(s, 'acquire');
+    const seq = ring.w.load32(H.spaceSeq);
+    if ((s = ring.acquire()) >= 0) break;
+    if (!ring.w.spinWait32(H.spaceSeq, seq, 1000) && performance.now() > limit) throw new Error('protocol floor: no slot came free');
+  }
+  out.slots[s]!.bytes[0] = value;
+  const published = ring.publish(s);
+  if (published !== 'ok') throw new Error(`protocol floor: publish said ${published}`);
+}
+
+/** Receives one message on `input` (spinning on the data word while none is there): its byte. */
+export function directReceive(input: DirectEnd, limit: number): number {
+  const { ring } = input;
+  let s: number;
+  for (;;) {
+    const seq = ring.w.load32(H.dataSeq);
+    s = ring.take();
+    if (s >= 0) break;
+    if (!ring.w.spinWait32(H.dataSeq, seq, 1000) && performance.now() > limit) throw new Error('protocol floor: no message came');
+  }
+  const value = input.slots[s]!.bytes[0]!;
+  ring.releaseTaken(s);
+  return value;
+}
+
+/** The protocol floor: the round trip of the host spin row (bench/channel.ts) with both processes
+ * calling the C ring directly (above). */
+export async function protocolFloor(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; placement: string }> {
+  const rounds = warmup + iterations;
+  const { child, link } = await spawn(CHILD, ['protocol-echo', String(rounds)], { stdio: 'inherit', env: { ...env, [RING_ENV]: 'c' } });
+  const saved = process.env[RING_ENV];
+  process.env[RING_ENV] = 'c';
+  const opts = { slots: 4, slotBytes: 4096, memory: 'host', wait: 'spin' } as const;
+  let out: ChannelProducer;
+  let back: ChannelConsumer;
+  try {
+    out = await createChannel(link, { ...opts, role: 'producer' });
+    back = await createChannel(link, { ...opts, role: 'consumer' });
+  } finally {
+    if (saved === undefined) delete process.env[RING_ENV];
+    else process.env[RING_ENV] = saved;
+  }
+  const times = new Float64Array(iterations);
+  try {
+    const o = directEnd(out);
+    const b = directEnd(back);
+    const limit = performance.now() + PROTOCOL_FLOOR_LIMIT_MS;
+    for (let i = 0; i < rounds; i++) {
+      const t0 = process.hrtime.bigint();
+      directSend(o, i & 0xff, limit);
+      const echoed = directReceive(b, limit);
+      if (echoed !== (i & 0xff)) throw new Error(`protocol floor: message ${i} came back as ${echoed}`);
+      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+    }
+  } finally {
+    await out.end();
+    back.close();
+  }
+  const mine = onCpu();
+  const theirs = (await link.receive()) as { cpu: number };
+  await waitExit(child);
+  return { us: times, placement: cpuPlacement(mine, theirs.cpu) };
 }

@@ -55,6 +55,10 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
       notes: withSpread([...(socket ? [`${(f.doorbell.us.median / socket).toFixed(2)}x the socket round trip`] : []), cpuNote(f.doorbell.cpuUsPerMsg)], f.doorbell.runs) });
   }
   if (f.spin) latency.push({ name: ROW.spin, unit: 'us', median: f.spin.us.median, p99: f.spin.us.p99, n: f.spin.us.n, notes: withSpread([f.spin.placement], f.spin.runs) });
+  if (f.protocol) {
+    latency.push({ name: ROW.protocol, unit: 'us', median: f.protocol.us.median, p99: f.protocol.us.p99, n: f.protocol.us.n,
+      notes: withSpread([...(f.spin ? [`${(f.protocol.us.median / f.spin.us.median).toFixed(1)}x the spin floor`] : []), f.protocol.placement], f.protocol.runs) });
+  }
   if (f.socket) latency.push({ name: ROW.socket, unit: 'us', median: f.socket.us.median, p99: f.socket.us.p99, n: f.socket.us.n, notes: withSpread([], f.socket.runs) });
   for (const [name, t] of Object.entries(r.roundTrip)) {
     const notes: string[] = [];
@@ -69,6 +73,8 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
       const target = t.memory === 'host' ? TARGETS.rttSpinHostUs : TARGETS.rttSpinDeviceUs;
       notes.push(check(name, `target <= ${target} us`, t.us.median, target, true, t.runs));
       if (f.spin) notes.push(`${(t.us.median / f.spin.us.median).toFixed(1)}x the spin floor`);
+      // The same round trip with the ring called directly: what is left is the channel API's.
+      if (f.protocol && t.memory === 'host' && t.ring === 'c') notes.push(`${(t.us.median / f.protocol.us.median).toFixed(2)}x the protocol floor (the API's JavaScript ${(t.us.median - f.protocol.us.median).toFixed(1)} us a round trip)`);
     } else {
       notes.push('no spinning');
     }

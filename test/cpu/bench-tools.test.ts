@@ -14,7 +14,8 @@ import { roundOrder, spreadOf, spreadText, verdict, widest, SPREAD_LIMIT } from 
 import { childCpu, helperCpus, parseCpuList, withCpusFirst, type PinPlan } from '../../bench/placement.js';
 import { channelRows } from '../../bench/channel-tables.js';
 import { ROW, type ChannelResults } from '../../bench/channel.js';
-import { defaultRingKind } from '../../src/channel/c-ring.js';
+import { cRingUnavailable, defaultRingKind } from '../../src/channel/c-ring.js';
+import { protocolFloor } from '../../bench/channel-floors.js';
 
 /** A log of (point, time) pairs. */
 const log = (pairs: Array<[number, number]>) => Float64Array.from(pairs.flat());
@@ -223,6 +224,27 @@ test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in
   assert.match(note, /doorbell sleeps per 1k msgs by run 120 \/ 3\.3 \/ 0\.0/, 'each run with its sleeps');
   assert.match(note, /core-to-core round trip before each run 0\.85 \/ 0\.91 \/ 0\.30 us/, 'each run with the floor probed before it');
   assert.doesNotMatch(t.throughput.find((r) => r.name === ROW.oneWay(65536, 'adaptive', 'host'))!.notes!.join('; '), /core-to-core/, 'no probe, no note');
+});
+
+test('the protocol floor bounces every message through the C ring called directly in two processes, each value echoed', { skip: cRingUnavailable() }, async () => {
+  // protocolFloor throws when a message comes back with another value (or none within 20 s).
+  const f = await protocolFloor(3000, 300, process.env);
+  assert.equal(f.us.length, 3000);
+  assert.ok(f.us.every((us) => us > 0), 'each round trip timed');
+  assert.match(f.placement, /^CPUs (\d+|unknown)/);
+});
+
+test('channelRows: the protocol floor gets its row, and the spin round trip on the C ring says what the API adds to it', () => {
+  const us = (median: number) => ({ n: 100, median, p99: median * 2, mean: median });
+  const res: ChannelResults = {
+    runs: 3, warmupRuns: 1, pinned: 'test', leftovers: [],
+    floor: { spin: { us: us(0.5), placement: 'CPUs 0 and 1', runs: spreadOf([0.5, 0.5, 0.5]) }, protocol: { us: us(2), placement: 'CPUs 0 and 1', runs: spreadOf([2, 2, 2]) } },
+    roundTrip: { [ROW.roundTrip('spin', 'host', 'c')]: { memory: 'host', wait: 'spin', ring: 'c', us: us(5), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([5, 5, 5]) } },
+    oneWay: {}, workSharing: {},
+  };
+  const t = channelRows(res);
+  assert.match(t.latency.find((r) => r.name === ROW.protocol)!.notes!.join('; '), /^4\.0x the spin floor; CPUs 0 and 1/);
+  assert.match(t.latency.find((r) => r.name === ROW.roundTrip('spin', 'host', 'c'))!.notes!.join('; '), /2\.50x the protocol floor \(the API's JavaScript 3\.0 us a round trip\)/);
 });
 
 test('every bench script answers --help with its usage (exit 0) and an unknown option with what was wrong and the usage (exit 2)', () => {
