@@ -5,8 +5,8 @@
 //   worker                work-sharing consumer: as sink
 //   kernel <elements> <n> GPU: times a reading kernel on a received device slot and on memory of
 //                         its own; replies { sharedUs, localUs }
-//   protocol-echo <n>     accepts an input and an output channel on the C ring; echoes n messages
-//                         calling the ring directly (the protocol floor, channel-floors.ts)
+//   protocol-echo         accepts an input and an output channel on the C ring; echoes messages
+//                         calling the ring directly until a STOP (the protocol floor, channel-floors.ts)
 //   doorbell-echo         no channel: rings doorbell 0 each time doorbell 1 rings (the floor of
 //                         the wake-up: an eventfd written by one process, polled by the other's
 //                         event loop, both ways)
@@ -30,7 +30,7 @@ import { addon } from '../src/native/addon.js';
 import type { HostBuffer } from '../src/host/index.js';
 import { JsWords } from '../src/channel/js-words.js';
 import { allowedCpus, onCpu, pinFromEnv } from './placement.js';
-import { directEnd, directReceive, directSend, waitsOf } from './channel-floors.js';
+import { directEnd, directReceive, directSend, STOP, waitsOf } from './channel-floors.js';
 
 const pinned = pinFromEnv();  // on the CPU the bench named (placement.ts)
 /** Where this child's main thread ran and what it was allowed (the bench prints it per row). */
@@ -85,13 +85,12 @@ if (mode === 'echo') {
   link.send({ n, sum, cpu, ...where(), sleeps });
 } else if (mode === 'protocol-echo') {
   // The protocol floor's far end (channel-floors.ts): the C ring driven directly, spinning.
-  const rounds = Number(process.argv[3]);
   const input = await acceptChannel(link, { wait: 'spin', role: 'consumer' });
   const output = await acceptChannel(link, { wait: 'spin', role: 'producer' });
   const i = directEnd(input);
   const o = directEnd(output);
-  const limit = performance.now() + 20_000;
-  for (let n = 0; n < rounds; n++) directSend(o, directReceive(i, limit), limit);
+  const limit = performance.now() + 60_000;
+  for (let v = directReceive(i, limit); v !== STOP; v = directReceive(i, limit)) directSend(o, v, limit);
   const cpu = onCpu();
   await output.end();
   input.close();

@@ -15,6 +15,7 @@ import { CIP, CSlotRing, RING_ENV } from '../src/channel/c-ring.js';
 import { H } from '../src/channel/layout.js';
 import { createChannel, type ChannelConsumer, type ChannelProducer } from '../src/channel/index.js';
 import { cpuPlacement, onCpu } from './placement.js';
+import { RoundSchedule } from './stats.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
 
@@ -165,8 +166,11 @@ export function directEnd(end: object): DirectEnd {
 /** The protocol floor gives up (a stuck peer) after this long in all. */
 const PROTOCOL_FLOOR_LIMIT_MS = 20_000;
 
-/** Sends one message of one byte (`value`) on `out`: claim a slot (spinning on the space word while
- * none is free), write, publish. */
+/** directReceive's result for the message that ends the echo. */
+export const STOP = -1;
+
+/** Sends one message on `out`: claim a slot (spinning on the space word while none is free), write
+ * `value` (a byte; STOP: the message that ends the echo) into it, publish. */
 export function directSend(out: DirectEnd, value: number, limit: number): void {
   const { ring } = out;
   let s: number;
@@ -178,12 +182,14 @@ export function directSend(out: DirectEnd, value: number, limit: number): void {
     if ((s = ring.acquire()) >= 0) break;
     if (!ring.w.spinWait32(H.spaceSeq, seq, 1000) && performance.now() > limit) throw new Error('protocol floor: no slot came free');
   }
-  out.slots[s]!.bytes[0] = value;
+  const bytes = out.slots[s]!.bytes;
+  bytes[0] = value & 0xff;
+  bytes[1] = value === STOP ? 1 : 0;
   const published = ring.publish(s);
   if (published !== 'ok') throw new Error(`protocol floor: publish said ${published}`);
 }
 
-/** Receives one message on `input` (spinning on the data word while none is there): its byte. */
+/** Receives one message on `input` (spinning on the data word while none is there): its byte, or STOP. */
 export function directReceive(input: DirectEnd, limit: number): number {
   const { ring } = input;
   let s: number;
@@ -193,16 +199,16 @@ export function directReceive(input: DirectEnd, limit: number): number {
     if (s >= 0) break;
     if (!ring.w.spinWait32(H.dataSeq, seq, 1000) && performance.now() > limit) throw new Error('protocol floor: no message came');
   }
-  const value = input.slots[s]!.bytes[0]!;
+  const bytes = input.slots[s]!.bytes;
+  const value = bytes[1] === 1 ? STOP : bytes[0]!;
   ring.releaseTaken(s);
   return value;
 }
 
 /** The protocol floor: the round trip of the host spin row (bench/channel.ts) with both processes
- * calling the C ring directly (above). */
+ * calling the C ring directly (above), on the same schedule (RoundSchedule). */
 export async function protocolFloor(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; placement: string }> {
-  const rounds = warmup + iterations;
-  const { child, link } = await spawn(CHILD, ['protocol-echo', String(rounds)], { stdio: 'inherit', env: { ...env, [RING_ENV]: 'c' } });
+  const { child, link } = await spawn(CHILD, ['protocol-echo'], { stdio: 'inherit', env: { ...env, [RING_ENV]: 'c' } });
   const saved = process.env[RING_ENV];
   process.env[RING_ENV] = 'c';
   const opts = { slots: 4, slotBytes: 4096, memory: 'host', wait: 'spin' } as const;
@@ -215,18 +221,23 @@ export async function protocolFloor(iterations: number, warmup: number, env: Nod
     if (saved === undefined) delete process.env[RING_ENV];
     else process.env[RING_ENV] = saved;
   }
-  const times = new Float64Array(iterations);
+  const times: number[] = [];
   try {
     const o = directEnd(out);
     const b = directEnd(back);
     const limit = performance.now() + PROTOCOL_FLOOR_LIMIT_MS;
-    for (let i = 0; i < rounds; i++) {
+    const schedule = new RoundSchedule(warmup, iterations);
+    for (let i = 0, when = schedule.next(); when !== 'done'; i++, when = schedule.next()) {
       const t0 = process.hrtime.bigint();
       directSend(o, i & 0xff, limit);
       const echoed = directReceive(b, limit);
       if (echoed !== (i & 0xff)) throw new Error(`protocol floor: message ${i} came back as ${echoed}`);
-      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+      if (when !== 'warm') times.push(Number(process.hrtime.bigint() - t0) / 1000);
     }
+    directSend(o, STOP, limit);  // the child echoes until this one
+  } catch (e) {
+    child.kill();  // it would spin on for its minute
+    throw e;
   } finally {
     await out.end();
     back.close();
@@ -234,5 +245,5 @@ export async function protocolFloor(iterations: number, warmup: number, env: Nod
   const mine = onCpu();
   const theirs = (await link.receive()) as { cpu: number };
   await waitExit(child);
-  return { us: times, placement: cpuPlacement(mine, theirs.cpu) };
+  return { us: Float64Array.from(times), placement: cpuPlacement(mine, theirs.cpu) };
 }

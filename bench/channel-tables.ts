@@ -3,7 +3,7 @@
 // MISSED only where the runs of the rows it depends on agree (spread <= 15%); else UNDECIDED.
 import type { Device } from '../src/cuda/device.js';
 import { printTable, spreadText, SPREAD_LIMIT, verdict, widest, type Row, type TargetResult } from './stats.js';
-import { ONE_WAY_WARMUP_MS } from './stats.js';
+import { ONE_WAY_WARMUP_MS, ROUND_TRIP_TIMED_MS, ROUND_TRIP_WARMUP_MS } from './stats.js';
 import { fmtBytes, PYTHON_SLOT_BYTES, ROW, TARGETS, type ChannelResults, type Spread } from './channel.js';
 import { defaultRingKind, type RingKind } from '../src/channel/c-ring.js';
 
@@ -134,7 +134,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
 /** Prints the channel tables (bench/main.ts); returns every target's verdict (for the JSON). */
 export function printChannelTables(r: ChannelResults, iterations: number, warmup: number, device: Device | undefined): TargetResult[] {
   const t = channelRows(r);
-  console.log(`\nchannels: ${device ? 'host and device slots' : 'host slots only (no GPU)'}; round trips ${iterations} timed after ${Math.max(warmup, 2000)} warm-up, ` +
+  console.log(`\nchannels: ${device ? 'host and device slots' : 'host slots only (no GPU)'}; round trips (and the protocol floor) at least ${iterations} and ${ROUND_TRIP_TIMED_MS} ms timed after at least ${Math.max(warmup, 2000)} and ${ROUND_TRIP_WARMUP_MS} ms untimed, ` +
     `one way and work sharing about 0.7 s each after ${ONE_WAY_WARMUP_MS} ms untimed; wait modes: adaptive (the default), sleep, spin; ` +
     `each row ${r.runs} time(s) after ${r.warmupRuns} dropped warm-up round(s), rows taking turns (each round starting further down the list), ` +
     `figures over all runs with each run's median and their spread, (max - min) / median; a target is MET or MISSED only where that spread ` +

@@ -21,7 +21,7 @@ import { ChannelHub, createChannel, type ChannelMemory, type WaitMode } from '..
 import { cRingUnavailable, defaultRingKind, RING_ENV, type RingKind } from '../src/channel/c-ring.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
-import { ONE_WAY_WARMUP_MS, roundOrder, spreadOf, summarize, type Spread, type Summary } from './stats.js';
+import { ONE_WAY_WARMUP_MS, RoundSchedule, roundOrder, spreadOf, summarize, type Spread, type Summary } from './stats.js';
 
 export { spreadOf, type Spread };
 
@@ -176,14 +176,17 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
   const out = await withRing(ring, () => createChannel(link, { ...opts, role: 'producer' }));
   const back = await withRing(ring, () => createChannel(link, { ...opts, role: 'consumer' }));
   const stream = out.device ? Stream.create(out.device) : undefined;
-  const times = new Float64Array(iterations);
+  const times: number[] = [];
   let mine = 0;
   let ranOn = -1;
   let sleeps = 0;
+  let rounds = 0;
   try {
     let cpu0 = process.cpuUsage();
-    for (let i = 0; i < warmup + iterations; i++) {
-      if (i === warmup) {
+    const schedule = new RoundSchedule(warmup, iterations);
+    for (let when = schedule.next(); when !== 'done'; rounds++, when = schedule.next()) {
+      const i = rounds;
+      if (when === 'first') {
         cpu0 = process.cpuUsage();
         ranOn = onCpu();
       }
@@ -191,10 +194,10 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
       const slot = await out.acquire({ stream });
       if (!stream) slot.bytes[0] = i & 0xff;
       // Length 2 marks the first timed message: the child counts its CPU from there.
-      out.publish(slot, { stream, length: i === warmup ? 2 : 1 });
+      out.publish(slot, { stream, length: when === 'first' ? 2 : 1 });
       const m = (await back.receive())!;
       m.release({ stream });
-      if (i >= warmup) times[i - warmup] = Number(process.hrtime.bigint() - t0) / 1000;
+      if (when !== 'warm') times.push(Number(process.hrtime.bigint() - t0) / 1000);
     }
     mine = cpuOf(process.cpuUsage(cpu0));
   } finally {
@@ -206,8 +209,8 @@ async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: numb
   const theirs = (await link.receive()) as { cpu: number } & ChildWhere;
   await waitExit(child);
   return {
-    us: times, cpuUsPerMsg: (mine + theirs.cpu) / (2 * iterations), placement: where(ranOn, theirs),
-    sleepsPer1k: ((sleeps + (theirs.sleeps ?? 0)) * 1000) / (2 * (warmup + iterations)),
+    us: Float64Array.from(times), cpuUsPerMsg: (mine + theirs.cpu) / (2 * times.length), placement: where(ranOn, theirs),
+    sleepsPer1k: ((sleeps + (theirs.sleeps ?? 0)) * 1000) / (2 * rounds),
   };
 }
 

@@ -35,6 +35,55 @@ export function printTable(title: string, rows: readonly Row[]): void {
  * compiled, the adaptive spin settled, the slots' pages touched). */
 export const ONE_WAY_WARMUP_MS = 200;
 
+/** Round-trip runs: untimed until both their warm-up count and this long passed, then timed until
+ * both their count and ROUND_TRIP_TIMED_MS passed. A count alone (2,000 after 2,000, about 12 ms at
+ * 6 us) timed code the JIT had not finished compiling, in a fresh child each run: on a 2-core
+ * development machine the spin round trip took 6.0 us in the bench against 3.5-3.9 us over
+ * 200,000 rounds. */
+export const ROUND_TRIP_WARMUP_MS = 300;
+export const ROUND_TRIP_TIMED_MS = 300;
+
+/** The schedule of a round-trip loop (above): call next() before each round; 'warm' (untimed),
+ * 'first' (the first timed round: start counting CPU there), 'timed', or 'done'. */
+export class RoundSchedule {
+  readonly #warmup: number;
+  readonly #count: number;
+  readonly #timedMs: number;
+  readonly #warmUntil: number;
+  #round = 0;
+  #timedFrom = -1;
+  #timedUntil = 0;
+
+  constructor(warmup: number, count: number, warmMs = ROUND_TRIP_WARMUP_MS, timedMs = ROUND_TRIP_TIMED_MS) {
+    this.#warmup = warmup;
+    this.#count = count;
+    this.#timedMs = timedMs;
+    this.#warmUntil = performance.now() + warmMs;
+  }
+
+  /** Rounds timed so far (those next() called 'first' or 'timed'). */
+  get timed(): number {
+    return this.#timedFrom < 0 ? 0 : this.#round - this.#timedFrom;
+  }
+
+  next(): 'warm' | 'first' | 'timed' | 'done' {
+    const i = this.#round++;
+    // The clock is read every 64 rounds only: a read costs a good part of a spin round trip's code.
+    const look = i % 64 === 0;
+    if (this.#timedFrom < 0) {
+      if (i < this.#warmup || !look || performance.now() < this.#warmUntil) return 'warm';
+      this.#timedFrom = i;
+      this.#timedUntil = performance.now() + this.#timedMs;
+      return 'first';
+    }
+    if (i - this.#timedFrom >= this.#count && look && performance.now() >= this.#timedUntil) {
+      this.#round--;
+      return 'done';
+    }
+    return 'timed';
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Whether a row's figure decides (issue 38): a row runs several times; the spread of its runs'
 // medians, (max - min) / median, says how far one run's figure can be trusted. A target checked on
