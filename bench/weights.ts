@@ -208,9 +208,11 @@ const repeated = get('ours: repeated sync');
 const first = get('ours: first sync');
 const perTensor = get('per-tensor reduce_tensor / rebuild_cuda_tensor');
 const packed = get('packed 1 GiB buckets (torch.cat, one handle each)');
-const targets: Array<{ what: string; met: boolean }> = [];
+/** Each target with the row it was checked on (whose phases a miss names). */
+const targets: Array<{ row: string; what: string; met: boolean }> = [];
+let checking = '';
 const check = (what: string, met: boolean) => {
-  targets.push({ what, met });
+  targets.push({ row: checking, what, met });
   return `${what}: ${met ? 'MET' : 'MISSED'}`;
 };
 const table: Row[] = [];
@@ -220,6 +222,7 @@ for (const [label, m] of Object.entries(rows)) {
     continue;
   }
   const notes: string[] = [];
+  checking = label;
   if (limitRow && label !== 'limit') notes.push(`${(m.summary.median / limitRow.summary.median).toFixed(2)}x the limit`);
   if (label !== 'limit') notes.push(`handles opened per sync: ${m.handles.join('/')}`);
   notes.push(`copied: sender ${GiB(m.senderCopied)}, receiver ${GiB(m.receiverCopied)}`);
@@ -257,7 +260,7 @@ for (const [label, m] of [['first sync', first], ['repeated sync', repeated], ['
 const missed = targets.filter((t) => !t.met);
 console.log(`\nweights targets: ${targets.length - missed.length} of ${targets.length} met`);
 for (const t of missed) {
-  const m = t.what.startsWith('pool-backed') ? poolFirst : t.what.includes('packed buckets (<=') || t.what.includes('3x') ? first : repeated;
+  const m = get(t.row);
   const worst = m?.phases ? Object.entries(m.phases).sort((a, b) => b[1] - a[1])[0] : undefined;
   console.log(`  MISSED ${t.what}${worst ? `; the largest phase: ${worst[0]} (${worst[1].toFixed(2)} ms)` : ''}`);
 }
