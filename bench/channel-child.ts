@@ -7,6 +7,8 @@
 //                         its own; replies { sharedUs, localUs }
 //   protocol-echo         accepts an input and an output channel on the C ring; echoes messages
 //                         calling the ring directly until a STOP (the protocol floor, channel-floors.ts)
+//   protocol-sink         accepts an input channel on the C ring; takes messages calling the ring
+//                         directly until a STOP (the one-way protocol floor); ends with { cpu, n, sum }
 //   doorbell-echo         no channel: rings doorbell 0 each time doorbell 1 rings (the floor of
 //                         the wake-up: an eventfd written by one process, polled by the other's
 //                         event loop, both ways)
@@ -95,6 +97,20 @@ if (mode === 'echo') {
   await output.end();
   input.close();
   link.send({ cpu });
+} else if (mode === 'protocol-sink') {
+  // The one-way protocol floor's consumer: takes and releases messages until a STOP.
+  const input = await acceptChannel(link, { wait: 'spin', role: 'consumer' });
+  const i = directEnd(input);
+  const limit = performance.now() + 60_000;
+  let n = 0;
+  let sum = 0;
+  for (let v = directReceive(i, limit); v !== STOP; v = directReceive(i, limit)) {
+    n++;
+    sum += v;
+  }
+  const cpu = onCpu();
+  input.close();
+  link.send({ cpu, n, sum });
 } else if (mode === 'doorbell-echo') {
   const { bells, warmup } = (await link.receive()) as { bells: Doorbells; warmup: number };
   let cpu0 = process.cpuUsage();

@@ -15,7 +15,7 @@ import { CIP, CSlotRing, RING_ENV } from '../src/channel/c-ring.js';
 import { H } from '../src/channel/layout.js';
 import { createChannel, type ChannelConsumer, type ChannelProducer } from '../src/channel/index.js';
 import { cpuPlacement, onCpu } from './placement.js';
-import { RoundSchedule } from './stats.js';
+import { ONE_WAY_WARMUP_MS, RoundSchedule } from './stats.js';
 
 const CHILD = new URL('./channel-child.js', import.meta.url);
 
@@ -205,22 +205,31 @@ export function directReceive(input: DirectEnd, limit: number): number {
   return value;
 }
 
-/** The protocol floor: the round trip of the host spin row (bench/channel.ts) with both processes
- * calling the C ring directly (above), on the same schedule (RoundSchedule). */
-export async function protocolFloor(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; placement: string }> {
-  const { child, link } = await spawn(CHILD, ['protocol-echo'], { stdio: 'inherit', env: { ...env, [RING_ENV]: 'c' } });
+/** A protocol-floor child in `mode` (channel-child.ts) and the channels it accepts, made here on the
+ * C ring with `slots` 4 KiB host slots in spin mode, one per role of `roles` (this side's), in order. */
+async function directChannels(mode: string, env: NodeJS.ProcessEnv, slots: number, roles: ReadonlyArray<'producer' | 'consumer'>) {
+  const { child, link } = await spawn(CHILD, [mode], { stdio: 'inherit', env: { ...env, [RING_ENV]: 'c' } });
   const saved = process.env[RING_ENV];
   process.env[RING_ENV] = 'c';
-  const opts = { slots: 4, slotBytes: 4096, memory: 'host', wait: 'spin' } as const;
-  let out: ChannelProducer;
-  let back: ChannelConsumer;
+  const ends: Array<ChannelProducer | ChannelConsumer> = [];
   try {
-    out = await createChannel(link, { ...opts, role: 'producer' });
-    back = await createChannel(link, { ...opts, role: 'consumer' });
+    for (const role of roles) ends.push(await createChannel(link, { slots, slotBytes: 4096, memory: 'host', wait: 'spin', role }));
+  } catch (e) {
+    child.kill();
+    throw e;
   } finally {
     if (saved === undefined) delete process.env[RING_ENV];
     else process.env[RING_ENV] = saved;
   }
+  return { child, link, ends };
+}
+
+/** The protocol floor: the round trip of the host spin row (bench/channel.ts) with both processes
+ * calling the C ring directly (above), on the same schedule (RoundSchedule). */
+export async function protocolFloor(iterations: number, warmup: number, env: NodeJS.ProcessEnv): Promise<{ us: Float64Array; placement: string }> {
+  const { child, link, ends } = await directChannels('protocol-echo', env, 4, ['producer', 'consumer']);
+  const out = ends[0] as ChannelProducer;
+  const back = ends[1] as ChannelConsumer;
   const times: number[] = [];
   try {
     const o = directEnd(out);
@@ -246,4 +255,39 @@ export async function protocolFloor(iterations: number, warmup: number, env: Nod
   const theirs = (await link.receive()) as { cpu: number };
   await waitExit(child);
   return { us: Float64Array.from(times), placement: cpuPlacement(mine, theirs.cpu) };
+}
+
+/** The one-way protocol floor: the 4 KiB host one-way rows' messages (8 slots) with both processes
+ * calling the C ring directly, the consumer spinning: rates of 2,000-message batches for `ms` after
+ * ONE_WAY_WARMUP_MS untimed, as the one-way rows. */
+export async function protocolOneWayFloor(ms: number, env: NodeJS.ProcessEnv): Promise<{ rates: number[]; placement: string }> {
+  const { child, link, ends } = await directChannels('protocol-sink', env, 8, ['producer']);
+  const out = ends[0] as ChannelProducer;
+  const rates: number[] = [];
+  let total = 0;
+  try {
+    const o = directEnd(out);
+    const limit = performance.now() + PROTOCOL_FLOOR_LIMIT_MS;
+    const timed = performance.now() + ONE_WAY_WARMUP_MS;
+    const end = timed + ms;
+    const batch = 2000;
+    while (performance.now() < end || rates.length < 5) {
+      const t0 = process.hrtime.bigint();
+      for (let i = 0; i < batch; i++) directSend(o, 1, limit);
+      const t1 = process.hrtime.bigint();
+      total += batch;
+      if (performance.now() >= timed) rates.push(batch / (Number(t1 - t0) / 1e9));
+    }
+    directSend(o, STOP, limit);  // the child takes messages until this one
+  } catch (e) {
+    child.kill();
+    throw e;
+  } finally {
+    await out.end();
+  }
+  const mine = onCpu();
+  const theirs = (await link.receive()) as { cpu: number; n: number; sum: number };
+  await waitExit(child);
+  if (theirs.n !== total || theirs.sum !== total) throw new Error(`protocol floor: the consumer took ${theirs.n} messages (byte sum ${theirs.sum}) of ${total}`);
+  return { rates, placement: cpuPlacement(mine, theirs.cpu) };
 }

@@ -74,7 +74,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
       notes.push(check(name, `target <= ${target} us`, t.us.median, target, true, t.runs));
       if (f.spin) notes.push(`${(t.us.median / f.spin.us.median).toFixed(1)}x the spin floor`);
       // The same round trip with the ring called directly: what is left is the channel API's.
-      if (f.protocol && t.memory === 'host' && t.ring === 'c') notes.push(`${(t.us.median / f.protocol.us.median).toFixed(2)}x the protocol floor (the API's JavaScript ${(t.us.median - f.protocol.us.median).toFixed(1)} us a round trip)`);
+      if (f.protocol && t.memory === 'host' && t.ring === 'c') notes.push(`${(t.us.median / f.protocol.us.median).toFixed(2)}x the protocol floor (the channel API adds ${(t.us.median - f.protocol.us.median).toFixed(1)} us a round trip)`);
     } else {
       notes.push('no spinning');
     }
@@ -87,6 +87,10 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     latency.push({ name, unit: 'us', median: t.us.median, p99: t.us.p99, n: t.us.n, notes: withSpread(notes, t.runs) });
   }
   const throughput: Row[] = [];
+  if (f.protocolOneWay) {
+    const pf = f.protocolOneWay;
+    throughput.push({ name: ROW.protocolOneWay, unit: 'msg/s', median: pf.msgsPerSec.median, p99: pf.slowest1pct, n: pf.msgsPerSec.n, notes: withSpread([pf.placement], pf.runs) });
+  }
   for (const [name, o] of Object.entries(r.oneWay)) {
     const target = o.memory === 'host' ? TARGETS.oneWayHostMsgsPerSec : TARGETS.oneWayDeviceMsgsPerSec;
     // What was measured is messages: a slot changes hands in place, nothing is copied (the
@@ -94,6 +98,11 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     // messages would read as a bandwidth that no copy ever achieved.
     const notes = [`${o.memory === 'host' ? `${o.bytesWrittenPerMsg} byte written per message` : 'no byte written by the CPU'}, the ${fmtBytes(o.slotBytes)} slot handed over in place (no copy)`];
     if (o.wait === 'adaptive') notes.push(check(name, `target >= ${fmtRate(target)} msg/s`, o.msgsPerSec.median, target, false, o.runs));
+    // The same messages with the ring called directly: the rest of the time per message is the API's.
+    const pf = f.protocolOneWay;
+    if (pf && o.memory === 'host' && o.ring === 'c' && o.slotBytes === 4096) {
+      notes.push(`${(o.msgsPerSec.median / pf.msgsPerSec.median).toFixed(2)}x the protocol floor's rate (the channel API adds ${(1e6 / o.msgsPerSec.median - 1e6 / pf.msgsPerSec.median).toFixed(2)} us a message)`);
+    }
     const byDefault = o.ring !== defaultRingKind(o.memory) ? r.oneWay[ROW.oneWay(o.slotBytes, o.wait, o.memory)] : undefined;
     if (byDefault) notes.push(ringNote(o.msgsPerSec.median / byDefault.msgsPerSec.median, 'rate', o.ring, o.msgsPerSec.median > byDefault.msgsPerSec.median, o.runs, byDefault.runs));
     notes.push(cpuNote(o.cpuUsPerMsg));

@@ -140,6 +140,9 @@ export interface ChannelResults {
     /** The host spin round trip with both processes calling the C ring directly (no channel API):
      * the protocol's own cost (channel-floors.ts, protocolFloor). */
     protocol?: { us: Summary; placement: string; runs: Spread };
+    /** The 4 KiB host one-way rows' messages with both processes calling the C ring directly
+     * (protocolOneWayFloor): the rate the protocol allows. */
+    protocolOneWay?: { msgsPerSec: Summary; slowest1pct: number; placement: string; runs: Spread };
   };
   roundTrip: Record<string, RoundTrip>;
   oneWay: Record<string, OneWay>;
@@ -150,7 +153,7 @@ export interface ChannelResults {
   kernel?: KernelResult;
 }
 
-import { cpuOf, doorbellFloor, protocolFloor, socketRoundTrip, spinFloor, waitExit, waitsOf } from './channel-floors.js';
+import { cpuOf, doorbellFloor, protocolFloor, protocolOneWayFloor, socketRoundTrip, spinFloor, waitExit, waitsOf } from './channel-floors.js';
 
 /** The child's environment and this process's while it makes its ends: CUDA_IPC_CHANNEL_RING as
  * `ring` asks (read when an end is made; c-ring.ts). */
@@ -379,6 +382,7 @@ export const ROW = {
   spin: 'floor: spin round trip (a shared word, two processes, no channel)',
   socket: 'reference: Node Unix socket round trip, 64 bytes',
   protocol: 'floor: protocol round trip (spin, host slots, the C ring called directly, no channel API)',
+  protocolOneWay: 'floor: protocol one way, 4 KiB slots (spin, host slots, the C ring called directly, no channel API)',
   roundTrip: (wait: WaitMode, memory: Memory, ring: RingKind = defaultRingKind(memory)) => `round trip, ${wait} (${memory} slots${ringMark(memory, ring)})`,
   oneWay: (size: number, wait: WaitMode, memory: Memory, ring: RingKind = defaultRingKind(memory)) => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots${ringMark(memory, ring)})`,
   python: (direction: PythonOneWay['direction']) => `one way, ${fmtBytes(PYTHON_SLOT_BYTES)} slots, adaptive, ${direction.startsWith('python->node') ? 'Python -> Node' : 'Node -> Python'}${direction === 'node->python batch' ? `, receive_many(${PYTHON_BATCH})` : direction === 'python->node batch' ? `, acquire_many/publish_many(${PYTHON_BATCH})` : ''} (host slots)`,
@@ -417,6 +421,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   row(ROW.spin, async (r) => { const f = await spinFloor(iterations, long, env); r.add(f.us, undefined, f.placement); });
   row(ROW.socket, async (r) => r.add(await socketRoundTrip(iterations, long, env)));
   if (!noCRing) row(ROW.protocol, async (r) => { const f = await protocolFloor(iterations, long, env); r.add(f.us, undefined, f.placement); });
+  if (!noCRing) row(ROW.protocolOneWay, async (r) => { const f = await protocolOneWayFloor(700, env); r.add(f.rates, undefined, f.placement); });
   const memories: Array<[Memory, ChannelMemory]> = [['host', 'host']];
   if (device) memories.push(['device', { device }]);
   for (const [memory, m] of memories) {
@@ -494,6 +499,7 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     else if (name === ROW.spin) res.floor.spin = { us: r.summary, placement: r.placement, runs: r.spread };
     else if (name === ROW.socket) res.floor.socket = { us: r.summary, runs: r.spread };
     else if (name === ROW.protocol) res.floor.protocol = { us: r.summary, placement: r.placement, runs: r.spread };
+    else if (name === ROW.protocolOneWay) res.floor.protocolOneWay = { msgsPerSec: r.summary, slowest1pct: r.slowest1pct, placement: r.placement, runs: r.spread };
   }
   for (const [memory] of memories) {
     for (const wait of WAITS) {

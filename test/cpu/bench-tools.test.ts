@@ -15,7 +15,7 @@ import { childCpu, helperCpus, parseCpuList, withCpusFirst, type PinPlan } from 
 import { channelRows } from '../../bench/channel-tables.js';
 import { ROW, type ChannelResults } from '../../bench/channel.js';
 import { cRingUnavailable, defaultRingKind } from '../../src/channel/c-ring.js';
-import { protocolFloor } from '../../bench/channel-floors.js';
+import { protocolFloor, protocolOneWayFloor } from '../../bench/channel-floors.js';
 
 /** A log of (point, time) pairs. */
 const log = (pairs: Array<[number, number]>) => Float64Array.from(pairs.flat());
@@ -242,25 +242,36 @@ test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in
   assert.doesNotMatch(t.throughput.find((r) => r.name === ROW.oneWay(65536, 'adaptive', 'host'))!.notes!.join('; '), /core-to-core/, 'no probe, no note');
 });
 
-test('the protocol floor bounces every message through the C ring called directly in two processes, each value echoed', { skip: cRingUnavailable() }, async () => {
+test('the protocol floors move every message through the C ring called directly in two processes: each value echoed, each message taken', { skip: cRingUnavailable() }, async () => {
   // protocolFloor throws when a message comes back with another value (or none within 20 s).
   const f = await protocolFloor(3000, 300, process.env);
   assert.ok(f.us.length >= 3000, `at least the rounds asked for timed (the schedule runs for its time too): ${f.us.length}`);
   assert.ok(f.us.every((us) => us > 0), 'each round trip timed');
   assert.match(f.placement, /^CPUs (\d+|unknown)/);
+  // One way: protocolOneWayFloor throws unless the consumer took every message, each byte summed.
+  const w = await protocolOneWayFloor(100, process.env);
+  assert.ok(w.rates.length >= 5 && w.rates.every((r) => r > 0), `rates of 2,000-message batches: ${w.rates.length}`);
 });
 
-test('channelRows: the protocol floor gets its row, and the spin round trip on the C ring says what the API adds to it', () => {
+test("channelRows: the protocol floors get their rows, and the C ring's spin round trip and 4 KiB one way say what the API adds to them", () => {
   const us = (median: number) => ({ n: 100, median, p99: median * 2, mean: median });
   const res: ChannelResults = {
     runs: 3, warmupRuns: 1, pinned: 'test', leftovers: [],
     floor: { spin: { us: us(0.5), placement: 'CPUs 0 and 1', runs: spreadOf([0.5, 0.5, 0.5]) }, protocol: { us: us(2), placement: 'CPUs 0 and 1', runs: spreadOf([2, 2, 2]) } },
     roundTrip: { [ROW.roundTrip('spin', 'host', 'c')]: { memory: 'host', wait: 'spin', ring: 'c', us: us(5), cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([5, 5, 5]) } },
-    oneWay: {}, workSharing: {},
+    oneWay: {
+      [ROW.oneWay(4096, 'adaptive', 'host', 'c')]: {
+        memory: 'host', wait: 'adaptive', ring: 'c', slotBytes: 4096, msgsPerSec: us(1e6), slowest1pct: 5e5, bytesWrittenPerMsg: 1, cpuUsPerMsg: 1, placement: 'CPUs 0 and 1', runs: spreadOf([1e6, 1e6, 1e6]),
+      },
+    },
+    workSharing: {},
   };
+  res.floor.protocolOneWay = { msgsPerSec: us(4e6), slowest1pct: 3e6, placement: 'CPUs 0 and 1', runs: spreadOf([4e6, 4e6, 4e6]) };
   const t = channelRows(res);
   assert.match(t.latency.find((r) => r.name === ROW.protocol)!.notes!.join('; '), /^4\.0x the spin floor; CPUs 0 and 1/);
-  assert.match(t.latency.find((r) => r.name === ROW.roundTrip('spin', 'host', 'c'))!.notes!.join('; '), /2\.50x the protocol floor \(the API's JavaScript 3\.0 us a round trip\)/);
+  assert.match(t.latency.find((r) => r.name === ROW.roundTrip('spin', 'host', 'c'))!.notes!.join('; '), /2\.50x the protocol floor \(the channel API adds 3\.0 us a round trip\)/);
+  assert.equal(t.throughput.find((r) => r.name === ROW.protocolOneWay)?.median, 4e6);
+  assert.match(t.throughput.find((r) => r.name === ROW.oneWay(4096, 'adaptive', 'host', 'c'))!.notes!.join('; '), /0\.25x the protocol floor's rate \(the channel API adds 0\.75 us a message\)/);
 });
 
 test('every bench script answers --help with its usage (exit 0) and an unknown option with what was wrong and the usage (exit 2)', () => {
