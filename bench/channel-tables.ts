@@ -2,22 +2,12 @@
 // the CPU per message, where the processes ran, and the spread of the runs. A target is MET or
 // MISSED only where the runs of the rows it depends on agree (spread <= 15%); else UNDECIDED.
 import type { Device } from '../src/cuda/device.js';
-import { printTable, spreadText, SPREAD_LIMIT, verdict, widest, type Row, type TargetResult } from './stats.js';
+import { fmtRate, printTable, spreadText, SPREAD_LIMIT, verdict, widest, withSpread, type Row, type TargetResult } from './stats.js';
 import { ONE_WAY_WARMUP_MS, ROUND_TRIP_TIMED_MS, ROUND_TRIP_WARMUP_MS } from './stats.js';
 import { fmtBytes, PYTHON_SLOT_BYTES, ROW, TARGETS, type ChannelResults, type Spread } from './channel.js';
 import { defaultRingKind, type RingKind } from '../src/channel/c-ring.js';
 
-const fmtRate = (v: number) => (v >= 1e9 ? `${(v / 1e9).toFixed(1)} G` : v >= 1e6 ? `${(v / 1e6).toFixed(2)} M` : `${(v / 1e3).toFixed(0)} k`);
 const cpuNote = (us: number) => `CPU ${us.toFixed(2)} us/msg (both processes)`;
-
-/** Each run's median and their spread (every row with runs). */
-const spreadNote = (x: Spread) => (x.medians.length > 0 ? `runs ${x.medians.map((v) => fmtNum(v)).join(' / ')}, ${spreadText(x.spread)}` : '');
-const fmtNum = (v: number) => (v >= 10_000 ? fmtRate(v) : v >= 100 ? v.toFixed(0) : v.toFixed(1));
-const withSpread = (notes: string[], x: Spread) => {
-  const n = spreadNote(x);
-  if (n) notes.push(n);
-  return notes;
-};
 
 /** The core-to-core round trip probed before each run (channel.ts FLOOR_PROBE). */
 const floorsNote = (perRun: number[]) => `core-to-core round trip before each run ${perRun.map((v) => v.toFixed(2)).join(' / ')} us`;

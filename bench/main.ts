@@ -2,9 +2,9 @@
 //   [--runs N] [--warmup-runs N] [--only REGEX] [--no-pin | --cpus A,B]`:
 // the project's benchmarks as a table (median, p99, comparison with the references measured in the
 // same run: C, PyTorch, CuPy), optionally a per-phase breakdown of one handoff, optionally JSON.
-// Channel rows run --runs times each (default 3, rows taking turns, after --warmup-runs dropped
-// rounds, default 1) and print the spread of the runs; a target on a row whose runs spread over 15%
-// is UNDECIDED instead of MET / MISSED; --only runs the channel rows whose names match (e.g. --only 'one way, 4 KiB slots, adaptive \(host|Python'
+// Every row runs --runs times (default 3, rows taking turns; channel rows after --warmup-runs dropped
+// rounds, default 1) and prints the spread of its runs; a target on a row whose runs spread over 15%
+// (or on a reference whose runs do) is UNDECIDED instead of MET / MISSED; --only runs the channel rows whose names match (e.g. --only 'one way, 4 KiB slots, adaptive \(host|Python'
 // --no-handoff --no-python-link --no-peer for the Python rows and the Node row they compare with).
 // The processes are pinned to CPUs of the GPU's NUMA node (node 0 without a GPU; --no-pin: not;
 // --cpus A,B: the bench's main thread on A, a row's child on B, e.g. a pair probed as the nearest).
@@ -16,7 +16,7 @@ import { ALT_RINGS, handoffBenchmarks, HANDOFF_BYTES, type HandoffKind, type Han
 import { printBreakdown, PHASES, type Breakdown } from './breakdown.js';
 import { buildCReference, runCReference, type CBuild, type CMode, type CReference } from './c-reference.js';
 import { pythonHandoffRefs, type PythonRef } from './python-refs.js';
-import { printTable, type Row, type TargetResult } from './stats.js';
+import { combineRuns, printTable, spreadOf, spreadText, verdict, widest, withSpread, type Row, type Spread, type Summary, type TargetResult, type Verdict } from './stats.js';
 import { channelBenchmarks, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
 import { printChannelTables } from './channel-tables.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
@@ -98,68 +98,122 @@ let handoff: HandoffResult[] = [];
 let cBuild: CBuild | undefined;
 const cRefs = new Map<CMode, CReference>();
 let pyRefs: PythonRef[] = [];
-const targets: Array<{ row: string; target: string; value: number; limit: number; met: boolean }> = [];
-const check = (row: string, target: string, value: number, limit: number, atMost: boolean): string => {
-  const met = atMost ? value <= limit : value >= limit;
-  targets.push({ row, target, value, limit, met });
-  return `${target}: ${met ? 'MET' : 'MISSED'}`;
+/** Each target with its verdict: MET or MISSED where the runs of every row it compares agree
+ * (spread <= 15%), else UNDECIDED (stats.ts verdict). */
+const targets: Array<{ row: string; target: string; value: number; limit: number; spread: number; verdict: Verdict }> = [];
+const check = (row: string, target: string, value: number, limit: number, atMost: boolean, ...spreads: Array<Spread | undefined>): string => {
+  const spread = widest(...spreads);
+  const v = verdict(atMost ? value <= limit : value >= limit, spread);
+  targets.push({ row, target, value, limit, spread, verdict: v });
+  return `${target}: ${v}${v === 'UNDECIDED' ? ` (${spreadText(spread)})` : ''}`;
 };
+/** The handoff rows' and references' runs (medians and spread), by row name. */
+const handoffRuns = new Map<string, Spread>();
 
 if (!values['no-handoff']) {
   const breakdownRuns = values.breakdown ? Math.min(iterations, 1000) : 0;
-  console.log(`handoff: a fresh 1 MiB buffer to a child that reads one value and acknowledges; ${iterations} timed after ${warmup} warm-up` +
+  console.log(`handoff: a fresh 1 MiB buffer to a child that reads one value and acknowledges; ${iterations} timed after ${warmup} warm-up; ` +
+    `${runs} run(s) of each row and reference, the rows taking turns; figures: the median of the runs' medians (and p99s)` +
     (breakdownRuns ? `, then ${breakdownRuns} instrumented for the breakdown` : ''));
-  handoff = await handoffBenchmarks({ iterations, warmup, gpu, breakdown: breakdownRuns });
-  if (!values['no-c']) {
-    cBuild = buildCReference(gpu);
-    const modes: CMode[] = gpu ? ['pool', 'legacy', 'host', 'socket'] : ['host', 'socket'];
-    for (const m of modes) cRefs.set(m, runCReference(cBuild, m, iterations, warmup, HANDOFF_BYTES));
+  // Each round runs every row and reference once; the figures combine the rounds (combineRuns).
+  const ours = new Map<string, { result: HandoffResult; runs: Summary[] }>();
+  const cRuns = new Map<CMode, { ref: CReference; runs: Summary[] }>();
+  const pyRuns = new Map<string, { ref: PythonRef; runs: Summary[] }>();
+  if (!values['no-c']) cBuild = buildCReference(gpu);
+  for (let run = 0; run < runs; run++) {
+    if (runs > 1) process.stderr.write(`  handoff rows: run ${run + 1} of ${runs}\n`);
+    // The breakdown (instrumented handoffs) in the last round only.
+    for (const r of await handoffBenchmarks({ iterations, warmup, gpu, breakdown: run === runs - 1 ? breakdownRuns : 0 })) {
+      const o = ours.get(r.name) ?? { result: r, runs: [] };
+      o.runs.push(r.summary);
+      if (r.breakdown) o.result = r;
+      ours.set(r.name, o);
+    }
+    if (cBuild) {
+      for (const m of (gpu ? ['pool', 'legacy', 'host', 'socket'] : ['host', 'socket']) as CMode[]) {
+        const c = runCReference(cBuild, m, iterations, warmup, HANDOFF_BYTES);
+        const o = cRuns.get(m) ?? { ref: c, runs: [] };
+        if (c.summary) o.runs.push(c.summary);
+        else o.ref = c;  // skipped: say why
+        cRuns.set(m, o);
+      }
+    }
+    if (gpu && !values['no-python']) {
+      for (const r of pythonHandoffRefs(iterations, warmup)) {
+        const o = pyRuns.get(r.name) ?? { ref: r, runs: [] };
+        if (r.summary) o.runs.push(r.summary);
+        else o.ref = r;
+        pyRuns.set(r.name, o);
+      }
+    }
   }
-  if (gpu && !values['no-python']) pyRefs = pythonHandoffRefs(iterations, warmup);
+  const combined = (name: string, runs: Summary[]): Summary | undefined => {
+    if (runs.length === 0) return undefined;
+    const c = combineRuns(runs);
+    handoffRuns.set(name, c.spread);
+    return c.summary;
+  };
+  handoff = [...ours.values()].map(({ result, runs: rs }) => ({ ...result, summary: combined(result.name, rs)! }));
+  for (const [m, { ref, runs: rs }] of cRuns) {
+    const summary = ref.summary ? combined(`reference: ${ref.name}`, rs) : undefined;
+    cRefs.set(m, summary ? { ...ref, summary } : { mode: ref.mode, name: ref.name, skipped: ref.skipped });
+  }
+  pyRefs = [...pyRuns.values()].map(({ ref, runs: rs }) => {
+    const summary = ref.summary ? combined(`reference: ${ref.name}`, rs) : undefined;
+    return summary ? { ...ref, summary } : { name: ref.name, skipped: ref.skipped };
+  });
 
   const byKind = new Map(handoff.map((r) => [r.kind, r]));
   const cFor: Record<HandoffKind, CMode> = { pool: 'pool', 'pool-fresh': 'pool', legacy: 'legacy', host: 'host', floor: 'socket', 'host-alt': 'host', 'floor-alt': 'socket' };
-  const torch = pyRefs.find((r) => r.name.startsWith('PyTorch'))?.summary;
-  const cupy = pyRefs.find((r) => r.name.startsWith('CuPy'))?.summary;
+  const torchRef = pyRefs.find((r) => r.name.startsWith('PyTorch'));
+  const cupyRef = pyRefs.find((r) => r.name.startsWith('CuPy'));
+  const torch = torchRef?.summary;
+  const cupy = cupyRef?.summary;
+  const runsOf = (name: string | undefined) => (name === undefined ? undefined : handoffRuns.get(name));
   const rows: Row[] = [];
   for (const r of handoff) {
     const s = r.summary;
+    const mine = runsOf(r.name);
     const notes: string[] = [];
-    const c = cRefs.get(cFor[r.kind])?.summary;
+    const cRef = cRefs.get(cFor[r.kind]);
+    const c = cRef?.summary;
+    const cRunsOf = runsOf(cRef && `reference: ${cRef.name}`);
     if (c) notes.push(`${(s.median / c.median).toFixed(2)}x C`);
     if (r.kind === 'pool' || r.kind === 'legacy') {
       const limit = r.kind === 'pool' ? HANDOFF_TARGETS.poolVsC : HANDOFF_TARGETS.legacyVsC;
-      if (c) notes.push(check(r.name, `<= ${limit}x C`, s.median / c.median, limit, true));
+      if (c) notes.push(check(r.name, `<= ${limit}x C`, s.median / c.median, limit, true, mine, cRunsOf));
       else notes.push(`<= ${limit}x C: no C reference`);
     }
     if (r.kind === 'floor') {
-      if (c) notes.push(check(r.name, `<= ${HANDOFF_TARGETS.floorVsC}x C`, s.median / c.median, HANDOFF_TARGETS.floorVsC, true));
+      if (c) notes.push(check(r.name, `<= ${HANDOFF_TARGETS.floorVsC}x C`, s.median / c.median, HANDOFF_TARGETS.floorVsC, true, mine, cRunsOf));
       else notes.push(`<= ${HANDOFF_TARGETS.floorVsC}x C: no C reference`);
     }
     // The default path against the other one (frame rings on or off), same run, same flow.
     const alt = r.kind === 'floor' || r.kind === 'host' ? byKind.get(`${r.kind}-alt`)?.summary : undefined;
     if (alt) notes.push(`${(s.median / alt.median).toFixed(2)}x ${ALT_RINGS ? 'with frame rings' : 'over the socket alone'}`);
     if (r.kind === 'pool') {
-      if (torch) notes.push(check(r.name, `${(torch.median / s.median).toFixed(1)}x faster than PyTorch (>= ${HANDOFF_TARGETS.vsTorch}x)`, torch.median / s.median, HANDOFF_TARGETS.vsTorch, false));
-      if (cupy) notes.push(check(r.name, `${(cupy.median / s.median).toFixed(1)}x faster than CuPy (>= ${HANDOFF_TARGETS.vsCupy}x)`, cupy.median / s.median, HANDOFF_TARGETS.vsCupy, false));
+      if (torch) notes.push(check(r.name, `${(torch.median / s.median).toFixed(1)}x faster than PyTorch (>= ${HANDOFF_TARGETS.vsTorch}x)`, torch.median / s.median, HANDOFF_TARGETS.vsTorch, false, mine, runsOf(`reference: ${torchRef!.name}`)));
+      if (cupy) notes.push(check(r.name, `${(cupy.median / s.median).toFixed(1)}x faster than CuPy (>= ${HANDOFF_TARGETS.vsCupy}x)`, cupy.median / s.median, HANDOFF_TARGETS.vsCupy, false, mine, runsOf(`reference: ${cupyRef!.name}`)));
     }
     if (r.kind === 'host') {
-      const floor = byKind.get('floor')?.summary;
-      if (floor) notes.push(check(r.name, `${(s.median / floor.median).toFixed(2)}x the link floor (<= ${HANDOFF_TARGETS.hostVsFloor}x)`, s.median / floor.median, HANDOFF_TARGETS.hostVsFloor, true));
+      const floor = byKind.get('floor');
+      if (floor) notes.push(check(r.name, `${(s.median / floor.summary.median).toFixed(2)}x the link floor (<= ${HANDOFF_TARGETS.hostVsFloor}x)`, s.median / floor.summary.median, HANDOFF_TARGETS.hostVsFloor, true, mine, runsOf(floor.name)));
     }
     if (r.kind === 'pool' || r.kind === 'legacy' || r.kind === 'host') {
-      notes.push(check(r.name, `p99 ${(s.p99 / s.median).toFixed(1)}x median (<= ${HANDOFF_TARGETS.p99VsMedian}x)`, s.p99 / s.median, HANDOFF_TARGETS.p99VsMedian, true));
+      // Decided by how much the runs' own ratios differ.
+      const tails = ours.get(r.name)!.runs.map((x) => x.p99 / x.median);
+      notes.push(check(r.name, `p99 ${(s.p99 / s.median).toFixed(1)}x median (<= ${HANDOFF_TARGETS.p99VsMedian}x)`, s.p99 / s.median, HANDOFF_TARGETS.p99VsMedian, true, spreadOf(tails)));
     }
-    rows.push({ name: r.name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes });
+    rows.push({ name: r.name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes: mine ? withSpread(notes, mine) : notes });
   }
   for (const c of cRefs.values()) {
     rows.push(c.summary
-      ? { name: `reference: ${c.name}`, unit: 'us', median: c.summary.median, p99: c.summary.p99, n: c.summary.n }
+      ? { name: `reference: ${c.name}`, unit: 'us', median: c.summary.median, p99: c.summary.p99, n: c.summary.n, notes: withSpread([], runsOf(`reference: ${c.name}`)!) }
       : { name: `reference: ${c.name}`, unit: 'us', median: NaN, notes: [`skipped: ${c.skipped}`] });
   }
   for (const r of pyRefs) {
     rows.push(r.summary
-      ? { name: `reference: ${r.name}`, unit: 'us', median: r.summary.median, p99: r.summary.p99, n: r.summary.n }
+      ? { name: `reference: ${r.name}`, unit: 'us', median: r.summary.median, p99: r.summary.p99, n: r.summary.n, notes: withSpread([], runsOf(`reference: ${r.name}`)!) }
       : { name: `reference: ${r.name}`, unit: 'us', median: NaN, notes: [`skipped: ${r.skipped}`] });
   }
   if (values['no-c']) console.log('C reference: not run (--no-c)');
@@ -183,25 +237,28 @@ function largestPhases(b: Breakdown, tail: boolean): string {
 
 // The Python companion (its own table; python3 with torch where there is a GPU).
 const pythonLink: PythonLinkResults | undefined = values['no-python'] || values['no-python-link'] ? undefined : await pythonLinkBenchmarks(iterations, warmup, device,
-  { phases: values['python-phases'] ? Math.min(iterations, 1000) : 0 });
-const torchRow = pythonLink?.rows['pool buffer Node -> Python torch.as_tensor view'];
+  { phases: values['python-phases'] ? Math.min(iterations, 1000) : 0, runs });
+const TORCH_ROW = 'pool buffer Node -> Python torch.as_tensor view';
+const torchRow = pythonLink?.rows[TORCH_ROW];
 if (torchRow && pythonLink?.reference) {
   const ratio = pythonLink.reference.median / torchRow.median;
-  check('Python: pool buffer Node -> torch view', `${ratio.toFixed(1)}x faster than torch.multiprocessing (>= ${HANDOFF_TARGETS.pythonVsTorchMp}x)`, ratio, HANDOFF_TARGETS.pythonVsTorchMp, false);
+  check('Python: pool buffer Node -> torch view', `${ratio.toFixed(1)}x faster than torch.multiprocessing (>= ${HANDOFF_TARGETS.pythonVsTorchMp}x)`, ratio, HANDOFF_TARGETS.pythonVsTorchMp, false,
+    pythonLink.runs[TORCH_ROW], pythonLink.referenceRuns);
 } else if (gpu && pythonLink) {
   console.log(`Python target (>= ${HANDOFF_TARGETS.pythonVsTorchMp}x torch.multiprocessing): not measured (${pythonLink.torchSkipped ?? pythonLink.referenceSkipped ?? pythonLink.skipped ?? 'no torch row'})`);
 }
 
 // Every handoff target of the run, met or missed, with the phases that hold a missed one.
 if (targets.length) {
-  const missed = targets.filter((t) => !t.met);
-  console.log(`\nhandoff targets: ${targets.length - missed.length} of ${targets.length} met`);
+  const count = (v: Verdict) => targets.filter((t) => t.verdict === v).length;
+  console.log(`\nhandoff targets: ${count('MET')} met, ${count('MISSED')} missed, ${count('UNDECIDED')} undecided (runs spread over 15%) of ${targets.length}`);
   const byName = new Map(handoff.map((r) => [r.name, r]));
   for (const t of targets) {
     const b = byName.get(t.row)?.breakdown;
     const tail = t.target.startsWith('p99');
-    const why = t.met || !byName.has(t.row) ? '' : b ? `; ${tail ? 'phases with the largest p99' : 'largest phases (median)'}: ${largestPhases(b, tail)}` : ' (run with --breakdown to see which phase holds it)';
-    console.log(`  ${t.met ? 'met   ' : 'MISSED'} ${t.row}: ${t.target}${why}`);
+    const why = t.verdict === 'MET' || !byName.has(t.row) ? '' : b ? `; ${tail ? 'phases with the largest p99' : 'largest phases (median)'}: ${largestPhases(b, tail)}` : ' (run with --breakdown to see which phase holds it)';
+    const v = t.verdict === 'UNDECIDED' ? `UNDECIDED (${spreadText(t.spread)})` : t.verdict;
+    console.log(`  ${v.padEnd(9)} ${t.row}: ${t.target}${why}`);
   }
 }
 
@@ -230,6 +287,7 @@ if (values.json) {
     handoff: Object.fromEntries(handoff.map((r) => [r.name, r.summary])),
     handoffBreakdown: values.breakdown ? Object.fromEntries(handoff.map((r) => [r.name, r.breakdown])) : null,
     handoffTargets: { limits: HANDOFF_TARGETS, results: targets },
+    handoffRuns: Object.fromEntries(handoffRuns),
     references: pyRefs,
     cReference: cBuild ? { build: cBuild, results: [...cRefs.values()] } : null,
     pythonLink: pythonLink ?? null,

@@ -11,7 +11,7 @@ import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { HostBuffer } from '../src/host/index.js';
 import { spawnPython, pythonPackageDirectory, type Link } from '../src/link/index.js';
 import '../src/ipc/pool.js';
-import { printTable, summarize, type Row, type Summary } from './stats.js';
+import { combineRuns, printTable, spreadText, summarize, verdict, widest, withSpread, type Row, type Spread, type Summary } from './stats.js';
 
 export const TORCH_TARGET_RATIO = 4;
 const BYTES = 1 << 20;
@@ -21,8 +21,12 @@ const script = (name: string) => fileURLToPath(new URL(`../../bench/python/${nam
 export interface PythonLinkResults {
   skipped?: string;
   torchSkipped?: string;
+  /** Each row over all its runs (combineRuns: the median of the runs' medians and p99s). */
   rows: Record<string, Summary>;
+  /** Each row's runs: their medians and spread. */
+  runs: Record<string, Spread>;
   reference?: Summary;
+  referenceRuns?: Spread;
   referenceSkipped?: string;
   /** With --python-phases: median microseconds of each phase of a handoff, per row kind. */
   phases?: Record<string, Record<string, number>>;
@@ -31,6 +35,8 @@ export interface PythonLinkResults {
 export interface PythonLinkOptions {
   /** Instrumented handoffs per row for the per-phase table (0: none). */
   phases?: number;
+  /** Times each row (and the reference) runs, the rows taking turns; default 1. */
+  runs?: number;
 }
 
 const now = () => process.hrtime.bigint();  // CLOCK_MONOTONIC: the clock of Python's time.monotonic_ns
@@ -114,7 +120,8 @@ function torchReference(iterations: number, warmup: number): { summary?: Summary
 
 /** Runs the Python-link handoffs; prints their table; returns the figures for --json. */
 export async function pythonLinkBenchmarks(iterations: number, warmup: number, device: Device | undefined, options: PythonLinkOptions = {}): Promise<PythonLinkResults> {
-  const results: PythonLinkResults = { rows: {} };
+  const results: PythonLinkResults = { rows: {}, runs: {} };
+  const runs = options.runs ?? 1;
   const noPython = probe('import sys; assert sys.version_info >= (3, 10), "Python " + sys.version.split()[0] + " is older than 3.10"; import cuda_ipc');
   if (noPython) {
     results.skipped = `no usable python3 with cuda_ipc: ${noPython}`;
@@ -123,22 +130,26 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
   }
   const noTorch = !device ? 'no GPU here' : probe('import torch; assert torch.cuda.is_available(), "torch sees no CUDA device"');
   if (noTorch) results.torchSkipped = noTorch;
-  console.log(`\npython link handoff: a fresh 1 MiB buffer between Node and a Python child on a link; ${iterations} timed after ${warmup} warm-up` +
+  console.log(`\npython link handoff: a fresh 1 MiB buffer between Node and a Python child on a link; ${iterations} timed after ${warmup} warm-up, ` +
+    `${runs} run(s) of each row (and of the reference), the rows taking turns; figures: the median of the runs' medians (and p99s)` +
     (noTorch ? `; the PyTorch rows are skipped: ${noTorch}` : ''));
 
   const { child, link } = await spawnPython(script('handoff_cuda_ipc.py'), [], { stdio: ['ignore', 'inherit', 'inherit'] });
-  const rows = results.rows;
+  /** Each row's summary per run. */
+  const perRun: Record<string, Summary[]> = {};
+  const add = (name: string, summary: Summary) => (perRun[name] ??= []).push(summary);
   let pool: import('../src/ipc/pool.js').IpcPool | undefined;
   try {
     let mark = 0;
-    rows['host buffer Node -> Python (memoryview)'] = await timed(iterations, warmup, async () => {
+    const hostToPython = async () => {
       const b = HostBuffer.allocate(BYTES);
       const v = ++mark & 0xffffffff;
       new Uint32Array(b.bytes.buffer, b.bytes.byteOffset, 1)[0] = v;
       link.send({ op: 'host', buffer: b });
       b.close();
       await expect(link, v, 'host buffer');
-    });
+    };
+    let torchRows: (() => Promise<void>) | undefined;
     if (!noTorch && device) {
       const p = (pool = device.createIpcPool());
       // Correctness first (a marked buffer, the value Python read through torch must match); the
@@ -158,17 +169,23 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
         b.close();
         await expect(link, 1234.5, `${what} buffer viewed by torch${dlpack ? ' through DLPack' : ''}`);
       }
-      rows['pool buffer Node -> Python torch.as_tensor view'] = await timed(iterations, warmup, toPython(() => p.allocate(BYTES)));
-      rows['pool buffer Node -> Python torch.from_dlpack view'] = await timed(iterations, warmup, toPython(() => p.allocate(BYTES), true));
-      rows['legacy buffer Node -> Python torch.as_tensor view'] = await timed(Math.min(iterations, 500), Math.min(warmup, 100),
-        toPython(() => DeviceBuffer.allocate(BYTES, { device })));
       const read = new Float32Array(1);
-      rows['torch tensor Python -> Node (read one value, release)'] = await timed(iterations, warmup, async () => {
-        link.send({ op: 'give' });
-        const t = await link.receive({ signal: AbortSignal.timeout(60_000) }) as DeviceBuffer;
-        t.read(read);
-        t.close();
-      });
+      torchRows = async () => {
+        add('pool buffer Node -> Python torch.as_tensor view', await timed(iterations, warmup, toPython(() => p.allocate(BYTES))));
+        add('pool buffer Node -> Python torch.from_dlpack view', await timed(iterations, warmup, toPython(() => p.allocate(BYTES), true)));
+        add('legacy buffer Node -> Python torch.as_tensor view', await timed(Math.min(iterations, 500), Math.min(warmup, 100),
+          toPython(() => DeviceBuffer.allocate(BYTES, { device }))));
+        add('torch tensor Python -> Node (read one value, release)', await timed(iterations, warmup, async () => {
+          link.send({ op: 'give' });
+          const t = await link.receive({ signal: AbortSignal.timeout(60_000) }) as DeviceBuffer;
+          t.read(read);
+          t.close();
+        }));
+      };
+    }
+    for (let run = 0; run < runs; run++) {
+      add('host buffer Node -> Python (memoryview)', await timed(iterations, warmup, hostToPython));
+      await torchRows?.();
     }
     if (options.phases) results.phases = await measurePhases(link, options.phases, device && !noTorch ? device : undefined, pool);
   } finally {
@@ -177,28 +194,51 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
     link.close();
     pool?.close();
   }
+  for (const [name, summaries] of Object.entries(perRun)) {
+    const c = combineRuns(summaries);
+    results.rows[name] = c.summary;
+    results.runs[name] = c.spread;
+  }
   if (!noTorch) {
-    const ref = torchReference(iterations, warmup);
-    results.reference = ref.summary;
-    results.referenceSkipped = ref.skipped;
+    const refs: Summary[] = [];
+    for (let run = 0; run < runs && !results.referenceSkipped; run++) {
+      const ref = torchReference(iterations, warmup);
+      if (ref.summary) refs.push(ref.summary);
+      results.referenceSkipped = ref.skipped;
+    }
+    if (!results.referenceSkipped) {
+      const c = combineRuns(refs);
+      results.reference = c.summary;
+      results.referenceRuns = c.spread;
+    }
   }
 
   const table: Row[] = [];
   const ref = results.reference;
-  for (const [name, s] of Object.entries(rows)) {
+  for (const [name, s] of Object.entries(results.rows)) {
     const notes: string[] = [];
     if (ref && name.includes('torch')) {
       const ratio = ref.median / s.median;
       notes.push(`${ratio.toFixed(1)}x faster than torch.multiprocessing`);
-      if (name.startsWith('pool buffer') || name.startsWith('torch tensor')) notes.push(`target >= ${TORCH_TARGET_RATIO}x: ${ratio >= TORCH_TARGET_RATIO ? 'MET' : 'MISSED'}`);
+      if (name.startsWith('pool buffer') || name.startsWith('torch tensor')) notes.push(`target >= ${TORCH_TARGET_RATIO}x: ${torchVerdict(results, name)}`);
     }
-    table.push({ name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes });
+    table.push({ name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes: withSpread(notes, results.runs[name]!) });
   }
-  if (ref) table.push({ name: 'reference: torch.multiprocessing queue, Python -> Python', unit: 'us', median: ref.median, p99: ref.p99, n: ref.n });
+  if (ref) table.push({ name: 'reference: torch.multiprocessing queue, Python -> Python', unit: 'us', median: ref.median, p99: ref.p99, n: ref.n, notes: withSpread([], results.referenceRuns!) });
   else if (!noTorch) table.push({ name: 'reference: torch.multiprocessing queue', unit: 'us', median: NaN, notes: [`skipped: ${results.referenceSkipped}`] });
   printTable('Python companion handoff round trip (lower is better)', table);
   if (results.phases) printPhases(results.phases);
   return results;
+}
+
+/** A torch row's target (>= TORCH_TARGET_RATIO x torch.multiprocessing), decided where both its runs
+ * and the reference's agree (spread <= 15%; UNDECIDED otherwise). */
+export function torchVerdict(r: PythonLinkResults, name: string): string {
+  const row = r.rows[name];
+  if (!row || !r.reference) return 'not measured';
+  const spread = widest(r.runs[name], r.referenceRuns);
+  const v = verdict(r.reference.median / row.median >= TORCH_TARGET_RATIO, spread);
+  return v === 'UNDECIDED' ? `${v} (${spreadText(spread)})` : v;
 }
 
 /** Stamped handoffs of each kind: Node's timestamps here, Python's from the child, lined up. */

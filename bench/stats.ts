@@ -132,6 +132,30 @@ export function spreadText(spread: number, limit = SPREAD_LIMIT): string {
   return `spread ${(spread * 100).toFixed(0)}%${spread > limit ? ` > ${(limit * 100).toFixed(0)}%` : ''}`;
 }
 
+export const fmtRate = (v: number) => (v >= 1e9 ? `${(v / 1e9).toFixed(1)} G` : v >= 1e6 ? `${(v / 1e6).toFixed(2)} M` : `${(v / 1e3).toFixed(0)} k`);
+const fmtNum = (v: number) => (v >= 10_000 ? fmtRate(v) : v >= 100 ? v.toFixed(0) : v.toFixed(1));
+
+/** Each run's median and their spread (every row with runs). */
+export const spreadNote = (x: Spread) => (x.medians.length > 0 ? `runs ${x.medians.map((v) => fmtNum(v)).join(' / ')}, ${spreadText(x.spread)}` : '');
+
+/** `notes` with the runs' note (spreadNote) at the end. */
+export function withSpread(notes: string[], x: Spread): string[] {
+  const n = spreadNote(x);
+  if (n) notes.push(n);
+  return notes;
+}
+
+/** One row's figure over several runs, each summarized on its own (a run of the C reference or a
+ * Python one reports only its summary): the median of the runs' medians and of their p99s, every
+ * sample counted; the spread of the medians. */
+export function combineRuns(runs: readonly Summary[]): { summary: Summary; spread: Spread } {
+  const med = (xs: number[]) => summarize(xs).median;
+  return {
+    summary: { n: runs.reduce((a, r) => a + r.n, 0), median: med(runs.map((r) => r.median)), p99: med(runs.map((r) => r.p99)), mean: runs.reduce((a, r) => a + r.mean, 0) / Math.max(1, runs.length) },
+    spread: spreadOf(runs.map((r) => r.median)),
+  };
+}
+
 /**
  * The order of the rows in round `round` of `rounds` (0-based; round -1 and below: warm-up rounds,
  * in plain order): each round starts `rows / rounds` rows further on, so that one row's runs are

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { Probe } from '../../src/link/transport/probe.js';
 import { analyze, Mark, PHASES } from '../../bench/breakdown.js';
 import { buildCReference, findCompiler, runCReference } from '../../bench/c-reference.js';
-import { roundOrder, RoundSchedule, spreadOf, spreadText, verdict, widest, SPREAD_LIMIT } from '../../bench/stats.js';
+import { combineRuns, roundOrder, RoundSchedule, spreadOf, spreadText, verdict, widest, SPREAD_LIMIT } from '../../bench/stats.js';
 import { childCpu, helperCpus, parseCpuList, withCpusFirst, type PinPlan } from '../../bench/placement.js';
 import { channelRows } from '../../bench/channel-tables.js';
 import { ROW, type ChannelResults } from '../../bench/channel.js';
@@ -107,6 +107,15 @@ test('spreadOf: (max - min) / median of the runs, unknown (NaN) for one run or a
   assert.ok(Number.isNaN(spreadOf([]).spread));
   assert.ok(Number.isNaN(spreadOf([5, NaN, 6]).spread), 'a run without a figure: unknown, not the others alone');
   assert.ok(Number.isNaN(spreadOf([0, 0]).spread), 'a zero median divides nothing');
+});
+
+test('combineRuns: the median of the runs\' medians and p99s, every sample counted, the spread of the medians', () => {
+  const run = (median: number, p99: number) => ({ n: 2000, median, p99, mean: median });
+  const c = combineRuns([run(56, 158), run(80, 407), run(60, 170)]);
+  assert.deepEqual({ ...c.summary, mean: Math.round(c.summary.mean) }, { n: 6000, median: 60, p99: 170, mean: 65 });
+  assert.deepEqual(c.spread.medians, [56, 80, 60]);
+  assert.equal(c.spread.spread, (80 - 56) / 60);
+  assert.ok(Number.isNaN(combineRuns([run(56, 158)]).spread.spread), 'one run: spread unknown (UNDECIDED)');
 });
 
 test('verdict: MET / MISSED only where the spread is at most the limit, else UNDECIDED', () => {
