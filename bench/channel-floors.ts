@@ -145,7 +145,7 @@ export async function socketRoundTrip(iterations: number, warmup: number, env: N
 // Two channels as the round-trip rows make them, on the C ring, driven directly by both processes:
 // per message one native call each to claim, publish, take and release, and a spin on the data
 // word, with no channel API around them (no slot or message objects, no promises, no checks of
-// the caller's arguments). A round-trip row less this floor is the API's JavaScript; this floor
+// the caller's arguments). A row less its floor is what the channel API adds; the round-trip floor
 // less the spin floor is the protocol's own cost (the cache lines a message moves, the calls).
 
 /** The slots of a protocol-floor end: its C ring and a view of each slot. */

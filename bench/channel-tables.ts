@@ -88,7 +88,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     // messages would read as a bandwidth that no copy ever achieved.
     const notes = [`${o.memory === 'host' ? `${o.bytesWrittenPerMsg} byte written per message` : 'no byte written by the CPU'}, the ${fmtBytes(o.slotBytes)} slot handed over in place (no copy)`];
     if (o.wait === 'adaptive') notes.push(check(name, `target >= ${fmtRate(target)} msg/s`, o.msgsPerSec.median, target, false, o.runs));
-    // The same messages with the ring called directly: the rest of the time per message is the API's.
+    // The same messages with the ring called directly: the rest of the time a message is the API's.
     const pf = f.protocolOneWay;
     if (pf && o.memory === 'host' && o.ring === 'c' && o.slotBytes === 4096) {
       notes.push(`${(o.msgsPerSec.median / pf.msgsPerSec.median).toFixed(2)}x the protocol floor's rate (the channel API adds ${(1e6 / o.msgsPerSec.median - 1e6 / pf.msgsPerSec.median).toFixed(2)} us a message)`);

@@ -233,7 +233,7 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
 
 /** A torch row's target (>= TORCH_TARGET_RATIO x torch.multiprocessing), decided where both its runs
  * and the reference's agree (spread <= 15%; UNDECIDED otherwise). */
-export function torchVerdict(r: PythonLinkResults, name: string): string {
+function torchVerdict(r: PythonLinkResults, name: string): string {
   const row = r.rows[name];
   if (!row || !r.reference) return 'not measured';
   const spread = widest(r.runs[name], r.referenceRuns);
