@@ -35,7 +35,7 @@ export interface PythonLinkResults {
 export interface PythonLinkOptions {
   /** Instrumented handoffs per row for the per-phase table (0: none). */
   phases?: number;
-  /** Times each row (and the reference) runs, the rows taking turns; default 1. */
+  /** Times each row runs (the rows taking turns), and then the reference; default 1. */
   runs?: number;
 }
 
@@ -131,7 +131,7 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
   const noTorch = !device ? 'no GPU here' : probe('import torch; assert torch.cuda.is_available(), "torch sees no CUDA device"');
   if (noTorch) results.torchSkipped = noTorch;
   console.log(`\npython link handoff: a fresh 1 MiB buffer between Node and a Python child on a link; ${iterations} timed after ${warmup} warm-up, ` +
-    `${runs} run(s) of each row (and of the reference), the rows taking turns; figures: the median of the runs' medians (and p99s)` +
+    `${runs} run(s) of each row, the rows taking turns, then ${runs} of the reference; figures: the median of the runs' medians (and p99s)` +
     (noTorch ? `; the PyTorch rows are skipped: ${noTorch}` : ''));
 
   const { child, link } = await spawnPython(script('handoff_cuda_ipc.py'), [], { stdio: ['ignore', 'inherit', 'inherit'] });
