@@ -11,7 +11,7 @@ import { Doorbells } from '../src/channel/doorbells.js';
 import { spawn } from '../src/link/index.js';
 import { addon } from '../src/native/addon.js';
 import { endpointOf } from '../src/channel/internal.js';
-import { CIP, CSlotRing, RING_ENV } from '../src/channel/c-ring.js';
+import { CIP, CSlotRing, RING_ENV, type RingKind } from '../src/channel/c-ring.js';
 import { H } from '../src/channel/layout.js';
 import { createChannel, type ChannelConsumer, type ChannelProducer } from '../src/channel/index.js';
 import { cpuPlacement, onCpu } from './placement.js';
@@ -163,6 +163,23 @@ export function directEnd(end: object): DirectEnd {
   return { ring: e.ring, slots };
 }
 
+/** The child's environment and this process's while it makes its ends: CUDA_IPC_CHANNEL_RING as
+ * `ring` asks (read when an end is made; c-ring.ts). */
+export function ringEnv(env: NodeJS.ProcessEnv, ring: RingKind): NodeJS.ProcessEnv {
+  return { ...env, [RING_ENV]: ring };
+}
+
+export async function withRing<T>(ring: RingKind, make: () => Promise<T>): Promise<T> {
+  const before = process.env[RING_ENV];
+  process.env[RING_ENV] = ring;
+  try {
+    return await make();
+  } finally {
+    if (before === undefined) delete process.env[RING_ENV];
+    else process.env[RING_ENV] = before;
+  }
+}
+
 /** The protocol floor gives up (a stuck peer) after this long in all. */
 const PROTOCOL_FLOOR_LIMIT_MS = 20_000;
 
@@ -208,18 +225,13 @@ export function directReceive(input: DirectEnd, limit: number): number {
 /** A protocol-floor child in `mode` (channel-child.ts) and the channels it accepts, made here on the
  * C ring with `slots` 4 KiB host slots in spin mode, one per role of `roles` (this side's), in order. */
 async function directChannels(mode: string, env: NodeJS.ProcessEnv, slots: number, roles: ReadonlyArray<'producer' | 'consumer'>) {
-  const { child, link } = await spawn(CHILD, [mode], { stdio: 'inherit', env: { ...env, [RING_ENV]: 'c' } });
-  const saved = process.env[RING_ENV];
-  process.env[RING_ENV] = 'c';
+  const { child, link } = await spawn(CHILD, [mode], { stdio: 'inherit', env: ringEnv(env, 'c') });
   const ends: Array<ChannelProducer | ChannelConsumer> = [];
   try {
-    for (const role of roles) ends.push(await createChannel(link, { slots, slotBytes: 4096, memory: 'host', wait: 'spin', role }));
+    for (const role of roles) ends.push(await withRing('c', () => createChannel(link, { slots, slotBytes: 4096, memory: 'host', wait: 'spin', role })));
   } catch (e) {
     child.kill();
     throw e;
-  } finally {
-    if (saved === undefined) delete process.env[RING_ENV];
-    else process.env[RING_ENV] = saved;
   }
   return { child, link, ends };
 }

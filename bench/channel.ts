@@ -18,7 +18,7 @@
 import { childEnv, cpuPlacement, liveChildren, onCpu, type PinPlan } from './placement.js';
 import { spawn, type Link } from '../src/link/index.js';
 import { ChannelHub, createChannel, type ChannelMemory, type WaitMode } from '../src/channel/index.js';
-import { cRingUnavailable, defaultRingKind, RING_ENV, type RingKind } from '../src/channel/c-ring.js';
+import { cRingUnavailable, defaultRingKind, type RingKind } from '../src/channel/c-ring.js';
 import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
 import { ONE_WAY_WARMUP_MS, RoundSchedule, roundOrder, spreadOf, summarize, type Spread, type Summary } from './stats.js';
@@ -153,24 +153,7 @@ export interface ChannelResults {
   kernel?: KernelResult;
 }
 
-import { cpuOf, doorbellFloor, protocolFloor, protocolOneWayFloor, socketRoundTrip, spinFloor, waitExit, waitsOf } from './channel-floors.js';
-
-/** The child's environment and this process's while it makes its ends: CUDA_IPC_CHANNEL_RING as
- * `ring` asks (read when an end is made; c-ring.ts). */
-function ringEnv(env: NodeJS.ProcessEnv, ring: RingKind): NodeJS.ProcessEnv {
-  return { ...env, [RING_ENV]: ring };
-}
-
-async function withRing<T>(ring: RingKind, make: () => Promise<T>): Promise<T> {
-  const before = process.env[RING_ENV];
-  process.env[RING_ENV] = ring;
-  try {
-    return await make();
-  } finally {
-    if (before === undefined) delete process.env[RING_ENV];
-    else process.env[RING_ENV] = before;
-  }
-}
+import { cpuOf, doorbellFloor, protocolFloor, protocolOneWayFloor, ringEnv, socketRoundTrip, spinFloor, waitExit, waitsOf, withRing } from './channel-floors.js';
 
 /** Median and p99 of per-iteration microseconds through out -> child -> back. */
 async function roundTrip(memory: ChannelMemory, wait: WaitMode, iterations: number, warmup: number, env: NodeJS.ProcessEnv, ring: RingKind): Promise<{ us: Float64Array; cpuUsPerMsg: number; placement: string; sleepsPer1k: number }> {
