@@ -16,7 +16,7 @@ import { ALT_RINGS, handoffBenchmarks, HANDOFF_BYTES, type HandoffKind, type Han
 import { printBreakdown, PHASES, type Breakdown } from './breakdown.js';
 import { buildCReference, runCReference, type CBuild, type CMode, type CReference } from './c-reference.js';
 import { pythonHandoffRefs, type PythonRef } from './python-refs.js';
-import { combineRuns, printTable, spreadOf, spreadText, verdict, widest, withSpread, type Row, type Spread, type Summary, type TargetResult, type Verdict } from './stats.js';
+import { printTable, RunsByName, spreadOf, spreadText, verdict, widest, withSpread, type Row, type Spread, type TargetResult, type Verdict } from './stats.js';
 import { channelBenchmarks, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
 import { printChannelTables } from './channel-tables.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
@@ -116,51 +116,30 @@ if (!values['no-handoff']) {
     `${runs} run(s) of each row and reference, the rows taking turns; figures: the median of the runs' medians (and p99s)` +
     (breakdownRuns ? `, then ${breakdownRuns} instrumented for the breakdown` : ''));
   // Each round runs every row and reference once; the figures combine the rounds (combineRuns).
-  const ours = new Map<string, { result: HandoffResult; runs: Summary[] }>();
-  const cRuns = new Map<CMode, { ref: CReference; runs: Summary[] }>();
-  const pyRuns = new Map<string, { ref: PythonRef; runs: Summary[] }>();
+  const ours = new RunsByName<HandoffResult>();
+  const cRuns = new RunsByName<CReference>();
+  const pyRuns = new RunsByName<PythonRef>();
   if (!values['no-c']) cBuild = buildCReference(gpu);
   for (let run = 0; run < runs; run++) {
     if (runs > 1) process.stderr.write(`  handoff rows: run ${run + 1} of ${runs}\n`);
-    // The breakdown (instrumented handoffs) in the last round only.
-    for (const r of await handoffBenchmarks({ iterations, warmup, gpu, breakdown: run === runs - 1 ? breakdownRuns : 0 })) {
-      const o = ours.get(r.name) ?? { result: r, runs: [] };
-      o.runs.push(r.summary);
-      if (r.breakdown) o.result = r;
-      ours.set(r.name, o);
-    }
+    // The breakdown (instrumented handoffs) in the last round only: the last run's result is kept.
+    for (const r of await handoffBenchmarks({ iterations, warmup, gpu, breakdown: run === runs - 1 ? breakdownRuns : 0 })) ours.add(r);
     if (cBuild) {
-      for (const m of (gpu ? ['pool', 'legacy', 'host', 'socket'] : ['host', 'socket']) as CMode[]) {
-        const c = runCReference(cBuild, m, iterations, warmup, HANDOFF_BYTES);
-        const o = cRuns.get(m) ?? { ref: c, runs: [] };
-        if (c.summary) o.runs.push(c.summary);
-        else o.ref = c;  // skipped: say why
-        cRuns.set(m, o);
-      }
+      for (const m of (gpu ? ['pool', 'legacy', 'host', 'socket'] : ['host', 'socket']) as CMode[]) cRuns.add(runCReference(cBuild, m, iterations, warmup, HANDOFF_BYTES));
     }
-    if (gpu && !values['no-python']) {
-      for (const r of pythonHandoffRefs(iterations, warmup)) {
-        const o = pyRuns.get(r.name) ?? { ref: r, runs: [] };
-        if (r.summary) o.runs.push(r.summary);
-        else o.ref = r;
-        pyRuns.set(r.name, o);
-      }
-    }
+    if (gpu && !values['no-python']) for (const r of pythonHandoffRefs(iterations, warmup)) pyRuns.add(r);
   }
-  const combined = (name: string, runs: Summary[]): Summary | undefined => {
-    if (runs.length === 0) return undefined;
-    const c = combineRuns(runs);
-    handoffRuns.set(name, c.spread);
-    return c.summary;
-  };
-  handoff = [...ours.values()].map(({ result, runs: rs }) => ({ ...result, summary: combined(result.name, rs)! }));
-  for (const [m, { ref, runs: rs }] of cRuns) {
-    const summary = ref.summary ? combined(`reference: ${ref.name}`, rs) : undefined;
-    cRefs.set(m, summary ? { ...ref, summary } : { mode: ref.mode, name: ref.name, skipped: ref.skipped });
+  handoff = ours.combined().map(({ m, spread }) => {
+    if (spread) handoffRuns.set(m.name, spread);
+    return m;
+  });
+  for (const { m, spread } of cRuns.combined()) {
+    cRefs.set(m.mode, m);
+    if (spread) handoffRuns.set(`reference: ${m.name}`, spread);
   }
-  pyRefs = [...pyRuns.values()].map(({ ref, runs: rs }) => {
-    const summary = ref.summary ? combined(`reference: ${ref.name}`, rs) : undefined;
-    return summary ? { ...ref, summary } : { name: ref.name, skipped: ref.skipped };
+  pyRefs = pyRuns.combined().map(({ m, spread }) => {
+    if (spread) handoffRuns.set(`reference: ${m.name}`, spread);
+    return m;
   });
 
   const byKind = new Map(handoff.map((r) => [r.kind, r]));
@@ -201,7 +180,7 @@ if (!values['no-handoff']) {
     }
     if (r.kind === 'pool' || r.kind === 'legacy' || r.kind === 'host') {
       // Decided by how much the runs' own ratios differ.
-      const tails = ours.get(r.name)!.runs.map((x) => x.p99 / x.median);
+      const tails = ours.runs(r.name).map((x) => x.p99 / x.median);
       notes.push(check(r.name, `p99 ${(s.p99 / s.median).toFixed(1)}x median (<= ${HANDOFF_TARGETS.p99VsMedian}x)`, s.p99 / s.median, HANDOFF_TARGETS.p99VsMedian, true, spreadOf(tails)));
     }
     rows.push({ name: r.name, unit: 'us', median: s.median, p99: s.p99, n: s.n, notes: mine ? withSpread(notes, mine) : notes });

@@ -11,7 +11,7 @@ import { DeviceBuffer } from '../src/cuda/buffer.js';
 import { HostBuffer } from '../src/host/index.js';
 import { spawnPython, pythonPackageDirectory, type Link } from '../src/link/index.js';
 import '../src/ipc/pool.js';
-import { combineRuns, printTable, spreadText, summarize, verdict, widest, withSpread, type Row, type Spread, type Summary } from './stats.js';
+import { printTable, RunsByName, spreadText, summarize, verdict, widest, withSpread, type Row, type Spread, type Summary } from './stats.js';
 
 export const TORCH_TARGET_RATIO = 4;
 const BYTES = 1 << 20;
@@ -136,8 +136,8 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
 
   const { child, link } = await spawnPython(script('handoff_cuda_ipc.py'), [], { stdio: ['ignore', 'inherit', 'inherit'] });
   /** Each row's summary per run. */
-  const perRun: Record<string, Summary[]> = {};
-  const add = (name: string, summary: Summary) => (perRun[name] ??= []).push(summary);
+  const perRun = new RunsByName<{ name: string; summary: Summary }>();
+  const add = (name: string, summary: Summary) => perRun.add({ name, summary });
   let pool: import('../src/ipc/pool.js').IpcPool | undefined;
   try {
     let mark = 0;
@@ -194,23 +194,20 @@ export async function pythonLinkBenchmarks(iterations: number, warmup: number, d
     link.close();
     pool?.close();
   }
-  for (const [name, summaries] of Object.entries(perRun)) {
-    const c = combineRuns(summaries);
-    results.rows[name] = c.summary;
-    results.runs[name] = c.spread;
+  for (const { m, spread } of perRun.combined()) {
+    results.rows[m.name] = m.summary;
+    results.runs[m.name] = spread!;
   }
   if (!noTorch) {
-    const refs: Summary[] = [];
+    const refs = new RunsByName<{ name: string; summary?: Summary }>();
     for (let run = 0; run < runs && !results.referenceSkipped; run++) {
       const ref = torchReference(iterations, warmup);
-      if (ref.summary) refs.push(ref.summary);
+      refs.add({ name: 'reference', summary: ref.summary });
       results.referenceSkipped = ref.skipped;
     }
-    if (!results.referenceSkipped) {
-      const c = combineRuns(refs);
-      results.reference = c.summary;
-      results.referenceRuns = c.spread;
-    }
+    const ref = refs.combined()[0];
+    results.reference = ref?.m.summary;
+    results.referenceRuns = ref?.spread;
   }
 
   const table: Row[] = [];

@@ -132,6 +132,36 @@ export function spreadText(spread: number, limit = SPREAD_LIMIT): string {
   return `spread ${(spread * 100).toFixed(0)}%${spread > limit ? ` > ${(limit * 100).toFixed(0)}%` : ''}`;
 }
 
+/** Measurements that each run gives with a summary (or without one: skipped), kept by name over
+ * the runs of a bench part. */
+export class RunsByName<T extends { name: string; summary?: Summary }> {
+  readonly #byName = new Map<string, { last: T; runs: Summary[]; skipped?: T }>();
+
+  /** One run's measurement. */
+  add(m: T): void {
+    const e = this.#byName.get(m.name) ?? { last: m, runs: [] };
+    e.last = m;
+    if (m.summary) e.runs.push(m.summary);
+    else e.skipped ??= m;
+    this.#byName.set(m.name, e);
+  }
+
+  /** Each run's summary of the measurement `name`. */
+  runs(name: string): Summary[] {
+    return this.#byName.get(name)?.runs ?? [];
+  }
+
+  /** Each measurement in the order first seen: the last run's, its summary combined over the runs
+   * (combineRuns) and their spread; one that a run skipped, as that run gave it (no spread). */
+  combined(): Array<{ m: T; spread?: Spread }> {
+    return [...this.#byName.values()].map(({ last, runs, skipped }) => {
+      if (skipped || runs.length === 0) return { m: skipped ?? last };
+      const c = combineRuns(runs);
+      return { m: { ...last, summary: c.summary }, spread: c.spread };
+    });
+  }
+}
+
 export const fmtRate = (v: number) => (v >= 1e9 ? `${(v / 1e9).toFixed(1)} G` : v >= 1e6 ? `${(v / 1e6).toFixed(2)} M` : `${(v / 1e3).toFixed(0)} k`);
 const fmtNum = (v: number) => (v >= 10_000 ? fmtRate(v) : v >= 100 ? v.toFixed(0) : v.toFixed(1));
 

@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { Probe } from '../../src/link/transport/probe.js';
 import { analyze, Mark, PHASES } from '../../bench/breakdown.js';
 import { buildCReference, findCompiler, runCReference } from '../../bench/c-reference.js';
-import { combineRuns, roundOrder, RoundSchedule, spreadOf, spreadText, verdict, widest, SPREAD_LIMIT } from '../../bench/stats.js';
+import { combineRuns, roundOrder, RoundSchedule, RunsByName, spreadOf, spreadText, verdict, widest, SPREAD_LIMIT } from '../../bench/stats.js';
 import { childCpu, helperCpus, parseCpuList, withCpusFirst, type PinPlan } from '../../bench/placement.js';
 import { channelRows } from '../../bench/channel-tables.js';
 import { ROW, type ChannelResults } from '../../bench/channel.js';
@@ -116,6 +116,21 @@ test('combineRuns: the median of the runs\' medians and p99s, every sample count
   assert.deepEqual(c.spread.medians, [56, 80, 60]);
   assert.equal(c.spread.spread, (80 - 56) / 60);
   assert.ok(Number.isNaN(combineRuns([run(56, 158)]).spread.spread), 'one run: spread unknown (UNDECIDED)');
+});
+
+test('RunsByName: each measurement by name over the runs, the last run\'s with the summaries combined; one a run skipped stays skipped', () => {
+  const run = (median: number) => ({ n: 100, median, p99: 2 * median, mean: median });
+  const r = new RunsByName<{ name: string; summary?: { n: number; median: number; p99: number; mean: number }; skipped?: string; round?: number }>();
+  for (const [round, m] of [[1, 10], [2, 12], [3, 11]] as const) {
+    r.add({ name: 'row', summary: run(m), round });
+    r.add(round === 2 ? { name: 'ref', skipped: 'no compiler', round } : { name: 'ref', summary: run(5), round });
+  }
+  const [row, ref] = r.combined();
+  assert.deepEqual(row!.m, { name: 'row', summary: { n: 300, median: 11, p99: 22, mean: 11 }, round: 3 }, 'the last run\'s fields, the runs\' summary');
+  assert.deepEqual(row!.spread!.medians, [10, 12, 11]);
+  assert.deepEqual(ref, { m: { name: 'ref', skipped: 'no compiler', round: 2 } }, 'skipped in one run: skipped, no spread');
+  assert.deepEqual(r.runs('row').map((x) => x.median), [10, 12, 11]);
+  assert.deepEqual(r.runs('none'), []);
 });
 
 test('verdict: MET / MISSED only where the spread is at most the limit, else UNDECIDED', () => {
