@@ -22,3 +22,20 @@ export function benchArgs<O extends Options>(tool: string, usage: string, option
   delete values.help;
   return values as Values<O>;
 }
+
+/** `values[key]` (a string option benchArgs parsed) as an integer of at least `min`; anything else
+ * prints what was wrong and exits 2. */
+export function intOption(tool: string, values: Readonly<Record<string, unknown>>, key: string, min = 1): number {
+  const v = Number(values[key]);
+  if (Number.isSafeInteger(v) && v >= min) return v;
+  console.error(`${tool}: --${key} must be an integer of at least ${min}; got ${JSON.stringify(values[key])}`);
+  process.exit(2);
+}
+
+/** `values[key]` as a number above 0 (sizes in GiB); anything else prints what was wrong and exits 2. */
+export function positiveOption(tool: string, values: Readonly<Record<string, unknown>>, key: string): number {
+  const v = Number(values[key]);
+  if (Number.isFinite(v) && v > 0) return v;
+  console.error(`${tool}: --${key} must be a number above 0; got ${JSON.stringify(values[key])}`);
+  process.exit(2);
+}

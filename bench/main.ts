@@ -22,7 +22,7 @@ import { printChannelTables } from './channel-tables.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
 import { pythonLinkBenchmarks, type PythonLinkResults } from './python-link.js';
 import { benchPinPlan, describePlan, pinProcess } from './placement.js';
-import { benchArgs } from './args.js';
+import { benchArgs, intOption } from './args.js';
 
 const USAGE = `usage: npm run bench [-- --iterations N] [--warmup N] [--json FILE] [--breakdown] [--python-phases] [--no-python] [--no-python-link] [--no-c]
   [--no-handoff] [--no-channels] [--no-peer] [--runs N] [--warmup-runs N] [--only REGEX] [--no-pin | --cpus A,B]
@@ -45,15 +45,10 @@ const values = benchArgs('bench', USAGE, {
   'no-pin': { type: 'boolean', default: false },
   cpus: { type: 'string' },
 });
-const iterations = Number(values.iterations);
-const warmup = Number(values.warmup);
-const runs = Number(values.runs);
-const warmupRuns = Number(values['warmup-runs']);
-if (!Number.isSafeInteger(iterations) || iterations < 1 || !Number.isSafeInteger(warmup) || warmup < 0 || !Number.isSafeInteger(runs) || runs < 1 ||
-  !Number.isSafeInteger(warmupRuns) || warmupRuns < 0) {
-  console.error('bench: --iterations and --runs must be positive integers, --warmup and --warmup-runs non-negative ones');
-  process.exit(2);
-}
+const iterations = intOption('bench', values, 'iterations');
+const warmup = intOption('bench', values, 'warmup', 0);
+const runs = intOption('bench', values, 'runs');
+const warmupRuns = intOption('bench', values, 'warmup-runs', 0);
 let only: RegExp | undefined;
 try {
   only = values.only === undefined ? undefined : new RegExp(values.only);

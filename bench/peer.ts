@@ -15,7 +15,7 @@ import { Device } from '../src/cuda/device.js';
 import { Stream } from '../src/cuda/stream.js';
 import { spawn } from '../src/link/index.js';
 import { printTable, summarize, type Row, type Summary } from './stats.js';
-import { benchArgs } from './args.js';
+import { benchArgs, intOption } from './args.js';
 
 const CHILD = new URL('./peer-child.js', import.meta.url);
 const TORCH_SCRIPT = fileURLToPath(new URL('../../bench/python/peer_copy_torch.py', import.meta.url));
@@ -135,11 +135,7 @@ if (import.meta.url === pathToFileURL(process.argv[1] ?? '').href) {
     'no-python': { type: 'boolean', default: false },
     'same-gpu': { type: 'boolean', default: false },
   });
-  const [mib, reps, batch] = [Number(values.mib), Number(values.reps), Number(values.batch)];
-  if (![mib, reps, batch].every((v) => Number.isSafeInteger(v) && v > 0)) {
-    console.error('bench/peer: --mib, --reps and --batch must be positive integers');
-    process.exit(2);
-  }
+  const [mib, reps, batch] = (['mib', 'reps', 'batch'] as const).map((k) => intOption('bench/peer', values, k));
   const r = await peerBenchmarks({ bytes: mib * 1048576, reps, batch, python: !values['no-python'], sameGpu: values['same-gpu'] });
   printPeer(r);
   if (values.json) writeFileSync(values.json, JSON.stringify(r, null, 2) + '\n');

@@ -4,7 +4,7 @@
 // runs each row once), so a run's ratio compares rows measured seconds apart: on a loaded machine
 // the runs' rates move together more than the rows' do, and the ratios of one round are the figure
 // to read, not the medians over every round.
-import { benchArgs } from './args.js';
+import { benchArgs, intOption } from './args.js';
 import { channelBenchmarks, PYTHON_SLOT_BYTES, ROW } from './channel.js';
 import { benchPinPlan, describePlan, pinProcess } from './placement.js';
 
@@ -15,12 +15,8 @@ const values = benchArgs('python-ratios', USAGE, {
   'no-pin': { type: 'boolean', default: false },
   cpus: { type: 'string' },
 });
-const runs = Number(values.runs);
-const warmupRuns = Number(values['warmup-runs']);
-if (!Number.isSafeInteger(runs) || runs < 1 || !Number.isSafeInteger(warmupRuns) || warmupRuns < 0) {
-  console.error('python-ratios: --runs must be a positive integer, --warmup-runs a non-negative one');
-  process.exit(2);
-}
+const runs = intOption('python-ratios', values, 'runs');
+const warmupRuns = intOption('python-ratios', values, 'warmup-runs', 0);
 const plan = benchPinPlan('python-ratios', values['no-pin'], values.cpus);
 const pin = 'skipped' in plan ? undefined : plan;
 if (pin && !pinProcess(process.pid, pin.cpuList)) console.log('pinning: taskset failed; not pinned');

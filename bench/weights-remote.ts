@@ -27,7 +27,7 @@ import { wheelLibraries } from '../src/nccl/discovery.js';
 import { NCCL_LIBRARY_ENV } from '../src/nccl/index.js';
 import { printTable, summarize, type Row, type Summary } from './stats.js';
 import { NET_ENV } from './nccl-env.js';
-import { benchArgs } from './args.js';
+import { benchArgs, intOption, positiveOption } from './args.js';
 
 const values = benchArgs('bench:weights:remote', 'usage: npm run bench:weights:remote [-- --tensors 3000] [--gib 8] [--net-tensors 750] [--net-gib 2] [--syncs 5]\n  [--paths nvlink,network] [--broadcast] [--json FILE] [--no-references]', {
   tensors: { type: 'string', default: '3000' },
@@ -40,25 +40,17 @@ const values = benchArgs('bench:weights:remote', 'usage: npm run bench:weights:r
   json: { type: 'string' },
   'no-references': { type: 'boolean', default: false },
 }, process.argv.slice(2).filter((a) => a !== '--remote'));
-const num = (k: keyof typeof values) => Number(values[k]);
-for (const k of ['tensors', 'net-tensors', 'syncs'] as const) {
-  if (!Number.isSafeInteger(num(k)) || num(k) < 1) {
-    console.error(`bench:weights --remote: --${k} must be a positive integer`);
-    process.exit(2);
-  }
-}
-for (const k of ['gib', 'net-gib'] as const) {
-  if (!(num(k) > 0)) {
-    console.error(`bench:weights --remote: --${k} must be a positive number`);
-    process.exit(2);
-  }
-}
+const TOOL = 'bench:weights --remote';
+const size = {
+  tensors: intOption(TOOL, values, 'tensors'), 'net-tensors': intOption(TOOL, values, 'net-tensors'),
+  gib: positiveOption(TOOL, values, 'gib'), 'net-gib': positiveOption(TOOL, values, 'net-gib'),
+};
 const paths = String(values.paths).split(',').filter(Boolean);
 if (paths.length === 0 || paths.some((p) => p !== 'nvlink' && p !== 'network')) {
   console.error('bench:weights --remote: --paths is a comma-separated list of nvlink and network');
   process.exit(2);
 }
-const syncs = num('syncs');
+const syncs = intOption(TOOL, values, 'syncs');
 const receivers = values.broadcast ? 3 : 1;
 const TARGETS = { repeatedVsFlat: 1.15, vsPerTensor: 5, vsPacked: 1.8, broadcastVsOne: 1.3 } as const;
 const python = process.env.CUDA_IPC_PYTHON ?? 'python3';
@@ -184,8 +176,8 @@ function references(env: NodeJS.ProcessEnv, tensors: number, gib: number, result
 const results: Record<string, PathResult> = {};
 for (const path of paths) {
   const net = path === 'network';
-  const tensors = num(net ? 'net-tensors' : 'tensors');
-  const gib = num(net ? 'net-gib' : 'gib');
+  const tensors = size[net ? 'net-tensors' : 'tensors'];
+  const gib = size[net ? 'net-gib' : 'gib'];
   const env: NodeJS.ProcessEnv = { ...process.env, NCCL_NVLS_ENABLE: '0', [NCCL_LIBRARY_ENV]: wheel, ...(net ? NET_ENV : {}) };
   const result: PathResult = { tensors, bytes: 0, rows: {}, targets: [] };
   results[path] = result;

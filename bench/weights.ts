@@ -33,7 +33,7 @@ import { probeDriver } from '../src/cuda/driver.js';
 import { Device } from '../src/cuda/device.js';
 import { spawnPython, pythonPackageDirectory, type Link, type SpawnedChild } from '../src/link/index.js';
 import { printTable, summarize, type Row, type Summary } from './stats.js';
-import { benchArgs } from './args.js';
+import { benchArgs, intOption, positiveOption } from './args.js';
 
 const values = benchArgs('bench:weights', 'usage: npm run bench:weights [-- --tensors 3000] [--gib 8] [--syncs 3] [--repeats 5] [--split N] [--json FILE] [--no-references] [--no-pool]\n  (-- --remote: between machines, bench/weights-remote.ts; --remote --help says its options)', {
   tensors: { type: 'string', default: '3000' },
@@ -45,21 +45,11 @@ const values = benchArgs('bench:weights', 'usage: npm run bench:weights [-- --te
   'no-references': { type: 'boolean', default: false },
   'no-pool': { type: 'boolean', default: false },
 });
-const tensors = Number(values.tensors);
-const gib = Number(values.gib);
-const syncs = Number(values.syncs);
-const repeats = Number(values.repeats);
-const split = Number(values.split);
-for (const [k, v] of Object.entries({ tensors, syncs, repeats, split })) {
-  if (!Number.isSafeInteger(v) || v < 1) {
-    console.error(`bench:weights: --${k} must be a positive integer`);
-    process.exit(2);
-  }
-}
-if (!(gib > 0)) {
-  console.error('bench:weights: --gib must be a positive number');
-  process.exit(2);
-}
+const tensors = intOption('bench:weights', values, 'tensors');
+const gib = positiveOption('bench:weights', values, 'gib');
+const syncs = intOption('bench:weights', values, 'syncs');
+const repeats = intOption('bench:weights', values, 'repeats');
+const split = intOption('bench:weights', values, 'split');
 
 // Issue 30: the repeated sync at most 1.3x the limit; the first sync no slower than packed buckets,
 // and, for a trainer whose weights live in an IPC pool, at most 3x the limit.

@@ -298,6 +298,22 @@ test("channelRows: the protocol floors get their rows, and the C ring's spin rou
   assert.match(t.throughput.find((r) => r.name === ROW.oneWay(4096, 'adaptive', 'host', 'c'))!.notes!.join('; '), /0\.25x the protocol floor's rate \(the channel API adds 0\.75 us a message\)/);
 });
 
+test('a bench script given a number option out of range says which and what it got, and exits 2 before measuring anything', () => {
+  for (const [name, args, said] of [
+    ['main', ['--runs', '0'], /^bench: --runs must be an integer of at least 1; got "0"$/m],
+    ['main', ['--warmup=-1'], /^bench: --warmup must be an integer of at least 0; got "-1"$/m],
+    ['python-ratios', ['--warmup-runs', 'x'], /^python-ratios: --warmup-runs must be an integer of at least 0; got "x"$/m],
+    ['peer', ['--reps', '2.5'], /^bench\/peer: --reps must be an integer of at least 1; got "2.5"$/m],
+    ['weights', ['--gib', '0'], /^bench:weights: --gib must be a number above 0; got "0"$/m],
+    ['weights-remote', ['--net-gib=-2'], /^bench:weights --remote: --net-gib must be a number above 0; got "-2"$/m],
+  ] as const) {
+    const script = fileURLToPath(new URL(`../../bench/${name}.js`, import.meta.url));
+    const r = spawnSync(process.execPath, [script, ...args], { encoding: 'utf8', timeout: 60_000 });
+    assert.equal(r.status, 2, `${name} ${args.join(' ')}: ${r.stdout}${r.stderr}`);
+    assert.match(r.stderr, said, `${name} ${args.join(' ')}`);
+  }
+});
+
 test('every bench script answers --help with its usage (exit 0) and an unknown option with what was wrong and the usage (exit 2)', () => {
   const scripts = ['main', 'python-ratios', 'weights', 'weights-remote', 'peer', 'sharded-plan', 'flood'];
   for (const name of scripts) {
