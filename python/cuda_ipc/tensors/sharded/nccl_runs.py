@@ -6,8 +6,9 @@ without a chunk k skip), so no order of pairs can deadlock and a Node rank's rou
 chunk that is one range of a local tensor goes straight from or into it; the others go through a
 staging slot of one round's staged chunks: gathered by copy_runs before the send, scattered after
 the receive, all on one stream (so the slot is free again for the next round's gather; staging is
-one round's staged bytes, at most one plan chunk). The CPU waits once at the end, polling the stream so that a failure elsewhere in the group (``stop``),
-NCCL's own asynchronous error or the deadline aborts the communicator instead of hanging.
+one round's staged bytes, at most one plan chunk). The CPU waits once at the end, polling the
+stream so that a failure elsewhere in the group (``stop``), NCCL's own asynchronous error or the
+deadline aborts the communicator instead of hanging.
 
 ``nccl_chunk_bytes``, ``pair_chunks`` and ``plan_rounds`` are pure (the CPU tests check them);
 ``NcclRunMover`` runs them."""
