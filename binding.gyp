@@ -36,7 +36,8 @@
       "product_dir": "<(PRODUCT_DIR)",
       "sources": ["native/py/channel_ring.c", "native/py/torch_pool.cc"],
       "cflags_c": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
-      "cflags_cc": ["-std=c++17", "-fno-exceptions", "-fno-rtti", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
+      "cflags_cc!": ["-fno-exceptions"],
+      "cflags_cc": ["-std=c++17", "-fexceptions", "-fno-rtti", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
       "ldflags": ["-Wl,--as-needed", "-Wl,-z,now"],
       "libraries": ["-ldl", "-lpthread"]
     }

@@ -36,6 +36,7 @@ static_assert(std::is_same_v<Sig<cuabi::PFN_cuMemcpyBatchAsync_v12080>::type, Si
 #define CHECK_EQ(name) static_assert(static_cast<long long>(cuabi::name) == static_cast<long long>(::name), #name " differs from cuda.h");
 CHECK_EQ(CUDA_SUCCESS)
 CHECK_EQ(CUDA_ERROR_NOT_READY)
+CHECK_EQ(CUDA_ERROR_OUT_OF_MEMORY)
 CHECK_EQ(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
 CHECK_EQ(CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK)
 CHECK_EQ(CU_DEVICE_P2P_ATTRIBUTE_ACCESS_SUPPORTED)

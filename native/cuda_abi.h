@@ -47,6 +47,7 @@ struct CUmemPoolProps {
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 constexpr CUresult CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704;
+constexpr CUresult CUDA_ERROR_OUT_OF_MEMORY = 2;
 
 // CUdevice_attribute values.
 enum : int {

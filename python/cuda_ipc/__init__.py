@@ -49,7 +49,7 @@ from .link import Listener, RemoteAddress, TcpListener, listen
 from .link.transport.received_memory import ReceivedMemory, received_memory, set_max_received_bytes
 from .nccl import NcclCommunicator, NcclError, NcclLibrary, NcclUnavailableError, load_nccl
 from .native.addon import NativeHelper, native_helper
-from .tensors.torch_pool import ipc_mem_pool
+from .tensors.torch_pool import ipc_mem_pool, pool_stats as ipc_mem_pool_stats
 # [tensors] sharded weights, the planning half (issue 37): layouts, their record, the plan
 from .tensors.sharded import LayoutBuilder, LayoutError, decode_layout, encode_layout, layout_fingerprint, plan_sharded, tensor_parallel_parameter
 from .tensors.sharded import ShardGroup, ShardError  # the sync group (issue 37)
@@ -66,7 +66,7 @@ __all__ = [
     "configure_import_cache", "legacy_cache_stats",
     "HostArray", "SharedTensors", "TensorMap", "share_tensors", "UpdateResult", "update_in_place", "Listener", "listen",
     "NcclCommunicator", "NcclError", "NcclLibrary", "NcclUnavailableError", "load_nccl",
-    "NativeHelper", "native_helper", "ipc_mem_pool", "TcpListener", "RemoteAddress", "RemoteTensorSet", "Fanout",
+    "NativeHelper", "native_helper", "ipc_mem_pool", "ipc_mem_pool_stats", "TcpListener", "RemoteAddress", "RemoteTensorSet", "Fanout",
     "ReceivedMemory", "received_memory", "set_max_received_bytes",
     "LayoutBuilder", "LayoutError", "decode_layout", "encode_layout", "layout_fingerprint", "plan_sharded", "tensor_parallel_parameter",
     "ShardGroup", "ShardError",

@@ -29,6 +29,22 @@ class TorchPoolTests(unittest.TestCase):
         self.assertIn("libcuda.so.1", str(e.exception))
         self.assertIn("libcuda.so.1", torch_pool.last_error())
 
+    @unittest.skipIf(not HELPER.active, "needs the native helper")
+    def test_stats_of_a_pool_never_used_are_zero_and_a_bad_device_is_refused(self):
+        # Bookkeeping only: no driver call, so this holds with or without a GPU.
+        self.assertEqual(torch_pool.pool_stats(3), {"chunks": 0, "reserved": 0, "used": 0})
+        for bad in (-1, 64):
+            with self.assertRaises(IpcError) as e:
+                torch_pool.pool_stats(bad)
+            self.assertEqual(e.exception.code, "ERR_INVALID_ARG")
+            self.assertIn(str(bad), str(e.exception))
+
+    @unittest.skipIf(HELPER.active, "the native helper is in use here")
+    def test_without_the_native_helper_stats_say_why(self):
+        with self.assertRaises(IpcError) as e:
+            torch_pool.pool_stats(0)
+        self.assertEqual(e.exception.code, "ERR_UNSUPPORTED")
+
     @unittest.skipIf(HELPER.active, "the native helper is in use here")
     def test_without_the_native_helper_it_says_why(self):
         with self.assertRaises(IpcError) as e:

@@ -4,7 +4,8 @@
 // memory; a trainer child and a receiver child linked directly (Python listen / connect): the
 // receiver's update_in_place equals torch's load_state_dict, a repeated sync opens no handle, the
 // trainer freeing its weights after the receiver closed them leaves no memory held, and a receiver
-// killed while holding a set leaks nothing in the trainer. Skips without a GPU or PyTorch.
+// killed while holding a set leaks nothing in the trainer; ipc_mem_pool()'s allocator carves
+// segments out of a few chunks without overlap and gives every chunk back. Skips without a GPU or PyTorch.
 import { describe, test } from 'node:test';
 import assert from 'node:assert/strict';
 import { once } from 'node:events';
@@ -146,6 +147,22 @@ describe('tensor sets with PyTorch on a GPU', { skip }, () => {
       await trainer.link.end();
       await receiver.link.end();
       await Promise.all(exits);
+    }
+  });
+
+  test('ipc_mem_pool carves segments out of a few chunks: no two overlap, freed ones are reused, everything goes back', async () => {
+    const child = await spawnPython(CHILD);
+    const exit = once(child.child, 'exit');
+    try {
+      const r = await ask(child.link, { op: 'pool-arena' });
+      assert.equal(r.ok, true, 'every tensor kept its value: first all, then with every other freed, then with new ones in their place');
+      assert.ok(r.chunks <= 12 && r.allocations <= r.chunks,
+        `${r.tensors} tensors (${r.bytes} bytes, one of 2.5 GiB) lie in ${r.allocations} pool allocations of the ${r.chunks} chunks`);
+      assert.ok(r.used >= r.bytes, 'the segments handed out hold the tensors');
+      assert.deepEqual(r.freed, { chunks: 0, reserved: 0, used: 0 }, 'the pool dropped and the cache emptied, every chunk went back');
+    } finally {
+      await child.link.end();
+      await exit;
     }
   });
 

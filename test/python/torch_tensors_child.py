@@ -23,6 +23,9 @@ trainer -> receiver flows (listen / connect):
   {op: 'free'}                      trainer: drops its model and the shared set, empties torch's cache,
                                     waits for the peer's releases -> {reserved, leases}
   {op: 'mem'}                       empties torch's cache -> {free (device-wide), reserved, legacy}
+  {op: 'pool-arena'}                in this process: tensors of many sizes (one larger than a chunk) under
+                                    ipc_mem_pool(), every other freed and allocated again, values checked
+                                    -> {ok, tensors, allocations, chunks, freed}
   {op: 'odd-update'}                in this process: 3000 uint8/bf16 tensors of odd sizes at odd offsets,
                                     update_in_place (copy_runs) from a dict, twice -> {ok, method, operations}
 """
@@ -34,7 +37,7 @@ import time
 
 import torch
 
-from cuda_ipc import Device, connect, ipc_mem_pool, legacy_cache_stats, listen, parent_link, share_tensors, update_in_place
+from cuda_ipc import Device, connect, ipc_mem_pool, ipc_mem_pool_stats, legacy_cache_stats, listen, parent_link, share_tensors, update_in_place
 from cuda_ipc.tensors import tensor_set_transfer as tensor_set
 from cuda_ipc.tensors import kernels as copy_kernels
 from cuda_ipc.cuda import driver as drv
@@ -77,6 +80,46 @@ def step(m):
     with torch.no_grad():
         for p in m.parameters():
             p.add_(1)
+
+
+def pool_arena():
+    """The IPC pool's allocator carves PyTorch's segments out of a few chunks: segments never overlap
+    (each tensor keeps its own value while all live, and after every other one was freed and the
+    cache emptied, and new ones took their place), the model's tensors lie in a few pool allocations,
+    and everything goes back once the pool is dropped."""
+    sizes = [1000 + i for i in range(120)] + [(5 << 20) + 4096 * i for i in range(40)] + [(64 << 20) + i for i in range(8)] + [(5 << 29) + 2]
+    pool = ipc_mem_pool()
+
+    def fill(ts, first):
+        with torch.cuda.use_mem_pool(pool):
+            return [torch.full((n,), (first + i) % 251, dtype=torch.uint8, device=dev) for i, n in enumerate(sizes)] if ts is None else ts
+
+    def check(ts, values):
+        torch.cuda.synchronize()
+        return all(t is None or bool(t.eq(v).all()) for t, v in zip(ts, values))
+
+    ts = fill(None, 0)
+    values = [i % 251 for i in range(len(sizes))]
+    ok = check(ts, values)
+    with Device.get(0).activate():
+        bases = {drv.pointer_facts(t.data_ptr()).base for t in ts}
+    held = ipc_mem_pool_stats(0)
+    for i in range(0, len(ts), 2):
+        ts[i] = None
+    gc.collect()
+    torch.cuda.empty_cache()
+    ok = ok and check(ts, values)
+    with torch.cuda.use_mem_pool(pool):
+        for i in range(0, len(ts), 2):
+            ts[i] = torch.full((sizes[i],), (i + 7) % 251, dtype=torch.uint8, device=dev)
+            values[i] = (i + 7) % 251
+    ok = ok and check(ts, values)
+    ts = None
+    del pool
+    gc.collect()
+    torch.cuda.empty_cache()
+    return {"ok": ok, "tensors": len(sizes), "allocations": len(bases), "chunks": held["chunks"], "used": held["used"],
+            "bytes": sum(sizes), "freed": ipc_mem_pool_stats(0)}
 
 
 def odd_update():
@@ -247,6 +290,8 @@ for msg in link:
         torch.cuda.empty_cache()  # what this process freed itself (the load_state_dict references) goes back
         link.send({"free": torch.cuda.mem_get_info()[0], "reserved": torch.cuda.memory_reserved(), "legacy": legacy_cache_stats()})
 
+    elif op == "pool-arena":
+        link.send(pool_arena())
     elif op == "odd-update":
         link.send(odd_update())
 

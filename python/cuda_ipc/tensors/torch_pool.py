@@ -10,10 +10,17 @@ segments come from a CUDA memory pool made for IPC (POSIX file descriptors), thr
 Why: a tensor set of a model in PyTorch's default allocator sends one legacy IPC handle per
 caching-allocator segment, and the receiver opens each (cuIpcOpenMemHandle, 150-700 us on an H200:
 about 80 ms for a model of 392 segments) on its first sync. A model in an IPC pool sends the pool's
-fd once and each segment as 64 bytes of export data, which the receiver maps in about 40 us
-(cuMemPoolImportPointer). Repeated syncs map nothing either way (mappings are kept). Use it for a
-trainer that syncs weights to other processes; the default allocator is fine for a set sent once,
-or where the first sync's opens do not matter.
+fd once and each pool allocation as 64 bytes of export data, which the receiver maps
+(cuMemPoolImportPointer). The allocator carves PyTorch's segments out of a few large pool
+allocations (chunks: 32 MiB first, then growing with the pool, up to 2 GiB each), so that a whole
+model is a few exports and imports, not one per segment. Repeated syncs map nothing either way
+(mappings are kept). Use it for a trainer that syncs weights to other processes; the default
+allocator is fine for a set sent once, or where the first sync's opens do not matter.
+
+A peer sent any tensor of a chunk can read the whole chunk (other tensors allocated in the pool
+beside it): send from it only to processes you would send the whole model to. A chunk whose
+segments PyTorch freed (``torch.cuda.empty_cache()``) goes back to the pool; ``pool_stats`` says what
+the pool holds.
 
 Needs torch with ``torch.cuda.MemPool`` (2.6 or newer) and the native helper (``native_helper()``):
 ERR_UNSUPPORTED otherwise, saying which. The pool of each device lives as long as the process.
@@ -60,6 +67,18 @@ def pool_handle(device: int = 0) -> int:
     if not h:
         raise IpcError("ERR_UNSUPPORTED", f"could not make an IPC memory pool on device {device}: {last_error()}")
     return h
+
+
+def pool_stats(device: int = 0) -> dict[str, int]:
+    """What ``ipc_mem_pool``'s allocator holds on ``device``: ``chunks`` (pool allocations), ``reserved``
+    (their bytes) and ``used`` (bytes in the segments PyTorch holds)."""
+    lib = library("ipc_mem_pool")
+    if lib is None:
+        raise IpcError("ERR_UNSUPPORTED", f"ipc_mem_pool needs cuda_ipc's native helper: {native_helper().reason}")
+    out = (ctypes.c_ulonglong * 3)()
+    if lib[0].cip_torch_pool_stats(device, out) != 0:
+        raise IpcError("ERR_INVALID_ARG", f"device {device!r} is out of range (0-63)")
+    return {"chunks": out[0], "reserved": out[1], "used": out[2]}
 
 
 def ipc_mem_pool(device: int | None = None) -> Any:
