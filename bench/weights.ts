@@ -13,8 +13,9 @@
 //     asked and opened, tables encoded and decoded) and repeated sync (the same trainer's weights
 //     again), with cuMemcpyBatchAsync and torch._foreach_copy_ as the receiver's copy for comparison;
 //   - ours with the trainer's state dict in cuda_ipc.ipc_mem_pool() (a torch.cuda.MemPool in a CUDA
-//     IPC pool: the set travels as pool buffers, the receiver imports the pool once and maps each
-//     segment from its export data instead of opening a legacy handle): first and repeated sync
+//     IPC pool whose allocator carves segments out of a few large pool allocations: the set travels
+//     as pool buffers, the receiver imports the pool once and maps each of those few allocations
+//     from its export data instead of opening a legacy handle per segment): first and repeated sync
 //     (--no-pool leaves these out).
 // The state dict goes as one set in one message (a large message, in a sealed memfd) unless
 // --split N cuts it into N sets (for a peer without large messages).
