@@ -45,6 +45,9 @@ class PoolImport:
         self._imports: dict[bytes, _PointerImport] = {}  # by export data
         self._local: set[bytes] = set()  # imports that are allocations of this process
         self._lock = threading.RLock()
+        # users alone, so that a set decoded on one thread (TensorMap retains its pools) does not wait
+        # for the imports another thread makes under _lock (a first sync maps while it plans).
+        self._users_lock = threading.Lock()
         self.after_destroy: list[Callable[[], None]] = []
         self.handed_to_cuda_core = False
 
@@ -106,7 +109,7 @@ class PoolImport:
             if local is not None and _still_exported(local, export_data, self.device):
                 user.enable_peer_access(self.device)  # our own allocation, sent back to us
                 self._imports[export_data] = _PointerImport(local, user)
-                self.users += 1
+                self.retain()
                 self._local.add(export_data)
                 return local
             h = self.handle(user)
@@ -119,7 +122,7 @@ class PoolImport:
                         raise IpcError("ERR_HANDLE_STALE", "the pool buffer could not be imported: the export data is not from this pool, or the owner freed the buffer") from e
                     raise
             self._imports[export_data] = _PointerImport(base, user)
-            self.users += 1
+            self.retain()
             return base
 
     def is_imported(self, export_data: bytes) -> bool:
@@ -165,13 +168,16 @@ class PoolImport:
         self.release()
 
     def retain(self) -> None:
-        with self._lock:
+        with self._users_lock:
             self.users += 1
 
     def release(self) -> None:
-        with self._lock:
+        with self._users_lock:
             self.users -= 1
-            if self.users > 0 or self.fd < 0:
+            if self.users > 0:
+                return
+        with self._lock:
+            if self.fd < 0:
                 return
             h, self._handle = self._handle, None
             fd, self.fd = self.fd, -1
