@@ -231,7 +231,7 @@ def handle(msg):
         link.send({})
 
 
-# CUDA_IPC_BENCH_PROFILE=FILE: each 'run' and 'serve' under cProfile, its busiest functions appended to
+# CUDA_IPC_BENCH_PROFILE=FILE: each 'run' and 'serve' under cProfile, its busiest functions (by own time and by cumulative time) appended to
 # FILE.<pid> (where a phase's time goes, function by function, on the GPU machine).
 _profile_to = os.environ.get("CUDA_IPC_BENCH_PROFILE")
 _pool_built = False
@@ -254,6 +254,7 @@ def profiled(msg):
         prof.disable()
         out = io.StringIO()
         pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
         with open(f"{_profile_to}.{os.getpid()}", "a") as f:
             f.write(f"=== {msg['op']} syncs={msg['syncs']} fresh={msg['fresh']} method={msg.get('method')} ipc_pool={_pool_built}\n{out.getvalue()}\n")
 
