@@ -26,6 +26,7 @@
 //
 // An allocation that fails returns NULL (PyTorch then raises its out-of-memory error);
 // cip_torch_last_error says what the driver answered. Every call is checked.
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,25 +35,102 @@
 #include <iterator>
 #include <map>
 
-#include "py_driver.h"
+#include "../cuda_abi.h"
 
 using namespace cuabi;
-using cip::g_drv;
-using cip::SetError;
-using cip::SetErrorText;
+
+#define CIP_EXPORT extern "C" __attribute__((visibility("default")))
 
 namespace {
 
 constexpr int kMaxDevices = 64;
 
+struct Driver {
+  PFN_cuInit init;
+  PFN_cuGetErrorName errorName;
+  PFN_cuDeviceGet deviceGet;
+  PFN_cuDevicePrimaryCtxRetain primaryRetain;
+  PFN_cuDevicePrimaryCtxRelease primaryRelease;
+  PFN_cuCtxGetCurrent ctxGet;
+  PFN_cuCtxSetCurrent ctxSet;
+  PFN_cuMemPoolCreate poolCreate;
+  PFN_cuMemPoolSetAttribute poolSetAttribute;
+  PFN_cuMemAllocFromPoolAsync allocFromPool;
+  PFN_cuMemFreeAsync freeAsync;
+  PFN_cuStreamSynchronize streamSynchronize;
+  PFN_cuCtxSynchronize ctxSynchronize;
+};
+
+Driver g_drv;
+bool g_loaded = false;
+pthread_once_t g_once = PTHREAD_ONCE_INIT;
 pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 // Per device: its pool and primary context (made once, under g_lock; read without it after).
 CUmemoryPool g_pools[kMaxDevices];
 CUcontext g_contexts[kMaxDevices];
+char g_error[256] = "";
+
+void SetError(const char* what, CUresult r) {
+  const char* name = nullptr;
+  if (g_drv.errorName) g_drv.errorName(r, &name);
+  pthread_mutex_lock(&g_lock);
+  snprintf(g_error, sizeof g_error, "%s failed: %s (%d)", what, name ? name : "unknown error", r);
+  pthread_mutex_unlock(&g_lock);
+}
+
+void SetErrorText(const char* text) {
+  pthread_mutex_lock(&g_lock);
+  snprintf(g_error, sizeof g_error, "%s", text);
+  pthread_mutex_unlock(&g_lock);
+}
+
+void Load() {
+  void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    SetErrorText("libcuda.so.1 could not be loaded (no NVIDIA driver here)");
+    return;
+  }
+  auto getProc = reinterpret_cast<PFN_cuGetProcAddress_v2>(dlsym(lib, "cuGetProcAddress_v2"));
+  if (!getProc) {
+    SetErrorText("libcuda.so.1 has no cuGetProcAddress_v2: the NVIDIA driver is older than CUDA 12.0");
+    return;
+  }
+  bool ok = true;
+  auto resolve = [&](const char* name, void** out) {
+    int status = 0;
+    if (getProc(name, out, kCudaAbiVersion, CU_GET_PROC_ADDRESS_DEFAULT, &status) != CUDA_SUCCESS || !*out) {
+      char text[128];
+      snprintf(text, sizeof text, "the driver does not export %s", name);
+      SetErrorText(text);
+      ok = false;
+    }
+  };
+  resolve("cuInit", reinterpret_cast<void**>(&g_drv.init));
+  resolve("cuGetErrorName", reinterpret_cast<void**>(&g_drv.errorName));
+  resolve("cuDeviceGet", reinterpret_cast<void**>(&g_drv.deviceGet));
+  resolve("cuDevicePrimaryCtxRetain", reinterpret_cast<void**>(&g_drv.primaryRetain));
+  resolve("cuDevicePrimaryCtxRelease", reinterpret_cast<void**>(&g_drv.primaryRelease));
+  resolve("cuCtxGetCurrent", reinterpret_cast<void**>(&g_drv.ctxGet));
+  resolve("cuCtxSetCurrent", reinterpret_cast<void**>(&g_drv.ctxSet));
+  resolve("cuMemPoolCreate", reinterpret_cast<void**>(&g_drv.poolCreate));
+  resolve("cuMemPoolSetAttribute", reinterpret_cast<void**>(&g_drv.poolSetAttribute));
+  resolve("cuMemAllocFromPoolAsync", reinterpret_cast<void**>(&g_drv.allocFromPool));
+  resolve("cuMemFreeAsync", reinterpret_cast<void**>(&g_drv.freeAsync));
+  resolve("cuStreamSynchronize", reinterpret_cast<void**>(&g_drv.streamSynchronize));
+  resolve("cuCtxSynchronize", reinterpret_cast<void**>(&g_drv.ctxSynchronize));
+  if (!ok) return;
+  CUresult r = g_drv.init(0);
+  if (r != CUDA_SUCCESS) {
+    SetError("cuInit", r);
+    return;
+  }
+  g_loaded = true;
+}
 
 // The pool of `device` (made on first use), or nullptr with g_error set.
 CUmemoryPool PoolOf(int device) {
-  if (!cip::EnsureLoaded()) return nullptr;
+  pthread_once(&g_once, Load);
+  if (!g_loaded) return nullptr;
   if (device < 0 || device >= kMaxDevices) {
     SetErrorText("device ordinal out of range");
     return nullptr;
@@ -99,8 +177,17 @@ CUmemoryPool PoolOf(int device) {
 // anything else is restored after).
 template <typename Fn>
 CUresult InContext(int device, Fn fn) {
-  return cip::InContextOf(g_contexts[device], fn);
+  CUcontext cur = nullptr;
+  CUresult r = g_drv.ctxGet(&cur);
+  if (r != CUDA_SUCCESS) return r;
+  CUcontext want = g_contexts[device];
+  if (cur == want) return fn();
+  if ((r = g_drv.ctxSet(want)) != CUDA_SUCCESS) return r;
+  CUresult out = fn();
+  g_drv.ctxSet(cur);
+  return out;
 }
+
 
 // ---- Chunks and the segments carved from them (per device, under g_arena_lock) ----
 
@@ -204,7 +291,7 @@ CIP_EXPORT void* cip_torch_alloc(ssize_t size, int device, CUstream stream) {
 
 CIP_EXPORT void cip_torch_free(void* ptr, ssize_t size, int device, CUstream stream) {
   (void)size;  // the length handed out is the one recorded
-  if (!ptr || !cip::Loaded() || device < 0 || device >= kMaxDevices || !__atomic_load_n(&g_pools[device], __ATOMIC_ACQUIRE)) return;
+  if (!ptr || !g_loaded || device < 0 || device >= kMaxDevices || !__atomic_load_n(&g_pools[device], __ATOMIC_ACQUIRE)) return;
   CUdeviceptr p = reinterpret_cast<CUdeviceptr>(ptr);
   CUdeviceptr release = 0;
   pthread_mutex_lock(&g_arena_lock);
@@ -275,4 +362,9 @@ CIP_EXPORT unsigned long long cip_torch_pool(int device) {
 }
 
 // What the last failure was ("" when none), copied into `out` (NUL-terminated, at most `len` bytes).
-CIP_EXPORT void cip_torch_last_error(char* out, int len) { cip::CopyLastError(out, len); }
+CIP_EXPORT void cip_torch_last_error(char* out, int len) {
+  if (!out || len <= 0) return;
+  pthread_mutex_lock(&g_lock);
+  snprintf(out, static_cast<size_t>(len), "%s", g_error);
+  pthread_mutex_unlock(&g_lock);
+}

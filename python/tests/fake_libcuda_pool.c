@@ -1,10 +1,8 @@
-// A stand-in libcuda.so.1 for the CUDA side of the native helper (native/py/py_driver.cc: the IPC
-// pool allocator of torch_pool.cc, the batch import of pool_imports.cc), built by
-// test_torch_pool_arena.py: the entry points the helper resolves, with pool allocations bookkept
-// (addresses far apart, so that a segment running past its chunk would land in no allocation), a
-// byte limit that answers CUDA_ERROR_OUT_OF_MEMORY, and pointer imports whose export data name the
-// address (bytes 8-15; a first byte 0xEE is refused as CUDA_ERROR_INVALID_VALUE). fake_* functions
-// let the test read what the helper asked for.
+// A stand-in libcuda.so.1 for the IPC pool allocator of the native helper (native/py/torch_pool.cc),
+// built by test_torch_pool_arena.py: the entry points that allocator resolves, with pool
+// allocations bookkept (addresses far apart, so that a segment running past its chunk would land
+// in no allocation) and a byte limit that answers CUDA_ERROR_OUT_OF_MEMORY. fake_* functions let the
+// test read what the allocator asked for.
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,18 +57,6 @@ static CUresult FreeAsync(unsigned long long p, void* stream) {
   bad_frees++;
   return 1;
 }
-static int imports = 0;
-static void* import_context = 0;
-static CUresult PoolImportPointer(unsigned long long* p, void* pool, const unsigned char* data) {
-  (void)pool;
-  imports++;
-  import_context = current;
-  if (data[0] == 0xEE) return 1;
-  unsigned long long a = 0;
-  memcpy(&a, data + 8, sizeof a);
-  *p = a;
-  return 0;
-}
 static CUresult StreamSynchronize(void* stream) { (void)stream; stream_syncs++; return 0; }
 static CUresult CtxSynchronize(void) { ctx_syncs++; return 0; }
 
@@ -81,7 +67,7 @@ static const struct Entry table[] = {
   {"cuCtxGetCurrent", (void*)CtxGet}, {"cuCtxSetCurrent", (void*)CtxSet}, {"cuMemPoolCreate", (void*)PoolCreate},
   {"cuMemPoolSetAttribute", (void*)PoolSetAttribute}, {"cuMemAllocFromPoolAsync", (void*)AllocFromPool},
   {"cuMemFreeAsync", (void*)FreeAsync}, {"cuStreamSynchronize", (void*)StreamSynchronize},
-  {"cuCtxSynchronize", (void*)CtxSynchronize}, {"cuMemPoolImportPointer", (void*)PoolImportPointer},
+  {"cuCtxSynchronize", (void*)CtxSynchronize},
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int version, unsigned long long flags, int* status) {
@@ -108,6 +94,3 @@ EXPORT int fake_bad_frees(void) { return bad_frees; }
 EXPORT int fake_stream_syncs(void) { return stream_syncs; }
 EXPORT int fake_ctx_syncs(void) { return ctx_syncs; }
 EXPORT void fake_set_limit(unsigned long long bytes) { limit = bytes; }
-EXPORT int fake_imports(void) { return imports; }
-EXPORT unsigned long long fake_import_context(void) { return (unsigned long long)import_context; }
-EXPORT unsigned long long fake_current_context(void) { return (unsigned long long)current; }

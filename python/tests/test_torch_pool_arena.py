@@ -1,11 +1,9 @@
-"""The CUDA side of the native helper over a stand-in libcuda (fake_libcuda_pool.c, compiled here).
-The IPC pool allocator (native/py/torch_pool.cc, behind ipc_mem_pool): PyTorch's segments carved out
-of a few pool allocations (chunks), first fit with coalescing, chunks growing with the pool and one
-of its own for a large segment, a chunk given back once its segments are all freed, the growth given
-up (not the allocation) when the device is nearly full, and an address it never handed out ignored.
-The batch import of received pool buffers (native/py/pool_imports.cc): every pointer attempted in
-the given context, each answer its own, the thread's context restored. What the GPU machine adds
-(test/gpu/python-tensors.test.ts, bench:weights): PyTorch calling it, real mappings, the values."""
+"""The IPC pool allocator of the native helper (native/py/torch_pool.cc, behind ipc_mem_pool) over a
+stand-in libcuda (fake_libcuda_pool.c, compiled here): PyTorch's segments carved out of a few pool
+allocations (chunks), first fit with coalescing, chunks growing with the pool and one of its own for
+a large segment, a chunk given back once its segments are all freed, the growth given up (not the
+allocation) when the device is nearly full, and an address it never handed out ignored. What the
+GPU machine adds (test/gpu/python-tensors.test.ts): PyTorch calling it, and the values."""
 import json
 import os
 import shutil
@@ -79,21 +77,6 @@ out["stray"] = {"error": torch_pool.last_error(), "bad_frees": fake.fake_bad_fre
 for p, n in segs + [(near_full, GiB)]:
     free(p, n, 0, None)
 out["end"] = {"live": fake.fake_live_count(), "stats": torch_pool.pool_stats(0), "bad_frees": fake.fake_bad_frees()}
-for f in ("fake_import_context", "fake_current_context"):
-    getattr(fake, f).restype = ctypes.c_ulonglong
-imp = h.cip_pool_import_pointers
-imp.restype = ctypes.c_int
-imp.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_char_p, ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_int)]
-exports = b"".join((bytes([0xEE]) if i == 1 else bytes(1)) + bytes(7) + (0x7000 + i * 0x1000).to_bytes(8, "little") + bytes(48) for i in range(3))
-addrs, answers = (ctypes.c_ulonglong * 3)(), (ctypes.c_int * 3)()
-before = fake.fake_current_context()
-rc = imp(0xC0FFEE, 0x5000, 3, exports, addrs, answers)
-out["imports"] = {"rc": rc, "addresses": list(addrs), "answers": list(answers), "made": fake.fake_imports(),
-                  "in": fake.fake_import_context(), "restored": fake.fake_current_context() == before,
-                  "none_rc": imp(0xC0FFEE, 0x5000, 0, None, None, None), "bad_rc": imp(0xC0FFEE, 0x5000, -1, None, None, None)}
-from cuda_ipc.ipc import pool as pool_mod
-run = pool_mod._batch_imports()  # Python's driver is the stand-in too: a real driver to cuda_ipc
-out["batch"] = [list(a) for a in run(0xC0FFEE, 0x5000, [exports[i * 64:(i + 1) * 64] for i in range(3)])]
 print(json.dumps(out))
 """
 
@@ -164,18 +147,6 @@ class PoolArenaTests(unittest.TestCase):
         stray = self.seen["stray"]
         self.assertIn("did not hand out", stray["error"])
         self.assertEqual(stray["bad_frees"], 0, "nothing reached the driver")
-
-    def test_a_batch_of_pool_imports_runs_in_the_given_context_each_answer_its_own(self) -> None:
-        imports = self.seen["imports"]
-        self.assertEqual(imports["rc"], 0)
-        self.assertEqual(imports["made"], 3, "every pointer attempted, the refused one's neighbours too")
-        self.assertEqual(imports["answers"], [0, 1, 0], "the second refused (CUDA_ERROR_INVALID_VALUE), the others mapped")
-        self.assertEqual([imports["addresses"][0], imports["addresses"][2]], [0x7000, 0x9000])
-        self.assertEqual(imports["in"], 0xC0FFEE, "with the given context current")
-        self.assertTrue(imports["restored"], "and the thread's own context back after")
-        self.assertEqual(imports["none_rc"], 0, "nothing to import: nothing done")
-        self.assertEqual(imports["bad_rc"], -1, "a negative count refused")
-        self.assertEqual(self.seen["batch"], [[0, 0x7000], [1, 0], [0, 0x9000]], "pool.py's wrapper of it: (answer, address) each")
 
     def test_everything_freed_leaves_nothing(self) -> None:
         end = self.seen["end"]

@@ -8,13 +8,11 @@ import ctypes
 import os
 import threading
 from collections.abc import Callable
-from typing import Any
 
 from ..cuda import driver as drv
 from ..cuda.device import Device
 from ..errors import CudaError, IpcError
 from ..leak import Resource
-from ..native.addon import library
 from . import cache
 
 
@@ -121,7 +119,7 @@ class PoolImport:
                     base = drv.pool_import_pointer(h, export_data)
                 except CudaError as e:
                     if e.code == "CUDA_ERROR_INVALID_VALUE":
-                        raise _stale() from e
+                        raise IpcError("ERR_HANDLE_STALE", "the pool buffer could not be imported: the export data is not from this pool, or the owner freed the buffer") from e
                     raise
             self._imports[export_data] = _PointerImport(base, user)
             self.retain()
@@ -133,53 +131,16 @@ class PoolImport:
 
     def import_pointers(self, exports: list[bytes], user: Device) -> list[int | BaseException]:
         """import_pointer of each, under one hold of the lock (a tensor set's buffers of this pool):
-        its base, or its error (the others are imported all the same). The buffers not mapped yet go
-        to the driver in one call of the native helper where it is loaded (no GIL held meanwhile:
-        see native/py/pool_imports.cc), else one at a time."""
+        its base, or its error (the others are imported all the same)."""
         out: list[int | BaseException] = []
         with self._lock:
-            batch = _batch_imports() if len(exports) > 1 else None
-            todo: dict[bytes, list[int]] = {}  # export data -> its places in out, for the batch
             for export in exports:
-                if batch is not None and export not in self._imports and export not in cache._local_pool_exports:
-                    todo.setdefault(export, []).append(len(out))
-                    out.append(_PENDING)
-                    continue
                 try:
                     out.append(self.import_pointer(export, user))
                 except BaseException as e:  # noqa: BLE001 - handed to the caller
                     out.append(e)
-            if todo:
-                assert batch is not None, "a batch only where the helper is loaded"
-                self._import_batch(batch, list(todo), user, todo, out)
         return out
 
-    def _import_batch(self, batch: Any, wanted: list[bytes], user: Device, places: dict[bytes, list[int]],
-                      out: list[int | BaseException]) -> None:
-        """With the lock held: maps ``wanted`` (none mapped yet, each once) in one call of the helper,
-        and puts each base or error in ``out`` at its places."""
-        try:
-            h = self.handle(user)
-            self.grant(user)
-            answers = batch(user.context, h, wanted)
-        except BaseException as e:  # noqa: BLE001 - the pool itself failed: every buffer says so
-            answers = [e] * len(wanted)
-        for export, answer in zip(wanted, answers):
-            result: int | BaseException
-            if isinstance(answer, BaseException):
-                result = answer
-            elif answer[0] == 0:
-                self._imports[export] = _PointerImport(answer[1], user)
-                self.retain()
-                result = answer[1]
-                for extra in places[export][1:]:  # the same buffer twice in one set: one mapping, used twice
-                    self._imports[export].users += 1
-            elif answer[0] == drv.CUDA_ERROR_INVALID_VALUE:
-                result = _stale()
-            else:
-                result = drv.driver().error(answer[0], "cuMemPoolImportPointer")
-            for k in places[export]:
-                out[k] = result
     def unmap_many(self, exports: list[bytes]) -> None:
         """unmap of each, under one hold of the lock; all of them, then the first failure raised."""
         first: BaseException | None = None
@@ -232,49 +193,6 @@ class PoolImport:
                     cb()
                 except Exception:  # noqa: BLE001 - the others must still run
                     pass
-
-
-def _stale() -> IpcError:
-    return IpcError("ERR_HANDLE_STALE", "the pool buffer could not be imported: the export data is not from this pool, or the owner freed the buffer")
-
-
-#: A place in import_pointers' answer that the batch fills.
-_PENDING: BaseException = IpcError("ERR_INVALID_STATE", "not imported (internal: a batch left it)")
-
-_batch_lock = threading.Lock()
-_batch_fn: Any = None
-
-
-def _batch_imports() -> Callable[[int, int, list[bytes]], list[tuple[int, int] | BaseException]] | None:
-    """The native helper's batch import (native/py/pool_imports.cc) as a function of (context, pool,
-    export datas) -> [(driver answer, address)], where the helper is loaded and cuda_ipc talks to the
-    real driver (a stand-in driver, as in the CPU tests, has its own calls); else None."""
-    if not isinstance(drv.driver(), drv._Driver):
-        return None
-    lib = library("pool imports")
-    if lib is None:
-        return None
-    global _batch_fn
-    with _batch_lock:
-        if _batch_fn is None:
-            f = lib[1].cip_pool_import_pointers  # the GIL-releasing handle
-            f.restype = ctypes.c_int
-            f.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_int, ctypes.c_char_p,
-                          ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_int)]
-            last_error = lib[0].cip_torch_last_error
-
-            def run(context: int, pool: int, exports: list[bytes]) -> list[tuple[int, int] | BaseException]:
-                n = len(exports)
-                addresses = (ctypes.c_ulonglong * n)()
-                answers = (ctypes.c_int * n)(*([-1] * n))
-                if f(context, pool, n, b"".join(exports), addresses, answers) != 0 and answers[0] == -1:
-                    text = ctypes.create_string_buffer(256)
-                    last_error(text, 256)
-                    why = IpcError("ERR_UNSUPPORTED", f"the native helper could not map pool buffers: {text.value.decode('utf-8', 'replace')}")
-                    return [why] * n
-                return [(answers[i], addresses[i]) for i in range(n)]
-            _batch_fn = run
-        return _batch_fn  # type: ignore[no-any-return]
 
 
 def _still_exported(ptr: int, export_data: bytes, dev: Device) -> bool:
