@@ -19,8 +19,9 @@ allocator is fine for a set sent once, or where the first sync's opens do not ma
 
 A peer sent any tensor of a chunk can read the whole chunk (other tensors allocated in the pool
 beside it): send from it only to processes you would send the whole model to. A chunk whose
-segments PyTorch freed (``torch.cuda.empty_cache()``) goes back to the pool; ``pool_stats`` says what
-the pool holds.
+segments PyTorch freed (``torch.cuda.empty_cache()``) goes back to the pool. The newest chunk may be
+mostly unused (up to 2 GiB reserved ahead of need; where the device has no room for that, a chunk
+just large enough); ``pool_stats`` says what the pool holds and uses.
 
 Needs torch with ``torch.cuda.MemPool`` (2.6 or newer) and the native helper (``native_helper()``):
 ERR_UNSUPPORTED otherwise, saying which. The pool of each device lives as long as the process.
