@@ -116,13 +116,30 @@ export interface ListenerEvents {
   removeListener: [event: string | symbol, listener: (...args: any[]) => void];
 }
 
+export interface Listener {
+  /** Adds a listener for `event` (see ListenerEvents). */
+  on<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener called once for `event`. */
+  once<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Removes a listener. */
+  off<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Same as on(). */
+  addListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Same as off(). */
+  removeListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a listener before the others. */
+  prependListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+  /** Adds a once-listener before the others. */
+  prependOnceListener<E extends keyof ListenerEvents>(event: E, listener: (...args: ListenerEvents[E]) => void): this;
+}
+
 /**
  * A named socket accepting links. Each connection is handed over once its handshake succeeded:
  * to a pending accept() first, else to 'connection' listeners, else it waits for accept() /
  * `for await`. Connections from a refused uid, or that fail the handshake, are closed and
  * reported as 'refused' (a connection that hangs up before its handshake is dropped silently).
  */
-export class Listener extends EventEmitter<ListenerEvents> implements Disposable, AsyncIterable<Link> {
+export class Listener extends EventEmitter implements Disposable, AsyncIterable<Link> {
   readonly name: string;
   readonly path: string;
   #acceptor: NativeAcceptor | undefined;

@@ -73,6 +73,19 @@ export interface TcpListenerEvents {
   removeListener: [event: string | symbol, listener: (...args: any[]) => void];
 }
 
+export interface TcpListener {
+  /** Adds a listener for `event` (see TcpListenerEvents). */
+  on<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
+  /** Adds a listener called once for `event`. */
+  once<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
+  /** Removes a listener. */
+  off<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
+  /** Same as on(). */
+  addListener<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
+  /** Same as off(). */
+  removeListener<E extends keyof TcpListenerEvents>(event: E, listener: (...args: TcpListenerEvents[E]) => void): this;
+}
+
 interface Pending {
   socket: net.Socket;
   /** Where it comes from, as bounded by maxPendingPerAddress; undefined once it proved the token. */
@@ -89,7 +102,7 @@ interface Pending {
  * `for await`. A connection that fails any of them is closed and reported as 'refused' (with
  * ERR_AUTH_FAILED for a wrong token, ERR_TIMEOUT, ERR_LIMIT_REACHED, ...).
  */
-export class TcpListener extends EventEmitter<TcpListenerEvents> implements Disposable, AsyncIterable<Link> {
+export class TcpListener extends EventEmitter implements Disposable, AsyncIterable<Link> {
   /** The bound address, e.g. tcp://127.0.0.1:40123 (a port 0 in the URL given is the port picked). */
   readonly url: LinkUrl;
   /** The bound IP address and port. */
