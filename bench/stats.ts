@@ -61,11 +61,6 @@ export class RoundSchedule {
     this.#warmUntil = performance.now() + warmMs;
   }
 
-  /** Rounds timed so far (those next() called 'first' or 'timed'). */
-  get timed(): number {
-    return this.#timedFrom < 0 ? 0 : this.#round - this.#timedFrom;
-  }
-
   next(): 'warm' | 'first' | 'timed' | 'done' {
     const i = this.#round++;
     // The clock is read every 64 rounds only: a read costs a good part of a spin round trip's code.
@@ -166,7 +161,7 @@ export const fmtRate = (v: number) => (v >= 1e9 ? `${(v / 1e9).toFixed(1)} G` : 
 const fmtNum = (v: number) => (v >= 10_000 ? fmtRate(v) : v >= 100 ? v.toFixed(0) : v.toFixed(1));
 
 /** Each run's median and their spread (every row with runs). */
-export const spreadNote = (x: Spread) => (x.medians.length > 0 ? `runs ${x.medians.map((v) => fmtNum(v)).join(' / ')}, ${spreadText(x.spread)}` : '');
+const spreadNote = (x: Spread) => (x.medians.length > 0 ? `runs ${x.medians.map((v) => fmtNum(v)).join(' / ')}, ${spreadText(x.spread)}` : '');
 
 /** `notes` with the runs' note (spreadNote) at the end. */
 export function withSpread(notes: string[], x: Spread): string[] {

@@ -201,9 +201,9 @@ const perTensor = get('per-tensor reduce_tensor / rebuild_cuda_tensor');
 const packed = get('packed 1 GiB buckets (torch.cat, one handle each)');
 /** Each target with the row it was checked on (whose phases a miss names). */
 const targets: Array<{ row: string; what: string; met: boolean }> = [];
-let checking = '';
-const check = (what: string, met: boolean) => {
-  targets.push({ row: checking, what, met });
+/** The check of targets on `row`: records each, returns its note. */
+const checksOn = (row: string) => (what: string, met: boolean) => {
+  targets.push({ row, what, met });
   return `${what}: ${met ? 'MET' : 'MISSED'}`;
 };
 const table: Row[] = [];
@@ -213,7 +213,7 @@ for (const [label, m] of Object.entries(rows)) {
     continue;
   }
   const notes: string[] = [];
-  checking = label;
+  const check = checksOn(label);
   if (limitRow && label !== 'limit') notes.push(`${(m.summary.median / limitRow.summary.median).toFixed(2)}x the limit`);
   if (label !== 'limit') notes.push(`handles opened per sync: ${m.handles.join('/')}`);
   notes.push(`copied: sender ${GiB(m.senderCopied)}, receiver ${GiB(m.receiverCopied)}`);
@@ -226,7 +226,6 @@ for (const [label, m] of Object.entries(rows)) {
   if (label === 'ours: first sync' && packed) notes.push(check(`${(m.summary.median / packed.summary.median).toFixed(2)}x packed buckets (<= ${TARGETS.firstVsPacked}x)`, m.summary.median <= TARGETS.firstVsPacked * packed.summary.median));
   if (label === POOL_FIRST && limitRow) notes.push(check(`pool-backed first sync <= ${TARGETS.firstVsLimit}x the limit`, m.summary.median <= TARGETS.firstVsLimit * limitRow.summary.median));
   if (label === POOL_FIRST && packed) notes.push(`${(m.summary.median / packed.summary.median).toFixed(2)}x packed buckets`);
-  if (label === POOL_REPEATED && limitRow) notes.push(`${(m.summary.median / limitRow.summary.median).toFixed(2)}x the limit`);
   if (m.note) notes.push(m.note);
   table.push({ name: label === 'limit' ? 'in-process torch._foreach_copy_ (the limit)' : label, unit: 'ms', median: m.summary.median, p99: m.summary.p99, n: m.summary.n, notes });
 }
