@@ -47,6 +47,14 @@ def _torch() -> Any:
         raise IpcError("ERR_UNSUPPORTED", f"ipc_mem_pool needs PyTorch ({e})") from None
 
 
+def _helper() -> Any:
+    """The native helper's GIL-keeping handle; ERR_UNSUPPORTED, saying why, where it is not loaded."""
+    lib = library("ipc_mem_pool")
+    if lib is None:
+        raise IpcError("ERR_UNSUPPORTED", f"ipc_mem_pool needs cuda_ipc's native helper: {native_helper().reason}")
+    return lib[0]
+
+
 def last_error() -> str:
     """What the IPC pool allocator's driver answered last time something failed ('' when nothing did)."""
     lib = library("ipc_mem_pool")
@@ -59,10 +67,8 @@ def last_error() -> str:
 
 def pool_handle(device: int = 0) -> int:
     """The CUmemoryPool that ``ipc_mem_pool`` allocates from on ``device`` (made now if need be)."""
-    lib = library("ipc_mem_pool")
-    if lib is None:
-        raise IpcError("ERR_UNSUPPORTED", f"ipc_mem_pool needs cuda_ipc's native helper: {native_helper().reason}")
-    f = lib[0].cip_torch_pool
+    lib = _helper()
+    f = lib.cip_torch_pool
     f.restype = ctypes.c_ulonglong
     h: int = f(device)
     if not h:
@@ -73,11 +79,9 @@ def pool_handle(device: int = 0) -> int:
 def pool_stats(device: int = 0) -> dict[str, int]:
     """What ``ipc_mem_pool``'s allocator holds on ``device``: ``chunks`` (pool allocations), ``reserved``
     (their bytes) and ``used`` (bytes in the segments PyTorch holds)."""
-    lib = library("ipc_mem_pool")
-    if lib is None:
-        raise IpcError("ERR_UNSUPPORTED", f"ipc_mem_pool needs cuda_ipc's native helper: {native_helper().reason}")
+    lib = _helper()
     out = (ctypes.c_ulonglong * 3)()
-    if lib[0].cip_torch_pool_stats(device, out) != 0:
+    if lib.cip_torch_pool_stats(device, out) != 0:
         raise IpcError("ERR_INVALID_ARG", f"device {device!r} is out of range (0-63)")
     return {"chunks": out[0], "reserved": out[1], "used": out[2]}
 
