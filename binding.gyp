@@ -34,7 +34,7 @@
       "type": "shared_library",
       "product_prefix": "",
       "product_dir": "<(PRODUCT_DIR)",
-      "sources": ["native/py/channel_ring.c", "native/py/torch_pool.cc"],
+      "sources": ["native/py/channel_ring.c", "native/py/link_send.c", "native/py/torch_pool.cc"],
       "cflags_c": ["-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],
       "cflags_cc!": ["-fno-exceptions"],
       "cflags_cc": ["-std=c++17", "-fexceptions", "-fno-rtti", "-Wall", "-Wextra", "-Wno-unused-parameter", "-fvisibility=hidden"],

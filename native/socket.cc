@@ -134,6 +134,7 @@ class Socket : public Napi::ObjectWrap<Socket>, public PolledFd {
   static Napi::Function Define(Napi::Env env) {
     return DefineClass(env, "Socket",
                        {InstanceMethod<&Socket::Send>("send"),
+                        InstanceMethod<&Socket::SendPair>("sendPair"),
                         InstanceMethod<&Socket::SetInterest>("setInterest"),
                         InstanceMethod("ref", &Socket::RefLoop),
                         InstanceMethod("unref", &Socket::UnrefLoop),
@@ -287,37 +288,48 @@ class Socket : public Napi::ObjectWrap<Socket>, public PolledFd {
     }
   }
 
-  // send(head, headLength, body | null, fds | null) -> true when sent, false when the socket is
-  // full (EAGAIN: nothing was sent; wait for 'writable'). A SEQPACKET record is all or nothing.
-  Napi::Value Send(const Napi::CallbackInfo& info) {
+  // One record of send() / sendPair(): head[0, headLength) and body (info[2], null or absent for
+  // none) with the fds of info[3] (SCM_RIGHTS). `iov` and `control` must outlive `msg`.
+  struct Record {
+    iovec iov[2];
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
+  };
+  static void FillRecord(const Napi::CallbackInfo& info, Record* rec, msghdr* msg) {
     Napi::Env env = info.Env();
-    if (fd_ < 0) ThrowErrno(env, "sendmsg", EBADF);
     Bytes head = ArgBytes(info, 0, "head");
     size_t head_len = ArgSize(info, 1, "headLength");
     if (head_len > head.length) ThrowType(env, "headLength exceeds head");
-    iovec iov[2];
-    iov[0] = {head.data, head_len};
+    rec->iov[0] = {head.data, head_len};
     int niov = 1;
     if (info.Length() > 2 && !info[2].IsNull() && !info[2].IsUndefined()) {
       Bytes body = ArgBytes(info, 2, "body");
-      iov[1] = {body.data, body.length};
+      rec->iov[1] = {body.data, body.length};
       niov = 2;
     }
     int fds[kMaxFds];
     int nfds = info.Length() > 3 ? ArgFdList(env, info[3], fds) : 0;
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFds)];
-    msghdr msg{};
-    msg.msg_iov = iov;
-    msg.msg_iovlen = niov;
+    *msg = msghdr{};
+    msg->msg_iov = rec->iov;
+    msg->msg_iovlen = niov;
     if (nfds > 0) {
-      msg.msg_control = control;
-      msg.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
+      msg->msg_control = rec->control;
+      msg->msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+      cmsghdr* c = CMSG_FIRSTHDR(msg);
       c->cmsg_level = SOL_SOCKET;
       c->cmsg_type = SCM_RIGHTS;
       c->cmsg_len = CMSG_LEN(sizeof(int) * nfds);
       std::memcpy(CMSG_DATA(c), fds, sizeof(int) * nfds);
     }
+  }
+
+  // send(head, headLength, body | null, fds | null) -> true when sent, false when the socket is
+  // full (EAGAIN: nothing was sent; wait for 'writable'). A SEQPACKET record is all or nothing.
+  Napi::Value Send(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (fd_ < 0) ThrowErrno(env, "sendmsg", EBADF);
+    Record rec;
+    msghdr msg;
+    FillRecord(info, &rec, &msg);
     ssize_t r;
     do r = sendmsg(fd_, &msg, MSG_DONTWAIT | MSG_NOSIGNAL); while (r < 0 && errno == EINTR);
     if (r < 0) {
@@ -325,6 +337,29 @@ class Socket : public Napi::ObjectWrap<Socket>, public PolledFd {
       ThrowErrno(env, "sendmsg", errno);
     }
     return Napi::Boolean::New(env, true);
+  }
+
+  // sendPair(head, headLength, body | null, fds | null, second) -> the records sent, in one
+  // sendmmsg: 2; 1 (the first only: the socket filled, send `second` yourself); 0 (full: nothing
+  // was sent). `second` is a record of its own without fds (a frame and the RELEASE behind it).
+  // An error on the first throws; one on the second reads as 1 (the kernel reports it no more).
+  Napi::Value SendPair(const Napi::CallbackInfo& info) {
+    Napi::Env env = info.Env();
+    if (fd_ < 0) ThrowErrno(env, "sendmmsg", EBADF);
+    Record rec;
+    mmsghdr msgs[2]{};
+    FillRecord(info, &rec, &msgs[0].msg_hdr);
+    Bytes second = ArgBytes(info, 4, "second");
+    iovec second_iov = {second.data, second.length};
+    msgs[1].msg_hdr.msg_iov = &second_iov;
+    msgs[1].msg_hdr.msg_iovlen = 1;
+    int r;
+    do r = sendmmsg(fd_, msgs, 2, MSG_DONTWAIT | MSG_NOSIGNAL); while (r < 0 && errno == EINTR);
+    if (r < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return Napi::Number::New(env, 0);
+      ThrowErrno(env, "sendmmsg", errno);
+    }
+    return Napi::Number::New(env, r);
   }
 
   // setInterest(readable, writable)

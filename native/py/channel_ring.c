@@ -31,7 +31,7 @@
 #define CIP_EXPORT __attribute__((visibility("default")))
 
 // Bumped with every change of a signature or of struct cip_ring: Python refuses another version.
-#define CIP_ABI_VERSION 2
+#define CIP_ABI_VERSION 3
 
 // Layout version 4 (docs/channel-protocol.md section 3; python/cuda_ipc/channel/layout.py).
 enum {

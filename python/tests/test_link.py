@@ -1,6 +1,7 @@
 """Links between two Python ends of a socketpair: messages, leases, release rules, closing and hostile
 frames. Standard library only (no GPU)."""
 import array
+import errno
 import gc
 import os
 import socket
@@ -13,6 +14,8 @@ from cuda_ipc.link.transport import frame as fr
 from cuda_ipc import link as link_mod
 from cuda_ipc.link.messages.handlers import TransferEncoding, TransferHandler, register_transfer_handler, unregister_transfer_handler
 from cuda_ipc.link import Link
+from cuda_ipc.link.connection import outbox as outbox_mod
+from cuda_ipc.native import native_helper
 
 
 def open_fds() -> set:
@@ -175,6 +178,72 @@ class LinkTests(unittest.TestCase):
         deliver_releases(lb, la)
         self.assertEqual(la.leases.count, 0)
         hb.close()
+        la.close()
+        lb.close()
+
+    def _reply_after_close(self, send_pair):
+        """la sends a leased buffer; lb closes it and replies (its RELEASE waits for that reply) through
+        ``send_pair`` as its outbox's native call (None: the two-sendmsg path). The reply arrives
+        before the RELEASE (la still holds the lease when receive() returns it), and the lease then ends."""
+        la, lb = pair()
+        lb._outbox._send_pair = send_pair
+        hb = HostBuffer.allocate(4096)
+        la.send({"buffer": hb})
+        hb.close()
+        lb.receive(timeout=5)["buffer"].close()
+        self.assertEqual(lb.received_leases, 0)
+        lb.send("done")
+        self.assertEqual(la.receive(timeout=5), "done")
+        self.assertEqual(la.leases.count, 1, "the reply comes first, its RELEASE behind it")
+        deadline = time.monotonic() + 5
+        while la.leases.count and time.monotonic() < deadline:
+            la.poll()
+        self.assertEqual(la.leases.count, 0)
+        return la, lb
+
+    def test_a_reply_and_the_release_behind_it_go_in_one_system_call_with_the_native_helper(self):
+        real = outbox_mod.helper_function("cip_send_pair")
+        if real is None:
+            self.skipTest(f"the native helper is not in use: {native_helper().reason}")
+        calls = []
+
+        def counted(*args):
+            calls.append(real(*args))
+            return calls[-1]
+        la, lb = self._reply_after_close(counted)
+        self.assertEqual(calls, [2], "one sendmmsg carried both records")
+        lb.send("no release waits")  # nothing pending: the plain path
+        self.assertEqual(la.receive(timeout=5), "no release waits")
+        self.assertEqual(calls, [2])
+        la.close()
+        lb.close()
+
+    def test_a_reply_and_its_release_arrive_in_order_on_every_path(self):
+        def partial_send(fd, frame, frame_len, fds, nfds, release, release_len):  # the kernel took the frame only
+            os.write(fd, frame[:frame_len])
+            return 1
+        for name, send_pair in [("no helper", None), ("socket full", lambda *a: 0), ("frame only", partial_send)]:
+            with self.subTest(name):
+                la, lb = self._reply_after_close(send_pair)
+                la.close()
+                lb.close()
+
+    def test_a_failed_paired_send_keeps_the_releases_for_the_next(self):
+        la, lb = pair()
+        hb = HostBuffer.allocate(4096)
+        la.send({"buffer": hb})
+        hb.close()
+        lb.receive(timeout=5)["buffer"].close()
+        lb._outbox._send_pair = lambda *a: -errno.EMSGSIZE
+        with self.assertRaises(IpcError) as cm:
+            lb.send("too large, as the kernel says")
+        self.assertEqual(cm.exception.code, "ERR_MESSAGE_TOO_LARGE")
+        self.assertEqual(la.leases.count, 1)
+        lb._outbox._send_pair = None
+        lb.send("next")
+        self.assertEqual(la.receive(timeout=5), "next")
+        la.poll()
+        self.assertEqual(la.leases.count, 0, "the RELEASE went with the next send")
         la.close()
         lb.close()
 

@@ -33,6 +33,9 @@ export interface NativeSocket {
   /** Sends head[0, headLength) followed by body as one record with fds attached (SCM_RIGHTS).
    * Returns false, having sent nothing, when the socket is full (EAGAIN). */
   send(head: ArrayBufferView, headLength: number, body: ArrayBufferView | null, fds: readonly number[] | null): boolean;
+  /** send()'s record and then `second` (a record of its own, no fds) in one call (sendmmsg). Returns the
+   * records sent: 2; 1 (the first only: send `second` yourself); 0 (the socket is full: nothing). */
+  sendPair(head: ArrayBufferView, headLength: number, body: ArrayBufferView | null, fds: readonly number[] | null, second: Uint8Array): number;
   setInterest(readable: boolean, writable: boolean): void;
   ref(): void;
   unref(): void;

@@ -9,10 +9,12 @@ import { HostBuffer } from '../../src/host/index.js';
 import { leaseStats, type ReceivedLease } from '../../src/link/index.js';
 import { MessageEncoder } from '../../src/link/messages/message-encoder.js';
 import { FrameType, encodeRelease, writeHeader } from '../../src/link/transport/frame.js';
-import type { Link } from '../../src/link/connection/link.js';
+import { kRingState, type Link } from '../../src/link/connection/link.js';
+import { Probe, setProbe } from '../../src/link/transport/probe.js';
 import { registerTransferHandler, unregisterTransferHandler } from '../../src/link/transfers/transfer.js';
 import { addon } from '../../src/native/addon.js';
 import { HELLO, header, linkPair, linkWithRawPeer, type RawPeer } from '../fixtures/link-pair.js';
+import { tcpPair } from '../fixtures/tcp-peer.js';
 import { argError } from '../helpers/arg-error.js';
 import { waitUntil } from '../helpers/wait.js';
 
@@ -217,6 +219,75 @@ test('leases ended in one tick go back in one RELEASE frame with exactly those i
   } finally {
     link.close();
     raw.socket.close();
+  }
+});
+
+test('a reply sent in the tick that closed what came takes the RELEASE behind it: one send of two records, the reply first', async () => {
+  const { link, raw } = linkWithRawPeer();
+  const points: Probe[] = [];
+  try {
+    raw.send(HELLO());
+    const f = messageFrame({ tokens: [1, 2].map((n) => new Token(n)) });
+    raw.send(f.bytes);
+    const got = (await recv(link)) as { tokens: Ticket[] };
+    await waitUntil(() => raw.records.some((r) => r.bytes[5] === FrameType.Hello), "the link's HELLO");
+    const before = raw.records.length;
+    setProbe((p) => points.push(p));
+    got.tokens[1]!.close();
+    got.tokens[0]!.close();
+    link.send('reply');
+    await tick();  // (the turn's release flush has run: it found nothing left to send)
+    setProbe(undefined);
+    await waitUntil(() => releasesSeen(raw).length > 0, 'the RELEASE');
+    const after = raw.records.slice(before);
+    assert.deepEqual(after.map((r) => r.bytes[5]), [FrameType.Message, FrameType.Release], 'the reply, then its RELEASE');
+    assert.deepEqual(releasesSeen(raw), [[f.ids[1], f.ids[0]]]);
+    assert.equal(points.filter((p) => p === Probe.SocketSend).length, 1, 'both records in one sendmmsg');
+    link.send('nothing waits');  // no release waiting: a send of its own
+    await waitUntil(() => raw.records.length > before + 2, 'the second reply');
+    assert.deepEqual(raw.records.slice(before + 2).map((r) => r.bytes[5]), [FrameType.Message]);
+  } finally {
+    setProbe(undefined);
+    link.close();
+    raw.socket.close();
+  }
+});
+
+test('a reply and the RELEASE behind it arrive on frame rings and on TCP too: the reply, and the lease ends', async () => {
+  class Fare {
+    released = 0;
+    constructor(readonly n: number) {}
+  }
+  registerTransferHandler<Fare>({
+    kind: 'test-fare',
+    transports: ['unix', 'tcp'],
+    canTransfer: (v): v is Fare => v instanceof Fare,
+    encode: (t) => ({ data: new Uint8Array([t.n]), hold: { release: () => void t.released++, bytes: 1 } }),
+    decode: (data, _fds, _link, lease) => new Ticket(data[0]!, lease),
+  });
+  try {
+    for (const kind of ['frame rings', 'tcp'] as const) {
+      const tcp = kind === 'tcp' ? await tcpPair() : undefined;
+      const [a, b] = tcp ? [tcp.a, tcp.b] : await linkPair({ frameRing: true });
+      try {
+        if (!tcp) assert.deepEqual(a[kRingState](), { sending: true, receiving: true });
+        const fares = [new Fare(4), new Fare(5)];
+        a.send(fares);
+        const got = (await recv(b)) as Ticket[];
+        assert.deepEqual(got.map((t) => t.n), [4, 5]);
+        for (const t of got) t.close();
+        b.send({ reply: kind });
+        assert.deepEqual(await recv(a), { reply: kind }, kind);
+        await waitUntil(() => fares.every((f) => f.released === 1), `${kind}: the leases to end`);
+        assert.deepEqual(a.leases, { count: 0, bytes: 0 });
+      } finally {
+        a.close();
+        b.close();
+        tcp?.listener.close();
+      }
+    }
+  } finally {
+    unregisterTransferHandler('test-fare');
   }
 });
 

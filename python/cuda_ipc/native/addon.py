@@ -1,8 +1,9 @@
 """The package's optional native helper: ``cuda_ipc_py.so``, a small C library built and prebuilt with
 the Node addon (binding.gyp target ``cuda_ipc_py``, sources in native/py/), loaded with ctypes. It
 carries the hot path of a channel end (one call per acquire, publish, take, batch of takes and
-release, instead of several ctypes calls to libatomic and tens of Python steps) and the allocator
-behind ``cuda_ipc.tensors.torch_pool`` (a PyTorch memory pool in a CUDA IPC pool). Everything it does has a
+release, instead of several ctypes calls to libatomic and tens of Python steps), the allocator
+behind ``cuda_ipc.tensors.torch_pool`` (a PyTorch memory pool in a CUDA IPC pool), and a link's
+frame sent with the RELEASE behind it in one system call (link/connection/outbox.py). Everything it does has a
 pure standard-library path too, used where the library is missing; ``native_helper()`` says which
 is active and why.
 
@@ -28,12 +29,13 @@ import os
 import platform
 import threading
 from pathlib import Path
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from ..errors import IpcError
 
 #: The interface version this package speaks (CIP_ABI_VERSION in native/py/*.c).
-ABI_VERSION = 2
+ABI_VERSION = 3
 LIBRARY_NAME = "cuda_ipc_py.so"
 _ARCHS = {"x86_64": "x64", "amd64": "x64", "aarch64": "arm64", "arm64": "arm64"}
 
@@ -127,6 +129,14 @@ def library(what: str) -> tuple[ctypes.PyDLL, ctypes.CDLL] | None:
             raise IpcError("ERR_UNSUPPORTED", f"{what}: CUDA_IPC_PY_NATIVE=1 asks for the native helper, and it is missing: {info.reason}")
         return None
     return fast, waits
+
+
+def helper_function(name: str) -> Callable[..., Any] | None:
+    """The native helper's function ``name`` (GIL kept: for calls that never wait), or None where the
+    helper is not in use. For a fast path beside a pure one: it never raises, CUDA_IPC_PY_NATIVE=1
+    included (the features that need the helper say so where they are used)."""
+    fast = _loaded()[1]
+    return None if fast is None else getattr(fast, name)
 
 
 def _reset_for_tests() -> None:

@@ -27,7 +27,7 @@ import { releaseHold, type LeaseHold, type OutgoingLeases } from '../lifetimes/l
 import type { LinkLimits } from './link-options.js';
 import type { LinkState } from './link-types.js';
 import { acquireEncoder, type MessageLimit } from '../messages/message-encoder.js';
-import { Outbox } from './outbox.js';
+import { Outbox, type WaitingReleases } from './outbox.js';
 import { probe, Probe } from '../transport/probe.js';
 import type { FrameTransport } from '../transport/frame-transport.js';
 import type { SocketInterest } from '../transport/socket-interest.js';
@@ -59,7 +59,8 @@ export class LinkSender {
   #helloSent = false;
   #goodbyeSent = false;
 
-  constructor(link: SendingLink, sock: FrameTransport, interest: SocketInterest, leases: OutgoingLeases, limits: LinkLimits, peerName: string) {
+  constructor(link: SendingLink, sock: FrameTransport, interest: SocketInterest, leases: OutgoingLeases, releases: WaitingReleases,
+    limits: LinkLimits, peerName: string) {
     this.#link = link;
     this.#sock = sock;
     this.#leases = leases;
@@ -70,7 +71,7 @@ export class LinkSender {
       why: `this link sends (maxMessageBytes ${limits.maxMessageBytes})`,
       option: 'maxMessageBytes',
     };
-    this.outbox = new Outbox(sock, interest, peerName, limits.sendQueue, () => this.maybeDrain());
+    this.outbox = new Outbox(sock, interest, peerName, limits.sendQueue, releases, () => this.maybeDrain());
   }
 
   /** Link.send on an open link: see its notes for what it returns and throws. */

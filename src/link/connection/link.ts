@@ -137,7 +137,7 @@ export class Link<In = unknown, Out = unknown> extends EventEmitter implements D
       throw e;
     }
     this.#interest = new SocketInterest(this.#sock);
-    this.#sender = new LinkSender(this, this.#sock, this.#interest, this.#leasesOut, this.#limits, setup.peerName);
+    this.#sender = new LinkSender(this, this.#sock, this.#interest, this.#leasesOut, this.#leasesIn, this.#limits, setup.peerName);
     this.#outbox = this.#sender.outbox;
     this.#inbox = new Inbox(this, this.#interest, this.#limits.inbox);
     this.#dispatch = new FrameDispatch({

@@ -3,14 +3,16 @@
 // drains as the socket becomes writable. The queue is bounded in messages, bytes and fds
 // (LinkOptions.sendQueue): a message that would pass a bound fails with ERR_SEND_QUEUE_FULL, and
 // nothing queued is ever dropped while the link is open. Control frames (HELLO, RELEASE,
-// GOODBYE) always queue: they are small, and a lost RELEASE would pin the peer's memory.
+// GOODBYE) always queue: they are small, and a lost RELEASE would pin the peer's memory. A message
+// sent while ended leases wait for their RELEASE (a reply after closing what came, in the same
+// turn) takes the RELEASE with it in one call: two records, one sendmmsg.
 import { IpcError, fdLimitError } from '../../errors.js';
 import { addon } from '../../native/addon.js';
-import type { NativeSocket } from '../../native/posix-types.js';
 import { closeFds } from '../transport/fds.js';
-import { MAX_RELEASE_IDS, encodeRelease } from '../transport/frame.js';
+import { HEADER_BYTES, MAX_RELEASE_IDS, encodeRelease } from '../transport/frame.js';
 import { Queue, type Waiter } from '../transport/queue.js';
 import type { SocketInterest } from '../transport/socket-interest.js';
+import type { FrameTransport } from '../transport/frame-transport.js';
 import { probe, Probe } from '../transport/probe.js';
 
 interface Outgoing {
@@ -48,8 +50,19 @@ function errnoCode(e: unknown): string | undefined {
   return (e as { code?: unknown })?.code as string | undefined;
 }
 
+/** Ended leases whose RELEASE has not gone yet (lease.ts IncomingLeases). */
+export interface WaitingReleases {
+  readonly waiting: readonly number[];
+  /** A RELEASE of `waiting` went out. */
+  sent(): void;
+}
+
+/** The RELEASE that travels behind a message: encoded here, copied by the kernel at once. */
+const pairScratch = new Uint8Array(HEADER_BYTES + 8 + 8 * 64);
+
 export class Outbox {
-  readonly #sock: NativeSocket;
+  readonly #sock: FrameTransport;
+  readonly #releases: WaitingReleases;
   readonly #interest: SocketInterest;
   /** For messages: who the peer is, e.g. "child process 1234". */
   readonly #peerName: string;
@@ -68,8 +81,9 @@ export class Outbox {
   /** A message was queued since the last 'drain': the next empty queue is news. */
   #drainOwed = false;
 
-  constructor(sock: NativeSocket, interest: SocketInterest, peerName: string, limits: SendQueueLimits, onDrained: () => void) {
+  constructor(sock: FrameTransport, interest: SocketInterest, peerName: string, limits: SendQueueLimits, releases: WaitingReleases, onDrained: () => void) {
     this.#sock = sock;
+    this.#releases = releases;
     this.#interest = interest;
     this.#peerName = peerName;
     this.#limits = limits;
@@ -124,9 +138,18 @@ export class Outbox {
   ): boolean {
     if (this.#queue.length === 0) {
       let sent: boolean;
+      const ids = this.#releases.waiting;
+      const paired = !control && ids.length > 0 && ids.length <= MAX_RELEASE_IDS;
+      if (paired) probe?.(Probe.ReleaseSend);
       probe?.(Probe.SocketSend);
       try {
-        sent = this.#sock.send(head, headLength, body, fds.length ? fds : null);
+        if (paired) {
+          const n = this.#sock.sendPair(head, headLength, body, fds.length ? fds : null, encodeRelease(ids, pairScratch));
+          if (n === 2) this.#releases.sent();  // (else the flush scheduled for them sends them)
+          sent = n > 0;
+        } else {
+          sent = this.#sock.send(head, headLength, body, fds.length ? fds : null);
+        }
       } catch (e) {
         if (errnoCode(e) !== 'ETOOMANYREFS') {
           closeFds(ownedFds);

@@ -246,6 +246,16 @@ export class IncomingLeases {
     }
   }
 
+  /** Ids ended and not sent yet: the outbox may send their RELEASE behind the frame it sends now (sent()). */
+  get waiting(): readonly number[] {
+    return this.#pending;
+  }
+
+  /** The outbox sent a RELEASE of `waiting`: the flush already scheduled finds nothing to send. */
+  sent(): void {
+    this.#pending = [];
+  }
+
   readonly #flush = (): void => {
     this.#scheduled = false;
     const ids = this.#pending;

@@ -212,18 +212,35 @@ export class TcpTransport implements FrameTransport {
   }
 
   send(head: ArrayBufferView, headLength: number, body: ArrayBufferView | null, fds: readonly number[] | null): boolean {
+    const h = head as Uint8Array;
+    if (this.#mustWait(h, fds)) return false;
+    this.#write(h, headLength, body as Uint8Array | null, null);
+    return true;
+  }
+
+  /** send(), with `second` right behind the frame in the same write. */
+  sendPair(head: ArrayBufferView, headLength: number, body: ArrayBufferView | null, fds: readonly number[] | null, second: Uint8Array): number {
+    const h = head as Uint8Array;
+    if (this.#mustWait(h, fds)) return 0;
+    this.#write(h, headLength, body as Uint8Array | null, second);
+    return 2;
+  }
+
+  /** Throws where nothing can be sent; true while the frame `h` must wait for 'drain'. */
+  #mustWait(h: Uint8Array, fds: readonly number[] | null): boolean {
     if (this.#closed || this.#socket.destroyed || !this.#socket.writable) throw closedError();
     if (fds?.length) throw new IpcError('ERR_NOT_TRANSFERABLE', 'a TCP link carries no fds');
-    const h = head as Uint8Array;
     // A GOODBYE or REFUSE goes even past the high-water mark: the link closes right after.
     const type = h[5];
-    if (this.#needDrain && type !== FrameType.Goodbye && type !== FrameType.Refuse) return false;
-    const b = body as Uint8Array | null;
-    const out = Buffer.allocUnsafe(headLength + (b?.byteLength ?? 0));
+    return this.#needDrain && type !== FrameType.Goodbye && type !== FrameType.Refuse;
+  }
+
+  #write(h: Uint8Array, headLength: number, b: Uint8Array | null, second: Uint8Array | null): void {
+    const out = Buffer.allocUnsafe(headLength + (b?.byteLength ?? 0) + (second?.byteLength ?? 0));
     out.set(headLength === h.byteLength ? h : h.subarray(0, headLength), 0);
     if (b) out.set(b, headLength);
+    if (second) out.set(second, out.byteLength - second.byteLength);
     if (!this.#socket.write(out)) this.#needDrain = true;
-    return true;
   }
 
   /** Resolves once what was written is in the kernel (node:net writes in order, so an empty write's callback says so). */

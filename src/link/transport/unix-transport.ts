@@ -166,6 +166,17 @@ export class UnixTransport implements FrameTransport {
     return true;
   }
 
+  sendPair(head: ArrayBufferView, headLength: number, body: ArrayBufferView | null, fds: readonly number[] | null, second: Uint8Array): number {
+    if (!this.#sending) {
+      const n = this.#sock.sendPair(head, headLength, body, fds, second);
+      if (n === 0) this.#blocked = Blocked.Socket;
+      return n;
+    }
+    // Through the peer's ring: two entries, and the second publish rings no doorbell the first rang.
+    if (!this.send(head, headLength, body, fds)) return 0;
+    return this.send(second, second.byteLength, null, null) ? 2 : 1;
+  }
+
   setInterest(readable: boolean, writable: boolean): void {
     if (this.#closed) return;
     const resumed = this.#paused && readable;

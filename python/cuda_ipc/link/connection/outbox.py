@@ -3,14 +3,17 @@ under the send lock, so that frames never interleave. The releases of what this 
 go out in RELEASE frames after the frame in flight, never blocking on that lock: whoever holds it
 flushes after letting it go; a thread that closes what it just received has its releases deferred
 until its next link call (its reply first, as on the Node side), at the latest RELEASE_DEFER_LIMIT
-later (ReleaseFlusher).
+later (ReleaseFlusher). Where the native helper is loaded, a frame and the RELEASE waiting behind it
+go in one system call (its ``cip_send_pair``: two records, one sendmmsg); without it, in two.
 """
 from __future__ import annotations
 
 import array
 import errno
+import os
 import select
 import socket
+import struct
 import threading
 import time
 import weakref
@@ -18,6 +21,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ...errors import IpcError
+from ...native.addon import helper_function
 from ..transport import frame as fr
 
 if TYPE_CHECKING:
@@ -44,13 +48,15 @@ class Outbox:
     """Sends frames on ``sock`` for the link to ``peer_name``; ``leases``: the link's IncomingLeases,
     whose ended ids go out as RELEASE frames."""
 
-    __slots__ = ("_sock", "_lock", "_peer_name", "_leases", "open")
+    __slots__ = ("_sock", "_lock", "_peer_name", "_leases", "_send_pair", "open")
 
     def __init__(self, sock: socket.socket, peer_name: str, leases: IncomingLeases):
         self._sock = sock
         self._lock = threading.Lock()
         self._peer_name = peer_name
         self._leases = leases
+        #: The native helper's cip_send_pair (native/py/link_send.c), or None: two sendmsg instead.
+        self._send_pair = helper_function("cip_send_pair")
         #: True while the link is open (set by the link): release frames go out only then.
         self.open = False
 
@@ -64,7 +70,9 @@ class Outbox:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             try:
-                while True:
+                # Releases waiting (a reply after closing what came): the frame and their RELEASE in one call.
+                paired = self._send_pair is not None and self._leases.has_pending and self.open and self._sent_with_release(data, fds)
+                while not paired:
                     try:
                         if deadline is None:
                             self._sock.sendmsg([data], anc, _NOSIGNAL)
@@ -85,6 +93,31 @@ class Outbox:
                 raise self._send_failed(e) from None
         if self._leases.has_pending:
             self.flush_releases()
+
+    def _sent_with_release(self, data: fr.Buffer, fds: Sequence[int]) -> bool:
+        """With the send lock held: sends ``data`` and the RELEASE of the ids waiting in one sendmmsg.
+        True when ``data`` went (its RELEASE too, or written after it here); False when the socket
+        was full (nothing went, the ids wait again: send()'s own path takes over)."""
+        assert self._send_pair is not None
+        ids = self._leases.take_pending()
+        if not ids or len(ids) > fr.MAX_RELEASE_IDS:
+            self._leases.put_back(ids)
+            return False
+        release = fr.release_frame(ids)
+        raw = data if type(data) is bytes else bytes(data)
+        n: int = self._send_pair(self._sock.fileno(), raw, len(raw), struct.pack(f"{len(fds)}i", *fds) if fds else None, len(fds),
+                                 release, len(release))
+        if n <= 0:
+            self._leases.put_back(ids)
+            if n == 0:
+                return False
+            raise self._send_failed(OSError(-n, os.strerror(-n)))
+        if n == 1:  # (the kernel took the frame, not the RELEASE: it goes as flush_releases would send it)
+            try:
+                self._write_release(release)
+            except OSError:
+                pass  # the link is going away: its close ends every lease on the sender's side
+        return True
 
     def send_now(self, data: bytes) -> None:
         """A last frame (GOODBYE, REFUSE) without waiting for socket space; lost quietly if there is none."""
