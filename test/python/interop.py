@@ -49,9 +49,17 @@ def cupy_double(path):
 
 
 def device_uuid(ordinal):
-    import cupy
-    raw = cupy.cuda.runtime.getDeviceProperties(ordinal)["uuid"]
-    h = bytes(raw).hex()
+    # From the driver (cuDeviceGetUuid): CuPy's getDeviceProperties()["uuid"] is the 16 bytes read as
+    # a C string, cut at the first zero byte (a GPU whose UUID holds one got a 10-byte UUID).
+    import ctypes
+    cuda = ctypes.CDLL("libcuda.so.1")
+    dev = ctypes.c_int()
+    raw = (ctypes.c_char * 16)()
+    for call, args in (("cuInit", (0,)), ("cuDeviceGet", (ctypes.byref(dev), ordinal)), ("cuDeviceGetUuid", (raw, dev))):
+        rc = getattr(cuda, call)(*args)
+        if rc != 0:
+            raise RuntimeError(f"{call} failed with CUresult {rc}")
+    h = bytes(raw).hex()  # (bytes() of the array: all 16, zeros included)
     return f"GPU-{h[0:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
