@@ -65,6 +65,9 @@ class WireTests(unittest.TestCase):
         bad(lambda b: b.__setitem__(len(b) - 1, 1), "padding bytes are not zero")
         shape_at = table_at + ((19 * T + 7) & ~7)
         bad(lambda b: struct.pack_into("<Q", b, shape_at, 0), "'layer.0.weight' has dimension 0 of 0 elements")
+        strides_at = shape_at + 8 * 5  # the explicit strides of 'layer.1.weight.T' (2, 16), after 5 dimensions
+        bad(lambda b: struct.pack_into("<Q", b, strides_at, 3), "'layer.1.weight.T' has stride 3 in dimension 0, not a non-negative multiple of 2")
+        bad(lambda b: struct.pack_into("<QQ", b, strides_at, 8, 2), "'layer.1.weight.T' carries explicit strides equal to the C-contiguous ones")
 
     def test_the_same_bytes_as_node(self):
         # Pinned against src/tensors/wire.ts (test/cpu/python-tensors.test.ts sends sets both ways).

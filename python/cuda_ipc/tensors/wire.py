@@ -56,35 +56,31 @@ def encode_table(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[S
     shape_col = array.array("Q")
     stride_col = array.array("Q")
     prev = b""
+    # What a (dtype, shape, strides) allows and how it is written, checked once per distinct one: a
+    # model repeats a few shapes across thousands of tensors.
+    checked: dict[tuple[str, tuple[int, ...], tuple[int, ...]], tuple[int, int, bool]] = {}
     for i in range(count):
         name = names[i]
         b = name.encode("utf-8")
         if not b or len(b) > MAX_NAME_BYTES:
             raise IpcError("ERR_INVALID_ARG", f"tensor {name!r}: names are 1..{MAX_NAME_BYTES} UTF-8 bytes")
         name_bytes.append(b)
-        # The longest common prefix by bisection over C-level slice compares (a byte-by-byte Python
-        # loop cost about 2 us per name: most of the table's time for thousands of tensors).
-        k, hi = 0, min(len(prev), len(b))
-        while k < hi:
-            mid = (k + hi + 1) >> 1
-            if prev[:mid] == b[:mid]:
-                k = mid
-            else:
-                hi = mid - 1
+        # The longest common prefix: the first differing byte is where the XOR of the two prefixes,
+        # read as big-endian integers, has its highest bit (C-level work; a byte loop cost ~2 us a name).
+        m = min(len(prev), len(b))
+        k = m - ((int.from_bytes(prev[:m], "big") ^ int.from_bytes(b[:m], "big")).bit_length() + 7) // 8
         shared[i] = k
         suffix[i] = len(b) - k
         prev = b
-        info = DTYPES.get(dtypes[i])
-        if info is None:
-            raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} has dtype {dtypes[i]!r}, which a tensor set cannot carry")
-        itemsize, _t, code = info
+        given_shape, given_strides = shapes[i], strides[i]
+        shape = given_shape if isinstance(given_shape, tuple) else tuple(given_shape)
+        st = given_strides if isinstance(given_strides, tuple) else tuple(given_strides)
+        key = (dtypes[i], shape, st)
+        known = checked.get(key)
+        if known is None:
+            known = checked[key] = _check_tensor(name, *key)
+        code, itemsize, strided = known
         codes[i] = code
-        shape = tuple(shapes[i])
-        st = tuple(strides[i])
-        if len(shape) > MAX_NDIM or len(st) != len(shape):
-            raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} has a bad shape {shape} / strides {st}")
-        if 0 in shape:
-            raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} has no elements (shape {shape}); send its shape as plain data instead")
         off = offsets[i]
         if off < 0 or off % itemsize:
             raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} starts at offset {off}, not a multiple of its {itemsize}-byte elements")
@@ -92,7 +88,7 @@ def encode_table(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[S
             raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} names allocation {allocs[i]} of {allocation_count}")
         ndims[i] = len(shape)
         shape_col.extend(shape)
-        if st != c_strides(shape, itemsize):
+        if strided:
             flags[i] = FLAG_STRIDES
             stride_col.extend(st)
     if len(set(names)) != count:
@@ -107,6 +103,20 @@ def encode_table(names: Sequence[str], dtypes: Sequence[str], shapes: Sequence[S
     out += tail
     out += bytes(_pad8(len(tail)) - len(tail))
     return bytes(out)
+
+
+def _check_tensor(name: str, dtype: str, shape: tuple[int, ...], st: tuple[int, ...]) -> tuple[int, int, bool]:
+    """(dtype code, item size, whether its strides travel) of a tensor a table can carry; raises
+    ERR_INVALID_ARG naming ``name`` otherwise."""
+    info = DTYPES.get(dtype)
+    if info is None:
+        raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} has dtype {dtype!r}, which a tensor set cannot carry")
+    itemsize, _t, code = info
+    if len(shape) > MAX_NDIM or len(st) != len(shape):
+        raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} has a bad shape {shape} / strides {st}")
+    if 0 in shape:
+        raise IpcError("ERR_INVALID_ARG", f"tensor {name!r} has no elements (shape {shape}); send its shape as plain data instead")
+    return code, itemsize, st != c_strides(shape, itemsize)
 
 
 def encode_set(entries: Sequence[tuple[int, int, bytes]], table: bytes, count: int) -> bytes:
@@ -186,6 +196,33 @@ def parse_set(data: memoryview, fd_count: int) -> tuple[list[Entry], bytes, int]
     return allocations, bytes(data[at:]), count
 
 
+def _check_entry(name: str, code: int, shape: tuple[int, ...], given: tuple[int, ...] | None) -> tuple[str, int, tuple[int, ...], int, bool, int]:
+    """(dtype, item size, byte strides, extent, C-contiguous, bytes) of a received table entry
+    (``given``: its explicit strides, None when C-contiguous); ERR_FRAME_INVALID naming ``name`` when
+    the entry cannot be."""
+    dtype = _BY_CODE.get(code)
+    if dtype is None:
+        raise _malformed(f"tensor {name!r} has unknown dtype code {code}")
+    itemsize = DTYPES[dtype][0]
+    elements = 1
+    for d, dim in enumerate(shape):
+        if dim == 0 or dim > SAFE:
+            raise _malformed(f"tensor {name!r} has dimension {d} of {dim if dim == 0 else 'more than 2^53-1'} elements (tensors with no elements do not travel in sets)")
+        elements *= dim
+    if elements * itemsize > SAFE:
+        raise _malformed(f"tensor {name!r} holds more than 2^53-1 bytes")
+    c = c_strides(shape, itemsize)
+    if given is None:
+        return dtype, itemsize, c, elements * itemsize, True, elements * itemsize
+    for d, s in enumerate(given):
+        if s > SAFE or s % itemsize:
+            raise _malformed(f"tensor {name!r} has stride {s} in dimension {d}, not a non-negative multiple of {itemsize}")
+    if given == c:
+        raise _malformed(f"tensor {name!r} carries explicit strides equal to the C-contiguous ones (they must be left out)")
+    extent = sum((dim - 1) * s for dim, s in zip(shape, given)) + itemsize
+    return dtype, itemsize, given, extent, extent == elements * itemsize and is_c_order(shape, given, itemsize), elements * itemsize
+
+
 class TensorLayout:
     """A decoded tensor table: one entry per tensor, in the sender's order. ``strides`` are in bytes
     (filled in for C-contiguous tensors); ``ends[a]`` is where the tensors of allocation ``a`` end."""
@@ -261,7 +298,8 @@ def decode_table(table: bytes, count: int, sizes: Sequence[int]) -> TensorLayout
     name_at = names_at
     shape_i = 0
     stride_i = 0
-    by_code = _BY_CODE
+    # Each distinct (dtype code, shape, strides) checked once (see _check_entry).
+    checked: dict[tuple[int, tuple[int, ...], tuple[int, ...] | None], tuple[str, int, tuple[int, ...], int, bool, int]] = {}
     for i in range(count):
         sh = shared[i]
         sl = suffix[i]
@@ -283,41 +321,25 @@ def decode_table(table: bytes, count: int, sizes: Sequence[int]) -> TensorLayout
         index[name] = i
         names.append(name)
         prev = nb
-        dtype = by_code.get(codes[i])
-        if dtype is None:
-            raise _malformed(f"tensor {name!r} has unknown dtype code {codes[i]}")
-        itemsize = DTYPES[dtype][0]
+        nd = ndims[i]
+        shape = tuple(shape_col[shape_i:shape_i + nd])
+        shape_i += nd
+        if flags[i]:
+            given: tuple[int, ...] | None = tuple(stride_col[stride_i:stride_i + nd])
+            stride_i += nd
+        else:
+            given = None
+        key = (codes[i], shape, given)
+        known = checked.get(key)
+        if known is None:
+            known = checked[key] = _check_entry(name, codes[i], shape, given)
+        dtype, itemsize, st, extent, contig, size = known
         a = allocs[i]
         if a >= allocation_count:
             raise _malformed(f"tensor {name!r} names allocation {a} of {allocation_count}")
         off = offsets[i]
         if off > SAFE or off % itemsize:
             raise _malformed(f"tensor {name!r} starts at offset {off}, not a multiple of its {itemsize}-byte elements")
-        nd = ndims[i]
-        shape = tuple(shape_col[shape_i:shape_i + nd])
-        shape_i += nd
-        elements = 1
-        for d, dim in enumerate(shape):
-            if dim == 0 or dim > SAFE:
-                raise _malformed(f"tensor {name!r} has dimension {d} of {dim if dim == 0 else 'more than 2^53-1'} elements (tensors with no elements do not travel in sets)")
-            elements *= dim
-        if elements * itemsize > SAFE:
-            raise _malformed(f"tensor {name!r} holds more than 2^53-1 bytes")
-        c = c_strides(shape, itemsize)
-        if flags[i]:
-            st = tuple(stride_col[stride_i:stride_i + nd])
-            stride_i += nd
-            for d, s in enumerate(st):
-                if s > SAFE or s % itemsize:
-                    raise _malformed(f"tensor {name!r} has stride {s} in dimension {d}, not a non-negative multiple of {itemsize}")
-            if st == c:
-                raise _malformed(f"tensor {name!r} carries explicit strides equal to the C-contiguous ones (they must be left out)")
-            extent = sum((dim - 1) * s for dim, s in zip(shape, st)) + itemsize
-            contig = extent == elements * itemsize and is_c_order(shape, st, itemsize)
-        else:
-            st = c
-            extent = elements * itemsize
-            contig = True
         end = off + extent
         if end > sizes[a]:
             raise _malformed(f"tensor {name!r} reaches byte {end} of its allocation, which holds {sizes[a]}")
@@ -329,7 +351,7 @@ def decode_table(table: bytes, count: int, sizes: Sequence[int]) -> TensorLayout
         strides_out.append(st)
         contiguous.append(contig)
         extents.append(extent)
-        nbytes.append(elements * itemsize)
+        nbytes.append(size)
     if allocation_count and not all(used):
         raise _malformed(f"allocation {used.index(0)} holds no tensor")
     layout = TensorLayout()
