@@ -71,7 +71,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     if (t.placement) notes.push(t.placement);
     if (t.sleepsPer1k?.length) notes.push(sleepsNote(t.sleepsPer1k));
     if (t.floorsUs?.length) notes.push(floorsNote(t.floorsUs));
-    const byDefault = t.ring !== defaultRingKind(t.memory) ? r.roundTrip[ROW.roundTrip(t.wait, t.memory)] : undefined;
+    const byDefault = t.ring !== defaultRingKind() ? r.roundTrip[ROW.roundTrip(t.wait, t.memory)] : undefined;
     if (byDefault) notes.push(ringNote(t.us.median / byDefault.us.median, 'time', t.ring, t.us.median < byDefault.us.median, t.runs, byDefault.runs));
     notes.push(cpuNote(t.cpuUsPerMsg));
     latency.push({ name, unit: 'us', median: t.us.median, p99: t.us.p99, n: t.us.n, notes: withSpread(notes, t.runs) });
@@ -93,7 +93,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     if (pf && o.memory === 'host' && o.ring === 'c' && o.slotBytes === 4096) {
       notes.push(`${(o.msgsPerSec.median / pf.msgsPerSec.median).toFixed(2)}x the protocol floor's rate (the channel API adds ${(1e6 / o.msgsPerSec.median - 1e6 / pf.msgsPerSec.median).toFixed(2)} us a message)`);
     }
-    const byDefault = o.ring !== defaultRingKind(o.memory) ? r.oneWay[ROW.oneWay(o.slotBytes, o.wait, o.memory)] : undefined;
+    const byDefault = o.ring !== defaultRingKind() ? r.oneWay[ROW.oneWay(o.slotBytes, o.wait, o.memory)] : undefined;
     if (byDefault) notes.push(ringNote(o.msgsPerSec.median / byDefault.msgsPerSec.median, 'rate', o.ring, o.msgsPerSec.median > byDefault.msgsPerSec.median, o.runs, byDefault.runs));
     notes.push(cpuNote(o.cpuUsPerMsg));
     if (o.placement) notes.push(o.placement);
@@ -102,7 +102,7 @@ export function channelRows(r: ChannelResults): { latency: Row[]; throughput: Ro
     throughput.push({ name, unit: 'msg/s', median: o.msgsPerSec.median, p99: o.slowest1pct, n: o.msgsPerSec.n, notes: withSpread(notes, o.runs) });
   }
   if (r.python && 'rows' in r.python) {
-    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES && o.ring === defaultRingKind('host'));
+    const node = Object.values(r.oneWay).find((o) => o.memory === 'host' && o.wait === 'adaptive' && o.slotBytes === PYTHON_SLOT_BYTES && o.ring === defaultRingKind());
     for (const p of r.python.rows) {
       const notes = [`${p.direction.startsWith('python->node') ? 'a Python producer, a Node consumer' : 'a Node producer, a Python consumer'} (Python hot path: ${p.hotPath})`];
       if (node) {
@@ -140,7 +140,8 @@ export function printChannelTables(r: ChannelResults, iterations: number, warmup
     `is at most ${SPREAD_LIMIT * 100}% (else UNDECIDED); processes ${r.pinned}`);
   for (const l of r.leftovers) console.log(`  children still alive: ${l}`);
   console.log(r.cRingSkipped ? `  the C ring's rows did not run (every row on the JavaScript ring): ${r.cRingSkipped}`
-    : '  rows on host slots run the C ring, their default; rows marked "JavaScript ring" run both ends on it (CUDA_IPC_CHANNEL_RING=js) beside the same row on the C ring; device slots run the JavaScript ring, their default');
+    : '  rows run the C ring, the default on host and device slots; rows marked "JavaScript ring" run both ends on it (CUDA_IPC_CHANNEL_RING=js) ' +
+      'beside the same row on the C ring');
   printTable('Channel round trip: a message to a child through one channel and back through another ' +
     `(targets: adaptive <= ${TARGETS.rttDefaultHostUs} us host / ${TARGETS.rttDefaultDeviceUs} us device and <= ${TARGETS.rttDefaultVsSocket}x socket; ` +
     `spin <= ${TARGETS.rttSpinHostUs} / ${TARGETS.rttSpinDeviceUs} us)`, t.latency);

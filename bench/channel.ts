@@ -355,8 +355,8 @@ class Runs {
 
 
 /** A row on the ring its ends do not take by default says which it ran; the default's rows say nothing. */
-function ringMark(memory: Memory, ring: RingKind): string {
-  return ring === defaultRingKind(memory) ? '' : ring === 'c' ? ', C ring' : ', JavaScript ring';
+function ringMark(ring: RingKind): string {
+  return ring === defaultRingKind() ? '' : ring === 'c' ? ', C ring' : ', JavaScript ring';
 }
 
 /** Row names, as the tables print them (--only matches these). */
@@ -366,8 +366,8 @@ export const ROW = {
   socket: 'reference: Node Unix socket round trip, 64 bytes',
   protocol: 'floor: protocol round trip (spin, host slots, the C ring called directly, no channel API)',
   protocolOneWay: 'floor: protocol one way, 4 KiB slots (spin, host slots, the C ring called directly, no channel API)',
-  roundTrip: (wait: WaitMode, memory: Memory, ring: RingKind = defaultRingKind(memory)) => `round trip, ${wait} (${memory} slots${ringMark(memory, ring)})`,
-  oneWay: (size: number, wait: WaitMode, memory: Memory, ring: RingKind = defaultRingKind(memory)) => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots${ringMark(memory, ring)})`,
+  roundTrip: (wait: WaitMode, memory: Memory, ring: RingKind = defaultRingKind()) => `round trip, ${wait} (${memory} slots${ringMark(ring)})`,
+  oneWay: (size: number, wait: WaitMode, memory: Memory, ring: RingKind = defaultRingKind()) => `one way, ${fmtBytes(size)} slots, ${wait} (${memory} slots${ringMark(ring)})`,
   python: (direction: PythonOneWay['direction']) => `one way, ${fmtBytes(PYTHON_SLOT_BYTES)} slots, adaptive, ${direction.startsWith('python->node') ? 'Python -> Node' : 'Node -> Python'}${direction === 'node->python batch' ? `, receive_many(${PYTHON_BATCH})` : direction === 'python->node batch' ? `, acquire_many/publish_many(${PYTHON_BATCH})` : ''} (host slots)`,
   workSharing: (consumers: number) => `work sharing, ${consumers} consumer${consumers > 1 ? 's' : ''} (host slots)`,
 };
@@ -384,15 +384,15 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     floor: {}, roundTrip: {}, oneWay: {}, workSharing: {},
   };
   const sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20];
-  // Host slots: the C ring's rows (the default) and the JavaScript ring's beside them, where the addon
-  // has the C ring; device slots: the JavaScript ring's (their default).
+  // On each kind of slot: the C ring's rows (the default) and the JavaScript ring's beside them, where
+  // the addon has the C ring.
   const noCRing = cRingUnavailable();
   if (noCRing) res.cRingSkipped = noCRing;
-  const ringsFor = (memory: Memory): RingKind[] => (memory === 'host' && !noCRing ? ['c', 'js'] : ['js']);
-  const oneWayRows = (memory: Memory): Array<[WaitMode, number, RingKind]> => [
-    ...sizes.map((s) => ['adaptive', s, defaultRingKind(memory)] as [WaitMode, number, RingKind]),
-    ...ringsFor(memory).filter((k) => k !== defaultRingKind(memory)).map((k) => ['adaptive', 4 << 10, k] as [WaitMode, number, RingKind]),
-    ...(['sleep', 'spin'] as const).flatMap((w) => ringsFor(memory).map((k) => [w, 4 << 10, k] as [WaitMode, number, RingKind])),
+  const rings: RingKind[] = noCRing ? ['js'] : ['c', 'js'];
+  const oneWayRows: Array<[WaitMode, number, RingKind]> = [
+    ...sizes.map((s) => ['adaptive', s, defaultRingKind()] as [WaitMode, number, RingKind]),
+    ...rings.filter((k) => k !== defaultRingKind()).map((k) => ['adaptive', 4 << 10, k] as [WaitMode, number, RingKind]),
+    ...(['sleep', 'spin'] as const).flatMap((w) => rings.map((k) => [w, 4 << 10, k] as [WaitMode, number, RingKind])),
   ];
   // Each row: its name, its samples, and one run of it. Rows run in this order, `runs` rounds.
   const rows: Array<{ name: string; runs: Runs; run: (r: Runs) => Promise<void> }> = [];
@@ -411,13 +411,13 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
     for (const wait of WAITS) {
       // A longer warm-up than the handoff's: the channel's hot path must be compiled (steady state),
       // and the adaptive spin must have learned the gaps. The other ring's row next to the default's.
-      for (const ring of ringsFor(memory)) {
+      for (const ring of rings) {
         row(ROW.roundTrip(wait, memory, ring), async (r) => { const t = await roundTrip(m, wait, iterations, long, env, ring); r.add(t.us, t.cpuUsPerMsg, t.placement, t.sleepsPer1k); });
       }
     }
   }
   for (const [memory, m] of memories) {
-    for (const [wait, size, ring] of oneWayRows(memory)) {
+    for (const [wait, size, ring] of oneWayRows) {
       row(ROW.oneWay(size, wait, memory, ring), async (r) => { const o = await oneWay(m, wait, size, 8, 700, env, ring); r.add(o.rates, o.cpuUsPerMsg, o.placement, o.sleepsPer1k); });
     }
   }
@@ -486,12 +486,12 @@ export async function channelBenchmarks(iterations: number, warmup: number, devi
   }
   for (const [memory] of memories) {
     for (const wait of WAITS) {
-      for (const ring of ringsFor(memory)) {
+      for (const ring of rings) {
         const r = rows.find((x) => x.name === ROW.roundTrip(wait, memory, ring))?.runs;
         if (r) res.roundTrip[ROW.roundTrip(wait, memory, ring)] = { memory, wait, ring, us: r.summary, cpuUsPerMsg: r.cpuUsPerMsg, placement: r.placement, runs: r.spread, sleepsPer1k: r.sleepsPer1k, floorsUs: r.floorsUs };
       }
     }
-    for (const [wait, size, ring] of oneWayRows(memory)) {
+    for (const [wait, size, ring] of oneWayRows) {
       const r = rows.find((x) => x.name === ROW.oneWay(size, wait, memory, ring))?.runs;
       if (r) {
         res.oneWay[ROW.oneWay(size, wait, memory, ring)] = {

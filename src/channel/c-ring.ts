@@ -5,12 +5,12 @@
 // held release too. Everything else (membership, recovery, stats) stays the JavaScript ring's,
 // which this extends.
 //
-// Host-slot ends take it by default: on the H200 machine it beat the JavaScript ring in every row
-// the bench measures both ways (round trips 0.77-0.90x the time, one way 1.15-1.30x the rate), and
-// it is the ring the Python ends run, so one implementation serves both languages. Device-slot ends
-// keep the JavaScript ring (the C ring was not measured there). CUDA_IPC_CHANNEL_RING=js or =c, read
-// when an end is made, chooses for every end; an addon built without the C ring serves with the
-// JavaScript ring and says so once. The bench measures both side by side (bench/channel.ts).
+// Every end takes it by default: on the H200 machine it beat the JavaScript ring in every row the
+// bench measures both ways, on host slots (round trips 0.77-0.90x the time, one way 1.15-1.30x the
+// rate) and on device slots (spin round trip 0.85x, one way 1.02-1.10x, the rest the same), and it
+// is the ring the Python ends run, so one implementation serves both languages. CUDA_IPC_CHANNEL_RING=js
+// or =c, read when an end is made, chooses for every end; an addon built without the C ring serves
+// with the JavaScript ring and says so once. The bench measures both side by side (bench/channel.ts).
 import { IpcError } from '../errors.js';
 import { addon } from '../native/addon.js';
 import type { NativeCRing, NativeSharedWords } from '../native/channel-types.js';
@@ -30,26 +30,26 @@ const CORRUPTION = ['', 'tail out of range', 'head out of range', '%a messages i
 export type RingKind = 'js' | 'c';
 export const RING_ENV = 'CUDA_IPC_CHANNEL_RING';
 
-/** The ring an end on `memory` slots takes where CUDA_IPC_CHANNEL_RING is unset: the C ring on
- * host slots where the addon has it, else the JavaScript ring. */
-export function defaultRingKind(memory: 'host' | 'device'): RingKind {
-  return memory === 'host' && !cRingUnavailable() ? 'c' : 'js';
+/** The ring an end takes where CUDA_IPC_CHANNEL_RING is unset, on host and device slots alike: the
+ * C ring where the addon has it, else the JavaScript ring. */
+export function defaultRingKind(): RingKind {
+  return cRingUnavailable() ? 'js' : 'c';
 }
 
 /** The last bad value of CUDA_IPC_CHANNEL_RING warned about (once per value). */
 let badValueWarned: string | undefined;
 
-/** The ring a new end on `memory` slots takes: CUDA_IPC_CHANNEL_RING's ('c' or 'js') where it is
- * set, else defaultRingKind(memory). Any other value warns once (as the package's other variables
+/** The ring a new end takes: CUDA_IPC_CHANNEL_RING's ('c' or 'js') where it is
+ * set, else defaultRingKind(). Any other value warns once (as the package's other variables
  * do, code CUDA_IPC_ENV) and the default holds. */
-export function ringKindFor(memory: 'host' | 'device'): RingKind {
+export function ringKindFor(): RingKind {
   const v = process.env[RING_ENV];
   if (v === 'c' || v === 'js') return v;
   if (v !== undefined && v !== '' && v !== badValueWarned) {
     badValueWarned = v;
-    process.emitWarning(`${RING_ENV}=${JSON.stringify(v.slice(0, 64))} is not a ring (c: the C ring, js: the JavaScript ring); the default holds (the C ring on host slots, the JavaScript ring on device slots)`, { code: 'CUDA_IPC_ENV' });
+    process.emitWarning(`${RING_ENV}=${JSON.stringify(v.slice(0, 64))} is not a ring (c: the C ring, js: the JavaScript ring); the default holds (the C ring where the addon has it)`, { code: 'CUDA_IPC_ENV' });
   }
-  return defaultRingKind(memory);
+  return defaultRingKind();
 }
 
 /** Why the C ring cannot serve here (the addon was built without it), or undefined when it can. */

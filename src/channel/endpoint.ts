@@ -56,8 +56,8 @@ export class Endpoint {
     const role = init.role === 'producer' ? PRole.Producer : PRole.Consumer;
     this.#seqOff = Ring.sequenceFor(role);
     this.#sleepersOff = Ring.sleepersFor(role);
-    // The C ring on host slots, the JavaScript ring on device slots, unless CUDA_IPC_CHANNEL_RING says (c-ring.ts).
-    this.ring = block.ring(index, ringKindFor(block.memory));
+    // The C ring where the addon has it, unless CUDA_IPC_CHANNEL_RING says (c-ring.ts).
+    this.ring = block.ring(index, ringKindFor());
     this.recoveries = new Recoveries(this.ring);
     this.waiter = new Waiter(this.ring, block.bells.fd(index), init.policy);
     this.#views = new Array(block.slotCount).fill(undefined);

@@ -215,7 +215,7 @@ test('withCpusFirst (--cpus): the named CPUs first, in order, the helpers around
 test('channelRows: a target on a row whose runs spread over 15% is UNDECIDED, in the notes and the verdicts', () => {
   const us = (median: number) => ({ n: 100, median, p99: median * 2, mean: median });
   // Host slots' default ring (the C ring where the addon has it) and the other one, measured beside it.
-  const DEF = defaultRingKind('host');
+  const DEF = defaultRingKind();
   const OTHER = DEF === 'c' ? 'js' : 'c';
   const name = { c: 'the C ring', js: 'the JavaScript ring' };
   const res: ChannelResults = {
