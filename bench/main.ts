@@ -20,7 +20,7 @@ import { printTable, RunsByName, spreadOf, spreadText, verdict, widest, withSpre
 import { channelBenchmarks, TARGETS as CHANNEL_TARGETS, type ChannelResults } from './channel.js';
 import { printChannelTables } from './channel-tables.js';
 import { peerBenchmarks, printPeer, type PeerResults } from './peer.js';
-import { pythonLinkBenchmarks, type PythonLinkResults } from './python-link.js';
+import { pythonLinkBenchmarks, TORCH_TARGET_RATIO, type PythonLinkResults } from './python-link.js';
 import { benchPinPlan, describePlan, pinProcess } from './placement.js';
 import { benchArgs, intOption } from './args.js';
 
@@ -71,7 +71,7 @@ const HANDOFF_TARGETS = {
   /** link floor at most this many times the C 1-byte socket round trip (issue 19) */
   floorVsC: 1.3,
   /** Python: pool buffer Node -> torch view at least this many times faster than torch.multiprocessing */
-  pythonVsTorchMp: 4,
+  pythonVsTorchMp: TORCH_TARGET_RATIO,
   /** p99 at most this many times the median: pool, legacy and host rows (issue 10) */
   p99VsMedian: 3,
 } as const;
@@ -102,8 +102,10 @@ const check = (row: string, target: string, value: number, limit: number, atMost
   targets.push({ row, target, value, limit, spread, verdict: v });
   return `${target}: ${v}${v === 'UNDECIDED' ? ` (${spreadText(spread)})` : ''}`;
 };
-/** The handoff rows' and references' runs (medians and spread), by row name. */
-const handoffRuns = new Map<string, Spread>();
+/** The runs of the handoff rows, the C references and the Python references (medians and spread). */
+const ours = new RunsByName<HandoffResult>();
+const cRuns = new RunsByName<CReference>();
+const pyRuns = new RunsByName<PythonRef>();
 
 if (!values['no-handoff']) {
   const breakdownRuns = values.breakdown ? Math.min(iterations, 1000) : 0;
@@ -111,9 +113,6 @@ if (!values['no-handoff']) {
     `${runs} run(s) of each row and reference, the rows taking turns; figures: the median of the runs' medians (and p99s)` +
     (breakdownRuns ? `, then ${breakdownRuns} instrumented for the breakdown` : ''));
   // Each round runs every row and reference once; the figures combine the rounds (combineRuns).
-  const ours = new RunsByName<HandoffResult>();
-  const cRuns = new RunsByName<CReference>();
-  const pyRuns = new RunsByName<PythonRef>();
   if (!values['no-c']) cBuild = buildCReference(gpu);
   for (let run = 0; run < runs; run++) {
     if (runs > 1) process.stderr.write(`  handoff rows: run ${run + 1} of ${runs}\n`);
@@ -124,18 +123,9 @@ if (!values['no-handoff']) {
     }
     if (gpu && !values['no-python']) for (const r of pythonHandoffRefs(iterations, warmup)) pyRuns.add(r);
   }
-  handoff = ours.combined().map(({ m, spread }) => {
-    if (spread) handoffRuns.set(m.name, spread);
-    return m;
-  });
-  for (const { m, spread } of cRuns.combined()) {
-    cRefs.set(m.mode, m);
-    if (spread) handoffRuns.set(`reference: ${m.name}`, spread);
-  }
-  pyRefs = pyRuns.combined().map(({ m, spread }) => {
-    if (spread) handoffRuns.set(`reference: ${m.name}`, spread);
-    return m;
-  });
+  handoff = ours.combined().map(({ m }) => m);
+  for (const { m } of cRuns.combined()) cRefs.set(m.mode, m);
+  pyRefs = pyRuns.combined().map(({ m }) => m);
 
   const byKind = new Map(handoff.map((r) => [r.kind, r]));
   const cFor: Record<HandoffKind, CMode> = { pool: 'pool', 'pool-fresh': 'pool', legacy: 'legacy', host: 'host', floor: 'socket', 'host-alt': 'host', 'floor-alt': 'socket' };
@@ -143,15 +133,14 @@ if (!values['no-handoff']) {
   const cupyRef = pyRefs.find((r) => r.name.startsWith('CuPy'));
   const torch = torchRef?.summary;
   const cupy = cupyRef?.summary;
-  const runsOf = (name: string | undefined) => (name === undefined ? undefined : handoffRuns.get(name));
   const rows: Row[] = [];
   for (const r of handoff) {
     const s = r.summary;
-    const mine = runsOf(r.name);
+    const mine = ours.spread(r.name);
     const notes: string[] = [];
     const cRef = cRefs.get(cFor[r.kind]);
     const c = cRef?.summary;
-    const cRunsOf = runsOf(cRef && `reference: ${cRef.name}`);
+    const cRunsOf = cRef && cRuns.spread(cRef.name);
     if (c) notes.push(`${(s.median / c.median).toFixed(2)}x C`);
     if (r.kind === 'pool' || r.kind === 'legacy') {
       const limit = r.kind === 'pool' ? HANDOFF_TARGETS.poolVsC : HANDOFF_TARGETS.legacyVsC;
@@ -166,12 +155,12 @@ if (!values['no-handoff']) {
     const alt = r.kind === 'floor' || r.kind === 'host' ? byKind.get(`${r.kind}-alt`)?.summary : undefined;
     if (alt) notes.push(`${(s.median / alt.median).toFixed(2)}x ${ALT_RINGS ? 'with frame rings' : 'over the socket alone'}`);
     if (r.kind === 'pool') {
-      if (torch) notes.push(check(r.name, `${(torch.median / s.median).toFixed(1)}x faster than PyTorch (>= ${HANDOFF_TARGETS.vsTorch}x)`, torch.median / s.median, HANDOFF_TARGETS.vsTorch, false, mine, runsOf(`reference: ${torchRef!.name}`)));
-      if (cupy) notes.push(check(r.name, `${(cupy.median / s.median).toFixed(1)}x faster than CuPy (>= ${HANDOFF_TARGETS.vsCupy}x)`, cupy.median / s.median, HANDOFF_TARGETS.vsCupy, false, mine, runsOf(`reference: ${cupyRef!.name}`)));
+      if (torch) notes.push(check(r.name, `${(torch.median / s.median).toFixed(1)}x faster than PyTorch (>= ${HANDOFF_TARGETS.vsTorch}x)`, torch.median / s.median, HANDOFF_TARGETS.vsTorch, false, mine, pyRuns.spread(torchRef!.name)));
+      if (cupy) notes.push(check(r.name, `${(cupy.median / s.median).toFixed(1)}x faster than CuPy (>= ${HANDOFF_TARGETS.vsCupy}x)`, cupy.median / s.median, HANDOFF_TARGETS.vsCupy, false, mine, pyRuns.spread(cupyRef!.name)));
     }
     if (r.kind === 'host') {
       const floor = byKind.get('floor');
-      if (floor) notes.push(check(r.name, `${(s.median / floor.summary.median).toFixed(2)}x the link floor (<= ${HANDOFF_TARGETS.hostVsFloor}x)`, s.median / floor.summary.median, HANDOFF_TARGETS.hostVsFloor, true, mine, runsOf(floor.name)));
+      if (floor) notes.push(check(r.name, `${(s.median / floor.summary.median).toFixed(2)}x the link floor (<= ${HANDOFF_TARGETS.hostVsFloor}x)`, s.median / floor.summary.median, HANDOFF_TARGETS.hostVsFloor, true, mine, ours.spread(floor.name)));
     }
     if (r.kind === 'pool' || r.kind === 'legacy' || r.kind === 'host') {
       // Decided by how much the runs' own ratios differ.
@@ -182,12 +171,12 @@ if (!values['no-handoff']) {
   }
   for (const c of cRefs.values()) {
     rows.push(c.summary
-      ? { name: `reference: ${c.name}`, unit: 'us', median: c.summary.median, p99: c.summary.p99, n: c.summary.n, notes: withSpread([], runsOf(`reference: ${c.name}`)!) }
+      ? { name: `reference: ${c.name}`, unit: 'us', median: c.summary.median, p99: c.summary.p99, n: c.summary.n, notes: withSpread([], cRuns.spread(c.name)!) }
       : { name: `reference: ${c.name}`, unit: 'us', median: NaN, notes: [`skipped: ${c.skipped}`] });
   }
   for (const r of pyRefs) {
     rows.push(r.summary
-      ? { name: `reference: ${r.name}`, unit: 'us', median: r.summary.median, p99: r.summary.p99, n: r.summary.n, notes: withSpread([], runsOf(`reference: ${r.name}`)!) }
+      ? { name: `reference: ${r.name}`, unit: 'us', median: r.summary.median, p99: r.summary.p99, n: r.summary.n, notes: withSpread([], pyRuns.spread(r.name)!) }
       : { name: `reference: ${r.name}`, unit: 'us', median: NaN, notes: [`skipped: ${r.skipped}`] });
   }
   if (values['no-c']) console.log('C reference: not run (--no-c)');
@@ -261,7 +250,7 @@ if (values.json) {
     handoff: Object.fromEntries(handoff.map((r) => [r.name, r.summary])),
     handoffBreakdown: values.breakdown ? Object.fromEntries(handoff.map((r) => [r.name, r.breakdown])) : null,
     handoffTargets: { limits: HANDOFF_TARGETS, results: targets },
-    handoffRuns: Object.fromEntries(handoffRuns),
+    handoffRuns: Object.fromEntries([...ours.spreads(), ...cRuns.spreads('reference: '), ...pyRuns.spreads('reference: ')]),
     references: pyRefs,
     cReference: cBuild ? { build: cBuild, results: [...cRefs.values()] } : null,
     pythonLink: pythonLink ?? null,

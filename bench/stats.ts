@@ -146,6 +146,20 @@ export class RunsByName<T extends { name: string; summary?: Summary }> {
     return this.#byName.get(name)?.runs ?? [];
   }
 
+  /** The spread of `name`'s runs; undefined where a run skipped it or none measured it. */
+  spread(name: string): Spread | undefined {
+    const e = this.#byName.get(name);
+    return !e || e.skipped || e.runs.length === 0 ? undefined : spreadOf(e.runs.map((r) => r.median));
+  }
+
+  /** Every measured name with its spread, the name after `prefix` (as a table names it). */
+  spreads(prefix = ''): Array<[string, Spread]> {
+    return [...this.#byName.keys()].flatMap((name) => {
+      const s = this.spread(name);
+      return s ? [[prefix + name, s] as [string, Spread]] : [];
+    });
+  }
+
   /** Each measurement in the order first seen: the last run's, its summary combined over the runs
    * (combineRuns) and their spread; one that a run skipped, as that run gave it (no spread). */
   combined(): Array<{ m: T; spread?: Spread }> {

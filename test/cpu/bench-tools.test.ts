@@ -131,6 +131,10 @@ test('RunsByName: each measurement by name over the runs, the last run\'s with t
   assert.deepEqual(ref, { m: { name: 'ref', skipped: 'no compiler', round: 2 } }, 'skipped in one run: skipped, no spread');
   assert.deepEqual(r.runs('row').map((x) => x.median), [10, 12, 11]);
   assert.deepEqual(r.runs('none'), []);
+  assert.deepEqual(r.spread('row'), row!.spread, 'the spread by name is the combined one');
+  assert.equal(r.spread('ref'), undefined, 'a measurement a run skipped has no spread');
+  assert.equal(r.spread('none'), undefined);
+  assert.deepEqual(r.spreads('reference: '), [['reference: row', row!.spread]], 'every measured name, prefixed; the skipped one left out');
 });
 
 test('verdict: MET / MISSED only where the spread is at most the limit, else UNDECIDED', () => {
