@@ -188,7 +188,6 @@ CUresult InContext(int device, Fn fn) {
   return out;
 }
 
-
 // ---- Chunks and the segments carved from them (per device, under g_arena_lock) ----
 
 constexpr size_t kAlign = 512;               // what PyTorch's caching allocator assumes of a segment

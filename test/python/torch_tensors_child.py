@@ -90,16 +90,13 @@ def pool_arena():
     sizes = [1000 + i for i in range(120)] + [(5 << 20) + 4096 * i for i in range(40)] + [(64 << 20) + i for i in range(8)] + [(5 << 29) + 2]
     pool = ipc_mem_pool()
 
-    def fill(ts, first):
-        with torch.cuda.use_mem_pool(pool):
-            return [torch.full((n,), (first + i) % 251, dtype=torch.uint8, device=dev) for i, n in enumerate(sizes)] if ts is None else ts
-
     def check(ts, values):
         torch.cuda.synchronize()
         return all(t is None or bool(t.eq(v).all()) for t, v in zip(ts, values))
 
-    ts = fill(None, 0)
     values = [i % 251 for i in range(len(sizes))]
+    with torch.cuda.use_mem_pool(pool):
+        ts = [torch.full((n,), v, dtype=torch.uint8, device=dev) for n, v in zip(sizes, values)]
     ok = check(ts, values)
     with Device.get(0).activate():
         bases = {drv.pointer_facts(t.data_ptr()).base for t in ts}
