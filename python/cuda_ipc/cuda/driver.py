@@ -125,6 +125,25 @@ _SIGNATURES: dict[str, tuple[Any, ...]] = {
 #: An entry point: called with its arguments, returns the CUresult.
 DriverFunction = Callable[..., int]
 
+#: Entry points called keeping Python's GIL (ctypes.PYFUNCTYPE, as PyTorch makes its CUDA calls):
+#: each returns within microseconds and waits for no other thread, while a call that gives the GIL
+#: away waits a whole switch interval (5 ms) to get it back when another Python thread is busy.
+#: Everything that may wait (synchronize, allocate, map, open, copy from host memory) gives it away.
+KEEPS_GIL = frozenset({
+    "cuGetErrorName", "cuGetErrorString", "cuDeviceGet", "cuDeviceGetAttribute", "cuCtxGetCurrent", "cuCtxPushCurrent",
+    "cuCtxPopCurrent", "cuCtxSetCurrent", "cuPointerGetAttribute", "cuPointerGetAttributes", "cuMemGetAddressRange",
+    "cuEventQuery", "cuStreamQuery", "cuStreamWaitEvent", "cuStreamWaitValue32", "cuStreamWriteValue32",
+    # resolved on first use (_EXTRA):
+    "cuEventRecord", "cuLaunchKernel", "cuMemcpyDtoDAsync",
+})
+
+
+def _entry(name: str, restype: Any, argtypes: tuple[Any, ...], address: int) -> DriverFunction:
+    """The function at ``address``, called keeping the GIL where KEEPS_GIL says so."""
+    prototype = ctypes.PYFUNCTYPE(restype, *argtypes) if name in KEEPS_GIL else ctypes.CFUNCTYPE(restype, *argtypes)
+    fn: DriverFunction = prototype(address)
+    return fn
+
 _lock = threading.Lock()
 _driver: "_Driver | None" = None
 _load_error: CudaError | None = None
@@ -151,7 +170,7 @@ class _Driver:
             pfn = c_void_p()
             status = c_int()
             if get_proc(name.encode(), byref(pfn), ABI_VERSION, 0, byref(status)) == 0 and pfn.value:
-                self._fns[name] = ctypes.CFUNCTYPE(CUresult, *argtypes)(pfn.value)
+                self._fns[name] = _entry(name, CUresult, argtypes, pfn.value)
         r = self._raw("cuInit")(0)
         if r != 0:
             raise self.error(r, "cuInit")
@@ -353,7 +372,7 @@ def extra_entry(name: str) -> DriverFunction | None:
         status = c_int()
         fn: DriverFunction | None = None
         if get_proc(name.encode(), byref(pfn), version, 0, byref(status)) == 0 and pfn.value:
-            fn = ctypes.CFUNCTYPE(c_int, *argtypes)(pfn.value)
+            fn = _entry(name, c_int, argtypes, pfn.value)
         _entries[name] = fn
         return fn
 

@@ -1,7 +1,8 @@
 """An NCCL communicator through ctypes: the same operations as the Node side's NcclCommunicator
-(src/nccl/communicator.ts). Calls here wait (sleeping, the GIL released), but the communicator is
-still created non-blocking (ncclConfig_t.blocking = 0) and polled, so that a timeout is honoured
-and a hung init can be aborted."""
+(src/nccl/communicator.ts). Calls here wait, but the communicator is created non-blocking
+(ncclConfig_t.blocking = 0) and polled, so that a timeout is honoured and a hung init can be
+aborted. Queueing an operation keeps the GIL (abi.KEEPS_GIL) and so does the first half
+millisecond of polling for NCCL to take it; longer waits give it away (sleeping)."""
 from __future__ import annotations
 
 import atexit
@@ -23,6 +24,7 @@ from .errors import IN_PROGRESS, SUCCESS, result_name
 from .abi import API_MAGIC, CONFIG_UNDEF_INT, CONFIG_VERSION, DATATYPE_UINT8, NCCL_UNIQUE_ID_BYTES, NcclConfig, NcclUniqueIdStruct
 from .library import NcclLibrary, load_nccl
 
+_HELD_S = 0.0005
 _SPIN_S = 0.002
 _FIRST_DELAY_S = 0.001
 _MAX_DELAY_S = 0.010
@@ -77,19 +79,25 @@ def _pointer(buffer: Any, nbytes: int, name: str) -> int:
 
 def _wait(read: Callable[[], int], timeout: float | None, what: str, stop: threading.Event | None = None) -> int:
     """Calls ``read`` (ncclCommGetAsyncError's state) until it is not ncclInProgress; returns that.
-    Reads back to back (yielding the GIL) for the first _SPIN_S, then sleeps between reads (1 ms,
-    doubling to 10 ms): queueing one operation takes NCCL's thread tens of microseconds, and a 1 ms
-    sleep per operation made a 32-chunk transfer spend 38 ms queueing (measured on two H200s).
+    Reads back to back keeping the GIL for the first _HELD_S, then yielding it for the rest of
+    _SPIN_S, then sleeps between reads (1 ms, doubling to 10 ms): queueing one operation takes
+    NCCL's thread tens of microseconds, a 1 ms sleep per operation made a 32-chunk transfer spend 38
+    ms queueing (two H200s), and a yield costs a whole switch interval (5 ms) when another Python
+    thread is busy.
     Raises ERR_TIMEOUT past ``timeout`` seconds, and ERR_CLOSED once ``stop`` is set (another
     thread gave up on it)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     delay = _FIRST_DELAY_S
-    spin_until = time.monotonic() + _SPIN_S
+    start = time.monotonic()
+    held_until, spin_until = start + _HELD_S, start + _SPIN_S
     while True:
         state = read()
         if state != IN_PROGRESS:
             return state
-        if time.monotonic() < spin_until:
+        now = time.monotonic()
+        if now < held_until:
+            continue
+        if now < spin_until:
             time.sleep(0)
             continue
         if stop is not None and stop.is_set():
