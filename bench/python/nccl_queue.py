@@ -1,8 +1,9 @@
 """The host time to queue NCCL work from Python, with the process otherwise idle and with another
 Python thread busy (an inference engine's scheduler, a data loader): bench/nccl-queue.ts prints it.
 One GPU, a one-rank communicator (its broadcasts are queued and run like any other operation), 16
-operations of 64 MiB (argument 3) per sample, timed from the first call to the last return (the GPU's work is
-waited for outside the timing). Rows, taking turns round by round:
+operations of 64 MiB (argument 3) per sample, timed from the first call to the last return (the
+GPU's work is waited for outside the timing); a row's idle and busy samples alternate, so that a
+round's ratio of the two compares moments a millisecond apart. Rows, taking turns round by round:
 
   broadcast              cuda_ipc's NcclCommunicator.broadcast, 16 in a row
   chunk pipeline         cuda_ipc's ChunkMover.queue: 16 staged chunks, each a gather launch, its
@@ -12,10 +13,13 @@ waited for outside the timing). Rows, taking turns round by round:
   raw, GIL given away    the same through ctypes.CFUNCTYPE (each call releases the GIL) and a poll that
                          yields: how cuda_ipc called NCCL and the driver before
 
-Arguments: rounds (3), samples per round (15), MiB per operation (64). Prints one JSON object: {rows: {name: {idle: [[us per op per sample] per round], busy: [...]}}}.
+Arguments: rounds (5), samples per round (100), MiB per operation (64), and where to run (optional:
+"Q,B,LIST": the queueing thread on CPU Q, the busy thread on CPU B, every other thread, NCCL's
+included, on the CPUs of LIST, "0-3,8"). Prints one JSON object: {rows: {name: {idle: [[us per op per sample] per round], busy: [...]}}}.
 """
 import ctypes
 import json
+import os
 import sys
 import threading
 import time
@@ -31,9 +35,24 @@ from cuda_ipc.tensors.packed_stream import ChunkRoute
 OPS = 16
 PIECES = 4
 IN_PROGRESS = 7
-rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 3
-samples = int(sys.argv[2]) if len(sys.argv) > 2 else 15
+rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+samples = int(sys.argv[2]) if len(sys.argv) > 2 else 100
 SIZE = (int(sys.argv[3]) if len(sys.argv) > 3 else 64) << 20
+
+
+def cpu_list(text):
+    cpus = set()
+    for part in text.split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+queue_cpu = busy_cpu = None
+if len(sys.argv) > 4:
+    q, b, others = sys.argv[4].split(",", 2)
+    queue_cpu, busy_cpu = int(q), int(b)
+    os.sched_setaffinity(0, cpu_list(others))  # threads made from here on (NCCL's) inherit it
 
 dev = Device.get(0)
 lib = load_nccl()
@@ -45,6 +64,8 @@ src = buf + SIZE * OPS
 stream = Stream(dev)
 comm = NcclCommunicator.init(lib.unique_id(), 1, 0, dev)
 mover = ChunkMover(dev, stream)
+if queue_cpu is not None:
+    os.sched_setaffinity(0, {queue_cpu})  # this thread only
 piece = SIZE // PIECES
 routes = [ChunkRoute(False, SIZE, 0, tuple((j * piece, src + (k * PIECES + j) * piece, piece) for j in range(PIECES))) for k in range(OPS)]
 how = ChunkOperation("broadcast", 0)
@@ -84,47 +105,70 @@ ROWS = {
 
 
 class Busy:
-    """Another Python thread that never waits (it gives the GIL up only when asked to)."""
+    """Another Python thread that never waits while it runs (it gives the GIL up only when asked to),
+    started and parked between samples, so that a round's idle and busy samples alternate."""
 
-    def __enter__(self):
-        self.stop = False
-
-        def spin():
-            x = 0
-            while not self.stop:
-                x += 1
-        self.thread = threading.Thread(target=spin, daemon=True)
+    def __init__(self):
+        self.go, self.parked, self.running, self.stop = threading.Event(), threading.Event(), threading.Event(), False
+        self.thread = threading.Thread(target=self._spin, daemon=True)
         self.thread.start()
-        return self
+        self.parked.wait()
 
-    def __exit__(self, *exc):
+    def _spin(self):
+        if busy_cpu is not None:
+            os.sched_setaffinity(0, {busy_cpu})
+        while not self.stop:
+            self.running.clear()
+            self.parked.set()
+            self.go.wait()
+            self.running.set()
+            x = 0
+            while self.go.is_set() and not self.stop:
+                x += 1
+
+    def on(self):
+        self.parked.clear()
+        self.go.set()
+        self.running.wait()
+
+    def off(self):
+        self.go.clear()
+        self.parked.wait()
+
+    def close(self):
         self.stop = True
+        self.go.set()
         self.thread.join()
 
 
-def timed(fn):
-    out = []
-    for _ in range(samples):
-        stream.synchronize()
-        mover.copy_stream.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t0) * 1e6 / OPS)
+def sample(fn):
     stream.synchronize()
     mover.copy_stream.synchronize()
-    return out
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e6 / OPS
 
 
+busy = Busy()
 for fn in ROWS.values():  # warm-up: the kernels loaded, the table uploaded, NCCL's first launches
-    timed(fn)
+    for _ in range(samples):
+        sample(fn)
 result = {name: {"idle": [], "busy": []} for name in ROWS}
 for r in range(rounds):
     names = list(ROWS)
     names = names[r % len(names):] + names[:r % len(names)]  # each round starts with another row
     for name in names:
-        result[name]["idle"].append(timed(ROWS[name]))
-        with Busy():
-            result[name]["busy"].append(timed(ROWS[name]))
+        idle, loaded = [], []
+        for _ in range(samples):
+            idle.append(sample(ROWS[name]))
+            busy.on()
+            loaded.append(sample(ROWS[name]))
+            busy.off()
+        result[name]["idle"].append(idle)
+        result[name]["busy"].append(loaded)
+busy.close()
+stream.synchronize()
+mover.copy_stream.synchronize()
 mover.close()
 comm.close()
 with dev.activate():

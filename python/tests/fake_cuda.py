@@ -6,6 +6,7 @@ import ctypes
 import os
 import threading
 
+from cuda_ipc.arrays import buffer_array
 from cuda_ipc.cuda import device as device_mod
 from cuda_ipc.cuda import driver as drv
 from cuda_ipc.link.transfers import device_transfers as transfers_mod
@@ -427,6 +428,10 @@ def install() -> FakeDriver:
     _forget_driver_state()
     fake = FakeDriver()
     drv._driver = fake
+    # Received device memory is a torch tensor where torch imports (a GPU machine): torch's allocator
+    # would hand out real device memory that the fakes (host memory standing in) then write to.
+    fake.torch_was = (buffer_array._torch_checked, buffer_array._torch)
+    buffer_array._torch_checked, buffer_array._torch = True, None
     device_mod._devices = None
     device_mod._by_uuid.clear()
     transfers_mod._check_pool_fd_real = transfers_mod._check_pool_fd
@@ -443,6 +448,7 @@ def uninstall(fake: FakeDriver) -> None:
     _forget_driver_state()
     fake.close()
     drv._driver = None
+    buffer_array._torch_checked, buffer_array._torch = fake.torch_was
     device_mod._devices = None
     device_mod._by_uuid.clear()
     transfers_mod._check_pool_fd = transfers_mod._check_pool_fd_real

@@ -121,7 +121,8 @@ class NcclQueueingKeepsTheGil(unittest.TestCase):
         lib = load_nccl()
         uid = lib.unique_id()
         comms = [NcclCommunicator.init(uid, 2, rank) for rank in (0, 1)]
-        self.addCleanup(lambda: [c.abort() for c in comms])
+        for c in comms:
+            self.addCleanup(c.abort)
         before = {name: _gil_counts(self.path, name) for name in abi.KEEPS_GIL | {"ncclCommInitRankConfig", "ncclCommAbort"}}
         src = (ctypes.c_ubyte * 4096)(*[i % 251 for i in range(4096)])
         dst = (ctypes.c_ubyte * 4096)()

@@ -377,10 +377,22 @@ def extra_entry(name: str) -> DriverFunction | None:
         return fn
 
 
-def call_extra(name: str, *args: Any) -> None:
+def entry_point(name: str) -> DriverFunction:
+    """The entry point ``name`` of either table, unchecked (it returns the CUresult: pass it to
+    ``check``), for a loop that makes many calls in a context it made current once."""
+    if name not in _EXTRA:
+        return driver()._raw(name)
     fn = extra_entry(name)
     if fn is None:
         raise CudaError(-2, "CUDA_SYMBOL_NOT_FOUND", f"the installed driver does not provide {name}: update the NVIDIA driver", f"cuGetProcAddress({name})")
-    r = fn(*args)
-    if r != 0:
-        raise driver().error(r, name)
+    return fn
+
+
+def check(status: int, name: str) -> None:
+    """Raises the CudaError of ``status`` (from entry point ``name``) unless it is CUDA_SUCCESS."""
+    if status != 0:
+        raise driver().error(status, name)
+
+
+def call_extra(name: str, *args: Any) -> None:
+    check(entry_point(name)(*args), name)

@@ -85,45 +85,52 @@ class ChunkMover:
         if largest:
             self._ensure_slots(largest)
         plan = self._plan_of(routes, sending)
-        self.uploaded = self._upload(plan.data)
-        nccl, copy = self.nccl_stream, self.copy_stream
-        for ev in after:
-            nccl.wait(ev)
-            copy.wait(ev)
-        handle = nccl.handle
-        for k, route in enumerate(routes):
-            staged = plan.chunks[k]
-            s = k % 2
-            if route.direct:
-                buffer = route.address
-            else:
-                assert staged is not None, "a staged chunk has its rows"
-                buffer = self._slots[s]
-                if sending:
-                    copy.wait(self._free[s])
-                    self._launch(staged)
-                    self._full[s].record(copy.handle)
-                    nccl.wait(self._full[s])
+        wait_event, record, check = drv.entry_point("cuStreamWaitEvent"), drv.entry_point("cuEventRecord"), drv.check
+        nccl, copy = c_void_p(self.nccl_stream.handle), c_void_p(self.copy_stream.handle)
+        free = [c_void_p(e.handle) for e in self._free]
+        full = [c_void_p(e.handle) for e in self._full]
+        handle = self.nccl_stream.handle
+        # The device's context made current once: each call below is one driver call, not three (the
+        # context pushed and popped around every call was most of a staged chunk's host time).
+        with self.device.activate():
+            self.uploaded = self._upload(plan.data)
+            for ev in after:
+                check(wait_event(nccl, c_void_p(ev.handle), 0), "cuStreamWaitEvent")
+                check(wait_event(copy, c_void_p(ev.handle), 0), "cuStreamWaitEvent")
+            for k, route in enumerate(routes):
+                staged = plan.chunks[k]
+                s = k % 2
+                if route.direct:
+                    buffer = route.address
                 else:
-                    nccl.wait(self._free[s])
-            if how.op == "broadcast":
-                comm.broadcast(buffer, route.bytes, how.peer, stream=handle)
-            elif how.op == "send":
-                comm.send(buffer, route.bytes, how.peer, stream=handle)
-            else:
-                comm.recv(buffer, route.bytes, how.peer, stream=handle)
-            if not route.direct:
-                assert staged is not None, "a staged chunk has its rows"
-                if sending:
-                    self._free[s].record(handle)
+                    assert staged is not None, "a staged chunk has its rows"
+                    buffer = self._slots[s]
+                    if sending:
+                        check(wait_event(copy, free[s], 0), "cuStreamWaitEvent")
+                        self._launch(staged)
+                        check(record(full[s], copy), "cuEventRecord")
+                        check(wait_event(nccl, full[s], 0), "cuStreamWaitEvent")
+                    else:
+                        check(wait_event(nccl, free[s], 0), "cuStreamWaitEvent")
+                if how.op == "broadcast":
+                    comm.broadcast(buffer, route.bytes, how.peer, stream=handle)
+                elif how.op == "send":
+                    comm.send(buffer, route.bytes, how.peer, stream=handle)
                 else:
-                    self._full[s].record(handle)
-                    copy.wait(self._full[s])
-                    self._launch(staged)
-                    self._free[s].record(copy.handle)
-        # Done when both streams passed this transfer's work.
-        self._done.record(copy.handle)
-        nccl.wait(self._done)
+                    comm.recv(buffer, route.bytes, how.peer, stream=handle)
+                if not route.direct:
+                    assert staged is not None, "a staged chunk has its rows"
+                    if sending:
+                        check(record(free[s], nccl), "cuEventRecord")
+                    else:
+                        check(record(full[s], nccl), "cuEventRecord")
+                        check(wait_event(copy, full[s], 0), "cuStreamWaitEvent")
+                        self._launch(staged)
+                        check(record(free[s], copy), "cuEventRecord")
+            # Done when both streams passed this transfer's work.
+            done = c_void_p(self._done.handle)
+            check(record(done, copy), "cuEventRecord")
+            check(wait_event(nccl, done, 0), "cuStreamWaitEvent")
 
     def _plan_of(self, routes: Sequence[ChunkRoute], gather: bool) -> _TablePlan:
         """The run table of the staged chunks: gathers (addresses -> slot) or scatters (slot -> addresses)."""
@@ -196,14 +203,14 @@ class ChunkMover:
         return len(data)
 
     def _launch(self, c: _StagedChunk) -> None:
+        """copy_runs over chunk ``c``'s rows, on the copy stream; the device's context is current."""
         if c.runs == 0:
             return
-        with self.device.activate():
-            fn, sms = copy_kernels.copy_runs_function(self.device.ordinal)
-            values = (c_uint64(self._table_ptr + c.row * _ROW_BYTES), c_uint32(c.runs), c_uint64(c.items), c_uint64(CHUNK_BYTES))
-            pointers = (c_void_p * 4)(*[ctypes.addressof(v) for v in values])
-            copy_kernels.call("cuLaunchKernel", c_void_p(fn), grid_for(c.items, sms), 1, 1, BLOCK_THREADS, 1, 1, 0,
-                              c_void_p(self.copy_stream.handle), pointers, None)
+        fn, sms = copy_kernels.copy_runs_function(self.device.ordinal)
+        values = (c_uint64(self._table_ptr + c.row * _ROW_BYTES), c_uint32(c.runs), c_uint64(c.items), c_uint64(CHUNK_BYTES))
+        pointers = (c_void_p * 4)(*[ctypes.addressof(v) for v in values])
+        copy_kernels.call("cuLaunchKernel", c_void_p(fn), grid_for(c.items, sms), 1, 1, BLOCK_THREADS, 1, 1, 0,
+                          c_void_p(self.copy_stream.handle), pointers, None)
 
     def close(self) -> None:
         """Frees the slots, events, table and copy stream once nothing queued can use them (after the
