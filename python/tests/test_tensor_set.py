@@ -7,6 +7,7 @@ import ctypes
 import gc
 import os
 import struct
+import sys
 import threading
 import time
 import unittest
@@ -477,9 +478,11 @@ class DeviceSetTests(unittest.TestCase):
         # A repeated update of the same parameters from the same layout reuses the plan.
         r2 = update_in_place(mine, got, method="batch")
         self.assertEqual((r2.operations, self.fake.batches), (1, [5, 5]))
-        # Strided pairs without torch: named, not silently skipped.
-        with self.assertRaisesRegex(IpcError, "needs torch"):
-            update_in_place({"x": fake_cuda.FakeArray(dst_seg, (4, 4), "<f4", strides=(4, 16))}, {"x": fake_cuda.FakeArray(seg2, (4, 4), "<f4")})
+        # Strided pairs without torch: named, not silently skipped. (Where this process imported torch, a
+        # GPU machine, update_in_place hands them to torch, which rejects the fake's host memory.)
+        if "torch" not in sys.modules:
+            with self.assertRaisesRegex(IpcError, "needs torch"):
+                update_in_place({"x": fake_cuda.FakeArray(dst_seg, (4, 4), "<f4", strides=(4, 16))}, {"x": fake_cuda.FakeArray(seg2, (4, 4), "<f4")})
         got.close()
 
     def test_update_in_place_is_one_copy_runs_launch_and_a_repeat_uploads_nothing(self):
