@@ -144,6 +144,7 @@ def _entry(name: str, restype: Any, argtypes: tuple[Any, ...], address: int) -> 
     fn: DriverFunction = prototype(address)
     return fn
 
+
 _lock = threading.Lock()
 _driver: "_Driver | None" = None
 _load_error: CudaError | None = None
