@@ -22,6 +22,61 @@ from cuda_ipc.link.transport.tcp_auth import ROLE_CONNECTOR, ROLE_LISTENER, chal
 
 from .test_link import open_fds, pair
 
+
+class Ticket:
+    """A value leased over TCP by the test handler below (as the NCCL layer's records are)."""
+
+    def __init__(self, n, lease=None):
+        self.n, self.lease = n, lease
+
+    def close(self):
+        self.lease.end()
+
+
+def _ticket_transfer(released):
+    """A handler of the 'tcp' transport for Ticket (register it; unregister 'tcp-ticket-test' after):
+    one byte each, its number appended to ``released`` when the peer released it."""
+
+    class TicketTransfer(TransferHandler):
+        kind = "tcp-ticket-test"
+        transports = frozenset({"tcp"})
+
+        def can_transfer(self, value):
+            return isinstance(value, Ticket)
+
+        def encode(self, value, link):
+            return TransferEncoding(data=bytes([value.n]), hold=Hold(lambda: released.append(value.n), 1))
+
+        def decode(self, data, fds, link, lease):
+            return Ticket(data[0], lease)
+
+    return TicketTransfer
+
+
+def _count_writes(link):
+    """Wraps ``link``'s socket writes: each write's frame types (the first two frames it starts
+    with), listed in the returned list as they happen."""
+    outbox = link._outbox
+    conn = outbox._conn
+    writes = []
+
+    class Counted:
+        def __getattr__(self, name):
+            return getattr(conn, name)
+
+        def send(self, view):
+            data = bytes(view)
+            kinds = []
+            at = 0
+            while at + fr.HEADER_BYTES <= len(data) and len(kinds) < 2:
+                kinds.append(data[at + 5])
+                at += fr.HEADER_BYTES + int.from_bytes(data[at + 8:at + 12], "little")
+            writes.append(tuple(kinds))
+            return conn.send(view)
+
+    outbox._conn = Counted()
+    return writes
+
 TOKEN = "test-token-" + "0123456789abcdef"
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -308,28 +363,7 @@ class TcpLinkTests(unittest.TestCase):
     def test_leases_work_on_tcp_for_a_handler_that_serves_it(self):
         # How the NCCL layer's records travel: a handler of the 'tcp' transport, leased to the peer.
         released = []
-
-        class Ticket:
-            def __init__(self, n, lease=None):
-                self.n, self.lease = n, lease
-
-            def close(self):
-                self.lease.end()
-
-        class TicketTransfer(TransferHandler):
-            kind = "tcp-ticket-test"
-            transports = frozenset({"tcp"})
-
-            def can_transfer(self, value):
-                return isinstance(value, Ticket)
-
-            def encode(self, value, link):
-                return TransferEncoding(data=bytes([value.n]), hold=Hold(lambda: released.append(value.n), 1))
-
-            def decode(self, data, fds, link, lease):
-                return Ticket(data[0], lease)
-
-        register_transfer_handler(TicketTransfer())
+        register_transfer_handler(_ticket_transfer(released)())
         try:
             a, b = linked(self.server)
             with a, b:
@@ -349,6 +383,32 @@ class TcpLinkTests(unittest.TestCase):
                     ua.send(Ticket(1))  # not a handler of Unix links
                 self.assertEqual(cm.exception.code, "ERR_NOT_TRANSFERABLE")
             self.assertEqual(sorted(released), [7, 8], "closing the link ended the other lease")
+        finally:
+            unregister_transfer_handler("tcp-ticket-test")
+
+    def test_a_short_reply_after_a_close_takes_the_release_behind_it_in_one_write(self):
+        released = []
+        register_transfer_handler(_ticket_transfer(released)())
+        try:
+            a, b = linked(self.server)
+            with a, b:
+                writes = _count_writes(b)
+                for round_ in range(2):
+                    a.send({"t": Ticket(7 + round_)})
+                    b.receive(timeout=5)["t"].close()  # by the receiving thread: its RELEASE waits for the reply
+                    before = len(writes)
+                    b.send("done" if round_ == 0 else "x" * 20000)  # the second longer than PAIR_LIMIT
+                    self.assertEqual(a.receive(timeout=5), "done" if round_ == 0 else "x" * 20000)
+                    deadline = time.monotonic() + 5
+                    while a.leases.count and time.monotonic() < deadline:
+                        select.select([a], [], [], 0.05)
+                        a.poll()
+                    self.assertEqual((a.leases.count, released[-1:]), (0, [7 + round_]), "the RELEASE came behind the reply")
+                    if round_ == 0:
+                        self.assertEqual(len(writes) - before, 1, "the reply and its RELEASE in one write")
+                        self.assertEqual(writes[-1][:2], (fr.MESSAGE, fr.RELEASE))
+                    else:
+                        self.assertEqual([w[0] for w in writes[before:]][-1:], [fr.RELEASE], "a long reply: the RELEASE on its own")
         finally:
             unregister_transfer_handler("tcp-ticket-test")
 

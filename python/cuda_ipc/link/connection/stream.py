@@ -32,6 +32,11 @@ if TYPE_CHECKING:
     from ..lifetimes.lease import IncomingLeases
 
 
+#: A frame this short takes the RELEASE of the ids waiting behind it in the same write (a copy of it
+#: costs less than a second system call, and the peer gets both in one segment).
+PAIR_LIMIT = 16 * 1024
+
+
 class StreamOutbox(Outbox):
     """The sending half of a stream link (Outbox's rules): each frame written whole under the send lock.
     ``broken(error)`` closes the link when a frame could only be written in part."""
@@ -54,6 +59,11 @@ class StreamOutbox(Outbox):
             if deadline is not None and not self._conn.wait(POLLOUT, deadline):
                 raise IpcError("ERR_TIMEOUT", f"link.send: the {self._peer_name} did not read for {timeout} s and its "
                                "socket is full; the message was not sent (it is behind or stopped)")
+            if self._leases.has_pending and self.open and len(data) <= PAIR_LIMIT:
+                # A reply after closing what came: its RELEASE behind it, one write (PROTOCOL.md 5).
+                # Ids taken here end with the link if the write fails: its close ends them all.
+                ids = self._leases.take_pending()
+                data = b"".join([data, *(fr.release_frame(ids[i:i + fr.MAX_RELEASE_IDS]) for i in range(0, len(ids), fr.MAX_RELEASE_IDS))])
             try:
                 self._write_all(data, deadline)
             except TimeoutError:
