@@ -29,12 +29,12 @@ from cuda_ipc.cuda import driver as drv
 from cuda_ipc.cuda.device import Device
 from cuda_ipc.cuda.stream import Stream
 from cuda_ipc.nccl import NcclCommunicator, load_nccl
+from cuda_ipc.nccl.errors import IN_PROGRESS
 from cuda_ipc.tensors.chunk_pipeline import ChunkMover, ChunkOperation
 from cuda_ipc.tensors.packed_stream import ChunkRoute
 
 OPS = 16
 PIECES = 4
-IN_PROGRESS = 7
 rounds = int(sys.argv[1]) if len(sys.argv) > 1 else 5
 samples = int(sys.argv[2]) if len(sys.argv) > 2 else 100
 SIZE = (int(sys.argv[3]) if len(sys.argv) > 3 else 64) << 20

@@ -3,6 +3,7 @@ encoding and past a frame, host buffers arriving as copies, values that need fds
 TCP transfer handler, NCCL_ABORT hooks, backpressure, and the token (wrong, missing, from the
 environment). The listener, TLS and killed peers: test_tcp_listener.py. Standard library only."""
 import array
+import contextlib
 import gc
 import os
 import secrets
@@ -33,9 +34,11 @@ class Ticket:
         self.lease.end()
 
 
-def _ticket_transfer(released):
-    """A handler of the 'tcp' transport for Ticket (register it; unregister 'tcp-ticket-test' after):
-    one byte each, its number appended to ``released`` when the peer released it."""
+@contextlib.contextmanager
+def _tickets():
+    """A handler of the 'tcp' transport for Ticket, registered while the block runs: one byte each;
+    yields the list of the numbers the peer released, in order."""
+    released = []
 
     class TicketTransfer(TransferHandler):
         kind = "tcp-ticket-test"
@@ -50,7 +53,11 @@ def _ticket_transfer(released):
         def decode(self, data, fds, link, lease):
             return Ticket(data[0], lease)
 
-    return TicketTransfer
+    register_transfer_handler(TicketTransfer())
+    try:
+        yield released
+    finally:
+        unregister_transfer_handler("tcp-ticket-test")
 
 
 def _count_writes(link):
@@ -362,9 +369,7 @@ class TcpLinkTests(unittest.TestCase):
 
     def test_leases_work_on_tcp_for_a_handler_that_serves_it(self):
         # How the NCCL layer's records travel: a handler of the 'tcp' transport, leased to the peer.
-        released = []
-        register_transfer_handler(_ticket_transfer(released)())
-        try:
+        with _tickets() as released:
             a, b = linked(self.server)
             with a, b:
                 self.assertTrue(peer_takes_nccl(a) and peer_takes_nccl(b))
@@ -383,13 +388,9 @@ class TcpLinkTests(unittest.TestCase):
                     ua.send(Ticket(1))  # not a handler of Unix links
                 self.assertEqual(cm.exception.code, "ERR_NOT_TRANSFERABLE")
             self.assertEqual(sorted(released), [7, 8], "closing the link ended the other lease")
-        finally:
-            unregister_transfer_handler("tcp-ticket-test")
 
     def test_a_short_reply_after_a_close_takes_the_release_behind_it_in_one_write(self):
-        released = []
-        register_transfer_handler(_ticket_transfer(released)())
-        try:
+        with _tickets() as released:
             a, b = linked(self.server)
             with a, b:
                 writes = _count_writes(b)
@@ -409,8 +410,6 @@ class TcpLinkTests(unittest.TestCase):
                         self.assertEqual(writes[-1][:2], (fr.MESSAGE, fr.RELEASE))
                     else:
                         self.assertEqual([w[0] for w in writes[before:]][-1:], [fr.RELEASE], "a long reply: the RELEASE on its own")
-        finally:
-            unregister_transfer_handler("tcp-ticket-test")
 
     def test_backpressure_a_send_that_times_out_sends_nothing_and_the_link_goes_on(self):
         a, b = linked(self.server)

@@ -142,10 +142,9 @@ class Outbox:
             if not self._lock.acquire(blocking=False):
                 return
             try:
-                ids = leases.take_pending()
-                for i in range(0, len(ids), fr.MAX_RELEASE_IDS):
+                for frame in fr.release_frames(leases.take_pending()):
                     try:
-                        self._write_release(fr.release_frame(ids[i:i + fr.MAX_RELEASE_IDS]))
+                        self._write_release(frame)
                     except OSError:
                         return  # the link is going away: its close ends every lease on the sender's side
             finally:

@@ -62,8 +62,7 @@ class StreamOutbox(Outbox):
             if self._leases.has_pending and self.open and len(data) <= PAIR_LIMIT:
                 # A reply after closing what came: its RELEASE behind it, one write (PROTOCOL.md 5).
                 # Ids taken here end with the link if the write fails: its close ends them all.
-                ids = self._leases.take_pending()
-                data = b"".join([data, *(fr.release_frame(ids[i:i + fr.MAX_RELEASE_IDS]) for i in range(0, len(ids), fr.MAX_RELEASE_IDS))])
+                data = b"".join([data, *fr.release_frames(self._leases.take_pending())])
             try:
                 self._write_all(data, deadline)
             except TimeoutError:

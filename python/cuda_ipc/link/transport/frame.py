@@ -182,6 +182,11 @@ def release_frame(ids: Sequence[int]) -> bytes:
     return header(RELEASE, 0, RELEASE_HEAD_BYTES + 8 * n, 0) + struct.pack(f"<II{n}Q", n, 0, *ids)
 
 
+def release_frames(ids: Sequence[int]) -> list[bytes]:
+    """RELEASE frames for any number of lease ids, MAX_RELEASE_IDS to a frame."""
+    return [release_frame(ids[i:i + MAX_RELEASE_IDS]) for i in range(0, len(ids), MAX_RELEASE_IDS)]
+
+
 def read_release_ids(buf: Buffer, payload_length: int) -> list[int]:
     count = (payload_length - RELEASE_HEAD_BYTES) // 8
     ids = list(struct.unpack_from(f"<{count}Q", buf, HEADER_BYTES + RELEASE_HEAD_BYTES))
